@@ -1,0 +1,319 @@
+"""From catalog ids and dotted overrides to the scorer's struct of arrays.
+
+A *design table* is a pandas DataFrame with one row per design and dotted columns
+(``accelerator.hbm_bw_bytes_per_s``, ``model.num_experts``, ``layout.tp``, ...). ``resolve``
+fills every column from the catalog (joins on the ids, no loop over rows) and applies the
+overrides a case file, a design file or a search space gives; ``to_batch`` turns the resolved
+table into ``dse.perf.Batch``. Every command goes through these two functions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dse import catalog, topology
+from dse.errors import InputError, suggest
+from dse.perf import Batch
+from dse.specs import COMPUTE_FALLBACK, DTYPE_BYTES, DTYPES
+
+ACC_FIELDS = ("hbm_capacity_bytes", "hbm_bw_bytes_per_s", "tdp_w", "scaleup_link_bw_bytes_per_s",
+              "scaleup_domain_chips", "scaleout_link_bw_bytes_per_s")
+EFF_FIELDS = ("matmul_fraction", "matmul_half_rows", "attention_fraction", "hbm_fraction",
+              "scaleup_fraction", "scaleout_fraction", "layer_overhead_s", "step_overhead_s",
+              "network_overlap_fraction")
+MODEL_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings", "mlp_gated",
+                "num_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+                "shared_expert_intermediate_size", "first_k_dense_replace", "moe_layer_step",
+                "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                "sliding_window", "num_local_attention_layers")
+TOPO_FIELDS = ("rack_chips", "scaleup_base_latency_s", "scaleup_hop_latency_s",
+               "scaleout_latency_s", "scaleout_oversubscription")
+
+# settable paths that are not read from a catalog entry, with their defaults
+DEFAULTS: dict[str, object] = {
+    "model.weight_dtype": "bf16",
+    "model.kv_dtype": "",
+    "layout.tp": 1, "layout.pp": 1, "layout.ep": 1, "layout.dp": 1,
+    "workload.isl": 1024, "workload.osl": 256, "workload.concurrency": 1,
+    "workload.prefix_hit_fraction": 0.0, "workload.phase": "both",
+    # serving runtime: TensorRT-LLM-style defaults (kv_cache_free_gpu_mem_fraction 0.9,
+    # max_num_tokens 8192, trtllm-bench caps the batch at 4096 sequences)
+    "serving.max_batch_size": 4096, "serving.max_num_tokens": 8192,
+    "serving.kv_memory_fraction": 0.9, "serving.runtime_reserve_bytes": 2e9,
+    # cost: ownership over 4 years, PUE 1.3, $0.08/kWh (industrial US average, estimate)
+    "cost.mode": "ownership", "cost.amortization_years": 4.0, "cost.pue": 1.3,
+    "cost.electricity_usd_per_kwh": 0.08,
+}
+PHASES = {"both": 0, "prefill": 1, "decode": 2}
+COST_MODES = ("ownership", "rental")
+STRING_PATHS = {"accelerator.id", "topology.id", "model.id", "model.weight_dtype", "model.kv_dtype",
+                "workload.phase", "cost.mode"}
+# paths whose value must be > 0 (the rest must be >= 0)
+POSITIVE_HINT = "a positive number"
+
+
+def _catalog_frames():
+    accs = catalog.accelerators()
+    rows = {}
+    for k, a in accs.items():
+        r = {f"accelerator.{f}": float(getattr(a, f)) for f in ACC_FIELDS}
+        for d in DTYPES:
+            v = getattr(a.peak_flops_per_s, d)
+            r[f"accelerator.peak_flops_per_s.{d}"] = np.nan if v is None else float(v)
+        r["accelerator.price_usd_per_hour"] = a.price.usd_per_hour
+        r["accelerator.capex_usd"] = a.price.capex_usd
+        r["accelerator.all_in_power_w"] = a.price.all_in_power_w
+        for f in EFF_FIELDS:
+            r[f"accelerator.efficiency.{f}"] = float(getattr(a.efficiency, f))
+        r["accelerator.default_topology"] = a.default_topology
+        rows[k] = r
+    acc = pd.DataFrame.from_dict(rows, orient="index")
+    topo = pd.DataFrame.from_dict({
+        k: {**{f"topology.{f}": float(getattr(t, f)) for f in TOPO_FIELDS},
+            "topology.domain_chips": np.nan if t.domain_chips is None else float(t.domain_chips)}
+        for k, t in catalog.topologies().items()}, orient="index")
+    mod = pd.DataFrame.from_dict({
+        k: {f"model.{f}": float(getattr(m, f)) for f in MODEL_FIELDS}
+        for k, m in catalog.models().items()}, orient="index")
+    return acc, topo, mod
+
+
+_FRAMES = None
+
+
+def frames():
+    global _FRAMES
+    if _FRAMES is None:
+        _FRAMES = _catalog_frames()
+    return _FRAMES
+
+
+def settable_paths() -> list[str]:
+    """Every dotted path a design, case or space may set."""
+    acc, topo, mod = frames()
+    derived = ["topology.scaleup.domain_chips", "topology.scaleup.link_bw_bytes_per_s",
+               "topology.scaleout.link_bw_bytes_per_s"]
+    return sorted({*acc.columns, *topo.columns, *mod.columns, *DEFAULTS, *derived,
+                   "accelerator.id", "topology.id", "model.id"} - {"accelerator.default_topology"})
+
+
+def _ids(table: pd.DataFrame, col: str, kind: str, file, row_names) -> pd.Series:
+    known = catalog.table(kind)
+    ids = table[col].astype(str).str.strip()
+    bad = ~ids.isin(list(known))
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise InputError(f"unknown {kind[:-1]} id {ids.iloc[i]!r}", file=file,
+                         where=f"{row_names[i]}, column {col}",
+                         hint=suggest(ids.iloc[i], known, f"valid {kind}"))
+    return ids
+
+
+def _row_names(table: pd.DataFrame) -> list[str]:
+    if "case_id" in table.columns:
+        return [f"row {i + 2} (case_id {c})" for i, c in enumerate(table["case_id"].astype(str))]
+    return [f"design {i}" for i in range(len(table))]
+
+
+def resolve(table: pd.DataFrame, *, file: str | None = None) -> pd.DataFrame:
+    """Every settable path for every row: catalog values, then the table's own overrides."""
+    acc, topo, mod = frames()
+    names = _row_names(table)
+    paths = set(settable_paths())
+    for col in table.columns:
+        if "." in col and col not in paths:
+            raise InputError(f"unknown key {col!r}", file=file, hint=suggest(col, paths, "valid keys"))
+    for need in ("accelerator.id", "model.id"):
+        if need not in table.columns:
+            raise InputError(f"missing {need}", file=file, hint="every design names a catalog id")
+    n = len(table)
+    acc_ids = _ids(table, "accelerator.id", "accelerators", file, names)
+    out = acc.loc[acc_ids.to_numpy()].reset_index(drop=True)
+    topo_ids = table["topology.id"] if "topology.id" in table.columns else pd.Series([None] * n)
+    topo_ids = topo_ids.where(topo_ids.notna() & (topo_ids.astype(str).str.strip() != ""),
+                              out["accelerator.default_topology"].to_numpy())
+    topo_ids = _ids(pd.DataFrame({"topology.id": topo_ids.to_numpy()}), "topology.id",
+                    "topologies", file, names)
+    out = pd.concat([out, topo.loc[topo_ids.to_numpy()].reset_index(drop=True)], axis=1)
+    model_ids = _ids(table, "model.id", "models", file, names)
+    out = pd.concat([out, mod.loc[model_ids.to_numpy()].reset_index(drop=True)], axis=1)
+    out["accelerator.id"] = acc_ids.to_numpy()
+    out["topology.id"] = topo_ids.to_numpy()
+    out["model.id"] = model_ids.to_numpy()
+    for k, v in DEFAULTS.items():
+        out[k] = v
+    src = table.reset_index(drop=True)
+    for col in src.columns:
+        if "." not in col or col in ("accelerator.id", "topology.id", "model.id"):
+            continue
+        if col.startswith("topology.scale"):
+            continue
+        out[col] = _merge(out.get(col), src[col], col, file, names)
+    # the system's numbers: a topology's own domain, else the accelerator's; links from the chip
+    dom = out["topology.domain_chips"].fillna(out["accelerator.scaleup_domain_chips"])
+    out["topology.scaleup.domain_chips"] = dom
+    out["topology.scaleup.link_bw_bytes_per_s"] = out["accelerator.scaleup_link_bw_bytes_per_s"]
+    out["topology.scaleout.link_bw_bytes_per_s"] = (out["accelerator.scaleout_link_bw_bytes_per_s"]
+                                                    / out["topology.scaleout_oversubscription"])
+    for col in src.columns:
+        if col.startswith("topology.scale"):
+            out[col] = _merge(out[col], src[col], col, file, names)
+    _check_values(out, file, names)
+    return out
+
+
+def _merge(base, override: pd.Series, col: str, file, names) -> pd.Series:
+    if col in STRING_PATHS:
+        ov = override.astype(object).where(override.notna(), None)
+        ov = ov.map(lambda x: None if x is None or str(x).strip() == "" else str(x).strip())
+        if base is None:
+            return ov
+        return ov.where(ov.notna(), base)
+    num = pd.to_numeric(override, errors="coerce")
+    bad = override.notna() & (override.astype(str).str.strip() != "") & num.isna()
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise InputError(f"{override.iloc[i]!r} is not a number", file=file,
+                         where=f"{names[i]}, column {col}", hint=POSITIVE_HINT)
+    if base is None:
+        return num
+    return num.where(num.notna(), pd.to_numeric(base, errors="coerce"))
+
+
+def _check_values(out: pd.DataFrame, file, names):
+    def fail(col, i, why):
+        raise InputError(f"{col} = {out[col].iloc[i]!r} {why}", file=file, where=names[i])
+
+    for col in out.columns:
+        if col in STRING_PATHS or col == "accelerator.default_topology":
+            continue
+        v = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float)
+        if col.startswith("accelerator.peak_flops_per_s.") and not col.endswith(".bf16"):
+            v = np.where(np.isnan(v), 1.0, v)
+        zero_ok = col.startswith(("model.", "accelerator.efficiency.")) or col in (
+            "workload.prefix_hit_fraction", "topology.scaleup_base_latency_s",
+            "topology.scaleup_hop_latency_s", "topology.scaleout_latency_s")
+        bad = np.isnan(v) | (v < 0) | ((v == 0) & (not zero_ok))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            fail(col, i, "is not valid: must be " + ("a number >= 0" if zero_ok else POSITIVE_HINT))
+    frac = ["workload.prefix_hit_fraction", "serving.kv_memory_fraction"] + [
+        f"accelerator.efficiency.{f}" for f in EFF_FIELDS if f.endswith("fraction")]
+    for col in frac:
+        v = out[col].to_numpy(dtype=float)
+        if (v > 1).any():
+            fail(col, int(np.flatnonzero(v > 1)[0]), "is not valid: a fraction must be <= 1")
+    for col, allowed in (("model.weight_dtype", DTYPES), ("workload.phase", tuple(PHASES)),
+                         ("cost.mode", COST_MODES)):
+        bad = ~out[col].isin(allowed)
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            fail(col, i, "is not valid: " + suggest(out[col].iloc[i], allowed, "one of"))
+    kv = out["model.kv_dtype"].fillna("")
+    bad = ~kv.isin(("", *DTYPES))
+    if bad.any():
+        fail("model.kv_dtype", int(np.flatnonzero(bad.to_numpy())[0]),
+             "is not valid: " + suggest(kv[bad].iloc[0], DTYPES, "one of"))
+    for col in ("layout.tp", "layout.pp", "layout.ep", "layout.dp", "workload.isl", "workload.osl",
+                "topology.scaleup.domain_chips"):
+        v = out[col].to_numpy(dtype=float)
+        bad = (v != np.round(v)) | (v < 1)
+        if bad.any():
+            fail(col, int(np.flatnonzero(bad)[0]), "is not valid: must be a whole number >= 1")
+
+
+def _dtype_columns(out: pd.DataFrame):
+    w = out["model.weight_dtype"].to_numpy(dtype=object)
+    kv = out["model.kv_dtype"].fillna("").to_numpy(dtype=object)
+    kv = np.where(kv == "", np.where(np.isin(w, ("fp8", "fp4")), "fp8", "bf16"), kv)
+    peak = {d: out[f"accelerator.peak_flops_per_s.{d}"].to_numpy(dtype=float) for d in DTYPES}
+    matmul = np.full(len(out), np.nan)
+    for wd, chain in COMPUTE_FALLBACK.items():
+        sel = (w == wd) & np.isnan(matmul)
+        for d in chain:
+            take = sel & np.isnan(matmul) & ~np.isnan(peak[d])
+            matmul = np.where(take, peak[d], matmul)
+    matmul = np.where(np.isnan(matmul), peak["bf16"], matmul)
+    attn = np.where((kv == "fp8") & ~np.isnan(peak["fp8"]), peak["fp8"], peak["bf16"])
+    wbytes = np.vectorize(DTYPE_BYTES.get, otypes=[float])(w)
+    kvbytes = np.vectorize(DTYPE_BYTES.get, otypes=[float])(kv)
+    return matmul, attn, wbytes, kvbytes, kv
+
+
+def topology_columns(out: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Group bandwidth fractions and latency from the reduced topology graph of each row."""
+    topos = catalog.topologies()
+    tp = out["layout.tp"].to_numpy(dtype=float)
+    ffn = tp * out["layout.dp"].to_numpy(dtype=float)
+    dom = out["topology.scaleup.domain_chips"].to_numpy(dtype=float)
+    tid = out["topology.id"].to_numpy(dtype=object)
+    cols = {k: np.ones(len(out)) for k in ("tp", "ffn", "a2a")}
+    cols["latency"] = np.zeros(len(out))
+    keys = pd.DataFrame({"t": tid, "d": dom})
+    for (t, d), idx in keys.groupby(["t", "d"]).indices.items():
+        topo = topos[t]
+        red = topology.reduce(topo, int(d), int(min(max(ffn[idx].max(), tp[idx].max()), d)))
+        g_tp = np.minimum(tp[idx], d)
+        g_ffn = np.minimum(ffn[idx], d)
+        cols["tp"][idx] = red.at(g_tp, "ar_fraction")
+        cols["ffn"][idx] = red.at(g_ffn, "ar_fraction")
+        cols["a2a"][idx] = red.at(g_ffn, "a2a_fraction")
+        cols["latency"][idx] = topo.scaleup_base_latency_s + topo.scaleup_hop_latency_s * red.at(
+            np.maximum(g_ffn, 2.0), "hops")
+    return cols
+
+
+def to_batch(out: pd.DataFrame) -> Batch:
+    """The resolved design table as the scorer's struct of arrays."""
+    f = lambda c: out[c].to_numpy(dtype=float)  # noqa: E731
+    matmul, attn, wbytes, kvbytes, _ = _dtype_columns(out)
+    L = f("model.num_hidden_layers")
+    n_exp = f("model.num_experts")
+    step = np.maximum(f("model.moe_layer_step"), 1.0)
+    n_moe = np.where(n_exp > 0, np.floor((L - f("model.first_k_dense_replace")) / step), 0.0)
+    topo = topology_columns(out)
+    w = out["model.weight_dtype"].to_numpy(dtype=object)
+    cols = {
+        "n_layers": L, "hidden": f("model.hidden_size"), "n_heads": f("model.num_attention_heads"),
+        "n_kv_heads": f("model.num_key_value_heads"), "head_dim": f("model.head_dim"),
+        "ffn_dense": f("model.intermediate_size"), "vocab": f("model.vocab_size"),
+        "tied": f("model.tie_word_embeddings"), "mlp_mats": np.where(f("model.mlp_gated") > 0, 3.0, 2.0),
+        "n_experts": n_exp, "top_k": f("model.num_experts_per_tok"),
+        "ffn_expert": f("model.moe_intermediate_size"), "n_shared": f("model.n_shared_experts"),
+        "ffn_shared": f("model.shared_expert_intermediate_size"),
+        "n_dense_layers": L - n_moe, "n_moe_layers": n_moe,
+        "q_lora": f("model.q_lora_rank"), "kv_lora": f("model.kv_lora_rank"),
+        "qk_nope": f("model.qk_nope_head_dim"), "qk_rope": f("model.qk_rope_head_dim"),
+        "v_head": f("model.v_head_dim"), "window_tokens": f("model.sliding_window"),
+        "n_local_layers": f("model.num_local_attention_layers"),
+        "weight_bytes": wbytes, "kv_bytes": kvbytes, "act_bytes": 2.0,
+        "dispatch_bytes": np.where(np.isin(w, ("fp8", "fp4")), 1.0, 2.0),
+        "matmul_flops_per_s": matmul, "attn_flops_per_s": attn,
+        "hbm_bw_bytes_per_s": f("accelerator.hbm_bw_bytes_per_s"),
+        "hbm_capacity_bytes": f("accelerator.hbm_capacity_bytes"),
+        **{k: f(f"accelerator.efficiency.{k}") for k in EFF_FIELDS},
+        "domain_chips": f("topology.scaleup.domain_chips"),
+        "scaleup_bw_bytes_per_s": f("topology.scaleup.link_bw_bytes_per_s"),
+        "scaleup_latency_s": topo["latency"],
+        "scaleout_bw_bytes_per_s": f("topology.scaleout.link_bw_bytes_per_s"),
+        "scaleout_latency_s": f("topology.scaleout_latency_s"),
+        "tp_bw_fraction": topo["tp"], "ffn_bw_fraction": topo["ffn"], "a2a_bw_fraction": topo["a2a"],
+        "rack_chips": f("topology.rack_chips"),
+        "tp": f("layout.tp"), "pp": f("layout.pp"), "ep": f("layout.ep"), "dp": f("layout.dp"),
+        "isl": f("workload.isl"), "osl": f("workload.osl"),
+        "concurrency": f("workload.concurrency"),
+        "prefix_hit_fraction": f("workload.prefix_hit_fraction"),
+        "phase": out["workload.phase"].map(PHASES).to_numpy(dtype=float),
+        "max_batch_size": f("serving.max_batch_size"), "max_num_tokens": f("serving.max_num_tokens"),
+        "kv_memory_fraction": f("serving.kv_memory_fraction"),
+        "runtime_reserve_bytes": f("serving.runtime_reserve_bytes"),
+        "rental_usd_per_hour": f("accelerator.price_usd_per_hour"),
+        "capex_usd": f("accelerator.capex_usd"),
+        "amortization_years": f("cost.amortization_years"),
+        "power_w": f("accelerator.all_in_power_w"), "pue": f("cost.pue"),
+        "electricity_usd_per_kwh": f("cost.electricity_usd_per_kwh"),
+        "use_rental": (out["cost.mode"] == "rental").to_numpy(dtype=float),
+    }
+    return Batch.from_columns(cols)

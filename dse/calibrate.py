@@ -1,0 +1,112 @@
+"""Fit the catalog's efficiency factors on ../shared/calibration and report the model's error.
+
+The error of a metric is the geometric mean over cases of ``max(pred/true, true/pred)``, each
+case weighted so that every (source, hardware) pair counts equally within a source.
+
+    python -m dse.calibrate              # error report of the current catalog
+    python -m dse.calibrate --fit        # fit, print the report, and show the new factors
+    python -m dse.calibrate --fit --write  # ... and write dse/catalog/efficiency.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dse.errors import InputError
+
+METRICS = ("output_tokens_per_s_per_chip", "ttft_s", "tpot_s", "input_tokens_per_s_per_chip")
+
+
+def default_dir() -> Path:
+    """``../shared/calibration`` next to the checkout, or $DSE_CALIBRATION_DIR."""
+    env = os.environ.get("DSE_CALIBRATION_DIR")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parents[1]
+    for base in (here, Path.cwd()):
+        cand = base.parent / "shared" / "calibration"
+        if cand.is_dir():
+            return cand
+    raise InputError("calibration folder not found", where="../shared/calibration",
+                     hint="set DSE_CALIBRATION_DIR to the folder with cases.csv and truth.csv")
+
+
+def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    folder = Path(folder) if folder else default_dir()
+    from dse.predict import read_cases
+    cases = read_cases(str(folder / "cases.csv"))
+    truth = pd.read_csv(folder / "truth.csv")
+    return cases, truth
+
+
+def joined(pred: pd.DataFrame, cases: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
+    """One row per (case, metric) with prediction, truth and the case's source and hardware."""
+    t = truth.merge(cases[["case_id", "hardware", "model"]], on="case_id")
+    long = pred.melt(id_vars="case_id", value_vars=[m for m in METRICS if m in pred.columns],
+                     var_name="metric", value_name="pred")
+    j = t.merge(long, on=["case_id", "metric"], how="left")
+    j["factor"] = np.exp(np.abs(np.log(j["pred"].astype(float) / j["value"].astype(float))))
+    return j
+
+
+def weights(j: pd.DataFrame) -> np.ndarray:
+    """Each (source, metric, hardware) group gets equal total weight within its (source, metric)."""
+    n = j.groupby(["source", "metric", "hardware"])["case_id"].transform("count")
+    return 1.0 / n.to_numpy(dtype=float)
+
+
+def report(j: pd.DataFrame, by=("source", "metric")) -> pd.DataFrame:
+    j = j.assign(w=weights(j), logf=np.log(j["factor"]))
+    g = j.groupby(list(by))
+    out = pd.DataFrame({
+        "cases": g.size(),
+        "error_factor": np.exp(g.apply(lambda x: np.average(x["logf"], weights=x["w"]),
+                                       include_groups=False)),
+        "worst": g["factor"].max(),
+        "bias": np.exp(g.apply(lambda x: np.average(np.log(x["pred"] / x["value"]), weights=x["w"]),
+                               include_groups=False)),
+    })
+    return out.reset_index()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dse.calibrate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dir", help="calibration folder (default ../shared/calibration)")
+    p.add_argument("--fit", action="store_true", help="fit the efficiency factors first")
+    p.add_argument("--write", action="store_true", help="write dse/catalog/efficiency.toml")
+    p.add_argument("--by-hardware", action="store_true", help="also break the error down by hardware")
+    a = p.parse_args(argv)
+    try:
+        cases, truth = load(a.dir)
+        if a.fit:
+            from dse.fit import fit, write_efficiency
+            table = fit(cases, truth)
+            if a.write:
+                write_efficiency(table)
+                print("wrote dse/catalog/efficiency.toml")
+        from dse.predict import predict_frame
+        pred = predict_frame(cases, file="cases.csv")
+        j = joined(pred, cases, truth)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    pd.set_option("display.width", 200)
+    print("Error factor = geometric mean of max(pred/true, true/pred); bias = geometric mean of "
+          "pred/true")
+    print(report(j).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if a.by_hardware:
+        print()
+        print(report(j, ("source", "metric", "hardware")).to_string(
+            index=False, float_format=lambda v: f"{v:.3f}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

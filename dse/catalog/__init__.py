@@ -1,0 +1,83 @@
+"""The catalog: accelerators, topologies and models shipped as TOML package data.
+
+Every entry carries its ``source_url``; efficiencies say what they were fitted on.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from functools import lru_cache
+from importlib import resources
+
+from pydantic import ValidationError
+
+from dse.errors import InputError, suggest
+from dse.specs import Accelerator, Efficiency, Model, Topology
+
+KINDS = ("accelerators", "topologies", "models")
+
+
+def _load(name: str) -> dict:
+    with resources.files(__package__).joinpath(name).open("rb") as f:
+        return tomllib.load(f)
+
+
+def _efficiency(acc_id: str, raw_acc: dict, table: dict) -> Efficiency:
+    if acc_id in table:
+        return Efficiency(**table[acc_id])
+    d = dict(table["default"])
+    ref = d.pop("reference_mamf_fraction")
+    bench = raw_acc.get("microbench") or {}
+    mamf = bench.get("matmul_bf16_flops_per_s")
+    if mamf:
+        ratio = mamf / raw_acc["peak_flops_per_s"]["bf16"]
+        d["matmul_fraction"] = min(1.0, d["matmul_fraction"] * ratio / ref)
+        d["fitted_on"] = (d["fitted_on"] + f"; matmul_fraction scaled by this chip's MAMF "
+                          f"({ratio:.3f} of bf16 peak) over the reference {ref:.3f}")
+    return Efficiency(**d)
+
+
+@lru_cache(maxsize=1)
+def accelerators() -> dict[str, Accelerator]:
+    raw = _load("accelerators.toml")
+    eff = _load("efficiency.toml")
+    return {k: Accelerator(id=k, efficiency=_efficiency(k, v, eff), **v) for k, v in raw.items()}
+
+
+@lru_cache(maxsize=1)
+def topologies() -> dict[str, Topology]:
+    return {k: Topology(id=k, **v) for k, v in _load("topologies.toml").items()}
+
+
+@lru_cache(maxsize=1)
+def models() -> dict[str, Model]:
+    return {k: Model(id=k, **v) for k, v in _load("models.toml").items()}
+
+
+def table(kind: str) -> dict:
+    if kind not in KINDS:
+        raise InputError(f"unknown catalog kind {kind!r}", hint=suggest(kind, KINDS, "kinds"))
+    return {"accelerators": accelerators, "topologies": topologies, "models": models}[kind]()
+
+
+def lookup(kind: str, entry_id: str, *, file: str | None = None, where: str | None = None):
+    """The entry ``entry_id`` of ``kind``, or a one-line InputError with the closest ids."""
+    entries = table(kind)
+    key = str(entry_id).strip()
+    if key not in entries:
+        raise InputError(f"unknown {kind[:-1]} id {key!r}", file=file, where=where,
+                         hint=suggest(key, entries, f"valid {kind}"))
+    return entries[key]
+
+
+def find(entry_id: str):
+    """(kind, entry) for an id in any catalog."""
+    for kind in KINDS:
+        if entry_id in table(kind):
+            return kind, table(kind)[entry_id]
+    every = [i for kind in KINDS for i in table(kind)]
+    raise InputError(f"unknown catalog id {entry_id!r}", hint=suggest(entry_id, every, "valid ids"))
+
+
+__all__ = ["KINDS", "ValidationError", "accelerators", "find", "lookup", "models", "table",
+           "topologies"]

@@ -1,0 +1,11 @@
+"""The serving performance model: pure numpy, struct-of-arrays in, score table out.
+
+Nothing in this package does I/O or imports optuna, pandas or networkx (a test enforces it).
+Every function takes arrays with one row per candidate design and never loops over rows.
+"""
+
+from dse.perf.batch import FIELDS, Batch
+from dse.perf.serve import BOUNDS, METRICS, OPS, REASONS, Breakdown, score, score_chunked
+
+__all__ = ["BOUNDS", "Batch", "Breakdown", "FIELDS", "METRICS", "OPS", "REASONS", "score",
+           "score_chunked"]

@@ -1,0 +1,135 @@
+"""The scorer's input: one numpy array per field, one row per candidate design (SI units)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# name -> meaning. Every field is a float64 array of the same length.
+FIELDS: dict[str, str] = {
+    # --- model architecture (Hugging Face config vocabulary) ---
+    "n_layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim (per attention head)",
+    "ffn_dense": "intermediate_size of the dense layers",
+    "vocab": "vocab_size",
+    "tied": "1 if the input and output embeddings are shared",
+    "mlp_mats": "matrices per MLP: 3 (gated) or 2",
+    "n_experts": "routed experts per MoE layer (0: dense model)",
+    "top_k": "routed experts per token",
+    "ffn_expert": "moe_intermediate_size (one routed expert)",
+    "n_shared": "shared experts per MoE layer",
+    "ffn_shared": "width of one shared expert",
+    "n_dense_layers": "layers with a dense MLP",
+    "n_moe_layers": "layers with an MoE block",
+    "q_lora": "MLA q_lora_rank (0: no low-rank query)",
+    "kv_lora": "MLA kv_lora_rank (0: not MLA)",
+    "qk_nope": "MLA qk_nope_head_dim",
+    "qk_rope": "MLA qk_rope_head_dim",
+    "v_head": "MLA v_head_dim",
+    "window_tokens": "sliding/chunked attention window of the local layers",
+    "n_local_layers": "layers that attend only within window_tokens",
+    "weight_bytes": "bytes per weight element",
+    "kv_bytes": "bytes per KV-cache element",
+    "act_bytes": "bytes per activation element on the wire",
+    "dispatch_bytes": "bytes per element of MoE dispatch traffic",
+    # --- accelerator ---
+    "matmul_flops_per_s": "peak dense FLOP/s of the compute dtype",
+    "attn_flops_per_s": "peak dense FLOP/s used by attention kernels",
+    "hbm_bw_bytes_per_s": "HBM bandwidth",
+    "hbm_capacity_bytes": "HBM capacity",
+    "matmul_fraction": "achievable fraction of peak for large matmuls",
+    "matmul_half_rows": "GEMM rows at which matmul efficiency halves (tile quantization)",
+    "attention_fraction": "achievable fraction of attn_flops_per_s for attention",
+    "hbm_fraction": "achievable fraction of HBM bandwidth",
+    "scaleup_fraction": "achievable fraction of scale-up link bandwidth",
+    "scaleout_fraction": "achievable fraction of scale-out link bandwidth",
+    "layer_overhead_s": "fixed time per layer per step (kernel launches, syncs)",
+    "step_overhead_s": "fixed time per step (scheduling, sampling)",
+    "network_overlap_fraction": "0: collectives serialise with compute, 1: fully hidden",
+    # --- topology, reduced to per-tier numbers ---
+    "domain_chips": "chips in one scale-up domain",
+    "scaleup_bw_bytes_per_s": "per-chip scale-up bandwidth per direction",
+    "scaleup_latency_s": "latency of one scale-up collective step",
+    "scaleout_bw_bytes_per_s": "per-chip scale-out bandwidth per direction",
+    "scaleout_latency_s": "latency of one scale-out collective step",
+    "tp_bw_fraction": "fraction of scale-up bandwidth a tp group can use",
+    "ffn_bw_fraction": "fraction of scale-up bandwidth a tp*dp group can use",
+    "a2a_bw_fraction": "fraction of scale-up bandwidth for all-to-all over the tp*dp group",
+    "rack_chips": "chips per rack",
+    # --- layout ---
+    "tp": "tensor parallel degree (attention)",
+    "pp": "pipeline stages",
+    "ep": "expert parallel degree (divides tp*dp)",
+    "dp": "attention data parallel degree",
+    # --- workload and serving ---
+    "isl": "input tokens per request",
+    "osl": "output tokens per request",
+    "concurrency": "requests in flight on one instance",
+    "prefix_hit_fraction": "fraction of input tokens served from a prefix cache",
+    "phase": "0 both (continuous batching), 1 prefill only, 2 decode only",
+    "max_batch_size": "runtime cap on sequences per instance",
+    "max_num_tokens": "runtime cap on tokens per step (prefill chunk)",
+    "kv_memory_fraction": "fraction of free HBM the runtime gives the KV cache",
+    "runtime_reserve_bytes": "HBM per chip held by the runtime (context, buffers)",
+    # --- cost ---
+    "rental_usd_per_hour": "rental price per chip-hour",
+    "capex_usd": "all-in capital cost per chip",
+    "amortization_years": "years over which capex is written off",
+    "power_w": "power per chip (all-in IT power)",
+    "pue": "power usage effectiveness",
+    "electricity_usd_per_kwh": "electricity price",
+    "use_rental": "1: price = rental rate, 0: ownership (capex + power)",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """Struct of arrays: ``Batch.from_columns({...})`` with one array per name in FIELDS."""
+
+    columns: dict
+
+    @classmethod
+    def from_columns(cls, columns: dict) -> "Batch":
+        missing = [k for k in FIELDS if k not in columns]
+        if missing:
+            raise KeyError(f"Batch is missing fields: {', '.join(missing)}")
+        n = None
+        out = {}
+        for k in FIELDS:
+            a = np.asarray(columns[k], dtype=np.float64)
+            if a.ndim == 0:
+                a = a.reshape(1)
+            if n is None:
+                n = a.shape[0]
+            if a.shape != (n,):
+                if a.shape == (1,):
+                    a = np.full(n, a[0])
+                else:
+                    raise ValueError(f"field {k} has shape {a.shape}, expected ({n},)")
+            out[k] = a
+        return cls(out)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        try:
+            return self.__dict__["columns"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def take(self, index) -> "Batch":
+        return Batch({k: v[index] for k, v in self.columns.items()})
+
+    def replace(self, **updates) -> "Batch":
+        cols = dict(self.columns)
+        for k, v in updates.items():
+            if k not in FIELDS:
+                raise KeyError(k)
+            cols[k] = np.broadcast_to(np.asarray(v, dtype=np.float64), (len(self),)).copy()
+        return Batch(cols)
+

@@ -1,0 +1,208 @@
+"""Serving metrics of an instance under continuous batching: latency, throughput, memory, cost.
+
+An instance is ``tp * pp * dp`` chips holding one copy of the model. With ``pp`` stages the
+``concurrency`` sequences are split into ``pp`` micro-batches that keep every stage busy, so each
+sequence gets one token per ``pp`` stage steps: pipelining saves weight capacity, not time.
+
+Steady state (phase 0): every step carries one decode token per sequence and, on average,
+``concurrency * isl_new / osl`` prefill tokens (chunked prefill), so throughput counts the
+prefill work and the TPOT is the mixed step. TTFT is the wait for the running step to end plus
+the steps that carry this request's prefill chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dse.perf import arch
+from dse.perf.batch import Batch
+from dse.perf.step import OPS, StepTimes, step
+
+BOUNDS = ("compute", "memory", "network", "capacity")
+# bit -> reason an infeasible row carries
+REASONS = {
+    1: "tp does not divide num_attention_heads",
+    2: "ep must divide tp*dp and num_experts (and be 1 for a dense model)",
+    4: "pp exceeds num_hidden_layers",
+    8: "weights and runtime do not fit in HBM",
+    16: "KV cache of the requested concurrency does not fit in HBM",
+    32: "concurrency exceeds the runtime's max_batch_size",
+    64: "invalid value (non-positive size, bandwidth or length)",
+}
+METRICS = (
+    "ttft_s", "tpot_s", "step_s", "output_tokens_per_s_per_user",
+    "output_tokens_per_s_per_chip", "input_tokens_per_s_per_chip", "output_tokens_per_s_per_instance",
+    "output_tokens_per_s_per_rack", "usd_per_chip_hour", "usd_per_mtok_output", "usd_per_mtok_input",
+    "joules_per_output_token", "max_concurrent_sequences", "weights_bytes_per_chip",
+    "kv_bytes_per_chip", "hbm_used_fraction", "kv_bytes_per_token", "total_params", "active_params",
+    "num_chips", "concurrency", "decode_compute_s", "decode_memory_s", "decode_network_s",
+    "bound", "feasible", "reason",
+)
+
+HOURS_PER_YEAR = 8766.0
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Per-op times of the decode-only step, the steady-state mixed step and the prefill step."""
+
+    decode: StepTimes
+    mixed: StepTimes
+    prefill: StepTimes
+
+
+def _memory(b: Batch):
+    """Per-chip weights, KV per sequence, activations, and the largest concurrency that fits."""
+    tp, dp, pp = b.tp, b.dp, b.pp
+    ffn_g = tp * dp
+    moe = b.n_moe_layers * (b.n_experts * arch.expert_params(b) + arch.shared_params_per_layer(b)
+                            + b.hidden * b.n_experts)
+    emb_tables = (2.0 - b.tied) / np.minimum(pp, 2.0)
+    weights = (b.n_layers * arch.attn_params_per_layer(b) / tp
+               + (b.n_dense_layers * arch.dense_mlp_params(b) + moe) / ffn_g) / pp \
+        + emb_tables * b.vocab * b.hidden / tp
+    weights = weights * b.weight_bytes
+    ctx = np.where(b.phase == 1, b.isl, b.isl + b.osl)
+    kv_seq = (arch.context_layers(b, ctx) / pp * arch.kv_elems_per_token_layer(b)
+              * arch.kv_shard_fraction(b) * b.kv_bytes)
+    step_tokens = np.minimum(b.max_num_tokens, np.maximum(b.concurrency, 1.0)
+                             * np.where(b.phase == 1, b.isl, 1.0 + b.isl / b.osl))
+    act = step_tokens / dp * b.hidden * 2.0 * 8.0 + step_tokens / dp * b.vocab / tp * 4.0
+    free = (b.hbm_capacity_bytes - b.runtime_reserve_bytes - weights - act) * b.kv_memory_fraction
+    max_c = np.floor(np.maximum(free, 0.0) / kv_seq) * dp
+    return weights, kv_seq, act, free, max_c
+
+
+def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
+    bits = np.zeros(len(b), dtype=np.int64)
+    bits |= np.where(np.mod(b.n_heads, b.tp) != 0, 1, 0)
+    ffn_g = b.tp * b.dp
+    bad_ep = (np.mod(ffn_g, b.ep) != 0) | np.where(
+        b.n_experts > 0, np.mod(b.n_experts, b.ep) != 0, b.ep != 1)
+    bits |= np.where(bad_ep, 2, 0)
+    bits |= np.where(b.pp > b.n_layers, 4, 0)
+    bits |= np.where(weights + act + b.runtime_reserve_bytes > b.hbm_capacity_bytes, 8, 0)
+    bits |= np.where(b.concurrency > max_c, 16, 0)
+    bits |= np.where(b.concurrency > b.max_batch_size, 32, 0)
+    positive = (b.hbm_bw_bytes_per_s > 0) & (b.matmul_flops_per_s > 0) & (b.hbm_capacity_bytes > 0) \
+        & (b.scaleup_bw_bytes_per_s > 0) & (b.scaleout_bw_bytes_per_s > 0) & (b.isl > 0) \
+        & (b.osl > 0) & (b.concurrency >= 1) & (b.tp >= 1) & (b.pp >= 1) & (b.dp >= 1) & (b.ep >= 1)
+    bits |= np.where(positive, 0, 64)
+    return bits
+
+
+def _steps(b: Batch) -> Breakdown:
+    c = np.maximum(b.concurrency, 1.0)
+    pp = b.pp
+    new = b.isl * (1.0 - b.prefix_hit_fraction)
+    prior = b.isl - new
+    prefill_only = b.phase == 1
+    decoding = np.where(prefill_only, 0.0, c)
+    ctx_dec = b.isl + 0.5 * b.osl
+    zero = np.zeros_like(c)
+    # decode-only step: what limits decoding, and the decode share of the cost
+    decode = step(b, decoding / pp, zero, ctx_dec, new, prior, decoding / pp)
+    # steady state: decodes plus the average prefill share (phase 0), or a prefill batch (phase 1)
+    pre = np.where(b.phase == 0, c * new / b.osl, np.where(prefill_only, c * new, 0.0))
+    done = np.where(b.phase == 0, c / b.osl, np.where(prefill_only, c, 0.0))
+    mixed = step(b, decoding / pp, pre / pp, ctx_dec, new, prior, (decoding + done) / pp)
+    # the step that carries one request's prefill chunk next to the running decodes
+    chunk = np.minimum(new, np.maximum(b.max_num_tokens - decoding, 1.0))
+    others = np.where(prefill_only, 0.0, np.maximum(c - 1.0, 0.0))
+    prefill = step(b, others / pp, chunk, ctx_dec, chunk, prior, (others / pp) + 1.0)
+    return Breakdown(decode, mixed, prefill)
+
+
+def score(b: Batch, breakdown: bool = False):
+    """Score every row. Returns a dict of metric arrays (and the Breakdown when asked)."""
+    c = np.maximum(b.concurrency, 1.0)
+    chips = b.tp * b.pp * b.dp
+    weights, kv_seq, act, free, max_c = _memory(b)
+    bits = _invalid_bits(b, weights, act, max_c)
+    steps = _steps(b)
+    pp = b.pp
+    t_mixed = steps.mixed.total_s
+    t_decode = steps.decode.total_s
+    prefill_only = b.phase == 1
+    new = b.isl * (1.0 - b.prefix_hit_fraction)
+
+    pass_s = pp * t_mixed                      # one token for every sequence
+    tpot = np.where(prefill_only, np.nan, pass_s)
+    out_inst = c / pass_s                       # tokens/s of the instance (first tokens when prefill)
+    in_inst = np.where(b.phase == 2, 0.0, out_inst * np.where(prefill_only, b.isl, b.isl / b.osl))
+    n_chunks = np.ceil(new / np.maximum(b.max_num_tokens - np.where(prefill_only, 0.0, c - 1.0), 1.0))
+    wait = np.where(prefill_only, 0.0, 0.5 * pass_s * (1.0 - 1.0 / c))
+    ttft = np.where(b.phase == 2, np.nan,
+                    np.where(prefill_only, pass_s, wait + pp * n_chunks * steps.prefill.total_s))
+
+    # cost: ownership (capex written off + power) or rental; split between decode and prefill
+    own = b.capex_usd / (b.amortization_years * HOURS_PER_YEAR) \
+        + b.power_w * b.pue * b.electricity_usd_per_kwh / 1000.0
+    usd_chip_h = np.where(b.use_rental > 0, b.rental_usd_per_hour, own)
+    usd_inst_s = usd_chip_h * chips / 3600.0
+    decode_share = np.where(b.phase == 2, 1.0,
+                            np.where(prefill_only, 0.0, np.clip(t_decode / t_mixed, 0.0, 1.0)))
+    out_rate = np.where(prefill_only, np.nan, out_inst)
+    usd_mtok_out = usd_inst_s * decode_share / out_rate * 1e6
+    usd_mtok_in = np.where(in_inst > 0, usd_inst_s * (1.0 - decode_share) / np.maximum(in_inst, 1e-30)
+                           * 1e6, np.nan)
+    joules_out = b.power_w * b.pue * chips * decode_share / out_rate
+
+    dec = steps.decode
+    tc, tm, tn = dec.compute_s.sum(0), dec.memory_s.sum(0), dec.network_s.sum(0)
+    bound = np.argmax(np.stack([tc, tm, tn]), axis=0)
+    capacity_limited = (bits & 16) != 0
+    bound = np.where(capacity_limited, 3, bound)
+
+    per_chip_out = out_inst / chips
+    metrics = {
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "step_s": t_mixed,
+        "output_tokens_per_s_per_user": 1.0 / tpot,
+        "output_tokens_per_s_per_chip": per_chip_out,
+        "input_tokens_per_s_per_chip": in_inst / chips,
+        "output_tokens_per_s_per_instance": out_inst,
+        "output_tokens_per_s_per_rack": per_chip_out * b.rack_chips,
+        "usd_per_chip_hour": usd_chip_h,
+        "usd_per_mtok_output": usd_mtok_out,
+        "usd_per_mtok_input": usd_mtok_in,
+        "joules_per_output_token": joules_out,
+        "max_concurrent_sequences": np.minimum(max_c, b.max_batch_size),
+        "weights_bytes_per_chip": weights,
+        "kv_bytes_per_chip": kv_seq * c / b.dp,
+        "hbm_used_fraction": (weights + act + b.runtime_reserve_bytes + kv_seq * c / b.dp)
+        / b.hbm_capacity_bytes,
+        "kv_bytes_per_token": arch.kv_bytes_per_token(b),
+        "total_params": arch.total_params(b),
+        "active_params": arch.active_params(b),
+        "num_chips": chips,
+        "concurrency": c,
+        "decode_compute_s": tc,
+        "decode_memory_s": tm,
+        "decode_network_s": tn,
+        "bound": bound,
+        "feasible": bits == 0,
+        "reason": bits,
+    }
+    return (metrics, steps) if breakdown else metrics
+
+
+def score_chunked(b: Batch, chunk_rows: int = 32768) -> dict:
+    """``score`` in chunks of rows: the same numbers, bounded memory, better cache use."""
+    n = len(b)
+    if n <= chunk_rows:
+        return score(b)
+    parts = [score(b.take(slice(i, i + chunk_rows))) for i in range(0, n, chunk_rows)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def reason_text(bits: int) -> str:
+    """Human-readable reasons for a reason bitmask (empty when feasible)."""
+    return "; ".join(text for bit, text in REASONS.items() if int(bits) & bit)
+
+
+__all__ = ["BOUNDS", "Breakdown", "METRICS", "OPS", "REASONS", "reason_text", "score",
+           "score_chunked"]

@@ -1,0 +1,226 @@
+"""``dse predict``: score the serving instances of a case file (contracts/predict-cases.md).
+
+Blank layout columns are filled with the best valid layout for ``num_chips`` and a blank
+concurrency with the one that maximises output tokens/s within memory: candidates are expanded
+into one table, scored in one call, and the best row per case is kept.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dse.build import resolve, to_batch
+from dse.errors import InputError, suggest
+from dse.perf import score_chunked
+from dse.perf.serve import BOUNDS, reason_text
+
+REQUIRED = ("case_id", "model", "hardware", "num_chips", "weight_dtype", "isl", "osl")
+OPTIONAL = ("topology", "tp", "pp", "ep", "dp", "kv_dtype", "concurrency", "prefix_hit_fraction",
+            "phase")
+RENAME = {"model": "model.id", "hardware": "accelerator.id", "topology": "topology.id",
+          "weight_dtype": "model.weight_dtype", "kv_dtype": "model.kv_dtype",
+          "isl": "workload.isl", "osl": "workload.osl", "concurrency": "workload.concurrency",
+          "prefix_hit_fraction": "workload.prefix_hit_fraction", "phase": "workload.phase",
+          "tp": "layout.tp", "pp": "layout.pp", "ep": "layout.ep", "dp": "layout.dp"}
+LAYOUT = ("layout.tp", "layout.pp", "layout.ep", "layout.dp")
+OUTPUT = ("case_id", "concurrency", "ttft_s", "tpot_s", "output_tokens_per_s_per_chip",
+          "input_tokens_per_s_per_chip", "bound", "feasible", "reason")
+EXTRA = ("tp", "pp", "ep", "dp", "usd_per_mtok_output", "usd_per_mtok_input",
+         "max_concurrent_sequences")
+CONCURRENCY_STEPS = np.array([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.02])
+
+
+def read_cases(path: str) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+    except FileNotFoundError:
+        raise InputError("file not found", file=path, hint="give the path of a case CSV") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
+        raise InputError(f"not a readable CSV ({str(e).splitlines()[0]})", file=path) from None
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise InputError(f"missing required column {missing[0]!r}", file=path,
+                         hint=suggest(missing[0], df.columns, "columns present") if len(df.columns)
+                         else "the header row is empty")
+    for c in REQUIRED:
+        blank = df[c].isna()
+        if blank.any():
+            i = int(np.flatnonzero(blank.to_numpy())[0])
+            raise InputError(f"required column {c!r} is blank", file=path, where=f"row {i + 2}")
+    dup = df["case_id"].duplicated()
+    if dup.any():
+        i = int(np.flatnonzero(dup.to_numpy())[0])
+        raise InputError(f"duplicate case_id {df['case_id'].iloc[i]!r}", file=path,
+                         where=f"row {i + 2}", hint="case ids must be unique")
+    for c in ("num_chips", "tp", "pp", "ep", "dp", "isl", "osl", "concurrency"):
+        if c in df.columns:
+            v = pd.to_numeric(df[c], errors="coerce")
+            bad = df[c].notna() & (v.isna() | (v < 1) | (v != np.round(v)))
+            if bad.any():
+                i = int(np.flatnonzero(bad.to_numpy())[0])
+                raise InputError(f"{c} = {df[c].iloc[i]!r} is not valid", file=path,
+                                 where=f"row {i + 2} (case_id {df['case_id'].iloc[i]})",
+                                 hint="a whole number >= 1")
+    return df
+
+
+def _layouts(num_chips: int) -> pd.DataFrame:
+    rows = []
+    for tp in range(1, num_chips + 1):
+        if num_chips % tp:
+            continue
+        for pp in range(1, num_chips // tp + 1):
+            if (num_chips // tp) % pp:
+                continue
+            dp = num_chips // tp // pp
+            for ep in range(1, tp * dp + 1):
+                if (tp * dp) % ep == 0:
+                    rows.append((tp, pp, ep, dp))
+    return pd.DataFrame(rows, columns=list(LAYOUT), dtype=float)
+
+
+def _expand_layouts(cases: pd.DataFrame, file: str) -> pd.DataFrame:
+    """One row per (case, candidate layout) agreeing with the layout columns the case gives."""
+    chips = pd.to_numeric(cases["num_chips"]).astype(int)
+    given = {c: pd.to_numeric(cases[c.split(".")[1]], errors="coerce")
+             if c.split(".")[1] in cases.columns else pd.Series(np.nan, index=cases.index)
+             for c in LAYOUT}
+    full = np.logical_and.reduce([given[c].notna().to_numpy() for c in LAYOUT])
+    parts = [cases[full].assign(**{c: given[c][full] for c in LAYOUT}, _case=np.flatnonzero(full))]
+    rest = cases[~full].assign(_case=np.flatnonzero(~full), _chips=chips[~full])
+    for c in LAYOUT:
+        rest[c + "_given"] = given[c][~full]
+    for n, grp in rest.groupby("_chips"):
+        cand = _layouts(int(n))
+        m = grp.drop(columns=[c for c in LAYOUT if c in grp.columns]).merge(cand, how="cross")
+        keep = np.ones(len(m), bool)
+        for c in LAYOUT:
+            g = m[c + "_given"].to_numpy()
+            keep &= np.isnan(g) | (g == m[c].to_numpy())
+        parts.append(m[keep])
+    out = pd.concat(parts, ignore_index=True)
+    missing = np.setdiff1d(np.arange(len(cases)), out["_case"].unique())
+    if len(missing):
+        i = int(missing[0])
+        raise InputError(f"no layout with the given tp/pp/ep/dp uses exactly num_chips = "
+                         f"{chips.iloc[i]} chips", file=file,
+                         where=f"row {i + 2} (case_id {cases['case_id'].iloc[i]})",
+                         hint="tp*pp*dp must equal num_chips and ep must divide tp*dp")
+    return out.drop(columns=[c for c in out.columns if c.endswith("_given") or c == "_chips"])
+
+
+def _check_explicit(cases, resolved, full_rows, file):
+    """Layouts the user wrote out must be valid: they name the row instead of guessing."""
+    L = {c: resolved[c].to_numpy(dtype=float) for c in LAYOUT}
+    chips = pd.to_numeric(cases["num_chips"]).to_numpy(dtype=float)[resolved["_case"].to_numpy()]
+    heads = resolved["model.num_attention_heads"].to_numpy(dtype=float)
+    experts = resolved["model.num_experts"].to_numpy(dtype=float)
+    checks = [
+        (L["layout.tp"] * L["layout.pp"] * L["layout.dp"] != chips,
+         "tp*pp*dp = {v} chips but num_chips = {n}", "make tp*pp*dp equal num_chips"),
+        (np.mod(heads, L["layout.tp"]) != 0, "tp = {tp} does not divide the model's {h} heads",
+         "use a tp that divides num_attention_heads"),
+        (np.mod(L["layout.tp"] * L["layout.dp"], L["layout.ep"]) != 0, "ep = {ep} does not divide tp*dp",
+         "ep must divide tp*dp"),
+        ((experts == 0) & (L["layout.ep"] != 1), "ep = {ep} on a dense model", "use ep = 1"),
+        ((experts > 0) & (np.mod(experts, L["layout.ep"]) != 0),
+         "ep = {ep} does not divide the model's {e} experts", "ep must divide num_experts"),
+    ]
+    for bad, msg, hint in checks:
+        bad = bad & full_rows
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            i = int(resolved["_case"].iloc[j])
+            text = msg.format(v=int(L["layout.tp"][j] * L["layout.pp"][j] * L["layout.dp"][j]),
+                              n=int(chips[j]), tp=int(L["layout.tp"][j]), h=int(heads[j]),
+                              ep=int(L["layout.ep"][j]), e=int(experts[j]))
+            raise InputError(text, file=file, where=f"row {i + 2} (case_id {cases['case_id'].iloc[i]})",
+                             hint=hint)
+
+
+def _design_table(cases: pd.DataFrame) -> pd.DataFrame:
+    cols = {RENAME[c]: cases[c] for c in RENAME if c in cases.columns and c not in ("tp", "pp", "ep", "dp")}
+    t = pd.DataFrame(cols)
+    for c in LAYOUT:
+        t[c] = cases[c].to_numpy()
+    t["case_id"] = cases["case_id"].to_numpy()
+    t["_case"] = cases["_case"].to_numpy()
+    if "workload.phase" in t.columns:
+        t["workload.phase"] = t["workload.phase"].fillna("both").replace({"": "both"})
+    return t
+
+
+def predict_frame(cases: pd.DataFrame, file: str = "cases") -> pd.DataFrame:
+    """Predictions for a case table (the CSV's columns, as strings or numbers)."""
+    cases = cases.reset_index(drop=True)
+    expanded = _expand_layouts(cases, file)
+    full_case = np.zeros(len(cases), bool)
+    given = [c for c in ("tp", "pp", "ep", "dp") if c in cases.columns]
+    if len(given) == 4:
+        full_case = cases[given].notna().all(axis=1).to_numpy()
+    table = _design_table(expanded)
+    auto_c = table["workload.concurrency"].isna().to_numpy() if "workload.concurrency" in table \
+        else np.ones(len(table), bool)
+    table["workload.concurrency"] = pd.to_numeric(table.get("workload.concurrency"),
+                                                  errors="coerce").fillna(1.0)
+    resolved = resolve(table.drop(columns=["_case", "case_id"]), file=file)
+    resolved["_case"] = table["_case"].to_numpy()
+    _check_explicit(cases, resolved, full_case[table["_case"].to_numpy()], file)
+    batch = to_batch(resolved)
+    if auto_c.any():
+        # blank concurrency: try fractions of the memory-limited maximum, keep the best
+        probe = score_chunked(batch.take(np.flatnonzero(auto_c)))
+        cmax = np.maximum(probe["max_concurrent_sequences"], 1.0)
+        idx_auto = np.flatnonzero(auto_c)
+        grid = np.maximum(np.floor(cmax[:, None] * CONCURRENCY_STEPS[None, :]), 1.0)
+        rows = np.concatenate([np.flatnonzero(~auto_c), np.repeat(idx_auto, grid.shape[1])])
+        conc = np.concatenate([batch.concurrency[~auto_c], grid.ravel()])
+        at_max = np.concatenate([np.zeros((~auto_c).sum(), bool),
+                                 np.tile(CONCURRENCY_STEPS == 1.0, len(idx_auto))])
+        batch = batch.take(rows).replace(concurrency=conc)
+        resolved = resolved.iloc[rows].reset_index(drop=True)
+    else:
+        at_max = np.zeros(len(resolved), bool)
+    s = score_chunked(batch)
+    return _select(cases, resolved, s, at_max, auto_c.any())
+
+
+def _select(cases, resolved, s, at_max, any_auto) -> pd.DataFrame:
+    case = resolved["_case"].to_numpy()
+    phase = resolved["workload.phase"].to_numpy()
+    goal = np.where(phase == "prefill", s["input_tokens_per_s_per_chip"],
+                    s["output_tokens_per_s_per_chip"])
+    goal = np.where(s["feasible"], goal, -1.0 / (1.0 + s["hbm_used_fraction"]))
+    order = np.lexsort((-goal, case))
+    first = np.ones(len(order), bool)
+    first[1:] = case[order][1:] != case[order][:-1]
+    best = order[first]
+    out = pd.DataFrame({"case_id": cases["case_id"].to_numpy()[case[best]]})
+    out["concurrency"] = s["concurrency"][best].astype(int)
+    for m in ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "input_tokens_per_s_per_chip"):
+        out[m] = s[m][best]
+    bound = s["bound"][best].copy()
+    # offline maximum at the memory limit while not compute-bound: more HBM would serve more
+    cap = at_max[best] & (bound != 0) & s["feasible"][best] & \
+        (s["max_concurrent_sequences"][best] < resolved["serving.max_batch_size"].to_numpy()[best])
+    bound = np.where(cap, 3, bound)
+    out["bound"] = np.array(BOUNDS, dtype=object)[bound.astype(int)]
+    out["feasible"] = s["feasible"][best]
+    out["reason"] = [reason_text(r) for r in s["reason"][best]]
+    for c in ("tp", "pp", "ep", "dp"):
+        out[c] = resolved[f"layout.{c}"].to_numpy()[best].astype(int)
+    for m in ("usd_per_mtok_output", "usd_per_mtok_input", "max_concurrent_sequences"):
+        out[m] = s[m][best]
+    out["_order"] = case[best]
+    return out.sort_values("_order").drop(columns="_order").reset_index(drop=True)
+
+
+def predict_file(path: str, out_path: str) -> pd.DataFrame:
+    cases = read_cases(path)
+    pred = predict_frame(cases, file=path)
+    tmp = out_path + ".tmp"
+    pred.to_csv(tmp, index=False, float_format="%.6g")
+    import os
+    os.replace(tmp, out_path)
+    return pred
