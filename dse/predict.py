@@ -7,12 +7,14 @@ into one table, scored in one call, and the best row per case is kept.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from dse.build import resolve, to_batch
 from dse.errors import InputError, suggest
-from dse.perf import score_chunked
+from dse.perf import Batch, score_chunked
 from dse.perf.serve import BOUNDS, reason_text
 
 REQUIRED = ("case_id", "model", "hardware", "num_chips", "weight_dtype", "isl", "osl")
@@ -28,7 +30,11 @@ OUTPUT = ("case_id", "concurrency", "ttft_s", "tpot_s", "output_tokens_per_s_per
           "input_tokens_per_s_per_chip", "bound", "feasible", "reason")
 EXTRA = ("tp", "pp", "ep", "dp", "usd_per_mtok_output", "usd_per_mtok_input",
          "max_concurrent_sequences")
-CONCURRENCY_STEPS = np.array([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.02])
+# blank concurrency: fractions of the memory-limited maximum that are tried (log-spaced)
+CONCURRENCY_STEPS = 2.0 ** (-np.arange(0, 48) / 4.0)
+# ... and the smallest concurrency within this share of the best throughput is kept: past the
+# knee a server gains almost nothing and only lengthens every token
+KNEE_FRACTION = 0.97
 
 
 def read_cases(path: str) -> pd.DataFrame:
@@ -151,8 +157,19 @@ def _design_table(cases: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-def predict_frame(cases: pd.DataFrame, file: str = "cases") -> pd.DataFrame:
-    """Predictions for a case table (the CSV's columns, as strings or numbers)."""
+@dataclass(frozen=True)
+class Prepared:
+    """Every candidate row of a case table, ready to score (the layout and concurrency grid)."""
+
+    cases: pd.DataFrame
+    resolved: pd.DataFrame
+    batch: Batch
+    auto: np.ndarray   # per row: its case has a blank concurrency
+
+
+def prepare(cases: pd.DataFrame, file: str = "cases") -> Prepared:
+    """Expand a case table into candidate rows: layouts for blank tp/pp/ep/dp, concurrencies
+    for a blank concurrency (fractions of the memory-limited maximum)."""
     cases = cases.reset_index(drop=True)
     expanded = _expand_layouts(cases, file)
     full_case = np.zeros(len(cases), bool)
@@ -169,30 +186,41 @@ def predict_frame(cases: pd.DataFrame, file: str = "cases") -> pd.DataFrame:
     _check_explicit(cases, resolved, full_case[table["_case"].to_numpy()], file)
     batch = to_batch(resolved)
     if auto_c.any():
-        # blank concurrency: try fractions of the memory-limited maximum, keep the best
         probe = score_chunked(batch.take(np.flatnonzero(auto_c)))
         cmax = np.maximum(probe["max_concurrent_sequences"], 1.0)
         idx_auto = np.flatnonzero(auto_c)
         grid = np.maximum(np.floor(cmax[:, None] * CONCURRENCY_STEPS[None, :]), 1.0)
         rows = np.concatenate([np.flatnonzero(~auto_c), np.repeat(idx_auto, grid.shape[1])])
         conc = np.concatenate([batch.concurrency[~auto_c], grid.ravel()])
-        at_max = np.concatenate([np.zeros((~auto_c).sum(), bool),
-                                 np.tile(CONCURRENCY_STEPS == 1.0, len(idx_auto))])
+        auto_c = np.concatenate([np.zeros((~auto_c).sum(), bool), np.ones(grid.size, bool)])
         batch = batch.take(rows).replace(concurrency=conc)
         resolved = resolved.iloc[rows].reset_index(drop=True)
-    else:
-        at_max = np.zeros(len(resolved), bool)
-    s = score_chunked(batch)
-    return _select(cases, resolved, s, at_max, auto_c.any())
+    return Prepared(cases, resolved, batch, auto_c)
 
 
-def _select(cases, resolved, s, at_max, any_auto) -> pd.DataFrame:
+def finish(prep: Prepared, batch: Batch | None = None) -> pd.DataFrame:
+    """Score the prepared rows (optionally with a modified batch) and keep the best per case."""
+    s = score_chunked(prep.batch if batch is None else batch)
+    return _select(prep.cases, prep.resolved, s, prep.auto)
+
+
+def predict_frame(cases: pd.DataFrame, file: str = "cases") -> pd.DataFrame:
+    """Predictions for a case table (the CSV's columns, as strings or numbers)."""
+    return finish(prepare(cases, file))
+
+
+def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
     case = resolved["_case"].to_numpy()
     phase = resolved["workload.phase"].to_numpy()
     goal = np.where(phase == "prefill", s["input_tokens_per_s_per_chip"],
                     s["output_tokens_per_s_per_chip"])
     goal = np.where(s["feasible"], goal, -1.0 / (1.0 + s["hbm_used_fraction"]))
-    order = np.lexsort((-goal, case))
+    best_goal = pd.Series(goal).groupby(case).transform("max").to_numpy()
+    auto = auto_rows
+    eligible = np.where(auto, goal >= KNEE_FRACTION * best_goal, goal >= best_goal)
+    eligible &= s["feasible"] | (best_goal < 0)
+    conc = np.where(auto, s["concurrency"], 0.0)
+    order = np.lexsort((-goal, conc, ~eligible, case))
     first = np.ones(len(order), bool)
     first[1:] = case[order][1:] != case[order][:-1]
     best = order[first]
@@ -202,7 +230,8 @@ def _select(cases, resolved, s, at_max, any_auto) -> pd.DataFrame:
         out[m] = s[m][best]
     bound = s["bound"][best].copy()
     # offline maximum at the memory limit while not compute-bound: more HBM would serve more
-    cap = at_max[best] & (bound != 0) & s["feasible"][best] & \
+    cap = auto_rows[best] & (bound != 0) & s["feasible"][best] & \
+        (s["concurrency"][best] >= KNEE_FRACTION * s["max_concurrent_sequences"][best]) & \
         (s["max_concurrent_sequences"][best] < resolved["serving.max_batch_size"].to_numpy()[best])
     bound = np.where(cap, 3, bound)
     out["bound"] = np.array(BOUNDS, dtype=object)[bound.astype(int)]

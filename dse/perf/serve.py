@@ -93,25 +93,36 @@ def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
     return bits
 
 
+def _prefill_load(b: Batch):
+    """Prefill tokens per step on average, the tokens of a step that carries a prompt, and the
+    share of steps that carry one (prompts arrive whole or in chunks of ``max_num_tokens``)."""
+    c = np.maximum(b.concurrency, 1.0)
+    new = b.isl * (1.0 - b.prefix_hit_fraction)
+    decoding = np.where(b.phase == 1, 0.0, c)
+    chunk = np.minimum(new, np.maximum(b.max_num_tokens - decoding, 1.0))
+    avg = np.where(b.phase == 0, c * new / b.osl, np.where(b.phase == 1, c * new, 0.0))
+    carried = np.where(b.phase == 0, np.maximum(avg, chunk), avg)
+    share = np.where(carried > 0, np.minimum(avg / np.maximum(carried, 1e-30), 1.0), 0.0)
+    return decoding, chunk, avg, carried, share
+
+
 def _steps(b: Batch) -> Breakdown:
     c = np.maximum(b.concurrency, 1.0)
     pp = b.pp
     new = b.isl * (1.0 - b.prefix_hit_fraction)
     prior = b.isl - new
-    prefill_only = b.phase == 1
-    decoding = np.where(prefill_only, 0.0, c)
     ctx_dec = b.isl + 0.5 * b.osl
     zero = np.zeros_like(c)
+    decoding, chunk, avg, carried, share = _prefill_load(b)
     # decode-only step: what limits decoding, and the decode share of the cost
     decode = step(b, decoding / pp, zero, ctx_dec, new, prior, decoding / pp)
-    # steady state: decodes plus the average prefill share (phase 0), or a prefill batch (phase 1)
-    pre = np.where(b.phase == 0, c * new / b.osl, np.where(prefill_only, c * new, 0.0))
-    done = np.where(b.phase == 0, c / b.osl, np.where(prefill_only, c, 0.0))
-    mixed = step(b, decoding / pp, pre / pp, ctx_dec, new, prior, (decoding + done) / pp)
-    # the step that carries one request's prefill chunk next to the running decodes
-    chunk = np.minimum(new, np.maximum(b.max_num_tokens - decoding, 1.0))
-    others = np.where(prefill_only, 0.0, np.maximum(c - 1.0, 0.0))
-    prefill = step(b, others / pp, chunk, ctx_dec, chunk, prior, (others / pp) + 1.0)
+    # a step that carries prompt tokens (a whole prompt or chunk, or the average load if larger);
+    # with a prefill-only instance it is the batch of C prompts
+    done = np.where(b.phase == 2, 0.0, carried / np.maximum(new, 1.0))
+    mixed = step(b, decoding / pp, carried / pp, ctx_dec, new, prior, (decoding + done) / pp)
+    # the step that carries one request's prefill chunk next to the other running decodes
+    others = np.where(b.phase == 1, 0.0, np.maximum(c - 1.0, 0.0))
+    prefill = step(b, others / pp, chunk, ctx_dec, chunk, prior, others / pp + 1.0)
     return Breakdown(decode, mixed, prefill)
 
 
@@ -123,8 +134,10 @@ def score(b: Batch, breakdown: bool = False):
     bits = _invalid_bits(b, weights, act, max_c)
     steps = _steps(b)
     pp = b.pp
-    t_mixed = steps.mixed.total_s
+    decoding, chunk, avg, carried, share = _prefill_load(b)
     t_decode = steps.decode.total_s
+    # mean step: steps that carry prompt tokens and steps that only decode, in proportion
+    t_mixed = share * steps.mixed.total_s + (1.0 - share) * t_decode
     prefill_only = b.phase == 1
     new = b.isl * (1.0 - b.prefix_hit_fraction)
 
@@ -132,10 +145,13 @@ def score(b: Batch, breakdown: bool = False):
     tpot = np.where(prefill_only, np.nan, pass_s)
     out_inst = c / pass_s                       # tokens/s of the instance (first tokens when prefill)
     in_inst = np.where(b.phase == 2, 0.0, out_inst * np.where(prefill_only, b.isl, b.isl / b.osl))
-    n_chunks = np.ceil(new / np.maximum(b.max_num_tokens - np.where(prefill_only, 0.0, c - 1.0), 1.0))
+    # TTFT: wait for the running step, the steps carrying this prompt's chunks, and the step
+    # that returns the first token (it is streamed with the next iteration)
+    n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
     wait = np.where(prefill_only, 0.0, 0.5 * pass_s * (1.0 - 1.0 / c))
     ttft = np.where(b.phase == 2, np.nan,
-                    np.where(prefill_only, pass_s, wait + pp * n_chunks * steps.prefill.total_s))
+                    np.where(prefill_only, pass_s,
+                             wait + pp * n_chunks * steps.prefill.total_s + pass_s))
 
     # cost: ownership (capex written off + power) or rental; split between decode and prefill
     own = b.capex_usd / (b.amortization_years * HOURS_PER_YEAR) \
