@@ -130,8 +130,8 @@ def _check_explicit(cases, resolved, full_rows, file):
         (np.mod(L["layout.tp"] * L["layout.dp"], L["layout.ep"]) != 0, "ep = {ep} does not divide tp*dp",
          "ep must divide tp*dp"),
         ((experts == 0) & (L["layout.ep"] != 1), "ep = {ep} on a dense model", "use ep = 1"),
-        ((experts > 0) & (np.mod(experts, L["layout.ep"]) != 0),
-         "ep = {ep} does not divide the model's {e} experts", "ep must divide num_experts"),
+        ((experts > 0) & (L["layout.ep"] > experts),
+         "ep = {ep} exceeds the model's {e} experts", "use ep <= num_experts"),
     ]
     for bad, msg, hint in checks:
         bad = bad & full_rows
@@ -150,6 +150,9 @@ def _design_table(cases: pd.DataFrame) -> pd.DataFrame:
     t = pd.DataFrame(cols)
     for c in LAYOUT:
         t[c] = cases[c].to_numpy()
+    for c in cases.columns:   # dotted overrides (design files, what-ifs) pass straight through
+        if "." in c and c not in t.columns:
+            t[c] = cases[c].to_numpy()
     t["case_id"] = cases["case_id"].to_numpy()
     t["_case"] = cases["_case"].to_numpy()
     if "workload.phase" in t.columns:
@@ -177,9 +180,10 @@ def prepare(cases: pd.DataFrame, file: str = "cases") -> Prepared:
     if len(given) == 4:
         full_case = cases[given].notna().all(axis=1).to_numpy()
     table = _design_table(expanded)
-    auto_c = table["workload.concurrency"].isna().to_numpy() if "workload.concurrency" in table \
-        else np.ones(len(table), bool)
-    table["workload.concurrency"] = pd.to_numeric(table.get("workload.concurrency"),
+    if "workload.concurrency" not in table:
+        table["workload.concurrency"] = np.nan
+    auto_c = table["workload.concurrency"].isna().to_numpy()
+    table["workload.concurrency"] = pd.to_numeric(table["workload.concurrency"],
                                                   errors="coerce").fillna(1.0)
     resolved = resolve(table.drop(columns=["_case", "case_id"]), file=file)
     resolved["_case"] = table["_case"].to_numpy()
@@ -232,7 +236,8 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
     # offline maximum at the memory limit while not compute-bound: more HBM would serve more
     cap = auto_rows[best] & (bound != 0) & s["feasible"][best] & \
         (s["concurrency"][best] >= KNEE_FRACTION * s["max_concurrent_sequences"][best]) & \
-        (s["max_concurrent_sequences"][best] < resolved["serving.max_batch_size"].to_numpy()[best])
+        (s["max_concurrent_sequences"][best] < resolved["serving.max_batch_size"].to_numpy()[best]
+         * resolved["layout.dp"].to_numpy()[best])
     bound = np.where(cap, 3, bound)
     out["bound"] = np.array(BOUNDS, dtype=object)[bound.astype(int)]
     out["feasible"] = s["feasible"][best]

@@ -28,6 +28,13 @@ def expert_params(b: Batch) -> np.ndarray:
     return b.mlp_mats * b.hidden * b.ffn_expert
 
 
+def expert_slots(b: Batch) -> np.ndarray:
+    """Expert copies held per MoE layer: every ep rank holds ceil(E/ep) slots, so when ep does
+    not divide E the spare slots carry redundant copies of busy experts (as EPLB does)."""
+    ep = np.maximum(b.ep, 1.0)
+    return np.ceil(b.n_experts / ep) * ep
+
+
 def shared_params_per_layer(b: Batch) -> np.ndarray:
     return b.n_shared * b.mlp_mats * b.hidden * b.ffn_shared
 

@@ -71,7 +71,7 @@ FIELDS: dict[str, str] = {
     "concurrency": "requests in flight on one instance",
     "prefix_hit_fraction": "fraction of input tokens served from a prefix cache",
     "phase": "0 both (continuous batching), 1 prefill only, 2 decode only",
-    "max_batch_size": "runtime cap on sequences per instance",
+    "max_batch_size": "runtime cap on sequences per scheduler (per attention dp rank)",
     "max_num_tokens": "runtime cap on tokens per step (prefill chunk)",
     "kv_memory_fraction": "fraction of free HBM the runtime gives the KV cache",
     "runtime_reserve_bytes": "HBM per chip held by the runtime (context, buffers)",

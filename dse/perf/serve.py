@@ -24,11 +24,11 @@ BOUNDS = ("compute", "memory", "network", "capacity")
 # bit -> reason an infeasible row carries
 REASONS = {
     1: "tp does not divide num_attention_heads",
-    2: "ep must divide tp*dp and num_experts (and be 1 for a dense model)",
+    2: "ep must divide tp*dp, be at most num_experts, and be 1 for a dense model",
     4: "pp exceeds num_hidden_layers",
     8: "weights and runtime do not fit in HBM",
     16: "KV cache of the requested concurrency does not fit in HBM",
-    32: "concurrency exceeds the runtime's max_batch_size",
+    32: "concurrency exceeds the runtime's max_batch_size per attention data-parallel rank",
     64: "invalid value (non-positive size, bandwidth or length)",
 }
 METRICS = (
@@ -57,8 +57,8 @@ def _memory(b: Batch):
     """Per-chip weights, KV per sequence, activations, and the largest concurrency that fits."""
     tp, dp, pp = b.tp, b.dp, b.pp
     ffn_g = tp * dp
-    moe = b.n_moe_layers * (b.n_experts * arch.expert_params(b) + arch.shared_params_per_layer(b)
-                            + b.hidden * b.n_experts)
+    moe = b.n_moe_layers * (arch.expert_slots(b) * arch.expert_params(b)
+                            + arch.shared_params_per_layer(b) + b.hidden * b.n_experts)
     emb_tables = (2.0 - b.tied) / np.minimum(pp, 2.0)
     weights = (b.n_layers * arch.attn_params_per_layer(b) / tp
                + (b.n_dense_layers * arch.dense_mlp_params(b) + moe) / ffn_g) / pp \
@@ -79,13 +79,12 @@ def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
     bits = np.zeros(len(b), dtype=np.int64)
     bits |= np.where(np.mod(b.n_heads, b.tp) != 0, 1, 0)
     ffn_g = b.tp * b.dp
-    bad_ep = (np.mod(ffn_g, b.ep) != 0) | np.where(
-        b.n_experts > 0, np.mod(b.n_experts, b.ep) != 0, b.ep != 1)
+    bad_ep = (np.mod(ffn_g, b.ep) != 0) | np.where(b.n_experts > 0, b.ep > b.n_experts, b.ep != 1)
     bits |= np.where(bad_ep, 2, 0)
     bits |= np.where(b.pp > b.n_layers, 4, 0)
     bits |= np.where(weights + act + b.runtime_reserve_bytes > b.hbm_capacity_bytes, 8, 0)
     bits |= np.where(b.concurrency > max_c, 16, 0)
-    bits |= np.where(b.concurrency > b.max_batch_size, 32, 0)
+    bits |= np.where(b.concurrency > b.max_batch_size * b.dp, 32, 0)
     positive = (b.hbm_bw_bytes_per_s > 0) & (b.matmul_flops_per_s > 0) & (b.hbm_capacity_bytes > 0) \
         & (b.scaleup_bw_bytes_per_s > 0) & (b.scaleout_bw_bytes_per_s > 0) & (b.isl > 0) \
         & (b.osl > 0) & (b.concurrency >= 1) & (b.tp >= 1) & (b.pp >= 1) & (b.dp >= 1) & (b.ep >= 1)
@@ -186,7 +185,7 @@ def score(b: Batch, breakdown: bool = False):
         "usd_per_mtok_output": usd_mtok_out,
         "usd_per_mtok_input": usd_mtok_in,
         "joules_per_output_token": joules_out,
-        "max_concurrent_sequences": np.minimum(max_c, b.max_batch_size),
+        "max_concurrent_sequences": np.minimum(max_c, b.max_batch_size * b.dp),
         "weights_bytes_per_chip": weights,
         "kv_bytes_per_chip": kv_seq * c / b.dp,
         "hbm_used_fraction": (weights + act + b.runtime_reserve_bytes + kv_seq * c / b.dp)

@@ -91,7 +91,7 @@ def step(b: Batch, dec, pre, ctx_dec, new, prior, logits_rows) -> StepTimes:
     p_exp = arch.expert_params(b)
     rows_per_expert = tok * k / e
     c_moe = _matmul_s(b, 2.0 * tok * k * p_exp * moe_layers / ffn_g, rows_per_expert)
-    m_moe = touched * b.n_experts * p_exp * moe_layers * wb / ffn_g / hbm
+    m_moe = touched * arch.expert_slots(b) * p_exp * moe_layers * wb / ffn_g / hbm
     ep = b.ep
     dest = ep * (1.0 - np.power(1.0 - 1.0 / ep, k))      # distinct ep ranks a token visits
     sent = tok / ffn_g * dest * (ep - 1.0) / ep * d

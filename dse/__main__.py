@@ -1,0 +1,5 @@
+import sys
+
+from dse.cli import main
+
+sys.exit(main())

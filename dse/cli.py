@@ -1,0 +1,132 @@
+"""The ``dse`` command line: a thin layer over the library (contracts/cli.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from dse import __version__
+from dse.errors import InputError
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line and exit code 2, like every other bad input."""
+
+    def error(self, message):
+        raise InputError(f"{message} (see `{self.prog} --help`)")
+
+
+def _catalog(a) -> int:
+    from dse import catalog
+    if a.action == "list":
+        kinds = [a.kind] if a.kind else list(catalog.KINDS)
+        for kind in kinds:
+            entries = catalog.table(kind)
+            print(f"{kind} ({len(entries)}):")
+            for k, e in entries.items():
+                print(f"  {k:<20} {_summary(kind, e)}")
+        return 0
+    kind, entry = catalog.find(a.id)
+    print(f"{kind[:-1]} {a.id}")
+    for k, v in _rows(entry.model_dump(exclude={"id"})):
+        print(f"  {k:<44} {v}")
+    return 0
+
+
+def _summary(kind, e) -> str:
+    if kind == "accelerators":
+        return (f"{e.name}: {e.peak_flops_per_s.bf16 / 1e12:,.0f} TFLOP/s bf16, "
+                f"{e.hbm_capacity_bytes / 1e9:,.0f} GB at {e.hbm_bw_bytes_per_s / 1e12:.2f} TB/s, "
+                f"scale-up {e.scaleup_domain_chips} x {e.scaleup_link_bw_bytes_per_s / 1e9:,.0f} GB/s")
+    if kind == "topologies":
+        dom = e.domain_chips or "accelerator's"
+        return f"{e.name} [{e.kind}, domain {dom}, rack {e.rack_chips}]"
+    moe = (f", MoE {e.num_experts} experts top-{e.num_experts_per_tok}" if e.num_experts else "")
+    return (f"{e.name}: {e.total_params / 1e9:,.1f}B total / {e.active_params / 1e9:,.1f}B active, "
+            f"{e.num_hidden_layers} layers{moe}")
+
+
+UNIT_HINTS = (("_bytes_per_s", "bytes/s"), ("_flops_per_s", "FLOP/s"), ("_bytes", "bytes"),
+              ("_usd", "USD"), ("usd_per_hour", "USD/h"), ("_w", "W"), ("_s", "s"))
+
+
+def _rows(d: dict, prefix=""):
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from _rows(v, key + ".")
+            continue
+        unit = next((u for suf, u in UNIT_HINTS if key.endswith(suf)), "")
+        if isinstance(v, float):
+            v = f"{v:.6g}"
+        elif isinstance(v, (list, tuple)):
+            v = "; ".join(map(str, v))
+        yield key, f"{v} {unit}".strip()
+
+
+def _eval(a) -> int:
+    from dse.evaluate import evaluate_file, render_json, render_text
+    res = evaluate_file(a.design)
+    print(render_json(res) if a.json else render_text(res, a.design))
+    return 0
+
+
+def _predict(a) -> int:
+    from dse.predict import predict_file
+    if os.path.abspath(a.out) == os.path.abspath(a.cases):
+        raise InputError("--out would overwrite the case file", file=a.out,
+                         hint="write predictions to another path")
+    pred = predict_file(a.cases, a.out)
+    print(f"wrote {len(pred)} predictions to {a.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="dse", description="Design-space optimizer for LLM serving hardware and models.")
+    p.add_argument("--version", action="version", version=f"dse {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    c = sub.add_parser("catalog", help="list or show catalog entries")
+    csub = c.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    cl = csub.add_parser("list", help="catalog ids with a one-line summary")
+    cl.add_argument("kind", nargs="?", choices=["accelerators", "topologies", "models"])
+    cs = csub.add_parser("show", help="every field of one entry, with units and sources")
+    cs.add_argument("id")
+    c.set_defaults(func=_catalog)
+
+    e = sub.add_parser("eval", help="score one design file: per-op breakdown and every metric")
+    e.add_argument("design", help="design TOML file")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.set_defaults(func=_eval)
+
+    pr = sub.add_parser("predict", help="score the cases of a CSV (contracts/predict-cases.md)")
+    pr.add_argument("cases", help="case CSV")
+    pr.add_argument("--out", required=True, help="predictions CSV to write")
+    pr.set_defaults(func=_predict)
+    return p
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except InputError as e:
+        print(f"dse: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dse: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # an internal error: one line unless DSE_DEBUG asks for the traceback
+        if os.environ.get("DSE_DEBUG"):
+            raise
+        print(f"dse: internal error: {type(e).__name__}: {e} (set DSE_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
