@@ -184,10 +184,12 @@ def _merge(base, override: pd.Series, col: str, file, names) -> pd.Series:
 
 def _check_values(out: pd.DataFrame, file, names):
     def fail(col, i, why):
-        raise InputError(f"{col} = {out[col].iloc[i]!r} {why}", file=file, where=names[i])
+        v = out[col].iloc[i]
+        v = v.item() if hasattr(v, "item") else v
+        raise InputError(f"{col} = {v!r} {why}", file=file, where=names[i])
 
     for col in out.columns:
-        if col in STRING_PATHS or col == "accelerator.default_topology":
+        if col in STRING_PATHS or col in ("accelerator.default_topology", "topology.domain_chips"):
             continue
         v = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float)
         if col.startswith("accelerator.peak_flops_per_s.") and not col.endswith(".bf16"):

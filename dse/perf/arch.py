@@ -5,29 +5,72 @@ All per row, all numpy. Parameter counts are elements (not bytes).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from dse.perf.batch import Batch
 
 
+def _memoised(fn):
+    """Compute a per-row quantity once per Batch (it is frozen, so the value cannot go stale)."""
+
+    @functools.wraps(fn)
+    def wrapper(b: Batch) -> np.ndarray:
+        return b.memo(fn.__name__, lambda: fn(b))
+
+    return wrapper
+
+
+def flag(cond: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """A boolean array as 0.0/1.0 in the dtype of ``like`` (blending is faster than np.where)."""
+    return cond.astype(like.dtype)
+
+
+def blend(f: np.ndarray, yes, no):
+    """``yes`` where the 0/1 flag ``f`` is 1, else ``no`` (both finite)."""
+    return no + f * (yes - no)
+
+
+def phases(b: Batch):
+    """0/1 flags: (continuous batching, prefill-only instance, decode-only instance)."""
+    return b.memo("phases", lambda: _phases(b))
+
+
+def _phases(b: Batch):
+    p = b.phase   # 0, 1 or 2: the flags are exact polynomials in it, no branches
+    return (1.0 - p) * (2.0 - p) * 0.5, p * (2.0 - p), p * (p - 1.0) * 0.5
+
+
+@_memoised
 def is_mla(b: Batch) -> np.ndarray:
-    return b.kv_lora > 0
+    """1.0 where the model uses multi-head latent attention."""
+    return flag(b.kv_lora > 0, b.kv_lora)
 
 
+@_memoised
+def window_or_inf(b: Batch) -> np.ndarray:
+    """The local layers' window, or a huge number when the model has none."""
+    return b.window_tokens + flag(b.window_tokens <= 0, b.window_tokens) * 1e30
+
+
+@_memoised
 def attn_params_per_layer(b: Batch) -> np.ndarray:
     """q, k, v, o projections (GQA/MHA/MQA) or the MLA projections, per layer."""
     d, h = b.hidden, b.n_heads
     gqa = d * h * b.head_dim * 2 + d * b.n_kv_heads * b.head_dim * 2
     qk = b.qk_nope + b.qk_rope
-    q = np.where(b.q_lora > 0, d * b.q_lora + b.q_lora * h * qk, d * h * qk)
+    q = blend(flag(b.q_lora > 0, d), d * b.q_lora + b.q_lora * h * qk, d * h * qk)
     mla = q + d * (b.kv_lora + b.qk_rope) + b.kv_lora * h * (b.qk_nope + b.v_head) + h * b.v_head * d
-    return np.where(is_mla(b), mla, gqa)
+    return blend(is_mla(b), mla, gqa)
 
 
+@_memoised
 def expert_params(b: Batch) -> np.ndarray:
     return b.mlp_mats * b.hidden * b.ffn_expert
 
 
+@_memoised
 def expert_slots(b: Batch) -> np.ndarray:
     """Expert copies held per MoE layer: every ep rank holds ceil(E/ep) slots, so when ep does
     not divide E the spare slots carry redundant copies of busy experts (as EPLB does)."""
@@ -35,14 +78,17 @@ def expert_slots(b: Batch) -> np.ndarray:
     return np.ceil(b.n_experts / ep) * ep
 
 
+@_memoised
 def shared_params_per_layer(b: Batch) -> np.ndarray:
     return b.n_shared * b.mlp_mats * b.hidden * b.ffn_shared
 
 
+@_memoised
 def dense_mlp_params(b: Batch) -> np.ndarray:
     return b.mlp_mats * b.hidden * b.ffn_dense
 
 
+@_memoised
 def embedding_params(b: Batch) -> np.ndarray:
     """Input embedding plus output head (one table when tied)."""
     return b.vocab * b.hidden * (2.0 - b.tied)
@@ -63,9 +109,10 @@ def active_params(b: Batch) -> np.ndarray:
             + moe + embedding_params(b))
 
 
+@_memoised
 def kv_elems_per_token_layer(b: Batch) -> np.ndarray:
     """KV-cache elements one token adds to one layer (whole model, before sharding)."""
-    return np.where(is_mla(b), b.kv_lora + b.qk_rope, 2.0 * b.n_kv_heads * b.head_dim)
+    return blend(is_mla(b), b.kv_lora + b.qk_rope, 2.0 * b.n_kv_heads * b.head_dim)
 
 
 def kv_bytes_per_token(b: Batch) -> np.ndarray:
@@ -73,6 +120,7 @@ def kv_bytes_per_token(b: Batch) -> np.ndarray:
     return kv_elems_per_token_layer(b) * b.n_layers * b.kv_bytes
 
 
+@_memoised
 def kv_shard_fraction(b: Batch) -> np.ndarray:
     """Fraction of a layer's KV that one chip of a tp group holds.
 
@@ -80,7 +128,7 @@ def kv_shard_fraction(b: Batch) -> np.ndarray:
     replicated on every tp rank (that is why MLA models use attention data parallelism).
     """
     gqa = np.maximum(b.n_kv_heads / b.tp, 1.0) / b.n_kv_heads
-    return np.where(is_mla(b), 1.0, gqa)
+    return blend(is_mla(b), 1.0, gqa)
 
 
 def attn_dims(b: Batch, decode: bool) -> np.ndarray:
@@ -92,20 +140,19 @@ def attn_dims(b: Batch, decode: bool) -> np.ndarray:
         mla = (b.kv_lora + b.qk_rope) + b.kv_lora
     else:
         mla = (b.qk_nope + b.qk_rope) + b.v_head
-    return np.where(is_mla(b), mla, 2.0 * b.head_dim)
+    return blend(is_mla(b), mla, 2.0 * b.head_dim)
 
 
 def context_layers(b: Batch, ctx: np.ndarray) -> np.ndarray:
     """Sum over layers of the context each layer attends to (local layers see at most a window)."""
     n_global = b.n_layers - b.n_local_layers
-    local_ctx = np.where(b.window_tokens > 0, np.minimum(ctx, b.window_tokens), ctx)
+    local_ctx = np.minimum(ctx, window_or_inf(b))
     return n_global * ctx + b.n_local_layers * local_ctx
 
 
 def prefill_pairs_layers(b: Batch, new: np.ndarray, prior: np.ndarray) -> np.ndarray:
     """Sum over layers of causal (query, key) pairs when ``new`` tokens follow ``prior`` cached ones."""
     full = new * prior + 0.5 * new * (new + 1.0)
-    w = np.where(b.window_tokens > 0, b.window_tokens, np.inf)
-    local = np.minimum(full, new * w)
+    local = np.minimum(full, new * window_or_inf(b))
     n_global = b.n_layers - b.n_local_layers
     return n_global * full + b.n_local_layers * local

@@ -88,9 +88,25 @@ FIELDS: dict[str, str] = {
 
 @dataclass(frozen=True, eq=False)
 class Batch:
-    """Struct of arrays: ``Batch.from_columns({...})`` with one array per name in FIELDS."""
+    """Struct of arrays: ``Batch.from_columns({...})`` with one array per name in FIELDS.
+
+    Derived per-row quantities (parameter counts, KV sizes) are computed once per batch and
+    memoised (``memo``); the columns themselves never change.
+    """
 
     columns: dict
+
+    def __post_init__(self):
+        object.__setattr__(self, "_memo", {})
+
+    def memo(self, key: str, fn):
+        m = self.__dict__["_memo"]
+        if key not in m:
+            m[key] = fn()
+        return m[key]
+
+    def astype(self, dtype) -> "Batch":
+        return Batch({k: v.astype(dtype, copy=False) for k, v in self.columns.items()})
 
     @classmethod
     def from_columns(cls, columns: dict) -> "Batch":

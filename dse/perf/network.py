@@ -5,12 +5,15 @@ spans ``g / domain_chips`` domains and the part of its traffic that leaves a dom
 scale-out tier. Bandwidths are per chip and per direction; ``bw_fraction`` is the share of the
 scale-up bandwidth the group can use (from the topology graph: a 2-chip group on a full mesh
 has one link, on a switch it has all of them).
+
+Every cost is affine in the bytes moved: ``(latency_s, seconds_per_byte)``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from dse.perf.arch import blend, flag
 from dse.perf.batch import Batch
 
 
@@ -18,42 +21,49 @@ def _log2(g: np.ndarray) -> np.ndarray:
     return np.log2(np.maximum(g, 1.0))
 
 
-def allreduce_s(b: Batch, message_bytes: np.ndarray, g: np.ndarray,
-                bw_fraction: np.ndarray) -> np.ndarray:
-    """All-reduce of ``message_bytes`` over ``g`` chips (hierarchical when it spans domains)."""
+def allreduce_coef(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
+    """All-reduce over ``g`` chips (hierarchical when it spans domains): ring bandwidth terms
+    ``2 (g-1)/g`` per tier and a ``2 log2 g`` latency (tree/recursive doubling)."""
     d = b.domain_chips
     inner = np.minimum(g, d)
     n_dom = np.maximum(g / d, 1.0)
     up_bw = b.scaleup_bw_bytes_per_s * b.scaleup_fraction * bw_fraction
     out_bw = b.scaleout_bw_bytes_per_s * b.scaleout_fraction
-    t_up = 2.0 * (inner - 1.0) / inner * message_bytes / up_bw + 2.0 * _log2(inner) * b.scaleup_latency_s
-    t_out = np.where(
-        n_dom > 1.0,
-        2.0 * (n_dom - 1.0) / n_dom * (message_bytes / inner) / out_bw
-        + 2.0 * _log2(n_dom) * b.scaleout_latency_s,
-        0.0)
-    return np.where(g > 1.0, t_up + t_out, 0.0)
+    per_byte = 2.0 * (inner - 1.0) / inner / up_bw + 2.0 * (n_dom - 1.0) / n_dom / inner / out_bw
+    lat = 2.0 * _log2(inner) * b.scaleup_latency_s + 2.0 * _log2(n_dom) * b.scaleout_latency_s
+    on = flag(g > 1.0, per_byte)
+    return on * lat, on * per_byte
 
 
-def alltoall_s(b: Batch, bytes_out: np.ndarray, g: np.ndarray,
-               bw_fraction: np.ndarray) -> np.ndarray:
-    """All-to-all where each chip sends ``bytes_out`` spread evenly over a group of ``g`` chips.
+def alltoall_coef(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
+    """All-to-all where each chip sends its bytes evenly over a group of ``g`` chips.
 
     The share of destinations outside the sender's domain goes over scale-out; both tiers run
-    at once, so the slower one sets the time.
+    at once, so the slower tier's per-byte cost and latency set the time.
     """
     d = b.domain_chips
-    out_share = np.where(g > d, 1.0 - d / np.maximum(g, 1.0), 0.0)
-    up_bw = b.scaleup_bw_bytes_per_s * b.scaleup_fraction * bw_fraction
-    out_bw = b.scaleout_bw_bytes_per_s * b.scaleout_fraction
-    t_up = bytes_out * (1.0 - out_share) / up_bw + b.scaleup_latency_s
-    t_out = np.where(out_share > 0, bytes_out * out_share / out_bw + b.scaleout_latency_s, 0.0)
-    return np.where(g > 1.0, np.maximum(t_up, t_out), 0.0)
+    out_share = np.maximum(1.0 - d / np.maximum(g, 1.0), 0.0)
+    up = (1.0 - out_share) / (b.scaleup_bw_bytes_per_s * b.scaleup_fraction * bw_fraction)
+    out = out_share / (b.scaleout_bw_bytes_per_s * b.scaleout_fraction)
+    spans = flag(out_share > 0, out)
+    lat = b.scaleup_latency_s + spans * np.maximum(b.scaleout_latency_s - b.scaleup_latency_s, 0.0)
+    on = flag(g > 1.0, out)
+    return on * lat, on * np.maximum(up, out)
 
 
-def p2p_s(b: Batch, message_bytes: np.ndarray, crosses_domain: np.ndarray) -> np.ndarray:
+def p2p_coef(b: Batch, crosses_domain: np.ndarray):
     """One point-to-point transfer between pipeline stages."""
-    up = message_bytes / (b.scaleup_bw_bytes_per_s * b.scaleup_fraction * b.tp_bw_fraction) \
-        + b.scaleup_latency_s
-    out = message_bytes / (b.scaleout_bw_bytes_per_s * b.scaleout_fraction) + b.scaleout_latency_s
-    return np.where(crosses_domain, out, up)
+    up = 1.0 / (b.scaleup_bw_bytes_per_s * b.scaleup_fraction * b.tp_bw_fraction)
+    out = 1.0 / (b.scaleout_bw_bytes_per_s * b.scaleout_fraction)
+    f = flag(crosses_domain, up)
+    return blend(f, b.scaleout_latency_s, b.scaleup_latency_s), blend(f, out, up)
+
+
+def allreduce_s(b: Batch, message_bytes, g, bw_fraction) -> np.ndarray:
+    lat, per_byte = allreduce_coef(b, g, bw_fraction)
+    return lat + per_byte * message_bytes
+
+
+def alltoall_s(b: Batch, bytes_out, g, bw_fraction) -> np.ndarray:
+    lat, per_byte = alltoall_coef(b, g, bw_fraction)
+    return lat + per_byte * bytes_out

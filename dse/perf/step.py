@@ -1,8 +1,8 @@
 """Time of one pipeline-stage step, op by op: compute, memory and network time per op class.
 
 A step carries ``dec`` decode tokens and ``pre`` prefill tokens per pipeline micro-batch (whole
-instance), decode tokens attending to ``ctx_dec`` context and prefill tokens arriving in requests
-of ``new`` uncached tokens after ``prior`` cached ones. Ops (rows of the breakdown):
+instance); decode tokens attend to the KV cache, prefill tokens arrive in requests of ``new``
+uncached tokens after ``prior`` cached ones. Ops (rows of the breakdown):
 
 attn_proj  q/k/v/o (or MLA) projections, plus the tp all-reduce of the attention output
 attn_core  scores and values against the KV cache (decode reads it, prefill writes it)
@@ -12,6 +12,10 @@ moe_shared shared experts
 router     the MoE router
 logits     embedding lookup and the output head
 pipeline   the activation hand-off to the next pipeline stage
+
+Almost every time is affine in the step's tokens (a matmul pads small row counts up by
+``matmul_half_rows``; a collective has a latency and a per-byte cost), so ``coefficients``
+computes the per-design constants once and ``step`` evaluates any token mix cheaply.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 
 from dse.perf import arch
 from dse.perf.batch import Batch
-from dse.perf.network import allreduce_s, alltoall_s, p2p_s
+from dse.perf.network import allreduce_coef, alltoall_coef, p2p_coef
 
 OPS = ("attn_proj", "attn_core", "mlp_dense", "moe_routed", "moe_shared", "router", "logits",
        "pipeline")
@@ -40,92 +44,136 @@ class StepTimes:
     total_s: np.ndarray      # one stage step, shape (n,)
 
 
-def _matmul_s(b: Batch, flops, rows) -> np.ndarray:
-    """Matmul time: ``rows`` below ``matmul_half_rows`` are padded up by tile quantization."""
-    eff = b.matmul_fraction * rows / (rows + b.matmul_half_rows)
-    return np.where(flops > 0, flops / (b.matmul_flops_per_s * np.maximum(eff, 1e-12)), 0.0)
+class Coefficients:
+    """Per-design constants of the step model (one stage, one micro-batch)."""
+
+    def __init__(self, b: Batch):
+        tp, dp, pp = b.tp, b.dp, b.pp
+        self.dp = dp
+        ffn_g = tp * dp
+        stage = 1.0 / pp
+        wb = b.weight_bytes
+        hbm = b.hbm_bw_bytes_per_s * b.hbm_fraction
+        mm = b.matmul_flops_per_s * b.matmul_fraction
+        d = b.hidden
+        ab = b.act_bytes
+        self.h = b.matmul_half_rows
+        self.layers_stage = b.n_layers * stage
+        # attention projections: tp-sharded, each dp rank handles its own tokens (rows tok/dp)
+        p_attn = arch.attn_params_per_layer(b) * self.layers_stage
+        self.c_proj = 2.0 * p_attn / tp / mm
+        self.m_proj = p_attn * wb / tp / hbm
+        a0, a1 = allreduce_coef(b, tp, b.tp_bw_fraction)
+        self.n_proj = (self.layers_stage * a0, self.layers_stage * a1 * d * ab / dp)
+        # attention core
+        heads = b.n_heads / tp
+        attn = b.attn_flops_per_s * b.attention_fraction
+        self.c_core_dec = 2.0 * heads * arch.attn_dims(b, True) / dp / attn * stage
+        self.c_core_pre = 2.0 * heads * arch.attn_dims(b, False) / dp / attn * stage
+        self.kv_chip = (arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
+                        / dp / hbm)
+        # dense MLP over the tp*dp group: every chip sees all tokens
+        p_dense = arch.dense_mlp_params(b) * b.n_dense_layers * stage
+        self.c_dense = 2.0 * p_dense / ffn_g / mm
+        self.m_dense = p_dense * wb / ffn_g / hbm
+        f0, f1 = allreduce_coef(b, ffn_g, b.ffn_bw_fraction)
+        dense_layers = b.n_dense_layers * stage
+        self.n_dense = (dense_layers * f0, dense_layers * f1 * d * ab)
+        # routed experts over ep ranks, each expert tp*dp/ep-way sharded
+        moe_layers = b.n_moe_layers * stage
+        e = np.maximum(b.n_experts, 1.0)
+        k = np.minimum(b.top_k, e)
+        self.log_miss = np.log1p(-np.minimum(k / e, 1.0 - 1e-12))   # per-token chance to miss one
+        self.expert_pad = self.h * e / np.maximum(k, 1e-12) * arch.flag(k > 0, k)
+        p_exp = arch.expert_params(b)
+        self.c_moe = 2.0 * k * p_exp * moe_layers / ffn_g / mm
+        self.m_moe = arch.expert_slots(b) * p_exp * moe_layers * wb / ffn_g / hbm
+        ep = b.ep
+        dest = ep * (1.0 - np.power(1.0 - 1.0 / ep, k))        # distinct ep ranks a token visits
+        sent = dest * (ep - 1.0) / ep * d / ffn_g               # elements sent per chip per token
+        t0, t1 = alltoall_coef(b, ffn_g, b.a2a_bw_fraction)
+        wide = arch.flag(ep > 1, ep)
+        a2a0 = wide * 2.0 * t0
+        a2a1 = wide * t1 * sent * (b.dispatch_bytes + ab)
+        moe_tp = ffn_g / ep
+        r0, r1 = allreduce_coef(b, moe_tp, b.tp_bw_fraction)
+        r1 = r1 * np.minimum(dest, ep) / ep * d * ab
+        is_moe = arch.flag(b.n_experts > 0, moe_layers) * moe_layers
+        self.n_moe = (is_moe * (a2a0 + r0), is_moe * (a2a1 + r1))
+        # shared experts and router
+        p_sh = arch.shared_params_per_layer(b) * moe_layers
+        self.c_sh = 2.0 * p_sh / ffn_g / mm
+        self.m_sh = p_sh * wb / ffn_g / hbm
+        p_router = d * b.n_experts * moe_layers
+        self.c_router = 2.0 * p_router / ffn_g / mm
+        self.m_router = p_router * wb / ffn_g / hbm
+        # embeddings and output head, vocab-parallel over tp (the last stage carries it)
+        p_head = b.vocab * d
+        self.c_head = 2.0 * p_head / tp / mm
+        self.m_head = p_head * wb / tp / hbm
+        self.m_embed = d * ab / dp / hbm
+        # hand-off to the next stage
+        crosses = tp * dp * pp > b.domain_chips
+        q0, q1 = p2p_coef(b, crosses)
+        has_pp = arch.flag(pp > 1, pp)
+        self.n_pipe = (has_pp * q0, has_pp * q1 * d * ab / dp / tp)
+        self.overlap = b.network_overlap_fraction
+        self.overhead = self.layers_stage * b.layer_overhead_s + b.step_overhead_s
+        self.batch = b
 
 
-def step(b: Batch, dec, pre, ctx_dec, new, prior, logits_rows) -> StepTimes:
-    """One stage step of one micro-batch (tokens are per micro-batch, whole instance)."""
-    tp, dp, pp = b.tp, b.dp, b.pp
-    ffn_g = tp * dp
+def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
+         breakdown: bool = False, sums: bool = False):
+    """One stage step of one micro-batch (tokens are per micro-batch, whole instance).
+
+    ``dec_ctx`` is ``arch.context_layers`` of the decode context and ``pairs`` is
+    ``arch.prefill_pairs_layers(new, prior)``: the caller computes them once for several steps.
+
+    Returns the step time; with ``sums`` also the compute, memory and network time summed over
+    ops; with ``breakdown`` the full per-op StepTimes.
+    """
+    b = k.batch
     tok = dec + pre
-    stage = 1.0 / pp
-    wb = b.weight_bytes
-    hbm = b.hbm_bw_bytes_per_s * b.hbm_fraction
-    d = b.hidden
-
-    # attention projections: tp-sharded, each dp rank handles its own tokens
-    p_attn = arch.attn_params_per_layer(b) * b.n_layers * stage
-    c_proj = _matmul_s(b, 2.0 * tok / dp * p_attn / tp, tok / dp)
-    m_proj = p_attn * wb / tp / hbm
-    n_proj = b.n_layers * stage * allreduce_s(b, tok / dp * d * b.act_bytes, tp, b.tp_bw_fraction)
-
-    # attention core against the KV cache
-    heads = b.n_heads / tp
-    kv_chip = arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
-    dec_ctx = arch.context_layers(b, ctx_dec) * stage
-    pairs = arch.prefill_pairs_layers(b, new, prior) * stage
-    reqs = np.where(new > 0, pre / np.maximum(new, 1.0), 0.0)
-    attn_flops = (2.0 * heads * arch.attn_dims(b, True) * dec / dp * dec_ctx
-                  + 2.0 * heads * arch.attn_dims(b, False) * reqs / dp * pairs)
-    c_core = attn_flops / (b.attn_flops_per_s * b.attention_fraction)
-    kv_read = dec / dp * dec_ctx * kv_chip
-    kv_write = tok / dp * b.n_layers * stage * kv_chip
-    prefix_read = reqs / dp * prior * b.n_layers * stage * kv_chip
-    m_core = (kv_read + kv_write + prefix_read) / hbm
-
-    # dense MLP: sharded over the whole tp*dp group, every chip sees all tokens
-    p_dense = arch.dense_mlp_params(b) * b.n_dense_layers * stage
-    c_dense = _matmul_s(b, 2.0 * tok * p_dense / ffn_g, tok)
-    m_dense = p_dense * wb / ffn_g / hbm
-    ffn_ar = allreduce_s(b, tok * d * b.act_bytes, ffn_g, b.ffn_bw_fraction)
-    n_dense = b.n_dense_layers * stage * ffn_ar
-
-    # routed experts: spread over ep ranks, each expert tp*dp/ep-way sharded
-    moe_layers = b.n_moe_layers * stage
-    e = np.maximum(b.n_experts, 1.0)
-    k = np.minimum(b.top_k, e)
-    touched = 1.0 - np.power(1.0 - k / e, tok)          # expected share of experts hit per layer
-    p_exp = arch.expert_params(b)
-    rows_per_expert = tok * k / e
-    c_moe = _matmul_s(b, 2.0 * tok * k * p_exp * moe_layers / ffn_g, rows_per_expert)
-    m_moe = touched * arch.expert_slots(b) * p_exp * moe_layers * wb / ffn_g / hbm
-    ep = b.ep
-    dest = ep * (1.0 - np.power(1.0 - 1.0 / ep, k))      # distinct ep ranks a token visits
-    sent = tok / ffn_g * dest * (ep - 1.0) / ep * d
-    a2a = (alltoall_s(b, sent * b.dispatch_bytes, ffn_g, b.a2a_bw_fraction)
-           + alltoall_s(b, sent * b.act_bytes, ffn_g, b.a2a_bw_fraction))
-    moe_tp = ffn_g / ep
-    moe_ar = allreduce_s(b, tok * np.minimum(dest, ep) / ep * d * b.act_bytes, moe_tp,
-                         b.tp_bw_fraction)
-    n_moe = np.where(b.n_experts > 0, moe_layers * (np.where(ep > 1, a2a, 0.0) + moe_ar), 0.0)
-
-    # shared experts and router
-    p_sh = arch.shared_params_per_layer(b) * moe_layers
-    c_sh = _matmul_s(b, 2.0 * tok * p_sh / ffn_g, tok)
-    m_sh = p_sh * wb / ffn_g / hbm
-    p_router = d * b.n_experts * moe_layers
-    c_router = _matmul_s(b, 2.0 * tok * p_router / ffn_g, tok)
-    m_router = p_router * wb / ffn_g / hbm
-
-    # embeddings and output head (vocab-parallel over tp); the last stage carries it
-    p_head = b.vocab * d
-    c_head = _matmul_s(b, 2.0 * logits_rows / dp * p_head / tp, logits_rows / dp)
-    m_head = (p_head * wb / tp + tok / dp * d * b.act_bytes) / hbm
-
-    # hand-off to the next stage
-    crosses = tp * dp * pp > b.domain_chips
-    n_pipe = np.where(pp > 1, p2p_s(b, tok / dp * d * b.act_bytes / tp, crosses), 0.0)
-
-    zero = np.zeros_like(tok)
-    compute = np.stack([c_proj, c_core, c_dense, c_moe, c_sh, c_router, c_head, zero])
-    memory = np.stack([m_proj, m_core, m_dense, m_moe, m_sh, m_router, m_head, zero])
-    network = np.stack([n_proj, zero, n_dense, n_moe, zero, zero, zero, n_pipe])
-    busy = np.maximum(compute, memory)
-    phi = b.network_overlap_fraction
-    op = (1.0 - phi) * (busy + network) + phi * np.maximum(busy, network)
-    overhead = b.n_layers * stage * b.layer_overhead_s + b.step_overhead_s
-    total = op.sum(axis=0) + overhead
-    return StepTimes(compute, memory, network, op, overhead, total)
+    some = arch.flag(tok > 0, tok)
+    h = k.h
+    dp = k.dp
+    rows = tok / dp
+    c_proj = k.c_proj * (rows + h) * some
+    n_proj = k.n_proj[0] + k.n_proj[1] * tok
+    reqs = pre / np.maximum(new, 1.0)
+    c_core = k.c_core_dec * dec * dec_ctx + k.c_core_pre * reqs * pairs
+    m_core = k.kv_chip * (dec * dec_ctx + (tok + reqs * prior) * b.n_layers) / b.pp
+    c_dense = k.c_dense * (tok + h) * some
+    n_dense = k.n_dense[0] + k.n_dense[1] * tok
+    touched = 1.0 - np.exp(tok * k.log_miss)
+    c_moe = k.c_moe * (tok + k.expert_pad) * some
+    m_moe = k.m_moe * touched
+    n_moe = k.n_moe[0] + k.n_moe[1] * tok
+    c_sh = k.c_sh * (tok + h) * some
+    c_router = k.c_router * (tok + h) * some
+    c_head = k.c_head * (logits_rows / dp + h)
+    m_head = k.m_head + k.m_embed * tok
+    n_pipe = k.n_pipe[0] + k.n_pipe[1] * tok
+    phi = k.overlap
+    parts = ((c_proj, k.m_proj, n_proj), (c_core, m_core, 0.0), (c_dense, k.m_dense, n_dense),
+             (c_moe, m_moe, n_moe), (c_sh, k.m_sh, 0.0), (c_router, k.m_router, 0.0),
+             (c_head, m_head, 0.0), (0.0, 0.0, n_pipe))
+    total = k.overhead
+    ops = []
+    sc = sm = sn = 0.0
+    for c, m, n in parts:
+        busy = np.maximum(c, m)
+        t = busy + n - phi * np.minimum(busy, n)   # (1-phi)*(busy+n) + phi*max(busy, n)
+        total = total + t
+        if breakdown:
+            ops.append((c, m, n, t))
+        elif sums:
+            sc, sm, sn = sc + c, sm + m, sn + n
+    if sums and not breakdown:
+        return total, sc, sm, sn
+    if not breakdown:
+        return total
+    shape = np.shape(total)
+    stack = [np.stack([np.broadcast_to(np.asarray(o[i], float), shape) for o in ops])
+             for i in range(4)]
+    return StepTimes(*stack, np.broadcast_to(k.overhead, shape), total)
