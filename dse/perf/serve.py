@@ -73,11 +73,19 @@ def _memory(b: Batch):
     ctx = b.isl + (1.0 - pre_only) * b.osl
     kv_seq = (arch.context_layers(b, ctx) / pp * arch.kv_elems_per_token_layer(b)
               * arch.kv_shard_fraction(b) * b.kv_bytes)
-    step_tokens = np.minimum(b.max_num_tokens, np.maximum(b.concurrency, 1.0)
-                             * arch.blend(pre_only, b.isl, 1.0 + b.isl / b.osl))
-    act = step_tokens / dp * b.hidden * 2.0 * 8.0 + step_tokens / dp * b.vocab / tp * 4.0
-    free = (b.hbm_capacity_bytes - b.runtime_reserve_bytes - weights - act) * b.kv_memory_fraction
-    max_c = np.floor(np.maximum(free, 0.0) / kv_seq) * dp
+    # activations scale with the step's tokens, up to the runtime's max_num_tokens
+    tokens_per_seq = arch.blend(pre_only, b.isl, 1.0 + b.isl / b.osl)
+    act_per_token = (b.hidden * 2.0 * 8.0 + b.vocab / tp * 4.0) / dp
+    c = np.maximum(b.concurrency, 1.0)
+    act = np.minimum(b.max_num_tokens, c * tokens_per_seq) * act_per_token
+    room = b.hbm_capacity_bytes - b.runtime_reserve_bytes - weights
+    free = (room - act) * b.kv_memory_fraction
+    # the largest concurrency whose KV plus activations fit (both grow with it)
+    kv_cost = kv_seq / dp / b.kv_memory_fraction            # HBM per sequence for its KV
+    knee = b.max_num_tokens / tokens_per_seq                 # where activations stop growing
+    below = room / (kv_cost + tokens_per_seq * act_per_token)
+    above = (room - b.max_num_tokens * act_per_token) / kv_cost
+    max_c = np.floor(np.maximum(arch.blend(arch.flag(below <= knee, room), below, above), 0.0))
     return weights, kv_seq, act, free, max_c
 
 

@@ -1,0 +1,45 @@
+"""Shared helpers: build scorer batches from dotted designs, with ideal efficiencies on demand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dse.build import resolve, to_batch
+from dse.perf import Batch, score
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+IDEAL = {  # speed of light: peak FLOP/s, full bandwidths, no fixed costs
+    "matmul_fraction": 1.0, "matmul_half_rows": 0.0, "attention_fraction": 1.0,
+    "hbm_fraction": 1.0, "scaleup_fraction": 1.0, "scaleout_fraction": 1.0,
+    "layer_overhead_s": 0.0, "step_overhead_s": 0.0, "network_overlap_fraction": 0.0,
+}
+
+
+def batch(rows: list[dict] | dict, ideal: bool = False) -> Batch:
+    rows = [rows] if isinstance(rows, dict) else rows
+    b = to_batch(resolve(pd.DataFrame(rows)))
+    if ideal:
+        b = b.replace(**IDEAL)
+    return b
+
+
+def one(design: dict, ideal: bool = False, **updates) -> dict:
+    """Score one design; returns {metric: float}."""
+    b = batch(design, ideal)
+    if updates:
+        b = b.replace(**updates)
+    return {k: (v[0].item() if hasattr(v[0], "item") else v[0]) for k, v in score(b).items()}
+
+
+def design(acc="h100-sxm", model="llama-3.1-70b", **kw) -> dict:
+    d = {"accelerator.id": acc, "model.id": model}
+    d.update(kw)
+    return d
+
+
+__all__ = ["IDEAL", "ROOT", "SHARED", "batch", "design", "np", "one"]
