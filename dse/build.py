@@ -38,10 +38,8 @@ DEFAULTS: dict[str, object] = {
     "layout.tp": 1, "layout.pp": 1, "layout.ep": 1, "layout.dp": 1,
     "workload.isl": 1024, "workload.osl": 256, "workload.concurrency": 1,
     "workload.prefix_hit_fraction": 0.0, "workload.phase": "both",
-    # serving runtime: TensorRT-LLM-style defaults (kv_cache_free_gpu_mem_fraction 0.9,
-    # max_num_tokens 8192, trtllm-bench caps the batch at 4096 sequences)
-    "serving.max_batch_size": 4096, "serving.max_num_tokens": 8192,
-    "serving.kv_memory_fraction": 0.9, "serving.runtime_reserve_bytes": 2e9,
+    # serving runtime: dse/catalog/serving.toml (sources there)
+    **{f"serving.{k}": v for k, v in catalog.serving_defaults().items()},
     # cost: ownership over 4 years, PUE 1.3, $0.08/kWh (industrial US average, estimate)
     "cost.mode": "ownership", "cost.amortization_years": 4.0, "cost.pue": 1.3,
     "cost.electricity_usd_per_kwh": 0.08,
@@ -99,14 +97,14 @@ def settable_paths() -> list[str]:
                    "accelerator.id", "topology.id", "model.id"} - {"accelerator.default_topology"})
 
 
-def _ids(table: pd.DataFrame, col: str, kind: str, file, row_names) -> pd.Series:
+def _ids(table: pd.DataFrame, col: str, kind: str, file, row_names, alias=None) -> pd.Series:
     known = catalog.table(kind)
     ids = table[col].astype(str).str.strip()
     bad = ~ids.isin(list(known))
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise InputError(f"unknown {kind[:-1]} id {ids.iloc[i]!r}", file=file,
-                         where=f"{row_names[i]}, column {col}",
+        raise InputError(f"unknown {SINGULAR[kind]} id {ids.iloc[i]!r}", file=file,
+                         where=f"{row_names[i]}, column {(alias or {}).get(col, col)}",
                          hint=suggest(ids.iloc[i], known, f"valid {kind}"))
     return ids
 
@@ -117,10 +115,19 @@ def _row_names(table: pd.DataFrame) -> list[str]:
     return [f"design {i}" for i in range(len(table))]
 
 
-def resolve(table: pd.DataFrame, *, file: str | None = None) -> pd.DataFrame:
-    """Every settable path for every row: catalog values, then the table's own overrides."""
+SINGULAR = {"accelerators": "accelerator", "topologies": "topology", "models": "model"}
+
+
+def resolve(table: pd.DataFrame, *, file: str | None = None, row_names: list[str] | None = None,
+            aliases: dict[str, str] | None = None) -> pd.DataFrame:
+    """Every settable path for every row: catalog values, then the table's own overrides.
+
+    ``row_names`` and ``aliases`` (dotted path -> the user's column name) make errors name the
+    user's row and column rather than internal ones.
+    """
     acc, topo, mod = frames()
-    names = _row_names(table)
+    names = row_names or _row_names(table)
+    alias = aliases or {}
     paths = set(settable_paths())
     for col in table.columns:
         if "." in col and col not in paths:
@@ -129,15 +136,15 @@ def resolve(table: pd.DataFrame, *, file: str | None = None) -> pd.DataFrame:
         if need not in table.columns:
             raise InputError(f"missing {need}", file=file, hint="every design names a catalog id")
     n = len(table)
-    acc_ids = _ids(table, "accelerator.id", "accelerators", file, names)
+    acc_ids = _ids(table, "accelerator.id", "accelerators", file, names, alias)
     out = acc.loc[acc_ids.to_numpy()].reset_index(drop=True)
     topo_ids = table["topology.id"] if "topology.id" in table.columns else pd.Series([None] * n)
     topo_ids = topo_ids.where(topo_ids.notna() & (topo_ids.astype(str).str.strip() != ""),
                               out["accelerator.default_topology"].to_numpy())
     topo_ids = _ids(pd.DataFrame({"topology.id": topo_ids.to_numpy()}), "topology.id",
-                    "topologies", file, names)
+                    "topologies", file, names, alias)
     out = pd.concat([out, topo.loc[topo_ids.to_numpy()].reset_index(drop=True)], axis=1)
-    model_ids = _ids(table, "model.id", "models", file, names)
+    model_ids = _ids(table, "model.id", "models", file, names, alias)
     out = pd.concat([out, mod.loc[model_ids.to_numpy()].reset_index(drop=True)], axis=1)
     out["accelerator.id"] = acc_ids.to_numpy()
     out["topology.id"] = topo_ids.to_numpy()
@@ -150,7 +157,7 @@ def resolve(table: pd.DataFrame, *, file: str | None = None) -> pd.DataFrame:
             continue
         if col.startswith("topology.scale"):
             continue
-        out[col] = _merge(out.get(col), src[col], col, file, names)
+        out[col] = _merge(out.get(col), src[col], col, file, names, alias)
     # the system's numbers: a topology's own domain, else the accelerator's; links from the chip
     dom = out["topology.domain_chips"].fillna(out["accelerator.scaleup_domain_chips"])
     out["topology.scaleup.domain_chips"] = dom
@@ -159,12 +166,12 @@ def resolve(table: pd.DataFrame, *, file: str | None = None) -> pd.DataFrame:
                                                     / out["topology.scaleout_oversubscription"])
     for col in src.columns:
         if col.startswith("topology.scale"):
-            out[col] = _merge(out[col], src[col], col, file, names)
-    _check_values(out, file, names)
+            out[col] = _merge(out[col], src[col], col, file, names, alias)
+    _check_values(out, file, names, alias)
     return out
 
 
-def _merge(base, override: pd.Series, col: str, file, names) -> pd.Series:
+def _merge(base, override: pd.Series, col: str, file, names, alias) -> pd.Series:
     if col in STRING_PATHS:
         ov = override.astype(object).where(override.notna(), None)
         ov = ov.map(lambda x: None if x is None or str(x).strip() == "" else str(x).strip())
@@ -176,17 +183,17 @@ def _merge(base, override: pd.Series, col: str, file, names) -> pd.Series:
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         raise InputError(f"{override.iloc[i]!r} is not a number", file=file,
-                         where=f"{names[i]}, column {col}", hint=POSITIVE_HINT)
+                         where=f"{names[i]}, column {alias.get(col, col)}", hint=POSITIVE_HINT)
     if base is None:
         return num
     return num.where(num.notna(), pd.to_numeric(base, errors="coerce"))
 
 
-def _check_values(out: pd.DataFrame, file, names):
+def _check_values(out: pd.DataFrame, file, names, alias):
     def fail(col, i, why):
         v = out[col].iloc[i]
         v = v.item() if hasattr(v, "item") else v
-        raise InputError(f"{col} = {v!r} {why}", file=file, where=names[i])
+        raise InputError(f"{alias.get(col, col)} = {v!r} {why}", file=file, where=names[i])
 
     for col in out.columns:
         if col in STRING_PATHS or col in ("accelerator.default_topology", "topology.domain_chips"):

@@ -58,7 +58,8 @@ def _rows(d: dict, prefix=""):
         if isinstance(v, dict):
             yield from _rows(v, key + ".")
             continue
-        unit = next((u for suf, u in UNIT_HINTS if key.endswith(suf)), "")
+        unit = "FLOP/s" if ".peak_flops_per_s." in f".{key}" or key.startswith("peak_flops_per_s") \
+            else next((u for suf, u in UNIT_HINTS if key.endswith(suf)), "")
         if isinstance(v, float):
             v = f"{v:.6g}"
         elif isinstance(v, (list, tuple)):

@@ -58,8 +58,13 @@ def evaluate_flat(flat: dict, file: str = "design") -> dict:
                         "bound": bound})
         breakdown[name] = {"ops": ops, "overhead_s": float(st.overhead_s[0]),
                            "total_s": float(st.total_s[0])}
-    design = {k: (v.item() if hasattr(v, "item") else v) for k, v in table.iloc[0].items()
-              if not k.startswith("accelerator.default")}
+    design = {}
+    for k, v in table.iloc[0].items():
+        v = v.item() if hasattr(v, "item") else v
+        if isinstance(v, float) and not math.isfinite(v):
+            v = None   # e.g. a dtype the chip lacks: JSON null, never NaN
+        if not k.startswith("accelerator.default"):
+            design[k] = v
     return {"design": design, "metrics": out_metrics, "breakdown": breakdown,
             "chosen": {"layout": {k: int(chosen[k]) for k in ("tp", "pp", "ep", "dp")},
                        "concurrency": int(chosen["concurrency"]),

@@ -7,6 +7,7 @@ into one table, scored in one call, and the best row per case is kept.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -185,7 +186,11 @@ def prepare(cases: pd.DataFrame, file: str = "cases") -> Prepared:
     auto_c = table["workload.concurrency"].isna().to_numpy()
     table["workload.concurrency"] = pd.to_numeric(table["workload.concurrency"],
                                                   errors="coerce").fillna(1.0)
-    resolved = resolve(table.drop(columns=["_case", "case_id"]), file=file)
+    case_rows = table["_case"].to_numpy()
+    names = [f"row {i + 2} (case_id {c})" for i, c in enumerate(cases["case_id"].astype(str))]
+    aliases = {v: k for k, v in RENAME.items()}
+    resolved = resolve(table.drop(columns=["_case", "case_id"]), file=file,
+                       row_names=[names[i] for i in case_rows], aliases=aliases)
     resolved["_case"] = table["_case"].to_numpy()
     _check_explicit(cases, resolved, full_case[table["_case"].to_numpy()], file)
     batch = to_batch(resolved)
@@ -251,10 +256,13 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
 
 
 def predict_file(path: str, out_path: str) -> pd.DataFrame:
+    folder = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(folder):
+        raise InputError("the output folder does not exist", file=out_path,
+                         hint="create it or write the predictions elsewhere")
     cases = read_cases(path)
     pred = predict_frame(cases, file=path)
     tmp = out_path + ".tmp"
-    pred.to_csv(tmp, index=False, float_format="%.6g")
-    import os
-    os.replace(tmp, out_path)
+    pred.to_csv(tmp, index=False)
+    os.replace(tmp, out_path)   # atomic: a failed run never leaves a half-written file
     return pred

@@ -108,9 +108,6 @@ def test_unknown_topology_id(capsys, tmp_path):
     assert "hgx-8" in line
 
 
-@pytest.mark.xfail(strict=True, reason="package bug: unknown ids in a case CSV are reported as "
-                   "'design N, column accelerator.id' (N = index in the expanded candidate table), "
-                   "not as the CSV row/case_id and the CSV column")
 @pytest.mark.parametrize("change", [dict(hardware="h100-sxn"), dict(model="llama-3.1-8c"),
                                     dict(topology="hgx-9")], ids=["hardware", "model", "topology"])
 def test_unknown_id_names_the_csv_row(capsys, tmp_path, change):
@@ -120,8 +117,6 @@ def test_unknown_id_names_the_csv_row(capsys, tmp_path, change):
     assert "row 4" in line or "case_id bad" in line, line
 
 
-@pytest.mark.xfail(strict=True, reason="package bug: the message says 'unknown topologie id' "
-                   "(kind[:-1] of 'topologies')")
 def test_unknown_topology_message_spelling(capsys, tmp_path):
     line, _, _ = predict_bad(capsys, tmp_path, [bad_row(topology="hgx-9")])
     assert "topologie " not in line, line
@@ -279,8 +274,6 @@ def test_existing_output_untouched_when_input_missing(capsys, tmp_path):
     assert out.read_text() == SENTINEL
 
 
-@pytest.mark.xfail(strict=True, reason="package bug: --out in a folder that does not exist is "
-                   "reported as an internal error (exit 1, 'OSError') instead of bad input (exit 2)")
 def test_out_in_missing_folder_is_bad_input(capsys, tmp_path):
     cases = write_cases(tmp_path / "cases.csv", [GOOD])
     rc, _, err = run_cli(capsys, "predict", cases, "--out", tmp_path / "no" / "such" / "p.csv")

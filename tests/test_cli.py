@@ -109,10 +109,8 @@ def listed_ids(stdout: str) -> list[str]:
             if line.startswith("  ") and line.strip()]
 
 
-# `dse predict` writes the CSV with float_format="%.6g": 6 significant digits carry a relative
-# rounding error of up to 5e-6 (for a leading digit 1), so that is the tolerance a CSV round
-# trip can meet; the stricter 1e-6 of the brief is kept as an xfail below
-CSV_RTOL = 5e-6
+# `dse predict` writes full float precision, so a CSV round trip meets 1e-9
+CSV_RTOL = 1e-9
 
 
 def assert_same_table(got: pd.DataFrame, want: pd.DataFrame, rtol: float = CSV_RTOL):
@@ -173,8 +171,6 @@ def test_catalog_show_fields_units_and_source(capsys):
     assert "https://" in fields["source_url"]
 
 
-@pytest.mark.xfail(strict=True, reason="package bug: `dse catalog show` prints peak_flops_per_s.<dtype> "
-                   "without a unit (UNIT_HINTS matches suffixes only; the key ends in .bf16)")
 def test_catalog_show_peak_flops_have_units(capsys):
     rc, out, err = run_cli(capsys, "catalog", "show", "h100-sxm")
     assert rc == 0, err
@@ -219,8 +215,6 @@ def test_eval_json_one_object(capsys):
     assert set(OPS) <= ops
 
 
-@pytest.mark.xfail(strict=True, reason="package bug: `dse eval --json` writes bare NaN (e.g. "
-                   "design.accelerator.peak_flops_per_s.fp4 for h100-sxm), which is not valid JSON")
 def test_eval_json_is_strict_json(capsys):
     rc, out, err = run_cli(capsys, "eval", LLAMA_EXAMPLE, "--json")
     assert rc == 0, err
@@ -363,9 +357,6 @@ def test_predict_equals_library(small_cases, small_prediction):
     assert_same_table(got, want)
 
 
-@pytest.mark.xfail(strict=True, reason="precision: `dse predict` writes predictions with "
-                   "float_format='%.6g' (dse/predict.py), a relative rounding of up to 5e-6, so the "
-                   "CSV cannot match the library to rtol 1e-6")
 def test_predict_equals_library_rtol_1e6(small_cases, small_prediction):
     from dse.predict import predict_frame, read_cases
     _, out, _ = small_prediction

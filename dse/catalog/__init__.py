@@ -54,6 +54,12 @@ def models() -> dict[str, Model]:
     return {k: Model(id=k, **v) for k, v in _load("models.toml").items()}
 
 
+@lru_cache(maxsize=1)
+def serving_defaults() -> dict:
+    """Serving-runtime defaults (serving.toml): max batch, prefill chunk, KV share, reserve."""
+    return dict(_load("serving.toml"))
+
+
 def table(kind: str) -> dict:
     if kind not in KINDS:
         raise InputError(f"unknown catalog kind {kind!r}", hint=suggest(kind, KINDS, "kinds"))
@@ -65,7 +71,8 @@ def lookup(kind: str, entry_id: str, *, file: str | None = None, where: str | No
     entries = table(kind)
     key = str(entry_id).strip()
     if key not in entries:
-        raise InputError(f"unknown {kind[:-1]} id {key!r}", file=file, where=where,
+        singular = {"accelerators": "accelerator", "topologies": "topology", "models": "model"}
+        raise InputError(f"unknown {singular[kind]} id {key!r}", file=file, where=where,
                          hint=suggest(key, entries, f"valid {kind}"))
     return entries[key]
 
