@@ -73,9 +73,9 @@ def _memory(b: Batch):
     ctx = b.isl + (1.0 - pre_only) * b.osl
     kv_seq = (arch.context_layers(b, ctx) / pp * arch.kv_elems_per_token_layer(b)
               * arch.kv_shard_fraction(b) * b.kv_bytes)
-    # activations scale with the step's tokens, up to the runtime's max_num_tokens
-    tokens_per_seq = arch.blend(pre_only, b.isl, 1.0 + b.isl / b.osl)
-    act_per_token = (b.hidden * 2.0 * 8.0 + b.vocab / tp * 4.0) / dp
+    # activations scale with a scheduler's (dp rank's) tokens per step, up to max_num_tokens
+    tokens_per_seq = arch.blend(pre_only, b.isl, 1.0 + b.isl / b.osl) / dp
+    act_per_token = b.hidden * 2.0 * 8.0 + b.vocab / tp * 4.0
     c = np.maximum(b.concurrency, 1.0)
     act = np.minimum(b.max_num_tokens, c * tokens_per_seq) * act_per_token
     room = b.hbm_capacity_bytes - b.runtime_reserve_bytes - weights
@@ -113,7 +113,8 @@ def _prefill_load(b: Batch):
     both, pre_only, dec_only = arch.phases(b)
     new = b.isl * (1.0 - b.prefix_hit_fraction)
     decoding = (1.0 - pre_only) * c
-    chunk = np.minimum(new, np.maximum(b.max_num_tokens - decoding, 1.0))
+    # a scheduler (dp rank) fills its max_num_tokens with its decodes first, then prompt tokens
+    chunk = np.minimum(new, np.maximum(b.max_num_tokens - decoding / b.dp, 1.0))
     avg = both * c * new / b.osl + pre_only * c * new
     carried = avg + both * np.maximum(chunk - avg, 0.0)
     share = np.minimum(avg / np.maximum(carried, 1e-30), 1.0)
