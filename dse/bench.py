@@ -70,11 +70,14 @@ def bench_predict(n: int) -> None:
     d = random_designs(n, seed=1)
     d["layout.tp"] = 8
     chips = d["layout.tp"] * d["layout.pp"] * d["layout.dp"]
-    moe = d["model.id"].map(lambda m: catalog.models()[m].num_experts > 0)
+    experts = d["model.id"].map(lambda m: catalog.models()[m].num_experts).to_numpy()
+    group = (d["layout.tp"] * d["layout.dp"]).to_numpy()
+    ep = np.minimum(group, np.maximum(experts, 1))
+    ep = np.where(group % ep == 0, ep, 1)
     cases = pd.DataFrame({
         "case_id": [f"c{i}" for i in range(n)], "model": d["model.id"], "hardware": d["accelerator.id"],
         "num_chips": chips, "tp": d["layout.tp"], "pp": d["layout.pp"], "dp": d["layout.dp"],
-        "ep": np.where(moe, d["layout.tp"] * d["layout.dp"], 1), "weight_dtype": d["model.weight_dtype"],
+        "ep": ep, "weight_dtype": d["model.weight_dtype"],
         "isl": d["workload.isl"], "osl": d["workload.osl"], "concurrency": d["workload.concurrency"]})
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = os.path.join(tmp, "cases.csv"), os.path.join(tmp, "pred.csv")
