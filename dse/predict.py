@@ -87,7 +87,11 @@ def _layouts(num_chips: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(LAYOUT), dtype=float)
 
 
-def _expand_layouts(cases: pd.DataFrame, file: str) -> pd.DataFrame:
+def _where(cases: pd.DataFrame, i: int, offset: int) -> str:
+    return f"row {i + offset + 2} (case_id {cases['case_id'].iloc[i]})"
+
+
+def _expand_layouts(cases: pd.DataFrame, file: str, offset: int = 0) -> pd.DataFrame:
     """One row per (case, candidate layout) agreeing with the layout columns the case gives."""
     chips = pd.to_numeric(cases["num_chips"]).astype(int)
     given = {c: pd.to_numeric(cases[c.split(".")[1]], errors="coerce")
@@ -111,13 +115,12 @@ def _expand_layouts(cases: pd.DataFrame, file: str) -> pd.DataFrame:
     if len(missing):
         i = int(missing[0])
         raise InputError(f"no layout with the given tp/pp/ep/dp uses exactly num_chips = "
-                         f"{chips.iloc[i]} chips", file=file,
-                         where=f"row {i + 2} (case_id {cases['case_id'].iloc[i]})",
+                         f"{chips.iloc[i]} chips", file=file, where=_where(cases, i, offset),
                          hint="tp*pp*dp must equal num_chips and ep must divide tp*dp")
     return out.drop(columns=[c for c in out.columns if c.endswith("_given") or c == "_chips"])
 
 
-def _check_explicit(cases, resolved, full_rows, file):
+def _check_explicit(cases, resolved, full_rows, file, offset=0):
     """Layouts the user wrote out must be valid: they name the row instead of guessing."""
     L = {c: resolved[c].to_numpy(dtype=float) for c in LAYOUT}
     chips = pd.to_numeric(cases["num_chips"]).to_numpy(dtype=float)[resolved["_case"].to_numpy()]
@@ -142,8 +145,7 @@ def _check_explicit(cases, resolved, full_rows, file):
             text = msg.format(v=int(L["layout.tp"][j] * L["layout.pp"][j] * L["layout.dp"][j]),
                               n=int(chips[j]), tp=int(L["layout.tp"][j]), h=int(heads[j]),
                               ep=int(L["layout.ep"][j]), e=int(experts[j]))
-            raise InputError(text, file=file, where=f"row {i + 2} (case_id {cases['case_id'].iloc[i]})",
-                             hint=hint)
+            raise InputError(text, file=file, where=_where(cases, i, offset), hint=hint)
 
 
 def _design_table(cases: pd.DataFrame) -> pd.DataFrame:
@@ -171,11 +173,11 @@ class Prepared:
     auto: np.ndarray   # per row: its case has a blank concurrency
 
 
-def prepare(cases: pd.DataFrame, file: str = "cases") -> Prepared:
+def prepare(cases: pd.DataFrame, file: str = "cases", offset: int = 0) -> Prepared:
     """Expand a case table into candidate rows: layouts for blank tp/pp/ep/dp, concurrencies
     for a blank concurrency (fractions of the memory-limited maximum)."""
     cases = cases.reset_index(drop=True)
-    expanded = _expand_layouts(cases, file)
+    expanded = _expand_layouts(cases, file, offset)
     full_case = np.zeros(len(cases), bool)
     given = [c for c in ("tp", "pp", "ep", "dp") if c in cases.columns]
     if len(given) == 4:
@@ -187,12 +189,13 @@ def prepare(cases: pd.DataFrame, file: str = "cases") -> Prepared:
     table["workload.concurrency"] = pd.to_numeric(table["workload.concurrency"],
                                                   errors="coerce").fillna(1.0)
     case_rows = table["_case"].to_numpy()
-    names = [f"row {i + 2} (case_id {c})" for i, c in enumerate(cases["case_id"].astype(str))]
+    ids = cases["case_id"].astype(str).to_numpy(dtype=object)
+    names = [f"row {i + offset + 2} (case_id {c})" for i, c in enumerate(ids)]
     aliases = {v: k for k, v in RENAME.items()}
     resolved = resolve(table.drop(columns=["_case", "case_id"]), file=file,
                        row_names=[names[i] for i in case_rows], aliases=aliases)
     resolved["_case"] = table["_case"].to_numpy()
-    _check_explicit(cases, resolved, full_case[table["_case"].to_numpy()], file)
+    _check_explicit(cases, resolved, full_case[table["_case"].to_numpy()], file, offset)
     batch = to_batch(resolved)
     if auto_c.any():
         probe = score_chunked(batch.take(np.flatnonzero(auto_c)))
@@ -213,9 +216,18 @@ def finish(prep: Prepared, batch: Batch | None = None) -> pd.DataFrame:
     return _select(prep.cases, prep.resolved, s, prep.auto)
 
 
+CASES_PER_CHUNK = 50_000
+
+
 def predict_frame(cases: pd.DataFrame, file: str = "cases") -> pd.DataFrame:
-    """Predictions for a case table (the CSV's columns, as strings or numbers)."""
-    return finish(prepare(cases, file))
+    """Predictions for a case table (the CSV's columns, as strings or numbers).
+
+    Cases are taken in chunks so that memory stays bounded whatever the file's size.
+    """
+    cases = cases.reset_index(drop=True)
+    parts = [finish(prepare(cases.iloc[i:i + CASES_PER_CHUNK], file, offset=i))
+             for i in range(0, max(len(cases), 1), CASES_PER_CHUNK)]
+    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
 
 
 def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
@@ -263,6 +275,14 @@ def predict_file(path: str, out_path: str) -> pd.DataFrame:
     cases = read_cases(path)
     pred = predict_frame(cases, file=path)
     tmp = out_path + ".tmp"
-    pred.to_csv(tmp, index=False)
+    write_csv(pred, tmp)
     os.replace(tmp, out_path)   # atomic: a failed run never leaves a half-written file
     return pred
+
+
+def write_csv(frame: pd.DataFrame, path: str) -> None:
+    """CSV at full float precision, NaN as an empty field (pyarrow: ~15x faster than pandas)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    pacsv.write_csv(table, path, pacsv.WriteOptions(quoting_style="needed"))
