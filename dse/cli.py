@@ -84,6 +84,69 @@ def _predict(a) -> int:
     return 0
 
 
+def parse_duration(text: str) -> float:
+    """'90s', '45m', '8h', '1d' or plain seconds -> seconds."""
+    import re
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(text))
+    if not m:
+        raise InputError(f"--budget {text!r} is not a duration", hint="e.g. 90s, 45m, 8h")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def _validate(a) -> int:
+    from dse.space import describe, load_space
+    print(describe(load_space(a.space)))
+    return 0
+
+
+def _run(a) -> int:
+    from pathlib import Path
+
+    from dse import runs
+    from dse.search import exhaustive
+    from dse.space import load_space
+    budget = parse_duration(a.budget) if a.budget else None
+    if a.trials is not None and a.trials < 1:
+        raise InputError(f"--trials {a.trials} must be >= 1")
+    if a.resume:
+        d = Path(a.resume)
+        m = runs.load_manifest(d)
+        runs.check_version(m, d)
+        st = runs.status(d)
+        if st["state"] == "running":
+            raise InputError("the run is still running", file=str(d),
+                             hint="stop it first, or join it with `dse worker`")
+        space = load_space(m["space_file"])
+        if space.digest != m["space_digest"]:
+            raise InputError("the space file changed since the run started", file=m["space_file"],
+                             hint="start a new run for the new space")
+    else:
+        if not a.space:
+            raise InputError("give a space file, or --resume DIR")
+        space = load_space(a.space)
+        d = runs.new_run_dir(space.name, a.out)
+        m = runs.create(d, space, a.strategy, a.seed, {"chunk_designs": exhaustive.CHUNK_DESIGNS})
+    st = exhaustive.run(space, d, m, max_trials=a.trials, budget_s=budget,
+                        progress=not a.quiet)
+    print(f"{st['state']}: {st['designs_scored']:,} of {space.size:,} designs scored in "
+          f"{st['elapsed_s']:.1f} s, front of {st['front_size']} designs")
+    print(d)
+    return 0
+
+
+def _status(a) -> int:
+    from pathlib import Path
+
+    from dse import runs
+    st = runs.status(Path(a.dir))
+    if a.json:
+        print(json.dumps(st))
+    else:
+        for k, v in st.items():
+            print(f"{k:<18} {v}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dse", description="Design-space optimizer for LLM serving hardware and models.")
     p.add_argument("--version", action="version", version=f"dse {__version__}")
@@ -106,6 +169,27 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("cases", help="case CSV")
     pr.add_argument("--out", required=True, help="predictions CSV to write")
     pr.set_defaults(func=_predict)
+
+    v = sub.add_parser("validate", help="check a space file; print its parameters and size")
+    v.add_argument("space")
+    v.set_defaults(func=_validate)
+
+    r = sub.add_parser("run", help="search a space; the last line printed is the run folder")
+    r.add_argument("space", nargs="?")
+    r.add_argument("--strategy", choices=["exhaustive"], default="exhaustive",
+                   help="exhaustive: every design, exact front")
+    r.add_argument("--trials", type=int, help="work items (chunks of the space) to do now")
+    r.add_argument("--budget", help="wall time, e.g. 90s, 45m, 8h")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--out", help="run folder (default runs/<time>-<space>)")
+    r.add_argument("--resume", metavar="DIR", help="continue a stopped or killed run")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=_run)
+
+    st = sub.add_parser("status", help="state of a run")
+    st.add_argument("dir")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_status)
     return p
 
 

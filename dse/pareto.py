@@ -1,0 +1,69 @@
+"""Pareto fronts and hypervolumes of score tables (moocore does the heavy lifting).
+
+Objectives are turned into minimisation (a maximised metric is negated); rows that are
+infeasible, violate a constraint or have a non-finite objective never enter a front.
+"""
+
+from __future__ import annotations
+
+import moocore
+import numpy as np
+import pandas as pd
+
+
+def objective_matrix(scores: dict | pd.DataFrame, objectives) -> np.ndarray:
+    cols = []
+    for o in objectives:
+        v = np.asarray(scores[o.metric], dtype=np.float64)
+        cols.append(v if o.direction == "minimize" else -v)
+    return np.column_stack(cols) if cols else np.zeros((0, 0))
+
+
+def admissible(scores: dict | pd.DataFrame, objectives, constraints) -> np.ndarray:
+    ok = np.asarray(scores["feasible"], dtype=bool).copy()
+    for c in constraints:
+        v = np.asarray(scores[c.metric], dtype=np.float64)
+        if c.max is not None:
+            ok &= v <= c.max
+        if c.min is not None:
+            ok &= v >= c.min
+    F = objective_matrix(scores, objectives)
+    return ok & np.isfinite(F).all(axis=1)
+
+
+def nondominated(F: np.ndarray) -> np.ndarray:
+    """Mask of the rows of F (minimisation) that no other row dominates; duplicates kept once."""
+    if len(F) == 0:
+        return np.zeros(0, bool)
+    if F.shape[1] == 1:
+        return F[:, 0] == F[:, 0].min()
+    return moocore.is_nondominated(F, keep_weakly=False)
+
+
+def front_of(frames: list[pd.DataFrame], objectives) -> pd.DataFrame:
+    """The Pareto set of the union of score tables (already admissible rows)."""
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame()
+    allf = pd.concat(frames, ignore_index=True)
+    mask = nondominated(objective_matrix(allf, objectives))
+    return allf[mask].reset_index(drop=True)
+
+
+def reference(F: np.ndarray, margin: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """A reference point and scale for hypervolumes: the nadir plus a margin, and the range."""
+    lo, hi = F.min(axis=0), F.max(axis=0)
+    span = np.where(hi > lo, hi - lo, np.maximum(np.abs(hi), 1.0))
+    return hi + margin * span, span
+
+
+def hypervolume(F: np.ndarray, ref: np.ndarray, scale: np.ndarray) -> float:
+    """Hypervolume of F (minimisation) against ``ref``, each objective divided by ``scale``."""
+    if len(F) == 0:
+        return 0.0
+    Fs = F / scale
+    r = np.asarray(ref) / scale
+    inside = (Fs < r).all(axis=1)
+    if not inside.any():
+        return 0.0
+    return float(moocore.hypervolume(Fs[inside], ref=r))

@@ -1,0 +1,1 @@
+"""Search strategies: they propose designs, the scorer scores them, the run folder keeps them."""

@@ -1,0 +1,283 @@
+"""Search spaces: a base design plus parameters over dotted spec paths, objectives, constraints.
+
+    question = "..."                 # what the space answers (shown in reports)
+    [accelerator]                    # the base design, as in a design file
+    id = "h100-sxm"
+    [model]
+    id = "llama-3.1-70b"
+    [parameters]                     # dotted path = values
+    "layout.tp" = [1, 2, 4, 8]                                   # a list
+    "workload.concurrency" = { low = 1, high = 1024, num = 11, log = true }  # a range
+    "accelerator.hbm_bw_bytes_per_s" = { scale = [1.0, 1.5, 2.0] }         # factors of the base
+    [objectives]                     # metric = "minimize" | "maximize" (or objectives = "file")
+    usd_per_mtok_output = "minimize"
+    [constraints]                    # metric = { max = x } | { min = x }
+    ttft_s = { max = 2.0 }
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dse.build import resolve, settable_paths, to_batch
+from dse.design import SECTIONS, flatten, read_toml
+from dse.errors import InputError, suggest
+from dse.perf import METRICS, Batch
+
+NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))
+DIRECTIONS = ("minimize", "maximize")
+TOP_KEYS = ("question", "name", "parameters", "objectives", "constraints", *SECTIONS)
+STRING_VALUED = {"accelerator.id", "topology.id", "model.id", "model.weight_dtype", "model.kv_dtype",
+                 "workload.phase", "cost.mode"}
+
+
+@dataclass(frozen=True)
+class Parameter:
+    path: str
+    values: tuple          # the grid the exhaustive strategy walks
+    scale: bool = False    # values are factors of the base design's value
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    integer: bool = False
+
+    @property
+    def categorical(self) -> bool:
+        return self.low is None
+
+
+@dataclass(frozen=True)
+class Objective:
+    metric: str
+    direction: str
+
+    def to_dict(self):
+        return {"name": self.metric, "direction": self.direction}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    metric: str
+    max: float | None = None
+    min: float | None = None
+
+
+@dataclass(frozen=True)
+class Space:
+    file: str
+    name: str
+    question: str
+    base: dict
+    parameters: tuple
+    objectives: tuple
+    constraints: tuple
+    digest: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(len(p.values) for p in self.parameters)
+
+    @property
+    def size(self) -> int:
+        return int(math.prod(self.shape)) if self.parameters else 1
+
+    def values_at(self, index: np.ndarray) -> dict[str, np.ndarray]:
+        """Parameter values of the designs with flat indices ``index`` (C order)."""
+        index = np.asarray(index, dtype=np.int64)
+        if not self.parameters:
+            return {}
+        coords = np.unravel_index(index, self.shape)
+        return {p.path: np.asarray(p.values, dtype=object)[c] for p, c in zip(self.parameters, coords)}
+
+    def design_table(self, index: np.ndarray) -> pd.DataFrame:
+        n = len(index)
+        cols = {k: [v] * n for k, v in self.base.items()}
+        for p, vals in self.values_at(index).items():
+            if not self.param(p).scale:
+                cols[p] = vals
+        return pd.DataFrame(cols)
+
+    def param(self, path: str) -> Parameter:
+        return next(p for p in self.parameters if p.path == path)
+
+    def batch(self, index: np.ndarray) -> tuple[Batch, pd.DataFrame]:
+        """Scorer input for the designs at ``index``, and their resolved design table."""
+        table = resolve(self.design_table(index), file=self.file)
+        vals = self.values_at(index)
+        for p in self.parameters:
+            if p.scale:
+                table[p.path] = table[p.path].to_numpy(dtype=float) * vals[p.path].astype(float)
+        return to_batch(table), table
+
+
+def _grid(path: str, spec, file: str) -> Parameter:
+    where = f"parameters.{path}"
+    if isinstance(spec, list):
+        if not spec:
+            raise InputError("an empty list of values", file=file, where=where,
+                             hint="give at least one value")
+        return Parameter(path, tuple(spec))
+    if not isinstance(spec, dict):
+        raise InputError(f"{spec!r} is not a list of values or a range table", file=file,
+                         where=where, hint="e.g. [1, 2, 4] or { low = 1, high = 64, num = 7 }")
+    allowed = {"values", "scale", "low", "high", "num", "step", "log"}
+    for k in spec:
+        if k not in allowed:
+            raise InputError(f"unknown key {k!r}", file=file, where=where,
+                             hint=suggest(k, allowed, "range keys"))
+    if "values" in spec or "scale" in spec:
+        key = "scale" if "scale" in spec else "values"
+        vals = spec[key]
+        if not isinstance(vals, list) or not vals:
+            raise InputError(f"{key} must be a non-empty list", file=file, where=where)
+        if key == "scale" and not all(isinstance(v, (int, float)) and v > 0 for v in vals):
+            raise InputError("scale factors must be positive numbers", file=file, where=where)
+        return Parameter(path, tuple(vals), scale=key == "scale")
+    if "low" not in spec or "high" not in spec:
+        raise InputError("a range needs low and high", file=file, where=where,
+                         hint="e.g. { low = 1, high = 1024, num = 11, log = true }")
+    low, high, log = spec["low"], spec["high"], bool(spec.get("log", False))
+    integer = isinstance(low, int) and isinstance(high, int) and not isinstance(spec.get("step", 1), float)
+    if not (isinstance(low, (int, float)) and isinstance(high, (int, float))) or high < low:
+        raise InputError(f"the range {low}..{high} is empty", file=file, where=where,
+                         hint="low <= high, both numbers")
+    if log and low <= 0:
+        raise InputError("a log range needs low > 0", file=file, where=where)
+    if "step" in spec:
+        step = spec["step"]
+        if step <= 0:
+            raise InputError("step must be > 0", file=file, where=where)
+        vals = np.arange(low, high + step * 1e-9, step)
+    else:
+        num = int(spec.get("num", 5))
+        if num < 1:
+            raise InputError("num must be >= 1", file=file, where=where)
+        vals = np.geomspace(low, high, num) if log else np.linspace(low, high, num)
+    if integer:
+        vals = np.unique(np.round(vals).astype(np.int64))
+    return Parameter(path, tuple(v.item() for v in vals), low=float(low), high=float(high), log=log,
+                     integer=integer)
+
+
+def _objectives(spec, file: str, base_dir: Path):
+    if isinstance(spec, str):
+        path = (base_dir / spec).resolve()
+        doc = read_toml(str(path))
+        spec = doc.get("objectives", {})
+        cons = doc.get("constraints", {})
+        file = str(path)
+    else:
+        cons = None
+    if not isinstance(spec, dict) or not spec:
+        raise InputError("no objectives", file=file, where="objectives",
+                         hint='e.g. [objectives] usd_per_mtok_output = "minimize"')
+    out = []
+    for metric, direction in spec.items():
+        if metric not in NUMERIC_METRICS:
+            raise InputError(f"unknown metric {metric!r}", file=file, where=f"objectives.{metric}",
+                             hint=suggest(metric, NUMERIC_METRICS, "metrics"))
+        if direction not in DIRECTIONS:
+            raise InputError(f"unknown direction {direction!r}", file=file,
+                             where=f"objectives.{metric}", hint=suggest(str(direction), DIRECTIONS))
+        out.append(Objective(metric, direction))
+    return tuple(out), cons, file
+
+
+def _constraints(spec, file: str):
+    out = []
+    for metric, c in (spec or {}).items():
+        where = f"constraints.{metric}"
+        if metric not in NUMERIC_METRICS:
+            raise InputError(f"unknown metric {metric!r}", file=file, where=where,
+                             hint=suggest(metric, NUMERIC_METRICS, "metrics"))
+        if not isinstance(c, dict) or not c or set(c) - {"max", "min"}:
+            raise InputError(f"{c!r} is not a bound", file=file, where=where,
+                             hint="{ max = x } and/or { min = x }")
+        for v in c.values():
+            if not isinstance(v, (int, float)):
+                raise InputError(f"bound {v!r} is not a number", file=file, where=where)
+        out.append(Constraint(metric, c.get("max"), c.get("min")))
+    return tuple(out)
+
+
+def load_space(path: str) -> Space:
+    doc = read_toml(path)
+    for k in doc:
+        if k not in TOP_KEYS:
+            raise InputError(f"unknown key {k!r}", file=path, hint=suggest(k, TOP_KEYS, "top-level keys"))
+    base = flatten({k: v for k, v in doc.items() if k in SECTIONS})
+    valid = set(settable_paths())
+    for key in base:
+        if key not in valid:
+            raise InputError(f"unknown key {key!r}", file=path, hint=suggest(key, valid, "valid keys"))
+    params = []
+    for p, spec in (doc.get("parameters") or {}).items():
+        if p not in valid:
+            raise InputError(f"unknown parameter path {p!r}", file=path, where="parameters",
+                             hint=suggest(p, valid, "valid paths"))
+        param = _grid(p, spec, path)
+        if param.scale and p in STRING_VALUED:
+            raise InputError("only numeric fields can be scaled", file=path, where=f"parameters.{p}")
+        params.append(param)
+    objectives, file_cons, obj_file = _objectives(doc.get("objectives"), path, Path(path).parent)
+    constraints = _constraints(doc.get("constraints") if doc.get("constraints") is not None
+                               else file_cons, path if doc.get("constraints") is not None else obj_file)
+    for need in ("accelerator.id", "model.id"):
+        if need not in base and need not in {p.path for p in params}:
+            raise InputError(f"missing {need}", file=path,
+                             hint=f"set it in [{need.split('.')[0]}] or in [parameters]")
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    space = Space(path, doc.get("name") or Path(path).stem, doc.get("question", ""), base,
+                  tuple(params), objectives, constraints, digest)
+    if space.size == 0:
+        raise InputError("the space is empty", file=path, hint="every parameter needs a value")
+    # resolve one design to catch bad values (unknown ids in lists, negative numbers) now
+    _check_values(space)
+    return space
+
+
+def _check_values(space: Space) -> None:
+    """Every listed value must resolve: try each parameter's values against the base design."""
+    for p in space.parameters:
+        rows = []
+        for v in p.values:
+            row = dict(space.base)
+            for q in space.parameters:
+                if not q.scale:
+                    row[q.path] = q.values[0]
+            if not p.scale:
+                row[p.path] = v
+            rows.append(row)
+        try:
+            resolve(pd.DataFrame(rows), file=space.file)
+        except InputError as e:
+            raise InputError(e.message, file=space.file, where=f"parameters.{p.path}",
+                             hint=e.hint) from None
+
+
+def describe(space: Space) -> str:
+    lines = [f"space {space.file}: {space.name}"]
+    if space.question:
+        lines.append(f"question: {space.question}")
+    lines.append("base design:")
+    for k, v in space.base.items():
+        lines.append(f"  {k} = {v!r}")
+    lines.append(f"parameters ({len(space.parameters)}):")
+    for p in space.parameters:
+        shown = ", ".join(map(str, p.values[:8])) + (", ..." if len(p.values) > 8 else "")
+        kind = "scale factors" if p.scale else ("range" if not p.categorical else "values")
+        lines.append(f"  {p.path}: {len(p.values)} {kind} [{shown}]")
+    lines.append("objectives: " + ", ".join(f"{o.direction} {o.metric}" for o in space.objectives))
+    if space.constraints:
+        lines.append("constraints: " + ", ".join(
+            " and ".join(x for x in (f"{c.metric} <= {c.max}" if c.max is not None else "",
+                                     f"{c.metric} >= {c.min}" if c.min is not None else "") if x)
+            for c in space.constraints))
+    lines.append(f"size: {space.size:,} designs")
+    return "\n".join(lines)
