@@ -125,11 +125,17 @@ def _run(a) -> int:
             raise InputError("give a space file, or --resume DIR")
         space = load_space(a.space)
         d = runs.new_run_dir(space.name, a.out)
-        m = runs.create(d, space, a.strategy, a.seed, {"chunk_designs": exhaustive.CHUNK_DESIGNS})
+        m = runs.create(d, space, a.strategy, a.seed,
+                        {"chunk_designs": a.chunk_designs or exhaustive.CHUNK_DESIGNS})
     st = exhaustive.run(space, d, m, max_trials=a.trials, budget_s=budget,
                         progress=not a.quiet)
     print(f"{st['state']}: {st['designs_scored']:,} of {space.size:,} designs scored in "
           f"{st['elapsed_s']:.1f} s, front of {st['front_size']} designs")
+    if st["front_size"] == 0 and st["designs_scored"]:
+        cons = ", ".join(f"{c.metric} {'<=' if c.max is not None else '>='} "
+                         f"{c.max if c.max is not None else c.min}" for c in space.constraints)
+        print(f"dse: warning: no scored design is feasible{' and meets ' + cons if cons else ''}; "
+              "the front is empty", file=sys.stderr)
     print(d)
     return 0
 
@@ -184,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="run folder (default runs/<time>-<space>)")
     r.add_argument("--resume", metavar="DIR", help="continue a stopped or killed run")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--chunk-designs", type=int, help="designs per work item (default 65536)")
     r.set_defaults(func=_run)
 
     st = sub.add_parser("status", help="state of a run")
