@@ -99,11 +99,14 @@ def _validate(a) -> int:
     return 0
 
 
+EXHAUSTIVE_MAX = 10**8
+
+
 def _run(a) -> int:
     from pathlib import Path
 
     from dse import runs
-    from dse.search import exhaustive
+    from dse.search import exhaustive, optuna_strategy
     from dse.space import load_space
     budget = parse_duration(a.budget) if a.budget else None
     if a.trials is not None and a.trials < 1:
@@ -124,12 +127,24 @@ def _run(a) -> int:
         if not a.space:
             raise InputError("give a space file, or --resume DIR")
         space = load_space(a.space)
+        strategy = a.strategy or ("exhaustive" if space.size <= EXHAUSTIVE_MAX else "optuna")
+        if strategy == "optuna":
+            optuna_strategy.make_sampler(a.sampler, a.seed, a.population)  # fail early
         d = runs.new_run_dir(space.name, a.out)
-        m = runs.create(d, space, a.strategy, a.seed,
-                        {"chunk_designs": a.chunk_designs or exhaustive.CHUNK_DESIGNS})
-    st = exhaustive.run(space, d, m, max_trials=a.trials, budget_s=budget,
-                        progress=not a.quiet)
-    print(f"{st['state']}: {st['designs_scored']:,} of {space.size:,} designs scored in "
+        extra = {"chunk_designs": a.chunk_designs or exhaustive.CHUNK_DESIGNS}
+        if strategy == "optuna":
+            extra.update(sampler=a.sampler, population=a.population, study_name=d.name,
+                         trials=a.trials or min(space.size, 10_000), storage=a.storage)
+            a.trials = None
+        m = runs.create(d, space, strategy, a.seed, extra)
+    if m["strategy"] == "optuna":
+        st = optuna_strategy.run(space, d, m, max_trials=a.trials, budget_s=budget,
+                                 storage_url=m.get("storage"), progress=not a.quiet)
+    else:
+        st = exhaustive.run(space, d, m, max_trials=a.trials, budget_s=budget,
+                            progress=not a.quiet)
+    of = f"{st['trials_total']:,} trials" if m["strategy"] == "optuna" else f"{space.size:,} designs"
+    print(f"{st['state']}: {st['designs_scored']:,} of {of} scored in "
           f"{st['elapsed_s']:.1f} s, front of {st['front_size']} designs")
     if st["front_size"] == 0 and st["designs_scored"]:
         cons = ", ".join(f"{c.metric} {'<=' if c.max is not None else '>='} "
@@ -182,9 +197,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="search a space; the last line printed is the run folder")
     r.add_argument("space", nargs="?")
-    r.add_argument("--strategy", choices=["exhaustive"], default="exhaustive",
-                   help="exhaustive: every design, exact front")
-    r.add_argument("--trials", type=int, help="work items (chunks of the space) to do now")
+    r.add_argument("--strategy", choices=["exhaustive", "optuna"],
+                   help="exhaustive: every design, exact front (default up to 10^8 designs); "
+                        "optuna: Optuna's samplers, asked and told in batches")
+    r.add_argument("--sampler", choices=["nsga2", "nsga3", "tpe", "random", "qmc", "gp"],
+                   default="nsga2", help="optuna sampler (default nsga2)")
+    r.add_argument("--population", type=int, default=32, help="trials asked and scored per batch")
+    r.add_argument("--storage", help="Optuna RDB URL (default: a journal file in the run folder)")
+    r.add_argument("--trials", type=int,
+                   help="exhaustive: chunks to do now; optuna: trials in the run (default "
+                        "min(space size, 10000)), or to add now with --resume")
     r.add_argument("--budget", help="wall time, e.g. 90s, 45m, 8h")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--out", help="run folder (default runs/<time>-<space>)")

@@ -46,6 +46,8 @@ def front_of(frames: list[pd.DataFrame], objectives) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame()
     allf = pd.concat(frames, ignore_index=True)
+    if "design_id" in allf:      # a design scored twice (a sampler may ask it again) counts once
+        allf = allf.drop_duplicates("design_id", keep="first")
     mask = nondominated(objective_matrix(allf, objectives))
     return allf[mask].reset_index(drop=True)
 

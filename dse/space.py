@@ -95,24 +95,24 @@ class Space:
         coords = np.unravel_index(index, self.shape)
         return {p.path: np.asarray(p.values, dtype=object)[c] for p, c in zip(self.parameters, coords)}
 
-    def design_table(self, index: np.ndarray) -> pd.DataFrame:
-        n = len(index)
-        cols = {k: [v] * n for k, v in self.base.items()}
-        for p, vals in self.values_at(index).items():
-            if not self.param(p).scale:
-                cols[p] = vals
-        return pd.DataFrame(cols)
-
     def param(self, path: str) -> Parameter:
         return next(p for p in self.parameters if p.path == path)
 
     def batch(self, index: np.ndarray) -> tuple[Batch, pd.DataFrame]:
         """Scorer input for the designs at ``index``, and their resolved design table."""
-        table = resolve(self.design_table(index), file=self.file)
-        vals = self.values_at(index)
+        return self.batch_from_values(self.values_at(index))
+
+    def batch_from_values(self, vals: dict[str, np.ndarray]) -> tuple[Batch, pd.DataFrame]:
+        """Scorer input for designs given by their parameter values (one array per path)."""
+        n = len(next(iter(vals.values()))) if vals else 1
+        cols = {k: [v] * n for k, v in self.base.items()}
+        for p in self.parameters:
+            if not p.scale:
+                cols[p.path] = vals[p.path]
+        table = resolve(pd.DataFrame(cols), file=self.file)
         for p in self.parameters:
             if p.scale:
-                table[p.path] = table[p.path].to_numpy(dtype=float) * vals[p.path].astype(float)
+                table[p.path] = table[p.path].to_numpy(dtype=float) * np.asarray(vals[p.path], float)
         return to_batch(table), table
 
 

@@ -1,0 +1,85 @@
+"""The optuna strategy: batches asked and told, fronts from stored scores, resume after kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import ROOT
+
+from dse import pareto
+from dse.cli import main
+from dse.space import load_space
+
+QUICK = ROOT / "spaces" / "quickstart.toml"
+
+
+def stored_front_ids(out, space) -> set:
+    files = sorted((out / "scores").glob("trials-*.parquet"))
+    allt = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    ok = allt[allt["_admissible"]].drop_duplicates("design_id")
+    F = pareto.objective_matrix(ok, space.objectives)
+    return set(ok["design_id"][pareto.nondominated(F)]), allt
+
+
+@pytest.mark.parametrize("sampler", ["nsga2", "tpe", "random", "qmc"])
+def test_samplers_run_and_the_front_is_the_pareto_set_of_all_trials(tmp_path, capsys, sampler):
+    out = tmp_path / "run"
+    n = 96 if sampler == "tpe" else 160
+    assert main(["run", str(QUICK), "--strategy", "optuna", "--sampler", sampler, "--trials",
+                 str(n), "--population", "32", "--out", str(out), "--quiet"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
+    st = json.loads((out / "progress.json").read_text())
+    assert st["state"] == "finished" and st["trials_completed"] == n
+    ids, allt = stored_front_ids(out, load_space(str(QUICK)))
+    assert len(allt) == n and allt["trial"].is_unique
+    front = pd.read_csv(out / "front.csv")
+    assert set(front["design_id"]) == ids and len(ids) > 0
+
+
+def test_optuna_finds_most_of_the_exact_front(tmp_path, capsys):
+    # the quickstart space has 480 designs: 240 NSGA-II trials (10 generations) come close
+    ex, op = tmp_path / "ex", tmp_path / "op"
+    main(["run", str(QUICK), "--out", str(ex), "--quiet"])
+    main(["run", str(QUICK), "--strategy", "optuna", "--trials", "240", "--population", "24",
+          "--seed", "1", "--out", str(op), "--quiet"])
+    space = load_space(str(QUICK))
+    fe, fo = pd.read_csv(ex / "front.csv"), pd.read_csv(op / "front.csv")
+    Fe, Fo = pareto.objective_matrix(fe, space.objectives), pareto.objective_matrix(fo, space.objectives)
+    ref, scale = pareto.reference(np.vstack([Fe, Fo]))
+    assert pareto.hypervolume(Fo, ref, scale) >= 0.95 * pareto.hypervolume(Fe, ref, scale)
+    assert pareto.hypervolume(Fo, ref, scale) <= pareto.hypervolume(Fe, ref, scale) * (1 + 1e-6)
+    assert set(fo["design_id"]) <= set(range(space.size))   # the same ids as the exhaustive run
+
+
+def test_resume_after_kill_9_loses_and_duplicates_nothing(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dse", "run", str(QUICK), "--strategy", "optuna", "--trials",
+           "2000", "--population", "16", "--sampler", "random", "--out", str(out), "--quiet"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 60
+    while time.time() < deadline and len(list((out / "scores").glob("*.parquet"))) < 4:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert main(["run", "--resume", str(out), "--quiet", "--trials", "64"]) == 0
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    study = optuna.load_study(study_name=json.loads((out / "manifest.json").read_text())["study_name"],
+                              storage=JournalStorage(JournalFileBackend(str(out / "optuna.journal"))))
+    states = pd.Series([t.state.name for t in study.trials])
+    assert (states != "RUNNING").all()
+    ids, allt = stored_front_ids(out, load_space(str(QUICK)))
+    assert allt["trial"].is_unique                      # nothing counted twice
+    complete = {t.number for t in study.trials if t.state.name == "COMPLETE"}
+    assert set(allt["trial"]) == complete               # nothing scored is lost
+    assert set(pd.read_csv(out / "front.csv")["design_id"]) == ids
