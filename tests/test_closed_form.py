@@ -138,3 +138,25 @@ def test_pipeline_parallelism_saves_capacity_not_weight_streaming_time():
     base["workload.concurrency"] = 256
     assert one(design(**base, **{"layout.pp": 2}), ideal=True)["output_tokens_per_s_per_chip"] \
         <= one(design(**base), ideal=True)["output_tokens_per_s_per_chip"]
+
+
+def test_quality_proxy_reproduces_clark_64_experts_at_370m():
+    # reference/moe_scaling.md: 64 experts at 370M active ~ dense 1.37B (S-BASE coefficients),
+    # log10 loss 0.348 (L = 2.228)
+    from dse.perf import quality
+    x = np.log10(370e6)
+    le, le1 = quality._log_ehat(np.array([64.0])), quality._log_ehat(np.array([1.0]))
+    t = quality.A * x + quality.B * le + quality.C * x * le + quality.D
+    n_eq = 10 ** ((t - quality.D - quality.B * le1) / (quality.A + quality.C * le1))
+    assert n_eq[0] == pytest.approx(1.37e9, rel=0.01)
+    assert 10 ** t[0] == pytest.approx(2.228, abs=0.002)
+
+
+def test_quality_proxy_dense_is_itself_and_experts_help():
+    from dse.perf.quality import dense_equivalent_params
+    b = batch(design(model="llama-3.1-8b"))
+    own = arch.active_params(b)[0] - arch.embedding_params(b)[0]
+    assert dense_equivalent_params(b)[0] == pytest.approx(own, rel=1e-9)
+    assert dense_equivalent_params(b.replace(n_experts=64))[0] > 1.5 * own
+    m = batch(design(model="deepseek-v3"))
+    assert dense_equivalent_params(m)[0] > 2 * (arch.active_params(m)[0] - arch.embedding_params(m)[0])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.perf import arch
+from dse.perf import arch, quality
 from dse.perf.batch import Batch
 from dse.perf.step import OPS, Coefficients, StepTimes, step
 
@@ -37,6 +37,7 @@ METRICS = (
     "output_tokens_per_s_per_rack", "usd_per_chip_hour", "usd_per_mtok_output", "usd_per_mtok_input",
     "joules_per_output_token", "max_concurrent_sequences", "weights_bytes_per_chip",
     "kv_bytes_per_chip", "hbm_used_fraction", "kv_bytes_per_token", "total_params", "active_params",
+    "dense_equivalent_params",
     "num_chips", "concurrency", "decode_compute_s", "decode_memory_s", "decode_network_s",
     "bound", "feasible", "reason",
 )
@@ -219,6 +220,7 @@ def score(b: Batch, breakdown: bool = False):
         "kv_bytes_per_token": arch.kv_bytes_per_token(b),
         "total_params": arch.total_params(b),
         "active_params": arch.active_params(b),
+        "dense_equivalent_params": quality.dense_equivalent_params(b),
         "num_chips": chips,
         "concurrency": c,
         "decode_compute_s": tc,
