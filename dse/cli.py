@@ -155,6 +155,12 @@ def _run(a) -> int:
     return 0
 
 
+def _schema(a) -> int:
+    from dse.schema import design_schema, space_schema
+    print(json.dumps(space_schema() if a.kind == "space" else design_schema(), indent=1))
+    return 0
+
+
 def _status(a) -> int:
     from pathlib import Path
 
@@ -214,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument("--chunk-designs", type=int, help="designs per work item (default 65536)")
     r.set_defaults(func=_run)
+
+    sc = sub.add_parser("schema", help="JSON Schema of space or design files, for editors")
+    sc.add_argument("kind", choices=["space", "design"])
+    sc.set_defaults(func=_schema)
 
     st = sub.add_parser("status", help="state of a run")
     st.add_argument("dir")

@@ -1,0 +1,38 @@
+"""The exported JSON Schemas accept every shipped file, reject misspellings, and are current."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import jsonschema
+import pytest
+from helpers import ROOT
+
+from dse.schema import design_schema, space_schema
+
+
+def test_committed_schemas_are_current():
+    assert json.loads((ROOT / "spaces" / "space.schema.json").read_text()) == space_schema()
+    assert json.loads((ROOT / "examples" / "design.schema.json").read_text()) == design_schema()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "spaces").glob("*.toml")), ids=lambda p: p.name)
+def test_every_space_validates(path):
+    jsonschema.validate(tomllib.loads(path.read_text()), space_schema())
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.toml")), ids=lambda p: p.name)
+def test_every_design_validates(path):
+    jsonschema.validate(tomllib.loads(path.read_text()), design_schema())
+
+
+def test_misspellings_are_rejected():
+    doc = tomllib.loads((ROOT / "spaces" / "quickstart.toml").read_text())
+    doc["parameters"]["layout.tpp"] = [1]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, space_schema())
+    doc = tomllib.loads((ROOT / "examples" / "llama70b-h100.toml").read_text())
+    doc["accelerator"]["hbm_bw_bytes_per_sec"] = 1.0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, design_schema())
