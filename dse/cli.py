@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import numpy as np
+
 from dse import __version__
 from dse.errors import InputError
 
@@ -128,23 +130,25 @@ def _run(a) -> int:
             raise InputError("give a space file, or --resume DIR")
         space = load_space(a.space)
         strategy = a.strategy or ("exhaustive" if space.size <= EXHAUSTIVE_MAX else "optuna")
-        if strategy == "optuna":
+        if strategy in ("optuna", "nested"):
             optuna_strategy.make_sampler(a.sampler, a.seed, a.population)  # fail early
         d = runs.new_run_dir(space.name, a.out)
         extra = {"chunk_designs": a.chunk_designs or exhaustive.CHUNK_DESIGNS}
-        if strategy == "optuna":
+        if strategy in ("optuna", "nested"):
+            outer, _ = optuna_strategy.split_parameters(space, strategy == "nested")
+            points = int(np.prod([space.shape[i] for i in outer])) if outer else 1
             extra.update(sampler=a.sampler, population=a.population, study_name=d.name,
-                         trials=a.trials or min(space.size, 10_000), storage=a.storage)
+                         trials=a.trials or min(points, 10_000), storage=a.storage)
             a.trials = None
         m = runs.create(d, space, strategy, a.seed, extra)
-    if m["strategy"] == "optuna":
+    if m["strategy"] in ("optuna", "nested"):
         st = optuna_strategy.run(space, d, m, max_trials=a.trials, budget_s=budget,
                                  storage_url=m.get("storage"), progress=not a.quiet)
     else:
         st = exhaustive.run(space, d, m, max_trials=a.trials, budget_s=budget,
                             progress=not a.quiet)
-    of = f"{st['trials_total']:,} trials" if m["strategy"] == "optuna" else f"{space.size:,} designs"
-    print(f"{st['state']}: {st['designs_scored']:,} of {of} scored in "
+    of = f"{space.size:,} designs" if m["strategy"] == "exhaustive" else f"{st['trials_total']:,} trials"
+    print(f"{st['state']}: {st['trials_completed'] if m['strategy'] != 'exhaustive' else st['designs_scored']:,} of {of} scored in "
           f"{st['elapsed_s']:.1f} s, front of {st['front_size']} designs")
     if st["front_size"] == 0 and st["designs_scored"]:
         cons = ", ".join(f"{c.metric} {'<=' if c.max is not None else '>='} "
@@ -203,9 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="search a space; the last line printed is the run folder")
     r.add_argument("space", nargs="?")
-    r.add_argument("--strategy", choices=["exhaustive", "optuna"],
+    r.add_argument("--strategy", choices=["exhaustive", "optuna", "nested"],
                    help="exhaustive: every design, exact front (default up to 10^8 designs); "
-                        "optuna: Optuna's samplers, asked and told in batches")
+                        "optuna: Optuna's samplers, asked and told in batches; nested: the "
+                        "sampler picks hardware/model points, every layout and batch under each "
+                        "is scored")
     r.add_argument("--sampler", choices=["nsga2", "nsga3", "tpe", "random", "qmc", "gp"],
                    default="nsga2", help="optuna sampler (default nsga2)")
     r.add_argument("--population", type=int, default=32, help="trials asked and scored per batch")

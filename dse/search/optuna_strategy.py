@@ -1,4 +1,10 @@
-"""The optuna strategy: Optuna's samplers propose designs, asked and told in batches.
+"""The optuna and nested strategies: Optuna's samplers propose designs, asked and told in batches.
+
+optuna: the sampler proposes every parameter; each trial is one design.
+nested: the sampler proposes the hardware/topology/model point; every layout and batch size under
+it is enumerated and scored in the same call, the point's non-dominated designs are kept, and
+the trial's value is their hypervolume (against the run's fixed reference point).
+
 
 The numpy model is the engine and Optuna the driver and bookkeeper: a batch of trials (a
 population) is asked, scored in one vectorized call, written to a Parquet score table, then told
@@ -12,6 +18,7 @@ written (nothing is lost), else failed so the sampler asks again (nothing counte
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -107,18 +114,50 @@ def _constraint_names(space) -> list[str]:
     return names
 
 
-def _set_constraints(trial, values, space) -> None:
-    for name, v in zip(_constraint_names(space), values):
+def _set_constraints(trial, values, space, nested: bool = False) -> None:
+    names = ["has_admissible_design"] if nested else _constraint_names(space)
+    for name, v in zip(names, values):
         trial.set_constraint(name, float(v))
 
 
-def _batch_file(d: Path, first: int) -> Path:
-    return d / "scores" / f"trials-{first:09d}.parquet"
+INNER_PREFIXES = ("layout.", "workload.concurrency")
 
 
-def _stored(d: Path) -> pd.DataFrame:
-    files = sorted((d / "scores").glob("trials-*.parquet"))
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+def split_parameters(space, nested: bool):
+    """(outer, inner) parameter positions: nested enumerates layouts and batch sizes under each
+    proposed hardware/topology/model point; flat lets the sampler propose everything."""
+    idx = range(len(space.parameters))
+    if not nested:
+        return list(idx), []
+    inner = [i for i in idx if space.parameters[i].path.startswith(INNER_PREFIXES)]
+    return [i for i in idx if i not in inner], inner
+
+
+def _files(d: Path, first: int) -> tuple[Path, Path]:
+    stem = d / "scores" / f"batch-{first:09d}"
+    return stem.with_suffix(".parquet"), stem.with_suffix(".trials.json")
+
+
+def _complete_batches(d: Path) -> tuple[pd.DataFrame, dict]:
+    """Designs and per-trial results of every complete batch; a batch whose trial file is missing
+    (the process died while writing it) is removed, its trials are asked again."""
+    frames, told = [], {}
+    for f in sorted((d / "scores").glob("batch-*.parquet")):
+        tf = f.with_suffix(".trials.json")
+        if not tf.is_file():
+            f.unlink()
+            continue
+        frames.append(pd.read_parquet(f))
+        told.update({int(k): v for k, v in json.loads(tf.read_text()).items()})
+    for f in (d / "scores").glob("*.tmp"):
+        f.unlink()
+    return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), told
+
+
+def _atomic(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
 
 
 def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: float | None,
@@ -126,24 +165,28 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     import optuna
     from optuna.trial import Trial, TrialState
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    nested = manifest["strategy"] == "nested"
     sampler_name = manifest.get("sampler", "nsga2")
-    population = int(manifest.get("population", 64))
+    population = int(manifest.get("population", 32))
     sampler = make_sampler(sampler_name, manifest.get("seed", 0), population)
-    directions = [o.direction for o in space.objectives]
+    directions = ["maximize"] if nested else [o.direction for o in space.objectives]
     study = optuna.create_study(study_name=manifest["study_name"], storage=storage_for(d, storage_url),
                                 sampler=sampler, directions=directions, load_if_exists=True)
-    dists = distributions(space)
+    outer, inner = split_parameters(space, nested)
+    all_dists = distributions(space)
+    dists = {space.parameters[i].path: all_dists[space.parameters[i].path] for i in outer}
+    inner_grid = (np.array(np.unravel_index(np.arange(int(np.prod([space.shape[i] for i in inner]))),
+                                            [space.shape[i] for i in inner])).T
+                  if inner else np.zeros((1, 0), np.int64))
     metrics = [o.metric for o in space.objectives]
 
-    stored = _stored(d)
-    done_numbers = set(stored["trial"].tolist()) if len(stored) else set()
-    # trials a killed process left running: tell them from their stored scores, or fail them
+    stored, told = _complete_batches(d)
+    # trials a killed process left running: tell them from a complete batch, or fail them
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.number in done_numbers:
-            row = stored[stored["trial"] == t.number].iloc[0]
+        if t.number in told:
             trial = Trial(study, t._trial_id)
-            _set_constraints(trial, row["_constraints"], space)
-            study.tell(trial, [float(row[f"_value_{i}"]) for i in range(len(metrics))])
+            _set_constraints(trial, told[t.number]["constraints"], space, nested)
+            study.tell(trial, told[t.number]["values"])
         else:
             study.tell(t.number, state=TrialState.FAIL)
 
@@ -152,8 +195,9 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     prev = runs.read_progress(d)
     elapsed0 = float(prev.get("elapsed_s", 0.0))
     total = int(manifest.get("trials", 1000))
-    target = total if max_trials is None else min(total, len(stored) + max_trials)
-    scored = len(stored)
+    done_trials = len(told)
+    target = total if max_trials is None else min(total, done_trials + max_trials)
+    designs = int(prev.get("designs_scored", 0)) if told else 0
     ref = manifest.get("reference")
     t0 = time.monotonic()
     flags = {"stop": False}
@@ -161,13 +205,13 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     def on_signal(signum, frame):
         flags["stop"] = True
 
-    old = [signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)]
+    old = [signal.signal(sg, on_signal) for sg in (signal.SIGINT, signal.SIGTERM)]
     (d / "lock").write_text(str(os.getpid()))
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=total, initial=scored, unit="trial", dynamic_ncols=True,
-                   desc=f"optuna {sampler_name}", mininterval=0.5)
+        bar = tqdm(total=total, initial=done_trials, unit="trial", dynamic_ncols=True,
+                   desc=f"{manifest['strategy']} {sampler_name}", mininterval=0.5)
     hv = None
 
     def save(state):
@@ -178,67 +222,87 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
         runs.write_front(d, front, space.objectives, [p.path for p in space.parameters])
         failed = len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
         runs.write_json(d / "progress.json", {
-            "state": state, "trials_completed": scored, "trials_failed": failed,
-            "trials_total": total, "designs_scored": scored,
+            "state": state, "trials_completed": done_trials, "trials_failed": failed,
+            "trials_total": total, "designs_scored": designs,
             "elapsed_s": elapsed0 + time.monotonic() - t0, "front_size": len(front),
             "hypervolume": hv})
 
     try:
         save("running")
-        while scored < target and not flags["stop"]:
+        while done_trials < target and not flags["stop"]:
             if budget_s is not None and time.monotonic() - t0 >= budget_s:
                 break
-            n = min(population, target - scored)
+            n = min(population, target - done_trials)
             trials = [study.ask(dists) for _ in range(n)]
-            coords = grid_index(space, trials)
-            design_ids = np.ravel_multi_index(tuple(coords.T), space.shape) if len(space.shape) \
-                else np.zeros(n, np.int64)
-            vals = space.values_at(design_ids)
-            batch, _ = space.batch_from_values(vals)
+            # every design of the batch: each trial's point, times every inner combination
+            coords = np.zeros((n * len(inner_grid), len(space.parameters)), np.int64)
+            owner = np.repeat(np.arange(n), len(inner_grid))
+            for j, i in enumerate(outer):
+                coords[:, i] = np.repeat([t.params[space.parameters[i].path] for t in trials],
+                                         len(inner_grid))
+            for j, i in enumerate(inner):
+                coords[:, i] = np.tile(inner_grid[:, j], n)
+            ids = (np.ravel_multi_index(tuple(coords.T), space.shape) if space.parameters
+                   else np.zeros(len(coords), np.int64))
+            batch, _ = space.batch_from_values(space.values_at(ids))
             s = score_chunked(batch, dtype=np.float32)
-            F = pareto.objective_matrix(s, space.objectives)
-            values = np.where(np.isfinite(F), F, BIG)
-            values = values * np.array([1.0 if o.direction == "minimize" else -1.0
-                                        for o in space.objectives])
-            cons = _violations(s, space)
             ok = pareto.admissible(s, space.objectives, space.constraints)
-            table = pd.DataFrame({"trial": [t.number for t in trials], "design_id": design_ids})
-            for p, v in vals.items():
+            F = pareto.objective_matrix(s, space.objectives)
+            if ref is None and ok.any():
+                point, scale = pareto.reference(F[ok][pareto.nondominated(F[ok])])
+                ref = {"point": point.tolist(), "scale": scale.tolist()}
+                manifest["reference"] = ref
+                runs.write_json(d / "manifest.json", manifest)
+            keep = np.zeros(len(ids), bool)
+            results = {}
+            if nested:
+                for k, t in enumerate(trials):
+                    rows = np.flatnonzero((owner == k) & ok)
+                    mine = rows[pareto.nondominated(F[rows])] if len(rows) else rows
+                    keep[mine] = True
+                    val = (pareto.hypervolume(F[mine], np.array(ref["point"]), np.array(ref["scale"]))
+                           if len(mine) else 0.0)
+                    cons = [0.0 if len(mine) else 1.0]
+                    results[t.number] = {"values": [val], "constraints": cons}
+            else:
+                values = np.where(np.isfinite(F), F, BIG) * np.array(
+                    [1.0 if o.direction == "minimize" else -1.0 for o in space.objectives])
+                cons = _violations(s, space)
+                keep[:] = True
+                for k, t in enumerate(trials):
+                    results[t.number] = {"values": [float(x) for x in values[k]],
+                                         "constraints": [float(x) for x in cons[k]]}
+            table = pd.DataFrame({"trial": [trials[k].number for k in owner[keep]],
+                                  "design_id": ids[keep]})
+            for p, v in space.values_at(ids[keep]).items():
                 table[p] = v
             for m in sorted(set(metrics) | {c.metric for c in space.constraints} | set(KEEP_METRICS)):
-                v = s[m]
+                v = s[m][keep]
                 table[m] = v.astype(np.float64) if v.dtype.kind == "f" else v
-            for i in range(len(metrics)):
-                table[f"_value_{i}"] = values[:, i]
-            table["_constraints"] = list(cons)
-            table["_admissible"] = ok
-            path = _batch_file(d, trials[0].number)
-            table.to_parquet(path.with_suffix(".parquet.tmp"), index=False)
-            os.replace(path.with_suffix(".parquet.tmp"), path)
-            for t, v, c in zip(trials, values, cons):
-                _set_constraints(t, c, space)
-                study.tell(t, [float(x) for x in v])
-            scored += n
-            if ok.any():
-                front = pareto.front_of([front, table[ok]], space.objectives)
-                if ref is None:
-                    point, scale = pareto.reference(pareto.objective_matrix(front, space.objectives))
-                    ref = {"point": point.tolist(), "scale": scale.tolist()}
-                    manifest["reference"] = ref
-                    runs.write_json(d / "manifest.json", manifest)
+            table["_admissible"] = ok[keep]
+            designs_f, trials_f = _files(d, trials[0].number)
+            _atomic(designs_f, lambda p: table.to_parquet(p, index=False))
+            _atomic(trials_f, lambda p: p.write_text(json.dumps(results)))   # batch complete
+            for t in trials:
+                _set_constraints(t, results[t.number]["constraints"], space, nested)
+                study.tell(t, results[t.number]["values"])
+            done_trials += n
+            designs += len(ids)
+            if ok[keep].any():
+                front = pareto.front_of([front, table[table["_admissible"]]], space.objectives)
             save("running")
             if bar:
                 bar.update(n)
                 bar.set_postfix(front=len(front), hv=f"{hv:.4g}" if hv is not None else "-")
-        save("finished" if scored >= total else "stopped")
+        save("finished" if done_trials >= total else "stopped")
     except BaseException:
         save("failed" if not flags["stop"] else "stopped")
         raise
     finally:
         if bar:
             bar.close()
-        for sig, h in zip((signal.SIGINT, signal.SIGTERM), old):
-            signal.signal(sig, h)
+        for sg, h in zip((signal.SIGINT, signal.SIGTERM), old):
+            signal.signal(sg, h)
         try:
             (d / "lock").unlink()
         except FileNotFoundError:
