@@ -159,6 +159,48 @@ def _run(a) -> int:
     return 0
 
 
+def _worker(a) -> int:
+    from pathlib import Path
+
+    from dse import runs
+    from dse.search import optuna_strategy
+    from dse.space import load_space
+    budget = parse_duration(a.budget) if a.budget else None
+    if a.dir:
+        d = Path(a.dir)
+        m = runs.load_manifest(d)
+        runs.check_version(m, d)
+        if m["strategy"] not in ("optuna",):
+            raise InputError(f"a {m['strategy']} run takes no workers", file=str(d),
+                             hint="workers join optuna runs (dse run --strategy optuna)")
+        space = load_space(str(d / "inputs" / Path(m["space_file"]).name))
+        url = m.get("storage")
+    else:
+        if not (a.storage and a.study):
+            raise InputError("give a run folder, or --storage URL and --study NAME")
+        import optuna
+        try:
+            study = optuna.load_study(study_name=a.study, storage=a.storage)
+        except KeyError:
+            raise InputError(f"no study {a.study!r} in the storage", file=a.storage,
+                             hint="the study name is the run folder's name") from None
+        m = json.loads(study.user_attrs["manifest"])
+        d = Path(a.out) if a.out else Path("runs") / a.study
+        (d / "scores").mkdir(parents=True, exist_ok=True)
+        (d / "inputs").mkdir(exist_ok=True)
+        space_path = d / "inputs" / Path(m["space_file"]).name
+        space_path.write_text(study.user_attrs["space_toml"])
+        m["space_file"] = str(space_path)
+        runs.write_json(d / "manifest.json", m)
+        space = load_space(str(space_path))
+        url = a.storage
+    st = optuna_strategy.run(space, d, m, max_trials=a.trials, budget_s=budget, storage_url=url,
+                             progress=not a.quiet, joining=True)
+    print(f"worker done: {st['trials_completed']:,} trials complete, front of {st['front_size']}")
+    print(d)
+    return 0
+
+
 def _schema(a) -> int:
     from dse.schema import design_schema, space_schema
     print(json.dumps(space_schema() if a.kind == "space" else design_schema(), indent=1))
@@ -226,6 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument("--chunk-designs", type=int, help="designs per work item (default 65536)")
     r.set_defaults(func=_run)
+
+    w = sub.add_parser("worker", help="join a running optuna study and work until it is done")
+    w.add_argument("dir", nargs="?", help="the run folder (shared with the run)")
+    w.add_argument("--storage", help="Optuna RDB URL, e.g. postgresql+psycopg2://user:pw@host/db")
+    w.add_argument("--study", help="study name (the run folder's name)")
+    w.add_argument("--out", help="local folder for this worker's score tables")
+    w.add_argument("--trials", type=int, help="at most this many trials from this worker")
+    w.add_argument("--budget", help="wall time, e.g. 8h")
+    w.add_argument("--quiet", action="store_true")
+    w.set_defaults(func=_worker)
 
     sc = sub.add_parser("schema", help="JSON Schema of space or design files, for editors")
     sc.add_argument("kind", choices=["space", "design"])

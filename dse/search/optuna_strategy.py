@@ -82,10 +82,17 @@ def grid_index(space, trials) -> np.ndarray:
     return np.array([[t.params[p.path] for p in space.parameters] for t in trials], dtype=np.int64)
 
 
-def storage_for(d: Path, url: str | None):
+HEARTBEAT_S = 2      # a worker records each running trial's heartbeat this often
+GRACE_S = 10         # a trial silent this long belongs to a dead worker: failed, then retried
+
+
+def storage_for(d: Path | None, url: str | None):
     import optuna
     if url:
-        return url
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=HEARTBEAT_S,
+            grace_period=GRACE_S,
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
     return JournalStorage(JournalFileBackend(str(d / "optuna.journal")))
@@ -160,11 +167,41 @@ def _atomic(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+def front_from_study(study, space) -> pd.DataFrame:
+    """The Pareto set of every completed, feasible trial of a (shared) study: objective values
+    are the trial values, parameters follow from the trial's grid indices."""
+    from optuna.trial import TrialState
+    rows = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        cons = t.constraints or {}
+        if any(v > 0 for v in (cons.values() if isinstance(cons, dict) else cons)):
+            continue
+        coords = [t.params[p.path] for p in space.parameters]
+        rows.append({"design_id": int(np.ravel_multi_index(coords, space.shape)) if coords else 0,
+                     **{o.metric: v for o, v in zip(space.objectives, t.values)}})
+    if not rows:
+        return pd.DataFrame()
+    df = pd.DataFrame(rows)
+    for p, v in space.values_at(df["design_id"].to_numpy()).items():
+        df[p] = v
+    return pareto.front_of([df], space.objectives)
+
+
 def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: float | None,
-        storage_url: str | None = None, progress: bool = True) -> dict:
+        storage_url: str | None = None, progress: bool = True, joining: bool = False) -> dict:
+    """Ask, score and tell batches until the run's trials are done (or the budget is spent).
+
+    ``joining``: this process is a worker joining a study others may be working on, so it
+    never fails trials it finds running (dead workers' trials are failed by heartbeat instead).
+    """
+    import warnings
+
     import optuna
     from optuna.trial import Trial, TrialState
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # heartbeats and stale-trial recovery are driven by hand here (ask and tell, not optimize)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
     nested = manifest["strategy"] == "nested"
     sampler_name = manifest.get("sampler", "nsga2")
     population = int(manifest.get("population", 32))
@@ -180,9 +217,14 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                   if inner else np.zeros((1, 0), np.int64))
     metrics = [o.metric for o in space.objectives]
 
+    if storage_url and "space_toml" not in study.user_attrs:
+        study.set_user_attr("space_toml", Path(space.file).read_text())
+        study.set_user_attr("manifest", json.dumps(manifest, default=str))
     stored, told = _complete_batches(d)
     # trials a killed process left running: tell them from a complete batch, or fail them
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    # (a joining worker leaves that to heartbeats: the RUNNING trials may be another worker's)
+    for t in ([] if joining or storage_url else
+              study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
         if t.number in told:
             trial = Trial(study, t._trial_id)
             _set_constraints(trial, told[t.number]["constraints"], space, nested)
@@ -227,13 +269,39 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
             "elapsed_s": elapsed0 + time.monotonic() - t0, "front_size": len(front),
             "hypervolume": hv})
 
+    shared = storage_url is not None
+
+    def study_left() -> tuple[int, int]:
+        """(trials still to start, trials running elsewhere), over every worker of the study.
+
+        Workers may overshoot the total by up to one batch each when they ask at the same time;
+        a trial is never lost: one a dead worker left running is failed once its heartbeat is
+        stale and asked again (WAITING), so a worker waits while others' trials are running.
+        """
+        if not shared:
+            return target - done_trials, 0
+        optuna.storages.fail_stale_trials(study)       # dead workers' trials: failed and retried
+        counts = {st: len(study.get_trials(deepcopy=False, states=(st,)))
+                  for st in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)}
+        left = total - counts[TrialState.COMPLETE] - counts[TrialState.RUNNING]
+        return max(left, counts[TrialState.WAITING]), counts[TrialState.RUNNING]
+
     try:
         save("running")
         while done_trials < target and not flags["stop"]:
             if budget_s is not None and time.monotonic() - t0 >= budget_s:
                 break
-            n = min(population, target - done_trials)
+            left, running = study_left()
+            if left <= 0:
+                if running == 0:
+                    break
+                time.sleep(HEARTBEAT_S / 2)       # others' trials may die and come back
+                continue
+            n = min(population, target - done_trials, left)
             trials = [study.ask(dists) for _ in range(n)]
+            if shared:
+                for t in trials:
+                    study._storage.record_heartbeat(t._trial_id)
             # every design of the batch: each trial's point, times every inner combination
             coords = np.zeros((n * len(inner_grid), len(space.parameters)), np.int64)
             owner = np.repeat(np.arange(n), len(inner_grid))
@@ -294,6 +362,10 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
             if bar:
                 bar.update(n)
                 bar.set_postfix(front=len(front), hv=f"{hv:.4g}" if hv is not None else "-")
+        if shared:
+            front = front_from_study(study, space)
+            done_trials = designs = len(study.get_trials(deepcopy=False,
+                                                         states=(TrialState.COMPLETE,)))
         save("finished" if done_trials >= total else "stopped")
     except BaseException:
         save("failed" if not flags["stop"] else "stopped")

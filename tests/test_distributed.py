@@ -1,0 +1,95 @@
+"""Several `dse worker` processes on one PostgreSQL study: every trial done once, none lost.
+
+Needs a PostgreSQL server: `.ci/run` installs and starts one and sets DSE_TEST_POSTGRES_URL
+(an admin URL such as postgresql+psycopg2://dse:dse@127.0.0.1/postgres); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pandas as pd
+import pytest
+from helpers import ROOT
+
+URL = os.environ.get("DSE_TEST_POSTGRES_URL")
+pytestmark = pytest.mark.skipif(not URL, reason="DSE_TEST_POSTGRES_URL not set (no PostgreSQL)")
+QUICK = ROOT / "spaces" / "quickstart.toml"
+
+
+@pytest.fixture
+def database():
+    import sqlalchemy
+    name = "dse_test_" + uuid.uuid4().hex[:8]
+    admin = sqlalchemy.create_engine(URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    yield URL.rsplit("/", 1)[0] + "/" + name
+    with admin.connect() as c:
+        c.execute(sqlalchemy.text(f"DROP DATABASE {name} WITH (FORCE)"))
+    admin.dispose()
+
+
+def _dse(*args, **kw):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "dse", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, **kw)
+
+
+def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp_path, database):
+    import optuna
+    from dse import pareto
+    from dse.search.optuna_strategy import front_from_study
+    from dse.space import load_space
+
+    total = 240
+    run_dir = tmp_path / "run"
+    runner = _dse("run", str(QUICK), "--strategy", "optuna", "--sampler", "random", "--trials",
+                  str(total), "--population", "8", "--storage", database, "--out", str(run_dir),
+                  "--quiet")
+    deadline = time.time() + 60
+    while time.time() < deadline and not (run_dir / "manifest.json").exists():
+        time.sleep(0.1)
+    study = run_dir.name
+    workers = [_dse("worker", str(run_dir), "--quiet"),
+               _dse("worker", "--storage", database, "--study", study, "--out",
+                    str(tmp_path / "w2"), "--quiet"),
+               _dse("worker", "--storage", database, "--study", study, "--out",
+                    str(tmp_path / "w3"), "--quiet")]
+    # kill one worker in the middle of its work: its running trials must be failed and retried
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((tmp_path / "w2" / "scores").glob("*.json"))) < 2:
+        time.sleep(0.02)
+    workers[1].send_signal(signal.SIGKILL)
+    for p in [runner, workers[0], workers[2]]:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    workers[1].wait()
+
+    s = optuna.load_study(study_name=study, storage=database)
+    states = collections.Counter(t.state.name for t in s.trials)
+    print("trial states:", dict(states))
+    # every trial completed; workers asking at the same moment may add up to a batch each
+    assert total <= states["COMPLETE"] <= total + 3 * 8, states
+    assert states["RUNNING"] == 0 and states["WAITING"] == 0   # none left behind
+    numbers = [t.number for t in s.trials]
+    assert len(numbers) == len(set(numbers))            # no duplicate trial numbers
+    for t in s.trials:                                   # a failed trial was retried
+        if t.state.name == "FAIL":
+            assert any(r.system_attrs.get("failed_trial") == t.number for r in s.trials)
+    # the run's front is the Pareto set of all completed trials
+    space = load_space(str(QUICK))
+    want = front_from_study(s, space)
+    got = pd.read_csv(run_dir / "front.csv")
+    assert set(got["design_id"]) == set(want["design_id"]) and len(got) > 0
+    F = pareto.objective_matrix(got, space.objectives)
+    assert pareto.nondominated(F).all()
+    st = json.loads((run_dir / "progress.json").read_text())
+    assert st["trials_completed"] >= total
