@@ -121,10 +121,11 @@ def _constraint_names(space) -> list[str]:
     return names
 
 
-def _set_constraints(trial, values, space, nested: bool = False) -> None:
+def _set_constraints(trial, values, space, nested: bool = False, already=()) -> None:
     names = ["has_admissible_design"] if nested else _constraint_names(space)
     for name, v in zip(names, values):
-        trial.set_constraint(name, float(v))
+        if name not in already:    # set before the process died: the same value
+            trial.set_constraint(name, float(v))
 
 
 INNER_PREFIXES = ("layout.", "workload.concurrency")
@@ -227,7 +228,8 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
               study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
         if t.number in told:
             trial = Trial(study, t._trial_id)
-            _set_constraints(trial, told[t.number]["constraints"], space, nested)
+            _set_constraints(trial, told[t.number]["constraints"], space, nested,
+                             already=t.constraints or {})
             study.tell(trial, told[t.number]["values"])
         else:
             study.tell(t.number, state=TrialState.FAIL)
