@@ -49,7 +49,10 @@ def make_sampler(name: str, seed: int, population: int):
     if name == "random":
         return s.RandomSampler(seed=seed)
     if name == "qmc":
-        return s.QMCSampler(seed=seed, warn_independent_sampling=False)
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return s.QMCSampler(seed=seed, warn_independent_sampling=False)
     if name == "gp":
         try:
             import torch  # noqa: F401
