@@ -158,17 +158,36 @@ def resolve(table: pd.DataFrame, *, file: str | None = None, row_names: list[str
         if col.startswith("topology.scale"):
             continue
         out[col] = _merge(out.get(col), src[col], col, file, names, alias)
-    # the system's numbers: a topology's own domain, else the accelerator's; links from the chip
-    dom = out["topology.domain_chips"].fillna(out["accelerator.scaleup_domain_chips"])
-    out["topology.scaleup.domain_chips"] = dom
-    out["topology.scaleup.link_bw_bytes_per_s"] = out["accelerator.scaleup_link_bw_bytes_per_s"]
-    out["topology.scaleout.link_bw_bytes_per_s"] = (out["accelerator.scaleout_link_bw_bytes_per_s"]
-                                                    / out["topology.scaleout_oversubscription"])
+    derive_system(out)
     for col in src.columns:
         if col.startswith("topology.scale"):
             out[col] = _merge(out[col], src[col], col, file, names, alias)
     _check_values(out, file, names, alias)
     return out
+
+
+DERIVED = ("topology.scaleup.domain_chips", "topology.scaleup.link_bw_bytes_per_s",
+           "topology.scaleout.link_bw_bytes_per_s")
+# the columns the derived ones are computed from
+FEEDERS = ("topology.domain_chips", "accelerator.scaleup_domain_chips",
+           "accelerator.scaleup_link_bw_bytes_per_s", "accelerator.scaleout_link_bw_bytes_per_s",
+           "topology.scaleout_oversubscription")
+
+
+def derive_system(out: pd.DataFrame, keep: set = frozenset()) -> None:
+    """The system's numbers: a topology's own domain, else the accelerator's; links from the
+    chip (scale-out divided by the fabric's oversubscription). ``keep``: derived columns a
+    design set explicitly."""
+    f = lambda c: np.asarray(out[c], dtype=float)  # noqa: E731  (a DataFrame or a dict of arrays)
+    if "topology.scaleup.domain_chips" not in keep:
+        dom = f("topology.domain_chips")
+        out["topology.scaleup.domain_chips"] = np.where(np.isnan(dom),
+                                                        f("accelerator.scaleup_domain_chips"), dom)
+    if "topology.scaleup.link_bw_bytes_per_s" not in keep:
+        out["topology.scaleup.link_bw_bytes_per_s"] = f("accelerator.scaleup_link_bw_bytes_per_s")
+    if "topology.scaleout.link_bw_bytes_per_s" not in keep:
+        out["topology.scaleout.link_bw_bytes_per_s"] = (
+            f("accelerator.scaleout_link_bw_bytes_per_s") / f("topology.scaleout_oversubscription"))
 
 
 def _merge(base, override: pd.Series, col: str, file, names, alias) -> pd.Series:
@@ -233,36 +252,53 @@ def _check_values(out: pd.DataFrame, file, names, alias):
             fail(col, int(np.flatnonzero(bad)[0]), "is not valid: must be a whole number >= 1")
 
 
-def _dtype_columns(out: pd.DataFrame):
-    w = out["model.weight_dtype"].to_numpy(dtype=object)
-    kv = out["model.kv_dtype"].fillna("").to_numpy(dtype=object)
-    kv = np.where(kv == "", np.where(np.isin(w, ("fp8", "fp4")), "fp8", "bf16"), kv)
-    peak = {d: out[f"accelerator.peak_flops_per_s.{d}"].to_numpy(dtype=float) for d in DTYPES}
-    matmul = np.full(len(out), np.nan)
-    for wd, chain in COMPUTE_FALLBACK.items():
-        sel = (w == wd) & np.isnan(matmul)
+def lookup(values, mapping: dict, default=np.nan) -> np.ndarray:
+    """``mapping[v]`` for every value, through the distinct values only (fast on strings and
+    instant on a pandas Categorical); missing or unknown values give ``default``."""
+    if isinstance(values, pd.Series):
+        values = values.array if isinstance(values.dtype, pd.CategoricalDtype) else values.to_numpy()
+    if isinstance(values, pd.Categorical):
+        codes, uniques = values.codes, list(values.categories)
+    else:
+        codes, uniques = pd.factorize(np.asarray(values, dtype=object), use_na_sentinel=True)
+        uniques = list(uniques)
+    table = np.array([mapping.get(u, default) for u in uniques] + [default])
+    return table[codes]     # code -1 (missing) picks the trailing default
+
+
+def _dtype_columns(out):
+    w_code = lookup(out["model.weight_dtype"], {d: i for i, d in enumerate(COMPUTE_FALLBACK)}, -1)
+    low_bits = lookup(out["model.weight_dtype"], {"fp8": 1.0, "fp4": 1.0}, 0.0) > 0
+    kvbytes = lookup(out["model.kv_dtype"], DTYPE_BYTES).astype(float)
+    blank_kv = np.isnan(kvbytes)                 # blank: fp8 for fp8/fp4 weights, else bf16
+    kvbytes = np.where(blank_kv, np.where(low_bits, 1.0, 2.0), kvbytes)
+    kv_fp8 = (lookup(out["model.kv_dtype"], {"fp8": 1.0}, 0.0) > 0) | (blank_kv & low_bits)
+    peak = {d: np.asarray(out[f"accelerator.peak_flops_per_s.{d}"], dtype=float) for d in DTYPES}
+    matmul = np.full(len(w_code), np.nan)
+    for i, (wd, chain) in enumerate(COMPUTE_FALLBACK.items()):
+        sel = (w_code == i) & np.isnan(matmul)
         for d in chain:
             take = sel & np.isnan(matmul) & ~np.isnan(peak[d])
             matmul = np.where(take, peak[d], matmul)
     matmul = np.where(np.isnan(matmul), peak["bf16"], matmul)
-    attn = np.where((kv == "fp8") & ~np.isnan(peak["fp8"]), peak["fp8"], peak["bf16"])
-    wbytes = np.vectorize(DTYPE_BYTES.get, otypes=[float])(w)
-    kvbytes = np.vectorize(DTYPE_BYTES.get, otypes=[float])(kv)
-    return matmul, attn, wbytes, kvbytes, kv
+    attn = np.where(kv_fp8 & ~np.isnan(peak["fp8"]), peak["fp8"], peak["bf16"])
+    wbytes = lookup(out["model.weight_dtype"], DTYPE_BYTES).astype(float)
+    return matmul, attn, wbytes, kvbytes, low_bits
 
 
-def topology_columns(out: pd.DataFrame) -> dict[str, np.ndarray]:
+def topology_columns(out) -> dict[str, np.ndarray]:
     """Group bandwidth fractions and latency from the reduced topology graph of each row."""
     topos = catalog.topologies()
-    tp = out["layout.tp"].to_numpy(dtype=float)
-    ffn = tp * out["layout.dp"].to_numpy(dtype=float)
-    dom = out["topology.scaleup.domain_chips"].to_numpy(dtype=float)
-    tid = out["topology.id"].to_numpy(dtype=object)
-    cols = {k: np.ones(len(out)) for k in ("tp", "ffn", "a2a")}
-    cols["latency"] = np.zeros(len(out))
+    tp = np.asarray(out["layout.tp"], dtype=float)
+    ffn = tp * np.asarray(out["layout.dp"], dtype=float)
+    dom = np.asarray(out["topology.scaleup.domain_chips"], dtype=float)
+    names = list(topos)
+    tid = lookup(out["topology.id"], {t: i for i, t in enumerate(names)}, -1).astype(np.int64)
+    cols = {k: np.ones(len(tp)) for k in ("tp", "ffn", "a2a")}
+    cols["latency"] = np.zeros(len(tp))
     keys = pd.DataFrame({"t": tid, "d": dom})
     for (t, d), idx in keys.groupby(["t", "d"]).indices.items():
-        topo = topos[t]
+        topo = topos[names[t]]
         red = topology.reduce(topo, int(d), int(min(max(ffn[idx].max(), tp[idx].max()), d)))
         g_tp = np.minimum(tp[idx], d)
         g_ffn = np.minimum(ffn[idx], d)
@@ -274,16 +310,15 @@ def topology_columns(out: pd.DataFrame) -> dict[str, np.ndarray]:
     return cols
 
 
-def to_batch(out: pd.DataFrame) -> Batch:
-    """The resolved design table as the scorer's struct of arrays."""
-    f = lambda c: out[c].to_numpy(dtype=float)  # noqa: E731
-    matmul, attn, wbytes, kvbytes, _ = _dtype_columns(out)
+def to_batch(out) -> Batch:
+    """The resolved design table (a DataFrame, or a dict of columns) as the scorer's arrays."""
+    f = lambda c: np.asarray(out[c], dtype=float)  # noqa: E731
+    matmul, attn, wbytes, kvbytes, low_bits = _dtype_columns(out)
     L = f("model.num_hidden_layers")
     n_exp = f("model.num_experts")
     step = np.maximum(f("model.moe_layer_step"), 1.0)
     n_moe = np.where(n_exp > 0, np.floor((L - f("model.first_k_dense_replace")) / step), 0.0)
     topo = topology_columns(out)
-    w = out["model.weight_dtype"].to_numpy(dtype=object)
     cols = {
         "n_layers": L, "hidden": f("model.hidden_size"), "n_heads": f("model.num_attention_heads"),
         "n_kv_heads": f("model.num_key_value_heads"), "head_dim": f("model.head_dim"),
@@ -298,7 +333,7 @@ def to_batch(out: pd.DataFrame) -> Batch:
         "v_head": f("model.v_head_dim"), "window_tokens": f("model.sliding_window"),
         "n_local_layers": f("model.num_local_attention_layers"),
         "weight_bytes": wbytes, "kv_bytes": kvbytes, "act_bytes": 2.0,
-        "dispatch_bytes": np.where(np.isin(w, ("fp8", "fp4")), 1.0, 2.0),
+        "dispatch_bytes": np.where(low_bits, 1.0, 2.0),
         "matmul_flops_per_s": matmul, "attn_flops_per_s": attn,
         "hbm_bw_bytes_per_s": f("accelerator.hbm_bw_bytes_per_s"),
         "hbm_capacity_bytes": f("accelerator.hbm_capacity_bytes"),
@@ -314,7 +349,7 @@ def to_batch(out: pd.DataFrame) -> Batch:
         "isl": f("workload.isl"), "osl": f("workload.osl"),
         "concurrency": f("workload.concurrency"),
         "prefix_hit_fraction": f("workload.prefix_hit_fraction"),
-        "phase": out["workload.phase"].map(PHASES).to_numpy(dtype=float),
+        "phase": lookup(out["workload.phase"], PHASES).astype(float),
         "max_batch_size": f("serving.max_batch_size"), "max_num_tokens": f("serving.max_num_tokens"),
         "kv_memory_fraction": f("serving.kv_memory_fraction"),
         "runtime_reserve_bytes": f("serving.runtime_reserve_bytes"),
@@ -323,6 +358,6 @@ def to_batch(out: pd.DataFrame) -> Batch:
         "amortization_years": f("cost.amortization_years"),
         "power_w": f("accelerator.all_in_power_w"), "pue": f("cost.pue"),
         "electricity_usd_per_kwh": f("cost.electricity_usd_per_kwh"),
-        "use_rental": (out["cost.mode"] == "rental").to_numpy(dtype=float),
+        "use_rental": lookup(out["cost.mode"], {"rental": 1.0}, 0.0).astype(float),
     }
     return Batch.from_columns(cols)

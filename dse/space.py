@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.build import resolve, settable_paths, to_batch
+from dse.build import DERIVED, FEEDERS, derive_system, resolve, settable_paths, to_batch
 from dse.design import SECTIONS, flatten, read_toml
 from dse.errors import InputError, suggest
 from dse.perf import METRICS, Batch
@@ -98,21 +98,64 @@ class Space:
     def param(self, path: str) -> Parameter:
         return next(p for p in self.parameters if p.path == path)
 
-    def batch(self, index: np.ndarray) -> tuple[Batch, pd.DataFrame]:
-        """Scorer input for the designs at ``index``, and their resolved design table."""
+    def _resolved(self, combos: tuple, structural: list, n: int) -> pd.DataFrame:
+        """The catalog resolution of distinct structural combinations, cached: consecutive
+        chunks of a space mostly share them."""
+        cache = self.__dict__.setdefault("_cache", {})
+        key = (tuple(p.path for p in structural), combos)
+        if key not in cache:
+            rows = pd.DataFrame({k: [v] * n for k, v in self.base.items()})
+            for p, col in zip(structural, combos):
+                rows[p.path] = list(col)
+            if len(cache) > 64:
+                cache.clear()
+            cache[key] = resolve(rows, file=self.file)
+        return cache[key]
+
+    def batch(self, index: np.ndarray) -> tuple[Batch, dict]:
+        """Scorer input for the designs at ``index``, and their resolved columns."""
         return self.batch_from_values(self.values_at(index))
 
-    def batch_from_values(self, vals: dict[str, np.ndarray]) -> tuple[Batch, pd.DataFrame]:
-        """Scorer input for designs given by their parameter values (one array per path)."""
+    def batch_from_values(self, vals: dict[str, np.ndarray]) -> tuple[Batch, dict]:
+        """Scorer input for designs given by their parameter values (one array per path).
+
+        Only the distinct combinations of *structural* values (catalog ids, dtypes, modes and the
+        numbers the system's derived links come from) go through the catalog; every other
+        parameter is written straight into its column, vectorized. All values were checked when
+        the space was loaded.
+        """
         n = len(next(iter(vals.values()))) if vals else 1
-        cols = {k: [v] * n for k, v in self.base.items()}
+        structural = [p for p in self.parameters
+                      if not p.scale and (p.path in STRING_VALUED or p.path in FEEDERS)]
+        if structural:
+            codes = [pd.factorize(np.asarray(vals[p.path], dtype=object))[0] for p in structural]
+            key = np.ravel_multi_index(codes, [c.max() + 1 for c in codes])
+            uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        else:
+            first, inverse = np.array([0]), np.zeros(n, np.int64)
+        combos = tuple(tuple(np.asarray(vals[p.path], dtype=object)[first].tolist())
+                       for p in structural)
+        res = self._resolved(combos, structural, len(first))
+        # broadcast to every design: numbers with numpy, strings as Categoricals (codes only)
+        table = {}
+        for c in res.columns:
+            v = res[c].to_numpy()
+            if v.dtype.kind in "fiub":
+                table[c] = v[inverse]
+            else:
+                codes, cats = pd.factorize(v, use_na_sentinel=True)
+                table[c] = pd.Categorical.from_codes(codes[inverse], categories=cats)
+        explicit = {p.path for p in self.parameters if not p.scale} | set(self.base)
         for p in self.parameters:
-            if not p.scale:
-                cols[p.path] = vals[p.path]
-        table = resolve(pd.DataFrame(cols), file=self.file)
-        for p in self.parameters:
+            if p in structural:
+                continue
             if p.scale:
-                table[p.path] = table[p.path].to_numpy(dtype=float) * np.asarray(vals[p.path], float)
+                table[p.path] = np.asarray(table[p.path], dtype=float) * np.asarray(vals[p.path], float)
+            else:
+                table[p.path] = (np.asarray(vals[p.path], dtype=float)
+                                 if p.path not in STRING_VALUED else vals[p.path])
+        if any(p.path in FEEDERS for p in self.parameters if p.scale):
+            derive_system(table, keep=explicit & set(DERIVED))
         return to_batch(table), table
 
 
