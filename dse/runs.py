@@ -148,3 +148,51 @@ def status(d: Path) -> dict:
         "trials_total": p.get("trials_total"), "hypervolume": p.get("hypervolume"),
         "run_dir": str(d),
     }
+
+
+class Working:
+    """A run at work: its lock file (the pid, so `dse status` can tell a killed run), Ctrl-C and
+    SIGTERM turned into a request to stop after the work item at hand, and a progress bar with
+    rate, ETA, front size and hypervolume."""
+
+    def __init__(self, d: Path, progress: bool, **bar):
+        self.d, self.progress, self.bar_args, self.stop, self.bar = Path(d), progress, bar, False, None
+
+    def _on_signal(self, signum, frame):
+        self.stop = True
+
+    def __enter__(self) -> "Working":
+        import signal
+        self._old = [signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)]
+        (self.d / "lock").write_text(str(os.getpid()))
+        if self.progress:
+            from tqdm import tqdm
+            self.bar = tqdm(dynamic_ncols=True, mininterval=0.5, **self.bar_args)
+        return self
+
+    def update(self, n: int, front_size: int, hv) -> None:
+        if self.bar:
+            self.bar.update(n)
+            self.bar.set_postfix(front=front_size, hv=f"{hv:.4g}" if hv is not None else "-")
+
+    def __exit__(self, *exc) -> None:
+        import signal
+        if self.bar:
+            self.bar.close()
+        for s, h in zip((signal.SIGINT, signal.SIGTERM), self._old):
+            signal.signal(s, h)
+        try:
+            (self.d / "lock").unlink()
+        except FileNotFoundError:
+            pass
+
+
+def fix_reference(manifest: dict, d: Path, F) -> dict:
+    """The run's hypervolume reference point and scale, set once from its first front and
+    stored in the manifest so that every later figure (and a comparison) uses the same one."""
+    if manifest.get("reference") is None and len(F):
+        from dse import pareto
+        point, scale = pareto.reference(F)
+        manifest["reference"] = {"point": point.tolist(), "scale": scale.tolist()}
+        write_json(Path(d) / "manifest.json", manifest)
+    return manifest.get("reference")

@@ -9,7 +9,6 @@ whatever the space's size; the front is exact.
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -51,76 +50,52 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
         progress: bool = True) -> dict:
     chunk = int(manifest.get("chunk_designs", CHUNK_DESIGNS))
     n_chunks = -(-space.size // chunk)
+    for f in (d / "scores").glob("*.tmp"):
+        f.unlink()                                   # a chunk a killed process was writing
     done = {int(f.stem.split("-")[1]) for f in (d / "scores").glob("chunk-*.parquet")}
-    prev = runs.read_progress(d)
-    elapsed0 = float(prev.get("elapsed_s", 0.0))
-    frames = [pd.read_parquet(_chunk_file(d, i)) for i in sorted(done)]
-    front = pareto.front_of(frames, space.objectives)
+    elapsed0 = float(runs.read_progress(d).get("elapsed_s", 0.0))
+    front = pareto.front_of([pd.read_parquet(_chunk_file(d, i)) for i in sorted(done)],
+                            space.objectives)
     designs = sum(min((i + 1) * chunk, space.size) - i * chunk for i in done)
     todo = [i for i in range(n_chunks) if i not in done]
     if max_trials is not None:
         todo = todo[:max_trials]
-    ref = manifest.get("reference")
     t0 = time.monotonic()
-    state = {"stop": False}
-
-    def on_signal(signum, frame):   # Ctrl-C / SIGTERM: finish the chunk at hand, then stop
-        state["stop"] = True
-
-    old = [signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)]
-    (d / "lock").write_text(str(os.getpid()))
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=space.size, initial=designs, unit="design", unit_scale=True,
-                   dynamic_ncols=True, desc="exhaustive", mininterval=0.5)
     hv = None
 
-    def save(st):
+    def save(state):
         nonlocal hv
-        F = pareto.objective_matrix(front, space.objectives) if len(front) else np.zeros((0, 1))
+        ref = manifest.get("reference")
         if ref is not None and len(front):
-            hv = pareto.hypervolume(F, np.array(ref["point"]), np.array(ref["scale"]))
+            hv = pareto.hypervolume(pareto.objective_matrix(front, space.objectives),
+                                    np.array(ref["point"]), np.array(ref["scale"]))
         runs.write_front(d, front, space.objectives, [p.path for p in space.parameters])
         runs.write_json(d / "progress.json", {
-            "state": st, "trials_completed": len(done), "trials_failed": 0,
+            "state": state, "trials_completed": len(done), "trials_failed": 0,
             "trials_total": n_chunks, "designs_scored": designs,
             "elapsed_s": elapsed0 + time.monotonic() - t0, "front_size": len(front),
             "hypervolume": hv})
 
-    try:
-        save("running")
-        for i in todo:
-            if state["stop"] or (budget_s is not None and time.monotonic() - t0 >= budget_s):
-                break
-            table, n = score_chunk(space, i, chunk)
-            tmp = _chunk_file(d, i).with_suffix(".parquet.tmp")
-            table.to_parquet(tmp, index=False)
-            os.replace(tmp, _chunk_file(d, i))     # the chunk is done once its table is on disk
-            done.add(i)
-            designs += n
-            front = pareto.front_of([front, table], space.objectives)
-            if ref is None and len(front):
-                point, scale = pareto.reference(pareto.objective_matrix(front, space.objectives))
-                ref = {"point": point.tolist(), "scale": scale.tolist()}
-                manifest["reference"] = ref
-                runs.write_json(d / "manifest.json", manifest)
-            save("running")
-            if bar:
-                bar.update(n)
-                bar.set_postfix(front=len(front), hv=f"{hv:.4g}" if hv is not None else "-")
-        finished = len(done) == n_chunks
-        save("finished" if finished else "stopped")
-    except BaseException:
-        save("failed" if not state["stop"] else "stopped")
-        raise
-    finally:
-        if bar:
-            bar.close()
-        for s, h in zip((signal.SIGINT, signal.SIGTERM), old):
-            signal.signal(s, h)
+    with runs.Working(d, progress, total=space.size, initial=designs, unit="design",
+                      unit_scale=True, desc="exhaustive") as work:
         try:
-            (d / "lock").unlink()
-        except FileNotFoundError:
-            pass
+            save("running")
+            for i in todo:
+                if work.stop or (budget_s is not None and time.monotonic() - t0 >= budget_s):
+                    break
+                table, n = score_chunk(space, i, chunk)
+                tmp = _chunk_file(d, i).with_suffix(".parquet.tmp")
+                table.to_parquet(tmp, index=False)
+                os.replace(tmp, _chunk_file(d, i))   # the chunk is done once its table is on disk
+                done.add(i)
+                designs += n
+                front = pareto.front_of([front, table], space.objectives)
+                runs.fix_reference(manifest, d, pareto.objective_matrix(front, space.objectives)
+                                   if len(front) else [])
+                save("running")
+                work.update(n, len(front), hv)
+            save("finished" if len(done) == n_chunks else "stopped")
+        except BaseException:
+            save("failed" if not work.stop else "stopped")
+            raise
     return runs.status(d)

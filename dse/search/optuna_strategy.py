@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -247,18 +246,6 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     designs = int(prev.get("designs_scored", 0)) if told else 0
     ref = manifest.get("reference")
     t0 = time.monotonic()
-    flags = {"stop": False}
-
-    def on_signal(signum, frame):
-        flags["stop"] = True
-
-    old = [signal.signal(sg, on_signal) for sg in (signal.SIGINT, signal.SIGTERM)]
-    (d / "lock").write_text(str(os.getpid()))
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=total, initial=done_trials, unit="trial", dynamic_ncols=True,
-                   desc=f"{manifest['strategy']} {sampler_name}", mininterval=0.5)
     hv = None
 
     def save(state):
@@ -291,9 +278,12 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
         left = total - counts[TrialState.COMPLETE] - counts[TrialState.RUNNING]
         return max(left, counts[TrialState.WAITING]), counts[TrialState.RUNNING]
 
+    work = runs.Working(d, progress, total=total, initial=done_trials, unit="trial",
+                        desc=f"{manifest['strategy']} {sampler_name}")
+    work.__enter__()
     try:
         save("running")
-        while done_trials < target and not flags["stop"]:
+        while done_trials < target and not work.stop:
             if budget_s is not None and time.monotonic() - t0 >= budget_s:
                 break
             left, running = study_left()
@@ -321,11 +311,8 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
             s = score_chunked(batch, dtype=np.float32)
             ok = pareto.admissible(s, space.objectives, space.constraints)
             F = pareto.objective_matrix(s, space.objectives)
-            if ref is None and ok.any():
-                point, scale = pareto.reference(F[ok][pareto.nondominated(F[ok])])
-                ref = {"point": point.tolist(), "scale": scale.tolist()}
-                manifest["reference"] = ref
-                runs.write_json(d / "manifest.json", manifest)
+            if ok.any():
+                ref = runs.fix_reference(manifest, d, F[ok][pareto.nondominated(F[ok])])
             keep = np.zeros(len(ids), bool)
             results = {}
             if nested:
@@ -364,24 +351,15 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
             if ok[keep].any():
                 front = pareto.front_of([front, table[table["_admissible"]]], space.objectives)
             save("running")
-            if bar:
-                bar.update(n)
-                bar.set_postfix(front=len(front), hv=f"{hv:.4g}" if hv is not None else "-")
+            work.update(n, len(front), hv)
         if shared:
             front = front_from_study(study, space)
             done_trials = designs = len(study.get_trials(deepcopy=False,
                                                          states=(TrialState.COMPLETE,)))
         save("finished" if done_trials >= total else "stopped")
     except BaseException:
-        save("failed" if not flags["stop"] else "stopped")
+        save("failed" if not work.stop else "stopped")
         raise
     finally:
-        if bar:
-            bar.close()
-        for sg, h in zip((signal.SIGINT, signal.SIGTERM), old):
-            signal.signal(sg, h)
-        try:
-            (d / "lock").unlink()
-        except FileNotFoundError:
-            pass
+        work.__exit__(None, None, None)
     return runs.status(d)
