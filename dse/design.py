@@ -68,6 +68,11 @@ def load_design(path: str) -> dict:
         if need not in flat:
             raise InputError(f"missing {need}", file=path,
                              hint=f"add [{need.split('.')[0]}] id = \"...\" (see `dse catalog list`)")
+    from dse import catalog
+    for key, kind in (("accelerator.id", "accelerators"), ("model.id", "models"),
+                      ("topology.id", "topologies")):
+        if key in flat:
+            catalog.lookup(kind, flat[key], file=path, where=key)
     return flat
 
 
