@@ -138,7 +138,8 @@ def _run(a) -> int:
             outer, _ = optuna_strategy.split_parameters(space, strategy == "nested")
             points = int(np.prod([space.shape[i] for i in outer])) if outer else 1
             extra.update(sampler=a.sampler, population=a.population, study_name=d.name,
-                         trials=a.trials or min(points, 10_000), storage=a.storage)
+                         trials=a.trials or min(points, 10_000), storage=a.storage,
+                         segment_trials=a.segment_trials or optuna_strategy.SEGMENT_TRIALS)
             a.trials = None
         m = runs.create(d, space, strategy, a.seed, extra)
     if m["strategy"] in ("optuna", "nested"):
@@ -267,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="DIR", help="continue a stopped or killed run")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument("--chunk-designs", type=int, help="designs per work item (default 65536)")
+    r.add_argument("--segment-trials", type=int,
+                   help="trials per Optuna study before a new one is started from the front "
+                        "(default 10000: keeps samplers fast on long runs)")
     r.set_defaults(func=_run)
 
     w = sub.add_parser("worker", help="join a running optuna study and work until it is done")

@@ -111,3 +111,18 @@ def test_nested_reaches_the_exact_front_with_a_fraction_of_the_points(tmp_path, 
     Fn = pareto.objective_matrix(pd.read_csv(ne / "front.csv"), space.objectives)
     ref, scale = pareto.reference(np.vstack([Fe, Fn]))
     assert pareto.hypervolume(Fn, ref, scale) >= 0.95 * pareto.hypervolume(Fe, ref, scale)
+
+
+def test_long_runs_rotate_studies_warm_started_from_the_front(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", str(QUICK), "--strategy", "optuna", "--trials", "150", "--population", "16",
+                 "--segment-trials", "48", "--out", str(out), "--quiet"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["segment"] >= 2                                   # 150 trials in segments of ~48
+    st = json.loads((out / "progress.json").read_text())
+    assert st["state"] == "finished" and st["trials_completed"] == 150
+    ids, allt = stored_front_ids(out, load_space(str(QUICK)))
+    assert len(allt) == 150
+    assert set(pd.read_csv(out / "front.csv")["design_id"]) == ids
+    files = sorted(p.name for p in (out / "scores").glob("batch-*.parquet"))
+    assert any(f.startswith("batch-001-") for f in files)

@@ -87,29 +87,22 @@ def bench_quality():
 
 
 def bench_optuna_rate(trials: int):
-    import optuna
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    """The optuna strategy as users run it (journal storage in the run folder, batches of 100,
+    studies rotated every 10^4 trials), timed per window of 10^4 trials."""
     space = load_space(str(ROOT / "spaces" / "dense-70b-nodes.toml"))
-    study = optuna.create_study(directions=[o.direction for o in space.objectives],
-                                sampler=optuna_strategy.make_sampler("nsga2", 0, 100))
-    dists = optuna_strategy.distributions(space)
-    window, stamps = 10_000, [time.perf_counter()]
-    done = 0
-    while done < trials:
-        n = min(1000, trials - done)
-        ts = [study.ask(dists) for _ in range(n)]
-        ids = np.ravel_multi_index(tuple(optuna_strategy.grid_index(space, ts).T), space.shape)
-        b, _ = space.batch_from_values(space.values_at(ids))
-        from dse.perf import score_chunked
-        s = score_chunked(b, dtype=np.float32)
-        F = np.nan_to_num(np.column_stack([s[o.metric] for o in space.objectives]), nan=1e30)
-        for t, v in zip(ts, F):
-            study.tell(t, [float(x) for x in v])
-        done += n
-        if done % window == 0 or done == trials:
-            stamps.append(time.perf_counter())
-    rates = [window / (b - a) for a, b in zip(stamps, stamps[1:])]
-    print(f"optuna nsga2 (in memory, batches of 1000): {trials:,} trials; trials/s per window of "
+    window = min(10_000, trials)
+    d = runs.new_run_dir(space.name, str(Path(tempfile.mkdtemp()) / "rate"))
+    m = runs.create(d, space, "optuna", 0, {"sampler": "nsga2", "population": 100,
+                                             "study_name": d.name, "trials": trials,
+                                             "segment_trials": optuna_strategy.SEGMENT_TRIALS})
+    rates = []
+    while runs.status(d)["trials_completed"] < trials:
+        t0 = time.perf_counter()
+        before = runs.status(d)["trials_completed"]
+        optuna_strategy.run(space, d, m, max_trials=window, budget_s=None, progress=False)
+        rates.append((runs.status(d)["trials_completed"] - before) / (time.perf_counter() - t0))
+    print(f"optuna nsga2 (journal storage, batches of 100, studies of "
+          f"{optuna_strategy.SEGMENT_TRIALS:,}): {trials:,} trials; trials/s per window of "
           f"{window:,}: " + ", ".join(f"{r:,.0f}" for r in rates)
           + (f"; last/first = {rates[-1] / rates[0]:.2f} (target >= 0.5)" if len(rates) > 1 else ""))
 

@@ -143,9 +143,16 @@ def split_parameters(space, nested: bool):
     return [i for i in idx if i not in inner], inner
 
 
-def _files(d: Path, first: int) -> tuple[Path, Path]:
-    stem = d / "scores" / f"batch-{first:09d}"
+SEGMENT_TRIALS = 10_000   # a study's history is capped: then a new one, warm-started from the front
+
+
+def _files(d: Path, segment: int, first: int) -> tuple[Path, Path]:
+    stem = d / "scores" / f"batch-{segment:03d}-{first:09d}"
     return stem.with_suffix(".parquet"), stem.with_suffix(".trials.json")
+
+
+def _segment_name(manifest: dict, segment: int) -> str:
+    return manifest["study_name"] if segment == 0 else f"{manifest['study_name']}-s{segment}"
 
 
 def _complete_batches(d: Path) -> tuple[pd.DataFrame, dict]:
@@ -158,7 +165,8 @@ def _complete_batches(d: Path) -> tuple[pd.DataFrame, dict]:
             f.unlink()
             continue
         frames.append(pd.read_parquet(f))
-        told.update({int(k): v for k, v in json.loads(tf.read_text()).items()})
+        segment = int(f.stem.split("-")[1])
+        told.update({(segment, int(k)): v for k, v in json.loads(tf.read_text()).items()})
     for f in (d / "scores").glob("*.tmp"):
         f.unlink()
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), told
@@ -168,6 +176,29 @@ def _atomic(path: Path, write) -> None:
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
     os.replace(tmp, path)
+
+
+def _rotate(study, segment, manifest, d, storage, sampler_name, population, directions, front,
+            space, outer):
+    """Start the next study segment, warm-started with the front's designs, so that samplers
+    that scan the whole history (NSGA-II) keep their speed over long runs."""
+    import optuna
+    from optuna.trial import TrialState
+    manifest["failed_before"] = int(manifest.get("failed_before", 0)) + len(
+        study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
+    segment += 1
+    manifest["segment"] = segment
+    runs.write_json(Path(d) / "manifest.json", manifest)
+    new = optuna.create_study(study_name=_segment_name(manifest, segment), storage=storage,
+                              sampler=make_sampler(sampler_name, manifest.get("seed", 0) + segment,
+                                                   population),
+                              directions=directions, load_if_exists=True)
+    if len(front):
+        ids = front["design_id"].to_numpy()[: 2 * population]
+        coords = np.unravel_index(ids.astype(np.int64), space.shape)
+        for row in zip(*[coords[i] for i in outer]):
+            new.enqueue_trial({space.parameters[i].path: int(c) for i, c in zip(outer, row)})
+    return new, segment
 
 
 def front_from_study(study, space) -> pd.DataFrame:
@@ -210,7 +241,9 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     population = int(manifest.get("population", 32))
     sampler = make_sampler(sampler_name, manifest.get("seed", 0), population)
     directions = ["maximize"] if nested else [o.direction for o in space.objectives]
-    study = optuna.create_study(study_name=manifest["study_name"], storage=storage_for(d, storage_url),
+    storage = storage_for(d, storage_url)
+    segment = int(manifest.get("segment", 0))
+    study = optuna.create_study(study_name=_segment_name(manifest, segment), storage=storage,
                                 sampler=sampler, directions=directions, load_if_exists=True)
     outer, inner = split_parameters(space, nested)
     all_dists = distributions(space)
@@ -228,11 +261,11 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     # (a joining worker leaves that to heartbeats: the RUNNING trials may be another worker's)
     for t in ([] if joining or storage_url else
               study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
-        if t.number in told:
+        if (segment, t.number) in told:
             trial = Trial(study, t._trial_id)
-            _set_constraints(trial, told[t.number]["constraints"], space, nested,
+            _set_constraints(trial, told[segment, t.number]["constraints"], space, nested,
                              already=t.constraints or {})
-            study.tell(trial, told[t.number]["values"])
+            study.tell(trial, told[segment, t.number]["values"])
         else:
             study.tell(t.number, state=TrialState.FAIL)
 
@@ -254,7 +287,8 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
             hv = pareto.hypervolume(pareto.objective_matrix(front, space.objectives),
                                     np.array(ref["point"]), np.array(ref["scale"]))
         runs.write_front(d, front, space.objectives, [p.path for p in space.parameters])
-        failed = len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
+        failed = int(manifest.get("failed_before", 0)) + len(
+            study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
         runs.write_json(d / "progress.json", {
             "state": state, "trials_completed": done_trials, "trials_failed": failed,
             "trials_total": total, "designs_scored": designs,
@@ -340,7 +374,7 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                 v = s[m][keep]
                 table[m] = v.astype(np.float64) if v.dtype.kind == "f" else v
             table["_admissible"] = ok[keep]
-            designs_f, trials_f = _files(d, trials[0].number)
+            designs_f, trials_f = _files(d, segment, trials[0].number)
             _atomic(designs_f, lambda p: table.to_parquet(p, index=False))
             _atomic(trials_f, lambda p: p.write_text(json.dumps(results)))   # batch complete
             for t in trials:
@@ -352,6 +386,10 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                 front = pareto.front_of([front, table[table["_admissible"]]], space.objectives)
             save("running")
             work.update(n, len(front), hv)
+            seg_cap = int(manifest.get("segment_trials", SEGMENT_TRIALS))
+            if not shared and len(study.get_trials(deepcopy=False)) >= seg_cap:
+                study, segment = _rotate(study, segment, manifest, d, storage, sampler_name,
+                                         population, directions, front, space, outer)
         if shared:
             front = front_from_study(study, space)
             done_trials = designs = len(study.get_trials(deepcopy=False,
