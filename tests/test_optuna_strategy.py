@@ -126,3 +126,22 @@ def test_long_runs_rotate_studies_warm_started_from_the_front(tmp_path, capsys):
     assert set(pd.read_csv(out / "front.csv")["design_id"]) == ids
     files = sorted(p.name for p in (out / "scores").glob("batch-*.parquet"))
     assert any(f.startswith("batch-001-") for f in files)
+
+
+def test_a_lost_database_connection_is_retried(capsys):
+    import sqlalchemy.exc
+
+    from dse.search.optuna_strategy import with_retry
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("server closed"))
+        return "ok"
+
+    assert with_retry(flaky, delays=(0, 0, 0)) == "ok" and len(calls) == 3
+    assert capsys.readouterr().err.count("database unreachable") == 2
+    calls.clear()
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        with_retry(lambda: flaky() if len(calls) < 10 else None, delays=(0,))

@@ -113,6 +113,29 @@ def _violations(s: dict, space) -> np.ndarray:
     return np.column_stack(cols)
 
 
+RETRY_DELAYS_S = (1, 2, 4, 8, 15, 30, 30, 30, 30, 30)   # ~3 minutes of a lost database
+
+
+def with_retry(fn, *args, delays=RETRY_DELAYS_S, **kw):
+    """Call a storage operation, retrying while the database connection is lost (a server
+    restart, a network blip): one warning line per retry, the error itself after the last."""
+    import sys
+
+    import sqlalchemy.exc
+    from optuna.exceptions import StorageInternalError
+    for attempt, delay in enumerate((*delays, None)):
+        try:
+            return fn(*args, **kw)
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+                StorageInternalError) as e:
+            if delay is None:
+                raise
+            msg = str(e).splitlines()[0][:120]
+            print(f"dse: warning: database unreachable ({msg}); retry {attempt + 1} in {delay} s",
+                  file=sys.stderr)
+            time.sleep(delay)
+
+
 def _constraint_names(space) -> list[str]:
     names = ["feasible"]
     for c in space.constraints:
@@ -306,8 +329,8 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
         """
         if not shared:
             return target - done_trials, 0
-        optuna.storages.fail_stale_trials(study)       # dead workers' trials: failed and retried
-        counts = {st: len(study.get_trials(deepcopy=False, states=(st,)))
+        with_retry(optuna.storages.fail_stale_trials, study)   # dead workers' trials: retried
+        counts = {st: len(with_retry(study.get_trials, deepcopy=False, states=(st,)))
                   for st in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)}
         left = total - counts[TrialState.COMPLETE] - counts[TrialState.RUNNING]
         return max(left, counts[TrialState.WAITING]), counts[TrialState.RUNNING]
@@ -327,7 +350,7 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                 time.sleep(HEARTBEAT_S / 2)       # others' trials may die and come back
                 continue
             n = min(population, target - done_trials, left)
-            trials = [study.ask(dists) for _ in range(n)]
+            trials = [with_retry(study.ask, dists) for _ in range(n)]
             if shared:
                 for t in trials:
                     study._storage.record_heartbeat(t._trial_id)
@@ -379,7 +402,7 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
             _atomic(trials_f, lambda p: p.write_text(json.dumps(results)))   # batch complete
             for t in trials:
                 _set_constraints(t, results[t.number]["constraints"], space, nested)
-                study.tell(t, results[t.number]["values"])
+                with_retry(study.tell, t, results[t.number]["values"])
             done_trials += n
             designs += len(ids)
             if ok[keep].any():
