@@ -294,6 +294,7 @@ def topology_columns(out) -> dict[str, np.ndarray]:
     dom = np.asarray(out["topology.scaleup.domain_chips"], dtype=float)
     names = list(topos)
     tid = lookup(out["topology.id"], {t: i for i, t in enumerate(names)}, -1).astype(np.int64)
+    tp, ffn, dom, tid = np.broadcast_arrays(tp, ffn, dom, tid)   # compact tables mix lengths
     cols = {k: np.ones(len(tp)) for k in ("tp", "ffn", "a2a")}
     cols["latency"] = np.zeros(len(tp))
     keys = pd.DataFrame({"t": tid, "d": dom})
@@ -310,8 +311,11 @@ def topology_columns(out) -> dict[str, np.ndarray]:
     return cols
 
 
-def to_batch(out) -> Batch:
-    """The resolved design table (a DataFrame, or a dict of columns) as the scorer's arrays."""
+def to_batch(out, compact: bool = False) -> Batch:
+    """The resolved design table (a DataFrame, or a dict of columns) as the scorer's arrays.
+
+    ``compact``: the dict may hold length-1 columns (the same value for every design); they
+    stay length-1 in the Batch, which broadcasts them."""
     f = lambda c: np.asarray(out[c], dtype=float)  # noqa: E731
     matmul, attn, wbytes, kvbytes, low_bits = _dtype_columns(out)
     L = f("model.num_hidden_layers")
@@ -360,4 +364,4 @@ def to_batch(out) -> Batch:
         "electricity_usd_per_kwh": f("cost.electricity_usd_per_kwh"),
         "use_rental": lookup(out["cost.mode"], {"rental": 1.0}, 0.0).astype(float),
     }
-    return Batch.from_columns(cols)
+    return Batch.from_columns(cols, compact=compact)

@@ -136,11 +136,15 @@ class Space:
         combos = tuple(tuple(np.asarray(vals[p.path], dtype=object)[first].tolist())
                        for p in structural)
         res = self._resolved(combos, structural, len(first))
-        # broadcast to every design: numbers with numpy, strings as Categoricals (codes only)
+        # columns the same for every design stay length-1 (the scorer broadcasts them); the
+        # others are broadcast with numpy, strings as Categoricals (codes only)
         table = {}
         for c in res.columns:
             v = res[c].to_numpy()
-            if v.dtype.kind in "fiub":
+            if len(v) == 1 or (v.dtype.kind in "fiub" and (v == v[0]).all()) or \
+                    (v.dtype.kind not in "fiub" and len(set(v.tolist())) == 1):
+                table[c] = v[:1]
+            elif v.dtype.kind in "fiub":
                 table[c] = v[inverse]
             else:
                 codes, cats = pd.factorize(v, use_na_sentinel=True)
@@ -156,7 +160,7 @@ class Space:
                                  if p.path not in STRING_VALUED else vals[p.path])
         if any(p.path in FEEDERS for p in self.parameters if p.scale):
             derive_system(table, keep=explicit & set(DERIVED))
-        return to_batch(table), table
+        return to_batch(table, compact=True), table
 
 
 def _grid(path: str, spec, file: str) -> Parameter:

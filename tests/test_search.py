@@ -187,3 +187,19 @@ def test_budget_stops_cleanly(tmp_path, capsys):
                  "--budget", "0s"]) == 0
     assert json.loads((out / "progress.json").read_text())["state"] == "stopped"
     assert main(["run", path, "--budget", "soon"]) == 2
+
+
+@pytest.mark.parametrize("name", ["quickstart", "deepseek-racks", "hypothetical-accelerator",
+                                  "moe-codesign", "dense-70b-nodes"])
+def test_compact_batches_score_exactly_like_full_ones(name):
+    # a space's batch keeps the columns shared by all its designs at length 1
+    space = load_space(str(ROOT / "spaces" / f"{name}.toml"))
+    idx = np.random.default_rng(0).choice(space.size, size=min(space.size, 3000), replace=False)
+    b, _ = space.batch(np.sort(idx))
+    full = b.expanded()
+    assert any(len(v) == 1 for v in b.columns.values()) and len(b) == len(idx)
+    from dse.perf import score
+    a, f = score(b), score(full)
+    for k in a:
+        assert a[k].shape == (len(idx),)
+        np.testing.assert_allclose(a[k], f[k], rtol=1e-12, equal_nan=True, err_msg=k)

@@ -91,13 +91,16 @@ class Batch:
     """Struct of arrays: ``Batch.from_columns({...})`` with one array per name in FIELDS.
 
     Derived per-row quantities (parameter counts, KV sizes) are computed once per batch and
-    memoised (``memo``); the columns themselves never change.
+    memoised (``memo``); the columns themselves never change. A *compact* batch may keep a
+    column that is the same for every row as a length-1 array: numpy broadcasts it, so it costs
+    nothing per row, and ``score`` returns full-length metrics either way.
     """
 
     columns: dict
 
     def __post_init__(self):
         object.__setattr__(self, "_memo", {})
+        object.__setattr__(self, "_n", max((len(v) for v in self.columns.values()), default=0))
 
     def memo(self, key: str, fn):
         m = self.__dict__["_memo"]
@@ -109,28 +112,29 @@ class Batch:
         return Batch({k: v.astype(dtype, copy=False) for k, v in self.columns.items()})
 
     @classmethod
-    def from_columns(cls, columns: dict) -> "Batch":
+    def from_columns(cls, columns: dict, compact: bool = False) -> "Batch":
         missing = [k for k in FIELDS if k not in columns]
         if missing:
             raise KeyError(f"Batch is missing fields: {', '.join(missing)}")
-        n = None
+        arrays = {k: np.atleast_1d(np.asarray(columns[k], dtype=np.float64)) for k in FIELDS}
+        n = max(a.shape[0] for a in arrays.values())
         out = {}
-        for k in FIELDS:
-            a = np.asarray(columns[k], dtype=np.float64)
-            if a.ndim == 0:
-                a = a.reshape(1)
-            if n is None:
-                n = a.shape[0]
+        for k, a in arrays.items():
             if a.shape != (n,):
-                if a.shape == (1,):
-                    a = np.full(n, a[0])
-                else:
+                if a.shape != (1,):
                     raise ValueError(f"field {k} has shape {a.shape}, expected ({n},)")
+                if not compact:
+                    a = np.full(n, a[0])
             out[k] = a
         return cls(out)
 
     def __len__(self) -> int:
-        return len(next(iter(self.columns.values())))
+        return self.__dict__["_n"]
+
+    def expanded(self) -> "Batch":
+        """The same batch with every column at full length."""
+        n = len(self)
+        return Batch({k: (np.full(n, v[0]) if len(v) != n else v) for k, v in self.columns.items()})
 
     def __getattr__(self, name: str) -> np.ndarray:
         try:
@@ -139,7 +143,8 @@ class Batch:
             raise AttributeError(name) from None
 
     def take(self, index) -> "Batch":
-        return Batch({k: v[index] for k, v in self.columns.items()})
+        n = len(self)
+        return Batch({k: (v if len(v) != n else v[index]) for k, v in self.columns.items()})
 
     def replace(self, **updates) -> "Batch":
         cols = dict(self.columns)

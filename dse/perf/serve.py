@@ -103,7 +103,7 @@ def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
              (~positive, 64))
     bits = np.zeros(len(b), dtype=np.int64)
     for cond, bit in conds:
-        bits += cond.astype(np.int64) * bit
+        bits = bits + cond.astype(np.int64) * bit
     return bits
 
 
@@ -230,6 +230,10 @@ def score(b: Batch, breakdown: bool = False):
         "feasible": bits == 0,
         "reason": bits,
     }
+    n = len(b)
+    for k, v in metrics.items():     # a compact batch's shared columns give length-1 metrics
+        if np.shape(v) != (n,):
+            metrics[k] = np.broadcast_to(v, (n,)).copy()
     return (metrics, steps) if breakdown else metrics
 
 
