@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -93,7 +94,7 @@ class Space:
         if not self.parameters:
             return {}
         coords = np.unravel_index(index, self.shape)
-        return {p.path: np.asarray(p.values, dtype=object)[c] for p, c in zip(self.parameters, coords)}
+        return {p.path: _value_array(p)[c] for p, c in zip(self.parameters, coords)}
 
     def param(self, path: str) -> Parameter:
         return next(p for p in self.parameters if p.path == path)
@@ -128,7 +129,7 @@ class Space:
         structural = [p for p in self.parameters
                       if not p.scale and (p.path in STRING_VALUED or p.path in FEEDERS)]
         if structural:
-            codes = [pd.factorize(np.asarray(vals[p.path], dtype=object))[0] for p in structural]
+            codes = [pd.factorize(vals[p.path])[0] for p in structural]
             key = np.ravel_multi_index(codes, [c.max() + 1 for c in codes])
             uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         else:
@@ -161,6 +162,15 @@ class Space:
         if any(p.path in FEEDERS for p in self.parameters if p.scale):
             derive_system(table, keep=explicit & set(DERIVED))
         return to_batch(table, compact=True), table
+
+
+@functools.lru_cache(maxsize=256)
+def _value_array(p: Parameter) -> np.ndarray:
+    """A parameter's values as an array: float when all are numbers (fast to index and to
+    factorize), object otherwise."""
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p.values):
+        return np.asarray(p.values, dtype=np.float64)
+    return np.asarray(p.values, dtype=object)
 
 
 def _grid(path: str, spec, file: str) -> Parameter:
