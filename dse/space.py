@@ -142,8 +142,10 @@ class Space:
         table = {}
         for c in res.columns:
             v = res[c].to_numpy()
-            if len(v) == 1 or (v.dtype.kind in "fiub" and (v == v[0]).all()) or \
-                    (v.dtype.kind not in "fiub" and len(set(v.tolist())) == 1):
+            same = (len(v) == 1 or (v.dtype.kind in "fiub" and np.array_equal(
+                v, np.full_like(v, v[0]), equal_nan=v.dtype.kind == "f"))
+                or (v.dtype.kind not in "fiub" and len(set(map(str, v.tolist()))) == 1))
+            if same:
                 table[c] = v[:1]
             elif v.dtype.kind in "fiub":
                 table[c] = v[inverse]

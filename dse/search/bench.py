@@ -39,7 +39,8 @@ def _space(text: str) -> object:
 def big_space():
     t = (ROOT / "spaces" / "dense-70b-nodes.toml").read_text()
     t = t.replace("num = 23", "num = 200").replace('"layout.pp" = [1, 2]', '"layout.pp" = [1, 2, 4]')
-    return _space(t.replace("[objectives]", '"workload.isl" = [512, 1024, 2048, 4096, 8192]\n\n[objectives]'))
+    return _space(t.replace("[objectives]", '"workload.isl" = [256, 512, 1024, 2048, 4096, 8192, 16384, '
+                            '32768]\n"workload.osl" = [128, 512, 2048]\n\n[objectives]'))
 
 
 def _run(space, strategy: str, **extra) -> Path:
