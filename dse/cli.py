@@ -202,6 +202,14 @@ def _worker(a) -> int:
     return 0
 
 
+def _report(a) -> int:
+    from dse.report import make_report
+    out = make_report(a.dir, a.out)
+    print(f"wrote {out / 'index.html'}, {out / 'summary.md'}, {out / 'front.csv'} and figures")
+    print(out)
+    return 0
+
+
 def _schema(a) -> int:
     from dse.schema import design_schema, space_schema
     print(json.dumps(space_schema() if a.kind == "space" else design_schema(), indent=1))
@@ -282,6 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--budget", help="wall time, e.g. 8h")
     w.add_argument("--quiet", action="store_true")
     w.set_defaults(func=_worker)
+
+    rp = sub.add_parser("report", help="the Pareto report of a run (HTML, PNG, CSV, Markdown)")
+    rp.add_argument("dir")
+    rp.add_argument("--out", help="output folder (default DIR/report)")
+    rp.set_defaults(func=_report)
 
     sc = sub.add_parser("schema", help="JSON Schema of space or design files, for editors")
     sc.add_argument("kind", choices=["space", "design"])

@@ -1,0 +1,41 @@
+"""dse report: a self-contained page, figures, the front and a summary from a run folder."""
+
+from __future__ import annotations
+
+import pandas as pd
+from helpers import ROOT
+
+from dse.cli import main
+
+QUICK = ROOT / "spaces" / "quickstart.toml"
+
+
+def test_report_of_the_quickstart_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["run", str(QUICK), "--out", str(run), "--quiet"]) == 0
+    assert main(["report", str(run)]) == 0
+    out = run / "report"
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
+    front = pd.read_csv(out / "front.csv")
+    assert front.equals(pd.read_csv(run / "front.csv"))
+    page = (out / "index.html").read_text()
+    assert "<script" in page and "plotly" in page.lower()          # interactive, inlined
+    assert "src=\"http" not in page                               # nothing fetched: opens offline
+    assert page.count("<tr>") >= len(front)                       # the front's table
+    assert "decode bound" in page and "TTFT prefill step" in page  # per-design breakdown
+    summary = (out / "summary.md").read_text()
+    assert "Knee design" in summary and f"Pareto front: {len(front)} designs" in summary
+    for png in ("front.png", "pair-usd_per_mtok_output-tpot_s.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_of_an_empty_front_and_bad_folders(tmp_path, capsys):
+    text = QUICK.read_text().replace("{ max = 5.0 }", "{ max = 1e-9 }")
+    space = tmp_path / "s.toml"
+    space.write_text(text)
+    run = tmp_path / "run"
+    main(["run", str(space), "--out", str(run), "--quiet"])
+    assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+    assert "front is empty" in (tmp_path / "rep" / "summary.md").read_text()
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "run folder not found" in capsys.readouterr().err
