@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -42,4 +46,34 @@ def design(acc="h100-sxm", model="llama-3.1-70b", **kw) -> dict:
     return d
 
 
-__all__ = ["IDEAL", "ROOT", "SHARED", "batch", "design", "np", "one"]
+CASE_COLUMNS = ["case_id", "model", "hardware", "topology", "num_chips", "tp", "pp", "ep", "dp",
+                "weight_dtype", "kv_dtype", "isl", "osl", "concurrency", "prefix_hit_fraction",
+                "phase"]
+
+
+def run_cli(capsys, *args):
+    """``dse ARGS`` in-process: (exit code, stdout, stderr)."""
+    from dse.cli import main
+    capsys.readouterr()
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def run_subprocess(*args, cwd=ROOT):
+    env = {k: v for k, v in os.environ.items() if k != "DSE_DEBUG"}
+    return subprocess.run([sys.executable, "-m", "dse", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def write_cases(path: Path, rows, columns=CASE_COLUMNS) -> Path:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, "") for c in columns})
+    return path
+
+
+__all__ = ["CASE_COLUMNS", "IDEAL", "ROOT", "SHARED", "batch", "design", "np", "one", "run_cli",
+           "run_subprocess", "write_cases"]

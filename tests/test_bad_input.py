@@ -7,21 +7,15 @@ file alone.
 
 from __future__ import annotations
 
-import csv
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from dse.cli import main
+from helpers import CASE_COLUMNS, run_cli, run_subprocess, write_cases  # noqa: F401
+
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CASE_COLUMNS = ["case_id", "model", "hardware", "topology", "num_chips", "tp", "pp", "ep", "dp",
-                "weight_dtype", "kv_dtype", "isl", "osl", "concurrency", "prefix_hit_fraction",
-                "phase"]
 GOOD = dict(case_id="good", model="llama-3.1-8b", hardware="h100-sxm", num_chips=1, tp=1, pp=1,
             ep=1, dp=1, weight_dtype="fp8", isl=128, osl=128, concurrency=8)
 SENTINEL = "SENTINEL: an earlier run's completed results\n"
@@ -29,31 +23,8 @@ SENTINEL = "SENTINEL: an earlier run's completed results\n"
 DESIGN_OK = '[accelerator]\nid = "h100-sxm"\n\n[model]\nid = "llama-3.1-8b"\nweight_dtype = "fp8"\n'
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch):
-    monkeypatch.delenv("DSE_DEBUG", raising=False)
 
 
-def run_cli(capsys, *args):
-    capsys.readouterr()
-    rc = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def run_subprocess(*args, cwd=ROOT):
-    env = {k: v for k, v in os.environ.items() if k != "DSE_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "dse", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
-
-
-def write_cases(path: Path, rows, columns=CASE_COLUMNS) -> Path:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: r.get(c, "") for c in columns})
-    return path
 
 
 def bad_row(**changes) -> dict:

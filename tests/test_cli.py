@@ -6,12 +6,8 @@ Most calls run in-process through ``dse.cli.main`` (captured with ``capsys``); a
 
 from __future__ import annotations
 
-import csv
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +15,8 @@ import pandas as pd
 import pytest
 
 import dse
+from helpers import CASE_COLUMNS, run_cli, run_subprocess, write_cases  # noqa: F401
+
 from dse.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,9 +41,6 @@ OUTPUT_COLUMNS = ["case_id", "concurrency", "ttft_s", "tpot_s", "output_tokens_p
 BOUNDS = {"compute", "memory", "network", "capacity"}
 OPS = ("attn_proj", "attn_core", "mlp_dense", "logits")
 
-CASE_COLUMNS = ["case_id", "model", "hardware", "topology", "num_chips", "tp", "pp", "ep", "dp",
-                "weight_dtype", "kv_dtype", "isl", "osl", "concurrency", "prefix_hit_fraction",
-                "phase"]
 # a handful of cases from the contract's ids: dense and MoE, blank concurrency, blank layout,
 # disaggregated decode and prefill, a prefix cache, and a model that cannot fit
 SMALL_CASES = [
@@ -74,33 +69,8 @@ SMALL_CASES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch):
-    # DSE_DEBUG turns one-line internal errors into tracebacks; the tests check the default
-    monkeypatch.delenv("DSE_DEBUG", raising=False)
 
 
-def run_cli(capsys, *args):
-    """``dse ARGS`` in-process: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    rc = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def run_subprocess(*args, cwd=ROOT):
-    env = {k: v for k, v in os.environ.items() if k != "DSE_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "dse", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
-
-
-def write_cases(path: Path, rows, columns=CASE_COLUMNS) -> Path:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: r.get(c, "") for c in columns})
-    return path
 
 
 def listed_ids(stdout: str) -> list[str]:
