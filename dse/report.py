@@ -154,7 +154,8 @@ def _html(o, space, st, front, allpts, k, bds, pngs):
     color = objs[2].metric if len(objs) > 2 else None
     fig = go.Figure()
     if len(allpts):
-        fig.add_trace(go.Scattergl(x=allpts[x], y=allpts[y], mode="markers", name="scored designs",
+        bg = allpts.sample(20_000, random_state=0) if len(allpts) > 20_000 else allpts
+        fig.add_trace(go.Scatter(x=bg[x], y=bg[y], mode="markers", name="scored designs",
                                    marker=dict(color="#cccccc", size=4), hoverinfo="skip"))
     fig.add_trace(go.Scatter(
         x=front[x], y=front[y], mode="markers", name="Pareto front", text=hover, hoverinfo="text",
@@ -163,8 +164,13 @@ def _html(o, space, st, front, allpts, k, bds, pngs):
                     line=dict(width=0.5, color="black"))))
     fig.add_trace(go.Scatter(x=[front[x].iloc[k]], y=[front[y].iloc[k]], mode="markers",
                              name="knee", marker=dict(size=18, symbol="star", color="#ff7f0e")))
+    def axis_type(v):
+        v = front[v]
+        return "log" if (v > 0).all() and v.max() / v.min() > 50 else "linear"
+
     fig.update_layout(title=f"{space.name}: {x} vs {y}", xaxis_title=x, yaxis_title=y,
-                      height=520, template="plotly_white")
+                      xaxis_type=axis_type(x), yaxis_type=axis_type(y), height=560,
+                      template="plotly_white", legend=dict(orientation="h", y=-0.18))
     main = fig.to_html(full_html=False, include_plotlyjs="inline", div_id="front-plot")
     dims = []
     for p in space.parameters:

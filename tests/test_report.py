@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import pandas as pd
+import pytest
 from helpers import ROOT
 
 from dse.cli import main
@@ -39,3 +43,32 @@ def test_report_of_an_empty_front_and_bad_folders(tmp_path, capsys):
     assert "front is empty" in (tmp_path / "rep" / "summary.md").read_text()
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "run folder not found" in capsys.readouterr().err
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(not CHROMIUM, reason="no chromium (.ci/run installs Debian's)")
+def test_report_renders_in_headless_chromium(tmp_path, capsys):
+    run = tmp_path / "run"
+    main(["run", str(QUICK), "--out", str(run), "--quiet"])
+    main(["report", str(run)])
+    page = run / "report" / "index.html"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--enable-unsafe-swiftshader", f"--user-data-dir={tmp_path / 'profile'}",
+             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=8000"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True,
+                         text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
+    errors = [line for line in console if "Uncaught" in line or ":ERROR:CONSOLE" in line
+              or "Error:" in line]
+    assert not errors, "\n".join(errors)
+    front = pd.read_csv(run / "front.csv")
+    # plotly drew one marker per front design (plus the knee's star)
+    assert dom.stdout.count('class="point"') >= len(front) > 0
+    shot = run / "report" / "screenshot.png"
+    r = subprocess.run([CHROMIUM, *flags, "--window-size=1280,1600", f"--screenshot={shot}",
+                        page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
