@@ -210,6 +210,14 @@ def _report(a) -> int:
     return 0
 
 
+def _compare(a) -> int:
+    from dse.compare import make_compare
+    out = make_compare(a.dir_a, a.dir_b, a.out)
+    print(f"wrote {out / 'index.html'}, {out / 'compare.md'}, {out / 'union_front.csv'}")
+    print(out)
+    return 0
+
+
 def _schema(a) -> int:
     from dse.schema import design_schema, space_schema
     print(json.dumps(space_schema() if a.kind == "space" else design_schema(), indent=1))
@@ -295,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("dir")
     rp.add_argument("--out", help="output folder (default DIR/report)")
     rp.set_defaults(func=_report)
+
+    cp = sub.add_parser("compare", help="two runs' fronts on one reference point")
+    cp.add_argument("dir_a")
+    cp.add_argument("dir_b")
+    cp.add_argument("--out", help="output folder (default runs/compare-A-vs-B)")
+    cp.set_defaults(func=_compare)
 
     sc = sub.add_parser("schema", help="JSON Schema of space or design files, for editors")
     sc.add_argument("kind", choices=["space", "design"])

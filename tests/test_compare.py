@@ -1,0 +1,51 @@
+"""dse compare: hypervolume on one reference point, coverage both ways, union front."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import ROOT
+
+from dse.cli import main
+from dse.compare import coverage
+
+QUICK = ROOT / "spaces" / "quickstart.toml"
+
+
+def test_coverage_of_hand_made_fronts():
+    A = np.array([[1.0, 3.0], [2.0, 2.0], [3.0, 1.0]])
+    B = np.array([[1.5, 3.5], [2.0, 2.0], [0.5, 4.0]])
+    assert coverage(A, B) == pytest.approx(2 / 3)     # (0.5, 4) is not dominated by A
+    assert coverage(B, A) == pytest.approx(1 / 3)     # only (2, 2) itself
+    assert coverage(A, A) == 1.0
+
+
+def test_compare_exhaustive_with_a_partial_optuna_run(tmp_path, capsys):
+    ex, op = tmp_path / "ex", tmp_path / "op"
+    main(["run", str(QUICK), "--out", str(ex), "--quiet"])
+    main(["run", str(QUICK), "--strategy", "optuna", "--sampler", "random", "--trials", "60",
+          "--out", str(op), "--quiet"])
+    assert main(["compare", str(ex), str(op), "--out", str(tmp_path / "cmp")]) == 0
+    out = tmp_path / "cmp"
+    md = (out / "compare.md").read_text()
+    assert "hypervolume" in md and "coverage" in md
+    union = pd.read_csv(out / "union_front.csv")
+    exact = pd.read_csv(ex / "front.csv")
+    # the exhaustive front is exact: the union front is made of its designs
+    assert len(union) == len(exact) and set(union["run"]) <= {"A", "B"}
+    # A covers all of B (B's designs are in the same space) and the page renders offline
+    assert "| coverage of the other front (share it weakly dominates) | 1.000 |" in md
+    assert "<script" in (out / "index.html").read_text()
+    assert (out / "fronts.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compare_refuses_runs_with_different_objectives(tmp_path, capsys):
+    other = tmp_path / "o.toml"
+    other.write_text(QUICK.read_text().replace('tpot_s = "minimize"', 'ttft_s = "minimize"'))
+    a, b = tmp_path / "a", tmp_path / "b"
+    main(["run", str(QUICK), "--out", str(a), "--quiet"])
+    main(["run", str(other), "--out", str(b), "--quiet"])
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "different objectives" in capsys.readouterr().err
