@@ -170,6 +170,8 @@ class Space:
 def _value_array(p: Parameter) -> np.ndarray:
     """A parameter's values as an array: float when all are numbers (fast to index and to
     factorize), object otherwise."""
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in p.values):
+        return np.asarray(p.values, dtype=np.int64)
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p.values):
         return np.asarray(p.values, dtype=np.float64)
     return np.asarray(p.values, dtype=object)
