@@ -218,6 +218,17 @@ def _compare(a) -> int:
     return 0
 
 
+def _whatif(a) -> int:
+    from dse.whatif import make_whatif
+    if a.reoptimize:
+        raise InputError("--reoptimize is not available yet",
+                         hint="re-run the space with the change in its base design meanwhile")
+    out = make_whatif(a.dir, a.set, a.scale, a.out)
+    print(f"wrote {out / 'index.html'}, {out / 'whatif.md'}, {out / 'front.csv'}")
+    print(out)
+    return 0
+
+
 def _schema(a) -> int:
     from dse.schema import design_schema, space_schema
     print(json.dumps(space_schema() if a.kind == "space" else design_schema(), indent=1))
@@ -309,6 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("dir_b")
     cp.add_argument("--out", help="output folder (default runs/compare-A-vs-B)")
     cp.set_defaults(func=_compare)
+
+    wi = sub.add_parser("whatif", help="re-score a run's front under overrides; sensitivities")
+    wi.add_argument("dir")
+    wi.add_argument("--set", action="append", metavar="PATH=VALUE", help="give a field a value")
+    wi.add_argument("--scale", action="append", metavar="PATH=FACTOR", help="multiply a field")
+    wi.add_argument("--reoptimize", action="store_true", help="search again (not available yet)")
+    wi.add_argument("--out", help="output folder (default DIR/whatif)")
+    wi.set_defaults(func=_whatif)
 
     sc = sub.add_parser("schema", help="JSON Schema of space or design files, for editors")
     sc.add_argument("kind", choices=["space", "design"])

@@ -117,7 +117,8 @@ class Space:
         """Scorer input for the designs at ``index``, and their resolved columns."""
         return self.batch_from_values(self.values_at(index))
 
-    def batch_from_values(self, vals: dict[str, np.ndarray]) -> tuple[Batch, dict]:
+    def batch_from_values(self, vals: dict[str, np.ndarray],
+                          overrides: dict | None = None) -> tuple[Batch, dict]:
         """Scorer input for designs given by their parameter values (one array per path).
 
         Only the distinct combinations of *structural* values (catalog ids, dtypes, modes and the
@@ -161,8 +162,13 @@ class Space:
             else:
                 table[p.path] = (np.asarray(vals[p.path], dtype=float)
                                  if p.path not in STRING_VALUED else vals[p.path])
-        if any(p.path in FEEDERS for p in self.parameters if p.scale):
-            derive_system(table, keep=explicit & set(DERIVED))
+        scaled_feeders = any(p.path in FEEDERS for p in self.parameters if p.scale)
+        for path, (op, value) in (overrides or {}).items():   # what-ifs: ("set"|"scale", x)
+            cur = np.asarray(table[path], dtype=float)
+            table[path] = np.full_like(cur, value) if op == "set" else cur * value
+            scaled_feeders |= path in FEEDERS
+        if scaled_feeders:
+            derive_system(table, keep=(explicit | {k for k in (overrides or {})}) & set(DERIVED))
         return to_batch(table, compact=True), table
 
 
