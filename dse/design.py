@@ -40,8 +40,10 @@ def flatten(doc: dict, prefix: str = "") -> dict:
 
 def read_toml(path: str) -> dict:
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise InputError("file not found", file=path, hint="give the path of a TOML file")
+    if not p.is_file():
+        raise InputError("not a regular file", file=path, hint="give the path of a TOML file")
     try:
         return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as e:

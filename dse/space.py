@@ -96,9 +96,6 @@ class Space:
         coords = np.unravel_index(index, self.shape)
         return {p.path: _value_array(p)[c] for p, c in zip(self.parameters, coords)}
 
-    def param(self, path: str) -> Parameter:
-        return next(p for p in self.parameters if p.path == path)
-
     def _resolved(self, combos: tuple, structural: list, n: int) -> pd.DataFrame:
         """The catalog resolution of distinct structural combinations, cached: consecutive
         chunks of a space mostly share them."""

@@ -80,14 +80,13 @@ def _memory(b: Batch):
     c = np.maximum(b.concurrency, 1.0)
     act = np.minimum(b.max_num_tokens, c * tokens_per_seq) * act_per_token
     room = b.hbm_capacity_bytes - b.runtime_reserve_bytes - weights
-    free = (room - act) * b.kv_memory_fraction
     # the largest concurrency whose KV plus activations fit (both grow with it)
     kv_cost = kv_seq / dp / b.kv_memory_fraction            # HBM per sequence for its KV
     knee = b.max_num_tokens / tokens_per_seq                 # where activations stop growing
     below = room / (kv_cost + tokens_per_seq * act_per_token)
     above = (room - b.max_num_tokens * act_per_token) / kv_cost
     max_c = np.floor(np.maximum(arch.blend(arch.flag(below <= knee, room), below, above), 0.0))
-    return weights, kv_seq, act, free, max_c
+    return weights, kv_seq, act, max_c
 
 
 def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
@@ -157,7 +156,7 @@ def score(b: Batch, breakdown: bool = False):
     """Score every row. Returns a dict of metric arrays (and the Breakdown when asked)."""
     c = np.maximum(b.concurrency, 1.0)
     chips = b.tp * b.pp * b.dp
-    weights, kv_seq, act, free, max_c = _memory(b)
+    weights, kv_seq, act, max_c = _memory(b)
     bits = _invalid_bits(b, weights, act, max_c)
     load = _prefill_load(b)
     steps, (tc, tm, tn) = _steps(b, breakdown, load)
