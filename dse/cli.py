@@ -229,6 +229,14 @@ def _whatif(a) -> int:
     return 0
 
 
+def _answer(a) -> int:
+    from dse.questions import answer_space
+    out = answer_space(a.space, a.out, a.run_dir, progress=not a.quiet)
+    print(f"wrote {out / 'README.md'} (the answer), {out / 'index.html'} and figures")
+    print(out)
+    return 0
+
+
 def _schema(a) -> int:
     from dse.schema import design_schema, space_schema
     print(json.dumps(space_schema() if a.kind == "space" else design_schema(), indent=1))
@@ -328,6 +336,13 @@ def build_parser() -> argparse.ArgumentParser:
     wi.add_argument("--reoptimize", action="store_true", help="search again (not available yet)")
     wi.add_argument("--out", help="output folder (default DIR/whatif)")
     wi.set_defaults(func=_whatif)
+
+    an = sub.add_parser("answer", help="a worked question: run its space, report, answer in numbers")
+    an.add_argument("space", help="a space file with an [answer] table (spaces/questions/)")
+    an.add_argument("--out", help="report folder (default reports/<space name>)")
+    an.add_argument("--run-dir", help="run folder (default runs/<time>-<space name>)")
+    an.add_argument("--quiet", action="store_true", help="no progress bar")
+    an.set_defaults(func=_answer)
 
     sc = sub.add_parser("schema", help="JSON Schema of space or design files, for editors")
     sc.add_argument("kind", choices=["space", "design"])

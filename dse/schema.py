@@ -63,6 +63,10 @@ def space_schema() -> dict:
                  "additionalProperties": {"enum": list(DIRECTIONS)}, "minProperties": 1}]},
             "constraints": {"type": "object", "propertyNames": {"enum": list(NUMERIC_METRICS)},
                             "additionalProperties": bound},
+            "answer": {"type": "object", "required": ["analysis"],
+                       "description": "a worked question: the analysis (module of dse/questions) "
+                                      "and its parameters",
+                       "properties": {"analysis": {"type": "string"}}},
         },
         "required": ["objectives"],
     }

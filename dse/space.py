@@ -33,7 +33,7 @@ from dse.perf import METRICS, Batch
 
 NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))
 DIRECTIONS = ("minimize", "maximize")
-TOP_KEYS = ("question", "name", "parameters", "objectives", "constraints", *SECTIONS)
+TOP_KEYS = ("question", "name", "parameters", "objectives", "constraints", "answer", *SECTIONS)
 STRING_VALUED = {"accelerator.id", "topology.id", "model.id", "model.weight_dtype", "model.kv_dtype",
                  "workload.phase", "cost.mode"}
 
@@ -79,6 +79,7 @@ class Space:
     objectives: tuple
     constraints: tuple
     digest: str
+    answer: dict | None = None   # [answer]: the analysis of a worked question (dse.questions)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -129,7 +130,7 @@ class Space:
         if structural:
             codes = [pd.factorize(vals[p.path])[0] for p in structural]
             key = np.ravel_multi_index(codes, [c.max() + 1 for c in codes])
-            uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+            _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         else:
             first, inverse = np.array([0]), np.zeros(n, np.int64)
         combos = tuple(tuple(np.asarray(vals[p.path], dtype=object)[first].tolist())
@@ -298,12 +299,21 @@ def load_space(path: str) -> Space:
                              hint=f"set it in [{need.split('.')[0]}] or in [parameters]")
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
     space = Space(path, doc.get("name") or Path(path).stem, doc.get("question", ""), base,
-                  tuple(params), objectives, constraints, digest)
+                  tuple(params), objectives, constraints, digest, _answer(doc.get("answer"), path))
     if space.size == 0:
         raise InputError("the space is empty", file=path, hint="every parameter needs a value")
     # resolve one design to catch bad values (unknown ids in lists, negative numbers) now
     _check_values(space)
     return space
+
+
+def _answer(spec, file: str) -> dict | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or not isinstance(spec.get("analysis"), str):
+        raise InputError("[answer] needs analysis = \"NAME\"", file=file, where="answer",
+                         hint="the name of a module of dse/questions, e.g. \"fast-mode\"")
+    return dict(spec)
 
 
 def _check_values(space: Space) -> None:

@@ -1,0 +1,177 @@
+"""Worked questions: a space file with an ``[answer]`` table, searched, reported and answered.
+
+    [answer]
+    analysis = "fast-mode"      # the module dse/questions/fast_mode.py
+    speedup = 2.5               # anything else is passed to the analysis as ``ctx.params``
+
+``dse answer SPACE [--out OUT]`` runs the space (exhaustive when it fits, like ``dse run``), writes
+the Pareto report into ``OUT`` (default ``reports/<space name>``) and then the analysis's answer:
+``OUT/README.md`` (the answer in numbers at the top, then the method and tables),
+``OUT/answer.json`` (the headline numbers) and the analysis's figures; the answer is also put at
+the top of ``OUT/index.html`` and ``OUT/summary.md``. Every number comes from the model: the run's
+front, or designs of the same space scored again (``ctx.score``) with the same scorer.
+
+An analysis module defines ``answer(ctx: Context) -> Answer``.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dse.errors import InputError, suggest
+from dse.perf import score_chunked
+
+QUESTIONS_DIR = Path(__file__).resolve().parents[2] / "spaces" / "questions"
+
+
+@dataclass
+class Answer:
+    headline: str                                   # Markdown: the answer, in numbers
+    details: str = ""                               # Markdown: method, tables, caveats
+    numbers: dict = field(default_factory=dict)     # the headline figures (JSON-able)
+    figures: list = field(default_factory=list)     # file names written under ctx.out
+
+
+@dataclass
+class Context:
+    space: object                 # dse.space.Space
+    run_dir: Path
+    out: Path
+    params: dict
+    front: pd.DataFrame           # the run's front.csv
+
+    def values(self, index=None) -> pd.DataFrame:
+        """Parameter values of designs of the space (all of them by default), with design_id."""
+        idx = np.arange(self.space.size, dtype=np.int64) if index is None else \
+            np.asarray(index, dtype=np.int64)
+        df = pd.DataFrame(self.space.values_at(idx))
+        df.insert(0, "design_id", idx)
+        return df
+
+    def score(self, index=None, overrides: dict | None = None, values: dict | None = None) \
+            -> pd.DataFrame:
+        """Every metric of designs of the space (by flat index, all by default, or by explicit
+        parameter ``values``), optionally under ``overrides`` {path: ("set"|"scale", v)}, joined
+        to their parameter values. Float64, the same scorer as every command."""
+        if values is None:
+            df = self.values(index)
+            vals = {p.path: df[p.path].to_numpy() for p in self.space.parameters}
+        else:
+            df = pd.DataFrame(values)
+            vals = {k: np.asarray(v) for k, v in values.items()}
+        b, _ = self.space.batch_from_values(vals, overrides)
+        s = score_chunked(b)
+        for k, v in s.items():
+            df[k] = np.broadcast_to(v, len(df)) if np.ndim(v) else v
+        return df.reset_index(drop=True)
+
+    def param(self, key: str, default=None):
+        return self.params.get(key, default)
+
+    def figure_path(self, name: str) -> Path:
+        return self.out / name
+
+
+def analysis_module(name: str, file: str = ""):
+    mod = re.sub(r"[^a-z0-9_]", "_", str(name).lower())
+    try:
+        m = importlib.import_module(f"dse.questions.{mod}")
+    except ModuleNotFoundError:
+        raise InputError(f"unknown analysis {name!r}", file=file, where="answer.analysis",
+                         hint=suggest(name, available(), "analyses")) from None
+    if not hasattr(m, "answer"):
+        raise InputError(f"dse.questions.{mod} has no answer()", file=file, where="answer.analysis")
+    return m
+
+
+def available() -> list[str]:
+    here = Path(__file__).parent
+    return sorted(p.stem.replace("_", "-") for p in here.glob("*.py") if not p.stem.startswith("_"))
+
+
+def answer_space(space_path: str, out: str | None = None, run_dir: str | None = None,
+                 progress: bool = False) -> Path:
+    """Run the space, write its report and its answer; returns the report folder."""
+    from dse import runs
+    from dse.report import make_report
+    from dse.search import exhaustive
+    from dse.space import load_space
+    space = load_space(space_path)
+    spec = dict(space.answer or {})
+    if "analysis" not in spec:
+        raise InputError("the space has no [answer] analysis", file=space_path, where="answer",
+                         hint='add [answer] analysis = "..." (one of: ' + ", ".join(available()) + ")")
+    mod = analysis_module(spec.pop("analysis"), space_path)
+    if space.size > 10**7:
+        raise InputError(f"the space has {space.size:,} designs", file=space_path,
+                         hint="a worked question should enumerate in minutes: <= 10^7 designs")
+    d = runs.new_run_dir(space.name, run_dir)
+    m = runs.create(d, space, "exhaustive", 0, {"chunk_designs": exhaustive.CHUNK_DESIGNS})
+    exhaustive.run(space, d, m, max_trials=None, budget_s=None, progress=progress)
+    o = Path(out) if out else Path("reports") / space.name
+    make_report(str(d), str(o))
+    front = pd.read_csv(d / "front.csv")
+    ans = mod.answer(Context(space, d, o, spec, front))
+    _write(o, space, ans, d)
+    return o
+
+
+def _write(o: Path, space, ans: Answer, d: Path) -> None:
+    q = space.question.strip()
+    cmd = f"dse answer {_rel(space.file)}"
+    md = (f"# {space.name}\n\n**Question.** {q}\n\n## Answer\n\n{ans.headline.strip()}\n\n"
+          + (f"{ans.details.strip()}\n\n" if ans.details.strip() else "")
+          + "".join(f"![{f}]({f})\n\n" for f in ans.figures)
+          + f"Regenerate: `{cmd}`. The Pareto report of the run is in `index.html` and "
+            f"`summary.md`; its front in `front.csv`.\n")
+    (o / "README.md").write_text(md)
+    (o / "answer.json").write_text(json.dumps(
+        {"space": _rel(space.file), "analysis": space.answer.get("analysis"),
+         "numbers": ans.numbers}, indent=2, default=_json_default) + "\n")
+    summary = o / "summary.md"
+    if summary.is_file():
+        summary.write_text(f"## Answer\n\n{ans.headline.strip()}\n\n(details: README.md)\n\n"
+                           + summary.read_text())
+    page = o / "index.html"
+    if page.is_file():
+        text = page.read_text()
+        block = ("<section id='answer' style='border:2px solid #2a6;padding:0.6em 1em;margin:1em 0'>"
+                 f"<h2>Answer</h2><div style='white-space:pre-wrap'>{html.escape(ans.headline.strip())}"
+                 "</div>" + "".join(f"<img src='data:image/png;base64,{_b64(o / f)}' "
+                                    "style='max-width:48%;margin:4px'>" for f in ans.figures
+                                    if f.endswith(".png") and (o / f).is_file())
+                 + "</section>")
+        i = text.find("<body>")
+        text = text[:i + 6] + block + text[i + 6:] if i >= 0 else block + text
+        page.write_text(text)
+
+
+def _b64(path: Path) -> str:
+    import base64
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def _rel(path: str) -> str:
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
+
+
+def _json_default(v):
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return float(v)
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    return str(v)
