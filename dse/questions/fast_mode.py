@@ -1,0 +1,254 @@
+"""What does a "fast mode" cost? The price multiple of serving at ``speedup`` x the tokens/s/user.
+
+The space is one model on one rack: layouts (tp x attention-dp x ep) x a log grid of batch sizes.
+Every admissible design (feasible, within the space's constraints) is scored again in float64
+(``ctx.score``). The *baseline* is the cheapest design ($/Mtok output) that streams at least
+``baseline_min_tokens_per_s_per_user`` (the normal offering; 0 means the unconstrained cost
+optimum); the *fast mode* is the cheapest design with at least ``speedup`` x the baseline's
+tokens/s/user. The answer is the ratio of their $/Mtok output, the designs behind both, and the
+same multiple for the ``speedups`` table, from the baseline and from the unconstrained optimum.
+
+This module also holds the small helpers the other worked questions of the issue share
+(``admissible``, ``md_table``, ``describe``, ``pyplot``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dse import pareto
+from dse.questions import Answer, Context
+
+COST = "usd_per_mtok_output"
+SPEED = "output_tokens_per_s_per_user"
+LAYOUT = {"layout.tp": "tp", "layout.pp": "pp", "layout.dp": "dp", "layout.ep": "ep",
+          "workload.concurrency": "batch"}
+
+
+# ---------------------------------------------------------------- helpers shared by the questions
+
+def admissible(ctx: Context, df: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every design of the space scored in float64 (or ``df``), kept when feasible, within the
+    space's constraints and with finite objectives: the designs the run's front is taken from."""
+    df = ctx.score() if df is None else df
+    ok = pareto.admissible(df, ctx.space.objectives, ctx.space.constraints)
+    return df[ok].reset_index(drop=True)
+
+
+def front_of(df: pd.DataFrame, x: str = SPEED, y: str = COST) -> pd.DataFrame:
+    """The designs of ``df`` no other beats on both higher ``x`` and lower ``y``, sorted by x."""
+    F = np.column_stack([-df[x].to_numpy(float), df[y].to_numpy(float)])
+    return df[pareto.nondominated(F)].sort_values(x).reset_index(drop=True)
+
+
+def describe(row, extra: tuple = ()) -> str:
+    """``design 985: model=..., tp=1, dp=16, ep=16, batch=8192`` from the parameter columns present."""
+    parts = []
+    for col in row.index:
+        if col in LAYOUT:
+            parts.append(f"{LAYOUT[col]}={int(row[col])}")
+        elif col in ("model.id", "accelerator.id", "topology.id"):
+            parts.append(f"{col.split('.')[0]}={row[col]}")
+    parts += [f"{c}={fmt(row[c])}" for c in extra]
+    return f"design {int(row['design_id'])} ({', '.join(parts)})"
+
+
+def fmt(v, digits: int = 3) -> str:
+    """A number with ``digits`` significant digits, thousands separated when large."""
+    if isinstance(v, (str, bool, np.bool_)):
+        return str(v)
+    v = float(v)
+    if not np.isfinite(v):
+        return str(v)
+    if abs(v) >= 10 ** digits:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}"
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    """A Markdown table; numbers go through ``fmt``."""
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for r in rows:
+        out.append("| " + " | ".join(v if isinstance(v, str) else fmt(v) for v in r) + " |")
+    return "\n".join(out)
+
+
+def pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save(fig, ctx: Context, name: str) -> str:
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(ctx.figure_path(name))
+    pyplot().close(fig)
+    return name
+
+
+# ---------------------------------------------------------------- the fast-mode question
+
+def cheapest(df: pd.DataFrame, min_speed: float):
+    """The cheapest design streaming at least ``min_speed`` tokens/s/user (None if none does)."""
+    ok = df[df[SPEED] >= min_speed * (1.0 - 1e-12)]
+    return None if ok.empty else ok.loc[ok[COST].idxmin()]
+
+
+def multiple(df: pd.DataFrame, base, speedup: float):
+    fast = cheapest(df, speedup * base[SPEED])
+    return fast, (np.nan if fast is None else fast[COST] / base[COST])
+
+
+def speedup_for(df: pd.DataFrame, base, price_multiple: float):
+    """The fastest design whose $/Mtok output is at most ``price_multiple`` x the baseline's."""
+    ok = df[df[COST] <= price_multiple * base[COST]]
+    return ok.loc[ok[SPEED].idxmax()]
+
+
+def _figure_front(ctx, df, front, base, fast, opt, speedup) -> str:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 5), dpi=110)
+    ax.scatter(df[SPEED], df[COST], s=5, c="#cccccc", label="admissible designs")
+    ax.plot(front[SPEED], front[COST], "-o", ms=3, c="#d62728", lw=1,
+            label="front: cheapest at each speed")
+    ax.scatter([opt[SPEED]], [opt[COST]], s=90, marker="s", facecolors="none", edgecolors="k",
+               label=f"cost optimum (batch {int(opt['workload.concurrency'])})")
+    ax.scatter([base[SPEED]], [base[COST]], s=120, marker="*", c="#1f77b4", zorder=5,
+               label=f"baseline (batch {int(base['workload.concurrency'])})")
+    if fast is not None:
+        ax.scatter([fast[SPEED]], [fast[COST]], s=120, marker="*", c="#ff7f0e", zorder=5,
+                   label=f"fast mode {speedup:g}x (batch {int(fast['workload.concurrency'])})")
+    ax.axvline(speedup * base[SPEED], c="#ff7f0e", ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("output tokens/s per user")
+    ax.set_ylabel("$ per million output tokens")
+    ax.set_title("fast mode: cost vs interactivity")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper left")
+    return save(fig, ctx, "fast-mode-front.png")
+
+
+def _figure_multiple(ctx, df, bases: dict, speedups) -> str:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for label, base in bases.items():
+        top = df[SPEED].max() / base[SPEED]
+        xs = np.geomspace(1.0, max(top, 1.0), 200)
+        ys = [multiple(df, base, x)[1] for x in xs]
+        ax.plot(xs, ys, label=label)
+    ax.scatter(speedups, [multiple(df, next(iter(bases.values())), x)[1] for x in speedups],
+               c="k", s=15, zorder=5)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("speedup: tokens/s/user over the baseline's")
+    ax.set_ylabel("price multiple ($/Mtok output over the baseline's)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return save(fig, ctx, "fast-mode-multiple.png")
+
+
+def answer(ctx: Context) -> Answer:
+    speedup = float(ctx.param("speedup", 2.5))
+    floor_tps = float(ctx.param("baseline_min_tokens_per_s_per_user", 0.0))
+    speedups = [float(x) for x in ctx.param("speedups", [1.5, 2.0, 2.5, 3.0, 4.0])]
+    ref_mult = float(ctx.param("reference_multiple", 6.0))
+    df = admissible(ctx)
+    opt = cheapest(df, 0.0)
+    base = cheapest(df, floor_tps)
+    if base is None:
+        return Answer(f"- no admissible design streams {floor_tps:g} tokens/s/user or more")
+    fast, mult = multiple(df, base, speedup)
+    bought = speedup_for(df, base, ref_mult)
+    front = front_of(df)
+    bases = {f"baseline: cheapest at >= {floor_tps:g} tok/s/user": base,
+             "baseline: unconstrained cost optimum": opt}
+    figs = [_figure_front(ctx, df, front, base, fast, opt, speedup),
+            _figure_multiple(ctx, df, bases, speedups)]
+    cols = ("bound", "ttft_s", "output_tokens_per_s_per_rack")
+
+    if fast is None:
+        head = (f"- no admissible design reaches {speedup:g}x the baseline's "
+                f"{base[SPEED]:.1f} tokens/s/user (max {df[SPEED].max():.1f})")
+    else:
+        head = "\n".join([
+            f"- **Fast mode costs {mult:.2f}x** the normal price per output token: "
+            f"${fast[COST]:.3f}/Mtok vs ${base[COST]:.3f}/Mtok.",
+            f"- Normal (baseline): {base[SPEED]:.1f} tokens/s/user at ${base[COST]:.3f}/Mtok "
+            f"output, batch {int(base['workload.concurrency']):,} sequences per instance "
+            f"(tp={int(base['layout.tp'])}, dp={int(base['layout.dp'])}, ep={int(base['layout.ep'])}), "
+            f"{base['output_tokens_per_s_per_rack']:,.0f} output tokens/s per rack.",
+            f"- Fast ({speedup:g}x, >= {speedup * base[SPEED]:.1f} tokens/s/user): "
+            f"{fast[SPEED]:.1f} tokens/s/user at ${fast[COST]:.3f}/Mtok output, batch "
+            f"{int(fast['workload.concurrency']):,} (tp={int(fast['layout.tp'])}, "
+            f"dp={int(fast['layout.dp'])}, ep={int(fast['layout.ep'])}), "
+            f"{fast['output_tokens_per_s_per_rack']:,.0f} output tokens/s per rack "
+            f"(batch {base['workload.concurrency'] / fast['workload.concurrency']:.1f}x smaller).",
+            f"- From the unconstrained cost optimum ({opt[SPEED]:.1f} tokens/s/user, "
+            f"${opt[COST]:.3f}/Mtok, batch {int(opt['workload.concurrency']):,}) "
+            f"{speedup:g}x the speed costs {multiple(df, opt, speedup)[1]:.2f}x.",
+            f"- Conversely, {ref_mult:g}x the baseline's price buys at most "
+            f"{bought[SPEED] / base[SPEED]:.2f}x its speed ({bought[SPEED]:.1f} tokens/s/user, "
+            f"batch {int(bought['workload.concurrency']):,}).",
+        ])
+    rows = []
+    for x in speedups:
+        f1, m1 = multiple(df, base, x)
+        f0, m0 = multiple(df, opt, x)
+        rows.append([f"{x:g}x", m1, "-" if f1 is None else f1[SPEED],
+                     "-" if f1 is None else f"{int(f1['workload.concurrency']):,}",
+                     m0, "-" if f0 is None else f0[SPEED],
+                     "-" if f0 is None else f"{int(f0['workload.concurrency']):,}"])
+    table = md_table(["speedup", f"multiple (from >= {floor_tps:g} tok/s/user)", "tok/s/user",
+                      "batch", "multiple (from cost optimum)", "tok/s/user", "batch"], rows)
+    details = f"""## Method
+
+- Space: {ctx.space.size:,} designs ({', '.join(p.path for p in ctx.space.parameters)}); \
+{len(df):,} are admissible (feasible: weights and KV fit, ep divides tp*dp, batch within the \
+runtime's per-rank limit; and {', '.join(f'{c.metric} <= {c.max:g}' for c in ctx.space.constraints if c.max is not None) or 'no constraint'}), \
+scored again in float64 with the run's scorer.
+- Baseline: the cheapest `{COST}` among designs with `{SPEED}` >= {floor_tps:g} \
+(the normal offering, a typical public-API streaming speed; `baseline_min_tokens_per_s_per_user` \
+in [answer]): {describe(base, cols)}.
+- Fast mode: the cheapest `{COST}` among designs with `{SPEED}` >= {speedup:g} x the baseline's: \
+{'none' if fast is None else describe(fast, cols)}.
+- Unconstrained cost optimum (cheapest admissible design): {describe(opt, cols)}.
+- What {ref_mult:g}x the price buys (`reference_multiple` in [answer]): the fastest design with \
+`{COST}` <= {ref_mult:g} x the baseline's: {describe(bought, cols)}.
+- Multiple = fast $/Mtok output / baseline $/Mtok output. Batches are a grid of 4 points per \
+doubling, so a speed target is met by the next grid point above it (the multiple is slightly \
+pessimistic). Costs are the space's cost mode (ownership by default), decode share only.
+- The reference point (podcast [P 00:00], `shared/reference/podcast.md` 1.0): fast modes are \
+said to charge about 6x for about 2.5x the streaming speed. In this model the batch trade-off \
+alone costs much less than that at 2.5x; the price of a fast mode covers more than the lost \
+batch (speculative decoding is not modelled here, nor is headroom for bursts at small batch).
+
+## Price multiple for other speedups
+
+{table}
+
+bound: 0 compute, 1 memory, 2 network, 3 capacity (decode step).
+"""
+    numbers = {"speedup": speedup, "baseline_min_tokens_per_s_per_user": floor_tps,
+               "multiple": mult,
+               "baseline": _numbers(base), "fast": None if fast is None else _numbers(fast),
+               "cost_optimum": _numbers(opt),
+               "reference_multiple": ref_mult,
+               "speedup_at_reference_multiple": float(bought[SPEED] / base[SPEED]),
+               "multiple_from_cost_optimum": multiple(df, opt, speedup)[1],
+               "table": {f"{x:g}": {"multiple": multiple(df, base, x)[1],
+                                    "multiple_from_cost_optimum": multiple(df, opt, x)[1]}
+                         for x in speedups}}
+    return Answer(head, details, numbers, figs)
+
+
+def _numbers(row) -> dict:
+    return {"design_id": int(row["design_id"]), "usd_per_mtok_output": float(row[COST]),
+            "output_tokens_per_s_per_user": float(row[SPEED]),
+            "output_tokens_per_s_per_rack": float(row["output_tokens_per_s_per_rack"]),
+            "batch": int(row["workload.concurrency"]), "tp": int(row["layout.tp"]),
+            "dp": int(row["layout.dp"]), "ep": int(row["layout.ep"]),
+            "ttft_s": float(row["ttft_s"]), "tpot_s": float(row["tpot_s"])}
