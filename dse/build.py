@@ -38,6 +38,11 @@ DEFAULTS: dict[str, object] = {
     "layout.tp": 1, "layout.pp": 1, "layout.ep": 1, "layout.dp": 1,
     "workload.isl": 1024, "workload.osl": 256, "workload.concurrency": 1,
     "workload.prefix_hit_fraction": 0.0, "workload.phase": "both",
+    # disaggregated serving: a prefill pool with its own layout (0: the decode layout's value)
+    # and batch, and the prefill chips per decode chip (0: as many as keep the decodes fed)
+    "serving.mode": "aggregated", "serving.prefill_chip_ratio": 0.0,
+    "layout.prefill_tp": 0, "layout.prefill_pp": 0, "layout.prefill_ep": 0, "layout.prefill_dp": 0,
+    "workload.prefill_concurrency": 1,
     # serving runtime: dse/catalog/serving.toml (sources there)
     **{f"serving.{k}": v for k, v in catalog.serving_defaults().items()},
     # cost: ownership over 4 years, PUE 1.3, $0.08/kWh (industrial US average, estimate)
@@ -46,8 +51,9 @@ DEFAULTS: dict[str, object] = {
 }
 PHASES = {"both": 0, "prefill": 1, "decode": 2}
 COST_MODES = ("ownership", "rental")
+SERVING_MODES = {"aggregated": 0.0, "disaggregated": 1.0}
 STRING_PATHS = {"accelerator.id", "topology.id", "model.id", "model.weight_dtype", "model.kv_dtype",
-                "workload.phase", "cost.mode"}
+                "workload.phase", "cost.mode", "serving.mode"}
 # paths whose value must be > 0 (the rest must be >= 0)
 POSITIVE_HINT = "a positive number"
 
@@ -220,8 +226,9 @@ def _check_values(out: pd.DataFrame, file, names, alias):
         v = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float)
         if col.startswith("accelerator.peak_flops_per_s.") and not col.endswith(".bf16"):
             v = np.where(np.isnan(v), 1.0, v)
-        zero_ok = col.startswith(("model.", "accelerator.efficiency.")) or col in (
-            "workload.prefix_hit_fraction", "topology.scaleup_base_latency_s",
+        zero_ok = col.startswith(("model.", "accelerator.efficiency.", "layout.prefill_")) or col in (
+            "workload.prefix_hit_fraction", "serving.prefill_chip_ratio",
+            "topology.scaleup_base_latency_s",
             "topology.scaleup_hop_latency_s", "topology.scaleout_latency_s")
         bad = np.isnan(v) | (v < 0) | ((v == 0) & (not zero_ok))
         if bad.any():
@@ -234,7 +241,7 @@ def _check_values(out: pd.DataFrame, file, names, alias):
         if (v > 1).any():
             fail(col, int(np.flatnonzero(v > 1)[0]), "is not valid: a fraction must be <= 1")
     for col, allowed in (("model.weight_dtype", DTYPES), ("workload.phase", tuple(PHASES)),
-                         ("cost.mode", COST_MODES)):
+                         ("cost.mode", COST_MODES), ("serving.mode", tuple(SERVING_MODES))):
         bad = ~out[col].isin(allowed)
         if bad.any():
             i = int(np.flatnonzero(bad.to_numpy())[0])
@@ -245,11 +252,17 @@ def _check_values(out: pd.DataFrame, file, names, alias):
         fail("model.kv_dtype", int(np.flatnonzero(bad.to_numpy())[0]),
              "is not valid: " + suggest(kv[bad].iloc[0], DTYPES, "one of"))
     for col in ("layout.tp", "layout.pp", "layout.ep", "layout.dp", "workload.isl", "workload.osl",
-                "topology.scaleup.domain_chips"):
+                "topology.scaleup.domain_chips", "workload.prefill_concurrency"):
         v = out[col].to_numpy(dtype=float)
         bad = (v != np.round(v)) | (v < 1)
         if bad.any():
             fail(col, int(np.flatnonzero(bad)[0]), "is not valid: must be a whole number >= 1")
+    for col in ("layout.prefill_tp", "layout.prefill_pp", "layout.prefill_ep", "layout.prefill_dp"):
+        v = out[col].to_numpy(dtype=float)
+        bad = (v != np.round(v)) | (v < 0)
+        if bad.any():
+            fail(col, int(np.flatnonzero(bad)[0]),
+                 "is not valid: a whole number >= 1, or 0 for the decode layout's value")
 
 
 def lookup(values, mapping: dict, default=np.nan) -> np.ndarray:
@@ -350,6 +363,11 @@ def to_batch(out, compact: bool = False) -> Batch:
         "tp_bw_fraction": topo["tp"], "ffn_bw_fraction": topo["ffn"], "a2a_bw_fraction": topo["a2a"],
         "rack_chips": f("topology.rack_chips"),
         "tp": f("layout.tp"), "pp": f("layout.pp"), "ep": f("layout.ep"), "dp": f("layout.dp"),
+        "disaggregated": lookup(out["serving.mode"], SERVING_MODES).astype(float),
+        **{f"prefill_{k}": np.where(f(f"layout.prefill_{k}") > 0, f(f"layout.prefill_{k}"),
+                                    f(f"layout.{k}")) for k in ("tp", "pp", "ep", "dp")},
+        "prefill_concurrency": f("workload.prefill_concurrency"),
+        "prefill_chip_ratio": f("serving.prefill_chip_ratio"),
         "isl": f("workload.isl"), "osl": f("workload.osl"),
         "concurrency": f("workload.concurrency"),
         "prefix_hit_fraction": f("workload.prefix_hit_fraction"),

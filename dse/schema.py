@@ -5,12 +5,10 @@
 
 from __future__ import annotations
 
+from dse.build import STRING_PATHS as STRINGS
 from dse.build import settable_paths
 from dse.design import SECTIONS
 from dse.space import DIRECTIONS, NUMERIC_METRICS
-
-STRINGS = {"accelerator.id", "topology.id", "model.id", "model.weight_dtype", "model.kv_dtype",
-           "workload.phase", "cost.mode"}
 
 
 def _sections() -> dict:

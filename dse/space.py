@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.build import DERIVED, FEEDERS, derive_system, resolve, settable_paths, to_batch
+from dse.build import DERIVED, FEEDERS, STRING_PATHS, derive_system, resolve, settable_paths, to_batch
 from dse.design import SECTIONS, flatten, read_toml
 from dse.errors import InputError, suggest
 from dse.perf import METRICS, Batch
@@ -34,8 +34,7 @@ from dse.perf import METRICS, Batch
 NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))
 DIRECTIONS = ("minimize", "maximize")
 TOP_KEYS = ("question", "name", "parameters", "objectives", "constraints", "answer", *SECTIONS)
-STRING_VALUED = {"accelerator.id", "topology.id", "model.id", "model.weight_dtype", "model.kv_dtype",
-                 "workload.phase", "cost.mode"}
+STRING_VALUED = STRING_PATHS
 
 
 @dataclass(frozen=True)

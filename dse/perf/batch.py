@@ -65,6 +65,14 @@ FIELDS: dict[str, str] = {
     "pp": "pipeline stages",
     "ep": "expert parallel degree (divides tp*dp)",
     "dp": "attention data parallel degree",
+    # --- disaggregated serving: a prefill pool feeding the decode instances above ---
+    "disaggregated": "1: prefill and decode run on separate pools, 0: aggregated",
+    "prefill_tp": "tensor parallel degree of a prefill instance",
+    "prefill_pp": "pipeline stages of a prefill instance",
+    "prefill_ep": "expert parallel degree of a prefill instance",
+    "prefill_dp": "attention data parallel degree of a prefill instance",
+    "prefill_concurrency": "prompts a prefill instance batches per step",
+    "prefill_chip_ratio": "prefill chips per decode chip (0: as many as keep the decodes fed)",
     # --- workload and serving ---
     "isl": "input tokens per request",
     "osl": "output tokens per request",

@@ -153,7 +153,90 @@ def _steps(b: Batch, breakdown: bool, load):
 
 
 def score(b: Batch, breakdown: bool = False):
-    """Score every row. Returns a dict of metric arrays (and the Breakdown when asked)."""
+    """Score every row. Returns a dict of metric arrays (and the Breakdown when asked).
+
+    Rows with ``disaggregated = 1`` are a decode instance (decode-only steps) fed by a pool of
+    prefill instances with their own layout: see ``_disaggregated``."""
+    dis = b.disaggregated > 0
+    if not np.any(dis):
+        return _instance(b, breakdown)
+    out = _disaggregated(b, breakdown)
+    if np.all(dis):
+        return out
+    agg = _instance(b, breakdown)
+    if not breakdown:
+        return {k: np.where(dis, out[k], agg[k]) for k in agg}
+    m = {k: np.where(dis, out[0][k], agg[0][k]) for k in agg[0]}
+    return m, Breakdown(*(_pick(dis, getattr(out[1], f), getattr(agg[1], f))
+                          for f in ("decode", "mixed", "prefill")))
+
+
+def _pick(mask, a, b):
+    if isinstance(a, StepTimes):
+        return StepTimes(*(np.where(mask, x, y) for x, y in zip(
+            (a.compute_s, a.memory_s, a.network_s, a.op_s, a.overhead_s, a.total_s),
+            (b.compute_s, b.memory_s, b.network_s, b.op_s, b.overhead_s, b.total_s))))
+    return np.where(mask, a, b)
+
+
+def _disaggregated(b: Batch, breakdown: bool):
+    """A decode instance (``tp, pp, ep, dp``; ``concurrency`` sequences; decode steps only) and
+    its share of a prefill pool (instances of ``prefill_tp, ...`` chips that prefill
+    ``prefill_concurrency`` prompts per step), ``prefill_chip_ratio`` prefill chips per decode
+    chip (0: the ratio at which the prefill pool exactly keeps the decodes fed).
+
+    The system serves the smaller of the two pools' request rates; the decode instance keeps its
+    ``concurrency`` (its TPOT is the decode-only step at that batch: an upper bound when prefill is
+    the bottleneck). TTFT = half a prefill pass of waiting + the prefill pass + moving the prompt's
+    KV cache to the decode instance (over the scale-up domain when both instances fit in one,
+    else over scale-out). Output tokens pay for the decode pool, input tokens for the prefill pool.
+    """
+    dec = _instance(b.replace(phase=2.0), breakdown)
+    pre_b = b.replace(phase=1.0, tp=b.prefill_tp, pp=b.prefill_pp, ep=b.prefill_ep,
+                      dp=b.prefill_dp, concurrency=b.prefill_concurrency)
+    pre = _instance(pre_b, breakdown)
+    (dm, dsteps), (pm, psteps) = (dec, pre) if breakdown else ((dec, None), (pre, None))
+    chips_d = b.tp * b.pp * b.dp
+    chips_p = b.prefill_tp * b.prefill_pp * b.prefill_dp
+    osl = b.osl
+    need = dm["output_tokens_per_s_per_chip"] / osl          # requests/s a decode chip takes
+    give = pm["output_tokens_per_s_per_chip"]                # requests/s a prefill chip prefills
+    balanced = need / np.maximum(give, 1e-30)
+    ratio = np.where(b.prefill_chip_ratio > 0, b.prefill_chip_ratio, balanced)
+    req = np.minimum(need, ratio * give)                     # per decode chip
+    per_chip = 1.0 / (1.0 + ratio)
+    out_chip = req * osl * per_chip
+    in_chip = req * b.isl * per_chip
+    # the prompt's KV moves to the decode instance, every chip sending its shard in parallel
+    one_domain = chips_d + chips_p <= b.domain_chips
+    link = np.where(one_domain, b.scaleup_bw_bytes_per_s * b.scaleup_fraction,
+                    b.scaleout_bw_bytes_per_s * b.scaleout_fraction)
+    lat = np.where(one_domain, b.scaleup_latency_s, b.scaleout_latency_s)
+    kv_s = lat + arch.kv_bytes_per_token(b) * b.isl / (link * np.minimum(chips_d, chips_p))
+    ttft = 1.5 * pm["ttft_s"] + kv_s
+    usd_s = dm["usd_per_chip_hour"] / 3600.0
+    bits = dm["reason"] | pm["reason"]
+    m = dict(dm)
+    m.update({
+        "ttft_s": ttft,
+        "output_tokens_per_s_per_chip": out_chip,
+        "input_tokens_per_s_per_chip": in_chip,
+        "output_tokens_per_s_per_instance": req * osl * chips_d,
+        "output_tokens_per_s_per_rack": out_chip * b.rack_chips,
+        "usd_per_mtok_output": usd_s / (req * osl) * 1e6,
+        "usd_per_mtok_input": usd_s * ratio / (req * b.isl) * 1e6,
+        "joules_per_output_token": b.power_w * b.pue / (req * osl),
+        "num_chips": chips_d * (1.0 + ratio),
+        "feasible": bits == 0,
+        "reason": bits,
+    })
+    if not breakdown:
+        return m
+    return m, Breakdown(dsteps.decode, dsteps.mixed, psteps.prefill)
+
+
+def _instance(b: Batch, breakdown: bool = False):
+    """One instance under continuous batching (or a prefill-only / decode-only instance)."""
     c = np.maximum(b.concurrency, 1.0)
     chips = b.tp * b.pp * b.dp
     weights, kv_seq, act, max_c = _memory(b)
