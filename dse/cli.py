@@ -220,11 +220,15 @@ def _compare(a) -> int:
 
 def _whatif(a) -> int:
     from dse.whatif import make_whatif
-    if a.reoptimize:
-        raise InputError("--reoptimize is not available yet",
-                         hint="re-run the space with the change in its base design meanwhile")
-    out = make_whatif(a.dir, a.set, a.scale, a.out)
+    if not a.reoptimize and (a.trials is not None or a.budget):
+        raise InputError("--trials and --budget go with --reoptimize",
+                         hint="add --reoptimize to search again")
+    budget = parse_duration(a.budget) if a.budget else None
+    out = make_whatif(a.dir, a.set, a.scale, a.out, reoptimize=a.reoptimize, trials=a.trials,
+                      budget_s=budget, progress=not a.quiet)
     print(f"wrote {out / 'index.html'}, {out / 'whatif.md'}, {out / 'front.csv'}")
+    if a.reoptimize:
+        print(f"re-optimized run: {out / 'run'} (dse status / report / compare / run --resume)")
     print(out)
     return 0
 
@@ -333,7 +337,18 @@ def build_parser() -> argparse.ArgumentParser:
     wi.add_argument("dir")
     wi.add_argument("--set", action="append", metavar="PATH=VALUE", help="give a field a value")
     wi.add_argument("--scale", action="append", metavar="PATH=FACTOR", help="multiply a field")
-    wi.add_argument("--reoptimize", action="store_true", help="search again (not available yet)")
+    wi.add_argument("--reoptimize", action="store_true",
+                    help="also search the space again with the change, warm-started from the run, "
+                         "into the run folder OUT/run (same strategy, seed and sampler: exhaustive "
+                         "runs give the exact new front; optuna/nested runs start a new study whose "
+                         "first trials are the old front's designs); OUT/front.csv is then the "
+                         "re-optimized front")
+    wi.add_argument("--trials", type=int,
+                    help="with --reoptimize: optuna/nested trials in the new run (default: the "
+                         "run's count, at least the old front's designs); exhaustive: chunks to do "
+                         "now (resume the rest with dse run --resume OUT/run)")
+    wi.add_argument("--budget", help="with --reoptimize: wall time of the search, e.g. 90s, 45m")
+    wi.add_argument("--quiet", action="store_true", help="no progress bar")
     wi.add_argument("--out", help="output folder (default DIR/whatif)")
     wi.set_defaults(func=_whatif)
 

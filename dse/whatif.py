@@ -6,11 +6,18 @@ design is scored before and after with the same model; the designs that stay non
 form the what-if front. The sensitivity table gives, for each accelerator and topology spec,
 the elasticity of each objective across the front for a +-20% change (median of
 ``(f(+20%) - f(-20%)) / (0.4 f)``), drawn as a tornado chart.
+
+``--reoptimize`` also searches the run's space again with the overrides written in, warm-started
+from the run, into a new run folder (``OUT/run``; see ``dse.reoptimize``), and the page adds the
+re-optimized front against the re-scored old front: hypervolumes on one reference point, the
+best of each objective, the designs new on the front and an overlaid plot; ``OUT/front.csv`` is
+then the re-optimized front.
 """
 
 from __future__ import annotations
 
 import html
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -63,22 +70,59 @@ def _objective_table(space, ids, overrides=None) -> pd.DataFrame:
     return df
 
 
-def make_whatif(run_dir: str, sets=None, scales=None, out: str | None = None) -> Path:
-    d = Path(run_dir)
-    m = runs.load_manifest(d)
-    if not (d / "front.csv").is_file():
-        raise InputError("the run has no front.csv yet", file=str(d), hint="run or resume it first")
+def _run_space(d: Path, m: dict):
+    """The run's space: its snapshot in ``inputs/``, else the file it was started from."""
     snapshot = d / "inputs" / Path(m["space_file"]).name
-    space = load_space(str(snapshot if snapshot.is_file() else m["space_file"]))
-    front = pd.read_csv(d / "front.csv")
+    if snapshot.is_file():
+        try:
+            return load_space(str(snapshot))
+        except InputError:
+            if not Path(m["space_file"]).is_file():   # e.g. objectives in a file next to it
+                raise
+    return load_space(str(m["space_file"]))
+
+
+def _read_front(d: Path, space) -> pd.DataFrame:
+    f = d / "front.csv"
+    if not f.is_file():
+        raise InputError("the run has no front.csv yet", file=str(d), hint="run or resume it first")
+    try:
+        front = pd.read_csv(f)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise InputError(f"corrupt front.csv ({type(e).__name__})", file=str(f),
+                         hint="`dse run --resume` rewrites it from the score tables") from None
+    if "design_id" not in front:
+        raise InputError("corrupt front.csv: no design_id column", file=str(f),
+                         hint="`dse run --resume` rewrites it from the score tables")
     if len(front) == 0:
         raise InputError("the run's front is empty", file=str(d), hint="nothing to re-score")
+    ids = pd.to_numeric(front["design_id"], errors="coerce").to_numpy(dtype=float)
+    if not (np.isfinite(ids).all() and (ids == np.round(ids)).all() and (ids >= 0).all()
+            and (ids < space.size).all()):
+        raise InputError("corrupt front.csv: a design_id is not a design of the run's space",
+                         file=str(f), hint="`dse run --resume` rewrites it from the score tables")
+    front["design_id"] = ids.astype(np.int64)
+    return front
+
+
+def make_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
+                reoptimize: bool = False, trials: int | None = None,
+                budget_s: float | None = None, progress: bool = False) -> Path:
+    d = Path(run_dir)
+    m = runs.load_manifest(d)
+    space = _run_space(d, m)
+    front = _read_front(d, space)
     overrides = parse_overrides(sets, scales)
+    o = Path(out) if out else d / "whatif"
+    note = ", ".join(f"{p} {op} {v:g}" for p, (op, v) in overrides.items())
+    if reoptimize:
+        from dse import reoptimize as reopt
+        if trials is not None and trials < 1:
+            raise InputError(f"--trials {trials} must be >= 1")
+        reopt.check(d, m, o)
     ids = front["design_id"].to_numpy(dtype=np.int64)
     before = _objective_table(space, ids)
     after = _objective_table(space, ids, overrides)
-    o = Path(out) if out else d / "whatif"
-    o.mkdir(parents=True, exist_ok=True)
     moved = front.copy()
     for ob in space.objectives:
         moved[f"{ob.metric}_before"] = before[ob.metric]
@@ -87,9 +131,17 @@ def make_whatif(run_dir: str, sets=None, scales=None, out: str | None = None) ->
     ok = after["feasible"].to_numpy()
     F = pareto.objective_matrix(moved[ok], space.objectives)
     new_front = moved[ok][pareto.nondominated(F)] if ok.any() else moved.iloc[:0]
-    runs.write_front(o, new_front, space.objectives, [p.path for p in space.parameters])
+    res = None
+    if reoptimize:
+        o.mkdir(parents=True, exist_ok=True)
+        res = reopt.reoptimize(d, m, space, front, overrides, o, note, trials=trials,
+                               budget_s=budget_s, progress=progress)
+        shutil.copyfile(res["run_dir"] / "front.csv", o / "front.csv")
+    else:
+        o.mkdir(parents=True, exist_ok=True)
+        runs.write_front(o, new_front, space.objectives, [p.path for p in space.parameters])
     sens = sensitivities(space, ids)
-    _write(o, space, overrides, moved, new_front, ok, sens)
+    _write(o, space, overrides, moved, new_front, ok, sens, res)
     return o
 
 
@@ -108,7 +160,79 @@ def sensitivities(space, ids, step: float = 0.2) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _write(o, space, overrides, moved, new_front, ok, sens):
+def _fmt(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and not np.isfinite(v)) else f"{v:.4g}"
+
+
+def _reopt_lines(res: dict, space) -> list[str]:
+    st, objs = res["status"], space.objectives
+    hv_o, hv_n = res["hv_rescored"], res["hv_reoptimized"]
+    gain = f" ({(hv_n / hv_o - 1) * 100:+.1f}%)" if hv_o > 0 else ""
+    how = ("exhaustive: the exact new front" if res["strategy"] == "exhaustive" else
+           f"{res['strategy']}: a new study whose first {res['warm_start_trials']} trials were "
+           "the old front's designs")
+    lines = ["", "## Re-optimized with the change", "",
+             f"- new run: `{res['run_dir']}` ({how}); {st['state']}, "
+             f"{st['trials_completed']:,} trials, {st['designs_scored']:,} designs scored in "
+             f"{res['elapsed_s']:.1f} s",
+             f"- front: {len(res['old_front'])} designs re-scored -> {len(res['new_front'])} "
+             f"re-optimized; {len(res['new'])} of them are new designs",
+             f"- hypervolume (one reference point, objectives scaled by the union's range): "
+             f"re-scored old front {hv_o:.4g}, re-optimized front {hv_n:.4g}{gain}", "",
+             "| objective | best on the original front | best re-scored | best re-optimized "
+             "| change |", "|---|---|---|---|---|"]
+    for b in res["best"]:
+        ch = (b["reoptimized"] / b["rescored"] - 1) * 100 if b["rescored"] else float("nan")
+        lines.append(f"| {b['direction']} {b['metric']} | {_fmt(b['original'])} | "
+                     f"{_fmt(b['rescored'])} | {_fmt(b['reoptimized'])} | "
+                     + (f"{ch:+.1f}% |" if np.isfinite(ch) else "- |"))
+    params = [p.path for p in space.parameters if p.path not in res["added"]]
+    if len(res["new"]):
+        lines += ["", "### Designs new on the front" + (" (first 20)" if len(res["new"]) > 20
+                                                          else ""), "",
+                  "| " + " | ".join(params + [o.metric for o in objs]) + " |",
+                  "|---" * (len(params) + len(objs)) + "|"]
+        for _, r in res["new"].head(20).iterrows():
+            lines.append("| " + " | ".join([str(r[p]) for p in params] +
+                                           [_fmt(float(r[o.metric])) for o in objs]) + " |")
+    return lines
+
+
+def _reopt_plot(o: Path, res: dict, space) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    objs = space.objectives
+    pairs = [(0, 1)] + ([(0, 2)] if len(objs) > 2 else []) if len(objs) > 1 else []
+    fig, axes = plt.subplots(1, max(1, len(pairs)), figsize=(6 * max(1, len(pairs)), 4.5),
+                             dpi=110, squeeze=False)
+    for ax, (i, j) in zip(axes[0], pairs or [(0, 0)]):
+        for df, kw in ((res["original"], dict(c="#bbbbbb", marker="o", s=14,
+                                              label="original front (before the change)")),
+                       (res["old_front"], dict(c="#ff7f0e", marker="x", s=30,
+                                               label="old front re-scored")),
+                       (res["new_front"], dict(c="#1f77b4", marker="o", s=16, alpha=0.8,
+                                               label="re-optimized front"))):
+            if len(df):
+                ax.scatter(df[objs[i].metric], df[objs[j].metric], **kw)
+        ax.set_xlabel(f"{objs[i].metric} ({objs[i].direction})")
+        ax.set_ylabel(f"{objs[j].metric} ({objs[j].direction})")
+        for k, setter in ((i, ax.set_xscale), (j, ax.set_yscale)):
+            v = np.concatenate([np.asarray(df[objs[k].metric], float) for df in
+                                (res["original"], res["old_front"], res["new_front"]) if len(df)])
+            if len(v) and (v > 0).all() and v.max() / v.min() > 20:
+                setter("log")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("re-optimized vs re-scored old front")
+    fig.tight_layout()
+    f = o / "reoptimized.png"
+    fig.savefig(f)
+    plt.close(fig)
+    return f
+
+
+def _write(o, space, overrides, moved, new_front, ok, sens, res=None):
     lines = [f"# What if: {space.name}", "",
              "Overrides: " + ", ".join(f"{p} {op} {v:g}" for p, (op, v) in overrides.items()), "",
              f"- front designs re-scored: {len(moved)}; still feasible: {int(ok.sum())}; "
@@ -117,6 +241,8 @@ def _write(o, space, overrides, moved, new_front, ok, sens):
         ch = moved[f"{ob.metric}_change"]
         lines.append(f"- {ob.metric}: median change {np.nanmedian(ch) * 100:+.1f}% "
                      f"(range {np.nanmin(ch) * 100:+.1f}% to {np.nanmax(ch) * 100:+.1f}%)")
+    if res is not None:
+        lines += _reopt_lines(res, res["space"])
     lines += ["", "## Sensitivity of the front (elasticity for +-20%, median over the front)", "",
               "| parameter | " + " | ".join(ob.metric for ob in space.objectives) + " |",
               "|---" * (1 + len(space.objectives)) + "|"]
@@ -138,10 +264,17 @@ def _write(o, space, overrides, moved, new_front, ok, sens):
     fig.savefig(o / "tornado.png")
     plt.close(fig)
     import base64
-    png = base64.b64encode((o / "tornado.png").read_bytes()).decode()
+
+    def img(f):
+        return f"<img src='data:image/png;base64,{base64.b64encode(f.read_bytes()).decode()}'>"
     table = moved.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
+    extra = ""
+    if res is not None:
+        extra = (f"<h2>Re-optimized front vs re-scored old front</h2>{img(_reopt_plot(o, res, res['space']))}"
+                 "<h2>Designs new on the front</h2>" +
+                 res["new"].to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0))
     (o / "index.html").write_text(
         f"<!doctype html><html><head><meta charset='utf-8'><title>what if</title></head>"
         f"<body style='font-family:sans-serif'><pre>{html.escape(chr(10).join(lines))}</pre>"
-        f"<img src='data:image/png;base64,{png}'><h2>Front designs before and after</h2>{table}"
+        f"{img(o / 'tornado.png')}{extra}<h2>Front designs before and after</h2>{table}"
         f"</body></html>")

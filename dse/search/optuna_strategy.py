@@ -217,11 +217,19 @@ def _rotate(study, segment, manifest, d, storage, sampler_name, population, dire
                                                    population),
                               directions=directions, load_if_exists=True)
     if len(front):
-        ids = front["design_id"].to_numpy()[: 2 * population]
-        coords = np.unravel_index(ids.astype(np.int64), space.shape)
-        for row in zip(*[coords[i] for i in outer]):
-            new.enqueue_trial({space.parameters[i].path: int(c) for i, c in zip(outer, row)})
+        enqueue_designs(new, front["design_id"].to_numpy()[: 2 * population], space, outer)
     return new, segment
+
+
+def enqueue_designs(study, ids, space, outer) -> int:
+    """Enqueue the designs ``ids`` (flat grid indices of ``space``) as the study's next trials:
+    their points on the sampled (``outer``) parameters, each distinct point once. Returns how
+    many trials were enqueued."""
+    coords = np.unravel_index(np.asarray(ids, dtype=np.int64), space.shape)
+    points = list(dict.fromkeys(zip(*[coords[i].tolist() for i in outer])))
+    for row in points:
+        study.enqueue_trial({space.parameters[i].path: int(c) for i, c in zip(outer, row)})
+    return len(points)
 
 
 def front_from_study(study, space) -> pd.DataFrame:
@@ -269,6 +277,10 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     study = optuna.create_study(study_name=_segment_name(manifest, segment), storage=storage,
                                 sampler=sampler, directions=directions, load_if_exists=True)
     outer, inner = split_parameters(space, nested)
+    if manifest.get("warm_start") and segment == 0 and not study.get_trials(deepcopy=False):
+        # a new study warm-started from given designs (dse whatif --reoptimize: the base run's
+        # front), enqueued as its first trials; a resume finds them in the study
+        enqueue_designs(study, manifest["warm_start"], space, outer)
     all_dists = distributions(space)
     dists = {space.parameters[i].path: all_dists[space.parameters[i].path] for i in outer}
     inner_grid = (np.array(np.unravel_index(np.arange(int(np.prod([space.shape[i] for i in inner]))),
