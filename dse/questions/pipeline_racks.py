@@ -1,0 +1,249 @@
+"""Pipelining across nodes: when does the scale-out hop stop limiting the step?
+
+How dse models it (``dse/perf/step.py``, ``network.py``, ``serve.py``): with ``pp`` stages the
+batch is split into ``pp`` micro-batches; every stage step of a micro-batch ends with a
+point-to-point hand-off of its tokens' activations (``hidden x 2`` bytes per token, each of the
+``tp`` ranks sending its ``1/tp`` slice) to the next stage: ``latency + bytes / bandwidth`` on the
+scale-out tier when the instance (``tp x dp x pp`` chips) is larger than the scale-up domain. The
+hand-off is its own op (``pipeline``) and is added to the stage step; a token of a sequence
+takes ``pp`` stage steps (TPOT = ``pp`` x the mean stage step).
+
+For every feasible design of the space (pipeline depth x scale-out bandwidth x batch) the
+analysis computes the hop's share of the mean stage step from the per-op breakdown (the
+decode-only and the prompt-carrying steps, weighted as ``serve.score`` weights them), and:
+
+- per bandwidth, the largest batch at which the hop stays under ``hop_share_max`` (the share
+  grows with the batch: the latency is fixed, the bytes grow with the tokens);
+- the scale-out bandwidth at which the hop reaches ``hop_share_max`` for the most exposed
+  design (deepest pipeline, largest batch) and for the cheapest design under the SLO, solved
+  exactly (the hop is affine in 1/bandwidth and nothing else in the step depends on it);
+- the cheapest design under the SLO per pipeline depth and bandwidth (cost, TPOT, hop share).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dse import catalog
+from dse.questions import Answer, Context
+from dse.questions.context_length import admissible, md_table, op_times, param_values
+
+PP = "layout.pp"
+BW = "topology.scaleout.link_bw_bytes_per_s"
+BATCH = "workload.concurrency"
+
+
+def hop_times(ctx: Context, rows: pd.DataFrame, values: dict | None = None) -> pd.DataFrame:
+    """The pipeline hop and the whole mean stage step (seconds) of ``rows``."""
+    vals = values or param_values(ctx, rows)
+    dec = op_times(ctx, vals, "decode")
+    mix = op_times(ctx, vals, "mixed")
+    t_mean = rows["tpot_s"].to_numpy() / rows[PP].to_numpy()
+    spread = mix["total_s"].to_numpy() - dec["total_s"].to_numpy()
+    # the share of steps that carry prompt tokens, as serve.score weighs them
+    w = np.clip((t_mean - dec["total_s"].to_numpy()) / np.where(spread > 0, spread, np.inf), 0, 1)
+    hop = w * mix["pipeline_s"].to_numpy() + (1 - w) * dec["pipeline_s"].to_numpy()
+    return pd.DataFrame({"hop_s": hop, "stage_step_s": t_mean, "hop_share": hop / t_mean},
+                        index=rows.index)
+
+
+def bandwidth_for_share(ctx: Context, row: pd.Series, share: float) -> float:
+    """The scale-out bandwidth (bytes/s per chip) at which ``row``'s hop is ``share`` of its
+    stage step: hop = a + c / bw and the rest of the step does not depend on bw."""
+    bws = np.array([row[BW], 2.0 * row[BW]])
+    vals = {p.path: np.repeat(row[p.path], 2) for p in ctx.space.parameters}
+    vals[BW] = bws
+    sc = ctx.score(values=vals)
+    h = hop_times(ctx, sc, vals)
+    hop, step = h["hop_s"].to_numpy(), h["stage_step_s"].to_numpy()
+    c = (hop[0] - hop[1]) / (1 / bws[0] - 1 / bws[1])
+    a = hop[0] - c / bws[0]
+    rest = step[0] - hop[0]
+    target = share / (1.0 - share) * rest
+    return float(c / (target - a)) if target > a else float("inf")
+
+
+def _max_batch_under(f: pd.DataFrame, share: float) -> pd.DataFrame:
+    """Per (pp, bandwidth): the largest feasible batch whose hop share is under ``share``, and
+    the largest feasible batch at all."""
+    out = []
+    for (pp, bw), g in f.groupby([PP, BW]):
+        under = g[g["hop_share"] < share]
+        out.append({"pp": int(pp), "scaleout_gbit_per_s": bw * 8 / 1e9,
+                    "max_feasible_batch": int(g[BATCH].max()),
+                    "max_batch_hop_under": int(under[BATCH].max()) if len(under) else 0,
+                    "hop_share_at_max_batch": float(g.loc[g[BATCH].idxmax(), "hop_share"])})
+    return pd.DataFrame(out)
+
+
+def _figure(ctx: Context, f: pd.DataFrame, best: pd.DataFrame, share: float) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
+    deep = f[PP].max()
+    ax = axes[0]
+    for bw, g in f[f[PP] == deep].groupby(BW):
+        g = g.sort_values(BATCH)
+        ax.plot(g[BATCH], 100 * g["hop_share"], "o-", ms=3, label=f"{bw * 8 / 1e9:g} Gb/s")
+    ax.axhline(100 * share, color="k", ls="--", lw=0.8, label=f"{100 * share:g}%")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch (concurrent sequences)")
+    ax.set_ylabel("pipeline hop, % of the stage step")
+    ax.set_title(f"pp={int(deep)}: hop share vs batch, per scale-out bandwidth")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    for pp, g in best.groupby(PP):
+        g = g.sort_values(BW)
+        ax.plot(g[BW] * 8 / 1e9, g["usd_per_mtok_output"], "o-", label=f"pp={int(pp)}")
+    ax.set_xscale("log")
+    ax.set_xlabel("scale-out bandwidth per GPU (Gb/s)")
+    ax.set_ylabel("best $ per Mtok output under the SLO")
+    ax.set_title("cheapest design per pipeline depth")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(ctx.figure_path("pipeline-hop.png"))
+    plt.close(fig)
+    return "pipeline-hop.png"
+
+
+def catalog_bw_bytes_per_s(ctx: Context) -> float:
+    """The base design's scale-out bandwidth per chip from the catalog (chip NIC / fabric
+    oversubscription), as dse derives it."""
+    acc = catalog.accelerators()[ctx.space.base["accelerator.id"]]
+    topo_id = ctx.space.base.get("topology.id") or acc.default_topology
+    return acc.scaleout_link_bw_bytes_per_s / catalog.topologies()[topo_id].scaleout_oversubscription
+
+
+def _slo_text(ctx: Context) -> str:
+    return " and ".join(x for c in ctx.space.constraints for x in (
+        f"{c.metric} <= {c.max:g}" if c.max is not None else "",
+        f"{c.metric} >= {c.min:g}" if c.min is not None else "") if x) or "no SLO"
+
+
+def answer(ctx: Context) -> Answer:
+    share = float(ctx.param("hop_share_max", 0.10))
+    df = ctx.score()
+    ok = admissible(ctx, df)
+    slo = _slo_text(ctx)
+    f = df[df["feasible"]].copy()
+    f = f.join(hop_times(ctx, f))
+    deep_pp = int(f[PP].max())
+    worst = f.loc[f[f[PP] == deep_pp]["hop_share"].idxmax()]
+    bw_worst = bandwidth_for_share(ctx, worst, share)
+    sub = f[ok[f.index]]
+    best = sub.loc[sub.groupby([PP, BW])["usd_per_mtok_output"].idxmin()].reset_index(drop=True)
+    ref_bw = catalog_bw_bytes_per_s(ctx)
+    at_ref = best[np.isclose(best[BW], ref_bw)]
+    cheapest = at_ref.loc[at_ref["usd_per_mtok_output"].idxmin()]
+    bw_cheap = bandwidth_for_share(ctx, cheapest, share)
+    limits = _max_batch_under(f, share)
+    net_bound = int((f["bound"] == 2).sum())
+    lo_bw = float(f[BW].min())
+    per_bw = best.groupby(BW)["usd_per_mtok_output"].min()
+    slow_pct = float(100 * (per_bw.loc[lo_bw] / per_bw.loc[cheapest[BW]] - 1))
+    per_pp = best.pivot_table(index=PP, columns=BW, values="usd_per_mtok_output")
+    pp_pct = 100 * (per_pp[lo_bw] / per_pp[cheapest[BW]] - 1)
+    jump_pp = int(pp_pct.idxmax())
+    jump = best[best[PP] == jump_pp].set_index(BW)
+    no_pp1 = int((df[PP] == 1).sum()) > 0 and not bool(df.loc[df[PP] == 1, "feasible"].any())
+    gb = lambda v: v * 8 / 1e9  # noqa: E731  bytes/s -> Gb/s
+    numbers = {
+        "hop_share_max": share,
+        "max_hop_share_feasible": float(f["hop_share"].max()),
+        "max_hop_share_under_slo": float(sub["hop_share"].max()),
+        "worst_design_id": int(worst["design_id"]), "worst_pp": int(worst[PP]),
+        "worst_batch": int(worst[BATCH]), "worst_bw_bytes_per_s": float(worst[BW]),
+        "bw_for_share_worst_bytes_per_s": bw_worst,
+        "cheapest_design_id": int(cheapest["design_id"]), "cheapest_pp": int(cheapest[PP]),
+        "cheapest_batch": int(cheapest[BATCH]),
+        "cheapest_usd_per_mtok_output": float(cheapest["usd_per_mtok_output"]),
+        "cheapest_hop_share": float(cheapest["hop_share"]),
+        "bw_for_share_cheapest_bytes_per_s": bw_cheap,
+        "network_bound_designs": net_bound, "feasible_designs": int(len(f)),
+        "reference_bw_bytes_per_s": ref_bw, "slowest_bw_bytes_per_s": lo_bw,
+        "best_cost_increase_at_slowest_bw_pct": slow_pct,
+        "max_cost_increase_one_pp_at_slowest_bw_pct": float(pp_pct.max()),
+        "pp1_infeasible": no_pp1,
+    }
+    low = limits[np.isclose(limits["scaleout_gbit_per_s"], gb(lo_bw))]
+    over = low[low["max_batch_hop_under"] < low["max_feasible_batch"]]
+    if over.empty:
+        batch_text = (f"even at the slowest link ({gb(lo_bw):g} Gb/s) it stays under "
+                      f"{100 * share:g}% at every feasible batch (at most "
+                      f"{100 * low['hop_share_at_max_batch'].max():.1f}%, at the largest batch "
+                      f"of the deepest pipeline).")
+    else:
+        batch_text = (f"at the slowest link ({gb(lo_bw):g} Gb/s) it passes {100 * share:g}% above "
+                      + ", ".join(f"batch {int(r['max_batch_hop_under'])} (pp={int(r['pp'])})"
+                                  for _, r in over.iterrows()) + ".")
+    head = [
+        f"- **The hop is never the bottleneck here:** over all {len(f):,} feasible designs "
+        f"(pp 2..{deep_pp} stages of one 8-GPU node, batch up to "
+        f"{int(f[BATCH].max())}, {gb(lo_bw):g} to {gb(f[BW].max()):g} Gb/s per GPU) the "
+        f"stage-to-stage hop is at most **{100 * f['hop_share'].max():.1f}%** of the stage "
+        f"step ({100 * sub['hop_share'].max():.1f}% among designs meeting {slo}); "
+        f"{net_bound} designs are network-bound.",
+        f"- **Bandwidth threshold:** the hop reaches {100 * share:g}% of the step only below "
+        f"**{gb(bw_worst):.1f} Gb/s per GPU** for the most exposed design (pp={int(worst[PP])}, "
+        f"batch {int(worst[BATCH])}), and below **{gb(bw_cheap):.1f} Gb/s** for the cheapest "
+        f"design under the SLO at the catalog's {gb(ref_bw):g} Gb/s (pp={int(cheapest[PP])}, "
+        f"batch {int(cheapest[BATCH])}, ${cheapest['usd_per_mtok_output']:.2f}/Mtok output; "
+        f"its hop is {100 * cheapest['hop_share']:.2f}% of the step).",
+        f"- **Batch threshold:** the hop's share grows with the batch (a fixed latency plus "
+        f"bytes per token); " + batch_text,
+        f"- **What the link is worth:** the best cost under the SLO is "
+        f"**{slow_pct:+.1f}%** at {gb(lo_bw):g} Gb/s vs {gb(ref_bw):g} Gb/s. For a fixed depth "
+        f"the change can be larger (pp={jump_pp}: {pp_pct.max():+.0f}%, "
+        f"${jump.loc[lo_bw, 'usd_per_mtok_output']:.2f} vs "
+        f"${jump.loc[cheapest[BW], 'usd_per_mtok_output']:.2f}) when the hop's few percent push "
+        f"the TPOT over the SLO at one batch and the next smaller batch of the grid "
+        f"({int(jump.loc[lo_bw, BATCH])} instead of {int(jump.loc[cheapest[BW], BATCH])}) is "
+        f"used." + (" Pipelining is needed only for capacity (pp=1 does not fit) and buys no "
+                    "speed: a token passes every stage in turn." if no_pp1 else ""),
+    ]
+    bt = best[[PP, BW, "design_id", BATCH, "usd_per_mtok_output", "tpot_s", "ttft_s",
+               "hop_s", "stage_step_s", "hop_share"]].copy()
+    bt[BW] = bt[BW] * 8 / 1e9
+    bt["tpot_s"] *= 1e3
+    bt["hop_s"] *= 1e6
+    bt["stage_step_s"] *= 1e3
+    bt = bt.rename(columns={BW: "scaleout_gbit_per_s", "tpot_s": "tpot_ms", "hop_s": "hop_us",
+                            "stage_step_s": "stage_step_ms"})
+    details = "\n".join([
+        "## Method", "",
+        f"- `{ctx.space.file}`: {len(df):,} designs, {len(f):,} feasible, {int(ok.sum()):,} "
+        f"meet {slo}.",
+        "- Hop share: the `pipeline` op of the per-op breakdown (`dse.perf.score(breakdown=True)`)"
+        " of the decode-only and the prompt-carrying stage steps, weighted as the scorer weighs "
+        "them into the mean stage step (TPOT / pp), divided by that mean step.",
+        f"- Bandwidth thresholds: the design is re-scored at its bandwidth and twice it "
+        f"(`ctx.score(values=...)`); the hop is `a + c / bw` and the rest of the step is "
+        f"unchanged, so the bandwidth at which hop = {100 * share:g}% of the step is solved "
+        f"exactly. Most exposed design: design {int(worst['design_id'])}; cheapest under the "
+        f"SLO: design {int(cheapest['design_id'])}.",
+        "", f"### Cheapest design per pipeline depth and bandwidth ({slo})", "", md_table(bt), "",
+        f"### Largest batch with the hop under {100 * share:g}% of the step", "",
+        md_table(limits), "",
+        "## What dse does not model (pipelines across nodes and racks)", "",
+        "- The hand-off is added to the stage step, never overlapped with the next "
+        "micro-batch's compute (the `pipeline` op has no compute or memory time, so "
+        "`network_overlap_fraction` cannot hide it): the shares above are upper bounds.",
+        "- One flag decides the tier of every hop: if the whole instance (tp x dp x pp) is larger "
+        "than the scale-up domain, every stage boundary pays the scale-out link, even the ones "
+        "inside a domain (e.g. tp=2, pp=8 on 8-GPU nodes: 1 boundary of 7 really leaves a node). "
+        "With tp = 8 here each stage is exactly one node, so this is exact.",
+        "- There is one scale-out tier: a hop between nodes of the same rack and a hop between "
+        "racks cost the same (`rack_chips` only scales the per-rack throughput), so 'across "
+        "racks' means 'across scale-up domains'.",
+        "- The number of micro-batches is fixed at pp (batch / pp sequences each), so the "
+        "micro-batch size is not a free parameter; the pipeline bubble of a finite number of "
+        "micro-batches and the receiving side's all-gather of the tp slices are not modelled.",
+    ])
+    fig = _figure(ctx, f, best, share)
+    return Answer("\n".join(head), details, numbers, [fig])
