@@ -47,13 +47,23 @@ DEFAULTS: dict[str, object] = {
     **{f"serving.{k}": v for k, v in catalog.serving_defaults().items()},
     # cost: ownership over 4 years, PUE 1.3, $0.08/kWh (industrial US average, estimate)
     "cost.mode": "ownership", "cost.amortization_years": 4.0, "cost.pue": 1.3,
+    # "components": capex and power follow the chip's specs (dse/catalog/cost_model.toml)
+    "cost.capex_model": "catalog",
     "cost.electricity_usd_per_kwh": 0.08,
 }
 PHASES = {"both": 0, "prefill": 1, "decode": 2}
 COST_MODES = ("ownership", "rental")
 SERVING_MODES = {"aggregated": 0.0, "disaggregated": 1.0}
+CAPEX_MODELS = ("catalog", "components")
 STRING_PATHS = {"accelerator.id", "topology.id", "model.id", "model.weight_dtype", "model.kv_dtype",
-                "workload.phase", "cost.mode", "serving.mode"}
+                "workload.phase", "cost.mode", "serving.mode", "cost.capex_model"}
+# the specs the component cost model prices, and the catalog values they are compared with
+COMPONENT_SPECS = {"hbm_capacity": "accelerator.hbm_capacity_bytes",
+                   "hbm_bandwidth": "accelerator.hbm_bw_bytes_per_s",
+                   "scaleup": "topology.scaleup.link_bw_bytes_per_s",
+                   "scaleout": "topology.scaleout.link_bw_bytes_per_s",
+                   **{f"compute.{d}": f"accelerator.peak_flops_per_s.{d}" for d in DTYPES}}
+REFERENCE = "reference."    # prefix of the catalog values a resolved table keeps
 # paths whose value must be > 0 (the rest must be >= 0)
 POSITIVE_HINT = "a positive number"
 
@@ -157,6 +167,10 @@ def resolve(table: pd.DataFrame, *, file: str | None = None, row_names: list[str
     out["model.id"] = model_ids.to_numpy()
     for k, v in DEFAULTS.items():
         out[k] = v
+    cat = out.copy()
+    derive_system(cat)
+    for path in COMPONENT_SPECS.values():         # what the catalog chip has (cost model)
+        out[REFERENCE + path] = cat[path].to_numpy(dtype=float)
     src = table.reset_index(drop=True)
     for col in src.columns:
         if "." not in col or col in ("accelerator.id", "topology.id", "model.id"):
@@ -221,7 +235,8 @@ def _check_values(out: pd.DataFrame, file, names, alias):
         raise InputError(f"{alias.get(col, col)} = {v!r} {why}", file=file, where=names[i])
 
     for col in out.columns:
-        if col in STRING_PATHS or col in ("accelerator.default_topology", "topology.domain_chips"):
+        if col in STRING_PATHS or col in ("accelerator.default_topology", "topology.domain_chips") \
+                or col.startswith(REFERENCE):
             continue
         v = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float)
         if col.startswith("accelerator.peak_flops_per_s.") and not col.endswith(".bf16"):
@@ -241,7 +256,8 @@ def _check_values(out: pd.DataFrame, file, names, alias):
         if (v > 1).any():
             fail(col, int(np.flatnonzero(v > 1)[0]), "is not valid: a fraction must be <= 1")
     for col, allowed in (("model.weight_dtype", DTYPES), ("workload.phase", tuple(PHASES)),
-                         ("cost.mode", COST_MODES), ("serving.mode", tuple(SERVING_MODES))):
+                         ("cost.mode", COST_MODES), ("serving.mode", tuple(SERVING_MODES)),
+                         ("cost.capex_model", CAPEX_MODELS)):
         bad = ~out[col].isin(allowed)
         if bad.any():
             i = int(np.flatnonzero(bad.to_numpy())[0])
@@ -324,6 +340,28 @@ def topology_columns(out) -> dict[str, np.ndarray]:
     return cols
 
 
+def component_factors(out) -> dict[str, np.ndarray]:
+    """Factors on the catalog capex and power: 1 with cost.capex_model = "catalog"; with
+    "components", fixed + sum of each component's share x its spec / the catalog chip's spec
+    (compute: the precision scaled most)."""
+    f = lambda c: np.asarray(out[c], dtype=float)  # noqa: E731
+    on = np.asarray(out["cost.capex_model"]) == "components"
+    if not np.any(on):
+        return {"capex": np.ones(1), "power": np.ones(1)}
+    ratio = {k: f(p) / f(REFERENCE + p) for k, p in COMPONENT_SPECS.items()}
+    n = max(np.size(v) for v in (*ratio.values(), on))
+    compute = np.stack([np.broadcast_to(ratio.pop(k), (n,)) for k in list(ratio)
+                        if k.startswith("compute.")])
+    ratio["compute"] = np.max(np.where(np.isfinite(compute), compute, 0.0), axis=0)
+    shares = catalog.cost_model()
+    out_f = {}
+    for part in ("capex", "power"):
+        sh = shares[part]
+        v = sh["fixed"] + sum(sh[k] * r for k, r in ratio.items())
+        out_f[part] = np.where(on, v, 1.0)
+    return out_f
+
+
 def to_batch(out, compact: bool = False) -> Batch:
     """The resolved design table (a DataFrame, or a dict of columns) as the scorer's arrays.
 
@@ -336,6 +374,7 @@ def to_batch(out, compact: bool = False) -> Batch:
     step = np.maximum(f("model.moe_layer_step"), 1.0)
     n_moe = np.where(n_exp > 0, np.floor((L - f("model.first_k_dense_replace")) / step), 0.0)
     topo = topology_columns(out)
+    components = component_factors(out)
     cols = {
         "n_layers": L, "hidden": f("model.hidden_size"), "n_heads": f("model.num_attention_heads"),
         "n_kv_heads": f("model.num_key_value_heads"), "head_dim": f("model.head_dim"),
@@ -376,9 +415,9 @@ def to_batch(out, compact: bool = False) -> Batch:
         "kv_memory_fraction": f("serving.kv_memory_fraction"),
         "runtime_reserve_bytes": f("serving.runtime_reserve_bytes"),
         "rental_usd_per_hour": f("accelerator.price_usd_per_hour"),
-        "capex_usd": f("accelerator.capex_usd"),
+        "capex_usd": f("accelerator.capex_usd") * components["capex"],
         "amortization_years": f("cost.amortization_years"),
-        "power_w": f("accelerator.all_in_power_w"), "pue": f("cost.pue"),
+        "power_w": f("accelerator.all_in_power_w") * components["power"], "pue": f("cost.pue"),
         "electricity_usd_per_kwh": f("cost.electricity_usd_per_kwh"),
         "use_rental": lookup(out["cost.mode"], {"rental": 1.0}, 0.0).astype(float),
     }

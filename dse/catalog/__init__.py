@@ -60,6 +60,17 @@ def serving_defaults() -> dict:
     return dict(_load("serving.toml"))
 
 
+@lru_cache(maxsize=None)
+def cost_model() -> dict:
+    """Component shares of all-in capex and power (cost_model.toml), each summing to 1."""
+    doc = _load("cost_model.toml")
+    for part in ("capex", "power"):
+        total = sum(doc[part].values())
+        if abs(total - 1.0) > 1e-9:
+            raise ValueError(f"cost_model.toml [{part}] shares sum to {total}, not 1")
+    return doc
+
+
 def table(kind: str) -> dict:
     if kind not in KINDS:
         raise InputError(f"unknown catalog kind {kind!r}", hint=suggest(kind, KINDS, "kinds"))
