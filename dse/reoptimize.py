@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -201,6 +200,9 @@ def check(d: Path, m: dict, o: Path) -> Path:
     if m["strategy"] not in STRATEGIES:
         raise InputError(f"unknown strategy {m['strategy']!r} in the manifest",
                          file=str(d / "manifest.json"), hint="one of " + ", ".join(STRATEGIES))
+    if m["strategy"] in ("optuna", "nested"):
+        from dse.search.optuna_strategy import make_sampler
+        make_sampler(m.get("sampler", "nsga2"), 0, int(m.get("population", 32)))  # e.g. gp: torch
     nd = o / "run"
     if nd.exists() and (not nd.is_dir() or any(nd.iterdir())):
         raise InputError("the re-optimized run's folder exists and is not empty", file=str(nd),
@@ -214,7 +216,10 @@ def prepare(space: Space, overrides: dict, note: str, tmp: Path) -> tuple[Space,
     derived = derive(space, overrides, note)
     f = tmp / f"{Path(space.file).stem}-whatif.toml"
     f.write_text(derived.text)
-    return load_space(str(f)), derived
+    try:
+        return load_space(str(f)), derived
+    except InputError as e:
+        raise InputError(f"with {note}: {e.message}", file=space.file, hint=e.hint) from None
 
 
 def run_new(m: dict, base_dir: Path, new_space: Space, nd: Path, old_front_ids: np.ndarray, *,
@@ -275,32 +280,31 @@ def compare_fronts(space: Space, original: pd.DataFrame, old_rescored: pd.DataFr
             "reference": ref.tolist(), "scale": scale.tolist(), "best": best, "new": new}
 
 
-def reoptimize(d: Path, m: dict, space: Space, front: pd.DataFrame, overrides: dict, o: Path,
-               note: str, *, trials: int | None = None, budget_s: float | None = None,
+def reoptimize(d: Path, m: dict, space: Space, front: pd.DataFrame, prepared, o: Path, *,
+               trials: int | None = None, budget_s: float | None = None,
                progress: bool = False) -> dict:
-    """The whole of --reoptimize, after ``check``; returns what the what-if page shows."""
+    """The whole of --reoptimize, after ``check`` and ``prepare``; returns what the what-if
+    page shows."""
     import time
+    new_space, derived = prepared
     nd = o / "run"
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
-        new_space, derived = prepare(space, overrides, note, Path(tmp))
-        old_ids = map_ids(space, new_space, front["design_id"].to_numpy(np.int64), derived)
-        created = not nd.exists()
-        try:
-            space_n, manifest = run_new(m, d, new_space, nd, old_ids,
-                                        trials=trials, budget_s=budget_s, progress=progress)
-        except InputError:
-            if created and nd.exists():
-                shutil.rmtree(nd)        # nothing of a run that never started is left behind
-            raise
+    old_ids = map_ids(space, new_space, front["design_id"].to_numpy(np.int64), derived)
+    created = not nd.exists()
+    try:
+        space_n, manifest = run_new(m, d, new_space, nd, old_ids, trials=trials,
+                                    budget_s=budget_s, progress=progress)
+    except InputError:
+        if created and nd.exists():
+            shutil.rmtree(nd)        # nothing of a run that never started is left behind
+        raise
     elapsed = time.monotonic() - t0
     st = runs.status(nd)
     new_front = pd.read_csv(nd / "front.csv")
     rescored = score_ids(space_n, np.unique(old_ids))
-    ok = rescored["_admissible"].to_numpy()
-    adm = rescored[ok]
-    old_front = adm[pareto.nondominated(pareto.objective_matrix(adm, space_n.objectives))] \
-        if len(adm) else adm
+    adm = rescored[rescored["_admissible"].to_numpy()]
+    old_front = (adm[pareto.nondominated(pareto.objective_matrix(adm, space_n.objectives))]
+                 if len(adm) else adm)
     res = compare_fronts(space_n, front, old_front, new_front, old_ids)
     res.update(run_dir=nd, status=st, elapsed_s=elapsed, space=space_n, old_front=old_front,
                new_front=new_front, original=front, strategy=m["strategy"],

@@ -116,10 +116,19 @@ def make_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
     o = Path(out) if out else d / "whatif"
     note = ", ".join(f"{p} {op} {v:g}" for p, (op, v) in overrides.items())
     if reoptimize:
+        import tempfile
+
         from dse import reoptimize as reopt
         if trials is not None and trials < 1:
             raise InputError(f"--trials {trials} must be >= 1")
         reopt.check(d, m, o)
+        with tempfile.TemporaryDirectory() as tmp:   # the derived space, checked before output
+            prepared = reopt.prepare(space, overrides, note, Path(tmp))
+            return _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress)
+    return _make(d, m, space, front, overrides, o, None, trials, budget_s, progress)
+
+
+def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress) -> Path:
     ids = front["design_id"].to_numpy(dtype=np.int64)
     before = _objective_table(space, ids)
     after = _objective_table(space, ids, overrides)
@@ -132,9 +141,10 @@ def make_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
     F = pareto.objective_matrix(moved[ok], space.objectives)
     new_front = moved[ok][pareto.nondominated(F)] if ok.any() else moved.iloc[:0]
     res = None
-    if reoptimize:
+    if prepared is not None:
+        from dse import reoptimize as reopt
         o.mkdir(parents=True, exist_ok=True)
-        res = reopt.reoptimize(d, m, space, front, overrides, o, note, trials=trials,
+        res = reopt.reoptimize(d, m, space, front, prepared, o, trials=trials,
                                budget_s=budget_s, progress=progress)
         shutil.copyfile(res["run_dir"] / "front.csv", o / "front.csv")
     else:
@@ -164,19 +174,24 @@ def _fmt(v) -> str:
     return "-" if v is None or (isinstance(v, float) and not np.isfinite(v)) else f"{v:.4g}"
 
 
+def _n(k: int, word: str) -> str:
+    return f"{k:,} {word}" + ("" if k == 1 else "s")
+
+
 def _reopt_lines(res: dict, space) -> list[str]:
     st, objs = res["status"], space.objectives
     hv_o, hv_n = res["hv_rescored"], res["hv_reoptimized"]
     gain = f" ({(hv_n / hv_o - 1) * 100:+.1f}%)" if hv_o > 0 else ""
     how = ("exhaustive: the exact new front" if res["strategy"] == "exhaustive" else
-           f"{res['strategy']}: a new study whose first {res['warm_start_trials']} trials were "
-           "the old front's designs")
+           f"{res['strategy']}: a new study whose first {_n(res['warm_start_trials'], 'trial')} "
+           "were the old front's designs")
+    unit = "work item" if res["strategy"] == "exhaustive" else "trial"
     lines = ["", "## Re-optimized with the change", "",
              f"- new run: `{res['run_dir']}` ({how}); {st['state']}, "
-             f"{st['trials_completed']:,} trials, {st['designs_scored']:,} designs scored in "
+             f"{_n(st['trials_completed'], unit)}, {st['designs_scored']:,} designs scored in "
              f"{res['elapsed_s']:.1f} s",
              f"- front: {len(res['old_front'])} designs re-scored -> {len(res['new_front'])} "
-             f"re-optimized; {len(res['new'])} of them are new designs",
+             f"re-optimized, of which {len(res['new'])} new (not on the old front)",
              f"- hypervolume (one reference point, objectives scaled by the union's range): "
              f"re-scored old front {hv_o:.4g}, re-optimized front {hv_n:.4g}{gain}", "",
              "| objective | best on the original front | best re-scored | best re-optimized "

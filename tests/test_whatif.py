@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
+
+import numpy as np
 import pandas as pd
 import pytest
 from helpers import ROOT
@@ -52,9 +58,173 @@ def test_whatif_numbers_match_a_rescore(run, tmp_path, capsys):
     (["--scale", "accelerator.hbm_bw_bytes_per_s=fast"], "is not a number"),
     (["--scale", "accelerator.hbm_bw_bytes_per_s=-1"], "must be > 0"),
     ([], "nothing to change"),
-    (["--reoptimize", "--scale", "accelerator.tdp_w=2"], "not available yet"),
+    (["--trials", "5", "--scale", "accelerator.tdp_w=2"], "go with --reoptimize"),
 ])
 def test_bad_whatif_input_exits_2(run, capsys, args, needle):
     assert main(["whatif", str(run), *args]) == 2
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------ --reoptimize
+
+SMALL = (QUICK.read_text()
+         .replace('["a100-sxm-80g", "h100-sxm", "h200-sxm", "b200", "mi300x"]',
+                  '["h100-sxm", "h200-sxm", "b200"]')
+         .replace("{ low = 1, high = 2048, num = 12, log = true }",
+                  "{ low = 4, high = 512, num = 8, log = true }"))
+HBM = "accelerator.hbm_bw_bytes_per_s"
+
+
+def _hashes(d):
+    return {str(f.relative_to(d)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(d.rglob("*")) if f.is_file() and "whatif" not in f.relative_to(d).parts}
+
+
+def _F(df, objs=("usd_per_mtok_output", "tpot_s", "output_tokens_per_s_per_rack")):
+    return np.column_stack([df[o] * (-1 if o.startswith("output_") else 1) for o in objs])
+
+
+def _dominated_by(A, B, rtol=1e-6):
+    """Every point of B weakly dominated by some point of A (minimisation, float32 slack)."""
+    tol = rtol * np.abs(B)
+    return (A[:, None, :] <= B[None, :, :] + tol[None]).all(axis=2).any(axis=0).all()
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reopt")
+    sp = root / "small.toml"
+    sp.write_text(SMALL)
+    d = root / "base"
+    assert main(["run", str(sp), "--out", str(d), "--quiet", "--chunk-designs", "64"]) == 0
+    # the same space with the change written in by hand: the exact answer
+    hand = root / "hand.toml"
+    hand.write_text(SMALL.replace("[objectives]", f'"{HBM}" = {{ scale = [1.5] }}\n\n[objectives]'))
+    hd = root / "hand"
+    assert main(["run", str(hand), "--out", str(hd), "--quiet"]) == 0
+    return {"space": sp, "base": d, "hand": hd, "root": root}
+
+
+def test_reoptimize_exhaustive_gives_the_exact_new_front(small, tmp_path, capsys):
+    base = small["base"]
+    before = _hashes(base)
+    assert main(["whatif", str(base), "--scale", f"{HBM}=1.5", "--reoptimize", "--quiet"]) == 0
+    assert _hashes(base) == before                      # the base run is untouched
+    out = base / "whatif"
+    new = pd.read_csv(out / "front.csv")
+    hand = pd.read_csv(small["hand"] / "front.csv")
+    assert list(new.columns) == list(hand.columns)
+    key = ["design_id"]
+    pd.testing.assert_frame_equal(new.sort_values(key).reset_index(drop=True),
+                                  hand.sort_values(key).reset_index(drop=True))
+    # the re-scored old front (whatif without --reoptimize) is covered by the new front
+    assert main(["whatif", str(base), "--scale", f"{HBM}=1.5", "--out", str(tmp_path / "r")]) == 0
+    old = pd.read_csv(tmp_path / "r" / "front.csv")
+    assert _dominated_by(_F(new), _F(old))
+    md = (out / "whatif.md").read_text()
+    hv = re.search(r"re-scored old front ([0-9.e+-]+), re-optimized front ([0-9.e+-]+)", md)
+    assert hv and float(hv.group(2)) >= float(hv.group(1))
+    assert "best re-optimized" in md and "exhaustive: the exact new front" in md
+    html = (out / "index.html").read_text()
+    assert html.count("data:image/png;base64") == 2 and (out / "reoptimized.png").is_file()
+    # a normal run folder: its inputs carry the change, status and report work on it
+    m = json.loads((out / "run" / "manifest.json").read_text())
+    assert m["space_file"].startswith(str((out / "run").resolve()))
+    assert "{ scale = [1.5] }" in open(m["space_file"]).read()
+    assert main(["status", str(out / "run"), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert st["state"] == "finished" and st["front_size"] == len(new)
+    assert main(["report", str(out / "run"), "--out", str(tmp_path / "rep")]) == 0
+    assert main(["compare", str(base), str(out / "run"), "--out", str(tmp_path / "cmp")]) == 0
+
+
+def test_a_stopped_reoptimized_run_resumes_with_the_change(small, tmp_path, capsys):
+    out = tmp_path / "wi"
+    assert main(["whatif", str(small["base"]), "--scale", f"{HBM}=1.5", "--reoptimize",
+                 "--trials", "1", "--out", str(out), "--quiet"]) == 0
+    assert json.loads((out / "run" / "progress.json").read_text())["state"] == "stopped"
+    assert main(["run", "--resume", str(out / "run"), "--quiet"]) == 0
+    new = pd.read_csv(out / "run" / "front.csv").sort_values("design_id").reset_index(drop=True)
+    hand = pd.read_csv(small["hand"] / "front.csv").sort_values("design_id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(new, hand)
+
+
+def test_derived_space_scores_what_the_rescoring_scores(small, tmp_path):
+    """Set on a searched parameter, scale of a searched parameter, of a base value and of a
+    catalog value (per design: the accelerator id is searched): the derived space file scores
+    each old design exactly as Space.batch_from_values(vals, overrides) does."""
+    from dse import reoptimize
+    from dse.space import load_space
+    from dse.whatif import _objective_table, parse_overrides
+    space = load_space(str(small["space"]))
+    ov = parse_overrides(["layout.tp=4"], ["workload.concurrency=2", "workload.isl=0.5",
+                                           "accelerator.peak_flops_per_s=1.3", f"{HBM}=0.8"])
+    new, derived = reoptimize.prepare(space, ov, "test", tmp_path)
+    assert new.shape[:4] == (3, 2, 1, 8) and new.size == space.size // 4
+    assert new.base["workload.isl"] == 1024
+    ids = np.arange(0, space.size, 7)
+    got = reoptimize.score_ids(new, reoptimize.map_ids(space, new, ids, derived))
+    want = _objective_table(space, ids, ov)
+    for m in ("usd_per_mtok_output", "tpot_s", "output_tokens_per_s_per_rack"):
+        np.testing.assert_allclose(got[m], want[m], rtol=2e-5)
+    assert (got["_admissible"].to_numpy() == want["feasible"].to_numpy()).all()
+
+
+def test_reoptimize_optuna_enqueues_the_old_front(tmp_path, capsys):
+    sp = tmp_path / "small.toml"
+    sp.write_text(SMALL)
+    d = tmp_path / "base"
+    assert main(["run", str(sp), "--strategy", "optuna", "--trials", "48", "--population", "16",
+                 "--out", str(d), "--quiet"]) == 0
+    old = pd.read_csv(d / "front.csv")
+    out = tmp_path / "wi"
+    assert main(["whatif", str(d), "--scale", f"{HBM}=1.5", "--reoptimize", "--trials", "20",
+                 "--out", str(out), "--quiet"]) == 0
+    run = out / "run"
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["strategy"] == "optuna" and m["trials"] == max(20, len(old))
+    trials = pd.concat([pd.read_parquet(f) for f in sorted((run / "scores").glob("batch-*.parquet"))])
+    # the derived space appends a one-value parameter: old design ids keep their value
+    assert set(old["design_id"]) <= set(trials["design_id"])
+    new = pd.read_csv(out / "front.csv")
+    assert main(["whatif", str(d), "--scale", f"{HBM}=1.5", "--out", str(tmp_path / "r")]) == 0
+    assert _dominated_by(_F(new), _F(pd.read_csv(tmp_path / "r" / "front.csv")))
+    assert main(["run", "--resume", str(run), "--trials", "16", "--quiet"]) == 0
+    assert json.loads((run / "progress.json").read_text())["state"] == "finished"
+
+
+@pytest.mark.parametrize("case", ["unknown", "nan", "invalid", "running", "corrupt", "front",
+                                  "missing", "taken"])
+def test_bad_reoptimize_input_exits_2_and_touches_nothing(small, tmp_path, capsys, case):
+    import shutil
+    d = tmp_path / "base"
+    shutil.copytree(small["base"], d, ignore=shutil.ignore_patterns("whatif"))
+    args = ["--scale", f"{HBM}=1.5"]
+    if case == "unknown":
+        args = ["--scale", "accelerator.hbm_bandwidth=1.5"]
+    elif case == "nan":
+        args = ["--set", f"{HBM}=lots"]
+    elif case == "invalid":                     # only the derived space file can tell
+        args = ["--scale", "layout.tp=1.5"]
+    elif case == "running":
+        (d / "lock").write_text(str(os.getpid()))
+        p = json.loads((d / "progress.json").read_text())
+        (d / "progress.json").write_text(json.dumps({**p, "state": "running"}))
+    elif case == "corrupt":
+        (d / "manifest.json").write_text("{ not json")
+    elif case == "front":
+        (d / "front.csv").write_text("usd_per_mtok_output,tpot_s\n1,2\n")
+    elif case == "missing":
+        d = tmp_path / "nope"
+    elif case == "taken":
+        (tmp_path / "wi" / "run").mkdir(parents=True)
+        (tmp_path / "wi" / "run" / "x").write_text("mine")
+    before = _hashes(d) if d.exists() else None
+    rc = main(["whatif", str(d), *args, "--reoptimize", "--out", str(tmp_path / "wi"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert (_hashes(d) if d.exists() else None) == before
+    left = sorted(str(f.relative_to(tmp_path / "wi")) for f in (tmp_path / "wi").rglob("*")) \
+        if (tmp_path / "wi").exists() else []
+    assert left == (["run", "run/x"] if case == "taken" else [])
