@@ -1,0 +1,216 @@
+"""What an output token costs next to an input token, against public API price ratios.
+
+Decode is memory-bound at small batch and prefill compute-bound, so an output token costs more
+than an input token (``shared/reference/podcast.md`` 1.10: APIs charge ~3-5x). Under continuous
+batching with chunked prefill the scorer splits each step's cost between decode and prefill by
+the time the prompt tokens add to the decode-only step: ``usd_per_mtok_output`` and
+``usd_per_mtok_input``. Their ratio falls as the batch grows (the weight fetch that makes decode
+expensive is amortized), so the answer is given per model at its cost-optimal design, at the
+cheapest design streaming ``interactive_tokens_per_s_per_user``, and along the batch on the
+cost-optimal layout. The public ratios are read at analysis time from ``pricing_csv`` (each
+row's output / input $/Mtok; a row with time-of-day prices "a / b" gives one ratio per pair).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dse.questions import Answer, Context
+from dse.questions.fast_mode import admissible, describe, md_table, pyplot, save
+
+OUT, IN = "usd_per_mtok_output", "usd_per_mtok_input"
+SPEED = "output_tokens_per_s_per_user"
+BATCH = "workload.concurrency"
+LAYOUT = ("layout.tp", "layout.dp", "layout.ep")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def find_pricing(name: str) -> Path | None:
+    """``name`` as given (from the working directory), else relative to the repository root."""
+    for p in (Path(name), ROOT / name):
+        if p.is_file():
+            return p
+    return None
+
+
+def _prices(text: str) -> list[float] | None:
+    nums = re.findall(r"\d+(?:\.\d+)?", text or "")
+    parts = [t.strip() for t in (text or "").split("/")]
+    if not nums or len(nums) != len(parts):
+        return None
+    return [float(x) for x in nums]
+
+
+def public_ratios(path: Path) -> tuple[pd.DataFrame, list[str]]:
+    """Each price row's output/input ratio; the rows that carry no usable pair of prices."""
+    rows, skipped = [], []
+    with path.open(newline="") as f:
+        for r in csv.DictReader(f):
+            i, o = _prices(r.get("input_usd_per_Mtok", "")), _prices(r.get("output_usd_per_Mtok", ""))
+            name = f"{r.get('provider', '')} {r.get('model', '')} ({r.get('tier_or_condition', '')})"
+            if not i or not o or len(i) != len(o) or min(i) <= 0:
+                skipped.append(name)
+                continue
+            for a, b in zip(i, o):
+                rows.append({"provider": r.get("provider", ""), "model": r.get("model", ""),
+                             "tier": r.get("tier_or_condition", ""), "input_usd_per_mtok": a,
+                             "output_usd_per_mtok": b, "ratio": b / a})
+    return pd.DataFrame(rows), skipped
+
+
+def layout_curve(df: pd.DataFrame, row) -> pd.DataFrame:
+    same = np.ones(len(df), bool)
+    for c in ("model.id", *LAYOUT):
+        if c in df:
+            same &= (df[c] == row[c]).to_numpy()
+    return df[same].sort_values(BATCH).reset_index(drop=True)
+
+
+def crossing_batch(c: pd.DataFrame, target: float):
+    """The smallest batch on the curve whose ratio is at most ``target`` (None if none is)."""
+    below = c[c["ratio"] <= target]
+    return None if below.empty else below.iloc[0]
+
+
+def _figure(ctx, res: list[dict], pub: pd.DataFrame) -> str:
+    plt = pyplot()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5), dpi=110,
+                                 gridspec_kw={"width_ratios": [3, 2]})
+    for i, r in enumerate(res):
+        c, o = r["curve"], r["opt"]
+        lay = ", ".join(f"{k.split('.')[1]}={int(o[k])}" for k in LAYOUT)
+        a1.plot(c[BATCH], c["ratio"], c=f"C{i}", label=f"{r['model']} ({lay})")
+        a1.scatter([o[BATCH]], [o["ratio"]], c=f"C{i}", s=50, edgecolors="k", zorder=5)
+        if r["fast"] is not None:
+            a1.scatter([r["fast"][BATCH]], [r["fast"]["ratio"]], c=f"C{i}", marker="^", s=50,
+                       edgecolors="k", zorder=5)
+    if len(pub):
+        a1.axhspan(pub["ratio"].min(), pub["ratio"].max(), color="#999999", alpha=0.15,
+                   label="public APIs: range")
+        a1.axhline(pub["ratio"].median(), c="k", ls="--", lw=1, label="public APIs: median")
+        lab = (pub["provider"] + " " + pub["model"] + " " + pub["tier"].str.slice(0, 18)).tolist()
+        order = np.argsort(pub["ratio"].to_numpy())
+        a2.barh(range(len(pub)), pub["ratio"].to_numpy()[order], color="#888888")
+        a2.set_yticks(range(len(pub)))
+        a2.set_yticklabels([lab[j] for j in order], fontsize=5)
+        a2.axvline(pub["ratio"].median(), c="k", ls="--", lw=1)
+        a2.set_xlabel("output / input price")
+        a2.set_title("public API price ratios (pricing.csv)", fontsize=9)
+    else:
+        a2.text(0.5, 0.5, "pricing.csv not found", ha="center", transform=a2.transAxes)
+    a1.set_xscale("log")
+    a1.set_yscale("log")
+    a1.set_xlabel("batch (concurrent sequences per instance)")
+    a1.set_ylabel(r"\$/Mtok output / \$/Mtok input")
+    a1.set_title("cost ratio of an output to an input token (dot: cost optimum; "
+                 "triangle: interactive design)", fontsize=9)
+    a1.grid(alpha=0.3, which="both")
+    a1.legend(fontsize=7)
+    return save(fig, ctx, "token-prices.png")
+
+
+def answer(ctx: Context) -> Answer:
+    fast_tps = float(ctx.param("interactive_tokens_per_s_per_user", 30.0))
+    csv_name = str(ctx.param("pricing_csv", "../shared/reference/pricing.csv"))
+    df = admissible(ctx)
+    df["ratio"] = df[OUT] / df[IN]
+    res = []
+    for m in dict.fromkeys(df["model.id"]):
+        g = df[df["model.id"] == m]
+        opt = g.loc[g[OUT].idxmin()]
+        fg = g[g[SPEED] >= fast_tps]
+        res.append({"model": m, "opt": opt, "curve": layout_curve(g, opt),
+                    "fast": None if fg.empty else fg.loc[fg[OUT].idxmin()],
+                    "range": (g["ratio"].min(), g["ratio"].max())})
+    path = find_pricing(csv_name)
+    pub, skipped = public_ratios(path) if path else (pd.DataFrame(), [])
+    figs = [_figure(ctx, res, pub)]
+    med = float(pub["ratio"].median()) if len(pub) else None
+    for r in res:
+        r["cross"] = None if med is None else crossing_batch(r["curve"], med)
+
+    opt_ratios = np.array([r["opt"]["ratio"] for r in res])
+    fast_ratios = np.array([r["fast"]["ratio"] for r in res if r["fast"] is not None])
+    head = [f"- At each model's cost-optimal design an **output token costs "
+            f"{opt_ratios.min():.1f}x to {opt_ratios.max():.1f}x an input token** "
+            f"(median {np.median(opt_ratios):.1f}x): "
+            + "; ".join(f"{r['model']} {r['opt']['ratio']:.1f}x (${r['opt'][OUT]:.3f} vs "
+                        f"${r['opt'][IN]:.3f}/Mtok, batch {int(r['opt'][BATCH]):,})" for r in res) + "."]
+    if len(fast_ratios):
+        head.append(f"- At the cheapest design streaming >= {fast_tps:g} tokens/s/user: "
+                    f"{fast_ratios.min():.1f}x to {fast_ratios.max():.1f}x ("
+                    + "; ".join(f"{r['model']} {r['fast']['ratio']:.1f}x at batch "
+                                f"{int(r['fast'][BATCH]):,}" for r in res if r["fast"] is not None)
+                    + ").")
+    if med is None:
+        head.append(f"- Public API ratios: the price file `{csv_name}` was not found, so there is "
+                    "no comparison.")
+    else:
+        head.append(f"- **Public APIs charge a median {med:.1f}x** (range {pub['ratio'].min():.1f}x"
+                    f" to {pub['ratio'].max():.1f}x over {len(pub)} prices of "
+                    f"{pub['provider'].nunique()} providers in `{path.name}`), "
+                    f"{'above' if med > np.median(opt_ratios) else 'at or below'} the modelled "
+                    f"median at the cost optimum; the modelled ratio falls to {med:.1f}x at batch: "
+                    + "; ".join(f"{r['model']} batch {int(r['cross'][BATCH]):,}" if r["cross"] is not None
+                                else f"{r['model']} never" for r in res) + " (cost-optimal layout).")
+    rows = [[r["model"], ", ".join(f"{k.split('.')[1]}={int(r['opt'][k])}" for k in LAYOUT),
+             int(r["opt"][BATCH]), r["opt"][OUT], r["opt"][IN], r["opt"]["ratio"],
+             "-" if r["fast"] is None else f"{r['fast']['ratio']:.3g} (batch {int(r['fast'][BATCH]):,})",
+             f"{r['range'][0]:.3g} - {r['range'][1]:.3g}",
+             "-" if r["cross"] is None else f"{int(r['cross'][BATCH]):,}"] for r in res]
+    table = md_table(["model", "cost-optimal layout", "batch", "$/Mtok output", "$/Mtok input",
+                      "output/input", f"output/input at >= {fast_tps:g} tok/s/user",
+                      "output/input over all admissible designs",
+                      "batch where the ratio falls to the public median"], rows)
+    pub_table = "" if not len(pub) else md_table(
+        ["provider", "model", "tier", "input $/Mtok", "output $/Mtok", "output/input"],
+        [[p.provider, p.model, p.tier, p.input_usd_per_mtok, p.output_usd_per_mtok, p.ratio]
+         for p in pub.itertuples()])
+    method = "\n".join(
+        f"- {r['model']}: cost optimum {describe(r['opt'], (OUT, IN, 'ratio', SPEED))}; "
+        f"interactive {'none' if r['fast'] is None else describe(r['fast'], (OUT, IN, 'ratio', SPEED))}."
+        for r in res)
+    details = f"""## Method
+
+- {len(df):,} admissible designs of {ctx.space.size:,} (feasible; \
+{', '.join(f'{c.metric} <= {c.max:g}' for c in ctx.space.constraints if c.max is not None)}), \
+scored in float64. Ratio = `{OUT}` / `{IN}` of the same design (the same chips serve both: \
+the cost of a step is split by the time its prompt tokens add to the decode-only step).
+- Cost optimum: each model's cheapest `{OUT}`; interactive: the cheapest with `{SPEED}` >= \
+{fast_tps:g} (`interactive_tokens_per_s_per_user` in [answer]); the curve in the figure is the \
+cost optimum's layout over every admissible batch.
+- Public ratios: `{path if path else csv_name}`, each row's `output_usd_per_Mtok` / \
+`input_usd_per_Mtok` computed here (time-of-day rows "a / b" give one ratio per pair; rows \
+without a usable pair skipped: {'; '.join(skipped) if skipped else 'none'}). Prices are not \
+costs: margins, cache discounts and demand shape them too.
+{method}
+
+## Per model
+
+{table}
+
+## Public prices
+
+{pub_table or 'pricing file not found'}
+"""
+    numbers = {"interactive_tokens_per_s_per_user": fast_tps,
+               "models": {r["model"]: {
+                   "design_id": int(r["opt"]["design_id"]), "batch": int(r["opt"][BATCH]),
+                   "usd_per_mtok_output": float(r["opt"][OUT]), "usd_per_mtok_input": float(r["opt"][IN]),
+                   "output_over_input": float(r["opt"]["ratio"]),
+                   "interactive_output_over_input": None if r["fast"] is None else float(r["fast"]["ratio"]),
+                   "interactive_batch": None if r["fast"] is None else int(r["fast"][BATCH]),
+                   "batch_at_public_median": None if r["cross"] is None else int(r["cross"][BATCH])}
+                   for r in res},
+               "model_ratio_median": float(np.median(opt_ratios)),
+               "pricing_file_found": path is not None,
+               "public_ratio_median": med,
+               "public_ratio_min": float(pub["ratio"].min()) if len(pub) else None,
+               "public_ratio_max": float(pub["ratio"].max()) if len(pub) else None,
+               "public_prices_used": int(len(pub))}
+    return Answer("\n".join(head), details, numbers, figs)
