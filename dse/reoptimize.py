@@ -269,8 +269,8 @@ def compare_fronts(space: Space, original: pd.DataFrame, old_rescored: pd.DataFr
                   else (np.zeros(len(objs)), np.ones(len(objs))))
     best = []
     for ob in objs:
-        pick = np.nanmin if ob.direction == "minimize" else np.nanmax
-        f = lambda df: float(pick(df[ob.metric])) if len(df) else float("nan")  # noqa: E731
+        def f(df, pick=np.nanmin if ob.direction == "minimize" else np.nanmax, m=ob.metric):
+            return float(pick(df[m])) if len(df) else float("nan")
         best.append({"metric": ob.metric, "direction": ob.direction, "original": f(original),
                      "rescored": f(old_rescored), "reoptimized": f(new_front)})
     new = (new_front[~new_front["design_id"].isin(set(old_new_ids.tolist()))]

@@ -187,15 +187,15 @@ def _reopt_lines(res: dict, space) -> list[str]:
            "were the old front's designs")
     unit = "work item" if res["strategy"] == "exhaustive" else "trial"
     lines = ["", "## Re-optimized with the change", "",
-             f"- new run: `{res['run_dir']}` ({how}); {st['state']}, "
-             f"{_n(st['trials_completed'], unit)}, {st['designs_scored']:,} designs scored in "
-             f"{res['elapsed_s']:.1f} s",
-             f"- front: {len(res['old_front'])} designs re-scored -> {len(res['new_front'])} "
-             f"re-optimized, of which {len(res['new'])} new (not on the old front)",
-             f"- hypervolume (one reference point, objectives scaled by the union's range): "
-             f"re-scored old front {hv_o:.4g}, re-optimized front {hv_n:.4g}{gain}", "",
-             "| objective | best on the original front | best re-scored | best re-optimized "
-             "| change |", "|---|---|---|---|---|"]
+             (f"- new run: `{res['run_dir']}` ({how}); {st['state']}, "
+              f"{_n(st['trials_completed'], unit)}, {st['designs_scored']:,} designs scored in "
+              f"{res['elapsed_s']:.1f} s"),
+             (f"- front: {len(res['old_front'])} designs re-scored -> {len(res['new_front'])} "
+              f"re-optimized, of which {len(res['new'])} new (not on the old front)"),
+             (f"- hypervolume (one reference point, objectives scaled by the union's range): "
+              f"re-scored old front {hv_o:.4g}, re-optimized front {hv_n:.4g}{gain}"), "",
+             ("| objective | best on the original front | best re-scored | best re-optimized "
+              "| change |"), "|---|---|---|---|---|"]
     for b in res["best"]:
         ch = (b["reoptimized"] / b["rescored"] - 1) * 100 if b["rescored"] else float("nan")
         lines.append(f"| {b['direction']} {b['metric']} | {_fmt(b['original'])} | "
@@ -222,12 +222,12 @@ def _reopt_plot(o: Path, res: dict, space) -> Path:
     fig, axes = plt.subplots(1, max(1, len(pairs)), figsize=(6 * max(1, len(pairs)), 4.5),
                              dpi=110, squeeze=False)
     for ax, (i, j) in zip(axes[0], pairs or [(0, 0)]):
-        for df, kw in ((res["original"], dict(c="#bbbbbb", marker="o", s=14,
-                                              label="original front (before the change)")),
-                       (res["old_front"], dict(c="#ff7f0e", marker="x", s=30,
-                                               label="old front re-scored")),
-                       (res["new_front"], dict(c="#1f77b4", marker="o", s=16, alpha=0.8,
-                                               label="re-optimized front"))):
+        for df, kw in ((res["original"], {"c": "#bbbbbb", "marker": "o", "s": 14,
+                                              "label": "original front (before the change)"}),
+                       (res["old_front"], {"c": "#ff7f0e", "marker": "x", "s": 30,
+                                               "label": "old front re-scored"}),
+                       (res["new_front"], {"c": "#1f77b4", "marker": "o", "s": 16, "alpha": 0.8,
+                                               "label": "re-optimized front"})):
             if len(df):
                 ax.scatter(df[objs[i].metric], df[objs[j].metric], **kw)
         ax.set_xlabel(f"{objs[i].metric} ({objs[i].direction})")

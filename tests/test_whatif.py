@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -131,7 +132,7 @@ def test_reoptimize_exhaustive_gives_the_exact_new_front(small, tmp_path, capsys
     # a normal run folder: its inputs carry the change, status and report work on it
     m = json.loads((out / "run" / "manifest.json").read_text())
     assert m["space_file"].startswith(str((out / "run").resolve()))
-    assert "{ scale = [1.5] }" in open(m["space_file"]).read()
+    assert "{ scale = [1.5] }" in Path(m["space_file"]).read_text()
     assert main(["status", str(out / "run"), "--json"]) == 0
     st = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert st["state"] == "finished" and st["front_size"] == len(new)
