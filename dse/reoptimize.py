@@ -26,7 +26,9 @@ The new run has the base run's strategy, seed, sampler and population: an exhaus
 re-run exhaustively (the exact new front); an optuna or nested run starts a new study whose first
 trials are the base run's front designs (``manifest["warm_start"]``, enqueued by the optuna
 strategy), so the new front is at least as good as the re-scored old front, then runs
-``--trials`` (default: the base run's count) or until ``--budget``.
+``--trials`` (default: the base run's count; never fewer than the enqueued designs) or until
+``--budget``. The new study is a journal file in the new run folder, also when the base run used
+an RDB ``--storage`` (its workers are not enlisted). The base run is only read.
 """
 
 from __future__ import annotations
