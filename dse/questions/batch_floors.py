@@ -49,13 +49,15 @@ def spec(ctx: Context, rows: pd.DataFrame) -> pd.DataFrame:
     m, steps = score(b, breakdown=True)
     dec = steps.decode
     kv_s = dec.memory_s[OPS.index("attn_core")]
+    moe = OPS.index("moe_routed")
     out = pd.DataFrame({
         "peak_flops_per_s": b.matmul_flops_per_s, "hbm_bw_bytes_per_s": b.hbm_bw_bytes_per_s,
         "matmul_fraction": b.matmul_fraction, "hbm_fraction": b.hbm_fraction,
         "weight_bytes": b.weight_bytes, "total_params": m["total_params"],
         "active_params": m["active_params"], "weights_bytes_per_chip": m["weights_bytes_per_chip"],
         "compute_s": dec.compute_s.sum(0), "kv_s": kv_s, "weights_s": dec.memory_s.sum(0) - kv_s,
-        "network_s": dec.network_s.sum(0), "overhead_s": dec.overhead_s, "step_s": dec.total_s})
+        "network_s": dec.network_s.sum(0), "overhead_s": dec.overhead_s, "step_s": dec.total_s,
+        "moe_compute_s": dec.compute_s[moe], "moe_memory_s": dec.memory_s[moe]})
     out["sparsity"] = out["total_params"] / out["active_params"]
     out["hw_ratio"] = out["peak_flops_per_s"] / out["hbm_bw_bytes_per_s"] * out["weight_bytes"] / 2
     out["formula_batch"] = out["hw_ratio"] * out["sparsity"]
@@ -133,6 +135,24 @@ def _number(r: dict) -> dict:
             "floor_per_token_s": {k: float(v) for k, v in r["per_token_s"].items()}}
 
 
+def _moe_caveat(res: list[dict]) -> str:
+    """What the routed experts' compute does to the MoE's small-batch TPOT (a model caveat)."""
+    lines = []
+    for r in res:
+        lat = r["lat"]
+        if lat["moe_compute_s"] > lat["moe_memory_s"] > 0:
+            lines.append(f"{r['model']} at batch {int(r['fastest'][BATCH])}: routed-expert compute "
+                         f"{lat['moe_compute_s'] * 1e3:.2f} ms vs their weight fetch "
+                         f"{lat['moe_memory_s'] * 1e3:.2f} ms")
+    if not lines:
+        return ""
+    return ("- Caveat on the MoE's small-batch TPOT and its first compute-bound batch: the scorer "
+            "pads the routed-expert matmuls of every expert to `matmul_half_rows` rows, also the "
+            "experts a small step does not touch (whose weights it does not read), so at small "
+            "batch the MoE decode step shows as compute-bound: " + "; ".join(lines)
+            + ". The cost floors and optimal batches (all experts touched) are not affected.\n")
+
+
 def answer(ctx: Context) -> Answer:
     within = float(ctx.param("within_fraction", 0.10))
     df = admissible(ctx)
@@ -204,7 +224,7 @@ experts the step touches (so it can go below the all-weights floor).
 - First compute-bound batch: the smallest batch on the curve whose decode step has compute \
 time above memory and network time (the scorer's `bound`).
 {chr(10).join(method)}
-
+{_moe_caveat(res)}
 ## Table
 
 {table}

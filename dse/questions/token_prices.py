@@ -155,9 +155,10 @@ def answer(ctx: Context) -> Answer:
                     f" to {pub['ratio'].max():.1f}x over {len(pub)} prices of "
                     f"{pub['provider'].nunique()} providers in `{path.name}`), "
                     f"{'above' if med > np.median(opt_ratios) else 'at or below'} the modelled "
-                    f"median at the cost optimum; the modelled ratio falls to {med:.1f}x at batch: "
+                    f"median at the cost optimum; on the cost-optimal layout the modelled ratio is at most "
+                    f"{med:.1f}x from batch: "
                     + "; ".join(f"{r['model']} batch {int(r['cross'][BATCH]):,}" if r["cross"] is not None
-                                else f"{r['model']} never" for r in res) + " (cost-optimal layout).")
+                                else f"{r['model']} never" for r in res) + ".")
     rows = [[r["model"], ", ".join(f"{k.split('.')[1]}={int(r['opt'][k])}" for k in LAYOUT),
              int(r["opt"][BATCH]), r["opt"][OUT], r["opt"][IN], r["opt"]["ratio"],
              "-" if r["fast"] is None else f"{r['fast']['ratio']:.3g} (batch {int(r['fast'][BATCH]):,})",
