@@ -276,7 +276,7 @@ def answer(ctx: Context) -> Answer:
         "first_kv_dominated_isl_no_slo": None if first_free is None else int(first_free[ISL]),
         "kv_share_long_no_slo": float(flg["kv_share"]),
     }
-    k = lambda v: f"{v / 1024:.0f}k"  # noqa: E731
+    k = lambda v: f"{v / 1024:.0f}k"
     tpl = ("layout.tp", "layout.pp")
     osl = int(df[OSL].iloc[0]) if OSL in df else int(ctx.space.base.get(OSL, 0))
     headline = [
@@ -303,9 +303,9 @@ def answer(ctx: Context) -> Answer:
             f"**{k(first_free[ISL])}-token** prompts on ({layout_text(first_free, tpl)}; the KV "
             f"read is {100 * flg['kv_share']:.0f}% of the decode step at {k(long)}).")
     headline.append(
-        f"- Under the SLO the cheapest design "
+        "- Under the SLO the cheapest design "
         + (f"is KV-dominated from {k(first[ISL])} on" if first is not None else
-           f"never lets the KV read pass half of its decode step (at most "
+           "never lets the KV read pass half of its decode step (at most "
            f"{100 * best['kv_share'].max():.0f}%)")
         + f": the price step comes from the batch falling from {int(s[BATCH])} to "
         f"{int(lg[BATCH])}, because at {k(long)} the prompt work (chunked prefill sharing every "
@@ -340,8 +340,10 @@ def answer(ctx: Context) -> Answer:
         "the two are equal (decode context = prompt + half the answer).",
         "- The output cost counts the share of the step time spent on decode tokens; the input "
         "cost the share spent on prompt tokens (chunked prefill in the same steps).",
-        "", "### Best design per prompt length", "",
+        "", f"### Best design per prompt length under {slo}", "",
         md_table(table), "",
+        "### Best design per prompt length with no SLO (feasible only)", "",
+        md_table(table_free), "",
         f"### Crossover prompt length vs batch ({layout_text(ref, ('layout.tp', 'layout.pp'))})",
         "", md_table(sweep.round(0), 6), "",
     ])

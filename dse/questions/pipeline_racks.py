@@ -152,7 +152,7 @@ def answer(ctx: Context) -> Answer:
     jump_pp = int(pp_pct.idxmax())
     jump = best[best[PP] == jump_pp].set_index(BW)
     no_pp1 = int((df[PP] == 1).sum()) > 0 and not bool(df.loc[df[PP] == 1, "feasible"].any())
-    gb = lambda v: v * 8 / 1e9  # noqa: E731  bytes/s -> Gb/s
+    gb = lambda v: v * 8 / 1e9
     numbers = {
         "hop_share_max": share,
         "max_hop_share_feasible": float(f["hop_share"].max()),
@@ -165,7 +165,7 @@ def answer(ctx: Context) -> Answer:
         "cheapest_usd_per_mtok_output": float(cheapest["usd_per_mtok_output"]),
         "cheapest_hop_share": float(cheapest["hop_share"]),
         "bw_for_share_cheapest_bytes_per_s": bw_cheap,
-        "network_bound_designs": net_bound, "feasible_designs": int(len(f)),
+        "network_bound_designs": net_bound, "feasible_designs": len(f),
         "reference_bw_bytes_per_s": ref_bw, "slowest_bw_bytes_per_s": lo_bw,
         "best_cost_increase_at_slowest_bw_pct": slow_pct,
         "max_cost_increase_one_pp_at_slowest_bw_pct": float(pp_pct.max()),
@@ -195,8 +195,8 @@ def answer(ctx: Context) -> Answer:
         f"design under the SLO at the catalog's {gb(ref_bw):g} Gb/s (pp={int(cheapest[PP])}, "
         f"batch {int(cheapest[BATCH])}, ${cheapest['usd_per_mtok_output']:.2f}/Mtok output; "
         f"its hop is {100 * cheapest['hop_share']:.2f}% of the step).",
-        f"- **Batch threshold:** the hop's share grows with the batch (a fixed latency plus "
-        f"bytes per token); " + batch_text,
+        "- **Batch threshold:** the hop's share grows with the batch (a fixed latency plus "
+        "bytes per token); " + batch_text,
         f"- **What the link is worth:** the best cost under the SLO is "
         f"**{slow_pct:+.1f}%** at {gb(lo_bw):g} Gb/s vs {gb(ref_bw):g} Gb/s. For a fixed depth "
         f"the change can be larger (pp={jump_pp}: {pp_pct.max():+.0f}%, "

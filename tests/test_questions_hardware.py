@@ -1,0 +1,184 @@
+"""The worked questions context-length, ep-domain, pipeline-racks and hardware-value: each space
+is answered end to end into a temporary folder, and its numbers have the properties the
+question is about, checked against the designs they name, re-scored independently."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dse.perf import OPS, score
+from dse.questions import QUESTIONS_DIR, Context, answer_space
+from dse.space import load_space
+
+KV = OPS.index("attn_core")
+
+
+@pytest.fixture(scope="module")
+def answered(tmp_path_factory):
+    """Answer each question once per module: {name: (report folder, numbers)}."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            tmp = tmp_path_factory.mktemp(name)
+            out = answer_space(str(QUESTIONS_DIR / f"{name}.toml"), out=str(tmp / "report"),
+                               run_dir=str(tmp / "run"))
+            cache[name] = (out, json.loads((out / "answer.json").read_text())["numbers"])
+        return cache[name]
+    return get
+
+
+def space_of(name):
+    return load_space(str(QUESTIONS_DIR / f"{name}.toml"))
+
+
+def rescore(name: str, design_id: int, **changes) -> dict:
+    """Metrics of one design of the space, with parameter values changed (by path)."""
+    space = space_of(name)
+    vals = space.values_at(np.array([design_id]))
+    for k, v in changes.items():
+        vals[k.replace("__", ".")] = np.array([v])
+    b, _ = space.batch_from_values(vals)
+    return {k: v[0] for k, v in score(b).items()}
+
+
+def decode_kv_split(space, vals: dict):
+    """(KV read, rest of the decode step) of the designs ``vals``, from the scorer directly."""
+    b, _ = space.batch_from_values(vals)
+    _, steps = score(b.expanded(), breakdown=True)
+    kv = steps.decode.memory_s[KV]
+    return kv, steps.decode.total_s - kv
+
+
+def written(out: Path, figures=()):
+    for f in ("README.md", "answer.json", "summary.md", "index.html", "front.csv", *figures):
+        assert (out / f).is_file(), f
+    text = (out / "README.md").read_text()
+    assert text.index("## Answer") < text.index("## Method")
+    return text
+
+
+# ------------------------------------------------------------------ 5. context length
+
+def test_context_length(answered):
+    out, n = answered("context-length")
+    written(out, ["cost-vs-context.png", "op-split-vs-context.png", "crossover-vs-batch.png"])
+    best = pd.read_csv(out / "best-per-context.csv")
+    cost = best["usd_per_mtok_output"].to_numpy()
+    # cost per output token rises with the context, and strictly past the crossover
+    assert np.all(np.diff(cost) > 0)
+    assert n["output_price_step"] == pytest.approx(
+        n["usd_per_mtok_output_long"] / n["usd_per_mtok_output_short"])
+    assert n["output_price_step"] > 2 and n["input_price_step"] > 1
+    # the named designs have the numbers the answer gives, and meet the SLO
+    for tier in ("short", "long"):
+        m = rescore("context-length", n[f"{tier}_best_design_id"])
+        assert m["usd_per_mtok_output"] == pytest.approx(n[f"usd_per_mtok_output_{tier}"])
+        assert m["feasible"] and m["tpot_s"] <= 0.05
+
+
+def test_context_length_crossover_is_where_kv_equals_the_rest(answered):
+    _, n = answered("context-length")
+    space = space_of("context-length")
+    x = n["crossover_isl_at_short_best"]
+    vals = space.values_at(np.repeat(n["short_best_design_id"], 3))
+    vals["workload.isl"] = np.array([x, 0.8 * x, 1.25 * x])
+    kv, rest = decode_kv_split(space, vals)
+    assert kv[0] == pytest.approx(rest[0], rel=1e-6)
+    assert kv[1] < rest[1] and kv[2] > rest[2]
+    # the KV read grows with the batch, so the crossover moves to shorter prompts
+    vals = space.values_at(np.repeat(n["short_best_design_id"], 2))
+    vals["workload.isl"] = np.array([x, x])
+    vals["workload.concurrency"] = vals["workload.concurrency"] * np.array([1, 2])
+    kv, rest = decode_kv_split(space, vals)
+    assert kv[1] / rest[1] > kv[0] / rest[0]
+
+
+# ------------------------------------------------------------------ 6. EP inside vs across
+
+def test_ep_domain(answered):
+    out, n = answered("ep-domain")
+    written(out, ["ep-inside-vs-across.png"])
+    assert set(n["domains"]) == {"8", "72", "144", "576"}
+    for d, v in n["domains"].items():
+        inside, across = v["inside"], v["across"]
+        assert across["usd_per_mtok_output"] > inside["usd_per_mtok_output"], d
+        m = rescore("ep-domain", inside["design_id"])
+        assert m["usd_per_mtok_output"] == pytest.approx(inside["usd_per_mtok_output"])
+        assert m["num_chips"] == int(d) and m["tpot_s"] <= 0.05
+        assert rescore("ep-domain", across["design_id"])["num_chips"] == 2 * int(d)
+    # at equal chips, the same layout and batch is slower across two domains
+    pairs = n["equal_chip_pairs"]
+    assert pairs and all(p["tpot_across_ms"] > p["tpot_inside_ms"] for p in pairs)
+
+
+def test_ep_across_is_slower_when_scale_out_is_slower():
+    space = space_of("ep-domain")
+    ctx = Context(space, None, Path("."), {}, pd.DataFrame())
+    vals = {"topology.scaleup.domain_chips": np.array([144, 72, 72]),
+            "layout.dp": np.array([144] * 3), "layout.ep": np.array([144] * 3),
+            "workload.concurrency": np.array([8192] * 3)}
+    df = ctx.score(values=vals)
+    inside, across = df.iloc[0], df.iloc[1]
+    assert across["tpot_s"] > inside["tpot_s"]
+    assert across["decode_network_s"] > inside["decode_network_s"]
+    # a scale-out tier as fast as NVLink removes most of the penalty
+    fast = ctx.score(values={k: v[2:] for k, v in vals.items()},
+                     overrides={"topology.scaleout.link_bw_bytes_per_s": ("set", 900e9)})
+    assert fast["tpot_s"].iloc[0] < across["tpot_s"]
+
+
+# ------------------------------------------------------------------ 7. pipeline across nodes
+
+def test_pipeline_racks(answered):
+    from dse.questions.pipeline_racks import hop_times
+    out, n = answered("pipeline-racks")
+    written(out, ["pipeline-hop.png"])
+    assert n["pp1_infeasible"]
+    assert n["max_hop_share_feasible"] < n["hop_share_max"]
+    assert n["network_bound_designs"] == 0
+    assert n["best_cost_increase_at_slowest_bw_pct"] >= 0
+    # at the solved bandwidth, the hop is exactly the threshold share of the stage step; more
+    # bandwidth makes it smaller
+    space = space_of("pipeline-racks")
+    ctx = Context(space, None, Path("."), {}, pd.DataFrame())
+    bw = n["bw_for_share_worst_bytes_per_s"]
+    vals = space.values_at(np.repeat(n["worst_design_id"], 2))
+    vals["topology.scaleout.link_bw_bytes_per_s"] = np.array([bw, 4 * bw])
+    rows = ctx.score(values=vals)
+    share = hop_times(ctx, rows, vals)["hop_share"].to_numpy()
+    assert share[0] == pytest.approx(n["hop_share_max"], rel=1e-6)
+    assert share[1] < share[0]
+    m = rescore("pipeline-racks", n["cheapest_design_id"])
+    assert m["usd_per_mtok_output"] == pytest.approx(n["cheapest_usd_per_mtok_output"])
+
+
+# ------------------------------------------------------------------ 8. hardware upgrades
+
+def test_hardware_value(answered):
+    out, n = answered("hardware-value")
+    written(out, ["upgrade-value.png"])
+    rows = pd.DataFrame(n["rows"])
+    # an upgrade at the same price never makes the best design dearer or slower
+    assert (rows["cost_change_pct"] <= 1e-9).all()
+    assert (rows["throughput_change_pct"] >= -1e-9).all()
+    up = rows[rows["upgrade"] == "2x scale-up bandwidth"]
+    assert (up["cost_change_pct"] < 0).all()
+    for _, r in rows[rows["upgrade"] == "baseline"].iterrows():
+        m = rescore("hardware-value", r["cheapest_design_id"])
+        assert m["usd_per_mtok_output"] == pytest.approx(r["usd_per_mtok_output"])
+
+
+def test_more_hbm_bandwidth_never_raises_cost():
+    space = space_of("hardware-value")
+    ctx = Context(space, None, Path("."), {}, pd.DataFrame())
+    ids = np.arange(0, space.size, 7)
+    before = ctx.score(ids)
+    after = ctx.score(ids, overrides={"accelerator.hbm_bw_bytes_per_s": ("scale", 1.5)})
+    ok = before["feasible"].to_numpy()
+    assert (after["feasible"].to_numpy() == ok).all()
+    assert (after["usd_per_mtok_output"].to_numpy()[ok]
+            <= before["usd_per_mtok_output"].to_numpy()[ok] * (1 + 1e-12)).all()
