@@ -362,6 +362,19 @@ def component_factors(out) -> dict[str, np.ndarray]:
     return out_f
 
 
+# settable paths that are exactly one scorer field and feed no other (see to_batch)
+DIRECT_FIELDS = {"workload.isl": "isl", "workload.osl": "osl", "workload.concurrency": "concurrency",
+                 "workload.prefix_hit_fraction": "prefix_hit_fraction",
+                 "workload.prefill_concurrency": "prefill_concurrency",
+                 "serving.prefill_chip_ratio": "prefill_chip_ratio",
+                 "serving.max_batch_size": "max_batch_size",
+                 "serving.max_num_tokens": "max_num_tokens",
+                 "serving.kv_memory_fraction": "kv_memory_fraction",
+                 "serving.runtime_reserve_bytes": "runtime_reserve_bytes",
+                 "cost.amortization_years": "amortization_years", "cost.pue": "pue",
+                 "cost.electricity_usd_per_kwh": "electricity_usd_per_kwh"}
+
+
 def to_batch(out, compact: bool = False) -> Batch:
     """The resolved design table (a DataFrame, or a dict of columns) as the scorer's arrays.
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.build import DERIVED, FEEDERS, STRING_PATHS, derive_system, resolve, settable_paths, to_batch
+from dse.build import DERIVED, DIRECT_FIELDS, FEEDERS, STRING_PATHS, derive_system, resolve, settable_paths, to_batch
 from dse.design import SECTIONS, flatten, read_toml
 from dse.errors import InputError, suggest
 from dse.perf import METRICS, Batch
@@ -112,24 +112,54 @@ class Space:
 
     def batch(self, index: np.ndarray) -> tuple[Batch, dict]:
         """Scorer input for the designs at ``index``, and their resolved columns."""
-        return self.batch_from_values(self.values_at(index))
+        index = np.asarray(index, dtype=np.int64)
+        if not self.parameters:
+            return self.batch_from_values({})
+        coords = np.unravel_index(index, self.shape)
+        vals = {p.path: _value_array(p)[c] for p, c in zip(self.parameters, coords)}
+        return self.batch_from_values(vals, codes=dict(zip((p.path for p in self.parameters),
+                                                           coords)))
 
-    def batch_from_values(self, vals: dict[str, np.ndarray],
-                          overrides: dict | None = None) -> tuple[Batch, dict]:
-        """Scorer input for designs given by their parameter values (one array per path).
+    def batch_from_values(self, vals: dict[str, np.ndarray], overrides: dict | None = None,
+                          codes: dict | None = None) -> tuple[Batch, dict]:
+        """Scorer input for designs given by their parameter values (one array per path), and the
+        resolved columns of their distinct non-direct rows.
 
-        Only the distinct combinations of *structural* values (catalog ids, dtypes, modes and the
-        numbers the system's derived links come from) go through the catalog; every other
-        parameter is written straight into its column, vectorized. All values were checked when
-        the space was loaded.
+        Parameters that are one scorer field and nothing else (batch, prompt and answer lengths,
+        runtime caps: ``build.DIRECT_FIELDS``) are written straight into the Batch; the designs'
+        distinct combinations of the other parameters are built once (compact) and gathered.
+        Within those, only the distinct *structural* values (catalog ids, dtypes, modes and the
+        numbers the system's derived links come from) go through the catalog. All values were
+        checked when the space was loaded. ``codes``: the values' grid coordinates, when known.
         """
         n = len(next(iter(vals.values()))) if vals else 1
-        structural = [p for p in self.parameters
-                      if not p.scale and (p.path in STRING_VALUED or p.path in FEEDERS)]
+        direct = [p for p in self.parameters
+                  if not p.scale and p.path in DIRECT_FIELDS and p.path not in (overrides or {})]
+        rest = [p for p in self.parameters if p not in direct]
+        if rest and n > 1:
+            if codes is not None:
+                first, inverse = _distinct_codes([codes[p.path] for p in rest],
+                                                 [len(p.values) for p in rest])
+            else:
+                first, inverse = _distinct_rows([np.asarray(vals[p.path]) for p in rest])
+        else:
+            first, inverse = np.array([0]), np.zeros(n, np.int64)
+        b, table = self._distinct_batch({p.path: np.asarray(vals[p.path])[first] for p in rest},
+                                        overrides)
+        if len(first) != n or direct:
+            cols = {k: (v if len(v) == 1 else v[inverse]) for k, v in b.columns.items()}
+            for p in direct:
+                cols[DIRECT_FIELDS[p.path]] = np.asarray(vals[p.path], dtype=float)
+            b = Batch(cols)
+        return b, table
+
+    def _distinct_batch(self, vals: dict[str, np.ndarray],
+                        overrides: dict | None = None) -> tuple[Batch, dict]:
+        n = len(next(iter(vals.values()))) if vals else 1
+        structural = [p for p in self.parameters if p.path in vals
+                      and not p.scale and (p.path in STRING_VALUED or p.path in FEEDERS)]
         if structural:
-            codes = [pd.factorize(vals[p.path])[0] for p in structural]
-            key = np.ravel_multi_index(codes, [c.max() + 1 for c in codes])
-            _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+            first, inverse = _distinct_rows([np.asarray(vals[p.path]) for p in structural])
         else:
             first, inverse = np.array([0]), np.zeros(n, np.int64)
         combos = tuple(tuple(np.asarray(vals[p.path], dtype=object)[first].tolist())
@@ -152,7 +182,7 @@ class Space:
                 table[c] = pd.Categorical.from_codes(codes[inverse], categories=cats)
         explicit = {p.path for p in self.parameters if not p.scale} | set(self.base)
         for p in self.parameters:
-            if p in structural:
+            if p in structural or p.path not in vals:
                 continue
             if p.scale:
                 table[p.path] = np.asarray(table[p.path], dtype=float) * np.asarray(vals[p.path], float)
@@ -167,6 +197,22 @@ class Space:
         if scaled_feeders:
             derive_system(table, keep=(explicit | {k for k in (overrides or {})}) & set(DERIVED))
         return to_batch(table, compact=True), table
+
+
+def _distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """First row of each distinct combination of the columns, and each row's combination."""
+    codes = [pd.factorize(c)[0] for c in columns]
+    return _distinct_codes(codes, [int(c.max()) + 1 for c in codes])
+
+
+def _distinct_codes(codes: list[np.ndarray], dims: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    if math.prod(dims) < 2**62:
+        key = np.ravel_multi_index(codes, dims)
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    else:
+        _, first, inverse = np.unique(np.stack(codes, axis=1), axis=0, return_index=True,
+                                      return_inverse=True)
+    return first, inverse.reshape(-1)
 
 
 @functools.lru_cache(maxsize=256)

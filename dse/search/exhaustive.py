@@ -32,14 +32,15 @@ def score_chunk(space, i: int, chunk: int) -> tuple[pd.DataFrame, int]:
     lo, hi = i * chunk, min((i + 1) * chunk, space.size)
     idx = np.arange(lo, hi, dtype=np.int64)
     batch, _ = space.batch(idx)
-    s = score_chunked(batch, dtype=np.float32)
+    names = {o.metric for o in space.objectives} | {c.metric for c in space.constraints}
+    s = score_chunked(batch, dtype=np.float32, metrics=sorted(names | set(KEEP_METRICS)
+                                                              | {"feasible"}))
     ok = pareto.admissible(s, space.objectives, space.constraints)
     F = pareto.objective_matrix(s, space.objectives)[ok]
     keep = np.flatnonzero(ok)[pareto.nondominated(F)]
     table = pd.DataFrame({"design_id": idx[keep]})
     for p, v in space.values_at(idx[keep]).items():
         table[p] = v
-    names = {o.metric for o in space.objectives} | {c.metric for c in space.constraints}
     for m in sorted(names | set(KEEP_METRICS)):
         v = s[m][keep]
         table[m] = v.astype(np.float64) if v.dtype.kind == "f" else v
