@@ -2,6 +2,7 @@
 answered end to end into a temporary folder, and its numbers have the properties the question
 is about (checked against the designs they name, re-scored independently)."""
 
+import itertools
 import json
 import math
 import shutil
@@ -9,9 +10,9 @@ import shutil
 import numpy as np
 import pytest
 
+from dse.perf import score
 from dse.questions import QUESTIONS_DIR, answer_space
 from dse.space import load_space
-from dse.perf import score
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_fast_mode(answered):
         assert s["usd_per_mtok_output"] == pytest.approx(d["usd_per_mtok_output"], rel=1e-9)
     # the price multiple grows with the speedup, and the cost optimum is the cheapest of all
     mult = [v["multiple"] for v in n["table"].values()]
-    assert all(a <= b for a, b in zip(mult, mult[1:]))
+    assert all(a <= b for a, b in itertools.pairwise(mult))
     assert n["cost_optimum"]["usd_per_mtok_output"] <= base["usd_per_mtok_output"]
     assert n["speedup_at_reference_multiple"] > n["speedup"]
 
@@ -93,7 +94,7 @@ def test_rack_throughput(answered):
     demand, slo = n["demand_output_tokens_per_s"], n["slo_tokens_per_s_per_user"]
     picks = n["picks"]
     assert "deepseek-v3 on gb200" in picks
-    for name, p in picks.items():
+    for p in picks.values():
         assert p["racks"] == math.ceil(demand / p["rack_output_tokens_per_s"])
         assert p["output_tokens_per_s_per_user"] >= slo
         assert p["instances_per_rack"] * p["num_chips"] <= 72
@@ -114,7 +115,7 @@ def test_token_prices(answered):
     assert n["pricing_file_found"]
     assert n["public_prices_used"] >= 20
     assert n["public_ratio_min"] <= n["public_ratio_median"] <= n["public_ratio_max"]
-    for name, v in n["models"].items():
+    for v in n["models"].values():
         assert v["output_over_input"] > 1.0          # an output token costs more than an input one
         assert v["usd_per_mtok_output"] > v["usd_per_mtok_input"]
         # smaller batches make decode relatively dearer

@@ -26,7 +26,7 @@ import pandas as pd
 
 from dse.perf import OPS, score
 from dse.questions import Answer, Context
-from dse.questions.fast_mode import admissible, describe, fmt, md_table, pyplot, save
+from dse.questions.fast_mode import admissible, describe, md_table, pyplot, save
 
 COST = "usd_per_mtok_output"
 BATCH = "workload.concurrency"

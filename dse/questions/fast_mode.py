@@ -175,24 +175,25 @@ def answer(ctx: Context) -> Answer:
                 f"{base[SPEED]:.1f} tokens/s/user (max {df[SPEED].max():.1f})")
     else:
         head = "\n".join([
-            f"- **Fast mode costs {mult:.2f}x** the normal price per output token: "
-            f"${fast[COST]:.3f}/Mtok vs ${base[COST]:.3f}/Mtok.",
-            f"- Normal (baseline): {base[SPEED]:.1f} tokens/s/user at ${base[COST]:.3f}/Mtok "
-            f"output, batch {int(base['workload.concurrency']):,} sequences per instance "
-            f"(tp={int(base['layout.tp'])}, dp={int(base['layout.dp'])}, ep={int(base['layout.ep'])}), "
-            f"{base['output_tokens_per_s_per_rack']:,.0f} output tokens/s per rack.",
-            f"- Fast ({speedup:g}x, >= {speedup * base[SPEED]:.1f} tokens/s/user): "
-            f"{fast[SPEED]:.1f} tokens/s/user at ${fast[COST]:.3f}/Mtok output, batch "
-            f"{int(fast['workload.concurrency']):,} (tp={int(fast['layout.tp'])}, "
-            f"dp={int(fast['layout.dp'])}, ep={int(fast['layout.ep'])}), "
-            f"{fast['output_tokens_per_s_per_rack']:,.0f} output tokens/s per rack "
-            f"(batch {base['workload.concurrency'] / fast['workload.concurrency']:.1f}x smaller).",
-            f"- From the unconstrained cost optimum ({opt[SPEED]:.1f} tokens/s/user, "
-            f"${opt[COST]:.3f}/Mtok, batch {int(opt['workload.concurrency']):,}) "
-            f"{speedup:g}x the speed costs {multiple(df, opt, speedup)[1]:.2f}x.",
-            f"- Conversely, {ref_mult:g}x the baseline's price buys at most "
-            f"{bought[SPEED] / base[SPEED]:.2f}x its speed ({bought[SPEED]:.1f} tokens/s/user, "
-            f"batch {int(bought['workload.concurrency']):,}).",
+            (f"- **Fast mode costs {mult:.2f}x** the normal price per output token: "
+             f"${fast[COST]:.3f}/Mtok vs ${base[COST]:.3f}/Mtok."),
+            (f"- Normal (baseline): {base[SPEED]:.1f} tokens/s/user at ${base[COST]:.3f}/Mtok "
+             f"output, batch {int(base['workload.concurrency']):,} sequences per instance "
+             f"(tp={int(base['layout.tp'])}, dp={int(base['layout.dp'])}, ep={int(base['layout.ep'])}), "
+             f"{base['output_tokens_per_s_per_rack']:,.0f} output tokens/s per rack."),
+            (f"- Fast ({speedup:g}x, >= {speedup * base[SPEED]:.1f} tokens/s/user): "
+             f"{fast[SPEED]:.1f} tokens/s/user at ${fast[COST]:.3f}/Mtok output, batch "
+             f"{int(fast['workload.concurrency']):,} (tp={int(fast['layout.tp'])}, "
+             f"dp={int(fast['layout.dp'])}, ep={int(fast['layout.ep'])}), "
+             f"{fast['output_tokens_per_s_per_rack']:,.0f} output tokens/s per rack "
+             f"({fast['workload.concurrency'] / fast['num_chips']:.0f} sequences per chip vs "
+             f"{base['workload.concurrency'] / base['num_chips']:.0f} for the baseline)."),
+            (f"- From the unconstrained cost optimum ({opt[SPEED]:.1f} tokens/s/user, "
+             f"${opt[COST]:.3f}/Mtok, batch {int(opt['workload.concurrency']):,}) "
+             f"{speedup:g}x the speed costs {multiple(df, opt, speedup)[1]:.2f}x."),
+            (f"- Conversely, {ref_mult:g}x the baseline's price buys at most "
+             f"{bought[SPEED] / base[SPEED]:.2f}x its speed ({bought[SPEED]:.1f} tokens/s/user, "
+             f"batch {int(bought['workload.concurrency']):,})."),
         ])
     rows = []
     for x in speedups:

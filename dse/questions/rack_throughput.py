@@ -123,9 +123,9 @@ def answer(ctx: Context) -> Answer:
                 continue
             f = fleet(p, demand)
             rows.append([name, f"{s:g}", p["rack_tokens_per_s"],
-                         f"{int(p['instances_per_rack'])} x {int(p['num_chips'])} chips, batch "
-                         f"{int(p['workload.concurrency']):,} (tp={int(p['layout.tp'])}, "
-                         f"dp={int(p['layout.dp'])}, ep={int(p['layout.ep'])})",
+                         (f"{int(p['instances_per_rack'])} x {int(p['num_chips'])} chips, batch "
+                          f"{int(p['workload.concurrency']):,} (tp={int(p['layout.tp'])}, "
+                          f"dp={int(p['layout.dp'])}, ep={int(p['layout.ep'])})"),
                          f"{f['racks']:,}", f["usd_per_mtok_output_all_in"], p["usd_per_mtok_output"]])
     table = md_table(["model on rack", "SLO tok/s/user", "rack output tok/s", "design",
                       f"racks for {demand:.0e} tok/s", "$/Mtok output all-in",

@@ -213,5 +213,5 @@ costs: margins, cache discounts and demand shape them too.
                "public_ratio_median": med,
                "public_ratio_min": float(pub["ratio"].min()) if len(pub) else None,
                "public_ratio_max": float(pub["ratio"].max()) if len(pub) else None,
-               "public_prices_used": int(len(pub))}
+               "public_prices_used": len(pub)}
     return Answer("\n".join(head), details, numbers, figs)
