@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from helpers import batch
+import pytest
+from helpers import batch, design
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -131,3 +132,19 @@ def test_float32_scoring_agrees_with_float64():
     a, f = score_chunked(b), score_chunked(b, dtype=np.float32)
     for k in ("tpot_s", "ttft_s", "output_tokens_per_s_per_chip", "usd_per_mtok_output"):
         np.testing.assert_allclose(f[k], a[k], rtol=1e-5, equal_nan=True)
+
+
+def test_routed_expert_compute_of_one_token_ignores_untouched_experts():
+    """One decode token uses top_k experts: their matmuls are padded to tiles, the other
+    experts' are not computed at all, so the routed compute does not depend on how many
+    experts there are (memory does: more experts, more weights)."""
+    from dse.perf import OPS
+    j = OPS.index("moe_routed")
+    times = []
+    for experts in (64, 256):
+        d = design("h200-sxm", "deepseek-v3", **{"model.num_experts": experts, "layout.tp": 8,
+                                                 "model.weight_dtype": "fp8",
+                                                 "workload.concurrency": 1, "workload.phase": "decode"})
+        _, steps = score(batch(d), breakdown=True)
+        times.append(float(steps.decode.compute_s[j, 0]))
+    assert times[0] == pytest.approx(times[1], rel=1e-12)

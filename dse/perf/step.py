@@ -84,7 +84,7 @@ class Coefficients:
         e = np.maximum(b.n_experts, 1.0)
         k = np.minimum(b.top_k, e)
         self.log_miss = np.log1p(-np.minimum(k / e, 1.0 - 1e-12))   # per-token chance to miss one
-        self.expert_pad = self.h * e / np.maximum(k, 1e-12) * arch.flag(k > 0, k)
+        self.expert_pad = self.h * e / np.maximum(k, 1e-12) * arch.flag(k > 0, k)  # all E used
         p_exp = arch.expert_params(b)
         self.c_moe = 2.0 * k * p_exp * moe_layers / ffn_g / mm
         self.m_moe = arch.expert_slots(b) * p_exp * moe_layers * wb / ffn_g / hbm
@@ -146,7 +146,7 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     c_dense = k.c_dense * (tok + h) * some
     n_dense = k.n_dense[0] + k.n_dense[1] * tok
     touched = 1.0 - np.exp(tok * k.log_miss)
-    c_moe = k.c_moe * (tok + k.expert_pad) * some
+    c_moe = k.c_moe * (tok + k.expert_pad * touched) * some   # tiles padded per expert used
     m_moe = k.m_moe * touched
     n_moe = k.n_moe[0] + k.n_moe[1] * tok
     c_sh = k.c_sh * (tok + h) * some

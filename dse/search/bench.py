@@ -102,6 +102,8 @@ def bench_optuna_rate(trials: int):
         before = runs.status(d)["trials_completed"]
         optuna_strategy.run(space, d, m, max_trials=window, budget_s=None, progress=False)
         rates.append((runs.status(d)["trials_completed"] - before) / (time.perf_counter() - t0))
+        print(f"  window {len(rates)}: trials {before:,}-{runs.status(d)['trials_completed']:,}: "
+              f"{rates[-1]:,.1f} trials/s", flush=True)
     print(f"optuna nsga2 (journal storage, batches of 100, studies of "
           f"{optuna_strategy.SEGMENT_TRIALS:,}): {trials:,} trials; trials/s per window of "
           f"{window:,}: " + ", ".join(f"{r:,.0f}" for r in rates)
