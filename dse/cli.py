@@ -131,6 +131,8 @@ def _run(a) -> int:
         space = load_space(a.space)
         strategy = a.strategy or ("exhaustive" if space.size <= EXHAUSTIVE_MAX else "optuna")
         if strategy in ("optuna", "nested"):
+            a.sampler = a.sampler or ("tpe" if strategy == "nested" else "nsga2")
+            a.population = a.population or (4 if strategy == "nested" else 32)
             optuna_strategy.make_sampler(a.sampler, a.seed, a.population)  # fail early
         d = runs.new_run_dir(space.name, a.out)
         extra = {"chunk_designs": a.chunk_designs or exhaustive.CHUNK_DESIGNS}
@@ -295,8 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "sampler picks hardware/model points, every layout and batch under each "
                         "is scored")
     r.add_argument("--sampler", choices=["nsga2", "nsga3", "tpe", "random", "qmc", "gp"],
-                   default="nsga2", help="optuna sampler (default nsga2)")
-    r.add_argument("--population", type=int, default=32, help="trials asked and scored per batch")
+                   help="Optuna sampler (default: nsga2 for optuna, tpe for nested)")
+    r.add_argument("--population", type=int,
+                   help="trials asked and scored per batch (default 32; nested: 4)")
     r.add_argument("--storage", help="Optuna RDB URL (default: a journal file in the run folder)")
     r.add_argument("--trials", type=int,
                    help="exhaustive: chunks to do now; optuna: trials in the run (default "

@@ -36,7 +36,8 @@ KEEP_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "output_toke
 BIG = 1e30
 
 
-def make_sampler(name: str, seed: int, population: int):
+def make_sampler(name: str, seed: int, population: int, nested: bool = False):
+    """An Optuna sampler. Nested runs ask few, costly trials: TPE starts modelling after 5."""
     import optuna
     s = optuna.samplers
     if name == "nsga2":
@@ -44,7 +45,8 @@ def make_sampler(name: str, seed: int, population: int):
     if name == "nsga3":
         return s.NSGAIIISampler(population_size=population, seed=seed)
     if name == "tpe":
-        return s.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+        return s.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                            n_startup_trials=5 if nested else 10)
     if name == "random":
         return s.RandomSampler(seed=seed)
     if name == "qmc":
@@ -214,7 +216,7 @@ def _rotate(study, segment, manifest, d, storage, sampler_name, population, dire
     runs.write_json(Path(d) / "manifest.json", manifest)
     new = optuna.create_study(study_name=_segment_name(manifest, segment), storage=storage,
                               sampler=make_sampler(sampler_name, manifest.get("seed", 0) + segment,
-                                                   population),
+                                                   population, manifest["strategy"] == "nested"),
                               directions=directions, load_if_exists=True)
     if len(front):
         enqueue_designs(new, front["design_id"].to_numpy()[: 2 * population], space, outer)
@@ -230,6 +232,51 @@ def enqueue_designs(study, ids, space, outer) -> int:
     for row in points:
         study.enqueue_trial({space.parameters[i].path: int(c) for i, c in zip(outer, row)})
     return len(points)
+
+
+LOCAL_SHARE = 2 / 3   # nested: share of trials spent next to the front's points (the rest: sampler)
+
+
+def enqueue_neighbours(study, space, outer, front: pd.DataFrame, k: int, ref: dict | None,
+                       seed: int = 0) -> int:
+    """Enqueue up to ``k`` untried outer points next to the front's (one grid step along one
+    ordered parameter, or another value of a categorical one), neighbours of the points that
+    add the most hypervolume to the front first."""
+    if k <= 0 or not outer or not len(front):
+        return 0
+    coords = np.array(np.unravel_index(front["design_id"].to_numpy(np.int64), space.shape)).T
+    coords = coords[:, outer]
+    points, owner = np.unique(coords, axis=0, return_inverse=True)
+    owner = owner.reshape(-1)
+    gain = np.zeros(len(points))
+    if ref is not None and len(points) > 1:
+        F = pareto.objective_matrix(front, space.objectives)
+        r, sc = np.array(ref["point"]), np.array(ref["scale"])
+        total = pareto.hypervolume(F, r, sc)
+        gain = np.array([total - pareto.hypervolume(F[owner != j], r, sc)
+                         for j in range(len(points))])
+    seen = set()
+    for t in study.get_trials(deepcopy=False):    # tried, running, or enqueued (fixed params)
+        params = t.params or t.system_attrs.get("fixed_params") or {}
+        seen.add(tuple(params.get(space.parameters[i].path) for i in outer))
+    rng = np.random.default_rng(seed)
+    cand = {}
+    for j in np.lexsort((rng.random(len(points)), -gain)):    # biggest contribution first
+        point = tuple(int(c) for c in points[j])
+        moves = []
+        for d, i in enumerate(outer):
+            p = space.parameters[i]
+            steps = (-1, 1) if _ordered(p) else range(-len(p.values) + 1, len(p.values))
+            moves += [point[:d] + (point[d] + s,) + point[d + 1:] for s in steps
+                      if s and 0 <= point[d] + s < len(p.values)]
+        for q in rng.permutation(len(moves)):
+            if moves[q] not in seen:
+                cand.setdefault(moves[q], None)
+        if len(cand) >= k:
+            break
+    for q in list(cand)[:k]:
+        study.enqueue_trial({space.parameters[o].path: c for o, c in zip(outer, q)})
+    return min(k, len(cand))
 
 
 def front_from_study(study, space) -> pd.DataFrame:
@@ -270,7 +317,7 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     nested = manifest["strategy"] == "nested"
     sampler_name = manifest.get("sampler", "nsga2")
     population = int(manifest.get("population", 32))
-    sampler = make_sampler(sampler_name, manifest.get("seed", 0), population)
+    sampler = make_sampler(sampler_name, manifest.get("seed", 0), population, nested)
     directions = ["maximize"] if nested else [o.direction for o in space.objectives]
     storage = storage_for(d, storage_url)
     segment = int(manifest.get("segment", 0))
@@ -362,6 +409,12 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                 time.sleep(HEARTBEAT_S / 2)       # others' trials may die and come back
                 continue
             n = min(population, target - done_trials, left)
+            if nested and len(front):
+                # local search: LOCAL_SHARE of the trials go to untried grid neighbours of the
+                # points on the front (the sampler proposes the rest)
+                k = int(np.floor(n * LOCAL_SHARE + (done_trials * LOCAL_SHARE) % 1 + 1e-9))
+                enqueue_neighbours(study, space, outer, front, k, manifest.get("reference"),
+                                   seed=done_trials)
             trials = [with_retry(study.ask, dists) for _ in range(n)]
             if shared:
                 for t in trials:
