@@ -145,3 +145,32 @@ def test_a_lost_database_connection_is_retried(capsys):
     calls.clear()
     with pytest.raises(sqlalchemy.exc.OperationalError):
         with_retry(lambda: flaky() if len(calls) < 10 else None, delays=(0,))
+
+
+def test_nested_local_search_enqueues_untried_grid_neighbours_of_the_front():
+    import optuna
+
+    from dse.search.bench import CHIP_SPACE, _space
+    from dse.search.optuna_strategy import distributions, enqueue_neighbours, split_parameters
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = _space(CHIP_SPACE)
+    outer, _ = split_parameters(space, True)
+    study = optuna.create_study(direction="maximize")
+    dists = {space.parameters[i].path: distributions(space)[space.parameters[i].path] for i in outer}
+    tried = study.ask(dists)
+    study.tell(tried, 1.0)
+    point = [tried.params[space.parameters[i].path] for i in outer]
+    coords = np.zeros(len(space.parameters), np.int64)
+    coords[outer] = point
+    front = pd.DataFrame({"design_id": [int(np.ravel_multi_index(coords, space.shape))],
+                          "usd_per_mtok_output": [1.0], "output_tokens_per_s_per_user": [10.0]})
+    n = enqueue_neighbours(study, space, outer, front, 50, None, seed=0)
+    waiting = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)
+               if t.state == optuna.trial.TrialState.WAITING]
+    assert n == len(waiting) > 0
+    # every one differs from the front's point by one grid step in one parameter, none twice
+    steps = [sorted(abs(w[space.parameters[i].path] - p) for i, p in zip(outer, point)) for w in waiting]
+    assert all(s[-1] == 1 and sum(s) == 1 for s in steps)
+    assert len({tuple(sorted(w.items())) for w in waiting}) == len(waiting)
+    # neighbours already tried or enqueued are not enqueued again
+    assert enqueue_neighbours(study, space, outer, front, 50, None, seed=1) == 0
