@@ -5,6 +5,7 @@ Every ``spaces/questions/*.toml`` (or the named ones) is answered into ``reports
 """
 
 import argparse
+import os
 import sys
 import time
 
@@ -28,7 +29,7 @@ def main(argv=None) -> int:
     for f in files:
         t0 = time.monotonic()
         try:
-            out = answer_space(str(f))
+            out = answer_space(os.path.relpath(f))
         except InputError as e:
             print(f"dse: error: {e}", file=sys.stderr)
             return 2

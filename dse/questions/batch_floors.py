@@ -169,8 +169,9 @@ def answer(ctx: Context) -> Answer:
             f"{within:.0%} of its floor (${f[COST]:.3f}/Mtok output) from **batch {int(o[BATCH]):,}**;"
             f" the formula gives B* = {s['formula_batch']:,.0f} ({s['hw_ratio']:.0f} x "
             f"{s['sparsity']:.1f}); ratio {o[BATCH] / s['formula_batch']:.2f}. Latency floor "
-            f"{r['lat']['latency_floor_s'] * 1e3:.1f} ms (weights per chip / HBM bandwidth) vs "
-            f"smallest TPOT {r['fastest']['tpot_s'] * 1e3:.1f} ms on the same "
+            f"{r['lat']['latency_floor_s'] * 1e3:.1f} ms (all weights per chip / HBM bandwidth"
+            f"{'; a small MoE batch reads only the experts it touches' if s['sparsity'] > 1.5 else ''}"
+            f") vs smallest TPOT {r['fastest']['tpot_s'] * 1e3:.1f} ms on the same "
             f"{int(f['num_chips'])} chips; the cost floor is {r['floor_limit']}-limited.")
     head.append(f"- The sparse model's optimal batch is {sparse['opt'][BATCH] / dense['opt'][BATCH]:.1f}x"
                 f" the dense one's ({sparse['model']} vs {dense['model']}); the formula predicts "
