@@ -43,6 +43,7 @@ DEFAULTS: dict[str, object] = {
     "serving.mode": "aggregated", "serving.prefill_chip_ratio": 0.0,
     "layout.prefill_tp": 0, "layout.prefill_pp": 0, "layout.prefill_ep": 0, "layout.prefill_dp": 0,
     "workload.prefill_concurrency": 1,
+    "workload.demand_output_tokens_per_s": 0.0,    # 0: no demand (the fleet metrics are NaN)
     # serving runtime: dse/catalog/serving.toml (sources there)
     **{f"serving.{k}": v for k, v in catalog.serving_defaults().items()},
     # cost: ownership over 4 years, PUE 1.3, $0.08/kWh (industrial US average, estimate)
@@ -243,6 +244,7 @@ def _check_values(out: pd.DataFrame, file, names, alias):
             v = np.where(np.isnan(v), 1.0, v)
         zero_ok = col.startswith(("model.", "accelerator.efficiency.", "layout.prefill_")) or col in (
             "workload.prefix_hit_fraction", "serving.prefill_chip_ratio",
+            "workload.demand_output_tokens_per_s",
             "topology.scaleup_base_latency_s",
             "topology.scaleup_hop_latency_s", "topology.scaleout_latency_s")
         bad = np.isnan(v) | (v < 0) | ((v == 0) & (not zero_ok))
@@ -366,6 +368,7 @@ def component_factors(out) -> dict[str, np.ndarray]:
 DIRECT_FIELDS = {"workload.isl": "isl", "workload.osl": "osl", "workload.concurrency": "concurrency",
                  "workload.prefix_hit_fraction": "prefix_hit_fraction",
                  "workload.prefill_concurrency": "prefill_concurrency",
+                 "workload.demand_output_tokens_per_s": "demand_output_tokens_per_s",
                  "serving.prefill_chip_ratio": "prefill_chip_ratio",
                  "serving.max_batch_size": "max_batch_size",
                  "serving.max_num_tokens": "max_num_tokens",
@@ -419,6 +422,7 @@ def to_batch(out, compact: bool = False) -> Batch:
         **{f"prefill_{k}": np.where(f(f"layout.prefill_{k}") > 0, f(f"layout.prefill_{k}"),
                                     f(f"layout.{k}")) for k in ("tp", "pp", "ep", "dp")},
         "prefill_concurrency": f("workload.prefill_concurrency"),
+        "demand_output_tokens_per_s": f("workload.demand_output_tokens_per_s"),
         "prefill_chip_ratio": f("serving.prefill_chip_ratio"),
         "isl": f("workload.isl"), "osl": f("workload.osl"),
         "concurrency": f("workload.concurrency"),

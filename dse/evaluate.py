@@ -81,7 +81,7 @@ def _fmt_s(x):
 
 UNITS = (  # display only: (name contains, scale, unit), first match wins
     ("tokens_per_s", 1.0, "tokens/s"), ("usd_per_mtok", 1.0, "$/Mtok"),
-    ("usd_per_chip_hour", 1.0, "$/chip-h"), ("joules", 1.0, "J"), ("fraction", 100.0, "%"),
+    ("usd_per_chip_hour", 1.0, "$/chip-h"), ("usd_per_hour", 1.0, "$/h"), ("joules", 1.0, "J"), ("fraction", 100.0, "%"),
     ("_bytes_per_chip", 1e-9, "GB"), ("_bytes_per_token", 1e-3, "kB"), ("_params", 1e-9, "B"),
 )
 

@@ -160,3 +160,21 @@ def test_quality_proxy_dense_is_itself_and_experts_help():
     assert dense_equivalent_params(b.replace(n_experts=64))[0] > 1.5 * own
     m = batch(design(model="deepseek-v3"))
     assert dense_equivalent_params(m)[0] > 2 * (arch.active_params(m)[0] - arch.embedding_params(m)[0])
+
+
+def test_fleet_for_a_demand_in_whole_instances_and_racks():
+    """10^8 output tokens/s: whole instances (ceil), whole instances per rack (floor), $/hour of
+    their chips; an instance bigger than a rack takes whole racks; no demand gives NaN."""
+    import math
+    d = design("gb200", "deepseek-v3", **{"topology.id": "nvl72", "model.weight_dtype": "fp8",
+                                          "layout.ep": 32, "layout.dp": 32, "workload.concurrency": 2048,
+                                          "workload.demand_output_tokens_per_s": 1e8})
+    m = one(d)
+    inst = math.ceil(1e8 / m["output_tokens_per_s_per_instance"])
+    assert m["instances_for_demand"] == inst
+    assert m["racks_for_demand"] == math.ceil(inst / (72 // 32))
+    assert m["usd_per_hour_for_demand"] == pytest.approx(inst * 32 * m["usd_per_chip_hour"])
+    big = one({**d, "layout.ep": 128, "layout.dp": 128, "workload.concurrency": 8192})
+    assert big["racks_for_demand"] == big["instances_for_demand"] * 2      # 128 chips: 2 racks
+    none = one({**d, "workload.demand_output_tokens_per_s": 0})
+    assert math.isnan(none["racks_for_demand"]) and math.isnan(none["usd_per_hour_for_demand"])

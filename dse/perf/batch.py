@@ -78,6 +78,7 @@ FIELDS: dict[str, str] = {
     "osl": "output tokens per request",
     "concurrency": "requests in flight on one instance",
     "prefix_hit_fraction": "fraction of input tokens served from a prefix cache",
+    "demand_output_tokens_per_s": "output tokens/s a fleet must serve (0: no demand given)",
     "phase": "0 both (continuous batching), 1 prefill only, 2 decode only",
     "max_batch_size": "runtime cap on sequences per scheduler (per attention dp rank)",
     "max_num_tokens": "runtime cap on tokens per step (prefill chunk)",

@@ -39,6 +39,7 @@ METRICS = (
     "kv_bytes_per_chip", "hbm_used_fraction", "kv_bytes_per_token", "total_params", "active_params",
     "dense_equivalent_params",
     "num_chips", "concurrency", "decode_compute_s", "decode_memory_s", "decode_network_s",
+    "instances_for_demand", "racks_for_demand", "usd_per_hour_for_demand",
     "bound", "feasible", "reason",
 )
 
@@ -159,16 +160,36 @@ def score(b: Batch, breakdown: bool = False):
     prefill instances with their own layout: see ``_disaggregated``."""
     dis = b.disaggregated > 0
     if not np.any(dis):
-        return _instance(b, breakdown)
+        return _fleet(b, _instance(b, breakdown), breakdown)
     out = _disaggregated(b, breakdown)
     if np.all(dis):
-        return out
+        return _fleet(b, out, breakdown)
     agg = _instance(b, breakdown)
     if not breakdown:
-        return {k: np.where(dis, out[k], agg[k]) for k in agg}
+        return _fleet(b, {k: np.where(dis, out[k], agg[k]) for k in agg}, False)
     m = {k: np.where(dis, out[0][k], agg[0][k]) for k in agg[0]}
-    return m, Breakdown(*(_pick(dis, getattr(out[1], f), getattr(agg[1], f))
-                          for f in ("decode", "mixed", "prefill")))
+    return _fleet(b, (m, Breakdown(*(_pick(dis, getattr(out[1], f), getattr(agg[1], f))
+                                     for f in ("decode", "mixed", "prefill")))), True)
+
+
+def _fleet(b: Batch, res, breakdown: bool):
+    """What a demand of ``demand_output_tokens_per_s`` needs: whole instances, racks (whole
+    instances per rack, or whole racks per instance when it spans several), and their $/hour.
+    NaN without a demand."""
+    m = res[0] if breakdown else res
+    n = len(b)
+    demand = np.where(b.demand_output_tokens_per_s > 0, b.demand_output_tokens_per_s, np.nan)
+    inst = np.ceil(demand / m["output_tokens_per_s_per_instance"])
+    chips = m["num_chips"]
+    per_rack = np.floor(b.rack_chips / chips)
+    racks = np.where(per_rack >= 1, np.ceil(inst / np.maximum(per_rack, 1.0)),
+                     inst * np.ceil(chips / b.rack_chips))
+    m["instances_for_demand"] = np.broadcast_to(inst, (n,)).copy()
+    m["racks_for_demand"] = np.broadcast_to(racks, (n,)).copy()
+    m["usd_per_hour_for_demand"] = np.broadcast_to(inst * chips * m["usd_per_chip_hour"],
+                                                   (n,)).copy()
+    m = {k: m[k] for k in METRICS}
+    return (m, res[1]) if breakdown else m
 
 
 def _pick(mask, a, b):

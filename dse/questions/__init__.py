@@ -135,7 +135,7 @@ def _write(o: Path, space, ans: Answer, d: Path) -> None:
     (o / "README.md").write_text(md)
     (o / "answer.json").write_text(json.dumps(
         {"space": _rel(space.file), "analysis": space.answer.get("analysis"),
-         "numbers": ans.numbers}, indent=2, default=_json_default) + "\n")
+         "question": q, "headline": ans.headline.strip(), "numbers": ans.numbers}, indent=2, default=_json_default) + "\n")
     summary = o / "summary.md"
     if summary.is_file():
         summary.write_text(f"## Answer\n\n{ans.headline.strip()}\n\n(details: README.md)\n\n"
