@@ -21,30 +21,28 @@ weight fetch, KV fetch and network per op (``dse.perf.score(breakdown=True)``).
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from dse.perf import OPS, score
 from dse.questions import Answer, Context
-from dse.questions.fast_mode import admissible, describe, md_table, pyplot, save
+from dse.questions._common import (
+    admissible,
+    describe,
+    layout_curve,
+    md_table,
+    param_values,
+    pyplot,
+    save,
+)
 
 COST = "usd_per_mtok_output"
 BATCH = "workload.concurrency"
 LAYOUT = ("layout.tp", "layout.dp", "layout.ep")
 
 
-def curve(df: pd.DataFrame, row) -> pd.DataFrame:
-    """The designs of ``row``'s model and layout, over every admissible batch."""
-    same = np.ones(len(df), bool)
-    for c in ("model.id", *[c for c in LAYOUT if c in df]):
-        same &= (df[c] == row[c]).to_numpy()
-    return df[same].sort_values(BATCH).reset_index(drop=True)
-
-
 def spec(ctx: Context, rows: pd.DataFrame) -> pd.DataFrame:
     """Resolved catalog values and the per-op decode breakdown of ``rows`` (designs of the space)."""
-    vals = {p.path: rows[p.path].to_numpy() for p in ctx.space.parameters}
-    b, _ = ctx.space.batch_from_values(vals)
+    b, _ = ctx.space.batch_from_values(param_values(ctx, rows))
     b = b.expanded()
     m, steps = score(b, breakdown=True)
     dec = steps.decode
@@ -69,7 +67,7 @@ def spec(ctx: Context, rows: pd.DataFrame) -> pd.DataFrame:
 def summarize(ctx: Context, df: pd.DataFrame, within: float) -> dict:
     """Floors, optimal batch and formula of one model's admissible designs."""
     floor = df.loc[df[COST].idxmin()]
-    c = curve(df, floor)
+    c = layout_curve(df, floor, LAYOUT)
     opt = c[c[COST] <= (1.0 + within) * floor[COST]].iloc[0]
     fastest = c.loc[c["tpot_s"].idxmin()]
     fastest_any = df.loc[df["tpot_s"].idxmin()]
@@ -155,7 +153,8 @@ def _moe_caveat(res: list[dict]) -> str:
 
 def answer(ctx: Context) -> Answer:
     within = float(ctx.param("within_fraction", 0.10))
-    df = admissible(ctx)
+    df = ctx.score()
+    df = df[admissible(ctx, df)].reset_index(drop=True)
     models = list(dict.fromkeys(df["model.id"]))
     res = [summarize(ctx, df[df["model.id"] == m], within) for m in models]
     res.sort(key=lambda r: r["spec"]["sparsity"])

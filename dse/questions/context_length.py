@@ -19,64 +19,21 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dse import pareto
-from dse.perf import OPS, score
+from dse.perf import OPS
 from dse.questions import Answer, Context
+from dse.questions._common import (
+    admissible,
+    layout_text,
+    md_frame,
+    op_times,
+    param_values,
+    slo_text,
+)
 
 ISL = "workload.isl"
 OSL = "workload.osl"
 BATCH = "workload.concurrency"
 KV_OP = OPS.index("attn_core")
-
-
-# ---------------------------------------------------------------- shared helpers (also used by
-# the other hardware questions)
-
-def admissible(ctx: Context, df: pd.DataFrame) -> np.ndarray:
-    """Feasible designs that meet the space's constraints (the same test as the search)."""
-    return pareto.admissible(df, ctx.space.objectives, ctx.space.constraints)
-
-
-def layout_text(row, paths=("layout.tp", "layout.pp", "layout.dp", "layout.ep")) -> str:
-    """``tp=4 pp=1 batch=81``: the layout and batch of one design (paths present in ``row``)."""
-    parts = [f"{p.split('.')[-1]}={int(row[p])}" for p in paths if p in row.index]
-    return " ".join(parts + [f"batch={int(row[BATCH])}"])
-
-
-def md_table(df: pd.DataFrame, digits: int = 4) -> str:
-    """A DataFrame as a Markdown table (numbers to ``digits`` significant figures)."""
-    def fmt(v):
-        if isinstance(v, (float, np.floating)):
-            return "" if np.isnan(v) else f"{v:.{digits}g}"
-        return str(v)
-    head = "| " + " | ".join(map(str, df.columns)) + " |"
-    rule = "|" + "---|" * len(df.columns)
-    body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([head, rule, *body])
-
-
-def param_values(ctx: Context, rows: pd.DataFrame) -> dict:
-    """The parameter values of ``rows`` (as ``ctx.score(values=...)`` takes them)."""
-    return {p.path: rows[p.path].to_numpy() for p in ctx.space.parameters}
-
-
-def op_times(ctx: Context, values: dict, step: str = "decode", overrides: dict | None = None) \
-        -> pd.DataFrame:
-    """Per-op times of one step (``decode``, ``mixed`` or ``prefill``) of the designs given by
-    parameter ``values``: columns ``<op>_compute_s``, ``<op>_memory_s``, ``<op>_network_s``,
-    ``<op>_s`` for every op, ``overhead_s`` and ``total_s`` (one stage step)."""
-    b, _ = ctx.space.batch_from_values({k: np.asarray(v) for k, v in values.items()}, overrides)
-    _, steps = score(b.expanded(), breakdown=True)
-    st = getattr(steps, step)
-    out = {}
-    for j, op in enumerate(OPS):
-        out[f"{op}_compute_s"] = st.compute_s[j]
-        out[f"{op}_memory_s"] = st.memory_s[j]
-        out[f"{op}_network_s"] = st.network_s[j]
-        out[f"{op}_s"] = st.op_s[j]
-    out["overhead_s"] = st.overhead_s
-    out["total_s"] = st.total_s
-    return pd.DataFrame({k: np.asarray(v, dtype=float) for k, v in out.items()})
 
 
 def best_per(df: pd.DataFrame, ok: np.ndarray, by: str, metric: str,
@@ -222,16 +179,6 @@ def _figures(ctx: Context, best: pd.DataFrame, split: pd.DataFrame, free: pd.Dat
     return names
 
 
-def _slo_text(ctx: Context) -> str:
-    parts = []
-    for c in ctx.space.constraints:
-        if c.max is not None:
-            parts.append(f"{c.metric} <= {c.max:g}")
-        if c.min is not None:
-            parts.append(f"{c.metric} >= {c.min:g}")
-    return " and ".join(parts) or "no SLO"
-
-
 def answer(ctx: Context) -> Answer:
     short = int(ctx.param("short_context_tokens", 8192))
     long = int(ctx.param("long_context_tokens", 131072))
@@ -243,7 +190,7 @@ def answer(ctx: Context) -> Answer:
         raise ValueError(f"no admissible design at {short} or {long} prompt tokens")
     s, lg = by.loc[short], by.loc[long]
     fs, flg = fby.loc[short], fby.loc[long]
-    slo = _slo_text(ctx)
+    slo = slo_text(ctx)
     ratio_out = lg["usd_per_mtok_output"] / s["usd_per_mtok_output"]
     ratio_in = lg["input_usd_per_mtok_best"] / s["input_usd_per_mtok_best"]
     ratio_free = flg["usd_per_mtok_output"] / fs["usd_per_mtok_output"]
@@ -341,11 +288,11 @@ def answer(ctx: Context) -> Answer:
         "- The output cost counts the share of the step time spent on decode tokens; the input "
         "cost the share spent on prompt tokens (chunked prefill in the same steps).",
         "", f"### Best design per prompt length under {slo}", "",
-        md_table(table), "",
+        md_frame(table), "",
         "### Best design per prompt length with no SLO (feasible only)", "",
-        md_table(table_free), "",
+        md_frame(table_free), "",
         f"### Crossover prompt length vs batch ({layout_text(ref, ('layout.tp', 'layout.pp'))})",
-        "", md_table(sweep.round(0), 6), "",
+        "", md_frame(sweep.round(0), 6), "",
     ])
     figs = _figures(ctx, best, split, free, sweep, ref, slo)
     ctx.out.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from dse.questions import Answer, Context
-from dse.questions.context_length import admissible, md_table, op_times, param_values
+from dse.questions._common import admissible, md_frame, op_times, param_values, slo_text
 
 DOMAIN = "topology.scaleup.domain_chips"
 DP = "layout.dp"
@@ -103,17 +103,11 @@ def _figure(ctx: Context, table: pd.DataFrame, fast: pd.DataFrame, slo: str) -> 
     return "ep-inside-vs-across.png"
 
 
-def _slo_text(ctx: Context) -> str:
-    return " and ".join(x for c in ctx.space.constraints for x in (
-        f"{c.metric} <= {c.max:g}" if c.max is not None else "",
-        f"{c.metric} >= {c.min:g}" if c.min is not None else "") if x) or "no SLO"
-
-
 def answer(ctx: Context) -> Answer:
     df = ctx.score()
     df["placement"] = placement(df)
     ok = admissible(ctx, df)
-    slo = _slo_text(ctx)
+    slo = slo_text(ctx)
     cheap = _with_network(ctx, _best(df, ok, "usd_per_mtok_output"))
     fast = _best(df, df["feasible"].to_numpy(bool), "tpot_s")
     pairs = equal_chip_pairs(ctx, df, ok)
@@ -184,10 +178,10 @@ def answer(ctx: Context) -> Answer:
         "layers' all-reduce), per stage step, from `dse.perf.score(breakdown=True)`.",
         "- Equal chips: the cheapest inside design of 2D chips (domain 2D) re-scored with the "
         "domain set to D (`ctx.score(values=...)`), everything else equal.",
-        "", f"### Cheapest design per domain and placement ({slo})", "", md_table(t), "",
-        "### Lowest TPOT per domain and placement (feasible, no SLO)", "", md_table(ft), "",
+        "", f"### Cheapest design per domain and placement ({slo})", "", md_frame(t), "",
+        "### Lowest TPOT per domain and placement (feasible, no SLO)", "", md_frame(ft), "",
         "### Equal chips: one domain vs two, same layout and batch", "",
-        md_table(pairs) if len(pairs) else "(no pair)", "",
+        md_frame(pairs) if len(pairs) else "(no pair)", "",
         "## Caveats (model)", "",
         "- dse shards the dense MLP layers (DeepSeek-V3's first 3) over the whole tp x dp "
         "instance and all-reduces every token's activations over it (`mlp_dense` network), so "

@@ -19,74 +19,16 @@ import pandas as pd
 
 from dse import pareto
 from dse.questions import Answer, Context
+from dse.questions._common import admissible, describe, md_table, pyplot, save
 
 COST = "usd_per_mtok_output"
 SPEED = "output_tokens_per_s_per_user"
-LAYOUT = {"layout.tp": "tp", "layout.pp": "pp", "layout.dp": "dp", "layout.ep": "ep",
-          "workload.concurrency": "batch"}
-
-
-# ---------------------------------------------------------------- helpers shared by the questions
-
-def admissible(ctx: Context, df: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Every design of the space scored in float64 (or ``df``), kept when feasible, within the
-    space's constraints and with finite objectives: the designs the run's front is taken from."""
-    df = ctx.score() if df is None else df
-    ok = pareto.admissible(df, ctx.space.objectives, ctx.space.constraints)
-    return df[ok].reset_index(drop=True)
 
 
 def front_of(df: pd.DataFrame, x: str = SPEED, y: str = COST) -> pd.DataFrame:
     """The designs of ``df`` no other beats on both higher ``x`` and lower ``y``, sorted by x."""
     F = np.column_stack([-df[x].to_numpy(float), df[y].to_numpy(float)])
     return df[pareto.nondominated(F)].sort_values(x).reset_index(drop=True)
-
-
-def describe(row, extra: tuple = ()) -> str:
-    """``design 985: model=..., tp=1, dp=16, ep=16, batch=8192`` from the parameter columns present."""
-    parts = []
-    for col in row.index:
-        if col in LAYOUT:
-            parts.append(f"{LAYOUT[col]}={int(row[col])}")
-        elif col in ("model.id", "accelerator.id", "topology.id"):
-            parts.append(f"{col.split('.')[0]}={row[col]}")
-    parts += [f"{c}={fmt(row[c])}" for c in extra]
-    return f"design {int(row['design_id'])} ({', '.join(parts)})"
-
-
-def fmt(v, digits: int = 3) -> str:
-    """A number with ``digits`` significant digits, thousands separated when large."""
-    if isinstance(v, (str, bool, np.bool_)):
-        return str(v)
-    v = float(v)
-    if not np.isfinite(v):
-        return str(v)
-    if abs(v) >= 10 ** digits:
-        return f"{v:,.0f}"
-    return f"{v:.{digits}g}"
-
-
-def md_table(headers: list[str], rows: list[list]) -> str:
-    """A Markdown table; numbers go through ``fmt``."""
-    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    for r in rows:
-        out.append("| " + " | ".join(v if isinstance(v, str) else fmt(v) for v in r) + " |")
-    return "\n".join(out)
-
-
-def pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def save(fig, ctx: Context, name: str) -> str:
-    ctx.out.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(ctx.figure_path(name))
-    pyplot().close(fig)
-    return name
 
 
 # ---------------------------------------------------------------- the fast-mode question
@@ -156,7 +98,8 @@ def answer(ctx: Context) -> Answer:
     floor_tps = float(ctx.param("baseline_min_tokens_per_s_per_user", 0.0))
     speedups = [float(x) for x in ctx.param("speedups", [1.5, 2.0, 2.5, 3.0, 4.0])]
     ref_mult = float(ctx.param("reference_multiple", 6.0))
-    df = admissible(ctx)
+    df = ctx.score()
+    df = df[admissible(ctx, df)].reset_index(drop=True)
     opt = cheapest(df, 0.0)
     base = cheapest(df, floor_tps)
     if base is None:

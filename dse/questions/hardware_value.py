@@ -19,7 +19,7 @@ import pandas as pd
 from dse import catalog, pareto
 from dse.perf import BOUNDS
 from dse.questions import Answer, Context
-from dse.questions.context_length import layout_text, md_table
+from dse.questions._common import layout_text, md_frame
 
 COST = "usd_per_mtok_output"
 THRU = "output_tokens_per_s_per_chip"
@@ -158,7 +158,7 @@ def answer(ctx: Context) -> Answer:
         "`cost_before / cost_after - 1`.",
         "- Batch sizes are a grid (the space's `workload.concurrency`), so a change smaller "
         "than one grid step of the batch can show as 0%.",
-        "", "### Best designs under each upgrade", "", md_table(tab[cols]), "",
+        "", "### Best designs under each upgrade", "", md_frame(tab[cols]), "",
     ])
     fig = _figure(ctx, tab)
     tab.to_csv(ctx.out / "upgrade-value.csv", index=False)

@@ -27,7 +27,7 @@ import pandas as pd
 
 from dse import catalog
 from dse.questions import Answer, Context
-from dse.questions.context_length import admissible, md_table, op_times, param_values
+from dse.questions._common import admissible, md_frame, op_times, param_values, slo_text
 
 PP = "layout.pp"
 BW = "topology.scaleout.link_bw_bytes_per_s"
@@ -120,17 +120,11 @@ def catalog_bw_bytes_per_s(ctx: Context) -> float:
     return acc.scaleout_link_bw_bytes_per_s / catalog.topologies()[topo_id].scaleout_oversubscription
 
 
-def _slo_text(ctx: Context) -> str:
-    return " and ".join(x for c in ctx.space.constraints for x in (
-        f"{c.metric} <= {c.max:g}" if c.max is not None else "",
-        f"{c.metric} >= {c.min:g}" if c.min is not None else "") if x) or "no SLO"
-
-
 def answer(ctx: Context) -> Answer:
     share = float(ctx.param("hop_share_max", 0.10))
     df = ctx.score()
     ok = admissible(ctx, df)
-    slo = _slo_text(ctx)
+    slo = slo_text(ctx)
     f = df[df["feasible"]].copy()
     f = f.join(hop_times(ctx, f))
     deep_pp = int(f[PP].max())
@@ -227,9 +221,9 @@ def answer(ctx: Context) -> Answer:
         f"unchanged, so the bandwidth at which hop = {100 * share:g}% of the step is solved "
         f"exactly. Most exposed design: design {int(worst['design_id'])}; cheapest under the "
         f"SLO: design {int(cheapest['design_id'])}.",
-        "", f"### Cheapest design per pipeline depth and bandwidth ({slo})", "", md_table(bt), "",
+        "", f"### Cheapest design per pipeline depth and bandwidth ({slo})", "", md_frame(bt), "",
         f"### Largest batch with the hop under {100 * share:g}% of the step", "",
-        md_table(limits), "",
+        md_frame(limits), "",
         "## What dse does not model (pipelines across nodes and racks)", "",
         "- The hand-off is added to the stage step, never overlapped with the next "
         "micro-batch's compute (the `pipeline` op has no compute or memory time, so "

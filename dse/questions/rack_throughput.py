@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from dse.questions import Answer, Context
-from dse.questions.fast_mode import admissible, describe, md_table, pyplot, save
+from dse.questions._common import admissible, describe, md_table, pyplot, save
 
 SPEED = "output_tokens_per_s_per_user"
 GROUP = ("model.id", "accelerator.id")
@@ -94,7 +94,8 @@ def answer(ctx: Context) -> Answer:
     slo = float(ctx.param("slo_tokens_per_s_per_user", 20.0))
     demand = float(ctx.param("demand_output_tokens_per_s", 1e8))
     slos = [float(x) for x in ctx.param("slos", [10.0, 20.0, 50.0, 100.0])]
-    df = with_rack_columns(admissible(ctx))
+    df = ctx.score()
+    df = with_rack_columns(df[admissible(ctx, df)].reset_index(drop=True))
     picks = {name: best_rack(g, slo) for name, g in groups(df)}
     figs = [_figure(ctx, df, picks, slo)]
     head, method, numbers = [], [], {}

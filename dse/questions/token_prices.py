@@ -21,7 +21,14 @@ import numpy as np
 import pandas as pd
 
 from dse.questions import Answer, Context
-from dse.questions.fast_mode import admissible, describe, md_table, pyplot, save
+from dse.questions._common import (
+    admissible,
+    describe,
+    layout_curve,
+    md_table,
+    pyplot,
+    save,
+)
 
 OUT, IN = "usd_per_mtok_output", "usd_per_mtok_input"
 SPEED = "output_tokens_per_s_per_user"
@@ -61,14 +68,6 @@ def public_ratios(path: Path) -> tuple[pd.DataFrame, list[str]]:
                              "tier": r.get("tier_or_condition", ""), "input_usd_per_mtok": a,
                              "output_usd_per_mtok": b, "ratio": b / a})
     return pd.DataFrame(rows), skipped
-
-
-def layout_curve(df: pd.DataFrame, row) -> pd.DataFrame:
-    same = np.ones(len(df), bool)
-    for c in ("model.id", *LAYOUT):
-        if c in df:
-            same &= (df[c] == row[c]).to_numpy()
-    return df[same].sort_values(BATCH).reset_index(drop=True)
 
 
 def crossing_batch(c: pd.DataFrame, target: float):
@@ -117,14 +116,15 @@ def _figure(ctx, res: list[dict], pub: pd.DataFrame) -> str:
 def answer(ctx: Context) -> Answer:
     fast_tps = float(ctx.param("interactive_tokens_per_s_per_user", 30.0))
     csv_name = str(ctx.param("pricing_csv", "../shared/reference/pricing.csv"))
-    df = admissible(ctx)
+    df = ctx.score()
+    df = df[admissible(ctx, df)].reset_index(drop=True)
     df["ratio"] = df[OUT] / df[IN]
     res = []
     for m in dict.fromkeys(df["model.id"]):
         g = df[df["model.id"] == m]
         opt = g.loc[g[OUT].idxmin()]
         fg = g[g[SPEED] >= fast_tps]
-        res.append({"model": m, "opt": opt, "curve": layout_curve(g, opt),
+        res.append({"model": m, "opt": opt, "curve": layout_curve(g, opt, LAYOUT),
                     "fast": None if fg.empty else fg.loc[fg[OUT].idxmin()],
                     "range": (g["ratio"].min(), g["ratio"].max())})
     path = find_pricing(csv_name)
