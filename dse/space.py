@@ -97,18 +97,23 @@ class Space:
         return {p.path: _value_array(p)[c] for p, c in zip(self.parameters, coords)}
 
     def _resolved(self, combos: tuple, structural: list, n: int) -> pd.DataFrame:
-        """The catalog resolution of distinct structural combinations, cached: consecutive
-        chunks of a space mostly share them."""
-        cache = self.__dict__.setdefault("_cache", {})
-        key = (tuple(p.path for p in structural), combos)
-        if key not in cache:
-            rows = pd.DataFrame({k: [v] * n for k, v in self.base.items()})
-            for p, col in zip(structural, combos):
-                rows[p.path] = list(col)
-            if len(cache) > 64:
+        """The catalog resolution of distinct structural combinations. Each combination is
+        resolved once and cached (a space has few), so later chunks only assemble rows."""
+        cache = self.__dict__.setdefault("_rows", {})
+        paths = tuple(p.path for p in structural)
+        keys = [(paths, row) for row in zip(*combos)] if structural else [(paths, ())] * n
+        missing = list(dict.fromkeys(k for k in keys if k not in cache))
+        if missing:
+            if len(cache) > 4096:
                 cache.clear()
-            cache[key] = resolve(rows, file=self.file)
-        return cache[key]
+            rows = pd.DataFrame({k: [v] * len(missing) for k, v in self.base.items()})
+            for j, path in enumerate(paths):
+                rows[path] = [k[1][j] for k in missing]
+            res = resolve(rows, file=self.file)
+            for i, k in enumerate(missing):
+                cache[k] = res.iloc[i:i + 1]
+        return pd.concat([cache[k] for k in keys], ignore_index=True) if n > 1 else \
+            cache[keys[0]].reset_index(drop=True)
 
     def batch(self, index: np.ndarray) -> tuple[Batch, dict]:
         """Scorer input for the designs at ``index``, and their resolved columns."""
