@@ -25,11 +25,19 @@ MAX_BREAKDOWNS = 40
 
 
 def knee(front: pd.DataFrame, objectives) -> int:
-    """Row of the front closest to the ideal point, objectives scaled to [0, 1] on the front."""
-    F = pareto.objective_matrix(front, objectives)
+    """Row of the front closest to the ideal point, objectives scaled to [0, 1] on the front
+    (on a log scale for an objective whose front values are positive and span over 10x, as
+    costs and speeds on a batch sweep do: else the knee sits wherever the range is widest)."""
+    F = np.column_stack([np.log(np.abs(v)) * np.sign(v) if _log_axis(v) else v
+                         for v in pareto.objective_matrix(front, objectives).T])
     lo, hi = F.min(axis=0), F.max(axis=0)
     Z = (F - lo) / np.where(hi > lo, hi - lo, 1.0)
     return int(np.argmin(np.sqrt((Z ** 2).sum(axis=1))))
+
+
+def _log_axis(v: np.ndarray) -> bool:
+    a = np.abs(v)
+    return bool(len(v) and (np.all(v > 0) or np.all(v < 0)) and a.max() / a.min() > 10)
 
 
 def _breakdowns(space, ids: np.ndarray) -> list[dict]:
@@ -129,21 +137,59 @@ def _fmt(v) -> str:
 
 
 def _summary(o, space, st, front, k, kb):
+    """summary.md: the headline numbers: the front's extent and trade-off, a table of
+    representative front designs, the knee with what bounds it."""
     row = front.iloc[k]
+    objs = space.objectives
+    params = [p.path for p in space.parameters]
     lines = [f"# {space.name}", "", space.question or "", "",
              f"- designs scored: {st['designs_scored']:,} of a space of {space.size:,} "
              f"({st['strategy']}, state {st['state']})",
              f"- Pareto front: {len(front)} designs",
              "- best of each objective on the front:"]
-    for ob in space.objectives:
-        best = front[ob.metric].idxmin() if ob.direction == "minimize" else front[ob.metric].idxmax()
-        params = ", ".join(f"{p.path}={_fmt(front.loc[best, p.path])}" for p in space.parameters)
-        lines.append(f"  - {ob.direction} {ob.metric}: {_fmt(front.loc[best, ob.metric])} ({params})")
+    best = {}
+    for ob in objs:
+        best[ob.metric] = i = (front[ob.metric].idxmin() if ob.direction == "minimize"
+                               else front[ob.metric].idxmax())
+        ps = ", ".join(f"{p}={_fmt(front.loc[i, p])}" for p in params)
+        lines.append(f"  - {ob.direction} {ob.metric}: {_fmt(front.loc[i, ob.metric])} ({ps})")
+    if len(objs) >= 2 and len(front) > 1:
+        a, b = objs[0], objs[1]
+        ia, ib = best[a.metric], best[b.metric]
+        lines += ["", "## The trade-off", ""]
+        lines.append(f"- {a.metric} spans {_fmt(front[a.metric].min())} to "
+                     f"{_fmt(front[a.metric].max())} on the front, {b.metric} "
+                     f"{_fmt(front[b.metric].min())} to {_fmt(front[b.metric].max())}.")
+        lines.append(f"- Going from the best {a.metric} design to the best {b.metric} design "
+                     f"changes {a.metric} by {_ratio(front.loc[ib, a.metric], front.loc[ia, a.metric])}"
+                     f" and {b.metric} by {_ratio(front.loc[ib, b.metric], front.loc[ia, b.metric])}.")
+        lines.append(f"- The knee (design {int(row['design_id'])}) is at {a.metric} "
+                     f"{_ratio(row[a.metric], front.loc[ia, a.metric])} of its best and {b.metric} "
+                     f"{_ratio(row[b.metric], front.loc[ib, b.metric])} of its best.")
+        pick = np.unique(np.linspace(0, len(front) - 1, min(8, len(front))).astype(int))
+        order = front.sort_values(a.metric).iloc[pick]
+        cols = [ob.metric for ob in objs] + params
+        lines += ["", f"Front at a glance (sorted by {a.metric}, {len(order)} of {len(front)}):",
+                  "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for _, r in order.iterrows()]
     lines += ["", "## Knee design (closest to the ideal point)", ""]
-    lines += [f"- {p.path} = {_fmt(row[p.path])}" for p in space.parameters]
-    lines += [f"- {ob.metric} = {_fmt(row[ob.metric])}" for ob in space.objectives]
-    lines += [f"- decode bound: {kb['bound']}", f"- design_id: {int(row['design_id'])}"]
+    lines += [f"- {p} = {_fmt(row[p])}" for p in params]
+    lines += [f"- {ob.metric} = {_fmt(row[ob.metric])}" for ob in objs]
+    met = kb["metrics"]
+    extra = [m for m in ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "num_chips",
+                         "hbm_used_fraction", "usd_per_mtok_input") if m in met
+             and m not in {ob.metric for ob in objs}]
+    lines += [f"- {m} = {_fmt(met[m])}" for m in extra]
+    lines += [f"- decode bound: {kb['bound']}", f"- design_id: {int(row['design_id'])}",
+              "", "Every number above is the model's score of the named design; the per-op "
+              "breakdown of the knee and of the first front designs is in index.html."]
     (o / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def _ratio(x, ref) -> str:
+    """x relative to ref, as 'N.NNx'."""
+    x, ref = float(x), float(ref)
+    return f"{x / ref:.3g}x" if ref != 0 and np.isfinite(x / ref) else "n/a"
 
 
 def _html(o, space, st, front, allpts, k, bds, pngs):
