@@ -50,12 +50,27 @@ def best_designs(df: pd.DataFrame, constraints, objectives) -> tuple[pd.Series, 
     return df.loc[sub[COST].idxmin()], df.loc[sub[THRU].idxmax()]
 
 
+def component_premium_pct(ctx: Context, path: str | None, factor: float) -> float:
+    """What the component cost model (dse/catalog/cost_model.toml) charges for the upgrade:
+    the % change of the base chip's $/chip-hour when ``path`` is scaled by ``factor``."""
+    if path is None:
+        return 0.0
+    from dse.build import resolve, to_batch
+    from dse.perf import score
+    row = {**ctx.space.base, "cost.capex_model": "components"}
+    res = resolve(pd.DataFrame([row, row]))
+    res.loc[1, path] = float(res.loc[1, path]) * float(factor)
+    usd = score(to_batch(res))["usd_per_chip_hour"]
+    return float(100 * (usd[1] / usd[0] - 1))
+
+
 def value_table(ctx: Context) -> pd.DataFrame:
     """One row per (scenario, upgrade incl. baseline): best cost and throughput, their designs,
     and the change against the baseline."""
     ups = [("baseline", None, 1.0)] + [tuple(u) for u in ctx.param("upgrades", [])]
     scored = {name: ctx.score(overrides=None if path is None else {path: ("scale", float(f))})
               for name, path, f in ups}
+    premium = {name: component_premium_pct(ctx, path, f) for name, path, f in ups}
     rows = []
     for label, cons in scenarios(ctx):
         base_cost = base_thru = None
@@ -67,6 +82,8 @@ def value_table(ctx: Context) -> pd.DataFrame:
                 "slo": label, "upgrade": name, "path": path or "", "factor": float(f),
                 "usd_per_mtok_output": c[COST], "cost_change_pct": 100 * (c[COST] / base_cost - 1),
                 "break_even_price_premium_pct": 100 * (base_cost / c[COST] - 1),
+                "component_price_premium_pct": premium[name],
+                "net_cost_change_pct": 100 * (c[COST] / base_cost * (1 + premium[name] / 100) - 1),
                 "cheapest_design_id": int(c["design_id"]), "cheapest_layout": layout_text(c, LAYOUT),
                 "cheapest_tpot_ms": c["tpot_s"] * 1e3, "cheapest_bound": int(c["bound"]),
                 "cheapest_hbm_used_fraction": c["hbm_used_fraction"],
@@ -119,12 +136,16 @@ def answer(ctx: Context) -> Answer:
             won = ("same design" if r["cheapest_design_id"] == b["cheapest_design_id"]
                    else r["cheapest_layout"])
             parts.append(f"{name} **{r['cost_change_pct']:+.1f}%** cost "
-                         f"(worth {r['break_even_price_premium_pct']:+.1f}% per chip-hour; "
-                         f"{won}), {r['throughput_change_pct']:+.1f}% tokens/s/chip")
+                         f"(worth {r['break_even_price_premium_pct']:+.1f}% per chip-hour, priced "
+                         f"{r['component_price_premium_pct']:+.1f}% by the component cost model: "
+                         f"net {r['net_cost_change_pct']:+.1f}%; {won}), "
+                         f"{r['throughput_change_pct']:+.1f}% tokens/s/chip")
         head.append(f"- **{slo}:** baseline **${b['usd_per_mtok_output']:.4f}/Mtok** "
                     f"({b['cheapest_layout']}, {b['tokens_per_s_per_chip']:.0f} best tokens/s/chip); "
                     + "; ".join(parts) + ".")
         numbers[slo] = {name: {"cost_change_pct": float(r["cost_change_pct"]),
+                               "net_cost_change_pct": float(r["net_cost_change_pct"]),
+                               "component_price_premium_pct": float(r["component_price_premium_pct"]),
                                "throughput_change_pct": float(r["throughput_change_pct"]),
                                "usd_per_mtok_output": float(r["usd_per_mtok_output"])}
                         for name, r in t.iterrows()}
@@ -142,7 +163,8 @@ def answer(ctx: Context) -> Answer:
         "so a larger batch and a larger expert-parallel group fit under the same TPOT.")
     numbers["baseline_hbm_used_fraction_max"] = float(base["cheapest_hbm_used_fraction"].max())
     cols = ["slo", "upgrade", "usd_per_mtok_output", "cost_change_pct",
-            "break_even_price_premium_pct", "cheapest_design_id", "cheapest_layout",
+            "break_even_price_premium_pct", "component_price_premium_pct", "net_cost_change_pct",
+            "cheapest_design_id", "cheapest_layout",
             "cheapest_tpot_ms", "cheapest_bound", "cheapest_hbm_used_fraction",
             "cheapest_batch_per_dp_rank", "tokens_per_s_per_chip",
             "throughput_change_pct", "fastest_design_id", "fastest_layout"]
@@ -154,6 +176,10 @@ def answer(ctx: Context) -> Answer:
         "- Per service level, the cheapest admissible design (feasible, meets the constraints) "
         "and the admissible design with the most output tokens/s per chip; `cheapest_bound` is "
         "the decode bound of the cheapest design (0 compute, 1 memory, 2 network, 3 capacity).",
+        "- 'priced ... by the component cost model': the base chip's $/chip-hour with "
+        "`cost.capex_model = \"components\"` (dse/catalog/cost_model.toml: each component's share "
+        "of capex and power scales with its spec) under the upgrade; 'net' = the cost change at "
+        "that price.\n"
         "- 'worth ... per chip-hour': the price premium that would cancel the saving, "
         "`cost_before / cost_after - 1`.",
         "- Batch sizes are a grid (the space's `workload.concurrency`), so a change smaller "
