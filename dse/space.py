@@ -37,6 +37,9 @@ TOP_KEYS = ("question", "name", "parameters", "objectives", "constraints", "answ
 STRING_VALUED = STRING_PATHS
 
 
+FULL_RESOLVE = 4096   # structural combinations resolved all at once when the grid has at most
+
+
 @dataclass(frozen=True)
 class Parameter:
     path: str
@@ -50,6 +53,11 @@ class Parameter:
     @property
     def categorical(self) -> bool:
         return self.low is None
+
+    @functools.cached_property
+    def index(self) -> dict:
+        """value -> its position in ``values``."""
+        return {v: i for i, v in enumerate(self.values)}
 
 
 @dataclass(frozen=True)
@@ -97,10 +105,22 @@ class Space:
         return {p.path: _value_array(p)[c] for p, c in zip(self.parameters, coords)}
 
     def _resolved(self, combos: tuple, structural: list, n: int) -> pd.DataFrame:
-        """The catalog resolution of distinct structural combinations. Each combination is
-        resolved once and cached (a space has few), so later chunks only assemble rows."""
-        cache = self.__dict__.setdefault("_rows", {})
+        """The catalog resolution of distinct structural combinations. When the grid has at
+        most FULL_RESOLVE of them they are all resolved at once, then only taken by row;
+        otherwise each is resolved once, cached, and assembled."""
         paths = tuple(p.path for p in structural)
+        full = self._full_resolution(tuple(structural))
+        if full is not None:
+            try:
+                codes = [np.array([p.index[v] for v in col], dtype=np.int64)
+                         for p, col in zip(structural, combos)]
+            except KeyError:            # values off the grid (explicit values): row cache
+                pass
+            else:
+                rows = (np.ravel_multi_index(codes, [len(p.values) for p in structural])
+                        if structural else np.zeros(n, np.int64))
+                return full.take(rows).reset_index(drop=True)
+        cache = self.__dict__.setdefault("_rows", {})
         keys = [(paths, row) for row in zip(*combos)] if structural else [(paths, ())] * n
         missing = list(dict.fromkeys(k for k in keys if k not in cache))
         if missing:
@@ -115,18 +135,45 @@ class Space:
         return pd.concat([cache[k] for k in keys], ignore_index=True) if n > 1 else \
             cache[keys[0]].reset_index(drop=True)
 
+    def _full_resolution(self, structural: tuple) -> pd.DataFrame | None:
+        """Every combination of the structural parameters' grid values, resolved (C order),
+        or None when there are more than FULL_RESOLVE."""
+        cache = self.__dict__.setdefault("_full", {})
+        key = tuple(p.path for p in structural)
+        if key not in cache:
+            count = math.prod(len(p.values) for p in structural)
+            if count > FULL_RESOLVE or not structural:
+                cache[key] = None
+            else:
+                grid = np.unravel_index(np.arange(count), [len(p.values) for p in structural])
+                rows = pd.DataFrame({k: [v] * count for k, v in self.base.items()})
+                for p, c in zip(structural, grid):
+                    rows[p.path] = [p.values[i] for i in c]
+                cache[key] = resolve(rows, file=self.file)
+        return cache[key]
+
     def batch(self, index: np.ndarray) -> tuple[Batch, dict]:
         """Scorer input for the designs at ``index``, and their resolved columns."""
+        b, rows, direct, table = self.batch_parts(index)
+        return b.gather(rows, direct), table
+
+    def batch_parts(self, index: np.ndarray):
+        """The designs at ``index`` as parts the scorer gathers chunk by chunk
+        (``score_chunked(b, rows=..., direct=...)``): the compact Batch of their distinct rows,
+        each design's row in it, the direct fields {field: values}, and the resolved columns."""
         index = np.asarray(index, dtype=np.int64)
         if not self.parameters:
-            return self.batch_from_values({})
+            return self.batch_from_values({}, parts=True)
         coords = np.unravel_index(index, self.shape)
-        vals = {p.path: _value_array(p)[c] for p, c in zip(self.parameters, coords)}
+        direct = {p.path for p in self.parameters if not p.scale and p.path in DIRECT_FIELDS}
+        # values are only needed at each distinct row, except the direct ones (every design)
+        vals = {p.path: (_value_array(p)[c] if p.path in direct else _LazyValues(p, c))
+                for p, c in zip(self.parameters, coords)}
         return self.batch_from_values(vals, codes=dict(zip((p.path for p in self.parameters),
-                                                           coords)))
+                                                           coords)), parts=True)
 
     def batch_from_values(self, vals: dict[str, np.ndarray], overrides: dict | None = None,
-                          codes: dict | None = None) -> tuple[Batch, dict]:
+                          codes: dict | None = None, parts: bool = False):
         """Scorer input for designs given by their parameter values (one array per path), and the
         resolved columns of their distinct non-direct rows.
 
@@ -135,7 +182,8 @@ class Space:
         distinct combinations of the other parameters are built once (compact) and gathered.
         Within those, only the distinct *structural* values (catalog ids, dtypes, modes and the
         numbers the system's derived links come from) go through the catalog. All values were
-        checked when the space was loaded. ``codes``: the values' grid coordinates, when known.
+        checked when the space was loaded. ``codes``: the values' grid coordinates, when known;
+        ``parts``: return ``batch_parts``'s tuple instead of (Batch, table).
         """
         n = len(next(iter(vals.values()))) if vals else 1
         direct = [p for p in self.parameters
@@ -149,14 +197,12 @@ class Space:
                 first, inverse = _distinct_rows([np.asarray(vals[p.path]) for p in rest])
         else:
             first, inverse = np.array([0]), np.zeros(n, np.int64)
-        b, table = self._distinct_batch({p.path: np.asarray(vals[p.path])[first] for p in rest},
+        b, table = self._distinct_batch({p.path: _at(vals[p.path], first) for p in rest},
                                         overrides)
-        if len(first) != n or direct:
-            cols = {k: (v if len(v) == 1 else v[inverse]) for k, v in b.columns.items()}
-            for p in direct:
-                cols[DIRECT_FIELDS[p.path]] = np.asarray(vals[p.path], dtype=float)
-            b = Batch(cols)
-        return b, table
+        fields = {DIRECT_FIELDS[p.path]: np.asarray(vals[p.path], dtype=float) for p in direct}
+        if parts:
+            return b, inverse, fields, table
+        return b.gather(inverse, fields), table
 
     def _distinct_batch(self, vals: dict[str, np.ndarray],
                         overrides: dict | None = None) -> tuple[Batch, dict]:
@@ -202,6 +248,25 @@ class Space:
         if scaled_feeders:
             derive_system(table, keep=(explicit | {k for k in (overrides or {})}) & set(DERIVED))
         return to_batch(table, compact=True), table
+
+
+class _LazyValues:
+    """A parameter's values at grid coordinates, looked up only where asked (``_at``)."""
+
+    def __init__(self, p: Parameter, coords: np.ndarray):
+        self.p, self.coords = p, coords
+
+    def __len__(self) -> int:
+        return len(self.coords)
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(_value_array(self.p)[self.coords], dtype=dtype)
+
+
+def _at(values, rows: np.ndarray) -> np.ndarray:
+    if isinstance(values, _LazyValues):
+        return _value_array(values.p)[values.coords[rows]]
+    return np.asarray(values)[rows]
 
 
 def _distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -155,6 +155,19 @@ class Batch:
         n = len(self)
         return Batch({k: (v if len(v) != n else v[index]) for k, v in self.columns.items()})
 
+    def gather(self, rows: np.ndarray, direct: dict | None = None,
+               part: slice = slice(None), dtype=None) -> "Batch":
+        """Rows ``rows[part]`` of this compact batch of distinct rows (its length-1 columns stay
+        length-1), with the ``direct`` fields' values ``[part]`` written in."""
+        rows = rows[part]
+        cols = {k: (v if len(v) == 1 else v[rows]) for k, v in self.columns.items()}
+        for k, v in (direct or {}).items():
+            cols[k] = np.asarray(v)[part]
+        if max(len(v) for v in cols.values()) != len(rows):   # all length-1: keep the length
+            cols["concurrency"] = np.broadcast_to(cols["concurrency"], (len(rows),)).copy()
+        b = Batch(cols)
+        return b.astype(dtype) if dtype is not None else b
+
     def replace(self, **updates) -> "Batch":
         cols = dict(self.columns)
         for k, v in updates.items():

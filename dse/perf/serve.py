@@ -340,21 +340,30 @@ def _instance(b: Batch, breakdown: bool = False):
     return (metrics, steps) if breakdown else metrics
 
 
-def score_chunked(b: Batch, chunk_rows: int = 16384, dtype=np.float64,
-                  metrics: tuple | None = None) -> dict:
+def score_chunked(b: Batch, chunk_rows: int = 32768, dtype=np.float64,
+                  metrics: tuple | None = None, rows: np.ndarray | None = None,
+                  direct: dict | None = None) -> dict:
     """``score`` in chunks of rows: the same numbers, bounded memory, better cache use.
 
     ``dtype=np.float32`` scores in single precision (relative error ~1e-6, about 1.6x faster),
     which is what the search strategies use. ``metrics``: keep only these (default: all).
+    ``rows``/``direct``: ``b`` holds distinct rows and the designs are ``b.gather(rows,
+    direct)`` (``Space.batch_parts``), gathered chunk by chunk.
     """
-    n = len(b)
+    if rows is not None:
+        b = b.astype(dtype)
+        n = len(rows)
+        sub = lambda sl: b.gather(rows, direct, sl, dtype)  # noqa: E731
+    else:
+        n = len(b)
+        sub = lambda sl: b.take(sl).astype(dtype)  # noqa: E731
     keep = METRICS if metrics is None else tuple(metrics)
     if n <= chunk_rows:
-        s = score(b.astype(dtype))
+        s = score(sub(slice(None)))
         return {k: s[k] for k in keep}
     out = {}
     for i in range(0, n, chunk_rows):
-        part = score(b.take(slice(i, i + chunk_rows)).astype(dtype))
+        part = score(sub(slice(i, i + chunk_rows)))
         for k in keep:
             if k not in out:
                 out[k] = np.empty(n, dtype=part[k].dtype)

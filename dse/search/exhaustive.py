@@ -31,10 +31,10 @@ def score_chunk(space, i: int, chunk: int) -> tuple[pd.DataFrame, int]:
     """The admissible, non-dominated designs of chunk ``i`` and how many designs it scored."""
     lo, hi = i * chunk, min((i + 1) * chunk, space.size)
     idx = np.arange(lo, hi, dtype=np.int64)
-    batch, _ = space.batch(idx)
+    distinct, rows, direct, _ = space.batch_parts(idx)
     names = {o.metric for o in space.objectives} | {c.metric for c in space.constraints}
-    s = score_chunked(batch, dtype=np.float32, metrics=sorted(names | set(KEEP_METRICS)
-                                                              | {"feasible"}))
+    s = score_chunked(distinct, dtype=np.float32, rows=rows, direct=direct,
+                      metrics=sorted(names | set(KEEP_METRICS) | {"feasible"}))
     ok = pareto.admissible(s, space.objectives, space.constraints)
     F = pareto.objective_matrix(s, space.objectives)[ok]
     keep = np.flatnonzero(ok)[pareto.nondominated(F)]
