@@ -29,6 +29,7 @@ import pandas as pd
 from dse import pareto, runs
 from dse.errors import InputError
 from dse.perf import score_chunked
+from dse.search import segments
 
 SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc", "gp")
 KEEP_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "output_tokens_per_s_per_rack",
@@ -280,11 +281,14 @@ def enqueue_neighbours(study, space, outer, front: pd.DataFrame, k: int, ref: di
 
 
 def front_from_study(study, space) -> pd.DataFrame:
-    """The Pareto set of every completed, feasible trial of a (shared) study: objective values
-    are the trial values, parameters follow from the trial's grid indices."""
+    """The Pareto set of every completed, feasible trial of a (shared) study, or of a list of
+    studies (its segments): objective values are the trial values, parameters follow from the
+    trial's grid indices."""
     from optuna.trial import TrialState
     rows = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    studies = study if isinstance(study, (list, tuple)) else [study]
+    trials = [t for s in studies for t in s.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    for t in trials:
         cons = t.constraints or {}
         if any(v > 0 for v in (cons.values() if isinstance(cons, dict) else cons)):
             continue
@@ -320,7 +324,8 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     sampler = make_sampler(sampler_name, manifest.get("seed", 0), population, nested)
     directions = ["maximize"] if nested else [o.direction for o in space.objectives]
     storage = storage_for(d, storage_url)
-    segment = int(manifest.get("segment", 0))
+    shared = storage_url is not None
+    segment = 0 if shared else int(manifest.get("segment", 0))
     study = optuna.create_study(study_name=_segment_name(manifest, segment), storage=storage,
                                 sampler=sampler, directions=directions, load_if_exists=True)
     outer, inner = split_parameters(space, nested)
@@ -338,6 +343,23 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     if storage_url and "space_toml" not in study.user_attrs:
         study.set_user_attr("space_toml", Path(space.file).read_text())
         study.set_user_attr("manifest", json.dumps(manifest, default=str))
+    seg_cap = int(manifest.get("segment_trials", SEGMENT_TRIALS))
+    segs = None
+    if shared:
+        def load(k, newest):
+            smp = (make_sampler(sampler_name, manifest.get("seed", 0) + k, population, nested)
+                   if newest else optuna.samplers.RandomSampler(seed=manifest.get("seed", 0) + k))
+            return optuna.load_study(study_name=_segment_name(manifest, k), storage=storage,
+                                     sampler=smp)
+
+        def warm(new, previous):
+            best = front if nested else pareto.front_of(
+                [front, front_from_study(previous, space)], space.objectives)
+            if len(best):
+                enqueue_designs(new, best["design_id"].to_numpy()[: 2 * population], space, outer)
+
+        segs = with_retry(segments.Segments, storage, manifest["study_name"], seg_cap, load, warm)
+        study, segment = segs.study(), segs.newest
     stored, told = _complete_batches(d)
     # trials a killed process left running: tell them from a complete batch, or fail them
     # (a joining worker leaves that to heartbeats: the RUNNING trials may be another worker's)
@@ -369,15 +391,17 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
             hv = pareto.hypervolume(pareto.objective_matrix(front, space.objectives),
                                     np.array(ref["point"]), np.array(ref["scale"]))
         runs.write_front(d, front, space.objectives, [p.path for p in space.parameters])
-        failed = int(manifest.get("failed_before", 0)) + len(
-            study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
+        if segs is not None:      # over every worker and segment of the shared study
+            completed, failed = segs.total("COMPLETE"), segs.total("FAIL")
+        else:
+            completed = done_trials
+            failed = int(manifest.get("failed_before", 0)) + len(
+                study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
         runs.write_json(d / "progress.json", {
-            "state": state, "trials_completed": done_trials, "trials_failed": failed,
+            "state": state, "trials_completed": completed, "trials_failed": failed,
             "trials_total": total, "designs_scored": designs,
             "elapsed_s": elapsed0 + time.monotonic() - t0, "front_size": len(front),
             "hypervolume": hv})
-
-    shared = storage_url is not None
 
     def study_left() -> tuple[int, int]:
         """(trials still to start, trials running elsewhere), over every worker of the study.
@@ -388,11 +412,11 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
         """
         if not shared:
             return target - done_trials, 0
-        with_retry(optuna.storages.fail_stale_trials, study)   # dead workers' trials: retried
-        counts = {st: len(with_retry(study.get_trials, deepcopy=False, states=(st,)))
-                  for st in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)}
-        left = total - counts[TrialState.COMPLETE] - counts[TrialState.RUNNING]
-        return max(left, counts[TrialState.WAITING]), counts[TrialState.RUNNING]
+        with_retry(segs.refresh)       # others' new segments; dead workers' trials: retried
+        if segs.full():
+            with_retry(segs.rotate)
+        left = total - segs.total("COMPLETE") - segs.total("RUNNING")
+        return max(left, segs.total("WAITING")), segs.total("RUNNING")
 
     work = runs.Working(d, progress, total=total, initial=done_trials, unit="trial",
                         desc=f"{manifest['strategy']} {sampler_name}")
@@ -409,16 +433,25 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                 time.sleep(HEARTBEAT_S / 2)       # others' trials may die and come back
                 continue
             n = min(population, target - done_trials, left)
-            if nested and len(front):
+            ask = study
+            if shared:
+                study, segment = segs.study(), segs.newest
+                old = segs.waiting_elsewhere()      # retried trials of an older segment first
+                if old is not None:
+                    ask, segment = segs.study(old), old
+                    n = min(n, segs.counts[old]["WAITING"])
+                else:
+                    ask = study
+            if nested and len(front) and ask is study:
                 # local search: LOCAL_SHARE of the trials go to untried grid neighbours of the
                 # points on the front (the sampler proposes the rest)
                 k = int(np.floor(n * LOCAL_SHARE + (done_trials * LOCAL_SHARE) % 1 + 1e-9))
                 enqueue_neighbours(study, space, outer, front, k, manifest.get("reference"),
                                    seed=done_trials)
-            trials = [with_retry(study.ask, dists) for _ in range(n)]
+            trials = [with_retry(ask.ask, dists) for _ in range(n)]
             if shared:
                 for t in trials:
-                    study._storage.record_heartbeat(t._trial_id)
+                    storage.record_heartbeat(t._trial_id)
             # every design of the batch: each trial's point, times every inner combination
             coords = np.zeros((n * len(inner_grid), len(space.parameters)), np.int64)
             owner = np.repeat(np.arange(n), len(inner_grid))
@@ -467,21 +500,22 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
             _atomic(trials_f, lambda p: p.write_text(json.dumps(results)))   # batch complete
             for t in trials:
                 _set_constraints(t, results[t.number]["constraints"], space, nested)
-                with_retry(study.tell, t, results[t.number]["values"])
+                with_retry(ask.tell, t, results[t.number]["values"])
             done_trials += n
             designs += len(ids)
             if ok[keep].any():
                 front = pareto.front_of([front, table[table["_admissible"]]], space.objectives)
             save("running")
             work.update(n, len(front), hv)
-            seg_cap = int(manifest.get("segment_trials", SEGMENT_TRIALS))
             if not shared and len(study.get_trials(deepcopy=False)) >= seg_cap:
                 study, segment = _rotate(study, segment, manifest, d, storage, sampler_name,
                                          population, directions, front, space, outer)
-        if shared:
-            front = front_from_study(study, space)
-            done_trials = designs = len(study.get_trials(deepcopy=False,
-                                                         states=(TrialState.COMPLETE,)))
+        if shared:           # the run's front and counts: every worker's, every segment's
+            with_retry(segs.refresh)
+            if not nested:
+                front = front_from_study(with_retry(segs.all_studies), space)
+            done_trials = segs.total("COMPLETE")
+            designs = designs if nested else done_trials
         save("finished" if done_trials >= total else "stopped")
     except BaseException:
         save("failed" if not work.stop else "stopped")
