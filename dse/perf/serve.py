@@ -122,9 +122,9 @@ def _prefill_load(b: Batch):
     return decoding, chunk, avg, carried, share
 
 
-def _steps(b: Batch, breakdown: bool, load):
+def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None):
     """The three steps, and the decode step's compute, memory and network sums."""
-    k = Coefficients(b)
+    k = Coefficients(b) if k is None else k
     c = np.maximum(b.concurrency, 1.0)
     pp = b.pp
     new = b.isl * (1.0 - b.prefix_hit_fraction)
@@ -153,18 +153,19 @@ def _steps(b: Batch, breakdown: bool, load):
     return Breakdown(decode, mixed, prefill), sums
 
 
-def score(b: Batch, breakdown: bool = False):
+def score(b: Batch, breakdown: bool = False, coefficients: Coefficients | None = None):
     """Score every row. Returns a dict of metric arrays (and the Breakdown when asked).
 
     Rows with ``disaggregated = 1`` are a decode instance (decode-only steps) fed by a pool of
-    prefill instances with their own layout: see ``_disaggregated``."""
+    prefill instances with their own layout: see ``_disaggregated``. ``coefficients``: the
+    step model's per-design constants of ``b``, when already known (``score_chunked``)."""
     dis = b.disaggregated > 0
     if not np.any(dis):
-        return _fleet(b, _instance(b, breakdown), breakdown)
+        return _fleet(b, _instance(b, breakdown, coefficients), breakdown)
     out = _disaggregated(b, breakdown)
     if np.all(dis):
         return _fleet(b, out, breakdown)
-    agg = _instance(b, breakdown)
+    agg = _instance(b, breakdown, coefficients)
     if not breakdown:
         return _fleet(b, {k: np.where(dis, out[k], agg[k]) for k in agg}, False)
     m = {k: np.where(dis, out[0][k], agg[0][k]) for k in agg[0]}
@@ -256,14 +257,14 @@ def _disaggregated(b: Batch, breakdown: bool):
     return m, Breakdown(dsteps.decode, dsteps.mixed, psteps.prefill)
 
 
-def _instance(b: Batch, breakdown: bool = False):
+def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None):
     """One instance under continuous batching (or a prefill-only / decode-only instance)."""
     c = np.maximum(b.concurrency, 1.0)
     chips = b.tp * b.pp * b.dp
     weights, kv_seq, act, max_c = _memory(b)
     bits = _invalid_bits(b, weights, act, max_c)
     load = _prefill_load(b)
-    steps, (tc, tm, tn) = _steps(b, breakdown, load)
+    steps, (tc, tm, tn) = _steps(b, breakdown, load, k)
     pp = b.pp
     decoding, chunk, avg, carried, share = load
     t_decode = steps.total("decode")
@@ -352,22 +353,30 @@ def score_chunked(b: Batch, chunk_rows: int = 32768, dtype=np.float64,
     """
     if rows is not None:
         b = b.astype(dtype)
+        kd = Coefficients(b)           # per distinct design, gathered with the rows
+
+        def parts(sl):
+            sub = b.gather(rows, direct, sl, dtype)
+            return sub, kd.gather(rows[sl], sub)
         n = len(rows)
-        sub = lambda sl: b.gather(rows, direct, sl, dtype)  # noqa: E731
     else:
         n = len(b)
-        sub = lambda sl: b.take(sl).astype(dtype)  # noqa: E731
+
+        def parts(sl):
+            return b.take(sl).astype(dtype), None
     keep = METRICS if metrics is None else tuple(metrics)
     if n <= chunk_rows:
-        s = score(sub(slice(None)))
-        return {k: s[k] for k in keep}
+        sub, k = parts(slice(None))
+        s = score(sub, coefficients=k)
+        return {m: s[m] for m in keep}
     out = {}
     for i in range(0, n, chunk_rows):
-        part = score(sub(slice(i, i + chunk_rows)))
-        for k in keep:
-            if k not in out:
-                out[k] = np.empty(n, dtype=part[k].dtype)
-            out[k][i:i + len(part[k])] = part[k]
+        sub, k = parts(slice(i, i + chunk_rows))
+        part = score(sub, coefficients=k)
+        for m in keep:
+            if m not in out:
+                out[m] = np.empty(n, dtype=part[m].dtype)
+            out[m][i:i + len(part[m])] = part[m]
     return out
 
 

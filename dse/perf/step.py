@@ -121,6 +121,24 @@ class Coefficients:
         self.overhead = self.layers_stage * b.layer_overhead_s + b.step_overhead_s
         self.batch = b
 
+    def gather(self, rows: np.ndarray, batch: Batch) -> "Coefficients":
+        """The coefficients of ``batch``, whose designs are this one's rows ``rows`` (they do
+        not depend on the batch, lengths or runtime caps: computed once per distinct design)."""
+        out = object.__new__(Coefficients)
+        for name, v in self.__dict__.items():
+            out.__dict__[name] = _take(v, rows)
+        out.batch = batch
+        return out
+
+
+def _take(v, rows):
+    if isinstance(v, tuple):
+        return tuple(_take(x, rows) for x in v)
+    if isinstance(v, Batch):
+        return v
+    a = np.asarray(v)
+    return a if a.ndim == 0 or len(a) == 1 else a[rows]
+
 
 def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
          breakdown: bool = False, sums: bool = False):
