@@ -276,7 +276,18 @@ def _distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _distinct_codes(codes: list[np.ndarray], dims: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    if math.prod(dims) < 2**62:
+    """First row of each distinct combination of grid codes (in key order), and each row's."""
+    size = math.prod(dims)
+    n = len(codes[0])
+    if size <= 4 * n:                   # few possible keys: a table instead of a sort
+        key = np.ravel_multi_index(codes, dims)
+        first_at = np.full(size, -1, np.int64)
+        first_at[key[::-1]] = np.arange(n - 1, -1, -1)      # the last write is the first row
+        present = np.flatnonzero(first_at >= 0)
+        slot = np.empty(size, np.int64)
+        slot[present] = np.arange(len(present))
+        return first_at[present], slot[key]
+    if size < 2**62:
         key = np.ravel_multi_index(codes, dims)
         _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     else:

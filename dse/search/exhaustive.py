@@ -19,6 +19,7 @@ from dse import pareto, runs
 from dse.perf import score_chunked
 
 CHUNK_DESIGNS = 65536
+SAVE_EVERY_S = 1.0     # front.csv and progress.json are rewritten at most this often (and at the end)
 KEEP_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "output_tokens_per_s_per_rack",
                 "usd_per_mtok_output", "usd_per_mtok_input", "num_chips", "bound")
 
@@ -81,6 +82,7 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                       unit_scale=True, desc="exhaustive") as work:
         try:
             save("running")
+            saved = time.monotonic()
             for i in todo:
                 if work.stop or (budget_s is not None and time.monotonic() - t0 >= budget_s):
                     break
@@ -93,7 +95,9 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                 front = pareto.front_of([front, table], space.objectives)
                 runs.fix_reference(manifest, d, pareto.objective_matrix(front, space.objectives)
                                    if len(front) else [])
-                save("running")
+                if time.monotonic() - saved >= SAVE_EVERY_S:   # front.csv, progress.json
+                    save("running")
+                    saved = time.monotonic()
                 work.update(n, len(front), hv)
             save("finished" if len(done) == n_chunks else "stopped")
         except BaseException:
