@@ -13,6 +13,7 @@ import pandas as pd
 
 from dse.build import resolve, to_batch
 from dse.design import design_case, load_design
+from dse.errors import InputError
 from dse.perf import BOUNDS, OPS, score
 from dse.perf.serve import reason_text
 from dse.predict import predict_frame
@@ -25,7 +26,11 @@ STEPS = (("decode", "decode-only step (what limits decoding)"),
 def evaluate_flat(flat: dict, file: str = "design") -> dict:
     """Score one design given as {dotted path: value}; returns a JSON-ready result."""
     case = pd.DataFrame([design_case(flat)])
-    chosen = predict_frame(case, file=file).iloc[0]
+    try:
+        chosen = predict_frame(case, file=file).iloc[0]
+    except InputError as e:         # the design is one case of a table: do not name a row
+        where = None if (e.where or "").startswith("row 2 (case_id design)") else e.where
+        raise InputError(e.message, file=e.file, where=where, hint=e.hint) from None
     row = dict(flat)
     row.pop("layout.num_chips", None)
     for k in ("tp", "pp", "ep", "dp"):
