@@ -23,13 +23,25 @@ STEPS = (("decode", "decode-only step (what limits decoding)"),
          ("prefill", "step that carries this request's first prefill chunk (TTFT)"))
 
 
+# a design's dotted keys under the case-table column names it is scored with
+CASE_KEYS = {"hardware": "accelerator.id", "model": "model.id", "topology": "topology.id",
+             "weight_dtype": "model.weight_dtype", "kv_dtype": "model.kv_dtype",
+             "isl": "workload.isl", "osl": "workload.osl", "concurrency": "workload.concurrency",
+             "prefix_hit_fraction": "workload.prefix_hit_fraction", "phase": "workload.phase",
+             "num_chips": "layout.num_chips", "tp": "layout.tp", "pp": "layout.pp",
+             "ep": "layout.ep", "dp": "layout.dp"}
+
+
 def evaluate_flat(flat: dict, file: str = "design") -> dict:
     """Score one design given as {dotted path: value}; returns a JSON-ready result."""
     case = pd.DataFrame([design_case(flat)])
     try:
         chosen = predict_frame(case, file=file).iloc[0]
-    except InputError as e:         # the design is one case of a table: do not name a row
-        where = None if (e.where or "").startswith("row 2 (case_id design)") else e.where
+    except InputError as e:         # the design is one case of a table: name its key, not a row
+        where = e.where or ""
+        if where.startswith("row 2 (case_id design)"):
+            col = where.partition(", column ")[2]
+            where = CASE_KEYS.get(col, col) or None
         raise InputError(e.message, file=e.file, where=where, hint=e.hint) from None
     row = dict(flat)
     row.pop("layout.num_chips", None)
