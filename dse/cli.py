@@ -108,7 +108,7 @@ def _run(a) -> int:
     from pathlib import Path
 
     from dse import runs
-    from dse.search import exhaustive, optuna_strategy
+    from dse.search import exhaustive, optuna_strategy, shards
     from dse.space import load_space
     budget = parse_duration(a.budget) if a.budget else None
     if a.trials is not None and a.trials < 1:
@@ -135,7 +135,11 @@ def _run(a) -> int:
             a.population = a.population or (4 if strategy == "nested" else 32)
             optuna_strategy.make_sampler(a.sampler, a.seed, a.population)  # fail early
         d = runs.new_run_dir(space.name, a.out)
+        if a.chunk_designs is not None and a.chunk_designs < 1:
+            raise InputError(f"--chunk-designs {a.chunk_designs} must be >= 1")
         extra = {"chunk_designs": a.chunk_designs or exhaustive.CHUNK_DESIGNS}
+        if strategy == "exhaustive" and a.storage:   # chunks as trials of a shared study
+            extra.update(storage=a.storage, study_name=d.name)
         if strategy in ("optuna", "nested"):
             outer, _ = optuna_strategy.split_parameters(space, strategy == "nested")
             points = int(np.prod([space.shape[i] for i in outer])) if outer else 1
@@ -147,6 +151,9 @@ def _run(a) -> int:
     if m["strategy"] in ("optuna", "nested"):
         st = optuna_strategy.run(space, d, m, max_trials=a.trials, budget_s=budget,
                                  storage_url=m.get("storage"), progress=not a.quiet)
+    elif m.get("storage"):
+        st = shards.run(space, d, m, max_trials=a.trials, budget_s=budget,
+                        storage_url=m["storage"], progress=not a.quiet)
     else:
         st = exhaustive.run(space, d, m, max_trials=a.trials, budget_s=budget,
                             progress=not a.quiet)
@@ -166,16 +173,18 @@ def _worker(a) -> int:
     from pathlib import Path
 
     from dse import runs
-    from dse.search import optuna_strategy
+    from dse.search import optuna_strategy, shards
     from dse.space import load_space
     budget = parse_duration(a.budget) if a.budget else None
     if a.dir:
         d = Path(a.dir)
         m = runs.load_manifest(d)
         runs.check_version(m, d)
-        if m["strategy"] not in ("optuna",):
-            raise InputError(f"a {m['strategy']} run takes no workers", file=str(d),
-                             hint="workers join optuna runs (dse run --strategy optuna)")
+        if m["strategy"] == "nested" or (m["strategy"] == "exhaustive" and not m.get("storage")):
+            how = " without --storage" if m["strategy"] == "exhaustive" else ""
+            raise InputError(f"{m['strategy']} runs{how} take no workers", file=str(d),
+                             hint="workers join optuna runs, and exhaustive runs started with "
+                                  "--storage URL")
         space = load_space(str(d / "inputs" / Path(m["space_file"]).name))
         url = m.get("storage")
     else:
@@ -187,6 +196,9 @@ def _worker(a) -> int:
         except KeyError:
             raise InputError(f"no study {a.study!r} in the storage", file=a.storage,
                              hint="the study name is the run folder's name") from None
+        if "manifest" not in study.user_attrs:
+            raise InputError(f"the study {a.study!r} is not a dse run", file=a.storage,
+                             hint="the study name is the run folder's name")
         m = json.loads(study.user_attrs["manifest"])
         d = Path(a.out) if a.out else Path("runs") / a.study
         (d / "scores").mkdir(parents=True, exist_ok=True)
@@ -197,9 +209,11 @@ def _worker(a) -> int:
         runs.write_json(d / "manifest.json", m)
         space = load_space(str(space_path))
         url = a.storage
-    st = optuna_strategy.run(space, d, m, max_trials=a.trials, budget_s=budget, storage_url=url,
-                             progress=not a.quiet, joining=True)
-    print(f"worker done: {st['trials_completed']:,} trials complete, front of {st['front_size']}")
+    strategy = shards if m["strategy"] == "exhaustive" else optuna_strategy
+    st = strategy.run(space, d, m, max_trials=a.trials, budget_s=budget, storage_url=url,
+                      progress=not a.quiet, joining=True)
+    what = "chunks" if m["strategy"] == "exhaustive" else "trials"
+    print(f"worker done: {st['trials_completed']:,} {what} complete, front of {st['front_size']}")
     print(d)
     return 0
 
@@ -300,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Optuna sampler (default: nsga2 for optuna, tpe for nested)")
     r.add_argument("--population", type=int,
                    help="trials asked and scored per batch (default 32; nested: 4)")
-    r.add_argument("--storage", help="Optuna RDB URL (default: a journal file in the run folder)")
+    r.add_argument("--storage", help="Optuna RDB URL, shared with `dse worker`s (default: a journal "
+                   "file in the run folder; exhaustive: chunk files, no study)")
     r.add_argument("--trials", type=int,
                    help="exhaustive: chunks to do now; optuna: trials in the run (default "
                         "min(space size, 10000)), or to add now with --resume")
@@ -309,18 +324,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="run folder (default runs/<time>-<space>)")
     r.add_argument("--resume", metavar="DIR", help="continue a stopped or killed run")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
-    r.add_argument("--chunk-designs", type=int, help="designs per work item (default 65536)")
+    r.add_argument("--chunk-designs", type=int, help="exhaustive: designs per work item, one trial "
+                   "of the shared study with --storage (default 65536)")
     r.add_argument("--segment-trials", type=int,
                    help="trials per Optuna study before a new one is started from the front "
                         "(default 10000: keeps samplers fast on long runs)")
     r.set_defaults(func=_run)
 
-    w = sub.add_parser("worker", help="join a running optuna study and work until it is done")
+    w = sub.add_parser("worker", help="join a running optuna study (or an exhaustive run's "
+                       "shared chunks) and work until it is done")
     w.add_argument("dir", nargs="?", help="the run folder (shared with the run)")
     w.add_argument("--storage", help="Optuna RDB URL, e.g. postgresql+psycopg2://user:pw@host/db")
     w.add_argument("--study", help="study name (the run folder's name)")
     w.add_argument("--out", help="local folder for this worker's score tables")
-    w.add_argument("--trials", type=int, help="at most this many trials from this worker")
+    w.add_argument("--trials", type=int, help="at most this many trials (chunks) from this worker")
     w.add_argument("--budget", help="wall time, e.g. 8h")
     w.add_argument("--quiet", action="store_true")
     w.set_defaults(func=_worker)

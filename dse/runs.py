@@ -26,7 +26,7 @@ STATES = ("running", "stopped", "finished", "failed")
 
 
 def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")   # per process: workers share folders
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
@@ -110,7 +110,7 @@ def write_front(d: Path, front: pd.DataFrame, objectives, parameters) -> None:
     cols = [o["name"] if isinstance(o, dict) else o.metric for o in objectives] + list(parameters)
     cols = list(dict.fromkeys(cols)) + ["design_id"]
     out = front[cols] if len(front) else pd.DataFrame(columns=cols)
-    tmp = d / "front.csv.tmp"
+    tmp = d / f"front.csv.{os.getpid()}.tmp"
     out.to_csv(tmp, index=False)
     os.replace(tmp, d / "front.csv")
 

@@ -147,3 +147,56 @@ def test_shared_study_rotates_segments_and_counts_every_trial_once(tmp_path, dat
     want = front_from_study(studies, space)
     got = pd.read_csv(run_dir / "front.csv")
     assert set(got["design_id"]) == set(want["design_id"]) and len(got) > 0
+
+
+def test_exhaustive_shards_on_workers_survive_a_killed_worker_and_match_a_local_run(tmp_path,
+                                                                                    database):
+    """An exhaustive run's chunks as trials of a PostgreSQL study: the run and two workers pull
+    them, one worker is killed mid-run; every chunk is completed (counted once), its front equals
+    a plain local exhaustive run's."""
+    import optuna
+    from dse.search import shards
+    from dse.space import load_space
+
+    run_dir = tmp_path / "run"
+    runner = _dse("run", str(QUICK), "--strategy", "exhaustive", "--chunk-designs", "4",
+                  "--storage", database, "--out", str(run_dir), "--quiet")
+    deadline = time.time() + 60
+    while time.time() < deadline and not (run_dir / "manifest.json").exists():
+        time.sleep(0.1)
+    study = run_dir.name
+    workers = [_dse("worker", str(run_dir), "--quiet"),
+               _dse("worker", "--storage", database, "--study", study, "--out",
+                    str(tmp_path / "w2"), "--quiet")]
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((tmp_path / "w2" / "scores").glob("chunk-*"))) < 2:
+        time.sleep(0.02)
+    workers[1].send_signal(signal.SIGKILL)
+    for p in [runner, workers[0]]:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    workers[1].wait()
+    plain = subprocess.run([sys.executable, "-m", "dse", "run", str(QUICK), "--strategy",
+                            "exhaustive", "--out", str(tmp_path / "plain"), "--quiet"],
+                           capture_output=True, text=True)
+    assert plain.returncode == 0, plain.stderr
+
+    s = optuna.load_study(study_name=study, storage=database)
+    states = collections.Counter(t.state.name for t in s.trials)
+    chunks = collections.Counter(shards._chunk_of(t) for t in s.trials if t.state.name == "COMPLETE")
+    print("trial states:", dict(states), "chunks completed twice:",
+          sum(1 for n in chunks.values() if n > 1))
+    n_chunks = -(-load_space(str(QUICK)).size // 4)
+    assert set(chunks) == set(range(n_chunks))           # every chunk completed
+    assert states["RUNNING"] == 0 and states["WAITING"] == 0
+    for t in s.trials:                                   # a failed chunk was retried
+        if t.state.name == "FAIL":
+            assert any(r.system_attrs.get("failed_trial") == t.number for r in s.trials)
+    st = json.loads((run_dir / "progress.json").read_text())
+    assert st["state"] == "finished" and st["trials_completed"] == n_chunks   # each once
+    assert st["designs_scored"] == load_space(str(QUICK)).size
+    got = pd.read_csv(run_dir / "front.csv")
+    want = pd.read_csv(tmp_path / "plain" / "front.csv")
+    assert set(got["design_id"]) == set(want["design_id"]) and len(got) > 0
+    assert set(shards.front_from_shards(s, load_space(str(QUICK)))["design_id"]) == \
+        set(want["design_id"])

@@ -181,19 +181,21 @@ def _segment_name(manifest: dict, segment: int) -> str:
     return manifest["study_name"] if segment == 0 else f"{manifest['study_name']}-s{segment}"
 
 
-def _complete_batches(d: Path) -> tuple[pd.DataFrame, dict]:
+def _complete_batches(d: Path, clean: bool = True) -> tuple[pd.DataFrame, dict]:
     """Designs and per-trial results of every complete batch; a batch whose trial file is missing
-    (the process died while writing it) is removed, its trials are asked again."""
+    (the process died while writing it) is removed, its trials are asked again. ``clean=False``
+    (a worker joining a run folder others may be writing): incomplete batches are only skipped."""
     frames, told = [], {}
     for f in sorted((d / "scores").glob("batch-*.parquet")):
         tf = f.with_suffix(".trials.json")
         if not tf.is_file():
-            f.unlink()
+            if clean:
+                f.unlink()
             continue
         frames.append(pd.read_parquet(f))
         segment = int(f.stem.split("-")[1])
         told.update({(segment, int(k)): v for k, v in json.loads(tf.read_text()).items()})
-    for f in (d / "scores").glob("*.tmp"):
+    for f in (d / "scores").glob("*.tmp") if clean else []:
         f.unlink()
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), told
 
@@ -360,7 +362,7 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
 
         segs = with_retry(segments.Segments, storage, manifest["study_name"], seg_cap, load, warm)
         study, segment = segs.study(), segs.newest
-    stored, told = _complete_batches(d)
+    stored, told = _complete_batches(d, clean=not joining)
     # trials a killed process left running: tell them from a complete batch, or fail them
     # (a joining worker leaves that to heartbeats: the RUNNING trials may be another worker's)
     for t in ([] if joining or storage_url else
