@@ -320,6 +320,8 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     # heartbeats and stale-trial recovery are driven by hand here (ask and tell, not optimize)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+    # a retried trial carries the constraints its dead worker had set: the same design's values
+    warnings.filterwarnings("ignore", message="The constraint value is ignored")
     nested = manifest["strategy"] == "nested"
     sampler_name = manifest.get("sampler", "nsga2")
     population = int(manifest.get("population", 32))
@@ -354,11 +356,12 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
             return optuna.load_study(study_name=_segment_name(manifest, k), storage=storage,
                                      sampler=smp)
 
-        def warm(new, previous):
+        def warm(new, previous):     # at most the trials the run has left: none left waiting
             best = front if nested else pareto.front_of(
                 [front, front_from_study(previous, space)], space.objectives)
-            if len(best):
-                enqueue_designs(new, best["design_id"].to_numpy()[: 2 * population], space, outer)
+            k = min(2 * population, max(total - segs.total("COMPLETE") - segs.total("RUNNING"), 0))
+            if len(best) and k:
+                enqueue_designs(new, best["design_id"].to_numpy()[:k], space, outer)
 
         segs = with_retry(segments.Segments, storage, manifest["study_name"], seg_cap, load, warm)
         study, segment = segs.study(), segs.newest
@@ -415,9 +418,9 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
         if not shared:
             return target - done_trials, 0
         with_retry(segs.refresh)       # others' new segments; dead workers' trials: retried
-        if segs.full():
-            with_retry(segs.rotate)
         left = total - segs.total("COMPLETE") - segs.total("RUNNING")
+        if left > 0 and segs.full():
+            with_retry(segs.rotate)
         return max(left, segs.total("WAITING")), segs.total("RUNNING")
 
     work = runs.Working(d, progress, total=total, initial=done_trials, unit="trial",
