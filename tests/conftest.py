@@ -13,3 +13,21 @@ import pytest  # noqa: E402
 def _no_debug(monkeypatch):
     # DSE_DEBUG turns one-line internal errors into tracebacks; the tests check the default
     monkeypatch.delenv("DSE_DEBUG", raising=False)
+
+
+@pytest.fixture(scope="session")
+def answered(tmp_path_factory):
+    """Answer each worked question once per test session: {name: (report folder, numbers)}."""
+    import json
+
+    from dse.questions import QUESTIONS_DIR, answer_space
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            tmp = tmp_path_factory.mktemp(name)
+            out = answer_space(str(QUESTIONS_DIR / f"{name}.toml"), out=str(tmp / "report"),
+                               run_dir=str(tmp / "run"))
+            cache[name] = (out, json.loads((out / "answer.json").read_text())["numbers"])
+        return cache[name]
+    return get

@@ -15,21 +15,6 @@ from dse.questions import QUESTIONS_DIR, answer_space
 from dse.space import load_space
 
 
-@pytest.fixture(scope="module")
-def answered(tmp_path_factory):
-    """Answer each question once per test session: {name: (report folder, numbers)}."""
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            tmp = tmp_path_factory.mktemp(name)
-            out = answer_space(str(QUESTIONS_DIR / f"{name}.toml"), out=str(tmp / "report"),
-                               run_dir=str(tmp / "run"))
-            cache[name] = (out, json.loads((out / "answer.json").read_text())["numbers"])
-        return cache[name]
-    return get
-
-
 def rescore(name: str, design_id: int) -> dict:
     space = load_space(str(QUESTIONS_DIR / f"{name}.toml"))
     b, _ = space.batch(np.array([design_id]))

@@ -2,7 +2,6 @@
 is answered end to end into a temporary folder, and its numbers have the properties the
 question is about, checked against the designs they name, re-scored independently."""
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -10,25 +9,10 @@ import pandas as pd
 import pytest
 
 from dse.perf import OPS, score
-from dse.questions import QUESTIONS_DIR, Context, answer_space
+from dse.questions import QUESTIONS_DIR, Context
 from dse.space import load_space
 
 KV = OPS.index("attn_core")
-
-
-@pytest.fixture(scope="module")
-def answered(tmp_path_factory):
-    """Answer each question once per module: {name: (report folder, numbers)}."""
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            tmp = tmp_path_factory.mktemp(name)
-            out = answer_space(str(QUESTIONS_DIR / f"{name}.toml"), out=str(tmp / "report"),
-                               run_dir=str(tmp / "run"))
-            cache[name] = (out, json.loads((out / "answer.json").read_text())["numbers"])
-        return cache[name]
-    return get
 
 
 def space_of(name):
