@@ -65,12 +65,15 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     t0 = time.monotonic()
     hv = None
 
-    def save(state):
+    def hypervolume():
         nonlocal hv
         ref = manifest.get("reference")
         if ref is not None and len(front):
             hv = pareto.hypervolume(pareto.objective_matrix(front, space.objectives),
                                     np.array(ref["point"]), np.array(ref["scale"]))
+
+    def save(state):
+        hypervolume()
         runs.write_front(d, front, space.objectives, [p.path for p in space.parameters])
         runs.write_json(d / "progress.json", {
             "state": state, "trials_completed": len(done), "trials_failed": 0,
@@ -98,6 +101,8 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                 if time.monotonic() - saved >= SAVE_EVERY_S:   # front.csv, progress.json
                     save("running")
                     saved = time.monotonic()
+                else:
+                    hypervolume()                              # for the progress bar
                 work.update(n, len(front), hv)
             save("finished" if len(done) == n_chunks else "stopped")
         except BaseException:
