@@ -180,11 +180,10 @@ def _worker(a) -> int:
         d = Path(a.dir)
         m = runs.load_manifest(d)
         runs.check_version(m, d)
-        if m["strategy"] == "nested" or (m["strategy"] == "exhaustive" and not m.get("storage")):
-            how = " without --storage" if m["strategy"] == "exhaustive" else ""
-            raise InputError(f"{m['strategy']} runs{how} take no workers", file=str(d),
-                             hint="workers join optuna runs, and exhaustive runs started with "
-                                  "--storage URL")
+        if m["strategy"] == "exhaustive" and not m.get("storage"):
+            raise InputError("exhaustive runs without --storage take no workers", file=str(d),
+                             hint="workers join optuna and nested runs, and exhaustive runs "
+                                  "started with --storage URL")
         space = load_space(str(d / "inputs" / Path(m["space_file"]).name))
         url = m.get("storage")
     else:

@@ -200,3 +200,68 @@ def test_exhaustive_shards_on_workers_survive_a_killed_worker_and_match_a_local_
     assert set(got["design_id"]) == set(want["design_id"]) and len(got) > 0
     assert set(shards.front_from_shards(s, load_space(str(QUICK)))["design_id"]) == \
         set(want["design_id"])
+
+
+NESTED_SPACE = """name = "nested-workers"
+[accelerator]
+id = "b200"
+[topology]
+id = "nvl72"
+[model]
+id = "deepseek-v3"
+weight_dtype = "fp4"
+[layout]
+tp = 1
+[cost]
+capex_model = "components"
+[workload]
+isl = 4096
+osl = 1024
+[parameters]
+"accelerator.peak_flops_per_s.fp4" = { scale = [0.5, 0.7, 1.0, 1.4, 2.0] }
+"accelerator.hbm_bw_bytes_per_s" = { scale = [0.5, 0.7, 1.0, 1.4, 2.0] }
+"topology.scaleup.link_bw_bytes_per_s" = { scale = [0.5, 1.0, 2.0, 4.0] }
+"layout.ep" = [32, 64]
+"layout.dp" = [32, 64]
+"workload.concurrency" = [1024, 4096, 16384]
+[objectives]
+usd_per_mtok_output = "minimize"
+output_tokens_per_s_per_user = "maximize"
+"""
+
+
+def test_nested_run_with_workers_assembles_its_front_from_every_trial(tmp_path, database):
+    """A nested run and two workers on one study: every trial completed once, each trial's
+    point front stored with it, and the run's front = the Pareto set of every process's
+    scored designs."""
+    import optuna
+
+    from dse import pareto
+    from dse.space import load_space
+
+    space_file = tmp_path / "nested.toml"
+    space_file.write_text(NESTED_SPACE)
+    total = 48
+    run_dir = tmp_path / "run"
+    runner = _dse("run", str(space_file), "--strategy", "nested", "--trials", str(total),
+                  "--population", "2", "--storage", database, "--out", str(run_dir), "--quiet")
+    deadline = time.time() + 60
+    while time.time() < deadline and not (run_dir / "manifest.json").exists():
+        time.sleep(0.1)
+    workers = [_dse("worker", str(run_dir), "--quiet"),
+               _dse("worker", "--storage", database, "--study", run_dir.name, "--out",
+                    str(tmp_path / "w2"), "--quiet")]
+    for p in [runner, *workers]:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    s = optuna.load_study(study_name=run_dir.name, storage=database)
+    states = collections.Counter(t.state.name for t in s.trials)
+    assert states["COMPLETE"] >= total and states["RUNNING"] == 0 and states["WAITING"] == 0
+    assert all("front" in t.user_attrs for t in s.trials if t.state.name == "COMPLETE")
+    space = load_space(str(space_file))
+    tables = [pd.read_parquet(f) for d in (run_dir, tmp_path / "w2")
+              for f in (d / "scores").glob("*.parquet")]
+    every = pd.concat(tables, ignore_index=True)
+    want = pareto.front_of([every[every["_admissible"]]], space.objectives)
+    got = pd.read_csv(run_dir / "front.csv")
+    assert set(got["design_id"]) == set(want["design_id"]) and len(got) > 0

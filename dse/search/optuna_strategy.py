@@ -282,6 +282,38 @@ def enqueue_neighbours(study, space, outer, front: pd.DataFrame, k: int, ref: di
     return min(k, len(cand))
 
 
+def front_payload(ids: np.ndarray, values: dict) -> str:
+    """A trial's front as a small JSON payload: design ids and objective values (row-major)."""
+    F = np.column_stack([np.asarray(v, dtype=np.float64) for v in values.values()]) \
+        if len(ids) else np.zeros((0, len(values)))
+    return json.dumps({"ids": [int(i) for i in ids], "F": F.ravel().tolist()},
+                      separators=(",", ":"))
+
+
+def payload_frame(payload: str, space) -> pd.DataFrame:
+    """A ``front_payload`` back as a table of design_id and objective values."""
+    f = json.loads(payload)
+    metrics = [o.metric for o in space.objectives]
+    df = pd.DataFrame(np.asarray(f["F"], dtype=np.float64).reshape(len(f["ids"]), len(metrics)),
+                      columns=metrics)
+    df.insert(0, "design_id", np.asarray(f["ids"], dtype=np.int64))
+    return df
+
+
+def front_from_payloads(studies, space) -> pd.DataFrame:
+    """The Pareto set of the fronts stored with the completed trials of a shared nested run
+    (every worker's, every segment's), with the parameters of each design."""
+    from optuna.trial import TrialState
+    frames = [payload_frame(t.user_attrs["front"], space)
+              for s in studies for t in s.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if "front" in t.user_attrs]
+    front = pareto.front_of([f for f in frames if len(f)], space.objectives)
+    if len(front):
+        for p, v in space.values_at(front["design_id"].to_numpy()).items():
+            front[p] = v
+    return front
+
+
 def front_from_study(study, space) -> pd.DataFrame:
     """The Pareto set of every completed, feasible trial of a (shared) study, or of a list of
     studies (its segments): objective values are the trial values, parameters follow from the
@@ -484,6 +516,9 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                            if len(mine) else 0.0)
                     cons = [0.0 if len(mine) else 1.0]
                     results[t.number] = {"values": [val], "constraints": cons}
+                    if shared:     # the point's front travels with the trial (other workers)
+                        with_retry(t.set_user_attr, "front", front_payload(
+                            ids[mine], {o.metric: s[o.metric][mine] for o in space.objectives}))
             else:
                 values = np.where(np.isfinite(F), F, BIG) * np.array(
                     [1.0 if o.direction == "minimize" else -1.0 for o in space.objectives])
@@ -517,8 +552,9 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                                          population, directions, front, space, outer)
         if shared:           # the run's front and counts: every worker's, every segment's
             with_retry(segs.refresh)
-            if not nested:
-                front = front_from_study(with_retry(segs.all_studies), space)
+            studies = with_retry(segs.all_studies)
+            front = (front_from_payloads(studies, space) if nested
+                     else front_from_study(studies, space))
             done_trials = segs.total("COMPLETE")
             designs = designs if nested else done_trials
         save("finished" if done_trials >= total else "stopped")
