@@ -28,7 +28,8 @@ import pandas as pd
 
 from dse import pareto, runs
 from dse.search import exhaustive
-from dse.search.optuna_strategy import HEARTBEAT_S, storage_for, with_retry
+from dse.search.optuna_strategy import (HEARTBEAT_S, front_payload, payload_frame, storage_for,
+                                       with_retry)
 from dse.search.segments import state_counts
 
 ENQUEUED = "chunks_enqueued"     # study user attr: every chunk has had a trial enqueued
@@ -105,16 +106,9 @@ def completed_chunks(study) -> dict[int, object]:
 
 def front_from_shards(study, space) -> pd.DataFrame:
     """The run's front from the storage alone: the Pareto set of every chunk's front."""
-    frames = []
-    metrics = [o.metric for o in space.objectives]
-    for c, t in sorted(completed_chunks(study).items()):
-        f = json.loads(t.user_attrs["front"])
-        if f["ids"]:
-            df = pd.DataFrame(np.asarray(f["F"], dtype=np.float64).reshape(len(f["ids"]), -1),
-                              columns=metrics)
-            df.insert(0, "design_id", np.asarray(f["ids"], dtype=np.int64))
-            frames.append(df)
-    front = pareto.front_of(frames, space.objectives)
+    frames = [payload_frame(t.user_attrs["front"], space)
+              for _, t in sorted(completed_chunks(study).items())]
+    front = pareto.front_of([f for f in frames if len(f)], space.objectives)
     if len(front):
         for p, v in space.values_at(front["design_id"].to_numpy()).items():
             front[p] = v
@@ -219,9 +213,8 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                 tmp = out.with_suffix(f".{os.getpid()}.tmp")
                 table.to_parquet(tmp, index=False)
                 tmp.replace(out)
-                payload = {"ids": table["design_id"].astype(int).tolist(),
-                           "F": table[metrics].to_numpy(np.float64).ravel().tolist()}
-                with_retry(trial.set_user_attr, "front", json.dumps(payload, separators=(",", ":")))
+                with_retry(trial.set_user_attr, "front", front_payload(
+                    table["design_id"].to_numpy(), {m: table[m] for m in metrics}))
                 with_retry(study.tell, trial, n)
                 mine += 1
                 counts["COMPLETE"] += 1
