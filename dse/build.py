@@ -36,6 +36,9 @@ DEFAULTS: dict[str, object] = {
     "model.weight_dtype": "bf16",
     "model.kv_dtype": "",
     "layout.tp": 1, "layout.pp": 1, "layout.ep": 1, "layout.dp": 1,
+    # dense MLP layers: split over the tp*dp group ("split", SGLang's default with attention
+    # data parallelism) or "replicated" on every attention-dp rank (tp-sharded, no big all-reduce)
+    "layout.dense_mlp": "split",
     "workload.isl": 1024, "workload.osl": 256, "workload.concurrency": 1,
     "workload.prefix_hit_fraction": 0.0, "workload.phase": "both",
     # disaggregated serving: a prefill pool with its own layout (0: the decode layout's value)
@@ -55,9 +58,11 @@ DEFAULTS: dict[str, object] = {
 PHASES = {"both": 0, "prefill": 1, "decode": 2}
 COST_MODES = ("ownership", "rental")
 SERVING_MODES = {"aggregated": 0.0, "disaggregated": 1.0}
+DENSE_MLP = {"split": 0.0, "replicated": 1.0}
 CAPEX_MODELS = ("catalog", "components")
 STRING_PATHS = {"accelerator.id", "topology.id", "model.id", "model.weight_dtype", "model.kv_dtype",
-                "workload.phase", "cost.mode", "serving.mode", "cost.capex_model"}
+                "workload.phase", "cost.mode", "serving.mode", "cost.capex_model",
+                "layout.dense_mlp"}
 # the specs the component cost model prices, and the catalog values they are compared with
 COMPONENT_SPECS = {"hbm_capacity": "accelerator.hbm_capacity_bytes",
                    "hbm_bandwidth": "accelerator.hbm_bw_bytes_per_s",
@@ -259,7 +264,8 @@ def _check_values(out: pd.DataFrame, file, names, alias):
             fail(col, int(np.flatnonzero(v > 1)[0]), "is not valid: a fraction must be <= 1")
     for col, allowed in (("model.weight_dtype", DTYPES), ("workload.phase", tuple(PHASES)),
                          ("cost.mode", COST_MODES), ("serving.mode", tuple(SERVING_MODES)),
-                         ("cost.capex_model", CAPEX_MODELS)):
+                         ("cost.capex_model", CAPEX_MODELS),
+                         ("layout.dense_mlp", tuple(DENSE_MLP))):
         bad = ~out[col].isin(allowed)
         if bad.any():
             i = int(np.flatnonzero(bad.to_numpy())[0])
@@ -418,6 +424,7 @@ def to_batch(out, compact: bool = False) -> Batch:
         "tp_bw_fraction": topo["tp"], "ffn_bw_fraction": topo["ffn"], "a2a_bw_fraction": topo["a2a"],
         "rack_chips": f("topology.rack_chips"),
         "tp": f("layout.tp"), "pp": f("layout.pp"), "ep": f("layout.ep"), "dp": f("layout.dp"),
+        "dense_replicated": lookup(out["layout.dense_mlp"], DENSE_MLP).astype(float),
         "disaggregated": lookup(out["serving.mode"], SERVING_MODES).astype(float),
         **{f"prefill_{k}": np.where(f(f"layout.prefill_{k}") > 0, f(f"layout.prefill_{k}"),
                                     f(f"layout.{k}")) for k in ("tp", "pp", "ep", "dp")},

@@ -182,13 +182,15 @@ class Space:
         distinct combinations of the other parameters are built once (compact) and gathered.
         Within those, only the distinct *structural* values (catalog ids, dtypes, modes and the
         numbers the system's derived links come from) go through the catalog. All values were
-        checked when the space was loaded. ``codes``: the values' grid coordinates, when known;
+        checked when the space was loaded; a parameter missing from ``vals`` keeps the base
+        design's value. ``codes``: the values' grid coordinates, when known;
         ``parts``: return ``batch_parts``'s tuple instead of (Batch, table).
         """
         n = len(next(iter(vals.values()))) if vals else 1
-        direct = [p for p in self.parameters
+        given = [p for p in self.parameters if p.path in vals]   # the others: the base design's
+        direct = [p for p in given
                   if not p.scale and p.path in DIRECT_FIELDS and p.path not in (overrides or {})]
-        rest = [p for p in self.parameters if p not in direct]
+        rest = [p for p in given if p not in direct]
         if rest and n > 1:
             if codes is not None:
                 first, inverse = _distinct_codes([codes[p.path] for p in rest],
@@ -231,7 +233,8 @@ class Space:
             else:
                 codes, cats = pd.factorize(v, use_na_sentinel=True)
                 table[c] = pd.Categorical.from_codes(codes[inverse], categories=cats)
-        explicit = {p.path for p in self.parameters if not p.scale} | set(self.base)
+        explicit = {p.path for p in self.parameters if not p.scale and p.path in vals} \
+            | set(self.base)
         for p in self.parameters:
             if p in structural or p.path not in vals:
                 continue
@@ -240,7 +243,8 @@ class Space:
             else:
                 table[p.path] = (np.asarray(vals[p.path], dtype=float)
                                  if p.path not in STRING_VALUED else vals[p.path])
-        scaled_feeders = any(p.path in FEEDERS for p in self.parameters if p.scale)
+        scaled_feeders = any(p.path in FEEDERS for p in self.parameters
+                             if p.scale and p.path in vals)
         for path, (op, value) in (overrides or {}).items():   # what-ifs: ("set"|"scale", x)
             cur = np.asarray(table[path], dtype=float)
             table[path] = np.full_like(cur, value) if op == "set" else cur * value

@@ -178,3 +178,30 @@ def test_fleet_for_a_demand_in_whole_instances_and_racks():
     assert big["racks_for_demand"] == big["instances_for_demand"] * 2      # 128 chips: 2 racks
     none = one({**d, "workload.demand_output_tokens_per_s": 0})
     assert math.isnan(none["racks_for_demand"]) and math.isnan(none["usd_per_hour_for_demand"])
+
+
+def test_dense_mlp_replicated_per_attention_dp_rank():
+    """DeepSeek-V3's 3 dense MLP layers on 64 chips (tp=1, dp=64): split over the 64 chips they
+    need an all-reduce of every token over the group; replicated on each rank they need none,
+    and each chip holds and reads all their weights instead of 1/64."""
+    from dse.perf import OPS, score
+    j = OPS.index("mlp_dense")
+    base = {"topology.id": "nvl72", "model.weight_dtype": "fp8", "layout.ep": 64,
+            "layout.dp": 64, "workload.concurrency": 4096}
+    split = batch(design("gb200", "deepseek-v3", **base))
+    rep = batch(design("gb200", "deepseek-v3", **base, **{"layout.dense_mlp": "replicated"}))
+    (ms, ss), (mr, sr) = score(split, breakdown=True), score(rep, breakdown=True)
+    p_dense = 3 * 3 * 7168 * 18432 * 1.0                       # 3 layers, gated, fp8 bytes
+    assert mr["weights_bytes_per_chip"][0] - ms["weights_bytes_per_chip"][0] == \
+        pytest.approx(p_dense * (1 - 1 / 64), rel=1e-9)
+    assert sr.decode.network_s[j, 0] == 0.0 < ss.decode.network_s[j, 0]
+    hbm = split.hbm_bw_bytes_per_s[0] * split.hbm_fraction[0]
+    assert sr.decode.memory_s[j, 0] == pytest.approx(p_dense / hbm, rel=1e-9)
+    assert ss.decode.memory_s[j, 0] == pytest.approx(p_dense / 64 / hbm, rel=1e-9)
+
+
+def test_dense_mlp_replicated_is_split_when_there_is_no_attention_dp():
+    d = design("h100-sxm", "llama-3.1-70b", **{"layout.tp": 8, "workload.concurrency": 64})
+    a, b = one(d), one({**d, "layout.dense_mlp": "replicated"})
+    for k in a:
+        np.testing.assert_equal(a[k], b[k], err_msg=k)

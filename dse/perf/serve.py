@@ -67,8 +67,9 @@ def _memory(b: Batch):
     moe = b.n_moe_layers * (arch.expert_slots(b) * arch.expert_params(b)
                             + arch.shared_params_per_layer(b) + b.hidden * b.n_experts)
     emb_tables = (2.0 - b.tied) / np.minimum(pp, 2.0)
+    dense_g = ffn_g + b.dense_replicated * (tp - ffn_g)     # chips one dense MLP is split over
     weights = (b.n_layers * arch.attn_params_per_layer(b) / tp
-               + (b.n_dense_layers * arch.dense_mlp_params(b) + moe) / ffn_g) / pp \
+               + b.n_dense_layers * arch.dense_mlp_params(b) / dense_g + moe / ffn_g) / pp \
         + emb_tables * b.vocab * b.hidden / tp
     weights = weights * b.weight_bytes
     both, pre_only, dec_only = arch.phases(b)

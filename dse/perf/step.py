@@ -72,13 +72,19 @@ class Coefficients:
         self.c_core_pre = 2.0 * heads * arch.attn_dims(b, False) / dp / attn * stage
         self.kv_chip = (arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
                         / dp / hbm)
-        # dense MLP over the tp*dp group: every chip sees all tokens
+        # dense MLP over a group of g chips: the tp*dp group (every chip sees all tokens) or,
+        # replicated, each attention-dp rank's tp group (its own tokens); compute per chip is
+        # the same, the weights read and the all-reduce differ
+        rep = b.dense_replicated
+        g = ffn_g + rep * (tp - ffn_g)
         p_dense = arch.dense_mlp_params(b) * b.n_dense_layers * stage
         self.c_dense = 2.0 * p_dense / ffn_g / mm
-        self.m_dense = p_dense * wb / ffn_g / hbm
-        f0, f1 = allreduce_coef(b, ffn_g, b.ffn_bw_fraction)
+        self.dense_pad = self.h * ffn_g / g                     # tile rows padded per group
+        self.m_dense = p_dense * wb / g / hbm
+        f0, f1 = allreduce_coef(b, g, b.ffn_bw_fraction + rep * (b.tp_bw_fraction
+                                                                 - b.ffn_bw_fraction))
         dense_layers = b.n_dense_layers * stage
-        self.n_dense = (dense_layers * f0, dense_layers * f1 * d * ab)
+        self.n_dense = (dense_layers * f0, dense_layers * f1 * d * ab * g / ffn_g)
         # routed experts over ep ranks, each expert tp*dp/ep-way sharded
         moe_layers = b.n_moe_layers * stage
         e = np.maximum(b.n_experts, 1.0)
@@ -161,7 +167,7 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     reqs = pre / np.maximum(new, 1.0)
     c_core = k.c_core_dec * dec * dec_ctx + k.c_core_pre * reqs * pairs
     m_core = k.kv_chip * (dec * dec_ctx + (tok + reqs * prior) * b.n_layers) / b.pp
-    c_dense = k.c_dense * (tok + h) * some
+    c_dense = k.c_dense * (tok + k.dense_pad) * some
     n_dense = k.n_dense[0] + k.n_dense[1] * tok
     touched = 1.0 - np.exp(tok * k.log_miss)
     c_moe = k.c_moe * (tok + k.expert_pad * touched) * some   # tiles padded per expert used

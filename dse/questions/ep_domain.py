@@ -151,11 +151,20 @@ def answer(ctx: Context) -> Answer:
             f"TPOT x{pairs['tpot_ratio'].min():.2f} to x{pairs['tpot_ratio'].max():.2f} "
             f"(worst at {int(worst['chips'])} chips: {worst['tpot_inside_ms']:.0f} -> "
             f"{worst['tpot_across_ms']:.0f} ms).")
+    inside = cheap[cheap["placement"] == "inside"].sort_values(DOMAIN)
+    big = inside.iloc[-1]
+    modes = sorted(set(inside["layout.dense_mlp"])) if "layout.dense_mlp" in inside else []
     head.append(
         f"- The cheapest domain for this model is **{int(best_in[DOMAIN])} chips** "
-        f"(${best_in['usd_per_mtok_output']:.3f}/Mtok); larger single domains cost more here "
-        "because the model all-reduces the dense layers over the whole instance (see caveats).")
-    t = cheap[[DOMAIN, "placement", "design_id", DP, EP, BATCH, "usd_per_mtok_output", "tpot_s",
+        f"(${best_in['usd_per_mtok_output']:.3f}/Mtok)"
+        + (f"; the cheapest inside designs keep the dense MLP layers {' or '.join(modes)}"
+           if modes else "")
+        + f". At {int(big[DOMAIN])} chips the decode step spends {big['a2a_network_ms']:.1f} ms "
+        f"in the expert all-to-all and {big['dense_allreduce_ms']:.1f} ms in the dense "
+        f"all-reduce (at {int(best_in[DOMAIN])}: {best_in['a2a_network_ms']:.1f} and "
+        f"{best_in['dense_allreduce_ms']:.1f} ms).")
+    dense_col = ["layout.dense_mlp"] if "layout.dense_mlp" in cheap else []
+    t = cheap[[DOMAIN, "placement", "design_id", DP, EP, *dense_col, BATCH, "usd_per_mtok_output", "tpot_s",
                "ttft_s", "output_tokens_per_s_per_chip", "decode_step_ms", "a2a_network_ms",
                "dense_allreduce_ms"]].copy()
     t["tpot_s"] *= 1e3
@@ -183,11 +192,10 @@ def answer(ctx: Context) -> Answer:
         "### Equal chips: one domain vs two, same layout and batch", "",
         md_frame(pairs) if len(pairs) else "(no pair)", "",
         "## Caveats (model)", "",
-        "- dse shards the dense MLP layers (DeepSeek-V3's first 3) over the whole tp x dp "
-        "instance and all-reduces every token's activations over it (`mlp_dense` network), so "
-        "this cost grows with the instance; serving stacks usually replicate the small dense "
-        "layers per attention-DP rank. Large domains are penalised by it (column "
-        "`dense_allreduce_ms`).",
+        "- The dense MLP layers (DeepSeek-V3's first 3) are either split over the whole tp x dp "
+        "instance, all-reducing every token's activations over it (SGLang's default with "
+        "attention data parallelism), or replicated on every attention-DP rank "
+        "(`layout.dense_mlp`); the space searches both (column `layout.dense_mlp`).",
         "- The expert all-to-all always runs over the whole tp x dp group, even when "
         "ep < tp x dp (replicas of an expert could be placed so that dispatch stays in the "
         "domain).",
