@@ -37,6 +37,13 @@ def database():
     admin.dispose()
 
 
+def _wait_until(done, timeout_s: float = 60, poll_s: float = 0.1) -> None:
+    """Poll ``done()`` until it is true or ``timeout_s`` passes."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and not done():
+        time.sleep(poll_s)
+
+
 def _dse(*args, **kw):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "dse", *args], stdout=subprocess.PIPE,
@@ -54,9 +61,7 @@ def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp
     runner = _dse("run", str(QUICK), "--strategy", "optuna", "--sampler", "random", "--trials",
                   str(total), "--population", "8", "--storage", database, "--out", str(run_dir),
                   "--quiet")
-    deadline = time.time() + 60
-    while time.time() < deadline and not (run_dir / "manifest.json").exists():
-        time.sleep(0.1)
+    _wait_until(lambda: (run_dir / "manifest.json").exists())
     study = run_dir.name
     workers = [_dse("worker", str(run_dir), "--quiet"),
                _dse("worker", "--storage", database, "--study", study, "--out",
@@ -64,9 +69,7 @@ def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp
                _dse("worker", "--storage", database, "--study", study, "--out",
                     str(tmp_path / "w3"), "--quiet")]
     # kill one worker in the middle of its work: its running trials must be failed and retried
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list((tmp_path / "w2" / "scores").glob("*.json"))) < 2:
-        time.sleep(0.02)
+    _wait_until(lambda: len(list((tmp_path / "w2" / "scores").glob("*.json"))) >= 2, 120, 0.02)
     workers[1].send_signal(signal.SIGKILL)
     for p in [runner, workers[0], workers[2]]:
         out, err = p.communicate(timeout=300)
@@ -115,9 +118,7 @@ def test_shared_study_rotates_segments_and_counts_every_trial_once(tmp_path, dat
     runner = _dse("run", str(QUICK), "--strategy", "optuna", "--sampler", "random", "--trials",
                   str(total), "--population", str(pop), "--segment-trials", "40", "--storage",
                   database, "--out", str(run_dir), "--quiet")
-    deadline = time.time() + 60
-    while time.time() < deadline and not (run_dir / "manifest.json").exists():
-        time.sleep(0.1)
+    _wait_until(lambda: (run_dir / "manifest.json").exists())
     study = run_dir.name
     workers = [_dse("worker", str(run_dir), "--quiet"),
                _dse("worker", "--storage", database, "--study", study, "--out",
@@ -161,16 +162,12 @@ def test_exhaustive_shards_on_workers_survive_a_killed_worker_and_match_a_local_
     run_dir = tmp_path / "run"
     runner = _dse("run", str(QUICK), "--strategy", "exhaustive", "--chunk-designs", "4",
                   "--storage", database, "--out", str(run_dir), "--quiet")
-    deadline = time.time() + 60
-    while time.time() < deadline and not (run_dir / "manifest.json").exists():
-        time.sleep(0.1)
+    _wait_until(lambda: (run_dir / "manifest.json").exists())
     study = run_dir.name
     workers = [_dse("worker", str(run_dir), "--quiet"),
                _dse("worker", "--storage", database, "--study", study, "--out",
                     str(tmp_path / "w2"), "--quiet")]
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list((tmp_path / "w2" / "scores").glob("chunk-*"))) < 2:
-        time.sleep(0.02)
+    _wait_until(lambda: len(list((tmp_path / "w2" / "scores").glob("chunk-*"))) >= 2, 120, 0.02)
     workers[1].send_signal(signal.SIGKILL)
     for p in [runner, workers[0]]:
         out, err = p.communicate(timeout=300)
@@ -202,34 +199,6 @@ def test_exhaustive_shards_on_workers_survive_a_killed_worker_and_match_a_local_
         set(want["design_id"])
 
 
-NESTED_SPACE = """name = "nested-workers"
-[accelerator]
-id = "b200"
-[topology]
-id = "nvl72"
-[model]
-id = "deepseek-v3"
-weight_dtype = "fp4"
-[layout]
-tp = 1
-[cost]
-capex_model = "components"
-[workload]
-isl = 4096
-osl = 1024
-[parameters]
-"accelerator.peak_flops_per_s.fp4" = { scale = [0.5, 0.7, 1.0, 1.4, 2.0] }
-"accelerator.hbm_bw_bytes_per_s" = { scale = [0.5, 0.7, 1.0, 1.4, 2.0] }
-"topology.scaleup.link_bw_bytes_per_s" = { scale = [0.5, 1.0, 2.0, 4.0] }
-"layout.ep" = [32, 64]
-"layout.dp" = [32, 64]
-"workload.concurrency" = [1024, 4096, 16384]
-[objectives]
-usd_per_mtok_output = "minimize"
-output_tokens_per_s_per_user = "maximize"
-"""
-
-
 def test_nested_run_with_workers_assembles_its_front_from_every_trial(tmp_path, database):
     """A nested run and two workers on one study: every trial completed once, each trial's
     point front stored with it, and the run's front = the Pareto set of every process's
@@ -239,15 +208,14 @@ def test_nested_run_with_workers_assembles_its_front_from_every_trial(tmp_path, 
     from dse import pareto
     from dse.space import load_space
 
+    from dse.search.bench import CHIP_SPACE
     space_file = tmp_path / "nested.toml"
-    space_file.write_text(NESTED_SPACE)
+    space_file.write_text(CHIP_SPACE)
     total = 48
     run_dir = tmp_path / "run"
     runner = _dse("run", str(space_file), "--strategy", "nested", "--trials", str(total),
                   "--population", "2", "--storage", database, "--out", str(run_dir), "--quiet")
-    deadline = time.time() + 60
-    while time.time() < deadline and not (run_dir / "manifest.json").exists():
-        time.sleep(0.1)
+    _wait_until(lambda: (run_dir / "manifest.json").exists())
     workers = [_dse("worker", str(run_dir), "--quiet"),
                _dse("worker", "--storage", database, "--study", run_dir.name, "--out",
                     str(tmp_path / "w2"), "--quiet")]
