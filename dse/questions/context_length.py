@@ -27,6 +27,8 @@ from dse.questions._common import (
     md_frame,
     op_times,
     param_values,
+    pyplot,
+    save,
     slo_text,
 )
 
@@ -118,10 +120,7 @@ def _ms(t: pd.DataFrame) -> pd.DataFrame:
 def _figures(ctx: Context, best: pd.DataFrame, split: pd.DataFrame, free: pd.DataFrame,
              sweep: pd.DataFrame,
              row_ref: pd.Series, slo: str) -> list[str]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ctx.out.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     x = best[ISL].to_numpy()
     names = []
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
@@ -135,10 +134,7 @@ def _figures(ctx: Context, best: pd.DataFrame, split: pd.DataFrame, free: pd.Dat
     ax.set_title("cost per token vs context")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(ctx.figure_path("cost-vs-context.png"))
-    plt.close(fig)
-    names.append("cost-vs-context.png")
+    names.append(save(fig, ctx, "cost-vs-context.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     labels = [f"{int(v / 1024)}k" for v in x]
@@ -159,10 +155,7 @@ def _figures(ctx: Context, best: pd.DataFrame, split: pd.DataFrame, free: pd.Dat
     ax.set_title("decode step, op by op")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(ctx.figure_path("op-split-vs-context.png"))
-    plt.close(fig)
-    names.append("op-split-vs-context.png")
+    names.append(save(fig, ctx, "op-split-vs-context.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     ax.plot(sweep["batch"], sweep["crossover_isl"], "o-")
@@ -172,10 +165,7 @@ def _figures(ctx: Context, best: pd.DataFrame, split: pd.DataFrame, free: pd.Dat
     ax.set_ylabel("prompt length where KV read = rest of step")
     ax.set_title(f"crossover vs batch ({layout_text(row_ref, ('layout.tp', 'layout.pp')).rsplit(' ', 1)[0]})")
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(ctx.figure_path("crossover-vs-batch.png"))
-    plt.close(fig)
-    names.append("crossover-vs-batch.png")
+    names.append(save(fig, ctx, "crossover-vs-batch.png"))
     return names
 
 

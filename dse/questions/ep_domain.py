@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 
 from dse.questions import Answer, Context
-from dse.questions._common import admissible, md_frame, op_times, param_values, slo_text
+from dse.questions._common import (admissible, md_frame, op_times, param_values, pyplot,
+                                   save, slo_text)
 
 DOMAIN = "topology.scaleup.domain_chips"
 DP = "layout.dp"
@@ -77,10 +78,7 @@ def equal_chip_pairs(ctx: Context, df: pd.DataFrame, ok: np.ndarray) -> pd.DataF
 
 
 def _figure(ctx: Context, table: pd.DataFrame, fast: pd.DataFrame, slo: str) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ctx.out.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     domains = sorted(table[DOMAIN].unique())
     x = np.arange(len(domains))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
@@ -97,10 +95,7 @@ def _figure(ctx: Context, table: pd.DataFrame, fast: pd.DataFrame, slo: str) -> 
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
     fig.suptitle("DeepSeek-V3 expert parallelism: one domain vs two")
-    fig.tight_layout()
-    fig.savefig(ctx.figure_path("ep-inside-vs-across.png"))
-    plt.close(fig)
-    return "ep-inside-vs-across.png"
+    return save(fig, ctx, "ep-inside-vs-across.png")
 
 
 def answer(ctx: Context) -> Answer:

@@ -19,7 +19,7 @@ import pandas as pd
 from dse import catalog, pareto
 from dse.perf import BOUNDS
 from dse.questions import Answer, Context
-from dse.questions._common import layout_text, md_frame
+from dse.questions._common import layout_text, md_frame, pyplot, save
 
 COST = "usd_per_mtok_output"
 THRU = "output_tokens_per_s_per_chip"
@@ -96,10 +96,7 @@ def value_table(ctx: Context) -> pd.DataFrame:
 
 
 def _figure(ctx: Context, tab: pd.DataFrame) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ctx.out.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     ups = [u for u in tab["upgrade"].unique() if u != "baseline"]
     slos = list(tab["slo"].unique())
     x = np.arange(len(ups))
@@ -117,10 +114,7 @@ def _figure(ctx: Context, tab: pd.DataFrame) -> str:
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7)
     fig.suptitle("value of each upgrade, whole space re-optimized (same chip price)")
-    fig.tight_layout()
-    fig.savefig(ctx.figure_path("upgrade-value.png"))
-    plt.close(fig)
-    return "upgrade-value.png"
+    return save(fig, ctx, "upgrade-value.png")
 
 
 def answer(ctx: Context) -> Answer:

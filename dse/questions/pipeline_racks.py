@@ -27,7 +27,8 @@ import pandas as pd
 
 from dse import catalog
 from dse.questions import Answer, Context
-from dse.questions._common import admissible, md_frame, op_times, param_values, slo_text
+from dse.questions._common import (admissible, md_frame, op_times, param_values, pyplot,
+                                   save, slo_text)
 
 PP = "layout.pp"
 BW = "topology.scaleout.link_bw_bytes_per_s"
@@ -78,10 +79,7 @@ def _max_batch_under(f: pd.DataFrame, share: float) -> pd.DataFrame:
 
 
 def _figure(ctx: Context, f: pd.DataFrame, best: pd.DataFrame, share: float) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ctx.out.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
     deep = f[PP].max()
     ax = axes[0]
@@ -106,10 +104,7 @@ def _figure(ctx: Context, f: pd.DataFrame, best: pd.DataFrame, share: float) -> 
     ax.set_title("cheapest design per pipeline depth")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(ctx.figure_path("pipeline-hop.png"))
-    plt.close(fig)
-    return "pipeline-hop.png"
+    return save(fig, ctx, "pipeline-hop.png")
 
 
 def catalog_bw_bytes_per_s(ctx: Context) -> float:
