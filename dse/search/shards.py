@@ -151,8 +151,10 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
         if not study.user_attrs.get(ENQUEUED):
             _enqueue(study, _missing(study, n_chunks))    # a resume enqueues only the rest
             study.set_user_attr(ENQUEUED, True)
-    for f in [] if joining else (d / "scores").glob("*.tmp"):   # a killed process's (a worker
-        f.unlink()                                            # may share the run's folder)
+    for f in (d / "scores").glob("*.tmp"):      # a killed process's: the pid is in the name
+        pid = f.suffixes[-2][1:] if len(f.suffixes) >= 2 else ""   # (workers share the folder)
+        if not (pid.isdigit() and runs.pid_alive(int(pid))):
+            f.unlink(missing_ok=True)
     elapsed0 = float(runs.read_progress(d).get("elapsed_s", 0.0))
     metrics = [o.metric for o in space.objectives]
     front = pareto.front_of([pd.read_parquet(f) for f in sorted((d / "scores").glob("chunk-*.parquet"))],
