@@ -334,6 +334,11 @@ def topology_columns(out) -> dict[str, np.ndarray]:
     tp, ffn, dom, tid = np.broadcast_arrays(tp, ffn, dom, tid)   # compact tables mix lengths
     cols = {k: np.ones(len(tp)) for k in ("tp", "ffn", "a2a")}
     cols["latency"] = np.zeros(len(tp))
+    # the row's own latencies (catalog values unless a design overrides them)
+    base_lat = np.broadcast_to(np.asarray(out["topology.scaleup_base_latency_s"], dtype=float),
+                               tp.shape)
+    hop_lat = np.broadcast_to(np.asarray(out["topology.scaleup_hop_latency_s"], dtype=float),
+                              tp.shape)
     keys = pd.DataFrame({"t": tid, "d": dom})
     for (t, d), idx in keys.groupby(["t", "d"]).indices.items():
         topo = topos[names[t]]
@@ -343,8 +348,7 @@ def topology_columns(out) -> dict[str, np.ndarray]:
         cols["tp"][idx] = red.at(g_tp, "ar_fraction")
         cols["ffn"][idx] = red.at(g_ffn, "ar_fraction")
         cols["a2a"][idx] = red.at(g_ffn, "a2a_fraction")
-        cols["latency"][idx] = topo.scaleup_base_latency_s + topo.scaleup_hop_latency_s * red.at(
-            np.maximum(g_ffn, 2.0), "hops")
+        cols["latency"][idx] = base_lat[idx] + hop_lat[idx] * red.at(np.maximum(g_ffn, 2.0), "hops")
     return cols
 
 

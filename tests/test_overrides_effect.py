@@ -1,0 +1,105 @@
+"""Every settable numeric path that a design may override changes some metric of some design.
+
+A key that is accepted and ignored (as ``topology.scaleup_base_latency_s`` once was) lies to the
+user: their what-if silently answers a different question. Each numeric path is scaled by 1.2
+(or set to a small positive value where it is 0) on a handful of designs that between them use
+every feature of the model (dense and MoE/MLA models, tp/ep/dp/pp across domains,
+disaggregated, rental and component costs, demand), and some metric of some design must move.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dse.build import STRING_PATHS, resolve, settable_paths, to_batch
+from dse.perf import score
+
+BASES = [
+    {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "layout.tp": 4, "layout.pp": 2,
+     "workload.isl": 2048, "workload.osl": 256, "workload.concurrency": 64,
+     "workload.prefix_hit_fraction": 0.2, "workload.demand_output_tokens_per_s": 1e6},
+    {"accelerator.id": "gb200", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
+     "layout.tp": 1, "layout.dp": 32, "layout.ep": 32, "workload.isl": 4096, "workload.osl": 512,
+     "workload.concurrency": 2048, "layout.dense_mlp": "replicated"},
+    {"accelerator.id": "h200-sxm", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
+     "layout.tp": 8, "layout.dp": 2, "layout.ep": 16, "workload.isl": 1024, "workload.osl": 256,
+     "workload.concurrency": 64, "cost.mode": "rental"},
+    {"accelerator.id": "b200", "model.id": "llama-4-scout", "model.weight_dtype": "fp8",
+     "layout.tp": 4, "layout.ep": 4, "workload.isl": 8192, "workload.osl": 1024,
+     "workload.concurrency": 32, "cost.capex_model": "components"},
+    {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-8b", "layout.tp": 1,
+     "workload.isl": 1024, "workload.osl": 256, "workload.concurrency": 128,
+     "serving.mode": "disaggregated", "layout.prefill_tp": 2, "workload.prefill_concurrency": 4,
+     "serving.prefill_chip_ratio": 0.5},
+    {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-405b", "model.weight_dtype": "fp8",
+     "layout.tp": 8, "layout.pp": 4, "workload.isl": 1024, "workload.osl": 128,
+     "workload.concurrency": 16},
+    {"accelerator.id": "a100-sxm-80g", "model.id": "mixtral-8x7b", "model.weight_dtype": "int8",
+     "layout.tp": 2, "layout.ep": 2, "workload.concurrency": 32},
+    {"accelerator.id": "l40s", "model.id": "llama-3.1-8b", "model.weight_dtype": "fp16",
+     "layout.tp": 2, "workload.concurrency": 16, "workload.phase": "prefill"},
+]
+
+# paths with no numeric effect by design, each with the reason
+NO_EFFECT = {
+    "accelerator.peak_flops_per_s.int4": "int4 weights are weight-only: they compute in bf16",
+    "accelerator.tdp_w": "documentation: power enters through price.all_in_power_w",
+    "accelerator.scaleup_domain_chips": "feeds topology.scaleup.domain_chips (tested there)",
+    "accelerator.scaleup_link_bw_bytes_per_s": "feeds topology.scaleup.link_bw_bytes_per_s",
+    "accelerator.scaleout_link_bw_bytes_per_s": "feeds topology.scaleout.link_bw_bytes_per_s",
+    "topology.domain_chips": "feeds topology.scaleup.domain_chips",
+    "topology.scaleout_oversubscription": "feeds topology.scaleout.link_bw_bytes_per_s",
+}
+BOOLEAN = {"model.mlp_gated", "model.tie_word_embeddings"}
+SKIP_PREFIX = ("reference.",)
+
+
+def _numeric_paths():
+    out = []
+    for p in settable_paths():
+        if p in STRING_PATHS or p in NO_EFFECT or p.startswith(SKIP_PREFIX):
+            continue
+        if p.endswith(".id"):
+            continue
+        out.append(p)
+    return out
+
+
+def _scores(rows):
+    b = to_batch(resolve(pd.DataFrame(rows)))
+    s = score(b)
+    keep = [k for k, v in s.items() if np.issubdtype(np.asarray(v).dtype, np.number)]
+    return np.column_stack([np.asarray(s[k], dtype=float) for k in keep])
+
+
+@pytest.fixture(scope="module")
+def base_resolved():
+    return resolve(pd.DataFrame(BASES))
+
+
+@pytest.mark.parametrize("path", _numeric_paths())
+def test_every_override_has_an_effect(path, base_resolved):
+    base = _scores(BASES)
+    vals = pd.to_numeric(base_resolved[path], errors="coerce").to_numpy(dtype=float)
+    rows = []
+    for r, v in zip(BASES, vals):
+        v = 0.0 if not np.isfinite(v) else v
+        if "fraction" in path and v > 0:
+            new = v * 0.8                              # fractions are capped at 1
+        elif v == 0:
+            new = 0.1 if "fraction" in path else (1e-5 if path.endswith("_s") else 1.0)
+        else:
+            new = v * 1.2
+        if path.startswith(("layout.", "model.")) or path.endswith(("isl", "osl", "concurrency")):
+            new = float(max(np.round(new), v + 1, 2))  # whole numbers (0 = "the default": 2)
+        if path in BOOLEAN:
+            new = 1.0 - v
+        rows.append({**r, path: new})
+    try:
+        moved = _scores(rows)
+    except Exception as e:                             # an invalid value is an effect too
+        pytest.skip(f"{path}: the changed value is refused ({type(e).__name__})")
+    same = np.isclose(base, moved, rtol=1e-9, equal_nan=True)
+    assert not same.all(), f"{path} is accepted but changes no metric of any design"
