@@ -134,6 +134,10 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None):
     pairs = arch.prefill_pairs_layers(b, new, prior)
     zero = np.zeros_like(c)
     decoding, chunk, avg, carried, share = load
+    dp = b.dp
+    # the busiest attention-DP rank of a prompt-carrying step: an even share of the prompt
+    # tokens when every rank has a whole chunk, else one rank holds a whole chunk
+    rank_carried = np.maximum(carried / dp, np.minimum(chunk, carried))
     # decode-only step: what limits decoding, and the decode share of the cost
     decode = step(k, decoding / pp, zero, dec_ctx, new, prior, pairs, decoding / pp,
                   breakdown, True)
@@ -145,12 +149,16 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None):
     # with a prefill-only instance it is the batch of C prompts
     done = (1.0 - arch.phases(b)[2]) * carried / np.maximum(new, 1.0)
     mixed = step(k, decoding / pp, carried / pp, dec_ctx, new, prior, pairs,
-                 (decoding + done) / pp, breakdown)
-    # the step that carries one request's prefill chunk next to the other running decodes
+                 (decoding + done) / pp, breakdown, pre_rank=rank_carried / pp)
+    # a step that carries one of this request's prefill chunks next to the other running
+    # decodes: the chunk sits on one attention-DP rank, and the n chunks of a prompt attend to
+    # the cached prefix and to the earlier chunks (on average half the uncached prompt)
     others = (1.0 - arch.phases(b)[1]) * np.maximum(c - 1.0, 0.0)
-    chunk_pairs = arch.prefill_pairs_layers(b, chunk, prior)
-    prefill = step(k, others / pp, chunk, dec_ctx, chunk, prior, chunk_pairs, others / pp + 1.0,
-                   breakdown)
+    n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
+    chunk_pairs = pairs / n_chunks
+    chunk_prior = prior + 0.5 * np.maximum(new - chunk, 0.0)
+    prefill = step(k, others / pp, chunk, dec_ctx, chunk, chunk_prior, chunk_pairs,
+                   others / pp + 1.0, breakdown, pre_rank=chunk)
     return Breakdown(decode, mixed, prefill), sums
 
 

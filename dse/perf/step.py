@@ -69,9 +69,10 @@ class Coefficients:
         heads = b.n_heads / tp
         attn = b.attn_flops_per_s * b.attention_fraction
         self.c_core_dec = 2.0 * heads * arch.attn_dims(b, True) / dp / attn * stage
-        self.c_core_pre = 2.0 * heads * arch.attn_dims(b, False) / dp / attn * stage
-        self.kv_chip = (arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
-                        / dp / hbm)
+        # prefill attention runs on the rank that holds the prompt: per rank, not split over dp
+        self.c_core_pre = 2.0 * heads * arch.attn_dims(b, False) / attn * stage
+        self.kv_rank = (arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
+                        / hbm)
         # dense MLP over a group of g chips: the tp*dp group (every chip sees all tokens) or,
         # replicated, each attention-dp rank's tp group (its own tokens); compute per chip is
         # the same, the weights read and the all-reduce differ
@@ -147,11 +148,14 @@ def _take(v, rows):
 
 
 def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
-         breakdown: bool = False, sums: bool = False):
+         breakdown: bool = False, sums: bool = False, pre_rank=None):
     """One stage step of one micro-batch (tokens are per micro-batch, whole instance).
 
     ``dec_ctx`` is ``arch.context_layers`` of the decode context and ``pairs`` is
-    ``arch.prefill_pairs_layers(new, prior)``: the caller computes them once for several steps.
+    ``arch.prefill_pairs_layers(new, prior)`` per request: the caller computes them once for
+    several steps. ``pre_rank``: prefill tokens on the busiest attention data-parallel rank
+    (default ``pre / dp``, an even spread): a prompt lives on one rank, so its attention and
+    projections run there while the other ranks wait at the next collective.
 
     Returns the step time; with ``sums`` also the compute, memory and network time summed over
     ops; with ``breakdown`` the full per-op StepTimes.
@@ -161,12 +165,13 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     some = arch.flag(tok > 0, tok)
     h = k.h
     dp = k.dp
-    rows = tok / dp
+    pre_rank = pre / dp if pre_rank is None else pre_rank
+    rows = dec / dp + pre_rank                     # the busiest attention rank's rows
     c_proj = k.c_proj * (rows + h) * some
     n_proj = k.n_proj[0] + k.n_proj[1] * tok
-    reqs = pre / np.maximum(new, 1.0)
+    reqs = pre_rank / np.maximum(new, 1.0)         # prompts (or their share) on that rank
     c_core = k.c_core_dec * dec * dec_ctx + k.c_core_pre * reqs * pairs
-    m_core = k.kv_chip * (dec * dec_ctx + (tok + reqs * prior) * b.n_layers) / b.pp
+    m_core = k.kv_rank * (dec / dp * dec_ctx + (rows + reqs * prior) * b.n_layers) / b.pp
     c_dense = k.c_dense * (tok + k.dense_pad) * some
     n_dense = k.n_dense[0] + k.n_dense[1] * tok
     touched = 1.0 - np.exp(tok * k.log_miss)
