@@ -1,0 +1,420 @@
+"""Collective cost models (``dse.perf.kernel_comm``) fitted on measured collective tables.
+
+Data (kernel/collective microbenchmarks only):
+
+- ``comm/nccl_perf`` (NCCL all_reduce, fp16, 2-8 GPUs, 256 .. 512M elements; ``message_size``
+  is an element count, bytes = 2 x): op class ``allreduce_nccl``, runtime ``nccl``, 6
+  parameters per chip (``ar_nccl_*``).
+- ``comm/custom_allreduce_perf`` (the runtimes' custom all-reduce under CUDA graphs: SGLang
+  ``*_graph``, vLLM ``*_graph``, TensorRT-LLM ``TRTLLM`` and ``TRTLLM_MNNVL_*``; eager variants are
+  not fitted, the fastest kernel per shape is kept): op class ``allreduce_custom``, predicted as
+  ``min(custom one-/two-shot, NCCL)`` with the chip's NCCL parameters held fixed (3 parameters
+  per chip and runtime, ``ar_custom_*``).
+- ``comm/moe_a2a_perf`` (trtllm: ``trtllm_deepep_ll`` / ``trtllm_deepep_ht``; vllm:
+  ``deepep_ll`` / ``deepep_ht``; DeepEP V2 rows not fitted), ``comm/wideep_deepep_ll_perf`` and
+  ``comm/wideep_deepep_normal_perf`` (sglang; fastest SM count per shape; one node = 8 GPUs,
+  4 on GB200/GB300 trays), all single-node: op classes ``alltoall_<ll|normal>_<dispatch|combine>``.
+  dtype ``default`` is read as fp8 for low-latency dispatch and bf16 otherwise; combine is bf16
+  except low-latency fp8 (fp4-tagged combines run at bf16 speed in the tables).
+- ``../shared/calibration/kernel_comm_measurements.csv`` as chip ``h800-sxm``: DeepEP V1 normal
+  (bottleneck bandwidth, EP 8 NVLink and EP 16-64 RDMA, converted to seconds with the model's
+  own bottleneck bytes) and low-latency rows (latency, EP 8-256, 8 GPUs a node), which are the
+  only multi-node rows (they set ``a2a_scaleout_*``; every other chip takes them by transfer);
+  the NCCL all-reduce busbw row of H800 (8 GPUs, taken at 1 GiB) sets its ``ar_nccl_fraction``.
+  The V2 ("logical bandwidth") rows are not used.
+
+Held-out rule and transfer rule: ``dse.kernels.common``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dse.kernels import common, data
+from dse.perf import kernel_comm as kc
+
+NAME = "comm"
+P = common.Param
+NCCL_PARAMS = (
+    P("ar_nccl_latency_s", 6e-6, 1e-7, 1e-3, "latency"),
+    P("ar_nccl_latency_per_log2_s", 2e-6, 1e-8, 1e-3, "latency"),
+    P("ar_nccl_ll_fraction", 0.1, 1e-4, 2.0),
+    P("ar_nccl_bulk_latency_s", 3e-5, 1e-7, 1e-2, "latency"),
+    P("ar_nccl_fraction", 0.8, 1e-3, 3.0),
+    P("ar_nccl_fraction_per_doubling", 1.0, 0.02, 4.0),
+)
+CUSTOM_PARAMS = (
+    P("ar_custom_latency_s", 3e-6, 1e-7, 1e-3, "latency"),
+    P("ar_custom_latency_per_log2_s", 3e-7, 1e-9, 1e-4, "latency"),
+    P("ar_custom_fraction", 0.5, 1e-4, 3.0),
+)
+A2A_PARAMS = tuple(
+    P(f"a2a_{kind}_{phase}_{what}", x0, lo, hi, k)
+    for kind in ("ll", "normal") for phase in ("dispatch", "combine")
+    for what, x0, lo, hi, k in (("latency_s", 3e-5, 1e-6, 1e-2, "latency"),
+                                ("fraction", 0.5, 1e-3, 3.0, "fraction")))
+SCALEOUT_PARAMS = (P("a2a_scaleout_latency_s", 1e-5, 1e-7, 1e-3, "latency"),
+                   P("a2a_scaleout_fraction", 0.8, 1e-2, 3.0))
+PARAMS = NCCL_PARAMS + CUSTOM_PARAMS + A2A_PARAMS + SCALEOUT_PARAMS
+assert tuple(p.name for p in PARAMS) == kc.AR_NCCL_KEYS + kc.AR_CUSTOM_KEYS + kc.A2A_KEYS \
+    + kc.SCALEOUT_KEYS
+
+AR_SHAPE = ("num_gpus", "message_size")
+A2A_SHAPE = ("phase", "dtype", "tokens", "hidden", "topk", "experts", "ep")
+CUSTOM_SOURCES = {"SGLang_CustomAllReduce_graph", "vLLM_custom_graph", "TRTLLM",
+                  "TRTLLM_MNNVL_oneshot", "TRTLLM_MNNVL_twoshot"}
+ELEM_BYTES = {"bf16": kc.BF16_ELEM_BYTES, "fp8": kc.FP8_ELEM_BYTES, "fp4": kc.NVFP4_ELEM_BYTES}
+A2A_KIND = {"trtllm_deepep_ll": "ll", "trtllm_deepep_ht": "normal", "deepep_ll": "ll",
+            "deepep_ht": "normal"}
+RANKS_PER_NODE = {"gb200": 4, "gb300": 4}      # sglang wideep node_num=1 is one compute tray
+H800_AR_BYTES = 2.0 ** 30
+HEADER = """Collective kernel parameters of dse.perf.kernel_comm (all-reduce: NCCL LL/Simple and the
+runtime's custom one-/two-shot kernel; EP all-to-all: DeepEP low-latency and normal kernels,
+dispatch and combine, and the scale-out tier), fitted by python -m dse.kernels.comm on
+aiconfigurator-core's collective tables and the DeepEP/NCCL rows of
+../shared/calibration/kernel_comm_measurements.csv (chip h800-sxm)."""
+
+
+def _accs():
+    from dse.catalog import accelerators
+    return accelerators()
+
+
+# --- data ----------------------------------------------------------------------------------
+
+def nccl_rows() -> pd.DataFrame:
+    d = data.load("comm", "nccl_perf", runtimes=["nccl"])
+    d = d[(d["op_name"] == "all_reduce") & (d["nccl_dtype"] == "half")].copy()
+    d["bytes"] = d["message_size"].astype(float) * 2.0
+    d["dtype"] = "fp16"
+    return d.reset_index(drop=True)
+
+
+def custom_rows() -> pd.DataFrame:
+    d = data.load("comm", "custom_allreduce_perf")
+    d = d[d["kernel_source"].isin(CUSTOM_SOURCES)]
+    d = d.groupby(["chip", "runtime", "num_gpus", "message_size"], as_index=False)["latency_s"].min()
+    d["bytes"] = d["message_size"].astype(float) * 2.0
+    d["dtype"] = "bf16"
+    return d
+
+
+def _dtype(backend_kind, phase, name):
+    name = str(name).lower()
+    if phase == "combine" and not (backend_kind == "ll" and name == "fp8"):
+        return "bf16"     # measured combine times do not move with an fp4 tag (payload bf16)
+    if name == "default":
+        return "fp8" if (backend_kind == "ll" and phase == "dispatch") else "bf16"
+    return {"bfloat16": "bf16", "fp8": "fp8", "fp4": "fp4", "nvfp4": "fp4"}.get(name, "bf16")
+
+
+def a2a_rows() -> pd.DataFrame:
+    cols = ["chip", "runtime", "kind", "phase", "dtype", "tokens", "hidden", "topk", "experts",
+            "ep", "rpn", "latency_s"]
+    parts = []
+    d = data.load("comm", "moe_a2a_perf")
+    d = d[d["comm_backend"].isin(A2A_KIND)].copy()
+    if len(d):
+        d["kind"] = d["comm_backend"].map(A2A_KIND)
+        d["dtype"] = [_dtype(k, p, n) for k, p, n in zip(d["kind"], d["phase"], d["comm_dtype"])]
+        d = d.rename(columns={"num_tokens": "tokens", "hidden_size": "hidden",
+                              "num_experts": "experts", "ep_size": "ep"})
+        d["rpn"] = d["ep"].astype(float) / d["node_num"].astype(float)
+        parts.append(d[cols])
+    for kind, table in (("ll", "wideep_deepep_ll_perf"), ("normal", "wideep_deepep_normal_perf")):
+        w = data.load("comm", table)
+        if not len(w):
+            continue
+        w = w.rename(columns={"num_token": "tokens", "hidden_size": "hidden", "num_topk": "topk",
+                              "num_experts": "experts"})
+        rpn = w["chip"].map(RANKS_PER_NODE).fillna(8.0)
+        for phase in ("dispatch", "combine"):
+            col = f"{phase}_avg_t_s" if kind == "ll" else f"{phase}_transmit_s"
+            x = w.assign(kind=kind, phase=phase, latency_s=w[col],
+                         dtype="fp8" if phase == "dispatch" else "bf16",
+                         rpn=rpn, ep=rpn * w["node_num"].astype(float))
+            parts.append(x[cols])
+    out = pd.concat(parts, ignore_index=True)
+    for c in ("tokens", "hidden", "topk", "experts", "ep", "rpn"):
+        out[c] = out[c].astype(float)
+    out = out[out["latency_s"] > 0]
+    keys = [c for c in cols if c != "latency_s"]
+    out = out.groupby(keys, as_index=False)["latency_s"].min()   # fastest SM count per shape
+    return pd.concat([out, shared_a2a_rows()], ignore_index=True)
+
+
+def _shared():
+    try:
+        return data.shared_measurements()
+    except Exception:       # noqa: BLE001 - the shared folder is optional
+        return pd.DataFrame(columns=["id", "metric_name", "metric_value", "ep", "workload"])
+
+
+def shared_a2a_rows() -> pd.DataFrame:
+    s = _shared()
+    s = s[s["id"].astype(str).str.match(r"DEEPEP-0(0\d|1\d|20)$")]
+    rows = []
+    acc = _accs()["h800-sxm"]
+    for r in s.itertuples(index=False):
+        phase = "dispatch" if "dispatch" in r.model else "combine"
+        kind = "ll" if "low-latency" in r.model else "normal"
+        ep = float(r.ep)
+        tokens = 128.0 if kind == "ll" else 4096.0
+        dt = "fp8" if phase == "dispatch" else "bf16"
+        if kind == "ll":
+            lat = float(r.metric_value) * 1e-6
+        else:
+            up, out = kc.alltoall_bytes(tokens, 7168, 8, 256, ep, 8, ELEM_BYTES[dt], kind)
+            b = up if ep <= 8 else out
+            lat = float(b) / (float(r.metric_value) * 1e9)
+        rows.append(dict(chip="h800-sxm", runtime="deepep", kind=kind, phase=phase, dtype=dt,
+                         tokens=tokens, hidden=7168.0, topk=8.0, experts=256.0, ep=ep, rpn=8.0,
+                         latency_s=lat))
+    del acc
+    return pd.DataFrame(rows)
+
+
+def shared_ar_rows() -> pd.DataFrame:
+    s = _shared()
+    s = s[(s["id"] == "NCCL-004")]
+    rows = []
+    for r in s.itertuples(index=False):
+        g = 8.0
+        t = 2 * (g - 1) / g * H800_AR_BYTES / (float(r.metric_value) * 1e9)
+        rows.append(dict(chip="h800-sxm", runtime="nccl", num_gpus=g,
+                         message_size=H800_AR_BYTES / 2, bytes=H800_AR_BYTES, dtype="fp16",
+                         latency_s=t))
+    return pd.DataFrame(rows)
+
+
+# --- prediction ----------------------------------------------------------------------------
+
+def _bw(frame, which="scaleup"):
+    accs = _accs()
+    attr = f"{which}_link_bw_bytes_per_s"
+    return frame["chip"].map(lambda c: getattr(accs[c], attr)).to_numpy(float)
+
+
+def predict_nccl(frame, vals):
+    lat, spb = kc.nccl_allreduce_branches(frame["num_gpus"].to_numpy(float), _bw(frame),
+                                          **{k: vals[k] for k in kc.AR_NCCL_KEYS})
+    return np.min(lat + spb * frame["bytes"].to_numpy(float), axis=0)
+
+
+def predict_custom(frame, vals):
+    return kc.allreduce_s(frame["bytes"].to_numpy(float), frame["num_gpus"].to_numpy(float),
+                          _bw(frame), **{k: vals[k] for k in kc.AR_NCCL_KEYS + kc.AR_CUSTOM_KEYS})
+
+
+def predict_a2a(frame, vals):
+    out = np.zeros(len(frame))
+    f = frame
+    up_bw, out_bw = _bw(f), _bw(f, "scaleout")
+    eb = f["dtype"].map(ELEM_BYTES).to_numpy(float)
+    for kind in ("ll", "normal"):
+        for phase in ("dispatch", "combine"):
+            m = ((f["kind"] == kind) & (f["phase"] == phase)).to_numpy()
+            if not m.any():
+                continue
+            g = f[m]
+            out[m] = kc.alltoall_s(g["tokens"].to_numpy(), g["hidden"].to_numpy(),
+                                   g["topk"].to_numpy(), g["experts"].to_numpy(),
+                                   g["ep"].to_numpy(), g["rpn"].to_numpy(), eb[m], up_bw[m],
+                                   out_bw[m], **kc.phase_params(vals, kind, phase))
+    return out
+
+
+# --- fitting ---------------------------------------------------------------------------------
+
+def _fit(predict, params, frame, fixed):
+    """Fit ``params`` on ``frame`` (rows not held out) with ``fixed`` values for the others."""
+    def pred(v):
+        return predict(frame, {**fixed, **v})
+    return common.least_squares_fit(pred, params, frame["latency_s"].to_numpy(float))
+
+
+def _a2a_params(frame):
+    ps = [p for p in A2A_PARAMS if any(
+        p.name.startswith(f"a2a_{k}_{ph}_") for k, ph in
+        frame[["kind", "phase"]].drop_duplicates().itertuples(index=False))]
+    if (frame["ep"] > frame["rpn"]).any():
+        ps += list(SCALEOUT_PARAMS)
+    return tuple(ps)
+
+
+DEFAULTS = {p.name: p.x0 for p in PARAMS}
+
+
+def fit_all(frames):
+    """{class: {(chip, runtime): values}} fitted on the rows that are not held out."""
+    nccl, custom, a2a, h800_ar = frames
+    fits = {"nccl": {}, "custom": {}, "a2a": {}}
+    for chip, g in nccl.groupby("chip"):
+        tr = g[~g["_held"]]
+        fits["nccl"][chip] = _fit(predict_nccl, NCCL_PARAMS, tr, {}).values
+    for (chip, rt), g in custom.groupby(["chip", "runtime"]):
+        tr = g[~g["_held"]]
+        fits["custom"][(chip, rt)] = _fit(predict_custom, CUSTOM_PARAMS, tr,
+                                          fits["nccl"][chip]).values
+    for (chip, rt), g in a2a.groupby(["chip", "runtime"]):
+        tr = g[~g["_held"]]
+        ps = _a2a_params(tr)
+        fits["a2a"][(chip, rt)] = {**_fit(predict_a2a, ps, tr, DEFAULTS).values}
+    if len(h800_ar):   # H800: transferred NCCL parameters, its busbw row sets the fraction
+        base, _, _ = common.transfer("h800-sxm", fits["nccl"], NCCL_PARAMS, _accs())
+        fr = _fit(predict_nccl, (NCCL_PARAMS[4],), h800_ar, base).values
+        fits["nccl"]["h800-sxm"] = {**base, **fr}
+    return fits
+
+
+def _geo(dicts):
+    keys = set().union(*dicts)
+    return {k: float(np.exp(np.mean([np.log(d[k]) for d in dicts if k in d]))) for k in keys}
+
+
+def entry_for(chip, rt, fits, accs, exclude=None):
+    """(values, fitted_on) of every key for one chip and runtime by the documented rules."""
+    vals, notes = {}, []
+    nccl = {c: v for c, v in fits["nccl"].items() if c != exclude}
+    if chip in nccl:
+        vals.update(nccl[chip])
+        notes.append("ar_nccl: " + ("nccl_perf" if chip != "h800-sxm" else
+                                    "transfer + NCCL-004 busbw"))
+    else:
+        v, near, _ = common.transfer(chip, nccl, NCCL_PARAMS, accs)
+        vals.update(v)
+        notes.append("ar_nccl: transfer from " + "+".join(near))
+    for cls, ps in (("custom", CUSTOM_PARAMS), ("a2a", A2A_PARAMS + SCALEOUT_PARAMS)):
+        f = {k: v for k, v in fits[cls].items() if k[0] != exclude}
+        label = "ar_custom" if cls == "custom" else "a2a"
+        names = [p.name for p in ps]
+        own = {k: v for k, v in f.get((chip, rt), {}).items() if k in names}
+        if cls == "a2a" and (chip, "deepep") in f:
+            own = {**f[(chip, "deepep")], **own}
+        got = dict(own)
+        how = [f"{rt} tables"] if own else []
+        missing = [n for n in names if n not in got]
+        if missing:       # the chip's other runtimes
+            others = [v for (c, r), v in f.items() if c == chip and r != rt]
+            o = _geo(others) if others else {}
+            add = {n: o[n] for n in missing if n in o}
+            if add:
+                got.update(add)
+                how.append("chip's other runtimes")
+        missing = [n for n in names if n not in got]
+        if missing:       # transfer over chips: this runtime first, then any runtime
+            for pool in ([r for r in (rt,)], None):
+                per_chip = {}
+                for (c, r), v in f.items():
+                    if pool is None or r in pool:
+                        per_chip.setdefault(c, []).append(v)
+                per_chip = {c: _geo(v) for c, v in per_chip.items() if c != chip}
+                per_chip = {c: v for c, v in per_chip.items() if any(n in v for n in missing)}
+                if not per_chip:
+                    continue
+                sub = tuple(p for p in ps if p.name in missing)
+                for p in sub:
+                    have = {c: v for c, v in per_chip.items() if p.name in v}
+                    if not have:
+                        continue
+                    v, near, _ = common.transfer(chip, have, (p,), accs)
+                    got.update(v)
+                    how.append(f"{p.name.split('_', 2)[1] if cls == 'a2a' else label} "
+                               f"transfer from " + "+".join(near))
+                missing = [n for n in names if n not in got]
+                if not missing:
+                    break
+        prior = [n for n in names if n not in got]
+        if prior:         # nothing measured anywhere (e.g. scale-out without the H800 rows)
+            got.update({n: DEFAULTS[n] for n in prior})
+            how.append("prior for " + "+".join(prior))
+        vals.update(got)
+        notes.append(f"{label}: " + ", ".join(dict.fromkeys(how)))
+    return vals, "; ".join(notes)
+
+
+def frames_with_holdout():
+    nccl, custom, a2a, h800 = nccl_rows(), custom_rows(), a2a_rows(), shared_ar_rows()
+    nccl["_held"] = common.held_out(nccl, AR_SHAPE)
+    custom["_held"] = common.held_out(custom, AR_SHAPE)
+    a2a["_held"] = common.held_out(a2a, A2A_SHAPE)
+    return nccl, custom, a2a, h800
+
+
+def _report_rows(op, frame, pred_fn, values_of, suffix=""):
+    rows = []
+    keys = ["chip", "runtime", "dtype"] + (["kind", "phase"] if "kind" in frame else [])
+    for key, g in frame.groupby(keys):
+        chip, rt, dt = key[:3]
+        name = op if "kind" not in frame else f"alltoall_{key[3]}_{key[4]}"
+        vals = values_of(chip, rt)
+        if vals is None:
+            continue
+        p = pred_fn(g, vals)
+        t = g["latency_s"].to_numpy(float)
+        h = g["_held"].to_numpy(bool) if "_held" in g else np.zeros(len(g), bool)
+        ho = np.log(p[h] / t[h]) if h.any() else np.array([])
+        if suffix:        # leave-one-chip-out: every row of the chip is unseen
+            h = np.ones(len(g), bool)
+            ho = np.log(p / t)
+        rows.append(dict(op_class=name + suffix, chip=chip, runtime=rt, dtype=dt,
+                         shapes_fit=int((~h).sum()), shapes_held_out=int(h.sum()),
+                         error_fit=common.error_factor(p[~h], t[~h]) if (~h).any() else np.nan,
+                         error_held_out=common.error_factor(p[h], t[h]) if h.any() else np.nan,
+                         bias_held_out=float(np.exp(np.mean(ho))) if len(ho) else np.nan))
+    return rows
+
+
+def catalog_entries(path=None):
+    import tomllib
+    path = path or common.CATALOG_DIR / f"{NAME}.toml"
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def main(fit: bool = True, write: bool = False, loco: bool = False) -> pd.DataFrame:
+    accs = _accs()
+    frames = frames_with_holdout()
+    nccl, custom, a2a, h800 = frames
+    h800 = h800.assign(_held=False)
+    if fit:
+        fits = fit_all(frames)
+
+        def values_of(chip, rt):
+            return entry_for(chip, rt if rt not in ("nccl", "deepep") else "sglang", fits,
+                             accs)[0]
+    else:
+        cat = catalog_entries()
+
+        def values_of(chip, rt):
+            rt = rt if rt not in ("nccl", "deepep") else "sglang"
+            return cat.get(chip, {}).get(rt)
+    rows = []
+    rows += _report_rows("allreduce_nccl", pd.concat([nccl, h800], ignore_index=True),
+                         predict_nccl, values_of)
+    rows += _report_rows("allreduce_custom", custom, predict_custom, values_of)
+    rows += _report_rows("alltoall", a2a, predict_a2a, values_of)
+    if loco and fit:
+        def loco_of(chip, rt):
+            return entry_for(chip, rt if rt not in ("nccl", "deepep") else "sglang", fits,
+                             accs, exclude=chip)[0]
+        rows += _report_rows("allreduce_nccl", nccl, predict_nccl, loco_of, "/loco")
+        rows += _report_rows("allreduce_custom", custom, predict_custom, loco_of, "/loco")
+        rows += _report_rows("alltoall", a2a, predict_a2a, loco_of, "/loco")
+    if write and fit:
+        entries = {}
+        for chip in accs:
+            for rt in data.RUNTIMES:
+                vals, how = entry_for(chip, rt, fits, accs)
+                entries[(chip, rt)] = {**{p.name: vals[p.name] for p in PARAMS},
+                                       "fitted_on": how}
+        common.write_tables(NAME, HEADER, entries)
+    return pd.DataFrame(rows, columns=["op_class", "chip", "runtime", "dtype", "shapes_fit",
+                                       "shapes_held_out", "error_fit", "error_held_out",
+                                       "bias_held_out"])
+
+
+if __name__ == "__main__":
+    pd.set_option("display.width", 200)
+    print(main(fit=True, write=False, loco=False).to_string())

@@ -1,0 +1,246 @@
+"""Collective kernel cost models fitted on measured collective tables (``dse.kernels.comm``).
+
+Pure numpy, vectorized over designs, no per-hardware branches. Every branch is affine in the
+bytes moved, ``t = latency_s + seconds_per_byte * bytes``; where a runtime picks the fastest of
+several kernels or protocols the time is the ``min`` over branches, and ``*_branches`` return the
+stacked ``(latency_s, seconds_per_byte)`` so a scorer can precompute them per design.
+Parameter names are the keys of ``dse/catalog/kernels/comm.toml``.
+
+All-reduce of ``B`` bytes (the full buffer on every rank) over ``g`` ranks of one scale-up
+domain with per-direction link bandwidth ``W``:
+
+    r(g)          = ar_nccl_fraction_per_doubling ** (log2 g - 1)      # busbw vs group size
+    NCCL LL       = ar_nccl_latency_s + ar_nccl_latency_per_log2_s log2 g
+                    + 2 (g-1)/g B / (W ar_nccl_ll_fraction r(g))
+    NCCL Simple   = ar_nccl_bulk_latency_s + ar_nccl_latency_per_log2_s log2 g
+                    + 2 (g-1)/g B / (W ar_nccl_fraction r(g))
+    custom 1-shot = ar_custom_latency_s + ar_custom_latency_per_log2_s log2 g
+                    + (g-1) B / (W ar_custom_fraction)         # every rank pulls g-1 peers' B
+    custom 2-shot = 2 (ar_custom_latency_s + ar_custom_latency_per_log2_s log2 g)
+                    + 2 (g-1)/g B / (W ar_custom_fraction)
+    t             = min(all four)                                       (g = 1: 0)
+
+A group larger than the domain (``domain_chips``) runs hierarchically: NCCL inside each domain
+over ``inner = min(g, domain)`` ranks plus an all-reduce of ``B / inner`` over ``n = g / inner``
+domains on the scale-out NICs (bandwidth ``S``):
+
+    + 2 log2(n) a2a_scaleout_latency_s + 2 (n-1)/n (B / inner) / (S a2a_scaleout_fraction)
+
+(no custom kernel across domains). The scale-out parameters are the ones fitted on DeepEP's
+RDMA rows (no multi-node all-reduce table exists).
+
+All-to-all (MoE expert-parallel dispatch or combine, one phase) of ``T`` tokens per rank, hidden
+``h``, ``eb`` bytes per element, top-``k`` of ``E`` experts spread evenly over ``ep`` ranks in
+``N = ep / R`` nodes of ``R`` ranks:
+
+    p_rank  = 1 - prod_{i<k} (E - E/ep - i) / (E - i)    # a token hits a given rank
+    p_node  = 1 - prod_{i<k} (E - E/N  - i) / (E - i)    # a token hits a given node
+    normal (dedup: a token crosses to a rank / node once, then is fanned out locally):
+        scale-up bytes  = T h eb (R-1) p_rank
+        scale-out bytes = T h eb (N-1) p_node
+    ll (no dedup: one message per (token, expert) pair):
+        scale-up bytes  = T h eb k (R-1) / ep
+        scale-out bytes = T h eb k (N-1) / N
+    t = latency_s + [N > 1] a2a_scaleout_latency_s
+        + max(up_bytes / (W fraction), out_bytes / (S a2a_scaleout_fraction))   (ep = 1: 0)
+
+with ``latency_s, fraction`` = ``a2a_<kind>_<phase>_latency_s, a2a_<kind>_<phase>_fraction``.
+Dispatch is usually fp8 (``eb = 1 + 4/128``: one fp32 scale per 128 elements), combine bf16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+AR_NCCL_KEYS = ("ar_nccl_latency_s", "ar_nccl_latency_per_log2_s", "ar_nccl_ll_fraction",
+                "ar_nccl_bulk_latency_s", "ar_nccl_fraction", "ar_nccl_fraction_per_doubling")
+AR_CUSTOM_KEYS = ("ar_custom_latency_s", "ar_custom_latency_per_log2_s", "ar_custom_fraction")
+SCALEOUT_KEYS = ("a2a_scaleout_latency_s", "a2a_scaleout_fraction")
+A2A_KEYS = tuple(f"a2a_{kind}_{phase}_{what}" for kind in ("ll", "normal")
+                 for phase in ("dispatch", "combine") for what in ("latency_s", "fraction"))
+KEYS = AR_NCCL_KEYS + AR_CUSTOM_KEYS + A2A_KEYS + SCALEOUT_KEYS
+
+FP8_ELEM_BYTES = 1.0 + 4.0 / 128.0     # fp8 payload + one fp32 scale per 128 elements
+BF16_ELEM_BYTES = 2.0
+NVFP4_ELEM_BYTES = 0.5 + 1.0 / 16.0    # 4-bit payload + one fp8 scale per 16 elements
+
+
+def _a(x) -> np.ndarray:
+    return np.asarray(x, dtype=float)
+
+
+def _log2(g) -> np.ndarray:
+    return np.log2(np.maximum(_a(g), 1.0))
+
+
+def nccl_allreduce_branches(group, link_bw_bytes_per_s, *, ar_nccl_latency_s,
+                            ar_nccl_latency_per_log2_s, ar_nccl_ll_fraction,
+                            ar_nccl_bulk_latency_s, ar_nccl_fraction,
+                            ar_nccl_fraction_per_doubling):
+    """NCCL ring all-reduce inside one domain: the LL and Simple protocol branches, stacked as
+    ``(latency_s[2, ...], seconds_per_byte[2, ...])`` (``t = min_i lat_i + spb_i * bytes``).
+
+    Example (H100, W = 450 GB/s, fraction 0.9, per-doubling 1, g = 8, B = 1 GB): the Simple
+    branch's per-byte cost is ``2*7/8 / (450e9*0.9) = 4.32e-12 s/B``, i.e. 4.32 ms for 1 GB.
+    """
+    g = _a(group)
+    lg = _log2(g)
+    r = _a(ar_nccl_fraction_per_doubling) ** (lg - 1.0)
+    ring = 2.0 * (g - 1.0) / np.maximum(g, 1.0)
+    bw = _a(link_bw_bytes_per_s) * r
+    lat_step = _a(ar_nccl_latency_per_log2_s) * lg
+    lat = np.stack(np.broadcast_arrays(_a(ar_nccl_latency_s) + lat_step,
+                                       _a(ar_nccl_bulk_latency_s) + lat_step))
+    spb = np.stack(np.broadcast_arrays(ring / (bw * _a(ar_nccl_ll_fraction)),
+                                       ring / (bw * _a(ar_nccl_fraction))))
+    return lat, spb
+
+
+def custom_allreduce_branches(group, link_bw_bytes_per_s, *, ar_custom_latency_s,
+                              ar_custom_latency_per_log2_s, ar_custom_fraction):
+    """A runtime's custom all-reduce (one-shot and two-shot), stacked like the NCCL branches.
+
+    one-shot: ``lat + (g-1) * B / (W f)``; two-shot: ``2 lat + 2 (g-1)/g * B / (W f)`` with
+    ``lat = ar_custom_latency_s + ar_custom_latency_per_log2_s log2 g``.
+    Example (g = 8, W = 450 GB/s, f = 0.8, lat = 4 us, B = 64 kB): one-shot
+    ``4e-6 + 7 * 65536 / 360e9 = 5.27 us``; two-shot ``8e-6 + 1.75 * 65536 / 360e9 = 8.32 us``.
+    """
+    g = _a(group)
+    lat1 = _a(ar_custom_latency_s) + _a(ar_custom_latency_per_log2_s) * _log2(g)
+    bw = _a(link_bw_bytes_per_s) * _a(ar_custom_fraction)
+    lat = np.stack(np.broadcast_arrays(lat1, 2.0 * lat1))
+    spb = np.stack(np.broadcast_arrays((g - 1.0) / bw,
+                                       2.0 * (g - 1.0) / np.maximum(g, 1.0) / bw))
+    return lat, spb
+
+
+def allreduce_branches(group, link_bw_bytes_per_s, *, domain_chips=None,
+                       scaleout_bw_bytes_per_s=None, custom=True, **p):
+    """Every branch of an all-reduce over ``group`` ranks as ``(latency_s[n, ...],
+    seconds_per_byte[n, ...])``; ``t = min_i latency_s[i] + seconds_per_byte[i] * bytes``.
+
+    ``p`` holds the ``ar_nccl_*`` keys, the ``ar_custom_*`` keys when ``custom`` (the runtime's
+    custom kernel competes with NCCL inside one domain), and the ``a2a_scaleout_*`` keys when
+    ``domain_chips`` is given (groups larger than the domain add the inter-domain all-reduce of
+    ``B / inner`` on the NICs to every branch, and custom branches are disabled there).
+    """
+    g = _a(group)
+    if domain_chips is None:
+        inner, n_dom = g, np.ones_like(g)
+    else:
+        inner = np.minimum(g, _a(domain_chips))
+        n_dom = np.maximum(g / inner, 1.0)
+    lat, spb = nccl_allreduce_branches(inner, link_bw_bytes_per_s,
+                                       **{k: p[k] for k in AR_NCCL_KEYS})
+    spans = n_dom > 1.0
+    if custom:
+        clat, cspb = custom_allreduce_branches(inner, link_bw_bytes_per_s,
+                                               **{k: p[k] for k in AR_CUSTOM_KEYS})
+        clat = np.where(spans, np.inf, clat)        # no custom kernel across domains
+        lat, spb = np.concatenate(np.broadcast_arrays(lat, clat)), \
+            np.concatenate(np.broadcast_arrays(spb, cspb))
+    if domain_chips is not None:
+        out_lat = np.where(spans, 2.0 * _log2(n_dom) * _a(p["a2a_scaleout_latency_s"]), 0.0)
+        out_spb = np.where(spans, 2.0 * (n_dom - 1.0) / n_dom / inner
+                           / (_a(scaleout_bw_bytes_per_s) * _a(p["a2a_scaleout_fraction"])), 0.0)
+        lat, spb = lat + out_lat, spb + out_spb
+    on = g > 1.0
+    return np.where(on, lat, 0.0), np.where(on, spb, 0.0)
+
+
+def allreduce_s(message_bytes, group, link_bw_bytes_per_s, **kw) -> np.ndarray:
+    """All-reduce time (s): ``min`` over the branches of :func:`allreduce_branches`.
+
+    Hand-worked: g = 8, W = 450 GB/s, ``ar_nccl_fraction`` = 0.9, per-doubling 1, bulk latency
+    30 us, per-log2 latency 3 us, B = 1 GB -> 30 us + 9 us + 1e9 * 2*7/8 / 405e9 = 4.360 ms;
+    at B = 1 kB the LL branch's ``ar_nccl_latency_s + 3 * ar_nccl_latency_per_log2_s`` (~ 15 us
+    on H100) or the custom one-shot latency (~ 4 us) wins: small messages are latency-bound.
+    """
+    lat, spb = allreduce_branches(group, link_bw_bytes_per_s, **kw)
+    b = _a(message_bytes)
+    pad = (1,) * max(b.ndim - (lat.ndim - 1), 0)
+    lat = lat.reshape(lat.shape[:1] + pad + lat.shape[1:])
+    spb = spb.reshape(spb.shape[:1] + pad + spb.shape[1:])
+    return np.min(lat + spb * b, axis=0)
+
+
+def _hit_probability(experts, topk, share):
+    """P(a token's ``topk`` distinct experts, drawn from ``experts``, include at least one of the
+    ``experts * share`` experts of one rank/node) = 1 - prod_{i<k} (E - E s - i) / (E - i)."""
+    e = _a(experts)
+    k = _a(topk)
+    m = e * _a(share)
+    miss = np.ones(np.broadcast(e, k, m).shape)
+    for i in range(int(np.max(k)) if k.size else 0):
+        term = np.clip((e - m - i) / np.maximum(e - i, 1.0), 0.0, 1.0)
+        miss = miss * np.where(i < k, term, 1.0)
+    return 1.0 - miss
+
+
+def alltoall_bytes(tokens, hidden, topk, experts, ep, ranks_per_node, elem_bytes, kind="normal"):
+    """(scale-up bytes, scale-out bytes) one rank sends in one dispatch (or receives in one
+    combine); see the module docstring. ``kind`` ``"normal"`` deduplicates per destination rank
+    (NVLink) and per destination node (RDMA); ``"ll"`` sends one message per (token, expert).
+
+    Hand-worked (T = 128, h = 7168, fp8 1.03125 B, k = 8, E = 256, ep = 32, R = 8, N = 4):
+    one token row is 7392 B; ll: scale-out 8 * 3/4 = 6 copies -> 128*7392*6 = 5.68 MB,
+    scale-up 8 * 7/32 = 1.75 copies; normal: p_node = 1 - prod_{i<8} (192-i)/(256-i) = 0.9036,
+    scale-out 3 * 0.9036 = 2.71 copies -> 2.56 MB (2.2x less than without dedup).
+    """
+    t = _a(tokens) * _a(hidden) * _a(elem_bytes)
+    ep = np.maximum(_a(ep), 1.0)
+    r = np.minimum(_a(ranks_per_node), ep)
+    n = ep / r
+    if kind == "ll":
+        k = _a(topk)
+        up = t * k * (r - 1.0) / ep
+        out = t * k * (n - 1.0) / n
+    elif kind == "normal":
+        up = t * (r - 1.0) * _hit_probability(experts, topk, 1.0 / ep)
+        out = t * (n - 1.0) * _hit_probability(experts, topk, 1.0 / n)
+    else:
+        raise ValueError(f"kind must be 'll' or 'normal', not {kind!r}")
+    return up, out
+
+
+def alltoall_coef(tokens, hidden, topk, experts, ep, ranks_per_node, elem_bytes,
+                  scaleup_bw_bytes_per_s, scaleout_bw_bytes_per_s, *, latency_s, fraction,
+                  a2a_scaleout_latency_s, a2a_scaleout_fraction, kind="normal"):
+    """``(latency_s, seconds_per_token)``: the phase's time is affine in tokens,
+    ``latency_s + seconds_per_token * tokens`` (the bytes are linear in ``tokens``)."""
+    up, out = alltoall_bytes(1.0, hidden, topk, experts, ep, ranks_per_node, elem_bytes, kind)
+    ep_ = np.maximum(_a(ep), 1.0)
+    spans = ep_ / np.minimum(_a(ranks_per_node), ep_) > 1.0
+    t_up = up / (_a(scaleup_bw_bytes_per_s) * _a(fraction))
+    t_out = out / (_a(scaleout_bw_bytes_per_s) * _a(a2a_scaleout_fraction))
+    lat = _a(latency_s) + np.where(spans, _a(a2a_scaleout_latency_s), 0.0)
+    on = _a(ep) > 1.0
+    return np.where(on, lat, 0.0), np.where(on, np.maximum(t_up, t_out), 0.0)
+
+
+def alltoall_s(tokens, hidden, topk, experts, ep, ranks_per_node, elem_bytes,
+               scaleup_bw_bytes_per_s, scaleout_bw_bytes_per_s, *, latency_s, fraction,
+               a2a_scaleout_latency_s, a2a_scaleout_fraction, kind="normal") -> np.ndarray:
+    """One EP dispatch or combine (s); pass the kind's and phase's ``a2a_<kind>_<phase>_*``
+    values as ``latency_s`` and ``fraction``.
+
+    Hand-worked (H800-like: W = 200 GB/s, fraction 0.8, S = 50 GB/s, scale-out fraction 0.9,
+    latency 30 us, scale-out latency 10 us, normal, T = 4096, h = 7168, fp8 (7392 B a row),
+    k = 8, E = 256, ep = 32, R = 8): scale-out bytes = 4096 * 7392 * 3 * 0.9036 = 82.1 MB ->
+    82.1e6 / 45e9 = 1.824 ms; scale-up bytes = 4096 * 7392 * 7 * 0.2271 = 48.1 MB -> 0.301 ms;
+    t = 30 us + 10 us + max(...) = 1.864 ms.
+    """
+    lat, spt = alltoall_coef(tokens, hidden, topk, experts, ep, ranks_per_node, elem_bytes,
+                             scaleup_bw_bytes_per_s, scaleout_bw_bytes_per_s,
+                             latency_s=latency_s, fraction=fraction,
+                             a2a_scaleout_latency_s=a2a_scaleout_latency_s,
+                             a2a_scaleout_fraction=a2a_scaleout_fraction, kind=kind)
+    return lat + spt * _a(tokens)
+
+
+def phase_params(p, kind: str, phase: str) -> dict:
+    """The keyword arguments of :func:`alltoall_s` for one kind and phase from a catalog entry."""
+    return {"latency_s": p[f"a2a_{kind}_{phase}_latency_s"],
+            "fraction": p[f"a2a_{kind}_{phase}_fraction"],
+            "a2a_scaleout_latency_s": p["a2a_scaleout_latency_s"],
+            "a2a_scaleout_fraction": p["a2a_scaleout_fraction"], "kind": kind}

@@ -1,0 +1,194 @@
+"""Collective cost models (dse.perf.kernel_comm) and their fitted catalog (comm.toml)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dse.perf import kernel_comm as kc
+
+NCCL = dict(ar_nccl_latency_s=5e-6, ar_nccl_latency_per_log2_s=3e-6, ar_nccl_ll_fraction=0.1,
+            ar_nccl_bulk_latency_s=3e-5, ar_nccl_fraction=0.9, ar_nccl_fraction_per_doubling=1.0)
+CUSTOM = dict(ar_custom_latency_s=4e-6, ar_custom_latency_per_log2_s=0.0 + 1e-12,
+              ar_custom_fraction=0.8)
+OUT = dict(a2a_scaleout_latency_s=1e-5, a2a_scaleout_fraction=0.9)
+W = 450e9
+
+
+def test_ring_allreduce_1gb_8gpu_by_hand():
+    t = kc.allreduce_s(1e9, 8, W, custom=False, **NCCL)
+    # Simple branch: 30 us + 3 * 3 us + 2*7/8 * 1e9 / (450e9 * 0.9)
+    assert t == pytest.approx(30e-6 + 9e-6 + 1.75e9 / 405e9, rel=1e-12)
+    assert t == pytest.approx(4.3599e-3, rel=1e-4)
+
+
+def test_small_messages_latency_bound():
+    t = kc.allreduce_s(np.array([256.0, 1024.0]), 8, W, custom=False, **NCCL)
+    # LL branch: 5 + 3*3 = 14 us plus a few ns of bytes
+    assert np.allclose(t, 14e-6, rtol=0.01)
+    tc = kc.allreduce_s(256.0, 8, W, **NCCL, **CUSTOM)
+    assert tc == pytest.approx(4e-6 + 7 * 256 / (W * 0.8), rel=1e-6)
+
+
+def test_custom_oneshot_hand_example():
+    lat, spb = kc.custom_allreduce_branches(8, W, **CUSTOM)
+    t = lat + spb * 65536
+    assert t[0] == pytest.approx(4e-6 + 7 * 65536 / 360e9, rel=1e-6)      # 5.27 us
+    assert t[1] == pytest.approx(8e-6 + 1.75 * 65536 / 360e9, rel=1e-6)   # 8.32 us
+
+
+def test_custom_nccl_crossover():
+    b = np.logspace(2, 9, 200)
+    t_min = kc.allreduce_s(b, 8, W, **NCCL, **CUSTOM)
+    t_nccl = kc.allreduce_s(b, 8, W, custom=False, **NCCL)
+    lat, spb = kc.custom_allreduce_branches(8, W, **CUSTOM)
+    t_custom = np.min(lat[:, None] + spb[:, None] * b, axis=0)
+    assert np.allclose(t_min, np.minimum(t_nccl, t_custom))
+    assert t_custom[0] < t_nccl[0] and t_custom[-1] > t_nccl[-1]    # custom small, NCCL large
+    # by hand: two-shot (8 us + 1.75 B/360e9) = Simple (39 us + 1.75 B/405e9) at B = 57.4 MB
+    cross = (39e-6 - 8e-6) / (1.75 / 360e9 - 1.75 / 405e9)
+    i = np.argmax(t_custom > t_nccl)
+    assert b[i - 1] < cross * 1.1 and b[i] > cross / 1.1
+
+
+def test_ep_dispatch_bytes_node_dedup_by_hand():
+    # top-8 of 256 experts over 4 nodes of 8 GPUs (ep 32), T = 128, h = 7168, fp8
+    row = 7168 * kc.FP8_ELEM_BYTES
+    assert row == pytest.approx(7392.0)
+    up_ll, out_ll = kc.alltoall_bytes(128, 7168, 8, 256, 32, 8, kc.FP8_ELEM_BYTES, "ll")
+    assert out_ll == pytest.approx(128 * row * 8 * 3 / 4)        # 6 copies leave the node
+    assert up_ll == pytest.approx(128 * row * 8 * 7 / 32)        # 1.75 copies to node peers
+    up, out = kc.alltoall_bytes(128, 7168, 8, 256, 32, 8, kc.FP8_ELEM_BYTES, "normal")
+    miss = np.prod([(192 - i) / (256 - i) for i in range(8)])    # no expert on a given node
+    assert out == pytest.approx(128 * row * 3 * (1 - miss))
+    assert 1 - miss == pytest.approx(0.9036, abs=1e-4)
+    assert out_ll / out == pytest.approx(6 / (3 * 0.90355), rel=1e-3)   # dedup saves 2.2x
+    assert up < up_ll * 7 / 1.75   # dedup per rank too
+
+
+def test_alltoall_docstring_example():
+    t = kc.alltoall_s(4096, 7168, 8, 256, 32, 8, kc.FP8_ELEM_BYTES, 200e9, 50e9,
+                      latency_s=3e-5, fraction=0.8, kind="normal", **OUT)
+    assert t == pytest.approx(1.864e-3, rel=2e-3)
+
+
+def test_low_latency_vs_normal():
+    kw = dict(hidden=7168, topk=8, experts=256, ep=8, ranks_per_node=8,
+              elem_bytes=kc.FP8_ELEM_BYTES, scaleup_bw_bytes_per_s=W, scaleout_bw_bytes_per_s=50e9,
+              **OUT)
+    ll = dict(latency_s=3e-5, fraction=0.3, kind="ll")
+    normal = dict(latency_s=1.2e-4, fraction=0.7, kind="normal")
+    small = [kc.alltoall_s(8, **kw, **p) for p in (ll, normal)]
+    big = [kc.alltoall_s(16384, **kw, **p) for p in (ll, normal)]
+    assert small[0] < small[1] and big[0] > big[1]
+    assert small[0] > 2e-5     # tens of us, not one hop of 1 us
+
+
+def test_single_rank_is_free_and_monotone():
+    assert kc.allreduce_s(1e6, 1, W, **NCCL, **CUSTOM) == 0.0
+    b = np.logspace(2, 9, 50)
+    for g in (2, 4, 8, 16):
+        t = kc.allreduce_s(b, g, W, **NCCL, **CUSTOM)
+        assert np.all(np.diff(t) >= 0)
+    tg = [kc.allreduce_s(1e8, g, W, **NCCL, **CUSTOM) for g in (2, 4, 8, 16)]
+    assert np.all(np.diff(tg) > 0)
+    kw = dict(hidden=7168, topk=8, experts=256, ranks_per_node=8, elem_bytes=1.0,
+              scaleup_bw_bytes_per_s=W, scaleout_bw_bytes_per_s=50e9, latency_s=3e-5,
+              fraction=0.5, **OUT)
+    for kind in ("ll", "normal"):
+        tt = kc.alltoall_s(np.array([1, 10, 100, 1000, 10000.]), ep=16, kind=kind, **kw)
+        assert np.all(np.diff(tt) > 0)
+        te = [float(kc.alltoall_s(1024, ep=e, kind=kind, **kw)) for e in (2, 4, 8, 16, 32, 64)]
+        assert np.all(np.diff(te) > 0)
+        assert float(kc.alltoall_s(1024, ep=1, kind=kind, **kw)) == 0.0
+
+
+def test_hierarchical_allreduce_pays_scaleout():
+    inside = kc.allreduce_s(1e8, 8, W, domain_chips=8, scaleout_bw_bytes_per_s=50e9,
+                            **NCCL, **CUSTOM, **OUT)
+    spans = kc.allreduce_s(1e8, 16, W, domain_chips=8, scaleout_bw_bytes_per_s=50e9,
+                           **NCCL, **CUSTOM, **OUT)
+    extra = 2 * 1e-5 + 2 * 0.5 * (1e8 / 8) / (50e9 * 0.9)
+    nccl8 = kc.allreduce_s(1e8, 8, W, custom=False, **NCCL)
+    assert spans == pytest.approx(nccl8 + extra, rel=1e-9)
+    assert spans > inside
+
+
+@pytest.mark.parametrize("name", list(NCCL) + list(CUSTOM))
+def test_each_allreduce_parameter_matters(name):
+    p = {**NCCL, **CUSTOM}
+    b = np.logspace(2, 9, 40)
+    ref = kc.allreduce_s(b, 8, W, custom=name in CUSTOM, **p)
+    p[name] = p[name] * 1.2 if p[name] > 1e-9 else 1e-6
+    new = kc.allreduce_s(b, 8, W, custom=name in CUSTOM, **p)
+    assert np.max(np.abs(new / ref - 1)) > 0.01
+
+
+@pytest.mark.parametrize("name", ["latency_s", "fraction", "a2a_scaleout_latency_s",
+                                  "a2a_scaleout_fraction"])
+@pytest.mark.parametrize("kind", ["ll", "normal"])
+def test_each_alltoall_parameter_matters(name, kind):
+    p = dict(latency_s=3e-5, fraction=0.5, **OUT)
+    tokens = np.array([1, 64, 1024, 16384.])
+    kw = dict(hidden=7168, topk=8, experts=256, elem_bytes=1.0, scaleup_bw_bytes_per_s=W,
+              scaleout_bw_bytes_per_s=50e9, kind=kind)
+    # the scale-up fraction shows on one node, the scale-out terms across nodes
+    ep, rpn = (8, 8) if name == "fraction" else (32, 8)
+    ref = kc.alltoall_s(tokens, ep=ep, ranks_per_node=rpn, **kw, **p)
+    p[name] *= 1.2
+    new = kc.alltoall_s(tokens, ep=ep, ranks_per_node=rpn, **kw, **p)
+    assert np.max(np.abs(new / ref - 1)) > 0.01
+
+
+def test_synthetic_fit_recovers_parameters():
+    pytest.importorskip("scipy")
+    pytest.importorskip("pandas")
+    from dse.kernels import common
+    from dse.kernels.comm import NCCL_PARAMS, CUSTOM_PARAMS
+    g = np.repeat([2.0, 4.0, 8.0], 22)
+    b = np.tile(2.0 * 2.0 ** np.arange(8, 30), 3)
+    true = dict(NCCL, ar_nccl_fraction_per_doubling=1.15)
+    truec = dict(ar_custom_latency_s=3e-6, ar_custom_latency_per_log2_s=5e-7,
+                 ar_custom_fraction=0.6)
+
+    def pred_n(v):
+        lat, spb = kc.nccl_allreduce_branches(g, W, **v)
+        return np.min(lat + spb * b, axis=0)
+    fit = common.least_squares_fit(pred_n, NCCL_PARAMS, pred_n(true), max_nfev=400)
+    for k, v in true.items():
+        assert fit.values[k] == pytest.approx(v, rel=0.03), k
+
+    def pred_c(v):
+        return kc.allreduce_s(b, g, W, **true, **v)
+    fitc = common.least_squares_fit(pred_c, CUSTOM_PARAMS, pred_c(truec), max_nfev=400)
+    for k, v in truec.items():
+        assert fitc.values[k] == pytest.approx(v, rel=0.03), k
+
+
+def test_catalog_complete_for_every_accelerator_and_runtime():
+    from dse.catalog import accelerators
+    path = Path(__file__).resolve().parents[1] / "dse" / "catalog" / "kernels" / "comm.toml"
+    with open(path, "rb") as fh:
+        cat = tomllib.load(fh)
+    for chip in accelerators():
+        for rt in ("trtllm", "sglang", "vllm"):
+            e = cat[chip][rt]
+            assert e["fitted_on"]
+            for k in kc.KEYS:
+                assert np.isfinite(e[k]) and e[k] > 0, (chip, rt, k)
+            # the catalog values run through the model
+            assert kc.allreduce_s(1e6, 8, 450e9, **{k: e[k] for k in kc.KEYS
+                                                    if k.startswith("ar_")}) > 0
+            assert kc.alltoall_s(128, 7168, 8, 256, 16, 8, 1.0, 450e9, 50e9,
+                                 **kc.phase_params(e, "ll", "dispatch")) > 1e-6
+
+
+def test_fit_report_on_measured_tables():
+    pytest.importorskip("aiconfigurator_core")
+    from dse.kernels import comm
+    rep = comm.main(fit=False)
+    ar = rep[rep["op_class"] == "allreduce_nccl"].dropna(subset=["error_held_out"])
+    assert len(ar) >= 5 and (ar["error_held_out"] < 1.2).all()
