@@ -1,0 +1,251 @@
+"""Dense GEMM efficiency per chip, runtime and dtype, fitted on aiconfigurator-core's
+``gemm/gemm_perf`` tables (the model: ``dse.perf.kernel_gemm.gemm_s``).
+
+Kernel families (the table's ``gemm_dtype``; each its own parameters, key prefix ``gemm_<fam>_``):
+
+- ``bf16``      ``bfloat16``: the runtime's torch linear (cuBLAS);
+- ``fp8``       ``fp8``: per-tensor scaled FP8 (trtllm torch flow, sglang sgl_kernel
+                ``fp8_scaled_mm``, vllm Cutlass scaled_mm); peak = fp8;
+- ``fp8_block`` ``fp8_block``: 1x128 / 128x128 block-scaled FP8 (DeepGEMM on Hopper/Blackwell;
+                vLLM picks DeepGEMM, Cutlass or FlashInfer per shape, Triton on L40S); peak = fp8;
+- ``fp4``       ``nvfp4``: NVFP4 (16-element blocks, fp8 scales) on Blackwell; peak = fp4.
+
+Kernel source: every row of a (chip, runtime, dtype) table is the kernel the runtime dispatches
+by default for that shape (where a table names several sources, e.g. vLLM's fp8_block, they
+cover disjoint shapes), so all sources are kept; a shape measured twice keeps the group's most
+common source. The weight-only int4/int8 and SmoothQuant tables (A100 trtllm 1.0 only) are not
+fitted. A chip whose catalog entry has no fp8 (fp4) peak gets no fp8 / fp8_block (fp4) keys.
+
+Fit: per (chip, runtime, family), log-space least squares on a seeded sample of at most
+``FIT_ROWS`` shapes not held out (common.held_out on m|n|k); the error report uses every
+held-out shape.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+import numpy as np
+import pandas as pd
+
+from dse.kernels import common
+from dse.perf.kernel_gemm import gemm_s
+
+NAME = "gemm"
+TABLE = ("gemm", "gemm_perf")
+SHAPE_COLS = ("m", "n", "k")
+FIT_ROWS = 1500            # fitted shapes per (chip, runtime, family): ~100 groups -> ~150k rows
+SEED = 0
+FAMILIES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "fp4"}
+PEAK_DTYPE = {"bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8", "fp4": "fp4"}
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0 + 4.0 / (128 * 128),
+                "fp4": 0.5 + 1.0 / 16}
+
+# (suffix, x0, lo, hi, kind) of one family's parameters
+_PER_FAMILY = (("fraction", 0.7, 0.02, 1.2, "compute"),
+               ("half_rows", 64.0, 0.5, 8192.0, "shape"),
+               ("n_half", 128.0, 1.0, 65536.0, "shape"),
+               ("k_half", 128.0, 1.0, 65536.0, "shape"),
+               ("wave_elements", 1e5, 1e2, 1e9, "shape"),
+               ("hbm_fraction", 0.7, 0.02, 1.2, "fraction"),
+               ("latency_s", 5e-6, 1e-7, 1e-3, "latency"))
+
+
+def family_params(fam: str) -> tuple[common.Param, ...]:
+    return tuple(common.Param(f"gemm_{fam}_{s}", x0, lo, hi, kind)
+                 for s, x0, lo, hi, kind in _PER_FAMILY)
+
+
+PARAMS = tuple(p for fam in ("bf16", "fp8", "fp8_block", "fp4") for p in family_params(fam))
+
+
+def supported(acc, fam: str) -> bool:
+    return getattr(acc.peak_flops_per_s, PEAK_DTYPE[fam], None) is not None
+
+
+def load(**kw) -> pd.DataFrame:
+    """The fitted rows (``kw``: data.load's chips= / runtimes= filters) with ``family`` and
+    ``held_out``."""
+    from dse.kernels import data
+    d = data.load(*TABLE, **kw)
+    d = d[d["gemm_dtype"].isin(FAMILIES)].copy()
+    d["family"] = d["gemm_dtype"].map(FAMILIES)
+    grp = ["chip", "runtime", "family"]
+    d["_n"] = d.groupby(grp + ["kernel_source"])["m"].transform("size")
+    d = (d.sort_values("_n", ascending=False, kind="stable")
+         .drop_duplicates(grp + list(SHAPE_COLS)).drop(columns="_n"))
+    u = d[list(SHAPE_COLS)].drop_duplicates()
+    u = u.assign(held_out=common.held_out(u, SHAPE_COLS))
+    return d.merge(u, on=list(SHAPE_COLS), how="left").reset_index(drop=True)
+
+
+def predict(frame: pd.DataFrame, fam: str, acc, vals: dict) -> np.ndarray:
+    p = f"gemm_{fam}_"
+    return gemm_s(frame["m"].to_numpy(), frame["n"].to_numpy(), frame["k"].to_numpy(),
+                  WEIGHT_BYTES[fam], getattr(acc.peak_flops_per_s, PEAK_DTYPE[fam]),
+                  acc.hbm_bw_bytes_per_s, vals[p + "fraction"], vals[p + "half_rows"],
+                  vals[p + "n_half"], vals[p + "k_half"], vals[p + "wave_elements"], vals[p + "hbm_fraction"],
+                  vals[p + "latency_s"])
+
+
+# --- shared fitting driver (moe.py uses it too) ---------------------------------------------
+
+def sample(frame: pd.DataFrame, n: int, seed: int = SEED) -> pd.DataFrame:
+    if len(frame) <= n:
+        return frame
+    return frame.sample(n=n, random_state=seed)
+
+
+def _bias(pred, true) -> float:
+    r = np.log(np.asarray(pred, float) / np.asarray(true, float))
+    r = r[np.isfinite(r)]
+    return float(np.exp(r.mean())) if len(r) else float("nan")
+
+
+def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
+    """Fit ``mod`` (gemm or moe: NAME, load, predict, family_params, supported, FIT_ROWS,
+    HEADER, SOURCE_TABLE) per (chip, runtime, family), report, transfer, write."""
+    from dse.catalog import accelerators
+    from dse.kernels import data
+    accs = accelerators()
+    d = mod.load()
+    groups = {key: g for key, g in d.groupby(["chip", "runtime", "family"])}
+    fitted: dict[tuple, dict] = {}
+    notes: dict[tuple, str] = {}
+    rows = []
+    if not fit:
+        fitted = _read_catalog(mod.NAME)
+    version = data.package_version()
+    today = _dt.date.today().isoformat()
+    for (chip, rt, fam), g in sorted(groups.items()):
+        acc = accs[chip]
+        if not mod.supported(acc, fam):
+            continue
+        params = mod.family_params(fam)
+        train = g[~g["held_out"]]
+        test = g[g["held_out"]]
+        if fit:
+            s = mod.sample(train, mod.FIT_ROWS)
+            res = common.least_squares_fit(lambda v: mod.predict(s, fam, acc, v), params,
+                                           s["latency_s"].to_numpy())
+            vals = res.values
+            fitted.setdefault((chip, rt), {}).update(vals)
+            notes[(chip, rt, fam)] = (f"{g['version'].iloc[0]}: {len(s)} shapes, "
+                                      f"held out {len(test)}")
+        else:
+            vals = fitted.get((chip, rt), {})
+            if not all(p.name in vals for p in params):
+                continue
+        e_fit = common.error_factor(mod.predict(train, fam, acc, vals), train["latency_s"])
+        pt = mod.predict(test, fam, acc, vals)
+        rows.append(dict(op_class=mod.NAME, chip=chip, runtime=rt, dtype=fam,
+                         shapes_fit=min(len(train), mod.FIT_ROWS), shapes_held_out=len(test),
+                         error_fit=e_fit, error_held_out=common.error_factor(pt, test["latency_s"]),
+                         bias_held_out=_bias(pt, test["latency_s"])))
+    if loco:
+        for (chip, rt, fam), g in sorted(groups.items()):
+            acc = accs[chip]
+            if not mod.supported(acc, fam):
+                continue
+            params = mod.family_params(fam)
+            others = {c: v for (c, r), v in fitted.items()
+                      if r == rt and c != chip and (c, r, fam) in groups
+                      and all(q.name in v for q in params)}
+            if not others:
+                continue
+            vals, near, ratio = common.transfer(chip, others, params, accs)
+            p = mod.predict(g, fam, acc, vals)
+            rows.append(dict(op_class=mod.NAME + "/loco", chip=chip, runtime=rt, dtype=fam,
+                             shapes_fit=0, shapes_held_out=len(g), error_fit=float("nan"),
+                             error_held_out=common.error_factor(p, g["latency_s"]),
+                             bias_held_out=_bias(p, g["latency_s"])))
+    if write:
+        entries = complete(mod, fitted, notes, accs, version, today)
+        common.write_tables(mod.NAME, mod.HEADER, entries)
+    return pd.DataFrame(rows, columns=["op_class", "chip", "runtime", "dtype", "shapes_fit",
+                                       "shapes_held_out", "error_fit", "error_held_out",
+                                       "bias_held_out"])
+
+
+def complete(mod, fitted, notes, accs, version, today) -> dict:
+    """An entry for every catalog accelerator x runtime: the fit where measured, else the
+    chip's other runtimes (geometric mean), else the transfer rule from the measured chips of
+    the same runtime that have the family."""
+    entries = {}
+    fams = mod.FAMILY_ORDER
+    for chip, acc in accs.items():
+        for rt in common_runtimes():
+            e, sources = {}, []
+            for fam in fams:
+                if not mod.supported(acc, fam):
+                    continue
+                params = mod.family_params(fam)
+                names = [p.name for p in params]
+                own = fitted.get((chip, rt), {})
+                if all(n in own for n in names):
+                    e.update({n: own[n] for n in names})
+                    sources.append(f"{fam}: {mod.SOURCE_TABLE}, {rt} {notes.get((chip, rt, fam), '')}")
+                    continue
+                same = [v for (c, r), v in fitted.items()
+                        if c == chip and r != rt and all(n in v for n in names)]
+                if same:
+                    e.update({n: float(np.exp(np.mean([np.log(v[n]) for v in same])))
+                              for n in names})
+                    sources.append(f"{fam}: geometric mean of this chip's other runtimes")
+                    continue
+                pool = {c: v for (c, r), v in fitted.items()
+                        if r == rt and c != chip and all(n in v for n in names)}
+                if not pool:
+                    pool = {}
+                    for (c, r), v in fitted.items():
+                        if c != chip and all(n in v for n in names):
+                            pool.setdefault(c, []).append(v)
+                    pool = {c: {n: float(np.exp(np.mean([np.log(x[n]) for x in vs])))
+                                for n in names} for c, vs in pool.items()}
+                if not pool:
+                    continue
+                vals, near, ratio = common.transfer(chip, pool, params, accs)
+                e.update(vals)
+                r = "none" if ratio is None else f"{ratio:.3g}"
+                sources.append(f"{fam}: transferred from {', '.join(near)} "
+                               f"({len(near)} nearest by spec); compute x MAMF ratio {r}")
+            merged: dict[str, list[str]] = {}
+            for text in sources:       # one clause per distinct origin, families listed once
+                fam, _, rest = text.partition(": ")
+                merged.setdefault(rest, []).append(fam)
+            body = "; ".join(f"{', '.join(f)}: {r}" for r, f in merged.items())
+            head = f"aiconfigurator-core {version}; fitted {today}"
+            entries[(chip, rt)] = {"fitted_on": f"{head}; {body}", **e}
+    return entries
+
+
+def common_runtimes():
+    from dse.kernels.data import RUNTIMES
+    return RUNTIMES
+
+
+def _read_catalog(name: str) -> dict:
+    import tomllib
+    path = common.CATALOG_DIR / f"{name}.toml"
+    if not path.exists():
+        return {}
+    doc = tomllib.loads(path.read_text())
+    return {(chip, rt): {k: v for k, v in e.items() if k != "fitted_on"}
+            for chip, rts in doc.items() for rt, e in rts.items()}
+
+
+FAMILY_ORDER = ("bf16", "fp8", "fp8_block", "fp4")
+SOURCE_TABLE = "gemm_perf"
+HEADER = """Dense GEMM model parameters per accelerator and runtime (dse.perf.kernel_gemm.gemm_s):
+  t_s = latency_s + max(2 ((m + half_rows) n + wave_elements) k / (peak * fraction * shape),
+                        (n k weight_bytes + 2 (m k + m n)) / (hbm_bw * hbm_fraction))
+  shape = 1 / (1 + n_half / n + k_half / k)
+Keys gemm_<family>_{fraction, half_rows (rows), n_half, k_half, wave_elements (elements), hbm_fraction,
+latency_s (s)}; families bf16, fp8 (per-tensor scaled), fp8_block (block-scaled, DeepGEMM),
+fp4 (NVFP4); a chip without that dtype's peak has no keys for it.
+Fitted on aiconfigurator-core's gemm_perf kernel microbenchmarks (python -m dse.kernels)."""
+
+
+def main(fit: bool = False, write: bool = False, loco: bool = False) -> pd.DataFrame:
+    import sys
+    return run(sys.modules[__name__], fit, write, loco)

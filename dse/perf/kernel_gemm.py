@@ -1,0 +1,118 @@
+"""Closed-form time of a dense GEMM and of one MoE layer's grouped GEMMs on one chip.
+
+Pure numpy, vectorized over designs (every argument broadcasts), no per-hardware branches: the
+hardware enters only through its peak FLOP/s, HBM bandwidth and the fitted per-chip, per-runtime,
+per-dtype constants of ``dse/catalog/kernels/{gemm,moe}.toml`` (fitted by ``python -m
+dse.kernels --fit --write`` on aiconfigurator-core's measured kernel tables).
+
+Dense GEMM ``Y[m, n] = X[m, k] @ W[k, n]`` (m = rows = tokens, n = output features, k = input
+features)::
+
+    shape     = 1 / (1 + n_half / n + k_half / k)               # edge quantization in n, K-loop prologue
+    compute_s = 2 ((m + half_rows) n + wave_elements) k / (peak * fraction * shape)
+    memory_s  = (n k weight_bytes + (m k + m n) * 2) / (hbm_bw * hbm_fraction)
+    t_s       = latency_s + max(compute_s, memory_s)
+
+MoE layer (gated MLP: w1 and w3 fused [hidden -> 2 w], then w2 [w -> hidden], w = inter / moe_tp),
+balanced routing of ``tokens`` tokens to ``topk`` of ``experts`` experts, experts split over
+``moe_ep`` chips::
+
+    local     = experts / moe_ep                                 # experts on this chip
+    rows      = tokens * topk / moe_ep                           # routed rows on this chip
+    touched   = local * (1 - (1 - topk / experts) ** tokens)     # distinct local experts hit
+    shape     = 1 / (1 + width_half / w)                         # narrow experts: tile edge waste
+    compute_s = 6 (rows + half_rows * touched) hidden w / (peak * fraction * shape)
+    memory_s  = touched * 3 hidden w weight_bytes / (hbm_bw * hbm_fraction)
+    token_s   = rows * hidden * token_bytes / hbm_bw             # permute, unpermute, quantize
+    t_s       = latency_s + max(compute_s, memory_s) + token_s
+
+Everything but the shape columns is a per-design constant, so the scorer can precompute
+``peak * fraction`` and ``hbm_bw * hbm_fraction`` once per design.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ACTIVATION_BYTES = 2.0   # bf16 activations in and out of every GEMM (bytes per element)
+
+
+def gemm_shape_factor(n, k, n_half, k_half):
+    """Fraction of the tile-level throughput a GEMM of output width ``n`` and depth ``k``
+    (elements) keeps: ``1 / (1 + n_half / n + k_half / k)``. ``n_half`` (elements): output
+    width at which edge quantization halves throughput; ``k_half`` (elements): depth at
+    which the K-loop prologue/epilogue costs as much as the loop."""
+    n = np.asarray(n, float)
+    k = np.asarray(k, float)
+    return 1.0 / (1.0 + n_half / n + k_half / k)
+
+
+def gemm_s(m, n, k, weight_bytes, peak_flops_per_s, hbm_bw_bytes_per_s, fraction, half_rows,
+           n_half, k_half, wave_elements, hbm_fraction, latency_s):
+    """Time (s) of one dense GEMM ``[m, k] x [k, n]`` on one chip.
+
+    m, n, k: rows (tokens), output features, input features (elements).
+    weight_bytes: bytes per weight element (2 bf16, 1 fp8, ~0.5625 NVFP4 incl. scales).
+    peak_flops_per_s: the chip's dense peak at the GEMM's dtype (FLOP/s).
+    hbm_bw_bytes_per_s: the chip's HBM bandwidth (bytes/s).
+    fraction: achieved fraction of the peak by a large GEMM (dimensionless).
+    half_rows: rows of padding every GEMM pays (rows; tile quantization in m: at m = half_rows
+        a compute-bound GEMM runs at half its large-m rate).
+    n_half, k_half: see ``gemm_shape_factor`` (elements).
+    wave_elements: output elements (rows x columns) of one wave of tiles over all SMs: a GEMM
+        smaller than one wave still takes about a wave's time (elements).
+    hbm_fraction: achieved fraction of the HBM bandwidth when streaming weights (dimensionless).
+    latency_s: fixed time per GEMM (launch, prologue, tail) (s).
+    """
+    m = np.asarray(m, float)
+    n = np.asarray(n, float)
+    k = np.asarray(k, float)
+    shape = gemm_shape_factor(n, k, n_half, k_half)
+    compute = (2.0 * ((m + half_rows) * n + wave_elements) * k
+               / (peak_flops_per_s * fraction * shape))
+    memory = ((n * k * weight_bytes + (m * k + m * n) * ACTIVATION_BYTES)
+              / (hbm_bw_bytes_per_s * hbm_fraction))
+    return latency_s + np.maximum(compute, memory)
+
+
+def touched_experts(tokens, topk, experts, moe_ep=1):
+    """Expected distinct experts (of the ``experts / moe_ep`` on one chip) that ``tokens``
+    tokens, each routed uniformly to ``topk`` of ``experts``, touch: ``(E/ep)(1-(1-k/E)^T)``."""
+    tokens = np.asarray(tokens, float)
+    experts = np.asarray(experts, float)
+    p = np.clip(np.asarray(topk, float) / experts, 0.0, 1.0)
+    return experts / moe_ep * -np.expm1(tokens * np.log1p(-np.minimum(p, 1 - 1e-12)))
+
+
+def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_bytes,
+                   peak_flops_per_s, hbm_bw_bytes_per_s, fraction, half_rows, width_half,
+                   hbm_fraction, token_bytes, latency_s):
+    """Time (s) of one MoE layer's expert GEMMs on one chip (gated MLP, balanced routing).
+
+    tokens: tokens entering the layer (all ranks' tokens: each rank sees them routed).
+    hidden: model width (elements); inter: one expert's intermediate width (elements), split
+        ``moe_tp`` ways, so the local expert width is ``w = inter / moe_tp``.
+    topk: experts per token; experts: routed experts in the layer; moe_ep: chips the experts
+        are split over.
+    weight_bytes: bytes per expert weight element (2 bf16, 1 fp8, ~0.5625 NVFP4).
+    peak_flops_per_s (FLOP/s), hbm_bw_bytes_per_s (bytes/s): the chip's peaks.
+    fraction: achieved fraction of the peak by large per-expert GEMMs (dimensionless).
+    half_rows: rows each touched expert pads to (rows; tile quantization: at few tokens per
+        expert every expert still costs a tile of ``half_rows`` rows).
+    width_half: local expert width at which tile-edge waste halves throughput (elements).
+    hbm_fraction: achieved fraction of HBM bandwidth reading touched experts' weights.
+    token_bytes: HBM bytes moved per routed row per hidden element by permute, unpermute,
+        activation quantization and the intermediate activation (bytes).
+    latency_s: fixed time of the layer (routing, sort, launches) (s).
+    """
+    tokens = np.asarray(tokens, float)
+    hidden = np.asarray(hidden, float)
+    w = np.asarray(inter, float) / moe_tp
+    rows = tokens * np.asarray(topk, float) / moe_ep
+    touched = touched_experts(tokens, topk, experts, moe_ep)
+    shape = 1.0 / (1.0 + width_half / w)
+    compute = (6.0 * (rows + half_rows * touched) * hidden * w
+               / (peak_flops_per_s * fraction * shape))
+    memory = touched * 3.0 * hidden * w * weight_bytes / (hbm_bw_bytes_per_s * hbm_fraction)
+    token = rows * hidden * token_bytes / hbm_bw_bytes_per_s
+    return latency_s + np.maximum(compute, memory) + token

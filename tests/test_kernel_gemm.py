@@ -1,0 +1,124 @@
+"""Dense GEMM model (dse.perf.kernel_gemm.gemm_s): closed forms worked by hand, properties, the
+written catalog, and the fit on synthetic data."""
+
+import tomllib
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dse.perf.kernel_gemm import gemm_s
+
+PEAK = 1e15          # FLOP/s
+BW = 3e12            # bytes/s
+BASE = dict(weight_bytes=2.0, peak_flops_per_s=PEAK, hbm_bw_bytes_per_s=BW, fraction=0.8,
+            half_rows=0.0, n_half=0.0, k_half=0.0, wave_elements=0.0, hbm_fraction=0.75,
+            latency_s=0.0)
+
+
+def t(m, n, k, **kw):
+    return float(gemm_s(m, n, k, **{**BASE, **kw}))
+
+
+def test_compute_bound_equals_formula():
+    m = n = k = 8192
+    assert t(m, n, k) == pytest.approx(2 * m * n * k / (PEAK * 0.8))
+    # with every shape term: 2 ((m + h) n + wave) k / (peak f shape), plus latency
+    got = t(m, n, k, half_rows=64, n_half=128, k_half=256, wave_elements=1e5, latency_s=3e-6)
+    shape = 1 / (1 + 128 / n + 256 / k)
+    assert got == pytest.approx(3e-6 + 2 * ((m + 64) * n + 1e5) * k / (PEAK * 0.8 * shape))
+
+
+def test_memory_bound_equals_formula():
+    m, n, k = 1, 8192, 8192
+    want = (n * k * 2 + (m * k + m * n) * 2) / (BW * 0.75)
+    assert t(m, n, k) == pytest.approx(want)
+    assert t(m, n, k, weight_bytes=0.5625, latency_s=2e-6) == pytest.approx(
+        2e-6 + (n * k * 0.5625 + (m * k + m * n) * 2) / (BW * 0.75))
+
+
+def test_half_rows_doubles_compute_bound_time_at_m_equal_half_rows():
+    fast_hbm = dict(hbm_bw_bytes_per_s=1e30)
+    m = 256
+    assert t(m, 4096, 4096, half_rows=m, **fast_hbm) == pytest.approx(
+        2 * t(m, 4096, 4096, half_rows=0, **fast_hbm))
+
+
+@pytest.mark.parametrize("name,m", [("fraction", 8192), ("half_rows", 128), ("n_half", 8192),
+                                    ("k_half", 8192), ("wave_elements", 16),
+                                    ("hbm_fraction", 1), ("latency_s", 1)])
+def test_every_parameter_matters(name, m):
+    kw = dict(half_rows=64, n_half=128, k_half=128, wave_elements=1e6, latency_s=5e-6)
+    n, k = (256, 512) if name == "wave_elements" else (4096, 4096)
+    if name == "wave_elements":
+        kw["hbm_bw_bytes_per_s"] = 1e30
+    a = t(m, n, k, **kw)
+    b = t(m, n, k, **{**kw, name: (kw.get(name, BASE[name])) * 1.2})
+    assert abs(b / a - 1) > 1e-3
+
+
+def test_monotone_in_rows_and_vectorized():
+    rng = np.random.default_rng(1)
+    m = np.arange(1, 20000, 7)
+    for _ in range(20):
+        kw = dict(fraction=rng.uniform(0.2, 1), half_rows=rng.uniform(1, 500),
+                  n_half=rng.uniform(1, 2000), k_half=rng.uniform(1, 2000),
+                  wave_elements=10 ** rng.uniform(2, 7), hbm_fraction=rng.uniform(0.3, 1),
+                  latency_s=rng.uniform(1e-6, 1e-5))
+        n, k = rng.choice([64, 1024, 8192]), rng.choice([128, 4096, 16384])
+        y = gemm_s(m, n, k, **{**BASE, **kw})
+        assert y.shape == m.shape and np.all(np.diff(y) >= 0)
+
+
+def test_fit_recovers_known_parameters():
+    from dse.kernels import common, gemm
+    import pandas as pd
+    acc = SimpleNamespace(peak_flops_per_s=SimpleNamespace(bf16=989e12), hbm_bw_bytes_per_s=3.35e12)
+    ms = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    ns = [16, 128, 512, 1024, 4096, 8192, 16384]
+    ks = [128, 512, 1024, 4096, 8192]
+    g = np.array(np.meshgrid(ms, ns, ks)).reshape(3, -1)
+    frame = pd.DataFrame({"m": g[0], "n": g[1], "k": g[2]})
+    truth = {"gemm_bf16_fraction": 0.8, "gemm_bf16_half_rows": 90.0, "gemm_bf16_n_half": 100.0,
+             "gemm_bf16_k_half": 150.0, "gemm_bf16_wave_elements": 2e5,
+             "gemm_bf16_hbm_fraction": 0.78, "gemm_bf16_latency_s": 4e-6}
+    y = gemm.predict(frame, "bf16", acc, truth)
+    res = common.least_squares_fit(lambda v: gemm.predict(frame, "bf16", acc, v),
+                                   gemm.family_params("bf16"), y, max_nfev=400)
+    for k, v in truth.items():
+        assert res.values[k] == pytest.approx(v, rel=0.03), k
+
+
+def test_catalog_has_every_accelerator_and_runtime():
+    from dse.catalog import accelerators
+    from dse.kernels import common, gemm
+    path = common.CATALOG_DIR / "gemm.toml"
+    doc = tomllib.loads(path.read_text())
+    for chip, acc in accelerators().items():
+        for rt in ("trtllm", "sglang", "vllm"):
+            e = doc[chip][rt]
+            assert e["fitted_on"]
+            for fam in gemm.FAMILY_ORDER:
+                names = [p.name for p in gemm.family_params(fam)]
+                if fam == "bf16":
+                    assert all(n in e for n in names), (chip, rt)
+                present = [n in e for n in names]
+                assert all(present) or not any(present), (chip, rt, fam)
+                if any(present):
+                    assert gemm.supported(acc, fam)
+                    assert all(np.isfinite(e[n]) and e[n] > 0 for n in names)
+
+
+def test_fit_on_measured_tables_meets_a_loose_bound():
+    pytest.importorskip("aiconfigurator_core")
+    from dse.catalog import accelerators
+    from dse.kernels import common, gemm
+    d = gemm.load(chips=["h100-sxm"], runtimes=["trtllm"])
+    g = d[d.family == "bf16"]
+    acc = accelerators()["h100-sxm"]
+    s = gemm.sample(g[~g.held_out], 800)
+    res = common.least_squares_fit(lambda v: gemm.predict(s, "bf16", acc, v),
+                                   gemm.family_params("bf16"), s["latency_s"].to_numpy())
+    test = g[g.held_out]
+    assert common.error_factor(gemm.predict(test, "bf16", acc, res.values),
+                               test["latency_s"]) < 1.2

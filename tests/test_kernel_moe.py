@@ -1,0 +1,126 @@
+"""MoE grouped-GEMM model (dse.perf.kernel_gemm.grouped_gemm_s): closed forms worked by hand,
+properties, the written catalog, and the fit on synthetic data."""
+
+import tomllib
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dse.perf.kernel_gemm import grouped_gemm_s, touched_experts
+
+PEAK = 1e15
+BW = 3e12
+HW = dict(weight_bytes=2.0, peak_flops_per_s=PEAK, hbm_bw_bytes_per_s=BW)
+P = dict(fraction=0.5, half_rows=0.0, width_half=0.0, hbm_fraction=0.75, token_bytes=0.0,
+         latency_s=0.0)
+
+
+def t(tokens, hidden=4096, inter=1536, topk=8, experts=128, tp=1, ep=1, **kw):
+    return float(grouped_gemm_s(tokens, hidden, inter, topk, experts, tp, ep, **HW, **{**P, **kw}))
+
+
+def test_one_token_touches_topk_experts():
+    assert touched_experts(1, 8, 256) == pytest.approx(8)
+    assert touched_experts(1, 8, 256, 8) == pytest.approx(1)       # 32 local experts, 1/8 of 8
+    assert touched_experts(1e6, 8, 256, 8) == pytest.approx(32)    # all local experts
+    # one token, memory-bound: reads topk experts' 3 matrices
+    want = 8 * 3 * 4096 * 1536 * 2 / (BW * 0.75)
+    assert t(1) == pytest.approx(want)
+
+
+def test_compute_bound_equals_formula():
+    tok, h, w = 65536, 4096, 1536
+    rows = tok * 8
+    want = 6 * rows * h * w / (PEAK * 0.5)
+    assert t(tok) == pytest.approx(want, rel=1e-9)
+    # expert width split by moe_tp, shape factor and token term
+    got = t(tok, tp=2, width_half=128, token_bytes=6, latency_s=2e-5)
+    wl = w / 2
+    want = (2e-5 + 6 * rows * h * wl / (PEAK * 0.5 / (1 + 128 / wl))
+            + rows * h * 6 / BW)
+    assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_half_rows_padding_per_touched_expert():
+    # compute-bound (infinite HBM): at rows per expert == half_rows the time doubles
+    kw = dict(hbm_bw_bytes_per_s=1e30)
+    tok, k, e = 4096, 8, 128          # every expert touched, 256 rows each
+    a = grouped_gemm_s(tok, 4096, 1536, k, e, 1, 1, 2.0, PEAK, 1e30, **{**P, "half_rows": 0.0})
+    b = grouped_gemm_s(tok, 4096, 1536, k, e, 1, 1, 2.0, PEAK, 1e30, **{**P, "half_rows": 256.0})
+    assert b / a == pytest.approx(2.0, rel=1e-6)
+    assert kw
+
+
+@pytest.mark.parametrize("name,tokens", [("fraction", 65536), ("half_rows", 4096),
+                                         ("width_half", 65536), ("hbm_fraction", 1),
+                                         ("token_bytes", 65536), ("latency_s", 1)])
+def test_every_parameter_matters(name, tokens):
+    kw = dict(half_rows=32, width_half=128, token_bytes=6, latency_s=2e-5)
+    a = t(tokens, **kw)
+    b = t(tokens, **{**kw, name: {**P, **kw}[name] * 1.2})
+    assert abs(b / a - 1) > 1e-3
+
+
+def test_monotone_in_tokens_and_vectorized():
+    rng = np.random.default_rng(2)
+    tok = np.unique(np.geomspace(1, 65536, 300).astype(int))
+    for _ in range(20):
+        kw = dict(fraction=rng.uniform(0.1, 1), half_rows=rng.uniform(1, 300),
+                  width_half=rng.uniform(1, 2000), hbm_fraction=rng.uniform(0.2, 1),
+                  token_bytes=rng.uniform(0, 20), latency_s=rng.uniform(1e-6, 1e-4))
+        e = int(rng.choice([8, 64, 256])); k = int(rng.choice([1, 2, 8]))
+        y = grouped_gemm_s(tok, 4096, int(rng.choice([768, 14336])), k, e,
+                           int(rng.choice([1, 4])), int(rng.choice([1, 8])), **HW, **kw)
+        assert y.shape == tok.shape and np.all(np.diff(y) >= 0)
+
+
+def test_fit_recovers_known_parameters():
+    import pandas as pd
+    from dse.kernels import common, moe
+    acc = SimpleNamespace(peak_flops_per_s=SimpleNamespace(bf16=989e12), hbm_bw_bytes_per_s=3.35e12)
+    g = np.array(np.meshgrid([1, 4, 16, 64, 256, 1024, 4096, 16384], [2048, 7168],
+                             [768, 2048, 14336], [2, 8], [8, 128, 256], [1, 4], [1, 8]))
+    g = g.reshape(7, -1)
+    frame = pd.DataFrame(dict(zip(moe.SHAPE_COLS, g)))
+    truth = {"moe_bf16_fraction": 0.45, "moe_bf16_half_rows": 40.0,
+             "moe_bf16_width_half": 200.0, "moe_bf16_hbm_fraction": 0.6,
+             "moe_bf16_token_bytes": 8.0, "moe_bf16_latency_s": 3e-5}
+    y = moe.predict(frame, "bf16", acc, truth)
+    res = common.least_squares_fit(lambda v: moe.predict(frame, "bf16", acc, v),
+                                   moe.family_params("bf16"), y, max_nfev=400)
+    for k, v in truth.items():
+        assert res.values[k] == pytest.approx(v, rel=0.03), k
+
+
+def test_catalog_has_every_accelerator_and_runtime():
+    from dse.catalog import accelerators
+    from dse.kernels import common, moe
+    doc = tomllib.loads((common.CATALOG_DIR / "moe.toml").read_text())
+    for chip, acc in accelerators().items():
+        for rt in ("trtllm", "sglang", "vllm"):
+            e = doc[chip][rt]
+            assert e["fitted_on"]
+            for fam in moe.FAMILY_ORDER:
+                names = [p.name for p in moe.family_params(fam)]
+                if fam == "bf16":
+                    assert all(n in e for n in names), (chip, rt)
+                present = [n in e for n in names]
+                assert all(present) or not any(present), (chip, rt, fam)
+                if any(present):
+                    assert all(np.isfinite(e[n]) and e[n] > 0 for n in names)
+
+
+def test_fit_on_measured_tables_meets_a_loose_bound():
+    pytest.importorskip("aiconfigurator_core")
+    from dse.catalog import accelerators
+    from dse.kernels import common, moe
+    d = moe.load(chips=["h200-sxm"], runtimes=["trtllm"])
+    g = d[d.family == "bf16"]
+    acc = accelerators()["h200-sxm"]
+    s = moe.sample(g[~g.held_out], 1000)
+    res = common.least_squares_fit(lambda v: moe.predict(s, "bf16", acc, v),
+                                   moe.family_params("bf16"), s["latency_s"].to_numpy())
+    test = g[g.held_out]
+    assert common.error_factor(moe.predict(test, "bf16", acc, res.values),
+                               test["latency_s"]) < 1.6
