@@ -1,0 +1,303 @@
+"""Fit the attention-core kernel models (``dse.perf.kernel_attention``) on aiconfigurator-core's
+measured tables and write ``dse/catalog/kernels/attention.toml``.
+
+Op classes and tables (one attention layer on one chip; heads are per chip, i.e. already
+divided by tensor parallelism — aiconfigurator's collectors log ``num_heads // tp_size``):
+
+- ``attn_prefill``: ``attention/context_attention_perf`` (``isl`` new tokens, no prior cache);
+- ``attn_decode``: ``attention/generation_attention_perf``; a row with ``step = s - 1`` times
+  one new token over ``s - 1`` cached ones, so the attended context is ``step + 1`` tokens;
+- ``mla_prefill``: ``mla/context_mla_perf`` (DeepSeek-V3 dims, expanded: q/k 128 + 64, v 128);
+- ``mla_decode``: ``mla/generation_mla_perf`` (absorbed: latent 512 + 64 read, values 512).
+
+Data handling: for each (chip, runtime, op class) the rows of the kernel source with the most
+measurements are used (the runtime's default kernel: e.g. sglang fa3 on Hopper, trtllm
+torch_flow, vllm flash-attn); shapes are split by ``common.held_out``; at most ``FIT_ROWS``
+fit rows and ``EVAL_ROWS`` held-out rows per (chip, runtime, dtype), sampled with a fixed seed,
+balanced over (batch, sequence length) strata. Rows faster than 1.5 us are kept (they set the
+latency terms). Dtype groups: ``bf16`` (bf16 compute and KV), ``kv_fp8`` (bf16 compute, fp8 KV
+cache), ``fp8`` (fp8 attention compute and KV, prefill only, at the chip's fp8 peak); the TOML
+keys are ``<op>_<param>`` for bf16 and ``<op>_<dtype>_<param>`` for the others.
+
+Catalog entries: every accelerator x runtime. Measured (chip, runtime, op, dtype): its fit. A
+measured chip lacking a runtime (MLA has no vllm tables) or a dtype takes the geometric mean
+of its own other runtimes' fits; a chip with no measurement for an (op, dtype) at all takes the
+transfer rule (``common.transfer``) from the measured chips for that runtime (or over all
+runtimes' per-chip geometric means when no chip has that runtime).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+import numpy as np
+import pandas as pd
+
+from dse.kernels import common, data
+from dse.perf import kernel_attention as ka
+
+NAME = "attention"
+SEED = 20250807
+FIT_ROWS = 1000
+EVAL_ROWS = 1000
+MAX_NFEV = 80
+PRE_ROWS = 6000   # rows per (chip, runtime, dtype) drawn before the held-out split
+
+PREFILL_PARAMS = (
+    common.Param("fraction", 0.5, 0.01, 1.5, "compute"),
+    common.Param("half_tokens", 64.0, 0.01, 1e5, "shape"),
+    common.Param("half_rows", 1e4, 0.1, 1e9, "shape"),
+    common.Param("latency_s", 1e-5, 1e-7, 1e-2, "latency"),
+    common.Param("hbm_fraction", 0.7, 0.02, 1.5, "fraction"),
+)
+DECODE_PARAMS = (
+    common.Param("hbm_fraction", 0.8, 0.02, 1.5, "fraction"),
+    common.Param("compute_fraction", 0.3, 0.002, 1.5, "compute"),
+    common.Param("group_min_heads", 8.0, 1.0, 256.0, "shape"),
+    common.Param("latency_s", 1e-5, 1e-7, 1e-2, "latency"),
+    common.Param("per_seq_s", 1e-8, 1e-13, 1e-4, "latency"),
+    common.Param("per_seq_kv_head_s", 1e-8, 1e-13, 1e-4, "latency"),
+)
+# MLA decode has one latent "KV head": the per-(sequence, KV head) term folds into per_seq_s
+MLA_DECODE_PARAMS = DECODE_PARAMS[:-1]
+PARAMS = {"attn_prefill": PREFILL_PARAMS, "attn_decode": DECODE_PARAMS,
+          "mla_prefill": PREFILL_PARAMS, "mla_decode": MLA_DECODE_PARAMS}
+
+OPS = {
+    "attn_prefill": ("attention", "context_attention_perf",
+                     ["batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim",
+                      "window_size", "attn_dtype", "kv_cache_dtype"], "isl"),
+    "attn_decode": ("attention", "generation_attention_perf",
+                    ["batch_size", "step", "num_heads", "num_key_value_heads", "head_dim",
+                     "window_size", "kv_cache_dtype"], "step"),
+    "mla_prefill": ("mla", "context_mla_perf",
+                    ["num_heads", "batch_size", "isl", "tp_size", "kv_cache_dtype"], "isl"),
+    "mla_decode": ("mla", "generation_mla_perf",
+                   ["num_heads", "batch_size", "step", "tp_size", "kv_cache_dtype"], "step"),
+}
+
+
+def key(op: str, dtype: str, name: str) -> str:
+    """The catalog key of one parameter: ``<op>_<name>`` (bf16) or ``<op>_<dtype>_<name>``."""
+    return f"{op}_{name}" if dtype == "bf16" else f"{op}_{dtype}_{name}"
+
+
+def _dtype_label(compute: pd.Series, kv: pd.Series) -> pd.Series:
+    c = compute.map(data.dtype)
+    k = kv.map(data.dtype)
+    lab = np.where(c == "fp8", "fp8", np.where(k == "fp8", "kv_fp8", "bf16"))
+    return pd.Series(lab, index=compute.index)
+
+
+def _prepare(op: str) -> pd.DataFrame:
+    family, table, cols, seqcol = OPS[op]
+    d = data.load(family, table)
+    # the runtime's default kernel: the kernel source with most rows per (chip, runtime)
+    n = d.groupby(["chip", "runtime", "kernel_source"]).size().rename("n").reset_index()
+    best = n.sort_values("n").groupby(["chip", "runtime"]).tail(1)
+    d = d.merge(best[["chip", "runtime", "kernel_source"]], on=["chip", "runtime", "kernel_source"])
+    if "window_size" in d.columns:
+        d["window_size"] = d["window_size"].fillna(0.0)
+    compute = d["attn_dtype"] if "attn_dtype" in d.columns else d["mla_dtype"]
+    d["dtype"] = _dtype_label(compute, d["kv_cache_dtype"])
+    rng = np.random.default_rng(SEED)
+    d["_r"] = rng.random(len(d))
+    d["_stratum"] = d["batch_size"].astype(str) + "|" + d[seqcol].astype(str)
+    # a seeded, stratum-balanced draw first (the held-out rule is per shape, so applying it
+    # after the draw selects the same shapes as applying it before)
+    d["_rank"] = d.sort_values("_r").groupby(["chip", "runtime", "dtype", "_stratum"]).cumcount()
+    d = d.sort_values(["_rank", "_r"])
+    d = d[d.groupby(["chip", "runtime", "dtype"]).cumcount() < PRE_ROWS].copy()
+    d["held_out"] = common.held_out(d, cols)
+    d["_rank"] = d.sort_values("_r").groupby(["chip", "runtime", "dtype", "held_out",
+                                              "_stratum"]).cumcount()
+    d = d.sort_values(["_rank", "_r"])
+    cap = np.where(d["held_out"], EVAL_ROWS, FIT_ROWS)
+    d["_k"] = d.groupby(["chip", "runtime", "dtype", "held_out"]).cumcount()
+    return d[d["_k"] < cap].drop(columns=["_r", "_rank", "_k", "_stratum"]).reset_index(drop=True)
+
+
+def _peaks(d: pd.DataFrame, accs) -> tuple[np.ndarray, np.ndarray]:
+    bf16 = d["chip"].map(lambda c: accs[c].peak_flops_per_s.bf16).to_numpy(float)
+    fp8 = d["chip"].map(lambda c: accs[c].peak_flops_per_s.fp8 or accs[c].peak_flops_per_s.bf16)
+    peak = np.where(d["dtype"].to_numpy() == "fp8", fp8.to_numpy(float), bf16)
+    bw = d["chip"].map(lambda c: accs[c].hbm_bw_bytes_per_s).to_numpy(float)
+    return peak, bw
+
+
+def predictor(op: str, d: pd.DataFrame, accs):
+    """``f(values) -> seconds`` for the rows of ``d`` (values: {param name: value})."""
+    peak, bw = _peaks(d, accs)
+    b = d["batch_size"].to_numpy(float)
+    h = d["num_heads"].to_numpy(float)
+    kvb = np.where(d["kv_cache_dtype"].map(data.dtype).to_numpy() == "fp8", 1.0, 2.0)
+    elem = np.where(d["dtype"].to_numpy() == "fp8", 1.0, 2.0)
+    if op == "attn_prefill":
+        s = d["isl"].to_numpy(float)
+        hk = d["num_key_value_heads"].to_numpy(float)
+        hd = d["head_dim"].to_numpy(float)
+        w = d["window_size"].to_numpy(float)
+        return lambda v: ka.prefill_attention_s(b, s, 0.0, h, hk, hd, hd, w, elem, peak, bw, **v)
+    if op == "attn_decode":
+        ctx = d["step"].to_numpy(float) + 1.0
+        hk = d["num_key_value_heads"].to_numpy(float)
+        hd = d["head_dim"].to_numpy(float)
+        w = d["window_size"].to_numpy(float)
+        return lambda v: ka.gqa_decode_attention_s(b, ctx, h, hk, hd, kvb, w, peak, bw, **v)
+    if op == "mla_prefill":
+        s = d["isl"].to_numpy(float)
+        return lambda v: ka.mla_prefill_attention_s(b, s, 0.0, h, 2.0, peak, bw, **v)
+    if op == "mla_decode":
+        ctx = d["step"].to_numpy(float) + 1.0
+        return lambda v: ka.mla_decode_attention_s(b, ctx, h, kvb, peak, bw, **v)
+    raise KeyError(op)
+
+
+def _fit_group(op, g, accs):
+    params = PARAMS[op]
+    fit_rows = g[~g["held_out"]]
+    f = predictor(op, fit_rows, accs)
+    return common.least_squares_fit(f, params, fit_rows["latency_s"].to_numpy(float),
+                                    max_nfev=MAX_NFEV)
+
+
+def _report_row(op, chip, runtime, dtype, g, vals, accs, suffix=""):
+    fit_rows, ho = g[~g["held_out"]], g[g["held_out"]]
+    e_fit = (common.error_factor(predictor(op, fit_rows, accs)(vals), fit_rows["latency_s"])
+             if len(fit_rows) else np.nan)
+    p_ho = predictor(op, ho, accs)(vals) if len(ho) else np.array([])
+    return {"op_class": op + suffix, "chip": chip, "runtime": runtime, "dtype": dtype,
+            "shapes_fit": int(len(fit_rows)), "shapes_held_out": int(len(ho)),
+            "error_fit": e_fit,
+            "error_held_out": common.error_factor(p_ho, ho["latency_s"]) if len(ho) else np.nan,
+            "bias_held_out": (float(np.exp(np.mean(np.log(p_ho / ho["latency_s"].to_numpy()))))
+                              if len(ho) else np.nan)}
+
+
+def fit_all(ops=tuple(OPS), accs=None):
+    """Fit every (op, chip, runtime, dtype): returns (frames {op: rows}, fits {(op, chip, runtime,
+    dtype): Fit}, meta {(op, chip, runtime): (version, kernel_source)})."""
+    from dse.catalog import accelerators
+    accs = accs or accelerators()
+    frames, fits, meta = {}, {}, {}
+    for op in ops:
+        d = _prepare(op)
+        frames[op] = d
+        for (chip, rt, dt), g in d.groupby(["chip", "runtime", "dtype"]):
+            if (~g["held_out"]).sum() < 20:
+                continue
+            fits[(op, chip, rt, dt)] = _fit_group(op, g, accs)
+            meta[(op, chip, rt)] = (g["version"].iloc[0], g["kernel_source"].iloc[0])
+    return frames, fits, meta
+
+
+def _catalog_values(accs) -> dict:
+    """{(op, chip, runtime, dtype): values} from the written TOML (for the report without --fit)."""
+    import tomllib
+    path = common.CATALOG_DIR / f"{NAME}.toml"
+    if not path.exists():
+        return {}
+    doc = tomllib.loads(path.read_text())
+    out = {}
+    for chip, rts in doc.items():
+        for rt, e in rts.items():
+            for op, params in PARAMS.items():
+                for dt in ("bf16", "kv_fp8", "fp8"):
+                    v = {p.name: e.get(key(op, dt, p.name)) for p in params}
+                    if all(x is not None for x in v.values()):
+                        out[(op, chip, rt, dt)] = v
+    return out
+
+
+def loco_rows(frames, values, accs):
+    rows = []
+    for op, d in frames.items():
+        for (chip, rt, dt), g in d.groupby(["chip", "runtime", "dtype"]):
+            others = {c: v for (o, c, r, t), v in values.items()
+                      if o == op and r == rt and t == dt and c != chip}
+            if len(others) < 2:
+                continue
+            vals, _, _ = common.transfer(chip, others, PARAMS[op], accs)
+            rows.append(_report_row(op, chip, rt, dt, g, vals, accs, "/loco"))
+    return rows
+
+
+def entries(values, frames, meta, accs) -> dict:
+    """One catalog entry per accelerator x runtime (see the module docstring for the rule)."""
+    today = _dt.date.today().isoformat()
+    pkg = data.package_version()
+    out = {}
+    measured = {(o, c, r, t) for (o, c, r, t) in values}
+    for chip in accs:
+        for rt in data.RUNTIMES:
+            e, notes = {}, []
+            for op, params in PARAMS.items():
+                table = OPS[op][1]
+                for dt in sorted({t for (o, _, _, t) in measured if o == op}):
+                    v, note = _entry_values(op, chip, rt, dt, values, frames, meta, accs, pkg,
+                                            table)
+                    if v is None:
+                        continue
+                    for p in params:
+                        e[key(op, dt, p.name)] = v[p.name]
+                    notes.append(f"{key(op, dt, '')[:-1]}: {note}")
+            e["fitted_on"] = "; ".join(notes) + f"; fitted {today}"
+            out[(chip, rt)] = e
+    return out
+
+
+def _gmean(dicts, params):
+    return {p.name: float(np.exp(np.mean([np.log(d[p.name]) for d in dicts]))) for p in params}
+
+
+def _entry_values(op, chip, rt, dt, values, frames, meta, accs, pkg, table):
+    params = PARAMS[op]
+    if (op, chip, rt, dt) in values:
+        d = frames.get(op)
+        g = d[(d["chip"] == chip) & (d["runtime"] == rt) & (d["dtype"] == dt)] if d is not None \
+            else pd.DataFrame(columns=["held_out"])
+        ver, src = meta.get((op, chip, rt), ("?", "?"))
+        return values[(op, chip, rt, dt)], (
+            f"aiconfigurator-core {pkg} {OPS[op][0]}/{table} ({src}), {rt} {ver}, "
+            f"{int((~g['held_out']).sum())} shapes, {int(g['held_out'].sum())} held out")
+    own = [(r, values[(op, chip, r, dt)]) for r in data.RUNTIMES if (op, chip, r, dt) in values]
+    if own:
+        return _gmean([v for _, v in own], params), (
+            f"no {rt} table: geometric mean of {chip}'s " + ", ".join(r for r, _ in own))
+    fitted = {c: v for (o, c, r, t), v in values.items() if o == op and r == rt and t == dt}
+    if len(fitted) < 2:   # no chip has this runtime: per-chip geometric mean over runtimes
+        chips = {c for (o, c, r, t) in values if o == op and t == dt}
+        fitted = {c: _gmean([values[(op, c, r, dt)] for r in data.RUNTIMES
+                             if (op, c, r, dt) in values], params) for c in chips}
+    fitted.pop(chip, None)
+    if not fitted:
+        return None, ""
+    vals, near, ratio = common.transfer(chip, fitted, params, accs)
+    extra = f" (compute x{ratio:.3f} MAMF)" if ratio is not None else ""
+    return vals, "transferred from " + ", ".join(near) + extra
+
+
+def main(fit: bool = False, write: bool = False, loco: bool = False) -> pd.DataFrame:
+    from dse.catalog import accelerators
+    accs = accelerators()
+    frames, fits, meta = fit_all(accs=accs) if fit else (
+        {op: _prepare(op) for op in OPS}, {}, {})
+    values = ({k: f.values for k, f in fits.items()} if fit else _catalog_values(accs))
+    rows = []
+    for op, d in frames.items():
+        for (chip, rt, dt), g in d.groupby(["chip", "runtime", "dtype"]):
+            if (op, chip, rt, dt) in values:
+                rows.append(_report_row(op, chip, rt, dt, g, values[(op, chip, rt, dt)], accs))
+    if loco:
+        rows += loco_rows(frames, values, accs)
+    if write:
+        header = ("Attention-core kernel parameters (dse.perf.kernel_attention), fitted by\n"
+                  "dse.kernels.attention on aiconfigurator-core's context/generation attention\n"
+                  "and MLA tables. Keys <op>_<param> (bf16), <op>_kv_fp8_<param> (fp8 KV cache),\n"
+                  "<op>_fp8_<param> (fp8 attention compute). Units: *_s seconds, *_fraction of\n"
+                  "the chip's peak FLOP/s or HBM bandwidth, half_tokens tokens, half_rows query\n"
+                  "rows (batch x heads x tokens), group_min_heads query heads per KV head.")
+        common.write_tables(NAME, header, entries(values, frames, meta, accs))
+    return pd.DataFrame(rows, columns=["op_class", "chip", "runtime", "dtype", "shapes_fit",
+                                       "shapes_held_out", "error_fit", "error_held_out",
+                                       "bias_held_out"])

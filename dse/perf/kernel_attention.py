@@ -1,0 +1,146 @@
+"""Attention-core kernel models: closed forms fitted on measured kernel tables.
+
+One attention layer on one chip (heads already divided by tensor parallelism). Every function is
+elementwise numpy over arrays (or scalars) and has no per-hardware branch: a chip enters only
+through its peaks (``peak_flops_per_s``, ``hbm_bw_bytes_per_s``) and its fitted parameters
+(``dse/catalog/kernels/attention.toml``, written by ``python -m dse.kernels --fit --write
+--only attention``).
+
+Prefill (context) attention, GQA/MHA or expanded MLA::
+
+    pairs    = new * prior + new * (new + 1) / 2          (causal (query, key) pairs per sequence)
+    pairs    = min(pairs, new * window)                   (sliding window, when window > 0)
+    flops    = 2 * batch * heads * (d_qk + d_v) * pairs
+    t_flops  = flops / (peak * fraction) * (1 + half_tokens / new) * (1 + half_rows / (batch * heads * new))
+    bytes    = elem_bytes * batch * (new * heads * (d_qk + d_v) + (new + prior_w) * kv_heads * (d_qk + d_v))
+    t        = latency_s + max(t_flops, bytes / (hbm_bw * hbm_fraction))
+
+Decode (generation) attention, one new token per sequence over ``context`` cached tokens
+(GQA/MHA, or MLA in the absorbed form: one latent "KV head" of ``kv_lora + rope`` elements)::
+
+    ctx      = min(context, window)                       (window > 0)
+    bytes    = batch * ctx * kv_elems_per_token * kv_bytes_per_elem
+    q_rows   = kv_heads * max(heads / kv_heads, group_min_heads)   (the MMA pads each KV head's
+                                                                    query group to a tile)
+    flops    = 2 * batch * ctx * q_rows * (d_qk + d_v)
+    t        = latency_s + batch * (per_seq_s + kv_heads * per_seq_kv_head_s)
+               + max(bytes / (hbm_bw * hbm_fraction), flops / (peak * compute_fraction))
+
+Both are affine in the batch (decode) or, for a fixed chunk shape, closed forms whose per-design
+constants can be precomputed by the scorer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# DeepSeek-V3 MLA dimensions (elements)
+MLA_KV_LORA = 512
+MLA_QK_ROPE = 64
+MLA_QK_NOPE = 128
+MLA_V_HEAD = 128
+
+
+def causal_pairs(new_tokens, prior_tokens, window_tokens=0.0):
+    """Causal (query, key) pairs of one sequence when ``new_tokens`` follow ``prior_tokens``
+    cached ones: ``new * prior + new (new + 1) / 2``, capped at ``new * window_tokens`` when
+    ``window_tokens > 0`` (0 or inf: full attention)."""
+    new = np.asarray(new_tokens, float)
+    prior = np.asarray(prior_tokens, float)
+    w = np.asarray(window_tokens, float)
+    full = new * prior + 0.5 * new * (new + 1.0)
+    return np.where(w > 0, np.minimum(full, new * np.where(w > 0, w, 1.0)), full)
+
+
+def prefill_attention_s(batch, new_tokens, prior_tokens, heads, kv_heads, d_qk, d_v,
+                        window_tokens, elem_bytes, peak_flops_per_s, hbm_bw_bytes_per_s, *,
+                        fraction, half_tokens, half_rows, latency_s, hbm_fraction=0.8):
+    """Seconds of one prefill (context) attention layer on one chip.
+
+    batch: sequences in the call; new_tokens: new (query) tokens per sequence; prior_tokens:
+    tokens already cached per sequence; heads, kv_heads: query and KV heads on this chip;
+    d_qk, d_v: query/key and value head dims (elements); window_tokens: sliding window (tokens,
+    0 = full); elem_bytes: bytes per Q/K/V/O element; peak_flops_per_s: the chip's dense matmul
+    peak for the compute dtype; hbm_bw_bytes_per_s: its HBM bandwidth.
+    fraction: fraction of the peak reached by long, wide prefills; half_tokens: new tokens per
+    sequence at which the rate is halved (tile fill along the sequence); half_rows: query rows
+    (batch x heads x new) at which the rate is halved (too few CTAs to fill the chip);
+    latency_s: fixed time per call; hbm_fraction: achieved fraction of HBM bandwidth.
+    """
+    batch = np.asarray(batch, float)
+    new = np.maximum(np.asarray(new_tokens, float), 1.0)
+    prior = np.asarray(prior_tokens, float)
+    heads = np.asarray(heads, float)
+    kv_heads = np.asarray(kv_heads, float)
+    dsum = np.asarray(d_qk, float) + np.asarray(d_v, float)
+    w = np.asarray(window_tokens, float)
+    flops = 2.0 * batch * heads * dsum * causal_pairs(new, prior, w)
+    slow = (1.0 + half_tokens / new) * (1.0 + half_rows / (batch * heads * new))
+    t_flops = flops / (np.asarray(peak_flops_per_s, float) * fraction) * slow
+    prior_w = np.where(w > 0, np.minimum(prior, np.where(w > 0, w, 1.0)), prior)
+    nbytes = elem_bytes * batch * (new * heads * dsum + (new + prior_w) * kv_heads * dsum)
+    t_mem = nbytes / (np.asarray(hbm_bw_bytes_per_s, float) * hbm_fraction)
+    return latency_s + np.maximum(t_flops, t_mem)
+
+
+def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_elems_per_token,
+                       kv_bytes_per_elem, window_tokens, peak_flops_per_s, hbm_bw_bytes_per_s,
+                       *, hbm_fraction, compute_fraction, group_min_heads, latency_s,
+                       per_seq_s, per_seq_kv_head_s=0.0):
+    """Seconds of one decode (generation) attention layer on one chip: one new token for each of
+    ``batch`` sequences, each attending to ``context_tokens`` tokens (cached + the new one).
+
+    heads, kv_heads: query and KV heads on this chip (MLA absorbed: heads, 1); d_qk, d_v: the
+    dims the kernel multiplies (GQA: head_dim, head_dim; MLA absorbed: kv_lora + rope, kv_lora);
+    kv_elems_per_token: KV-cache elements read per token (GQA: 2 kv_heads head_dim; MLA:
+    kv_lora + rope); kv_bytes_per_elem: KV-cache bytes per element (2 bf16, 1 fp8);
+    window_tokens: sliding window (0 = full); peak_flops_per_s, hbm_bw_bytes_per_s: the chip's.
+    hbm_fraction: achieved fraction of HBM bandwidth on the KV stream; compute_fraction: achieved
+    fraction of the peak on the score/value MMAs; group_min_heads: query heads per KV head the
+    MMA tile pads to (rows); latency_s: fixed time per call; per_seq_s: time per sequence;
+    per_seq_kv_head_s: time per (sequence, KV head) work item (CTA setup, split-K reduction).
+    """
+    batch = np.asarray(batch, float)
+    ctx = np.asarray(context_tokens, float)
+    w = np.asarray(window_tokens, float)
+    ctx = np.where(w > 0, np.minimum(ctx, np.where(w > 0, w, 1.0)), ctx)
+    heads = np.asarray(heads, float)
+    kv_heads = np.asarray(kv_heads, float)
+    nbytes = batch * ctx * np.asarray(kv_elems_per_token, float) * kv_bytes_per_elem
+    q_rows = kv_heads * np.maximum(heads / kv_heads, group_min_heads)
+    flops = 2.0 * batch * ctx * q_rows * (np.asarray(d_qk, float) + np.asarray(d_v, float))
+    t_mem = nbytes / (np.asarray(hbm_bw_bytes_per_s, float) * hbm_fraction)
+    t_flops = flops / (np.asarray(peak_flops_per_s, float) * compute_fraction)
+    return (latency_s + batch * (per_seq_s + kv_heads * per_seq_kv_head_s)
+            + np.maximum(t_mem, t_flops))
+
+
+def gqa_decode_attention_s(batch, context_tokens, heads, kv_heads, head_dim, kv_bytes_per_elem,
+                           window_tokens, peak_flops_per_s, hbm_bw_bytes_per_s, **params):
+    """GQA/MHA decode: K and V of ``kv_heads`` heads of ``head_dim`` elements per token."""
+    kv_heads = np.asarray(kv_heads, float)
+    return decode_attention_s(batch, context_tokens, heads, kv_heads, head_dim, head_dim,
+                              2.0 * kv_heads * np.asarray(head_dim, float), kv_bytes_per_elem,
+                              window_tokens, peak_flops_per_s, hbm_bw_bytes_per_s, **params)
+
+
+def mla_decode_attention_s(batch, context_tokens, heads, kv_bytes_per_elem, peak_flops_per_s,
+                           hbm_bw_bytes_per_s, *, kv_lora=MLA_KV_LORA, qk_rope=MLA_QK_ROPE,
+                           **params):
+    """MLA decode in the absorbed form: every query head attends over the shared latent
+    (``kv_lora + qk_rope`` elements per token, read once), scores over ``kv_lora + qk_rope``
+    and values over ``kv_lora``."""
+    lat = kv_lora + qk_rope
+    return decode_attention_s(batch, context_tokens, heads, 1.0, lat, kv_lora, lat,
+                              kv_bytes_per_elem, 0.0, peak_flops_per_s, hbm_bw_bytes_per_s,
+                              **params)
+
+
+def mla_prefill_attention_s(batch, new_tokens, prior_tokens, heads, elem_bytes,
+                            peak_flops_per_s, hbm_bw_bytes_per_s, *, qk_nope=MLA_QK_NOPE,
+                            qk_rope=MLA_QK_ROPE, v_head=MLA_V_HEAD, **params):
+    """MLA prefill in the expanded form: ``heads`` query and key heads of ``qk_nope + qk_rope``
+    and value heads of ``v_head`` elements (the latent decompressed per head)."""
+    return prefill_attention_s(batch, new_tokens, prior_tokens, heads, heads, qk_nope + qk_rope,
+                               v_head, 0.0, elem_bytes, peak_flops_per_s, hbm_bw_bytes_per_s,
+                               **params)

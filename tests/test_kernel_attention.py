@@ -1,0 +1,186 @@
+"""Attention-core kernel models (dse.perf.kernel_attention) and their fitted catalog."""
+
+import tomllib
+
+import numpy as np
+import pytest
+
+from dse.kernels import common
+from dse.perf import kernel_attention as ka
+
+H200_PEAK = 989e12
+H200_BW = 4.8e12
+
+DEC = dict(hbm_fraction=0.8, compute_fraction=0.07, group_min_heads=16.0, latency_s=1e-5,
+           per_seq_s=2e-8, per_seq_kv_head_s=1e-8)
+PRE = dict(fraction=0.6, half_tokens=64.0, half_rows=2e4, latency_s=1e-5, hbm_fraction=0.7)
+
+
+def test_long_context_decode_is_kv_bandwidth_bound():
+    b, ctx, h, hk, d = 64, 32768, 32, 8, 128
+    p = dict(DEC, compute_fraction=0.3, per_seq_s=0.0, per_seq_kv_head_s=0.0)
+    t = ka.gqa_decode_attention_s(b, ctx, h, hk, d, 2.0, 0.0, H200_PEAK, H200_BW, **p)
+    kv_bytes = b * ctx * 2 * hk * d * 2
+    assert t == pytest.approx(kv_bytes / (H200_BW * 0.8) + 1e-5, rel=1e-12)
+    # and the FLOPs side is smaller: 2 * b * ctx * (hk * max(4, 16)) * 2d at 30% of peak
+    flops = 2 * b * ctx * hk * 16 * 2 * d
+    assert flops / (H200_PEAK * 0.3) < kv_bytes / (H200_BW * 0.8)
+
+
+def test_decode_per_sequence_terms():
+    p = dict(DEC, latency_s=0.0, compute_fraction=1.0)
+    t = ka.gqa_decode_attention_s(1024, 1, 32, 8, 128, 2.0, 0.0, H200_PEAK, H200_BW, **p)
+    kv = 1024 * 1 * 2 * 8 * 128 * 2 / (H200_BW * 0.8)
+    assert t == pytest.approx(1024 * (2e-8 + 8 * 1e-8) + kv, rel=1e-9)
+
+
+def test_prefill_flops_of_a_known_shape():
+    b, s, h, d = 2, 1024, 32, 128
+    p = dict(fraction=0.5, half_tokens=0.0, half_rows=0.0, latency_s=0.0, hbm_fraction=1.0)
+    t = ka.prefill_attention_s(b, s, 0, h, 8, d, d, 0.0, 2.0, H200_PEAK, H200_BW, **p)
+    flops = 2 * b * h * (d + d) * (s * (s + 1) / 2)   # 17.2 GFLOP
+    assert flops == pytest.approx(17.196646e9, rel=1e-6)
+    assert t == pytest.approx(flops / (H200_PEAK * 0.5), rel=1e-12)
+    # the short-sequence and few-rows slowdowns multiply the FLOP time
+    p2 = dict(p, half_tokens=1024.0, half_rows=b * h * s)
+    t2 = ka.prefill_attention_s(b, s, 0, h, 8, d, d, 0.0, 2.0, H200_PEAK, H200_BW, **p2)
+    assert t2 == pytest.approx(4 * t, rel=1e-12)
+
+
+def test_window_caps_pairs():
+    assert ka.causal_pairs(1000, 0, 128) == 1000 * 128
+    assert ka.causal_pairs(1000, 0, 0) == 1000 * 1001 / 2
+    assert ka.causal_pairs(100, 50, 0) == 100 * 50 + 100 * 101 / 2
+    assert ka.causal_pairs(100, 0, 4096) == 100 * 101 / 2     # window longer than the sequence
+    full = ka.prefill_attention_s(1, 8192, 0, 32, 8, 128, 128, 0.0, 2.0, H200_PEAK, H200_BW, **PRE)
+    win = ka.prefill_attention_s(1, 8192, 0, 32, 8, 128, 128, 512.0, 2.0, H200_PEAK, H200_BW,
+                                 **PRE)
+    assert win < full / 5
+    # decode: context beyond the window is not read
+    a = ka.gqa_decode_attention_s(8, 100000, 32, 8, 128, 2.0, 1024.0, H200_PEAK, H200_BW, **DEC)
+    b = ka.gqa_decode_attention_s(8, 1024, 32, 8, 128, 2.0, 0.0, H200_PEAK, H200_BW, **DEC)
+    assert a == pytest.approx(b)
+
+
+def test_mla_decode_reads_only_the_latent():
+    p = dict(DEC, compute_fraction=1.0, group_min_heads=1.0, per_seq_s=0.0,
+             per_seq_kv_head_s=0.0)
+    b, ctx = 32, 65536
+    t = ka.mla_decode_attention_s(b, ctx, 16, 2.0, H200_PEAK, H200_BW, **p)
+    latent_bytes = b * ctx * (512 + 64) * 2
+    assert t == pytest.approx(latent_bytes / (H200_BW * 0.8) + 1e-5, rel=1e-12)
+    # the latent is shared by the heads: with the memory term binding, heads do not matter
+    t8 = ka.mla_decode_attention_s(b, ctx, 8, 2.0, H200_PEAK, H200_BW, **p)
+    assert t8 == pytest.approx(t)
+    # fp8 KV halves the bytes
+    t_fp8 = ka.mla_decode_attention_s(b, ctx, 8, 1.0, H200_PEAK, H200_BW, **p)
+    assert t_fp8 - 1e-5 == pytest.approx((t - 1e-5) / 2)
+
+
+def test_mla_prefill_is_expanded_mha():
+    t = ka.mla_prefill_attention_s(4, 4096, 0, 16, 2.0, H200_PEAK, H200_BW, **PRE)
+    ref = ka.prefill_attention_s(4, 4096, 0, 16, 16, 192, 128, 0.0, 2.0, H200_PEAK, H200_BW, **PRE)
+    assert t == ref
+
+
+def test_monotone_in_context_and_batch():
+    ctx = np.array([1, 16, 256, 4096, 65536, 131072], float)
+    t = ka.gqa_decode_attention_s(16, ctx, 32, 8, 128, 2.0, 0.0, H200_PEAK, H200_BW, **DEC)
+    assert np.all(np.diff(t) > 0)
+    bs = np.array([1, 2, 8, 64, 512, 2048], float)
+    t = ka.gqa_decode_attention_s(bs, 2048, 32, 8, 128, 2.0, 0.0, H200_PEAK, H200_BW, **DEC)
+    assert np.all(np.diff(t) > 0)
+    t = ka.mla_decode_attention_s(bs, 2048, 16, 2.0, H200_PEAK, H200_BW, **DEC)
+    assert np.all(np.diff(t) > 0)
+    s = np.array([16, 128, 1024, 8192], float)
+    t = ka.prefill_attention_s(2, s, 0, 32, 8, 128, 128, 0.0, 2.0, H200_PEAK, H200_BW, **PRE)
+    assert np.all(np.diff(t) > 0)
+    t = ka.prefill_attention_s(bs, 1024, 0, 32, 8, 128, 128, 0.0, 2.0, H200_PEAK, H200_BW, **PRE)
+    assert np.all(np.diff(t) > 0)
+    t = ka.prefill_attention_s(1, 1024, s, 32, 8, 128, 128, 0.0, 2.0, H200_PEAK, H200_BW, **PRE)
+    assert np.all(np.diff(t) > 0)
+
+
+def _decode_grid():
+    g = np.array(np.meshgrid([1, 4, 32, 256, 2048], [1, 64, 1024, 16384, 131072],
+                             [0, 1, 2, 3], [1.0, 2.0], indexing="ij")).reshape(4, -1)
+    hh = np.array([8, 32, 64, 128])[g[2].astype(int)]
+    kv = np.array([8, 8, 1, 128])[g[2].astype(int)]
+    return g[0], g[1], hh.astype(float), kv.astype(float), g[3]
+
+
+def _prefill_grid():
+    g = np.array(np.meshgrid([1, 4, 32, 256], [1, 16, 128, 1024, 16384], [1, 8, 64],
+                             indexing="ij")).reshape(3, -1).astype(float)
+    return g[0], g[1], g[2]
+
+
+def test_every_parameter_matters():
+    b, ctx, h, kv, kvb = _decode_grid()
+    f = lambda p: ka.gqa_decode_attention_s(b, ctx, h, kv, 128, kvb, 0.0, H200_PEAK, H200_BW, **p)
+    base = f(DEC)
+    for name in DEC:
+        assert np.max(np.abs(f(dict(DEC, **{name: DEC[name] * 1.2})) / base - 1)) > 1e-3, name
+    b, s, h = _prefill_grid()
+    f = lambda p: ka.prefill_attention_s(b, s, 0, h, h, 128, 128, 0.0, 2.0, H200_PEAK, H200_BW,
+                                         **p)
+    base = f(PRE)
+    for name in PRE:
+        assert np.max(np.abs(f(dict(PRE, **{name: PRE[name] * 1.2})) / base - 1)) > 1e-3, name
+
+
+def _started_at(params, truth, factor):
+    """The parameters with starting values ``factor`` x the truth (alternating up and down)."""
+    return tuple(common.Param(p.name, truth[p.name] * (factor if i % 2 else 1 / factor), p.lo,
+                              p.hi, p.kind) for i, p in enumerate(params))
+
+
+def test_fit_recovers_known_parameters():
+    pytest.importorskip("scipy")
+    from dse.kernels import attention
+    DECODE_PARAMS = _started_at(attention.DECODE_PARAMS, DEC, 1.4)
+    PREFILL_PARAMS = _started_at(attention.PREFILL_PARAMS, PRE, 1.4)
+    b, ctx, h, kv, kvb = _decode_grid()
+    f = lambda p: ka.gqa_decode_attention_s(b, ctx, h, kv, 128, kvb, 0.0, H200_PEAK, H200_BW, **p)
+    fit = common.least_squares_fit(f, DECODE_PARAMS, f(DEC))
+    for name, v in DEC.items():
+        assert fit.values[name] == pytest.approx(v, rel=0.03), name
+    b, s, h = _prefill_grid()
+    f = lambda p: ka.prefill_attention_s(b, s, 0, h, h, 128, 128, 0.0, 2.0, H200_PEAK, H200_BW,
+                                         **p)
+    fit = common.least_squares_fit(f, PREFILL_PARAMS, f(PRE))
+    for name, v in PRE.items():
+        assert fit.values[name] == pytest.approx(v, rel=0.03), name
+
+
+def test_catalog_has_every_accelerator_and_runtime():
+    from dse.catalog import accelerators
+    from dse.kernels.attention import PARAMS, key
+    path = common.CATALOG_DIR / "attention.toml"
+    doc = tomllib.loads(path.read_text())
+    for chip in accelerators():
+        for rt in ("trtllm", "sglang", "vllm"):
+            e = doc[chip][rt]
+            assert e["fitted_on"], (chip, rt)
+            for op, params in PARAMS.items():
+                for p in params:
+                    v = e[key(op, "bf16", p.name)]
+                    assert np.isfinite(v) and p.lo <= v <= p.hi, (chip, rt, op, p.name)
+
+
+def test_catalog_parameters_predict_a_measured_table():
+    pytest.importorskip("aiconfigurator_core")
+    import pandas as pd
+
+    from dse.catalog import accelerators
+    from dse.kernels import attention, data
+    doc = tomllib.loads((common.CATALOG_DIR / "attention.toml").read_text())
+    d = data.load("mla", "generation_mla_perf", chips=["h200-sxm"], runtimes=["trtllm"])
+    d = d[d["kv_cache_dtype"].map(data.dtype) == "bf16"].copy()
+    d["dtype"] = "bf16"
+    e = doc["h200-sxm"]["trtllm"]
+    vals = {p.name: e[key] for p, key in
+            ((p, attention.key("mla_decode", "bf16", p.name)) for p in attention.MLA_DECODE_PARAMS)}
+    pred = attention.predictor("mla_decode", d, accelerators())(vals)
+    assert isinstance(d, pd.DataFrame)
+    assert common.error_factor(pred, d["latency_s"]) < 1.5
