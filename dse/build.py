@@ -15,6 +15,7 @@ import pandas as pd
 from dse import catalog, topology
 from dse.errors import InputError, suggest
 from dse.perf import Batch
+from dse.perf.batch import KERNEL_FIELDS
 from dse.specs import COMPUTE_FALLBACK, DTYPE_BYTES, DTYPES
 
 ACC_FIELDS = ("hbm_capacity_bytes", "hbm_bw_bytes_per_s", "tdp_w", "scaleup_link_bw_bytes_per_s",
@@ -37,8 +38,9 @@ DEFAULTS: dict[str, object] = {
     "model.kv_dtype": "",
     "layout.tp": 1, "layout.pp": 1, "layout.ep": 1, "layout.dp": 1,
     # dense MLP layers: split over the tp*dp group ("split", SGLang's default with attention
-    # data parallelism) or "replicated" on every attention-dp rank (tp-sharded, no big all-reduce)
-    "layout.dense_mlp": "split",
+    # data parallelism), "replicated" on every attention-dp rank (tp-sharded, no big
+    # all-reduce), or "auto": what the design's serving.runtime does (serving.toml [runtimes])
+    "layout.dense_mlp": "auto",
     "workload.isl": 1024, "workload.osl": 256, "workload.concurrency": 1,
     "workload.prefix_hit_fraction": 0.0, "workload.phase": "both",
     # disaggregated serving: a prefill pool with its own layout (0: the decode layout's value)
@@ -49,6 +51,10 @@ DEFAULTS: dict[str, object] = {
     "workload.demand_output_tokens_per_s": 0.0,    # 0: no demand (the fleet metrics are NaN)
     # serving runtime: dse/catalog/serving.toml (sources there)
     **{f"serving.{k}": v for k, v in catalog.serving_defaults().items()},
+    "serving.max_batch_size": np.nan,   # blank: the runtime's cap (serving.toml [runtimes])
+    # expert-parallel all-to-all kernels: "auto" = DeepEP's low-latency kernels in decode-only
+    # steps and its normal (high-throughput) kernels in steps that carry prompt tokens
+    "serving.a2a_kernel": "auto",
     # cost: ownership over 4 years, PUE 1.3, $0.08/kWh (industrial US average, estimate)
     "cost.mode": "ownership", "cost.amortization_years": 4.0, "cost.pue": 1.3,
     # "components": capex and power follow the chip's specs (dse/catalog/cost_model.toml)
@@ -59,16 +65,21 @@ PHASES = {"both": 0, "prefill": 1, "decode": 2}
 COST_MODES = ("ownership", "rental")
 SERVING_MODES = {"aggregated": 0.0, "disaggregated": 1.0}
 DENSE_MLP = {"split": 0.0, "replicated": 1.0}
+RUNTIMES = ("trtllm", "sglang", "vllm")
+A2A_KERNELS = {"auto": 0.0, "low_latency": 1.0, "normal": 2.0}
+# settable paths whose blank value is the runtime's default (serving.toml [runtimes.*])
+RUNTIME_DEFAULTED = {"serving.max_batch_size": "max_batch_size", "layout.dense_mlp": "dense_mlp"}
 CAPEX_MODELS = ("catalog", "components")
 STRING_PATHS = {"accelerator.id", "topology.id", "model.id", "model.weight_dtype", "model.kv_dtype",
                 "workload.phase", "cost.mode", "serving.mode", "cost.capex_model",
-                "layout.dense_mlp"}
+                "layout.dense_mlp", "serving.runtime", "serving.a2a_kernel"}
 # the specs the component cost model prices, and the catalog values they are compared with
 COMPONENT_SPECS = {"hbm_capacity": "accelerator.hbm_capacity_bytes",
                    "hbm_bandwidth": "accelerator.hbm_bw_bytes_per_s",
                    "scaleup": "topology.scaleup.link_bw_bytes_per_s",
                    "scaleout": "topology.scaleout.link_bw_bytes_per_s",
                    **{f"compute.{d}": f"accelerator.peak_flops_per_s.{d}" for d in DTYPES}}
+KERNEL = "accelerator.kernel."   # prefix of the fitted per-op kernel parameters
 REFERENCE = "reference."    # prefix of the catalog values a resolved table keeps
 # paths whose value must be > 0 (the rest must be >= 0)
 POSITIVE_HINT = "a positive number"
@@ -115,7 +126,8 @@ def settable_paths() -> list[str]:
     acc, topo, mod = frames()
     derived = ["topology.scaleup.domain_chips", "topology.scaleup.link_bw_bytes_per_s",
                "topology.scaleout.link_bw_bytes_per_s"]
-    return sorted({*acc.columns, *topo.columns, *mod.columns, *DEFAULTS, *derived,
+    kernel = [KERNEL + k for k in catalog.kernel_keys()]
+    return sorted({*acc.columns, *topo.columns, *mod.columns, *DEFAULTS, *derived, *kernel,
                    "accelerator.id", "topology.id", "model.id"} - {"accelerator.default_topology"})
 
 
@@ -188,8 +200,58 @@ def resolve(table: pd.DataFrame, *, file: str | None = None, row_names: list[str
     for col in src.columns:
         if col.startswith("topology.scale"):
             out[col] = _merge(out[col], src[col], col, file, names, alias)
+    _check_runtime(out, file, names, alias)
+    runtime_defaults(out)
+    out = kernel_columns(out)
     _check_values(out, file, names, alias)
     return out
+
+
+def _check_runtime(out: pd.DataFrame, file, names, alias):
+    rt = out["serving.runtime"]
+    bad = ~rt.isin(RUNTIMES)
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise InputError(f"{alias.get('serving.runtime', 'serving.runtime')} = {rt.iloc[i]!r} is "
+                         "not valid: " + suggest(str(rt.iloc[i]), RUNTIMES, "one of"),
+                         file=file, where=names[i])
+
+
+def kernel_columns(out: pd.DataFrame) -> pd.DataFrame:
+    """The fitted kernel parameters of each row's (accelerator, runtime), where a design did
+    not override them (``accelerator.kernel.<key>``). A chip with no entry (none is missing
+    today: the fit writes every catalog chip) takes the mean entry of the runtime."""
+    params = catalog.kernel_params()
+    pair = (out["accelerator.id"].astype(str) + "|" + out["serving.runtime"].astype(str))
+    new = {}
+    for key in catalog.kernel_keys():
+        table = {f"{c}|{r}": v[key] for (c, r), v in params.items() if key in v}
+        vals = lookup(pair, table)
+        col = KERNEL + key
+        if col in out.columns:
+            given = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float)
+            vals = np.where(np.isnan(given), vals, given)
+        if np.isnan(vals).any():
+            vals = np.where(np.isnan(vals), np.nanmean(list(table.values())), vals)
+        new[col] = vals
+    return pd.concat([out.drop(columns=[c for c in new if c in out.columns]),
+                      pd.DataFrame(new, index=out.index)], axis=1)
+
+
+def runtime_defaults(out) -> None:
+    """Fill what a design left to its runtime: the max batch per scheduler, and the dense MLP
+    of an MoE under attention data parallelism ("auto")."""
+    table = catalog.runtime_defaults()
+    rt = out["serving.runtime"]
+    cap = pd.to_numeric(out["serving.max_batch_size"], errors="coerce")
+    own = lookup(rt, {r: float(v["max_batch_size"]) for r, v in table.items()})
+    out["serving.max_batch_size"] = np.where(np.isnan(cap.to_numpy(dtype=float)), own, cap)
+    dm = out["layout.dense_mlp"].astype(object)
+    auto = (dm == "auto") | dm.isna()
+    if auto.any():
+        own = pd.Series(lookup(rt, {r: v["dense_mlp"] for r, v in table.items()}, ""),
+                        index=out.index)
+        out["layout.dense_mlp"] = dm.where(~auto, own)
 
 
 DERIVED = ("topology.scaleup.domain_chips", "topology.scaleup.link_bw_bytes_per_s",
@@ -247,7 +309,8 @@ def _check_values(out: pd.DataFrame, file, names, alias):
         v = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float)
         if col.startswith("accelerator.peak_flops_per_s.") and not col.endswith(".bf16"):
             v = np.where(np.isnan(v), 1.0, v)
-        zero_ok = col.startswith(("model.", "accelerator.efficiency.", "layout.prefill_")) or col in (
+        zero_ok = col.startswith(("model.", "accelerator.efficiency.", "layout.prefill_",
+                                  KERNEL)) or col in (
             "workload.prefix_hit_fraction", "serving.prefill_chip_ratio",
             "workload.demand_output_tokens_per_s",
             "topology.scaleup_base_latency_s",
@@ -265,7 +328,8 @@ def _check_values(out: pd.DataFrame, file, names, alias):
     for col, allowed in (("model.weight_dtype", DTYPES), ("workload.phase", tuple(PHASES)),
                          ("cost.mode", COST_MODES), ("serving.mode", tuple(SERVING_MODES)),
                          ("cost.capex_model", CAPEX_MODELS),
-                         ("layout.dense_mlp", tuple(DENSE_MLP))):
+                         ("layout.dense_mlp", tuple(DENSE_MLP)),
+                         ("serving.a2a_kernel", tuple(A2A_KERNELS))):
         bad = ~out[col].isin(allowed)
         if bad.any():
             i = int(np.flatnonzero(bad.to_numpy())[0])
@@ -339,6 +403,13 @@ def topology_columns(out) -> dict[str, np.ndarray]:
                                tp.shape)
     hop_lat = np.broadcast_to(np.asarray(out["topology.scaleup_hop_latency_s"], dtype=float),
                               tp.shape)
+    # the system the collective kernels were measured on: the accelerator's default topology
+    ref = lookup(out["accelerator.default_topology"] if "accelerator.default_topology" in out
+                 else out["topology.id"], {t: i for i, t in enumerate(names)}, -1).astype(np.int64)
+    ref = np.broadcast_to(ref, tp.shape)
+    ref_base = np.array([topos[t].scaleup_base_latency_s for t in names])[ref]
+    ref_hop = np.array([topos[t].scaleup_hop_latency_s for t in names])[ref]
+    cols["extra_latency"] = np.zeros(len(tp))
     keys = pd.DataFrame({"t": tid, "d": dom})
     for (t, d), idx in keys.groupby(["t", "d"]).indices.items():
         topo = topos[names[t]]
@@ -348,7 +419,9 @@ def topology_columns(out) -> dict[str, np.ndarray]:
         cols["tp"][idx] = red.at(g_tp, "ar_fraction")
         cols["ffn"][idx] = red.at(g_ffn, "ar_fraction")
         cols["a2a"][idx] = red.at(g_ffn, "a2a_fraction")
-        cols["latency"][idx] = base_lat[idx] + hop_lat[idx] * red.at(np.maximum(g_ffn, 2.0), "hops")
+        hops = red.at(np.maximum(g_ffn, 2.0), "hops")
+        cols["latency"][idx] = base_lat[idx] + hop_lat[idx] * hops
+        cols["extra_latency"][idx] = cols["latency"][idx] - (ref_base[idx] + ref_hop[idx] * hops)
     return cols
 
 
@@ -420,6 +493,7 @@ def to_batch(out, compact: bool = False) -> Batch:
         "hbm_bw_bytes_per_s": f("accelerator.hbm_bw_bytes_per_s"),
         "hbm_capacity_bytes": f("accelerator.hbm_capacity_bytes"),
         **{k: f(f"accelerator.efficiency.{k}") for k in EFF_FIELDS},
+        **{k: f(KERNEL + k) for k in KERNEL_FIELDS},
         "domain_chips": f("topology.scaleup.domain_chips"),
         "scaleup_bw_bytes_per_s": f("topology.scaleup.link_bw_bytes_per_s"),
         "scaleup_latency_s": topo["latency"],
@@ -427,6 +501,8 @@ def to_batch(out, compact: bool = False) -> Batch:
         "scaleout_latency_s": f("topology.scaleout_latency_s"),
         "tp_bw_fraction": topo["tp"], "ffn_bw_fraction": topo["ffn"], "a2a_bw_fraction": topo["a2a"],
         "rack_chips": f("topology.rack_chips"),
+        "scaleup_extra_latency_s": topo["extra_latency"],
+        "a2a_mode": lookup(out["serving.a2a_kernel"], A2A_KERNELS).astype(float),
         "tp": f("layout.tp"), "pp": f("layout.pp"), "ep": f("layout.ep"), "dp": f("layout.dp"),
         "dense_replicated": lookup(out["layout.dense_mlp"], DENSE_MLP).astype(float),
         "disaggregated": lookup(out["serving.mode"], SERVING_MODES).astype(float),

@@ -20,12 +20,13 @@ from dse.perf.serve import BOUNDS, reason_text
 
 REQUIRED = ("case_id", "model", "hardware", "num_chips", "weight_dtype", "isl", "osl")
 OPTIONAL = ("topology", "tp", "pp", "ep", "dp", "kv_dtype", "concurrency", "prefix_hit_fraction",
-            "phase")
+            "phase", "runtime", "dense_mlp")
 RENAME = {"model": "model.id", "hardware": "accelerator.id", "topology": "topology.id",
           "weight_dtype": "model.weight_dtype", "kv_dtype": "model.kv_dtype",
           "isl": "workload.isl", "osl": "workload.osl", "concurrency": "workload.concurrency",
           "prefix_hit_fraction": "workload.prefix_hit_fraction", "phase": "workload.phase",
-          "tp": "layout.tp", "pp": "layout.pp", "ep": "layout.ep", "dp": "layout.dp"}
+          "tp": "layout.tp", "pp": "layout.pp", "ep": "layout.ep", "dp": "layout.dp",
+          "runtime": "serving.runtime", "dense_mlp": "layout.dense_mlp"}
 LAYOUT = ("layout.tp", "layout.pp", "layout.ep", "layout.dp")
 OUTPUT = ("case_id", "concurrency", "ttft_s", "tpot_s", "output_tokens_per_s_per_chip",
           "input_tokens_per_s_per_chip", "bound", "feasible", "reason")

@@ -94,18 +94,30 @@ def test_weights_divide_across_tensor_parallel_ranks():
 
 
 def test_tp_allreduce_is_two_per_layer_over_the_ring():
-    # 8 x H100, tp=8, ideal links: each layer all-reduces the attention and MLP outputs:
-    # 2 x 80 layers x 2 (g-1)/g x tokens x hidden x 2 bytes / 450 GB/s (+ latencies)
+    # 8 x H100, tp=8: each layer all-reduces the attention and MLP outputs. With the fitted
+    # kernels pinned to known values (NCCL Simple at 80% of the link, 20 us + 5 us per log2 g,
+    # no LL or custom kernel), the network time is worked by hand:
+    # 2 x 80 layers x (20 us + 3 x 5 us + 2 (g-1)/g x tokens x hidden x 2 bytes / (450 GB/s x 0.8))
     tok = 1000.0
+    pinned = {"ar_nccl_bulk_latency_s": 20e-6, "ar_nccl_latency_per_log2_s": 5e-6,
+              "ar_nccl_fraction": 0.8, "ar_nccl_fraction_per_doubling": 1.0,
+              "ar_nccl_latency_s": 1.0, "ar_custom_latency_s": 1.0}   # LL and custom: never
     b = batch(design(**{"layout.tp": 8, "workload.concurrency": tok, "workload.isl": 1,
                         "workload.osl": 2, "workload.phase": "decode"}), ideal=True)
+    b = b.replace(**pinned)
     k = Coefficients(b)
     t = step(k, np.array([tok]), np.array([0.0]), np.array([1.0]), np.array([1.0]),
              np.array([0.0]), np.array([0.0]), np.array([tok]), breakdown=True)
     net = t.network_s.sum(0)[0]
-    bw_part = 2 * 80 * 2 * 7 / 8 * tok * 8192 * 2 / 450e9
-    lat_part = 2 * 80 * 2 * np.log2(8) * b.scaleup_latency_s[0]
-    assert net == pytest.approx(bw_part + lat_part, rel=1e-6)
+    per = 20e-6 + 3 * 5e-6 + 2 * 7 / 8 * tok * 8192 * 2 / (450e9 * 0.8)
+    assert net == pytest.approx(2 * 80 * per, rel=1e-6)
+    # a small message takes the custom one-shot kernel when it is the faster
+    b2 = b.replace(ar_custom_latency_s=3e-6, ar_custom_latency_per_log2_s=0.0,
+                   ar_custom_fraction=0.5)
+    t2 = step(Coefficients(b2), np.array([1.0]), np.array([0.0]), np.array([1.0]),
+              np.array([1.0]), np.array([0.0]), np.array([0.0]), np.array([1.0]), breakdown=True)
+    one_shot = 3e-6 + 7 * 8192 * 2 / (450e9 * 0.5)
+    assert t2.network_s.sum(0)[0] == pytest.approx(2 * 80 * one_shot, rel=1e-6)
 
 
 def test_cost_per_token_is_chip_hours_over_tokens():
@@ -188,7 +200,7 @@ def test_dense_mlp_replicated_per_attention_dp_rank():
     j = OPS.index("mlp_dense")
     base = {"topology.id": "nvl72", "model.weight_dtype": "fp8", "layout.ep": 64,
             "layout.dp": 64, "workload.concurrency": 4096}
-    split = batch(design("gb200", "deepseek-v3", **base))
+    split = batch(design("gb200", "deepseek-v3", **base, **{"layout.dense_mlp": "split"}))
     rep = batch(design("gb200", "deepseek-v3", **base, **{"layout.dense_mlp": "replicated"}))
     (ms, ss), (mr, sr) = score(split, breakdown=True), score(rep, breakdown=True)
     p_dense = 3 * 3 * 7168 * 18432 * 1.0                       # 3 layers, gated, fp8 bytes
@@ -205,3 +217,18 @@ def test_dense_mlp_replicated_is_split_when_there_is_no_attention_dp():
     a, b = one(d), one({**d, "layout.dense_mlp": "replicated"})
     for k in a:
         np.testing.assert_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.mark.parametrize("runtime,expected", [("trtllm", "replicated"), ("sglang", "split"),
+                                              ("vllm", "replicated")])
+def test_dense_mlp_auto_follows_the_runtime(runtime, expected):
+    from dse.build import resolve
+    import pandas as pd
+    base = {"accelerator.id": "gb200", "model.id": "deepseek-v3", "layout.dp": 8, "layout.ep": 8,
+            "serving.runtime": runtime}
+    r = resolve(pd.DataFrame([base]))
+    assert r["layout.dense_mlp"].iloc[0] == expected
+    caps = {"trtllm": 2048, "sglang": 4096, "vllm": 1024}   # serving.toml [runtimes], sourced
+    assert r["serving.max_batch_size"].iloc[0] == caps[runtime]
+    assert resolve(pd.DataFrame([{**base, "serving.max_batch_size": 64}]))[
+        "serving.max_batch_size"].iloc[0] == 64

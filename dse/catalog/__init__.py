@@ -56,8 +56,14 @@ def models() -> dict[str, Model]:
 
 @lru_cache(maxsize=1)
 def serving_defaults() -> dict:
-    """Serving-runtime defaults (serving.toml): max batch, prefill chunk, KV share, reserve."""
-    return dict(_load("serving.toml"))
+    """Serving-runtime defaults (serving.toml): runtime, prefill chunk, KV share, reserve."""
+    return {k: v for k, v in _load("serving.toml").items() if k != "runtimes"}
+
+
+@lru_cache(maxsize=1)
+def runtime_defaults() -> dict[str, dict]:
+    """Per-runtime defaults (serving.toml [runtimes.*]): max_batch_size, dense_mlp."""
+    return dict(_load("serving.toml")["runtimes"])
 
 
 @lru_cache(maxsize=None)
@@ -99,3 +105,32 @@ def find(entry_id: str):
 
 __all__ = ["KINDS", "ValidationError", "accelerators", "find", "lookup", "models", "table",
            "topologies"]
+
+
+@lru_cache(maxsize=1)
+def kernel_params() -> dict[tuple[str, str], dict]:
+    """Fitted per-op kernel parameters, {(accelerator id, runtime): {key: value}}, merged over
+    ``kernels/*.toml`` (written by ``python -m dse.kernels --fit --write``); each entry's
+    ``fitted_on`` is a dict {op file: what it was fitted on or transferred from}."""
+    out: dict[tuple[str, str], dict] = {}
+    folder = resources.files(__package__).joinpath("kernels")
+    for f in sorted(folder.iterdir(), key=lambda x: x.name):
+        if not f.name.endswith(".toml"):
+            continue
+        doc = tomllib.loads(f.read_text())
+        for chip, runtimes in doc.items():
+            for rt, vals in runtimes.items():
+                d = out.setdefault((chip, rt), {"fitted_on": {}})
+                for k, v in vals.items():
+                    if k == "fitted_on":
+                        d["fitted_on"][f.name[:-5]] = v
+                    else:
+                        d[k] = float(v)
+    return out
+
+
+@lru_cache(maxsize=1)
+def kernel_keys() -> tuple[str, ...]:
+    """Every numeric kernel parameter any entry has."""
+    return tuple(sorted({k for e in kernel_params().values() for k in e if k != "fitted_on"}))
+

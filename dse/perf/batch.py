@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dse.perf import kernel_comm
+
 # name -> meaning. Every field is a float64 array of the same length.
 FIELDS: dict[str, str] = {
     # --- model architecture (Hugging Face config vocabulary) ---
@@ -60,6 +62,8 @@ FIELDS: dict[str, str] = {
     "ffn_bw_fraction": "fraction of scale-up bandwidth a tp*dp group can use",
     "a2a_bw_fraction": "fraction of scale-up bandwidth for all-to-all over the tp*dp group",
     "rack_chips": "chips per rack",
+    "scaleup_extra_latency_s": "scale-up latency of the design's topology beyond that of the "
+                               "system the collective kernels were measured on (per step)",
     # --- layout ---
     "tp": "tensor parallel degree (attention)",
     "pp": "pipeline stages",
@@ -82,6 +86,8 @@ FIELDS: dict[str, str] = {
     "prefix_hit_fraction": "fraction of input tokens served from a prefix cache",
     "demand_output_tokens_per_s": "output tokens/s a fleet must serve (0: no demand given)",
     "phase": "0 both (continuous batching), 1 prefill only, 2 decode only",
+    "a2a_mode": "EP all-to-all kernels: 0 auto (low-latency in decode steps, normal with "
+                "prompt tokens), 1 low-latency, 2 normal",
     "max_batch_size": "runtime cap on sequences per scheduler (per attention dp rank)",
     "max_num_tokens": "runtime cap on tokens per step (prefill chunk)",
     "kv_memory_fraction": "fraction of free HBM the runtime gives the KV cache",
@@ -95,6 +101,11 @@ FIELDS: dict[str, str] = {
     "electricity_usd_per_kwh": "electricity price",
     "use_rental": "1: price = rental rate, 0: ownership (capex + power)",
 }
+
+
+# fitted per-op kernel parameters (dse/catalog/kernels/*.toml; meanings in each module)
+KERNEL_FIELDS: tuple[str, ...] = kernel_comm.KEYS
+FIELDS.update({k: "collective kernel parameter (dse.perf.kernel_comm)" for k in kernel_comm.KEYS})
 
 
 @dataclass(frozen=True, eq=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dse.perf import kernel_comm
 from dse.perf.arch import blend, flag
 from dse.perf.batch import Batch
 
@@ -67,3 +68,40 @@ def allreduce_s(b: Batch, message_bytes, g, bw_fraction) -> np.ndarray:
 def alltoall_s(b: Batch, bytes_out, g, bw_fraction) -> np.ndarray:
     lat, per_byte = alltoall_coef(b, g, bw_fraction)
     return lat + per_byte * bytes_out
+
+
+# --- fitted collective kernels (dse.perf.kernel_comm, dse/catalog/kernels/comm.toml) ---------
+
+def _kernel_params(b: Batch, keys) -> dict:
+    return {k: b.columns[k] for k in keys}
+
+
+def kernel_allreduce(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
+    """All-reduce over ``g`` chips with the fitted kernels: ``(latency_s[n_branch, n],
+    seconds_per_byte[n_branch, n])``, ``t = min over branches``. The link is the chip's
+    scale-up bandwidth times the share the group gets on the topology graph; the topology's
+    latency beyond the measured system's (``scaleup_extra_latency_s``) is added."""
+    keys = kernel_comm.AR_NCCL_KEYS + kernel_comm.AR_CUSTOM_KEYS + kernel_comm.SCALEOUT_KEYS
+    lat, spb = kernel_comm.allreduce_branches(
+        g, b.scaleup_bw_bytes_per_s * bw_fraction, domain_chips=b.domain_chips,
+        scaleout_bw_bytes_per_s=b.scaleout_bw_bytes_per_s, custom=True,
+        **_kernel_params(b, keys))
+    extra = flag(g > 1.0, lat[0]) * 2.0 * _log2(np.minimum(g, b.domain_chips)) \
+        * b.scaleup_extra_latency_s
+    # a branch the group cannot take (custom kernels across domains) has an infinite latency:
+    # keep it finite so that a zero coefficient (a dense model's MoE terms) stays zero
+    return np.clip(lat + extra, 0.0, 1e30), spb
+
+
+def kernel_alltoall(b: Batch, ep: np.ndarray, elem_bytes, kind: str, phase: str):
+    """One EP dispatch or combine with the fitted kernels (per-rank and per-node
+    deduplication for the normal kernels): ``(latency_s, seconds_per_token)`` for the tokens
+    one chip sends."""
+    p = kernel_comm.phase_params(b.columns, kind, phase)
+    ranks = np.minimum(ep, b.domain_chips)
+    lat, spt = kernel_comm.alltoall_coef(
+        1.0, b.hidden, b.top_k, np.maximum(b.n_experts, 1.0), ep, ranks, elem_bytes,
+        b.scaleup_bw_bytes_per_s * b.a2a_bw_fraction, b.scaleout_bw_bytes_per_s, **p)
+    extra = flag(ep > 1.0, lat) * b.scaleup_extra_latency_s
+    return np.maximum(lat + extra, 0.0), spt
+

@@ -140,7 +140,7 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None):
     rank_carried = np.maximum(carried / dp, np.minimum(chunk, carried))
     # decode-only step: what limits decoding, and the decode share of the cost
     decode = step(k, decoding / pp, zero, dec_ctx, new, prior, pairs, decoding / pp,
-                  breakdown, True)
+                  breakdown, True, decode_step=True)
     if breakdown:
         sums = (decode.compute_s.sum(0), decode.memory_s.sum(0), decode.network_s.sum(0))
     else:

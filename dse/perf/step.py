@@ -26,7 +26,8 @@ import numpy as np
 
 from dse.perf import arch
 from dse.perf.batch import Batch
-from dse.perf.network import allreduce_coef, alltoall_coef, p2p_coef
+from dse.perf import kernel_comm
+from dse.perf.network import kernel_allreduce, kernel_alltoall, p2p_coef
 
 OPS = ("attn_proj", "attn_core", "mlp_dense", "moe_routed", "moe_shared", "router", "logits",
        "pipeline")
@@ -63,8 +64,10 @@ class Coefficients:
         p_attn = arch.attn_params_per_layer(b) * self.layers_stage
         self.c_proj = 2.0 * p_attn / tp / mm
         self.m_proj = p_attn * wb / tp / hbm
-        a0, a1 = allreduce_coef(b, tp, b.tp_bw_fraction)
-        self.n_proj = (self.layers_stage * a0, self.layers_stage * a1 * d * ab / dp)
+        # tp all-reduce of the attention output, per layer: the runtime's fastest kernel
+        # (min over NCCL and custom branches) for the busiest rank's rows
+        a0, a1 = kernel_allreduce(b, tp, b.tp_bw_fraction)
+        self.n_proj = (self.layers_stage * a0, self.layers_stage * a1 * d * ab)
         # attention core
         heads = b.n_heads / tp
         attn = b.attn_flops_per_s * b.attention_fraction
@@ -82,8 +85,8 @@ class Coefficients:
         self.c_dense = 2.0 * p_dense / ffn_g / mm
         self.dense_pad = self.h * ffn_g / g                     # tile rows padded per group
         self.m_dense = p_dense * wb / g / hbm
-        f0, f1 = allreduce_coef(b, g, b.ffn_bw_fraction + rep * (b.tp_bw_fraction
-                                                                 - b.ffn_bw_fraction))
+        f0, f1 = kernel_allreduce(b, g, b.ffn_bw_fraction + rep * (b.tp_bw_fraction
+                                                                   - b.ffn_bw_fraction))
         dense_layers = b.n_dense_layers * stage
         self.n_dense = (dense_layers * f0, dense_layers * f1 * d * ab * g / ffn_g)
         # routed experts over ep ranks, each expert tp*dp/ep-way sharded
@@ -97,16 +100,23 @@ class Coefficients:
         self.m_moe = arch.expert_slots(b) * p_exp * moe_layers * wb / ffn_g / hbm
         ep = b.ep
         dest = ep * (1.0 - np.power(1.0 - 1.0 / ep, k))        # distinct ep ranks a token visits
-        sent = dest * (ep - 1.0) / ep * d / ffn_g               # elements sent per chip per token
-        t0, t1 = alltoall_coef(b, ffn_g, b.a2a_bw_fraction)
-        wide = arch.flag(ep > 1, ep)
-        a2a0 = wide * 2.0 * t0
-        a2a1 = wide * t1 * sent * (b.dispatch_bytes + ab)
-        moe_tp = ffn_g / ep
-        r0, r1 = allreduce_coef(b, moe_tp, b.tp_bw_fraction)
-        r1 = r1 * np.minimum(dest, ep) / ep * d * ab
+        # EP dispatch (fp8 with fp8/fp4 weights, else bf16) and combine (bf16) of the tokens a
+        # chip holds (tok / (tp*dp)), with the fitted low-latency and normal kernels (per-rank
+        # and per-node deduplication in the normal ones); the step picks the kind
+        disp = arch.blend(arch.flag(b.dispatch_bytes < 2.0, d), kernel_comm.FP8_ELEM_BYTES,
+                          kernel_comm.BF16_ELEM_BYTES)
         is_moe = arch.flag(b.n_experts > 0, moe_layers) * moe_layers
-        self.n_moe = (is_moe * (a2a0 + r0), is_moe * (a2a1 + r1))
+        self.a2a = {}
+        for kind in ("ll", "normal"):
+            l0, s0 = kernel_alltoall(b, ep, disp, kind, "dispatch")
+            l1, s1 = kernel_alltoall(b, ep, kernel_comm.BF16_ELEM_BYTES, kind, "combine")
+            self.a2a[kind] = (is_moe * (l0 + l1), is_moe * (s0 + s1) / ffn_g)
+        mode = b.a2a_mode                       # 0 auto, 1 low-latency, 2 normal
+        self.ll_decode = arch.flag(mode < 1.5, mode)
+        self.ll_mixed = arch.flag(np.abs(mode - 1.0) < 0.5, mode)
+        moe_tp = ffn_g / ep
+        r0, r1 = kernel_allreduce(b, moe_tp, b.tp_bw_fraction)
+        self.n_moe_ar = (is_moe * r0, is_moe * r1 * np.minimum(dest, ep) / ep * d * ab)
         # shared experts and router
         p_sh = arch.shared_params_per_layer(b) * moe_layers
         self.c_sh = 2.0 * p_sh / ffn_g / mm
@@ -141,14 +151,18 @@ class Coefficients:
 def _take(v, rows):
     if isinstance(v, tuple):
         return tuple(_take(x, rows) for x in v)
+    if isinstance(v, dict):
+        return {k: _take(x, rows) for k, x in v.items()}
     if isinstance(v, Batch):
         return v
     a = np.asarray(v)
+    if a.ndim == 2:                    # (branch, design)
+        return a if a.shape[1] == 1 else a[:, rows]
     return a if a.ndim == 0 or len(a) == 1 else a[rows]
 
 
 def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
-         breakdown: bool = False, sums: bool = False, pre_rank=None):
+         breakdown: bool = False, sums: bool = False, pre_rank=None, decode_step: bool = False):
     """One stage step of one micro-batch (tokens are per micro-batch, whole instance).
 
     ``dec_ctx`` is ``arch.context_layers`` of the decode context and ``pairs`` is
@@ -156,6 +170,8 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     several steps. ``pre_rank``: prefill tokens on the busiest attention data-parallel rank
     (default ``pre / dp``, an even spread): a prompt lives on one rank, so its attention and
     projections run there while the other ranks wait at the next collective.
+    ``decode_step``: a decode-only step (``serving.a2a_kernel = "auto"`` runs the low-latency
+    EP kernels there and the normal ones in steps that carry prompt tokens, as DeepEP does).
 
     Returns the step time; with ``sums`` also the compute, memory and network time summed over
     ops; with ``breakdown`` the full per-op StepTimes.
@@ -168,16 +184,18 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     pre_rank = pre / dp if pre_rank is None else pre_rank
     rows = dec / dp + pre_rank                     # the busiest attention rank's rows
     c_proj = k.c_proj * (rows + h) * some
-    n_proj = k.n_proj[0] + k.n_proj[1] * tok
+    n_proj = np.min(k.n_proj[0] + k.n_proj[1] * rows, axis=0)
     reqs = pre_rank / np.maximum(new, 1.0)         # prompts (or their share) on that rank
     c_core = k.c_core_dec * dec * dec_ctx + k.c_core_pre * reqs * pairs
     m_core = k.kv_rank * (dec / dp * dec_ctx + (rows + reqs * prior) * b.n_layers) / b.pp
     c_dense = k.c_dense * (tok + k.dense_pad) * some
-    n_dense = k.n_dense[0] + k.n_dense[1] * tok
+    n_dense = np.min(k.n_dense[0] + k.n_dense[1] * tok, axis=0)
     touched = 1.0 - np.exp(tok * k.log_miss)
     c_moe = k.c_moe * (tok + k.expert_pad * touched) * some   # tiles padded per expert used
     m_moe = k.m_moe * touched
-    n_moe = k.n_moe[0] + k.n_moe[1] * tok
+    ll, nm = k.a2a["ll"], k.a2a["normal"]
+    n_moe = arch.blend(k.ll_decode if decode_step else k.ll_mixed, ll[0] + ll[1] * tok,
+                       nm[0] + nm[1] * tok) + np.min(k.n_moe_ar[0] + k.n_moe_ar[1] * tok, axis=0)
     c_sh = k.c_sh * (tok + h) * some
     c_router = k.c_router * (tok + h) * some
     c_head = k.c_head * (logits_rows / dp + h)

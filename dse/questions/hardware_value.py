@@ -144,7 +144,8 @@ def answer(ctx: Context) -> Answer:
                                "usd_per_mtok_output": float(r["usd_per_mtok_output"])}
                         for name, r in t.iterrows()}
     base = tab[tab["upgrade"] == "baseline"]
-    cap = catalog.serving_defaults()["max_batch_size"]
+    rt = catalog.serving_defaults()["runtime"]
+    cap = catalog.runtime_defaults()[rt]["max_batch_size"]
     bounds = sorted({BOUNDS[int(b)] for b in base["cheapest_bound"]})
     head.append(
         f"- **Why:** the cheapest baseline designs are {'/'.join(bounds)}-bound in decode, use "
