@@ -79,7 +79,7 @@ class Field:
                 parts.append(f"<= {_n(hi)}")
             text = f"{what} " + " and ".join(parts) if parts else what
         if self.limit:
-            text += f" (limit: {self.limit})"
+            text += f"; limit: {self.limit}"
         if self.zero:
             text += f"; 0 = {self.zero}"
         return text

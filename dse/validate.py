@@ -76,7 +76,7 @@ def check_value(path: str, value, *, file=None, where=None, name=None):
         raise InputError(f"{name} = {str(value).lower()} is not a number", file=file, where=where,
                          hint=f.valid())
     if isinstance(value, str):
-        what = "blank" if value.strip() == "" else f"= {value!r} is not a number"
+        what = "is blank" if value.strip() == "" else f"= {value!r} is not a number"
         raise InputError(f"{name} {what}", file=file, where=where, hint=f.valid())
     if not isinstance(value, (int, float, np.integer, np.floating)):
         raise InputError(f"{name} = {value!r} is not a number", file=file, where=where,
@@ -184,33 +184,33 @@ def _rules(g):
     chips = g("layout.tp") * g("layout.pp") * g("layout.dp")
     lim = LIMITS["chips per instance"]
     return [
-        (nkv > nh, "num_key_value_heads = {model.num_key_value_heads} exceeds num_attention_heads "
+        (nkv > nh, "model.num_key_value_heads = {model.num_key_value_heads} exceeds num_attention_heads "
          "= {model.num_attention_heads}", "KV heads are at most the attention heads"),
         (~mla & (np.mod(nh, np.maximum(nkv, 1)) != 0), "num_attention_heads = "
          "{model.num_attention_heads} is not a multiple of num_key_value_heads = "
          "{model.num_key_value_heads}", "every KV head serves the same number of query heads"),
-        (moe & ((k < 1) | (k > E)), "num_experts_per_tok = {model.num_experts_per_tok} is not "
-         "between 1 and num_experts = {model.num_experts}", "an MoE routes each token to 1..E "
+        (moe & ((k < 1) | (k > E)), "model.num_experts_per_tok = {model.num_experts_per_tok} is not "
+         "between 1 and model.num_experts = {model.num_experts}", "an MoE routes each token to 1..E "
          "experts"),
         (moe & (g("model.moe_intermediate_size") < 1), "an MoE model (num_experts = "
          "{model.num_experts}) needs moe_intermediate_size >= 1", "the width of one expert"),
-        (moe & (step < 1), "an MoE model (num_experts = {model.num_experts}) needs moe_layer_step "
+        (moe & (step < 1), "an MoE model (model.num_experts = {model.num_experts}) needs moe_layer_step "
          ">= 1", "1 = every layer after the dense ones is MoE"),
-        (moe & (L < first), "num_hidden_layers = {model.num_hidden_layers} is fewer than "
-         "first_k_dense_replace = {model.first_k_dense_replace} dense layers",
+        (moe & (L < first), "model.num_hidden_layers = {model.num_hidden_layers} is fewer than "
+         "model.first_k_dense_replace = {model.first_k_dense_replace} dense layers",
          "num_hidden_layers >= first_k_dense_replace"),
         ((L - n_moe > 0) & (g("model.intermediate_size") < 1), "the model has dense layers but "
-         "intermediate_size = {model.intermediate_size}", "give the dense FFN width"),
+         "model.intermediate_size = {model.intermediate_size}", "give the dense FFN width"),
         (moe & (g("model.n_shared_experts") > 0) & (g("model.shared_expert_intermediate_size") < 1),
-         "n_shared_experts = {model.n_shared_experts} but shared_expert_intermediate_size = 0",
+         "model.n_shared_experts = {model.n_shared_experts} but shared_expert_intermediate_size = 0",
          "give the width of one shared expert, or n_shared_experts = 0"),
-        (local > L, "num_local_attention_layers = {model.num_local_attention_layers} exceeds "
-         "num_hidden_layers = {model.num_hidden_layers}", "at most every layer is local"),
+        (local > L, "model.num_local_attention_layers = {model.num_local_attention_layers} exceeds "
+         "model.num_hidden_layers = {model.num_hidden_layers}", "at most every layer is local"),
         ((local > 0) & (g("model.sliding_window") < 1), "num_local_attention_layers = "
          "{model.num_local_attention_layers} needs sliding_window >= 1", "the local window"),
         (mla & ((g("model.qk_nope_head_dim") < 1) | (g("model.qk_rope_head_dim") < 1)
                 | (g("model.v_head_dim") < 1)),
-         "an MLA model (kv_lora_rank = {model.kv_lora_rank}) needs qk_nope_head_dim, "
+         "an MLA model (model.kv_lora_rank = {model.kv_lora_rank}) needs qk_nope_head_dim, "
          "qk_rope_head_dim and v_head_dim >= 1", "the MLA head dimensions"),
         (chips > lim, "tp*pp*dp = {chips:.0f} chips per instance", f"at most {lim:,} "
          "(limit: chips per instance)"),
@@ -297,3 +297,8 @@ def typo_columns(columns, known, *, file=None) -> None:
             raise InputError(f"unknown column {c!r} looks like a typo of {near[0]!r}", file=file,
                              where=f"header, column {c}", hint=f"rename it to {near[0]!r} (or "
                              "give extra columns names that are not one edit from a known one)")
+
+
+def range_bad(path: str, values: np.ndarray) -> np.ndarray:
+    """Per value of ``path``: outside its range (NaN counts as bad)."""
+    return _range_bad(REGISTRY[path], np.asarray(values, dtype=float))
