@@ -241,7 +241,7 @@ def finish(prep: Prepared, batch: Batch | None = None) -> pd.DataFrame:
 
 
 CASES_PER_CHUNK = 50_000
-ROWS_PER_CHUNK = 400_000     # candidate rows (layouts x concurrencies) scored at once
+ROWS_PER_CHUNK = 200_000     # candidate rows (layouts x concurrencies) scored at once
 
 
 def case_weights(cases: pd.DataFrame) -> np.ndarray:

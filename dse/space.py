@@ -335,7 +335,7 @@ def _listed(path: str, vals: list, file: str, where: str) -> tuple:
     if len(vals) > MAX_VALUES:
         raise InputError(f"{len(vals):,} values", file=file, where=where,
                          hint=f"at most {MAX_VALUES:,} (limit: values per parameter)")
-    return tuple(validate.check_value(path, v, file=file, where=where) for v in vals)
+    return validate.check_values(path, vals, file=file, where=where)
 
 
 def _grid(path: str, spec, file: str) -> Parameter:
@@ -499,7 +499,8 @@ def _check_values(space: Space) -> None:
         try:
             res = resolve(pd.DataFrame(rows), file=space.file)
             if p.scale:
-                res[p.path] = res[p.path].to_numpy(dtype=float) * np.asarray(p.values, dtype=float)
+                with np.errstate(over="ignore"):
+                    res[p.path] = res[p.path].to_numpy(dtype=float) * np.asarray(p.values, float)
                 validate.check_table(res, columns=[p.path],
                                      names=[f"scale factor {v!r}" for v in p.values])
         except InputError as e:

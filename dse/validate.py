@@ -302,3 +302,17 @@ def typo_columns(columns, known, *, file=None) -> None:
 def range_bad(path: str, values: np.ndarray) -> np.ndarray:
     """Per value of ``path``: outside its range (NaN counts as bad)."""
     return _range_bad(REGISTRY[path], np.asarray(values, dtype=float))
+
+
+def check_values(path: str, values, *, file=None, where=None) -> tuple:
+    """A list of values of ``path`` (a space's parameter): checked at numpy speed when all are
+    plain numbers, else one by one (``check_value``); returns them as a tuple."""
+    f = REGISTRY.get(path)
+    plain = f is not None and f.kind in ("int", "float") and all(
+        type(v) in (int, float) for v in values)
+    if plain:
+        bad = _range_bad(f, np.asarray(values, dtype=float))
+        if not bad.any():
+            return tuple(values)
+        values = [values[int(np.flatnonzero(bad)[0])]]
+    return tuple(check_value(path, v, file=file, where=where) for v in values)
