@@ -334,7 +334,7 @@ def _number(spec: dict, key: str, file: str, where: str, *, whole=False, positiv
 def _listed(path: str, vals: list, file: str, where: str) -> tuple:
     if len(vals) > MAX_VALUES:
         raise InputError(f"{len(vals):,} values", file=file, where=where,
-                         hint=f"at most {MAX_VALUES:,} (limit: values per parameter)")
+                         hint=f"at most {MAX_VALUES:,}; limit: values per parameter")
     return validate.check_values(path, vals, file=file, where=where)
 
 
@@ -362,7 +362,7 @@ def _grid(path: str, spec, file: str) -> Parameter:
             return Parameter(path, _listed(path, vals, file, where))
         if len(vals) > MAX_VALUES:
             raise InputError(f"{len(vals):,} scale factors", file=file, where=where,
-                             hint=f"at most {MAX_VALUES:,} (limit: values per parameter)")
+                             hint=f"at most {MAX_VALUES:,}; limit: values per parameter")
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                    and v > 0 for v in vals):
             raise InputError("scale factors must be finite positive numbers", file=file,
@@ -387,7 +387,7 @@ def _grid(path: str, spec, file: str) -> Parameter:
         count = (high - low) / step + 1
         if not count <= MAX_VALUES:
             raise InputError(f"the range gives {count:,.0f} values", file=file, where=where,
-                             hint=f"at most {MAX_VALUES:,} (limit: values per parameter)")
+                             hint=f"at most {MAX_VALUES:,}; limit: values per parameter")
         vals = np.arange(low, high + step * 1e-9, step)
     else:
         num = int(_number(spec, "num", file, f"{where}.num", whole=True)) if "num" in spec else 5

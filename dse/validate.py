@@ -212,8 +212,8 @@ def _rules(g):
                 | (g("model.v_head_dim") < 1)),
          "an MLA model (model.kv_lora_rank = {model.kv_lora_rank}) needs qk_nope_head_dim, "
          "qk_rope_head_dim and v_head_dim >= 1", "the MLA head dimensions"),
-        (chips > lim, "tp*pp*dp = {chips:.0f} chips per instance", f"at most {lim:,} "
-         "(limit: chips per instance)"),
+        (chips > lim, "tp*pp*dp = {chips:.0f} chips per instance", f"at most {lim:,}; "
+         "limit: chips per instance"),
     ]
 
 
@@ -265,7 +265,7 @@ def _domain_limits(out, file, where) -> None:
         i = int(np.flatnonzero(bad)[0])
         raise InputError(f"topology.scaleup.domain_chips = {np.broadcast_to(dom, ids.shape)[i]:g} "
                          f"on the full mesh {ids.iloc[i]!r}", file=file, where=where(i),
-                         hint=f"at most {lim:,} (limit: full-mesh domain chips)")
+                         hint=f"at most {lim:,}; limit: full-mesh domain chips")
 
 
 def osa_distance_is_one(a: str, b: str) -> bool:
@@ -295,8 +295,8 @@ def typo_columns(columns, known, *, file=None) -> None:
         near = [k for k in known if osa_distance_is_one(c, k)]
         if near:
             raise InputError(f"unknown column {c!r} looks like a typo of {near[0]!r}", file=file,
-                             where=f"header, column {c}", hint=f"rename it to {near[0]!r} (or "
-                             "give extra columns names that are not one edit from a known one)")
+                             where=f"header, column {c}", hint=f"rename it to {near[0]!r}; an extra column "
+                             "needs a name that is not one edit from a known one")
 
 
 def range_bad(path: str, values: np.ndarray) -> np.ndarray:

@@ -319,3 +319,54 @@ def test_fuzzed_inputs_subprocess(tmp_path):
         assert r.returncode == 2 and len(lines) == 1, (argv, r.stderr)
         assert "Traceback" not in r.stderr and str(where) in lines[0] and r.stdout == ""
     assert not (tmp_path / "p.csv").exists()
+
+
+def test_runtime_and_dense_mlp_columns_accepted(capsys, tmp_path):
+    """The contract's optional columns: valid values (and blanks) pass through."""
+    cases = tmp_path / "c.csv"
+    rows = [{**CASE, "case_id": "x", "runtime": "sglang", "model": "deepseek-v3", "hardware": "gb200",
+             "num_chips": "8", "tp": "", "pp": "", "ep": "", "dp": "", "dense_mlp": "replicated"},
+            {**CASE, "case_id": "y", "runtime": "vllm"}, {**CASE, "case_id": "z"}]
+    write_csv(cases, CASE_COLS, rows)
+    out = tmp_path / "p.csv"
+    assert main(["predict", str(cases), "--out", str(out)]) == 0, capsys.readouterr().err
+    import pandas as pd
+    pred = pd.read_csv(out)
+    assert list(pred["case_id"]) == ["x", "y", "z"] and pred["feasible"].all()
+
+
+def test_predict_chunks_give_the_same_predictions(monkeypatch):
+    """Chunking by candidate rows (bounded memory) changes nothing in the result."""
+    import pandas as pd
+
+    from dse import predict
+    rows = [{**CASE, "case_id": f"c{i}", "num_chips": str(2 ** (i % 4)), "tp": "", "pp": "",
+             "ep": "", "dp": "", "concurrency": "" if i % 2 else "16", "isl": str(128 + i)}
+            for i in range(12)]
+    cases = pd.DataFrame(rows).replace({"": None})
+    whole = predict.predict_frame(cases)
+    monkeypatch.setattr(predict, "ROWS_PER_CHUNK", 100)
+    assert len(predict.chunks(cases)) > 6
+    pd.testing.assert_frame_equal(predict.predict_frame(cases), whole)
+
+
+def test_issue_examples_are_refused(capsys, tmp_path):
+    """The inputs issue 9 found accepted: each is now one line, exit 2."""
+    texts = {
+        "layers": toml({**MOE, "model.num_hidden_layers": "1"}),
+        "hidden": toml({**DESIGN, "model.hidden_size": "0"}),
+        "heads": toml({**DESIGN, "model.num_attention_heads": "0"}),
+        "isl": toml({**DESIGN, "workload.isl": "0"}),
+        "efficiency": toml({**DESIGN, "accelerator.efficiency.hbm_fraction": "0"}),
+        "flops": toml({**DESIGN, "accelerator.peak_flops_per_s.bf16": "inf"}),
+        "osl": toml({**DESIGN, "workload.osl": "1e99999"}),
+        "nan": toml({**DESIGN, "accelerator.hbm_bw_bytes_per_s": "nan"}),
+        "blank": toml({**DESIGN, "accelerator.hbm_bw_bytes_per_s": '""'}),
+        "true": toml({**DESIGN, "layout.tp": "true"}),
+        "domain": toml({**DESIGN, "topology.scaleup.domain_chips": "1e7"}),
+        "chips": toml({**MOE, "layout.num_chips": "1e9"}),
+    }
+    for name, text in texts.items():
+        p = tmp_path / f"{name}.toml"
+        p.write_text(text)
+        _check(capsys, name, ["eval", p], where=p)
