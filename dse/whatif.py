@@ -64,10 +64,11 @@ def parse_overrides(sets: list[str], scales: list[str]) -> dict:
                 try:
                     v = float(value)
                 except ValueError:
-                    v = float("nan")
+                    raise InputError(f"--scale {path}: {value.strip()!r} is not a number",
+                                     hint="a finite factor > 0") from None
                 if not (math.isfinite(v) and v > 0):
-                    raise InputError(f"--scale {path}={value.strip()} is not valid",
-                                     hint="a finite factor > 0")
+                    raise InputError(f"--scale {path}={value.strip()}: must be > 0 and finite",
+                                     hint="a factor such as 1.5")
             for p in (DTYPE_PATHS if path == "accelerator.peak_flops_per_s" else (path,)):
                 out[p] = (op, v)
     if not out:
