@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dse import catalog, topology
+from dse import catalog, fields, topology, validate
 from dse.errors import InputError, suggest
 from dse.perf import Batch
 from dse.perf.batch import KERNEL_FIELDS
@@ -32,47 +32,18 @@ MODEL_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_
 TOPO_FIELDS = ("rack_chips", "scaleup_base_latency_s", "scaleup_hop_latency_s",
                "scaleout_latency_s", "scaleout_oversubscription")
 
-# settable paths that are not read from a catalog entry, with their defaults
+# settable paths that are not read from a catalog entry, with their defaults (dse/fields.py);
+# the serving runtime's from dse/catalog/serving.toml (sources there)
 DEFAULTS: dict[str, object] = {
-    "model.weight_dtype": "bf16",
-    "model.kv_dtype": "",
-    "layout.tp": 1, "layout.pp": 1, "layout.ep": 1, "layout.dp": 1,
-    # dense MLP layers: split over the tp*dp group ("split", SGLang's default with attention
-    # data parallelism), "replicated" on every attention-dp rank (tp-sharded, no big
-    # all-reduce), or "auto": what the design's serving.runtime does (serving.toml [runtimes])
-    "layout.dense_mlp": "auto",
-    "workload.isl": 1024, "workload.osl": 256, "workload.concurrency": 1,
-    "workload.prefix_hit_fraction": 0.0, "workload.phase": "both",
-    # disaggregated serving: a prefill pool with its own layout (0: the decode layout's value)
-    # and batch, and the prefill chips per decode chip (0: as many as keep the decodes fed)
-    "serving.mode": "aggregated", "serving.prefill_chip_ratio": 0.0,
-    "layout.prefill_tp": 0, "layout.prefill_pp": 0, "layout.prefill_ep": 0, "layout.prefill_dp": 0,
-    "workload.prefill_concurrency": 1,
-    "workload.demand_output_tokens_per_s": 0.0,    # 0: no demand (the fleet metrics are NaN)
-    # serving runtime: dse/catalog/serving.toml (sources there)
+    **fields.defaults(),
     **{f"serving.{k}": v for k, v in catalog.serving_defaults().items()},
-    "serving.max_batch_size": np.nan,   # blank: the runtime's cap (serving.toml [runtimes])
-    # expert-parallel all-to-all kernels: "auto" = DeepEP's low-latency kernels in decode-only
-    # steps and its normal (high-throughput) kernels in steps that carry prompt tokens
-    "serving.a2a_kernel": "auto",
-    # cost: ownership over 4 years, PUE 1.3, $0.08/kWh (industrial US average, estimate)
-    "cost.mode": "ownership", "cost.amortization_years": 4.0, "cost.pue": 1.3,
-    # "components": capex and power follow the chip's specs (dse/catalog/cost_model.toml)
-    "cost.capex_model": "catalog",
-    "cost.electricity_usd_per_kwh": 0.08,
 }
 PHASES = {"both": 0, "prefill": 1, "decode": 2}
-COST_MODES = ("ownership", "rental")
 SERVING_MODES = {"aggregated": 0.0, "disaggregated": 1.0}
 DENSE_MLP = {"split": 0.0, "replicated": 1.0}
-RUNTIMES = ("trtllm", "sglang", "vllm")
 A2A_KERNELS = {"auto": 0.0, "low_latency": 1.0, "normal": 2.0}
-# settable paths whose blank value is the runtime's default (serving.toml [runtimes.*])
-RUNTIME_DEFAULTED = {"serving.max_batch_size": "max_batch_size", "layout.dense_mlp": "dense_mlp"}
 CAPEX_MODELS = ("catalog", "components")
-STRING_PATHS = {"accelerator.id", "topology.id", "model.id", "model.weight_dtype", "model.kv_dtype",
-                "workload.phase", "cost.mode", "serving.mode", "cost.capex_model",
-                "layout.dense_mlp", "serving.runtime", "serving.a2a_kernel"}
+STRING_PATHS = fields.string_paths()
 # the specs the component cost model prices, and the catalog values they are compared with
 COMPONENT_SPECS = {"hbm_capacity": "accelerator.hbm_capacity_bytes",
                    "hbm_bandwidth": "accelerator.hbm_bw_bytes_per_s",
@@ -81,8 +52,6 @@ COMPONENT_SPECS = {"hbm_capacity": "accelerator.hbm_capacity_bytes",
                    **{f"compute.{d}": f"accelerator.peak_flops_per_s.{d}" for d in DTYPES}}
 KERNEL = "accelerator.kernel."   # prefix of the fitted per-op kernel parameters
 REFERENCE = "reference."    # prefix of the catalog values a resolved table keeps
-# paths whose value must be > 0 (the rest must be >= 0)
-POSITIVE_HINT = "a positive number"
 
 
 def _catalog_frames():
@@ -122,13 +91,8 @@ def frames():
 
 
 def settable_paths() -> list[str]:
-    """Every dotted path a design, case or space may set."""
-    acc, topo, mod = frames()
-    derived = ["topology.scaleup.domain_chips", "topology.scaleup.link_bw_bytes_per_s",
-               "topology.scaleout.link_bw_bytes_per_s"]
-    kernel = [KERNEL + k for k in catalog.kernel_keys()]
-    return sorted({*acc.columns, *topo.columns, *mod.columns, *DEFAULTS, *derived, *kernel,
-                   "accelerator.id", "topology.id", "model.id"} - {"accelerator.default_topology"})
+    """Every dotted path a design, case or space may set (the registry's resolved fields)."""
+    return fields.paths()
 
 
 def _ids(table: pd.DataFrame, col: str, kind: str, file, row_names, alias=None) -> pd.Series:
@@ -200,21 +164,12 @@ def resolve(table: pd.DataFrame, *, file: str | None = None, row_names: list[str
     for col in src.columns:
         if col.startswith("topology.scale"):
             out[col] = _merge(out[col], src[col], col, file, names, alias)
-    _check_runtime(out, file, names, alias)
+    # the runtime first: its defaults fill what a design leaves blank
+    validate.check_table(out, file=file, names=names, alias=alias, columns=["serving.runtime"])
     runtime_defaults(out)
     out = kernel_columns(out)
     _check_values(out, file, names, alias)
     return out
-
-
-def _check_runtime(out: pd.DataFrame, file, names, alias):
-    rt = out["serving.runtime"]
-    bad = ~rt.isin(RUNTIMES)
-    if bad.any():
-        i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise InputError(f"{alias.get('serving.runtime', 'serving.runtime')} = {rt.iloc[i]!r} is "
-                         "not valid: " + suggest(str(rt.iloc[i]), RUNTIMES, "one of"),
-                         file=file, where=names[i])
 
 
 def kernel_columns(out: pd.DataFrame) -> pd.DataFrame:
@@ -243,7 +198,8 @@ def runtime_defaults(out) -> None:
     of an MoE under attention data parallelism ("auto")."""
     table = catalog.runtime_defaults()
     rt = out["serving.runtime"]
-    cap = pd.to_numeric(out["serving.max_batch_size"], errors="coerce")
+    cap = pd.to_numeric(out["serving.max_batch_size"], errors="coerce") \
+        if "serving.max_batch_size" in out.columns else pd.Series(np.nan, index=out.index)
     own = lookup(rt, {r: float(v["max_batch_size"]) for r, v in table.items()})
     out["serving.max_batch_size"] = np.where(np.isnan(cap.to_numpy(dtype=float)), own, cap)
     dm = out["layout.dense_mlp"].astype(object)
@@ -285,72 +241,14 @@ def _merge(base, override: pd.Series, col: str, file, names, alias) -> pd.Series
         if base is None:
             return ov
         return ov.where(ov.notna(), base)
-    num = pd.to_numeric(override, errors="coerce")
-    bad = override.notna() & (override.astype(str).str.strip() != "") & num.isna()
-    if bad.any():
-        i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise InputError(f"{override.iloc[i]!r} is not a number", file=file,
-                         where=f"{names[i]}, column {alias.get(col, col)}", hint=POSITIVE_HINT)
+    num = validate.parse_column(col, override, file=file, names=names, name=alias.get(col, col))
     if base is None:
         return num
     return num.where(num.notna(), pd.to_numeric(base, errors="coerce"))
 
 
 def _check_values(out: pd.DataFrame, file, names, alias):
-    def fail(col, i, why):
-        v = out[col].iloc[i]
-        v = v.item() if hasattr(v, "item") else v
-        raise InputError(f"{alias.get(col, col)} = {v!r} {why}", file=file, where=names[i])
-
-    for col in out.columns:
-        if col in STRING_PATHS or col in ("accelerator.default_topology", "topology.domain_chips") \
-                or col.startswith(REFERENCE):
-            continue
-        v = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float)
-        if col.startswith("accelerator.peak_flops_per_s.") and not col.endswith(".bf16"):
-            v = np.where(np.isnan(v), 1.0, v)
-        zero_ok = col.startswith(("model.", "accelerator.efficiency.", "layout.prefill_",
-                                  KERNEL)) or col in (
-            "workload.prefix_hit_fraction", "serving.prefill_chip_ratio",
-            "workload.demand_output_tokens_per_s",
-            "topology.scaleup_base_latency_s",
-            "topology.scaleup_hop_latency_s", "topology.scaleout_latency_s")
-        bad = np.isnan(v) | (v < 0) | ((v == 0) & (not zero_ok))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            fail(col, i, "is not valid: must be " + ("a number >= 0" if zero_ok else POSITIVE_HINT))
-    frac = ["workload.prefix_hit_fraction", "serving.kv_memory_fraction"] + [
-        f"accelerator.efficiency.{f}" for f in EFF_FIELDS if f.endswith("fraction")]
-    for col in frac:
-        v = out[col].to_numpy(dtype=float)
-        if (v > 1).any():
-            fail(col, int(np.flatnonzero(v > 1)[0]), "is not valid: a fraction must be <= 1")
-    for col, allowed in (("model.weight_dtype", DTYPES), ("workload.phase", tuple(PHASES)),
-                         ("cost.mode", COST_MODES), ("serving.mode", tuple(SERVING_MODES)),
-                         ("cost.capex_model", CAPEX_MODELS),
-                         ("layout.dense_mlp", tuple(DENSE_MLP)),
-                         ("serving.a2a_kernel", tuple(A2A_KERNELS))):
-        bad = ~out[col].isin(allowed)
-        if bad.any():
-            i = int(np.flatnonzero(bad.to_numpy())[0])
-            fail(col, i, "is not valid: " + suggest(out[col].iloc[i], allowed, "one of"))
-    kv = out["model.kv_dtype"].fillna("")
-    bad = ~kv.isin(("", *DTYPES))
-    if bad.any():
-        fail("model.kv_dtype", int(np.flatnonzero(bad.to_numpy())[0]),
-             "is not valid: " + suggest(kv[bad].iloc[0], DTYPES, "one of"))
-    for col in ("layout.tp", "layout.pp", "layout.ep", "layout.dp", "workload.isl", "workload.osl",
-                "topology.scaleup.domain_chips", "workload.prefill_concurrency"):
-        v = out[col].to_numpy(dtype=float)
-        bad = (v != np.round(v)) | (v < 1)
-        if bad.any():
-            fail(col, int(np.flatnonzero(bad)[0]), "is not valid: must be a whole number >= 1")
-    for col in ("layout.prefill_tp", "layout.prefill_pp", "layout.prefill_ep", "layout.prefill_dp"):
-        v = out[col].to_numpy(dtype=float)
-        bad = (v != np.round(v)) | (v < 0)
-        if bad.any():
-            fail(col, int(np.flatnonzero(bad)[0]),
-                 "is not valid: a whole number >= 1, or 0 for the decode layout's value")
+    validate.check_table(out, file=file, names=names, alias=alias)
 
 
 def lookup(values, mapping: dict, default=np.nan) -> np.ndarray:

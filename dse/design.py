@@ -21,7 +21,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from dse.build import settable_paths
+from dse import fields, validate
 from dse.errors import InputError, suggest
 
 SECTIONS = ("accelerator", "topology", "model", "layout", "workload", "serving", "cost")
@@ -60,12 +60,11 @@ def load_design(path: str) -> dict:
             raise InputError(f"unknown section [{sec}]", file=path,
                              hint=suggest(sec, SECTIONS, "sections"))
     flat = flatten(doc)
-    valid = set(settable_paths()) | {"layout.num_chips"}
+    valid = set(fields.paths(resolved_only=False))
     for key, v in flat.items():
         if key not in valid:
             raise InputError(f"unknown key {key!r}", file=path, hint=suggest(key, valid, "valid keys"))
-        if isinstance(v, (list, dict)):
-            raise InputError(f"{key} must be a single value, not {type(v).__name__}", file=path)
+        flat[key] = validate.check_value(key, v, file=path)
     for need in ("accelerator.id", "model.id"):
         if need not in flat:
             raise InputError(f"missing {need}", file=path,

@@ -7,14 +7,17 @@ into one table, scored in one call, and the best row per case is kept.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from dse import validate
 from dse.build import resolve, to_batch
 from dse.errors import InputError, suggest
+from dse.fields import REGISTRY
 from dse.perf import Batch, score_chunked
 from dse.perf.serve import BOUNDS, reason_text
 
@@ -27,6 +30,10 @@ RENAME = {"model": "model.id", "hardware": "accelerator.id", "topology": "topolo
           "prefix_hit_fraction": "workload.prefix_hit_fraction", "phase": "workload.phase",
           "tp": "layout.tp", "pp": "layout.pp", "ep": "layout.ep", "dp": "layout.dp",
           "runtime": "serving.runtime", "dense_mlp": "layout.dense_mlp"}
+# numeric columns checked as they are read (the registry's field of each)
+NUMERIC = {"num_chips": "layout.num_chips", "tp": "layout.tp", "pp": "layout.pp", "ep": "layout.ep",
+           "dp": "layout.dp", "isl": "workload.isl", "osl": "workload.osl",
+           "concurrency": "workload.concurrency", "prefix_hit_fraction": "workload.prefix_hit_fraction"}
 LAYOUT = ("layout.tp", "layout.pp", "layout.ep", "layout.dp")
 OUTPUT = ("case_id", "concurrency", "ttft_s", "tpot_s", "output_tokens_per_s_per_chip",
           "input_tokens_per_s_per_chip", "bound", "feasible", "reason")
@@ -40,17 +47,27 @@ KNEE_FRACTION = 0.97
 
 
 def read_cases(path: str) -> pd.DataFrame:
+    if os.path.isdir(path):
+        raise InputError("is a directory, not a case file", file=path,
+                         hint="give the path of a case CSV")
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
     except FileNotFoundError:
         raise InputError("file not found", file=path, hint="give the path of a case CSV") from None
     except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
         raise InputError(f"not a readable CSV ({str(e).splitlines()[0]})", file=path) from None
+    except OSError as e:
+        raise InputError(f"cannot read the file ({e.strerror or type(e).__name__})", file=path,
+                         hint="give the path of a readable case CSV") from None
+    validate.typo_columns(df.columns, (*REQUIRED, *OPTIONAL), file=path)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise InputError(f"missing required column {missing[0]!r}", file=path,
                          hint=suggest(missing[0], df.columns, "columns present") if len(df.columns)
                          else "the header row is empty")
+    if len(df) == 0:
+        raise InputError("no cases: the file has a header but no rows", file=path,
+                         hint="add one row per serving instance (contracts/predict-cases.md)")
     for c in REQUIRED:
         blank = df[c].isna()
         if blank.any():
@@ -61,30 +78,36 @@ def read_cases(path: str) -> pd.DataFrame:
         i = int(np.flatnonzero(dup.to_numpy())[0])
         raise InputError(f"duplicate case_id {df['case_id'].iloc[i]!r}", file=path,
                          where=f"row {i + 2}", hint="case ids must be unique")
-    for c in ("num_chips", "tp", "pp", "ep", "dp", "isl", "osl", "concurrency"):
-        if c in df.columns:
-            v = pd.to_numeric(df[c], errors="coerce")
-            bad = df[c].notna() & (v.isna() | (v < 1) | (v != np.round(v)))
-            if bad.any():
-                i = int(np.flatnonzero(bad.to_numpy())[0])
-                raise InputError(f"{c} = {df[c].iloc[i]!r} is not valid", file=path,
-                                 where=f"row {i + 2} (case_id {df['case_id'].iloc[i]})",
-                                 hint="a whole number >= 1")
+    names = None
+    for c, field_path in NUMERIC.items():
+        if c not in df.columns:
+            continue
+        if names is None:
+            names = [f"row {i + 2} (case_id {k}), column {{c}}" for i, k in enumerate(df["case_id"])]
+        where = [n.replace("{c}", c) for n in names]
+        v = validate.parse_column(field_path, df[c], file=path, names=where, name=c)
+        bad = v.notna().to_numpy() & validate.range_bad(field_path, v.to_numpy())
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(f"{c} = {df[c].iloc[i]!r} is not valid", file=path, where=where[i],
+                             hint=REGISTRY[field_path].valid())
     return df
 
 
+@functools.lru_cache(maxsize=64)
+def _divisors(n: int) -> tuple[int, ...]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return tuple(sorted({*small, *(n // d for d in small)}))
+
+
+@functools.lru_cache(maxsize=64)
 def _layouts(num_chips: int) -> pd.DataFrame:
+    """Every (tp, pp, ep, dp) with tp*pp*dp = num_chips and ep dividing tp*dp."""
     rows = []
-    for tp in range(1, num_chips + 1):
-        if num_chips % tp:
-            continue
-        for pp in range(1, num_chips // tp + 1):
-            if (num_chips // tp) % pp:
-                continue
+    for tp in _divisors(num_chips):
+        for pp in _divisors(num_chips // tp):
             dp = num_chips // tp // pp
-            for ep in range(1, tp * dp + 1):
-                if (tp * dp) % ep == 0:
-                    rows.append((tp, pp, ep, dp))
+            rows.extend((tp, pp, ep, dp) for ep in _divisors(tp * dp))
     return pd.DataFrame(rows, columns=list(LAYOUT), dtype=float)
 
 
@@ -218,16 +241,46 @@ def finish(prep: Prepared, batch: Batch | None = None) -> pd.DataFrame:
 
 
 CASES_PER_CHUNK = 50_000
+ROWS_PER_CHUNK = 200_000     # candidate rows (layouts x concurrencies) scored at once
+
+
+def case_weights(cases: pd.DataFrame) -> np.ndarray:
+    """Candidate rows each case expands to, at most: its layouts (1 when tp/pp/ep/dp are all
+    given) times the concurrency grid when its concurrency is blank."""
+    full = np.ones(len(cases), bool)
+    for c in ("tp", "pp", "ep", "dp"):
+        full &= cases[c].notna().to_numpy() if c in cases.columns else False
+    chips = pd.to_numeric(cases["num_chips"], errors="coerce").fillna(1).astype(np.int64)
+    per = {int(n): len(_layouts(int(n))) for n in np.unique(chips[~full])}
+    w = np.where(full, 1, chips.map(lambda n: per.get(int(n), 1)).to_numpy())
+    if "concurrency" in cases.columns:
+        blank = cases["concurrency"].isna().to_numpy()
+    else:
+        blank = np.ones(len(cases), bool)
+    return w * np.where(blank, len(CONCURRENCY_STEPS), 1)
+
+
+def chunks(cases: pd.DataFrame) -> list[tuple[int, int]]:
+    """(start, stop) of case chunks of at most ROWS_PER_CHUNK candidate rows (and
+    CASES_PER_CHUNK cases; a single case bigger than that is a chunk of its own)."""
+    ends = np.cumsum(case_weights(cases))
+    out, start, done = [], 0, 0
+    while start < len(cases):
+        stop = int(np.searchsorted(ends, done + ROWS_PER_CHUNK, side="right"))
+        stop = min(max(stop, start + 1), start + CASES_PER_CHUNK)
+        out.append((start, stop))
+        done, start = int(ends[stop - 1]), stop
+    return out or [(0, 0)]
 
 
 def predict_frame(cases: pd.DataFrame, file: str = "cases") -> pd.DataFrame:
     """Predictions for a case table (the CSV's columns, as strings or numbers).
 
-    Cases are taken in chunks so that memory stays bounded whatever the file's size.
+    Cases are taken in chunks of bounded candidate rows, so that memory stays bounded
+    whatever the file's size and however many layouts and concurrencies dse chooses from.
     """
     cases = cases.reset_index(drop=True)
-    parts = [finish(prepare(cases.iloc[i:i + CASES_PER_CHUNK], file, offset=i))
-             for i in range(0, max(len(cases), 1), CASES_PER_CHUNK)]
+    parts = [finish(prepare(cases.iloc[a:b], file, offset=a)) for a, b in chunks(cases)]
     return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
 
 

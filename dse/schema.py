@@ -5,23 +5,37 @@
 
 from __future__ import annotations
 
-from dse.build import STRING_PATHS as STRINGS
-from dse.build import settable_paths
 from dse.design import SECTIONS
+from dse.fields import CATALOG, LIMITS, REGISTRY, Field
 from dse.space import DIRECTIONS, NUMERIC_METRICS
 
 
-def _sections() -> dict:
-    paths = settable_paths()
+def field_schema(f: Field) -> dict:
+    """A field's JSON Schema: type, range, choices, and its description with unit and default."""
+    default = "from the catalog" if f.default is CATALOG else (
+        "dse chooses" if f.default is None else repr(f.default))
+    doc = f"{f.doc}" + (f" [{f.unit}]" if f.unit else "") + f"; default: {default}"
+    if f.kind == "id":
+        return {"type": "string", "minLength": 1, "description": doc}
+    if f.kind == "enum":
+        return {"enum": [*f.choices, *([""] if f.blank else [])], "description": doc}
+    if f.kind == "bool":
+        return {"type": ["boolean", "integer"], "minimum": 0, "maximum": 1, "description": doc}
+    out = {"type": "integer" if f.kind == "int" else "number"}
+    if f.low is not None:
+        out["exclusiveMinimum" if f.low_open else "minimum"] = f.low
+    if f.upper is not None:
+        out["maximum"] = f.upper
+    out["description"] = doc
+    return out
+
+
+def _sections(design: bool) -> dict:
+    """The design sections; ``design``: with the input-only fields (layout.num_chips)."""
     props = {}
     for sec in SECTIONS:
-        keys = {}
-        for p in paths:
-            if p.startswith(sec + "."):
-                rest = p[len(sec) + 1:]
-                keys[rest] = {"type": "string"} if p in STRINGS else {"type": "number"}
-        if sec == "layout":
-            keys["num_chips"] = {"type": "integer", "minimum": 1}
+        keys = {p[len(sec) + 1:]: field_schema(f) for p, f in sorted(REGISTRY.items())
+                if f.section == sec and (f.resolved or design)}
         props[sec] = {"type": "object", "description": f"[{sec}]: catalog id and overrides",
                       "propertyNames": {"enum": sorted(keys)}, "properties": keys}
     return props
@@ -29,7 +43,7 @@ def _sections() -> dict:
 
 def design_schema() -> dict:
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "dse design file",
-            "type": "object", "additionalProperties": False, "properties": _sections(),
+            "type": "object", "additionalProperties": False, "properties": _sections(True),
             "required": ["accelerator", "model"]}
 
 
@@ -42,7 +56,8 @@ def space_schema() -> dict:
                         "scale": {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0},
                                   "minItems": 1},
                         "low": {"type": "number"}, "high": {"type": "number"},
-                        "num": {"type": "integer", "minimum": 1},
+                        "num": {"type": "integer", "minimum": 1,
+                                "maximum": LIMITS["values per parameter"]},
                         "step": {"type": "number", "exclusiveMinimum": 0},
                         "log": {"type": "boolean"}}}]}
     bound = {"type": "object", "additionalProperties": False, "minProperties": 1,
@@ -51,9 +66,9 @@ def space_schema() -> dict:
         "$schema": "https://json-schema.org/draft/2020-12/schema", "title": "dse space file",
         "type": "object", "additionalProperties": False,
         "properties": {
-            **_sections(),
+            **_sections(False),
             "name": {"type": "string"}, "question": {"type": "string"},
-            "parameters": {"type": "object", "propertyNames": {"enum": settable_paths()},
+            "parameters": {"type": "object", "propertyNames": {"enum": sorted(p for p, f in REGISTRY.items() if f.resolved)},
                            "additionalProperties": grid},
             "objectives": {"oneOf": [
                 {"type": "string", "description": "path of an objectives file"},

@@ -27,8 +27,10 @@ import numpy as np
 import pandas as pd
 
 from dse.build import DERIVED, DIRECT_FIELDS, FEEDERS, STRING_PATHS, derive_system, resolve, settable_paths, to_batch
+from dse import validate
 from dse.design import SECTIONS, flatten, read_toml
 from dse.errors import InputError, suggest
+from dse.fields import LIMITS, REGISTRY
 from dse.perf import METRICS, Batch
 
 NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))
@@ -311,13 +313,38 @@ def _value_array(p: Parameter) -> np.ndarray:
     return np.asarray(p.values, dtype=object)
 
 
+MAX_VALUES = LIMITS["values per parameter"]
+
+
+def _number(spec: dict, key: str, file: str, where: str, *, whole=False, positive=False):
+    """A range key's value: a finite number (a whole one for num), never a bool."""
+    v = spec[key]
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if ok and whole:
+        ok = float(v).is_integer() and 1 <= v <= MAX_VALUES
+    if ok and positive:
+        ok = v > 0
+    if not ok:
+        want = (f"a whole number in [1, {MAX_VALUES:,}] (limit: values per parameter)" if whole
+                else "a finite number > 0" if positive else "a finite number")
+        raise InputError(f"{key} = {v!r} is not valid", file=file, where=where, hint=want)
+    return v
+
+
+def _listed(path: str, vals: list, file: str, where: str) -> tuple:
+    if len(vals) > MAX_VALUES:
+        raise InputError(f"{len(vals):,} values", file=file, where=where,
+                         hint=f"at most {MAX_VALUES:,}; limit: values per parameter")
+    return validate.check_values(path, vals, file=file, where=where)
+
+
 def _grid(path: str, spec, file: str) -> Parameter:
     where = f"parameters.{path}"
     if isinstance(spec, list):
         if not spec:
             raise InputError("an empty list of values", file=file, where=where,
                              hint="give at least one value")
-        return Parameter(path, tuple(spec))
+        return Parameter(path, _listed(path, spec, file, where))
     if not isinstance(spec, dict):
         raise InputError(f"{spec!r} is not a list of values or a range table", file=file,
                          where=where, hint="e.g. [1, 2, 4] or { low = 1, high = 64, num = 7 }")
@@ -331,33 +358,44 @@ def _grid(path: str, spec, file: str) -> Parameter:
         vals = spec[key]
         if not isinstance(vals, list) or not vals:
             raise InputError(f"{key} must be a non-empty list", file=file, where=where)
-        if key == "scale" and not all(isinstance(v, (int, float)) and v > 0 for v in vals):
-            raise InputError("scale factors must be positive numbers", file=file, where=where)
-        return Parameter(path, tuple(vals), scale=key == "scale")
+        if key == "values":
+            return Parameter(path, _listed(path, vals, file, where))
+        if len(vals) > MAX_VALUES:
+            raise InputError(f"{len(vals):,} scale factors", file=file, where=where,
+                             hint=f"at most {MAX_VALUES:,}; limit: values per parameter")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                   and v > 0 for v in vals):
+            raise InputError("scale factors must be finite positive numbers", file=file,
+                             where=where, hint="e.g. { scale = [1.0, 1.5, 2.0] }")
+        return Parameter(path, tuple(vals), scale=True)
     if "low" not in spec or "high" not in spec:
         raise InputError("a range needs low and high", file=file, where=where,
                          hint="e.g. { low = 1, high = 1024, num = 11, log = true }")
-    low, high, log = spec["low"], spec["high"], bool(spec.get("log", False))
-    integer = isinstance(low, int) and isinstance(high, int) and not isinstance(spec.get("step", 1), float)
-    if not (isinstance(low, (int, float)) and isinstance(high, (int, float))) or high < low:
+    low, high = (_number(spec, k, file, f"{where}.{k}") for k in ("low", "high"))
+    log = spec.get("log", False)
+    if not isinstance(log, bool):
+        raise InputError(f"log = {log!r} is not valid", file=file, where=f"{where}.log",
+                         hint="true or false")
+    step = _number(spec, "step", file, f"{where}.step", positive=True) if "step" in spec else 1
+    integer = isinstance(low, int) and isinstance(high, int) and not isinstance(step, float)
+    if high < low:
         raise InputError(f"the range {low}..{high} is empty", file=file, where=where,
-                         hint="low <= high, both numbers")
+                         hint="low <= high")
     if log and low <= 0:
         raise InputError("a log range needs low > 0", file=file, where=where)
     if "step" in spec:
-        step = spec["step"]
-        if step <= 0:
-            raise InputError("step must be > 0", file=file, where=where)
+        count = (high - low) / step + 1
+        if not count <= MAX_VALUES:
+            raise InputError(f"the range gives {count:,.0f} values", file=file, where=where,
+                             hint=f"at most {MAX_VALUES:,}; limit: values per parameter")
         vals = np.arange(low, high + step * 1e-9, step)
     else:
-        num = int(spec.get("num", 5))
-        if num < 1:
-            raise InputError("num must be >= 1", file=file, where=where)
+        num = int(_number(spec, "num", file, f"{where}.num", whole=True)) if "num" in spec else 5
         vals = np.geomspace(low, high, num) if log else np.linspace(low, high, num)
     if integer:
         vals = np.unique(np.round(vals).astype(np.int64))
-    return Parameter(path, tuple(v.item() for v in vals), low=float(low), high=float(high), log=log,
-                     integer=integer)
+    return Parameter(path, _listed(path, [v.item() for v in vals], file, where), low=float(low),
+                     high=float(high), log=log, integer=integer)
 
 
 def _objectives(spec, file: str, base_dir: Path):
@@ -411,6 +449,7 @@ def load_space(path: str) -> Space:
     for key in base:
         if key not in valid:
             raise InputError(f"unknown key {key!r}", file=path, hint=suggest(key, valid, "valid keys"))
+        base[key] = validate.check_value(key, base[key], file=path)
     params = []
     for p, spec in (doc.get("parameters") or {}).items():
         if p not in valid:
@@ -432,6 +471,10 @@ def load_space(path: str) -> Space:
                   tuple(params), objectives, constraints, digest, _answer(doc.get("answer"), path))
     if space.size == 0:
         raise InputError("the space is empty", file=path, hint="every parameter needs a value")
+    if math.prod(len(p.values) for p in params) > LIMITS["designs per space"]:
+        raise InputError(f"the space has {math.prod(len(p.values) for p in params):.3g} designs",
+                         file=path, hint=f"at most {LIMITS['designs per space']:.0e} (limit: "
+                         "designs per space)")
     # resolve one design to catch bad values (unknown ids in lists, negative numbers) now
     _check_values(space)
     return space
@@ -447,21 +490,37 @@ def _answer(spec, file: str) -> dict | None:
 
 
 def _check_values(space: Space) -> None:
-    """Every listed value must resolve: try each parameter's values against the base design."""
+    """Every listed value must resolve: try each parameter's values against the base design
+    (scale factors: the scaled base value), then every combination of the model parameters
+    (whose consistency rules span fields) when there are at most FULL_RESOLVE of them."""
+    firsts = {q.path: q.values[0] for q in space.parameters if not q.scale}
     for p in space.parameters:
-        rows = []
-        for v in p.values:
-            row = dict(space.base)
-            for q in space.parameters:
-                if not q.scale:
-                    row[q.path] = q.values[0]
-            if not p.scale:
-                row[p.path] = v
-            rows.append(row)
+        rows = [{**space.base, **firsts, **({} if p.scale else {p.path: v})} for v in p.values]
         try:
-            resolve(pd.DataFrame(rows), file=space.file)
+            res = resolve(pd.DataFrame(rows), file=space.file)
+            if p.scale:
+                with np.errstate(over="ignore"):
+                    res[p.path] = res[p.path].to_numpy(dtype=float) * np.asarray(p.values, float)
+                validate.check_table(res, columns=[p.path],
+                                     names=[f"scale factor {v!r}" for v in p.values])
         except InputError as e:
-            raise InputError(e.message, file=space.file, where=f"parameters.{p.path}",
+            raise InputError(e.message, file=space.file, where=f"parameters.{p.path}"
+                             + (f", {e.where}" if e.where and not e.where.startswith("design")
+                                else ""), hint=e.hint) from None
+    model = [p for p in space.parameters if p.path.startswith("model.") and not p.scale
+             and REGISTRY[p.path].numeric]
+    if len(model) > 1 and math.prod(len(p.values) for p in model) <= FULL_RESOLVE:
+        grid = np.unravel_index(np.arange(math.prod(len(p.values) for p in model)),
+                                [len(p.values) for p in model])
+        rows = pd.DataFrame({k: [v] * len(grid[0]) for k, v in {**space.base, **firsts}.items()})
+        for p, c in zip(model, grid):
+            rows[p.path] = [p.values[i] for i in c]
+        names = [", ".join(f"{p.path} = {p.values[i]}" for p, i in zip(model, row))
+                 for row in zip(*grid)]
+        try:
+            resolve(rows, file=space.file, row_names=names)
+        except InputError as e:
+            raise InputError(e.message, file=space.file, where=f"parameters ({e.where})",
                              hint=e.hint) from None
 
 

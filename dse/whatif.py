@@ -17,15 +17,17 @@ then the re-optimized front.
 from __future__ import annotations
 
 import html
+import math
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from dse import pareto, runs
+from dse import pareto, runs, validate
 from dse.build import settable_paths
 from dse.errors import InputError, suggest
+from dse.fields import REGISTRY
 from dse.perf import score
 from dse.space import load_space
 
@@ -38,6 +40,8 @@ DTYPE_PATHS = tuple(f"accelerator.peak_flops_per_s.{d}" for d in
 
 
 def parse_overrides(sets: list[str], scales: list[str]) -> dict:
+    """``--set PATH=VALUE`` and ``--scale PATH=FACTOR`` as {path: (op, value)}, each value checked
+    against the field registry (``dse.validate``)."""
     valid = set(settable_paths()) | {"accelerator.peak_flops_per_s"}
     out = {}
     for items, op in ((sets or [], "set"), (scales or [], "scale")):
@@ -49,17 +53,42 @@ def parse_overrides(sets: list[str], scales: list[str]) -> dict:
             path = path.strip()
             if path not in valid:
                 raise InputError(f"--{op}: unknown path {path!r}", hint=suggest(path, valid, "paths"))
-            try:
-                v = float(value)
-            except ValueError:
-                raise InputError(f"--{op} {path}: {value!r} is not a number") from None
-            if v <= 0 and not path.endswith(("fraction", "latency_s")):
-                raise InputError(f"--{op} {path}={value}: must be > 0", hint="a positive number")
+            f = REGISTRY.get(path)
+            if f is not None and not f.numeric:
+                raise InputError(f"--{op} {path}: only numeric fields can be changed by a what-if",
+                                 hint="search string choices in a space file's [parameters]")
+            if op == "set":
+                check = DTYPE_PATHS[0] if path == "accelerator.peak_flops_per_s" else path
+                v = float(validate.parse_text(check, value, where=f"--set {path}", name=path))
+            else:
+                try:
+                    v = float(value)
+                except ValueError:
+                    raise InputError(f"--scale {path}: {value.strip()!r} is not a number",
+                                     hint="a finite factor > 0") from None
+                if not (math.isfinite(v) and v > 0):
+                    raise InputError(f"--scale {path}={value.strip()}: must be > 0 and finite",
+                                     hint="a factor such as 1.5")
             for p in (DTYPE_PATHS if path == "accelerator.peak_flops_per_s" else (path,)):
                 out[p] = (op, v)
     if not out:
         raise InputError("nothing to change", hint="give --set PATH=VALUE or --scale PATH=FACTOR")
     return out
+
+
+def check_overrides(space, overrides: dict) -> None:
+    """The overrides applied to the space's base design (each parameter at its first value)
+    must still give a valid design: ranges after scaling, and the consistency rules."""
+    from dse.build import resolve
+    row = {**space.base, **{p.path: p.values[0] for p in space.parameters if not p.scale}}
+    table = resolve(pd.DataFrame([row]), file=space.file)
+    for path, (op, v) in overrides.items():
+        cur = table[path].to_numpy(dtype=float)
+        table[path] = np.full_like(cur, v) if op == "set" else cur * v
+    try:
+        validate.check_table(table, columns=list(overrides))
+    except InputError as e:
+        raise InputError(e.message, where="--set/--scale", hint=e.hint) from None
 
 
 def _objective_table(space, ids, overrides=None) -> pd.DataFrame:
@@ -113,6 +142,7 @@ def make_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
     space = _run_space(d, m)
     front = _read_front(d, space)
     overrides = parse_overrides(sets, scales)
+    check_overrides(space, overrides)
     o = Path(out) if out else d / "whatif"
     note = ", ".join(f"{p} {op} {v:g}" for p, (op, v) in overrides.items())
     if reoptimize:
