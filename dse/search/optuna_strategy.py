@@ -173,12 +173,19 @@ def with_retry(fn, *args, **kw):
             delay = min(delay * 2, 15.0)
 
 
+def told_already(e: BaseException) -> bool:
+    """A tell whose commit reached the database before the connection dropped: retried, it
+    finds the trial complete (our own result, stored once)."""
+    return isinstance(e, ValueError) and "Cannot tell a COMPLETE trial" in str(e)
+
+
 def finished_elsewhere(e: BaseException) -> bool:
     """A write to a trial another process has finished: a worker's trial failed as stale (its
     heartbeat stopped, e.g. during a database outage) and retried elsewhere."""
     from optuna.exceptions import UpdateFinishedTrialError
     return isinstance(e, UpdateFinishedTrialError) or (
-        isinstance(e, RuntimeError) and "finished" in str(e).lower())
+        isinstance(e, RuntimeError) and "finished" in str(e).lower()) or (
+        isinstance(e, ValueError) and "Cannot tell a " in str(e) and not told_already(e))
 
 
 class Heartbeat:
@@ -682,6 +689,8 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                                nested)
                     with_retry(ask.tell, t, results[t.number]["values"])
                 except Exception as e:
+                    if shared and told_already(e):
+                        continue
                     if not (shared and finished_elsewhere(e)):
                         raise
                     lost += 1   # failed as stale meanwhile (an outage): its retry is elsewhere

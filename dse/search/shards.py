@@ -29,7 +29,7 @@ import pandas as pd
 from dse import pareto, runs
 from dse.search import exhaustive
 from dse.search.optuna_strategy import (HEARTBEAT_S, finished_elsewhere, front_payload,
-                                       payload_frame, storage_for, with_retry)
+                                       payload_frame, storage_for, told_already, with_retry)
 from dse.search.segments import Silent, state_counts
 
 ENQUEUED = "chunks_enqueued"     # study user attr: every chunk has had a trial enqueued
@@ -222,9 +222,10 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                         table["design_id"].to_numpy(), {m: table[m] for m in metrics}))
                     with_retry(study.tell, trial, n)
                 except Exception as e:
-                    if not finished_elsewhere(e):
+                    if not (told_already(e) or finished_elsewhere(e)):
                         raise
-                    continue     # failed as stale meanwhile (an outage): its retry is elsewhere
+                    if not told_already(e):
+                        continue   # failed as stale meanwhile (an outage): retried elsewhere
                 mine += 1
                 counts["COMPLETE"] += 1
                 front = pareto.front_of([front, table], space.objectives)
