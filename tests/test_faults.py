@@ -55,9 +55,31 @@ def _env():
     return env
 
 
-def dse(*args, cwd, timeout=RESUME_TIMEOUT_S):
-    return subprocess.run([sys.executable, "-m", "dse", *map(str, args)], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+_INPROC = {}
+
+
+@pytest.fixture(autouse=True)
+def _in_process(capsys, monkeypatch):
+    """``dse(...)`` runs in this process (fast: no interpreter start-up) unless ``sub=True``."""
+    _INPROC.update(capsys=capsys, monkeypatch=monkeypatch)
+    yield
+    _INPROC.clear()
+    from dse.search import optuna_strategy
+    optuna_strategy.set_storage_retry(None)
+
+
+def dse(*args, cwd, timeout=RESUME_TIMEOUT_S, sub=False):
+    if sub or not _INPROC:
+        return subprocess.run([sys.executable, "-m", "dse", *map(str, args)], cwd=cwd,
+                              env=_env(), capture_output=True, text=True, timeout=timeout)
+    from types import SimpleNamespace
+
+    from dse.cli import main
+    _INPROC["monkeypatch"].chdir(cwd)
+    _INPROC["capsys"].readouterr()
+    rc = main([str(a) for a in args])
+    out, err = _INPROC["capsys"].readouterr()
+    return SimpleNamespace(returncode=rc, stdout=out, stderr=err)
 
 
 def popen(*args, cwd):
@@ -129,7 +151,7 @@ def test_kill_9_at_random_moments_then_resume_from_another_cwd(space_dir, strate
     other = space_dir / "elsewhere"
     other.mkdir()
     t0 = time.monotonic()
-    r = dse("run", "--resume", cwd / run, "--quiet", cwd=other)    # absolute, from another cwd
+    r = dse("run", "--resume", cwd / run, "--quiet", cwd=other, sub=True)   # from another cwd
     resumes.append(time.monotonic() - t0)
     assert r.returncode == 0, r.stderr[-2000:]
     print(f"{strategy}: resume after kill -9 took {resumes[-1]:.1f} s")
@@ -180,7 +202,7 @@ def test_a_stale_lock_never_makes_a_resume_wait(space_dir):
     m["trials"] = 28
     (d / "manifest.json").write_text(json.dumps(m))
     t0 = time.monotonic()
-    r = dse("run", "--resume", "runs/l", "--quiet", cwd=cwd, timeout=30)
+    r = dse("run", "--resume", "runs/l", "--quiet", cwd=cwd, timeout=30, sub=True)
     assert r.returncode == 0, r.stderr
     assert time.monotonic() - t0 < 25 and "waiting" not in r.stderr
     assert _status("runs/l", cwd)["trials_completed"] == 28
@@ -345,7 +367,7 @@ def test_objectives_files_are_snapshotted_and_confined(space_dir):
     d = cwd / "runs" / "f"
     assert (d / "objectives" / "o.toml").is_file() and (d / "inputs" / "f.toml").is_file()
     (cwd / "objectives" / "o.toml").write_text("garbage = ")     # the run reads its own copy
-    r = dse("report", "runs/f", cwd=cwd, timeout=120)
+    r = dse("run", "--resume", "runs/f", "--quiet", cwd=cwd)
     assert r.returncode == 0, r.stderr
     for bad in ("../../../../etc/passwd", "/etc/passwd"):
         (cwd / "spaces" / "x.toml").write_text(f'objectives = "{bad}"\n' + body)
@@ -416,7 +438,7 @@ def test_a_worker_killed_before_its_first_heartbeat_leaves_no_hang(space_dir, da
     for _ in range(5):
         study.ask(distributions(space))
     t0 = time.monotonic()
-    r = dse("run", "--resume", "runs/p", "--quiet", cwd=cwd, timeout=120)
+    r = dse("run", "--resume", "runs/p", "--quiet", cwd=cwd, timeout=120, sub=True)
     took = time.monotonic() - t0
     assert r.returncode == 0, r.stderr
     states = _states(database, "p")
