@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 from dse import __version__
-from dse.errors import InputError
+from dse.errors import InputError, StorageUnavailable
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,12 +86,12 @@ def _predict(a) -> int:
     return 0
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, what: str = "--budget") -> float:
     """'90s', '45m', '8h', '1d' or plain seconds -> seconds."""
     import re
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(text))
     if not m:
-        raise InputError(f"--budget {text!r} is not a duration", hint="e.g. 90s, 45m, 8h")
+        raise InputError(f"{what} {text!r} is not a duration", hint="e.g. 90s, 45m, 8h")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
@@ -108,23 +108,32 @@ def _run(a) -> int:
     from pathlib import Path
 
     from dse import runs
-    from dse.search import exhaustive, optuna_strategy, shards
+    from dse.search import exhaustive, optuna_strategy
     from dse.space import load_space
     budget = parse_duration(a.budget) if a.budget else None
+    _storage_retry(a)
     if a.trials is not None and a.trials < 1:
         raise InputError(f"--trials {a.trials} must be >= 1")
     if a.resume:
         d = Path(a.resume)
         m = runs.load_manifest(d)
         runs.check_version(m, d)
-        st = runs.status(d)
+        st = runs.status(d)       # refuses corrupt durable files; rebuilds derived ones
         if st["state"] == "running":
             raise InputError("the run is still running", file=str(d),
                              hint="stop it first, or join it with `dse worker`")
-        space = load_space(m["space_file"])
+        snap = runs.space_snapshot(d, m)
+        space = load_space(str(snap if snap.is_file() else m["space_file"]))
         if space.digest != m["space_digest"]:
-            raise InputError("the space file changed since the run started", file=m["space_file"],
-                             hint="start a new run for the new space")
+            raise InputError("the run's copy of its space file changed since the run started",
+                             file=space.file, hint="start a new run for the new space")
+        orig = Path(m["space_file"])
+        if orig != snap and orig.is_file():
+            import hashlib
+            if hashlib.sha256(orig.read_bytes()).hexdigest()[:16] != m["space_digest"]:
+                print(f"dse: warning: {orig} changed since the run started; the run continues "
+                      f"with its copy {snap}", file=sys.stderr)
+        return _search(a, d, m, space, budget)
     else:
         if not a.space:
             raise InputError("give a space file, or --resume DIR")
@@ -134,9 +143,10 @@ def _run(a) -> int:
             a.sampler = a.sampler or ("tpe" if strategy == "nested" else "nsga2")
             a.population = a.population or (4 if strategy == "nested" else 32)
             optuna_strategy.make_sampler(a.sampler, a.seed, a.population)  # fail early
-        d = runs.new_run_dir(space.name, a.out)
         if a.chunk_designs is not None and a.chunk_designs < 1:
             raise InputError(f"--chunk-designs {a.chunk_designs} must be >= 1")
+        existed = bool(a.out) and Path(a.out).is_dir()
+        d = runs.new_run_dir(space.name, a.out)
         extra = {"chunk_designs": a.chunk_designs or exhaustive.CHUNK_DESIGNS}
         if strategy == "exhaustive" and a.storage:   # chunks as trials of a shared study
             extra.update(storage=a.storage, study_name=d.name)
@@ -147,7 +157,28 @@ def _run(a) -> int:
                          trials=a.trials or min(points, 10_000), storage=a.storage,
                          segment_trials=a.segment_trials or optuna_strategy.SEGMENT_TRIALS)
             a.trials = None
-        m = runs.create(d, space, strategy, a.seed, extra)
+        try:
+            m = runs.create(d, space, strategy, a.seed, extra)
+            space = load_space(str(runs.space_snapshot(d, m)))   # the run reads its own copy
+            return _search(a, d, m, space, budget)
+        except runs.Interrupted:
+            raise                        # stopped: resumable
+        except BaseException:
+            runs.discard(d, existed)     # a start that failed before computing anything
+            raise
+
+
+def _storage_retry(a) -> None:
+    from dse.search import optuna_strategy
+    if getattr(a, "storage_retry", None) is not None:
+        optuna_strategy.set_storage_retry(parse_duration(a.storage_retry, "--storage-retry"))
+    elif os.environ.get("DSE_STORAGE_RETRY"):
+        optuna_strategy.set_storage_retry(parse_duration(os.environ["DSE_STORAGE_RETRY"],
+                                                         "DSE_STORAGE_RETRY"))
+
+
+def _search(a, d, m, space, budget) -> int:
+    from dse.search import exhaustive, optuna_strategy, shards
     if m["strategy"] in ("optuna", "nested"):
         st = optuna_strategy.run(space, d, m, max_trials=a.trials, budget_s=budget,
                                  storage_url=m.get("storage"), progress=not a.quiet)
@@ -176,6 +207,7 @@ def _worker(a) -> int:
     from dse.search import optuna_strategy, shards
     from dse.space import load_space
     budget = parse_duration(a.budget) if a.budget else None
+    _storage_retry(a)
     if a.dir:
         d = Path(a.dir)
         m = runs.load_manifest(d)
@@ -184,29 +216,41 @@ def _worker(a) -> int:
             raise InputError("exhaustive runs without --storage take no workers", file=str(d),
                              hint="workers join optuna and nested runs, and exhaustive runs "
                                   "started with --storage URL")
-        space = load_space(str(d / "inputs" / Path(m["space_file"]).name))
+        space = load_space(str(runs.space_snapshot(d, m)))
         url = m.get("storage")
     else:
         if not (a.storage and a.study):
             raise InputError("give a run folder, or --storage URL and --study NAME")
         import optuna
+        from dse.search.optuna_strategy import storage_for, with_retry
+        storage = storage_for(None, a.storage)
         try:
-            study = optuna.load_study(study_name=a.study, storage=a.storage)
+            study = with_retry(optuna.load_study, study_name=a.study, storage=storage)
         except KeyError:
             raise InputError(f"no study {a.study!r} in the storage", file=a.storage,
                              hint="the study name is the run folder's name") from None
-        if "manifest" not in study.user_attrs:
+        attrs = with_retry(lambda: study.user_attrs)
+        if "manifest" not in attrs:
             raise InputError(f"the study {a.study!r} is not a dse run", file=a.storage,
                              hint="the study name is the run folder's name")
-        m = json.loads(study.user_attrs["manifest"])
+        m = json.loads(attrs["manifest"])
         d = Path(a.out) if a.out else Path("runs") / a.study
-        (d / "scores").mkdir(parents=True, exist_ok=True)
-        (d / "inputs").mkdir(exist_ok=True)
-        space_path = d / "inputs" / Path(m["space_file"]).name
-        space_path.write_text(study.user_attrs["space_toml"])
-        m["space_file"] = str(space_path)
-        runs.write_json(d / "manifest.json", m)
-        space = load_space(str(space_path))
+        existed = d.is_dir()
+        try:
+            (d / "scores").mkdir(parents=True, exist_ok=True)
+            (d / "inputs").mkdir(exist_ok=True)
+            space_path = runs.space_snapshot(d, m)
+            if "inputs" in attrs:       # the run's snapshot: space file and objectives file
+                runs.write_inputs(d, attrs["inputs"])
+            else:
+                space_path.write_text(attrs["space_toml"])
+            m["space_file"] = str(space_path)
+            runs.write_json(d / "manifest.json", m)
+            space = load_space(str(space_path))
+        except BaseException:
+            if not existed:
+                runs.discard(d)
+            raise
         url = a.storage
     strategy = shards if m["strategy"] == "exhaustive" else optuna_strategy
     st = strategy.run(space, d, m, max_trials=a.trials, budget_s=budget, storage_url=url,
@@ -259,6 +303,16 @@ def _answer(a) -> int:
 def _schema(a) -> int:
     from dse.schema import design_schema, space_schema
     print(json.dumps(space_schema() if a.kind == "space" else design_schema(), indent=1))
+    return 0
+
+
+def _repair(a) -> int:
+    from pathlib import Path
+
+    from dse import runs
+    for line in runs.repair(Path(a.dir)):
+        print(line)
+    print(a.dir)
     return 0
 
 
@@ -323,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="run folder (default runs/<time>-<space>)")
     r.add_argument("--resume", metavar="DIR", help="continue a stopped or killed run")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--storage-retry", metavar="DURATION",
+                   help="how long storage calls are retried while the database is unreachable, "
+                        "e.g. 300s, 10m (default: $DSE_STORAGE_RETRY, else 300s)")
     r.add_argument("--chunk-designs", type=int, help="exhaustive: designs per work item, one trial "
                    "of the shared study with --storage (default 65536)")
     r.add_argument("--segment-trials", type=int,
@@ -339,6 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--trials", type=int, help="at most this many trials (chunks) from this worker")
     w.add_argument("--budget", help="wall time, e.g. 8h")
     w.add_argument("--quiet", action="store_true")
+    w.add_argument("--storage-retry", metavar="DURATION",
+                   help="how long storage calls are retried while the database is unreachable "
+                        "(default: $DSE_STORAGE_RETRY, else 300s)")
     w.set_defaults(func=_worker)
 
     rp = sub.add_parser("report", help="the Pareto report of a run (HTML, PNG, CSV, Markdown)")
@@ -382,6 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("kind", choices=["space", "design"])
     sc.set_defaults(func=_schema)
 
+    rr = sub.add_parser("repair", help="move a run's corrupt files to DIR/quarantine/, re-queue "
+                        "their work and rebuild front.csv and progress.json")
+    rr.add_argument("dir")
+    rr.set_defaults(func=_repair)
+
     st = sub.add_parser("status", help="state of a run")
     st.add_argument("dir")
     st.add_argument("--json", action="store_true")
@@ -396,9 +461,16 @@ def main(argv=None) -> int:
     except InputError as e:
         print(f"dse: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        from dse.runs import Interrupted
+        if isinstance(e, Interrupted):
+            print(f"dse: {e}", file=sys.stderr)
+            return 128 + e.signum
         print("dse: interrupted", file=sys.stderr)
         return 130
+    except StorageUnavailable as e:
+        print(f"dse: error: {e}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         return 0
     except Exception as e:  # an internal error: one line unless DSE_DEBUG asks for the traceback

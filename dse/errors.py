@@ -35,6 +35,10 @@ class InputError(Exception):
                           where=self.where or where, hint=self.hint)
 
 
+class StorageUnavailable(Exception):
+    """The shared storage stayed unreachable past the retry window (exit 1, one line)."""
+
+
 def suggest(word: str, choices: Iterable[str], what: str = "valid") -> str:
     """A hint naming the closest valid choices, e.g. "did you mean 'h100-sxm'?"."""
     choices = sorted(set(map(str, choices)))

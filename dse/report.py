@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import itertools
-import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -85,25 +85,55 @@ def _png(front, allpts, objectives, path: Path, x, y, color=None):
     plt.close(fig)
 
 
+def _front(d: Path, m: dict, space) -> tuple[pd.DataFrame, str]:
+    """The front the report shows and how it was checked. A local run's front is computed from
+    its score tables and front.csv is verified against it (rewritten when it disagrees: a
+    truncated or stale file); a shared run's front.csv was assembled from the storage."""
+    front_csv = d / "front.csv"
+    if m.get("storage"):
+        if not front_csv.is_file() or runs.read_front(d) is None:
+            raise InputError("the run has no readable front.csv", file=str(front_csv),
+                             hint="`dse run --resume` rebuilds it from the shared storage")
+        return runs.read_front(d), "front.csv as assembled from the shared storage"
+    n = len(list((d / "scores").glob("*.parquet")))
+    if n == 0:
+        raise InputError("the run has no score tables yet", file=str(d), hint="run or resume it first")
+    fr = runs.front_from_tables(d, m)
+    params = [p.path for p in space.parameters]
+    old = runs.read_front(d)
+    have = set(old["design_id"].astype(np.int64)) if old is not None else None
+    want = set(fr["design_id"].astype(np.int64)) if len(fr) else set()
+    if have == want:
+        return old, f"computed from the run's {n} score tables; front.csv verified against them"
+    else:
+        what = ("unreadable" if old is None else
+                f"{len(have & want)} of the {len(want)} front designs and {len(have - want)} others")
+        print(f"dse: warning: {front_csv} was wrong ({what}): rebuilt from the score tables",
+              file=sys.stderr)
+        if runs._lock_owner(d) is None:
+            runs.write_front(d, fr, m["objectives"], params)
+        check = (f"computed from the run's {n} score tables; front.csv disagreed ({what}) "
+                 "and was rebuilt")
+    cols = list(dict.fromkeys([o.metric for o in space.objectives] + params)) + ["design_id"]
+    return (fr[cols] if len(fr) else pd.DataFrame(columns=cols)).reset_index(drop=True), check
+
+
 def make_report(run_dir: str, out: str | None = None) -> Path:
     d = Path(run_dir)
     m = runs.load_manifest(d)
-    front_csv = d / "front.csv"
-    if not front_csv.is_file():
-        raise InputError("the run has no front.csv yet", file=str(d), hint="run or resume it first")
-    snapshot = d / "inputs" / Path(m["space_file"]).name
+    snapshot = runs.space_snapshot(d, m)
     space = load_space(str(snapshot if snapshot.is_file() else m["space_file"]))
-    front = pd.read_csv(front_csv)
+    front, check = _front(d, m, space)
     o = Path(out) if out else d / "report"
     o.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(front_csv, o / "front.csv")
+    runs.write_front(o, front, space.objectives, [p.path for p in space.parameters])
     files = sorted((d / "scores").glob("*.parquet"))
     allpts = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else \
         pd.DataFrame()
     if "_admissible" in allpts:
         allpts = allpts[allpts["_admissible"]]
     objs = space.objectives
-    st = runs.status(d)
+    st = {**runs.status(d), "front_check": check}
     if len(front) == 0:
         (o / "summary.md").write_text(f"# {space.name}\n\nNo design is feasible and meets the "
                                       "constraints: the front is empty.\n")
@@ -145,7 +175,7 @@ def _summary(o, space, st, front, k, kb):
     lines = [f"# {space.name}", "", space.question or "", "",
              f"- designs scored: {st['designs_scored']:,} of a space of {space.size:,} "
              f"({st['strategy']}, state {st['state']})",
-             f"- Pareto front: {len(front)} designs",
+             f"- Pareto front: {len(front)} designs ({st.get('front_check', 'front.csv')})",
              "- best of each objective on the front:"]
     best = {}
     for ob in objs:

@@ -398,9 +398,21 @@ def _grid(path: str, spec, file: str) -> Parameter:
                      high=float(high), log=log, integer=integer)
 
 
+def objectives_file(spec: str, file: str, base_dir: Path) -> Path:
+    """The objectives file a space names, confined to the space file's folder or the
+    ``objectives/`` folder next to it (a run snapshots it; it must not reach anywhere else)."""
+    path = (Path(base_dir) / spec).resolve()
+    roots = [Path(base_dir).resolve(), (Path(base_dir) / ".." / "objectives").resolve()]
+    if not any(path == r or r in path.parents for r in roots):
+        raise InputError(f"the objectives file {spec!r} is outside the space file's folder and "
+                         "../objectives/", file=file, where="objectives",
+                         hint="put it next to the space file or in objectives/")
+    return path
+
+
 def _objectives(spec, file: str, base_dir: Path):
     if isinstance(spec, str):
-        path = (base_dir / spec).resolve()
+        path = objectives_file(spec, file, base_dir)
         doc = read_toml(str(path))
         spec = doc.get("objectives", {})
         cons = doc.get("constraints", {})

@@ -8,7 +8,6 @@ whatever the space's size; the front is exact.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -52,11 +51,11 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
         progress: bool = True) -> dict:
     chunk = int(manifest.get("chunk_designs", CHUNK_DESIGNS))
     n_chunks = -(-space.size // chunk)
-    for f in (d / "scores").glob("*.tmp"):
-        f.unlink()                                   # a chunk a killed process was writing
+    runs.remove_stale_tmp(d)                         # a chunk a killed process was writing
     done = {int(f.stem.split("-")[1]) for f in (d / "scores").glob("chunk-*.parquet")}
     elapsed0 = float(runs.read_progress(d).get("elapsed_s", 0.0))
-    front = pareto.front_of([pd.read_parquet(_chunk_file(d, i)) for i in sorted(done)],
+    # the front from the durable score tables (a corrupt one is refused, naming it)
+    front = pareto.front_of([runs.read_table(_chunk_file(d, i)) for i in sorted(done)],
                             space.objectives)
     designs = sum(min((i + 1) * chunk, space.size) - i * chunk for i in done)
     todo = [i for i in range(n_chunks) if i not in done]
@@ -90,9 +89,8 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                 if work.stop or (budget_s is not None and time.monotonic() - t0 >= budget_s):
                     break
                 table, n = score_chunk(space, i, chunk)
-                tmp = _chunk_file(d, i).with_suffix(".parquet.tmp")
-                table.to_parquet(tmp, index=False)
-                os.replace(tmp, _chunk_file(d, i))   # the chunk is done once its table is on disk
+                # the chunk is done once its table is on disk (written whole, then renamed)
+                runs.atomic_save(_chunk_file(d, i), lambda p: table.to_parquet(p, index=False))
                 done.add(i)
                 designs += n
                 front = pareto.front_of([front, table], space.objectives)

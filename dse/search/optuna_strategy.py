@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from dse import pareto, runs
-from dse.errors import InputError
+from dse.errors import InputError, StorageUnavailable
 from dse.perf import score_chunked
 from dse.search import segments
 
@@ -88,19 +88,23 @@ def grid_index(space, trials) -> np.ndarray:
 
 
 HEARTBEAT_S = 2      # a worker records each running trial's heartbeat this often
-GRACE_S = 10         # a trial silent this long belongs to a dead worker: failed, then retried
+GRACE_S = segments.GRACE_S   # a trial silent this long belongs to a dead worker: failed, retried
 
 
 def storage_for(d: Path | None, url: str | None):
-    import optuna
+    """The run's Optuna storage: the RDB at ``url`` (reached with retries), else the run
+    folder's journal (absolute path, owner-recording lock: see ``runs.open_journal``)."""
     if url:
-        return optuna.storages.RDBStorage(
-            url, engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=HEARTBEAT_S,
-            grace_period=GRACE_S,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-    return JournalStorage(JournalFileBackend(str(d / "optuna.journal")))
+        import optuna
+
+        def connect():
+            return optuna.storages.RDBStorage(
+                url, engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=HEARTBEAT_S,
+                grace_period=GRACE_S,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                    max_retry=3))
+        return with_retry(connect)
+    return runs.open_journal(d)
 
 
 def _violations(s: dict, space) -> np.ndarray:
@@ -116,27 +120,99 @@ def _violations(s: dict, space) -> np.ndarray:
     return np.column_stack(cols)
 
 
-RETRY_DELAYS_S = (1, 2, 4, 8, 15, 30, 30, 30, 30, 30)   # ~3 minutes of a lost database
+def _retry_window() -> float:
+    text = os.environ.get("DSE_STORAGE_RETRY", "")
+    if not text:
+        return 300.0
+    from dse.cli import parse_duration
+    return parse_duration(text, "DSE_STORAGE_RETRY")
 
 
-def with_retry(fn, *args, delays=RETRY_DELAYS_S, **kw):
-    """Call a storage operation, retrying while the database connection is lost (a server
-    restart, a network blip): one warning line per retry, the error itself after the last."""
-    import sys
+STORAGE_RETRY_S: float | None = None   # set by --storage-retry; else DSE_STORAGE_RETRY, else 300 s
 
+
+def set_storage_retry(seconds: float | None) -> None:
+    global STORAGE_RETRY_S
+    STORAGE_RETRY_S = seconds
+
+
+def _transient(e: BaseException) -> bool:
     import sqlalchemy.exc
     from optuna.exceptions import StorageInternalError
-    for attempt, delay in enumerate((*delays, None)):
+    if isinstance(e, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+                      StorageInternalError, ConnectionError)):
+        return True
+    return isinstance(e, sqlalchemy.exc.DBAPIError) and bool(e.connection_invalidated)
+
+
+def with_retry(fn, *args, **kw):
+    """Call a storage operation, retrying with backoff (0.5 s doubling to 15 s) while the
+    database is unreachable (a server restart, a network blip), for the storage retry window
+    (``--storage-retry``, ``DSE_STORAGE_RETRY``; default 300 s); a warning when it starts and
+    every 30 s, then ``StorageUnavailable`` once the window is spent."""
+    import sys
+    window = STORAGE_RETRY_S if STORAGE_RETRY_S is not None else _retry_window()
+    t0, delay, said = time.monotonic(), 0.5, -1e9
+    while True:
         try:
             return fn(*args, **kw)
-        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
-                StorageInternalError) as e:
-            if delay is None:
+        except Exception as e:
+            if not _transient(e):
                 raise
-            msg = str(e).splitlines()[0][:120]
-            print(f"dse: warning: database unreachable ({msg}); retry {attempt + 1} in {delay} s",
-                  file=sys.stderr)
+            waited = time.monotonic() - t0
+            msg = " ".join(str(e).split())[:120]
+            if waited + delay > window:
+                raise StorageUnavailable(f"the storage has been unreachable for {waited:.0f} s "
+                                         f"({msg}); the run is resumable once it is back "
+                                         "(--storage-retry sets how long to wait)") from None
+            if waited - said >= 30:
+                print(f"dse: warning: storage unreachable ({msg}); retrying for up to "
+                      f"{window:.0f} s", file=sys.stderr)
+                said = waited
             time.sleep(delay)
+            delay = min(delay * 2, 15.0)
+
+
+def told_already(e: BaseException) -> bool:
+    """A tell whose commit reached the database before the connection dropped: retried, it
+    finds the trial complete (our own result, stored once)."""
+    return isinstance(e, ValueError) and "Cannot tell a COMPLETE trial" in str(e)
+
+
+def finished_elsewhere(e: BaseException) -> bool:
+    """A write to a trial another process has finished: a worker's trial failed as stale (its
+    heartbeat stopped, e.g. during a database outage) and retried elsewhere."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    return isinstance(e, UpdateFinishedTrialError) or (
+        isinstance(e, RuntimeError) and "finished" in str(e).lower()) or (
+        isinstance(e, ValueError) and "Cannot tell a " in str(e) and not told_already(e))
+
+
+class Heartbeat:
+    """Records the heartbeat of a batch of running trials every HEARTBEAT_S while they are
+    scored (a batch may take longer than the grace period)."""
+
+    def __init__(self, storage, trial_ids: list[int]):
+        import threading
+        self.storage, self.ids, self.done = storage, list(trial_ids), threading.Event()
+        self._beat_once()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+        self.thread.start()
+
+    def _beat_once(self):
+        for tid in self.ids:
+            try:
+                self.storage.record_heartbeat(tid)
+            except Exception:     # a lost connection: the main thread's retries report it
+                return
+
+    def _beat(self):
+        while not self.done.wait(HEARTBEAT_S):
+            self._beat_once()
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
 
 
 def _constraint_names(space) -> list[str]:
@@ -192,18 +268,16 @@ def _complete_batches(d: Path, clean: bool = True) -> tuple[pd.DataFrame, dict]:
             if clean:
                 f.unlink()
             continue
-        frames.append(pd.read_parquet(f))
+        frames.append(runs.read_table(f))     # a corrupt table or trials file: refused, named
         segment = int(f.stem.split("-")[1])
-        told.update({(segment, int(k)): v for k, v in json.loads(tf.read_text()).items()})
-    for f in (d / "scores").glob("*.tmp") if clean else []:
-        f.unlink()
+        told.update({(segment, int(k)): v for k, v in runs.read_trials(tf).items()})
+    if clean:
+        runs.remove_stale_tmp(d)
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), told
 
 
 def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    runs.atomic_save(path, write)
 
 
 def _rotate(study, segment, manifest, d, storage, sampler_name, population, directions, front,
@@ -337,6 +411,51 @@ def front_from_study(study, space) -> pd.DataFrame:
     return pareto.front_of([df], space.objectives)
 
 
+def _admit(trials, ask, segs, segment, total, storage):
+    """The asked trials within the run's total; any beyond it (workers asking at the same
+    moment) are pruned unscored, so a shared run completes exactly ``total`` trials. Trials are
+    ranked by the moment they started running (then segment and number) among every running
+    and completed trial of every segment: a trial admitted once stays admitted (those before
+    it can only leave, by failing), so the admitted never exceed the total."""
+    from optuna.trial import TrialState
+    counts = with_retry(segments.state_counts, storage, segs.ids)
+    if sum(c["COMPLETE"] + c["RUNNING"] for c in counts.values()) <= total:
+        return trials
+    order = []
+    for k in sorted(segs.ids):
+        st = with_retry(segs.study, k)
+        order += [(t.datetime_start, k, t.number) for t in with_retry(
+            st.get_trials, deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+            if t.datetime_start is not None]
+    rank = {(k, n): i for i, (_, k, n) in enumerate(sorted(order))}
+    keep = []
+    for t in trials:
+        if rank.get((segment, t.number), total) < total:
+            keep.append(t)
+        else:
+            try:
+                with_retry(ask.tell, t, state=TrialState.PRUNED)
+            except Exception as e:
+                if not finished_elsewhere(e):
+                    raise
+    return keep
+
+
+def _requeue_lost(study, segment, told, front, space, outer, population) -> None:
+    """A local run's study after ``dse repair``: trials the journal holds as complete whose
+    score table was quarantined are enqueued again (once); a fresh segment (its journal
+    quarantined) is warm-started from the front."""
+    from optuna.trial import TrialState
+    trials = study.get_trials(deepcopy=False)
+    again = {t.user_attrs.get("requeue_of") for t in trials}
+    for t in trials:
+        if t.state == TrialState.COMPLETE and (segment, t.number) not in told and \
+                t.number not in again and t.params:
+            study.enqueue_trial(t.params, user_attrs={"requeue_of": t.number})
+    if segment > 0 and not trials and len(front):
+        enqueue_designs(study, front["design_id"].to_numpy()[: 2 * population], space, outer)
+
+
 def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: float | None,
         storage_url: str | None = None, progress: bool = True, joining: bool = False) -> dict:
     """Ask, score and tell batches until the run's trials are done (or the budget is spent).
@@ -362,8 +481,14 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     storage = storage_for(d, storage_url)
     shared = storage_url is not None
     segment = 0 if shared else int(manifest.get("segment", 0))
-    study = optuna.create_study(study_name=_segment_name(manifest, segment), storage=storage,
-                                sampler=sampler, directions=directions, load_if_exists=True)
+    try:
+        study = with_retry(optuna.create_study, study_name=_segment_name(manifest, segment),
+                           storage=storage, sampler=sampler, directions=directions,
+                           load_if_exists=True)
+    except (ValueError, KeyError, TypeError) as e:
+        if shared:
+            raise
+        raise runs.corrupt(Path(d).resolve() / "optuna.journal", "journal", e) from None
     outer, inner = split_parameters(space, nested)
     if manifest.get("warm_start") and segment == 0 and not study.get_trials(deepcopy=False):
         # a new study warm-started from given designs (dse whatif --reoptimize: the base run's
@@ -376,9 +501,14 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                   if inner else np.zeros((1, 0), np.int64))
     metrics = [o.metric for o in space.objectives]
 
-    if storage_url and "space_toml" not in study.user_attrs:
-        study.set_user_attr("space_toml", Path(space.file).read_text())
-        study.set_user_attr("manifest", json.dumps(manifest, default=str))
+    per_trial = len(inner_grid)          # designs scored per trial
+    if manifest.get("designs_per_trial") != per_trial and not joining:
+        manifest["designs_per_trial"] = per_trial
+        runs.write_json(Path(d) / "manifest.json", manifest)
+    if storage_url and "space_toml" not in with_retry(lambda: study.user_attrs):
+        with_retry(study.set_user_attr, "space_toml", Path(space.file).read_text())
+        with_retry(study.set_user_attr, "inputs", runs.inputs_payload(d, manifest))
+        with_retry(study.set_user_attr, "manifest", json.dumps(manifest, default=str))
     seg_cap = int(manifest.get("segment_trials", SEGMENT_TRIALS))
     segs = None
     if shared:
@@ -403,7 +533,7 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     for t in ([] if joining or storage_url else
               study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
         if (segment, t.number) in told:
-            trial = Trial(study, t._trial_id)
+            trial = Trial(study, segments.trial_id(storage, study.study_name, t.number))
             _set_constraints(trial, told[segment, t.number]["constraints"], space, nested,
                              already=t.constraints or {})
             study.tell(trial, told[segment, t.number]["values"])
@@ -412,12 +542,14 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
 
     admissible = stored[stored["_admissible"]] if len(stored) else stored
     front = pareto.front_of([admissible], space.objectives) if len(admissible) else pd.DataFrame()
+    if not joining and not storage_url:
+        _requeue_lost(study, segment, told, front, space, outer, population)
     prev = runs.read_progress(d)
     elapsed0 = float(prev.get("elapsed_s", 0.0))
     total = int(manifest.get("trials", 1000))
-    done_trials = len(told)
+    done_trials = len(told)            # counters from the durable score tables
     target = total if max_trials is None else min(total, done_trials + max_trials)
-    designs = int(prev.get("designs_scored", 0)) if told else 0
+    designs = done_trials * per_trial
     ref = manifest.get("reference")
     t0 = time.monotonic()
     hv = None
@@ -434,9 +566,10 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
             completed = done_trials
             failed = int(manifest.get("failed_before", 0)) + len(
                 study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
+        designs_now = completed * per_trial if segs is not None else designs
         runs.write_json(d / "progress.json", {
             "state": state, "trials_completed": completed, "trials_failed": failed,
-            "trials_total": total, "designs_scored": designs,
+            "trials_total": total, "designs_scored": designs_now,
             "elapsed_s": elapsed0 + time.monotonic() - t0, "front_size": len(front),
             "hypervolume": hv})
 
@@ -486,9 +619,16 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                 enqueue_neighbours(study, space, outer, front, k, manifest.get("reference"),
                                    seed=done_trials)
             trials = [with_retry(ask.ask, dists) for _ in range(n)]
-            if shared:
-                for t in trials:
-                    storage.record_heartbeat(t._trial_id)
+            beat = None
+            if shared:     # heartbeats while the batch is scored; then no overshoot of the total
+                ids_ = [with_retry(segments.trial_id, storage, ask.study_name, t.number)
+                        for t in trials]
+                beat = Heartbeat(storage, ids_)
+                trials = _admit(trials, ask, segs, segment, total, storage)
+                if not trials:
+                    beat.stop()
+                    continue
+                n = len(trials)
             # every design of the batch: each trial's point, times every inner combination
             coords = np.zeros((n * len(inner_grid), len(space.parameters)), np.int64)
             owner = np.repeat(np.arange(n), len(inner_grid))
@@ -517,8 +657,8 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                     cons = [0.0 if len(mine) else 1.0]
                     results[t.number] = {"values": [val], "constraints": cons}
                     if shared:     # the point's front travels with the trial (other workers)
-                        with_retry(t.set_user_attr, "front", front_payload(
-                            ids[mine], {o.metric: s[o.metric][mine] for o in space.objectives}))
+                        results[t.number]["front"] = front_payload(
+                            ids[mine], {o.metric: s[o.metric][mine] for o in space.objectives})
             else:
                 values = np.where(np.isfinite(F), F, BIG) * np.array(
                     [1.0 if o.direction == "minimize" else -1.0 for o in space.objectives])
@@ -538,10 +678,23 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
             designs_f, trials_f = _files(d, segment, trials[0].number)
             _atomic(designs_f, lambda p: table.to_parquet(p, index=False))
             _atomic(trials_f, lambda p: p.write_text(json.dumps(results)))   # batch complete
+            if beat is not None:
+                beat.stop()
+            lost = 0
             for t in trials:
-                _set_constraints(t, results[t.number]["constraints"], space, nested)
-                with_retry(ask.tell, t, results[t.number]["values"])
-            done_trials += n
+                try:
+                    if "front" in results[t.number]:
+                        with_retry(t.set_user_attr, "front", results[t.number]["front"])
+                    with_retry(_set_constraints, t, results[t.number]["constraints"], space,
+                               nested)
+                    with_retry(ask.tell, t, results[t.number]["values"])
+                except Exception as e:
+                    if shared and told_already(e):
+                        continue
+                    if not (shared and finished_elsewhere(e)):
+                        raise
+                    lost += 1   # failed as stale meanwhile (an outage): its retry is elsewhere
+            done_trials += n - lost
             designs += len(ids)
             if ok[keep].any():
                 front = pareto.front_of([front, table[table["_admissible"]]], space.objectives)
@@ -553,10 +706,9 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
         if shared:           # the run's front and counts: every worker's, every segment's
             with_retry(segs.refresh)
             studies = with_retry(segs.all_studies)
-            front = (front_from_payloads(studies, space) if nested
-                     else front_from_study(studies, space))
+            front = with_retry(lambda: front_from_payloads(studies, space) if nested
+                               else front_from_study(studies, space))
             done_trials = segs.total("COMPLETE")
-            designs = designs if nested else done_trials
         save("finished" if done_trials >= total else "stopped")
     except BaseException:
         save("failed" if not work.stop else "stopped")

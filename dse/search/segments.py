@@ -20,6 +20,37 @@ from __future__ import annotations
 
 import collections
 
+GRACE_S = 10     # a trial silent this long belongs to a dead worker: failed, then retried
+
+
+def trial_id(storage, study_name: str, number: int) -> int:
+    return storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(study_name), number)
+
+
+class Silent:
+    """Trials whose worker died before its first heartbeat stay RUNNING with none, and Optuna's
+    stale-trial check never sees them. A worker that finds a trial running for longer than the
+    grace period records one heartbeat for it, once: a live owner keeps beating it, a dead
+    one's goes stale one grace period later and the trial is failed and retried like any
+    other."""
+
+    def __init__(self):
+        self.seen: set[tuple[str, int]] = set()
+
+    def adopt(self, storage, study) -> None:
+        import datetime as dt
+
+        from optuna.trial import TrialState
+        now = dt.datetime.now()
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            key = (study.study_name, t.number)
+            if key in self.seen or t.datetime_start is None or \
+                    (now - t.datetime_start).total_seconds() < GRACE_S:
+                continue
+            storage.record_heartbeat(trial_id(storage, study.study_name, t.number))
+            self.seen.add(key)
+
 
 def segment_name(base: str, k: int) -> str:
     return base if k == 0 else f"{base}-s{k}"
@@ -66,6 +97,7 @@ class Segments:
 
     def __init__(self, storage, base: str, cap: int, load, warm):
         self.storage, self.base, self.cap, self._load, self._warm = storage, base, cap, load, warm
+        self.silent = Silent()
         self.ids = study_ids(storage, base, 0)
         self.studies: dict[int, object] = {}
         self.newest = max(self.ids)
@@ -89,6 +121,7 @@ class Segments:
         counts = state_counts(self.storage, self.ids)
         stale = [k for k, c in counts.items() if c["RUNNING"]]
         for k in stale:
+            self.silent.adopt(self.storage, self.study(k))   # died before a first heartbeat
             fail_stale_trials(self.study(k))
         self.counts = state_counts(self.storage, self.ids) if stale else counts
 

@@ -28,9 +28,9 @@ import pandas as pd
 
 from dse import pareto, runs
 from dse.search import exhaustive
-from dse.search.optuna_strategy import (HEARTBEAT_S, front_payload, payload_frame, storage_for,
-                                       with_retry)
-from dse.search.segments import state_counts
+from dse.search.optuna_strategy import (HEARTBEAT_S, finished_elsewhere, front_payload,
+                                       payload_frame, storage_for, told_already, with_retry)
+from dse.search.segments import Silent, state_counts
 
 ENQUEUED = "chunks_enqueued"     # study user attr: every chunk has had a trial enqueued
 
@@ -145,20 +145,19 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
     study = with_retry(optuna.create_study, study_name=manifest["study_name"], storage=storage,
                        sampler=optuna.samplers.RandomSampler(), load_if_exists=True)
     if not joining:
-        if "space_toml" not in study.user_attrs:
-            study.set_user_attr("space_toml", Path(space.file).read_text())
-            study.set_user_attr("manifest", json.dumps(manifest, default=str))
-        if not study.user_attrs.get(ENQUEUED):
-            _enqueue(study, _missing(study, n_chunks))    # a resume enqueues only the rest
-            study.set_user_attr(ENQUEUED, True)
-    for f in (d / "scores").glob("*.tmp"):      # a killed process's: the pid is in the name
-        pid = f.suffixes[-2][1:] if len(f.suffixes) >= 2 else ""   # (workers share the folder)
-        if not (pid.isdigit() and runs.pid_alive(int(pid))):
-            f.unlink(missing_ok=True)
+        if "space_toml" not in with_retry(lambda: study.user_attrs):
+            with_retry(study.set_user_attr, "space_toml", Path(space.file).read_text())
+            with_retry(study.set_user_attr, "inputs", runs.inputs_payload(d, manifest))
+            with_retry(study.set_user_attr, "manifest", json.dumps(manifest, default=str))
+        if not with_retry(lambda: study.user_attrs.get(ENQUEUED)):
+            _enqueue(study, with_retry(_missing, study, n_chunks))   # a resume: only the rest
+            with_retry(study.set_user_attr, ENQUEUED, True)
+    runs.remove_stale_tmp(d)      # a killed process's: the pid is in the name (workers share)
     elapsed0 = float(runs.read_progress(d).get("elapsed_s", 0.0))
     metrics = [o.metric for o in space.objectives]
-    front = pareto.front_of([pd.read_parquet(f) for f in sorted((d / "scores").glob("chunk-*.parquet"))],
+    front = pareto.front_of([runs.read_table(f) for f in sorted((d / "scores").glob("chunk-*.parquet"))],
                             space.objectives)
+    silent = Silent()
     counts = {"COMPLETE": 0, "FAIL": 0}
     mine = 0
     t0 = time.monotonic()
@@ -185,16 +184,21 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
             while not work.stop and (max_trials is None or mine < max_trials):
                 if budget_s is not None and time.monotonic() - t0 >= budget_s:
                     break
-                with_retry(optuna.storages.fail_stale_trials, study)   # dead workers' chunks
-                counts = with_retry(state_counts, storage, {0: study._study_id})[0]
+                sid = with_retry(storage.get_study_id_from_name, study.study_name)
+                counts = with_retry(state_counts, storage, {0: sid})[0]
+                if counts["RUNNING"]:      # dead workers' chunks (also before a first heartbeat)
+                    with_retry(silent.adopt, storage, study)
+                    with_retry(optuna.storages.fail_stale_trials, study)
+                    counts = with_retry(state_counts, storage, {0: sid})[0]
                 tid = with_retry(_pop_waiting, study) if counts["WAITING"] else None
                 if tid is None:
                     if counts["RUNNING"]:
                         time.sleep(HEARTBEAT_S / 2)       # they may die and come back
                         continue
-                    if not study.user_attrs.get(ENQUEUED):
+                    if not with_retry(lambda: study.user_attrs.get(ENQUEUED)):
                         time.sleep(HEARTBEAT_S / 2)       # the run is still enqueueing
-                        study = optuna.load_study(study_name=study.study_name, storage=storage)
+                        study = with_retry(optuna.load_study, study_name=study.study_name,
+                                           storage=storage)
                         continue
                     lost = with_retry(_missing, study, n_chunks)   # failed past the retries
                     if lost:       # look again: a stale chunk's retry may be on its way
@@ -207,17 +211,21 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                 trial = optuna.Trial(study, tid)
                 beat = _Heartbeat(storage, tid)
                 try:
-                    i = trial.suggest_int("chunk", 0, n_chunks - 1)
+                    i = with_retry(trial.suggest_int, "chunk", 0, n_chunks - 1)
                     table, n = exhaustive.score_chunk(space, i, chunk)
                 finally:
                     beat.stop()
                 out = exhaustive._chunk_file(d, i)
-                tmp = out.with_suffix(f".{os.getpid()}.tmp")
-                table.to_parquet(tmp, index=False)
-                tmp.replace(out)
-                with_retry(trial.set_user_attr, "front", front_payload(
-                    table["design_id"].to_numpy(), {m: table[m] for m in metrics}))
-                with_retry(study.tell, trial, n)
+                runs.atomic_save(out, lambda p: table.to_parquet(p, index=False))
+                try:
+                    with_retry(trial.set_user_attr, "front", front_payload(
+                        table["design_id"].to_numpy(), {m: table[m] for m in metrics}))
+                    with_retry(study.tell, trial, n)
+                except Exception as e:
+                    if not (told_already(e) or finished_elsewhere(e)):
+                        raise
+                    if not told_already(e):
+                        continue   # failed as stale meanwhile (an outage): retried elsewhere
                 mine += 1
                 counts["COMPLETE"] += 1
                 front = pareto.front_of([front, table], space.objectives)
@@ -227,7 +235,8 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                 work.update(1, len(front), hv)
             # the run's front and counts from the storage: every worker's chunks, each once
             done = with_retry(completed_chunks, study)
-            counts["FAIL"] = len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
+            counts["FAIL"] = len(with_retry(study.get_trials, deepcopy=False,
+                                            states=(TrialState.FAIL,)))
             front = with_retry(front_from_shards, study, space)
             if len(front):
                 runs.fix_reference(manifest, d, pareto.objective_matrix(front, space.objectives))
