@@ -122,3 +122,54 @@ def test_fit_on_measured_tables_meets_a_loose_bound():
     test = g[g.held_out]
     assert common.error_factor(gemm.predict(test, "bf16", acc, res.values),
                                test["latency_s"]) < 1.2
+
+
+def _fake_accs():
+    def acc(bf16, bw):
+        return SimpleNamespace(peak_flops_per_s=SimpleNamespace(bf16=bf16, fp8=None, fp4=None),
+                               hbm_bw_bytes_per_s=bw, microbench=None)
+    return {"a": acc(312e12, 2.0e12), "b": acc(989e12, 3.35e12), "c": acc(989e12, 4.8e12),
+            "x": acc(1300e12, 5.3e12)}
+
+
+def _vals(mod, fam, fraction):
+    return {p.name: (fraction if p.name.endswith("_fraction") and "hbm" not in p.name else p.x0)
+            for p in mod.family_params(fam)}
+
+
+def test_missing_runtime_takes_same_runtime_from_other_chips():
+    """Rule: a measured chip without a runtime's table takes that runtime's fits on the other
+    chips (not its own other runtimes); only a runtime no chip has falls back to the chip's
+    other runtimes; a chip with no table at all transfers from the same runtime."""
+    from dse.kernels import gemm, moe
+    for mod, pre in ((gemm, "gemm_bf16_"), (moe, "moe_bf16_")):
+        fitted = {("a", "sglang"): _vals(mod, "bf16", 0.12),
+                  ("b", "sglang"): _vals(mod, "bf16", 0.15),
+                  ("b", "trtllm"): _vals(mod, "bf16", 0.80),
+                  ("c", "trtllm"): _vals(mod, "bf16", 0.78)}
+        e = gemm.complete(mod, fitted, {}, _fake_accs(), "0", "today")
+        assert e[("a", "trtllm")][pre + "fraction"] == pytest.approx(np.sqrt(0.80 * 0.78))
+        assert "transferred from trtllm" in e[("a", "trtllm")]["fitted_on"]
+        # no chip has vllm: the chip's own other runtimes
+        assert e[("a", "vllm")][pre + "fraction"] == pytest.approx(0.12)
+        assert "other runtimes" in e[("a", "vllm")]["fitted_on"]
+        assert e[("b", "vllm")][pre + "fraction"] == pytest.approx(np.sqrt(0.15 * 0.80))
+        # an unmeasured chip: the same runtime's chips
+        assert e[("x", "trtllm")][pre + "fraction"] == pytest.approx(np.sqrt(0.80 * 0.78))
+        assert e[("x", "sglang")][pre + "fraction"] == pytest.approx(np.sqrt(0.12 * 0.15))
+
+
+def test_multistart_never_worse_than_single_start():
+    from dse.kernels import common, gemm, moe
+    acc = SimpleNamespace(peak_flops_per_s=SimpleNamespace(bf16=989e12), hbm_bw_bytes_per_s=3.35e12)
+    import pandas as pd
+    g = np.array(np.meshgrid([1, 16, 256, 4096], [4096], [768, 14336], [2, 8], [8, 128], [1],
+                             [1, 8])).reshape(7, -1)
+    frame = pd.DataFrame(dict(zip(moe.SHAPE_COLS, g)))
+    truth = {f"moe_bf16_{k}": v for k, v in moe.STARTS[0].items()}
+    y = moe.predict(frame, "bf16", acc, truth)
+    f = lambda v: moe.predict(frame, "bf16", acc, v)
+    one = common.least_squares_fit(f, moe.family_params("bf16"), y)
+    best = gemm.fit_multistart(f, moe.family_params("bf16"), y, moe.STARTS, n_random=1)
+    assert best.rms_log <= one.rms_log + 1e-12
+    assert best.rms_log < 1e-3

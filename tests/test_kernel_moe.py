@@ -124,3 +124,13 @@ def test_fit_on_measured_tables_meets_a_loose_bound():
     test = g[g.held_out]
     assert common.error_factor(moe.predict(test, "bf16", acc, res.values),
                                test["latency_s"]) < 1.6
+
+
+def test_a100_trtllm_is_fitted_on_its_own_rows():
+    """A100 TensorRT-LLM 1.0.0 has only power-law rows: they are fitted (power_law_1.01,
+    corrected), not borrowed from SGLang's Triton kernel (fraction ~0.12)."""
+    from dse.kernels import common
+    doc = tomllib.loads((common.CATALOG_DIR / "moe.toml").read_text())
+    e = doc["a100-sxm-80g"]["trtllm"]
+    assert "power_law_1.01" in e["fitted_on"] and "trtllm 1.0.0" in e["fitted_on"]
+    assert e["moe_bf16_fraction"] > 2 * doc["a100-sxm-80g"]["sglang"]["moe_bf16_fraction"]

@@ -18,7 +18,15 @@ fitted. A chip whose catalog entry has no fp8 (fp4) peak gets no fp8 / fp8_block
 
 Fit: per (chip, runtime, family), log-space least squares on a seeded sample of at most
 ``FIT_ROWS`` shapes not held out (common.held_out on m|n|k); the error report uses every
-held-out shape.
+held-out shape. (``fit_multistart`` runs it from the module's ``STARTS`` and ``RANDOM_STARTS``
+too and keeps the best; GEMM uses its x0 only.)
+
+Missing (chip, runtime, family) (``complete``, shared with moe.py; this supersedes the
+"other runtimes' geometric mean" sentence of common.py): ``common.transfer`` from the chips
+that fitted **that runtime's** family (MAMF-scaled compute), since kernels differ far more
+between runtimes than between chips; only where no chip has that runtime's table, the chip's
+own other runtimes (geometric mean); a chip with no table at all: transfer from the same
+runtime, else from every runtime. ``fitted_on`` names the origin.
 """
 
 from __future__ import annotations
@@ -96,6 +104,40 @@ def sample(frame: pd.DataFrame, n: int, seed: int = SEED) -> pd.DataFrame:
     return frame.sample(n=n, random_state=seed)
 
 
+def fit_multistart(predict, params, true_s, starts=(), n_random: int = 0,
+                   seed: int = SEED):
+    """``common.least_squares_fit`` from several starts, keeping the lowest log-RMS: the
+    parameters' own x0, each dict of ``starts`` ({suffix: value}, e.g. a TensorRT-LLM-like
+    point), and ``n_random`` seeded log-uniform draws within the bounds (the max() of the
+    compute and memory terms makes the least squares non-convex: a kernel can be fitted as
+    "slow compute, never memory-bound" or as "fast compute, memory-bound")."""
+    import dataclasses
+    rng = np.random.default_rng(seed)
+    cands = [params]
+    for st in starts:
+        cands.append(tuple(dataclasses.replace(p, x0=st.get(_suffix(p.name), p.x0))
+                           for p in params))
+    for _ in range(n_random):
+        cands.append(tuple(dataclasses.replace(
+            p, x0=float(np.exp(rng.uniform(np.log(p.lo), np.log(p.hi))))) for p in params))
+    best = None
+    for c in cands:
+        r = common.least_squares_fit(predict, c, true_s)
+        if best is None or r.rms_log < best.rms_log - 1e-9:
+            best = r
+    return best
+
+
+def _suffix(name: str) -> str:
+    """A parameter's family-free suffix: moe_fp8_block_half_rows -> half_rows."""
+    for fam in ("fp8_block", "bf16", "fp8", "fp4"):
+        for op in ("moe", "gemm"):
+            pre = f"{op}_{fam}_"
+            if name.startswith(pre):
+                return name[len(pre):]
+    return name
+
+
 def _bias(pred, true) -> float:
     r = np.log(np.asarray(pred, float) / np.asarray(true, float))
     r = r[np.isfinite(r)]
@@ -126,11 +168,14 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
         test = g[g["held_out"]]
         if fit:
             s = mod.sample(train, mod.FIT_ROWS)
-            res = common.least_squares_fit(lambda v: mod.predict(s, fam, acc, v), params,
-                                           s["latency_s"].to_numpy())
+            res = fit_multistart(lambda v: mod.predict(s, fam, acc, v), params,
+                                 s["latency_s"].to_numpy(), getattr(mod, "STARTS", ()),
+                                 n_random=getattr(mod, "RANDOM_STARTS", 0))
             vals = res.values
             fitted.setdefault((chip, rt), {}).update(vals)
-            notes[(chip, rt, fam)] = (f"{g['version'].iloc[0]}: {len(s)} shapes, "
+            dist = ("" if "distribution" not in g or g["distribution"].iloc[0] == "balanced"
+                    else f" ({g['distribution'].iloc[0]} rows, corrected to balanced)")
+            notes[(chip, rt, fam)] = (f"{g['version'].iloc[0]}{dist}: {len(s)} shapes, "
                                       f"held out {len(test)}")
         else:
             vals = fitted.get((chip, rt), {})
@@ -168,9 +213,12 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
 
 
 def complete(mod, fitted, notes, accs, version, today) -> dict:
-    """An entry for every catalog accelerator x runtime: the fit where measured, else the
-    chip's other runtimes (geometric mean), else the transfer rule from the measured chips of
-    the same runtime that have the family."""
+    """An entry for every catalog accelerator x runtime, per family: the fit where this
+    (chip, runtime) measured it; else ``common.transfer`` from the chips that fitted the same
+    runtime's family (compute MAMF-scaled), since runtimes' kernels differ far more than chips
+    do (SGLang's Triton MoE ~12-15% of peak, TensorRT-LLM's CUTLASS 75-86%); only where no chip
+    has that runtime's family, the chip's other runtimes (geometric mean); else the transfer
+    rule from every runtime of the measured chips."""
     entries = {}
     fams = mod.FAMILY_ORDER
     for chip, acc in accs.items():
@@ -186,15 +234,17 @@ def complete(mod, fitted, notes, accs, version, today) -> dict:
                     e.update({n: own[n] for n in names})
                     sources.append(f"{fam}: {mod.SOURCE_TABLE}, {rt} {notes.get((chip, rt, fam), '')}")
                     continue
-                same = [v for (c, r), v in fitted.items()
-                        if c == chip and r != rt and all(n in v for n in names)]
-                if same:
-                    e.update({n: float(np.exp(np.mean([np.log(v[n]) for v in same])))
-                              for n in names})
-                    sources.append(f"{fam}: geometric mean of this chip's other runtimes")
-                    continue
                 pool = {c: v for (c, r), v in fitted.items()
                         if r == rt and c != chip and all(n in v for n in names)}
+                rt_pool = bool(pool)
+                same = [v for (c, r), v in fitted.items()
+                        if c == chip and r != rt and all(n in v for n in names)]
+                if not pool and same:
+                    e.update({n: float(np.exp(np.mean([np.log(v[n]) for v in same])))
+                              for n in names})
+                    sources.append(f"{fam}: geometric mean of this chip's other runtimes "
+                                   f"(no chip has {rt}'s table)")
+                    continue
                 if not pool:
                     pool = {}
                     for (c, r), v in fitted.items():
@@ -207,7 +257,8 @@ def complete(mod, fitted, notes, accs, version, today) -> dict:
                 vals, near, ratio = common.transfer(chip, pool, params, accs)
                 e.update(vals)
                 r = "none" if ratio is None else f"{ratio:.3g}"
-                sources.append(f"{fam}: transferred from {', '.join(near)} "
+                sources.append(f"{fam}: transferred from {rt if rt_pool else 'all runtimes'} "
+                               f"of {', '.join(near)} "
                                f"({len(near)} nearest by spec); compute x MAMF ratio {r}")
             merged: dict[str, list[str]] = {}
             for text in sources:       # one clause per distinct origin, families listed once
