@@ -15,13 +15,12 @@ import pandas as pd
 from dse import catalog, fields, topology, validate
 from dse.errors import InputError, suggest
 from dse.perf import Batch
-from dse.perf.batch import KERNEL_FIELDS
+from dse.perf import kernel_comm
 from dse.specs import COMPUTE_FALLBACK, DTYPE_BYTES, DTYPES
 
 ACC_FIELDS = ("hbm_capacity_bytes", "hbm_bw_bytes_per_s", "tdp_w", "scaleup_link_bw_bytes_per_s",
               "scaleup_domain_chips", "scaleout_link_bw_bytes_per_s")
-EFF_FIELDS = ("matmul_fraction", "matmul_half_rows", "attention_fraction", "hbm_fraction",
-              "scaleup_fraction", "scaleout_fraction", "layer_overhead_s", "step_overhead_s",
+EFF_FIELDS = ("hbm_fraction", "scaleup_fraction", "scaleout_fraction", "layer_overhead_s", "step_overhead_s",
               "network_overlap_fraction")
 MODEL_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings", "mlp_gated",
@@ -157,12 +156,12 @@ def resolve(table: pd.DataFrame, *, file: str | None = None, row_names: list[str
     for col in src.columns:
         if "." not in col or col in ("accelerator.id", "topology.id", "model.id"):
             continue
-        if col.startswith("topology.scale"):
+        if col.startswith(("topology.scaleup.", "topology.scaleout.")):
             continue
         out[col] = _merge(out.get(col), src[col], col, file, names, alias)
     derive_system(out)
     for col in src.columns:
-        if col.startswith("topology.scale"):
+        if col.startswith(("topology.scaleup.", "topology.scaleout.")):
             out[col] = _merge(out[col], src[col], col, file, names, alias)
     # the runtime first: its defaults fill what a design leaves blank
     validate.check_table(out, file=file, names=names, alias=alias, columns=["serving.runtime"])
@@ -282,7 +281,70 @@ def _dtype_columns(out):
     matmul = np.where(np.isnan(matmul), peak["bf16"], matmul)
     attn = np.where(kv_fp8 & ~np.isnan(peak["fp8"]), peak["fp8"], peak["bf16"])
     wbytes = lookup(out["model.weight_dtype"], DTYPE_BYTES).astype(float)
-    return matmul, attn, wbytes, kvbytes, low_bits
+    # the GEMM kernel family the compute dtype selects (fp8: per-tensor scaled)
+    fam = np.where(matmul == peak.get("fp4", np.nan), "fp4",
+                   np.where(matmul == peak["fp8"], "fp8", "bf16"))
+    fam = np.where(np.isnan(peak["fp8"]) & (fam == "fp8"), "bf16", fam)
+    return matmul, attn, wbytes, kvbytes, low_bits, fam, kv_fp8, peak
+
+
+# the kernel parameters the scorer reads, per op: Batch field -> catalog key suffix
+GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
+             "latency_s")
+MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s")
+ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction")
+ATTN_DECODE_KEYS = ("hbm_fraction", "compute_fraction", "group_min_heads", "latency_s",
+                    "per_seq_s", "per_seq_kv_head_s")
+
+
+def _kernel(out, names: np.ndarray, key: str, fallback: np.ndarray | None = None) -> np.ndarray:
+    """Per row, the kernel column ``accelerator.kernel.<names[i]>_<key>``; rows whose family has
+    no such column (a dtype the chip lacks) take ``fallback``."""
+    names = np.atleast_1d(np.asarray(names, dtype=object))
+    vals = np.full(names.shape, np.nan)
+    for name in dict.fromkeys(names.tolist()):
+        col = f"{KERNEL}{name}_{key}"
+        if col in out:
+            sel = names == name
+            vals = np.where(sel, np.asarray(out[col], dtype=float), vals)
+    if fallback is not None:
+        vals = np.where(np.isnan(vals), fallback, vals)
+    return vals
+
+
+def kernel_fields(out, fam, kv_fp8, peak, is_mla) -> dict[str, np.ndarray]:
+    """The fitted kernel parameters of each design's dtype and attention kind as scorer
+    fields: GEMM and MoE of the compute dtype's family (fp8: per-tensor or block-scaled kernels
+    by ``model.fp8_scaling``), attention of the model's kind (GQA/MHA or MLA) and KV dtype; a family the
+    chip lacks falls back to bf16."""
+    cols = {}
+    scaling = np.asarray(out["model.fp8_scaling"], dtype=object)
+    moe_model = np.asarray(out["model.num_experts"], dtype=float) > 0
+    block = (scaling == "block") | ((scaling == "auto") & moe_model)
+    fam = np.where((fam == "fp8") & block, "fp8_block", fam)
+    moe_fam = "moe_" + fam
+    for k in GEMM_KEYS:
+        cols[f"gemm_{k}"] = _kernel(out, "gemm_" + fam, k, _kernel(out, "gemm_bf16", k))
+    for k in MOE_KEYS:
+        cols[f"moe_{k}"] = _kernel(out, moe_fam, k, _kernel(out, "moe_bf16", k))
+    kind = np.where(is_mla, "mla", "attn")
+    fp8_peak = kv_fp8 & ~np.isnan(peak["fp8"])
+    pre = np.where(fp8_peak & ~is_mla, kind + "_prefill_fp8",
+                   np.where(kv_fp8, kind + "_prefill_kv_fp8", kind + "_prefill"))
+    dec = np.where(kv_fp8, kind + "_decode_kv_fp8", kind + "_decode")
+    for k in ATTN_PREFILL_KEYS:
+        cols[f"attn_prefill_{k}"] = _kernel(out, pre, k, _kernel(out, kind + "_prefill", k))
+    for k in ATTN_DECODE_KEYS:
+        cols[f"attn_decode_{k}"] = _kernel(out, dec, k, _kernel(out, kind + "_decode", k, 0.0))
+    # MLA with an fp8 cache prefills at the bf16 peak (the kv_fp8 fits are bf16 compute), and
+    # decode compute fractions are of the bf16 peak: rescale to the attention peak used
+    attn_peak = np.where(fp8_peak, peak["fp8"], peak["bf16"])
+    pre_bf16 = pre != kind + "_prefill_fp8"
+    cols["attn_prefill_fraction"] = np.where(pre_bf16, peak["bf16"] / attn_peak, 1.0) \
+        * cols["attn_prefill_fraction"]
+    cols["attn_decode_compute_fraction"] = peak["bf16"] / attn_peak \
+        * cols["attn_decode_compute_fraction"]
+    return cols
 
 
 def topology_columns(out) -> dict[str, np.ndarray]:
@@ -308,10 +370,12 @@ def topology_columns(out) -> dict[str, np.ndarray]:
     ref_base = np.array([topos[t].scaleup_base_latency_s for t in names])[ref]
     ref_hop = np.array([topos[t].scaleup_hop_latency_s for t in names])[ref]
     cols["extra_latency"] = np.zeros(len(tp))
-    keys = pd.DataFrame({"t": tid, "d": dom})
-    for (t, d), idx in keys.groupby(["t", "d"]).indices.items():
-        topo = topos[names[t]]
-        red = topology.reduce(topo, int(d), int(min(max(ffn[idx].max(), tp[idx].max()), d)))
+    for k in ("tp", "ffn", "a2a"):
+        cols[k + "_rel"] = np.ones(len(tp))
+    keys = pd.DataFrame({"t": tid, "d": dom, "r": ref})
+    for (t, d, r), idx in keys.groupby(["t", "d", "r"]).indices.items():
+        gmax = int(min(max(ffn[idx].max(), tp[idx].max()), d))
+        red = topology.reduce(topos[names[t]], int(d), gmax)
         g_tp = np.minimum(tp[idx], d)
         g_ffn = np.minimum(ffn[idx], d)
         cols["tp"][idx] = red.at(g_tp, "ar_fraction")
@@ -320,6 +384,13 @@ def topology_columns(out) -> dict[str, np.ndarray]:
         hops = red.at(np.maximum(g_ffn, 2.0), "hops")
         cols["latency"][idx] = base_lat[idx] + hop_lat[idx] * hops
         cols["extra_latency"][idx] = cols["latency"][idx] - (ref_base[idx] + ref_hop[idx] * hops)
+        # the fitted collective kernels already carry the bandwidth share of the system they
+        # were measured on: they see this topology's share relative to that one's
+        if r >= 0 and r != t:
+            rr = topology.reduce(topos[names[r]], int(d), gmax)
+            cols["tp_rel"][idx] = cols["tp"][idx] / rr.at(g_tp, "ar_fraction")
+            cols["ffn_rel"][idx] = cols["ffn"][idx] / rr.at(g_ffn, "ar_fraction")
+            cols["a2a_rel"][idx] = cols["a2a"][idx] / rr.at(g_ffn, "a2a_fraction")
     return cols
 
 
@@ -365,7 +436,7 @@ def to_batch(out, compact: bool = False) -> Batch:
     ``compact``: the dict may hold length-1 columns (the same value for every design); they
     stay length-1 in the Batch, which broadcasts them."""
     f = lambda c: np.asarray(out[c], dtype=float)  # noqa: E731
-    matmul, attn, wbytes, kvbytes, low_bits = _dtype_columns(out)
+    matmul, attn, wbytes, kvbytes, low_bits, fam, kv_fp8, peak = _dtype_columns(out)
     L = f("model.num_hidden_layers")
     n_exp = f("model.num_experts")
     step = np.maximum(f("model.moe_layer_step"), 1.0)
@@ -391,16 +462,20 @@ def to_batch(out, compact: bool = False) -> Batch:
         "hbm_bw_bytes_per_s": f("accelerator.hbm_bw_bytes_per_s"),
         "hbm_capacity_bytes": f("accelerator.hbm_capacity_bytes"),
         **{k: f(f"accelerator.efficiency.{k}") for k in EFF_FIELDS},
-        **{k: f(KERNEL + k) for k in KERNEL_FIELDS},
+        **{k: f(KERNEL + k) for k in kernel_comm.KEYS},
+        **kernel_fields(out, fam, kv_fp8, peak, f("model.kv_lora_rank") > 0),
         "domain_chips": f("topology.scaleup.domain_chips"),
         "scaleup_bw_bytes_per_s": f("topology.scaleup.link_bw_bytes_per_s"),
         "scaleup_latency_s": topo["latency"],
         "scaleout_bw_bytes_per_s": f("topology.scaleout.link_bw_bytes_per_s"),
         "scaleout_latency_s": f("topology.scaleout_latency_s"),
         "tp_bw_fraction": topo["tp"], "ffn_bw_fraction": topo["ffn"], "a2a_bw_fraction": topo["a2a"],
+        "tp_bw_rel": topo["tp_rel"], "ffn_bw_rel": topo["ffn_rel"], "a2a_bw_rel": topo["a2a_rel"],
         "rack_chips": f("topology.rack_chips"),
         "scaleup_extra_latency_s": topo["extra_latency"],
         "a2a_mode": lookup(out["serving.a2a_kernel"], A2A_KERNELS).astype(float),
+        "two_batch_overlap": lookup(out["serving.ep_overlap"], {"tbo": 1.0}, 0.0).astype(float),
+        "alltoall_overlap_fraction": f("serving.alltoall_overlap_fraction"),
         "tp": f("layout.tp"), "pp": f("layout.pp"), "ep": f("layout.ep"), "dp": f("layout.dp"),
         "dense_replicated": lookup(out["layout.dense_mlp"], DENSE_MLP).astype(float),
         "disaggregated": lookup(out["serving.mode"], SERVING_MODES).astype(float),

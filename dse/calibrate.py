@@ -1,11 +1,12 @@
-"""Fit the catalog's efficiency factors on ../shared/calibration and report the model's error.
+"""The model's error on ../shared/calibration, and the end-to-end refit on top of the kernel fits.
 
 The error of a metric is the geometric mean over cases of ``max(pred/true, true/pred)``, each
 case weighted so that every (source, hardware) pair counts equally within a source.
 
     python -m dse.calibrate              # error report of the current catalog
-    python -m dse.calibrate --fit        # fit, print the report, and show the new factors
+    python -m dse.calibrate --fit        # refit the per-layer and per-step times (dse.fit), report
     python -m dse.calibrate --fit --write  # ... and write dse/catalog/efficiency.toml
+    python -m dse.calibrate --cv         # ... and the leave-one-chip / one-family-out errors
 """
 
 from __future__ import annotations
@@ -82,17 +83,17 @@ def main(argv=None) -> int:
     p.add_argument("--fit", action="store_true", help="fit the efficiency factors first")
     p.add_argument("--write", action="store_true", help="write dse/catalog/efficiency.toml")
     p.add_argument("--by-hardware", action="store_true", help="also break the error down by hardware")
-    p.add_argument("--holdout", action="store_true",
-                   help="also score each calibrated chip with factors from the OTHER chips only "
-                        "(how the model does on hardware it was not fitted on)")
+    p.add_argument("--cv", action="store_true",
+                   help="also cross-validate the end-to-end fit: refit without each chip, and "
+                        "without each model family, and predict the cases left out")
     a = p.parse_args(argv)
     try:
         cases, truth = load(a.dir)
         if a.fit:
-            from dse.fit import fit, write_efficiency
-            table = fit(cases, truth)
+            from dse.fit import fit, tables, write_efficiency
+            theta = fit(cases, truth)
             if a.write:
-                write_efficiency(table)
+                write_efficiency(tables(theta, cases))
                 print("wrote dse/catalog/efficiency.toml")
         from dse.predict import predict_frame
         pred = predict_frame(cases, file="cases.csv")
@@ -108,46 +109,14 @@ def main(argv=None) -> int:
         print()
         print(report(j, ("source", "metric", "hardware")).to_string(
             index=False, float_format=lambda v: f"{v:.3f}"))
-    if a.holdout:
-        print()
-        print("Held out: each chip scored with the default factors built from the other chips")
-        print(report(holdout(cases, truth), ("source", "metric", "hardware")).to_string(
-            index=False, float_format=lambda v: f"{v:.3f}"))
+    if a.cv:
+        from dse.fit import cross_validate
+        for by, what in (("hardware", "leave one chip out"), ("family", "leave one model family out")):
+            print()
+            print(f"Cross-validated ({what}: the end-to-end numbers refitted without it)")
+            print(report(cross_validate(cases, truth, by), ("source", "metric", "held_out"))
+                  .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return 0
-
-
-def holdout(cases: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
-    """Leave-one-accelerator-out: replace a chip's fitted factors by the geometric mean of the
-    other fitted chips (matmul scaled by MAMF, exactly as an uncalibrated chip gets), predict."""
-    from dse import catalog
-    from dse.build import EFF_FIELDS
-    from dse.predict import finish, prepare
-    accs = catalog.accelerators()
-    hws = sorted(cases["hardware"].unique())
-    prep = prepare(cases, file="cases.csv")
-    rows_hw = prep.resolved["accelerator.id"].to_numpy()
-    parts = []
-    for hw in hws:
-        others = [h for h in hws if h != hw]
-        eff = {f: float(np.exp(np.mean([np.log(getattr(accs[h].efficiency, f) + 1e-30)
-                                          for h in others]))) for f in EFF_FIELDS}
-        ratio = lambda h: (accs[h].microbench.matmul_bf16_flops_per_s / accs[h].peak_flops_per_s.bf16  # noqa: E731
-                           if accs[h].microbench and accs[h].microbench.matmul_bf16_flops_per_s
-                           else None)
-        ref = [ratio(h) for h in others if ratio(h)]
-        if ratio(hw) and ref:
-            eff["matmul_fraction"] = min(1.0, eff["matmul_fraction"] * ratio(hw) / np.mean(ref))
-        sel = rows_hw == hw
-        cols = {}
-        for f, v in eff.items():
-            c = prep.batch.columns[f].copy()
-            c[sel] = v
-            cols[f] = c
-        pred = finish(prep, prep.batch.replace(**cols))
-        sub = cases[cases["hardware"] == hw]
-        parts.append(joined(pred[pred["case_id"].isin(sub["case_id"])], sub,
-                            truth[truth["case_id"].isin(sub["case_id"])]))
-    return pd.concat(parts, ignore_index=True)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def evaluate_flat(flat: dict, file: str = "design") -> dict:
         elif k == "feasible":
             out_metrics[k] = bool(x)
         elif k == "reason":
-            out_metrics[k] = reason_text(int(x))
+            out_metrics[k] = reason_text(int(x), float(metrics["max_concurrent_sequences"][0]))
         else:
             x = float(x)
             out_metrics[k] = None if math.isnan(x) or math.isinf(x) else x

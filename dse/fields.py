@@ -121,7 +121,7 @@ def ident(path, doc, default=CATALOG) -> Field:
     return Field(path, "id", "", doc, default)
 
 
-_EFF = "efficiency factor (fitted on ../shared/calibration, dse/catalog/efficiency.toml)"
+_EFF = "end-to-end factor (dse/catalog/efficiency.toml, dse.fit)"
 
 FIELDS: tuple[Field, ...] = (
     # -- accelerator (dse/catalog/accelerators.toml) --
@@ -138,13 +138,6 @@ FIELDS: tuple[Field, ...] = (
     count("accelerator.scaleup_domain_chips", "chips", "chips in the accelerator's scale-up domain",
           limit="scale-up domain chips"),
     num("accelerator.scaleout_link_bw_bytes_per_s", "bytes/s", "scale-out bandwidth per chip"),
-    frac("accelerator.efficiency.matmul_fraction", "share of peak FLOP/s matmuls reach; " + _EFF,
-         open_=True),
-    num("accelerator.efficiency.matmul_half_rows", "rows",
-        "rows at which a matmul reaches half its efficiency (tile quantization); " + _EFF,
-        open_=False),
-    frac("accelerator.efficiency.attention_fraction", "share of peak FLOP/s attention reaches; "
-         + _EFF, open_=True),
     frac("accelerator.efficiency.hbm_fraction", "share of HBM bandwidth reached; " + _EFF,
          open_=True),
     frac("accelerator.efficiency.scaleup_fraction", "share of scale-up bandwidth reached; " + _EFF,
@@ -176,6 +169,10 @@ FIELDS: tuple[Field, ...] = (
     # -- model (dse/catalog/models.toml, Hugging Face config vocabulary) --
     ident("model.id", "catalog id of the model"),
     enum("model.weight_dtype", DTYPES, "bf16", "weight element type"),
+    enum("model.fp8_scaling", ("auto", "tensor", "block"), "auto",
+         "how fp8 weights are scaled, which picks the GEMM kernels: per tensor (ModelOpt FP8 "
+         "checkpoints of dense models), per 128x128 block (DeepSeek-style fine-grained FP8), or "
+         "auto: block for MoE models (their native FP8 checkpoints are block-scaled), else tensor"),
     enum("model.kv_dtype", DTYPES, "", "KV-cache element type",
          blank="fp8 with fp8/fp4 weights, else bf16"),
     count("model.hidden_size", "", "hidden size"),
@@ -237,6 +234,11 @@ FIELDS: tuple[Field, ...] = (
     enum("serving.runtime", ("trtllm", "sglang", "vllm"), "trtllm",
          "serving runtime: its fitted kernels and collectives (dse/catalog/kernels) and its "
          "defaults (max batch per scheduler, dense MLP layout; dse/catalog/serving.toml)"),
+    enum("serving.ep_overlap", ("none", "tbo"), "none",
+         "two-batch overlap of MoE steps (tbo: two micro-batches, one's expert all-to-all under "
+         "the other's compute, as SGLang and DeepEP run it; weights are read twice)"),
+    frac("serving.alltoall_overlap_fraction", "share of the EP all-to-all hidden under the "
+         "step's other compute (tbo hides all of it)", 0.0),
     enum("serving.a2a_kernel", ("auto", "low_latency", "normal"), "auto",
          "expert-parallel all-to-all kernels: auto = low-latency in decode-only steps and normal "
          "(high-throughput) in steps that carry prompt tokens, as DeepEP runs them"),

@@ -1,10 +1,15 @@
-"""Least-squares fit of the per-accelerator efficiency factors on the calibration set.
+"""End-to-end remainder of the model, fitted on ../shared/calibration after the kernel fit.
 
-Each accelerator with calibration cases gets its own factors, fitted on its cases only (a few
-parameters against tens of cases), with a weak log-normal prior that pulls each factor toward
-the physical default so that no factor runs off to fit noise. Accelerators without cases get
-``default``: the geometric mean of the fitted ones, with ``matmul_fraction`` expressed relative
-to the measured matmul microbenchmark (MAMF) so it transfers to other chips.
+The per-op efficiencies come from the kernel fits (``python -m dse.kernels``, the catalog's
+``kernels/*.toml``). What end-to-end serving adds on top of the kernels, and what no kernel
+table measures, is a fixed time per layer (norms, residuals, rotary embedding, activation
+kernels) and a fixed time per step (the scheduler, sampling, host-device synchronisation).
+Those two numbers are fitted here by least squares in log space, **shared by every chip** (they
+describe the runtime, not the silicon), so they transfer to chips the calibration set never saw;
+the other end-to-end factors stay at their physical priors (``FIXED``).
+
+Cross-validation refits the two numbers without one chip (leave-one-chip-out) or without one
+model family (leave-one-family-out) and predicts the cases left out.
 """
 
 from __future__ import annotations
@@ -21,106 +26,103 @@ from dse.build import EFF_FIELDS
 from dse.calibrate import joined, weights
 from dse.predict import Prepared, finish, prepare
 
-# (name, prior, lower, upper, prior sigma in log space)
+# (name, prior, lower, upper)
 PARAMS = (
-    ("matmul_fraction", 0.6, 0.15, 1.0, 0.5),
-    ("matmul_half_rows", 64.0, 1.0, 2048.0, 1.0),
-    ("attention_fraction", 0.5, 0.1, 1.0, 0.5),
-    ("hbm_fraction", 0.8, 0.3, 1.0, 0.3),
-    ("scaleup_fraction", 0.8, 0.1, 1.0, 0.5),
-    ("layer_overhead_s", 20e-6, 1e-7, 5e-4, 1.5),
-    ("step_overhead_s", 1e-3, 1e-5, 2e-2, 1.5),
+    ("layer_overhead_s", 10e-6, 1e-8, 5e-4),
+    ("step_overhead_s", 1e-3, 1e-6, 3e-2),
 )
-FIXED = {"scaleout_fraction": 0.75, "network_overlap_fraction": 0.0}
+# end-to-end factors kept at their physical priors: the share of HBM bandwidth the traffic
+# outside GEMMs and attention reaches (embedding rows), of the scale-up and scale-out links a
+# pipeline hand-off or a KV transfer reaches, and no overlap of collectives with compute
+FIXED = {"hbm_fraction": 0.8, "scaleup_fraction": 0.8, "scaleout_fraction": 0.75,
+         "network_overlap_fraction": 0.0}
 
 
-def _batch_with(prep: Prepared, rows: np.ndarray, theta: np.ndarray):
-    cols = {}
-    for (name, *_), v in zip(PARAMS, theta):
-        col = prep.batch.columns[name].copy()
-        col[rows] = v
-        cols[name] = col
-    return prep.batch.replace(**cols)
+def _batch_with(prep: Prepared, theta: np.ndarray):
+    return prep.batch.replace(**{name: v for (name, *_), v in zip(PARAMS, theta)})
 
 
-def fit(cases: pd.DataFrame, truth: pd.DataFrame, verbose: bool = True) -> dict:
-    """Fitted efficiency tables: {accelerator id: {field: value}, 'default': {...}}."""
+def _residuals(prep: Prepared, cases: pd.DataFrame, truth: pd.DataFrame, theta) -> pd.DataFrame:
+    pred = finish(prep, _batch_with(prep, theta))
+    return joined(pred, cases, truth)
+
+
+def fit(cases: pd.DataFrame, truth: pd.DataFrame, keep=None, verbose: bool = True,
+        prep: Prepared | None = None) -> dict:
+    """The two end-to-end numbers fitted on the cases where ``keep`` (a boolean per case, all
+    by default), every (source, metric, hardware) group weighted equally within its source."""
+    prep = prep or prepare(cases, file="cases.csv")
+    keep_ids = set(cases["case_id"] if keep is None else cases["case_id"][np.asarray(keep)])
+    base = truth[truth["case_id"].isin(keep_ids)].merge(
+        cases[["case_id", "hardware", "model"]], on="case_id")
+    w = np.sqrt(weights(base.assign(pred=1.0)))
+    w = w / w.mean()
+    lo = np.log([p[2] for p in PARAMS])
+    hi = np.log([p[3] for p in PARAMS])
+    x0 = np.log([p[1] for p in PARAMS])
+
+    def resid(x):
+        j = _residuals(prep, cases, truth, np.exp(x))
+        j = base[["case_id", "metric"]].merge(j, on=["case_id", "metric"], how="left")
+        r = np.log(j["pred"].to_numpy(float) / j["value"].to_numpy(float))
+        return w * np.where(np.isfinite(r), r, 3.0)
+
+    sol = least_squares(resid, x0, bounds=(lo, hi), diff_step=0.05, max_nfev=60)
+    theta = {p[0]: float(v) for p, v in zip(PARAMS, np.exp(sol.x))}
+    dof = max(len(base) - len(PARAMS), 1)
+    cov = np.linalg.pinv(sol.jac.T @ sol.jac) * float(np.sum(sol.fun ** 2) / dof)
+    theta["_log_sd"] = [float(v) for v in np.sqrt(np.maximum(np.diag(cov), 0.0))]
+    if verbose:
+        print("  ".join(f"{k}={v:.4g}" for k, v in theta.items() if not k.startswith("_"))
+              + f"  ({len(base)} values, {sol.nfev} evaluations)")
+    return theta
+
+
+def cross_validate(cases: pd.DataFrame, truth: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Refit without each group of ``by`` ("hardware" or "family") and predict that group."""
     prep = prepare(cases, file="cases.csv")
-    hw_rows = prep.resolved["accelerator.id"].to_numpy()
-    fitted = {}
-    for hw in sorted(cases["hardware"].unique()):
-        rows = np.flatnonzero(hw_rows == hw)
-        sub_cases = cases[cases["hardware"] == hw]
-        sub_truth = truth[truth["case_id"].isin(sub_cases["case_id"])]
-        base = sub_truth.merge(cases[["case_id", "hardware", "model"]], on="case_id")
-        w = weights(base.assign(pred=1.0))
-        w = np.sqrt(w / w.mean())
-        x0 = np.log([p[1] for p in PARAMS])
-        lo = np.log([p[2] for p in PARAMS])
-        hi = np.log([p[3] for p in PARAMS])
-        sig = np.array([p[4] for p in PARAMS])
-
-        def resid(x):
-            pred = finish(prep, _batch_with(prep, rows, np.exp(x)))
-            pred = pred[pred["case_id"].isin(sub_cases["case_id"])]
-            j = joined(pred, sub_cases, sub_truth)
-            j = base[["case_id", "metric"]].merge(j, on=["case_id", "metric"], how="left")
-            r = np.log(j["pred"].to_numpy(float) / j["value"].to_numpy(float))
-            r = np.where(np.isfinite(r), r, 3.0)
-            return np.concatenate([w * r, 0.1 * (x - x0) / sig])
-
-        sol = least_squares(resid, x0, bounds=(lo, hi), diff_step=0.05, x_scale=1.0,
-                            max_nfev=300)
-        theta = np.exp(sol.x)
-        fitted[hw] = {p[0]: float(v) for p, v in zip(PARAMS, theta)}
-        if verbose:
-            rms = np.sqrt(np.mean(sol.fun[: len(base)] ** 2))
-            print(f"{hw:14s} " + " ".join(f"{p[0]}={v:.3g}" for p, v in zip(PARAMS, theta))
-                  + f"  (weighted rms log error {rms:.3f}, {sol.nfev} evaluations)")
-    return _tables(fitted, cases)
+    key = cases["hardware"] if by == "hardware" else cases["model"].map(model_family)
+    parts = []
+    for g in sorted(key.unique()):
+        out = (key == g).to_numpy()
+        theta = fit(cases, truth, keep=~out, verbose=False, prep=prep)
+        j = _residuals(prep, cases, truth, np.array([theta[p[0]] for p in PARAMS]))
+        parts.append(j[j["case_id"].isin(set(cases["case_id"][out]))].assign(held_out=g))
+    return pd.concat(parts, ignore_index=True)
 
 
-def _tables(fitted: dict, cases: pd.DataFrame) -> dict:
-    accs = catalog.accelerators()
-    n_cases = cases.groupby("hardware").size().to_dict()
+def model_family(model_id: str) -> str:
+    """The family a catalog model belongs to (its id up to the first dash)."""
+    return str(model_id).split("-")[0]
+
+
+def tables(theta: dict, cases: pd.DataFrame) -> dict:
     today = _dt.date.today().isoformat()
-    out = {}
-    for hw, vals in fitted.items():
-        out[hw] = {**vals, **FIXED, "fitted_on": (
-            f"{n_cases[hw]} cases of ../shared/calibration (TRTLLM-V017 offline throughput, "
-            f"TRTLLM-ONLINE TTFT/TPOT) for {hw}, fitted {today}")}
-    ratios = []
-    for hw in fitted:
-        mb = accs[hw].microbench
-        if mb and mb.matmul_bf16_flops_per_s:
-            ratios.append(mb.matmul_bf16_flops_per_s / accs[hw].peak_flops_per_s.bf16)
-    default = {p[0]: float(np.exp(np.mean([np.log(v[p[0]]) for v in fitted.values()])))
-               for p in PARAMS}
-    out["default"] = {**default, **FIXED,
-                      "reference_mamf_fraction": float(np.mean(ratios)) if ratios else 0.8,
-                      "fitted_on": "geometric mean of the fitted accelerators ("
-                                   + ", ".join(sorted(fitted)) + f"), {today}"}
-    return out
+    hws = ", ".join(sorted(cases["hardware"].unique()))
+    sd = theta.get("_log_sd", [float("nan")] * len(PARAMS))
+    return {"default": {**{p[0]: theta[p[0]] for p in PARAMS}, **FIXED,
+                        "fitted_on": (
+                            f"{len(cases)} cases of ../shared/calibration ({hws}; TensorRT-LLM), "
+                            "on top of the kernel fits, shared by every chip; log-space sd "
+                            + ", ".join(f"{p[0]} {s:.3f}" for p, s in zip(PARAMS, sd))
+                            + f"; fitted {today}")}}
 
 
 def write_efficiency(tables: dict, path: Path | None = None) -> Path:
     path = path or Path(catalog.__file__).with_name("efficiency.toml")
-    lines = ["# Empirical efficiencies of the serving model, per accelerator.",
-             "# Written by `python -m dse.calibrate --fit --write` (fitted on ../shared/calibration);",
-             "# do not edit by hand. `default` applies to accelerators without calibration data; its",
-             "# matmul_fraction is scaled by the chip's measured matmul microbenchmark (MAMF) relative",
-             "# to reference_mamf_fraction, the mean MAMF/peak of the fitted chips.", ""]
-    order = ["default"] + sorted(k for k in tables if k != "default")
-    for k in order:
+    lines = ["# End-to-end remainder of the serving model (dse.fit): what end-to-end serving adds",
+             "# to the fitted kernels (dse/catalog/kernels) -- a fixed time per layer and per step,",
+             "# fitted on ../shared/calibration and shared by every chip -- and the factors kept at",
+             "# their physical priors. Written by `python -m dse.calibrate --fit --write`; do not",
+             "# edit by hand. A chip may get its own table; `default` applies to the others.", ""]
+    for k in ["default"] + sorted(k for k in tables if k != "default"):
         lines.append(f"[{k}]")
-        for f in (*EFF_FIELDS, "reference_mamf_fraction", "fitted_on"):
+        for f in (*EFF_FIELDS, "fitted_on"):
             if f in tables[k]:
                 v = tables[k][f]
                 lines.append(f'{f} = "{v}"' if isinstance(v, str) else f"{f} = {v:.6g}")
         lines.append("")
-    text = "\n".join(lines)
-    text = text.replace("= inf", "= 1e300")
-    path.write_text(text)
+    path.write_text("\n".join(lines))
     catalog.accelerators.cache_clear()
     from dse import build
     build._FRAMES = None

@@ -312,7 +312,8 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
     bound = np.where(cap, 3, bound)
     out["bound"] = np.array(BOUNDS, dtype=object)[bound.astype(int)]
     out["feasible"] = s["feasible"][best]
-    out["reason"] = [reason_text(r) for r in s["reason"][best]]
+    out["reason"] = [reason_text(r, m) for r, m in zip(s["reason"][best],
+                                                        s["max_concurrent_sequences"][best])]
     for c in ("tp", "pp", "ep", "dp"):
         out[c] = resolved[f"layout.{c}"].to_numpy()[best].astype(int)
     for m in ("usd_per_mtok_output", "usd_per_mtok_input", "max_concurrent_sequences"):

@@ -55,9 +55,6 @@ class Microbench(Frozen):
 class Efficiency(Frozen):
     """Empirical efficiencies; fitted ones say what they were fitted on."""
 
-    matmul_fraction: float = Field(gt=0, le=1)
-    matmul_half_rows: float = Field(ge=0)
-    attention_fraction: float = Field(gt=0, le=1)
     hbm_fraction: float = Field(gt=0, le=1)
     scaleup_fraction: float = Field(gt=0, le=1)
     scaleout_fraction: float = Field(gt=0, le=1)

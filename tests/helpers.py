@@ -17,10 +17,26 @@ from dse.perf import Batch, score
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 
-IDEAL = {  # speed of light: peak FLOP/s, full bandwidths, no fixed costs
-    "matmul_fraction": 1.0, "matmul_half_rows": 0.0, "attention_fraction": 1.0,
+IDEAL = {  # speed of light: peak FLOP/s, full bandwidths, no fixed costs, no padding
     "hbm_fraction": 1.0, "scaleup_fraction": 1.0, "scaleout_fraction": 1.0,
     "layer_overhead_s": 0.0, "step_overhead_s": 0.0, "network_overlap_fraction": 0.0,
+    "gemm_fraction": 1.0, "gemm_half_rows": 0.0, "gemm_n_half": 0.0, "gemm_k_half": 0.0,
+    "gemm_wave_elements": 0.0, "gemm_hbm_fraction": 1.0, "gemm_latency_s": 0.0,
+    "moe_fraction": 1.0, "moe_half_rows": 0.0, "moe_width_half": 0.0, "moe_hbm_fraction": 1.0,
+    "moe_token_bytes": 0.0, "moe_latency_s": 0.0,
+    "attn_prefill_fraction": 1.0, "attn_prefill_half_tokens": 0.0, "attn_prefill_half_rows": 0.0,
+    "attn_prefill_latency_s": 0.0, "attn_prefill_hbm_fraction": 1.0,
+    "attn_decode_hbm_fraction": 1.0, "attn_decode_compute_fraction": 1.0,
+    "attn_decode_group_min_heads": 0.0, "attn_decode_latency_s": 0.0,
+    "attn_decode_per_seq_s": 0.0, "attn_decode_per_seq_kv_head_s": 0.0,
+    # collectives: NCCL Simple at the full link, no latency (LL and custom kernels never win)
+    "ar_nccl_latency_s": 1.0, "ar_nccl_latency_per_log2_s": 0.0, "ar_nccl_ll_fraction": 1.0,
+    "ar_nccl_bulk_latency_s": 0.0, "ar_nccl_fraction": 1.0, "ar_nccl_fraction_per_doubling": 1.0,
+    "ar_custom_latency_s": 1.0, "ar_custom_latency_per_log2_s": 0.0, "ar_custom_fraction": 1.0,
+    **{f"a2a_{k}_{p}_{w}": (0.0 if w == "latency_s" else 1.0) for k in ("ll", "normal")
+       for p in ("dispatch", "combine") for w in ("latency_s", "fraction")},
+    "a2a_scaleout_latency_s": 0.0, "a2a_scaleout_fraction": 1.0, "scaleup_extra_latency_s": 0.0,
+    "tp_bw_rel": 1.0, "ffn_bw_rel": 1.0, "a2a_bw_rel": 1.0,
 }
 
 

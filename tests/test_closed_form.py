@@ -207,7 +207,7 @@ def test_dense_mlp_replicated_per_attention_dp_rank():
     assert mr["weights_bytes_per_chip"][0] - ms["weights_bytes_per_chip"][0] == \
         pytest.approx(p_dense * (1 - 1 / 64), rel=1e-9)
     assert sr.decode.network_s[j, 0] == 0.0 < ss.decode.network_s[j, 0]
-    hbm = split.hbm_bw_bytes_per_s[0] * split.hbm_fraction[0]
+    hbm = split.hbm_bw_bytes_per_s[0] * split.gemm_hbm_fraction[0]   # the GEMM weight stream
     assert sr.decode.memory_s[j, 0] == pytest.approx(p_dense / hbm, rel=1e-9)
     assert ss.decode.memory_s[j, 0] == pytest.approx(p_dense / 64 / hbm, rel=1e-9)
 

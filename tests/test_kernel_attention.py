@@ -184,3 +184,55 @@ def test_catalog_parameters_predict_a_measured_table():
     pred = attention.predictor("mla_decode", d, accelerators())(vals)
     assert isinstance(d, pd.DataFrame)
     assert common.error_factor(pred, d["latency_s"]) < 1.5
+
+
+def test_multistart_fit_recovers_from_the_seeded_starts():
+    """The seeded starts (default, compute-leaning, memory-leaning) recover the truth from the
+    production x0 and bounds, and the best in-sample start is the one kept."""
+    pytest.importorskip("scipy")
+    from dse.kernels import attention
+    assert len(attention.starts("attn_decode")) == 3
+    for params in attention.starts("attn_prefill"):
+        assert [p.name for p in params] == [p.name for p in attention.PREFILL_PARAMS]
+        assert all(p.lo <= p.x0 <= p.hi for p in params)
+    b, ctx, h, kv, kvb = _decode_grid()
+    f = lambda p: ka.gqa_decode_attention_s(b, ctx, h, kv, 128, kvb, 0.0, H200_PEAK, H200_BW, **p)
+    best = attention.fit_starts("attn_decode", f, f(DEC), max_nfev=200)
+    one = [common.least_squares_fit(f, ps, f(DEC), max_nfev=200)
+           for ps in attention.starts("attn_decode")]
+    assert best.rms_log == pytest.approx(min(x.rms_log for x in one))
+    assert best.rms_log < 1e-3
+
+
+def test_fast_held_out_matches_the_common_rule():
+    import pandas as pd
+    from dse.kernels import attention
+    rng = np.random.default_rng(0)
+    d = pd.DataFrame({"batch_size": rng.integers(1, 512, 500), "isl": rng.integers(1, 9000, 500),
+                      "window_size": rng.choice([0.0, 128.0], 500),
+                      "kv_cache_dtype": rng.choice(["bfloat16", "fp8"], 500)})
+    cols = list(d.columns)
+    assert (attention.held_out(d, cols) == common.held_out(d, cols)).all()
+
+
+def test_missing_runtime_takes_that_runtimes_chips_first():
+    from dse.catalog import accelerators
+    from dse.kernels import attention
+    accs = accelerators()
+    op, params = "mla_decode", attention.MLA_DECODE_PARAMS
+    own = {p.name: p.x0 for p in params}
+    other = {p.name: min(p.x0 * 3.0, p.hi) for p in params}
+    values = {(op, "h100-sxm", "trtllm", "bf16"): own,
+              (op, "h200-sxm", "sglang", "bf16"): other, (op, "b200", "sglang", "bf16"): other}
+    # h100 has no sglang table, two chips do: their sglang fit, not h100's trtllm one
+    v, note = attention._entry_values(op, "h100-sxm", "sglang", "bf16", values, {}, {}, accs,
+                                      "x", "t")
+    assert "sglang transferred from" in note
+    for p in params:
+        if p.kind != "compute":       # compute keys carry the MAMF ratio
+            assert v[p.name] == pytest.approx(other[p.name], rel=1e-9), p.name
+    # no chip has vllm: the chip's own other runtimes
+    v, note = attention._entry_values(op, "h100-sxm", "vllm", "bf16", values, {}, {}, accs,
+                                      "x", "t")
+    assert "geometric mean of h100-sxm's trtllm" in note
+    assert v == pytest.approx(own)

@@ -192,3 +192,24 @@ def test_fit_report_on_measured_tables():
     rep = comm.main(fit=False)
     ar = rep[rep["op_class"] == "allreduce_nccl"].dropna(subset=["error_held_out"])
     assert len(ar) >= 5 and (ar["error_held_out"] < 1.2).all()
+
+
+def test_missing_runtime_takes_that_runtimes_chips_first():
+    from dse.catalog import accelerators
+    from dse.kernels import comm
+    accs = accelerators()
+    nccl = {c: dict(NCCL) for c in ("h100-sxm", "h200-sxm", "b200")}
+    own = dict(ar_custom_latency_s=3e-6, ar_custom_latency_per_log2_s=3e-7,
+               ar_custom_fraction=0.5)
+    other = {k: v * 2.0 for k, v in own.items()}
+    fits = {"nccl": nccl, "a2a": {},
+            "custom": {("h100-sxm", "trtllm"): own, ("h200-sxm", "sglang"): other,
+                       ("b200", "sglang"): other}}
+    v, how = comm.entry_for("h100-sxm", "sglang", fits, accs)
+    assert "ar_custom: ar_custom sglang transfer from" in how
+    for k in own:
+        assert v[k] == pytest.approx(other[k], rel=1e-9), k
+    v, how = comm.entry_for("h100-sxm", "vllm", fits, accs)     # nobody has vllm
+    assert "chip's other runtimes" in how
+    for k in own:
+        assert v[k] == pytest.approx(own[k], rel=1e-9), k

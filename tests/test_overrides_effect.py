@@ -25,7 +25,7 @@ BASES = [
      "workload.concurrency": 2048, "layout.dense_mlp": "replicated"},
     {"accelerator.id": "h200-sxm", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
      "layout.tp": 8, "layout.dp": 2, "layout.ep": 16, "workload.isl": 1024, "workload.osl": 256,
-     "workload.concurrency": 64, "cost.mode": "rental"},
+     "workload.concurrency": 64, "cost.mode": "rental", "layout.dense_mlp": "split"},
     {"accelerator.id": "b200", "model.id": "llama-4-scout", "model.weight_dtype": "fp8",
      "layout.tp": 4, "layout.ep": 4, "workload.isl": 8192, "workload.osl": 1024,
      "workload.concurrency": 32, "cost.capex_model": "components"},
@@ -38,6 +38,17 @@ BASES = [
      "workload.concurrency": 16},
     {"accelerator.id": "a100-sxm-80g", "model.id": "mixtral-8x7b", "model.weight_dtype": "int8",
      "layout.tp": 2, "layout.ep": 2, "workload.concurrency": 32},
+    {"accelerator.id": "b200", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp4",
+     "layout.tp": 2, "workload.concurrency": 64, "model.kv_dtype": "bf16"},
+    {"accelerator.id": "h100-sxm", "model.id": "mixtral-8x7b", "model.weight_dtype": "fp8",
+     "model.fp8_scaling": "tensor", "layout.tp": 2, "layout.ep": 2, "workload.concurrency": 64},
+    {"accelerator.id": "b200", "model.id": "qwen3-30b-a3b", "model.weight_dtype": "fp4",
+     "layout.tp": 1, "layout.dp": 4, "layout.ep": 4, "workload.concurrency": 256,
+     "serving.a2a_kernel": "normal"},
+    {"accelerator.id": "a100-sxm-80g", "model.id": "llama-3.1-8b", "model.kv_dtype": "fp8",
+     "layout.tp": 1, "workload.concurrency": 32},
+    {"accelerator.id": "h200-sxm", "model.id": "deepseek-v3", "model.weight_dtype": "bf16",
+     "layout.tp": 8, "layout.pp": 2, "workload.concurrency": 16},
     {"accelerator.id": "l40s", "model.id": "llama-3.1-8b", "model.weight_dtype": "fp16",
      "layout.tp": 2, "workload.concurrency": 16, "workload.phase": "prefill"},
 ]
@@ -46,11 +57,6 @@ BASES = [
 NO_EFFECT = {
     "accelerator.peak_flops_per_s.int4": "int4 weights are weight-only: they compute in bf16",
     "accelerator.tdp_w": "documentation: power enters through price.all_in_power_w",
-    "accelerator.scaleup_domain_chips": "feeds topology.scaleup.domain_chips (tested there)",
-    "accelerator.scaleup_link_bw_bytes_per_s": "feeds topology.scaleup.link_bw_bytes_per_s",
-    "accelerator.scaleout_link_bw_bytes_per_s": "feeds topology.scaleout.link_bw_bytes_per_s",
-    "topology.domain_chips": "feeds topology.scaleup.domain_chips",
-    "topology.scaleout_oversubscription": "feeds topology.scaleout.link_bw_bytes_per_s",
 }
 BOOLEAN = {"model.mlp_gated", "model.tie_word_embeddings"}
 SKIP_PREFIX = ("reference.",)

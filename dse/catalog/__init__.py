@@ -22,26 +22,17 @@ def _load(name: str) -> dict:
         return tomllib.load(f)
 
 
-def _efficiency(acc_id: str, raw_acc: dict, table: dict) -> Efficiency:
-    if acc_id in table:
-        return Efficiency(**table[acc_id])
-    d = dict(table["default"])
-    ref = d.pop("reference_mamf_fraction")
-    bench = raw_acc.get("microbench") or {}
-    mamf = bench.get("matmul_bf16_flops_per_s")
-    if mamf:
-        ratio = mamf / raw_acc["peak_flops_per_s"]["bf16"]
-        d["matmul_fraction"] = min(1.0, d["matmul_fraction"] * ratio / ref)
-        d["fitted_on"] = (d["fitted_on"] + f"; matmul_fraction scaled by this chip's MAMF "
-                          f"({ratio:.3f} of bf16 peak) over the reference {ref:.3f}")
-    return Efficiency(**d)
+def _efficiency(acc_id: str, table: dict) -> Efficiency:
+    """The end-to-end remainder of the model (efficiency.toml): a chip's own entry, else the
+    default fitted on every calibrated chip (the per-op efficiencies are the kernel fits)."""
+    return Efficiency(**table.get(acc_id, table["default"]))
 
 
 @lru_cache(maxsize=1)
 def accelerators() -> dict[str, Accelerator]:
     raw = _load("accelerators.toml")
     eff = _load("efficiency.toml")
-    return {k: Accelerator(id=k, efficiency=_efficiency(k, v, eff), **v) for k, v in raw.items()}
+    return {k: Accelerator(id=k, efficiency=_efficiency(k, eff), **v) for k, v in raw.items()}
 
 
 @lru_cache(maxsize=1)

@@ -5,6 +5,7 @@
     python -m dse.kernels --fit --write   # ... and write dse/catalog/kernels/<op>.toml
     python -m dse.kernels --loco          # leave-one-chip-out: the transfer rule's error per chip
     python -m dse.kernels --only gemm,moe # some op classes only
+    python -m dse.kernels --loco --out reports/kernels   # ... and write the report as Markdown
 
 Needs the optional extra: pip install -e ".[kernels]".
 """
@@ -33,6 +34,7 @@ def main(argv=None) -> int:
     p.add_argument("--write", action="store_true")
     p.add_argument("--loco", action="store_true")
     p.add_argument("--only", default="")
+    p.add_argument("--out", help="folder to write the report to (README.md, report.csv)")
     a = p.parse_args(argv)
     names = [n for n in (a.only.split(",") if a.only else OP_MODULES) if n]
     frames = []
@@ -54,12 +56,43 @@ def main(argv=None) -> int:
         return 2
     if frames:
         rep = pd.concat(frames, ignore_index=True)
-        print(rep.to_markdown(index=False, floatfmt=".3f") if _has_tabulate() else rep.to_string())
+        print(_table(rep))
+        if a.out:
+            write_report(rep, a.out)
     return 0
 
 
-def _has_tabulate() -> bool:
-    return importlib.util.find_spec("tabulate") is not None
+def summary(rep: pd.DataFrame) -> pd.DataFrame:
+    """Per op class: groups, median and worst held-out error, share of groups <= 1.15."""
+    g = rep.dropna(subset=["error_held_out"]).groupby("op_class")["error_held_out"]
+    return pd.DataFrame({"groups": g.size(), "median": g.median(), "worst": g.max(),
+                         "share_le_1.15": g.apply(lambda x: float((x <= 1.15).mean()))}
+                        ).reset_index()
+
+
+def write_report(rep: pd.DataFrame, folder: str) -> None:
+    """The per-op error report as Markdown (summary per op class, then every group) and CSV."""
+    from pathlib import Path
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    rep.to_csv(out / "report.csv", index=False)
+    lines = ["# Per-op error of the kernel models (`python -m dse.kernels --loco --out ...`)", "",
+             "Error = geometric mean of max(pred/true, true/pred) over a group's measured kernel",
+             "times (aiconfigurator-core's tables; the DeepEP/NCCL rows of",
+             "../shared/calibration). `held_out`: shapes the fit never saw (crc32 of the shape",
+             "key % 5 == 0, the same shapes on every chip); `/loco` rows: the chip predicted with",
+             "parameters transferred from the other chips only (dse/kernels/common.py).", "",
+             "## Summary per op class (held-out shapes)", "",
+             _table(summary(rep)), "", "## Every chip x runtime x dtype", "", _table(rep), ""]
+    (out / "README.md").write_text("\n".join(lines))
+
+
+def _table(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    rows += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in df.itertuples(index=False)]
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,13 @@ Data (kernel/collective microbenchmarks only):
   the NCCL all-reduce busbw row of H800 (8 GPUs, taken at 1 GiB) sets its ``ar_nccl_fraction``.
   The V2 ("logical bandwidth") rows are not used.
 
+Catalog entries (every accelerator x runtime): ``ar_nccl_*`` from the chip's NCCL table, else
+by transfer. ``ar_custom_*`` and ``a2a_*`` from the (chip, runtime) table; a key the chip lacks
+for that runtime takes the transfer rule (``common.transfer``) from the chips that have **that
+runtime's** table (runtime kernels differ more than chips do); only when no chip has it, the
+chip's own other runtimes (geometric mean); then a transfer over any runtime; then the prior
+(``Param.x0``). ``fitted_on`` names the source of every key group.
+
 Held-out rule and transfer rule: ``dse.kernels.common``.
 """
 
@@ -294,6 +301,32 @@ def entry_for(chip, rt, fits, accs, exclude=None):
             own = {**f[(chip, "deepep")], **own}
         got = dict(own)
         how = [f"{rt} tables"] if own else []
+
+        def transfer_from(pool):
+            """Fill missing keys by transfer from the chips with tables of ``pool``'s
+            runtimes (None: any runtime; per chip the geometric mean over its runtimes)."""
+            missing = [n for n in names if n not in got]
+            per_chip = {}
+            for (c, r), v in f.items():
+                if pool is None or r in pool:
+                    per_chip.setdefault(c, []).append(v)
+            per_chip = {c: _geo(v) for c, v in per_chip.items() if c != chip}
+            for p in ps:
+                if p.name not in missing:
+                    continue
+                have = {c: v for c, v in per_chip.items() if p.name in v}
+                if not have:
+                    continue
+                v, near, _ = common.transfer(chip, have, (p,), accs)
+                got.update(v)
+                src = "any runtime" if pool is None else "+".join(pool)
+                how.append(f"{p.name.split('_', 2)[1] if cls == 'a2a' else label} "
+                           f"{src} transfer from " + "+".join(near))
+
+        # runtime kernels differ more than chips do: a chip without this runtime's table takes
+        # the runtime's kernels from the chips that have it, and its own other runtimes only
+        # when no chip has that runtime's table
+        transfer_from((rt,))
         missing = [n for n in names if n not in got]
         if missing:       # the chip's other runtimes
             others = [v for (c, r), v in f.items() if c == chip and r != rt]
@@ -302,29 +335,8 @@ def entry_for(chip, rt, fits, accs, exclude=None):
             if add:
                 got.update(add)
                 how.append("chip's other runtimes")
-        missing = [n for n in names if n not in got]
-        if missing:       # transfer over chips: this runtime first, then any runtime
-            for pool in ([r for r in (rt,)], None):
-                per_chip = {}
-                for (c, r), v in f.items():
-                    if pool is None or r in pool:
-                        per_chip.setdefault(c, []).append(v)
-                per_chip = {c: _geo(v) for c, v in per_chip.items() if c != chip}
-                per_chip = {c: v for c, v in per_chip.items() if any(n in v for n in missing)}
-                if not per_chip:
-                    continue
-                sub = tuple(p for p in ps if p.name in missing)
-                for p in sub:
-                    have = {c: v for c, v in per_chip.items() if p.name in v}
-                    if not have:
-                        continue
-                    v, near, _ = common.transfer(chip, have, (p,), accs)
-                    got.update(v)
-                    how.append(f"{p.name.split('_', 2)[1] if cls == 'a2a' else label} "
-                               f"transfer from " + "+".join(near))
-                missing = [n for n in names if n not in got]
-                if not missing:
-                    break
+        if any(n not in got for n in names):
+            transfer_from(None)
         prior = [n for n in names if n not in got]
         if prior:         # nothing measured anywhere (e.g. scale-out without the H800 rows)
             got.update({n: DEFAULTS[n] for n in prior})

@@ -12,8 +12,10 @@ without measurements takes the geometric mean of its ``K_NEAREST`` nearest measu
 the space of log spec ratios (bf16 FLOP/s, HBM bandwidth, FLOP per HBM byte); a compute
 efficiency (``kind="compute"``) is then multiplied by the chip's measured matmul
 microbenchmark (MAMF / peak) over the same neighbours' mean, when the chip has one. A runtime
-missing on a measured chip takes that chip's other runtimes' geometric mean. The rule is checked
-leave-one-chip-out (``python -m dse.kernels --loco``).
+missing on a measured chip takes the same rule from the chips that have that runtime's table
+(runtime kernels differ more than chips do: SGLang's Triton MoE reaches a fifth of what
+TensorRT-LLM's CUTLASS kernels do); only when no chip has it, the chip's other runtimes. The
+rule is checked leave-one-chip-out (``python -m dse.kernels --loco``).
 """
 
 from __future__ import annotations

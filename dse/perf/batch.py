@@ -43,9 +43,6 @@ FIELDS: dict[str, str] = {
     "attn_flops_per_s": "peak dense FLOP/s used by attention kernels",
     "hbm_bw_bytes_per_s": "HBM bandwidth",
     "hbm_capacity_bytes": "HBM capacity",
-    "matmul_fraction": "achievable fraction of peak for large matmuls",
-    "matmul_half_rows": "GEMM rows at which matmul efficiency halves (tile quantization)",
-    "attention_fraction": "achievable fraction of attn_flops_per_s for attention",
     "hbm_fraction": "achievable fraction of HBM bandwidth",
     "scaleup_fraction": "achievable fraction of scale-up link bandwidth",
     "scaleout_fraction": "achievable fraction of scale-out link bandwidth",
@@ -61,6 +58,9 @@ FIELDS: dict[str, str] = {
     "tp_bw_fraction": "fraction of scale-up bandwidth a tp group can use",
     "ffn_bw_fraction": "fraction of scale-up bandwidth a tp*dp group can use",
     "a2a_bw_fraction": "fraction of scale-up bandwidth for all-to-all over the tp*dp group",
+    "tp_bw_rel": "tp_bw_fraction over that of the system the collective kernels were measured on",
+    "ffn_bw_rel": "ffn_bw_fraction over that of the measured system",
+    "a2a_bw_rel": "a2a_bw_fraction over that of the measured system",
     "rack_chips": "chips per rack",
     "scaleup_extra_latency_s": "scale-up latency of the design's topology beyond that of the "
                                "system the collective kernels were measured on (per step)",
@@ -86,6 +86,9 @@ FIELDS: dict[str, str] = {
     "prefix_hit_fraction": "fraction of input tokens served from a prefix cache",
     "demand_output_tokens_per_s": "output tokens/s a fleet must serve (0: no demand given)",
     "phase": "0 both (continuous batching), 1 prefill only, 2 decode only",
+    "two_batch_overlap": "1: MoE steps run as two micro-batches, one's all-to-all under the "
+                         "other's compute (SGLang/DeepEP two-batch overlap), 0: one batch",
+    "alltoall_overlap_fraction": "share of the EP all-to-all hidden under the step's compute",
     "a2a_mode": "EP all-to-all kernels: 0 auto (low-latency in decode steps, normal with "
                 "prompt tokens), 1 low-latency, 2 normal",
     "max_batch_size": "runtime cap on sequences per scheduler (per attention dp rank)",
@@ -103,9 +106,37 @@ FIELDS: dict[str, str] = {
 }
 
 
-# fitted per-op kernel parameters (dse/catalog/kernels/*.toml; meanings in each module)
-KERNEL_FIELDS: tuple[str, ...] = kernel_comm.KEYS
+# fitted per-op kernel parameters (dse/catalog/kernels/*.toml, python -m dse.kernels): the
+# collectives' as they are (dse.perf.kernel_comm), the others selected per design for its
+# compute dtype and attention kind (dse.build.kernel_fields; formulas in dse.perf.kernel_gemm
+# and dse.perf.kernel_attention)
 FIELDS.update({k: "collective kernel parameter (dse.perf.kernel_comm)" for k in kernel_comm.KEYS})
+FIELDS.update({
+    "gemm_fraction": "share of peak FLOP/s a large dense GEMM reaches",
+    "gemm_half_rows": "rows of padding every GEMM pays (tile quantization in m)",
+    "gemm_n_half": "output width (elements) at which edge quantization halves GEMM throughput",
+    "gemm_k_half": "depth (elements) at which the K-loop prologue costs as much as the loop",
+    "gemm_wave_elements": "output elements of one wave of tiles: a smaller GEMM still pays it",
+    "gemm_hbm_fraction": "share of HBM bandwidth a GEMM's weight stream reaches",
+    "gemm_latency_s": "fixed time per GEMM (launch, prologue, tail)",
+    "moe_fraction": "share of peak FLOP/s the routed-expert grouped GEMMs reach",
+    "moe_half_rows": "rows padded per touched expert (tile quantization per expert)",
+    "moe_width_half": "expert width (elements) at which edge waste halves grouped-GEMM throughput",
+    "moe_hbm_fraction": "share of HBM bandwidth reading touched experts reaches",
+    "moe_token_bytes": "HBM bytes per routed row per hidden element (permute, unpermute, quantize)",
+    "moe_latency_s": "fixed time per MoE layer (routing, launches)",
+    "attn_prefill_fraction": "share of attn_flops_per_s prefill attention reaches",
+    "attn_prefill_half_tokens": "prompt tokens at which prefill attention efficiency halves",
+    "attn_prefill_half_rows": "query rows (batch x heads x tokens) of padding per call",
+    "attn_prefill_latency_s": "fixed time per prefill attention call (per layer)",
+    "attn_prefill_hbm_fraction": "share of HBM bandwidth prefill attention's Q/K/V traffic reaches",
+    "attn_decode_hbm_fraction": "share of HBM bandwidth decode attention's KV read reaches",
+    "attn_decode_compute_fraction": "share of attn_flops_per_s decode attention reaches",
+    "attn_decode_group_min_heads": "query heads per KV head the decode MMA pads to",
+    "attn_decode_latency_s": "fixed time per decode attention call (per layer)",
+    "attn_decode_per_seq_s": "time per sequence per decode attention call",
+    "attn_decode_per_seq_kv_head_s": "time per sequence and KV head per decode attention call",
+})
 
 
 @dataclass(frozen=True, eq=False)

@@ -4,9 +4,12 @@ A group of ``g`` chips is placed contiguously; when it is larger than the scale-
 spans ``g / domain_chips`` domains and the part of its traffic that leaves a domain pays the
 scale-out tier. Bandwidths are per chip and per direction; ``bw_fraction`` is the share of the
 scale-up bandwidth the group can use (from the topology graph: a 2-chip group on a full mesh
-has one link, on a switch it has all of them).
+has one link, on a switch it has all of them). All-reduce and all-to-all run the fitted
+collective kernels (``dse.perf.kernel_comm``); the pipeline hand-off is one point-to-point
+transfer at the tier's efficiency.
 
-Every cost is affine in the bytes moved: ``(latency_s, seconds_per_byte)``.
+Every cost is affine in the bytes moved: ``(latency_s, seconds_per_byte)`` (all-reduce: one
+pair per kernel branch, the runtime taking the fastest).
 """
 
 from __future__ import annotations
@@ -22,52 +25,12 @@ def _log2(g: np.ndarray) -> np.ndarray:
     return np.log2(np.maximum(g, 1.0))
 
 
-def allreduce_coef(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
-    """All-reduce over ``g`` chips (hierarchical when it spans domains): ring bandwidth terms
-    ``2 (g-1)/g`` per tier and a ``2 log2 g`` latency (tree/recursive doubling)."""
-    d = b.domain_chips
-    inner = np.minimum(g, d)
-    n_dom = np.maximum(g / d, 1.0)
-    up_bw = b.scaleup_bw_bytes_per_s * b.scaleup_fraction * bw_fraction
-    out_bw = b.scaleout_bw_bytes_per_s * b.scaleout_fraction
-    per_byte = 2.0 * (inner - 1.0) / inner / up_bw + 2.0 * (n_dom - 1.0) / n_dom / inner / out_bw
-    lat = 2.0 * _log2(inner) * b.scaleup_latency_s + 2.0 * _log2(n_dom) * b.scaleout_latency_s
-    on = flag(g > 1.0, per_byte)
-    return on * lat, on * per_byte
-
-
-def alltoall_coef(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
-    """All-to-all where each chip sends its bytes evenly over a group of ``g`` chips.
-
-    The share of destinations outside the sender's domain goes over scale-out; both tiers run
-    at once, so the slower tier's per-byte cost and latency set the time.
-    """
-    d = b.domain_chips
-    out_share = np.maximum(1.0 - d / np.maximum(g, 1.0), 0.0)
-    up = (1.0 - out_share) / (b.scaleup_bw_bytes_per_s * b.scaleup_fraction * bw_fraction)
-    out = out_share / (b.scaleout_bw_bytes_per_s * b.scaleout_fraction)
-    spans = flag(out_share > 0, out)
-    lat = b.scaleup_latency_s + spans * np.maximum(b.scaleout_latency_s - b.scaleup_latency_s, 0.0)
-    on = flag(g > 1.0, out)
-    return on * lat, on * np.maximum(up, out)
-
-
 def p2p_coef(b: Batch, crosses_domain: np.ndarray):
     """One point-to-point transfer between pipeline stages."""
     up = 1.0 / (b.scaleup_bw_bytes_per_s * b.scaleup_fraction * b.tp_bw_fraction)
     out = 1.0 / (b.scaleout_bw_bytes_per_s * b.scaleout_fraction)
     f = flag(crosses_domain, up)
     return blend(f, b.scaleout_latency_s, b.scaleup_latency_s), blend(f, out, up)
-
-
-def allreduce_s(b: Batch, message_bytes, g, bw_fraction) -> np.ndarray:
-    lat, per_byte = allreduce_coef(b, g, bw_fraction)
-    return lat + per_byte * message_bytes
-
-
-def alltoall_s(b: Batch, bytes_out, g, bw_fraction) -> np.ndarray:
-    lat, per_byte = alltoall_coef(b, g, bw_fraction)
-    return lat + per_byte * bytes_out
 
 
 # --- fitted collective kernels (dse.perf.kernel_comm, dse/catalog/kernels/comm.toml) ---------
@@ -79,7 +42,8 @@ def _kernel_params(b: Batch, keys) -> dict:
 def kernel_allreduce(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
     """All-reduce over ``g`` chips with the fitted kernels: ``(latency_s[n_branch, n],
     seconds_per_byte[n_branch, n])``, ``t = min over branches``. The link is the chip's
-    scale-up bandwidth times the share the group gets on the topology graph; the topology's
+    scale-up bandwidth times the group's share on the design's topology graph relative to its
+    share on the system the kernels were measured on (``*_bw_rel``); the topology's
     latency beyond the measured system's (``scaleup_extra_latency_s``) is added."""
     keys = kernel_comm.AR_NCCL_KEYS + kernel_comm.AR_CUSTOM_KEYS + kernel_comm.SCALEOUT_KEYS
     lat, spb = kernel_comm.allreduce_branches(
@@ -101,7 +65,7 @@ def kernel_alltoall(b: Batch, ep: np.ndarray, elem_bytes, kind: str, phase: str)
     ranks = np.minimum(ep, b.domain_chips)
     lat, spt = kernel_comm.alltoall_coef(
         1.0, b.hidden, b.top_k, np.maximum(b.n_experts, 1.0), ep, ranks, elem_bytes,
-        b.scaleup_bw_bytes_per_s * b.a2a_bw_fraction, b.scaleout_bw_bytes_per_s, **p)
+        b.scaleup_bw_bytes_per_s * b.a2a_bw_rel, b.scaleout_bw_bytes_per_s, **p)
     extra = flag(ep > 1.0, lat) * b.scaleup_extra_latency_s
     return np.maximum(lat + extra, 0.0), spt
 

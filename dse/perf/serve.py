@@ -389,9 +389,17 @@ def score_chunked(b: Batch, chunk_rows: int = 32768, dtype=np.float64,
     return out
 
 
-def reason_text(bits: int) -> str:
-    """Human-readable reasons for a reason bitmask (empty when feasible)."""
-    return "; ".join(text for bit, text in REASONS.items() if int(bits) & bit)
+def reason_text(bits: int, max_sequences: float | None = None) -> str:
+    """Human-readable reasons for a reason bitmask (empty when feasible); with
+    ``max_sequences`` (the ``max_concurrent_sequences`` metric) a concurrency that does not fit
+    says how many sequences do."""
+    parts = []
+    for bit, text in REASONS.items():
+        if int(bits) & bit:
+            if bit in (16, 32) and max_sequences is not None and np.isfinite(max_sequences):
+                text += f" (at most {int(max_sequences):,} sequences fit this design)"
+            parts.append(text)
+    return "; ".join(parts)
 
 
 __all__ = ["BOUNDS", "Breakdown", "METRICS", "OPS", "REASONS", "reason_text", "score",

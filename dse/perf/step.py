@@ -14,7 +14,7 @@ logits     embedding lookup and the output head
 pipeline   the activation hand-off to the next pipeline stage
 
 Almost every time is affine in the step's tokens (a matmul pads small row counts up by
-``matmul_half_rows``; a collective has a latency and a per-byte cost), so ``coefficients``
+``gemm_half_rows``; a collective has a latency and a per-byte cost), so ``coefficients``
 computes the per-design constants once and ``step`` evaluates any token mix cheaply.
 """
 
@@ -45,8 +45,29 @@ class StepTimes:
     total_s: np.ndarray      # one stage step, shape (n,)
 
 
+def _gemm_coef(b: Batch, gemms, layers, peak):
+    """An op made of dense GEMMs ``[(n, k), ...]`` per chip per layer over ``layers`` layers:
+    ``(a, w)`` with compute time ``a * (rows + gemm_half_rows) + w`` (dse.perf.kernel_gemm's
+    form summed exactly over the GEMMs: shape factor per GEMM, one wave of tiles each)."""
+    a = w = 0.0
+    for n, k in gemms:
+        n = np.maximum(n, 1.0)
+        k = np.maximum(k, 1.0)
+        shape = 1.0 + b.gemm_n_half / n + b.gemm_k_half / k
+        a = a + 2.0 * n * k * shape
+        w = w + 2.0 * b.gemm_wave_elements * k * shape
+    eff = peak * b.gemm_fraction
+    return a * layers / eff, w * layers / eff
+
+
 class Coefficients:
-    """Per-design constants of the step model (one stage, one micro-batch)."""
+    """Per-design constants of the step model (one stage, one micro-batch).
+
+    Each op's compute and memory times follow the fitted kernel models (dse/catalog/kernels,
+    ``python -m dse.kernels``): dense GEMMs (``kernel_gemm.gemm_s``), the routed experts'
+    grouped GEMMs (``kernel_gemm.grouped_gemm_s``), attention (``kernel_attention``) and the
+    collectives (``kernel_comm``); ``extra`` terms are additive times (kernel latencies,
+    per-sequence and per-routed-token costs)."""
 
     def __init__(self, b: Batch):
         tp, dp, pp = b.tp, b.dp, b.pp
@@ -54,51 +75,75 @@ class Coefficients:
         ffn_g = tp * dp
         stage = 1.0 / pp
         wb = b.weight_bytes
-        hbm = b.hbm_bw_bytes_per_s * b.hbm_fraction
-        mm = b.matmul_flops_per_s * b.matmul_fraction
+        hbm = b.hbm_bw_bytes_per_s * b.hbm_fraction           # other HBM traffic (embeddings)
+        g_hbm = b.hbm_bw_bytes_per_s * b.gemm_hbm_fraction     # GEMM weight streams
+        peak = b.matmul_flops_per_s
         d = b.hidden
         ab = b.act_bytes
-        self.h = b.matmul_half_rows
-        self.layers_stage = b.n_layers * stage
-        # attention projections: tp-sharded, each dp rank handles its own tokens (rows tok/dp)
-        p_attn = arch.attn_params_per_layer(b) * self.layers_stage
-        self.c_proj = 2.0 * p_attn / tp / mm
-        self.m_proj = p_attn * wb / tp / hbm
+        mla = arch.is_mla(b)
+        self.h = b.gemm_half_rows
+        self.layers_stage = L = b.n_layers * stage
+        # attention projections: tp-sharded, each dp rank handles its own tokens; q/k/v (or the
+        # MLA down/up projections) read the hidden state, o writes it
+        p_attn = arch.attn_params_per_layer(b) / tp
+        o_k = b.n_heads * arch.blend(mla, b.v_head, b.head_dim) / tp
+        p_in = np.maximum(p_attn - o_k * d, 0.0)
+        self.c_proj, self.w_proj = _gemm_coef(b, ((p_in / d, d), (d, o_k)), L, peak)
+        self.m_proj = p_attn * L * wb / g_hbm
+        n_gemm = L * arch.blend(mla, 4.0, 2.0)                 # GEMMs per step, for latencies
         # tp all-reduce of the attention output, per layer: the runtime's fastest kernel
         # (min over NCCL and custom branches) for the busiest rank's rows
-        a0, a1 = kernel_allreduce(b, tp, b.tp_bw_fraction)
+        a0, a1 = kernel_allreduce(b, tp, b.tp_bw_rel)
         self.n_proj = (self.layers_stage * a0, self.layers_stage * a1 * d * ab)
-        # attention core
+        # attention core (dse.perf.kernel_attention): decode pads each KV head's query group
+        # to group_min_heads rows; prefill efficiency rises with the prompt's tokens
         heads = b.n_heads / tp
-        attn = b.attn_flops_per_s * b.attention_fraction
-        self.c_core_dec = 2.0 * heads * arch.attn_dims(b, True) / dp / attn * stage
+        kv_heads = arch.blend(mla, 1.0, np.maximum(b.n_kv_heads / tp, 1.0))
+        q_pad = np.maximum(heads, kv_heads * b.attn_decode_group_min_heads) / heads
+        dec_eff = b.attn_flops_per_s * b.attn_decode_compute_fraction
+        self.c_core_dec = 2.0 * heads * q_pad * arch.attn_dims(b, True) / dp / dec_eff * stage
         # prefill attention runs on the rank that holds the prompt: per rank, not split over dp
-        self.c_core_pre = 2.0 * heads * arch.attn_dims(b, False) / attn * stage
-        self.kv_rank = (arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
-                        / hbm)
+        self.c_core_pre = (2.0 * heads * arch.attn_dims(b, False)
+                           / (b.attn_flops_per_s * b.attn_prefill_fraction) * stage)
+        self.pre_half_tokens = b.attn_prefill_half_tokens
+        self.pre_half_rows = b.attn_prefill_half_rows / heads
+        kv_tok = arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
+        self.kv_dec = kv_tok / (b.hbm_bw_bytes_per_s * b.attn_decode_hbm_fraction)
+        self.kv_pre = kv_tok / (b.hbm_bw_bytes_per_s * b.attn_prefill_hbm_fraction)
+        self.x_core_seq = L * (b.attn_decode_per_seq_s + kv_heads * b.attn_decode_per_seq_kv_head_s)
+        self.x_core_dec = L * b.attn_decode_latency_s
+        self.x_core_pre = L * b.attn_prefill_latency_s
         # dense MLP over a group of g chips: the tp*dp group (every chip sees all tokens) or,
         # replicated, each attention-dp rank's tp group (its own tokens); compute per chip is
         # the same, the weights read and the all-reduce differ
         rep = b.dense_replicated
         g = ffn_g + rep * (tp - ffn_g)
-        p_dense = arch.dense_mlp_params(b) * b.n_dense_layers * stage
-        self.c_dense = 2.0 * p_dense / ffn_g / mm
-        self.dense_pad = self.h * ffn_g / g                     # tile rows padded per group
-        self.m_dense = p_dense * wb / g / hbm
-        f0, f1 = kernel_allreduce(b, g, b.ffn_bw_fraction + rep * (b.tp_bw_fraction
-                                                                   - b.ffn_bw_fraction))
         dense_layers = b.n_dense_layers * stage
+        f_chip = b.ffn_dense / g
+        self.c_dense, self.w_dense = _gemm_coef(
+            b, (((b.mlp_mats - 1.0) * f_chip, d), (d, f_chip)), dense_layers, peak)
+        self.dense_rows = g / ffn_g                  # rows per chip per step token
+        self.m_dense = arch.dense_mlp_params(b) * dense_layers * wb / g / g_hbm
+        n_gemm = n_gemm + 2.0 * dense_layers
+        f0, f1 = kernel_allreduce(b, g, b.ffn_bw_rel + rep * (b.tp_bw_rel - b.ffn_bw_rel))
         self.n_dense = (dense_layers * f0, dense_layers * f1 * d * ab * g / ffn_g)
         # routed experts over ep ranks, each expert tp*dp/ep-way sharded
         moe_layers = b.n_moe_layers * stage
         e = np.maximum(b.n_experts, 1.0)
         k = np.minimum(b.top_k, e)
         self.log_miss = np.log1p(-np.minimum(k / e, 1.0 - 1e-12))   # per-token chance to miss one
-        self.expert_pad = self.h * e / np.maximum(k, 1e-12) * arch.flag(k > 0, k)  # all E used
-        p_exp = arch.expert_params(b)
-        self.c_moe = 2.0 * k * p_exp * moe_layers / ffn_g / mm
-        self.m_moe = arch.expert_slots(b) * p_exp * moe_layers * wb / ffn_g / hbm
         ep = b.ep
+        # grouped GEMMs (kernel_gemm.grouped_gemm_s): rows tok*k/ep per chip, moe_half_rows
+        # padded per touched expert, expert width inter/moe_tp with its edge waste
+        width = np.maximum(b.ffn_expert * ep / ffn_g, 1.0)
+        self.expert_pad = b.moe_half_rows * e / np.maximum(k, 1e-12) * arch.flag(k > 0, k)
+        p_exp = arch.expert_params(b)
+        self.c_moe = (2.0 * k * p_exp * moe_layers / ffn_g * (1.0 + b.moe_width_half / width)
+                      / (peak * b.moe_fraction))
+        self.m_moe = (arch.expert_slots(b) * p_exp * moe_layers * wb / ffn_g
+                      / (b.hbm_bw_bytes_per_s * b.moe_hbm_fraction))
+        self.x_moe_tok = moe_layers * k / ep * d * b.moe_token_bytes / b.hbm_bw_bytes_per_s
+        self.x_moe = moe_layers * b.moe_latency_s * arch.flag(b.n_experts > 0, d)
         dest = ep * (1.0 - np.power(1.0 - 1.0 / ep, k))        # distinct ep ranks a token visits
         # EP dispatch (fp8 with fp8/fp4 weights, else bf16) and combine (bf16) of the tokens a
         # chip holds (tok / (tp*dp)), with the fitted low-latency and normal kernels (per-rank
@@ -114,21 +159,29 @@ class Coefficients:
         mode = b.a2a_mode                       # 0 auto, 1 low-latency, 2 normal
         self.ll_decode = arch.flag(mode < 1.5, mode)
         self.ll_mixed = arch.flag(np.abs(mode - 1.0) < 0.5, mode)
+        self.tbo = b.two_batch_overlap * arch.flag(b.n_experts > 0, d)
+        self.a2a_overlap = b.alltoall_overlap_fraction
         moe_tp = ffn_g / ep
-        r0, r1 = kernel_allreduce(b, moe_tp, b.tp_bw_fraction)
+        r0, r1 = kernel_allreduce(b, moe_tp, b.tp_bw_rel)
         self.n_moe_ar = (is_moe * r0, is_moe * r1 * np.minimum(dest, ep) / ep * d * ab)
         # shared experts and router
+        sh_chip = b.n_shared * b.ffn_shared / ffn_g
+        self.c_sh, self.w_sh = _gemm_coef(b, (((b.mlp_mats - 1.0) * sh_chip, d), (d, sh_chip)),
+                                          moe_layers, peak)
         p_sh = arch.shared_params_per_layer(b) * moe_layers
-        self.c_sh = 2.0 * p_sh / ffn_g / mm
-        self.m_sh = p_sh * wb / ffn_g / hbm
+        self.m_sh = p_sh * wb / ffn_g / g_hbm
+        has_sh = arch.flag(b.n_shared > 0, d)
+        self.c_router, self.w_router = _gemm_coef(b, ((b.n_experts, d),), moe_layers, peak)
+        self.c_router = self.c_router / ffn_g        # each chip routes its share of the tokens
         p_router = d * b.n_experts * moe_layers
-        self.c_router = 2.0 * p_router / ffn_g / mm
-        self.m_router = p_router * wb / ffn_g / hbm
+        self.m_router = p_router * wb / ffn_g / g_hbm
+        n_gemm = n_gemm + moe_layers * arch.flag(b.n_experts > 0, d) * (1.0 + 2.0 * has_sh)
         # embeddings and output head, vocab-parallel over tp (the last stage carries it)
         p_head = b.vocab * d
-        self.c_head = 2.0 * p_head / tp / mm
-        self.m_head = p_head * wb / tp / hbm
+        self.c_head, self.w_head = _gemm_coef(b, ((b.vocab / tp, d),), 1.0, peak)
+        self.m_head = p_head * wb / tp / g_hbm
         self.m_embed = d * ab / dp / hbm
+        self.x_gemm = (n_gemm + 1.0) * b.gemm_latency_s
         # hand-off to the next stage
         crosses = tp * dp * pp > b.domain_chips
         q0, q1 = p2p_coef(b, crosses)
@@ -179,43 +232,72 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     b = k.batch
     tok = dec + pre
     some = arch.flag(tok > 0, tok)
-    h = k.h
+    # two-batch overlap (serving.ep_overlap = "tbo"): the step runs as two micro-batches, so
+    # every weight is read, every GEMM padded and every kernel launched twice, while one
+    # micro-batch's all-to-all runs under the other's compute
+    two = 1.0 + k.tbo
+    h = k.h * two
     dp = k.dp
     pre_rank = pre / dp if pre_rank is None else pre_rank
     rows = dec / dp + pre_rank                     # the busiest attention rank's rows
-    c_proj = k.c_proj * (rows + h) * some
+    c_proj = (k.c_proj * (rows + h) + k.w_proj) * some
     n_proj = np.min(k.n_proj[0] + k.n_proj[1] * rows, axis=0)
     reqs = pre_rank / np.maximum(new, 1.0)         # prompts (or their share) on that rank
-    c_core = k.c_core_dec * dec * dec_ctx + k.c_core_pre * reqs * pairs
-    m_core = k.kv_rank * (dec / dp * dec_ctx + (rows + reqs * prior) * b.n_layers) / b.pp
-    c_dense = k.c_dense * (tok + k.dense_pad) * some
+    on_dec = arch.flag(dec > 0, tok)
+    on_pre = arch.flag(pre > 0, tok)
+    # prefill attention: efficiency rises with the prompt's tokens and its rows (batch x heads)
+    pre_eff = (1.0 + k.pre_half_tokens / np.maximum(new, 1.0)) \
+        * (1.0 + k.pre_half_rows / np.maximum(reqs * new, 1.0))
+    c_core = k.c_core_dec * dec * dec_ctx + k.c_core_pre * reqs * pairs * pre_eff
+    m_core = (k.kv_dec * dec / dp * dec_ctx
+              + k.kv_pre * (dec / dp + pre_rank + reqs * prior) * b.n_layers) / b.pp
+    x_core = k.x_core_seq * dec / dp + (k.x_core_dec * on_dec + k.x_core_pre * on_pre) * two
+    c_dense = (k.c_dense * (tok * k.dense_rows + h) + k.w_dense) * some
     n_dense = np.min(k.n_dense[0] + k.n_dense[1] * tok, axis=0)
     touched = 1.0 - np.exp(tok * k.log_miss)
-    c_moe = k.c_moe * (tok + k.expert_pad * touched) * some   # tiles padded per expert used
-    m_moe = k.m_moe * touched
+    c_moe = k.c_moe * (tok + k.expert_pad * touched * two) * some   # tiles per expert used
+    m_moe = k.m_moe * touched * two
+    x_moe = (k.x_moe_tok * tok + k.x_moe * two) * some
     ll, nm = k.a2a["ll"], k.a2a["normal"]
-    n_moe = arch.blend(k.ll_decode if decode_step else k.ll_mixed, ll[0] + ll[1] * tok,
-                       nm[0] + nm[1] * tok) + np.min(k.n_moe_ar[0] + k.n_moe_ar[1] * tok, axis=0)
-    c_sh = k.c_sh * (tok + h) * some
-    c_router = k.c_router * (tok + h) * some
-    c_head = k.c_head * (logits_rows / dp + h)
+    a2a = arch.blend(k.ll_decode if decode_step else k.ll_mixed, ll[0] * two + ll[1] * tok,
+                     nm[0] * two + nm[1] * tok)
+    n_moe = np.min(k.n_moe_ar[0] + k.n_moe_ar[1] * tok, axis=0)
+    c_sh = (k.c_sh * (tok + h) + k.w_sh) * some
+    c_router = (k.c_router * (tok + h) + k.w_router) * some
+    c_head = k.c_head * (logits_rows / dp + h) + k.w_head
     m_head = k.m_head + k.m_embed * tok
     n_pipe = k.n_pipe[0] + k.n_pipe[1] * tok
     phi = k.overlap
-    parts = ((c_proj, k.m_proj, n_proj), (c_core, m_core, 0.0), (c_dense, k.m_dense, n_dense),
-             (c_moe, m_moe, n_moe), (c_sh, k.m_sh, 0.0), (c_router, k.m_router, 0.0),
-             (c_head, m_head, 0.0), (0.0, 0.0, n_pipe))
-    total = k.overhead
+    # (compute, memory, network, additive time) per op; the GEMMs' launch latencies are fixed
+    # time of the step (overhead)
+    parts = ((c_proj, k.m_proj * two, n_proj, 0.0), (c_core, m_core, 0.0, x_core),
+             (c_dense, k.m_dense * two, n_dense, 0.0), (c_moe, m_moe, n_moe, x_moe),
+             (c_sh, k.m_sh * two, 0.0, 0.0), (c_router, k.m_router * two, 0.0, 0.0),
+             (c_head, m_head + k.m_head * k.tbo, 0.0, 0.0), (0.0, 0.0, n_pipe, 0.0))
+    overhead = k.overhead + k.x_gemm * two * some
+    total = overhead
     ops = []
     sc = sm = sn = 0.0
-    for c, m, n in parts:
-        busy = np.maximum(c, m)
+    busy_all = 0.0
+    for c, m, n, x in parts:
+        busy = np.maximum(c, m) + x
+        busy_all = busy_all + busy
         t = busy + n - phi * np.minimum(busy, n)   # (1-phi)*(busy+n) + phi*max(busy, n)
         total = total + t
         if breakdown:
-            ops.append((c, m, n, t))
+            ops.append([c, m, n, t])
         elif sums:
             sc, sm, sn = sc + c, sm + m, sn + n
+    # the EP all-to-all: a share (serving.alltoall_overlap_fraction, all of it with two-batch
+    # overlap) hides under the rest of the step's compute and memory time
+    psi = np.maximum(k.a2a_overlap, k.tbo)
+    a2a_seen = a2a - psi * np.minimum(a2a, busy_all)
+    total = total + a2a_seen
+    if breakdown:
+        moe = ops[OPS.index("moe_routed")]
+        moe[2], moe[3] = moe[2] + a2a, moe[3] + a2a_seen
+    elif sums:
+        sn = sn + a2a
     if sums and not breakdown:
         return total, sc, sm, sn
     if not breakdown:
@@ -223,4 +305,4 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     shape = np.shape(total)
     stack = [np.stack([np.broadcast_to(np.asarray(o[i], float), shape) for o in ops])
              for i in range(4)]
-    return StepTimes(*stack, np.broadcast_to(k.overhead, shape), total)
+    return StepTimes(*stack, np.broadcast_to(overhead, shape), total)

@@ -50,7 +50,7 @@ def spec(ctx: Context, rows: pd.DataFrame) -> pd.DataFrame:
     moe = OPS.index("moe_routed")
     out = pd.DataFrame({
         "peak_flops_per_s": b.matmul_flops_per_s, "hbm_bw_bytes_per_s": b.hbm_bw_bytes_per_s,
-        "matmul_fraction": b.matmul_fraction, "hbm_fraction": b.hbm_fraction,
+        "matmul_fraction": b.moe_fraction, "hbm_fraction": b.moe_hbm_fraction,
         "weight_bytes": b.weight_bytes, "total_params": m["total_params"],
         "active_params": m["active_params"], "weights_bytes_per_chip": m["weights_bytes_per_chip"],
         "compute_s": dec.compute_s.sum(0), "kv_s": kv_s, "weights_s": dec.memory_s.sum(0) - kv_s,
