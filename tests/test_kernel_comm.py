@@ -213,3 +213,21 @@ def test_missing_runtime_takes_that_runtimes_chips_first():
     assert "chip's other runtimes" in how
     for k in own:
         assert v[k] == pytest.approx(own[k], rel=1e-9), k
+
+
+def test_nvl72_trtllm_a2a_from_nvlink_table():
+    """GB200/GB300 trtllm a2a keys come from TRT-LLM's NVLink all-to-all, fitted as one
+    NVLink node (ranks_per_node = ep), not pegged at the fraction bounds."""
+    from dse.kernels import comm
+    cat = comm.catalog_entries()
+    for chip in comm.NVLINK_CHIPS:
+        e = cat[chip]["trtllm"]
+        assert "trtllm_alltoall_perf" in e["fitted_on"]
+        for kind in ("ll", "normal"):
+            for phase in ("dispatch", "combine"):
+                assert 0.05 < e[f"a2a_{kind}_{phase}_fraction"] < 2.5
+                assert e[f"a2a_{kind}_{phase}_latency_s"] < 1e-4
+    rows = comm.nvlink_a2a_rows()
+    if len(rows):
+        assert (rows["rpn"] == rows["ep"]).all()
+        assert set(rows["kind"]) == {"ll", "normal"}

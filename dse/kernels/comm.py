@@ -16,6 +16,12 @@ Data (kernel/collective microbenchmarks only):
   4 on GB200/GB300 trays), all single-node: op classes ``alltoall_<ll|normal>_<dispatch|combine>``.
   dtype ``default`` is read as fp8 for low-latency dispatch and bf16 otherwise; combine is bf16
   except low-latency fp8 (fp4-tagged combines run at bf16 speed in the tables).
+- ``comm/trtllm_alltoall_perf`` (TensorRT-LLM's NVLink one-/two-sided all-to-all, GB200):
+  pseudo-runtime ``trtllm_nvlink``, fastest kernel_source per shape (two-sided dispatch plus its
+  ``alltoall_prepare``), every row fitted as both ``ll`` and ``normal`` (TRT-LLM runs this one
+  kernel in both phases); it sets the a2a keys of the gb200/gb300 ``trtllm`` entries (gb300 by
+  transfer). Rows of chips with NVLink domains (NVL72) are one scale-up node:
+  ``rpn = max(ep / node_num, min(ep, scaleup_domain_chips))``, as the scorer has it.
 - ``../shared/calibration/kernel_comm_measurements.csv`` as chip ``h800-sxm``: DeepEP V1 normal
   (bottleneck bandwidth, EP 8 NVLink and EP 16-64 RDMA, converted to seconds with the model's
   own bottleneck bytes) and low-latency rows (latency, EP 8-256, 8 GPUs a node), which are the
@@ -75,6 +81,12 @@ ELEM_BYTES = {"bf16": kc.BF16_ELEM_BYTES, "fp8": kc.FP8_ELEM_BYTES, "fp4": kc.NV
 A2A_KIND = {"trtllm_deepep_ll": "ll", "trtllm_deepep_ht": "normal", "deepep_ll": "ll",
             "deepep_ht": "normal"}
 RANKS_PER_NODE = {"gb200": 4, "gb300": 4}      # sglang wideep node_num=1 is one compute tray
+# TensorRT-LLM's own NVLink all-to-all (comm/trtllm_alltoall_perf): the kernel TRT-LLM runs on
+# NVL72 in both phases; pseudo-runtime of the fit, it sets the a2a keys of these chips' trtllm
+# entries (chips without a table take it by transfer from the chips with one)
+NVLINK_RT = "trtllm_nvlink"
+NVLINK_CHIPS = ("gb200", "gb300")
+NVLINK_SOURCES = ("NVLinkOneSided", "NVLinkTwoSided")
 H800_AR_BYTES = 2.0 ** 30
 HEADER = """Collective kernel parameters of dse.perf.kernel_comm (all-reduce: NCCL LL/Simple and the
 runtime's custom one-/two-shot kernel; EP all-to-all: DeepEP low-latency and normal kernels,
@@ -129,6 +141,7 @@ def a2a_rows() -> pd.DataFrame:
                               "num_experts": "experts", "ep_size": "ep"})
         d["rpn"] = d["ep"].astype(float) / d["node_num"].astype(float)
         parts.append(d[cols])
+    parts.append(nvlink_a2a_rows())
     for kind, table in (("ll", "wideep_deepep_ll_perf"), ("normal", "wideep_deepep_normal_perf")):
         w = data.load("comm", table)
         if not len(w):
@@ -145,10 +158,47 @@ def a2a_rows() -> pd.DataFrame:
     out = pd.concat(parts, ignore_index=True)
     for c in ("tokens", "hidden", "topk", "experts", "ep", "rpn"):
         out[c] = out[c].astype(float)
+    # ranks inside one NVLink domain (NVL72: 72 chips over 18 trays) are one scale-up "node",
+    # as the scorer has it (ranks_per_node = min(ep, domain_chips)): no scale-out term there
+    dom = out["chip"].map(lambda c: float(_accs()[c].scaleup_domain_chips)).to_numpy(float)
+    out["rpn"] = np.maximum(out["rpn"].to_numpy(float), np.minimum(out["ep"].to_numpy(float), dom))
     out = out[out["latency_s"] > 0]
     keys = [c for c in cols if c != "latency_s"]
     out = out.groupby(keys, as_index=False)["latency_s"].min()   # fastest SM count per shape
     return pd.concat([out, shared_a2a_rows()], ignore_index=True)
+
+
+def nvlink_a2a_rows() -> pd.DataFrame:
+    """TRT-LLM NVLink one-/two-sided all-to-all (GB200): fastest kernel_source per shape, the
+    two-sided dispatch charged its ``alltoall_prepare`` step; combine payload bf16 (the dtype
+    tag does not move it); ``alltoall_combine_low_precision`` not fitted. Every row enters
+    twice, as kind ``ll`` and ``normal`` (TRT-LLM uses this one kernel in both phases)."""
+    cols = ["chip", "runtime", "kind", "phase", "dtype", "tokens", "hidden", "topk", "experts",
+            "ep", "rpn", "latency_s"]
+    try:
+        t = data.load("comm", "trtllm_alltoall_perf")
+    except Exception:       # noqa: BLE001 - table optional
+        return pd.DataFrame(columns=cols)
+    if not len(t):
+        return pd.DataFrame(columns=cols)
+    t = t.rename(columns={"num_tokens": "tokens", "hidden_size": "hidden",
+                          "num_experts": "experts", "moe_ep_size": "ep"})
+    shape = ["chip", "moe_dtype", "tokens", "hidden", "topk", "experts", "ep"]
+    prep = (t[(t["op_name"] == "alltoall_prepare") & (t["kernel_source"] == "NVLinkTwoSided")]
+            .groupby(shape, as_index=False)["latency_s"].min()
+            .rename(columns={"latency_s": "prep_s"}))
+    t = t[t["op_name"].isin(["alltoall_dispatch", "alltoall_combine"])
+          & t["kernel_source"].isin(NVLINK_SOURCES)].copy()
+    t = t.merge(prep, on=shape, how="left")
+    two = (t["op_name"] == "alltoall_dispatch") & (t["kernel_source"] == "NVLinkTwoSided")
+    t.loc[two, "latency_s"] = t.loc[two, "latency_s"] + t.loc[two, "prep_s"].fillna(0.0)
+    t["phase"] = t["op_name"].str.replace("alltoall_", "", regex=False)
+    t["dtype"] = [_dtype("normal", p, n) for p, n in zip(t["phase"], t["moe_dtype"])]
+    t["runtime"] = NVLINK_RT
+    t["rpn"] = t["ep"].astype(float)
+    t = t.groupby([c for c in cols if c not in ("kind", "latency_s")],
+                  as_index=False)["latency_s"].min()        # fastest kernel_source per shape
+    return pd.concat([t.assign(kind=k) for k in ("ll", "normal")], ignore_index=True)[cols]
 
 
 def _shared():
@@ -281,7 +331,9 @@ def _geo(dicts):
 
 
 def entry_for(chip, rt, fits, accs, exclude=None):
-    """(values, fitted_on) of every key for one chip and runtime by the documented rules."""
+    """(values, fitted_on) of every key for one chip and runtime by the documented rules.
+    ``trtllm`` on the NVL72 chips takes its a2a keys from TRT-LLM's NVLink all-to-all table
+    (pseudo-runtime ``trtllm_nvlink``), by transfer where the chip has none."""
     vals, notes = {}, []
     nccl = {c: v for c, v in fits["nccl"].items() if c != exclude}
     if chip in nccl:
@@ -299,8 +351,24 @@ def entry_for(chip, rt, fits, accs, exclude=None):
         own = {k: v for k, v in f.get((chip, rt), {}).items() if k in names}
         if cls == "a2a" and (chip, "deepep") in f:
             own = {**f[(chip, "deepep")], **own}
-        got = dict(own)
         how = [f"{rt} tables"] if own else []
+        if cls == "a2a" and rt == "trtllm" and chip in NVLINK_CHIPS:
+            nv = {c: v for (c, r), v in f.items() if r == NVLINK_RT}
+            a2a_names = [p.name for p in A2A_PARAMS]
+            if chip in nv:
+                own = {**own, **{k: v for k, v in nv[chip].items() if k in a2a_names}}
+                src = f"{chip} trtllm_alltoall_perf"
+            elif nv:
+                v, near, _ = common.transfer(chip, nv, A2A_PARAMS, accs)
+                own = {**own, **v}
+                src = "trtllm_alltoall_perf transfer from " + "+".join(near)
+            else:
+                src = None
+            if src:
+                how = [f"ll+normal: {src} (TRT-LLM NVLink one-/two-sided all-to-all, the one "
+                       "kernel TRT-LLM runs on NVL72 in both phases; fastest per shape)"]
+                own = {k: v for k, v in own.items() if k in names}
+        got = dict(own)
 
         def transfer_from(pool):
             """Fill missing keys by transfer from the chips with tables of ``pool``'s
@@ -308,6 +376,8 @@ def entry_for(chip, rt, fits, accs, exclude=None):
             missing = [n for n in names if n not in got]
             per_chip = {}
             for (c, r), v in f.items():
+                if r == NVLINK_RT and rt not in (NVLINK_RT,):
+                    continue          # NVL72-only kernel: never transferred to other runtimes
                 if pool is None or r in pool:
                     per_chip.setdefault(c, []).append(v)
             per_chip = {c: _geo(v) for c, v in per_chip.items() if c != chip}
@@ -329,7 +399,7 @@ def entry_for(chip, rt, fits, accs, exclude=None):
         transfer_from((rt,))
         missing = [n for n in names if n not in got]
         if missing:       # the chip's other runtimes
-            others = [v for (c, r), v in f.items() if c == chip and r != rt]
+            others = [v for (c, r), v in f.items() if c == chip and r not in (rt, NVLINK_RT)]
             o = _geo(others) if others else {}
             add = {n: o[n] for n in missing if n in o}
             if add:
@@ -385,6 +455,11 @@ def catalog_entries(path=None):
         return tomllib.load(fh)
 
 
+def _rt(rt):
+    """Catalog runtime whose entry predicts a table's rows."""
+    return {"nccl": "sglang", "deepep": "sglang", NVLINK_RT: "trtllm"}.get(rt, rt)
+
+
 def main(fit: bool = True, write: bool = False, loco: bool = False) -> pd.DataFrame:
     accs = _accs()
     frames = frames_with_holdout()
@@ -394,14 +469,12 @@ def main(fit: bool = True, write: bool = False, loco: bool = False) -> pd.DataFr
         fits = fit_all(frames)
 
         def values_of(chip, rt):
-            return entry_for(chip, rt if rt not in ("nccl", "deepep") else "sglang", fits,
-                             accs)[0]
+            return entry_for(chip, _rt(rt), fits, accs)[0]
     else:
         cat = catalog_entries()
 
         def values_of(chip, rt):
-            rt = rt if rt not in ("nccl", "deepep") else "sglang"
-            return cat.get(chip, {}).get(rt)
+            return cat.get(chip, {}).get(_rt(rt))
     rows = []
     rows += _report_rows("allreduce_nccl", pd.concat([nccl, h800], ignore_index=True),
                          predict_nccl, values_of)
@@ -409,8 +482,7 @@ def main(fit: bool = True, write: bool = False, loco: bool = False) -> pd.DataFr
     rows += _report_rows("alltoall", a2a, predict_a2a, values_of)
     if loco and fit:
         def loco_of(chip, rt):
-            return entry_for(chip, rt if rt not in ("nccl", "deepep") else "sglang", fits,
-                             accs, exclude=chip)[0]
+            return entry_for(chip, _rt(rt), fits, accs, exclude=chip)[0]
         rows += _report_rows("allreduce_nccl", nccl, predict_nccl, loco_of, "/loco")
         rows += _report_rows("allreduce_custom", custom, predict_custom, loco_of, "/loco")
         rows += _report_rows("alltoall", a2a, predict_a2a, loco_of, "/loco")
