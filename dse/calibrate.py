@@ -53,6 +53,12 @@ def joined(pred: pd.DataFrame, cases: pd.DataFrame, truth: pd.DataFrame) -> pd.D
                      var_name="metric", value_name="pred")
     j = t.merge(long, on=["case_id", "metric"], how="left")
     j["factor"] = np.exp(np.abs(np.log(j["pred"].astype(float) / j["value"].astype(float))))
+    # online rows at an infinite request rate carry no concurrency (dse.fit.fittable): their own
+    # group in every report, never mixed into the rows whose inputs are known
+    from dse.fit import fittable
+    ok = pd.Series(fittable(cases), index=cases.index).groupby(cases["case_id"]).first()
+    unknown = ~j["case_id"].map(ok).fillna(True).astype(bool)
+    j.loc[unknown, "source"] = j.loc[unknown, "source"] + " (max rate, no concurrency)"
     return j
 
 

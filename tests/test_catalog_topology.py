@@ -51,9 +51,14 @@ def test_accelerator_numbers_are_plausible():
             assert a.peak_flops_per_s.fp8 >= a.peak_flops_per_s.bf16, k
 
 
-def test_calibrated_accelerators_say_what_they_were_fitted_on():
-    for k in ("h100-sxm", "h200-sxm", "a100-sxm-80g", "l40s", "gh200"):
-        assert "calibration" in catalog.accelerators()[k].efficiency.fitted_on
+def test_every_accelerator_says_what_its_parameters_were_fitted_on():
+    # the end-to-end remainder (efficiency.toml) and every kernel parameter set per runtime
+    for k, acc in catalog.accelerators().items():
+        assert "calibration" in acc.efficiency.fitted_on
+        for rt in ("trtllm", "sglang", "vllm"):
+            fitted = catalog.kernel_params()[(k, rt)]["fitted_on"]
+            assert set(fitted) == {"gemm", "moe", "attention", "comm"}, (k, rt)
+            assert all(fitted.values()), (k, rt)
 
 
 def test_switched_domain_gives_every_group_full_bandwidth():

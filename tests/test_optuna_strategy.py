@@ -128,10 +128,12 @@ def test_long_runs_rotate_studies_warm_started_from_the_front(tmp_path, capsys):
     assert any(f.startswith("batch-001-") for f in files)
 
 
-def test_a_lost_database_connection_is_retried(capsys):
+def test_a_lost_database_connection_is_retried(capsys, monkeypatch):
     import sqlalchemy.exc
 
-    from dse.search.optuna_strategy import with_retry
+    from dse.search import optuna_strategy as o
+    monkeypatch.setattr(o.time, "sleep", lambda s: None)
+    monkeypatch.setattr(o, "STORAGE_RETRY_S", 60.0)
     calls = []
 
     def flaky():
@@ -140,11 +142,12 @@ def test_a_lost_database_connection_is_retried(capsys):
             raise sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("server closed"))
         return "ok"
 
-    assert with_retry(flaky, delays=(0, 0, 0)) == "ok" and len(calls) == 3
-    assert capsys.readouterr().err.count("database unreachable") == 2
+    assert o.with_retry(flaky) == "ok" and len(calls) == 3
+    assert capsys.readouterr().err.count("storage unreachable") == 1   # said once, not per try
+    monkeypatch.setattr(o, "STORAGE_RETRY_S", 0.0)                     # the window is spent
     calls.clear()
-    with pytest.raises(sqlalchemy.exc.OperationalError):
-        with_retry(lambda: flaky() if len(calls) < 10 else None, delays=(0,))
+    with pytest.raises(o.StorageUnavailable):
+        o.with_retry(flaky)
 
 
 def test_nested_local_search_enqueues_untried_grid_neighbours_of_the_front():

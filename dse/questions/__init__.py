@@ -117,17 +117,80 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
     m = runs.create(d, space, "exhaustive", 0, {"chunk_designs": exhaustive.CHUNK_DESIGNS})
     exhaustive.run(space, d, m, max_trials=None, budget_s=None, progress=progress)
     o = Path(out) if out else Path("reports") / space.name
+    previous = _previous(o)
     make_report(str(d), str(o))
     front = pd.read_csv(d / "front.csv")
     ans = mod.answer(Context(space, d, o, spec, front))
-    _write(o, space, ans, d)
+    _write(o, space, ans, d, previous)
     return o
 
 
-def _write(o: Path, space, ans: Answer, d: Path) -> None:
+# what changed in the model since the previous published answers (said in every answer that moved)
+MODEL_CHANGE = (
+    "2026-12-01: per-op efficiencies are fitted on measured kernel tables instead of one factor "
+    "per chip fitted end to end on dense Hopper data (narrow routed experts and FP4 GEMMs are "
+    "slower, prefill attention is slower at short prompts), collectives run the fitted NCCL, "
+    "custom all-reduce and DeepEP kernels (tens of microseconds per all-to-all instead of one "
+    "microsecond, with per-node deduplication), a prompt's chunk runs on one attention-DP rank "
+    "and attends to its earlier chunks (TTFT no longer shrinks with dp), the runtime's own cap on "
+    "sequences per scheduler (2048 for TensorRT-LLM instead of 512) and its dense-MLP layout "
+    "apply, and only a per-layer and a per-step time are fitted end to end.")
+
+
+def _previous(o: Path) -> dict | None:
+    """The answer before the current model change (kept across regenerations on one model)."""
+    try:
+        prev = json.loads((o / "answer.json").read_text())
+    except (OSError, ValueError):
+        return None
+    kept = prev.get("moved_from") or {}
+    if kept.get("model_change") == MODEL_CHANGE:
+        return kept
+    if "headline" not in prev:
+        return None
+    return {"headline": prev["headline"], "numbers": prev.get("numbers", {}),
+            "model_change": MODEL_CHANGE}
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{prefix}{k}"] = float(v)
+    return out
+
+
+def moved(previous: dict | None, ans: Answer, limit: int = 12) -> str:
+    """What moved since the previous answer: its headline and the headline numbers that
+    changed most (relative), with the model change that moved them."""
+    if not previous or previous["headline"].strip() == ans.headline.strip():
+        return ""
+    old, new = _flat(previous["numbers"]), _flat(ans.numbers)
+    rows = []
+    for k in sorted(set(old) & set(new)):
+        a, b = old[k], new[k]
+        if a != b and np.isfinite(a) and np.isfinite(b):
+            rel = (b - a) / abs(a) if a else np.inf
+            rows.append((abs(rel), k, a, b, rel))
+    rows.sort(reverse=True)
+    lines = ["## What moved since the previous model", "", MODEL_CHANGE, "",
+             "The previous answer was:", ""] + [f"> {ln}" for ln in
+                                              previous["headline"].strip().splitlines()] + [""]
+    if rows:
+        lines += ["| headline number | before | after | change |", "|---|---|---|---|"]
+        lines += [f"| {k} | {a:.4g} | {b:.4g} | {rel:+.0%} |" if np.isfinite(rel) else
+                  f"| {k} | {a:.4g} | {b:.4g} | new |" for _, k, a, b, rel in rows[:limit]]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _write(o: Path, space, ans: Answer, d: Path, previous: dict | None = None) -> None:
     q = space.question.strip()
     cmd = f"dse answer {_rel(space.file)}"
     md = (f"# {space.name}\n\n**Question.** {q}\n\n## Answer\n\n{ans.headline.strip()}\n\n"
+          + moved(previous, ans)
           + (f"{ans.details.strip()}\n\n" if ans.details.strip() else "")
           + "".join(f"![{f}]({f})\n\n" for f in ans.figures)
           + f"Regenerate: `{cmd}`. The Pareto report of the run is in `index.html` and "
@@ -135,7 +198,9 @@ def _write(o: Path, space, ans: Answer, d: Path) -> None:
     (o / "README.md").write_text(md)
     (o / "answer.json").write_text(json.dumps(
         {"space": _rel(space.file), "analysis": space.answer.get("analysis"),
-         "question": q, "headline": ans.headline.strip(), "numbers": ans.numbers}, indent=2, default=_json_default) + "\n")
+         "question": q, "headline": ans.headline.strip(), "numbers": ans.numbers,
+         **({"moved_from": previous} if previous else {})},
+        indent=2, default=_json_default) + "\n")
     summary = o / "summary.md"
     if summary.is_file():
         summary.write_text(f"## Answer\n\n{ans.headline.strip()}\n\n(details: README.md)\n\n"

@@ -9,7 +9,7 @@ with the per-op breakdown (``dse.perf.score(..., breakdown=True)``): the ``attn_
 memory time is the KV-cache read, everything else in the step (the other ops' weight reads,
 compute and collectives, and the fixed overhead) is "the rest". The KV read grows linearly in
 the context and the rest does not depend on it, so the context at which the two are equal (the
-crossover) is solved exactly from two evaluations of the breakdown, and checked by a third.
+crossover) is found by bracketing on a log grid of prompt lengths and refining the bracket.
 The price step of a long-context tier is the ratio of the best costs at the long and the short
 prompt length (``[answer] long_context_tokens`` / ``short_context_tokens``).
 """
@@ -60,16 +60,28 @@ def kv_split(ctx: Context, rows: pd.DataFrame) -> pd.DataFrame:
 
 def crossover_isl(ctx: Context, row: pd.Series) -> float:
     """The prompt length at which this design's decode-step KV read equals the rest of the step
-    (layout and batch held fixed). The KV read is affine in the prompt length and the rest does
-    not depend on it, so two evaluations give it exactly."""
-    lo, hi = 1024.0, 2.0 * 1024.0
-    vals = {p.path: np.repeat(row[p.path], 2) for p in ctx.space.parameters}
-    vals[ISL] = np.array([lo, hi])
-    t = op_times(ctx, vals)
-    kv = t[f"{OPS[KV_OP]}_memory_s"].to_numpy()
-    rest = t["total_s"].to_numpy() - kv
-    slope = (kv[1] - kv[0]) / (hi - lo)
-    return float(lo + (rest[0] - kv[0]) / slope)
+    (layout and batch held fixed), found on a log grid of prompt lengths and refined in the
+    bracket where the difference changes sign (the rest of the step grows with the prompt too:
+    attention compute and per-sequence costs), to a relative 1e-9 (NaN if none below 2^24)."""
+    lo, hi = 2.0 ** 6, 2.0 ** 24
+    for _ in range(8):
+        grid = np.geomspace(lo, hi, 33)
+        vals = {p.path: np.repeat(row[p.path], len(grid)) for p in ctx.space.parameters}
+        vals[ISL] = grid
+        t = op_times(ctx, vals)
+        kv = t[f"{OPS[KV_OP]}_memory_s"].to_numpy()
+        diff = kv - (t["total_s"].to_numpy() - kv)
+        above = np.flatnonzero(diff >= 0)
+        if len(above) == 0:
+            return float("nan")
+        i = int(above[0])
+        if i == 0:
+            return float(grid[0])
+        lo, hi = float(grid[i - 1]), float(grid[i])
+        if hi / lo - 1 < 1e-9:
+            break
+    d0, d1 = diff[i - 1], diff[i]
+    return float(lo + (hi - lo) * (-d0) / (d1 - d0))
 
 
 def _with_split(ctx: Context, best: pd.DataFrame):
