@@ -176,17 +176,19 @@ def kernel_columns(out: pd.DataFrame) -> pd.DataFrame:
     not override them (``accelerator.kernel.<key>``). A chip with no entry (none is missing
     today: the fit writes every catalog chip) takes the mean entry of the runtime."""
     params = catalog.kernel_params()
-    pair = (out["accelerator.id"].astype(str) + "|" + out["serving.runtime"].astype(str))
+    codes, uniques = pd.factorize(pd.MultiIndex.from_arrays(
+        [out["accelerator.id"].astype(str), out["serving.runtime"].astype(str)]))
+    entries = [params.get(tuple(u), {}) for u in uniques]
     new = {}
     for key in catalog.kernel_keys():
-        table = {f"{c}|{r}": v[key] for (c, r), v in params.items() if key in v}
-        vals = lookup(pair, table)
+        table = [v[key] for v in params.values() if key in v]
+        vals = np.array([e.get(key, np.nan) for e in entries] + [np.nan])[codes]
         col = KERNEL + key
         if col in out.columns:
             given = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float)
             vals = np.where(np.isnan(given), vals, given)
         if np.isnan(vals).any():
-            vals = np.where(np.isnan(vals), np.nanmean(list(table.values())), vals)
+            vals = np.where(np.isnan(vals), np.mean(table), vals)
         new[col] = vals
     return pd.concat([out.drop(columns=[c for c in new if c in out.columns]),
                       pd.DataFrame(new, index=out.index)], axis=1)
@@ -297,16 +299,28 @@ ATTN_DECODE_KEYS = ("hbm_fraction", "compute_fraction", "group_min_heads", "late
                     "per_seq_s", "per_seq_kv_head_s")
 
 
-def _kernel(out, names: np.ndarray, key: str, fallback: np.ndarray | None = None) -> np.ndarray:
-    """Per row, the kernel column ``accelerator.kernel.<names[i]>_<key>``; rows whose family has
-    no such column (a dtype the chip lacks) take ``fallback``."""
-    names = np.atleast_1d(np.asarray(names, dtype=object))
-    vals = np.full(names.shape, np.nan)
-    for name in dict.fromkeys(names.tolist()):
-        col = f"{KERNEL}{name}_{key}"
-        if col in out:
-            sel = names == name
-            vals = np.where(sel, np.asarray(out[col], dtype=float), vals)
+def _family(names) -> tuple[np.ndarray, list]:
+    """The kernel family name of each row, factorized once: (codes, names)."""
+    codes, uniques = pd.factorize(np.atleast_1d(np.asarray(names, dtype=object)))
+    return codes, list(uniques)
+
+
+def _kernel(out, fam: tuple, key: str, fallback: np.ndarray | None = None) -> np.ndarray:
+    """Per row, the kernel column ``accelerator.kernel.<family>_<key>`` of its family (from
+    ``_family``); rows whose family has no such column (a dtype the chip lacks) take
+    ``fallback``."""
+    codes, uniques = fam
+    cols = {c: np.asarray(out[f"{KERNEL}{name}_{key}"], dtype=float)
+            for c, name in enumerate(uniques) if f"{KERNEL}{name}_{key}" in out}
+    shape = np.broadcast_shapes(codes.shape, *(v.shape for v in cols.values()))
+    if len(uniques) == 1 and cols:
+        vals = np.broadcast_to(cols[0], shape).astype(float)
+    else:
+        codes = np.broadcast_to(codes, shape)
+        vals = np.full(shape, np.nan)
+        for c, v in cols.items():
+            sel = codes == c
+            vals[sel] = np.broadcast_to(v, shape)[sel]
     if fallback is not None:
         vals = np.where(np.isnan(vals), fallback, vals)
     return vals
@@ -322,20 +336,23 @@ def kernel_fields(out, fam, kv_fp8, peak, is_mla) -> dict[str, np.ndarray]:
     moe_model = np.asarray(out["model.num_experts"], dtype=float) > 0
     block = (scaling == "block") | ((scaling == "auto") & moe_model)
     fam = np.where((fam == "fp8") & block, "fp8_block", fam)
-    moe_fam = "moe_" + fam
+    gemm, gemm16 = _family("gemm_" + fam), _family("gemm_bf16")
+    moe, moe16 = _family("moe_" + fam), _family("moe_bf16")
     for k in GEMM_KEYS:
-        cols[f"gemm_{k}"] = _kernel(out, "gemm_" + fam, k, _kernel(out, "gemm_bf16", k))
+        cols[f"gemm_{k}"] = _kernel(out, gemm, k, _kernel(out, gemm16, k))
     for k in MOE_KEYS:
-        cols[f"moe_{k}"] = _kernel(out, moe_fam, k, _kernel(out, "moe_bf16", k))
+        cols[f"moe_{k}"] = _kernel(out, moe, k, _kernel(out, moe16, k))
     kind = np.where(is_mla, "mla", "attn")
     fp8_peak = kv_fp8 & ~np.isnan(peak["fp8"])
     pre = np.where(fp8_peak & ~is_mla, kind + "_prefill_fp8",
                    np.where(kv_fp8, kind + "_prefill_kv_fp8", kind + "_prefill"))
     dec = np.where(kv_fp8, kind + "_decode_kv_fp8", kind + "_decode")
+    pre_f, pre0 = _family(pre), _family(kind + "_prefill")
+    dec_f, dec0 = _family(dec), _family(kind + "_decode")
     for k in ATTN_PREFILL_KEYS:
-        cols[f"attn_prefill_{k}"] = _kernel(out, pre, k, _kernel(out, kind + "_prefill", k))
+        cols[f"attn_prefill_{k}"] = _kernel(out, pre_f, k, _kernel(out, pre0, k))
     for k in ATTN_DECODE_KEYS:
-        cols[f"attn_decode_{k}"] = _kernel(out, dec, k, _kernel(out, kind + "_decode", k, 0.0))
+        cols[f"attn_decode_{k}"] = _kernel(out, dec_f, k, _kernel(out, dec0, k, 0.0))
     # MLA with an fp8 cache prefills at the bf16 peak (the kv_fp8 fits are bf16 compute), and
     # decode compute fractions are of the bf16 peak: rescale to the attention peak used
     attn_peak = np.where(fp8_peak, peak["fp8"], peak["bf16"])
@@ -372,9 +389,11 @@ def topology_columns(out) -> dict[str, np.ndarray]:
     cols["extra_latency"] = np.zeros(len(tp))
     for k in ("tp", "ffn", "a2a"):
         cols[k + "_rel"] = np.ones(len(tp))
-    keys = pd.DataFrame({"t": tid, "d": dom, "r": ref})
+    keys = pd.DataFrame({"t": tid, "d": dom, "r": ref, "g": np.maximum(ffn, tp)})
+    # one reduction per (topology, domain): the largest group any of its rows needs
+    gmax_of = keys.groupby(["t", "d"])["g"].max().to_dict()
     for (t, d, r), idx in keys.groupby(["t", "d", "r"]).indices.items():
-        gmax = int(min(max(ffn[idx].max(), tp[idx].max()), d))
+        gmax = int(min(gmax_of[(t, d)], d))
         red = topology.reduce(topos[names[t]], int(d), gmax)
         g_tp = np.minimum(tp[idx], d)
         g_ffn = np.minimum(ffn[idx], d)

@@ -111,6 +111,14 @@ def parse_column(path: str, column: pd.Series, *, file=None, names=None, name=No
     """A column of ``path`` (strings from a CSV, or Python values) as floats; blanks (NaN, None,
     "") stay NaN. Values that are not numbers of this field are refused."""
     f = REGISTRY[path]
+    if pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
+        num = column.astype(float)                 # already numbers: only infinities to refuse
+        inf = np.isinf(num.to_numpy())
+        if inf.any():
+            i = int(np.flatnonzero(inf)[0])
+            raise InputError(f"{name or path} = {num.iloc[i]!r} is not a number", file=file,
+                             where=names[i] if names else None, hint=f.valid())
+        return num
     obj = column.astype(object)
     blank = obj.isna() | obj.map(lambda x: isinstance(x, str) and x.strip() == "")
     if f.kind == "bool":

@@ -172,8 +172,8 @@ def _hit_probability(experts, topk, share):
     m = e * _a(share)
     miss = np.ones(np.broadcast(e, k, m).shape)
     for i in range(int(np.max(k)) if k.size else 0):
-        term = np.clip((e - m - i) / np.maximum(e - i, 1.0), 0.0, 1.0)
-        miss = miss * np.where(i < k, term, 1.0)
+        # draws past a row's own top-k multiply by 1 (their term is forced to 1)
+        miss = miss * np.clip((e - m - i) / np.maximum(e - i, 1.0) + (i >= k), 0.0, 1.0)
     return 1.0 - miss
 
 

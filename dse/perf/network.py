@@ -57,15 +57,24 @@ def kernel_allreduce(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
     return np.clip(lat + extra, 0.0, 1e30), spb
 
 
-def kernel_alltoall(b: Batch, ep: np.ndarray, elem_bytes, kind: str, phase: str):
-    """One EP dispatch or combine with the fitted kernels (per-rank and per-node
-    deduplication for the normal kernels): ``(latency_s, seconds_per_token)`` for the tokens
-    one chip sends."""
-    p = kernel_comm.phase_params(b.columns, kind, phase)
+def kernel_alltoall(b: Batch, ep: np.ndarray, dispatch_bytes, combine_bytes, kind: str):
+    """EP dispatch plus combine with the fitted kernels (per-rank and per-node deduplication for
+    the normal kernels): ``(latency_s, seconds_per_token)`` for the tokens one chip sends. The
+    bytes per token are computed once for both phases (they differ only in element bytes)."""
     ranks = np.minimum(ep, b.domain_chips)
-    lat, spt = kernel_comm.alltoall_coef(
-        1.0, b.hidden, b.top_k, np.maximum(b.n_experts, 1.0), ep, ranks, elem_bytes,
-        b.scaleup_bw_bytes_per_s * b.a2a_bw_rel, b.scaleout_bw_bytes_per_s, **p)
-    extra = flag(ep > 1.0, lat) * b.scaleup_extra_latency_s
-    return np.maximum(lat + extra, 0.0), spt
+    up, out = kernel_comm.alltoall_bytes(1.0, b.hidden, b.top_k, np.maximum(b.n_experts, 1.0),
+                                         ep, ranks, 1.0, kind)
+    ep_ = np.maximum(ep, 1.0)
+    spans = flag(ep_ / np.minimum(ranks, ep_) > 1.0, up)
+    up_bw = b.scaleup_bw_bytes_per_s * b.a2a_bw_rel
+    out_bw = b.scaleout_bw_bytes_per_s * b.a2a_scaleout_fraction
+    lat = 2.0 * spans * b.a2a_scaleout_latency_s                # once per phase
+    spt = 0.0
+    for phase, eb in (("dispatch", dispatch_bytes), ("combine", combine_bytes)):
+        lat = lat + b.columns[f"a2a_{kind}_{phase}_latency_s"]
+        frac = b.columns[f"a2a_{kind}_{phase}_fraction"]
+        spt = spt + eb * np.maximum(up / (up_bw * frac), out / out_bw)
+    on = flag(ep > 1.0, up)
+    extra = 2.0 * on * b.scaleup_extra_latency_s
+    return np.maximum(on * lat + extra, 0.0), on * spt
 

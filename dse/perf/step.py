@@ -153,9 +153,8 @@ class Coefficients:
         is_moe = arch.flag(b.n_experts > 0, moe_layers) * moe_layers
         self.a2a = {}
         for kind in ("ll", "normal"):
-            l0, s0 = kernel_alltoall(b, ep, disp, kind, "dispatch")
-            l1, s1 = kernel_alltoall(b, ep, kernel_comm.BF16_ELEM_BYTES, kind, "combine")
-            self.a2a[kind] = (is_moe * (l0 + l1), is_moe * (s0 + s1) / ffn_g)
+            lat, spt = kernel_alltoall(b, ep, disp, kernel_comm.BF16_ELEM_BYTES, kind)
+            self.a2a[kind] = (is_moe * lat, is_moe * spt / ffn_g)
         mode = b.a2a_mode                       # 0 auto, 1 low-latency, 2 normal
         self.ll_decode = arch.flag(mode < 1.5, mode)
         self.ll_mixed = arch.flag(np.abs(mode - 1.0) < 0.5, mode)
