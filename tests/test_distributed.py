@@ -80,7 +80,7 @@ def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp
     states = collections.Counter(t.state.name for t in s.trials)
     print("trial states:", dict(states))
     # every trial completed; workers asking at the same moment may add up to a batch each
-    assert total <= states["COMPLETE"] <= total + 3 * 8, states
+    assert states["COMPLETE"] == total, states          # exactly the trials asked
     assert states["RUNNING"] == 0 and states["WAITING"] == 0   # none left behind
     numbers = [t.number for t in s.trials]
     assert len(numbers) == len(set(numbers))            # no duplicate trial numbers
@@ -133,7 +133,7 @@ def test_shared_study_rotates_segments_and_counts_every_trial_once(tmp_path, dat
     assert len(studies) >= 4                               # 200 trials in segments of 40
     # every trial completed once; workers asking at the same moment (and racing warm starts)
     # may add a few
-    assert total <= states["COMPLETE"] <= total + 3 * pop + 2 * 10, states
+    assert states["COMPLETE"] == total, states          # exactly the trials asked
     assert states["RUNNING"] == 0 and states["WAITING"] == 0 and states["FAIL"] == 0
     ids = [t._trial_id for s in studies for t in s.trials]
     assert len(ids) == len(set(ids))

@@ -172,8 +172,9 @@ def _hit_probability(experts, topk, share):
     m = e * _a(share)
     miss = np.ones(np.broadcast(e, k, m).shape)
     for i in range(int(np.max(k)) if k.size else 0):
-        # draws past a row's own top-k multiply by 1 (their term is forced to 1)
-        miss = miss * np.clip((e - m - i) / np.maximum(e - i, 1.0) + (i >= k), 0.0, 1.0)
+        # draws past a row's own top-k multiply by 1
+        term = np.clip((e - m - i) / np.maximum(e - i, 1.0), 0.0, 1.0)
+        miss = miss * np.maximum(term, i >= k)
     return 1.0 - miss
 
 
