@@ -148,3 +148,14 @@ def test_routed_expert_compute_of_one_token_ignores_untouched_experts():
         _, steps = score(batch(d), breakdown=True)
         times.append(float(steps.decode.compute_s[j, 0]))
     assert times[0] == pytest.approx(times[1], rel=1e-12)
+
+
+def test_an_impossible_model_structure_is_infeasible_never_a_negative_cost():
+    # DeepSeek-V3 cut to 2 layers while 3 stay dense (a combination a large space could reach):
+    # -1 MoE layers would give negative times and costs; the scorer marks it invalid instead
+    b = batch(design("gb200", "deepseek-v3", **{"layout.dp": 8, "layout.ep": 8,
+                                                "workload.concurrency": 64}))
+    s = score(b.replace(n_layers=2.0, n_dense_layers=3.0, n_moe_layers=-1.0))
+    assert not s["feasible"][0] and (s["reason"][0] & 64)
+    ok = score(b)
+    assert ok["feasible"][0]

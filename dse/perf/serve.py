@@ -98,6 +98,11 @@ def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
     positive = (b.hbm_bw_bytes_per_s > 0) & (b.matmul_flops_per_s > 0) & (b.hbm_capacity_bytes > 0) \
         & (b.scaleup_bw_bytes_per_s > 0) & (b.scaleout_bw_bytes_per_s > 0) & (b.isl > 0) \
         & (b.osl > 0) & (b.concurrency >= 1) & (b.tp >= 1) & (b.pp >= 1) & (b.dp >= 1) & (b.ep >= 1)
+    # a model structure no combination of parameters may produce (the space validation checks
+    # combinations up to a size; the scorer never turns one into a negative time or cost)
+    positive &= (b.n_layers >= 1) & (b.hidden > 0) & (b.n_heads > 0) & (b.n_kv_heads > 0) \
+        & (b.n_dense_layers >= 0) & (b.n_moe_layers >= 0) & (b.vocab > 0) \
+        & ((b.n_experts <= 0) | ((b.top_k >= 1) & (b.top_k <= b.n_experts) & (b.ffn_expert > 0)))
     conds = ((np.fmod(b.n_heads, b.tp) != 0, 1), (bad_ep, 2), (b.pp > b.n_layers, 4),
              (weights + act + b.runtime_reserve_bytes > b.hbm_capacity_bytes, 8),
              (b.concurrency > max_c, 16), (b.concurrency > b.max_batch_size * b.dp, 32),
