@@ -154,6 +154,7 @@ def test_an_impossible_model_structure_is_infeasible_never_a_negative_cost():
     # DeepSeek-V3 cut to 2 layers while 3 stay dense (a combination a large space could reach):
     # -1 MoE layers would give negative times and costs; the scorer marks it invalid instead
     b = batch(design("gb200", "deepseek-v3", **{"layout.dp": 8, "layout.ep": 8,
+                                                "model.weight_dtype": "fp8",
                                                 "workload.concurrency": 64}))
     s = score(b.replace(n_layers=2.0, n_dense_layers=3.0, n_moe_layers=-1.0))
     assert not s["feasible"][0] and (s["reason"][0] & 64)
