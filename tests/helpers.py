@@ -93,3 +93,23 @@ def write_cases(path: Path, rows, columns=CASE_COLUMNS) -> Path:
 
 __all__ = ["CASE_COLUMNS", "IDEAL", "ROOT", "SHARED", "batch", "design", "np", "one", "run_cli",
            "run_subprocess", "write_cases"]
+
+
+SMALL_SPACE = """
+name = "t"
+[accelerator]
+id = "h100-sxm"
+[model]
+id = "llama-3.1-8b"
+[parameters]
+"accelerator.id" = ["h100-sxm", "h200-sxm", "a100-sxm-80g"]
+"layout.tp" = [1, 2, 4]
+"workload.concurrency" = { low = 1, high = 512, num = 10, log = true }
+"accelerator.hbm_bw_bytes_per_s" = { scale = [1.0, 1.5] }
+[objectives]
+usd_per_mtok_output = "minimize"
+tpot_s = "minimize"
+[constraints]
+ttft_s = { max = 2.0 }
+"""
+

@@ -22,29 +22,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import ROOT
+from helpers import ROOT, SMALL_SPACE
 
 from dse import pareto
 from dse.perf import score_chunked
 from dse.space import load_space
 
-SPACE = """
-name = "faults"
-[accelerator]
-id = "h100-sxm"
-[model]
-id = "llama-3.1-8b"
-[parameters]
-"accelerator.id" = ["h100-sxm", "h200-sxm", "a100-sxm-80g"]
-"layout.tp" = [1, 2, 4]
-"workload.concurrency" = { low = 1, high = 512, num = 10, log = true }
-"accelerator.hbm_bw_bytes_per_s" = { scale = [1.0, 1.5] }
-[objectives]
-usd_per_mtok_output = "minimize"
-tpot_s = "minimize"
-[constraints]
-ttft_s = { max = 2.0 }
-"""
+SPACE = SMALL_SPACE.replace('name = "t"', 'name = "faults"')
 RESUME_TIMEOUT_S = 60        # a resume after kill -9 must finish in this (it never waits on locks)
 
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import ROOT
+from helpers import ROOT, SMALL_SPACE
 
 from dse import pareto
 from dse.cli import main
@@ -21,23 +21,7 @@ from dse.space import load_space
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
 
-SPACE = """
-name = "t"
-[accelerator]
-id = "h100-sxm"
-[model]
-id = "llama-3.1-8b"
-[parameters]
-"accelerator.id" = ["h100-sxm", "h200-sxm", "a100-sxm-80g"]
-"layout.tp" = [1, 2, 4]
-"workload.concurrency" = { low = 1, high = 512, num = 10, log = true }
-"accelerator.hbm_bw_bytes_per_s" = { scale = [1.0, 1.5] }
-[objectives]
-usd_per_mtok_output = "minimize"
-tpot_s = "minimize"
-[constraints]
-ttft_s = { max = 2.0 }
-"""
+SPACE = SMALL_SPACE
 
 
 def write(tmp_path, text, name="space.toml") -> str:

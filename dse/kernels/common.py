@@ -171,3 +171,16 @@ def write_tables(name: str, header: str, entries: dict[tuple[str, str], dict],
         lines.append("")
     path.write_text("\n".join(lines))
     return path
+
+
+def one_row_per_shape(d: pd.DataFrame, group: list, shape_cols, count_col: str) -> pd.DataFrame:
+    """Where a table measured a shape with several kernel sources, keep the group's most common
+    source's row (the runtime's default kernel), and mark every shape with the held-out rule."""
+    d = d.copy()
+    d["_n"] = d.groupby(group + ["kernel_source"])[count_col].transform("size")
+    d = (d.sort_values("_n", ascending=False, kind="stable")
+         .drop_duplicates(group + list(shape_cols)).drop(columns="_n"))
+    u = d[list(shape_cols)].drop_duplicates()
+    u = u.assign(held_out=held_out(u, shape_cols))
+    return d.merge(u, on=list(shape_cols), how="left").reset_index(drop=True)
+

@@ -122,12 +122,7 @@ def load(**kw) -> pd.DataFrame:
     vk = d["version"].map(data.version_key)
     newest = vk.groupby([d[c] for c in grp]).transform("max")
     d = d[vk == newest]
-    d["_n"] = d.groupby(grp + ["kernel_source"])["num_tokens"].transform("size")
-    d = (d.sort_values("_n", ascending=False, kind="stable")
-         .drop_duplicates(grp + list(SHAPE_COLS)).drop(columns="_n"))
-    u = d[list(SHAPE_COLS)].drop_duplicates()
-    u = u.assign(held_out=common.held_out(u, SHAPE_COLS))
-    return d.merge(u, on=list(SHAPE_COLS), how="left").reset_index(drop=True)
+    return common.one_row_per_shape(d, grp, SHAPE_COLS, "num_tokens")
 
 
 def predict(frame: pd.DataFrame, fam: str, acc, vals: dict) -> np.ndarray:
