@@ -31,3 +31,24 @@ def answered(tmp_path_factory):
             cache[name] = (out, json.loads((out / "answer.json").read_text())["numbers"])
         return cache[name]
     return get
+
+
+@pytest.fixture
+def database():
+    """A fresh PostgreSQL database on DSE_TEST_POSTGRES_URL's server, dropped afterwards (tests
+    that use it skip without the variable)."""
+    import uuid
+
+    import sqlalchemy
+    url = os.environ["DSE_TEST_POSTGRES_URL"]
+    name = "dse_test_" + uuid.uuid4().hex[:8]
+    admin = sqlalchemy.create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    yield url.rsplit("/", 1)[0] + "/" + name
+    admin = sqlalchemy.create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sqlalchemy.text(f"DROP DATABASE {name} WITH (FORCE)"))
+    admin.dispose()
+

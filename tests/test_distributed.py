@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pandas as pd
 import pytest
@@ -22,19 +21,6 @@ from helpers import ROOT
 URL = os.environ.get("DSE_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.skipif(not URL, reason="DSE_TEST_POSTGRES_URL not set (no PostgreSQL)")
 QUICK = ROOT / "spaces" / "quickstart.toml"
-
-
-@pytest.fixture
-def database():
-    import sqlalchemy
-    name = "dse_test_" + uuid.uuid4().hex[:8]
-    admin = sqlalchemy.create_engine(URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-    yield URL.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as c:
-        c.execute(sqlalchemy.text(f"DROP DATABASE {name} WITH (FORCE)"))
-    admin.dispose()
 
 
 def _wait_until(done, timeout_s: float = 60, poll_s: float = 0.1) -> None:

@@ -17,15 +17,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import ROOT, SMALL_SPACE
+from helpers import ROOT, SMALL_SPACE, brute_front
 
 from dse import pareto
-from dse.perf import score_chunked
 from dse.space import load_space
 
 SPACE = SMALL_SPACE.replace('name = "t"', 'name = "faults"')
@@ -77,16 +74,6 @@ def one_line_error(r, *needles):
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     for n in needles:
         assert n in err, err
-
-
-def brute_front(space) -> set:
-    import numpy as np
-    idx = np.arange(space.size)
-    b, _ = space.batch(idx)
-    s = score_chunked(b, dtype=np.float32)
-    ok = pareto.admissible(s, space.objectives, space.constraints)
-    F = pareto.objective_matrix(s, space.objectives)[ok]
-    return set(idx[ok][pareto.nondominated(F)].tolist())
 
 
 @pytest.fixture
@@ -377,21 +364,6 @@ def test_failed_or_refused_runs_leave_no_folder_or_temp_file(space_dir):
 
 URL = os.environ.get("DSE_TEST_POSTGRES_URL")
 needs_pg = pytest.mark.skipif(not URL, reason="DSE_TEST_POSTGRES_URL not set (no PostgreSQL)")
-
-
-@pytest.fixture
-def database():
-    import sqlalchemy
-    name = "dse_faults_" + uuid.uuid4().hex[:8]
-    admin = sqlalchemy.create_engine(URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-    admin.dispose()
-    yield URL.rsplit("/", 1)[0] + "/" + name
-    admin = sqlalchemy.create_engine(URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sqlalchemy.text(f"DROP DATABASE {name} WITH (FORCE)"))
-    admin.dispose()
 
 
 def _states(database, study):

@@ -12,11 +12,9 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import ROOT, SMALL_SPACE
+from helpers import ROOT, SMALL_SPACE, brute_front
 
-from dse import pareto
 from dse.cli import main
-from dse.perf import score_chunked
 from dse.space import load_space
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
@@ -28,15 +26,6 @@ def write(tmp_path, text, name="space.toml") -> str:
     p = tmp_path / name
     p.write_text(text)
     return str(p)
-
-
-def brute_front(space) -> set:
-    idx = np.arange(space.size)
-    b, _ = space.batch(idx)
-    s = score_chunked(b, dtype=np.float32)
-    ok = pareto.admissible(s, space.objectives, space.constraints)
-    F = pareto.objective_matrix(s, space.objectives)[ok]
-    return set(idx[ok][pareto.nondominated(F)].tolist())
 
 
 def test_validate_prints_parameters_and_size(capsys):
