@@ -118,7 +118,8 @@ def test_token_prices(answered):
 def test_token_prices_without_pricing_file(tmp_path):
     """A missing price file is said in the answer, not a crash."""
     src = (QUESTIONS_DIR / "token-prices.toml").read_text()
-    src = src.replace('"../shared/reference/pricing.csv"', '"no/such/pricing.csv"')
+    assert 'pricing_csv = ""' in src
+    src = src.replace('pricing_csv = ""', 'pricing_csv = "no/such/pricing.csv"')
     # a small space: one model, one layout, a few batches
     src = src.replace('["llama-3.1-70b", "llama-3.1-405b", "qwen3-235b-a22b", "deepseek-v3"]',
                       '["llama-3.1-70b"]')

@@ -37,8 +37,16 @@ LAYOUT = ("layout.tp", "layout.dp", "layout.ep")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# public API prices shipped with the package (a copy of ../shared/reference/pricing.csv; every
+# row cites its source and the date it was observed)
+PACKAGED = Path(__file__).resolve().parents[1] / "catalog" / "pricing.csv"
+
+
 def find_pricing(name: str) -> Path | None:
-    """``name`` as given (from the working directory), else relative to the repository root."""
+    """The packaged price list when ``name`` is blank, else ``name`` as given (from the working
+    directory) or relative to the repository root."""
+    if not name:
+        return PACKAGED if PACKAGED.is_file() else None
     for p in (Path(name), ROOT / name):
         if p.is_file():
             return p
@@ -115,7 +123,7 @@ def _figure(ctx, res: list[dict], pub: pd.DataFrame) -> str:
 
 def answer(ctx: Context) -> Answer:
     fast_tps = float(ctx.param("interactive_tokens_per_s_per_user", 30.0))
-    csv_name = str(ctx.param("pricing_csv", "../shared/reference/pricing.csv"))
+    csv_name = str(ctx.param("pricing_csv", ""))
     df = ctx.score()
     df = df[admissible(ctx, df)].reset_index(drop=True)
     df["ratio"] = df[OUT] / df[IN]
@@ -185,7 +193,7 @@ the cost of a step is split by the time its prompt tokens add to the decode-only
 - Cost optimum: each model's cheapest `{OUT}`; interactive: the cheapest with `{SPEED}` >= \
 {fast_tps:g} (`interactive_tokens_per_s_per_user` in [answer]); the curve in the figure is the \
 cost optimum's layout over every admissible batch.
-- Public ratios: `{path if path else csv_name}`, each row's `output_usd_per_Mtok` / \
+- Public ratios: `{("dse/catalog/pricing.csv (a copy of ../shared/reference/pricing.csv)" if path == PACKAGED else path) if path else csv_name}`, each row's `output_usd_per_Mtok` / \
 `input_usd_per_Mtok` computed here (time-of-day rows "a / b" give one ratio per pair; rows \
 without a usable pair skipped: {'; '.join(skipped) if skipped else 'none'}). Prices are not \
 costs: margins, cache discounts and demand shape them too.
