@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dse import catalog, fields, topology, validate
+from dse import catalog, fields, mechanisms, topology, validate
 from dse.errors import InputError, suggest
 from dse.perf import Batch
 from dse.perf import kernel_comm
@@ -27,7 +27,7 @@ MODEL_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_
                 "num_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
                 "shared_expert_intermediate_size", "first_k_dense_replace", "moe_layer_step",
                 "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                "sliding_window", "num_local_attention_layers")
+                "sliding_window", "num_local_attention_layers", "num_nextn_predict_layers")
 TOPO_FIELDS = ("rack_chips", "scaleup_base_latency_s", "scaleup_hop_latency_s",
                "scaleout_latency_s", "scaleout_oversubscription")
 
@@ -166,6 +166,7 @@ def resolve(table: pd.DataFrame, *, file: str | None = None, row_names: list[str
     # the runtime first: its defaults fill what a design leaves blank
     validate.check_table(out, file=file, names=names, alias=alias, columns=["serving.runtime"])
     runtime_defaults(out)
+    mechanisms.resolve_defaults(out, file, names, alias)   # hook: serving mechanisms (issue 11)
     out = kernel_columns(out)
     _check_values(out, file, names, alias)
     return out
@@ -446,7 +447,8 @@ DIRECT_FIELDS = {"workload.isl": "isl", "workload.osl": "osl", "workload.concurr
                  "serving.kv_memory_fraction": "kv_memory_fraction",
                  "serving.runtime_reserve_bytes": "runtime_reserve_bytes",
                  "cost.amortization_years": "amortization_years", "cost.pue": "pue",
-                 "cost.electricity_usd_per_kwh": "electricity_usd_per_kwh"}
+                 "cost.electricity_usd_per_kwh": "electricity_usd_per_kwh",
+                 **mechanisms.DIRECT}    # hook: serving mechanisms (issue 11)
 
 
 def to_batch(out, compact: bool = False) -> Batch:
@@ -516,5 +518,6 @@ def to_batch(out, compact: bool = False) -> Batch:
         "power_w": f("accelerator.all_in_power_w") * components["power"], "pue": f("cost.pue"),
         "electricity_usd_per_kwh": f("cost.electricity_usd_per_kwh"),
         "use_rental": lookup(out["cost.mode"], {"rental": 1.0}, 0.0).astype(float),
+        **mechanisms.batch_columns(out, kvbytes),     # hook: serving mechanisms (issue 11)
     }
     return Batch.from_columns(cols, compact=compact)

@@ -205,6 +205,14 @@ FIELDS: tuple[Field, ...] = (
           zero="none"),
     count("model.num_local_attention_layers", "layers", "layers with sliding-window attention",
           low=0),
+    count("model.num_nextn_predict_layers", "layers", "multi-token-prediction modules the "
+          "checkpoint ships (DeepSeek-V3: 1); what serving.spec_method = \"mtp\" drafts with",
+          low=0, zero="none"),
+    enum("model.expert_dtype", DTYPES, "", "element type of the routed experts' weights (NVFP4 "
+         "checkpoints ship FP4 experts beside FP8 attention and dense layers)",
+         blank="model.weight_dtype"),
+    enum("model.attention_dtype", DTYPES, "", "element type of the attention projections' "
+         "weights", blank="model.weight_dtype"),
     # -- layout --
     count("layout.num_chips", "chips", "chips of one instance; leave tp/pp/ep/dp out to let dse "
           "choose", default=None, limit="chips per instance", resolved=False),
@@ -228,6 +236,20 @@ FIELDS: tuple[Field, ...] = (
     count("workload.prefill_concurrency", "requests", "prefill batch (disaggregated)", 1),
     num("workload.demand_output_tokens_per_s", "tokens/s", "fleet demand", 0.0, open_=False,
         zero="no demand (the fleet metrics are NaN)"),
+    num("workload.request_rate_per_s", "requests/s", "Poisson request rate into one instance, "
+        "instead of workload.concurrency: the concurrency follows from it (Little's law), TTFT "
+        "adds the queueing wait (dse/perf/queueing.py)", 0.0, open_=False,
+        zero="fixed concurrency (workload.concurrency)"),
+    num("workload.ttft_slo_s", "s", "p90 TTFT a request must meet: goodput is the highest "
+        "request rate at which it and the TPOT SLO hold", 0.0, open_=False, zero="no TTFT SLO"),
+    num("workload.tpot_slo_s", "s", "p90 TPOT a request must meet (goodput)", 0.0, open_=False,
+        zero="no TPOT SLO"),
+    num("workload.isl_cv", "ratio", "coefficient of variation of input lengths (gamma "
+        "distributed, mean workload.isl)", 0.0, open_=False, high=10.0,
+        zero="every prompt workload.isl tokens"),
+    num("workload.osl_cv", "ratio", "coefficient of variation of output lengths (gamma "
+        "distributed, mean workload.osl)", 0.0, open_=False, high=10.0,
+        zero="every answer workload.osl tokens"),
     # -- serving (dse/catalog/serving.toml) --
     enum("serving.mode", ("aggregated", "disaggregated"), "aggregated",
          "one instance does prefill and decode, or separate prefill and decode pools"),
@@ -242,6 +264,22 @@ FIELDS: tuple[Field, ...] = (
     enum("serving.a2a_kernel", ("auto", "low_latency", "normal"), "auto",
          "expert-parallel all-to-all kernels: auto = low-latency in decode-only steps and normal "
          "(high-throughput) in steps that carry prompt tokens, as DeepEP runs them"),
+    count("serving.spec_tokens", "tokens", "speculative decoding: draft tokens proposed per "
+          "sequence per step, verified in one step of spec_tokens + 1 tokens (dse/perf/spec.py)",
+          0, low=0, high=64, zero="no speculative decoding"),
+    frac("serving.spec_acceptance", "probability that each draft token is accepted (given the "
+         "previous ones); blank = the method's published figure (serving.toml [spec_acceptance])"),
+    enum("serving.spec_method", ("mtp", "draft"), "mtp", "who drafts: the model's own "
+         "multi-token-prediction module (model.num_nextn_predict_layers) or a separate draft "
+         "model (serving.spec_draft_model)"),
+    Field("serving.spec_draft_model", "id", "", "catalog id of the draft model "
+          "(serving.spec_method = \"draft\")", "", blank="no draft model"),
+    num("serving.expert_imbalance", "ratio", "routed tokens on the busiest expert-parallel rank "
+        "over the mean (dse/perf/imbalance.py); the slowest rank sets the step", 1.0, low=1.0,
+        open_=False, high=64.0),
+    count("serving.redundant_experts", "experts", "extra expert slots per EP group holding "
+          "replicas of hot experts (EPLB): they take HBM and cut serving.expert_imbalance", 0,
+          low=0, high=4096, zero="none"),
     num("serving.prefill_chip_ratio", "ratio", "prefill chips per decode chip (disaggregated)", 0.0,
         open_=False, zero="the ratio that keeps the decodes fed"),
     count("serving.max_batch_size", "sequences", "sequences one scheduler (attention-DP rank) "

@@ -150,6 +150,7 @@ class Model(Frozen):
     v_head_dim: int = Field(default=0, ge=0)
     sliding_window: int = Field(default=0, ge=0)
     num_local_attention_layers: int = Field(default=0, ge=0)
+    num_nextn_predict_layers: int = Field(default=0, ge=0)   # MTP modules (not in the counts)
 
     @model_validator(mode="after")
     def _consistent(self):

@@ -48,7 +48,13 @@ def models() -> dict[str, Model]:
 @lru_cache(maxsize=1)
 def serving_defaults() -> dict:
     """Serving-runtime defaults (serving.toml): runtime, prefill chunk, KV share, reserve."""
-    return {k: v for k, v in _load("serving.toml").items() if k != "runtimes"}
+    return {k: v for k, v in _load("serving.toml").items() if not isinstance(v, dict)}
+
+
+@lru_cache(maxsize=1)
+def spec_acceptance() -> dict[str, float]:
+    """Published per-token draft acceptance per speculative method (serving.toml)."""
+    return dict(_load("serving.toml")["spec_acceptance"])
 
 
 @lru_cache(maxsize=1)

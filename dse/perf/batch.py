@@ -139,6 +139,45 @@ FIELDS.update({
 })
 
 
+# --- serving mechanisms (issue 11): optional fields, each defaulting to "off" (a number) or to
+# another field's value (a name), so a Batch built without them scores exactly as before ---
+OPTIONAL: dict[str, float | str] = {
+    # speculative decoding / multi-token prediction (dse.perf.spec)
+    "spec_tokens": 0.0, "spec_acceptance": 0.0, "spec_draft": 0.0, "spec_mtp_layers": 0.0,
+    "draft_params": 0.0, "draft_layers": 0.0, "draft_kv_bytes_per_token": 0.0,
+    # request-rate serving, percentiles and goodput (dse.perf.queueing)
+    "request_rate_per_s": 0.0, "ttft_slo_s": 0.0, "tpot_slo_s": 0.0,
+    # expert load imbalance and redundant experts (dse.perf.imbalance)
+    "expert_imbalance": 1.0, "redundant_experts": 0.0,
+    # request lengths as distributions (dse.perf.lengths)
+    "isl_cv": 0.0, "osl_cv": 0.0,
+    # per-op precision: attention projections and routed experts in their own dtypes
+    "attn_weight_bytes": "weight_bytes", "expert_weight_bytes": "weight_bytes",
+    "attn_matmul_flops_per_s": "matmul_flops_per_s",
+    "expert_matmul_flops_per_s": "matmul_flops_per_s",
+}
+FIELDS.update({
+    "spec_tokens": "draft tokens proposed per sequence per step (0: no speculative decoding)",
+    "spec_acceptance": "probability that a draft token is accepted (each, given the previous)",
+    "spec_draft": "1: a separate draft model drafts, 0: the model's own MTP layers",
+    "spec_mtp_layers": "the model's multi-token-prediction layers (num_nextn_predict_layers)",
+    "draft_params": "parameters of the draft model (elements)",
+    "draft_layers": "layers of the draft model",
+    "draft_kv_bytes_per_token": "KV-cache bytes one token adds to the draft model (all layers)",
+    "request_rate_per_s": "requests/s arriving at one instance (0: fixed concurrency)",
+    "ttft_slo_s": "p90 TTFT a request must meet (0: no SLO)",
+    "tpot_slo_s": "p90 TPOT a request must meet (0: no SLO)",
+    "expert_imbalance": "routed tokens on the busiest EP rank over the mean (1: balanced)",
+    "redundant_experts": "extra expert slots per EP group (EPLB-style replicas of hot experts)",
+    "isl_cv": "coefficient of variation of input lengths (0: every prompt isl tokens)",
+    "osl_cv": "coefficient of variation of output lengths (0: every answer osl tokens)",
+    "attn_weight_bytes": "bytes per weight element of the attention projections",
+    "expert_weight_bytes": "bytes per weight element of the routed experts",
+    "attn_matmul_flops_per_s": "peak FLOP/s of the attention projections' compute dtype",
+    "expert_matmul_flops_per_s": "peak FLOP/s of the routed experts' compute dtype",
+})
+
+
 @dataclass(frozen=True, eq=False)
 class Batch:
     """Struct of arrays: ``Batch.from_columns({...})`` with one array per name in FIELDS.
@@ -166,6 +205,7 @@ class Batch:
 
     @classmethod
     def from_columns(cls, columns: dict, compact: bool = False) -> "Batch":
+        columns = _with_optional(columns)
         missing = [k for k in FIELDS if k not in columns]
         if missing:
             raise KeyError(f"Batch is missing fields: {', '.join(missing)}")
@@ -173,6 +213,8 @@ class Batch:
         n = max(a.shape[0] for a in arrays.values())
         out = {}
         for k, a in arrays.items():
+            if k in OPTIONAL and _is_off(k, a, arrays):
+                continue                # an "off" mechanism costs nothing per row
             if a.shape != (n,):
                 if a.shape != (1,):
                     raise ValueError(f"field {k} has shape {a.shape}, expected ({n},)")
@@ -190,9 +232,13 @@ class Batch:
         return Batch({k: (np.full(n, v[0]) if len(v) != n else v) for k, v in self.columns.items()})
 
     def __getattr__(self, name: str) -> np.ndarray:
+        cols = self.__dict__["columns"]
         try:
-            return self.__dict__["columns"][name]
+            return cols[name]
         except KeyError:
+            if name in OPTIONAL:        # a batch built without a mechanism's fields: "off"
+                d = OPTIONAL[name]
+                return cols[d] if isinstance(d, str) else np.full(1, d)
             raise AttributeError(name) from None
 
     def take(self, index) -> "Batch":
@@ -212,6 +258,14 @@ class Batch:
         b = Batch(cols)
         return b.astype(dtype) if dtype is not None else b
 
+    def has_on(self, name: str) -> bool:
+        """Whether any row sets optional field ``name`` away from its "off" value (the hooks of
+        the serving mechanisms run only then, so a batch without them scores as before)."""
+        d = OPTIONAL[name]
+        v = getattr(self, name)
+        off = getattr(self, d) if isinstance(d, str) else d
+        return bool(np.any(v != off))
+
     def replace(self, **updates) -> "Batch":
         cols = dict(self.columns)
         for k, v in updates.items():
@@ -220,3 +274,19 @@ class Batch:
             cols[k] = np.broadcast_to(np.asarray(v, dtype=np.float64), (len(self),)).copy()
         return Batch(cols)
 
+
+def _is_off(k: str, a: np.ndarray, arrays: dict) -> bool:
+    d = OPTIONAL[k]
+    off = arrays[d] if isinstance(d, str) else d
+    return bool(np.all(a == off))
+
+
+def _with_optional(columns: dict) -> dict:
+    """``columns`` with every OPTIONAL field it lacks at its "off" value."""
+    if all(k in columns for k in OPTIONAL):
+        return columns
+    out = dict(columns)
+    for k, d in OPTIONAL.items():
+        if k not in out:
+            out[k] = out[d] if isinstance(d, str) else d
+    return out

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.perf import arch, quality
+from dse.perf import arch, quality, spec
 from dse.perf.batch import Batch
 from dse.perf.step import OPS, Coefficients, StepTimes, step
 
@@ -76,6 +76,9 @@ def _memory(b: Batch):
     ctx = b.isl + (1.0 - pre_only) * b.osl
     kv_seq = (arch.context_layers(b, ctx) / pp * arch.kv_elems_per_token_layer(b)
               * arch.kv_shard_fraction(b) * b.kv_bytes)
+    if b.has_on("spec_tokens"):          # hook: the drafter's weights and KV (dse.perf.spec)
+        weights = weights + spec.extra_weights_bytes(b)
+        kv_seq = kv_seq + spec.extra_kv_seq_bytes(b, ctx)
     # activations scale with a scheduler's (dp rank's) tokens per step, up to max_num_tokens
     tokens_per_seq = arch.blend(pre_only, b.isl, 1.0 + b.isl / b.osl) / dp
     act_per_token = b.hidden * 2.0 * 8.0 + b.vocab / tp * 4.0
@@ -113,9 +116,10 @@ def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
     return bits
 
 
-def _prefill_load(b: Batch):
+def _prefill_load(b: Batch, per_step=None):
     """Prefill tokens per step on average, the tokens of a step that carries a prompt, and the
-    share of steps that carry one (prompts arrive whole or in chunks of ``max_num_tokens``)."""
+    share of steps that carry one (prompts arrive whole or in chunks of ``max_num_tokens``).
+    ``per_step``: output tokens per sequence per step (speculative decoding), default 1."""
     c = np.maximum(b.concurrency, 1.0)
     both, pre_only, dec_only = arch.phases(b)
     new = b.isl * (1.0 - b.prefix_hit_fraction)
@@ -123,13 +127,16 @@ def _prefill_load(b: Batch):
     # a scheduler (dp rank) fills its max_num_tokens with its decodes first, then prompt tokens
     chunk = np.minimum(new, np.maximum(b.max_num_tokens - decoding / b.dp, 1.0))
     avg = both * c * new / b.osl + pre_only * c * new
+    if per_step is not None:             # hook: dse.perf.spec (answers finish sooner)
+        avg = both * c * new / b.osl * per_step + pre_only * c * new
     carried = avg + both * np.maximum(chunk - avg, 0.0)
     share = np.minimum(avg / np.maximum(carried, 1e-30), 1.0)
     return decoding, chunk, avg, carried, share
 
 
-def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None):
-    """The three steps, and the decode step's compute, memory and network sums."""
+def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None, q=None):
+    """The three steps, the decode step's compute, memory and network sums, and (speculative
+    decoding, ``q`` = draft tokens + 1 per sequence per step) the draft time per step."""
     k = Coefficients(b) if k is None else k
     c = np.maximum(b.concurrency, 1.0)
     pp = b.pp
@@ -139,13 +146,14 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None):
     pairs = arch.prefill_pairs_layers(b, new, prior)
     zero = np.zeros_like(c)
     decoding, chunk, avg, carried, share = load
+    dq = decoding if q is None else decoding * q      # hook: dse.perf.spec (verify k+1 tokens)
     dp = b.dp
     # the busiest attention-DP rank of a prompt-carrying step: an even share of the prompt
     # tokens when every rank has a whole chunk, else one rank holds a whole chunk
     rank_carried = np.maximum(carried / dp, np.minimum(chunk, carried))
     # decode-only step: what limits decoding, and the decode share of the cost
-    decode = step(k, decoding / pp, zero, dec_ctx, new, prior, pairs, decoding / pp,
-                  breakdown, True, decode_step=True)
+    decode = step(k, dq / pp, zero, dec_ctx, new, prior, pairs, dq / pp,
+                  breakdown, True, decode_step=True, seq_tokens=q)
     if breakdown:
         sums = (decode.compute_s.sum(0), decode.memory_s.sum(0), decode.network_s.sum(0))
     else:
@@ -153,8 +161,8 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None):
     # a step that carries prompt tokens (a whole prompt or chunk, or the average load if larger);
     # with a prefill-only instance it is the batch of C prompts
     done = (1.0 - arch.phases(b)[2]) * carried / np.maximum(new, 1.0)
-    mixed = step(k, decoding / pp, carried / pp, dec_ctx, new, prior, pairs,
-                 (decoding + done) / pp, breakdown, pre_rank=rank_carried / pp)
+    mixed = step(k, dq / pp, carried / pp, dec_ctx, new, prior, pairs,
+                 (dq + done) / pp, breakdown, pre_rank=rank_carried / pp, seq_tokens=q)
     # a step that carries one of this request's prefill chunks next to the other running
     # decodes: the chunk sits on one attention-DP rank, and the n chunks of a prompt attend to
     # the cached prefix and to the earlier chunks (on average half the uncached prompt)
@@ -162,9 +170,16 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None):
     n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
     chunk_pairs = pairs / n_chunks
     chunk_prior = prior + 0.5 * np.maximum(new - chunk, 0.0)
-    prefill = step(k, others / pp, chunk, dec_ctx, chunk, chunk_prior, chunk_pairs,
-                   others / pp + 1.0, breakdown, pre_rank=chunk)
-    return Breakdown(decode, mixed, prefill), sums
+    oq = others if q is None else others * q
+    prefill = step(k, oq / pp, chunk, dec_ctx, chunk, chunk_prior, chunk_pairs,
+                   oq / pp + 1.0, breakdown, pre_rank=chunk, seq_tokens=q)
+    if q is None:
+        return Breakdown(decode, mixed, prefill), sums, None
+    # hook: dse.perf.spec -- the k draft steps of every pass, priced from a 1-token decode step
+    one = step(k, decoding / pp, zero, dec_ctx, new, prior, pairs, decoding / pp,
+               decode_step=True)
+    ctx = b.isl + 0.5 * b.osl
+    return Breakdown(decode, mixed, prefill), sums, spec.draft_s(b, k, decoding / pp, one, ctx)
 
 
 def score(b: Batch, breakdown: bool = False, coefficients: Coefficients | None = None):
@@ -277,24 +292,34 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None):
     chips = b.tp * b.pp * b.dp
     weights, kv_seq, act, max_c = _memory(b)
     bits = _invalid_bits(b, weights, act, max_c)
-    load = _prefill_load(b)
-    steps, (tc, tm, tn) = _steps(b, breakdown, load, k)
+    # hook: speculative decoding / MTP (dse.perf.spec): verification steps of k+1 tokens per
+    # sequence plus the k draft steps, yielding tok_step tokens per sequence on average
+    on_spec = b.has_on("spec_tokens")
+    tok_step = spec.tokens_per_step(b) if on_spec else 1.0
+    load = _prefill_load(b, tok_step if on_spec else None)
+    q = b.spec_tokens + 1.0 if on_spec else None
+    steps, (tc, tm, tn), draft = _steps(b, breakdown, load, k, q)
     pp = b.pp
     decoding, chunk, avg, carried, share = load
     t_decode = steps.total("decode")
     # mean step: steps that carry prompt tokens and steps that only decode, in proportion
     t_mixed = share * steps.total("mixed") + (1.0 - share) * t_decode
+    t_prefill = steps.total("prefill")
+    if draft is not None:
+        t_decode = t_decode + draft
+        t_mixed = t_mixed + draft
+        t_prefill = t_prefill + draft
     both, pre_only, dec_only = arch.phases(b)
     new = b.isl * (1.0 - b.prefix_hit_fraction)
 
     pass_s = pp * t_mixed                      # one token for every sequence
-    out_inst = c / pass_s                       # tokens/s of the instance (first tokens when prefill)
+    out_inst = c * tok_step / pass_s            # tokens/s of the instance (first tokens when prefill)
     in_inst = (1.0 - dec_only) * out_inst * arch.blend(pre_only, b.isl, b.isl / b.osl)
     # TTFT: wait for the running step, the steps carrying this prompt's chunks, and the step
     # that returns the first token (it is streamed with the next iteration)
     n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
     wait = 0.5 * pass_s * (1.0 - 1.0 / c)
-    ttft = arch.blend(pre_only, pass_s, wait + pp * n_chunks * steps.total("prefill") + pass_s)
+    ttft = arch.blend(pre_only, pass_s, wait + pp * n_chunks * t_prefill + pass_s)
 
     # cost: ownership (capex written off + power) or rental; split between decode and prefill
     own = b.capex_usd / (b.amortization_years * HOURS_PER_YEAR) \
@@ -307,7 +332,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None):
     joules_out = b.power_w * b.pue * chips * decode_share / out_inst
     # what a phase does not produce is NaN, never a number that looks real
     no_decode = b.phase == 1
-    tpot = np.where(no_decode, np.nan, pass_s)
+    tpot = np.where(no_decode, np.nan, pass_s / tok_step)
     ttft = np.where(b.phase == 2, np.nan, ttft)
     usd_mtok_out = np.where(no_decode, np.nan, usd_mtok_out)
     joules_out = np.where(no_decode, np.nan, joules_out)

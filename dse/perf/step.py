@@ -214,7 +214,8 @@ def _take(v, rows):
 
 
 def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
-         breakdown: bool = False, sums: bool = False, pre_rank=None, decode_step: bool = False):
+         breakdown: bool = False, sums: bool = False, pre_rank=None, decode_step: bool = False,
+         seq_tokens=None):
     """One stage step of one micro-batch (tokens are per micro-batch, whole instance).
 
     ``dec_ctx`` is ``arch.context_layers`` of the decode context and ``pairs`` is
@@ -224,6 +225,8 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     projections run there while the other ranks wait at the next collective.
     ``decode_step``: a decode-only step (``serving.a2a_kernel = "auto"`` runs the low-latency
     EP kernels there and the normal ones in steps that carry prompt tokens, as DeepEP does).
+    ``seq_tokens``: decode tokens per sequence (speculative verification, dse.perf.spec): the
+    KV cache and per-sequence attention costs count ``dec / seq_tokens`` sequences.
 
     Returns the step time; with ``sums`` also the compute, memory and network time summed over
     ops; with ``breakdown`` the full per-op StepTimes.
@@ -248,9 +251,10 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     pre_eff = (1.0 + k.pre_half_tokens / np.maximum(new, 1.0)) \
         * (1.0 + k.pre_half_rows / np.maximum(reqs * new, 1.0))
     c_core = k.c_core_dec * dec * dec_ctx + k.c_core_pre * reqs * pairs * pre_eff
-    m_core = (k.kv_dec * dec / dp * dec_ctx
+    seqs = dec if seq_tokens is None else dec / seq_tokens     # hook: dse.perf.spec
+    m_core = (k.kv_dec * seqs / dp * dec_ctx
               + k.kv_pre * (dec / dp + pre_rank + reqs * prior) * b.n_layers) / b.pp
-    x_core = k.x_core_seq * dec / dp + (k.x_core_dec * on_dec + k.x_core_pre * on_pre) * two
+    x_core = k.x_core_seq * seqs / dp + (k.x_core_dec * on_dec + k.x_core_pre * on_pre) * two
     c_dense = (k.c_dense * (tok * k.dense_rows + h) + k.w_dense) * some
     n_dense = np.min(k.n_dense[0] + k.n_dense[1] * tok, axis=0)
     touched = 1.0 - np.exp(tok * k.log_miss)

@@ -1,0 +1,99 @@
+"""The serving mechanisms' fields (issue 11), from the resolved design table to scorer columns.
+
+``dse.build`` calls two functions: ``resolve_defaults`` (fills what a design left to the catalog:
+the published draft acceptance per speculative method, checks the draft model id) and
+``batch_columns`` (the Batch fields of dse.perf.spec, queueing, imbalance, lengths and per-op
+precision). A design that sets none of them gets every mechanism "off" (dse.perf.batch.OPTIONAL)
+and scores exactly as before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dse import catalog
+from dse.errors import InputError, suggest
+
+SPEC_METHODS = {"mtp": 0.0, "draft": 1.0}
+# settable paths that are exactly one scorer field used only after the step model's per-design
+# constants (dse.build.DIRECT_FIELDS: a search writes them straight into the Batch)
+DIRECT = {"workload.request_rate_per_s": "request_rate_per_s",
+          "workload.ttft_slo_s": "ttft_slo_s", "workload.tpot_slo_s": "tpot_slo_s",
+          "workload.isl_cv": "isl_cv", "workload.osl_cv": "osl_cv",
+          "serving.spec_tokens": "spec_tokens", "serving.spec_acceptance": "spec_acceptance",
+          "serving.expert_imbalance": "expert_imbalance"}
+
+
+def _col(out, path, default):
+    if path in out.keys():
+        return out[path]
+    return pd.Series([default] * len(out)) if isinstance(out, pd.DataFrame) else np.array([default])
+
+
+def resolve_defaults(out: pd.DataFrame, file=None, names=None, alias=None) -> None:
+    """Blank ``serving.spec_acceptance`` takes the method's published figure (serving.toml
+    [spec_acceptance]); ``serving.spec_draft_model`` must be a catalog model where the method is
+    "draft" and a draft is asked for."""
+    from dse.build import lookup
+    alias = alias or {}
+    n = len(out)
+    method = _col(out, "serving.spec_method", "mtp")
+    acc = pd.to_numeric(pd.Series(np.asarray(_col(out, "serving.spec_acceptance", np.nan),
+                                             dtype=object)), errors="coerce").to_numpy(float)
+    pub = lookup(method, catalog.spec_acceptance())
+    out["serving.spec_acceptance"] = np.broadcast_to(np.where(np.isnan(acc), pub, acc), (n,))
+    draft = pd.Series(np.asarray(_col(out, "serving.spec_draft_model", ""), dtype=object)) \
+        .fillna("").astype(str).str.strip()
+    draft = pd.Series(np.broadcast_to(draft.to_numpy(), (n,)))
+    tokens = np.broadcast_to(pd.to_numeric(pd.Series(np.asarray(
+        _col(out, "serving.spec_tokens", 0), dtype=object)), errors="coerce").fillna(0)
+        .to_numpy(float), (n,))
+    wants = (np.broadcast_to(np.asarray(method, dtype=object), (n,)) == "draft") & (tokens > 0)
+    models = catalog.models()
+    bad = wants & ~draft.isin(list(models)).to_numpy()
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        key = alias.get("serving.spec_draft_model", "serving.spec_draft_model")
+        what = f"unknown draft model id {draft.iloc[i]!r}" if draft.iloc[i] else \
+            "serving.spec_method = \"draft\" needs serving.spec_draft_model"
+        raise InputError(what, file=file, where=(names[i] if names and i < len(names) else key),
+                         hint=suggest(draft.iloc[i], models, "valid models"))
+    out["serving.spec_draft_model"] = draft.to_numpy()
+    mtp = np.broadcast_to(np.asarray(method, dtype=object), (n,)) == "mtp"
+    layers = np.broadcast_to(np.asarray(_col(out, "model.num_nextn_predict_layers", 0),
+                                        dtype=float), (n,))
+    bad = mtp & (tokens > 0) & ~(layers >= 1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InputError("serving.spec_method = \"mtp\" but the model has no MTP module "
+                         "(model.num_nextn_predict_layers = 0)", file=file,
+                         where=names[i] if names and i < len(names) else None,
+                         hint="use serving.spec_method = \"draft\" with a "
+                         "serving.spec_draft_model, or a model that ships MTP layers")
+
+
+def batch_columns(out, kv_bytes: np.ndarray) -> dict[str, np.ndarray]:
+    """The mechanisms' scorer fields of a resolved table (a DataFrame or a dict of columns)."""
+    from dse.build import lookup
+    f = lambda c, d=0.0: np.asarray(_col(out, c, d), dtype=float)  # noqa: E731
+    models = catalog.models()
+    draft = _col(out, "serving.spec_draft_model", "")
+    per_token = {k: (m.kv_lora_rank + m.qk_rope_head_dim if m.kv_lora_rank > 0
+                     else 2.0 * m.num_key_value_heads * m.head_dim) * m.num_hidden_layers
+                 for k, m in models.items()}
+    return {
+        "spec_tokens": f("serving.spec_tokens"),
+        "spec_acceptance": f("serving.spec_acceptance"),
+        "spec_draft": lookup(_col(out, "serving.spec_method", "mtp"), SPEC_METHODS, 0.0),
+        "spec_mtp_layers": f("model.num_nextn_predict_layers"),
+        "draft_params": lookup(draft, {k: m.total_params for k, m in models.items()}, 0.0),
+        "draft_layers": lookup(draft, {k: float(m.num_hidden_layers) for k, m in models.items()},
+                               0.0),
+        "draft_kv_bytes_per_token": lookup(draft, per_token, 0.0) * kv_bytes,
+        "request_rate_per_s": f("workload.request_rate_per_s"),
+        "ttft_slo_s": f("workload.ttft_slo_s"), "tpot_slo_s": f("workload.tpot_slo_s"),
+        "expert_imbalance": f("serving.expert_imbalance", 1.0),
+        "redundant_experts": f("serving.redundant_experts"),
+        "isl_cv": f("workload.isl_cv"), "osl_cv": f("workload.osl_cv"),
+    }

@@ -1,0 +1,123 @@
+"""Speculative decoding / MTP (dse/perf/spec.py): hand-worked formula, both roofline ends,
+monotone in acceptance, the drafter's memory, and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import batch, one
+
+from dse.errors import InputError
+from dse.perf import score, spec
+
+DSV3 = {"accelerator.id": "h200-sxm", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
+        "layout.tp": 8, "layout.ep": 8, "workload.isl": 2048, "workload.osl": 512}
+L70 = {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp8",
+       "layout.tp": 4, "workload.isl": 2048, "workload.osl": 256}
+
+
+def test_expected_accepted_tokens_by_hand():
+    # (1 - a^(k+1)) / (1 - a): a = 0.5, k = 3: 1 + 0.5 + 0.25 + 0.125 = 1.875
+    assert spec.expected_tokens(0.5, 3) == pytest.approx(1.875, rel=1e-12)
+    # a = 0.8, k = 1: 1 + 0.8
+    assert spec.expected_tokens(0.8, 1) == pytest.approx(1.8, rel=1e-12)
+    # a = 0.85, k = 2: 1 + 0.85 + 0.7225
+    assert spec.expected_tokens(0.85, 2) == pytest.approx(2.5725, rel=1e-12)
+    assert spec.expected_tokens(1.0, 3) == 4.0          # every draft accepted
+    assert spec.expected_tokens(0.0, 5) == 1.0          # only the verifier's own token
+    assert spec.expected_tokens(0.7, 0) == 1.0          # no drafts
+
+
+def test_tpot_is_the_pass_time_over_the_expected_tokens():
+    # the same pass (verify k+1 tokens + k drafts) at two acceptances: tpot x E is the pass
+    # time, which acceptance does not change on a decode instance (with prompts, answers that
+    # finish sooner bring more prefill per step)
+    rows = [{**DSV3, "workload.concurrency": 16, "serving.spec_tokens": 2,
+             "workload.phase": "decode",
+             "serving.spec_acceptance": a} for a in (0.3, 0.9)]
+    s = score(batch(rows))
+    e = spec.expected_tokens(np.array([0.3, 0.9]), 2)
+    passes = s["tpot_s"] * e
+    assert passes[0] == pytest.approx(passes[1], rel=1e-9)
+    assert s["tpot_s"][1] < s["tpot_s"][0] / 1.3
+
+
+def test_mtp_gain_at_batch_one_is_near_the_published_one():
+    # DeepSeek-V3 at batch 1 with its MTP module at 85% acceptance: the report's 1.8x decoding
+    # speed-up; dse prices the verification step (2 tokens touch up to 16 experts per layer)
+    # and the draft layer, so a little less than E = 1.85
+    lo0 = one({**DSV3, "workload.concurrency": 1})
+    lo1 = one({**DSV3, "workload.concurrency": 1, "serving.spec_tokens": 1})
+    assert 1.5 < lo0["tpot_s"] / lo1["tpot_s"] < 1.85
+
+
+DRAFT = {"serving.spec_tokens": 3, "serving.spec_acceptance": 0.8, "serving.spec_method": "draft",
+         "serving.spec_draft_model": "llama-3.1-8b"}
+
+
+def test_speculation_helps_where_decode_is_memory_bound_not_where_compute_bound():
+    # speed of light, Llama 70B drafted by Llama 8B, k = 3, a = 0.8: E = 2.952
+    e = float(spec.expected_tokens(0.8, 3))
+    d = {**L70, "accelerator.id": "h200-sxm", "workload.phase": "decode"}
+    lo0 = one({**d, "workload.concurrency": 1}, ideal=True)
+    lo1 = one({**d, "workload.concurrency": 1, **DRAFT}, ideal=True)
+    assert lo0["decode_memory_s"] > 10 * lo0["decode_compute_s"]
+    # memory-bound: verifying 4 tokens reads the same weights as 1; the 3 drafts read 3 x 8B
+    # of weights next to 70B: pass ~ 1 + 3 * 8.03 / 70.6 = 1.34 steps -> gain ~ E / 1.34
+    gain_lo = lo0["tpot_s"] / lo1["tpot_s"]
+    assert gain_lo == pytest.approx(e / (1 + 3 * 8.03 / 70.6), rel=0.05)
+    # compute-bound: a verification step costs ~4 decode steps of FLOPs and yields 2.95
+    d = {**d, "workload.isl": 64, "workload.osl": 64}
+    hi0 = one({**d, "workload.concurrency": 2048}, ideal=True)
+    hi1 = one({**d, "workload.concurrency": 2048, **DRAFT}, ideal=True)
+    assert hi0["decode_compute_s"] > hi0["decode_memory_s"]
+    gain_hi = hi0["tpot_s"] / hi1["tpot_s"]
+    assert gain_hi < 1.0 < 2.0 < gain_lo
+
+
+@pytest.mark.parametrize("conc", [1, 32, 512])
+def test_more_acceptance_never_slows_a_user(conc):
+    acc = np.linspace(0.0, 1.0, 11)
+    for method in ({"serving.spec_method": "mtp"},
+                   {"serving.spec_method": "draft", "serving.spec_draft_model": "llama-3.1-8b"}):
+        base = DSV3 if method["serving.spec_method"] == "mtp" else L70
+        rows = [{**base, **method, "workload.concurrency": conc, "serving.spec_tokens": 3,
+                 "serving.spec_acceptance": a} for a in acc]
+        u = score(batch(rows))["output_tokens_per_s_per_user"]
+        assert np.all(np.diff(u) >= -1e-12 * u[:-1]), u
+
+
+def test_drafter_costs_memory():
+    off = one({**DSV3, "workload.concurrency": 64})
+    on = one({**DSV3, "workload.concurrency": 64, "serving.spec_tokens": 1})
+    # the MTP module is one MoE layer (+ a 2d x d projection): DeepSeek-V3's is 14B parameters
+    # with its embedding/head copies (685B - 671B); sharded 8 ways at 1 byte per fp8 weight
+    extra = on["weights_bytes_per_chip"] - off["weights_bytes_per_chip"]
+    assert 0.75 * 14e9 / 8 < extra < 14e9 / 8
+    # its KV: one layer's latent per token next to the 61 layers'
+    ratio = on["kv_bytes_per_chip"] / off["kv_bytes_per_chip"]
+    assert ratio == pytest.approx(62 / 61, rel=1e-9)
+    d = {**L70, "workload.concurrency": 8}
+    small = one({**d, "serving.spec_tokens": 3, "serving.spec_method": "draft",
+                 "serving.spec_draft_model": "llama-3.1-8b"})
+    # an 8B draft at fp8, tp 4: 8.03e9 / 4 bytes per chip
+    assert small["weights_bytes_per_chip"] - one(d)["weights_bytes_per_chip"] == \
+        pytest.approx(8.03e9 / 4, rel=0.01)
+
+
+def test_default_acceptance_is_the_published_one():
+    a = batch({**DSV3, "serving.spec_tokens": 1}).spec_acceptance
+    assert float(a[0]) == 0.85                # serving.toml [spec_acceptance] mtp
+    a = batch({**L70, "serving.spec_tokens": 1, "serving.spec_method": "draft",
+               "serving.spec_draft_model": "llama-3.1-8b"}).spec_acceptance
+    assert float(a[0]) == 0.6
+
+
+def test_bad_draft_model_is_one_clear_error():
+    with pytest.raises(InputError, match="unknown draft model id 'llama-3.1-8bb'"):
+        batch({**L70, "serving.spec_tokens": 2, "serving.spec_method": "draft",
+               "serving.spec_draft_model": "llama-3.1-8bb"})
+    with pytest.raises(InputError, match="needs serving.spec_draft_model"):
+        batch({**L70, "serving.spec_tokens": 2, "serving.spec_method": "draft"})
+    with pytest.raises(InputError):
+        batch({**L70, "serving.spec_tokens": 2, "serving.spec_acceptance": 1.5})
