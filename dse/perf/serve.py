@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.perf import arch, quality, spec
+from dse.perf import arch, quality, queueing, spec
 from dse.perf.batch import Batch
 from dse.perf.step import OPS, Coefficients, StepTimes, step
 
@@ -30,6 +30,8 @@ REASONS = {
     16: "KV cache of the requested concurrency does not fit in HBM",
     32: "concurrency exceeds the runtime's max_batch_size per attention data-parallel rank",
     64: "invalid value (non-positive size, bandwidth or length)",
+    128: "request rate exceeds the instance's saturation rate (the most it serves within its "
+         "memory and batch caps with a stable prefill queue)",
 }
 METRICS = (
     "ttft_s", "tpot_s", "step_s", "output_tokens_per_s_per_user",
@@ -41,6 +43,10 @@ METRICS = (
     "num_chips", "concurrency", "decode_compute_s", "decode_memory_s", "decode_network_s",
     "instances_for_demand", "racks_for_demand", "usd_per_hour_for_demand",
     "bound", "feasible", "reason",
+    # request-rate serving (dse.perf.queueing); NaN unless a rate or an SLO is given
+    *queueing.NEW_METRICS,
+    # speculative decoding (dse.perf.spec): output tokens per sequence per step
+    "spec_tokens_per_step",
 )
 
 HOURS_PER_YEAR = 8766.0
@@ -190,11 +196,11 @@ def score(b: Batch, breakdown: bool = False, coefficients: Coefficients | None =
     step model's per-design constants of ``b``, when already known (``score_chunked``)."""
     dis = b.disaggregated > 0
     if not np.any(dis):
-        return _fleet(b, _instance(b, breakdown, coefficients), breakdown)
+        return _fleet(b, _served(b, breakdown, coefficients), breakdown)
     out = _disaggregated(b, breakdown)
     if np.all(dis):
         return _fleet(b, out, breakdown)
-    agg = _instance(b, breakdown, coefficients)
+    agg = _served(b, breakdown, coefficients)
     if not breakdown:
         return _fleet(b, {k: np.where(dis, out[k], agg[k]) for k in agg}, False)
     m = {k: np.where(dis, out[0][k], agg[0][k]) for k in agg[0]}
@@ -218,8 +224,18 @@ def _fleet(b: Batch, res, breakdown: bool):
     m["racks_for_demand"] = np.broadcast_to(racks, (n,)).copy()
     m["usd_per_hour_for_demand"] = np.broadcast_to(inst * chips * m["usd_per_chip_hour"],
                                                    (n,)).copy()
-    m = {k: m[k] for k in METRICS}
+    nan = np.full(n, np.nan)
+    m = {k: (m[k] if k in m else nan) for k in METRICS}     # a mechanism's metrics when off
     return (m, res[1]) if breakdown else m
+
+
+def _served(b: Batch, breakdown: bool, k: Coefficients | None):
+    """hook: request-rate serving (dse.perf.queueing) where a rate or an SLO is given."""
+    if not (b.has_on("request_rate_per_s") or b.has_on("ttft_slo_s") or b.has_on("tpot_slo_s")):
+        return _instance(b, breakdown, k)
+    k = Coefficients(b) if k is None else k
+    return queueing.serve(
+        b, lambda c, bd: _instance(b.replace(concurrency=c), bd, k, queue=True), breakdown)
 
 
 def _pick(mask, a, b):
@@ -286,8 +302,10 @@ def _disaggregated(b: Batch, breakdown: bool):
     return m, Breakdown(dsteps.decode, dsteps.mixed, psteps.prefill)
 
 
-def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None):
-    """One instance under continuous batching (or a prefill-only / decode-only instance)."""
+def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
+              queue: bool = False):
+    """One instance under continuous batching (or a prefill-only / decode-only instance).
+    ``queue``: also the time one prompt holds the prefill budget (dse.perf.queueing)."""
     c = np.maximum(b.concurrency, 1.0)
     chips = b.tp * b.pp * b.dp
     weights, kv_seq, act, max_c = _memory(b)
@@ -373,6 +391,10 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None):
         "feasible": bits == 0,
         "reason": bits,
     }
+    if on_spec:
+        metrics["spec_tokens_per_step"] = tok_step
+    if queue:                            # hook: dse.perf.queueing (S of the M/D/1 prefill queue)
+        metrics["_prefill_service_s"] = pp * new / np.maximum(chunk, 1.0) * t_prefill
     n = len(b)
     for k, v in metrics.items():     # a compact batch's shared columns give length-1 metrics
         if np.shape(v) != (n,):

@@ -1,0 +1,167 @@
+"""Request-rate serving: concurrency from the rate, queueing percentiles, goodput under SLOs.
+
+Requests arrive as a Poisson stream of ``request_rate_per_s`` at one instance. The model:
+
+- **Concurrency from the rate** (Little's law on the model's own step times): a request stays
+  ``R(C) = ttft(C) + osl * tpot(C)`` in the batch, so an instance at concurrency ``C`` serves
+  ``lambda(C) = C / R(C)`` requests/s. ``lambda(C)`` rises with ``C`` (batching amortizes the
+  weights), so the ``C`` of a rate is found by bisection; the most the instance serves,
+  ``lambda(C_max)`` at the largest concurrency that fits (memory, max_batch_size), is its
+  saturation rate. A rate above it is infeasible.
+- **Queueing for the prefill**: prompts go FIFO through the steps' prompt-token budget (chunked
+  prefill); one prompt holds it ``S = pp * (new tokens / chunk) * t_prefill_step``. That is an
+  M/D/1 queue at load ``rho = lambda * S``: Pollaczek-Khinchine mean wait
+  ``W = rho S / (2 (1 - rho))``, and a tail ``P(wait > t) = c exp(-theta t)`` with the exact
+  decay rate of M/D/1 (``rho (e^x - 1) = x``, ``x = theta S``: Cramer-Lundberg) and the
+  prefactor ``c = W theta`` that gives the PK mean. p-quantile: ``ln(c / (1 - p)) / theta``
+  (0 when ``c <= 1 - p``). tests/test_queueing.py checks it against a discrete-event
+  simulation (within 6% at p99 for rho >= 0.5). ``rho >= 1`` is saturation.
+- **TPOT percentile**: the number of requests in an infinite-server system with Poisson
+  arrivals is Poisson (M/G/inf, any service time), so the batch a token sees has p90
+  ``C + 1.2816 sqrt(C)``; ``tpot_p90_s`` is the TPOT at that batch (capped at C_max), a
+  per-step (conservative) percentile of what a request's mean TPOT sees.
+- **Goodput**: the highest rate at which p90 TTFT <= ``ttft_slo_s`` and p90 TPOT <=
+  ``tpot_slo_s`` (an SLO of 0 is no constraint), found by bisection on ``C`` (both percentiles
+  rise with it), never above the saturation rate.
+
+Pure numpy; ``evaluate(C)`` (dse.perf.serve) scores the instance at concurrency ``C``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Z90 = 1.2815515655446004        # standard normal 90% quantile
+ITERS = 24                      # bisection steps on log C: relative precision ~ 1e-6 of the range
+
+
+def md1_mean_wait_s(rho, service_s) -> np.ndarray:
+    """Pollaczek-Khinchine mean wait of an M/D/1 queue: rho S / (2 (1 - rho))."""
+    rho = np.asarray(rho, dtype=float)
+    ok = rho < 1.0
+    r = np.where(ok, rho, 0.5)
+    return np.where(ok, r * service_s / (2.0 * (1.0 - r)), np.inf)
+
+
+def md1_decay(rho) -> np.ndarray:
+    """x = theta * S, the root > 0 of rho (e^x - 1) = x (the M/D/1 wait's exponential tail)."""
+    r = np.clip(np.asarray(rho, dtype=float), 1e-9, 1.0 - 1e-9)
+    # both starts lie right of the root (f >= 0; e^x >= 1 + x + x^2/2 bounds the first), where
+    # Newton's steps on the convex f decrease monotonically to it
+    x = np.minimum(2.0 * (1.0 - r) / r, 2.0 * np.log(1.0 / r) + 1.0)
+    for _ in range(40):
+        e = np.exp(x)
+        x = x - (r * (e - 1.0) - x) / (r * e - 1.0)
+    return x
+
+
+def md1_wait_quantile_s(p, rho, service_s) -> np.ndarray:
+    """p-quantile of the M/D/1 wait: ln(c / (1 - p)) / theta with c = W theta (PK mean W)."""
+    rho = np.asarray(rho, dtype=float)
+    ok = rho < 1.0
+    theta = md1_decay(rho) / np.maximum(service_s, 1e-300)
+    c = np.minimum(md1_mean_wait_s(np.where(ok, rho, 0.5), service_s) * theta, 1.0)
+    q = np.where(c > 1.0 - p, np.log(np.maximum(c, 1e-300) / (1.0 - p)) / theta, 0.0)
+    return np.where(ok, np.where(rho > 0, q, 0.0), np.inf)
+
+
+def bisect_increasing(fn, target, lo, hi, iters: int = ITERS):
+    """Per row, the largest ``C`` in [lo, hi] (bisection on log C) with ``fn(C) <= target``,
+    ``fn`` increasing in ``C``; ``lo`` where even ``lo`` fails."""
+    a, b = np.log(lo), np.log(np.maximum(hi, lo))
+    for _ in range(iters):
+        m = 0.5 * (a + b)
+        ok = fn(np.exp(m)) <= target
+        a, b = np.where(ok, m, a), np.where(ok, b, m)
+    return np.exp(a)
+
+
+def poisson_p90(c) -> np.ndarray:
+    """p90 of the number in an M/G/inf system of mean ``c`` (normal approximation)."""
+    return c + Z90 * np.sqrt(c)
+
+
+def serve(b, evaluate, breakdown: bool = False):
+    """The instance at its request rate (rows with ``request_rate_per_s > 0``; the others at
+    their concurrency), with percentiles and goodput. ``evaluate(C, breakdown)`` scores the
+    instance at concurrency ``C`` (its metrics carry ``_prefill_service_s``, S above).
+
+    Only aggregated continuous batching (phase "both") queues; other rows get NaN."""
+    n = len(b)
+    osl = b.osl
+    base = evaluate(np.maximum(b.concurrency, 1.0), False)
+    cap = np.maximum(base["max_concurrent_sequences"], 1.0)
+
+    def rate(m, c):
+        return c / (m["ttft_s"] + osl * m["tpot_s"])
+
+    def rho(c):
+        m = evaluate(c, False)
+        return rate(m, c) * m["_prefill_service_s"]
+
+    # saturation: the largest concurrency that fits and keeps the prefill queue stable
+    c_sat = bisect_increasing(rho, 1.0 - 1e-6, np.ones(n), cap)
+    lam_sat = rate(evaluate(c_sat, False), c_sat)
+    lam = np.broadcast_to(b.request_rate_per_s, (n,))
+    by_rate = lam > 0
+    c_op = np.where(by_rate, bisect_increasing(lambda c: rate(evaluate(c, False), c), lam,
+                                                np.ones(n), c_sat), b.concurrency)
+    c_op = np.broadcast_to(c_op, (n,))
+
+    def percentiles(c, lam_c):
+        m = evaluate(c, False)
+        r = lam_c * m["_prefill_service_s"]
+        s = m["_prefill_service_s"]
+        tp = evaluate(np.minimum(poisson_p90(c), c_sat), False)["tpot_s"]
+        return m, md1_wait_quantile_s(0.9, r, s), md1_wait_quantile_s(0.99, r, s), \
+            md1_mean_wait_s(r, s), tp
+
+    res = evaluate(c_op, breakdown)
+    m = dict(res[0] if breakdown else res)
+    queue = (b.phase == 0) & (b.disaggregated == 0)
+    lam_op = np.where(by_rate, lam, rate(m, c_op))
+    _, w90, w99, wmean, tp90 = percentiles(c_op, lam_op)
+    # everything that arrives is served: lambda x osl output tokens/s (the steady-state model
+    # counts a token per sequence per step, also for those still in their prefill)
+    f = np.where(by_rate, lam * osl / m["output_tokens_per_s_per_instance"], 1.0)
+    for k in ("output_tokens_per_s_per_chip", "input_tokens_per_s_per_chip",
+              "output_tokens_per_s_per_instance", "output_tokens_per_s_per_rack"):
+        m[k] = m[k] * f
+    for k in ("usd_per_mtok_output", "usd_per_mtok_input", "joules_per_output_token"):
+        m[k] = m[k] / f
+    ttft = m["ttft_s"]
+    m["ttft_s"] = np.where(by_rate, ttft + wmean, ttft)
+    m["ttft_queue_wait_s"] = np.where(by_rate, wmean, 0.0)
+    m["ttft_p90_s"] = np.where(by_rate, ttft + w90, ttft)
+    m["ttft_p99_s"] = np.where(by_rate, ttft + w99, ttft)
+    m["tpot_p90_s"] = np.where(by_rate, tp90, m["tpot_s"])
+    m["requests_per_s_per_instance"] = lam_op
+    m["saturation_requests_per_s_per_instance"] = lam_sat
+    over = by_rate & (lam > lam_sat * (1.0 + 1e-6))
+    m["reason"] = m["reason"] | np.where(over & queue, 128, 0)
+    m["feasible"] = m["reason"] == 0
+    # goodput: the largest concurrency whose p90s meet the SLOs, at its own rate
+    slo_t, slo_p = b.ttft_slo_s, b.tpot_slo_s
+
+    def worst(c):
+        mc, q90, _, _, tpc = percentiles(c, rate(evaluate(c, False), c))
+        a = np.where(slo_t > 0, (mc["ttft_s"] + q90) / np.where(slo_t > 0, slo_t, 1.0), 0.0)
+        p = np.where(slo_p > 0, tpc / np.where(slo_p > 0, slo_p, 1.0), 0.0)
+        return np.maximum(a, p)
+
+    has_slo = (slo_t > 0) | (slo_p > 0)
+    if np.any(has_slo):
+        c_good = bisect_increasing(worst, 1.0, np.ones(n), c_sat)
+        good = np.where(worst(c_good) <= 1.0, rate(evaluate(c_good, False), c_good), 0.0)
+        m["goodput_requests_per_s_per_chip"] = np.where(has_slo, np.minimum(good, lam_sat),
+                                                        np.nan) / m["num_chips"]
+    nan = np.full(n, np.nan)
+    for k in NEW_METRICS:
+        m[k] = np.where(queue, np.broadcast_to(m.get(k, nan), (n,)), nan)
+    m["concurrency"] = np.where(queue, c_op, m["concurrency"])
+    m.pop("_prefill_service_s", None)
+    return (m, res[1]) if breakdown else m
+
+
+NEW_METRICS = ("ttft_queue_wait_s", "ttft_p90_s", "ttft_p99_s", "tpot_p90_s", "requests_per_s_per_instance",
+               "saturation_requests_per_s_per_instance", "goodput_requests_per_s_per_chip")

@@ -1,0 +1,121 @@
+"""Request-rate serving (dse/perf/queueing.py): the M/D/1 approximation against a seeded
+discrete-event simulation, formulas by hand, Little's law, goodput and saturation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import batch, one
+
+from dse.perf import queueing, score
+from dse.perf.serve import reason_text
+
+L70 = {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp8",
+       "layout.tp": 4, "workload.isl": 2048, "workload.osl": 256}
+
+
+def simulate_md1_waits(rate_per_s, service_s, n=200_000, seed=7):
+    """FIFO single server, Poisson arrivals, deterministic service: each request's wait by
+    Lindley's recursion W' = max(0, W + S - gap), the first 10% dropped (warm-up)."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate_per_s, n)
+    w = np.empty(n)
+    w[0] = 0.0
+    for i in range(1, n):                     # an event per arrival: the simulation itself
+        w[i] = max(0.0, w[i - 1] + service_s - gaps[i])
+    return w[n // 10:]
+
+
+@pytest.mark.parametrize("rho", [0.5, 0.7, 0.9])
+def test_md1_percentiles_match_a_discrete_event_simulation(rho):
+    s = 0.25
+    w = simulate_md1_waits(rho / s, s)
+    assert queueing.md1_mean_wait_s(rho, s) == pytest.approx(w.mean(), rel=0.05)
+    assert queueing.md1_wait_quantile_s(0.9, rho, s) == pytest.approx(np.quantile(w, 0.9),
+                                                                       rel=0.08)
+    assert queueing.md1_wait_quantile_s(0.99, rho, s) == pytest.approx(np.quantile(w, 0.99),
+                                                                        rel=0.06)
+
+
+def test_md1_formulas_by_hand():
+    # Pollaczek-Khinchine for M/D/1: rho S / (2 (1 - rho)); rho = 0.5, S = 2 s -> 1 s
+    assert queueing.md1_mean_wait_s(0.5, 2.0) == pytest.approx(1.0, rel=1e-12)
+    # decay rate: 0.5 (e^x - 1) = x, i.e. e^x = 1 + 2x: x = 1.25643
+    assert queueing.md1_decay(0.5) == pytest.approx(1.256431, rel=1e-6)
+    # quantile: c = W theta = 1 * 1.25643 / 2 = 0.6282; p90 = ln(0.6282 / 0.1) / 0.62822 s
+    x = 1.2564312086
+    assert queueing.md1_wait_quantile_s(0.9, 0.5, 2.0) == pytest.approx(
+        np.log(x / 2 / 0.1) / (x / 2), rel=1e-6)
+    # below the tail's prefactor the quantile is 0 (most requests do not wait at all)
+    assert queueing.md1_wait_quantile_s(0.5, 0.2, 1.0) == 0.0
+    assert np.isinf(queueing.md1_wait_quantile_s(0.9, 1.0, 1.0))
+
+
+RATES = [0.5, 2.0, 4.0, 6.0]
+
+
+def _at_rates(rates, **kw):
+    rows = [{**L70, "workload.request_rate_per_s": r, "workload.ttft_slo_s": 2.0,
+             "workload.tpot_slo_s": 0.05, **kw} for r in rates]
+    return score(batch(rows))
+
+
+def test_concurrency_follows_from_the_rate_by_littles_law():
+    s = _at_rates(RATES)
+    assert np.all(s["feasible"])
+    np.testing.assert_allclose(s["requests_per_s_per_instance"], RATES)
+    # C = lambda x time in the batch (the prompt's prefill and its 256 tokens; the mean queue
+    # wait in ttft_s is spent outside it)
+    in_batch = s["ttft_s"] - s["ttft_queue_wait_s"] + 256 * s["tpot_s"]
+    np.testing.assert_allclose(s["concurrency"], np.array(RATES) * in_batch, rtol=1e-5)
+    assert np.all(np.diff(s["concurrency"]) > 0)
+    assert np.all(s["ttft_queue_wait_s"] > 0)
+    # output tokens per chip = rate x osl / chips (everything that arrives is served)
+    np.testing.assert_allclose(s["output_tokens_per_s_per_chip"], np.array(RATES) * 256 / 4,
+                               rtol=2e-3)
+    # the queue grows with the rate: every percentile rises, p99 above p90 above the mean
+    assert np.all(np.diff(s["ttft_p90_s"]) > 0) and np.all(np.diff(s["tpot_p90_s"]) > 0)
+    assert np.all(s["ttft_p99_s"] >= s["ttft_p90_s"])
+    assert np.all(s["tpot_p90_s"] >= s["tpot_s"])
+
+
+def test_above_saturation_is_infeasible_with_its_reason():
+    s = _at_rates([1.0])
+    sat = float(s["saturation_requests_per_s_per_instance"][0])
+    over = _at_rates([sat * 1.5])
+    assert not over["feasible"][0]
+    assert "saturation rate" in reason_text(int(over["reason"][0]))
+    under = _at_rates([sat * 0.95])
+    assert under["feasible"][0]
+
+
+@pytest.mark.parametrize("design", [
+    L70,
+    {**L70, "accelerator.id": "h200-sxm", "workload.isl": 8192, "workload.osl": 1024},
+    {"accelerator.id": "gb200", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
+     "layout.dp": 8, "layout.ep": 8, "workload.isl": 2048, "workload.osl": 1024},
+])
+def test_goodput_never_exceeds_saturation_and_meets_its_slos(design):
+    rows = [{**design, "workload.ttft_slo_s": t, "workload.tpot_slo_s": p}
+            for t, p in ((2.0, 0.05), (0.5, 0.03), (10.0, 0.2), (2.0, 0.0))]
+    s = score(batch(rows))
+    chips = s["num_chips"]
+    good = s["goodput_requests_per_s_per_chip"] * chips
+    assert np.all(good <= s["saturation_requests_per_s_per_instance"] * (1 + 1e-9))
+    assert good[2] >= good[0] >= good[1]          # looser SLOs never buy less
+    # at the goodput rate the p90s hold (to the bisection's precision)
+    for i in np.flatnonzero(good > 0):
+        m = one({**rows[i], "workload.request_rate_per_s": float(good[i]) * 0.999})
+        assert m["ttft_p90_s"] <= rows[i]["workload.ttft_slo_s"] * 1.001
+        if rows[i]["workload.tpot_slo_s"] > 0:
+            assert m["tpot_p90_s"] <= rows[i]["workload.tpot_slo_s"] * 1.001
+
+
+def test_off_by_default_and_nan_without_a_rate_or_slo():
+    m = one({**L70, "workload.concurrency": 32})
+    for k in queueing.NEW_METRICS:
+        assert np.isnan(m[k]), k
+    # an SLO alone gives goodput; a fixed-concurrency design has no queue: p90 = the value
+    m = one({**L70, "workload.concurrency": 32, "workload.ttft_slo_s": 2.0})
+    assert m["goodput_requests_per_s_per_chip"] > 0
+    assert m["ttft_p90_s"] == m["ttft_s"] and m["tpot_p90_s"] == m["tpot_s"]
