@@ -72,10 +72,12 @@ def expert_params(b: Batch) -> np.ndarray:
 
 @_memoised
 def expert_slots(b: Batch) -> np.ndarray:
-    """Expert copies held per MoE layer: every ep rank holds ceil(E/ep) slots, so when ep does
-    not divide E the spare slots carry redundant copies of busy experts (as EPLB does)."""
+    """Expert copies held per MoE layer: every ep rank holds ceil((E + redundant)/ep) slots, so
+    when ep does not divide E the spare slots carry redundant copies of busy experts (as EPLB
+    does); ``redundant_experts`` adds slots (dse.perf.imbalance)."""
     ep = np.maximum(b.ep, 1.0)
-    return np.ceil(b.n_experts / ep) * ep
+    extra = b.redundant_experts * flag(b.n_experts > 0, b.n_experts)
+    return np.ceil((b.n_experts + extra) / ep) * ep
 
 
 @_memoised

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.perf import arch
+from dse.perf import arch, imbalance
 from dse.perf.batch import Batch
 from dse.perf import kernel_comm
 from dse.perf.network import kernel_allreduce, kernel_alltoall, p2p_coef
@@ -258,12 +258,14 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     c_dense = (k.c_dense * (tok * k.dense_rows + h) + k.w_dense) * some
     n_dense = np.min(k.n_dense[0] + k.n_dense[1] * tok, axis=0)
     touched = 1.0 - np.exp(tok * k.log_miss)
-    c_moe = k.c_moe * (tok + k.expert_pad * touched * two) * some   # tiles per expert used
+    imb = imbalance.factor(b)            # hook: the busiest EP rank's routed tokens
+    rt = tok if imb is None else tok * imb
+    c_moe = k.c_moe * (rt + k.expert_pad * touched * two) * some   # tiles per expert used
     m_moe = k.m_moe * touched * two
-    x_moe = (k.x_moe_tok * tok + k.x_moe * two) * some
+    x_moe = (k.x_moe_tok * rt + k.x_moe * two) * some
     ll, nm = k.a2a["ll"], k.a2a["normal"]
-    a2a = arch.blend(k.ll_decode if decode_step else k.ll_mixed, ll[0] * two + ll[1] * tok,
-                     nm[0] * two + nm[1] * tok)
+    a2a = arch.blend(k.ll_decode if decode_step else k.ll_mixed, ll[0] * two + ll[1] * rt,
+                     nm[0] * two + nm[1] * rt)
     n_moe = np.min(k.n_moe_ar[0] + k.n_moe_ar[1] * tok, axis=0)
     c_sh = (k.c_sh * (tok + h) + k.w_sh) * some
     c_router = (k.c_router * (tok + h) + k.w_router) * some
