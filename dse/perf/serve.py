@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.perf import arch, quality, queueing, spec
+from dse.perf import arch, lengths, quality, queueing, spec
 from dse.perf.batch import Batch
 from dse.perf.step import OPS, Coefficients, StepTimes, step
 
@@ -80,6 +80,8 @@ def _memory(b: Batch):
     weights = weights * b.weight_bytes
     both, pre_only, dec_only = arch.phases(b)
     ctx = b.isl + (1.0 - pre_only) * b.osl
+    if lengths.on(b):                    # hook: length distributions (dse.perf.lengths)
+        ctx = lengths.fit_context_tokens(b, 1.0 - pre_only, np.maximum(b.concurrency, 1.0))
     kv_seq = (arch.context_layers(b, ctx) / pp * arch.kv_elems_per_token_layer(b)
               * arch.kv_shard_fraction(b) * b.kv_bytes)
     if b.has_on("spec_tokens"):          # hook: the drafter's weights and KV (dse.perf.spec)
@@ -149,6 +151,9 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None, q=Non
     new = b.isl * (1.0 - b.prefix_hit_fraction)
     prior = b.isl - new
     dec_ctx = arch.context_layers(b, b.isl + 0.5 * b.osl)
+    if lengths.on(b):                    # hook: length distributions (dse.perf.lengths)
+        dec_ctx = arch.context_layers(b, lengths.decode_context_tokens(b)
+                                      * lengths.straggler(b, c))
     pairs = arch.prefill_pairs_layers(b, new, prior)
     zero = np.zeros_like(c)
     decoding, chunk, avg, carried, share = load

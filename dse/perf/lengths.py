@@ -1,0 +1,81 @@
+"""Request lengths as distributions: in-flight context, KV packing, the attention-DP straggler.
+
+Input and output lengths are gamma distributed with means ``isl``, ``osl`` and coefficients of
+variation ``isl_cv``, ``osl_cv`` (0: every request the same, dse's model before issue 11),
+independent of each other. Under continuous batching a sequence is in flight for a time
+proportional to its output length, so the sequences in flight are length-biased:
+
+- **Decode context.** An in-flight sequence has decoded a uniform share of its (length-biased)
+  answer: mean context ``isl + E[O^2] / (2 E[O]) = isl + osl (1 + cv_o^2) / 2``.
+- **KV packing.** Each sequence holds KV for its prompt and its whole answer (dse reserves the
+  final length), whose in-flight mean is ``isl + osl (1 + cv_o^2)``; the C/dp sequences of one
+  scheduler must fit at the 99th percentile of their sum (normal approximation):
+  ``mean * (1 + 2.326 cv_sum / sqrt(C / dp))``.
+- **Attention-DP straggler.** Requests go to the ``dp`` attention ranks round-robin (SGLang's
+  default load-balance method), so each rank's KV is a sum of C/dp random contexts; the
+  busiest of dp ranks sits ``z_dp`` standard deviations above the mean, ``z_dp`` the expected
+  maximum of dp standard normals (Blom's approximation ``Phi^-1((dp - 0.375) / (dp + 0.25))``).
+  Only the spread from length variation counts: with uniform lengths a rank's sequences are
+  evenly staggered in age and the ranks balance.
+
+Gamma moments used: ``E[O^2] = m^2 (1 + c^2)``, ``E[O^3] = m^3 (1 + c^2)(1 + 2 c^2)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dse.perf.batch import Batch
+
+Z99 = 2.3263478740408408
+
+
+def on(b: Batch) -> bool:
+    return b.has_on("isl_cv") or b.has_on("osl_cv")
+
+
+def norm_ppf(p) -> np.ndarray:
+    """Standard normal quantile for p in [0.5, 1) (Abramowitz and Stegun 26.2.23, |err| <
+    4.5e-4)."""
+    t = np.sqrt(-2.0 * np.log(np.maximum(1.0 - np.asarray(p, dtype=float), 1e-300)))
+    x = t - (2.515517 + 0.802853 * t + 0.010328 * t * t) \
+        / (1.0 + 1.432788 * t + 0.189269 * t * t + 0.001308 * t ** 3)
+    return np.where(np.asarray(p) <= 0.5, 0.0, x)
+
+
+def expected_max_normal(n) -> np.ndarray:
+    """E[max of n standard normals] (Blom): 0 for n = 1, 0.59 for 2 (exact 0.56), 1.43 for 8
+    (exact 1.42)."""
+    n = np.maximum(np.asarray(n, dtype=float), 1.0)
+    return norm_ppf((n - 0.375) / (n + 0.25)) * (n > 1)
+
+
+def decode_context_tokens(b: Batch) -> np.ndarray:
+    """Mean context of an in-flight decoding sequence: isl + osl (1 + cv_o^2) / 2."""
+    return b.isl + 0.5 * b.osl * (1.0 + b.osl_cv ** 2)
+
+
+def context_sd_tokens(b: Batch) -> np.ndarray:
+    """Standard deviation of an in-flight sequence's context from length variation alone (the
+    age spread of uniform answers, osl^2 / 12, excluded)."""
+    c2 = b.osl_cv ** 2
+    age = b.osl ** 2 * ((1.0 + c2) * (1.0 + 2.0 * c2) / 3.0 - 0.25 * (1.0 + c2) ** 2 - 1.0 / 12.0)
+    return np.sqrt(np.maximum((b.isl_cv * b.isl) ** 2 + age, 0.0))
+
+
+def straggler(b: Batch, c) -> np.ndarray:
+    """The busiest attention-DP rank's decode KV over the mean rank's."""
+    per_rank = np.maximum(c / b.dp, 1.0)
+    cv = context_sd_tokens(b) / decode_context_tokens(b)
+    return 1.0 + expected_max_normal(b.dp) * cv / np.sqrt(per_rank)
+
+
+def fit_context_tokens(b: Batch, decodes, c) -> np.ndarray:
+    """KV tokens one sequence must have room for: the in-flight mean of the final length
+    (``decodes`` = 1 where answers are decoded, 0 on a prefill-only instance) with the packing
+    margin of the C/dp sequences of one scheduler."""
+    c2 = b.osl_cv ** 2
+    mean = b.isl + decodes * b.osl * (1.0 + c2)
+    var = (b.isl_cv * b.isl) ** 2 + decodes * b.osl ** 2 * (1.0 + c2) * c2
+    per_rank = np.maximum(c / b.dp, 1.0)
+    return mean * (1.0 + Z99 * np.sqrt(var) / mean / np.sqrt(per_rank))

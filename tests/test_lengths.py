@@ -1,0 +1,72 @@
+"""Request lengths as distributions (dse/perf/lengths.py): in-flight context, KV packing and
+the attention-DP straggler, by hand and against seeded sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import batch, one
+
+from dse.perf import OPS, lengths, score
+
+CORE = OPS.index("attn_core")
+L70 = {"accelerator.id": "h200-sxm", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp8",
+       "layout.tp": 4, "workload.isl": 1024, "workload.osl": 1024, "workload.concurrency": 64}
+DSV3 = {"accelerator.id": "gb200", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
+        "layout.dp": 8, "layout.ep": 8, "workload.isl": 2048, "workload.osl": 1024,
+        "workload.concurrency": 512}
+
+
+def test_expected_max_of_normals_against_sampling():
+    rng = np.random.default_rng(3)
+    for n in (2, 8, 72):
+        sampled = rng.standard_normal((200_000, n)).max(axis=1).mean()
+        assert float(lengths.expected_max_normal(n)) == pytest.approx(sampled, rel=0.045)
+    assert float(lengths.expected_max_normal(1)) == 0.0
+
+
+def test_length_biased_context_against_sampling():
+    # in-flight sequences are sampled in proportion to their answer length, at a uniform age
+    rng = np.random.default_rng(5)
+    cv, m = 0.8, 500.0
+    o = rng.gamma(1 / cv ** 2, m * cv ** 2, 2_000_000)
+    pick = rng.choice(o, 400_000, p=o / o.sum())
+    age = rng.uniform(0, 1, pick.size) * pick
+    b = batch({**L70, "workload.isl": 1000, "workload.osl": 500, "workload.osl_cv": cv})
+    assert float(lengths.decode_context_tokens(b)[0]) == pytest.approx(1000 + age.mean(),
+                                                                       rel=0.01)
+    # the spread beyond the age spread of uniform answers (osl^2 / 12)
+    sd = float(lengths.context_sd_tokens(b)[0])
+    assert sd ** 2 == pytest.approx(age.var() - 500 ** 2 / 12, rel=0.03)
+
+
+def test_kv_packing_by_hand():
+    # osl_cv = 1: the in-flight mean final length is isl + 2 osl = 3072 tokens (vs 2048), and
+    # its sd sqrt(osl^2 (1 + 1) 1) = 1448 tokens; 64 sequences on one scheduler at p99:
+    # 3072 (1 + 2.326 x 1448 / 3072 / 8) = 3493 tokens per sequence
+    base, var = one(L70), one({**L70, "workload.osl_cv": 1.0})
+    want = (1024 + 2 * 1024) * (1 + 2.3263479 * np.sqrt(2 * 1024 ** 2) / 3072 / 8) / 2048
+    assert var["kv_bytes_per_chip"] / base["kv_bytes_per_chip"] == pytest.approx(want, rel=1e-6)
+    assert var["max_concurrent_sequences"] < base["max_concurrent_sequences"]
+
+
+def test_the_busiest_attention_rank_sets_the_step():
+    _, st = score(batch([DSV3, {**DSV3, "workload.isl_cv": 1.0}], ideal=True), breakdown=True)
+    kv = st.decode.memory_s[CORE]
+    # isl_cv = 1: context sd 2048 around a mean of 2560; z(8) = 1.4338; 64 sequences per rank
+    z = float(lengths.expected_max_normal(8))
+    assert z == pytest.approx(1.4338, rel=1e-3)
+    want = 1 + z * 2048 / 2560 / 8
+    # the KV read is all of attn_core's memory time but a small prefill-write term
+    assert kv[1] / kv[0] == pytest.approx(want, rel=0.01)
+    # one attention rank: no straggler, and the mean context does not move with isl_cv
+    d1 = {**DSV3, "layout.dp": 1, "layout.tp": 8, "workload.concurrency": 64}
+    a, b = one(d1), one({**d1, "workload.isl_cv": 1.0})
+    assert a["tpot_s"] == pytest.approx(b["tpot_s"], rel=1e-12)
+
+
+def test_more_spread_never_speeds_up_decoding():
+    rows = [{**DSV3, "workload.osl_cv": c, "workload.isl_cv": c} for c in (0, 0.3, 0.8, 1.5)]
+    s = score(batch(rows))
+    assert np.all(np.diff(s["tpot_s"]) > 0)
+    assert np.all(np.diff(s["max_concurrent_sequences"]) <= 0)
