@@ -267,14 +267,10 @@ def lookup(values, mapping: dict, default=np.nan) -> np.ndarray:
     return table[codes]     # code -1 (missing) picks the trailing default
 
 
-def _dtype_columns(out):
-    w_code = lookup(out["model.weight_dtype"], {d: i for i, d in enumerate(COMPUTE_FALLBACK)}, -1)
-    low_bits = lookup(out["model.weight_dtype"], {"fp8": 1.0, "fp4": 1.0}, 0.0) > 0
-    kvbytes = lookup(out["model.kv_dtype"], DTYPE_BYTES).astype(float)
-    blank_kv = np.isnan(kvbytes)                 # blank: fp8 for fp8/fp4 weights, else bf16
-    kvbytes = np.where(blank_kv, np.where(low_bits, 1.0, 2.0), kvbytes)
-    kv_fp8 = (lookup(out["model.kv_dtype"], {"fp8": 1.0}, 0.0) > 0) | (blank_kv & low_bits)
-    peak = {d: np.asarray(out[f"accelerator.peak_flops_per_s.{d}"], dtype=float) for d in DTYPES}
+def compute_peak(dtypes, peak: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the peak FLOP/s weights of ``dtypes`` compute at (the first dtype of its
+    fallback chain the chip has, else bf16) and the GEMM kernel family that selects."""
+    w_code = lookup(dtypes, {d: i for i, d in enumerate(COMPUTE_FALLBACK)}, -1)
     matmul = np.full(len(w_code), np.nan)
     for i, (wd, chain) in enumerate(COMPUTE_FALLBACK.items()):
         sel = (w_code == i) & np.isnan(matmul)
@@ -282,12 +278,37 @@ def _dtype_columns(out):
             take = sel & np.isnan(matmul) & ~np.isnan(peak[d])
             matmul = np.where(take, peak[d], matmul)
     matmul = np.where(np.isnan(matmul), peak["bf16"], matmul)
-    attn = np.where(kv_fp8 & ~np.isnan(peak["fp8"]), peak["fp8"], peak["bf16"])
-    wbytes = lookup(out["model.weight_dtype"], DTYPE_BYTES).astype(float)
     # the GEMM kernel family the compute dtype selects (fp8: per-tensor scaled)
     fam = np.where(matmul == peak.get("fp4", np.nan), "fp4",
                    np.where(matmul == peak["fp8"], "fp8", "bf16"))
     fam = np.where(np.isnan(peak["fp8"]) & (fam == "fp8"), "bf16", fam)
+    return matmul, fam
+
+
+def effective_dtypes(flat: dict) -> dict:
+    """The dtypes a resolved design runs, blanks filled as the scorer fills them: the KV cache
+    fp8 with fp8/fp4 weights, else bf16; the experts and attention projections the weights'."""
+    w = str(flat.get("model.weight_dtype") or "bf16")
+    out = {}
+    for path in ("model.kv_dtype", "model.expert_dtype", "model.attention_dtype"):
+        v = flat.get(path)
+        v = "" if v is None or (isinstance(v, float) and v != v) else str(v).strip()
+        if not v:
+            v = ("fp8" if w in ("fp8", "fp4") else "bf16") if path == "model.kv_dtype" else w
+        out[path] = v
+    return out
+
+
+def _dtype_columns(out):
+    low_bits = lookup(out["model.weight_dtype"], {"fp8": 1.0, "fp4": 1.0}, 0.0) > 0
+    kvbytes = lookup(out["model.kv_dtype"], DTYPE_BYTES).astype(float)
+    blank_kv = np.isnan(kvbytes)                 # blank: fp8 for fp8/fp4 weights, else bf16
+    kvbytes = np.where(blank_kv, np.where(low_bits, 1.0, 2.0), kvbytes)
+    kv_fp8 = (lookup(out["model.kv_dtype"], {"fp8": 1.0}, 0.0) > 0) | (blank_kv & low_bits)
+    peak = {d: np.asarray(out[f"accelerator.peak_flops_per_s.{d}"], dtype=float) for d in DTYPES}
+    matmul, fam = compute_peak(out["model.weight_dtype"], peak)
+    attn = np.where(kv_fp8 & ~np.isnan(peak["fp8"]), peak["fp8"], peak["bf16"])
+    wbytes = lookup(out["model.weight_dtype"], DTYPE_BYTES).astype(float)
     return matmul, attn, wbytes, kvbytes, low_bits, fam, kv_fp8, peak
 
 
@@ -327,7 +348,7 @@ def _kernel(out, fam: tuple, key: str, fallback: np.ndarray | None = None) -> np
     return vals
 
 
-def kernel_fields(out, fam, kv_fp8, peak, is_mla) -> dict[str, np.ndarray]:
+def kernel_fields(out, fam, kv_fp8, peak, is_mla, moe_fam=None) -> dict[str, np.ndarray]:
     """The fitted kernel parameters of each design's dtype and attention kind as scorer
     fields: GEMM and MoE of the compute dtype's family (fp8: per-tensor or block-scaled kernels
     by ``model.fp8_scaling``), attention of the model's kind (GQA/MHA or MLA) and KV dtype; a family the
@@ -337,8 +358,10 @@ def kernel_fields(out, fam, kv_fp8, peak, is_mla) -> dict[str, np.ndarray]:
     moe_model = np.asarray(out["model.num_experts"], dtype=float) > 0
     block = (scaling == "block") | ((scaling == "auto") & moe_model)
     fam = np.where((fam == "fp8") & block, "fp8_block", fam)
+    if moe_fam is not None:              # hook: per-op precision (the experts' own dtype)
+        moe_fam = np.where((moe_fam == "fp8") & block, "fp8_block", moe_fam)
     gemm, gemm16 = _family("gemm_" + fam), _family("gemm_bf16")
-    moe, moe16 = _family("moe_" + fam), _family("moe_bf16")
+    moe, moe16 = _family("moe_" + (fam if moe_fam is None else moe_fam)), _family("moe_bf16")
     for k in GEMM_KEYS:
         cols[f"gemm_{k}"] = _kernel(out, gemm, k, _kernel(out, gemm16, k))
     for k in MOE_KEYS:
@@ -464,6 +487,8 @@ def to_batch(out, compact: bool = False) -> Batch:
     n_moe = np.where(n_exp > 0, np.floor((L - f("model.first_k_dense_replace")) / step), 0.0)
     topo = topology_columns(out)
     components = component_factors(out)
+    # hook: per-op precision (dse.mechanisms): the experts' and attention's own dtypes
+    prec = mechanisms.precision_columns(out, wbytes, matmul, fam, peak)
     cols = {
         "n_layers": L, "hidden": f("model.hidden_size"), "n_heads": f("model.num_attention_heads"),
         "n_kv_heads": f("model.num_key_value_heads"), "head_dim": f("model.head_dim"),
@@ -484,7 +509,8 @@ def to_batch(out, compact: bool = False) -> Batch:
         "hbm_capacity_bytes": f("accelerator.hbm_capacity_bytes"),
         **{k: f(f"accelerator.efficiency.{k}") for k in EFF_FIELDS},
         **{k: f(KERNEL + k) for k in kernel_comm.KEYS},
-        **kernel_fields(out, fam, kv_fp8, peak, f("model.kv_lora_rank") > 0),
+        **kernel_fields(out, fam, kv_fp8, peak, f("model.kv_lora_rank") > 0,
+                        prec.pop("moe_family")),
         "domain_chips": f("topology.scaleup.domain_chips"),
         "scaleup_bw_bytes_per_s": f("topology.scaleup.link_bw_bytes_per_s"),
         "scaleup_latency_s": topo["latency"],
@@ -519,5 +545,6 @@ def to_batch(out, compact: bool = False) -> Batch:
         "electricity_usd_per_kwh": f("cost.electricity_usd_per_kwh"),
         "use_rental": lookup(out["cost.mode"], {"rental": 1.0}, 0.0).astype(float),
         **mechanisms.batch_columns(out, kvbytes),     # hook: serving mechanisms (issue 11)
+        **prec,
     }
     return Batch.from_columns(cols, compact=compact)

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from dse.build import resolve, to_batch
+from dse.build import effective_dtypes, resolve, to_batch
 from dse.design import design_case, load_design
 from dse.errors import InputError
 from dse.perf import BOUNDS, OPS, score
@@ -82,6 +82,7 @@ def evaluate_flat(flat: dict, file: str = "design") -> dict:
             v = None   # e.g. a dtype the chip lacks: JSON null, never NaN
         if not k.startswith("accelerator.default"):
             design[k] = v
+    design.update(effective_dtypes(design))    # the KV, expert and attention dtypes, stated
     return {"design": design, "metrics": out_metrics, "breakdown": breakdown,
             "chosen": {"layout": {k: int(chosen[k]) for k in ("tp", "pp", "ep", "dp")},
                        "concurrency": int(chosen["concurrency"]),
@@ -120,7 +121,13 @@ def render_text(res: dict, path: str) -> str:
     d, m = res["design"], res["metrics"]
     ch = res["chosen"]
     lay = ch["layout"]
-    lines = [f"design {path}: {d['model.id']} ({d['model.weight_dtype']}) on {int(m['num_chips'])} x "
+    dts = f"{d['model.weight_dtype']} weights"
+    if d.get("model.expert_dtype", d["model.weight_dtype"]) != d["model.weight_dtype"]:
+        dts += f", {d['model.expert_dtype']} experts"
+    if d.get("model.attention_dtype", d["model.weight_dtype"]) != d["model.weight_dtype"]:
+        dts += f", {d['model.attention_dtype']} attention"
+    dts += f", {d.get('model.kv_dtype')} KV cache"
+    lines = [f"design {path}: {d['model.id']} ({dts}) on {int(m['num_chips'])} x "
              f"{d['accelerator.id']} ({d['topology.id']}), tp={lay['tp']} pp={lay['pp']} "
              f"ep={lay['ep']} dp={lay['dp']}, isl={int(d['workload.isl'])} "
              f"osl={int(d['workload.osl'])}, concurrency={ch['concurrency']}"
