@@ -138,6 +138,15 @@ FIELDS: tuple[Field, ...] = (
     count("accelerator.scaleup_domain_chips", "chips", "chips in the accelerator's scale-up domain",
           limit="scale-up domain chips"),
     num("accelerator.scaleout_link_bw_bytes_per_s", "bytes/s", "scale-out bandwidth per chip"),
+    num("accelerator.host_memory_bytes", "bytes", "host memory per chip a KV cache can spill to "
+        "(serving.kv_offload = \"host\"; Grace LPDDR or host DRAM; dse/catalog/memory_tiers.toml, "
+        "0 where the catalog has no figure)", open_=False, zero="no host tier"),
+    num("accelerator.host_link_bw_bytes_per_s", "bytes/s", "per-chip bandwidth to host memory per "
+        "direction (NVLink-C2C on Grace systems, PCIe elsewhere)", open_=False, zero="no host tier"),
+    num("accelerator.ssd_bytes", "bytes", "local NVMe per chip for KV (serving.kv_offload = "
+        "\"ssd\")", 0.0, open_=False, zero="no NVMe tier"),
+    num("accelerator.ssd_bw_bytes_per_s", "bytes/s", "local NVMe read bandwidth per chip", 0.0,
+        open_=False, zero="no NVMe tier"),
     frac("accelerator.efficiency.hbm_fraction", "share of HBM bandwidth reached; " + _EFF,
          open_=True),
     frac("accelerator.efficiency.scaleup_fraction", "share of scale-up bandwidth reached; " + _EFF,
@@ -231,6 +240,9 @@ FIELDS: tuple[Field, ...] = (
     count("workload.osl", "tokens", "output tokens per request", 256),
     count("workload.concurrency", "requests", "requests in flight (continuous batching)", 1),
     frac("workload.prefix_hit_fraction", "share of input tokens served from a prefix cache", 0.0),
+    count("workload.prefix_tokens", "tokens", "shared prompt prefix (a system prompt) whose KV the "
+          "prefix cache keeps once per attention-DP rank instead of per sequence "
+          "(dse/perf/kvtier.py; at most workload.isl)", 0, low=0, zero="no shared prefix"),
     enum("workload.phase", ("both", "prefill", "decode"), "both",
          "both: prefill and decode on one instance; prefill or decode: a disaggregated instance"),
     count("workload.prefill_concurrency", "requests", "prefill batch (disaggregated)", 1),
@@ -280,6 +292,9 @@ FIELDS: tuple[Field, ...] = (
     count("serving.redundant_experts", "experts", "extra expert slots per EP group holding "
           "replicas of hot experts (EPLB): they take HBM and cut serving.expert_imbalance", 0,
           low=0, high=4096, zero="none"),
+    enum("serving.kv_offload", ("none", "host", "ssd"), "none", "where KV that does not fit in HBM "
+         "lives: nowhere (the concurrency must fit), host memory or local NVMe; fetched per "
+         "step over the tier's link, a prefix hit fetched or recomputed (dse/perf/kvtier.py)"),
     num("serving.prefill_chip_ratio", "ratio", "prefill chips per decode chip (disaggregated)", 0.0,
         open_=False, zero="the ratio that keeps the decodes fed"),
     count("serving.max_batch_size", "sequences", "sequences one scheduler (attention-DP rank) "

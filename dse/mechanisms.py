@@ -37,6 +37,7 @@ def resolve_defaults(out: pd.DataFrame, file=None, names=None, alias=None) -> No
     "draft" and a draft is asked for."""
     from dse.build import lookup
     alias = alias or {}
+    tier_defaults(out)
     n = len(out)
     method = _col(out, "serving.spec_method", "mtp")
     acc = pd.to_numeric(pd.Series(np.asarray(_col(out, "serving.spec_acceptance", np.nan),
@@ -96,4 +97,61 @@ def batch_columns(out, kv_bytes: np.ndarray) -> dict[str, np.ndarray]:
         "expert_imbalance": f("serving.expert_imbalance", 1.0),
         "redundant_experts": f("serving.redundant_experts"),
         "isl_cv": f("workload.isl_cv"), "osl_cv": f("workload.osl_cv"),
+        **tier_columns(out, f),
     }
+
+
+def tier_columns(out, f) -> dict:
+    """The offload tier of serving.kv_offload (bytes and bandwidth per chip) and the shared
+    prefix."""
+    from dse.build import lookup
+    mode = _col(out, "serving.kv_offload", "none")
+    host, ssd = lookup(mode, {"host": 1.0}, 0.0), lookup(mode, {"ssd": 1.0}, 0.0)
+    return {"tier_bytes": host * f("accelerator.host_memory_bytes")
+            + ssd * f("accelerator.ssd_bytes"),
+            "tier_bw_bytes_per_s": host * f("accelerator.host_link_bw_bytes_per_s")
+            + ssd * f("accelerator.ssd_bw_bytes_per_s"),
+            "prefix_tokens": f("workload.prefix_tokens")}
+
+
+TIER_FIELDS = ("host_memory_bytes", "host_link_bw_bytes_per_s")
+
+
+def tier_defaults(out: pd.DataFrame) -> None:
+    """accelerator.host_memory_bytes / host_link_bw_bytes_per_s from
+    dse/catalog/memory_tiers.toml where a design leaves them blank (0: no catalog figure)."""
+    from dse.build import lookup
+    table = catalog.memory_tiers()
+    for k in TIER_FIELDS:
+        col = f"accelerator.{k}"
+        own = lookup(out["accelerator.id"], {a: float(v[k]) for a, v in table.items()}, 0.0)
+        if col in out.columns:
+            given = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float)
+            own = np.where(np.isnan(given), own, given)
+        out[col] = own
+
+
+def precision_columns(out, wbytes, matmul, fam, peak) -> dict:
+    """Per-op precision: bytes and compute peak of the routed experts' and the attention
+    projections' weights (``model.expert_dtype``, ``model.attention_dtype``; blank: the
+    weights'), and the grouped-GEMM kernel family of the experts' dtype (``moe_family``:
+    None when every row's experts are in the weights' dtype)."""
+    from dse.build import compute_peak, lookup
+    from dse.specs import DTYPE_BYTES
+    cols = {}
+    moe_family = None
+    weight = np.asarray(out["model.weight_dtype"], dtype=object)
+    for key, path in (("expert", "model.expert_dtype"), ("attn", "model.attention_dtype")):
+        given = pd.Series(np.asarray(_col(out, path, ""), dtype=object)).fillna("").astype(str)
+        given = np.broadcast_to(given.to_numpy(), np.broadcast_shapes(given.shape, weight.shape))
+        if not np.any(given != ""):
+            cols[f"{key}_weight_bytes"], cols[f"{key}_matmul_flops_per_s"] = wbytes, matmul
+            continue
+        dt = np.where(given == "", np.broadcast_to(weight, given.shape), given)
+        mm, fm = compute_peak(dt, peak)
+        cols[f"{key}_weight_bytes"] = lookup(dt, DTYPE_BYTES).astype(float)
+        cols[f"{key}_matmul_flops_per_s"] = mm
+        if key == "expert":
+            moe_family = fm
+    cols["moe_family"] = moe_family
+    return cols

@@ -52,6 +52,12 @@ def serving_defaults() -> dict:
 
 
 @lru_cache(maxsize=1)
+def memory_tiers() -> dict[str, dict]:
+    """Per-accelerator KV offload tiers (memory_tiers.toml): host memory and its link."""
+    return dict(_load("memory_tiers.toml"))
+
+
+@lru_cache(maxsize=1)
 def spec_acceptance() -> dict[str, float]:
     """Published per-token draft acceptance per speculative method (serving.toml)."""
     return dict(_load("serving.toml")["spec_acceptance"])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.perf import arch, lengths, quality, queueing, spec
+from dse.perf import arch, kvtier, lengths, quality, queueing, spec
 from dse.perf.batch import Batch
 from dse.perf.step import OPS, Coefficients, StepTimes, step
 
@@ -47,6 +47,10 @@ METRICS = (
     *queueing.NEW_METRICS,
     # speculative decoding (dse.perf.spec): output tokens per sequence per step
     "spec_tokens_per_step",
+    # the KV cache's element size (its dtype, stated rather than following the weights)
+    "kv_bytes_per_element",
+    # KV offload tier (dse.perf.kvtier): share of the running sequences' KV in the tier
+    "kv_offloaded_fraction",
 )
 
 HOURS_PER_YEAR = 8766.0
@@ -78,10 +82,18 @@ def _memory(b: Batch):
                + b.n_dense_layers * arch.dense_mlp_params(b) / dense_g + moe / ffn_g) / pp \
         + emb_tables * b.vocab * b.hidden / tp
     weights = weights * b.weight_bytes
+    if b.has_on("attn_weight_bytes") or b.has_on("expert_weight_bytes"):   # hook: per-op dtypes
+        weights = weights + (b.n_layers * arch.attn_params_per_layer(b) / tp
+                             * (b.attn_weight_bytes - b.weight_bytes)
+                             + b.n_moe_layers * arch.expert_slots(b) * arch.expert_params(b)
+                             / ffn_g * (b.expert_weight_bytes - b.weight_bytes)) / pp
     both, pre_only, dec_only = arch.phases(b)
     ctx = b.isl + (1.0 - pre_only) * b.osl
     if lengths.on(b):                    # hook: length distributions (dse.perf.lengths)
         ctx = lengths.fit_context_tokens(b, 1.0 - pre_only, np.maximum(b.concurrency, 1.0))
+    tiers = kvtier.on(b)
+    if tiers:                            # hook: a shared prefix is stored once (dse.perf.kvtier)
+        ctx = ctx - kvtier.shared_prefix_tokens(b)
     kv_seq = (arch.context_layers(b, ctx) / pp * arch.kv_elems_per_token_layer(b)
               * arch.kv_shard_fraction(b) * b.kv_bytes)
     if b.has_on("spec_tokens"):          # hook: the drafter's weights and KV (dse.perf.spec)
@@ -93,12 +105,16 @@ def _memory(b: Batch):
     c = np.maximum(b.concurrency, 1.0)
     act = np.minimum(b.max_num_tokens, c * tokens_per_seq) * act_per_token
     room = b.hbm_capacity_bytes - b.runtime_reserve_bytes - weights
+    if tiers:                            # hook: the shared prefix's one copy (dse.perf.kvtier)
+        room = room - kvtier.shared_prefix_bytes(b) / b.kv_memory_fraction
     # the largest concurrency whose KV plus activations fit (both grow with it)
     kv_cost = kv_seq / dp / b.kv_memory_fraction            # HBM per sequence for its KV
     knee = b.max_num_tokens / tokens_per_seq                 # where activations stop growing
     below = room / (kv_cost + tokens_per_seq * act_per_token)
     above = (room - b.max_num_tokens * act_per_token) / kv_cost
     max_c = np.floor(np.maximum(arch.blend(arch.flag(below <= knee, room), below, above), 0.0))
+    if tiers:                            # hook: sequences whose KV the offload tier holds
+        max_c = max_c + kvtier.tier_sequences(b, kv_seq)
     return weights, kv_seq, act, max_c
 
 
@@ -334,6 +350,17 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
         t_prefill = t_prefill + draft
     both, pre_only, dec_only = arch.phases(b)
     new = b.isl * (1.0 - b.prefix_hit_fraction)
+    ttft_extra = 0.0
+    if b.has_on("tier_bytes"):           # hook: KV offload tier (dse.perf.kvtier)
+        c_hbm = max_c - kvtier.tier_sequences(b, kv_seq)
+        off = kvtier.offloaded_fraction(c, c_hbm)
+        link = kvtier.link_s(b, off, decoding / pp, arch.context_layers(b, b.isl + 0.5 * b.osl))
+        hit = kvtier.hit_s(b, off, b.isl * b.prefix_hit_fraction,
+                           t_prefill / np.maximum(chunk, 1.0))
+        t_decode = np.maximum(t_decode, link)
+        t_mixed = np.maximum(t_mixed + avg / np.maximum(new, 1.0) * hit, link)
+        t_prefill = np.maximum(t_prefill, link)
+        ttft_extra = pp * hit
 
     pass_s = pp * t_mixed                      # one token for every sequence
     out_inst = c * tok_step / pass_s            # tokens/s of the instance (first tokens when prefill)
@@ -342,7 +369,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     # that returns the first token (it is streamed with the next iteration)
     n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
     wait = 0.5 * pass_s * (1.0 - 1.0 / c)
-    ttft = arch.blend(pre_only, pass_s, wait + pp * n_chunks * t_prefill + pass_s)
+    ttft = arch.blend(pre_only, pass_s, wait + pp * n_chunks * t_prefill + pass_s + ttft_extra)
 
     # cost: ownership (capex written off + power) or rental; split between decode and prefill
     own = b.capex_usd / (b.amortization_years * HOURS_PER_YEAR) \
@@ -384,6 +411,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
         "hbm_used_fraction": (weights + act + b.runtime_reserve_bytes + kv_seq * c / b.dp)
         / b.hbm_capacity_bytes,
         "kv_bytes_per_token": arch.kv_bytes_per_token(b),
+        "kv_bytes_per_element": b.kv_bytes,
         "total_params": arch.total_params(b),
         "active_params": arch.active_params(b),
         "dense_equivalent_params": quality.dense_equivalent_params(b),
@@ -398,6 +426,10 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     }
     if on_spec:
         metrics["spec_tokens_per_step"] = tok_step
+    if b.has_on("tier_bytes"):           # the KV in HBM: what the tier does not hold
+        metrics["hbm_used_fraction"] = (weights + act + b.runtime_reserve_bytes + kv_seq
+                                        * np.minimum(c, c_hbm) / b.dp) / b.hbm_capacity_bytes
+        metrics["kv_offloaded_fraction"] = off
     if queue:                            # hook: dse.perf.queueing (S of the M/D/1 prefill queue)
         metrics["_prefill_service_s"] = pp * new / np.maximum(chunk, 1.0) * t_prefill
     n = len(b)

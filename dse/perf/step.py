@@ -88,8 +88,10 @@ class Coefficients:
         p_attn = arch.attn_params_per_layer(b) / tp
         o_k = b.n_heads * arch.blend(mla, b.v_head, b.head_dim) / tp
         p_in = np.maximum(p_attn - o_k * d, 0.0)
-        self.c_proj, self.w_proj = _gemm_coef(b, ((p_in / d, d), (d, o_k)), L, peak)
-        self.m_proj = p_attn * L * wb / g_hbm
+        # (per-op precision: the projections' and the experts' own dtypes, dse.mechanisms)
+        self.c_proj, self.w_proj = _gemm_coef(b, ((p_in / d, d), (d, o_k)), L,
+                                              b.attn_matmul_flops_per_s)
+        self.m_proj = p_attn * L * b.attn_weight_bytes / g_hbm
         n_gemm = L * arch.blend(mla, 4.0, 2.0)                 # GEMMs per step, for latencies
         # tp all-reduce of the attention output, per layer: the runtime's fastest kernel
         # (min over NCCL and custom branches) for the busiest rank's rows
@@ -139,8 +141,8 @@ class Coefficients:
         self.expert_pad = b.moe_half_rows * e / np.maximum(k, 1e-12) * arch.flag(k > 0, k)
         p_exp = arch.expert_params(b)
         self.c_moe = (2.0 * k * p_exp * moe_layers / ffn_g * (1.0 + b.moe_width_half / width)
-                      / (peak * b.moe_fraction))
-        self.m_moe = (arch.expert_slots(b) * p_exp * moe_layers * wb / ffn_g
+                      / (b.expert_matmul_flops_per_s * b.moe_fraction))
+        self.m_moe = (arch.expert_slots(b) * p_exp * moe_layers * b.expert_weight_bytes / ffn_g
                       / (b.hbm_bw_bytes_per_s * b.moe_hbm_fraction))
         self.x_moe_tok = moe_layers * k / ep * d * b.moe_token_bytes / b.hbm_bw_bytes_per_s
         self.x_moe = moe_layers * b.moe_latency_s * arch.flag(b.n_experts > 0, d)
