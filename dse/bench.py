@@ -63,6 +63,36 @@ def bench_scorer(n: int) -> None:
               f"one core (decode, prompt and TTFT steps, memory fit, cost; {feas:.0%} feasible)")
     print(f"builder: {len(base):,} designs resolved from the catalog in {t_build:.3f} s "
           f"= {len(base) / t_build:,.0f} designs/s")
+    bench_mechanisms(batch)
+
+
+# the serving mechanisms of issue 11 switched on for every design (dse/perf/spec.py,
+# imbalance.py, lengths.py, kvtier.py; queueing.py separately: it scores each design ~100 times)
+MECHANISMS = {"spec_tokens": 2.0, "spec_acceptance": 0.8, "spec_mtp_layers": 1.0,
+              "expert_imbalance": 1.3, "redundant_experts": 8.0, "isl_cv": 0.5, "osl_cv": 1.0,
+              "tier_bytes": 250e9, "tier_bw_bytes_per_s": 64e9, "prefix_tokens": 64.0,
+              "expert_weight_bytes": 0.5625}
+QUEUEING = {"request_rate_per_s": 2.0, "ttft_slo_s": 2.0, "tpot_slo_s": 0.05}
+
+
+def bench_mechanisms(batch) -> None:
+    n = len(batch)
+    on = batch.replace(**MECHANISMS)
+    best = np.inf
+    for _ in range(2):
+        t0 = time.perf_counter()
+        score_chunked(on, dtype=np.float32)
+        best = min(best, time.perf_counter() - t0)
+    print(f"scorer with speculative decoding, expert imbalance, length distributions, a KV "
+          f"tier, a shared prefix and fp4 experts on (float32): {n / best:,.0f} designs/s")
+    m = min(n, 20_000)
+    q = on.take(slice(0, m)).replace(**QUEUEING)
+    t0 = time.perf_counter()
+    out = score_chunked(q, dtype=np.float64)
+    dt = time.perf_counter() - t0
+    print(f"scorer at a request rate with p90 SLOs (queueing, percentiles, goodput; float64): "
+          f"{m / dt:,.0f} designs/s ({np.mean(np.isfinite(out['goodput_requests_per_s_per_chip'])):.0%}"
+          f" with a goodput)")
 
 
 def bench_predict(n: int) -> None:

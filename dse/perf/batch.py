@@ -243,7 +243,9 @@ class Batch:
         except KeyError:
             if name in OPTIONAL:        # a batch built without a mechanism's fields: "off"
                 d = OPTIONAL[name]
-                return cols[d] if isinstance(d, str) else np.full(1, d)
+                if isinstance(d, str):
+                    return cols[d]
+                return np.full(1, d, dtype=cols["n_layers"].dtype)   # float32 stays float32
             raise AttributeError(name) from None
 
     def take(self, index) -> "Batch":

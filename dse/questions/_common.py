@@ -23,7 +23,7 @@ from dse.questions import Context
 
 BATCH = "workload.concurrency"
 _SHORT = {"layout.tp": "tp", "layout.pp": "pp", "layout.dp": "dp", "layout.ep": "ep",
-          BATCH: "batch"}
+          BATCH: "batch", "serving.spec_tokens": "draft tokens"}
 
 
 # ---------------------------------------------------------------- selecting designs

@@ -137,7 +137,9 @@ def answer(ctx: Context) -> Answer:
             (f"- Conversely, {ref_mult:g}x the baseline's price buys at most "
              f"{bought[SPEED] / base[SPEED]:.2f}x its speed ({bought[SPEED]:.1f} tokens/s/user, "
              f"batch {int(bought['workload.concurrency']):,})."),
+            *_without_speculation(df, floor_tps, speedup, fast),
         ])
+    spec = _by_draft_tokens(df, floor_tps, speedup)
     rows = []
     for x in speedups:
         f1, m1 = multiple(df, base, x)
@@ -168,8 +170,9 @@ pessimistic). Costs are the space's cost mode (ownership by default), decode sha
 - The reference point (podcast [P 00:00], `shared/reference/podcast.md` 1.0): fast modes are \
 said to charge about 6x for about 2.5x the streaming speed. In this model the batch trade-off \
 alone costs much less than that at 2.5x; the price of a fast mode covers more than the lost \
-batch (speculative decoding is not modelled here, nor is headroom for bursts at small batch).
-
+batch ({'speculative decoding is not in this space' if not spec else 'with speculative decoding in the space, see below'}, \
+nor is headroom for bursts at small batch).
+{spec}
 ## Price multiple for other speedups
 
 {table}
@@ -196,3 +199,55 @@ def _numbers(row) -> dict:
             "batch": int(row["workload.concurrency"]), "tp": int(row["layout.tp"]),
             "dp": int(row["layout.dp"]), "ep": int(row["layout.ep"]),
             "ttft_s": float(row["ttft_s"]), "tpot_s": float(row["tpot_s"])}
+
+
+def _by_draft_tokens(df: pd.DataFrame, floor_tps: float, speedup: float) -> str:
+    """Where the space has ``serving.spec_tokens``: the baseline and the fast mode within each
+    number of draft tokens per step, and with the draft tokens free (the headline), as a
+    Markdown section ("" otherwise)."""
+    col = "serving.spec_tokens"
+    if col not in df.columns or df[col].nunique() < 2:
+        return ""
+    rows = []
+    for k in sorted(df[col].unique()):
+        sub = df[df[col] == k]
+        base = cheapest(sub, floor_tps)
+        fast = None if base is None else cheapest(sub, speedup * base[SPEED])
+        rows.append([f"{int(k)}", "-" if base is None else f"${base[COST]:.3f}",
+                     "-" if base is None else f"{base[SPEED]:.1f}",
+                     "-" if fast is None else f"${fast[COST]:.3f}",
+                     "-" if fast is None else f"{fast[SPEED]:.1f}",
+                     "-" if fast is None else f"{int(fast['workload.concurrency']):,}",
+                     "-" if fast is None else f"{fast[COST] / base[COST]:.2f}x",
+                     "-" if fast is None else f"{fast['spec_tokens_per_step']:.2f}"
+                     if "spec_tokens_per_step" in fast.index and np.isfinite(
+                         fast["spec_tokens_per_step"]) else "1.00"])
+    table = md_table(["draft tokens", f"baseline $/Mtok (>= {floor_tps:g} tok/s/user)",
+                      "tok/s/user", f"fast ({speedup:g}x) $/Mtok", "tok/s/user", "batch",
+                      "multiple", "tokens per step (fast)"], rows)
+    return f"""
+## With speculative decoding (MTP)
+
+The baseline and the {speedup:g}x fast mode with each number of draft tokens per step held \
+fixed (0 = the fast-mode question without speculation); the headline above lets each pick its \
+own. Verification steps carry k+1 tokens per sequence and yield (1 - a^(k+1)) / (1 - a) tokens \
+(`dse/perf/spec.py`).
+
+{table}
+"""
+
+
+def _without_speculation(df: pd.DataFrame, floor_tps: float, speedup: float, fast) -> list:
+    """The headline's line for a space with draft tokens: the same question without them."""
+    col = "serving.spec_tokens"
+    if col not in df.columns or df[col].nunique() < 2 or not (df[col] == 0).any():
+        return []
+    sub = df[df[col] == 0]
+    base0 = cheapest(sub, floor_tps)
+    fast0 = None if base0 is None else cheapest(sub, speedup * base0[SPEED])
+    if fast0 is None:
+        return []
+    return [f"- Speculation chosen: {int(fast[col])} draft tokens per step in the fast mode; "
+            f"without speculative decoding the same question costs "
+            f"{fast0[COST] / base0[COST]:.2f}x (${fast0[COST]:.3f} vs ${base0[COST]:.3f}/Mtok), "
+            f"so MTP cuts the fast mode's price {fast0[COST] / fast[COST]:.1f}x."]
