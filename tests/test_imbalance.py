@@ -57,3 +57,14 @@ def test_imbalance_never_speeds_up_and_dense_models_ignore_it():
     a, b = one(dense), one({**dense, "serving.expert_imbalance": 2.0,
                             "serving.redundant_experts": 16})
     assert a["tpot_s"] == b["tpot_s"] and a["weights_bytes_per_chip"] == b["weights_bytes_per_chip"]
+
+
+def test_spare_slots_are_replicas_too():
+    # 256 experts on 72 ranks: 4 slots per rank, 288 slots, 32 spare replicas already; asking
+    # for 32 more adds none (ceil(288 / 72) = 4) and the excess is 0.5 x 72 / (72 + 32)
+    d = {**DSV3, "layout.dp": 72, "layout.ep": 72, "serving.expert_imbalance": 1.5}
+    for r in (0, 32):
+        b = batch({**d, "serving.redundant_experts": r})
+        assert float(imbalance.effective(b)[0]) == pytest.approx(1 + 0.5 * 72 / 104, rel=1e-12)
+    b = batch({**d, "serving.redundant_experts": 72})      # 328 -> 5 per rank, 360 slots
+    assert float(imbalance.effective(b)[0]) == pytest.approx(1 + 0.5 * 72 / 176, rel=1e-12)

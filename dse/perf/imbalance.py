@@ -10,21 +10,26 @@ experts (DeepSeek's EPLB, https://github.com/deepseek-ai/EPLB; DeepSeek-V3 serve
 redundant experts in prefill and 64 redundant/shared-expert GPUs in decode, technical report
 section 3.4, https://arxiv.org/abs/2412.19437). They cost HBM (``arch.expert_slots``) and cut
 the excess load: the assumption here (not a fit) is that a replica splits one hot expert's
-load in two, so ``r`` slots over ``ep`` ranks leave the excess ``(imbalance - 1) * ep / (ep + r)``
-(one replica per rank halves it).
+load in two, so ``r`` replicas over ``ep`` ranks leave the excess
+``(imbalance - 1) * ep / (ep + r)`` (one replica per rank halves it); the replicas include the
+spare slots ep leaves when it does not divide the experts (256 experts on 72 ranks: 32).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from dse.perf import arch
 from dse.perf.batch import Batch
 
 
 def effective(b: Batch) -> np.ndarray:
-    """max/mean routed tokens per EP rank after the redundant experts' rebalancing."""
+    """max/mean routed tokens per EP rank after the redundant experts' rebalancing. The
+    replicas are every slot beyond one per expert: the ``redundant_experts`` asked for and the
+    spare slots when ep does not divide the experts (``arch.expert_slots``)."""
     ep = np.maximum(b.ep, 1.0)
-    return 1.0 + (np.maximum(b.expert_imbalance, 1.0) - 1.0) * ep / (ep + b.redundant_experts)
+    replicas = np.maximum(arch.expert_slots(b) - b.n_experts, 0.0)
+    return 1.0 + (np.maximum(b.expert_imbalance, 1.0) - 1.0) * ep / (ep + replicas)
 
 
 def factor(b: Batch):
