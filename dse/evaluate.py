@@ -130,8 +130,11 @@ def render_text(res: dict, path: str) -> str:
     lines = [f"design {path}: {d['model.id']} ({dts}) on {int(m['num_chips'])} x "
              f"{d['accelerator.id']} ({d['topology.id']}), tp={lay['tp']} pp={lay['pp']} "
              f"ep={lay['ep']} dp={lay['dp']}, isl={int(d['workload.isl'])} "
-             f"osl={int(d['workload.osl'])}, concurrency={ch['concurrency']}"
-             + ("" if ch["concurrency_given"] else " (chosen: offline maximum throughput)")]
+             f"osl={int(d['workload.osl'])}, concurrency="
+             f"{(m.get('concurrency') or 0) if (d.get('workload.request_rate_per_s') or 0) > 0 else ch['concurrency']:,.0f}"
+             + (" (from the request rate, Little's law)"
+                if (d.get("workload.request_rate_per_s") or 0) > 0
+                else "" if ch["concurrency_given"] else " (chosen: offline maximum throughput)")]
     if not m["feasible"]:
         lines.append(f"INFEASIBLE: {m['reason']}")
     lines.append(f"decode bound: {m['bound']}")

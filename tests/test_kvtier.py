@@ -90,3 +90,15 @@ def test_prefix_hits_cost_the_cheaper_of_fetch_and_recompute_once_offloading():
     assert slow["ttft_s"] > fast["ttft_s"]
     fetch = 0.6 * 32768 * 80 * KV_TOKEN_LAYER_CHIP
     assert slow["ttft_s"] - fast["ttft_s"] > 0.5 * (fetch / 64e9 - fetch / 450e9)
+
+
+def test_rows_without_a_tier_are_untouched_beside_rows_with_one_in_float32():
+    import numpy as np
+    from dse.perf import score_chunked
+    d = {**L70, "workload.isl": 32768, "workload.osl": 1024, "workload.concurrency": 80}
+    b = batch([d, {**d, "serving.kv_offload": "host"}, {**d, "serving.kv_offload": "ssd"}])
+    with np.errstate(all="raise"):
+        s = score_chunked(b, dtype=np.float32)
+    alone = one(d)
+    assert s["tpot_s"][0] == pytest.approx(alone["tpot_s"], rel=1e-5)
+    assert np.isfinite(s["tpot_s"]).all()

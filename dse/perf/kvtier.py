@@ -63,12 +63,19 @@ def link_s(b: Batch, frac, seqs, dec_ctx) -> np.ndarray:
     ``seqs`` sequences per micro-batch (whole instance), ``dec_ctx`` = arch.context_layers of
     their context."""
     byts = frac * seqs / b.dp * dec_ctx / b.pp * kv_token_layers_bytes(b)
-    return byts / np.maximum(b.tier_bw_bytes_per_s, 1e-30) * (b.tier_bytes > 0)
+    return _over_link(b, byts)
+
+
+def _over_link(b: Batch, byts) -> np.ndarray:
+    """Seconds to move ``byts`` over the tier's link; 0 where a row has no tier (no inf x 0)."""
+    bw = b.tier_bw_bytes_per_s
+    ok = (b.tier_bytes > 0) & (bw > 0)
+    return np.where(ok, byts / np.where(ok, bw, 1.0), 0.0)
 
 
 def hit_s(b: Batch, frac, hit_tokens, recompute_per_token_s) -> np.ndarray:
     """Per request, bringing its prefix hit's KV (all its stage's layers) once offloading:
     the cheaper of the link fetch and recomputing the tokens; 0 while nothing is offloaded."""
     byts = arch.context_layers(b, hit_tokens) / b.pp * kv_token_layers_bytes(b)
-    fetch = byts / np.maximum(b.tier_bw_bytes_per_s, 1e-30)
-    return np.minimum(fetch, hit_tokens * recompute_per_token_s) * (frac > 0)
+    fetch = np.where(b.tier_bw_bytes_per_s > 0, _over_link(b, byts), np.inf)
+    return np.where(frac > 0, np.minimum(fetch, hit_tokens * recompute_per_token_s), 0.0)

@@ -46,7 +46,7 @@ METRICS = (
     # request-rate serving (dse.perf.queueing); NaN unless a rate or an SLO is given
     *queueing.NEW_METRICS,
     # speculative decoding (dse.perf.spec): output tokens per sequence per step
-    "spec_tokens_per_step",
+    "spec_expected_tokens",
     # the KV cache's element size (its dtype, stated rather than following the weights)
     "kv_bytes_per_element",
     # KV offload tier (dse.perf.kvtier): share of the running sequences' KV in the tier
@@ -425,7 +425,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
         "reason": bits,
     }
     if on_spec:
-        metrics["spec_tokens_per_step"] = tok_step
+        metrics["spec_expected_tokens"] = tok_step
     if b.has_on("tier_bytes"):           # the KV in HBM: what the tier does not hold
         metrics["hbm_used_fraction"] = (weights + act + b.runtime_reserve_bytes + kv_seq
                                         * np.minimum(c, c_hbm) / b.dp) / b.hbm_capacity_bytes

@@ -219,9 +219,9 @@ def _by_draft_tokens(df: pd.DataFrame, floor_tps: float, speedup: float) -> str:
                      "-" if fast is None else f"{fast[SPEED]:.1f}",
                      "-" if fast is None else f"{int(fast['workload.concurrency']):,}",
                      "-" if fast is None else f"{fast[COST] / base[COST]:.2f}x",
-                     "-" if fast is None else f"{fast['spec_tokens_per_step']:.2f}"
-                     if "spec_tokens_per_step" in fast.index and np.isfinite(
-                         fast["spec_tokens_per_step"]) else "1.00"])
+                     "-" if fast is None else f"{fast['spec_expected_tokens']:.2f}"
+                     if "spec_expected_tokens" in fast.index and np.isfinite(
+                         fast["spec_expected_tokens"]) else "1.00"])
     table = md_table(["draft tokens", f"baseline $/Mtok (>= {floor_tps:g} tok/s/user)",
                       "tok/s/user", f"fast ({speedup:g}x) $/Mtok", "tok/s/user", "batch",
                       "multiple", "tokens per step (fast)"], rows)
