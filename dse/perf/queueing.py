@@ -103,7 +103,8 @@ def serve(b, evaluate, breakdown: bool = False):
     c_sat = bisect_increasing(rho, 1.0 - 1e-6, np.ones(n), cap)
     lam_sat = rate(evaluate(c_sat, False), c_sat)
     lam = np.broadcast_to(b.request_rate_per_s, (n,))
-    by_rate = lam > 0
+    queue = np.broadcast_to((b.phase == 0) & (b.disaggregated == 0), (n,))
+    by_rate = (lam > 0) & queue
     c_op = np.where(by_rate, bisect_increasing(lambda c: rate(evaluate(c, False), c), lam,
                                                 np.ones(n), c_sat), b.concurrency)
     c_op = np.broadcast_to(c_op, (n,))
@@ -118,7 +119,6 @@ def serve(b, evaluate, breakdown: bool = False):
 
     res = evaluate(c_op, breakdown)
     m = dict(res[0] if breakdown else res)
-    queue = (b.phase == 0) & (b.disaggregated == 0)
     lam_op = np.where(by_rate, lam, rate(m, c_op))
     _, w90, w99, wmean, tp90 = percentiles(c_op, lam_op)
     # everything that arrives is served: lambda x osl output tokens/s (the steady-state model
