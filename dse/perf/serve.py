@@ -91,10 +91,16 @@ def _memory(b: Batch):
     return weights, kv_seq, act, max_c
 
 
+def _indivisible(a: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """``a`` is not a multiple of ``d`` (whole numbers; ``d = 0`` counts as not dividing):
+    ``np.fmod(a, d) != 0`` without its slow libm call."""
+    return a != np.floor(a / d) * d
+
+
 def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
     ffn_g = b.tp * b.dp
     moe = b.n_experts > 0
-    bad_ep = (np.fmod(ffn_g, b.ep) != 0) | (moe & (b.ep > b.n_experts)) | (~moe & (b.ep != 1))
+    bad_ep = _indivisible(ffn_g, b.ep) | (moe & (b.ep > b.n_experts)) | (~moe & (b.ep != 1))
     positive = (b.hbm_bw_bytes_per_s > 0) & (b.matmul_flops_per_s > 0) & (b.hbm_capacity_bytes > 0) \
         & (b.scaleup_bw_bytes_per_s > 0) & (b.scaleout_bw_bytes_per_s > 0) & (b.isl > 0) \
         & (b.osl > 0) & (b.concurrency >= 1) & (b.tp >= 1) & (b.pp >= 1) & (b.dp >= 1) & (b.ep >= 1)
@@ -103,13 +109,13 @@ def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
     positive &= (b.n_layers >= 1) & (b.hidden > 0) & (b.n_heads > 0) & (b.n_kv_heads > 0) \
         & (b.n_dense_layers >= 0) & (b.n_moe_layers >= 0) & (b.vocab > 0) \
         & ((b.n_experts <= 0) | ((b.top_k >= 1) & (b.top_k <= b.n_experts) & (b.ffn_expert > 0)))
-    conds = ((np.fmod(b.n_heads, b.tp) != 0, 1), (bad_ep, 2), (b.pp > b.n_layers, 4),
+    conds = ((_indivisible(b.n_heads, b.tp), 1), (bad_ep, 2), (b.pp > b.n_layers, 4),
              (weights + act + b.runtime_reserve_bytes > b.hbm_capacity_bytes, 8),
              (b.concurrency > max_c, 16), (b.concurrency > b.max_batch_size * b.dp, 32),
              (~positive, 64))
     bits = np.zeros(len(b), dtype=np.int64)
     for cond, bit in conds:
-        bits = bits + cond.astype(np.int64) * bit
+        np.bitwise_or(bits, bit, out=bits, where=cond)
     return bits
 
 

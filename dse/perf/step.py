@@ -93,7 +93,8 @@ class Coefficients:
         n_gemm = L * arch.blend(mla, 4.0, 2.0)                 # GEMMs per step, for latencies
         # tp all-reduce of the attention output, per layer: the runtime's fastest kernel
         # (min over NCCL and custom branches) for the busiest rank's rows
-        a0, a1 = kernel_allreduce(b, tp, b.tp_bw_rel)
+        allreduce = _AllReduces(b)
+        a0, a1 = allreduce(tp, b.tp_bw_rel)
         self.n_proj = (self.layers_stage * a0, self.layers_stage * a1 * d * ab)
         # attention core (dse.perf.kernel_attention): decode pads each KV head's query group
         # to group_min_heads rows; prefill efficiency rises with the prompt's tokens
@@ -125,7 +126,10 @@ class Coefficients:
         self.dense_rows = g / ffn_g                  # rows per chip per step token
         self.m_dense = arch.dense_mlp_params(b) * dense_layers * wb / g / g_hbm
         n_gemm = n_gemm + 2.0 * dense_layers
-        f0, f1 = kernel_allreduce(b, g, b.ffn_bw_rel + rep * (b.tp_bw_rel - b.ffn_bw_rel))
+        # (a row without dense layers takes the tp group's, which is then often shared)
+        some_dense = arch.flag(b.n_dense_layers > 0, d)
+        f0, f1 = allreduce(arch.blend(some_dense, g, tp), arch.blend(
+            some_dense, b.ffn_bw_rel + rep * (b.tp_bw_rel - b.ffn_bw_rel), b.tp_bw_rel))
         self.n_dense = (dense_layers * f0, dense_layers * f1 * d * ab * g / ffn_g)
         # routed experts over ep ranks, each expert tp*dp/ep-way sharded
         moe_layers = b.n_moe_layers * stage
@@ -151,17 +155,15 @@ class Coefficients:
         disp = arch.blend(arch.flag(b.dispatch_bytes < 2.0, d), kernel_comm.FP8_ELEM_BYTES,
                           kernel_comm.BF16_ELEM_BYTES)
         is_moe = arch.flag(b.n_experts > 0, moe_layers) * moe_layers
-        self.a2a = {}
-        for kind in ("ll", "normal"):
-            lat, spt = kernel_alltoall(b, ep, disp, kernel_comm.BF16_ELEM_BYTES, kind)
-            self.a2a[kind] = (is_moe * lat, is_moe * spt / ffn_g)
+        self.a2a = {kind: (is_moe * lat, is_moe * spt / ffn_g) for kind, (lat, spt) in
+                    kernel_alltoall(b, ep, disp, kernel_comm.BF16_ELEM_BYTES).items()}
         mode = b.a2a_mode                       # 0 auto, 1 low-latency, 2 normal
         self.ll_decode = arch.flag(mode < 1.5, mode)
         self.ll_mixed = arch.flag(np.abs(mode - 1.0) < 0.5, mode)
         self.tbo = b.two_batch_overlap * arch.flag(b.n_experts > 0, d)
         self.a2a_overlap = b.alltoall_overlap_fraction
-        moe_tp = ffn_g / ep
-        r0, r1 = kernel_allreduce(b, moe_tp, b.tp_bw_rel)
+        moe_tp = arch.blend(arch.flag(b.n_experts > 0, d), ffn_g / ep, tp)   # (as above)
+        r0, r1 = allreduce(moe_tp, b.tp_bw_rel)
         self.n_moe_ar = (is_moe * r0, is_moe * r1 * np.minimum(dest, ep) / ep * d * ab)
         # shared experts and router
         sh_chip = b.n_shared * b.ffn_shared / ffn_g
@@ -197,6 +199,24 @@ class Coefficients:
         for name, v in self.__dict__.items():
             out.__dict__[name] = _take(v, rows)
         out.batch = batch
+        return out
+
+
+class _AllReduces:
+    """``network.kernel_allreduce`` of one batch for several (group, bandwidth share) pairs,
+    each distinct pair computed once (a step has up to three all-reduces, often over the same
+    group)."""
+
+    def __init__(self, b: Batch):
+        self.b = b
+        self.done = []
+
+    def __call__(self, g, bw_rel):
+        for g_, bw_, out in self.done:
+            if np.array_equal(g, g_) and np.array_equal(bw_rel, bw_):
+                return out
+        out = kernel_allreduce(self.b, g, bw_rel)
+        self.done.append((g, bw_rel, out))
         return out
 
 
@@ -267,26 +287,34 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     m_head = k.m_head + k.m_embed * tok
     n_pipe = k.n_pipe[0] + k.n_pipe[1] * tok
     phi = k.overlap
-    # (compute, memory, network, additive time) per op; the GEMMs' launch latencies are fixed
-    # time of the step (overhead)
-    parts = ((c_proj, k.m_proj * two, n_proj, 0.0), (c_core, m_core, 0.0, x_core),
-             (c_dense, k.m_dense * two, n_dense, 0.0), (c_moe, m_moe, n_moe, x_moe),
-             (c_sh, k.m_sh * two, 0.0, 0.0), (c_router, k.m_router * two, 0.0, 0.0),
-             (c_head, m_head + k.m_head * k.tbo, 0.0, 0.0), (0.0, 0.0, n_pipe, 0.0))
+    # (compute, memory, network, additive time) per op, None where an op has no such term
+    # (the loop below skips its arithmetic: this is the hot path); the GEMMs' launch latencies
+    # are fixed time of the step (overhead)
+    parts = ((c_proj, k.m_proj * two, n_proj, None), (c_core, m_core, None, x_core),
+             (c_dense, k.m_dense * two, n_dense, None), (c_moe, m_moe, n_moe, x_moe),
+             (c_sh, k.m_sh * two, None, None), (c_router, k.m_router * two, None, None),
+             (c_head, m_head + k.m_head * k.tbo, None, None), (None, None, n_pipe, None))
     overhead = k.overhead + k.x_gemm * two * some
     total = overhead
     ops = []
     sc = sm = sn = 0.0
     busy_all = 0.0
     for c, m, n, x in parts:
-        busy = np.maximum(c, m) + x
-        busy_all = busy_all + busy
-        t = busy + n - phi * np.minimum(busy, n)   # (1-phi)*(busy+n) + phi*max(busy, n)
+        if c is None:                              # a network-only op (the pipeline hand-off)
+            busy, t = 0.0, n
+        else:
+            busy = np.maximum(c, m) if x is None else np.maximum(c, m) + x
+            # (1-phi)*(busy+n) + phi*max(busy, n)
+            t = busy if n is None else busy + n - phi * np.minimum(busy, n)
+            busy_all = busy_all + busy
         total = total + t
         if breakdown:
-            ops.append([c, m, n, t])
+            ops.append([0.0 if v is None else v for v in (c, m, n)] + [t])
         elif sums:
-            sc, sm, sn = sc + c, sm + m, sn + n
+            if c is not None:
+                sc, sm = sc + c, sm + m
+            if n is not None:
+                sn = sn + n
     # the EP all-to-all: a share (serving.alltoall_overlap_fraction, all of it with two-batch
     # overlap) hides under the rest of the step's compute and memory time
     psi = np.maximum(k.a2a_overlap, k.tbo)
