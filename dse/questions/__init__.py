@@ -63,7 +63,7 @@ class Context:
         to their parameter values. Float64, the same scorer as every command."""
         if values is None:
             df = self.values(index)
-            vals = {p.path: df[p.path].to_numpy() for p in self.space.parameters}
+            vals = {p.path: df[p.column].to_numpy() for p in self.space.parameters}
         else:
             df = pd.DataFrame(values)
             vals = {k: np.asarray(v) for k, v in values.items()}
