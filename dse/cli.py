@@ -32,7 +32,7 @@ def _catalog(a) -> int:
         return 0
     kind, entry = catalog.find(a.id)
     print(f"{kind[:-1]} {a.id}")
-    for k, v in _rows(entry.model_dump(exclude={"id"})):
+    for k, v in _rows(entry.model_dump(exclude={"id"}), section=kind[:-1]):
         print(f"  {k:<44} {v}")
     return 0
 
@@ -54,13 +54,17 @@ UNIT_HINTS = (("_bytes_per_s", "bytes/s"), ("_flops_per_s", "FLOP/s"), ("_bytes"
               ("_usd", "USD"), ("usd_per_hour", "USD/h"), ("_w", "W"), ("_s", "s"))
 
 
-def _rows(d: dict, prefix=""):
+def _rows(d: dict, prefix="", section=""):
+    """An entry's fields with units: the field registry's (dse.fields), else from the name."""
+    from dse.fields import REGISTRY
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            yield from _rows(v, key + ".")
+            yield from _rows(v, key + ".", section)
             continue
-        unit = "FLOP/s" if ".peak_flops_per_s." in f".{key}" or key.startswith("peak_flops_per_s") \
+        f = REGISTRY.get(f"{section}.{key}")
+        unit = f.unit if f is not None and f.unit not in ("", "fraction", "ratio") else \
+            "FLOP/s" if ".peak_flops_per_s." in f".{key}" or key.startswith("peak_flops_per_s") \
             else next((u for suf, u in UNIT_HINTS if key.endswith(suf)), "")
         if isinstance(v, float):
             v = f"{v:.6g}"

@@ -31,10 +31,10 @@ RENAME = {"model": "model.id", "hardware": "accelerator.id", "topology": "topolo
           "prefix_hit_fraction": "workload.prefix_hit_fraction", "phase": "workload.phase",
           "tp": "layout.tp", "pp": "layout.pp", "ep": "layout.ep", "dp": "layout.dp",
           "runtime": "serving.runtime", "dense_mlp": "layout.dense_mlp"}
-# numeric columns checked as they are read (the registry's field of each)
-NUMERIC = {"num_chips": "layout.num_chips", "tp": "layout.tp", "pp": "layout.pp", "ep": "layout.ep",
-           "dp": "layout.dp", "isl": "workload.isl", "osl": "workload.osl",
-           "concurrency": "workload.concurrency", "prefix_hit_fraction": "workload.prefix_hit_fraction"}
+# every case column's field (the registry's): numeric ones are checked as they are read, string
+# ones (ids, choices) when the design is resolved
+FIELD_OF = {"num_chips": "layout.num_chips", **RENAME}
+NUMERIC = {c: p for c, p in FIELD_OF.items() if REGISTRY[p].numeric}
 LAYOUT = ("layout.tp", "layout.pp", "layout.ep", "layout.dp")
 OUTPUT = ("case_id", "concurrency", "ttft_s", "tpot_s", "output_tokens_per_s_per_chip",
           "input_tokens_per_s_per_chip", "bound", "feasible", "reason")

@@ -18,6 +18,7 @@ import pandas as pd
 
 from dse import pareto, runs
 from dse.errors import InputError
+from dse.fields import label
 from dse.perf import BOUNDS, OPS, score
 from dse.space import load_space
 
@@ -254,10 +255,10 @@ def _html(o, space, st, front, allpts, k, bds, pngs):
     for p in space.parameters:
         v = front[p.column]
         if v.dtype.kind in "fiub":
-            dims.append(dict(label=p.column, values=v))
+            dims.append(dict(label=label(p.column), values=v))
         else:
             codes, cats = pd.factorize(v)
-            dims.append(dict(label=p.column, values=codes, tickvals=list(range(len(cats))),
+            dims.append(dict(label=label(p.column), values=codes, tickvals=list(range(len(cats))),
                              ticktext=[str(c) for c in cats]))
     dims += [dict(label=ob.metric, values=front[ob.metric]) for ob in objs]
     par = go.Figure(go.Parcoords(line=dict(color=front[objs[0].metric], colorscale="Viridis"),
