@@ -7,7 +7,6 @@ import json
 import os
 import sys
 
-import numpy as np
 
 from dse import __version__
 from dse.errors import InputError, StorageUnavailable
