@@ -30,7 +30,7 @@ from dse.build import DERIVED, DIRECT_FIELDS, FEEDERS, STRING_PATHS, derive_syst
 from dse import validate
 from dse.design import SECTIONS, flatten, read_toml
 from dse.errors import InputError, suggest
-from dse.fields import LIMITS, REGISTRY
+from dse.fields import LIMITS, REGISTRY, legacy_columns, scale_column
 from dse.perf import METRICS, Batch
 
 NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))
@@ -55,6 +55,11 @@ class Parameter:
     @property
     def categorical(self) -> bool:
         return self.low is None
+
+    @property
+    def column(self) -> str:
+        """Its column in every table: the path, or ``<path>.scale`` for scale factors."""
+        return scale_column(self.path) if self.scale else self.path
 
     @functools.cached_property
     def index(self) -> dict:
@@ -98,13 +103,23 @@ class Space:
     def size(self) -> int:
         return int(math.prod(self.shape)) if self.parameters else 1
 
+    @property
+    def columns(self) -> list[str]:
+        """The parameters' table columns (``Parameter.column``)."""
+        return [p.column for p in self.parameters]
+
     def values_at(self, index: np.ndarray) -> dict[str, np.ndarray]:
-        """Parameter values of the designs with flat indices ``index`` (C order)."""
+        """Parameter values of the designs with flat indices ``index`` (C order), keyed by
+        column (``<path>.scale`` for scale factors)."""
         index = np.asarray(index, dtype=np.int64)
         if not self.parameters:
             return {}
         coords = np.unravel_index(index, self.shape)
-        return {p.path: _value_array(p)[c] for p, c in zip(self.parameters, coords)}
+        return {p.column: _value_array(p)[c] for p, c in zip(self.parameters, coords)}
+
+    def legacy(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """A table of an old run folder with its scale-factor columns renamed ``<path>.scale``."""
+        return legacy_columns(frame, [p.path for p in self.parameters if p.scale])
 
     def _resolved(self, combos: tuple, structural: list, n: int) -> pd.DataFrame:
         """The catalog resolution of distinct structural combinations. When the grid has at
@@ -186,8 +201,11 @@ class Space:
         numbers the system's derived links come from) go through the catalog. All values were
         checked when the space was loaded; a parameter missing from ``vals`` keeps the base
         design's value. ``codes``: the values' grid coordinates, when known;
-        ``parts``: return ``batch_parts``'s tuple instead of (Batch, table).
+        ``parts``: return ``batch_parts``'s tuple instead of (Batch, table). A scale-factor
+        parameter's values may be keyed by its path or its column (``<path>.scale``).
         """
+        vals = {next((p.path for p in self.parameters if p.scale and p.column == k), k): v
+                for k, v in vals.items()} if any(k.endswith(".scale") for k in vals) else vals
         n = len(next(iter(vals.values()))) if vals else 1
         given = [p for p in self.parameters if p.path in vals]   # the others: the base design's
         direct = [p for p in given
@@ -547,7 +565,7 @@ def describe(space: Space) -> str:
     for p in space.parameters:
         shown = ", ".join(map(str, p.values[:8])) + (", ..." if len(p.values) > 8 else "")
         kind = "scale factors" if p.scale else ("range" if not p.categorical else "values")
-        lines.append(f"  {p.path}: {len(p.values)} {kind} [{shown}]")
+        lines.append(f"  {p.column}: {len(p.values)} {kind} [{shown}]")
     lines.append("objectives: " + ", ".join(f"{o.direction} {o.metric}" for o in space.objectives))
     if space.constraints:
         lines.append("constraints: " + ", ".join(

@@ -21,6 +21,24 @@ from dse.perf.batch import Batch
 from dse.perf.step import OPS, Coefficients, StepTimes, step
 
 BOUNDS = ("compute", "memory", "network", "capacity")
+KNEE_FRACTION = 0.97    # a batch within 3% of the memory-limited maximum fills the HBM
+
+
+def decode_bound(tc, tm, tn, bits, concurrency, max_sequences, max_batch):
+    """What bounds a design's decoding, as an index of ``BOUNDS`` (the one definition: every
+    command, ``predict`` and ``eval`` included, reports this).
+
+    capacity (3): the KV cache of the requested batch does not fit in HBM (reason bit 16), or
+    the batch fills the HBM (at least ``KNEE_FRACTION`` of the memory-limited maximum
+    ``max_sequences``, which is below the runtime's cap ``max_batch``) while the decode step is
+    not compute-bound: more HBM capacity would serve more sequences. Otherwise the largest of
+    the decode step's compute ``tc``, memory ``tm`` and network ``tn`` times: compute (0),
+    memory (1) or network (2); ties go to memory, then compute.
+    """
+    roof = (2 * ((tn > tc) & (tn > tm)) + ((tm > tc) & (tm >= tn))).astype(np.int64)
+    fills = (bits == 0) & (concurrency >= KNEE_FRACTION * max_sequences) \
+        & (max_sequences < max_batch) & (roof != 0)
+    return np.where(((bits & 16) != 0) | fills, 3, roof)
 # bit -> reason an infeasible row carries
 REASONS = {
     1: "tp does not divide num_attention_heads",
@@ -319,8 +337,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None):
     joules_out = np.where(no_decode, np.nan, joules_out)
     usd_mtok_in = np.where(b.phase == 2, np.nan, usd_mtok_in)
 
-    bound = (2 * ((tn > tc) & (tn > tm)) + ((tm > tc) & (tm >= tn))).astype(np.int64)
-    bound = np.where((bits & 16) != 0, 3, bound)
+    bound = decode_bound(tc, tm, tn, bits, c, max_c, b.max_batch_size * b.dp)
 
     per_chip_out = out_inst / chips
     metrics = {
@@ -413,5 +430,5 @@ def reason_text(bits: int, max_sequences: float | None = None) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["BOUNDS", "Breakdown", "METRICS", "OPS", "REASONS", "reason_text", "score",
+__all__ = ["BOUNDS", "KNEE_FRACTION", "Breakdown", "decode_bound", "METRICS", "OPS", "REASONS", "reason_text", "score",
            "score_chunked"]
