@@ -196,22 +196,24 @@ def allreduce_s(message_bytes, group, link_bw_bytes_per_s, **kw) -> np.ndarray:
     return np.min(lat + spb * b, axis=0)
 
 
-def _hit_probability(experts, topk, share):
+def _hit_probability(experts, topk, *shares):
     """P(a token's ``topk`` distinct experts, drawn from ``experts``, include at least one of the
-    ``experts * share`` experts of one rank/node) = 1 - prod_{i<k} (E - E s - i) / (E - i).
-    ``share`` may carry a leading axis (several shares at once)."""
+    ``experts * share`` experts of one rank/node) = 1 - prod_{i<k} (E - E s - i) / (E - i),
+    one array per share."""
     e = _a(experts)
     k = _a(topk)
-    m = e * _a(share)
-    miss = np.ones(np.broadcast(e, k, m).shape, dtype=np.result_type(e, m, 1.0))
+    ms = [e * _a(s) for s in shares]
+    dtype = np.result_type(e, *ms, 1.0)
+    misses = [np.ones(np.broadcast(e, k, m).shape, dtype=dtype) for m in ms]
     for i in range(int(np.max(k)) if np.size(k) else 0):
         # (E - m - i) / (E - i) = 1 - m / (E - i), at least 0; draws past a row's own top-k
-        # multiply by 1
-        term = 1.0 - m / np.maximum(e - i, 1.0)
-        np.maximum(term, 0.0, out=term)
-        np.copyto(term, 1.0, where=k <= i)
-        miss *= term
-    return 1.0 - miss
+        # multiply by 1 (w = 0)
+        w = (k > i) / np.maximum(e - i, 1.0)
+        for m, miss in zip(ms, misses):
+            t = np.asarray(m * w)
+            np.subtract(1.0, t, out=t)
+            miss *= np.maximum(t, 0.0, out=t)
+    return [1.0 - miss for miss in misses]
 
 
 def alltoall_bytes(tokens, hidden, topk, experts, ep, ranks_per_node, elem_bytes, kind="normal"):
@@ -233,8 +235,7 @@ def alltoall_bytes(tokens, hidden, topk, experts, ep, ranks_per_node, elem_bytes
         up = t * k * (r - 1.0) / ep
         out = t * k * (n - 1.0) / n
     elif kind == "normal":
-        p_rank, p_node = _hit_probability(experts, topk, np.stack(np.broadcast_arrays(
-            1.0 / ep, 1.0 / n)))
+        p_rank, p_node = _hit_probability(experts, topk, 1.0 / ep, 1.0 / n)
         up = t * (r - 1.0) * p_rank
         out = t * (n - 1.0) * p_node
     else:
