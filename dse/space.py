@@ -32,6 +32,7 @@ from dse.design import SECTIONS, flatten, read_toml
 from dse.errors import InputError, suggest
 from dse.fields import LIMITS, REGISTRY
 from dse.perf import METRICS, Batch
+from dse.resolved import Resolved
 
 NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))
 DIRECTIONS = ("minimize", "maximize")
@@ -106,7 +107,7 @@ class Space:
         coords = np.unravel_index(index, self.shape)
         return {p.path: _value_array(p)[c] for p, c in zip(self.parameters, coords)}
 
-    def _resolved(self, combos: tuple, structural: list, n: int) -> pd.DataFrame:
+    def _resolved(self, combos: tuple, structural: list, n: int) -> Resolved:
         """The catalog resolution of distinct structural combinations. When the grid has at
         most FULL_RESOLVE of them they are all resolved at once, then only taken by row;
         otherwise each is resolved once, cached, and assembled."""
@@ -121,7 +122,7 @@ class Space:
             else:
                 rows = (np.ravel_multi_index(codes, [len(p.values) for p in structural])
                         if structural else np.zeros(n, np.int64))
-                return full.take(rows).reset_index(drop=True)
+                return full.take(rows)
         cache = self.__dict__.setdefault("_rows", {})
         keys = [(paths, row) for row in zip(*combos)] if structural else [(paths, ())] * n
         missing = list(dict.fromkeys(k for k in keys if k not in cache))
@@ -134,10 +135,10 @@ class Space:
             res = resolve(rows, file=self.file)
             for i, k in enumerate(missing):
                 cache[k] = res.iloc[i:i + 1]
-        return pd.concat([cache[k] for k in keys], ignore_index=True) if n > 1 else \
-            cache[keys[0]].reset_index(drop=True)
+        return Resolved(pd.concat([cache[k] for k in keys], ignore_index=True) if n > 1 else
+                        cache[keys[0]].reset_index(drop=True))
 
-    def _full_resolution(self, structural: tuple) -> pd.DataFrame | None:
+    def _full_resolution(self, structural: tuple) -> Resolved | None:
         """Every combination of the structural parameters' grid values, resolved (C order),
         or None when there are more than FULL_RESOLVE."""
         cache = self.__dict__.setdefault("_full", {})
@@ -151,7 +152,7 @@ class Space:
                 rows = pd.DataFrame({k: [v] * count for k, v in self.base.items()})
                 for p, c in zip(structural, grid):
                     rows[p.path] = [p.values[i] for i in c]
-                cache[key] = resolve(rows, file=self.file)
+                cache[key] = Resolved(resolve(rows, file=self.file))
         return cache[key]
 
     def batch(self, index: np.ndarray) -> tuple[Batch, dict]:
@@ -222,19 +223,7 @@ class Space:
         res = self._resolved(combos, structural, len(first))
         # columns the same for every design stay length-1 (the scorer broadcasts them); the
         # others are broadcast with numpy, strings as Categoricals (codes only)
-        table = {}
-        for c in res.columns:
-            v = res[c].to_numpy()
-            same = (len(v) == 1 or (v.dtype.kind in "fiub" and np.array_equal(
-                v, np.full_like(v, v[0]), equal_nan=v.dtype.kind == "f"))
-                or (v.dtype.kind not in "fiub" and len(set(map(str, v.tolist()))) == 1))
-            if same:
-                table[c] = v[:1]
-            elif v.dtype.kind in "fiub":
-                table[c] = v[inverse]
-            else:
-                codes, cats = pd.factorize(v, use_na_sentinel=True)
-                table[c] = pd.Categorical.from_codes(codes[inverse], categories=cats)
+        table = res.compact(inverse)
         explicit = {p.path for p in self.parameters if not p.scale and p.path in vals} \
             | set(self.base)
         for p in self.parameters:
