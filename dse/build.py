@@ -14,6 +14,8 @@ topology numbers) are numpy on codes (``dse.build_select``): no Python work per 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pandas as pd
 
@@ -216,10 +218,9 @@ def component_factors(out) -> dict[str, np.ndarray]:
     if not np.any(on):
         return {"capex": np.ones(1), "power": np.ones(1)}
     ratio = {k: f(p) / f(REFERENCE + p) for k, p in COMPONENT_SPECS.items()}
-    n = max(np.size(v) for v in (*ratio.values(), on))
-    compute = np.stack([np.broadcast_to(ratio.pop(k), (n,)) for k in list(ratio)
-                        if k.startswith("compute.")])
-    ratio["compute"] = np.max(np.where(np.isfinite(compute), compute, 0.0), axis=0)
+    compute = [ratio.pop(k) for k in list(ratio) if k.startswith("compute.")]
+    ratio["compute"] = functools.reduce(np.maximum, (np.where(np.isfinite(r), r, 0.0)
+                                                     for r in compute))
     shares = catalog.cost_model()
     out_f = {}
     for part in ("capex", "power"):

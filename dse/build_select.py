@@ -29,6 +29,11 @@ def encode(values, choices) -> np.ndarray:
     else:
         if not isinstance(values, pd.Series):
             values = np.atleast_1d(np.asarray(values, dtype=object))
+            if values.size == 1:                    # one value: no hashing pass
+                v = values.reshape(-1)[0]
+                code = -1 if v is None or (isinstance(v, float) and v != v) else \
+                    dict(zip(choices, range(len(choices)))).get(v, -1)
+                return np.array([code], dtype=np.int64)
         codes, uniques = pd.factorize(values, use_na_sentinel=True)
         uniques = list(uniques)
     pos = {c: i for i, c in enumerate(choices)}
@@ -45,6 +50,12 @@ def lookup(values, mapping: dict, default=np.nan) -> np.ndarray:
 
 def _f(out, c) -> np.ndarray:
     return np.asarray(out[c], dtype=float)
+
+
+def squeeze(v: np.ndarray) -> np.ndarray:
+    """``v`` as one value when every entry is the same one (NaN never is), else ``v``."""
+    v = np.atleast_1d(v)
+    return v[:1] if v.size > 1 and bool(np.all(v == v[0])) else v
 
 
 def _present(codes: np.ndarray, n_names: int) -> list[int]:
@@ -133,7 +144,7 @@ def kernel_fields(out, fam, kv_fp8, peak, is_mla) -> dict[str, np.ndarray]:
     scaling = encode(out["model.fp8_scaling"], ("auto", "tensor", "block"))
     moe_model = _f(out, "model.num_experts") > 0
     block = (scaling == 2) | ((scaling == 0) & moe_model)
-    fam = np.where((fam == 1) & block, 2, fam)
+    fam = squeeze(np.where((fam == 1) & block, 2, fam))
     bf16 = np.zeros(1, np.int64)
     gemm = tuple("gemm_" + x for x in GEMM_FAMILIES)
     moe = tuple("moe_" + x for x in GEMM_FAMILIES)
@@ -144,8 +155,8 @@ def kernel_fields(out, fam, kv_fp8, peak, is_mla) -> dict[str, np.ndarray]:
     mla = np.asarray(is_mla, dtype=np.int64)
     fp8_peak = kv_fp8 & ~np.isnan(peak["fp8"])
     variant = np.where(fp8_peak & ~is_mla, 1, np.where(kv_fp8, 2, 0))
-    pre, pre0 = 3 * mla + variant, 3 * mla
-    dec, dec0 = 2 * mla + np.asarray(kv_fp8, dtype=np.int64), 2 * mla
+    pre, pre0 = squeeze(3 * mla + variant), squeeze(3 * mla)
+    dec, dec0 = squeeze(2 * mla + np.asarray(kv_fp8, dtype=np.int64)), squeeze(2 * mla)
     for k in ATTN_PREFILL_KEYS:
         cols[f"attn_prefill_{k}"] = _kernel(out, pre, PREFILL, k, _kernel(out, pre0, PREFILL, k))
     for k in ATTN_DECODE_KEYS:
@@ -165,6 +176,7 @@ def kernel_fields(out, fam, kv_fp8, peak, is_mla) -> dict[str, np.ndarray]:
 def _distinct(columns: list[np.ndarray], n: int) -> tuple[list[np.ndarray], np.ndarray]:
     """The distinct rows of columns broadcast to length ``n`` (length-1 columns stay
     constant), and each row's position among them."""
+    columns = [squeeze(c) for c in columns]
     varying = [c for c in columns if c.size > 1]
     if not varying:
         return [c.reshape(-1)[:1] for c in columns], np.zeros(n, np.int64)
@@ -200,7 +212,7 @@ def topology_columns(out) -> dict[str, np.ndarray]:
     n = int(np.broadcast_shapes(tp.shape, ffn.shape, dom.shape, tid.shape, ref.shape,
                                 base_lat.shape, hop_lat.shape)[0])
     (t, d, r, tp_u, ffn_u), inv = _distinct([tid, dom, ref, tp, ffn], n)
-    m = len(t) if len(t) > 1 else max(len(tp_u), len(ffn_u), len(d), len(r))
+    m = max(len(a) for a in (t, d, r, tp_u, ffn_u))
     t, d, r, tp_u, ffn_u = (np.broadcast_to(a, (m,)) for a in (t, d, r, tp_u, ffn_u))
     g = np.maximum(ffn_u, tp_u)
     num = {k: np.ones(m) for k in ("tp", "ffn", "a2a", "tp_rel", "ffn_rel", "a2a_rel")}

@@ -15,36 +15,44 @@ import numpy as np
 import pandas as pd
 
 
-def _same(v: np.ndarray) -> bool:
-    """Every value equal to the first (NaN equal to NaN)."""
-    if len(v) <= 1:
-        return True
-    if v.dtype.kind == "f":
-        return bool(np.all(v == v[0])) or bool(np.isnan(v[0]) and np.all(np.isnan(v)))
-    return bool(np.all(v == v[0]))
-
-
 class Resolved:
     """The columns of a resolved design table (``Resolved(frame)``), or some of its rows
-    (``take``)."""
+    (``take``). The numeric columns are one float64 matrix (a row per column, so each column is
+    contiguous) gathered in one call; the others codes into their distinct values."""
 
-    def __init__(self, frame: pd.DataFrame):
-        self.numeric: dict[str, np.ndarray] = {}
-        self.coded: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self.order = list(frame.columns)
+    def __init__(self, frame: pd.DataFrame | dict):
+        self.order = list(frame.keys())
+        numeric, self.dtypes = [], {}
+        self.coded: dict[str, tuple[np.ndarray, pd.CategoricalDtype, np.ndarray]] = {}
+        n = 0
         for c in self.order:
-            v = frame[c].to_numpy()
+            v = frame[c].to_numpy() if isinstance(frame, pd.DataFrame) else frame[c]
+            n = len(v)
             if v.dtype.kind in "fiub":
-                self.numeric[c] = v
+                numeric.append(c)
+                self.dtypes[c] = v.dtype
             else:
                 raw = np.asarray(v, dtype=object)
                 codes, cats = pd.factorize(raw, use_na_sentinel=True)
-                self.coded[c] = (codes, np.asarray(cats, dtype=object), raw)
-        # the columns that are the same on every row of the whole table
-        self.constant = {c for c, v in self.numeric.items() if _same(v)} | \
-            {c for c, (k, _, _) in self.coded.items() if _same(k)}
+                self.coded[c] = (codes, pd.CategoricalDtype(cats), raw)
+        self.slot = {c: i for i, c in enumerate(numeric)}
+        # float64 holds every int and bool column exactly; each keeps its own dtype on the way out
+        self.matrix = np.empty((len(numeric), n))
+        for c, i in self.slot.items():
+            self.matrix[i] = frame[c].to_numpy() if isinstance(frame, pd.DataFrame) else frame[c]
         self.rows: np.ndarray | None = None
-        self.n = len(frame)
+        self.n = n
+
+    def column(self, c: str) -> np.ndarray:
+        """Every row's value of column ``c`` (the whole table, not ``take``'s rows)."""
+        if c in self.slot:
+            return self.matrix[self.slot[c]].astype(self.dtypes[c])
+        return self.coded[c][2]
+
+    @classmethod
+    def stack(cls, parts: list["Resolved"]) -> "Resolved":
+        """The rows of whole tables with the same columns, one after the other."""
+        return cls({c: np.concatenate([p.column(c) for p in parts]) for c in parts[0].order})
 
     def take(self, rows: np.ndarray) -> "Resolved":
         """The same table restricted to ``rows`` (gathered lazily, in ``compact``)."""
@@ -60,25 +68,23 @@ class Resolved:
 
     def compact(self, inverse: np.ndarray) -> dict:
         """The columns of the designs whose rows are ``inverse``: length-1 where the table's
-        rows are all the same, else gathered (strings as Categoricals)."""
+        rows are all the same (NaN equal to NaN), else gathered (strings as Categoricals)."""
         rows = self.rows if self.rows is not None else np.arange(self.n)
+        sub = self.matrix[:, rows]
+        first = sub[:, :1]
+        same = np.all((sub == first) | (np.isnan(sub) & np.isnan(first)), axis=1)
+        full = sub[:, inverse] if not same.all() else None
         table = {}
         for c in self.order:
-            if c in self.numeric:
-                v = self.numeric[c]
-                if c in self.constant or len(rows) == 1:
-                    table[c] = v[rows[:1]]
-                    continue
-                v = v[rows]
-                table[c] = v[:1] if _same(v) else v[inverse]
-            else:
-                codes, cats, raw = self.coded[c]
-                if c in self.constant or len(rows) == 1:
-                    table[c] = raw[rows[:1]]
-                    continue
-                k = codes[rows]
-                table[c] = raw[rows[:1]] if _same(k) else \
-                    pd.Categorical.from_codes(k[inverse], categories=cats)
+            i = self.slot.get(c)
+            if i is not None:
+                v = first[i] if same[i] else full[i]
+                table[c] = v if self.dtypes[c] == np.float64 else v.astype(self.dtypes[c])
+                continue
+            codes, dtype, raw = self.coded[c]
+            k = codes[rows]
+            table[c] = raw[rows[:1]] if len(k) <= 1 or bool(np.all(k == k[0])) else \
+                pd.Categorical.from_codes(k[inverse], dtype=dtype)
         return table
 
 

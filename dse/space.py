@@ -132,11 +132,14 @@ class Space:
             rows = pd.DataFrame({k: [v] * len(missing) for k, v in self.base.items()})
             for j, path in enumerate(paths):
                 rows[path] = [k[1][j] for k in missing]
-            res = resolve(rows, file=self.file)
+            res = Resolved(resolve(rows, file=self.file))
             for i, k in enumerate(missing):
-                cache[k] = res.iloc[i:i + 1]
-        return Resolved(pd.concat([cache[k] for k in keys], ignore_index=True) if n > 1 else
-                        cache[keys[0]].reset_index(drop=True))
+                cache[k] = (res, i)
+        parts = [cache[k] for k in keys]
+        tables = list({id(t): t for t, _ in parts}.values())
+        start = dict(zip(map(id, tables), np.cumsum([0] + [len(t) for t in tables])))
+        whole = tables[0] if len(tables) == 1 else Resolved.stack(tables)
+        return whole.take(np.array([start[id(t)] + i for t, i in parts], dtype=np.int64))
 
     def _full_resolution(self, structural: tuple) -> Resolved | None:
         """Every combination of the structural parameters' grid values, resolved (C order),
