@@ -194,8 +194,10 @@ def derive_system(out: pd.DataFrame, keep: set = frozenset()) -> None:
 
 def _merge(base, override: pd.Series, col: str, file, names, alias) -> pd.Series:
     if col in STRING_PATHS:
-        ov = override.astype(object).where(override.notna(), None)
-        ov = ov.map(lambda x: None if x is None or str(x).strip() == "" else str(x).strip())
+        given = override.notna().to_numpy()
+        text = np.asarray(override.astype(object).where(given, "").astype(str).str.strip(),
+                          dtype=object)
+        ov = pd.Series(np.where(given & (text != ""), text, None), index=override.index)
         if base is None:
             return ov
         return ov.where(ov.notna(), base)
