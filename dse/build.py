@@ -315,3 +315,10 @@ def to_batch(out, compact: bool = False) -> Batch:
         "use_rental": lookup(out["cost.mode"], {"rental": 1.0}, 0.0).astype(float),
     }
     return Batch.from_columns(cols, compact=compact)
+
+
+__all__ = ["A2A_KERNELS", "ACC_FIELDS", "ATTN_DECODE_KEYS", "ATTN_PREFILL_KEYS", "CAPEX_MODELS",
+           "COMPONENT_SPECS", "DEFAULTS", "DENSE_MLP", "DERIVED", "DIRECT_FIELDS", "EFF_FIELDS",
+           "FEEDERS", "GEMM_KEYS", "KERNEL", "MODEL_FIELDS", "MOE_KEYS", "PHASES", "REFERENCE",
+           "SERVING_MODES", "STRING_PATHS", "TOPO_FIELDS", "component_factors", "derive_system",
+           "kernel_columns", "lookup", "resolve", "runtime_defaults", "settable_paths", "to_batch"]
