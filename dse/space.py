@@ -32,6 +32,7 @@ from dse.design import SECTIONS, flatten, read_toml
 from dse.errors import InputError, suggest
 from dse.fields import LIMITS, REGISTRY, legacy_columns, scale_column
 from dse.perf import METRICS, Batch
+from dse.resolved import Resolved
 
 NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))
 DIRECTIONS = ("minimize", "maximize")
@@ -121,7 +122,7 @@ class Space:
         """A table of an old run folder with its scale-factor columns renamed ``<path>.scale``."""
         return legacy_columns(frame, [p.path for p in self.parameters if p.scale])
 
-    def _resolved(self, combos: tuple, structural: list, n: int) -> pd.DataFrame:
+    def _resolved(self, combos: tuple, structural: list, n: int) -> Resolved:
         """The catalog resolution of distinct structural combinations. When the grid has at
         most FULL_RESOLVE of them they are all resolved at once, then only taken by row;
         otherwise each is resolved once, cached, and assembled."""
@@ -136,7 +137,7 @@ class Space:
             else:
                 rows = (np.ravel_multi_index(codes, [len(p.values) for p in structural])
                         if structural else np.zeros(n, np.int64))
-                return full.take(rows).reset_index(drop=True)
+                return full.take(rows)
         cache = self.__dict__.setdefault("_rows", {})
         keys = [(paths, row) for row in zip(*combos)] if structural else [(paths, ())] * n
         missing = list(dict.fromkeys(k for k in keys if k not in cache))
@@ -146,13 +147,16 @@ class Space:
             rows = pd.DataFrame({k: [v] * len(missing) for k, v in self.base.items()})
             for j, path in enumerate(paths):
                 rows[path] = [k[1][j] for k in missing]
-            res = resolve(rows, file=self.file)
+            res = Resolved(resolve(rows, file=self.file))
             for i, k in enumerate(missing):
-                cache[k] = res.iloc[i:i + 1]
-        return pd.concat([cache[k] for k in keys], ignore_index=True) if n > 1 else \
-            cache[keys[0]].reset_index(drop=True)
+                cache[k] = (res, i)
+        parts = [cache[k] for k in keys]
+        tables = list({id(t): t for t, _ in parts}.values())
+        start = dict(zip(map(id, tables), np.cumsum([0] + [len(t) for t in tables])))
+        whole = tables[0] if len(tables) == 1 else Resolved.stack(tables)
+        return whole.take(np.array([start[id(t)] + i for t, i in parts], dtype=np.int64))
 
-    def _full_resolution(self, structural: tuple) -> pd.DataFrame | None:
+    def _full_resolution(self, structural: tuple) -> Resolved | None:
         """Every combination of the structural parameters' grid values, resolved (C order),
         or None when there are more than FULL_RESOLVE."""
         cache = self.__dict__.setdefault("_full", {})
@@ -166,7 +170,7 @@ class Space:
                 rows = pd.DataFrame({k: [v] * count for k, v in self.base.items()})
                 for p, c in zip(structural, grid):
                     rows[p.path] = [p.values[i] for i in c]
-                cache[key] = resolve(rows, file=self.file)
+                cache[key] = Resolved(resolve(rows, file=self.file))
         return cache[key]
 
     def batch(self, index: np.ndarray) -> tuple[Batch, dict]:
@@ -240,19 +244,7 @@ class Space:
         res = self._resolved(combos, structural, len(first))
         # columns the same for every design stay length-1 (the scorer broadcasts them); the
         # others are broadcast with numpy, strings as Categoricals (codes only)
-        table = {}
-        for c in res.columns:
-            v = res[c].to_numpy()
-            same = (len(v) == 1 or (v.dtype.kind in "fiub" and np.array_equal(
-                v, np.full_like(v, v[0]), equal_nan=v.dtype.kind == "f"))
-                or (v.dtype.kind not in "fiub" and len(set(map(str, v.tolist()))) == 1))
-            if same:
-                table[c] = v[:1]
-            elif v.dtype.kind in "fiub":
-                table[c] = v[inverse]
-            else:
-                codes, cats = pd.factorize(v, use_na_sentinel=True)
-                table[c] = pd.Categorical.from_codes(codes[inverse], categories=cats)
+        table = res.compact(inverse)
         explicit = {p.path for p in self.parameters if not p.scale and p.path in vals} \
             | set(self.base)
         for p in self.parameters:
