@@ -104,8 +104,12 @@ def dtype_columns(out):
 # the kernel parameters the scorer reads, per op: Batch field -> catalog key suffix
 GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
              "latency_s")
-MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s")
-ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction")
+MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s",
+            "hidden_half", "batch_bytes")
+MOE_ZERO_DEFAULT = ("hidden_half", "batch_bytes")    # absent from a catalog: no such term
+ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction",
+                     "per_seq_s", "per_seq_head_s", "dim_half")
+ATTN_PREFILL_ZERO_DEFAULT = ("per_seq_s", "per_seq_head_s", "dim_half")   # absent: no term
 ATTN_DECODE_KEYS = ("hbm_fraction", "compute_fraction", "group_min_heads", "latency_s",
                     "per_seq_s", "per_seq_kv_head_s")
 # attention kernel families: prefill code 3 * mla + (0 bf16, 1 fp8 compute, 2 fp8 KV cache),
@@ -151,14 +155,16 @@ def kernel_fields(out, fam, kv_fp8, peak, is_mla) -> dict[str, np.ndarray]:
     for k in GEMM_KEYS:
         cols[f"gemm_{k}"] = _kernel(out, fam, gemm, k, _kernel(out, bf16, gemm, k))
     for k in MOE_KEYS:
-        cols[f"moe_{k}"] = _kernel(out, fam, moe, k, _kernel(out, bf16, moe, k))
+        cols[f"moe_{k}"] = _kernel(out, fam, moe, k, _kernel(
+            out, bf16, moe, k, 0.0 if k in MOE_ZERO_DEFAULT else None))
     mla = np.asarray(is_mla, dtype=np.int64)
     fp8_peak = kv_fp8 & ~np.isnan(peak["fp8"])
     variant = np.where(fp8_peak & ~is_mla, 1, np.where(kv_fp8, 2, 0))
     pre, pre0 = squeeze(3 * mla + variant), squeeze(3 * mla)
     dec, dec0 = squeeze(2 * mla + np.asarray(kv_fp8, dtype=np.int64)), squeeze(2 * mla)
     for k in ATTN_PREFILL_KEYS:
-        cols[f"attn_prefill_{k}"] = _kernel(out, pre, PREFILL, k, _kernel(out, pre0, PREFILL, k))
+        cols[f"attn_prefill_{k}"] = _kernel(out, pre, PREFILL, k, _kernel(
+            out, pre0, PREFILL, k, 0.0 if k in ATTN_PREFILL_ZERO_DEFAULT else None))
     for k in ATTN_DECODE_KEYS:
         cols[f"attn_decode_{k}"] = _kernel(out, dec, DECODE, k,
                                            _kernel(out, dec0, DECODE, k, 0.0))

@@ -297,8 +297,12 @@ def _dtype_columns(out):
 # the kernel parameters the scorer reads, per op: Batch field -> catalog key suffix
 GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
              "latency_s")
-MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s")
-ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction")
+MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s",
+            "hidden_half", "batch_bytes")
+MOE_ZERO_DEFAULT = ("hidden_half", "batch_bytes")    # absent from a catalog: no such term
+ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction",
+                     "per_seq_s", "per_seq_head_s", "dim_half")
+ATTN_PREFILL_ZERO_DEFAULT = ("per_seq_s", "per_seq_head_s", "dim_half")   # absent: no term
 ATTN_DECODE_KEYS = ("hbm_fraction", "compute_fraction", "group_min_heads", "latency_s",
                     "per_seq_s", "per_seq_kv_head_s")
 
@@ -345,7 +349,8 @@ def kernel_fields(out, fam, kv_fp8, peak, is_mla) -> dict[str, np.ndarray]:
     for k in GEMM_KEYS:
         cols[f"gemm_{k}"] = _kernel(out, gemm, k, _kernel(out, gemm16, k))
     for k in MOE_KEYS:
-        cols[f"moe_{k}"] = _kernel(out, moe, k, _kernel(out, moe16, k))
+        cols[f"moe_{k}"] = _kernel(out, moe, k, _kernel(
+            out, moe16, k, 0.0 if k in MOE_ZERO_DEFAULT else None))
     kind = np.where(is_mla, "mla", "attn")
     fp8_peak = kv_fp8 & ~np.isnan(peak["fp8"])
     pre = np.where(fp8_peak & ~is_mla, kind + "_prefill_fp8",
@@ -354,7 +359,8 @@ def kernel_fields(out, fam, kv_fp8, peak, is_mla) -> dict[str, np.ndarray]:
     pre_f, pre0 = _family(pre), _family(kind + "_prefill")
     dec_f, dec0 = _family(dec), _family(kind + "_decode")
     for k in ATTN_PREFILL_KEYS:
-        cols[f"attn_prefill_{k}"] = _kernel(out, pre_f, k, _kernel(out, pre0, k))
+        cols[f"attn_prefill_{k}"] = _kernel(out, pre_f, k, _kernel(
+            out, pre0, k, 0.0 if k in ATTN_PREFILL_ZERO_DEFAULT else None))
     for k in ATTN_DECODE_KEYS:
         cols[f"attn_decode_{k}"] = _kernel(out, dec_f, k, _kernel(out, dec0, k, 0.0))
     # MLA with an fp8 cache prefills at the bf16 peak (the kv_fp8 fits are bf16 compute), and

@@ -104,8 +104,12 @@ class Coefficients:
         dec_eff = b.attn_flops_per_s * b.attn_decode_compute_fraction
         self.c_core_dec = 2.0 * heads * q_pad * arch.attn_dims(b, True) / dp / dec_eff * stage
         # prefill attention runs on the rank that holds the prompt: per rank, not split over dp
+        d_qk = arch.blend(mla, b.qk_nope + b.qk_rope, b.head_dim)
         self.c_core_pre = (2.0 * heads * arch.attn_dims(b, False)
+                           * (1.0 + b.attn_prefill_dim_half / np.maximum(d_qk, 1.0))
                            / (b.attn_flops_per_s * b.attn_prefill_fraction) * stage)
+        # per prompt and per (prompt, query head) time of each prefill attention call
+        self.x_core_pre_seq = L * (b.attn_prefill_per_seq_s + heads * b.attn_prefill_per_seq_head_s)
         self.pre_half_tokens = b.attn_prefill_half_tokens
         self.pre_half_rows = b.attn_prefill_half_rows / heads
         kv_tok = arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
@@ -152,13 +156,16 @@ class Coefficients:
             width = np.maximum(b.ffn_expert * ep / ffn_g, 1.0)
             self.expert_pad = b.moe_half_rows * e / np.maximum(k, 1e-12) * arch.flag(k > 0, k)
             p_exp = arch.expert_params(b)
-            self.c_moe = (2.0 * k * p_exp * moe_layers / ffn_g * (1.0 + b.moe_width_half / width)
+            self.c_moe = (2.0 * k * p_exp * moe_layers / ffn_g
+                          * (1.0 + b.moe_width_half / width + b.moe_hidden_half / d)
                           / (peak * b.moe_fraction))
             self.m_moe = (arch.expert_slots(b) * p_exp * moe_layers * wb / ffn_g
                           / (b.hbm_bw_bytes_per_s * b.moe_hbm_fraction))
-            self.x_moe_tok = moe_layers * k / ep * d * b.moe_token_bytes / b.hbm_bw_bytes_per_s
-            self.x_moe = moe_layers * b.moe_latency_s * arch.flag(b.n_experts > 0, d)
             dest = ep * (1.0 - np.power(1.0 - 1.0 / ep, k))    # distinct ep ranks a token visits
+            # permute/unpermute bytes per routed row, layer in/out bytes per token on the chip
+            self.x_moe_tok = moe_layers * d / b.hbm_bw_bytes_per_s * (
+                k / ep * b.moe_token_bytes + np.minimum(dest, ep) / ep * b.moe_batch_bytes)
+            self.x_moe = moe_layers * b.moe_latency_s * arch.flag(b.n_experts > 0, d)
             # EP dispatch (fp8 with fp8/fp4 weights, else bf16) and combine (bf16) of the tokens
             # a chip holds (tok / (tp*dp)), with the fitted low-latency and normal kernels
             # (per-rank and per-node deduplication in the normal ones); the step picks the kind
@@ -292,7 +299,8 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     c_core = k.c_core_dec * dec * dec_ctx + k.c_core_pre * reqs * pairs * pre_eff
     m_core = (k.kv_dec * dec / dp * dec_ctx
               + k.kv_pre * (dec / dp + pre_rank + reqs * prior) * b.n_layers) / b.pp
-    x_core = k.x_core_seq * dec / dp + (k.x_core_dec * on_dec + k.x_core_pre * on_pre) * two
+    x_core = (k.x_core_seq * dec / dp + k.x_core_pre_seq * reqs
+              + (k.x_core_dec * on_dec + k.x_core_pre * on_pre) * two)
     none = (None, None, None, None)
     if k.dense:
         c_dense = (k.c_dense * (tok * k.dense_rows + h) + k.w_dense) * some
