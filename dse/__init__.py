@@ -1,3 +1,59 @@
-"""dse: design-space optimizer for LLM serving hardware and models."""
+"""dse: design-space optimizer for LLM serving hardware and models.
+
+The Python API (``dse.api``; the ``dse`` command line is a thin layer over it)::
+
+    import dse
+    ev = dse.evaluate("examples/llama70b-h100.toml")   # one design: .metrics, .breakdown
+    df = dse.score(frame)                               # a DataFrame of designs, vectorized
+    space = dse.load_space("spaces/quickstart.toml")    # or a dict with the file's structure
+    run = dse.run(space)                                # search it: .front, .scores, .status
+    run = dse.open_run("runs/...")                      # a run folder
+    w = dse.whatif(run, set={"accelerator.id": "b300"}, scale={"cost.pue": 1.1})
+    c = dse.compare(run_a, run_b)                       # hypervolumes, coverage; c.write(out)
+
+Bad input raises ``dse.InputError`` (one line: the file, the key or row, what is valid).
+"""
 
 __version__ = "0.1.0"
+
+import sys as _sys
+import types as _types
+from typing import TYPE_CHECKING
+
+_API = ("Evaluation", "Run", "compare", "evaluate", "load_space", "open_run", "run", "score",
+        "whatif")
+
+if TYPE_CHECKING:
+    from dse.api import (Evaluation, Run, compare, evaluate, load_space, open_run, run, score,
+                         whatif)
+    from dse.errors import InputError
+
+
+def __getattr__(name: str):
+    """The API is imported on first use: ``import dse.perf`` stays numpy-only."""
+    if name in _API:
+        from dse import api
+        globals()[name] = value = getattr(api, name)
+        return value
+    if name == "InputError":
+        from dse.errors import InputError
+        return InputError
+    raise AttributeError(f"module 'dse' has no attribute {name!r}")
+
+
+__all__ = ["InputError", "__version__", *_API]
+
+
+class _Package(_types.ModuleType):
+    """``dse.evaluate``, ``dse.compare`` and ``dse.whatif`` are the API's functions, also once
+    the modules of the same name (``dse/evaluate.py``, ...) are imported: the import system's
+    binding of a submodule on its package is declined for these names (the modules stay in
+    ``sys.modules``: ``from dse.evaluate import evaluate_file`` works as before)."""
+
+    def __setattr__(self, name, value):
+        if name in _API and isinstance(value, _types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

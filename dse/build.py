@@ -2,34 +2,32 @@
 
 A *design table* is a pandas DataFrame with one row per design and dotted columns
 (``accelerator.hbm_bw_bytes_per_s``, ``model.num_experts``, ``layout.tp``, ...). ``resolve``
-fills every column from the catalog (joins on the ids, no loop over rows) and applies the
-overrides a case file, a design file or a search space gives; ``to_batch`` turns the resolved
-table into ``dse.perf.Batch``. Every command goes through these two functions.
+fills every column from the catalog and applies the overrides a case file, a design file or a
+search space gives; ``to_batch`` turns the resolved table into ``dse.perf.Batch``. Every command
+goes through these two functions.
+
+Both work on the catalog's integer-coded tables (``dse.catalog_tables``): the catalog columns
+of every design are ``table[path][codes]``, the fitted kernel parameters
+``kernel[accelerator, runtime]``, and the per-design selections (compute dtype, kernel family,
+topology numbers) are numpy on codes (``dse.build_select``): no Python work per design.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pandas as pd
 
-from dse import catalog, fields, mechanisms, topology, validate
+from dse import catalog, catalog_tables, fields, mechanisms, validate
+from dse.build_select import (ATTN_DECODE_KEYS, ATTN_PREFILL_KEYS, GEMM_KEYS, KERNEL,  # noqa: F401
+                              MOE_KEYS, dtype_columns, encode, kernel_fields, lookup,
+                              topology_columns)
+from dse.catalog_tables import ACC_FIELDS, EFF_FIELDS, MODEL_FIELDS, TOPO_FIELDS  # noqa: F401
 from dse.errors import InputError, suggest
 from dse.perf import Batch
 from dse.perf import kernel_comm
-from dse.specs import COMPUTE_FALLBACK, DTYPE_BYTES, DTYPES
-
-ACC_FIELDS = ("hbm_capacity_bytes", "hbm_bw_bytes_per_s", "tdp_w", "scaleup_link_bw_bytes_per_s",
-              "scaleup_domain_chips", "scaleout_link_bw_bytes_per_s")
-EFF_FIELDS = ("hbm_fraction", "scaleup_fraction", "scaleout_fraction", "layer_overhead_s", "step_overhead_s",
-              "network_overlap_fraction")
-MODEL_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings", "mlp_gated",
-                "num_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
-                "shared_expert_intermediate_size", "first_k_dense_replace", "moe_layer_step",
-                "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                "sliding_window", "num_local_attention_layers", "num_nextn_predict_layers")
-TOPO_FIELDS = ("rack_chips", "scaleup_base_latency_s", "scaleup_hop_latency_s",
-               "scaleout_latency_s", "scaleout_oversubscription")
+from dse.specs import DTYPES
 
 # settable paths that are not read from a catalog entry, with their defaults (dse/fields.py);
 # the serving runtime's from dse/catalog/serving.toml (sources there)
@@ -49,44 +47,7 @@ COMPONENT_SPECS = {"hbm_capacity": "accelerator.hbm_capacity_bytes",
                    "scaleup": "topology.scaleup.link_bw_bytes_per_s",
                    "scaleout": "topology.scaleout.link_bw_bytes_per_s",
                    **{f"compute.{d}": f"accelerator.peak_flops_per_s.{d}" for d in DTYPES}}
-KERNEL = "accelerator.kernel."   # prefix of the fitted per-op kernel parameters
 REFERENCE = "reference."    # prefix of the catalog values a resolved table keeps
-
-
-def _catalog_frames():
-    accs = catalog.accelerators()
-    rows = {}
-    for k, a in accs.items():
-        r = {f"accelerator.{f}": float(getattr(a, f)) for f in ACC_FIELDS}
-        for d in DTYPES:
-            v = getattr(a.peak_flops_per_s, d)
-            r[f"accelerator.peak_flops_per_s.{d}"] = np.nan if v is None else float(v)
-        r["accelerator.price_usd_per_hour"] = a.price.usd_per_hour
-        r["accelerator.capex_usd"] = a.price.capex_usd
-        r["accelerator.all_in_power_w"] = a.price.all_in_power_w
-        for f in EFF_FIELDS:
-            r[f"accelerator.efficiency.{f}"] = float(getattr(a.efficiency, f))
-        r["accelerator.default_topology"] = a.default_topology
-        rows[k] = r
-    acc = pd.DataFrame.from_dict(rows, orient="index")
-    topo = pd.DataFrame.from_dict({
-        k: {**{f"topology.{f}": float(getattr(t, f)) for f in TOPO_FIELDS},
-            "topology.domain_chips": np.nan if t.domain_chips is None else float(t.domain_chips)}
-        for k, t in catalog.topologies().items()}, orient="index")
-    mod = pd.DataFrame.from_dict({
-        k: {f"model.{f}": float(getattr(m, f)) for f in MODEL_FIELDS}
-        for k, m in catalog.models().items()}, orient="index")
-    return acc, topo, mod
-
-
-_FRAMES = None
-
-
-def frames():
-    global _FRAMES
-    if _FRAMES is None:
-        _FRAMES = _catalog_frames()
-    return _FRAMES
 
 
 def settable_paths() -> list[str]:
@@ -122,7 +83,7 @@ def resolve(table: pd.DataFrame, *, file: str | None = None, row_names: list[str
     ``row_names`` and ``aliases`` (dotted path -> the user's column name) make errors name the
     user's row and column rather than internal ones.
     """
-    acc, topo, mod = frames()
+    T = catalog_tables.tables()
     names = row_names or _row_names(table)
     alias = aliases or {}
     paths = set(settable_paths())
@@ -134,24 +95,27 @@ def resolve(table: pd.DataFrame, *, file: str | None = None, row_names: list[str
             raise InputError(f"missing {need}", file=file, hint="every design names a catalog id")
     n = len(table)
     acc_ids = _ids(table, "accelerator.id", "accelerators", file, names, alias)
-    out = acc.loc[acc_ids.to_numpy()].reset_index(drop=True)
+    a = encode(acc_ids, T.ids["accelerator"])
+    cols = {p: T.columns[p][a] for p in T.paths("accelerator")}
+    cols["accelerator.default_topology"] = T.default_topology[a]
     topo_ids = table["topology.id"] if "topology.id" in table.columns else pd.Series([None] * n)
     topo_ids = topo_ids.where(topo_ids.notna() & (topo_ids.astype(str).str.strip() != ""),
-                              out["accelerator.default_topology"].to_numpy())
+                              cols["accelerator.default_topology"])
     topo_ids = _ids(pd.DataFrame({"topology.id": topo_ids.to_numpy()}), "topology.id",
                     "topologies", file, names, alias)
-    out = pd.concat([out, topo.loc[topo_ids.to_numpy()].reset_index(drop=True)], axis=1)
+    t = encode(topo_ids, T.ids["topology"])
+    cols.update({p: T.columns[p][t] for p in T.paths("topology")})
     model_ids = _ids(table, "model.id", "models", file, names, alias)
-    out = pd.concat([out, mod.loc[model_ids.to_numpy()].reset_index(drop=True)], axis=1)
-    out["accelerator.id"] = acc_ids.to_numpy()
-    out["topology.id"] = topo_ids.to_numpy()
-    out["model.id"] = model_ids.to_numpy()
-    for k, v in DEFAULTS.items():
-        out[k] = v
-    cat = out.copy()
-    derive_system(cat)
-    for path in COMPONENT_SPECS.values():         # what the catalog chip has (cost model)
-        out[REFERENCE + path] = cat[path].to_numpy(dtype=float)
+    m = encode(model_ids, T.ids["model"])
+    cols.update({p: T.columns[p][m] for p in T.paths("model")})
+    cols["accelerator.id"] = acc_ids.to_numpy()
+    cols["topology.id"] = topo_ids.to_numpy()
+    cols["model.id"] = model_ids.to_numpy()
+    cat = {c: cols[c] for c in FEEDERS}
+    derive_system(cat)                            # what the catalog chip has (cost model)
+    ref = {REFERENCE + p: np.asarray(cat.get(p, cols.get(p)), dtype=float)
+           for p in COMPONENT_SPECS.values()}
+    out = pd.DataFrame({**cols, **DEFAULTS, **ref}, index=pd.RangeIndex(n))
     src = table.reset_index(drop=True)
     for col in src.columns:
         if "." not in col or col in ("accelerator.id", "topology.id", "model.id"):
@@ -176,23 +140,16 @@ def kernel_columns(out: pd.DataFrame) -> pd.DataFrame:
     """The fitted kernel parameters of each row's (accelerator, runtime), where a design did
     not override them (``accelerator.kernel.<key>``). A chip with no entry (none is missing
     today: the fit writes every catalog chip) takes the mean entry of the runtime."""
-    params = catalog.kernel_params()
-    codes, uniques = pd.factorize(pd.MultiIndex.from_arrays(
-        [out["accelerator.id"].astype(str), out["serving.runtime"].astype(str)]))
-    entries = [params.get(tuple(u), {}) for u in uniques]
-    new = {}
-    for key in catalog.kernel_keys():
-        table = [v[key] for v in params.values() if key in v]
-        vals = np.array([e.get(key, np.nan) for e in entries] + [np.nan])[codes]
-        col = KERNEL + key
+    T = catalog_tables.tables()
+    vals = T.kernel[encode(out["accelerator.id"], T.ids["accelerator"]),
+                    encode(out["serving.runtime"], T.runtimes)]      # unknown runtime: the mean
+    new = pd.DataFrame(vals, columns=[KERNEL + k for k in T.kernel_keys], index=out.index)
+    for col in new.columns:
         if col in out.columns:
             given = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float)
-            vals = np.where(np.isnan(given), vals, given)
-        if np.isnan(vals).any():
-            vals = np.where(np.isnan(vals), np.mean(table), vals)
-        new[col] = vals
-    return pd.concat([out.drop(columns=[c for c in new if c in out.columns]),
-                      pd.DataFrame(new, index=out.index)], axis=1)
+            new[col] = np.where(np.isnan(given), new[col].to_numpy(), given)
+    return pd.concat([out.drop(columns=[c for c in new.columns if c in out.columns]), new],
+                     axis=1)
 
 
 def runtime_defaults(out) -> None:
@@ -238,8 +195,10 @@ def derive_system(out: pd.DataFrame, keep: set = frozenset()) -> None:
 
 def _merge(base, override: pd.Series, col: str, file, names, alias) -> pd.Series:
     if col in STRING_PATHS:
-        ov = override.astype(object).where(override.notna(), None)
-        ov = ov.map(lambda x: None if x is None or str(x).strip() == "" else str(x).strip())
+        given = override.notna().to_numpy()
+        text = np.asarray(override.astype(object).where(given, "").astype(str).str.strip(),
+                          dtype=object)
+        ov = pd.Series(np.where(given & (text != ""), text, None), index=override.index)
         if base is None:
             return ov
         return ov.where(ov.notna(), base)
@@ -251,38 +210,6 @@ def _merge(base, override: pd.Series, col: str, file, names, alias) -> pd.Series
 
 def _check_values(out: pd.DataFrame, file, names, alias):
     validate.check_table(out, file=file, names=names, alias=alias)
-
-
-def lookup(values, mapping: dict, default=np.nan) -> np.ndarray:
-    """``mapping[v]`` for every value, through the distinct values only (fast on strings and
-    instant on a pandas Categorical); missing or unknown values give ``default``."""
-    if isinstance(values, pd.Series):
-        values = values.array if isinstance(values.dtype, pd.CategoricalDtype) else values.to_numpy()
-    if isinstance(values, pd.Categorical):
-        codes, uniques = values.codes, list(values.categories)
-    else:
-        codes, uniques = pd.factorize(np.asarray(values, dtype=object), use_na_sentinel=True)
-        uniques = list(uniques)
-    table = np.array([mapping.get(u, default) for u in uniques] + [default])
-    return table[codes]     # code -1 (missing) picks the trailing default
-
-
-def compute_peak(dtypes, peak: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the peak FLOP/s weights of ``dtypes`` compute at (the first dtype of its
-    fallback chain the chip has, else bf16) and the GEMM kernel family that selects."""
-    w_code = lookup(dtypes, {d: i for i, d in enumerate(COMPUTE_FALLBACK)}, -1)
-    matmul = np.full(len(w_code), np.nan)
-    for i, (wd, chain) in enumerate(COMPUTE_FALLBACK.items()):
-        sel = (w_code == i) & np.isnan(matmul)
-        for d in chain:
-            take = sel & np.isnan(matmul) & ~np.isnan(peak[d])
-            matmul = np.where(take, peak[d], matmul)
-    matmul = np.where(np.isnan(matmul), peak["bf16"], matmul)
-    # the GEMM kernel family the compute dtype selects (fp8: per-tensor scaled)
-    fam = np.where(matmul == peak.get("fp4", np.nan), "fp4",
-                   np.where(matmul == peak["fp8"], "fp8", "bf16"))
-    fam = np.where(np.isnan(peak["fp8"]) & (fam == "fp8"), "bf16", fam)
-    return matmul, fam
 
 
 def effective_dtypes(flat: dict) -> dict:
@@ -299,157 +226,18 @@ def effective_dtypes(flat: dict) -> dict:
     return out
 
 
-def _dtype_columns(out):
-    low_bits = lookup(out["model.weight_dtype"], {"fp8": 1.0, "fp4": 1.0}, 0.0) > 0
-    kvbytes = lookup(out["model.kv_dtype"], DTYPE_BYTES).astype(float)
-    blank_kv = np.isnan(kvbytes)                 # blank: fp8 for fp8/fp4 weights, else bf16
-    kvbytes = np.where(blank_kv, np.where(low_bits, 1.0, 2.0), kvbytes)
-    kv_fp8 = (lookup(out["model.kv_dtype"], {"fp8": 1.0}, 0.0) > 0) | (blank_kv & low_bits)
-    peak = {d: np.asarray(out[f"accelerator.peak_flops_per_s.{d}"], dtype=float) for d in DTYPES}
-    matmul, fam = compute_peak(out["model.weight_dtype"], peak)
-    attn = np.where(kv_fp8 & ~np.isnan(peak["fp8"]), peak["fp8"], peak["bf16"])
-    wbytes = lookup(out["model.weight_dtype"], DTYPE_BYTES).astype(float)
-    return matmul, attn, wbytes, kvbytes, low_bits, fam, kv_fp8, peak
-
-
-# the kernel parameters the scorer reads, per op: Batch field -> catalog key suffix
-GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
-             "latency_s")
-MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s")
-ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction")
-ATTN_DECODE_KEYS = ("hbm_fraction", "compute_fraction", "group_min_heads", "latency_s",
-                    "per_seq_s", "per_seq_kv_head_s")
-
-
-def _family(names) -> tuple[np.ndarray, list]:
-    """The kernel family name of each row, factorized once: (codes, names)."""
-    codes, uniques = pd.factorize(np.atleast_1d(np.asarray(names, dtype=object)))
-    return codes, list(uniques)
-
-
-def _kernel(out, fam: tuple, key: str, fallback: np.ndarray | None = None) -> np.ndarray:
-    """Per row, the kernel column ``accelerator.kernel.<family>_<key>`` of its family (from
-    ``_family``); rows whose family has no such column (a dtype the chip lacks) take
-    ``fallback``."""
-    codes, uniques = fam
-    cols = {c: np.asarray(out[f"{KERNEL}{name}_{key}"], dtype=float)
-            for c, name in enumerate(uniques) if f"{KERNEL}{name}_{key}" in out}
-    shape = np.broadcast_shapes(codes.shape, *(v.shape for v in cols.values()))
-    if len(uniques) == 1 and cols:
-        vals = np.broadcast_to(cols[0], shape).astype(float)
-    else:
-        codes = np.broadcast_to(codes, shape)
-        vals = np.full(shape, np.nan)
-        for c, v in cols.items():
-            sel = codes == c
-            vals[sel] = np.broadcast_to(v, shape)[sel]
-    if fallback is not None:
-        vals = np.where(np.isnan(vals), fallback, vals)
-    return vals
-
-
-def kernel_fields(out, fam, kv_fp8, peak, is_mla, moe_fam=None) -> dict[str, np.ndarray]:
-    """The fitted kernel parameters of each design's dtype and attention kind as scorer
-    fields: GEMM and MoE of the compute dtype's family (fp8: per-tensor or block-scaled kernels
-    by ``model.fp8_scaling``), attention of the model's kind (GQA/MHA or MLA) and KV dtype; a family the
-    chip lacks falls back to bf16."""
-    cols = {}
-    scaling = np.asarray(out["model.fp8_scaling"], dtype=object)
-    moe_model = np.asarray(out["model.num_experts"], dtype=float) > 0
-    block = (scaling == "block") | ((scaling == "auto") & moe_model)
-    fam = np.where((fam == "fp8") & block, "fp8_block", fam)
-    if moe_fam is not None:              # hook: per-op precision (the experts' own dtype)
-        moe_fam = np.where((moe_fam == "fp8") & block, "fp8_block", moe_fam)
-    gemm, gemm16 = _family("gemm_" + fam), _family("gemm_bf16")
-    moe, moe16 = _family("moe_" + (fam if moe_fam is None else moe_fam)), _family("moe_bf16")
-    for k in GEMM_KEYS:
-        cols[f"gemm_{k}"] = _kernel(out, gemm, k, _kernel(out, gemm16, k))
-    for k in MOE_KEYS:
-        cols[f"moe_{k}"] = _kernel(out, moe, k, _kernel(out, moe16, k))
-    kind = np.where(is_mla, "mla", "attn")
-    fp8_peak = kv_fp8 & ~np.isnan(peak["fp8"])
-    pre = np.where(fp8_peak & ~is_mla, kind + "_prefill_fp8",
-                   np.where(kv_fp8, kind + "_prefill_kv_fp8", kind + "_prefill"))
-    dec = np.where(kv_fp8, kind + "_decode_kv_fp8", kind + "_decode")
-    pre_f, pre0 = _family(pre), _family(kind + "_prefill")
-    dec_f, dec0 = _family(dec), _family(kind + "_decode")
-    for k in ATTN_PREFILL_KEYS:
-        cols[f"attn_prefill_{k}"] = _kernel(out, pre_f, k, _kernel(out, pre0, k))
-    for k in ATTN_DECODE_KEYS:
-        cols[f"attn_decode_{k}"] = _kernel(out, dec_f, k, _kernel(out, dec0, k, 0.0))
-    # MLA with an fp8 cache prefills at the bf16 peak (the kv_fp8 fits are bf16 compute), and
-    # decode compute fractions are of the bf16 peak: rescale to the attention peak used
-    attn_peak = np.where(fp8_peak, peak["fp8"], peak["bf16"])
-    pre_bf16 = pre != kind + "_prefill_fp8"
-    cols["attn_prefill_fraction"] = np.where(pre_bf16, peak["bf16"] / attn_peak, 1.0) \
-        * cols["attn_prefill_fraction"]
-    cols["attn_decode_compute_fraction"] = peak["bf16"] / attn_peak \
-        * cols["attn_decode_compute_fraction"]
-    return cols
-
-
-def topology_columns(out) -> dict[str, np.ndarray]:
-    """Group bandwidth fractions and latency from the reduced topology graph of each row."""
-    topos = catalog.topologies()
-    tp = np.asarray(out["layout.tp"], dtype=float)
-    ffn = tp * np.asarray(out["layout.dp"], dtype=float)
-    dom = np.asarray(out["topology.scaleup.domain_chips"], dtype=float)
-    names = list(topos)
-    tid = lookup(out["topology.id"], {t: i for i, t in enumerate(names)}, -1).astype(np.int64)
-    tp, ffn, dom, tid = np.broadcast_arrays(tp, ffn, dom, tid)   # compact tables mix lengths
-    cols = {k: np.ones(len(tp)) for k in ("tp", "ffn", "a2a")}
-    cols["latency"] = np.zeros(len(tp))
-    # the row's own latencies (catalog values unless a design overrides them)
-    base_lat = np.broadcast_to(np.asarray(out["topology.scaleup_base_latency_s"], dtype=float),
-                               tp.shape)
-    hop_lat = np.broadcast_to(np.asarray(out["topology.scaleup_hop_latency_s"], dtype=float),
-                              tp.shape)
-    # the system the collective kernels were measured on: the accelerator's default topology
-    ref = lookup(out["accelerator.default_topology"] if "accelerator.default_topology" in out
-                 else out["topology.id"], {t: i for i, t in enumerate(names)}, -1).astype(np.int64)
-    ref = np.broadcast_to(ref, tp.shape)
-    ref_base = np.array([topos[t].scaleup_base_latency_s for t in names])[ref]
-    ref_hop = np.array([topos[t].scaleup_hop_latency_s for t in names])[ref]
-    cols["extra_latency"] = np.zeros(len(tp))
-    for k in ("tp", "ffn", "a2a"):
-        cols[k + "_rel"] = np.ones(len(tp))
-    keys = pd.DataFrame({"t": tid, "d": dom, "r": ref, "g": np.maximum(ffn, tp)})
-    # one reduction per (topology, domain): the largest group any of its rows needs
-    gmax_of = keys.groupby(["t", "d"])["g"].max().to_dict()
-    for (t, d, r), idx in keys.groupby(["t", "d", "r"]).indices.items():
-        gmax = int(min(gmax_of[(t, d)], d))
-        red = topology.reduce(topos[names[t]], int(d), gmax)
-        g_tp = np.minimum(tp[idx], d)
-        g_ffn = np.minimum(ffn[idx], d)
-        cols["tp"][idx] = red.at(g_tp, "ar_fraction")
-        cols["ffn"][idx] = red.at(g_ffn, "ar_fraction")
-        cols["a2a"][idx] = red.at(g_ffn, "a2a_fraction")
-        hops = red.at(np.maximum(g_ffn, 2.0), "hops")
-        cols["latency"][idx] = base_lat[idx] + hop_lat[idx] * hops
-        cols["extra_latency"][idx] = cols["latency"][idx] - (ref_base[idx] + ref_hop[idx] * hops)
-        # the fitted collective kernels already carry the bandwidth share of the system they
-        # were measured on: they see this topology's share relative to that one's
-        if r >= 0 and r != t:
-            rr = topology.reduce(topos[names[r]], int(d), gmax)
-            cols["tp_rel"][idx] = cols["tp"][idx] / rr.at(g_tp, "ar_fraction")
-            cols["ffn_rel"][idx] = cols["ffn"][idx] / rr.at(g_ffn, "ar_fraction")
-            cols["a2a_rel"][idx] = cols["a2a"][idx] / rr.at(g_ffn, "a2a_fraction")
-    return cols
-
-
 def component_factors(out) -> dict[str, np.ndarray]:
     """Factors on the catalog capex and power: 1 with cost.capex_model = "catalog"; with
     "components", fixed + sum of each component's share x its spec / the catalog chip's spec
     (compute: the precision scaled most)."""
     f = lambda c: np.asarray(out[c], dtype=float)  # noqa: E731
-    on = np.asarray(out["cost.capex_model"]) == "components"
+    on = encode(out["cost.capex_model"], CAPEX_MODELS) == 1
     if not np.any(on):
         return {"capex": np.ones(1), "power": np.ones(1)}
     ratio = {k: f(p) / f(REFERENCE + p) for k, p in COMPONENT_SPECS.items()}
-    n = max(np.size(v) for v in (*ratio.values(), on))
-    compute = np.stack([np.broadcast_to(ratio.pop(k), (n,)) for k in list(ratio)
-                        if k.startswith("compute.")])
-    ratio["compute"] = np.max(np.where(np.isfinite(compute), compute, 0.0), axis=0)
+    compute = [ratio.pop(k) for k in list(ratio) if k.startswith("compute.")]
+    ratio["compute"] = functools.reduce(np.maximum, (np.where(np.isfinite(r), r, 0.0)
+                                                     for r in compute))
     shares = catalog.cost_model()
     out_f = {}
     for part in ("capex", "power"):
@@ -480,7 +268,7 @@ def to_batch(out, compact: bool = False) -> Batch:
     ``compact``: the dict may hold length-1 columns (the same value for every design); they
     stay length-1 in the Batch, which broadcasts them."""
     f = lambda c: np.asarray(out[c], dtype=float)  # noqa: E731
-    matmul, attn, wbytes, kvbytes, low_bits, fam, kv_fp8, peak = _dtype_columns(out)
+    matmul, attn, wbytes, kvbytes, low_bits, fam, kv_fp8, peak = dtype_columns(out)
     L = f("model.num_hidden_layers")
     n_exp = f("model.num_experts")
     step = np.maximum(f("model.moe_layer_step"), 1.0)
@@ -548,3 +336,11 @@ def to_batch(out, compact: bool = False) -> Batch:
         **prec,
     }
     return Batch.from_columns(cols, compact=compact)
+
+
+__all__ = ["A2A_KERNELS", "ACC_FIELDS", "ATTN_DECODE_KEYS", "ATTN_PREFILL_KEYS", "CAPEX_MODELS",
+           "COMPONENT_SPECS", "DEFAULTS", "DENSE_MLP", "DERIVED", "DIRECT_FIELDS", "EFF_FIELDS",
+           "FEEDERS", "GEMM_KEYS", "KERNEL", "MODEL_FIELDS", "MOE_KEYS", "PHASES", "REFERENCE",
+           "SERVING_MODES", "STRING_PATHS", "TOPO_FIELDS", "component_factors", "derive_system",
+           "effective_dtypes", "kernel_columns", "lookup", "resolve", "runtime_defaults",
+           "settable_paths", "to_batch"]

@@ -7,7 +7,6 @@ import json
 import os
 import sys
 
-import numpy as np
 
 from dse import __version__
 from dse.errors import InputError, StorageUnavailable
@@ -32,7 +31,7 @@ def _catalog(a) -> int:
         return 0
     kind, entry = catalog.find(a.id)
     print(f"{kind[:-1]} {a.id}")
-    for k, v in _rows(entry.model_dump(exclude={"id"})):
+    for k, v in _rows(entry.model_dump(exclude={"id"}), section=kind[:-1]):
         print(f"  {k:<44} {v}")
     return 0
 
@@ -54,13 +53,17 @@ UNIT_HINTS = (("_bytes_per_s", "bytes/s"), ("_flops_per_s", "FLOP/s"), ("_bytes"
               ("_usd", "USD"), ("usd_per_hour", "USD/h"), ("_w", "W"), ("_s", "s"))
 
 
-def _rows(d: dict, prefix=""):
+def _rows(d: dict, prefix="", section=""):
+    """An entry's fields with units: the field registry's (dse.fields), else from the name."""
+    from dse.fields import REGISTRY
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            yield from _rows(v, key + ".")
+            yield from _rows(v, key + ".", section)
             continue
-        unit = "FLOP/s" if ".peak_flops_per_s." in f".{key}" or key.startswith("peak_flops_per_s") \
+        f = REGISTRY.get(f"{section}.{key}")
+        unit = f.unit if f is not None and f.unit not in ("", "fraction", "ratio") else \
+            "FLOP/s" if ".peak_flops_per_s." in f".{key}" or key.startswith("peak_flops_per_s") \
             else next((u for suf, u in UNIT_HINTS if key.endswith(suf)), "")
         if isinstance(v, float):
             v = f"{v:.6g}"
@@ -70,18 +73,19 @@ def _rows(d: dict, prefix=""):
 
 
 def _eval(a) -> int:
-    from dse.evaluate import evaluate_file, render_json, render_text
-    res = evaluate_file(a.design)
+    from dse.api import evaluate
+    from dse.evaluate import render_json, render_text
+    res = evaluate(a.design).to_dict()
     print(render_json(res) if a.json else render_text(res, a.design))
     return 0
 
 
 def _predict(a) -> int:
-    from dse.predict import predict_file
+    from dse.api import predict
     if os.path.abspath(a.out) == os.path.abspath(a.cases):
         raise InputError("--out would overwrite the case file", file=a.out,
                          hint="write predictions to another path")
-    pred = predict_file(a.cases, a.out)
+    pred = predict(a.cases, a.out)
     print(f"wrote {len(pred)} predictions to {a.out}")
     return 0
 
@@ -101,20 +105,16 @@ def _validate(a) -> int:
     return 0
 
 
-EXHAUSTIVE_MAX = 10**8
-
-
 def _run(a) -> int:
     from pathlib import Path
 
     from dse import runs
-    from dse.search import exhaustive, optuna_strategy
     from dse.space import load_space
     budget = parse_duration(a.budget) if a.budget else None
     _storage_retry(a)
-    if a.trials is not None and a.trials < 1:
-        raise InputError(f"--trials {a.trials} must be >= 1")
     if a.resume:
+        if a.trials is not None and a.trials < 1:
+            raise InputError(f"--trials {a.trials} must be >= 1")
         d = Path(a.resume)
         m = runs.load_manifest(d)
         runs.check_version(m, d)
@@ -134,38 +134,14 @@ def _run(a) -> int:
                 print(f"dse: warning: {orig} changed since the run started; the run continues "
                       f"with its copy {snap}", file=sys.stderr)
         return _search(a, d, m, space, budget)
-    else:
-        if not a.space:
-            raise InputError("give a space file, or --resume DIR")
-        space = load_space(a.space)
-        strategy = a.strategy or ("exhaustive" if space.size <= EXHAUSTIVE_MAX else "optuna")
-        if strategy in ("optuna", "nested"):
-            a.sampler = a.sampler or ("tpe" if strategy == "nested" else "nsga2")
-            a.population = a.population or (4 if strategy == "nested" else 32)
-            optuna_strategy.make_sampler(a.sampler, a.seed, a.population)  # fail early
-        if a.chunk_designs is not None and a.chunk_designs < 1:
-            raise InputError(f"--chunk-designs {a.chunk_designs} must be >= 1")
-        existed = bool(a.out) and Path(a.out).is_dir()
-        d = runs.new_run_dir(space.name, a.out)
-        extra = {"chunk_designs": a.chunk_designs or exhaustive.CHUNK_DESIGNS}
-        if strategy == "exhaustive" and a.storage:   # chunks as trials of a shared study
-            extra.update(storage=a.storage, study_name=d.name)
-        if strategy in ("optuna", "nested"):
-            outer, _ = optuna_strategy.split_parameters(space, strategy == "nested")
-            points = int(np.prod([space.shape[i] for i in outer])) if outer else 1
-            extra.update(sampler=a.sampler, population=a.population, study_name=d.name,
-                         trials=a.trials or min(points, 10_000), storage=a.storage,
-                         segment_trials=a.segment_trials or optuna_strategy.SEGMENT_TRIALS)
-            a.trials = None
-        try:
-            m = runs.create(d, space, strategy, a.seed, extra)
-            space = load_space(str(runs.space_snapshot(d, m)))   # the run reads its own copy
-            return _search(a, d, m, space, budget)
-        except runs.Interrupted:
-            raise                        # stopped: resumable
-        except BaseException:
-            runs.discard(d, existed)     # a start that failed before computing anything
-            raise
+    if not a.space:
+        raise InputError("give a space file, or --resume DIR")
+    from dse.launch import start
+    d, st, space = start(a.space, strategy=a.strategy, sampler=a.sampler,
+                         population=a.population, storage=a.storage, trials=a.trials,
+                         budget_s=budget, seed=a.seed, out=a.out, chunk_designs=a.chunk_designs,
+                         segment_trials=a.segment_trials, progress=not a.quiet)
+    return _done(d, st, space)
 
 
 def _storage_retry(a) -> None:
@@ -178,16 +154,13 @@ def _storage_retry(a) -> None:
 
 
 def _search(a, d, m, space, budget) -> int:
-    from dse.search import exhaustive, optuna_strategy, shards
-    if m["strategy"] in ("optuna", "nested"):
-        st = optuna_strategy.run(space, d, m, max_trials=a.trials, budget_s=budget,
-                                 storage_url=m.get("storage"), progress=not a.quiet)
-    elif m.get("storage"):
-        st = shards.run(space, d, m, max_trials=a.trials, budget_s=budget,
-                        storage_url=m["storage"], progress=not a.quiet)
-    else:
-        st = exhaustive.run(space, d, m, max_trials=a.trials, budget_s=budget,
-                            progress=not a.quiet)
+    from dse.launch import search
+    return _done(d, search(space, d, m, trials=a.trials, budget_s=budget, progress=not a.quiet),
+                 space)
+
+
+def _done(d, st, space) -> int:
+    m = {"strategy": st["strategy"]}
     of = f"{space.size:,} designs" if m["strategy"] == "exhaustive" else f"{st['trials_total']:,} trials"
     print(f"{st['state']}: {st['trials_completed'] if m['strategy'] != 'exhaustive' else st['designs_scored']:,} of {of} scored in "
           f"{st['elapsed_s']:.1f} s, front of {st['front_size']} designs")
@@ -270,21 +243,24 @@ def _report(a) -> int:
 
 
 def _compare(a) -> int:
-    from dse.compare import make_compare
-    out = make_compare(a.dir_a, a.dir_b, a.out)
+    from pathlib import Path
+
+    from dse.api import compare
+    c = compare(a.dir_a, a.dir_b)
+    out = c.write(a.out or Path("runs") / f"compare-{Path(a.dir_a).name}-vs-{Path(a.dir_b).name}")
     print(f"wrote {out / 'index.html'}, {out / 'compare.md'}, {out / 'union_front.csv'}")
     print(out)
     return 0
 
 
 def _whatif(a) -> int:
-    from dse.whatif import make_whatif
+    from dse.api import whatif
     if not a.reoptimize and (a.trials is not None or a.budget):
         raise InputError("--trials and --budget go with --reoptimize",
                          hint="add --reoptimize to search again")
     budget = parse_duration(a.budget) if a.budget else None
-    out = make_whatif(a.dir, a.set, a.scale, a.out, reoptimize=a.reoptimize, trials=a.trials,
-                      budget_s=budget, progress=not a.quiet)
+    out = whatif(a.dir, a.set, a.scale, a.out, reoptimize=a.reoptimize, trials=a.trials,
+                 budget=budget, progress=not a.quiet).path
     print(f"wrote {out / 'index.html'}, {out / 'whatif.md'}, {out / 'front.csv'}")
     if a.reoptimize:
         print(f"re-optimized run: {out / 'run'} (dse status / report / compare / run --resume)")
@@ -317,10 +293,8 @@ def _repair(a) -> int:
 
 
 def _status(a) -> int:
-    from pathlib import Path
-
-    from dse import runs
-    st = runs.status(Path(a.dir))
+    from dse.api import open_run
+    st = open_run(a.dir).status
     if a.json:
         print(json.dumps(st))
     else:

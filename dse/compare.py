@@ -8,6 +8,7 @@ the best of each objective, the designs that appeared or vanished, and overlaid 
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import pandas as pd
 
 from dse import pareto, runs
 from dse.errors import InputError
+from dse.fields import legacy_columns
 from dse.space import Objective
 
 
@@ -34,14 +36,84 @@ def _load(d: Path):
     if not f.is_file():
         raise InputError("the run has no front.csv yet", file=str(d), hint="run or resume it first")
     objs = tuple(Objective(o["name"], o["direction"]) for o in m["objectives"])
-    return m, objs, pd.read_csv(f)
+    front = runs.read_front(d)
+    if front is None:
+        raise InputError("corrupt front.csv", file=str(f),
+                         hint="`dse status DIR` rebuilds it from the score tables")
+    return m, objs, legacy_columns(front, scaled_paths(d, m))
+
+
+def scaled_paths(d: Path, m: dict) -> list[str]:
+    """The paths a run's space gives as scale factors (read from its copy of the space file),
+    to name their columns ``<path>.scale`` in an old run folder's tables."""
+    from dse.design import read_toml
+    snap = runs.space_snapshot(d, m)
+    try:
+        params = read_toml(str(snap)).get("parameters") or {}
+    except InputError:
+        return []
+    return [p for p, spec in params.items() if isinstance(spec, dict) and "scale" in spec]
 
 
 def _signature(front: pd.DataFrame, params: list[str]) -> list[str]:
     return ["; ".join(f"{p}={row[p]}" for p in params) for _, row in front.iterrows()]
 
 
-def make_compare(dir_a: str, dir_b: str, out: str | None = None) -> Path:
+@dataclass(frozen=True)
+class Comparison:
+    """Two runs' fronts on one reference point: every figure ``dse compare`` prints."""
+
+    name_a: str
+    name_b: str
+    objectives: tuple
+    front_a: pd.DataFrame
+    front_b: pd.DataFrame
+    reference: np.ndarray          # minimisation form, the same for both runs
+    scale: np.ndarray
+    hypervolume_a: float
+    hypervolume_b: float
+    coverage_a: float              # share of B's front that A's weakly dominates
+    coverage_b: float              # share of A's front that B's weakly dominates
+    union: pd.DataFrame            # the union front, with the run ("A"/"B") of each design
+    best: dict                     # metric -> (best on A, best on B)
+    appeared: list                 # designs on B's front but not A's (parameter signatures)
+    vanished: list                 # designs on A's front but not B's
+
+    def lines(self) -> list[str]:
+        """compare.md, as lines."""
+        u = self.union
+        out = [f"# {self.name_a} (A) vs {self.name_b} (B)", "",
+               f"Reference point (minimisation form) {np.round(self.reference, 6).tolist()}, "
+               f"scale {np.round(self.scale, 6).tolist()}: the same for both runs.", "",
+               "| | A | B |", "|---|---|---|",
+               f"| front size | {len(self.front_a)} | {len(self.front_b)} |",
+               f"| hypervolume | {self.hypervolume_a:.6g} | {self.hypervolume_b:.6g} |",
+               f"| coverage of the other front (share it weakly dominates) | "
+               f"{self.coverage_a:.3f} | {self.coverage_b:.3f} |",
+               f"| designs in the union front | {(u['run'] == 'A').sum()} | "
+               f"{(u['run'] == 'B').sum()} |", "", "Best of each objective:", ""]
+        for x in self.objectives:
+            a, b = self.best[x.metric]
+            out.append(f"- {x.direction} {x.metric}: A {a:.6g}, B {b:.6g}")
+        out += ["", f"Designs on B's front but not A's (appeared): {len(self.appeared)}",
+                *[f"- {s}" for s in self.appeared[:30]], "",
+                f"Designs on A's front but not B's (vanished): {len(self.vanished)}",
+                *[f"- {s}" for s in self.vanished[:30]]]
+        return out
+
+    def write(self, out: str | Path) -> Path:
+        """Write index.html, compare.md, union_front.csv and fronts.png into ``out``."""
+        o = Path(out)
+        o.mkdir(parents=True, exist_ok=True)
+        self.union.to_csv(o / "union_front.csv", index=False)
+        lines = self.lines()
+        (o / "compare.md").write_text("\n".join(lines) + "\n")
+        _plots(o, self.objectives, self.front_a, self.front_b, self.union, lines)
+        return o
+
+
+def compare_runs(dir_a: str, dir_b: str) -> Comparison:
+    """The figures of two run folders' fronts (nothing written)."""
     da, db = Path(dir_a), Path(dir_b)
     ma, oa, fa = _load(da)
     mb, ob, fb = _load(db)
@@ -49,12 +121,9 @@ def make_compare(dir_a: str, dir_b: str, out: str | None = None) -> Path:
         raise InputError("the runs optimise different objectives", file=str(db),
                          hint="compare runs whose objectives (and directions) are the same")
     objs = oa
-    o = Path(out) if out else Path("runs") / f"compare-{da.name}-vs-{db.name}"
-    o.mkdir(parents=True, exist_ok=True)
     Fa, Fb = pareto.objective_matrix(fa, objs), pareto.objective_matrix(fb, objs)
     both = np.vstack([Fa, Fb]) if len(Fa) + len(Fb) else np.zeros((0, len(objs)))
     ref, scale = pareto.reference(both) if len(both) else (np.zeros(len(objs)), np.ones(len(objs)))
-    hv_a, hv_b = pareto.hypervolume(Fa, ref, scale), pareto.hypervolume(Fb, ref, scale)
     params = [c for c in fa.columns if c in fb.columns and c not in {x.metric for x in objs}
               and c != "design_id"]
     ua = fa.assign(run="A", signature=_signature(fa, params))
@@ -62,29 +131,23 @@ def make_compare(dir_a: str, dir_b: str, out: str | None = None) -> Path:
     union = pareto.front_of([ua.drop(columns="design_id"), ub.drop(columns="design_id")], objs) \
         if len(ua) + len(ub) else pd.DataFrame()
     cols = [x.metric for x in objs] + params + ["run"]
-    union_out = union[cols] if len(union) else pd.DataFrame(columns=cols)
-    union_out.to_csv(o / "union_front.csv", index=False)
+    union_out = (union[cols] if len(union) else pd.DataFrame(columns=cols)).reset_index(drop=True)
     sa, sb = set(ua["signature"]), set(ub["signature"])
-    lines = [f"# {da.name} (A) vs {db.name} (B)", "",
-             f"Reference point (minimisation form) {np.round(ref, 6).tolist()}, scale "
-             f"{np.round(scale, 6).tolist()}: the same for both runs.", "",
-             "| | A | B |", "|---|---|---|",
-             f"| front size | {len(fa)} | {len(fb)} |",
-             f"| hypervolume | {hv_a:.6g} | {hv_b:.6g} |",
-             f"| coverage of the other front (share it weakly dominates) | {coverage(Fa, Fb):.3f} "
-             f"| {coverage(Fb, Fa):.3f} |",
-             f"| designs in the union front | {(union_out['run'] == 'A').sum()} | "
-             f"{(union_out['run'] == 'B').sum()} |", "", "Best of each objective:", ""]
+    best = {}
     for x in objs:
-        pick = (lambda f: f[x.metric].min()) if x.direction == "minimize" else (lambda f: f[x.metric].max())
-        lines.append(f"- {x.direction} {x.metric}: A {pick(fa):.6g}, B {pick(fb):.6g}")
-    lines += ["", f"Designs on B's front but not A's (appeared): {len(sb - sa)}",
-              *[f"- {s}" for s in sorted(sb - sa)[:30]], "",
-              f"Designs on A's front but not B's (vanished): {len(sa - sb)}",
-              *[f"- {s}" for s in sorted(sa - sb)[:30]]]
-    (o / "compare.md").write_text("\n".join(lines) + "\n")
-    _plots(o, objs, fa, fb, union_out, lines)
-    return o
+        pick = (lambda f: f[x.metric].min()) if x.direction == "minimize" else \
+            (lambda f: f[x.metric].max())
+        best[x.metric] = (float(pick(fa)), float(pick(fb)))
+    return Comparison(da.name, db.name, objs, fa, fb, ref, scale,
+                      float(pareto.hypervolume(Fa, ref, scale)),
+                      float(pareto.hypervolume(Fb, ref, scale)),
+                      coverage(Fa, Fb), coverage(Fb, Fa), union_out, best,
+                      sorted(sb - sa), sorted(sa - sb))
+
+
+def make_compare(dir_a: str, dir_b: str, out: str | None = None) -> Path:
+    c = compare_runs(dir_a, dir_b)
+    return c.write(out or Path("runs") / f"compare-{Path(dir_a).name}-vs-{Path(dir_b).name}")
 
 
 def _plots(o: Path, objs, fa, fb, union, lines):

@@ -54,12 +54,20 @@ def read_toml(path: str) -> dict:
 
 def load_design(path: str) -> dict:
     """The design as {dotted path: value}, every key checked against the settable paths."""
-    doc = read_toml(path)
+    return check_design(read_toml(path), path)
+
+
+def check_design(doc: dict, path: str = "design") -> dict:
+    """A design given as sections (``{"accelerator": {"id": ...}}``) or dotted paths
+    (``{"accelerator.id": ...}``), or both, as {dotted path: value}, every key and value checked;
+    ``path`` names it in errors."""
+    doc = {k: v for k, v in doc.items()}
+    dotted = {k: doc.pop(k) for k in list(doc) if "." in k and not isinstance(doc[k], dict)}
     for sec in doc:
         if sec not in SECTIONS:
             raise InputError(f"unknown section [{sec}]", file=path,
                              hint=suggest(sec, SECTIONS, "sections"))
-    flat = flatten(doc)
+    flat = {**flatten(doc), **dotted}
     valid = set(fields.paths(resolved_only=False))
     for key, v in flat.items():
         if key not in valid:

@@ -16,7 +16,7 @@ from dse.design import design_case, load_design
 from dse.errors import InputError
 from dse.perf import BOUNDS, OPS, score
 from dse.perf.serve import reason_text
-from dse.predict import predict_frame
+from dse.predict import FIELD_OF, predict_frame
 
 STEPS = (("decode", "decode-only step (what limits decoding)"),
          ("mixed", "step that carries prompt tokens (steady state)"),
@@ -24,12 +24,7 @@ STEPS = (("decode", "decode-only step (what limits decoding)"),
 
 
 # a design's dotted keys under the case-table column names it is scored with
-CASE_KEYS = {"hardware": "accelerator.id", "model": "model.id", "topology": "topology.id",
-             "weight_dtype": "model.weight_dtype", "kv_dtype": "model.kv_dtype",
-             "isl": "workload.isl", "osl": "workload.osl", "concurrency": "workload.concurrency",
-             "prefix_hit_fraction": "workload.prefix_hit_fraction", "phase": "workload.phase",
-             "num_chips": "layout.num_chips", "tp": "layout.tp", "pp": "layout.pp",
-             "ep": "layout.ep", "dp": "layout.dp"}
+CASE_KEYS = FIELD_OF
 
 
 def evaluate_flat(flat: dict, file: str = "design") -> dict:

@@ -351,5 +351,33 @@ def defaults() -> dict[str, object]:
 
 
 def label(path: str) -> str:
+    """A column's label with its unit: ``accelerator.hbm_bw_bytes_per_s [bytes/s]``, and for a
+    scale-factor column ``accelerator.hbm_bw_bytes_per_s.scale [factor]``."""
+    if is_scale_column(path):
+        return f"{path} [factor]"
     f = REGISTRY.get(path)
     return f.label() if f else path
+
+
+# A space parameter given as ``{ scale = [...] }`` holds factors of the base design's value, not
+# values in the field's unit: every table (score tables, front.csv, reports, what-ifs, the API's
+# frames) names its column ``<path>.scale``. Run folders written before this rule name it
+# ``<path>``; readers rename such columns with ``legacy_columns``.
+SCALE_SUFFIX = ".scale"
+
+
+def scale_column(path: str) -> str:
+    """The column of a scale-factor parameter of ``path``."""
+    return path + SCALE_SUFFIX
+
+
+def is_scale_column(column: str) -> bool:
+    return column.endswith(SCALE_SUFFIX) and column[:-len(SCALE_SUFFIX)] in REGISTRY
+
+
+def legacy_columns(frame, scaled_paths):
+    """``frame`` with the scale-factor columns of an old run folder (named ``<path>``) renamed
+    ``<path>.scale``; ``scaled_paths``: the paths the run's space scales."""
+    ren = {p: scale_column(p) for p in scaled_paths
+           if p in frame.columns and scale_column(p) not in frame.columns}
+    return frame.rename(columns=ren) if ren else frame

@@ -13,7 +13,9 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
+from dse.build_select import BYTES, compute_peak, encode, lookup
 from dse.errors import InputError, suggest
+from dse.specs import DTYPES
 
 SPEC_METHODS = {"mtp": 0.0, "draft": 1.0}
 # settable paths that are exactly one scorer field used only after the step model's per-design
@@ -35,7 +37,6 @@ def resolve_defaults(out: pd.DataFrame, file=None, names=None, alias=None) -> No
     """Blank ``serving.spec_acceptance`` takes the method's published figure (serving.toml
     [spec_acceptance]); ``serving.spec_draft_model`` must be a catalog model where the method is
     "draft" and a draft is asked for."""
-    from dse.build import lookup
     alias = alias or {}
     tier_defaults(out)
     n = len(out)
@@ -76,7 +77,6 @@ def resolve_defaults(out: pd.DataFrame, file=None, names=None, alias=None) -> No
 
 def batch_columns(out, kv_bytes: np.ndarray) -> dict[str, np.ndarray]:
     """The mechanisms' scorer fields of a resolved table (a DataFrame or a dict of columns)."""
-    from dse.build import lookup
     f = lambda c, d=0.0: np.asarray(_col(out, c, d), dtype=float)  # noqa: E731
     models = catalog.models()
     draft = _col(out, "serving.spec_draft_model", "")
@@ -104,7 +104,6 @@ def batch_columns(out, kv_bytes: np.ndarray) -> dict[str, np.ndarray]:
 def tier_columns(out, f) -> dict:
     """The offload tier of serving.kv_offload (bytes and bandwidth per chip) and the shared
     prefix."""
-    from dse.build import lookup
     mode = _col(out, "serving.kv_offload", "none")
     host, ssd = lookup(mode, {"host": 1.0}, 0.0), lookup(mode, {"ssd": 1.0}, 0.0)
     return {"tier_bytes": host * f("accelerator.host_memory_bytes")
@@ -120,7 +119,6 @@ TIER_FIELDS = ("host_memory_bytes", "host_link_bw_bytes_per_s")
 def tier_defaults(out: pd.DataFrame) -> None:
     """accelerator.host_memory_bytes / host_link_bw_bytes_per_s from
     dse/catalog/memory_tiers.toml where a design leaves them blank (0: no catalog figure)."""
-    from dse.build import lookup
     table = catalog.memory_tiers()
     for k in TIER_FIELDS:
         col = f"accelerator.{k}"
@@ -134,22 +132,20 @@ def tier_defaults(out: pd.DataFrame) -> None:
 def precision_columns(out, wbytes, matmul, fam, peak) -> dict:
     """Per-op precision: bytes and compute peak of the routed experts' and the attention
     projections' weights (``model.expert_dtype``, ``model.attention_dtype``; blank: the
-    weights'), and the grouped-GEMM kernel family of the experts' dtype (``moe_family``:
-    None when every row's experts are in the weights' dtype)."""
-    from dse.build import compute_peak, lookup
-    from dse.specs import DTYPE_BYTES
+    weights'), and the grouped-GEMM kernel family code of the experts' dtype (``moe_family``:
+    None when every row's experts are in the weights' dtype). On dtype codes: no string work
+    per design."""
     cols = {}
     moe_family = None
-    weight = np.asarray(out["model.weight_dtype"], dtype=object)
+    weight = encode(out["model.weight_dtype"], DTYPES)
     for key, path in (("expert", "model.expert_dtype"), ("attn", "model.attention_dtype")):
-        given = pd.Series(np.asarray(_col(out, path, ""), dtype=object)).fillna("").astype(str)
-        given = np.broadcast_to(given.to_numpy(), np.broadcast_shapes(given.shape, weight.shape))
-        if not np.any(given != ""):
+        given = encode(_col(out, path, None), DTYPES)       # -1: blank, the weights' dtype
+        if not np.any(given >= 0):
             cols[f"{key}_weight_bytes"], cols[f"{key}_matmul_flops_per_s"] = wbytes, matmul
             continue
-        dt = np.where(given == "", np.broadcast_to(weight, given.shape), given)
+        dt = np.where(given >= 0, given, weight)
         mm, fm = compute_peak(dt, peak)
-        cols[f"{key}_weight_bytes"] = lookup(dt, DTYPE_BYTES).astype(float)
+        cols[f"{key}_weight_bytes"] = BYTES[dt]
         cols[f"{key}_matmul_flops_per_s"] = mm
         if key == "expert":
             moe_family = fm

@@ -20,6 +20,7 @@ from dse.errors import InputError, suggest
 from dse.fields import REGISTRY
 from dse.perf import Batch, score_chunked
 from dse.perf.serve import BOUNDS, reason_text
+from dse.perf.serve import KNEE_FRACTION as _KNEE  # the batch that fills the HBM (decode_bound)
 
 REQUIRED = ("case_id", "model", "hardware", "num_chips", "weight_dtype", "isl", "osl")
 OPTIONAL = ("topology", "tp", "pp", "ep", "dp", "kv_dtype", "concurrency", "prefix_hit_fraction",
@@ -30,10 +31,10 @@ RENAME = {"model": "model.id", "hardware": "accelerator.id", "topology": "topolo
           "prefix_hit_fraction": "workload.prefix_hit_fraction", "phase": "workload.phase",
           "tp": "layout.tp", "pp": "layout.pp", "ep": "layout.ep", "dp": "layout.dp",
           "runtime": "serving.runtime", "dense_mlp": "layout.dense_mlp"}
-# numeric columns checked as they are read (the registry's field of each)
-NUMERIC = {"num_chips": "layout.num_chips", "tp": "layout.tp", "pp": "layout.pp", "ep": "layout.ep",
-           "dp": "layout.dp", "isl": "workload.isl", "osl": "workload.osl",
-           "concurrency": "workload.concurrency", "prefix_hit_fraction": "workload.prefix_hit_fraction"}
+# every case column's field (the registry's): numeric ones are checked as they are read, string
+# ones (ids, choices) when the design is resolved
+FIELD_OF = {"num_chips": "layout.num_chips", **RENAME}
+NUMERIC = {c: p for c, p in FIELD_OF.items() if REGISTRY[p].numeric}
 LAYOUT = ("layout.tp", "layout.pp", "layout.ep", "layout.dp")
 OUTPUT = ("case_id", "concurrency", "ttft_s", "tpot_s", "output_tokens_per_s_per_chip",
           "input_tokens_per_s_per_chip", "bound", "feasible", "reason")
@@ -43,7 +44,7 @@ EXTRA = ("tp", "pp", "ep", "dp", "usd_per_mtok_output", "usd_per_mtok_input",
 CONCURRENCY_STEPS = 2.0 ** (-np.arange(0, 48) / 4.0)
 # ... and the smallest concurrency within this share of the best throughput is kept: past the
 # knee a server gains almost nothing and only lengthens every token
-KNEE_FRACTION = 0.97
+KNEE_FRACTION = _KNEE
 
 
 def read_cases(path: str) -> pd.DataFrame:
@@ -303,14 +304,7 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
     out["concurrency"] = s["concurrency"][best].astype(int)
     for m in ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "input_tokens_per_s_per_chip"):
         out[m] = s[m][best]
-    bound = s["bound"][best].copy()
-    # offline maximum at the memory limit while not compute-bound: more HBM would serve more
-    cap = auto_rows[best] & (bound != 0) & s["feasible"][best] & \
-        (s["concurrency"][best] >= KNEE_FRACTION * s["max_concurrent_sequences"][best]) & \
-        (s["max_concurrent_sequences"][best] < resolved["serving.max_batch_size"].to_numpy()[best]
-         * resolved["layout.dp"].to_numpy()[best])
-    bound = np.where(cap, 3, bound)
-    out["bound"] = np.array(BOUNDS, dtype=object)[bound.astype(int)]
+    out["bound"] = np.array(BOUNDS, dtype=object)[s["bound"][best].astype(int)]  # perf.decode_bound
     out["feasible"] = s["feasible"][best]
     out["reason"] = [reason_text(r, m) for r, m in zip(s["reason"][best],
                                                         s["max_concurrent_sequences"][best])]

@@ -128,7 +128,7 @@ def derive(space: Space, overrides: dict, note: str) -> Derived:
     for p in space.parameters:
         op, v = overrides.get(p.path, (None, None))
         if op == "set":
-            params.append((p.path, [_num(v)]))
+            params.append((p.path, [v if isinstance(v, str) else _num(v)]))
             keep.append(False)
         elif op == "scale":
             vals = [_num(x * v) for x in p.values]
@@ -143,7 +143,7 @@ def derive(space: Space, overrides: dict, note: str) -> Derived:
         if path in searched:
             continue
         if op == "set":
-            base[path] = _num(v)
+            base[path] = v if isinstance(v, str) else _num(v)
         elif path in base and path not in STRING_VALUED:
             try:
                 base[path] = _num(float(base[path]) * v)

@@ -18,7 +18,8 @@ import pandas as pd
 
 from dse import pareto, runs
 from dse.errors import InputError
-from dse.perf import OPS, score
+from dse.fields import label
+from dse.perf import BOUNDS, OPS, score
 from dse.space import load_space
 
 MAX_BREAKDOWNS = 40
@@ -56,7 +57,7 @@ def _breakdowns(space, ids: np.ndarray) -> list[dict]:
                     rows.append((op, c, mem, net, t, ("compute", "memory", "network")[
                         int(np.argmax([c, mem, net]))]))
             phases[name] = (rows, float(st.overhead_s[i]), float(st.total_s[i]))
-        out.append({"phases": phases, "bound": ("compute", "memory", "network", "capacity")[
+        out.append({"phases": phases, "bound": BOUNDS[
             int(m["bound"][i])], "metrics": {k: float(v[i]) for k, v in m.items()
                                              if v.dtype.kind == "f"}})
     return out
@@ -94,13 +95,14 @@ def _front(d: Path, m: dict, space) -> tuple[pd.DataFrame, str]:
         if not front_csv.is_file() or runs.read_front(d) is None:
             raise InputError("the run has no readable front.csv", file=str(front_csv),
                              hint="`dse run --resume` rebuilds it from the shared storage")
-        return runs.read_front(d), "front.csv as assembled from the shared storage"
+        return space.legacy(runs.read_front(d)), "front.csv as assembled from the shared storage"
     n = len(list((d / "scores").glob("*.parquet")))
     if n == 0:
         raise InputError("the run has no score tables yet", file=str(d), hint="run or resume it first")
-    fr = runs.front_from_tables(d, m)
-    params = [p.path for p in space.parameters]
+    fr = space.legacy(runs.front_from_tables(d, m))
+    params = space.columns
     old = runs.read_front(d)
+    old = space.legacy(old) if old is not None else None
     have = set(old["design_id"].astype(np.int64)) if old is not None else None
     want = set(fr["design_id"].astype(np.int64)) if len(fr) else set()
     if have == want:
@@ -126,10 +128,11 @@ def make_report(run_dir: str, out: str | None = None) -> Path:
     front, check = _front(d, m, space)
     o = Path(out) if out else d / "report"
     o.mkdir(parents=True, exist_ok=True)
-    runs.write_front(o, front, space.objectives, [p.path for p in space.parameters])
+    runs.write_front(o, front, space.objectives, space.columns)
     files = sorted((d / "scores").glob("*.parquet"))
     allpts = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else \
         pd.DataFrame()
+    allpts = space.legacy(allpts)
     if "_admissible" in allpts:
         allpts = allpts[allpts["_admissible"]]
     objs = space.objectives
@@ -171,7 +174,7 @@ def _summary(o, space, st, front, k, kb):
     representative front designs, the knee with what bounds it."""
     row = front.iloc[k]
     objs = space.objectives
-    params = [p.path for p in space.parameters]
+    params = space.columns
     lines = [f"# {space.name}", "", space.question or "", "",
              f"- designs scored: {st['designs_scored']:,} of a space of {space.size:,} "
              f"({st['strategy']}, state {st['state']})",
@@ -250,12 +253,12 @@ def _html(o, space, st, front, allpts, k, bds, pngs):
     main = fig.to_html(full_html=False, include_plotlyjs="inline", div_id="front-plot")
     dims = []
     for p in space.parameters:
-        v = front[p.path]
+        v = front[p.column]
         if v.dtype.kind in "fiub":
-            dims.append(dict(label=p.path, values=v))
+            dims.append(dict(label=label(p.column), values=v))
         else:
             codes, cats = pd.factorize(v)
-            dims.append(dict(label=p.path, values=codes, tickvals=list(range(len(cats))),
+            dims.append(dict(label=label(p.column), values=codes, tickvals=list(range(len(cats))),
                              ticktext=[str(c) for c in cats]))
     dims += [dict(label=ob.metric, values=front[ob.metric]) for ob in objs]
     par = go.Figure(go.Parcoords(line=dict(color=front[objs[0].metric], colorscale="Viridis"),

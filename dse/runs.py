@@ -154,7 +154,7 @@ def create(d: Path, space, strategy: str, seed: int, extra: dict) -> dict:
         "command": " ".join(["dse", *sys.argv[1:]]), "python": sys.version.split()[0],
         "space_file": str(Path(space.file).resolve()), "space_digest": space.digest,
         "space_name": space.name, "question": space.question, "strategy": strategy, "seed": seed,
-        "size": space.size, "parameters": [p.path for p in space.parameters],
+        "size": space.size, "parameters": space.columns,
         "objectives": [o.to_dict() for o in space.objectives],
         "constraints": [{"metric": c.metric, "max": c.max, "min": c.min} for c in space.constraints],
         "inputs": inputs,
@@ -198,6 +198,11 @@ def read_progress(d: Path) -> dict:
 
 
 def write_front(d: Path, front: pd.DataFrame, objectives, parameters) -> None:
+    """front.csv: objectives, parameter columns, design_id. A parameter named by its path whose
+    table column is ``<path>.scale`` (a scale factor) is written under that column."""
+    from dse.fields import scale_column
+    parameters = [scale_column(c) if c not in front and scale_column(c) in front else c
+                  for c in parameters]
     cols = [o["name"] if isinstance(o, dict) else o.metric for o in objectives] + list(parameters)
     cols = list(dict.fromkeys(cols)) + ["design_id"]
     out = front[cols] if len(front) else pd.DataFrame(columns=cols)
@@ -312,6 +317,11 @@ def front_from_tables(d: Path, m: dict) -> pd.DataFrame:
         if "_admissible" in t:
             t = t[t["_admissible"].astype(bool)]
         frames.append(t)
+    # a run folder resumed across the scale-column rule: its old tables name <path>.scale <path>
+    from dse.fields import legacy_columns, scale_column
+    scaled = {c[:-len(".scale")] for t in frames for c in t.columns if c.endswith(".scale")}
+    frames = [legacy_columns(t, [p for p in scaled if scale_column(p) not in t.columns])
+              for t in frames] if scaled else frames
     return pareto.front_of(frames, objectives)
 
 

@@ -30,6 +30,25 @@ def field_schema(f: Field) -> dict:
     return out
 
 
+def parameter_schema(f: Field) -> dict:
+    """What a space's ``[parameters]`` entry of a field may be: a list of its values, or a table
+    of values; numbers also a range (low/high with num or step, log) or scale factors of the
+    base design's value (a scale-factor column is ``<path>.scale``)."""
+    item = {k: v for k, v in field_schema(f).items() if k != "description"}
+    values = {"type": "array", "items": item, "minItems": 1}
+    spec = {"values": values}
+    if f.kind in ("int", "float"):
+        spec.update({
+            "scale": {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0},
+                      "minItems": 1, "description": "factors of the base design's value"},
+            "low": {"type": "number"}, "high": {"type": "number"},
+            "num": {"type": "integer", "minimum": 1, "maximum": LIMITS["values per parameter"]},
+            "step": {"type": "number", "exclusiveMinimum": 0}, "log": {"type": "boolean"}})
+    return {"description": field_schema(f)["description"],
+            "oneOf": [values, {"type": "object", "additionalProperties": False,
+                               "minProperties": 1, "properties": spec}]}
+
+
 def _sections(design: bool) -> dict:
     """The design sections; ``design``: with the input-only fields (layout.num_chips)."""
     props = {}
@@ -48,18 +67,6 @@ def design_schema() -> dict:
 
 
 def space_schema() -> dict:
-    value = {"type": ["string", "number", "boolean"]}
-    grid = {"oneOf": [
-        {"type": "array", "items": value, "minItems": 1},
-        {"type": "object", "additionalProperties": False,
-         "properties": {"values": {"type": "array", "items": value, "minItems": 1},
-                        "scale": {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0},
-                                  "minItems": 1},
-                        "low": {"type": "number"}, "high": {"type": "number"},
-                        "num": {"type": "integer", "minimum": 1,
-                                "maximum": LIMITS["values per parameter"]},
-                        "step": {"type": "number", "exclusiveMinimum": 0},
-                        "log": {"type": "boolean"}}}]}
     bound = {"type": "object", "additionalProperties": False, "minProperties": 1,
              "properties": {"max": {"type": "number"}, "min": {"type": "number"}}}
     return {
@@ -68,8 +75,9 @@ def space_schema() -> dict:
         "properties": {
             **_sections(False),
             "name": {"type": "string"}, "question": {"type": "string"},
-            "parameters": {"type": "object", "propertyNames": {"enum": sorted(p for p, f in REGISTRY.items() if f.resolved)},
-                           "additionalProperties": grid},
+            "parameters": {"type": "object", "additionalProperties": False,
+                           "properties": {p: parameter_schema(f) for p, f in
+                                          sorted(REGISTRY.items()) if f.resolved}},
             "objectives": {"oneOf": [
                 {"type": "string", "description": "path of an objectives file"},
                 {"type": "object", "propertyNames": {"enum": list(NUMERIC_METRICS)},

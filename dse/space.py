@@ -30,8 +30,9 @@ from dse.build import DERIVED, DIRECT_FIELDS, FEEDERS, STRING_PATHS, derive_syst
 from dse import validate
 from dse.design import SECTIONS, flatten, read_toml
 from dse.errors import InputError, suggest
-from dse.fields import LIMITS, REGISTRY
+from dse.fields import LIMITS, REGISTRY, legacy_columns, scale_column
 from dse.perf import METRICS, Batch
+from dse.resolved import Resolved
 
 NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))
 DIRECTIONS = ("minimize", "maximize")
@@ -55,6 +56,11 @@ class Parameter:
     @property
     def categorical(self) -> bool:
         return self.low is None
+
+    @property
+    def column(self) -> str:
+        """Its column in every table: the path, or ``<path>.scale`` for scale factors."""
+        return scale_column(self.path) if self.scale else self.path
 
     @functools.cached_property
     def index(self) -> dict:
@@ -98,15 +104,25 @@ class Space:
     def size(self) -> int:
         return int(math.prod(self.shape)) if self.parameters else 1
 
+    @property
+    def columns(self) -> list[str]:
+        """The parameters' table columns (``Parameter.column``)."""
+        return [p.column for p in self.parameters]
+
     def values_at(self, index: np.ndarray) -> dict[str, np.ndarray]:
-        """Parameter values of the designs with flat indices ``index`` (C order)."""
+        """Parameter values of the designs with flat indices ``index`` (C order), keyed by
+        column (``<path>.scale`` for scale factors)."""
         index = np.asarray(index, dtype=np.int64)
         if not self.parameters:
             return {}
         coords = np.unravel_index(index, self.shape)
-        return {p.path: _value_array(p)[c] for p, c in zip(self.parameters, coords)}
+        return {p.column: _value_array(p)[c] for p, c in zip(self.parameters, coords)}
 
-    def _resolved(self, combos: tuple, structural: list, n: int) -> pd.DataFrame:
+    def legacy(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """A table of an old run folder with its scale-factor columns renamed ``<path>.scale``."""
+        return legacy_columns(frame, [p.path for p in self.parameters if p.scale])
+
+    def _resolved(self, combos: tuple, structural: list, n: int) -> Resolved:
         """The catalog resolution of distinct structural combinations. When the grid has at
         most FULL_RESOLVE of them they are all resolved at once, then only taken by row;
         otherwise each is resolved once, cached, and assembled."""
@@ -121,7 +137,7 @@ class Space:
             else:
                 rows = (np.ravel_multi_index(codes, [len(p.values) for p in structural])
                         if structural else np.zeros(n, np.int64))
-                return full.take(rows).reset_index(drop=True)
+                return full.take(rows)
         cache = self.__dict__.setdefault("_rows", {})
         keys = [(paths, row) for row in zip(*combos)] if structural else [(paths, ())] * n
         missing = list(dict.fromkeys(k for k in keys if k not in cache))
@@ -131,13 +147,16 @@ class Space:
             rows = pd.DataFrame({k: [v] * len(missing) for k, v in self.base.items()})
             for j, path in enumerate(paths):
                 rows[path] = [k[1][j] for k in missing]
-            res = resolve(rows, file=self.file)
+            res = Resolved(resolve(rows, file=self.file))
             for i, k in enumerate(missing):
-                cache[k] = res.iloc[i:i + 1]
-        return pd.concat([cache[k] for k in keys], ignore_index=True) if n > 1 else \
-            cache[keys[0]].reset_index(drop=True)
+                cache[k] = (res, i)
+        parts = [cache[k] for k in keys]
+        tables = list({id(t): t for t, _ in parts}.values())
+        start = dict(zip(map(id, tables), np.cumsum([0] + [len(t) for t in tables])))
+        whole = tables[0] if len(tables) == 1 else Resolved.stack(tables)
+        return whole.take(np.array([start[id(t)] + i for t, i in parts], dtype=np.int64))
 
-    def _full_resolution(self, structural: tuple) -> pd.DataFrame | None:
+    def _full_resolution(self, structural: tuple) -> Resolved | None:
         """Every combination of the structural parameters' grid values, resolved (C order),
         or None when there are more than FULL_RESOLVE."""
         cache = self.__dict__.setdefault("_full", {})
@@ -151,7 +170,7 @@ class Space:
                 rows = pd.DataFrame({k: [v] * count for k, v in self.base.items()})
                 for p, c in zip(structural, grid):
                     rows[p.path] = [p.values[i] for i in c]
-                cache[key] = resolve(rows, file=self.file)
+                cache[key] = Resolved(resolve(rows, file=self.file))
         return cache[key]
 
     def batch(self, index: np.ndarray) -> tuple[Batch, dict]:
@@ -186,8 +205,11 @@ class Space:
         numbers the system's derived links come from) go through the catalog. All values were
         checked when the space was loaded; a parameter missing from ``vals`` keeps the base
         design's value. ``codes``: the values' grid coordinates, when known;
-        ``parts``: return ``batch_parts``'s tuple instead of (Batch, table).
+        ``parts``: return ``batch_parts``'s tuple instead of (Batch, table). A scale-factor
+        parameter's values may be keyed by its path or its column (``<path>.scale``).
         """
+        vals = {next((p.path for p in self.parameters if p.scale and p.column == k), k): v
+                for k, v in vals.items()} if any(k.endswith(".scale") for k in vals) else vals
         n = len(next(iter(vals.values()))) if vals else 1
         given = [p for p in self.parameters if p.path in vals]   # the others: the base design's
         direct = [p for p in given
@@ -222,19 +244,7 @@ class Space:
         res = self._resolved(combos, structural, len(first))
         # columns the same for every design stay length-1 (the scorer broadcasts them); the
         # others are broadcast with numpy, strings as Categoricals (codes only)
-        table = {}
-        for c in res.columns:
-            v = res[c].to_numpy()
-            same = (len(v) == 1 or (v.dtype.kind in "fiub" and np.array_equal(
-                v, np.full_like(v, v[0]), equal_nan=v.dtype.kind == "f"))
-                or (v.dtype.kind not in "fiub" and len(set(map(str, v.tolist()))) == 1))
-            if same:
-                table[c] = v[:1]
-            elif v.dtype.kind in "fiub":
-                table[c] = v[inverse]
-            else:
-                codes, cats = pd.factorize(v, use_na_sentinel=True)
-                table[c] = pd.Categorical.from_codes(codes[inverse], categories=cats)
+        table = res.compact(inverse)
         explicit = {p.path for p in self.parameters if not p.scale and p.path in vals} \
             | set(self.base)
         for p in self.parameters:
@@ -547,7 +557,7 @@ def describe(space: Space) -> str:
     for p in space.parameters:
         shown = ", ".join(map(str, p.values[:8])) + (", ..." if len(p.values) > 8 else "")
         kind = "scale factors" if p.scale else ("range" if not p.categorical else "values")
-        lines.append(f"  {p.path}: {len(p.values)} {kind} [{shown}]")
+        lines.append(f"  {p.column}: {len(p.values)} {kind} [{shown}]")
     lines.append("objectives: " + ", ".join(f"{o.direction} {o.metric}" for o in space.objectives))
     if space.constraints:
         lines.append("constraints: " + ", ".join(

@@ -104,7 +104,18 @@ def parse_text(path: str, text: str, *, file=None, where=None, name=None):
         if isinstance(v, float) and t.lower().lstrip("+-") in ("nan", "inf", "infinity"):
             v = float(t)
         return check_value(path, v, file=file, where=where, name=name)
-    return check_value(path, t, file=file, where=where, name=name)
+    v = check_value(path, t, file=file, where=where, name=name)
+    if f.kind == "id":
+        from dse import catalog
+        ids = catalog.table(CATALOG_KINDS[f.section])
+        if v not in ids:
+            raise InputError(f"{name or path} = {v!r} is not a catalog id", file=file,
+                             where=where, hint=suggest(v, ids, "ids")
+                             + f" (see `dse catalog list {CATALOG_KINDS[f.section]}`)")
+    return v
+
+
+CATALOG_KINDS = {"accelerator": "accelerators", "topology": "topologies", "model": "models"}
 
 
 def parse_column(path: str, column: pd.Series, *, file=None, names=None, name=None) -> pd.Series:

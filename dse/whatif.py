@@ -19,6 +19,7 @@ from __future__ import annotations
 import html
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +40,17 @@ DTYPE_PATHS = tuple(f"accelerator.peak_flops_per_s.{d}" for d in
                     ("bf16", "fp16", "fp8", "fp4", "int8", "int4"))
 
 
-def parse_overrides(sets: list[str], scales: list[str]) -> dict:
-    """``--set PATH=VALUE`` and ``--scale PATH=FACTOR`` as {path: (op, value)}, each value checked
-    against the field registry (``dse.validate``)."""
+def parse_overrides(sets=None, scales=None) -> dict:
+    """``--set PATH=VALUE`` and ``--scale PATH=FACTOR`` as {path: (op, value)}, each value parsed
+    and checked by the field registry (``dse.fields``, ``dse.validate.parse_text``): numbers,
+    and for string fields a catalog id (``accelerator.id=b300``) or a choice
+    (``cost.capex_model=components``), a typo refused with the closest valid values. Items may
+    be "PATH=VALUE" strings or a {path: value} dict (the Python API)."""
     valid = set(settable_paths()) | {"accelerator.peak_flops_per_s"}
     out = {}
     for items, op in ((sets or [], "set"), (scales or [], "scale")):
+        if isinstance(items, dict):
+            items = [f"{k}={v}" for k, v in items.items()]
         for item in items:
             if "=" not in item:
                 raise InputError(f"--{op} {item!r} is not PATH=VALUE", hint="e.g. --scale "
@@ -54,12 +60,13 @@ def parse_overrides(sets: list[str], scales: list[str]) -> dict:
             if path not in valid:
                 raise InputError(f"--{op}: unknown path {path!r}", hint=suggest(path, valid, "paths"))
             f = REGISTRY.get(path)
-            if f is not None and not f.numeric:
-                raise InputError(f"--{op} {path}: only numeric fields can be changed by a what-if",
-                                 hint="search string choices in a space file's [parameters]")
+            if f is not None and not f.numeric and op == "scale":
+                raise InputError(f"--scale {path}: a {'catalog id' if f.kind == 'id' else 'choice'}"
+                                 " cannot be scaled", hint=f"--set {path}=VALUE ({f.valid()})")
             if op == "set":
                 check = DTYPE_PATHS[0] if path == "accelerator.peak_flops_per_s" else path
-                v = float(validate.parse_text(check, value, where=f"--set {path}", name=path))
+                v = validate.parse_text(check, value, where=f"--set {path}", name=path)
+                v = v if isinstance(v, str) else float(v)
             else:
                 try:
                     v = float(value)
@@ -76,13 +83,41 @@ def parse_overrides(sets: list[str], scales: list[str]) -> dict:
     return out
 
 
+def describe_overrides(overrides: dict) -> str:
+    """``accelerator.id set b300, accelerator.hbm_bw_bytes_per_s scale 1.5``."""
+    return ", ".join(f"{p} {op} {v if isinstance(v, str) else format(v, 'g')}"
+                     for p, (op, v) in overrides.items())
+
+
+def with_strings(space, vals: dict, overrides: dict | None):
+    """String overrides (catalog ids, choices) written into the space and the designs' values:
+    (the space with them in its base design, the values, the numeric overrides left)."""
+    strings = {p: v for p, (op, v) in (overrides or {}).items() if isinstance(v, str)}
+    if not strings:
+        return space, vals, overrides
+    import dataclasses
+    n = len(next(iter(vals.values()))) if vals else 1
+    vals = dict(vals)
+    for p in space.parameters:
+        if p.path in strings:
+            vals[p.column] = np.full(n, strings[p.path], dtype=object)
+    derived = dataclasses.replace(space, base={**space.base, **strings})
+    return derived, vals, {p: x for p, x in overrides.items() if p not in strings}
+
+
 def check_overrides(space, overrides: dict) -> None:
     """The overrides applied to the space's base design (each parameter at its first value)
     must still give a valid design: ranges after scaling, and the consistency rules."""
     from dse.build import resolve
     row = {**space.base, **{p.path: p.values[0] for p in space.parameters if not p.scale}}
-    table = resolve(pd.DataFrame([row]), file=space.file)
+    row.update({p: v for p, (op, v) in overrides.items() if isinstance(v, str)})
+    try:
+        table = resolve(pd.DataFrame([row]), file=space.file)
+    except InputError as e:
+        raise InputError(e.message, where="--set", hint=e.hint) from None
     for path, (op, v) in overrides.items():
+        if isinstance(v, str):
+            continue
         cur = table[path].to_numpy(dtype=float)
         table[path] = np.full_like(cur, v) if op == "set" else cur * v
     try:
@@ -92,7 +127,8 @@ def check_overrides(space, overrides: dict) -> None:
 
 
 def _objective_table(space, ids, overrides=None) -> pd.DataFrame:
-    b, _ = space.batch_from_values(space.values_at(ids), overrides)
+    sp, vals, overrides = with_strings(space, space.values_at(ids), overrides)
+    b, _ = sp.batch_from_values(vals, overrides)
     s = score(b)
     df = pd.DataFrame({o.metric: s[o.metric].astype(float) for o in space.objectives})
     df["feasible"] = pareto.admissible(s, space.objectives, space.constraints)
@@ -131,12 +167,34 @@ def _read_front(d: Path, space) -> pd.DataFrame:
         raise InputError("corrupt front.csv: a design_id is not a design of the run's space",
                          file=str(f), hint="`dse run --resume` rewrites it from the score tables")
     front["design_id"] = ids.astype(np.int64)
-    return front
+    return space.legacy(front)
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """A what-if of a run: where it was written and what it found."""
+
+    path: Path                    # the output folder (whatif.md, index.html, front.csv, ...)
+    overrides: dict               # {path: ("set" | "scale", value)}
+    rescored: pd.DataFrame        # every front design: each objective before, after, change
+    front: pd.DataFrame           # the what-if front (re-optimized with ``reoptimize``)
+    sensitivities: pd.DataFrame   # elasticity of each objective per spec, median over the front
+    reoptimized: dict | None = None   # with ``reoptimize``: the new run and its comparison
 
 
 def make_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
                 reoptimize: bool = False, trials: int | None = None,
                 budget_s: float | None = None, progress: bool = False) -> Path:
+    """``dse whatif``: the output folder."""
+    return run_whatif(run_dir, sets, scales, out, reoptimize=reoptimize, trials=trials,
+                      budget_s=budget_s, progress=progress).path
+
+
+def run_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
+               reoptimize: bool = False, trials: int | None = None,
+               budget_s: float | None = None, progress: bool = False) -> WhatIf:
+    """Re-score a run's front under ``sets`` / ``scales`` (``parse_overrides``), write the page
+    into ``out`` (default DIR/whatif) and return what it found."""
     d = Path(run_dir)
     m = runs.load_manifest(d)
     space = _run_space(d, m)
@@ -144,7 +202,7 @@ def make_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
     overrides = parse_overrides(sets, scales)
     check_overrides(space, overrides)
     o = Path(out) if out else d / "whatif"
-    note = ", ".join(f"{p} {op} {v:g}" for p, (op, v) in overrides.items())
+    note = describe_overrides(overrides)
     if reoptimize:
         import tempfile
 
@@ -158,7 +216,7 @@ def make_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
     return _make(d, m, space, front, overrides, o, None, trials, budget_s, progress)
 
 
-def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress) -> Path:
+def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress) -> WhatIf:
     ids = front["design_id"].to_numpy(dtype=np.int64)
     before = _objective_table(space, ids)
     after = _objective_table(space, ids, overrides)
@@ -179,10 +237,10 @@ def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress
         shutil.copyfile(res["run_dir"] / "front.csv", o / "front.csv")
     else:
         o.mkdir(parents=True, exist_ok=True)
-        runs.write_front(o, new_front, space.objectives, [p.path for p in space.parameters])
+        runs.write_front(o, new_front, space.objectives, space.columns)
     sens = sensitivities(space, ids)
     _write(o, space, overrides, moved, new_front, ok, sens, res)
-    return o
+    return WhatIf(o, overrides, moved, pd.read_csv(o / "front.csv"), sens, res)
 
 
 def sensitivities(space, ids, step: float = 0.2) -> pd.DataFrame:
@@ -231,7 +289,7 @@ def _reopt_lines(res: dict, space) -> list[str]:
         lines.append(f"| {b['direction']} {b['metric']} | {_fmt(b['original'])} | "
                      f"{_fmt(b['rescored'])} | {_fmt(b['reoptimized'])} | "
                      + (f"{ch:+.1f}% |" if np.isfinite(ch) else "- |"))
-    params = [p.path for p in space.parameters if p.path not in res["added"]]
+    params = [p.column for p in space.parameters if p.path not in res["added"]]
     if len(res["new"]):
         lines += ["", "### Designs new on the front" + (" (first 20)" if len(res["new"]) > 20
                                                           else ""), "",
@@ -279,7 +337,7 @@ def _reopt_plot(o: Path, res: dict, space) -> Path:
 
 def _write(o, space, overrides, moved, new_front, ok, sens, res=None):
     lines = [f"# What if: {space.name}", "",
-             "Overrides: " + ", ".join(f"{p} {op} {v:g}" for p, (op, v) in overrides.items()), "",
+             "Overrides: " + describe_overrides(overrides), "",
              f"- front designs re-scored: {len(moved)}; still feasible: {int(ok.sum())}; "
              f"non-dominated after the change: {len(new_front)}"]
     for ob in space.objectives:

@@ -52,11 +52,46 @@ def test_half_rows_padding_per_touched_expert():
     assert kw
 
 
+def test_hidden_edge_and_whole_batch_bytes_by_hand():
+    tok, h, w = 65536, 4096, 1536
+    rows = tok * 8
+    # hidden_half: the model width's edge waste in the compute term
+    got = t(tok, hidden_half=1024)
+    assert got == pytest.approx(6 * rows * h * w / (PEAK * 0.5 / (1 + 1024 / h)), rel=1e-9)
+    # batch_bytes: per token of the whole batch, whatever the chip's share of the experts
+    a = t(tok, ep=8, batch_bytes=4.0) - t(tok, ep=8)
+    assert a == pytest.approx(tok * h * 4.0 / BW, rel=1e-9)
+    assert t(tok, ep=1, batch_bytes=4.0) - t(tok, ep=1) == pytest.approx(a, rel=1e-9)
+    # defaults reproduce the model without these terms
+    assert t(tok, hidden_half=0.0, batch_bytes=0.0) == pytest.approx(t(tok))
+
+
+def test_benchmark_balanced_routing_by_hand():
+    """The fit uses the benchmark's deterministic routing (aiconfigurator's balanced_logits):
+    token t's i-th expert (t + i ceil(E/k)) % E, or (t ceil(E/k) / T + i ceil(E/k)) % E when
+    T < ceil(E/k)."""
+    from dse.kernels.moe import _balanced_one
+    # 16 tokens, top-8 of 128: stride 16, token t -> t, t+16, ..., t+112: all 128 experts once
+    assert _balanced_one(16, 128, 8, 1) == (128, 128)
+    # ... the first of 8 chips holds experts 0..15: 16 rows on 16 experts
+    assert _balanced_one(16, 128, 8, 8) == (16, 16)
+    # 1 token, top-8 of 256 (stride 32): experts 0, 32, ..., 224; chip 0 of 8 holds 0..31
+    assert _balanced_one(1, 256, 8, 8) == (1, 1)
+    # 2 tokens, top-2 of 8 (stride 4, T < 4): token 0 -> 0, 4; token 1 -> 2, 6
+    assert _balanced_one(2, 8, 2, 1) == (4, 4)
+    # many tokens: every expert gets T k / E rows
+    assert _balanced_one(1024, 128, 8, 4) == (1024 * 8 // 4, 32)
+    # random routing would touch fewer experts: 128 (1 - (1 - 1/16)^16) ~ 82 of 128
+    assert float(touched_experts(16, 8, 128)) == pytest.approx(82.4, abs=0.1)
+
+
 @pytest.mark.parametrize("name,tokens", [("fraction", 65536), ("half_rows", 4096),
                                          ("width_half", 65536), ("hbm_fraction", 1),
-                                         ("token_bytes", 65536), ("latency_s", 1)])
+                                         ("token_bytes", 65536), ("latency_s", 1),
+                                         ("hidden_half", 65536), ("batch_bytes", 65536)])
 def test_every_parameter_matters(name, tokens):
-    kw = dict(half_rows=32, width_half=128, token_bytes=6, latency_s=2e-5)
+    kw = dict(half_rows=32, width_half=128, token_bytes=6, latency_s=2e-5, hidden_half=256,
+              batch_bytes=4)
     a = t(tokens, **kw)
     b = t(tokens, **{**kw, name: {**P, **kw}[name] * 1.2})
     assert abs(b / a - 1) > 1e-3
@@ -68,7 +103,8 @@ def test_monotone_in_tokens_and_vectorized():
     for _ in range(20):
         kw = dict(fraction=rng.uniform(0.1, 1), half_rows=rng.uniform(1, 300),
                   width_half=rng.uniform(1, 2000), hbm_fraction=rng.uniform(0.2, 1),
-                  token_bytes=rng.uniform(0, 20), latency_s=rng.uniform(1e-6, 1e-4))
+                  token_bytes=rng.uniform(0, 20), latency_s=rng.uniform(1e-6, 1e-4),
+                  hidden_half=rng.uniform(0, 3000), batch_bytes=rng.uniform(0, 50))
         e = int(rng.choice([8, 64, 256])); k = int(rng.choice([1, 2, 8]))
         y = grouped_gemm_s(tok, 4096, int(rng.choice([768, 14336])), k, e,
                            int(rng.choice([1, 4])), int(rng.choice([1, 8])), **HW, **kw)
@@ -85,7 +121,8 @@ def test_fit_recovers_known_parameters():
     frame = pd.DataFrame(dict(zip(moe.SHAPE_COLS, g)))
     truth = {"moe_bf16_fraction": 0.45, "moe_bf16_half_rows": 40.0,
              "moe_bf16_width_half": 200.0, "moe_bf16_hbm_fraction": 0.6,
-             "moe_bf16_token_bytes": 8.0, "moe_bf16_latency_s": 3e-5}
+             "moe_bf16_token_bytes": 8.0, "moe_bf16_latency_s": 3e-5,
+             "moe_bf16_hidden_half": 300.0, "moe_bf16_batch_bytes": 4.0}
     y = moe.predict(frame, "bf16", acc, truth)
     res = common.least_squares_fit(lambda v: moe.predict(frame, "bf16", acc, v),
                                    moe.family_params("bf16"), y, max_nfev=400)
@@ -134,3 +171,47 @@ def test_a100_trtllm_is_fitted_on_its_own_rows():
     e = doc["a100-sxm-80g"]["trtllm"]
     assert "power_law_1.01" in e["fitted_on"] and "trtllm 1.0.0" in e["fitted_on"]
     assert e["moe_bf16_fraction"] > 2 * doc["a100-sxm-80g"]["sglang"]["moe_bf16_fraction"]
+
+
+def test_catalog_carries_parameter_uncertainty():
+    """Every family of every entry has log_sd per parameter and a correlation matrix
+    (symmetric, unit diagonal); transferred families are at least as uncertain as the
+    leave-one-chip-out error their rule names."""
+    import re
+    from dse.kernels import common
+    doc = tomllib.loads((common.CATALOG_DIR / "moe.toml").read_text())
+    seen = {"fitted": 0, "transferred": 0}
+    for chip, rts in doc.items():
+        for rt, e in rts.items():
+            for fam, u in e["uncertainty"].items():
+                names = u["params"]
+                assert all(n in e for n in names), (chip, rt, fam)
+                sd = np.asarray(u["log_sd"])
+                c = np.asarray(u["log_corr"])
+                assert sd.shape == (len(names),) and np.all(np.isfinite(sd)) and np.all(sd >= 0)
+                assert c.shape == (len(names), len(names))
+                assert np.allclose(c, c.T, atol=2e-3) and np.allclose(np.diag(c), 1.0)
+                assert np.all(np.abs(c) <= 1.0 + 1e-9)
+                kind = u["rule"].split(":")[0]
+                seen[kind] += 1
+                if kind == "transferred":
+                    loco = float(re.search(r"ln\(([0-9.]+)\)", u["rule"]).group(1))
+                    assert np.all(sd >= np.log(loco) - 5e-3), (chip, rt, fam)   # loco printed to 3 digits
+    assert seen["fitted"] > 40 and seen["transferred"] > 40
+
+
+def test_uncertainty_rules_by_hand():
+    from dse.kernels import common
+    cov = np.array([[0.04, 0.01], [0.01, 0.09]])
+    u = common.uncertainty(["a", "b"], cov, "fitted")
+    assert u["log_sd"] == pytest.approx([0.2, 0.3])
+    assert u["log_corr"][0][1] == pytest.approx(0.01 / 0.06, abs=1e-3)
+    inf = common.inflated_cov([cov, 3 * cov], 1.3)
+    assert inf == pytest.approx(2 * cov + np.eye(2) * np.log(1.3) ** 2)
+    # a parameter pinned at a bound (zero variance) or unbounded gets the sd of a uniform
+    # draw within its log bounds, (hi - lo) / sqrt(12)
+    lo, hi = np.log([0.1, 1.0]), np.log([10.0, 1e4])
+    b = common.bounded_cov(np.array([[0.0, 0.0], [0.0, 1e6]]), lo, hi)
+    cap = (hi - lo) / np.sqrt(12.0)
+    assert np.sqrt(np.diag(b)) == pytest.approx(cap)
+    assert common.bounded_cov(cov, lo, hi) == pytest.approx(cov)      # well pinned: unchanged

@@ -36,3 +36,21 @@ def test_misspellings_are_rejected():
     doc["accelerator"]["hbm_bw_bytes_per_sec"] = 1.0
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, design_schema())
+
+
+@pytest.mark.parametrize("path,value", [
+    ("model.weight_dtype", ["bf16", "fp9"]),           # not a choice
+    ("model.weight_dtype", {"scale": [1.0, 2.0]}),     # a choice cannot be scaled
+    ("layout.tp", [1, -2]),                            # below the field's range
+    ("workload.prefix_hit_fraction", [0.5, 1.5]),      # a fraction above 1
+    ("accelerator.id", [""]),                          # a blank id
+])
+def test_parameter_values_are_typed_by_the_field_registry(path, value):
+    doc = tomllib.loads((ROOT / "spaces" / "quickstart.toml").read_text())
+    doc["parameters"][path] = value
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, space_schema())
+    doc["parameters"][path] = {"layout.tp": [1, 2], "model.weight_dtype": ["fp8"],
+                               "workload.prefix_hit_fraction": [0.0, 0.5],
+                               "accelerator.id": ["b300"]}[path]
+    jsonschema.validate(doc, space_schema())

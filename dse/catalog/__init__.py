@@ -114,7 +114,9 @@ __all__ = ["KINDS", "ValidationError", "accelerators", "find", "lookup", "models
 def kernel_params() -> dict[tuple[str, str], dict]:
     """Fitted per-op kernel parameters, {(accelerator id, runtime): {key: value}}, merged over
     ``kernels/*.toml`` (written by ``python -m dse.kernels --fit --write``); each entry's
-    ``fitted_on`` is a dict {op file: what it was fitted on or transferred from}."""
+    ``fitted_on`` is a dict {op file: what it was fitted on or transferred from}, and
+    ``uncertainty`` (where written) {family: {params, log_sd, log_corr, rule}}: the covariance
+    of the log parameters (dse/kernels/common.py)."""
     out: dict[tuple[str, str], dict] = {}
     folder = resources.files(__package__).joinpath("kernels")
     for f in sorted(folder.iterdir(), key=lambda x: x.name):
@@ -127,6 +129,8 @@ def kernel_params() -> dict[tuple[str, str], dict]:
                 for k, v in vals.items():
                     if k == "fitted_on":
                         d["fitted_on"][f.name[:-5]] = v
+                    elif k == "uncertainty":      # {family: params, log_sd, log_corr, rule}
+                        d.setdefault("uncertainty", {}).update(v)
                     else:
                         d[k] = float(v)
     return out
@@ -135,5 +139,6 @@ def kernel_params() -> dict[tuple[str, str], dict]:
 @lru_cache(maxsize=1)
 def kernel_keys() -> tuple[str, ...]:
     """Every numeric kernel parameter any entry has."""
-    return tuple(sorted({k for e in kernel_params().values() for k in e if k != "fitted_on"}))
+    return tuple(sorted({k for e in kernel_params().values() for k in e
+                         if k not in ("fitted_on", "uncertainty")}))
 

@@ -21,8 +21,11 @@ keys are ``<op>_<param>`` for bf16 and ``<op>_<dtype>_<param>`` for the others.
 
 Fitting: each (chip, runtime, op, dtype) group is fitted from ``len(STARTS[op])`` seeded
 starts (the parameters' x0, a compute-leaning and a memory-leaning start: the hard max of the
-compute and memory terms makes a single start land in the wrong branch); the start with the
-smallest in-sample RMS log error is kept (held-out rows never choose).
+compute and memory terms makes a single start land in the wrong branch), with the soft_l1
+loss on the log errors (``LOSS``: about their mean absolute value, the reported error); the
+start with the smallest in-sample cost is kept (held-out rows never choose). Prefill (GQA)
+adds a per-sequence and a per-(sequence, head) time and a head-dim edge (``dim_half``): tiny
+prompts of big batches pay a tile per (sequence, head), head dim 64 runs slower MMAs.
 
 Catalog entries: every accelerator x runtime. Measured (chip, runtime, op, dtype): its fit. A
 measured chip lacking that runtime's table (or that dtype for it) takes the transfer rule
@@ -57,7 +60,16 @@ PREFILL_PARAMS = (
     common.Param("half_rows", 1e4, 0.1, 1e9, "shape"),
     common.Param("latency_s", 1e-5, 1e-7, 1e-2, "latency"),
     common.Param("hbm_fraction", 0.7, 0.02, 1.5, "fraction"),
+    # floors of 0.1 ns: "no such term" (a bound at 1e-13 s would be an accepted override
+    # with no visible effect)
+    common.Param("per_seq_s", 1e-8, 1e-10, 1e-3, "latency"),
+    common.Param("per_seq_head_s", 1e-9, 1e-10, 1e-3, "latency"),
+    common.Param("dim_half", 16.0, 1e-2, 1e4, "shape"),
 )
+# MLA prefill has one head dim (192): dim_half would only trade off against fraction
+MLA_PREFILL_PARAMS = PREFILL_PARAMS[:-1]
+# robust loss (common.least_squares_fit): about the mean |log error|, the reported metric
+LOSS, F_SCALE = "soft_l1", 0.05
 DECODE_PARAMS = (
     common.Param("hbm_fraction", 0.8, 0.02, 1.5, "fraction"),
     common.Param("compute_fraction", 0.3, 0.002, 1.5, "compute"),
@@ -69,7 +81,7 @@ DECODE_PARAMS = (
 # MLA decode has one latent "KV head": the per-(sequence, KV head) term folds into per_seq_s
 MLA_DECODE_PARAMS = DECODE_PARAMS[:-1]
 PARAMS = {"attn_prefill": PREFILL_PARAMS, "attn_decode": DECODE_PARAMS,
-          "mla_prefill": PREFILL_PARAMS, "mla_decode": MLA_DECODE_PARAMS}
+          "mla_prefill": MLA_PREFILL_PARAMS, "mla_decode": MLA_DECODE_PARAMS}
 
 OPS = {
     "attn_prefill": ("attention", "context_attention_perf",
@@ -177,7 +189,7 @@ def predictor(op: str, d: pd.DataFrame, accs):
 # Seeded starts per fit group (the max() of compute and memory terms makes the fit
 # start-sensitive): the parameters' own x0, one compute-leaning start (low achieved compute
 # rates, high HBM rate: the compute term dominates) and one memory-leaning start (the reverse).
-# Each start is fitted; the one with the smallest in-sample RMS log error is kept.
+# Each start is fitted; the one with the smallest in-sample cost (soft_l1 of the log errors) is kept.
 _PREFILL_STARTS = ({}, {"fraction": 0.15, "half_tokens": 256.0, "half_rows": 1e5,
                         "latency_s": 3e-6, "hbm_fraction": 1.2},
                    {"fraction": 1.0, "half_tokens": 8.0, "half_rows": 1e3,
@@ -204,8 +216,9 @@ def fit_starts(op: str, f, y, n_starts=None, max_nfev=MAX_NFEV) -> common.Fit:
     """Fit ``f(values) -> seconds`` to ``y`` from each of ``starts(op)``; the best in-sample fit."""
     best = None
     for params in starts(op)[:n_starts]:
-        fit = common.least_squares_fit(f, params, y, max_nfev=max_nfev)
-        if best is None or fit.rms_log < best.rms_log:
+        fit = common.least_squares_fit(f, params, y, max_nfev=max_nfev, loss=LOSS,
+                                       f_scale=F_SCALE)
+        if best is None or fit.score < best.score:
             best = fit
     return best
 
@@ -277,15 +290,20 @@ def loco_rows(frames, values, accs):
     return rows
 
 
-def entries(values, frames, meta, accs) -> dict:
-    """One catalog entry per accelerator x runtime (see the module docstring for the rule)."""
+def entries(values, frames, meta, accs, covs=None, loco=None) -> dict:
+    """One catalog entry per accelerator x runtime (see the module docstring for the rule);
+    ``covs`` {(op, chip, runtime, dtype): log covariance} and ``loco`` {op: median LOCO error}
+    give each (op, dtype) its ``uncertainty`` sub-table (common.py: fitted, or transferred =
+    the mean covariance of that op/dtype's fits on the same runtime (any runtime if none)
+    inflated by the op's LOCO error)."""
+    covs, loco = covs or {}, loco or {}
     today = _dt.date.today().isoformat()
     pkg = data.package_version()
     out = {}
     measured = {(o, c, r, t) for (o, c, r, t) in values}
     for chip in accs:
         for rt in data.RUNTIMES:
-            e, notes = {}, []
+            e, notes, unc = {}, [], {}
             for op, params in PARAMS.items():
                 table = OPS[op][1]
                 for dt in sorted({t for (o, _, _, t) in measured if o == op}):
@@ -296,7 +314,22 @@ def entries(values, frames, meta, accs) -> dict:
                     for p in params:
                         e[key(op, dt, p.name)] = v[p.name]
                     notes.append(f"{key(op, dt, '')[:-1]}: {note}")
+                    names = [key(op, dt, p.name) for p in params]
+                    if (op, chip, rt, dt) in covs:
+                        unc[f"{op}_{dt}"] = common.uncertainty(
+                            names, covs[(op, chip, rt, dt)], "fitted: least-squares covariance")
+                    elif covs:
+                        pool = [c for (o, _, r, t), c in covs.items()
+                                if o == op and t == dt and r == rt] or \
+                            [c for (o, _, _, t), c in covs.items() if o == op and t == dt]
+                        lo = loco.get(op, common.LOCO_DEFAULT)
+                        unc[f"{op}_{dt}"] = common.uncertainty(
+                            names, common.inflated_cov(pool, lo),
+                            f"transferred: donors' covariance + ln({lo:.4g})^2 "
+                            "(median leave-one-chip-out error)")
             e["fitted_on"] = "; ".join(notes) + f"; fitted {today}"
+            if unc:
+                e["uncertainty"] = unc
             out[(chip, rt)] = e
     return out
 
@@ -351,8 +384,9 @@ def main(fit: bool = False, write: bool = False, loco: bool = False) -> pd.DataF
         for (chip, rt, dt), g in d.groupby(["chip", "runtime", "dtype"]):
             if (op, chip, rt, dt) in values:
                 rows.append(_report_row(op, chip, rt, dt, g, values[(op, chip, rt, dt)], accs))
+    lrows = loco_rows(frames, values, accs) if (loco or write) else []
     if loco:
-        rows += loco_rows(frames, values, accs)
+        rows += lrows
     if write:
         header = ("Attention-core kernel parameters (dse.perf.kernel_attention), fitted by\n"
                   "dse.kernels.attention on aiconfigurator-core's context/generation attention\n"
@@ -360,7 +394,15 @@ def main(fit: bool = False, write: bool = False, loco: bool = False) -> pd.DataF
                   "<op>_fp8_<param> (fp8 attention compute). Units: *_s seconds, *_fraction of\n"
                   "the chip's peak FLOP/s or HBM bandwidth, half_tokens tokens, half_rows query\n"
                   "rows (batch x heads x tokens), group_min_heads query heads per KV head.")
-        common.write_tables(NAME, header, entries(values, frames, meta, accs))
+        header += ("\n[..uncertainty.<op>_<dtype>] sub-tables: log_sd and log_corr of the log\n"
+                   "parameters (dse/kernels/common.py; fitted, or transferred and inflated).")
+        lo = {}
+        for r in lrows:
+            if np.isfinite(r["error_held_out"]):
+                lo.setdefault(r["op_class"].split("/")[0], []).append(r["error_held_out"])
+        lo = {op: float(np.median(v)) for op, v in lo.items()}
+        covs = {k: f.log_cov for k, f in fits.items()}
+        common.write_tables(NAME, header, entries(values, frames, meta, accs, covs, lo))
     return pd.DataFrame(rows, columns=["op_class", "chip", "runtime", "dtype", "shapes_fit",
                                        "shapes_held_out", "error_fit", "error_held_out",
                                        "bias_held_out"])

@@ -73,12 +73,39 @@ class Fit:
     log_cov: np.ndarray        # covariance of the log parameters (for uncertainty bands)
     rows: int
     rms_log: float
+    score: float = float("nan")   # the minimized cost (robust loss); compares starts
+
+
+def bounded_cov(cov, log_lo, log_hi, jtj_diag=None) -> np.ndarray:
+    """A log covariance whose parameters the data do not pin down gets their prior spread:
+    each log sd is capped at that of a uniform draw within the parameter's log bounds,
+    ``(hi - lo) / sqrt(12)``, and a parameter the fit cannot see (a zero Jacobian column, or a
+    zero variance: pinned at a bound) gets exactly that, uncorrelated."""
+    cov = np.array(cov, float)
+    cap = (np.asarray(log_hi, float) - np.asarray(log_lo, float)) / np.sqrt(12.0)
+    var = np.diag(cov).copy()
+    flat = ~np.isfinite(var) | (var <= 0)
+    if jtj_diag is not None:
+        d = np.asarray(jtj_diag, float)
+        flat |= d <= 1e-12 * max(float(np.max(d)), 1e-300)
+    cov[flat, :] = 0.0
+    cov[:, flat] = 0.0
+    cov[flat, flat] = cap[flat] ** 2
+    sd = np.sqrt(np.clip(np.diag(cov), 1e-300, None))
+    f = np.minimum(1.0, cap / sd)
+    return cov * np.outer(f, f)
 
 
 def least_squares_fit(predict, params: tuple[Param, ...], true_s: np.ndarray,
-                      weights: np.ndarray | None = None, max_nfev: int = 200) -> Fit:
+                      weights: np.ndarray | None = None, max_nfev: int = 200,
+                      loss: str = "linear", f_scale: float = 1.0) -> Fit:
     """Fit ``predict(values_dict) -> seconds`` to ``true_s`` in log space, parameters in log
-    space within their bounds. Returns the values and the covariance of their logs."""
+    space within their bounds. Returns the values and the covariance of their logs.
+
+    ``loss``/``f_scale``: scipy's robust loss on the log residuals. ``"soft_l1"`` with a small
+    ``f_scale`` (e.g. 0.05) minimizes about the mean |log(pred/true)|, i.e. the reported error
+    factor itself, and keeps a few pathological measured shapes (kernels off their tuned
+    configurations) from dragging the fit of the rest."""
     true_s = np.asarray(true_s, float)
     w = np.ones_like(true_s) if weights is None else np.sqrt(np.asarray(weights, float))
     x0 = np.log([p.x0 for p in params])
@@ -92,15 +119,20 @@ def least_squares_fit(predict, params: tuple[Param, ...], true_s: np.ndarray,
         return w * np.where(np.isfinite(r), r, 10.0)
 
     sol = least_squares(resid, x0, bounds=(lo, hi), x_scale=1.0, max_nfev=max_nfev,
-                        method="trf")
+                        method="trf", loss=loss, f_scale=f_scale)
     dof = max(len(true_s) - len(params), 1)
     s2 = float(np.sum(sol.fun ** 2) / dof)
     try:
-        cov = np.linalg.pinv(sol.jac.T @ sol.jac) * s2
+        jtj = sol.jac.T @ sol.jac
+        cov = np.linalg.pinv(0.5 * (jtj + jtj.T), hermitian=True) * s2
+        cov = 0.5 * (cov + cov.T)
     except np.linalg.LinAlgError:
         cov = np.full((len(params), len(params)), np.nan)
+        jtj = np.zeros_like(cov)
+    cov = bounded_cov(cov, lo, hi, np.diag(jtj) if np.ndim(cov) == 2 else None)
     vals = {p.name: float(v) for p, v in zip(params, np.exp(sol.x))}
-    return Fit(vals, cov, len(true_s), float(np.sqrt(np.mean((sol.fun / w) ** 2))))
+    return Fit(vals, cov, len(true_s), float(np.sqrt(np.mean((sol.fun / w) ** 2))),
+               float(sol.cost))
 
 
 # --- transfer to chips without tables -----------------------------------------------------
@@ -148,6 +180,44 @@ def transfer(chip: str, fitted: dict[str, dict], params: tuple[Param, ...], accs
     return vals, near, ratio
 
 
+# --- parameter uncertainty ------------------------------------------------------------------
+#
+# Each catalog entry carries, per fitted family (a group of parameters fitted together), the
+# covariance of the log parameters as ``log_sd`` (standard deviation of ln(value), one per name
+# of ``params``) and ``log_corr`` (their correlation matrix), in a sub-table
+# ``["<chip>".<runtime>.uncertainty.<family>]``; ``ln(value) ~ N(ln(fitted), diag(sd) C diag(sd))``
+# draws parameter samples for uncertainty bands. Fitted entries: the least-squares covariance
+# (``least_squares_fit``: s^2 (J^T J)^-1 of the log-space residuals; soft_l1 fits use scipy's
+# loss-weighted Jacobian; a parameter the data leave free is capped at, and one they cannot
+# see at all set to, the sd of a uniform draw within its log bounds: ``bounded_cov``). Transferred entries (no table for that chip/runtime): the donors'
+# mean covariance plus an independent ``ln(loco)^2`` on every log parameter, where ``loco`` is
+# the op class's median leave-one-chip-out error factor measured in the same fit
+# (``LOCO_DEFAULT`` when none was measured): a transferred chip's parameters are uncertain by
+# about the error the transfer rule shows on measured chips.
+
+LOCO_DEFAULT = 1.3
+
+
+def uncertainty(names, log_cov: np.ndarray, rule: str) -> dict:
+    """The catalog sub-table of one family: params, log_sd, log_corr, rule."""
+    cov = np.asarray(log_cov, float)
+    sd = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        corr = cov / np.outer(sd, sd)
+    corr = np.where(np.isfinite(corr), np.clip(corr, -1.0, 1.0), 0.0)
+    np.fill_diagonal(corr, 1.0)
+    return {"params": list(names), "log_sd": [float(x) for x in sd],
+            "log_corr": [[round(float(x), 3) for x in row] for row in corr], "rule": rule}
+
+
+def inflated_cov(covs: list[np.ndarray], loco: float) -> np.ndarray:
+    """A transferred entry's log covariance: the donors' mean plus ln(loco)^2 on the diagonal."""
+    n = covs[0].shape[0]
+    c = np.mean([np.nan_to_num(np.asarray(x, float)) for x in covs], axis=0) if covs \
+        else np.zeros((n, n))
+    return c + np.eye(n) * np.log(loco) ** 2
+
+
 # --- catalog files --------------------------------------------------------------------------
 
 def write_tables(name: str, header: str, entries: dict[tuple[str, str], dict],
@@ -161,7 +231,8 @@ def write_tables(name: str, header: str, entries: dict[tuple[str, str], dict],
     lines += [f"# Written by `python -m dse.kernels --fit --write` on {today}; do not edit by hand.",
               ""]
     for (chip, runtime) in sorted(entries):
-        e = entries[(chip, runtime)]
+        e = dict(entries[(chip, runtime)])
+        unc = e.pop("uncertainty", {})
         lines.append(f'["{chip}".{runtime}]')
         for k, v in e.items():
             if isinstance(v, str):
@@ -169,6 +240,14 @@ def write_tables(name: str, header: str, entries: dict[tuple[str, str], dict],
             else:
                 lines.append(f"{k} = {float(v):.6g}")
         lines.append("")
+        for fam, u in unc.items():
+            lines.append(f'["{chip}".{runtime}.uncertainty.{fam}]')
+            lines.append("params = [" + ", ".join(f'"{n}"' for n in u["params"]) + "]")
+            lines.append("log_sd = [" + ", ".join(f"{x:.4g}" for x in u["log_sd"]) + "]")
+            lines.append("log_corr = [" + ", ".join(
+                "[" + ", ".join(f"{x:.3g}" for x in row) + "]" for row in u["log_corr"]) + "]")
+            lines.append(f'rule = "{u["rule"]}"')
+            lines.append("")
     path.write_text("\n".join(lines))
     return path
 

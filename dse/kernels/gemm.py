@@ -100,7 +100,7 @@ def sample(frame: pd.DataFrame, n: int, seed: int = SEED) -> pd.DataFrame:
 
 
 def fit_multistart(predict, params, true_s, starts=(), n_random: int = 0,
-                   seed: int = SEED):
+                   seed: int = SEED, loss: str = "linear", f_scale: float = 1.0):
     """``common.least_squares_fit`` from several starts, keeping the lowest log-RMS: the
     parameters' own x0, each dict of ``starts`` ({suffix: value}, e.g. a TensorRT-LLM-like
     point), and ``n_random`` seeded log-uniform draws within the bounds (the max() of the
@@ -117,8 +117,8 @@ def fit_multistart(predict, params, true_s, starts=(), n_random: int = 0,
             p, x0=float(np.exp(rng.uniform(np.log(p.lo), np.log(p.hi))))) for p in params))
     best = None
     for c in cands:
-        r = common.least_squares_fit(predict, c, true_s)
-        if best is None or r.rms_log < best.rms_log - 1e-9:
+        r = common.least_squares_fit(predict, c, true_s, loss=loss, f_scale=f_scale)
+        if best is None or r.score < best.score - 1e-9:
             best = r
     return best
 
@@ -149,9 +149,11 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
     groups = {key: g for key, g in d.groupby(["chip", "runtime", "family"])}
     fitted: dict[tuple, dict] = {}
     notes: dict[tuple, str] = {}
+    covs: dict[tuple, np.ndarray] = {}       # (chip, runtime, family) -> log covariance
     rows = []
     if not fit:
         fitted = _read_catalog(mod.NAME)
+        covs = _read_covariances(mod.NAME)
     version = data.package_version()
     today = _dt.date.today().isoformat()
     for (chip, rt, fam), g in sorted(groups.items()):
@@ -165,9 +167,12 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
             s = mod.sample(train, mod.FIT_ROWS)
             res = fit_multistart(lambda v: mod.predict(s, fam, acc, v), params,
                                  s["latency_s"].to_numpy(), getattr(mod, "STARTS", ()),
-                                 n_random=getattr(mod, "RANDOM_STARTS", 0))
+                                 n_random=getattr(mod, "RANDOM_STARTS", 0),
+                                 loss=getattr(mod, "LOSS", "linear"),
+                                 f_scale=getattr(mod, "F_SCALE", 1.0))
             vals = res.values
             fitted.setdefault((chip, rt), {}).update(vals)
+            covs[(chip, rt, fam)] = res.log_cov
             dist = ("" if "distribution" not in g or g["distribution"].iloc[0] == "balanced"
                     else f" ({g['distribution'].iloc[0]} rows, corrected to balanced)")
             notes[(chip, rt, fam)] = (f"{g['version'].iloc[0]}{dist}: {len(s)} shapes, "
@@ -182,7 +187,7 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
                          shapes_fit=min(len(train), mod.FIT_ROWS), shapes_held_out=len(test),
                          error_fit=e_fit, error_held_out=common.error_factor(pt, test["latency_s"]),
                          bias_held_out=_bias(pt, test["latency_s"])))
-    if loco:
+    if loco or write:      # the transfer rule's error (also sizes transferred covariances)
         for (chip, rt, fam), g in sorted(groups.items()):
             acc = accs[chip]
             if not mod.supported(acc, fam):
@@ -200,14 +205,19 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
                              error_held_out=common.error_factor(p, g["latency_s"]),
                              bias_held_out=_bias(p, g["latency_s"])))
     if write:
-        entries = complete(mod, fitted, notes, accs, version, today)
+        lo = [r["error_held_out"] for r in rows if r["op_class"].endswith("/loco")
+              and np.isfinite(r["error_held_out"])]
+        loco_err = float(np.median(lo)) if lo else common.LOCO_DEFAULT
+        entries = complete(mod, fitted, notes, accs, version, today, covs, loco_err)
         common.write_tables(mod.NAME, mod.HEADER, entries)
+    if not loco:
+        rows = [r for r in rows if not r["op_class"].endswith("/loco")]
     return pd.DataFrame(rows, columns=["op_class", "chip", "runtime", "dtype", "shapes_fit",
                                        "shapes_held_out", "error_fit", "error_held_out",
                                        "bias_held_out"])
 
 
-def complete(mod, fitted, notes, accs, version, today) -> dict:
+def complete(mod, fitted, notes, accs, version, today, covs=None, loco_err=None) -> dict:
     """An entry for every catalog accelerator x runtime, per family: the fit where this
     (chip, runtime) measured it; else ``common.transfer`` from the chips that fitted the same
     runtime's family (compute MAMF-scaled), since runtimes' kernels differ far more than chips
@@ -216,9 +226,11 @@ def complete(mod, fitted, notes, accs, version, today) -> dict:
     rule from every runtime of the measured chips."""
     entries = {}
     fams = mod.FAMILY_ORDER
+    covs = covs or {}
+    loco_err = loco_err or common.LOCO_DEFAULT
     for chip, acc in accs.items():
         for rt in common_runtimes():
-            e, sources = {}, []
+            e, sources, unc = {}, [], {}
             for fam in fams:
                 if not mod.supported(acc, fam):
                     continue
@@ -227,6 +239,9 @@ def complete(mod, fitted, notes, accs, version, today) -> dict:
                 own = fitted.get((chip, rt), {})
                 if all(n in own for n in names):
                     e.update({n: own[n] for n in names})
+                    if (chip, rt, fam) in covs:
+                        unc[f"{mod.NAME}_{fam}"] = common.uncertainty(
+                            names, covs[(chip, rt, fam)], "fitted: least-squares covariance")
                     sources.append(f"{fam}: {mod.SOURCE_TABLE}, {rt} {notes.get((chip, rt, fam), '')}")
                     continue
                 pool = {c: v for (c, r), v in fitted.items()
@@ -237,6 +252,9 @@ def complete(mod, fitted, notes, accs, version, today) -> dict:
                 if not pool and same:
                     e.update({n: float(np.exp(np.mean([np.log(v[n]) for v in same])))
                               for n in names})
+                    donors = [covs[(chip, r, fam)] for (c, r), v in fitted.items()
+                              if c == chip and r != rt and (chip, r, fam) in covs]
+                    unc[f"{mod.NAME}_{fam}"] = _transferred(names, donors, loco_err)
                     sources.append(f"{fam}: geometric mean of this chip's other runtimes "
                                    f"(no chip has {rt}'s table)")
                     continue
@@ -251,6 +269,9 @@ def complete(mod, fitted, notes, accs, version, today) -> dict:
                     continue
                 vals, near, ratio = common.transfer(chip, pool, params, accs)
                 e.update(vals)
+                donors = [covs[(m, r, fam)] for m in near for r in common_runtimes()
+                          if (m, r, fam) in covs and (r == rt or not rt_pool)]
+                unc[f"{mod.NAME}_{fam}"] = _transferred(names, donors, loco_err)
                 r = "none" if ratio is None else f"{ratio:.3g}"
                 sources.append(f"{fam}: transferred from {rt if rt_pool else 'all runtimes'} "
                                f"of {', '.join(near)} "
@@ -261,8 +282,36 @@ def complete(mod, fitted, notes, accs, version, today) -> dict:
                 merged.setdefault(rest, []).append(fam)
             body = "; ".join(f"{', '.join(f)}: {r}" for r, f in merged.items())
             head = f"aiconfigurator-core {version}; fitted {today}"
-            entries[(chip, rt)] = {"fitted_on": f"{head}; {body}", **e}
+            entries[(chip, rt)] = {"fitted_on": f"{head}; {body}", **e, "uncertainty": unc}
     return entries
+
+
+def _transferred(names, donors, loco_err) -> dict:
+    """The uncertainty of a transferred family (common.inflated_cov)."""
+    n = len(names)
+    cov = common.inflated_cov([d for d in donors if np.shape(d) == (n, n)], loco_err) \
+        if donors else np.eye(n) * np.log(loco_err) ** 2
+    rule = (f"transferred: donors' covariance + ln({loco_err:.4g})^2 "
+            "(median leave-one-chip-out error)")
+    return common.uncertainty(names, cov, rule)
+
+
+def _read_covariances(name: str) -> dict:
+    """{(chip, runtime, family): log covariance} of the catalog's fitted families."""
+    import tomllib
+    path = common.CATALOG_DIR / f"{name}.toml"
+    if not path.exists():
+        return {}
+    out = {}
+    for chip, rts in tomllib.loads(path.read_text()).items():
+        for rt, e in rts.items():
+            for fam_key, u in e.get("uncertainty", {}).items():
+                if not u.get("rule", "").startswith("fitted"):
+                    continue
+                sd = np.asarray(u["log_sd"], float)
+                out[(chip, rt, fam_key.split("_", 1)[1])] = (np.outer(sd, sd)
+                                                             * np.asarray(u["log_corr"], float))
+    return out
 
 
 def common_runtimes():
@@ -276,7 +325,7 @@ def _read_catalog(name: str) -> dict:
     if not path.exists():
         return {}
     doc = tomllib.loads(path.read_text())
-    return {(chip, rt): {k: v for k, v in e.items() if k != "fitted_on"}
+    return {(chip, rt): {k: v for k, v in e.items() if k not in ("fitted_on", "uncertainty")}
             for chip, rts in doc.items() for rt, e in rts.items()}
 
 

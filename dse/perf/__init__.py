@@ -5,7 +5,8 @@ Every function takes arrays with one row per candidate design and never loops ov
 """
 
 from dse.perf.batch import FIELDS, Batch
-from dse.perf.serve import BOUNDS, METRICS, OPS, REASONS, Breakdown, score, score_chunked
+from dse.perf.serve import (BOUNDS, KNEE_FRACTION, METRICS, OPS, REASONS, Breakdown,
+                            decode_bound, score, score_chunked)
 
-__all__ = ["BOUNDS", "Batch", "Breakdown", "FIELDS", "METRICS", "OPS", "REASONS", "score",
-           "score_chunked"]
+__all__ = ["BOUNDS", "Batch", "Breakdown", "FIELDS", "KNEE_FRACTION", "METRICS", "OPS", "REASONS",
+           "decode_bound", "score", "score_chunked"]

@@ -12,8 +12,10 @@ Prefill (context) attention, GQA/MHA or expanded MLA::
     pairs    = min(pairs, new * window)                   (sliding window, when window > 0)
     flops    = 2 * batch * heads * (d_qk + d_v) * pairs
     t_flops  = flops / (peak * fraction) * (1 + half_tokens / new) * (1 + half_rows / (batch * heads * new))
+               * (1 + dim_half / d_qk)
     bytes    = elem_bytes * batch * (new * heads * (d_qk + d_v) + (new + prior_w) * kv_heads * (d_qk + d_v))
-    t        = latency_s + max(t_flops, bytes / (hbm_bw * hbm_fraction))
+    t        = latency_s + batch (per_seq_s + heads per_seq_head_s)
+               + max(t_flops, bytes / (hbm_bw * hbm_fraction))
 
 Decode (generation) attention, one new token per sequence over ``context`` cached tokens
 (GQA/MHA, or MLA in the absorbed form: one latent "KV head" of ``kv_lora + rope`` elements)::
@@ -54,7 +56,8 @@ def causal_pairs(new_tokens, prior_tokens, window_tokens=0.0):
 
 def prefill_attention_s(batch, new_tokens, prior_tokens, heads, kv_heads, d_qk, d_v,
                         window_tokens, elem_bytes, peak_flops_per_s, hbm_bw_bytes_per_s, *,
-                        fraction, half_tokens, half_rows, latency_s, hbm_fraction=0.8):
+                        fraction, half_tokens, half_rows, latency_s, hbm_fraction=0.8,
+                        dim_half=0.0, per_seq_s=0.0, per_seq_head_s=0.0):
     """Seconds of one prefill (context) attention layer on one chip.
 
     batch: sequences in the call; new_tokens: new (query) tokens per sequence; prior_tokens:
@@ -65,7 +68,12 @@ def prefill_attention_s(batch, new_tokens, prior_tokens, heads, kv_heads, d_qk, 
     fraction: fraction of the peak reached by long, wide prefills; half_tokens: new tokens per
     sequence at which the rate is halved (tile fill along the sequence); half_rows: query rows
     (batch x heads x new) at which the rate is halved (too few CTAs to fill the chip);
-    latency_s: fixed time per call; hbm_fraction: achieved fraction of HBM bandwidth.
+    latency_s: fixed time per call; hbm_fraction: achieved fraction of HBM bandwidth;
+    dim_half: head dim (d_qk, elements) at which the MMAs' short K (scores) and N (values)
+    halve the rate (0: none); per_seq_s: time per sequence in the call (varlen bookkeeping,
+    one tile row per sequence at least) (s; 0: none); per_seq_head_s: time per (sequence,
+    query head) work item: each pads its queries to a tile and loads its K/V tiles, however
+    few its new tokens (s; 0: none).
     """
     batch = np.asarray(batch, float)
     new = np.maximum(np.asarray(new_tokens, float), 1.0)
@@ -75,12 +83,13 @@ def prefill_attention_s(batch, new_tokens, prior_tokens, heads, kv_heads, d_qk, 
     dsum = np.asarray(d_qk, float) + np.asarray(d_v, float)
     w = np.asarray(window_tokens, float)
     flops = 2.0 * batch * heads * dsum * causal_pairs(new, prior, w)
-    slow = (1.0 + half_tokens / new) * (1.0 + half_rows / (batch * heads * new))
+    slow = ((1.0 + half_tokens / new) * (1.0 + half_rows / (batch * heads * new))
+            * (1.0 + dim_half / np.asarray(d_qk, float)))
     t_flops = flops / (np.asarray(peak_flops_per_s, float) * fraction) * slow
     prior_w = np.where(w > 0, np.minimum(prior, np.where(w > 0, w, 1.0)), prior)
     nbytes = elem_bytes * batch * (new * heads * dsum + (new + prior_w) * kv_heads * dsum)
     t_mem = nbytes / (np.asarray(hbm_bw_bytes_per_s, float) * hbm_fraction)
-    return latency_s + np.maximum(t_flops, t_mem)
+    return latency_s + batch * (per_seq_s + heads * per_seq_head_s) + np.maximum(t_flops, t_mem)
 
 
 def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_elems_per_token,

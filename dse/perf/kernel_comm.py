@@ -66,38 +66,56 @@ NVFP4_ELEM_BYTES = 0.5 + 1.0 / 16.0    # 4-bit payload + one fp8 scale per 16 el
 
 
 def _a(x) -> np.ndarray:
-    return np.asarray(x, dtype=float)
+    """``x`` as a floating array, keeping a float32 batch in float32 (a Python number stays a
+    Python float, which numpy treats as weakly typed)."""
+    if isinstance(x, (int, float)):
+        return float(x)
+    x = np.asarray(x)
+    return x if x.dtype.kind == "f" else x.astype(float)
 
 
 def _log2(g) -> np.ndarray:
     return np.log2(np.maximum(_a(g), 1.0))
 
 
+def _out(n: int, *args):
+    """Uninitialised ``(latency_s, seconds_per_byte)`` arrays of ``n`` branches, broadcast over
+    ``args`` (their float dtype: a float32 batch stays float32)."""
+    shape = (n,) + np.broadcast_shapes(*(np.shape(a) for a in args))
+    dtype = np.result_type(*args, 1.0)
+    return np.empty(shape, dtype), np.empty(shape, dtype)
+
+
 def nccl_allreduce_branches(group, link_bw_bytes_per_s, *, ar_nccl_latency_s,
                             ar_nccl_latency_per_log2_s, ar_nccl_ll_fraction,
                             ar_nccl_bulk_latency_s, ar_nccl_fraction,
-                            ar_nccl_fraction_per_doubling):
+                            ar_nccl_fraction_per_doubling, added_latency_s=0.0, log2_group=None,
+                            out=None):
     """NCCL ring all-reduce inside one domain: the LL and Simple protocol branches, stacked as
-    ``(latency_s[2, ...], seconds_per_byte[2, ...])`` (``t = min_i lat_i + spb_i * bytes``).
+    ``(latency_s[2, ...], seconds_per_byte[2, ...])`` (``t = min_i lat_i + spb_i * bytes``);
+    ``added_latency_s``: latency every branch adds once; ``log2_group``: ``log2 g`` when the
+    caller has it; ``out``: two such arrays to fill.
 
     Example (H100, W = 450 GB/s, fraction 0.9, per-doubling 1, g = 8, B = 1 GB): the Simple
     branch's per-byte cost is ``2*7/8 / (450e9*0.9) = 4.32e-12 s/B``, i.e. 4.32 ms for 1 GB.
     """
     g = _a(group)
-    lg = _log2(g)
-    r = _a(ar_nccl_fraction_per_doubling) ** (lg - 1.0)
-    ring = 2.0 * (g - 1.0) / np.maximum(g, 1.0)
-    bw = _a(link_bw_bytes_per_s) * r
-    lat_step = _a(ar_nccl_latency_per_log2_s) * lg
-    lat = np.stack(np.broadcast_arrays(_a(ar_nccl_latency_s) + lat_step,
-                                       _a(ar_nccl_bulk_latency_s) + lat_step))
-    spb = np.stack(np.broadcast_arrays(ring / (bw * _a(ar_nccl_ll_fraction)),
-                                       ring / (bw * _a(ar_nccl_fraction))))
+    lg = _log2(g) if log2_group is None else log2_group
+    r = np.power(_a(ar_nccl_fraction_per_doubling), lg - 1.0)
+    base = 2.0 * (g - 1.0) / np.maximum(g, 1.0) / (_a(link_bw_bytes_per_s) * r)  # ring / bw
+    lat_step = _a(ar_nccl_latency_per_log2_s) * lg + added_latency_s
+    params = (ar_nccl_latency_s, ar_nccl_bulk_latency_s, ar_nccl_ll_fraction, ar_nccl_fraction)
+    lat, spb = _out(2, base, lat_step, *params) if out is None else out
+    np.add(ar_nccl_latency_s, lat_step, out=lat[0, ...])
+    np.add(ar_nccl_bulk_latency_s, lat_step, out=lat[1, ...])
+    np.divide(base, ar_nccl_ll_fraction, out=spb[0, ...])
+    np.divide(base, ar_nccl_fraction, out=spb[1, ...])
     return lat, spb
 
 
 def custom_allreduce_branches(group, link_bw_bytes_per_s, *, ar_custom_latency_s,
-                              ar_custom_latency_per_log2_s, ar_custom_fraction):
+                              ar_custom_latency_per_log2_s, ar_custom_fraction,
+                              added_latency_s=0.0, log2_group=None, out=None):
     """A runtime's custom all-reduce (one-shot and two-shot), stacked like the NCCL branches.
 
     one-shot: ``lat + (g-1) * B / (W f)``; two-shot: ``2 lat + 2 (g-1)/g * B / (W f)`` with
@@ -106,46 +124,60 @@ def custom_allreduce_branches(group, link_bw_bytes_per_s, *, ar_custom_latency_s
     ``4e-6 + 7 * 65536 / 360e9 = 5.27 us``; two-shot ``8e-6 + 1.75 * 65536 / 360e9 = 8.32 us``.
     """
     g = _a(group)
-    lat1 = _a(ar_custom_latency_s) + _a(ar_custom_latency_per_log2_s) * _log2(g)
-    bw = _a(link_bw_bytes_per_s) * _a(ar_custom_fraction)
-    lat = np.stack(np.broadcast_arrays(lat1, 2.0 * lat1))
-    spb = np.stack(np.broadcast_arrays((g - 1.0) / bw,
-                                       2.0 * (g - 1.0) / np.maximum(g, 1.0) / bw))
+    lg = _log2(g) if log2_group is None else log2_group
+    lat1 = _a(ar_custom_latency_s) + _a(ar_custom_latency_per_log2_s) * lg
+    peers = (g - 1.0) / (_a(link_bw_bytes_per_s) * _a(ar_custom_fraction))
+    lat, spb = _out(2, lat1, peers, added_latency_s) if out is None else out
+    np.add(lat1, added_latency_s, out=lat[0, ...])
+    np.add(2.0 * lat1, added_latency_s, out=lat[1, ...])
+    spb[0] = peers
+    np.divide(peers, 0.5 * np.maximum(g, 1.0), out=spb[1, ...])
     return lat, spb
 
 
 def allreduce_branches(group, link_bw_bytes_per_s, *, domain_chips=None,
-                       scaleout_bw_bytes_per_s=None, custom=True, **p):
+                       scaleout_bw_bytes_per_s=None, custom=True, extra_latency_per_log2_s=0.0,
+                       **p):
     """Every branch of an all-reduce over ``group`` ranks as ``(latency_s[n, ...],
     seconds_per_byte[n, ...])``; ``t = min_i latency_s[i] + seconds_per_byte[i] * bytes``.
 
     ``p`` holds the ``ar_nccl_*`` keys, the ``ar_custom_*`` keys when ``custom`` (the runtime's
     custom kernel competes with NCCL inside one domain), and the ``a2a_scaleout_*`` keys when
     ``domain_chips`` is given (groups larger than the domain add the inter-domain all-reduce of
-    ``B / inner`` on the NICs to every branch, and custom branches are disabled there).
+    ``B / inner`` on the NICs to every branch, and custom branches are disabled there: their
+    latency is infinite). ``extra_latency_per_log2_s``: latency every branch adds per
+    ``log2`` of the ranks inside one domain, twice (a topology slower than the measured one).
     """
     g = _a(group)
     if domain_chips is None:
-        inner, n_dom = g, np.ones_like(g)
+        inner, n_dom = g, None
     else:
         inner = np.minimum(g, _a(domain_chips))
         n_dom = np.maximum(g / inner, 1.0)
-    lat, spb = nccl_allreduce_branches(inner, link_bw_bytes_per_s,
-                                       **{k: p[k] for k in AR_NCCL_KEYS})
-    spans = n_dom > 1.0
+    lg = _log2(inner)
+    added = 0.0                      # latency every branch adds once
+    if not (np.ndim(extra_latency_per_log2_s) == 0 and extra_latency_per_log2_s == 0.0):
+        added = 2.0 * lg * _a(extra_latency_per_log2_s)
+    if n_dom is not None:
+        # log2(1) = 0 and (1 - 1) = 0: a group inside one domain adds nothing
+        added = added + 2.0 * _log2(n_dom) * _a(p["a2a_scaleout_latency_s"])
+    nccl = {k: _a(p[k]) for k in AR_NCCL_KEYS}
+    cust = {k: _a(p[k]) for k in AR_CUSTOM_KEYS} if custom else {}
+    lat, spb = _out(4 if custom else 2, inner, link_bw_bytes_per_s, added, *nccl.values(),
+                    *cust.values())
+    nccl_allreduce_branches(inner, link_bw_bytes_per_s, **nccl, added_latency_s=added,
+                            log2_group=lg, out=(lat[:2], spb[:2]))
     if custom:
-        clat, cspb = custom_allreduce_branches(inner, link_bw_bytes_per_s,
-                                               **{k: p[k] for k in AR_CUSTOM_KEYS})
-        clat = np.where(spans, np.inf, clat)        # no custom kernel across domains
-        lat, spb = np.concatenate(np.broadcast_arrays(lat, clat)), \
-            np.concatenate(np.broadcast_arrays(spb, cspb))
-    if domain_chips is not None:
-        out_lat = np.where(spans, 2.0 * _log2(n_dom) * _a(p["a2a_scaleout_latency_s"]), 0.0)
-        out_spb = np.where(spans, 2.0 * (n_dom - 1.0) / n_dom / inner
-                           / (_a(scaleout_bw_bytes_per_s) * _a(p["a2a_scaleout_fraction"])), 0.0)
-        lat, spb = lat + out_lat, spb + out_spb
-    on = g > 1.0
-    return np.where(on, lat, 0.0), np.where(on, spb, 0.0)
+        custom_allreduce_branches(inner, link_bw_bytes_per_s, **cust, added_latency_s=added,
+                                  log2_group=lg, out=(lat[2:], spb[2:]))
+    if n_dom is not None:
+        spb += 2.0 * (n_dom - 1.0) / n_dom / inner \
+            / (_a(scaleout_bw_bytes_per_s) * _a(p["a2a_scaleout_fraction"]))
+        if custom:
+            np.copyto(lat[2:], np.inf, where=n_dom > 1.0)
+    # one rank: no collective (the per-byte costs are 0 there already: (g - 1) factors)
+    lat *= g > 1.0
+    return lat, spb
 
 
 def allreduce_s(message_bytes, group, link_bw_bytes_per_s, **kw) -> np.ndarray:
@@ -158,24 +190,30 @@ def allreduce_s(message_bytes, group, link_bw_bytes_per_s, **kw) -> np.ndarray:
     """
     lat, spb = allreduce_branches(group, link_bw_bytes_per_s, **kw)
     b = _a(message_bytes)
-    pad = (1,) * max(b.ndim - (lat.ndim - 1), 0)
+    pad = (1,) * max(np.ndim(b) - (lat.ndim - 1), 0)
     lat = lat.reshape(lat.shape[:1] + pad + lat.shape[1:])
     spb = spb.reshape(spb.shape[:1] + pad + spb.shape[1:])
     return np.min(lat + spb * b, axis=0)
 
 
-def _hit_probability(experts, topk, share):
+def _hit_probability(experts, topk, *shares):
     """P(a token's ``topk`` distinct experts, drawn from ``experts``, include at least one of the
-    ``experts * share`` experts of one rank/node) = 1 - prod_{i<k} (E - E s - i) / (E - i)."""
+    ``experts * share`` experts of one rank/node) = 1 - prod_{i<k} (E - E s - i) / (E - i),
+    one array per share."""
     e = _a(experts)
     k = _a(topk)
-    m = e * _a(share)
-    miss = np.ones(np.broadcast(e, k, m).shape)
-    for i in range(int(np.max(k)) if k.size else 0):
-        # draws past a row's own top-k multiply by 1
-        term = np.clip((e - m - i) / np.maximum(e - i, 1.0), 0.0, 1.0)
-        miss = miss * np.maximum(term, i >= k)
-    return 1.0 - miss
+    ms = [e * _a(s) for s in shares]
+    dtype = np.result_type(e, *ms, 1.0)
+    misses = [np.ones(np.broadcast(e, k, m).shape, dtype=dtype) for m in ms]
+    for i in range(int(np.max(k)) if np.size(k) else 0):
+        # (E - m - i) / (E - i) = 1 - m / (E - i), at least 0; draws past a row's own top-k
+        # multiply by 1 (w = 0)
+        w = (k > i) / np.maximum(e - i, 1.0)
+        for m, miss in zip(ms, misses):
+            t = np.asarray(m * w)
+            np.subtract(1.0, t, out=t)
+            miss *= np.maximum(t, 0.0, out=t)
+    return [1.0 - miss for miss in misses]
 
 
 def alltoall_bytes(tokens, hidden, topk, experts, ep, ranks_per_node, elem_bytes, kind="normal"):
@@ -197,8 +235,9 @@ def alltoall_bytes(tokens, hidden, topk, experts, ep, ranks_per_node, elem_bytes
         up = t * k * (r - 1.0) / ep
         out = t * k * (n - 1.0) / n
     elif kind == "normal":
-        up = t * (r - 1.0) * _hit_probability(experts, topk, 1.0 / ep)
-        out = t * (n - 1.0) * _hit_probability(experts, topk, 1.0 / n)
+        p_rank, p_node = _hit_probability(experts, topk, 1.0 / ep, 1.0 / n)
+        up = t * (r - 1.0) * p_rank
+        out = t * (n - 1.0) * p_node
     else:
         raise ValueError(f"kind must be 'll' or 'normal', not {kind!r}")
     return up, out

@@ -20,10 +20,11 @@ balanced routing of ``tokens`` tokens to ``topk`` of ``experts`` experts, expert
     local     = experts / moe_ep                                 # experts on this chip
     rows      = tokens * topk / moe_ep                           # routed rows on this chip
     touched   = local * (1 - (1 - topk / experts) ** tokens)     # distinct local experts hit
-    shape     = 1 / (1 + width_half / w)                         # narrow experts: tile edge waste
+    shape     = 1 / (1 + width_half / w + hidden_half / hidden)  # narrow experts: tile edge waste
     compute_s = 6 (rows + half_rows * touched) hidden w / (peak * fraction * shape)
     memory_s  = touched * 3 hidden w weight_bytes / (hbm_bw * hbm_fraction)
-    token_s   = rows * hidden * token_bytes / hbm_bw             # permute, unpermute, quantize
+    token_s   = (rows token_bytes + tokens batch_bytes) hidden / hbm_bw   # permute, unpermute,
+                                                                 # quantize; the whole batch's in/out
     t_s       = latency_s + max(compute_s, memory_s) + token_s
 
 Everything but the shape columns is a per-design constant, so the scorer can precompute
@@ -86,7 +87,8 @@ def touched_experts(tokens, topk, experts, moe_ep=1):
 
 def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_bytes,
                    peak_flops_per_s, hbm_bw_bytes_per_s, fraction, half_rows, width_half,
-                   hbm_fraction, token_bytes, latency_s):
+                   hbm_fraction, token_bytes, latency_s, rows=None, touched=None,
+                   hidden_half=0.0, batch_bytes=0.0):
     """Time (s) of one MoE layer's expert GEMMs on one chip (gated MLP, balanced routing).
 
     tokens: tokens entering the layer (all ranks' tokens: each rank sees them routed).
@@ -104,15 +106,25 @@ def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_
     token_bytes: HBM bytes moved per routed row per hidden element by permute, unpermute,
         activation quantization and the intermediate activation (bytes).
     latency_s: fixed time of the layer (routing, sort, launches) (s).
+    hidden_half: model width at which the K-loop of the up projection and the N edge of the
+        down projection halve throughput (elements; 0 = no such waste).
+    batch_bytes: HBM bytes per token per hidden element of the whole batch, whatever share of
+        the experts the chip holds: the input read, the output written and the routing over
+        every token (a runtime that gathers all tokens onto every EP rank) (bytes; 0 = none).
+    rows, touched: the chip's routed rows and distinct experts hit, when the routing is known
+        (a benchmark's deterministic routing); default: uniform random routing
+        (``tokens topk / moe_ep`` and ``touched_experts``).
     """
     tokens = np.asarray(tokens, float)
     hidden = np.asarray(hidden, float)
     w = np.asarray(inter, float) / moe_tp
-    rows = tokens * np.asarray(topk, float) / moe_ep
-    touched = touched_experts(tokens, topk, experts, moe_ep)
-    shape = 1.0 / (1.0 + width_half / w)
+    if rows is None:
+        rows = tokens * np.asarray(topk, float) / moe_ep
+    if touched is None:
+        touched = touched_experts(tokens, topk, experts, moe_ep)
+    shape = 1.0 / (1.0 + width_half / w + hidden_half / hidden)
     compute = (6.0 * (rows + half_rows * touched) * hidden * w
                / (peak_flops_per_s * fraction * shape))
     memory = touched * 3.0 * hidden * w * weight_bytes / (hbm_bw_bytes_per_s * hbm_fraction)
-    token = rows * hidden * token_bytes / hbm_bw_bytes_per_s
+    token = (rows * token_bytes + tokens * batch_bytes) * hidden / hbm_bw_bytes_per_s
     return latency_s + np.maximum(compute, memory) + token

@@ -49,32 +49,35 @@ def kernel_allreduce(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
     lat, spb = kernel_comm.allreduce_branches(
         g, b.scaleup_bw_bytes_per_s * bw_fraction, domain_chips=b.domain_chips,
         scaleout_bw_bytes_per_s=b.scaleout_bw_bytes_per_s, custom=True,
-        **_kernel_params(b, keys))
-    extra = flag(g > 1.0, lat[0]) * 2.0 * _log2(np.minimum(g, b.domain_chips)) \
-        * b.scaleup_extra_latency_s
+        extra_latency_per_log2_s=b.scaleup_extra_latency_s, **_kernel_params(b, keys))
     # a branch the group cannot take (custom kernels across domains) has an infinite latency:
     # keep it finite so that a zero coefficient (a dense model's MoE terms) stays zero
-    return np.clip(lat + extra, 0.0, 1e30), spb
+    return np.clip(lat, 0.0, 1e30, out=lat), spb
 
 
-def kernel_alltoall(b: Batch, ep: np.ndarray, dispatch_bytes, combine_bytes, kind: str):
+def kernel_alltoall(b: Batch, ep: np.ndarray, dispatch_bytes, combine_bytes,
+                    kinds=("ll", "normal")) -> dict:
     """EP dispatch plus combine with the fitted kernels (per-rank and per-node deduplication for
-    the normal kernels): ``(latency_s, seconds_per_token)`` for the tokens one chip sends. The
-    bytes per token are computed once for both phases (they differ only in element bytes)."""
+    the normal kernels): ``{kind: (latency_s, seconds_per_token)}`` for the tokens one chip
+    sends. The bytes per token are computed once for both phases (they differ only in element
+    bytes), what the kinds share once for all of them."""
     ranks = np.minimum(ep, b.domain_chips)
-    up, out = kernel_comm.alltoall_bytes(1.0, b.hidden, b.top_k, np.maximum(b.n_experts, 1.0),
-                                         ep, ranks, 1.0, kind)
     ep_ = np.maximum(ep, 1.0)
-    spans = flag(ep_ / np.minimum(ranks, ep_) > 1.0, up)
+    spans = flag(ep_ / np.minimum(ranks, ep_) > 1.0, ep_)
     up_bw = b.scaleup_bw_bytes_per_s * b.a2a_bw_rel
     out_bw = b.scaleout_bw_bytes_per_s * b.a2a_scaleout_fraction
-    lat = 2.0 * spans * b.a2a_scaleout_latency_s                # once per phase
-    spt = 0.0
-    for phase, eb in (("dispatch", dispatch_bytes), ("combine", combine_bytes)):
-        lat = lat + b.columns[f"a2a_{kind}_{phase}_latency_s"]
-        frac = b.columns[f"a2a_{kind}_{phase}_fraction"]
-        spt = spt + eb * np.maximum(up / (up_bw * frac), out / out_bw)
-    on = flag(ep > 1.0, up)
+    on = flag(ep > 1.0, ep_)
+    lat0 = 2.0 * spans * b.a2a_scaleout_latency_s                # once per phase
     extra = 2.0 * on * b.scaleup_extra_latency_s
-    return np.maximum(on * lat + extra, 0.0), on * spt
-
+    experts = np.maximum(b.n_experts, 1.0)
+    out = {}
+    for kind in kinds:
+        up, across = kernel_comm.alltoall_bytes(1.0, b.hidden, b.top_k, experts, ep, ranks, 1.0,
+                                                kind)
+        lat, spt = lat0, 0.0
+        for phase, eb in (("dispatch", dispatch_bytes), ("combine", combine_bytes)):
+            lat = lat + b.columns[f"a2a_{kind}_{phase}_latency_s"]
+            frac = b.columns[f"a2a_{kind}_{phase}_fraction"]
+            spt = spt + eb * np.maximum(up / (up_bw * frac), across / out_bw)
+        out[kind] = (np.maximum(on * lat + extra, 0.0), on * spt)
+    return out

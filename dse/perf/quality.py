@@ -28,7 +28,7 @@ def dense_equivalent_params(b: Batch) -> np.ndarray:
     """Dense-equivalent parameter count (non-embedding) of each row's model."""
     n = np.maximum(arch.active_params(b) - arch.embedding_params(b), 1.0)
     x = np.log10(n)
-    e = np.maximum(b.n_experts, 1.0)
-    le, le1 = _log_ehat(e), _log_ehat(np.ones_like(e))
+    le = _log_ehat(np.maximum(b.n_experts, 1.0))
+    le1 = float(_log_ehat(np.float64(1.0)))          # a dense model (one expert)
     target = A * x + B * le + C * x * le + D
-    return 10.0 ** ((target - D - B * le1) / (A + C * le1))
+    return np.exp(np.log(10.0) / (A + C * le1) * (target - D - B * le1))

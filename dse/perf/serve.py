@@ -21,6 +21,24 @@ from dse.perf.batch import Batch
 from dse.perf.step import OPS, Coefficients, StepTimes, step
 
 BOUNDS = ("compute", "memory", "network", "capacity")
+KNEE_FRACTION = 0.97    # a batch within 3% of the memory-limited maximum fills the HBM
+
+
+def decode_bound(tc, tm, tn, bits, concurrency, max_sequences, max_batch):
+    """What bounds a design's decoding, as an index of ``BOUNDS`` (the one definition: every
+    command, ``predict`` and ``eval`` included, reports this).
+
+    capacity (3): the KV cache of the requested batch does not fit in HBM (reason bit 16), or
+    the batch fills the HBM (at least ``KNEE_FRACTION`` of the memory-limited maximum
+    ``max_sequences``, which is below the runtime's cap ``max_batch``) while the decode step is
+    not compute-bound: more HBM capacity would serve more sequences. Otherwise the largest of
+    the decode step's compute ``tc``, memory ``tm`` and network ``tn`` times: compute (0),
+    memory (1) or network (2); ties go to memory, then compute.
+    """
+    roof = (2 * ((tn > tc) & (tn > tm)) + ((tm > tc) & (tm >= tn))).astype(np.int64)
+    fills = (bits == 0) & (concurrency >= KNEE_FRACTION * max_sequences) \
+        & (max_sequences < max_batch) & (roof != 0)
+    return np.where(((bits & 16) != 0) | fills, 3, roof)
 # bit -> reason an infeasible row carries
 REASONS = {
     1: "tp does not divide num_attention_heads",
@@ -118,10 +136,16 @@ def _memory(b: Batch):
     return weights, kv_seq, act, max_c
 
 
+def _indivisible(a: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """``a`` is not a multiple of ``d`` (whole numbers; ``d = 0`` counts as not dividing):
+    ``np.fmod(a, d) != 0`` without its slow libm call."""
+    return a != np.floor(a / d) * d
+
+
 def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
     ffn_g = b.tp * b.dp
     moe = b.n_experts > 0
-    bad_ep = (np.fmod(ffn_g, b.ep) != 0) | (moe & (b.ep > b.n_experts)) | (~moe & (b.ep != 1))
+    bad_ep = _indivisible(ffn_g, b.ep) | (moe & (b.ep > b.n_experts)) | (~moe & (b.ep != 1))
     positive = (b.hbm_bw_bytes_per_s > 0) & (b.matmul_flops_per_s > 0) & (b.hbm_capacity_bytes > 0) \
         & (b.scaleup_bw_bytes_per_s > 0) & (b.scaleout_bw_bytes_per_s > 0) & (b.isl > 0) \
         & (b.osl > 0) & (b.concurrency >= 1) & (b.tp >= 1) & (b.pp >= 1) & (b.dp >= 1) & (b.ep >= 1)
@@ -130,13 +154,13 @@ def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
     positive &= (b.n_layers >= 1) & (b.hidden > 0) & (b.n_heads > 0) & (b.n_kv_heads > 0) \
         & (b.n_dense_layers >= 0) & (b.n_moe_layers >= 0) & (b.vocab > 0) \
         & ((b.n_experts <= 0) | ((b.top_k >= 1) & (b.top_k <= b.n_experts) & (b.ffn_expert > 0)))
-    conds = ((np.fmod(b.n_heads, b.tp) != 0, 1), (bad_ep, 2), (b.pp > b.n_layers, 4),
+    conds = ((_indivisible(b.n_heads, b.tp), 1), (bad_ep, 2), (b.pp > b.n_layers, 4),
              (weights + act + b.runtime_reserve_bytes > b.hbm_capacity_bytes, 8),
              (b.concurrency > max_c, 16), (b.concurrency > b.max_batch_size * b.dp, 32),
              (~positive, 64))
     bits = np.zeros(len(b), dtype=np.int64)
     for cond, bit in conds:
-        bits = bits + cond.astype(np.int64) * bit
+        np.bitwise_or(bits, bit, out=bits, where=cond)
     return bits
 
 
@@ -388,8 +412,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     joules_out = np.where(no_decode, np.nan, joules_out)
     usd_mtok_in = np.where(b.phase == 2, np.nan, usd_mtok_in)
 
-    bound = (2 * ((tn > tc) & (tn > tm)) + ((tm > tc) & (tm >= tn))).astype(np.int64)
-    bound = np.where((bits & 16) != 0, 3, bound)
+    bound = decode_bound(tc, tm, tn, bits, c, max_c, b.max_batch_size * b.dp)
 
     per_chip_out = out_inst / chips
     metrics = {
@@ -491,5 +514,5 @@ def reason_text(bits: int, max_sequences: float | None = None) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["BOUNDS", "Breakdown", "METRICS", "OPS", "REASONS", "reason_text", "score",
+__all__ = ["BOUNDS", "KNEE_FRACTION", "Breakdown", "decode_bound", "METRICS", "OPS", "REASONS", "reason_text", "score",
            "score_chunked"]

@@ -95,7 +95,8 @@ class Coefficients:
         n_gemm = L * arch.blend(mla, 4.0, 2.0)                 # GEMMs per step, for latencies
         # tp all-reduce of the attention output, per layer: the runtime's fastest kernel
         # (min over NCCL and custom branches) for the busiest rank's rows
-        a0, a1 = kernel_allreduce(b, tp, b.tp_bw_rel)
+        allreduce = _AllReduces(b)
+        a0, a1 = allreduce(tp, b.tp_bw_rel)
         self.n_proj = (self.layers_stage * a0, self.layers_stage * a1 * d * ab)
         # attention core (dse.perf.kernel_attention): decode pads each KV head's query group
         # to group_min_heads rows; prefill efficiency rises with the prompt's tokens
@@ -105,8 +106,12 @@ class Coefficients:
         dec_eff = b.attn_flops_per_s * b.attn_decode_compute_fraction
         self.c_core_dec = 2.0 * heads * q_pad * arch.attn_dims(b, True) / dp / dec_eff * stage
         # prefill attention runs on the rank that holds the prompt: per rank, not split over dp
+        d_qk = arch.blend(mla, b.qk_nope + b.qk_rope, b.head_dim)
         self.c_core_pre = (2.0 * heads * arch.attn_dims(b, False)
+                           * (1.0 + b.attn_prefill_dim_half / np.maximum(d_qk, 1.0))
                            / (b.attn_flops_per_s * b.attn_prefill_fraction) * stage)
+        # per prompt and per (prompt, query head) time of each prefill attention call
+        self.x_core_pre_seq = L * (b.attn_prefill_per_seq_s + heads * b.attn_prefill_per_seq_head_s)
         self.pre_half_tokens = b.attn_prefill_half_tokens
         self.pre_half_rows = b.attn_prefill_half_rows / heads
         kv_tok = arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
@@ -118,65 +123,80 @@ class Coefficients:
         # dense MLP over a group of g chips: the tp*dp group (every chip sees all tokens) or,
         # replicated, each attention-dp rank's tp group (its own tokens); compute per chip is
         # the same, the weights read and the all-reduce differ
+        # (a batch without dense layers, without MoE layers or with tp = 1 everywhere skips
+        # those terms: the hot path of many spaces)
+        self.dense = bool(np.any(b.n_dense_layers > 0))
+        self.moe = bool(np.any(b.n_experts > 0))
+        self.tp_ar = bool(np.any(tp > 1))
         rep = b.dense_replicated
         g = ffn_g + rep * (tp - ffn_g)
-        dense_layers = b.n_dense_layers * stage
-        f_chip = b.ffn_dense / g
-        self.c_dense, self.w_dense = _gemm_coef(
-            b, (((b.mlp_mats - 1.0) * f_chip, d), (d, f_chip)), dense_layers, peak)
-        self.dense_rows = g / ffn_g                  # rows per chip per step token
-        self.m_dense = arch.dense_mlp_params(b) * dense_layers * wb / g / g_hbm
-        n_gemm = n_gemm + 2.0 * dense_layers
-        f0, f1 = kernel_allreduce(b, g, b.ffn_bw_rel + rep * (b.tp_bw_rel - b.ffn_bw_rel))
-        self.n_dense = (dense_layers * f0, dense_layers * f1 * d * ab * g / ffn_g)
-        # routed experts over ep ranks, each expert tp*dp/ep-way sharded
-        moe_layers = b.n_moe_layers * stage
-        e = np.maximum(b.n_experts, 1.0)
-        k = np.minimum(b.top_k, e)
-        self.log_miss = np.log1p(-np.minimum(k / e, 1.0 - 1e-12))   # per-token chance to miss one
-        ep = b.ep
-        # grouped GEMMs (kernel_gemm.grouped_gemm_s): rows tok*k/ep per chip, moe_half_rows
-        # padded per touched expert, expert width inter/moe_tp with its edge waste
-        width = np.maximum(b.ffn_expert * ep / ffn_g, 1.0)
-        self.expert_pad = b.moe_half_rows * e / np.maximum(k, 1e-12) * arch.flag(k > 0, k)
-        p_exp = arch.expert_params(b)
-        self.c_moe = (2.0 * k * p_exp * moe_layers / ffn_g * (1.0 + b.moe_width_half / width)
-                      / (b.expert_matmul_flops_per_s * b.moe_fraction))
-        self.m_moe = (arch.expert_slots(b) * p_exp * moe_layers * b.expert_weight_bytes / ffn_g
-                      / (b.hbm_bw_bytes_per_s * b.moe_hbm_fraction))
-        self.x_moe_tok = moe_layers * k / ep * d * b.moe_token_bytes / b.hbm_bw_bytes_per_s
-        self.x_moe = moe_layers * b.moe_latency_s * arch.flag(b.n_experts > 0, d)
-        dest = ep * (1.0 - np.power(1.0 - 1.0 / ep, k))        # distinct ep ranks a token visits
-        # EP dispatch (fp8 with fp8/fp4 weights, else bf16) and combine (bf16) of the tokens a
-        # chip holds (tok / (tp*dp)), with the fitted low-latency and normal kernels (per-rank
-        # and per-node deduplication in the normal ones); the step picks the kind
-        disp = arch.blend(arch.flag(b.dispatch_bytes < 2.0, d), kernel_comm.FP8_ELEM_BYTES,
-                          kernel_comm.BF16_ELEM_BYTES)
-        is_moe = arch.flag(b.n_experts > 0, moe_layers) * moe_layers
-        self.a2a = {}
-        for kind in ("ll", "normal"):
-            lat, spt = kernel_alltoall(b, ep, disp, kernel_comm.BF16_ELEM_BYTES, kind)
-            self.a2a[kind] = (is_moe * lat, is_moe * spt / ffn_g)
-        mode = b.a2a_mode                       # 0 auto, 1 low-latency, 2 normal
-        self.ll_decode = arch.flag(mode < 1.5, mode)
-        self.ll_mixed = arch.flag(np.abs(mode - 1.0) < 0.5, mode)
-        self.tbo = b.two_batch_overlap * arch.flag(b.n_experts > 0, d)
+        if self.dense:
+            dense_layers = b.n_dense_layers * stage
+            f_chip = b.ffn_dense / g
+            self.c_dense, self.w_dense = _gemm_coef(
+                b, (((b.mlp_mats - 1.0) * f_chip, d), (d, f_chip)), dense_layers, peak)
+            self.dense_rows = g / ffn_g                  # rows per chip per step token
+            self.m_dense = arch.dense_mlp_params(b) * dense_layers * wb / g / g_hbm
+            n_gemm = n_gemm + 2.0 * dense_layers
+            # (a row without dense layers takes the tp group's, which is then often shared)
+            some_dense = arch.flag(b.n_dense_layers > 0, d)
+            f0, f1 = allreduce(arch.blend(some_dense, g, tp), arch.blend(
+                some_dense, b.ffn_bw_rel + rep * (b.tp_bw_rel - b.ffn_bw_rel), b.tp_bw_rel))
+            self.n_dense = (dense_layers * f0, dense_layers * f1 * d * ab * g / ffn_g)
+        self.tbo = 0.0
         self.a2a_overlap = b.alltoall_overlap_fraction
-        moe_tp = ffn_g / ep
-        r0, r1 = kernel_allreduce(b, moe_tp, b.tp_bw_rel)
-        self.n_moe_ar = (is_moe * r0, is_moe * r1 * np.minimum(dest, ep) / ep * d * ab)
-        # shared experts and router
-        sh_chip = b.n_shared * b.ffn_shared / ffn_g
-        self.c_sh, self.w_sh = _gemm_coef(b, (((b.mlp_mats - 1.0) * sh_chip, d), (d, sh_chip)),
-                                          moe_layers, peak)
-        p_sh = arch.shared_params_per_layer(b) * moe_layers
-        self.m_sh = p_sh * wb / ffn_g / g_hbm
-        has_sh = arch.flag(b.n_shared > 0, d)
-        self.c_router, self.w_router = _gemm_coef(b, ((b.n_experts, d),), moe_layers, peak)
-        self.c_router = self.c_router / ffn_g        # each chip routes its share of the tokens
-        p_router = d * b.n_experts * moe_layers
-        self.m_router = p_router * wb / ffn_g / g_hbm
-        n_gemm = n_gemm + moe_layers * arch.flag(b.n_experts > 0, d) * (1.0 + 2.0 * has_sh)
+        if self.moe:
+            # routed experts over ep ranks, each expert tp*dp/ep-way sharded
+            moe_layers = b.n_moe_layers * stage
+            e = np.maximum(b.n_experts, 1.0)
+            k = np.minimum(b.top_k, e)
+            # per-token chance to miss one expert
+            self.log_miss = np.log1p(-np.minimum(k / e, 1.0 - 1e-12))
+            ep = b.ep
+            # grouped GEMMs (kernel_gemm.grouped_gemm_s): rows tok*k/ep per chip, moe_half_rows
+            # padded per touched expert, expert width inter/moe_tp with its edge waste
+            width = np.maximum(b.ffn_expert * ep / ffn_g, 1.0)
+            self.expert_pad = b.moe_half_rows * e / np.maximum(k, 1e-12) * arch.flag(k > 0, k)
+            p_exp = arch.expert_params(b)
+            self.c_moe = (2.0 * k * p_exp * moe_layers / ffn_g
+                          * (1.0 + b.moe_width_half / width + b.moe_hidden_half / d)
+                          / (b.expert_matmul_flops_per_s * b.moe_fraction))
+            self.m_moe = (arch.expert_slots(b) * p_exp * moe_layers * b.expert_weight_bytes
+                          / ffn_g / (b.hbm_bw_bytes_per_s * b.moe_hbm_fraction))
+            dest = ep * (1.0 - np.power(1.0 - 1.0 / ep, k))    # distinct ep ranks a token visits
+            # permute/unpermute bytes per routed row, layer in/out bytes per token on the chip
+            self.x_moe_tok = moe_layers * d / b.hbm_bw_bytes_per_s * (
+                k / ep * b.moe_token_bytes + np.minimum(dest, ep) / ep * b.moe_batch_bytes)
+            self.x_moe = moe_layers * b.moe_latency_s * arch.flag(b.n_experts > 0, d)
+            # EP dispatch (fp8 with fp8/fp4 weights, else bf16) and combine (bf16) of the tokens
+            # a chip holds (tok / (tp*dp)), with the fitted low-latency and normal kernels
+            # (per-rank and per-node deduplication in the normal ones); the step picks the kind
+            disp = arch.blend(arch.flag(b.dispatch_bytes < 2.0, d), kernel_comm.FP8_ELEM_BYTES,
+                              kernel_comm.BF16_ELEM_BYTES)
+            is_moe = arch.flag(b.n_experts > 0, moe_layers) * moe_layers
+            self.a2a = {kind: (is_moe * lat, is_moe * spt / ffn_g) for kind, (lat, spt) in
+                        kernel_alltoall(b, ep, disp, kernel_comm.BF16_ELEM_BYTES).items()}
+            mode = b.a2a_mode                       # 0 auto, 1 low-latency, 2 normal
+            self.ll_decode = arch.flag(mode < 1.5, mode)
+            self.ll_mixed = arch.flag(np.abs(mode - 1.0) < 0.5, mode)
+            self.tbo = b.two_batch_overlap * arch.flag(b.n_experts > 0, d)
+            self.a2a_overlap = b.alltoall_overlap_fraction
+            moe_tp = arch.blend(arch.flag(b.n_experts > 0, d), ffn_g / ep, tp)   # (as above)
+            r0, r1 = allreduce(moe_tp, b.tp_bw_rel)
+            self.n_moe_ar = (is_moe * r0, is_moe * r1 * np.minimum(dest, ep) / ep * d * ab)
+            # shared experts and router
+            sh_chip = b.n_shared * b.ffn_shared / ffn_g
+            self.c_sh, self.w_sh = _gemm_coef(
+                b, (((b.mlp_mats - 1.0) * sh_chip, d), (d, sh_chip)), moe_layers, peak)
+            p_sh = arch.shared_params_per_layer(b) * moe_layers
+            self.m_sh = p_sh * wb / ffn_g / g_hbm
+            has_sh = arch.flag(b.n_shared > 0, d)
+            self.c_router, self.w_router = _gemm_coef(b, ((b.n_experts, d),), moe_layers, peak)
+            self.c_router = self.c_router / ffn_g    # each chip routes its share of the tokens
+            p_router = d * b.n_experts * moe_layers
+            self.m_router = p_router * wb / ffn_g / g_hbm
+            n_gemm = n_gemm + moe_layers * arch.flag(b.n_experts > 0, d) \
+                * (1.0 + 2.0 * has_sh)
         # embeddings and output head, vocab-parallel over tp (the last stage carries it)
         p_head = b.vocab * d
         self.c_head, self.w_head = _gemm_coef(b, ((b.vocab / tp, d),), 1.0, peak)
@@ -187,6 +207,7 @@ class Coefficients:
         crosses = tp * dp * pp > b.domain_chips
         q0, q1 = p2p_coef(b, crosses)
         has_pp = arch.flag(pp > 1, pp)
+        self.pipelined = bool(np.any(pp > 1))
         self.n_pipe = (has_pp * q0, has_pp * q1 * d * ab / dp / tp)
         self.overlap = b.network_overlap_fraction
         self.overhead = self.layers_stage * b.layer_overhead_s + b.step_overhead_s
@@ -202,6 +223,24 @@ class Coefficients:
         return out
 
 
+class _AllReduces:
+    """``network.kernel_allreduce`` of one batch for several (group, bandwidth share) pairs,
+    each distinct pair computed once (a step has up to three all-reduces, often over the same
+    group)."""
+
+    def __init__(self, b: Batch):
+        self.b = b
+        self.done = []
+
+    def __call__(self, g, bw_rel):
+        for g_, bw_, out in self.done:
+            if np.array_equal(g, g_) and np.array_equal(bw_rel, bw_):
+                return out
+        out = kernel_allreduce(self.b, g, bw_rel)
+        self.done.append((g, bw_rel, out))
+        return out
+
+
 def _take(v, rows):
     if isinstance(v, tuple):
         return tuple(_take(x, rows) for x in v)
@@ -213,6 +252,16 @@ def _take(v, rows):
     if a.ndim == 2:                    # (branch, design)
         return a if a.shape[1] == 1 else a[:, rows]
     return a if a.ndim == 0 or len(a) == 1 else a[rows]
+
+
+def _fastest(branches, x):
+    """``min_i latency[i] + per_unit[i] * x`` over a collective's kernel branches (row by row:
+    contiguous arrays are faster than a broadcast over the branch axis)."""
+    lat, per = branches
+    t = lat[0] + per[0] * x
+    for i in range(1, len(lat)):
+        np.minimum(t, lat[i] + per[i] * x, out=t)
+    return t
 
 
 def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
@@ -245,7 +294,7 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     pre_rank = pre / dp if pre_rank is None else pre_rank
     rows = dec / dp + pre_rank                     # the busiest attention rank's rows
     c_proj = (k.c_proj * (rows + h) + k.w_proj) * some
-    n_proj = np.min(k.n_proj[0] + k.n_proj[1] * rows, axis=0)
+    n_proj = _fastest(k.n_proj, rows) if k.tp_ar else None
     reqs = pre_rank / np.maximum(new, 1.0)         # prompts (or their share) on that rank
     on_dec = arch.flag(dec > 0, tok)
     on_pre = arch.flag(pre > 0, tok)
@@ -256,55 +305,77 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     seqs = dec if seq_tokens is None else dec / seq_tokens     # hook: dse.perf.spec
     m_core = (k.kv_dec * seqs / dp * dec_ctx
               + k.kv_pre * (dec / dp + pre_rank + reqs * prior) * b.n_layers) / b.pp
-    x_core = k.x_core_seq * seqs / dp + (k.x_core_dec * on_dec + k.x_core_pre * on_pre) * two
-    c_dense = (k.c_dense * (tok * k.dense_rows + h) + k.w_dense) * some
-    n_dense = np.min(k.n_dense[0] + k.n_dense[1] * tok, axis=0)
-    touched = 1.0 - np.exp(tok * k.log_miss)
-    imb = imbalance.factor(b)            # hook: the busiest EP rank's routed tokens
-    rt = tok if imb is None else tok * imb
-    c_moe = k.c_moe * (rt + k.expert_pad * touched * two) * some   # tiles per expert used
-    m_moe = k.m_moe * touched * two
-    x_moe = (k.x_moe_tok * rt + k.x_moe * two) * some
-    ll, nm = k.a2a["ll"], k.a2a["normal"]
-    a2a = arch.blend(k.ll_decode if decode_step else k.ll_mixed, ll[0] * two + ll[1] * rt,
-                     nm[0] * two + nm[1] * rt)
-    n_moe = np.min(k.n_moe_ar[0] + k.n_moe_ar[1] * tok, axis=0)
-    c_sh = (k.c_sh * (tok + h) + k.w_sh) * some
-    c_router = (k.c_router * (tok + h) + k.w_router) * some
+    x_core = (k.x_core_seq * seqs / dp + k.x_core_pre_seq * reqs
+              + (k.x_core_dec * on_dec + k.x_core_pre * on_pre) * two)
+    none = (None, None, None, None)
+    if k.dense:
+        c_dense = (k.c_dense * (tok * k.dense_rows + h) + k.w_dense) * some
+        n_dense = _fastest(k.n_dense, tok)
+        dense = (c_dense, k.m_dense * two, n_dense, None)
+    else:
+        dense = none
+    if k.moe:
+        touched = 1.0 - np.exp(tok * k.log_miss)
+        imb = imbalance.factor(b)            # hook: the busiest EP rank's routed tokens
+        rt = tok if imb is None else tok * imb
+        c_moe = k.c_moe * (rt + k.expert_pad * touched * two) * some   # tiles per expert used
+        m_moe = k.m_moe * touched * two
+        x_moe = (k.x_moe_tok * rt + k.x_moe * two) * some
+        ll, nm = k.a2a["ll"], k.a2a["normal"]
+        a2a = arch.blend(k.ll_decode if decode_step else k.ll_mixed, ll[0] * two + ll[1] * rt,
+                         nm[0] * two + nm[1] * rt)
+        n_moe = _fastest(k.n_moe_ar, tok)
+        c_sh = (k.c_sh * (tok + h) + k.w_sh) * some
+        c_router = (k.c_router * (tok + h) + k.w_router) * some
+        moe = ((c_moe, m_moe, n_moe, x_moe), (c_sh, k.m_sh * two, None, None),
+               (c_router, k.m_router * two, None, None))
+    else:
+        a2a, moe = None, (none, none, none)
     c_head = k.c_head * (logits_rows / dp + h) + k.w_head
     m_head = k.m_head + k.m_embed * tok
-    n_pipe = k.n_pipe[0] + k.n_pipe[1] * tok
+    n_pipe = k.n_pipe[0] + k.n_pipe[1] * tok if k.pipelined else None
     phi = k.overlap
-    # (compute, memory, network, additive time) per op; the GEMMs' launch latencies are fixed
-    # time of the step (overhead)
-    parts = ((c_proj, k.m_proj * two, n_proj, 0.0), (c_core, m_core, 0.0, x_core),
-             (c_dense, k.m_dense * two, n_dense, 0.0), (c_moe, m_moe, n_moe, x_moe),
-             (c_sh, k.m_sh * two, 0.0, 0.0), (c_router, k.m_router * two, 0.0, 0.0),
-             (c_head, m_head + k.m_head * k.tbo, 0.0, 0.0), (0.0, 0.0, n_pipe, 0.0))
+    # (compute, memory, network, additive time) per op, None where an op has no such term
+    # (the loop below skips its arithmetic: this is the hot path); the GEMMs' launch latencies
+    # are fixed time of the step (overhead)
+    parts = ((c_proj, k.m_proj * two, n_proj, None), (c_core, m_core, None, x_core), dense,
+             *moe, (c_head, m_head + k.m_head * k.tbo, None, None), (None, None, n_pipe, None))
     overhead = k.overhead + k.x_gemm * two * some
     total = overhead
     ops = []
     sc = sm = sn = 0.0
     busy_all = 0.0
     for c, m, n, x in parts:
-        busy = np.maximum(c, m) + x
-        busy_all = busy_all + busy
-        t = busy + n - phi * np.minimum(busy, n)   # (1-phi)*(busy+n) + phi*max(busy, n)
+        if c is None and n is None:                # an op the batch does not have
+            if breakdown:
+                ops.append([0.0, 0.0, 0.0, 0.0])
+            continue
+        if c is None:                              # a network-only op (the pipeline hand-off)
+            busy, t = 0.0, n
+        else:
+            busy = np.maximum(c, m) if x is None else np.maximum(c, m) + x
+            # (1-phi)*(busy+n) + phi*max(busy, n)
+            t = busy if n is None else busy + n - phi * np.minimum(busy, n)
+            busy_all = busy_all + busy
         total = total + t
         if breakdown:
-            ops.append([c, m, n, t])
+            ops.append([0.0 if v is None else v for v in (c, m, n)] + [t])
         elif sums:
-            sc, sm, sn = sc + c, sm + m, sn + n
+            if c is not None:
+                sc, sm = sc + c, sm + m
+            if n is not None:
+                sn = sn + n
     # the EP all-to-all: a share (serving.alltoall_overlap_fraction, all of it with two-batch
     # overlap) hides under the rest of the step's compute and memory time
-    psi = np.maximum(k.a2a_overlap, k.tbo)
-    a2a_seen = a2a - psi * np.minimum(a2a, busy_all)
-    total = total + a2a_seen
-    if breakdown:
-        moe = ops[OPS.index("moe_routed")]
-        moe[2], moe[3] = moe[2] + a2a, moe[3] + a2a_seen
-    elif sums:
-        sn = sn + a2a
+    if a2a is not None:
+        psi = np.maximum(k.a2a_overlap, k.tbo)
+        a2a_seen = a2a - psi * np.minimum(a2a, busy_all)
+        total = total + a2a_seen
+        if breakdown:
+            moe = ops[OPS.index("moe_routed")]
+            moe[2], moe[3] = moe[2] + a2a, moe[3] + a2a_seen
+        elif sums:
+            sn = sn + a2a
     if sums and not breakdown:
         return total, sc, sm, sn
     if not breakdown:

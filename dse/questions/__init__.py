@@ -63,7 +63,7 @@ class Context:
         to their parameter values. Float64, the same scorer as every command."""
         if values is None:
             df = self.values(index)
-            vals = {p.path: df[p.path].to_numpy() for p in self.space.parameters}
+            vals = {p.path: df[p.column].to_numpy() for p in self.space.parameters}
         else:
             df = pd.DataFrame(values)
             vals = {k: np.asarray(v) for k, v in values.items()}
@@ -100,9 +100,7 @@ def available() -> list[str]:
 def answer_space(space_path: str, out: str | None = None, run_dir: str | None = None,
                  progress: bool = False) -> Path:
     """Run the space, write its report and its answer; returns the report folder."""
-    from dse import runs
     from dse.report import make_report
-    from dse.search import exhaustive
     from dse.space import load_space
     space = load_space(space_path)
     spec = dict(space.answer or {})
@@ -113,13 +111,13 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
     if space.size > 10**7:
         raise InputError(f"the space has {space.size:,} designs", file=space_path,
                          hint="a worked question should enumerate in minutes: <= 10^7 designs")
-    d = runs.new_run_dir(space.name, run_dir)
-    m = runs.create(d, space, "exhaustive", 0, {"chunk_designs": exhaustive.CHUNK_DESIGNS})
-    exhaustive.run(space, d, m, max_trials=None, budget_s=None, progress=progress)
+    from dse.api import open_run
+    from dse.launch import start
+    d, _, _ = start(space_path, strategy="exhaustive", seed=0, out=run_dir, progress=progress)
     o = Path(out) if out else Path("reports") / space.name
     previous = _previous(o)
     make_report(str(d), str(o))
-    front = pd.read_csv(d / "front.csv")
+    front = open_run(d).front
     ans = mod.answer(Context(space, d, o, spec, front))
     _write(o, space, ans, d, previous)
     return o

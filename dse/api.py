@@ -1,0 +1,344 @@
+"""The Python API of dse: what the ``dse`` command line, the worked questions and the tests use.
+
+    import dse
+    ev = dse.evaluate("examples/llama70b-h100.toml")      # or a dict of dotted paths
+    ev.metrics["tpot_s"], ev.breakdown                     # every metric; per-op times
+    table = dse.score(frame)                               # a DataFrame of designs, vectorized
+    run = dse.run("spaces/quickstart.toml")                # search a space: a Run
+    run.front, run.scores, run.status                      # DataFrames and `dse status --json`
+    w = dse.whatif(run, set={"accelerator.id": "b300"})    # the front re-scored
+    c = dse.compare(run, other)                            # two fronts on one reference point
+
+Every bad input raises ``dse.InputError`` (one line naming the file, key or row and what is
+valid), which the command line prints and exits 2 with. Units are SI (seconds, bytes, bytes/s,
+FLOP/s, USD); a scale-factor parameter's column is ``<path>.scale`` (``dse.fields``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from dse.errors import InputError, suggest
+
+PathLike = str | Path
+
+
+# ------------------------------------------------------------------------------ one design
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One design scored: ``dse eval``'s numbers."""
+
+    metrics: dict[str, Any]        # every metric (SI units); bound, feasible and reason as text
+    breakdown: pd.DataFrame        # per op of each step: compute_s, memory_s, network_s, time_s
+    design: dict[str, Any]         # the resolved design: every settable path's value
+    chosen: dict[str, Any]         # the layout and concurrency (chosen by dse when not given)
+    result: dict = field(repr=False, default_factory=dict)   # ``dse eval --json``'s object
+
+    def to_dict(self) -> dict:
+        """The JSON object ``dse eval --json`` prints."""
+        return self.result
+
+
+def evaluate(design: PathLike | Mapping[str, Any]) -> Evaluation:
+    """Score one design: a design TOML file, or a dict of dotted paths
+    (``{"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "layout.tp": 4}``) or of
+    sections (``{"accelerator": {"id": "h100-sxm"}, ...}``). A layout left out (``layout.num_chips``
+    without tp/pp/ep/dp) and a concurrency left out are chosen as ``dse eval`` chooses them."""
+    from dse.design import check_design
+    from dse.evaluate import evaluate_file, evaluate_flat
+    if isinstance(design, Mapping):
+        res = evaluate_flat(check_design(dict(design), "design"), file="design")
+    else:
+        res = evaluate_file(str(design))
+    rows = [{"step": step, **op} for step, b in res["breakdown"].items() for op in b["ops"]]
+    rows += [{"step": step, "op": "overhead", "compute_s": 0.0, "memory_s": 0.0,
+              "network_s": 0.0, "time_s": b["overhead_s"], "bound": ""}
+             for step, b in res["breakdown"].items()]
+    cols = ["step", "op", "compute_s", "memory_s", "network_s", "time_s", "bound"]
+    return Evaluation(dict(res["metrics"]), pd.DataFrame(rows, columns=cols), dict(res["design"]),
+                      dict(res["chosen"]), res)
+
+
+def score(frame: pd.DataFrame, base: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """Score a table of designs at once (vectorized): one row per design, one dotted path per
+    column (``accelerator.id``, ``model.id``, ``layout.tp``, ``workload.concurrency``, ...), and
+    ``base`` values for the paths every row shares. A path left out takes its catalog value or
+    its default (``dse.fields``): layouts default to 1 and are not chosen (``dse.evaluate`` and
+    ``dse predict`` choose them). Columns without a dot are kept as labels.
+
+    Returns a copy of ``frame`` with every metric added (``bound`` as compute, memory, network
+    or capacity; ``reason`` as text, empty when feasible). A column that is not a settable path
+    raises InputError naming it with the closest valid paths."""
+    from dse.build import resolve, to_batch
+    from dse.fields import REGISTRY
+    from dse.perf import BOUNDS, score_chunked
+    from dse.perf.serve import reason_text
+    if not isinstance(frame, pd.DataFrame):
+        raise InputError(f"dse.score takes a DataFrame, not a {type(frame).__name__}",
+                         hint="one row per design, one dotted path per column")
+    valid = sorted(p for p, f in REGISTRY.items() if f.resolved)
+    table = frame.reset_index(drop=True)
+    for k, v in (base or {}).items():
+        if k in table.columns:
+            raise InputError(f"{k!r} is both a column and a base value", hint="give it once")
+        table[k] = [v] * len(table)
+    dotted = [c for c in table.columns if "." in str(c)]
+    for c in table.columns:
+        c = str(c)
+        if c == "layout.num_chips":
+            raise InputError("column 'layout.num_chips' is not scored as given", file="frame",
+                             where=f"column {c}", hint="give layout.tp/pp/ep/dp, or let "
+                             "dse.evaluate choose a layout")
+        if "." in c and (c not in REGISTRY or not REGISTRY[c].resolved):
+            raise InputError(f"unknown column {c!r}", file="frame", where=f"column {c}",
+                             hint=suggest(c, valid, "settable paths"))
+        short = [p for p in valid if p.endswith("." + c)]
+        if "." not in c and short:      # "concurrency" for workload.concurrency: not a label
+            raise InputError(f"column {c!r} is not a dotted path", file="frame",
+                             where=f"column {c}", hint=f"did you mean {short[0]!r}?")
+    if len(table) == 0:
+        raise InputError("the frame has no rows", file="frame", hint="one row per design")
+    names = [f"row {i} (index {k})" for i, k in enumerate(frame.index)]
+    resolved = resolve(table[dotted], file="frame", row_names=names)
+    s = score_chunked(to_batch(resolved))
+    out = frame.copy()
+    for k, v in s.items():
+        if k == "bound":
+            out[k] = np.array(BOUNDS, dtype=object)[np.asarray(v, int)]
+        elif k == "reason":
+            out[k] = [reason_text(int(r), float(m)) for r, m in
+                      zip(v, s["max_concurrent_sequences"])]
+        elif k == "feasible":
+            out[k] = np.asarray(v, bool)
+        else:
+            out[k] = np.asarray(v, float)
+    return out
+
+
+def predict(cases: PathLike | pd.DataFrame, out: PathLike | None = None) -> pd.DataFrame:
+    """``dse predict``: the predictions of a case table (a CSV path, or a DataFrame with the
+    CSV's columns, ``contracts/predict-cases.md``), blank layouts and concurrencies chosen;
+    ``out``: also write them as a CSV (atomically)."""
+    from dse.predict import predict_file, predict_frame, read_cases
+    if isinstance(cases, pd.DataFrame):
+        pred = predict_frame(cases, file="cases")
+        if out is not None:
+            from dse.predict import write_csv
+            write_csv(pred, str(out))
+        return pred
+    if out is not None:
+        return predict_file(str(cases), str(out))
+    return predict_frame(read_cases(str(cases)), file=str(cases))
+
+
+# ------------------------------------------------------------------------------ spaces
+
+_SCRATCH: tempfile.TemporaryDirectory | None = None
+
+
+def load_space(space: PathLike | Mapping[str, Any]):
+    """A space (``dse.space.Space``) from a space TOML file, or from a dict with the file's
+    structure (``{"accelerator": {"id": ...}, "model": {...}, "parameters": {"layout.tp":
+    [1, 2, 4]}, "objectives": {"tpot_s": "minimize"}}``). A dict is written as a TOML file in a
+    scratch folder first, so a run of it keeps its own copy like any run."""
+    from dse.space import Space, load_space as _load
+    if isinstance(space, Space):
+        return space
+    if isinstance(space, Mapping):
+        global _SCRATCH
+        if _SCRATCH is None:
+            _SCRATCH = tempfile.TemporaryDirectory(prefix="dse-spaces-")
+        doc = dict(space)
+        if isinstance(doc.get("objectives"), str):     # an objectives file: from the cwd
+            doc["objectives"] = str(Path(doc["objectives"]).resolve())
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(doc.get("name") or "space"))
+        text = to_toml(doc)
+        import hashlib
+        f = Path(_SCRATCH.name) / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}.toml"
+        f.write_text(text)
+        return _load(str(f))
+    return _load(str(space))
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        if not math.isfinite(v):
+            raise InputError(f"{v} is not a finite number", file="space", hint="TOML values")
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{ " + ", ".join(f"{_toml_key(str(k))} = {_toml_value(x)}"
+                                for k, x in v.items()) + " }"
+    raise InputError(f"{v!r} ({type(v).__name__}) cannot be written in a space file",
+                     file="space", hint="strings, numbers, booleans, lists and tables")
+
+
+def to_toml(doc: Mapping[str, Any]) -> str:
+    """A space or design dict as TOML text (top-level values, then one table per section)."""
+    top = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in doc.items()
+           if not isinstance(v, Mapping)]
+    tables = []
+    for k, v in doc.items():
+        if isinstance(v, Mapping):
+            tables += ["", f"[{_toml_key(k)}]",
+                       *(f"{_toml_key(str(kk))} = {_toml_value(vv)}" for kk, vv in v.items())]
+    return "\n".join(top + tables) + "\n"
+
+
+# ------------------------------------------------------------------------------ runs
+
+class Run:
+    """A run folder: its manifest, space, front, score tables and status."""
+
+    def __init__(self, path: PathLike):
+        from dse import runs
+        self.path = Path(path)
+        self.manifest: dict = runs.load_manifest(self.path)
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r})"
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    @property
+    def space(self):
+        """The run's space, from its own copy of the space file."""
+        from dse import runs
+        from dse.space import load_space as _load
+        snap = runs.space_snapshot(self.path, self.manifest)
+        return _load(str(snap if snap.is_file() else self.manifest["space_file"]))
+
+    @property
+    def status(self) -> dict:
+        """State and counters: the object ``dse status DIR --json`` prints (a missing or stale
+        front.csv/progress.json is rebuilt from the score tables, as the command does)."""
+        from dse import runs
+        return json.loads(json.dumps(runs.status(self.path)))
+
+    def _scaled(self) -> list[str]:
+        from dse.compare import scaled_paths
+        return scaled_paths(self.path, self.manifest)
+
+    @property
+    def front(self) -> pd.DataFrame:
+        """front.csv: objectives, parameter columns (``<path>.scale`` for scale factors) and
+        design_id of every design on the run's Pareto front."""
+        from dse import runs
+        from dse.fields import legacy_columns
+        front = runs.read_front(self.path)
+        if front is None:
+            self.status          # rebuilds a missing or corrupt front.csv from the score tables
+            front = runs.read_front(self.path)
+        if front is None:
+            raise InputError("the run has no front.csv yet", file=str(self.path),
+                             hint="run or resume it first")
+        return legacy_columns(front, self._scaled())
+
+    @property
+    def scores(self) -> pd.DataFrame:
+        """Every stored score table of the run, concatenated: design_id, parameter columns and
+        the metrics the run keeps (the designs its strategy scored; corrupt tables refused)."""
+        from dse import runs
+        from dse.fields import legacy_columns
+        frames = [legacy_columns(runs.read_table(f), self._scaled())
+                  for f in sorted((self.path / "scores").glob("*.parquet"))]
+        frames = [f for f in frames if len(f)]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    def report(self, out: PathLike | None = None) -> Path:
+        """``dse report``: the Pareto report's folder."""
+        from dse.report import make_report
+        return make_report(str(self.path), None if out is None else str(out))
+
+
+def open_run(path: PathLike | Run) -> Run:
+    """A run folder (what ``dse run`` printed last) as a Run."""
+    return path if isinstance(path, Run) else Run(path)
+
+
+def _seconds(budget) -> float | None:
+    if budget is None:
+        return None
+    if isinstance(budget, (int, float)) and not isinstance(budget, bool):
+        if not (math.isfinite(budget) and budget > 0):
+            raise InputError(f"budget {budget!r} must be a positive number of seconds")
+        return float(budget)
+    from dse.cli import parse_duration
+    return parse_duration(str(budget), "budget")
+
+
+def run(space: PathLike | Mapping[str, Any], strategy: str = "auto", trials: int | None = None,
+        budget: float | str | None = None, out: PathLike | None = None, seed: int = 0,
+        workers: int = 1, progress: bool = False) -> Run:
+    """Search a space (a file, a dict as ``load_space`` takes, or a loaded Space) as
+    ``dse run`` does, and return the run.
+
+    ``strategy``: "auto" (exhaustive up to 10^8 designs, else optuna), "exhaustive", "optuna"
+    or "nested". ``trials``: exhaustive: work items to do now; optuna/nested: trials in the run.
+    ``budget``: seconds, or a duration such as "90s", "45m", "8h". ``out``: the run folder
+    (default runs/<time>-<space name>). ``workers``: processes scoring in parallel (1 here; more
+    join with ``dse worker DIR``). ``progress``: draw the progress bar on stderr."""
+    from dse.launch import start
+    from dse.space import Space
+    if workers != 1:
+        raise InputError(f"workers={workers}: dse.run scores in this process",
+                         hint="start more with `dse worker DIR` on the run folder")
+    sp = space if isinstance(space, Space) else load_space(space)
+    d, _, _ = start(sp.file, strategy=None if strategy == "auto" else strategy, trials=trials,
+                    budget_s=_seconds(budget), seed=seed, out=None if out is None else str(out),
+                    progress=progress)
+    return Run(d)
+
+
+# ------------------------------------------------------------------------------ analyses
+
+def compare(a: PathLike | Run, b: PathLike | Run):
+    """Two runs' fronts on one reference point (``dse.compare.Comparison``): hypervolumes,
+    coverage each way, the union front, the best of each objective, designs that appeared or
+    vanished; ``.write(out)`` writes ``dse compare``'s files."""
+    from dse.compare import compare_runs
+    return compare_runs(str(open_run(a).path), str(open_run(b).path))
+
+
+def whatif(run: PathLike | Run, set: Mapping[str, Any] | list[str] | None = None,
+           scale: Mapping[str, float] | list[str] | None = None, out: PathLike | None = None,
+           *, reoptimize: bool = False, trials: int | None = None,
+           budget: float | str | None = None, progress: bool = False):
+    """Re-score a run's front with fields given values (``set={"accelerator.id": "b300",
+    "cost.capex_model": "components", "accelerator.hbm_bw_bytes_per_s": 8e12}``) or multiplied
+    (``scale={"accelerator.hbm_bw_bytes_per_s": 1.5}``); ``--set``/``--scale`` strings
+    ("PATH=VALUE") are taken too. Writes ``dse whatif``'s page into ``out`` (default
+    DIR/whatif) and returns a ``dse.whatif.WhatIf`` (``.rescored``, ``.front``,
+    ``.sensitivities``). ``reoptimize``: also search the space again with the change."""
+    from dse.whatif import run_whatif
+    r = open_run(run)
+    return run_whatif(str(r.path), set, scale, None if out is None else str(out),
+                      reoptimize=reoptimize, trials=trials, budget_s=_seconds(budget),
+                      progress=progress)
+
+
+__all__ = ["Evaluation", "InputError", "Run", "compare", "evaluate", "load_space", "open_run",
+           "predict", "run", "score", "to_toml", "whatif"]
