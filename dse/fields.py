@@ -242,7 +242,8 @@ FIELDS: tuple[Field, ...] = (
     frac("workload.prefix_hit_fraction", "share of input tokens served from a prefix cache", 0.0),
     count("workload.prefix_tokens", "tokens", "shared prompt prefix (a system prompt) whose KV the "
           "prefix cache keeps once per attention-DP rank instead of per sequence "
-          "(dse/perf/kvtier.py; at most workload.isl)", 0, low=0, zero="no shared prefix"),
+          "(dse/perf/kvtier.py; at most workload.isl - 1: the last prompt token is recomputed)",
+          0, low=0, zero="no shared prefix"),
     enum("workload.phase", ("both", "prefill", "decode"), "both",
          "both: prefill and decode on one instance; prefill or decode: a disaggregated instance"),
     count("workload.prefill_concurrency", "requests", "prefill batch (disaggregated)", 1),

@@ -3,7 +3,8 @@
 tests/legacy_build.py and tests/legacy_space.py are frozen copies of dse/build.py and
 dse/space.py before issue 10 item 7. Mixed designs (every accelerator and model, MoE and MLA
 among them, every weight dtype, KV dtypes, fp8 scalings, runtimes, topologies, layouts, serving
-modes, cost modes and overrides of catalog, derived and kernel fields) must resolve to the same
+modes, cost modes, overrides of catalog, derived and kernel fields, and the serving mechanisms'
+fields of issue 11: per-op dtypes, expert imbalance, lengths, KV tier) must resolve to the same
 table, build the same Batch and score the same metrics, bit for bit; so must every shipped
 space's designs built through ``Space.batch`` (scale factors, what-if overrides included).
 """
@@ -68,6 +69,15 @@ def mixed_designs(n: int = N, seed: int = 0) -> pd.DataFrame:
         "topology.scaleup.link_bw_bytes_per_s": nan(0.1, rng.uniform(1e11, 2e12, n)),
         "accelerator.kernel.gemm_bf16_fraction": nan(0.2, rng.uniform(0.3, 0.9, n)),
         "accelerator.kernel.ar_nccl_fraction": nan(0.2, rng.uniform(0.3, 0.9, n)),
+        # serving mechanisms (issue 11): per-op precision, expert imbalance and redundant
+        # experts, length distributions, a KV offload tier and a shared prefix
+        "model.expert_dtype": rng.choice(["", "", "fp4", "fp8", "bf16"], n),
+        "model.attention_dtype": rng.choice(["", "", "fp8", "bf16"], n),
+        "serving.expert_imbalance": nan(0.3, rng.uniform(1.0, 1.5, n)),
+        "serving.redundant_experts": nan(0.2, rng.choice([0, 8, 32], n)),
+        "workload.isl_cv": nan(0.2, rng.uniform(0.0, 1.0, n)),
+        "serving.kv_offload": rng.choice(["none", "none", "host"], n),
+        "workload.prefix_tokens": nan(0.2, rng.choice([0, 64, 512], n)),
     })
     return d
 
@@ -159,6 +169,7 @@ capex_model = "components"
 "accelerator.scaleup_link_bw_bytes_per_s" = { scale = [0.5, 2.0] }
 "topology.scaleup.domain_chips" = [8, 16, 72]
 "accelerator.kernel.moe_fp4_fraction" = { scale = [0.8, 1.0] }
+"model.expert_dtype" = ["", "fp8"]
 "layout.tp" = [1, 2, 8]
 "workload.concurrency" = [16, 256, 4096]
 [objectives]

@@ -38,7 +38,9 @@ def kv_token_layers_bytes(b: Batch) -> np.ndarray:
 
 
 def shared_prefix_tokens(b: Batch) -> np.ndarray:
-    return np.minimum(np.maximum(b.prefix_tokens, 0.0), b.isl)
+    """The shared prefix, at most the prompt less its last token (a prefix cache recomputes the
+    last prompt token for its logits, so every sequence holds the KV of at least one token)."""
+    return np.minimum(np.maximum(b.prefix_tokens, 0.0), np.maximum(b.isl - 1.0, 0.0))
 
 
 def shared_prefix_bytes(b: Batch) -> np.ndarray:

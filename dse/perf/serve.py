@@ -246,9 +246,12 @@ def score(b: Batch, breakdown: bool = False, coefficients: Coefficients | None =
     if np.all(dis):
         return _fleet(b, out, breakdown)
     agg = _served(b, breakdown, coefficients)
+    # a metric one kind of row lacks (the request-rate metrics of aggregated rows) is NaN there
+    pick = lambda o, a: {k: np.where(dis, o.get(k, np.nan), a.get(k, np.nan))  # noqa: E731
+                         for k in {**a, **o}}
     if not breakdown:
-        return _fleet(b, {k: np.where(dis, out[k], agg[k]) for k in agg}, False)
-    m = {k: np.where(dis, out[0][k], agg[0][k]) for k in agg[0]}
+        return _fleet(b, pick(out, agg), False)
+    m = pick(out[0], agg[0])
     return _fleet(b, (m, Breakdown(*(_pick(dis, getattr(out[1], f), getattr(agg[1], f))
                                      for f in ("decode", "mixed", "prefill")))), True)
 
