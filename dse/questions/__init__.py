@@ -100,9 +100,8 @@ def available() -> list[str]:
 def answer_space(space_path: str, out: str | None = None, run_dir: str | None = None,
                  progress: bool = False) -> Path:
     """Run the space, write its report and its answer; returns the report folder."""
-    from dse import runs
     from dse.report import make_report
-    from dse.search import exhaustive
+    from dse.search.driver import run_space
     from dse.space import load_space
     space = load_space(space_path)
     spec = dict(space.answer or {})
@@ -113,9 +112,7 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
     if space.size > 10**7:
         raise InputError(f"the space has {space.size:,} designs", file=space_path,
                          hint="a worked question should enumerate in minutes: <= 10^7 designs")
-    d = runs.new_run_dir(space.name, run_dir)
-    m = runs.create(d, space, "exhaustive", 0, {"chunk_designs": exhaustive.CHUNK_DESIGNS})
-    exhaustive.run(space, d, m, max_trials=None, budget_s=None, progress=progress)
+    d = run_space(space, run_dir, strategy="exhaustive", progress=progress)
     o = Path(out) if out else Path("reports") / space.name
     previous = _previous(o)
     make_report(str(d), str(o))
