@@ -336,9 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "sampler picks hardware/model points, every layout and batch under each "
                         "is scored")
     r.add_argument("--sampler", choices=["nsga2", "nsga3", "tpe", "random", "qmc", "gp"],
-                   help="Optuna sampler (default: nsga2 for optuna, tpe for nested)")
+                   help="Optuna sampler (default: tpe; optuna runs of more than 2000 trials: nsga2)")
     r.add_argument("--population", type=int,
-                   help="trials asked and scored per batch (default 32; nested: 4)")
+                   help="trials asked and scored per batch (default 16; nested: 4; nsga2 on long "
+                        "runs: 32)")
     r.add_argument("--workers", type=int, default=1,
                    help="processes working on the run together, this one included (optuna, "
                         "nested; exhaustive with --storage): the others are `dse worker`s")

@@ -54,7 +54,8 @@ def test_optuna_finds_most_of_the_exact_front(tmp_path, capsys):
     # the quickstart space has 480 designs: 240 NSGA-II trials (10 generations) come close
     ex, op = tmp_path / "ex", tmp_path / "op"
     main(["run", str(QUICK), "--out", str(ex), "--quiet"])
-    main(["run", str(QUICK), "--strategy", "optuna", "--trials", "240", "--population", "24",
+    main(["run", str(QUICK), "--strategy", "optuna", "--sampler", "nsga2", "--trials", "240",
+          "--population", "24",
           "--seed", "1", "--out", str(op), "--quiet"])
     space = load_space(str(QUICK))
     fe, fo = pd.read_csv(ex / "front.csv"), pd.read_csv(op / "front.csv")
@@ -125,7 +126,8 @@ def test_nested_reaches_the_exact_front_with_a_fraction_of_the_points(tmp_path, 
 
 def test_long_runs_rotate_studies_warm_started_from_the_front(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["run", str(QUICK), "--strategy", "optuna", "--trials", "150", "--population", "16",
+    assert main(["run", str(QUICK), "--strategy", "optuna", "--sampler", "nsga2", "--trials", "150",
+                 "--population", "16",
                  "--segment-trials", "48", "--out", str(out), "--quiet"]) == 0
     m = json.loads((out / "manifest.json").read_text())
     assert m["segment"] >= 2                                   # 150 trials in segments of ~48

@@ -178,10 +178,13 @@ def plan(space, strategy: str | None, trials: int | None, budget_s: float | None
         out.update(strategy="exhaustive", enumerated=f"--trials {trials:,} cover the {n:,} "
                    f"{'points' if strategy == 'nested' else 'designs'} of the space")
         return out
-    sampler = sampler or optuna_strategy.DEFAULT_SAMPLER[strategy]
-    population = population or optuna_strategy.DEFAULT_POPULATION[strategy]
-    optuna_strategy.make_sampler(sampler, 0, population)    # fail early (e.g. gp without torch)
     total = trials if trials is not None else (n if budget_s is not None else min(n, DEFAULT_TRIALS))
+    long = strategy == "optuna" and total > optuna_strategy.TPE_MAX_TRIALS and sampler is None
+    sampler = sampler or (optuna_strategy.LONG_RUN[0] if long
+                          else optuna_strategy.DEFAULT_SAMPLER[strategy])
+    population = population or (optuna_strategy.LONG_RUN[1] if long and sampler == "nsga2"
+                                else optuna_strategy.DEFAULT_POPULATION[strategy])
+    optuna_strategy.make_sampler(sampler, 0, population)    # fail early (e.g. gp without torch)
     out.update(sampler=sampler, population=population, trials=int(total))
     return out
 
@@ -289,6 +292,8 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
         ext.update(sampler=p["sampler"], population=p["population"], study_name=d.name,
                    trials=p["trials"], storage=storage,
                    segment_trials=segment_trials or optuna_strategy.SEGMENT_TRIALS)
+        if workers > 1:
+            ext["workers"] = workers
         if warm_start is not None:
             ext["warm_start"] = [int(i) for i in warm_start]
         max_trials = None

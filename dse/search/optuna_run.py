@@ -25,7 +25,7 @@ from dse.search import segments
 from dse.search.driver import WAIT, Strategy
 from dse.search.enqueue import unscored_points
 from dse.search.study import (HEARTBEAT_S, Heartbeat, TrialIds, coords_of, describe,
-                              distributions, finished_elsewhere, params_of, front_from_payloads,
+                              distributions, finished_elsewhere, params_of, point_key, front_from_payloads,
                               front_from_study, front_payload, set_constraints, storage_for,
                               told_already, with_retry)
 
@@ -147,10 +147,7 @@ class OptunaRun(Strategy):
     # --- counters and the bar --------------------------------------------------------------
     def key(self, params: dict) -> int | None:
         """A trial's design (optuna) or point (nested) as one flat index of the outer grid."""
-        c = coords_of(self.space, params, self.outer)
-        if c is None:
-            return None
-        return int(np.ravel_multi_index(c, self.outer_shape)) if self.outer else 0
+        return point_key(self.space, params, self.outer)
 
     def counters(self) -> dict:
         from optuna.trial import TrialState
@@ -177,7 +174,14 @@ class OptunaRun(Strategy):
         stale and asked again (WAITING), so a worker waits while others' trials are running.
         """
         if not self.shared:
-            return (0 if self.spent else self.target - self.done_trials), 0
+            if self.spent:
+                return 0, 0
+            left = self.target - self.done_trials
+            if self.joining or int(self.manifest.get("workers", 1)) > 1:
+                # several processes on one run folder: what every one of them stored counts
+                done = runs.durable(self.d, self.manifest, check=False)["trials_completed"]
+                left = min(left, self.total - done)
+            return left, 0
         segs = self.segs
         with_retry(segs.refresh)       # others' new segments; dead workers' trials: retried
         left = self.total - segs.total("COMPLETE") - segs.total("RUNNING")
@@ -200,10 +204,11 @@ class OptunaRun(Strategy):
             if old is not None:
                 ask, self.segment = self.segs.study(old), old
                 n = min(n, self.segs.counts[old]["WAITING"])
-        if self.nested and len(self.front) and ask is self.study:
-            # local search: LOCAL_SHARE of the trials go to untried grid neighbours of the
-            # points on the front (the sampler proposes the rest)
-            k = int(np.floor(n * o.LOCAL_SHARE + (self.done_trials * o.LOCAL_SHARE) % 1 + 1e-9))
+        share = float(self.manifest.get("local_share", o.DEFAULT_LOCAL_SHARE[self.manifest["strategy"]]))
+        if share > 0 and len(self.front) and ask is self.study:
+            # local search: a share of the trials go to untried grid neighbours of the
+            # designs (points) on the front, the sampler proposes the rest
+            k = int(np.floor(n * share + (self.done_trials * share) % 1 + 1e-9))
             enqueue_neighbours_(self, k)
         trials, echoes = self._ask(ask, n)
         beat = None

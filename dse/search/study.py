@@ -246,6 +246,15 @@ def coords_of(space, params: dict, positions) -> list[int] | None:
         return None
 
 
+def point_key(space, params: dict, positions) -> int | None:
+    """A trial's design (every position) or nested point (the outer positions) as one flat
+    index of that grid; None when a parameter is missing."""
+    c = coords_of(space, params, positions)
+    if c is None:
+        return None
+    return int(np.ravel_multi_index(c, [space.shape[i] for i in positions])) if positions else 0
+
+
 def grid_index(space, trials) -> np.ndarray:
     """Per trial, the index into each parameter's values (columns in parameter order)."""
     pos = range(len(space.parameters))
