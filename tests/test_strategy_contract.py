@@ -26,7 +26,7 @@ QUICK = ROOT / "spaces" / "quickstart.toml"
 
 # strategy -> (space file or text, run arguments of a run that takes a few seconds)
 RUNS = {
-    "exhaustive": (DENSE, ["--strategy", "exhaustive", "--chunk-designs", "16"]),
+    "exhaustive": (DENSE, ["--strategy", "exhaustive", "--chunk-designs", "64"]),
     "optuna": (QUICK, ["--strategy", "optuna", "--sampler", "random", "--population", "8",
                        "--trials", "240"]),
     "nested": (CHIP_SPACE, ["--strategy", "nested", "--sampler", "tpe", "--population", "2",
@@ -72,7 +72,7 @@ def assert_nothing_counted_twice(d, strategy):
     if strategy == "exhaustive":
         assert allt["design_id"].is_unique
         n = json.loads((d / "manifest.json").read_text())["chunk_designs"]
-        assert st["trials_completed"] == allt["_file"].nunique()
+        assert st["trials_completed"] == len(list((d / "scores").glob("chunk-*.parquet")))
         assert st["designs_scored"] <= st["trials_completed"] * n
     else:
         trials = allt[["_segment", "trial"]].drop_duplicates()
@@ -137,12 +137,10 @@ def test_the_budget_is_honoured(tmp_path, capsys, strategy):
     args = list(RUNS[strategy][1])
     if strategy != "exhaustive":
         args = args[:-2]                       # no --trials: the budget bounds the run
-    t0 = time.monotonic()
     assert main(["run", path, *args, "--budget", "1.5s", "--out", str(out), "--quiet"]) == 0
-    took = time.monotonic() - t0
     st = assert_nothing_counted_twice(out, strategy)
     assert 0 < st["trials_completed"] and st["state"] == "stopped"
-    assert st["elapsed_s"] < 1.5 + 3.0 and took < 1.5 + 15.0    # one work item past the budget
+    assert 1.5 <= st["elapsed_s"] < 1.5 + 3.0          # at most one work item past the budget
     m = json.loads((out / "manifest.json").read_text())
     if strategy != "exhaustive":           # a budget and no trials: until the space is spent
         space = load_space(path)
@@ -223,3 +221,12 @@ def test_dashboard_without_optuna_dashboard_is_one_line_and_exit_2(tmp_path, cap
     assert main(["dashboard", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "optuna-dashboard" in err[0] and "pip install" in err[0]
+
+
+def test_with_a_budget_the_progress_bar_follows_the_budget(tmp_path, capsys):
+    from dse.search.driver import run_space
+    d = run_space(str(DENSE), tmp_path / "run", strategy="optuna", sampler="random",
+                  population=8, budget_s=2.0, progress=True)
+    err = capsys.readouterr().err
+    assert "/2 [" in err and "done=" in err          # seconds of the budget, trials as a figure
+    assert json.loads((d / "manifest.json").read_text())["trials"] == 5280   # the space: no cap

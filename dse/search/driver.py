@@ -326,10 +326,17 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
 
 
 def _reap(procs) -> None:
-    """Wait for the workers this call started (they stop once the run's work is done)."""
+    """Wait for the workers this call started (they stop once the run's work is done), then
+    settle the run's derived files on what all of them stored."""
     for pr in procs:
         try:
             pr.wait(timeout=600)
         except subprocess.TimeoutExpired:
             pr.terminate()
             pr.wait()
+    if procs:
+        d = Path(procs[0].args[-2])
+        m = runs.load_manifest(d)
+        if not m.get("storage"):
+            runs.write_front(d, runs.front_from_tables(d, m), m["objectives"], m["parameters"])
+            runs.status(d)             # progress.json rebuilt from the durable files

@@ -378,6 +378,11 @@ class OptunaRun(Strategy):
             self.front = with_retry(lambda: front_from_payloads(studies, self.space) if self.nested
                                     else front_from_study(studies, self.space))
             self.done_trials = self.segs.total("COMPLETE")
+        elif self.joining or int(self.manifest.get("workers", 1)) > 1:
+            # several processes on one run folder: the front and count of all they stored
+            self.front = runs.front_from_tables(self.d, self.manifest)
+            self.done_trials = runs.durable(self.d, self.manifest, check=False)["trials_completed"]
+            self.designs = self.done_trials * self.per_trial
         if self.spent and not self.shared and self.done_trials < self.total:
             # every design (point) is scored: the run is done with fewer trials than asked
             self.manifest.update(trials=self.done_trials, spent=True)
