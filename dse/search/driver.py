@@ -279,6 +279,11 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
     if "enumerated" in p and progress:
         print(f"dse: {p['enumerated']}: enumerating it exhaustively (the exact front)",
               file=sys.stderr)
+    if storage:
+        # the RDB's schema is made before the manifest exists: workers that join as soon as
+        # they see it never race the run to create Optuna's tables
+        from dse.search.study import storage_for
+        storage_for(None, storage)
     existed = run_dir is not None and Path(run_dir).is_dir()
     d = runs.new_run_dir(space.name, None if run_dir is None else str(run_dir))
     ext = {"chunk_designs": chunk_designs or exhaustive.CHUNK_DESIGNS, **(extra or {})}
