@@ -101,6 +101,7 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
                  progress: bool = False) -> Path:
     """Run the space, write its report and its answer; returns the report folder."""
     from dse.report import make_report
+    from dse.search.driver import run_space
     from dse.space import load_space
     space = load_space(space_path)
     spec = dict(space.answer or {})
@@ -112,8 +113,7 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
         raise InputError(f"the space has {space.size:,} designs", file=space_path,
                          hint="a worked question should enumerate in minutes: <= 10^7 designs")
     from dse.api import open_run
-    from dse.launch import start
-    d, _, _ = start(space_path, strategy="exhaustive", seed=0, out=run_dir, progress=progress)
+    d = run_space(space, run_dir, strategy="exhaustive", progress=progress)
     o = Path(out) if out else Path("reports") / space.name
     previous = _previous(o)
     make_report(str(d), str(o))
