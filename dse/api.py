@@ -299,17 +299,14 @@ def run(space: PathLike | Mapping[str, Any], strategy: str = "auto", trials: int
     ``strategy``: "auto" (exhaustive up to 10^8 designs, else optuna), "exhaustive", "optuna"
     or "nested". ``trials``: exhaustive: work items to do now; optuna/nested: trials in the run.
     ``budget``: seconds, or a duration such as "90s", "45m", "8h". ``out``: the run folder
-    (default runs/<time>-<space name>). ``workers``: processes scoring in parallel (1 here; more
-    join with ``dse worker DIR``). ``progress``: draw the progress bar on stderr."""
-    from dse.launch import start
+    (default runs/<time>-<space name>). ``workers``: processes scoring in parallel (the others
+    are ``dse worker`` processes on the run folder, as ``dse run --workers``). ``progress``: draw the progress bar on stderr."""
+    from dse.search.driver import run_space
     from dse.space import Space
-    if workers != 1:
-        raise InputError(f"workers={workers}: dse.run scores in this process",
-                         hint="start more with `dse worker DIR` on the run folder")
     sp = space if isinstance(space, Space) else load_space(space)
-    d, _, _ = start(sp.file, strategy=None if strategy == "auto" else strategy, trials=trials,
-                    budget_s=_seconds(budget), seed=seed, out=None if out is None else str(out),
-                    progress=progress)
+    d = run_space(sp.file, None if out is None else str(out),
+                  strategy=None if strategy == "auto" else strategy, trials=trials,
+                  budget_s=_seconds(budget), workers=workers, seed=seed, progress=progress)
     return Run(d)
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import sys
 
-
 from dse import __version__
 from dse.errors import InputError, StorageUnavailable
 
@@ -106,67 +105,46 @@ def _validate(a) -> int:
 
 
 def _run(a) -> int:
-    from pathlib import Path
-
-    from dse import runs
-    from dse.space import load_space
+    from dse.search import driver
     budget = parse_duration(a.budget) if a.budget else None
     _storage_retry(a)
     if a.resume:
-        if a.trials is not None and a.trials < 1:
-            raise InputError(f"--trials {a.trials} must be >= 1")
-        d = Path(a.resume)
-        m = runs.load_manifest(d)
-        runs.check_version(m, d)
-        st = runs.status(d)       # refuses corrupt durable files; rebuilds derived ones
-        if st["state"] == "running":
-            raise InputError("the run is still running", file=str(d),
-                             hint="stop it first, or join it with `dse worker`")
-        snap = runs.space_snapshot(d, m)
-        space = load_space(str(snap if snap.is_file() else m["space_file"]))
-        if space.digest != m["space_digest"]:
-            raise InputError("the run's copy of its space file changed since the run started",
-                             file=space.file, hint="start a new run for the new space")
-        orig = Path(m["space_file"])
-        if orig != snap and orig.is_file():
-            import hashlib
-            if hashlib.sha256(orig.read_bytes()).hexdigest()[:16] != m["space_digest"]:
-                print(f"dse: warning: {orig} changed since the run started; the run continues "
-                      f"with its copy {snap}", file=sys.stderr)
-        return _search(a, d, m, space, budget)
-    if not a.space:
-        raise InputError("give a space file, or --resume DIR")
-    from dse.launch import start
-    d, st, space = start(a.space, strategy=a.strategy, sampler=a.sampler,
-                         population=a.population, storage=a.storage, trials=a.trials,
-                         budget_s=budget, seed=a.seed, out=a.out, chunk_designs=a.chunk_designs,
-                         segment_trials=a.segment_trials, progress=not a.quiet)
-    return _done(d, st, space)
+        d = driver.run_space(run_dir=a.resume, resume=True, trials=a.trials, budget_s=budget,
+                             workers=a.workers, progress=not a.quiet)
+    else:
+        if not a.space:
+            raise InputError("give a space file, or --resume DIR")
+        d = driver.run_space(a.space, a.out, strategy=a.strategy, trials=a.trials,
+                             budget_s=budget, workers=a.workers, seed=a.seed, storage=a.storage,
+                             population=a.population, sampler=a.sampler, progress=not a.quiet,
+                             chunk_designs=a.chunk_designs, segment_trials=a.segment_trials)
+    return _ran(d)
 
 
 def _storage_retry(a) -> None:
-    from dse.search import optuna_strategy
+    from dse.search import study
     if getattr(a, "storage_retry", None) is not None:
-        optuna_strategy.set_storage_retry(parse_duration(a.storage_retry, "--storage-retry"))
+        study.set_storage_retry(parse_duration(a.storage_retry, "--storage-retry"))
     elif os.environ.get("DSE_STORAGE_RETRY"):
-        optuna_strategy.set_storage_retry(parse_duration(os.environ["DSE_STORAGE_RETRY"],
+        study.set_storage_retry(parse_duration(os.environ["DSE_STORAGE_RETRY"],
                                                          "DSE_STORAGE_RETRY"))
 
 
-def _search(a, d, m, space, budget) -> int:
-    from dse.launch import search
-    return _done(d, search(space, d, m, trials=a.trials, budget_s=budget, progress=not a.quiet),
-                 space)
-
-
-def _done(d, st, space) -> int:
-    m = {"strategy": st["strategy"]}
-    of = f"{space.size:,} designs" if m["strategy"] == "exhaustive" else f"{st['trials_total']:,} trials"
-    print(f"{st['state']}: {st['trials_completed'] if m['strategy'] != 'exhaustive' else st['designs_scored']:,} of {of} scored in "
-          f"{st['elapsed_s']:.1f} s, front of {st['front_size']} designs")
+def _ran(d) -> int:
+    """What a finished (or stopped) run did, its warning when no design met the constraints, and
+    its folder as the last line."""
+    from dse import runs
+    st, m = runs.status(d), runs.load_manifest(d)
+    if m["strategy"] == "exhaustive":
+        done, of = st["designs_scored"], f"{m.get('size') or 0:,} designs"
+    else:
+        done, of = st["trials_completed"], f"{st['trials_total']:,} trials"
+    print(f"{st['state']}: {done:,} of {of} scored in {st['elapsed_s']:.1f} s, front of "
+          f"{st['front_size']} designs")
     if st["front_size"] == 0 and st["designs_scored"]:
-        cons = ", ".join(f"{c.metric} {'<=' if c.max is not None else '>='} "
-                         f"{c.max if c.max is not None else c.min}" for c in space.constraints)
+        cons = ", ".join(f"{c['metric']} {'<=' if c['max'] is not None else '>='} "
+                         f"{c['max'] if c['max'] is not None else c['min']}"
+                         for c in m.get("constraints", []))
         print(f"dse: warning: no scored design is feasible{' and meets ' + cons if cons else ''}; "
               "the front is empty", file=sys.stderr)
     print(d)
@@ -177,60 +155,86 @@ def _worker(a) -> int:
     from pathlib import Path
 
     from dse import runs
-    from dse.search import optuna_strategy, shards
-    from dse.space import load_space
+    from dse.search import driver
     budget = parse_duration(a.budget) if a.budget else None
     _storage_retry(a)
     if a.dir:
-        d = Path(a.dir)
-        m = runs.load_manifest(d)
-        runs.check_version(m, d)
-        if m["strategy"] == "exhaustive" and not m.get("storage"):
-            raise InputError("exhaustive runs without --storage take no workers", file=str(d),
-                             hint="workers join optuna and nested runs, and exhaustive runs "
-                                  "started with --storage URL")
-        space = load_space(str(runs.space_snapshot(d, m)))
-        url = m.get("storage")
+        d, url = Path(a.dir), None
     else:
         if not (a.storage and a.study):
             raise InputError("give a run folder, or --storage URL and --study NAME")
-        import optuna
-        from dse.search.optuna_strategy import storage_for, with_retry
-        storage = storage_for(None, a.storage)
-        try:
-            study = with_retry(optuna.load_study, study_name=a.study, storage=storage)
-        except KeyError:
-            raise InputError(f"no study {a.study!r} in the storage", file=a.storage,
-                             hint="the study name is the run folder's name") from None
-        attrs = with_retry(lambda: study.user_attrs)
-        if "manifest" not in attrs:
-            raise InputError(f"the study {a.study!r} is not a dse run", file=a.storage,
-                             hint="the study name is the run folder's name")
-        m = json.loads(attrs["manifest"])
-        d = Path(a.out) if a.out else Path("runs") / a.study
-        existed = d.is_dir()
-        try:
-            (d / "scores").mkdir(parents=True, exist_ok=True)
-            (d / "inputs").mkdir(exist_ok=True)
-            space_path = runs.space_snapshot(d, m)
-            if "inputs" in attrs:       # the run's snapshot: space file and objectives file
-                runs.write_inputs(d, attrs["inputs"])
-            else:
-                space_path.write_text(attrs["space_toml"])
-            m["space_file"] = str(space_path)
-            runs.write_json(d / "manifest.json", m)
-            space = load_space(str(space_path))
-        except BaseException:
-            if not existed:
-                runs.discard(d)
-            raise
-        url = a.storage
-    strategy = shards if m["strategy"] == "exhaustive" else optuna_strategy
-    st = strategy.run(space, d, m, max_trials=a.trials, budget_s=budget, storage_url=url,
-                      progress=not a.quiet, joining=True)
+        d, url = _worker_folder(a), a.storage
+    d = driver.run_space(run_dir=d, join=True, trials=a.trials, budget_s=budget,
+                         storage_url=url, progress=not a.quiet)
+    st, m = runs.status(d), runs.load_manifest(d)
     what = "chunks" if m["strategy"] == "exhaustive" else "trials"
     print(f"worker done: {st['trials_completed']:,} {what} complete, front of {st['front_size']}")
     print(d)
+    return 0
+
+
+def _worker_folder(a):
+    """A worker's local run folder for a study in a shared storage: the run's inputs and
+    manifest, as the run stored them in the study."""
+    from pathlib import Path
+
+    import optuna
+
+    from dse import runs
+    from dse.search.study import storage_for, with_retry
+    storage = storage_for(None, a.storage)
+    try:
+        study = with_retry(optuna.load_study, study_name=a.study, storage=storage)
+    except KeyError:
+        raise InputError(f"no study {a.study!r} in the storage", file=a.storage,
+                         hint="the study name is the run folder's name") from None
+    attrs = with_retry(lambda: study.user_attrs)
+    if "manifest" not in attrs:
+        raise InputError(f"the study {a.study!r} is not a dse run", file=a.storage,
+                         hint="the study name is the run folder's name")
+    m = json.loads(attrs["manifest"])
+    d = Path(a.out) if a.out else Path("runs") / a.study
+    existed = d.is_dir()
+    try:
+        (d / "scores").mkdir(parents=True, exist_ok=True)
+        (d / "inputs").mkdir(exist_ok=True)
+        space_path = runs.space_snapshot(d, m)
+        if "inputs" in attrs:       # the run's snapshot: space file and objectives file
+            runs.write_inputs(d, attrs["inputs"])
+        else:
+            space_path.write_text(attrs["space_toml"])
+        m["space_file"] = str(space_path)
+        runs.write_json(d / "manifest.json", m)
+        from dse.space import load_space
+        load_space(str(space_path))
+    except BaseException:
+        if not existed:
+            runs.discard(d)
+        raise
+    return d
+
+
+def _dashboard(a) -> int:
+    """optuna-dashboard on a run's study: its journal, or the RDB the run used."""
+    from pathlib import Path
+
+    from dse import runs
+    d = Path(a.dir)
+    m = runs.load_manifest(d)
+    if m["strategy"] == "exhaustive" and not m.get("storage"):
+        raise InputError("an exhaustive run has no Optuna study to show", file=str(d),
+                         hint="`dse report DIR` shows its front; dashboards show optuna and "
+                              "nested runs")
+    try:
+        from optuna_dashboard import run_server
+    except ImportError:
+        raise InputError("dse dashboard needs optuna-dashboard",
+                         hint="pip install 'dse[dashboard]' (or pip install optuna-dashboard)") \
+            from None
+    from dse.search.study import storage_for
+    storage = storage_for(d, m.get("storage"))
+    print(f"optuna-dashboard on http://{a.host}:{a.port}/ (study {m['study_name']}; Ctrl-C stops)")
+    run_server(storage, host=a.host, port=a.port)
     return 0
 
 
@@ -338,15 +342,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "sampler picks hardware/model points, every layout and batch under each "
                         "is scored")
     r.add_argument("--sampler", choices=["nsga2", "nsga3", "tpe", "random", "qmc", "gp"],
-                   help="Optuna sampler (default: nsga2 for optuna, tpe for nested)")
+                   help="Optuna sampler (default: tpe; optuna runs of more than 2000 trials: nsga2)")
     r.add_argument("--population", type=int,
-                   help="trials asked and scored per batch (default 32; nested: 4)")
+                   help="trials asked and scored per batch (default 16; nested: 4; nsga2 on long "
+                        "runs: 32)")
+    r.add_argument("--workers", type=int, default=1,
+                   help="processes working on the run together, this one included (optuna, "
+                        "nested; exhaustive with --storage): the others are `dse worker`s")
     r.add_argument("--storage", help="Optuna RDB URL, shared with `dse worker`s (default: a journal "
                    "file in the run folder; exhaustive: chunk files, no study)")
     r.add_argument("--trials", type=int,
-                   help="exhaustive: chunks to do now; optuna: trials in the run (default "
-                        "min(space size, 10000)), or to add now with --resume")
-    r.add_argument("--budget", help="wall time, e.g. 90s, 45m, 8h")
+                   help="exhaustive: chunks to do now; optuna: trials in the run (default: "
+                        "with --budget, until the budget or the space is spent; else "
+                        "min(space size, 10000); trials that cover the space enumerate it), "
+                        "or to add now with --resume")
+    r.add_argument("--budget", help="wall time, e.g. 90s, 45m, 8h: the run goes on until it is "
+                                    "spent (or the space, or --trials)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--out", help="run folder (default runs/<time>-<space>)")
     r.add_argument("--resume", metavar="DIR", help="continue a stopped or killed run")
@@ -420,6 +431,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "their work and rebuild front.csv and progress.json")
     rr.add_argument("dir")
     rr.set_defaults(func=_repair)
+
+    db = sub.add_parser("dashboard", help="open an optuna/nested run's study in optuna-dashboard "
+                        "(the optional extra dse[dashboard])")
+    db.add_argument("dir")
+    db.add_argument("--host", default="127.0.0.1")
+    db.add_argument("--port", type=int, default=8080)
+    db.set_defaults(func=_dashboard)
 
     st = sub.add_parser("status", help="state of a run")
     st.add_argument("dir")

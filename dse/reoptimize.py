@@ -226,38 +226,27 @@ def prepare(space: Space, overrides: dict, note: str, tmp: Path) -> tuple[Space,
 
 def run_new(m: dict, base_dir: Path, new_space: Space, nd: Path, old_front_ids: np.ndarray, *,
             trials: int | None, budget_s: float | None, progress: bool) -> tuple[Space, dict]:
-    """Create the new run folder from the derived space and search it."""
-    from dse.search import exhaustive, optuna_strategy
+    """Create the new run folder from the derived space and search it (``driver.run_space``)."""
+    from dse.search import driver, optuna_strategy
     strategy = m["strategy"]
-    d = runs.new_run_dir(new_space.name, str(nd))
-    extra = {"chunk_designs": int(m.get("chunk_designs", exhaustive.CHUNK_DESIGNS)),
-             "whatif": {"base_run": str(Path(base_dir).resolve()),
+    extra = {"whatif": {"base_run": str(Path(base_dir).resolve()),
                         "base_space_digest": m.get("space_digest")}}
-    n_warm = 0
+    n_warm, total, warm = 0, trials, None
     if strategy in ("optuna", "nested"):
         outer, _ = optuna_strategy.split_parameters(new_space, strategy == "nested")
         warm = [int(i) for i in dict.fromkeys(old_front_ids.tolist())]
         coords = np.unravel_index(np.asarray(warm, np.int64), new_space.shape) if warm else ()
         n_warm = len(set(zip(*[coords[i].tolist() for i in outer]))) if warm and outer else 0
-        total = int(trials if trials is not None else m.get("trials", 1000))
-        extra.update(sampler=m.get("sampler", "nsga2"), population=int(m.get("population", 32)),
-                     study_name=d.name, trials=max(total, n_warm), storage=None,
-                     segment_trials=int(m.get("segment_trials", optuna_strategy.SEGMENT_TRIALS)),
-                     warm_start=warm)
+        total = max(int(trials if trials is not None else m.get("trials", 1000)), n_warm)
     extra["whatif"]["warm_start_trials"] = n_warm
-    manifest = runs.create(d, new_space, strategy, int(m.get("seed", 0)), extra)
-    # the run's own snapshot is its space file: resume and workers read it from the run folder
-    snap = d / "inputs" / Path(new_space.file).name
-    manifest["space_file"] = str(snap.resolve())
-    runs.write_json(d / "manifest.json", manifest)
-    space = load_space(str(snap))
-    if strategy == "exhaustive":
-        exhaustive.run(space, d, manifest, max_trials=trials, budget_s=budget_s,
-                       progress=progress)
-    else:
-        optuna_strategy.run(space, d, manifest, max_trials=None, budget_s=budget_s,
-                            progress=progress)
-    return space, manifest
+    d = driver.run_space(new_space, nd, strategy=strategy, trials=total, budget_s=budget_s,
+                         seed=int(m.get("seed", 0)), sampler=m.get("sampler"),
+                         population=m.get("population"), progress=progress, warm_start=warm,
+                         chunk_designs=int(m.get("chunk_designs", 0)) or None,
+                         segment_trials=m.get("segment_trials"), extra=extra,
+                         own_copy=True)
+    manifest = runs.load_manifest(d)
+    return load_space(str(runs.space_snapshot(d, manifest))), manifest
 
 
 def compare_fronts(space: Space, original: pd.DataFrame, old_rescored: pd.DataFrame,

@@ -580,9 +580,9 @@ class Working:
     is raised: exit 130 or 143, the run resumable), and a progress bar with rate, ETA, front
     size and hypervolume."""
 
-    def __init__(self, d: Path, progress: bool, **bar):
+    def __init__(self, d: Path, progress: bool, by_time: bool = False, **bar):
         self.d, self.progress, self.bar_args, self.stop, self.bar = Path(d), progress, bar, False, None
-        self.signum = None
+        self.signum, self.by_time = None, by_time
 
     def _on_signal(self, signum, frame):
         self.stop = True
@@ -599,10 +599,20 @@ class Working:
             self.bar = tqdm(dynamic_ncols=True, mininterval=0.5, **self.bar_args)
         return self
 
-    def update(self, n: int, front_size: int, hv) -> None:
-        if self.bar:
+    def update(self, n: int, front_size: int, hv, elapsed: float | None = None,
+               done: int | None = None) -> None:
+        """``n`` more work items done; a bar ``by_time`` (a run with a budget) shows the
+        budget's seconds spent instead, and the work done as a figure."""
+        if not self.bar:
+            return
+        post = {"front": front_size, "hv": f"{hv:.4g}" if hv is not None else "-"}
+        if self.by_time and elapsed is not None:
+            self.bar.update(max(min(round(elapsed), self.bar.total) - self.bar.n, 0))
+            if done is not None:
+                post = {"done": f"{done:,}", **post}
+        else:
             self.bar.update(n)
-            self.bar.set_postfix(front=front_size, hv=f"{hv:.4g}" if hv is not None else "-")
+        self.bar.set_postfix(post)
 
     def __exit__(self, *exc) -> None:
         import signal

@@ -246,8 +246,10 @@ def test_compare_figures_are_what_dse_compare_prints(run, tmp_path, capsys):
 def test_run_refuses_bad_arguments(tmp_path):
     with pytest.raises(InputError, match="unknown strategy"):
         dse.run(SPACE, strategy="grid", out=tmp_path / "r")
-    with pytest.raises(InputError, match="dse worker"):
-        dse.run(SPACE, workers=4, out=tmp_path / "r")
+    with pytest.raises(InputError, match="workers 0 must be >= 1"):
+        dse.run(SPACE, workers=0, out=tmp_path / "r")
+    with pytest.raises(InputError, match="need --storage"):      # exhaustive, no shared storage
+        dse.run(SPACE, strategy="exhaustive", workers=2, out=tmp_path / "r")
     assert not (tmp_path / "r").exists()
 
 

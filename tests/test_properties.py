@@ -160,3 +160,31 @@ def test_an_impossible_model_structure_is_infeasible_never_a_negative_cost():
     assert not s["feasible"][0] and (s["reason"][0] & 64)
     ok = score(b)
     assert ok["feasible"][0]
+
+
+COMPACT_CASES = {
+    "topology": {"topology.id": ["hgx-8", "nvl72", "hgx-8", "nvl72"] * 3,
+                 "layout.tp": [1, 2, 4, 8] * 3, "layout.dp": [1] * 4 + [2] * 4 + [4] * 4},
+    # only the scale-out link varies, groups span two domains (the pipeline-racks question)
+    "scaleout": {"accelerator.scaleout_link_bw_bytes_per_s": [25e9, 50e9, 100e9, 200e9],
+                 "layout.tp": 8, "layout.dp": 2},
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMPACT_CASES))
+@pytest.mark.parametrize("model", ["llama-3.1-70b", "deepseek-v3"])
+def test_a_compact_batch_scores_like_its_expanded_copy(model, case):
+    """The search scores compact batches (a column the same for every design is one value):
+    every metric equals the expanded batch's, whichever columns vary (the topology's domain
+    and scale-out numbers, or the scale-out link alone, while the chip, model and kernels do
+    not)."""
+    from dse.build import resolve, to_batch
+    from dse.perf import Batch
+    rows = pd.DataFrame({"accelerator.id": "h100-sxm", "model.id": model,
+                         "workload.concurrency": 64, **COMPACT_CASES[case]})
+    full = to_batch(resolve(rows))
+    compact = Batch({k: v[:1] if np.all(v == v[0]) else v for k, v in full.columns.items()})
+    assert sum(len(v) == 1 for v in compact.columns.values()) > 100   # mostly constant
+    a, c = score(full), score(compact)
+    for k in a:
+        np.testing.assert_allclose(c[k], a[k], rtol=1e-12, equal_nan=True, err_msg=k)

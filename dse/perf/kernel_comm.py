@@ -161,18 +161,22 @@ def allreduce_branches(group, link_bw_bytes_per_s, *, domain_chips=None,
     if n_dom is not None:
         # log2(1) = 0 and (1 - 1) = 0: a group inside one domain adds nothing
         added = added + 2.0 * _log2(n_dom) * _a(p["a2a_scaleout_latency_s"])
+    across = 0.0                     # per-byte cost of the inter-domain all-reduce
+    if n_dom is not None:
+        across = 2.0 * (n_dom - 1.0) / n_dom / inner \
+            / (_a(scaleout_bw_bytes_per_s) * _a(p["a2a_scaleout_fraction"]))
     nccl = {k: _a(p[k]) for k in AR_NCCL_KEYS}
     cust = {k: _a(p[k]) for k in AR_CUSTOM_KEYS} if custom else {}
-    lat, spb = _out(4 if custom else 2, inner, link_bw_bytes_per_s, added, *nccl.values(),
-                    *cust.values())
+    # (the output broadcasts over every input: a compact batch's columns may be length 1)
+    lat, spb = _out(4 if custom else 2, g, inner, link_bw_bytes_per_s, added, across,
+                    *nccl.values(), *cust.values())
     nccl_allreduce_branches(inner, link_bw_bytes_per_s, **nccl, added_latency_s=added,
                             log2_group=lg, out=(lat[:2], spb[:2]))
     if custom:
         custom_allreduce_branches(inner, link_bw_bytes_per_s, **cust, added_latency_s=added,
                                   log2_group=lg, out=(lat[2:], spb[2:]))
     if n_dom is not None:
-        spb += 2.0 * (n_dom - 1.0) / n_dom / inner \
-            / (_a(scaleout_bw_bytes_per_s) * _a(p["a2a_scaleout_fraction"]))
+        spb += across
         if custom:
             np.copyto(lat[2:], np.inf, where=n_dom > 1.0)
     # one rank: no collective (the per-byte costs are 0 there already: (g - 1) factors)

@@ -2,8 +2,11 @@
 
     python -m dse.search.bench                       # all three, modest sizes
     python -m dse.search.bench --trials 100000       # the 10^5-trial Optuna drift check
+    python -m dse.search.bench --skip exhaustive quality optuna   # the shipped spaces only
 
 1. exhaustive: designs scored per second including the Pareto archive (one core);
+1b. shipped: on every shipped space, `optuna` with its defaults and 5% of the evaluations, as a
+   share of the exact front's hypervolume, mean and worst over seeds (target >= 0.98);
 2. quality: hypervolume that `optuna` (NSGA-II, TPE) and `nested` (TPE + local search next to
    the front) reach with <= 5% of the evaluations, as a share of the exact front's (exhaustive),
    on one reference point, mean and worst over seeds: `optuna` on dense-70b-nodes, `nested` on a
@@ -27,7 +30,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from dse import pareto, runs  # noqa: E402
-from dse.search import exhaustive, optuna_strategy  # noqa: E402
+from dse.search import optuna_strategy  # noqa: E402
+from dse.search.driver import run_space  # noqa: E402
 from dse.space import load_space  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,14 +51,12 @@ def big_space():
 
 
 def _run(space, strategy: str, **extra) -> Path:
-    d = runs.new_run_dir(space.name, str(Path(tempfile.mkdtemp()) / strategy))
-    m = runs.create(d, space, strategy, extra.pop("seed", 0), {"chunk_designs": 262144,
-                                                              "study_name": d.name, **extra})
-    if strategy == "exhaustive":
-        exhaustive.run(space, d, m, max_trials=None, budget_s=None, progress=False)
-    else:
-        optuna_strategy.run(space, d, m, max_trials=None, budget_s=None, progress=False)
-    return d
+    """One run through the driver, as `dse run` makes it (trials that cover the space enumerate
+    it)."""
+    return run_space(space, Path(tempfile.mkdtemp()) / strategy, strategy=strategy,
+                     trials=extra.get("trials"), seed=extra.get("seed", 0),
+                     sampler=extra.get("sampler"), population=extra.get("population"),
+                     chunk_designs=262144, progress=False)
 
 
 def bench_exhaustive():
@@ -126,6 +128,32 @@ def _quality(space, runs_spec, seeds) -> None:
               f"{seeds} seeds; target >= 0.99 with <= 5%)")
 
 
+def bench_shipped(seeds: int = 5, names=None) -> None:
+    """Every shipped space (spaces/*.toml): the hypervolume `dse run --strategy optuna` reaches
+    with its default sampler and population and 5% of the space's designs as trials, as a
+    share of the exact front's, mean and worst over seeds (target >= 0.98 both)."""
+    print(f"optuna defaults ({optuna_strategy.DEFAULT_SAMPLER['optuna']}, population "
+          f"{optuna_strategy.DEFAULT_POPULATION['optuna']}) with 5% of the evaluations, "
+          f"{seeds} seeds:")
+    for f in sorted((ROOT / "spaces").glob("*.toml")):
+        if names and f.stem not in names:
+            continue
+        space = load_space(str(f))
+        trials = max(int(0.05 * space.size), 1)
+        exact = pd.read_csv(_run(space, "exhaustive") / "front.csv")
+        Fe = pareto.objective_matrix(exact, space.objectives)
+        ref, scale = pareto.reference(Fe)
+        hv = pareto.hypervolume(Fe, ref, scale)
+        shares, t0 = [], time.perf_counter()
+        for seed in range(seeds):
+            fr = pd.read_csv(_run(space, "optuna", trials=trials, seed=seed) / "front.csv")
+            shares.append(pareto.hypervolume(pareto.objective_matrix(fr, space.objectives), ref,
+                                             scale) / hv if len(fr) else 0.0)
+        print(f"  {f.stem:<26} {space.size:7,} designs, {trials:5,} trials: hypervolume "
+              f"{np.mean(shares):.4f} of the exact front (worst {np.min(shares):.4f}; "
+              f"{(time.perf_counter() - t0) / seeds:.1f} s a run)", flush=True)
+
+
 def bench_quality(seeds: int = 5):
     space = load_space(str(ROOT / "spaces" / "dense-70b-nodes.toml"))
     budget = int(0.05 * space.size)
@@ -170,11 +198,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dse.search.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=20_000, help="trials for the Optuna rate check")
-    p.add_argument("--skip", nargs="*", default=[], choices=["exhaustive", "quality", "optuna"])
+    p.add_argument("--skip", nargs="*", default=[],
+                   choices=["exhaustive", "shipped", "quality", "optuna"])
+    p.add_argument("--spaces", nargs="*", help="shipped spaces to measure (default: all)")
     p.add_argument("--seeds", type=int, default=5, help="seeds per strategy in the quality check")
     a = p.parse_args(argv)
     if "exhaustive" not in a.skip:
         bench_exhaustive()
+    if "shipped" not in a.skip:
+        bench_shipped(a.seeds, a.spaces)
     if "quality" not in a.skip:
         bench_quality(a.seeds)
     if "optuna" not in a.skip:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from dse import pareto, runs
 from dse.perf import score_chunked
+from dse.search.driver import Strategy, drive
 
 CHUNK_DESIGNS = 65536
 SAVE_EVERY_S = 1.0     # front.csv and progress.json are rewritten at most this often (and at the end)
@@ -47,63 +48,66 @@ def score_chunk(space, i: int, chunk: int) -> tuple[pd.DataFrame, int]:
     return table, hi - lo
 
 
+class Exhaustive(Strategy):
+    """Chunks in order; a chunk is done once its score table is on disk."""
+
+    unit = "design"
+
+    def open(self) -> None:
+        d, space = self.d, self.space
+        self.chunk = int(self.manifest.get("chunk_designs", CHUNK_DESIGNS))
+        self.n_chunks = -(-space.size // self.chunk)
+        runs.remove_stale_tmp(d)                         # a chunk a killed process was writing
+        self.done = {int(f.stem.split("-")[1]) for f in (d / "scores").glob("chunk-*.parquet")}
+        # the front from the durable score tables (a corrupt one is refused, naming it)
+        self.front = pareto.front_of([runs.read_table(_chunk_file(d, i)) for i in sorted(self.done)],
+                                     space.objectives)
+        self.designs = sum(min((i + 1) * self.chunk, space.size) - i * self.chunk for i in self.done)
+        todo = [i for i in range(self.n_chunks) if i not in self.done]
+        self.todo = iter(todo[:self.max_trials] if self.max_trials is not None else todo)
+        self.saved = time.monotonic()
+
+    def bar(self) -> dict:
+        return {"total": self.space.size, "initial": self.designs, "unit": "design",
+                "unit_scale": True, "desc": "exhaustive"}
+
+    def counters(self) -> dict:
+        return {"trials_completed": len(self.done), "trials_failed": 0,
+                "trials_total": self.n_chunks, "designs_scored": self.designs}
+
+    def propose(self):
+        return next(self.todo, None)
+
+    def score(self, i):
+        return score_chunk(self.space, i, self.chunk)
+
+    def store(self, i, scored) -> None:
+        table = scored[0]
+        # the chunk is done once its table is on disk (written whole, then renamed)
+        runs.atomic_save(_chunk_file(self.d, i), lambda p: table.to_parquet(p, index=False))
+
+    def tell(self, i, scored) -> int:
+        table, n = scored
+        self.done.add(i)
+        self.designs += n
+        self.front = pareto.front_of([self.front, table], self.space.objectives)
+        runs.fix_reference(self.manifest, self.d,
+                           pareto.objective_matrix(self.front, self.space.objectives)
+                           if len(self.front) else [])
+        return n
+
+    def after(self) -> None:
+        if time.monotonic() - self.saved >= SAVE_EVERY_S:   # front.csv, progress.json
+            self.save("running")
+            self.saved = time.monotonic()
+        else:
+            self.hypervolume()                              # for the progress bar
+
+    def finish(self) -> None:
+        self.save("finished" if len(self.done) == self.n_chunks else "stopped")
+
+
 def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: float | None,
         progress: bool = True) -> dict:
-    chunk = int(manifest.get("chunk_designs", CHUNK_DESIGNS))
-    n_chunks = -(-space.size // chunk)
-    runs.remove_stale_tmp(d)                         # a chunk a killed process was writing
-    done = {int(f.stem.split("-")[1]) for f in (d / "scores").glob("chunk-*.parquet")}
-    elapsed0 = float(runs.read_progress(d).get("elapsed_s", 0.0))
-    # the front from the durable score tables (a corrupt one is refused, naming it)
-    front = pareto.front_of([runs.read_table(_chunk_file(d, i)) for i in sorted(done)],
-                            space.objectives)
-    designs = sum(min((i + 1) * chunk, space.size) - i * chunk for i in done)
-    todo = [i for i in range(n_chunks) if i not in done]
-    if max_trials is not None:
-        todo = todo[:max_trials]
-    t0 = time.monotonic()
-    hv = None
-
-    def hypervolume():
-        nonlocal hv
-        ref = manifest.get("reference")
-        if ref is not None and len(front):
-            hv = pareto.hypervolume(pareto.objective_matrix(front, space.objectives),
-                                    np.array(ref["point"]), np.array(ref["scale"]))
-
-    def save(state):
-        hypervolume()
-        runs.write_front(d, front, space.objectives, [p.path for p in space.parameters])
-        runs.write_json(d / "progress.json", {
-            "state": state, "trials_completed": len(done), "trials_failed": 0,
-            "trials_total": n_chunks, "designs_scored": designs,
-            "elapsed_s": elapsed0 + time.monotonic() - t0, "front_size": len(front),
-            "hypervolume": hv})
-
-    with runs.Working(d, progress, total=space.size, initial=designs, unit="design",
-                      unit_scale=True, desc="exhaustive") as work:
-        try:
-            save("running")
-            saved = time.monotonic()
-            for i in todo:
-                if work.stop or (budget_s is not None and time.monotonic() - t0 >= budget_s):
-                    break
-                table, n = score_chunk(space, i, chunk)
-                # the chunk is done once its table is on disk (written whole, then renamed)
-                runs.atomic_save(_chunk_file(d, i), lambda p: table.to_parquet(p, index=False))
-                done.add(i)
-                designs += n
-                front = pareto.front_of([front, table], space.objectives)
-                runs.fix_reference(manifest, d, pareto.objective_matrix(front, space.objectives)
-                                   if len(front) else [])
-                if time.monotonic() - saved >= SAVE_EVERY_S:   # front.csv, progress.json
-                    save("running")
-                    saved = time.monotonic()
-                else:
-                    hypervolume()                              # for the progress bar
-                work.update(n, len(front), hv)
-            save("finished" if len(done) == n_chunks else "stopped")
-        except BaseException:
-            save("failed" if not work.stop else "stopped")
-            raise
-    return runs.status(d)
+    """Drive an exhaustive run folder (see ``driver.run_space`` to create one)."""
+    return drive(Exhaustive(space, d, manifest, max_trials=max_trials, budget_s=budget_s), progress)

@@ -20,6 +20,11 @@ from __future__ import annotations
 
 import collections
 
+import sqlalchemy as sa
+
+# Optuna's RDB schema (the ``trials`` table), read with SQL instead of Optuna's private models
+TRIALS = sa.table("trials", sa.column("trial_id"), sa.column("study_id"), sa.column("state"))
+
 GRACE_S = 10     # a trial silent this long belongs to a dead worker: failed, then retried
 
 
@@ -77,10 +82,8 @@ def state_counts(storage, ids: dict[int, int]) -> dict[int, collections.Counter]
             for t in storage.get_all_trials(sid, deepcopy=False):
                 out[k][t.state.name] += 1
         return out
-    import sqlalchemy as sa
-    from optuna.storages._rdb.models import TrialModel
-    q = (sa.select(TrialModel.study_id, TrialModel.state, sa.func.count())
-         .where(TrialModel.study_id.in_(list(by_id))).group_by(TrialModel.study_id, TrialModel.state))
+    q = (sa.select(TRIALS.c.study_id, TRIALS.c.state, sa.func.count())
+         .where(TRIALS.c.study_id.in_(list(by_id))).group_by(TRIALS.c.study_id, TRIALS.c.state))
     with engine.connect() as c:
         for sid, state, n in c.execute(q):
             out[by_id[sid]][state.name if hasattr(state, "name") else str(state)] += int(n)

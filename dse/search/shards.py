@@ -21,16 +21,18 @@ import os
 import random
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from dse import pareto, runs
-from dse.search import exhaustive
-from dse.search.optuna_strategy import (HEARTBEAT_S, finished_elsewhere, front_payload,
-                                       payload_frame, storage_for, told_already, with_retry)
+from dse.search import exhaustive, segments
+from dse.search.driver import WAIT, Strategy, drive
 from dse.search.segments import Silent, state_counts
+from dse.search.study import (HEARTBEAT_S, TrialIds, finished_elsewhere, front_payload,
+                              payload_frame, storage_for, told_already, with_retry)
 
 ENQUEUED = "chunks_enqueued"     # study user attr: every chunk has had a trial enqueued
 
@@ -44,23 +46,26 @@ def _chunk_of(t) -> int | None:
     return None if c is None else int(c)
 
 
-def _pop_waiting(study) -> int | None:
+def _pop_waiting(storage, study) -> int | None:
     """A waiting trial of the study set RUNNING by this worker (None: none is waiting). One
-    query for a few candidates (not Optuna's load of every waiting trial), taken in random order
-    so that workers seldom race for the same one."""
+    query for a few candidates (not a load of every waiting trial), taken in random order so
+    that workers seldom race for the same one. Public storage API only: the candidates come
+    from the RDB's ``trials`` table (Optuna's schema), or from ``get_all_trials``."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
-    storage = study._storage
+    sid = storage.get_study_id_from_name(study.study_name)
     engine = getattr(storage, "engine", None)
     if engine is None:
-        return study._pop_waiting_trial_id()
-    import sqlalchemy as sa
-    from optuna.storages._rdb.models import TrialModel
-    q = (sa.select(TrialModel.trial_id).where(TrialModel.study_id == study._study_id,
-                                              TrialModel.state == TrialState.WAITING)
-         .order_by(TrialModel.trial_id).limit(16))
-    with engine.connect() as c:
-        ids = [r[0] for r in c.execute(q)]
+        ids = [storage.get_trial_id_from_study_id_trial_number(sid, t.number)
+               for t in storage.get_all_trials(sid, deepcopy=False, states=(TrialState.WAITING,))]
+    else:
+        import sqlalchemy as sa
+        trials = segments.TRIALS
+        q = (sa.select(trials.c.trial_id).where(trials.c.study_id == sid,
+                                                trials.c.state == TrialState.WAITING.name)
+             .order_by(trials.c.trial_id).limit(16))
+        with engine.connect() as c:
+            ids = [r[0] for r in c.execute(q)]
     random.shuffle(ids)
     for tid in ids:
         try:
@@ -128,121 +133,138 @@ def _enqueue(study, chunks) -> None:
         with_retry(study.enqueue_trial, {"chunk": int(i)})
 
 
-def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: float | None,
-        storage_url: str, progress: bool = True, joining: bool = False) -> dict:
+class Shards(Strategy):
     """Pull chunks of the shared study until none is left (or this process's budget is spent).
     ``joining``: a worker; the run's own process (``dse run``, ``--resume``) first makes sure
     every chunk has a trial."""
-    import warnings
 
-    import optuna
-    from optuna.trial import TrialState
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    chunk = int(manifest.get("chunk_designs", exhaustive.CHUNK_DESIGNS))
-    n_chunks = -(-space.size // chunk)
-    storage = storage_for(None, storage_url)
-    study = with_retry(optuna.create_study, study_name=manifest["study_name"], storage=storage,
-                       sampler=optuna.samplers.RandomSampler(), load_if_exists=True)
-    if not joining:
-        if "space_toml" not in with_retry(lambda: study.user_attrs):
-            with_retry(study.set_user_attr, "space_toml", Path(space.file).read_text())
-            with_retry(study.set_user_attr, "inputs", runs.inputs_payload(d, manifest))
-            with_retry(study.set_user_attr, "manifest", json.dumps(manifest, default=str))
+    unit = "chunk"
+    wait_s = HEARTBEAT_S / 2
+
+    def open(self) -> None:
+        import optuna
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        space, d, m = self.space, self.d, self.manifest
+        self.chunk = int(m.get("chunk_designs", exhaustive.CHUNK_DESIGNS))
+        self.n_chunks = -(-space.size // self.chunk)
+        self.storage = storage_for(None, self.storage_url)
+        self.ids = TrialIds(self.storage)
+        self.study = with_retry(optuna.create_study, study_name=m["study_name"],
+                                storage=self.storage, sampler=optuna.samplers.RandomSampler(),
+                                load_if_exists=True)
+        study = self.study
+        if not self.joining:
+            if "space_toml" not in with_retry(lambda: study.user_attrs):
+                with_retry(study.set_user_attr, "space_toml", Path(space.file).read_text())
+                with_retry(study.set_user_attr, "inputs", runs.inputs_payload(d, m))
+                with_retry(study.set_user_attr, "manifest", json.dumps(m, default=str))
+            if not with_retry(lambda: study.user_attrs.get(ENQUEUED)):
+                _enqueue(study, with_retry(_missing, study, self.n_chunks))   # a resume: the rest
+                with_retry(study.set_user_attr, ENQUEUED, True)
+        runs.remove_stale_tmp(d)      # a killed process's: the pid is in the name (workers share)
+        self.front = pareto.front_of([runs.read_table(f) for f in
+                                      sorted((d / "scores").glob("chunk-*.parquet"))],
+                                     space.objectives)
+        self.silent = Silent()
+        self.counts = {"COMPLETE": 0, "FAIL": 0}
+        self.mine = 0
+        self.final = None
+
+    def bar(self) -> dict:
+        return {"total": self.n_chunks, "unit": "chunk", "desc": "exhaustive shards"}
+
+    def counters(self) -> dict:
+        done = self.counts["COMPLETE"] if self.final is None else self.final[0]
+        designs = (min(done * self.chunk, self.space.size) if self.final is None
+                   else self.final[1])
+        return {"trials_completed": done, "trials_failed": self.counts["FAIL"],
+                "trials_total": self.n_chunks, "designs_scored": designs}
+
+    def save(self, state: str, **extra) -> None:
+        super().save(state, storage_study=self.manifest["study_name"], **extra)
+
+    def propose(self):
+        import optuna
+        storage, study = self.storage, self.study
+        if self.max_trials is not None and self.mine >= self.max_trials:
+            return None
+        sid = with_retry(storage.get_study_id_from_name, study.study_name)
+        self.counts = with_retry(state_counts, storage, {0: sid})[0]
+        if self.counts["RUNNING"]:      # dead workers' chunks (also before a first heartbeat)
+            with_retry(self.silent.adopt, storage, study)
+            with_retry(optuna.storages.fail_stale_trials, study)
+            self.counts = with_retry(state_counts, storage, {0: sid})[0]
+        tid = with_retry(_pop_waiting, storage, study) if self.counts["WAITING"] else None
+        if tid is not None:
+            return tid
+        if self.counts["RUNNING"]:
+            return WAIT                      # they may die and come back
         if not with_retry(lambda: study.user_attrs.get(ENQUEUED)):
-            _enqueue(study, with_retry(_missing, study, n_chunks))   # a resume: only the rest
-            with_retry(study.set_user_attr, ENQUEUED, True)
-    runs.remove_stale_tmp(d)      # a killed process's: the pid is in the name (workers share)
-    elapsed0 = float(runs.read_progress(d).get("elapsed_s", 0.0))
-    metrics = [o.metric for o in space.objectives]
-    front = pareto.front_of([runs.read_table(f) for f in sorted((d / "scores").glob("chunk-*.parquet"))],
-                            space.objectives)
-    silent = Silent()
-    counts = {"COMPLETE": 0, "FAIL": 0}
-    mine = 0
-    t0 = time.monotonic()
-    hv = None
+            self.study = with_retry(optuna.load_study, study_name=study.study_name,
+                                    storage=storage)
+            return WAIT                      # the run is still enqueueing
+        lost = with_retry(_missing, study, self.n_chunks)   # failed past the retries
+        if lost:       # look again: a stale chunk's retry may be on its way
+            time.sleep(HEARTBEAT_S)
+            lost = with_retry(_missing, study, self.n_chunks)
+        if not lost:
+            return None
+        _enqueue(study, lost)
+        return WAIT
 
-    def save(state, completed=None, designs=None):
-        nonlocal hv
-        ref = manifest.get("reference")
-        if ref is not None and len(front):
-            hv = pareto.hypervolume(pareto.objective_matrix(front, space.objectives),
-                                    np.array(ref["point"]), np.array(ref["scale"]))
-        runs.write_front(d, front, space.objectives, [p.path for p in space.parameters])
-        done = counts["COMPLETE"] if completed is None else completed
-        runs.write_json(d / "progress.json", {
-            "state": state, "trials_completed": done, "trials_failed": counts["FAIL"],
-            "trials_total": n_chunks,
-            "designs_scored": designs if designs is not None else min(done * chunk, space.size),
-            "elapsed_s": elapsed0 + time.monotonic() - t0, "front_size": len(front),
-            "hypervolume": hv, "storage_study": manifest["study_name"]})
-
-    with runs.Working(d, progress, total=n_chunks, unit="chunk", desc="exhaustive shards") as work:
+    def score(self, tid):
+        import optuna
+        trial = optuna.Trial(self.study, tid)
+        beat = _Heartbeat(self.storage, tid)
         try:
-            save("running")
-            while not work.stop and (max_trials is None or mine < max_trials):
-                if budget_s is not None and time.monotonic() - t0 >= budget_s:
-                    break
-                sid = with_retry(storage.get_study_id_from_name, study.study_name)
-                counts = with_retry(state_counts, storage, {0: sid})[0]
-                if counts["RUNNING"]:      # dead workers' chunks (also before a first heartbeat)
-                    with_retry(silent.adopt, storage, study)
-                    with_retry(optuna.storages.fail_stale_trials, study)
-                    counts = with_retry(state_counts, storage, {0: sid})[0]
-                tid = with_retry(_pop_waiting, study) if counts["WAITING"] else None
-                if tid is None:
-                    if counts["RUNNING"]:
-                        time.sleep(HEARTBEAT_S / 2)       # they may die and come back
-                        continue
-                    if not with_retry(lambda: study.user_attrs.get(ENQUEUED)):
-                        time.sleep(HEARTBEAT_S / 2)       # the run is still enqueueing
-                        study = with_retry(optuna.load_study, study_name=study.study_name,
-                                           storage=storage)
-                        continue
-                    lost = with_retry(_missing, study, n_chunks)   # failed past the retries
-                    if lost:       # look again: a stale chunk's retry may be on its way
-                        time.sleep(HEARTBEAT_S)
-                        lost = with_retry(_missing, study, n_chunks)
-                    if not lost:
-                        break
-                    _enqueue(study, lost)
-                    continue
-                trial = optuna.Trial(study, tid)
-                beat = _Heartbeat(storage, tid)
-                try:
-                    i = with_retry(trial.suggest_int, "chunk", 0, n_chunks - 1)
-                    table, n = exhaustive.score_chunk(space, i, chunk)
-                finally:
-                    beat.stop()
-                out = exhaustive._chunk_file(d, i)
-                runs.atomic_save(out, lambda p: table.to_parquet(p, index=False))
-                try:
-                    with_retry(trial.set_user_attr, "front", front_payload(
-                        table["design_id"].to_numpy(), {m: table[m] for m in metrics}))
-                    with_retry(study.tell, trial, n)
-                except Exception as e:
-                    if not (told_already(e) or finished_elsewhere(e)):
-                        raise
-                    if not told_already(e):
-                        continue   # failed as stale meanwhile (an outage): retried elsewhere
-                mine += 1
-                counts["COMPLETE"] += 1
-                front = pareto.front_of([front, table], space.objectives)
-                runs.fix_reference(manifest, d, pareto.objective_matrix(front, space.objectives)
-                                   if len(front) else [])
-                save("running")
-                work.update(1, len(front), hv)
-            # the run's front and counts from the storage: every worker's chunks, each once
-            done = with_retry(completed_chunks, study)
-            counts["FAIL"] = len(with_retry(study.get_trials, deepcopy=False,
-                                            states=(TrialState.FAIL,)))
-            front = with_retry(front_from_shards, study, space)
-            if len(front):
-                runs.fix_reference(manifest, d, pareto.objective_matrix(front, space.objectives))
-            save("finished" if len(done) == n_chunks else "stopped", completed=len(done),
-                 designs=sum(_designs(space, chunk, i) for i in done))
-        except BaseException:
-            save("failed" if not work.stop else "stopped")
-            raise
-    return runs.status(d)
+            i = with_retry(trial.suggest_int, "chunk", 0, self.n_chunks - 1)
+            table, n = exhaustive.score_chunk(self.space, i, self.chunk)
+        finally:
+            beat.stop()
+        return trial, i, table, n
+
+    def store(self, tid, scored) -> None:
+        _, i, table, _ = scored
+        runs.atomic_save(exhaustive._chunk_file(self.d, i), lambda p: table.to_parquet(p, index=False))
+
+    def tell(self, tid, scored) -> int:
+        trial, i, table, n = scored
+        metrics = [o.metric for o in self.space.objectives]
+        try:
+            with_retry(trial.set_user_attr, "front", front_payload(
+                table["design_id"].to_numpy(), {m: table[m] for m in metrics}))
+            with_retry(self.study.tell, trial, n)
+        except Exception as e:
+            if not (told_already(e) or finished_elsewhere(e)):
+                raise
+            if not told_already(e):
+                return 0   # failed as stale meanwhile (an outage): retried elsewhere
+        self.mine += 1
+        self.counts["COMPLETE"] += 1
+        self.front = pareto.front_of([self.front, table], self.space.objectives)
+        runs.fix_reference(self.manifest, self.d,
+                           pareto.objective_matrix(self.front, self.space.objectives)
+                           if len(self.front) else [])
+        return 1
+
+    def finish(self) -> None:
+        from optuna.trial import TrialState
+        study = self.study
+        # the run's front and counts from the storage: every worker's chunks, each once
+        done = with_retry(completed_chunks, study)
+        self.counts["FAIL"] = len(with_retry(study.get_trials, deepcopy=False,
+                                             states=(TrialState.FAIL,)))
+        self.front = with_retry(front_from_shards, study, self.space)
+        if len(self.front):
+            runs.fix_reference(self.manifest, self.d,
+                               pareto.objective_matrix(self.front, self.space.objectives))
+        self.final = (len(done), sum(_designs(self.space, self.chunk, i) for i in done))
+        self.save("finished" if len(done) == self.n_chunks else "stopped")
+
+
+def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: float | None,
+        storage_url: str, progress: bool = True, joining: bool = False) -> dict:
+    """Drive a sharded exhaustive run (or join it as a worker)."""
+    return drive(Shards(space, d, manifest, max_trials=max_trials, budget_s=budget_s,
+                        storage_url=storage_url, joining=joining), progress)

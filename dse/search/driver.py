@@ -1,0 +1,347 @@
+"""One search driver: every run, whatever its strategy, is created, resumed or joined here and
+driven by one loop: propose -> score -> store -> tell.
+
+    run_space(space, run_dir, strategy=..., trials=..., budget_s=..., ...) -> the run folder
+
+is the one entry point (``dse run``, ``dse worker``, ``dse whatif --reoptimize``, ``dse answer``,
+the benchmarks and the Python API all call it). A strategy is a small object (``Strategy``):
+
+- ``propose()``: the next work item (a chunk of the space, a batch of asked trials, a shard
+  pulled from a shared study), ``WAIT`` while other workers hold the rest, or None when done;
+- ``score(item)``: one vectorized call of the model;
+- ``store(item, scored)``: the item's Parquet score table (and trials file), written whole then
+  renamed, so the item is done once it is on disk (resume after kill -9 loses nothing and counts
+  nothing twice);
+- ``tell(item, scored)``: Optuna told, the running Pareto archive merged; returns items done.
+
+The strategies: ``exhaustive`` (chunks of the space; ``shards``: the same chunks as trials of a
+shared RDB study, pulled by many workers), ``optuna`` (Optuna's samplers propose whole designs,
+asked and told in batches, a design already scored is told back at no cost) and ``nested``
+(Optuna proposes hardware/model points, every layout and batch under each is enumerated); long
+optuna runs rotate their study into segments (``segments.py``, ``optuna_strategy.rotate``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dse import pareto, runs
+from dse.errors import InputError
+
+WAIT = "wait"              # propose(): others hold the remaining work; look again shortly
+EXHAUSTIVE_MAX = 10**8     # default strategy: exhaustive up to this many designs
+DEFAULT_TRIALS = 10_000    # optuna/nested trials when neither --trials nor --budget is given
+STRATEGY_NAMES = ("exhaustive", "optuna", "nested")
+
+
+class Strategy:
+    """The strategy side of the loop, and what every strategy shares: the run folder, its
+    front, hypervolume, elapsed time and the writes of front.csv and progress.json."""
+
+    unit = "trial"
+    wait_s = 1.0
+
+    def __init__(self, space, d: Path, manifest: dict, *, max_trials=None, budget_s=None,
+                 storage_url=None, joining=False):
+        self.space, self.d, self.manifest = space, Path(d), manifest
+        self.max_trials, self.budget_s = max_trials, budget_s
+        self.storage_url, self.joining = storage_url, joining
+        self.front = None
+        self.hv = None
+        self.elapsed0 = float(runs.read_progress(d).get("elapsed_s", 0.0))
+        self.t0 = time.monotonic()
+
+    # -- the loop's steps (each strategy defines them)
+    def open(self) -> None: ...
+    def propose(self): ...
+    def score(self, item): ...
+    def store(self, item, scored) -> None: ...
+    def tell(self, item, scored) -> int: ...
+    def finish(self) -> None: ...
+    def bar(self) -> dict: ...
+    def counters(self) -> dict: ...
+
+    def after(self) -> None:
+        self.save("running")
+
+    # -- shared bookkeeping
+    def merge(self, table) -> None:
+        import pandas as pd
+        ok = table[table["_admissible"]] if "_admissible" in table else table
+        if len(ok):
+            self.front = pareto.front_of([self.front if self.front is not None else pd.DataFrame(),
+                                          ok], self.space.objectives)
+
+    def hypervolume(self):
+        ref = self.manifest.get("reference")
+        if ref is not None and self.front is not None and len(self.front):
+            self.hv = pareto.hypervolume(pareto.objective_matrix(self.front, self.space.objectives),
+                                         np.array(ref["point"]), np.array(ref["scale"]))
+        return self.hv
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def save(self, state: str, **extra) -> None:
+        import pandas as pd
+        self.hypervolume()
+        front = self.front if self.front is not None else pd.DataFrame()
+        runs.write_front(self.d, front, self.space.objectives, [p.path for p in self.space.parameters])
+        runs.write_json(self.d / "progress.json", {
+            "state": state, **self.counters(), "elapsed_s": self.elapsed0 + self.elapsed(),
+            "front_size": len(front), "hypervolume": self.hv, **extra})
+
+
+def drive(s: Strategy, progress: bool = True) -> dict:
+    """The one loop: propose -> score -> store -> tell, until the strategy has nothing left,
+    the budget is spent, or a signal asks to stop (after the item at hand: resumable)."""
+    s.open()
+    bar = s.bar()
+    if s.budget_s is not None and s.max_trials is None:
+        # a budget and no count of trials to do now: the bar (and its ETA) follows the budget
+        bar = {"total": round(s.budget_s), "unit": "s", "desc": bar.get("desc"), "by_time": True}
+    with runs.Working(s.d, progress, **bar) as work:
+        try:
+            s.save("running")
+            while not work.stop:
+                if s.budget_s is not None and s.elapsed() >= s.budget_s:
+                    break
+                item = s.propose()
+                if item is None:
+                    break
+                if item is WAIT:
+                    time.sleep(s.wait_s)
+                    continue
+                scored = s.score(item)
+                s.store(item, scored)
+                n = s.tell(item, scored)
+                s.after()
+                work.update(n, len(s.front) if s.front is not None else 0, s.hv,
+                            elapsed=s.elapsed(), done=s.counters().get("trials_completed"))
+            s.finish()
+        except BaseException:
+            s.save("failed" if not work.stop else "stopped")
+            raise
+    return runs.status(s.d)
+
+
+def strategy_class(manifest: dict):
+    from dse.search import exhaustive, optuna_strategy, shards
+    if manifest["strategy"] == "exhaustive":
+        return shards.Shards if manifest.get("storage") else exhaustive.Exhaustive
+    if manifest["strategy"] in ("optuna", "nested"):
+        return optuna_strategy.OptunaRun
+    raise InputError(f"unknown strategy {manifest['strategy']!r} in the manifest",
+                     hint="one of " + ", ".join(STRATEGY_NAMES))
+
+
+def search(space, d: Path, manifest: dict, *, max_trials=None, budget_s=None, storage_url=None,
+           progress=True, joining=False) -> dict:
+    """Drive a run folder that exists (its manifest written) with its strategy."""
+    cls = strategy_class(manifest)
+    s = cls(space, d, manifest, max_trials=max_trials, budget_s=budget_s,
+            storage_url=storage_url if storage_url is not None else manifest.get("storage"),
+            joining=joining)
+    return drive(s, progress)
+
+
+# --- creating, resuming and joining runs -----------------------------------------------------
+
+def points(space, strategy: str) -> int:
+    """What one trial of the strategy proposes, counted: designs (optuna), hardware/model
+    points (nested)."""
+    from dse.search.optuna_strategy import split_parameters
+    outer, _ = split_parameters(space, strategy == "nested")
+    return int(np.prod([space.shape[i] for i in outer])) if outer else 1
+
+
+def plan(space, strategy: str | None, trials: int | None, budget_s: float | None,
+         sampler: str | None, population: int | None, storage: str | None) -> dict:
+    """The strategy and its settings for a new run. A run whose trials cover the space (every
+    design, or every point of a nested run) enumerates it: the exact front at a fraction of the
+    cost of asking Optuna for each design. With a budget and no trials, a run goes on until the
+    budget or the space is spent."""
+    from dse.search import optuna_strategy
+    strategy = strategy or ("exhaustive" if space.size <= EXHAUSTIVE_MAX else "optuna")
+    if strategy not in STRATEGY_NAMES:
+        raise InputError(f"unknown strategy {strategy!r}", hint="one of " + ", ".join(STRATEGY_NAMES))
+    out = {"strategy": strategy}
+    if strategy == "exhaustive":
+        return out
+    n = points(space, strategy)
+    if trials is not None and trials >= n and storage is None:
+        out.update(strategy="exhaustive", enumerated=f"--trials {trials:,} cover the {n:,} "
+                   f"{'points' if strategy == 'nested' else 'designs'} of the space")
+        return out
+    total = trials if trials is not None else (n if budget_s is not None else min(n, DEFAULT_TRIALS))
+    long = strategy == "optuna" and total > optuna_strategy.TPE_MAX_TRIALS and sampler is None
+    sampler = sampler or (optuna_strategy.LONG_RUN[0] if long
+                          else optuna_strategy.DEFAULT_SAMPLER[strategy])
+    population = population or (optuna_strategy.LONG_RUN[1] if long and sampler == "nsga2"
+                                else optuna_strategy.DEFAULT_POPULATION[strategy])
+    optuna_strategy.make_sampler(sampler, 0, population)    # fail early (e.g. gp without torch)
+    out.update(sampler=sampler, population=population, trials=int(total))
+    return out
+
+
+def _resume(d: Path):
+    from dse.space import load_space
+    m = runs.load_manifest(d)
+    runs.check_version(m, d)
+    st = runs.status(d)       # refuses corrupt durable files; rebuilds derived ones
+    if st["state"] == "running":
+        raise InputError("the run is still running", file=str(d),
+                         hint="stop it first, or join it with `dse worker`")
+    snap = runs.space_snapshot(d, m)
+    space = load_space(str(snap if snap.is_file() else m["space_file"]))
+    if space.digest != m["space_digest"]:
+        raise InputError("the run's copy of its space file changed since the run started",
+                         file=space.file, hint="start a new run for the new space")
+    orig = Path(m["space_file"])
+    if orig != snap and orig.is_file():
+        import hashlib
+        if hashlib.sha256(orig.read_bytes()).hexdigest()[:16] != m["space_digest"]:
+            print(f"dse: warning: {orig} changed since the run started; the run continues "
+                  f"with its copy {snap}", file=sys.stderr)
+    return space, m
+
+
+def _join(d: Path):
+    from dse.space import load_space
+    m = runs.load_manifest(d)
+    runs.check_version(m, d)
+    if m["strategy"] == "exhaustive" and not m.get("storage"):
+        raise InputError("exhaustive runs without --storage take no workers", file=str(d),
+                         hint="workers join optuna and nested runs, and exhaustive runs "
+                              "started with --storage URL")
+    return load_space(str(runs.space_snapshot(d, m))), m
+
+
+def _spawn_workers(d: Path, n: int) -> list:
+    """``n`` local ``dse worker`` processes joining the run (optuna, nested, shards)."""
+    return [subprocess.Popen([sys.executable, "-m", "dse", "worker", str(d), "--quiet"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(n)]
+
+
+def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: int | None = None,
+              budget_s: float | None = None, workers: int = 1, seed: int = 0,
+              storage: str | None = None, population: int | None = None,
+              sampler: str | None = None, progress: bool = True, warm_start=None,
+              chunk_designs: int | None = None, segment_trials: int | None = None,
+              resume: bool = False, join: bool = False, storage_url: str | None = None,
+              extra: dict | None = None, own_copy: bool = False) -> Path:
+    """Create (or ``resume``, or ``join`` as a worker) a run and drive it; returns its folder.
+
+    ``space``: a Space or a space file (new runs); ``run_dir``: the run folder (default
+    ``runs/<time>-<name>``; required to resume or join). ``trials``: a new optuna/nested run's
+    trials (default: the space's designs or points with a budget, else at most 10,000; when they
+    cover the space, the run enumerates it), exhaustive chunks to do now, trials to add on
+    resume, or this worker's trials when joining. ``budget_s``: wall-time budget of this call.
+    ``workers``: processes working on the run together (optuna, nested; exhaustive with
+    ``storage``), this one included. ``warm_start``: design ids enqueued as a new optuna/nested
+    run's first trials. ``extra``: more manifest entries. ``storage_url``: a joining worker's
+    RDB when the run folder is only its local copy. ``own_copy``: the run's snapshot of its
+    space file is its space file (the given one is temporary: ``dse whatif --reoptimize``).
+    """
+    from dse.space import Space, load_space
+    from dse.search import exhaustive, optuna_strategy
+    if trials is not None and trials < 1:
+        raise InputError(f"--trials {trials} must be >= 1")
+    if workers < 1:
+        raise InputError(f"--workers {workers} must be >= 1")
+    if budget_s is not None and not (np.isfinite(budget_s) and budget_s >= 0):
+        raise InputError(f"--budget {budget_s} is not a duration", hint="e.g. 90s, 8h")
+    if resume or join:
+        if run_dir is None:
+            raise InputError("give the run folder to resume or join")
+        d = Path(run_dir)
+        space, m = _join(d) if join else _resume(d)
+        procs = _spawn_workers(d, workers - 1) if workers > 1 else []
+        try:
+            search(space, d, m, max_trials=trials, budget_s=budget_s,
+                   storage_url=storage_url or m.get("storage"), progress=progress, joining=join)
+        finally:
+            _reap(procs)
+        return d
+    if space is None:
+        raise InputError("give a space file, or --resume DIR")
+    if not isinstance(space, Space):
+        space = load_space(str(space))
+    if chunk_designs is not None and chunk_designs < 1:
+        raise InputError(f"--chunk-designs {chunk_designs} must be >= 1")
+    p = plan(space, strategy, trials, budget_s, sampler, population, storage)
+    if "enumerated" in p and progress:
+        print(f"dse: {p['enumerated']}: enumerating it exhaustively (the exact front)",
+              file=sys.stderr)
+    if storage:
+        # the RDB's schema is made before the manifest exists: workers that join as soon as
+        # they see it never race the run to create Optuna's tables
+        from dse.search.study import storage_for
+        storage_for(None, storage)
+    existed = run_dir is not None and Path(run_dir).is_dir()
+    d = runs.new_run_dir(space.name, None if run_dir is None else str(run_dir))
+    ext = {"chunk_designs": chunk_designs or exhaustive.CHUNK_DESIGNS, **(extra or {})}
+    if p["strategy"] == "exhaustive":
+        if storage:               # chunks as trials of a shared study
+            ext.update(storage=storage, study_name=d.name)
+        if "enumerated" in p:
+            ext["enumerated"] = p["enumerated"]
+        max_trials = trials if "enumerated" not in p else None
+    else:
+        ext.update(sampler=p["sampler"], population=p["population"], study_name=d.name,
+                   trials=p["trials"], storage=storage,
+                   segment_trials=segment_trials or optuna_strategy.SEGMENT_TRIALS)
+        if workers > 1:
+            ext["workers"] = workers
+        if warm_start is not None:
+            ext["warm_start"] = [int(i) for i in warm_start]
+        max_trials = None
+    try:
+        m = runs.create(d, space, p["strategy"], seed, ext)
+        if own_copy:
+            m["space_file"] = str(runs.space_snapshot(d, m))
+            runs.write_json(d / "manifest.json", m)
+        space = load_space(str(runs.space_snapshot(d, m)))   # the run reads its own copy
+    except BaseException:
+        runs.discard(d, existed)
+        raise
+    procs = []
+    try:
+        if workers > 1:
+            if p["strategy"] == "exhaustive" and not storage:
+                raise InputError("several workers on an exhaustive run need --storage URL",
+                                 hint="or one worker: exhaustive chunks are scored vectorized")
+            procs = _spawn_workers(d, workers - 1)
+        search(space, d, m, max_trials=max_trials, budget_s=budget_s, storage_url=storage,
+               progress=progress)
+    except runs.Interrupted:
+        raise                        # stopped: resumable
+    except BaseException:
+        runs.discard(d, existed)     # a start that failed before computing anything
+        raise
+    finally:
+        _reap(procs)
+    return d
+
+
+def _reap(procs) -> None:
+    """Wait for the workers this call started (they stop once the run's work is done), then
+    settle the run's derived files on what all of them stored."""
+    for pr in procs:
+        try:
+            pr.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            pr.terminate()
+            pr.wait()
+    if procs:
+        d = Path(procs[0].args[-2])
+        m = runs.load_manifest(d)
+        if not m.get("storage"):
+            runs.write_front(d, runs.front_from_tables(d, m), m["objectives"], m["parameters"])
+            runs.status(d)             # progress.json rebuilt from the durable files

@@ -1,0 +1,232 @@
+"""The contract every search strategy keeps, one suite run against each (exhaustive, optuna,
+nested; exhaustive shards on PostgreSQL when DSE_TEST_POSTGRES_URL is set): resume after kill -9,
+the budget, the trials, several workers, and the front equal to the Pareto set of everything
+scored."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+from helpers import ROOT
+
+from dse import pareto, runs
+from dse.cli import main
+from dse.search.bench import CHIP_SPACE
+from dse.space import load_space
+
+DENSE = ROOT / "spaces" / "dense-70b-nodes.toml"
+QUICK = ROOT / "spaces" / "quickstart.toml"
+
+# strategy -> (space file or text, run arguments of a run that takes a few seconds)
+RUNS = {
+    "exhaustive": (DENSE, ["--strategy", "exhaustive", "--chunk-designs", "64"]),
+    "optuna": (QUICK, ["--strategy", "optuna", "--sampler", "random", "--population", "8",
+                       "--trials", "240"]),
+    "nested": (CHIP_SPACE, ["--strategy", "nested", "--sampler", "tpe", "--population", "2",
+                            "--trials", "40"]),
+}
+STRATEGIES = list(RUNS)
+
+
+def space_file(tmp_path, strategy) -> str:
+    src, _ = RUNS[strategy]
+    if isinstance(src, str):
+        p = tmp_path / "space.toml"
+        p.write_text(src)
+        return str(p)
+    return str(src)
+
+
+def stored(d):
+    """Every stored score table row, with the trial (batch) or chunk it came from."""
+    frames = []
+    for f in sorted((d / "scores").glob("*.parquet")):
+        if f.name.startswith("batch-") and not f.with_suffix(".trials.json").is_file():
+            continue
+        t = pd.read_parquet(f)
+        t["_file"] = f.name
+        t["_segment"] = int(f.stem.split("-")[1]) if f.name.startswith("batch-") else 0
+        frames.append(t)
+    return pd.concat(frames, ignore_index=True)
+
+
+def assert_front_is_the_pareto_set_of_everything_scored(d, space):
+    allt = stored(d)
+    ok = allt[allt["_admissible"].astype(bool)] if "_admissible" in allt else allt
+    ok = ok.drop_duplicates("design_id")
+    want = set(ok["design_id"][pareto.nondominated(pareto.objective_matrix(ok, space.objectives))])
+    got = set(pd.read_csv(d / "front.csv")["design_id"])
+    assert got == want and got
+
+
+def assert_nothing_counted_twice(d, strategy):
+    allt = stored(d)
+    st = runs.status(d)
+    if strategy == "exhaustive":
+        assert allt["design_id"].is_unique
+        n = json.loads((d / "manifest.json").read_text())["chunk_designs"]
+        assert st["trials_completed"] == len(list((d / "scores").glob("chunk-*.parquet")))
+        assert st["designs_scored"] <= st["trials_completed"] * n
+    else:
+        trials = allt[["_segment", "trial"]].drop_duplicates()
+        per = allt.groupby(["_segment", "trial"])["_file"].nunique()
+        assert (per == 1).all()                        # a trial is stored in one batch only
+        if strategy == "optuna":
+            assert len(trials) == len(allt)            # one design per trial
+        assert st["trials_completed"] == sum(
+            len(json.loads(f.read_text())) for f in (d / "scores").glob("batch-*.trials.json"))
+    return st
+
+
+def dse_cmd(*args):
+    return [sys.executable, "-m", "dse", *map(str, args)]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_resume_after_kill_9_loses_and_counts_nothing_twice(tmp_path, strategy):
+    path, out = space_file(tmp_path, strategy), tmp_path / "run"
+    p = subprocess.Popen(dse_cmd("run", path, *RUNS[strategy][1], "--out", out, "--quiet"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((out / "scores").glob("*.parquet"))) < 3:
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert runs.status(out)["state"] in ("stopped", "finished")      # killed: not "running"
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    st = assert_nothing_counted_twice(out, strategy)
+    assert st["state"] == "finished"
+    space = load_space(path)
+    if strategy == "exhaustive":
+        assert st["designs_scored"] == space.size
+    else:
+        assert st["trials_completed"] == int(RUNS[strategy][1][-1])
+    assert_front_is_the_pareto_set_of_everything_scored(out, space)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_trials_asked_are_done_exactly(tmp_path, capsys, strategy):
+    path, out = space_file(tmp_path, strategy), tmp_path / "run"
+    args = list(RUNS[strategy][1])
+    want = 5 if strategy == "exhaustive" else int(args[-1]) // 4
+    if strategy != "exhaustive":
+        args[-1] = str(want)
+    assert main(["run", path, *args, "--out", str(out), "--quiet"]
+                + (["--trials", str(want)] if strategy == "exhaustive" else [])) == 0
+    st = assert_nothing_counted_twice(out, strategy)
+    assert st["trials_completed"] == want
+    assert st["state"] == ("stopped" if strategy == "exhaustive" else "finished")
+    assert_front_is_the_pareto_set_of_everything_scored(out, load_space(path))
+    more = 3
+    assert main(["run", "--resume", str(out), "--trials", str(more), "--quiet"]) == 0
+    assert runs.status(out)["trials_completed"] == (want + more if strategy == "exhaustive"
+                                                    else want)   # optuna: the run's total
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_budget_is_honoured(tmp_path, capsys, strategy):
+    path, out = space_file(tmp_path, strategy), tmp_path / "run"
+    args = list(RUNS[strategy][1])
+    if strategy != "exhaustive":
+        args = args[:-2]                       # no --trials: the budget bounds the run
+    assert main(["run", path, *args, "--budget", "1.5s", "--out", str(out), "--quiet"]) == 0
+    st = assert_nothing_counted_twice(out, strategy)
+    assert 0 < st["trials_completed"] and st["state"] == "stopped"
+    assert 1.5 <= st["elapsed_s"] < 1.5 + 3.0          # at most one work item past the budget
+    m = json.loads((out / "manifest.json").read_text())
+    if strategy != "exhaustive":           # a budget and no trials: until the space is spent
+        space = load_space(path)
+        from dse.search.driver import points
+        assert m["trials"] == points(space, strategy)
+    assert_front_is_the_pareto_set_of_everything_scored(out, load_space(path))
+
+
+@pytest.mark.parametrize("strategy", ["optuna", "nested"])
+def test_several_workers_share_one_run(tmp_path, capsys, strategy):
+    path, out = space_file(tmp_path, strategy), tmp_path / "run"
+    args = RUNS[strategy][1]
+    assert main(["run", path, *args, "--workers", "2", "--out", str(out), "--quiet"]) == 0
+    st = assert_nothing_counted_twice(out, strategy)
+    total, population = int(args[-1]), int(args[args.index("--population") + 1])
+    # each worker may overshoot by the batch it asked while another finished the run
+    assert total <= st["trials_completed"] <= total + population
+    assert st["state"] == "finished"
+    assert_front_is_the_pareto_set_of_everything_scored(out, load_space(path))
+
+
+@pytest.mark.skipif(not os.environ.get("DSE_TEST_POSTGRES_URL"), reason="needs PostgreSQL")
+def test_shards_front_and_counts_with_workers(tmp_path, capsys, database):
+    out = tmp_path / "run"
+    assert main(["run", str(QUICK), "--strategy", "exhaustive", "--chunk-designs", "16",
+                 "--storage", database, "--workers", "2", "--out", str(out), "--quiet"]) == 0
+    st = runs.status(out)
+    assert st["state"] == "finished" and st["trials_completed"] == 30
+    assert_front_is_the_pareto_set_of_everything_scored(out, load_space(str(QUICK)))
+
+
+def test_a_design_already_scored_is_never_scored_again(tmp_path, capsys):
+    # 400 trials of the random sampler on 480 designs: it proposes hundreds of repeats
+    out = tmp_path / "run"
+    assert main(["run", str(QUICK), "--strategy", "optuna", "--sampler", "random", "--population",
+                 "16", "--trials", "400", "--out", str(out), "--quiet"]) == 0
+    allt = stored(out)
+    assert len(allt) == 400 and allt["design_id"].is_unique
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    study = optuna.load_study(study_name=out.name, storage=JournalStorage(
+        JournalFileBackend(str(out / "optuna.journal"))))
+    assert len(study.trials) > 400                       # the repeats, told at no cost
+    # Optuna's view: metric names, real parameter values, constraints where samplers read them
+    assert study.metric_names == ["usd_per_mtok_output", "tpot_s", "output_tokens_per_s_per_rack"]
+    t = study.trials[0]
+    space = load_space(str(QUICK))
+    chips = next(p.values for p in space.parameters if p.path == "accelerator.id")
+    assert t.params["accelerator.id"] in chips and isinstance(t.params["accelerator.id"], str)
+    grids = study.user_attrs.get("grids", {})          # unequal steps: by position, values kept
+    assert all(name.endswith("[i]") for name in grids)
+    assert isinstance(t.system_attrs["constraints"], list)
+    assert study.user_attrs["constraint_names"][0] == "feasible"
+    assert len(t.system_attrs["constraints"]) == len(study.user_attrs["constraint_names"])
+
+
+def test_trials_that_cover_the_space_enumerate_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", str(QUICK), "--strategy", "optuna", "--trials", "480", "--out", str(out),
+                 "--quiet"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["strategy"] == "exhaustive" and "cover" in m["enumerated"]
+    from helpers import brute_front
+    assert set(pd.read_csv(out / "front.csv")["design_id"]) == brute_front(load_space(str(QUICK)))
+
+
+def test_dashboard_without_optuna_dashboard_is_one_line_and_exit_2(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", str(QUICK), "--strategy", "optuna", "--trials", "16", "--population",
+                 "8", "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    try:
+        import optuna_dashboard  # noqa: F401
+        pytest.skip("optuna-dashboard is installed")
+    except ImportError:
+        pass
+    assert main(["dashboard", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "optuna-dashboard" in err[0] and "pip install" in err[0]
+
+
+def test_with_a_budget_the_progress_bar_follows_the_budget(tmp_path, capsys):
+    from dse.search.driver import run_space
+    d = run_space(str(DENSE), tmp_path / "run", strategy="optuna", sampler="random",
+                  population=8, budget_s=2.0, progress=True)
+    err = capsys.readouterr().err
+    assert "/2 [" in err and "done=" in err          # seconds of the budget, trials as a figure
+    assert json.loads((d / "manifest.json").read_text())["trials"] == 5280   # the space: no cap
