@@ -20,13 +20,18 @@ from dse.fields import legacy_columns
 from dse.space import Objective
 
 
-def coverage(A: np.ndarray, B: np.ndarray) -> float:
-    """Share of B's points weakly dominated by some point of A (minimisation)."""
+RTOL = 1e-6   # the runs score in float32 (relative error ~1e-7): ties within it count as ties
+
+
+def coverage(A: np.ndarray, B: np.ndarray, rtol: float = RTOL) -> float:
+    """Share of B's points weakly dominated by some point of A (minimisation), values equal
+    within ``rtol`` counting as equal (the same design scored by two code paths in float32)."""
     if len(B) == 0:
         return 0.0
     if len(A) == 0:
         return 0.0
-    dom = (A[:, None, :] <= B[None, :, :]).all(axis=2).any(axis=0)
+    slack = rtol * np.abs(B)[None, :, :]
+    dom = (A[:, None, :] <= B[None, :, :] + slack).all(axis=2).any(axis=0)
     return float(dom.mean())
 
 
@@ -128,8 +133,11 @@ def compare_runs(dir_a: str, dir_b: str) -> Comparison:
               and c != "design_id"]
     ua = fa.assign(run="A", signature=_signature(fa, params))
     ub = fb.assign(run="B", signature=_signature(fb, params))
-    union = pareto.front_of([ua.drop(columns="design_id"), ub.drop(columns="design_id")], objs) \
-        if len(ua) + len(ub) else pd.DataFrame()
+    # a design on both fronts counts once (as A's: the two runs may have scored it at different
+    # precisions, float32 in exhaustive chunks, so its values can differ in the last digits)
+    ub_only = ub[~ub["signature"].isin(set(ua["signature"]))]
+    union = pareto.front_of([ua.drop(columns="design_id"), ub_only.drop(columns="design_id")],
+                            objs) if len(ua) + len(ub_only) else pd.DataFrame()
     cols = [x.metric for x in objs] + params + ["run"]
     union_out = (union[cols] if len(union) else pd.DataFrame(columns=cols)).reset_index(drop=True)
     sa, sb = set(ua["signature"]), set(ub["signature"])
