@@ -137,7 +137,5 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
                 lines.append(f'{f} = "{v}"' if isinstance(v, str) else f"{f} = {v:.6g}")
         lines.append("")
     path.write_text("\n".join(lines))
-    catalog.accelerators.cache_clear()
-    from dse import build
-    build._FRAMES = None
+    catalog.accelerators.cache_clear()    # the builder's tables rebuild with the cache
     return path
