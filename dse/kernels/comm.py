@@ -53,7 +53,8 @@ Uncertainty (``dse.kernels.common``, section "parameter uncertainty"): every ent
 ``uncertainty.<family>`` sub-table per family ``ar_nccl``, ``ar_custom``, ``a2a_<kind>_<phase>``
 and ``a2a_scaleout``: the least-squares covariance of the log parameters where the family was
 fitted on that chip's (and runtime's) table (the sub-block of a joint fit), and where it was
-transferred the mean covariance of the entries it was transferred from plus ``ln(loco)^2`` on
+transferred the mean covariance of the transfer rule's nearest measured chips (the same
+runtime's tables where any chip has them) plus ``ln(loco)^2`` on
 every log parameter, ``loco`` being the median leave-one-chip-out error factor of the op class
 in the same fit (``common.LOCO_DEFAULT`` when none was measured). A parameter fixed by transfer
 inside a fitted family (a host-staged chip's group-size terms) gets the donors' variance plus
@@ -605,8 +606,17 @@ def entry_uncertainty(chip, rt, fits, loco_err) -> dict:
         cls = {"ar_nccl": "nccl", "ar_custom": "custom"}.get(fam, "a2a")
         pool = [(k, v) for k, v in covs.items() if k[0] == cls and k[1] != chip
                 and all(x in v[0] for x in names)]
-        same_rt = [v for k, v in pool if k[2] in (rt, None)]
-        donors = same_rt or [v for _, v in pool]
+        same_rt = [(k, v) for k, v in pool if k[2] in (rt, None)]
+        pool = same_rt or pool
+        # the transfer rule's neighbours among them (as gemm/moe/attention take their donors)
+        # (a host-staged chip's group-size terms: the fabric donors they were taken from)
+        if own_cov is not None and chip in fits.get("staged", {}):
+            near = set(fits["staged"][chip][1])
+        elif chip in _accs():
+            near = set(common.neighbours(chip, sorted({k[1] for k, _ in pool}), _accs()))
+        else:
+            near = {k[1] for k, _ in pool}
+        donors = [v for k, v in pool if k[1] in near] or [v for _, v in pool]
         dcov = [np.asarray(c)[np.ix_([fn.index(x) for x in names], [fn.index(x) for x in names])]
                 for fn, c in donors]
         lo = loco_err.get(fam, common.LOCO_DEFAULT)
