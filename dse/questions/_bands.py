@@ -153,12 +153,22 @@ def _num(v) -> str:
     return fmt(v, 3)
 
 
-def markdown(band: dict, limit: int = 40) -> str:
-    """The answer's band block: one line per headline number (``limit`` at most)."""
+def _moves(b: dict) -> bool:
+    if "median" in b:
+        return bool(np.isfinite(b["lo"]) and np.isfinite(b["hi"]) and b["hi"] > b["lo"])
+    return len(b["shares"]) > 1
+
+
+def markdown(band: dict, limit: int = 24) -> str:
+    """The answer's band block: the numbers not resolved by the model first, then the others
+    that move under the samples (``limit`` lines at most), then a count of those that do not
+    move (prices, caps, counts the fitted parameters do not touch)."""
     lines = [f"**Uncertainty bands** ({band['samples']} parameter samples, seed {band['seed']}; "
              f"median [5th..95th percentile]; {band['note']}):", ""]
     items = list(band["numbers"].items())
-    for key, b in items[:limit]:
+    moving = [kv for kv in items if _moves(kv[1])]
+    moving.sort(key=lambda kv: not kv[1]["words"])      # stable: unresolved first
+    for key, b in moving[:limit]:
         if "median" in b:
             line = (f"- `{key}`: {_num(b['nominal'])}; under the samples "
                     f"{B.text(b['median'], b['lo'], b['hi'], _num)}")
@@ -168,8 +178,12 @@ def markdown(band: dict, limit: int = 40) -> str:
         if b["words"]:
             line += f" — {b['words']}"
         lines.append(line)
-    if len(items) > limit:
-        lines.append(f"- ... {len(items) - limit} more in answer.json (`bands`)")
+    if len(moving) > limit:
+        lines.append(f"- ... {len(moving) - limit} more that move, in answer.json (`bands`)")
+    still = len(items) - len(moving)
+    if still:
+        lines.append(f"- {still} of the {len(items)} answer numbers do not move under the "
+                     "samples (each in answer.json)")
     return "\n".join(lines) + "\n"
 
 
