@@ -18,7 +18,8 @@ for any design. Reports give each metric's median and 90% band (5th..95th percen
 
 What the bands cover: the parameters' fit uncertainty (least-squares covariance; transferred
 chips: the donors' covariance plus the leave-one-chip-out error), for the groups whose catalog
-files carry it (``coverage()``); a group without uncertainty tables is held exact and every
+files carry it (``coverage()``; end-to-end: ``[<table>.uncertainty.<family>]`` in
+efficiency.toml, as the kernels write it, or ``<field>_log_sd = x`` beside a field); a group without uncertainty tables is held exact and every
 report says so. What they do not cover: model-form error (a term the model lacks), the error of
 transferring the end-to-end remainder to a runtime or chip it was not fitted on, and a value a
 design or what-if sets by hand (it keeps the catalog's relative uncertainty: a ``--scale`` of a
@@ -105,6 +106,13 @@ def _families_cached(stamp) -> tuple[Family, ...]:
     for table, vals in eff.items():
         for name, u in (vals.get("uncertainty") or {}).items():
             out.append(_family("e2e", (table,), name, u))
+        # the plain form: ``<field>_log_sd = x`` next to the field (independent parameters)
+        plain = {k[:-7]: float(v) for k, v in vals.items()
+                 if k.endswith("_log_sd") and k[:-7] in EFF_FIELDS}
+        if plain and not vals.get("uncertainty"):
+            out.append(_family("e2e", (table,), "e2e", {"params": list(plain),
+                                                         "log_sd": list(plain.values()),
+                                                         "rule": "efficiency.toml log_sd"}))
     return tuple(out)
 
 

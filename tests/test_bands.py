@@ -271,3 +271,25 @@ def test_answer_numbers_get_bands(tmp_path):
         if "median" in b and np.isfinite(b["median"]):
             assert b["lo"] <= b["median"] <= b["hi"], k
     assert "**Uncertainty bands** (4 parameter samples" in (out / "README.md").read_text()
+
+
+def test_end_to_end_log_sd_is_read_when_the_catalog_has_it(tmp_path, monkeypatch):
+    import shutil
+    shutil.copytree(B.CATALOG / "kernels", tmp_path / "kernels")
+    text = (B.CATALOG / "efficiency.toml").read_text()
+    assert "[default]" in text
+    (tmp_path / "efficiency.toml").write_text(
+        text.replace("[default]", "[default]\nlayer_overhead_s_log_sd = 0.2", 1))
+    monkeypatch.setattr(B, "CATALOG", tmp_path)
+    B._families_cached.cache_clear()
+    try:
+        fams = [f for f in B.families() if f.group == "e2e"]
+        assert [f.params for f in fams] == [("layer_overhead_s",)]
+        assert fams[0].log_sd.tolist() == [0.2]
+        assert B.coverage_note().startswith("bands sample the fitted GEMM, MoE grouped-GEMM, "
+                                            "attention, end-to-end overhead")
+        assert B.coverage()["e2e"] == 1
+    finally:
+        monkeypatch.undo()
+        B._families_cached.cache_clear()
+    assert B.coverage()["e2e"] == 0 and "end-to-end overhead" in B.coverage_note()
