@@ -118,7 +118,12 @@ def _families_cached(stamp) -> tuple[Family, ...]:
 
 def families() -> tuple[Family, ...]:
     """Every uncertainty family in the catalog (re-read when the catalog is reloaded)."""
-    return _families_cached(id(catalog.kernel_params()))
+    return _families_cached(_stamp())
+
+
+def _stamp() -> tuple:
+    """Changes when the catalog is reloaded (a fit clears its caches after writing)."""
+    return id(catalog.kernel_params()), id(catalog.accelerators())
 
 
 def coverage(fams=None) -> dict[str, int]:
@@ -188,7 +193,7 @@ def draw(n: int = DEFAULT_SAMPLES, seed: int = 0, fams=None) -> Draws:
     if n < 1:
         raise ValueError("draw needs n >= 1 (bands off: do not draw)")
     if fams is None:
-        return _draw_cached(int(n), int(seed), id(catalog.kernel_params()))
+        return _draw_cached(int(n), int(seed), _stamp())
     return _draw(n, seed, tuple(fams))
 
 
@@ -221,6 +226,8 @@ def _draw(n: int, seed: int, fams: tuple) -> Draws:
         for j, p in enumerate(fam.params):
             if p in kpos:
                 kernel[:, a, r, kpos[p]] *= z[:, j]
+    kernel.setflags(write=False)          # cached and shared: read-only
+    eff.setflags(write=False)
     return Draws(n, int(seed), kernel, eff, coverage_note(fams))
 
 
