@@ -20,12 +20,12 @@ import sys as _sys
 import types as _types
 from typing import TYPE_CHECKING
 
-_API = ("Evaluation", "Run", "compare", "evaluate", "load_space", "open_run", "run", "score",
-        "whatif")
+_API = ("Bands", "Evaluation", "Run", "compare", "evaluate", "load_space", "open_run", "run",
+        "score", "score_bands", "whatif")
 
 if TYPE_CHECKING:
-    from dse.api import (Evaluation, Run, compare, evaluate, load_space, open_run, run, score,
-                         whatif)
+    from dse.api import (Bands, Evaluation, Run, compare, evaluate, load_space, open_run, run,
+                         score, score_bands, whatif)
     from dse.errors import InputError
 
 

@@ -125,6 +125,58 @@ def score(frame: pd.DataFrame, base: Mapping[str, Any] | None = None) -> pd.Data
     return out
 
 
+@dataclass(frozen=True)
+class Bands:
+    """Designs scored under parameter samples (``score_bands``): ``samples[metric]`` is an
+    array (samples, designs); ``table()`` gives each metric's median and 90% band."""
+
+    samples: dict                  # metric -> float array (n samples, designs)
+    n: int
+    seed: int
+    note: str                      # what the samples cover and what is held exact
+
+    def median(self, metric: str) -> np.ndarray:
+        from dse.bands import summary
+        return summary(self.samples[metric])[0]
+
+    def band(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """(5th, 95th percentile) of every design."""
+        from dse.bands import summary
+        return summary(self.samples[metric])[1:]
+
+    def table(self, metrics=None) -> pd.DataFrame:
+        """One row per design: ``<metric>`` (median), ``<metric>_lo``, ``<metric>_hi``."""
+        from dse.bands import summary
+        out = {}
+        for m in metrics or self.samples:
+            med, lo, hi = summary(self.samples[m])
+            out[m], out[f"{m}_lo"], out[f"{m}_hi"] = med, lo, hi
+        return pd.DataFrame(out)
+
+
+def score_bands(frame: pd.DataFrame, n: int | None = None, seed: int = 0,
+                base: Mapping[str, Any] | None = None, metrics=None) -> Bands:
+    """``score`` under ``n`` samples of the fitted parameters (default ``dse.bands.
+    DEFAULT_SAMPLES``), all samples x designs in one scorer call: each catalog entry (chip,
+    runtime) gets one draw per sample, shared by every design that uses it (``dse.bands``)."""
+    from dse.bands import DEFAULT_SAMPLES, draw, frame_samples
+    from dse.build import resolve
+    n = DEFAULT_SAMPLES if n is None else int(n)
+    if n < 1:
+        raise InputError(f"bands {n}: needs at least one sample", hint="e.g. 64; 0 is `score`")
+    table = frame.reset_index(drop=True)
+    for k, v in (base or {}).items():
+        table[k] = [v] * len(table)
+    score(table.iloc[:1].copy())           # the same input checks as ``score``
+    dotted = [c for c in table.columns if "." in str(c)]
+    resolved = resolve(table[dotted], file="frame",
+                       row_names=[f"row {i}" for i in range(len(table))])
+    d = draw(n, seed)
+    s = frame_samples(resolved, d, metrics=None if metrics is None else tuple(metrics))
+    keep = {k: np.asarray(v, float) for k, v in s.items() if k not in ("bound", "reason")}
+    return Bands(keep, n, int(seed), d.note)
+
+
 def predict(cases: PathLike | pd.DataFrame, out: PathLike | None = None) -> pd.DataFrame:
     """``dse predict``: the predictions of a case table (a CSV path, or a DataFrame with the
     CSV's columns, ``contracts/predict-cases.md``), blank layouts and concurrencies chosen;
@@ -312,30 +364,37 @@ def run(space: PathLike | Mapping[str, Any], strategy: str = "auto", trials: int
 
 # ------------------------------------------------------------------------------ analyses
 
-def compare(a: PathLike | Run, b: PathLike | Run):
+def compare(a: PathLike | Run, b: PathLike | Run, *, bands: int | None = None, seed: int = 0):
     """Two runs' fronts on one reference point (``dse.compare.Comparison``): hypervolumes,
     coverage each way, the union front, the best of each objective, designs that appeared or
-    vanished; ``.write(out)`` writes ``dse compare``'s files."""
+    vanished; ``.write(out)`` writes ``dse compare``'s files. ``bands``: parameter samples
+    (default ``dse.bands.DEFAULT_SAMPLES``, 0: none) for each objective's best designs'
+    90% bands and the probability that A's beats B's (``.bands``)."""
+    from dse.bands import check_samples
     from dse.compare import compare_runs
-    return compare_runs(str(open_run(a).path), str(open_run(b).path))
+    return compare_runs(str(open_run(a).path), str(open_run(b).path), check_samples(bands),
+                        seed)
 
 
 def whatif(run: PathLike | Run, set: Mapping[str, Any] | list[str] | None = None,
            scale: Mapping[str, float] | list[str] | None = None, out: PathLike | None = None,
            *, reoptimize: bool = False, trials: int | None = None,
-           budget: float | str | None = None, progress: bool = False):
+           budget: float | str | None = None, progress: bool = False,
+           bands: int | None = None, seed: int = 0):
     """Re-score a run's front with fields given values (``set={"accelerator.id": "b300",
     "cost.capex_model": "components", "accelerator.hbm_bw_bytes_per_s": 8e12}``) or multiplied
     (``scale={"accelerator.hbm_bw_bytes_per_s": 1.5}``); ``--set``/``--scale`` strings
     ("PATH=VALUE") are taken too. Writes ``dse whatif``'s page into ``out`` (default
     DIR/whatif) and returns a ``dse.whatif.WhatIf`` (``.rescored``, ``.front``,
-    ``.sensitivities``). ``reoptimize``: also search the space again with the change."""
+    ``.sensitivities``, ``.bands``). ``reoptimize``: also search the space again with the change.
+    ``bands``: parameter samples for each change's 90% band (default
+    ``dse.bands.DEFAULT_SAMPLES``, 0: none; ``seed``)."""
     from dse.whatif import run_whatif
     r = open_run(run)
     return run_whatif(str(r.path), set, scale, None if out is None else str(out),
                       reoptimize=reoptimize, trials=trials, budget_s=_seconds(budget),
-                      progress=progress)
+                      progress=progress, bands=bands, seed=seed)
 
 
-__all__ = ["Evaluation", "InputError", "Run", "compare", "evaluate", "load_space", "open_run",
-           "predict", "run", "score", "to_toml", "whatif"]
+__all__ = ["Bands", "Evaluation", "InputError", "Run", "compare", "evaluate", "load_space",
+           "open_run", "predict", "run", "score", "score_bands", "to_toml", "whatif"]

@@ -250,8 +250,11 @@ def _compare(a) -> int:
     from pathlib import Path
 
     from dse.api import compare
-    c = compare(a.dir_a, a.dir_b)
+    c = compare(a.dir_a, a.dir_b, bands=a.bands)
     out = c.write(a.out or Path("runs") / f"compare-{Path(a.dir_a).name}-vs-{Path(a.dir_b).name}")
+    if c.bands:
+        from dse.bands_report import compare_lines
+        print("\n".join(compare_lines(c.bands)).strip())
     print(f"wrote {out / 'index.html'}, {out / 'compare.md'}, {out / 'union_front.csv'}")
     print(out)
     return 0
@@ -263,8 +266,12 @@ def _whatif(a) -> int:
         raise InputError("--trials and --budget go with --reoptimize",
                          hint="add --reoptimize to search again")
     budget = parse_duration(a.budget) if a.budget else None
-    out = whatif(a.dir, a.set, a.scale, a.out, reoptimize=a.reoptimize, trials=a.trials,
-                 budget=budget, progress=not a.quiet).path
+    w = whatif(a.dir, a.set, a.scale, a.out, reoptimize=a.reoptimize, trials=a.trials,
+               budget=budget, progress=not a.quiet, bands=a.bands)
+    out = w.path
+    if w.bands:
+        from dse.bands_report import whatif_lines
+        print("\n".join(whatif_lines(w.bands)).strip())
     print(f"wrote {out / 'index.html'}, {out / 'whatif.md'}, {out / 'front.csv'}")
     if a.reoptimize:
         print(f"re-optimized run: {out / 'run'} (dse status / report / compare / run --resume)")
@@ -274,10 +281,17 @@ def _whatif(a) -> int:
 
 def _answer(a) -> int:
     from dse.questions import answer_space
-    out = answer_space(a.space, a.out, a.run_dir, progress=not a.quiet)
+    out = answer_space(a.space, a.out, a.run_dir, progress=not a.quiet, bands=a.bands)
     print(f"wrote {out / 'README.md'} (the answer), {out / 'index.html'} and figures")
     print(out)
     return 0
+
+
+def _bands_option(p, what: str) -> None:
+    from dse.bands import DEFAULT_SAMPLES
+    p.add_argument("--bands", type=int, default=None, metavar="N",
+                   help=f"uncertainty bands: {what} (N samples of the fitted parameters, default "
+                        f"{DEFAULT_SAMPLES}; 0 turns them off; see README 'Uncertainty bands')")
 
 
 def _schema(a) -> int:
@@ -395,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("dir_a")
     cp.add_argument("dir_b")
     cp.add_argument("--out", help="output folder (default runs/compare-A-vs-B)")
+    _bands_option(cp, "each objective's best designs under parameter samples: their 90%% bands "
+                      "and the probability that A's beats B's")
     cp.set_defaults(func=_compare)
 
     wi = sub.add_parser("whatif", help="re-score a run's front under overrides; sensitivities")
@@ -414,6 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     wi.add_argument("--budget", help="with --reoptimize: wall time of the search, e.g. 90s, 45m")
     wi.add_argument("--quiet", action="store_true", help="no progress bar")
     wi.add_argument("--out", help="output folder (default DIR/whatif)")
+    _bands_option(wi, "the front re-scored before and after under parameter samples: each "
+                      "change's median and 90%% band")
     wi.set_defaults(func=_whatif)
 
     an = sub.add_parser("answer", help="a worked question: run its space, report, answer in numbers")
@@ -421,6 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--out", help="report folder (default reports/<space name>)")
     an.add_argument("--run-dir", help="run folder (default runs/<time>-<space name>)")
     an.add_argument("--quiet", action="store_true", help="no progress bar")
+    _bands_option(an, "the analysis re-run under parameter samples: each [answer] number's "
+                      "median and 90%% band")
     an.set_defaults(func=_answer)
 
     sc = sub.add_parser("schema", help="JSON Schema of space or design files, for editors")

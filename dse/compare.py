@@ -83,6 +83,7 @@ class Comparison:
     best: dict                     # metric -> (best on A, best on B)
     appeared: list                 # designs on B's front but not A's (parameter signatures)
     vanished: list                 # designs on A's front but not B's
+    bands: dict | None = None      # with bands: the best designs' bands, P(A better) (bands.json)
 
     def lines(self) -> list[str]:
         """compare.md, as lines."""
@@ -100,6 +101,9 @@ class Comparison:
         for x in self.objectives:
             a, b = self.best[x.metric]
             out.append(f"- {x.direction} {x.metric}: A {a:.6g}, B {b:.6g}")
+        if self.bands:
+            from dse.bands_report import compare_lines
+            out += compare_lines(self.bands)
         out += ["", f"Designs on B's front but not A's (appeared): {len(self.appeared)}",
                 *[f"- {s}" for s in self.appeared[:30]], "",
                 f"Designs on A's front but not B's (vanished): {len(self.vanished)}",
@@ -111,14 +115,18 @@ class Comparison:
         o = Path(out)
         o.mkdir(parents=True, exist_ok=True)
         self.union.to_csv(o / "union_front.csv", index=False)
+        if self.bands:
+            import json
+            (o / "bands.json").write_text(json.dumps(self.bands, indent=2) + "\n")
         lines = self.lines()
         (o / "compare.md").write_text("\n".join(lines) + "\n")
         _plots(o, self.objectives, self.front_a, self.front_b, self.union, lines)
         return o
 
 
-def compare_runs(dir_a: str, dir_b: str) -> Comparison:
-    """The figures of two run folders' fronts (nothing written)."""
+def compare_runs(dir_a: str, dir_b: str, bands: int = 0, seed: int = 0) -> Comparison:
+    """The figures of two run folders' fronts (nothing written); ``bands``: parameter samples
+    for the best designs' bands and P(A better) (``dse.bands_report``), 0: none."""
     da, db = Path(dir_a), Path(dir_b)
     ma, oa, fa = _load(da)
     mb, ob, fb = _load(db)
@@ -146,15 +154,22 @@ def compare_runs(dir_a: str, dir_b: str) -> Comparison:
         pick = (lambda f: f[x.metric].min()) if x.direction == "minimize" else \
             (lambda f: f[x.metric].max())
         best[x.metric] = (float(pick(fa)), float(pick(fb)))
-    return Comparison(da.name, db.name, objs, fa, fb, ref, scale,
-                      float(pareto.hypervolume(Fa, ref, scale)),
-                      float(pareto.hypervolume(Fb, ref, scale)),
-                      coverage(Fa, Fb), coverage(Fb, Fa), union_out, best,
-                      sorted(sb - sa), sorted(sa - sb))
+    c = Comparison(da.name, db.name, objs, fa, fb, ref, scale,
+                   float(pareto.hypervolume(Fa, ref, scale)),
+                   float(pareto.hypervolume(Fb, ref, scale)),
+                   coverage(Fa, Fb), coverage(Fb, Fa), union_out, best,
+                   sorted(sb - sa), sorted(sa - sb))
+    if bands and len(fa) and len(fb):
+        import dataclasses
+
+        from dse.bands_report import compare_bands
+        c = dataclasses.replace(c, bands=compare_bands(c, da, db, bands, seed))
+    return c
 
 
-def make_compare(dir_a: str, dir_b: str, out: str | None = None) -> Path:
-    c = compare_runs(dir_a, dir_b)
+def make_compare(dir_a: str, dir_b: str, out: str | None = None, bands: int = 0,
+                 seed: int = 0) -> Path:
+    c = compare_runs(dir_a, dir_b, bands, seed)
     return c.write(out or Path("runs") / f"compare-{Path(dir_a).name}-vs-{Path(dir_b).name}")
 
 

@@ -180,21 +180,27 @@ class WhatIf:
     front: pd.DataFrame           # the what-if front (re-optimized with ``reoptimize``)
     sensitivities: pd.DataFrame   # elasticity of each objective per spec, median over the front
     reoptimized: dict | None = None   # with ``reoptimize``: the new run and its comparison
+    bands: dict | None = None     # with bands: each objective's median change and 90% band
 
 
 def make_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
                 reoptimize: bool = False, trials: int | None = None,
-                budget_s: float | None = None, progress: bool = False) -> Path:
+                budget_s: float | None = None, progress: bool = False,
+                bands: int | None = None, seed: int = 0) -> Path:
     """``dse whatif``: the output folder."""
     return run_whatif(run_dir, sets, scales, out, reoptimize=reoptimize, trials=trials,
-                      budget_s=budget_s, progress=progress).path
+                      budget_s=budget_s, progress=progress, bands=bands, seed=seed).path
 
 
 def run_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
                reoptimize: bool = False, trials: int | None = None,
-               budget_s: float | None = None, progress: bool = False) -> WhatIf:
+               budget_s: float | None = None, progress: bool = False,
+               bands: int | None = None, seed: int = 0) -> WhatIf:
     """Re-score a run's front under ``sets`` / ``scales`` (``parse_overrides``), write the page
-    into ``out`` (default DIR/whatif) and return what it found."""
+    into ``out`` (default DIR/whatif) and return what it found. ``bands``: parameter samples
+    for the changes' 90% bands (default ``dse.bands.DEFAULT_SAMPLES``, 0: none; ``seed``)."""
+    from dse.bands import check_samples
+    bands = check_samples(bands)
     d = Path(run_dir)
     m = runs.load_manifest(d)
     space = _run_space(d, m)
@@ -212,11 +218,13 @@ def run_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
         reopt.check(d, m, o)
         with tempfile.TemporaryDirectory() as tmp:   # the derived space, checked before output
             prepared = reopt.prepare(space, overrides, note, Path(tmp))
-            return _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress)
-    return _make(d, m, space, front, overrides, o, None, trials, budget_s, progress)
+            return _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress,
+                         bands, seed)
+    return _make(d, m, space, front, overrides, o, None, trials, budget_s, progress, bands, seed)
 
 
-def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress) -> WhatIf:
+def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress,
+          n_bands=0, seed=0) -> WhatIf:
     ids = front["design_id"].to_numpy(dtype=np.int64)
     before = _objective_table(space, ids)
     after = _objective_table(space, ids, overrides)
@@ -225,6 +233,11 @@ def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress
         moved[f"{ob.metric}_before"] = before[ob.metric]
         moved[ob.metric] = after[ob.metric]
         moved[f"{ob.metric}_change"] = after[ob.metric] / before[ob.metric] - 1.0
+    band = None
+    if n_bands:
+        from dse.bands_report import whatif_bands
+        band = whatif_bands(space, ids, overrides, n_bands, seed)
+        moved = pd.concat([moved, band.pop("columns").set_axis(moved.index)], axis=1)
     ok = after["feasible"].to_numpy()
     F = pareto.objective_matrix(moved[ok], space.objectives)
     new_front = moved[ok][pareto.nondominated(F)] if ok.any() else moved.iloc[:0]
@@ -239,8 +252,8 @@ def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress
         o.mkdir(parents=True, exist_ok=True)
         runs.write_front(o, new_front, space.objectives, space.columns)
     sens = sensitivities(space, ids)
-    _write(o, space, overrides, moved, new_front, ok, sens, res)
-    return WhatIf(o, overrides, moved, pd.read_csv(o / "front.csv"), sens, res)
+    _write(o, space, overrides, moved, new_front, ok, sens, res, band)
+    return WhatIf(o, overrides, moved, pd.read_csv(o / "front.csv"), sens, res, band)
 
 
 def sensitivities(space, ids, step: float = 0.2) -> pd.DataFrame:
@@ -335,7 +348,7 @@ def _reopt_plot(o: Path, res: dict, space) -> Path:
     return f
 
 
-def _write(o, space, overrides, moved, new_front, ok, sens, res=None):
+def _write(o, space, overrides, moved, new_front, ok, sens, res=None, band=None):
     lines = [f"# What if: {space.name}", "",
              "Overrides: " + describe_overrides(overrides), "",
              f"- front designs re-scored: {len(moved)}; still feasible: {int(ok.sum())}; "
@@ -344,6 +357,11 @@ def _write(o, space, overrides, moved, new_front, ok, sens, res=None):
         ch = moved[f"{ob.metric}_change"]
         lines.append(f"- {ob.metric}: median change {np.nanmedian(ch) * 100:+.1f}% "
                      f"(range {np.nanmin(ch) * 100:+.1f}% to {np.nanmax(ch) * 100:+.1f}%)")
+    if band is not None:
+        from dse.bands_report import whatif_lines
+        lines += whatif_lines(band)
+        import json
+        (o / "bands.json").write_text(json.dumps(band, indent=2) + "\n")
     if res is not None:
         lines += _reopt_lines(res, res["space"])
     lines += ["", "## Sensitivity of the front (elasticity for +-20%, median over the front)", "",

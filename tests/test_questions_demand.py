@@ -128,7 +128,8 @@ def test_token_prices_without_pricing_file(tmp_path):
     src = src.replace('"layout.ep" = [1, 8, 16, 32, 64, 72]', '"layout.ep" = [1]')
     f = tmp_path / "token-prices.toml"
     f.write_text(src)
-    out = answer_space(str(f), out=str(tmp_path / "report"), run_dir=str(tmp_path / "run"))
+    out = answer_space(str(f), out=str(tmp_path / "report"), run_dir=str(tmp_path / "run"),
+                       bands=0)
     text = (out / "README.md").read_text()
     assert "not found" in text
     n = json.loads((out / "answer.json").read_text())["numbers"]

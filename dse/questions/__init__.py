@@ -47,6 +47,7 @@ class Context:
     out: Path
     params: dict
     front: pd.DataFrame           # the run's front.csv
+    sample: object = None         # under bands: the parameter sample it scores with (_bands)
 
     def values(self, index=None) -> pd.DataFrame:
         """Parameter values of designs of the space (all of them by default), with design_id."""
@@ -67,11 +68,23 @@ class Context:
         else:
             df = pd.DataFrame(values)
             vals = {k: np.asarray(v) for k, v in values.items()}
-        b, _ = self.space.batch_from_values(vals, overrides)
-        s = score_chunked(b)
+        if self.sample is not None:
+            s = self.sample.score(self.space, vals, overrides)
+        else:
+            b, _ = self.space.batch_from_values(vals, overrides)
+            s = score_chunked(b)
         for k, v in s.items():
             df[k] = np.broadcast_to(v, len(df)) if np.ndim(v) else v
         return df.reset_index(drop=True)
+
+    def batch(self, values: dict, overrides: dict | None = None):
+        """The scorer's Batch (one row per design) of designs given by parameter ``values``,
+        under the context's parameter sample when answering with bands (per-op breakdowns)."""
+        vals = {k: np.asarray(v) for k, v in values.items()}
+        if self.sample is not None:
+            return self.sample.batch(self.space, vals, overrides)
+        b, _ = self.space.batch_from_values(vals, overrides)
+        return b
 
     def param(self, key: str, default=None):
         return self.params.get(key, default)
@@ -98,9 +111,13 @@ def available() -> list[str]:
 
 
 def answer_space(space_path: str, out: str | None = None, run_dir: str | None = None,
-                 progress: bool = False) -> Path:
-    """Run the space, write its report and its answer; returns the report folder."""
+                 progress: bool = False, bands: int | None = None, seed: int = 0) -> Path:
+    """Run the space, write its report and its answer; returns the report folder.
+    ``bands``: parameter samples the analysis is re-run under for its numbers' 90% bands
+    (default ``dse.bands.DEFAULT_SAMPLES``, 0: none; ``dse/questions/_bands.py``)."""
+    from dse.bands import check_samples
     from dse.report import make_report
+    bands = check_samples(bands)
     from dse.search.driver import run_space
     from dse.space import load_space
     space = load_space(space_path)
@@ -119,7 +136,14 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
     make_report(str(d), str(o))
     front = open_run(d).front
     ans = mod.answer(Context(space, d, o, spec, front))
-    _write(o, space, ans, d, previous)
+    band = None
+    if bands:
+        from dse.questions import _bands
+        got = _bands.sampled_answers(
+            mod, lambda f, tmp, sample: Context(space, d, tmp, spec, f, sample), space, front,
+            bands, seed, progress)
+        band = _bands.summarize(ans.numbers, got["values"], bands, seed, got["draws"].note)
+    _write(o, space, ans, d, previous, band)
     return o
 
 
@@ -184,10 +208,17 @@ def moved(previous: dict | None, ans: Answer, limit: int = 12) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write(o: Path, space, ans: Answer, d: Path, previous: dict | None = None) -> None:
+def _write(o: Path, space, ans: Answer, d: Path, previous: dict | None = None,
+           band: dict | None = None) -> None:
     q = space.question.strip()
     cmd = f"dse answer {_rel(space.file)}"
+    if band is not None:
+        from dse.questions._bands import markdown
+        band_md = markdown(band)
+    else:
+        band_md = ""
     md = (f"# {space.name}\n\n**Question.** {q}\n\n## Answer\n\n{ans.headline.strip()}\n\n"
+          + (band_md + "\n" if band_md else "")
           + moved(previous, ans)
           + (f"{ans.details.strip()}\n\n" if ans.details.strip() else "")
           + "".join(f"![{f}]({f})\n\n" for f in ans.figures)
@@ -197,18 +228,21 @@ def _write(o: Path, space, ans: Answer, d: Path, previous: dict | None = None) -
     (o / "answer.json").write_text(json.dumps(
         {"space": _rel(space.file), "analysis": space.answer.get("analysis"),
          "question": q, "headline": ans.headline.strip(), "numbers": ans.numbers,
+         **({"bands": band} if band is not None else {}),
          **({"moved_from": previous} if previous else {})},
         indent=2, default=_json_default) + "\n")
     summary = o / "summary.md"
     if summary.is_file():
-        summary.write_text(f"## Answer\n\n{ans.headline.strip()}\n\n(details: README.md)\n\n"
-                           + summary.read_text())
+        summary.write_text(f"## Answer\n\n{ans.headline.strip()}\n\n"
+                           + (band_md + "\n" if band_md else "")
+                           + "(details: README.md)\n\n" + summary.read_text())
     page = o / "index.html"
     if page.is_file():
         text = page.read_text()
         block = ("<section id='answer' style='border:2px solid #2a6;padding:0.6em 1em;margin:1em 0'>"
                  f"<h2>Answer</h2><div style='white-space:pre-wrap'>{html.escape(ans.headline.strip())}"
-                 "</div>" + "".join(f"<img src='data:image/png;base64,{_b64(o / f)}' "
+                 "</div>" + (f"<div class='bands' style='white-space:pre-wrap;font-size:90%'>"
+                             f"{html.escape(band_md)}</div>" if band_md else "") + "".join(f"<img src='data:image/png;base64,{_b64(o / f)}' "
                                     "style='max-width:48%;margin:4px'>" for f in ans.figures
                                     if f.endswith(".png") and (o / f).is_file())
                  + "</section>")

@@ -18,6 +18,9 @@ from dse.questions import QUESTIONS_DIR, answer_space
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dse.questions", description=__doc__)
     p.add_argument("names", nargs="*", help="question names (default: all)")
+    p.add_argument("--bands", type=int, default=None, metavar="N",
+                   help="parameter samples for the answers' uncertainty bands (default that of "
+                        "`dse answer`, 0: none)")
     a = p.parse_args(argv)
     files = sorted(QUESTIONS_DIR.glob("*.toml"))
     if a.names:
@@ -31,7 +34,7 @@ def main(argv=None) -> int:
     for f in files:
         t0 = time.monotonic()
         try:
-            out = answer_space(os.path.relpath(f))
+            out = answer_space(os.path.relpath(f), bands=a.bands)
         except InputError as e:
             print(f"dse: error: {e}", file=sys.stderr)
             return 2

@@ -57,7 +57,7 @@ def op_times(ctx: Context, values: dict, step: str = "decode", overrides: dict |
     """Per-op times of one step (``decode``, ``mixed`` or ``prefill``) of the designs given by
     parameter ``values``: columns ``<op>_compute_s``, ``<op>_memory_s``, ``<op>_network_s``,
     ``<op>_s`` for every op, ``overhead_s`` and ``total_s`` (one stage step)."""
-    b, _ = ctx.space.batch_from_values({k: np.asarray(v) for k, v in values.items()}, overrides)
+    b = ctx.batch(values, overrides)      # under the context's parameter sample, if any
     _, steps = score(b.expanded(), breakdown=True)
     st = getattr(steps, step)
     out = {}

@@ -42,8 +42,7 @@ LAYOUT = ("layout.tp", "layout.dp", "layout.ep")
 
 def spec(ctx: Context, rows: pd.DataFrame) -> pd.DataFrame:
     """Resolved catalog values and the per-op decode breakdown of ``rows`` (designs of the space)."""
-    b, _ = ctx.space.batch_from_values(param_values(ctx, rows))
-    b = b.expanded()
+    b = ctx.batch(param_values(ctx, rows)).expanded()
     m, steps = score(b, breakdown=True)
     dec = steps.decode
     kv_s = dec.memory_s[OPS.index("attn_core")]

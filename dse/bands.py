@@ -1,0 +1,362 @@
+"""Uncertainty bands: designs re-scored under samples of the fitted parameters.
+
+The kernel fits write, per catalog entry (an accelerator and a serving runtime) and per family
+of parameters fitted together, the covariance of the log parameters (``uncertainty.<family>``:
+``params``, ``log_sd``, ``log_corr``; ``dse/kernels/common.py``). ``draw(n, seed)`` draws ``n``
+samples of every family, ``ln(value) ~ N(ln(fitted), diag(sd) C diag(sd))``, as multiplicative
+factors on the catalog values. Each entry's draws are seeded by ``(seed, entry, family)``: one
+draw per catalog entry, shared by every design that uses the entry, whichever designs, runs or
+calls ask for it, so two designs on the same chip (or the two runs of a compare) are compared
+under the same parameters and their difference is banded, not their sum of noises.
+
+``score_table`` scores ``n`` samples x designs in ONE scorer call: the designs' resolved
+columns are repeated ``n`` times (sample-major rows ``k * m + i``) with the kernel parameter
+columns (``accelerator.kernel.<key>``) and the end-to-end ones
+(``accelerator.efficiency.{layer,step}_overhead_s``) multiplied by the sample's factors; the
+family selection (dtype, attention kind, fallbacks) then happens in ``dse.build.to_batch`` as
+for any design. Reports give each metric's median and 90% band (5th..95th percentile).
+
+What the bands cover: the parameters' fit uncertainty (least-squares covariance; transferred
+chips: the donors' covariance plus the leave-one-chip-out error), for the groups whose catalog
+files carry it (``coverage()``; end-to-end: ``[<table>.uncertainty.<family>]`` in
+efficiency.toml, as the kernels write it, or ``<field>_log_sd = x`` beside a field); a group without uncertainty tables is held exact and every
+report says so. What they do not cover: model-form error (a term the model lacks), the error of
+transferring the end-to-end remainder to a runtime or chip it was not fitted on, and a value a
+design or what-if sets by hand (it keeps the catalog's relative uncertainty: a ``--scale`` of a
+kernel parameter scales an uncertain value, a ``--set`` one is treated the same way).
+"""
+
+from __future__ import annotations
+
+import tomllib
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dse import catalog, catalog_tables
+from dse.build_select import KERNEL, encode
+from dse.catalog_tables import EFF_FIELDS
+
+DEFAULT_SAMPLES = 64          # `--bands N`'s default; 0 turns bands off
+PERCENTILES = (5.0, 50.0, 95.0)   # the 90% band and the median
+EFF = "accelerator.efficiency."
+# A fitted parameter whose log sd exceeds this (a factor e per sd) is one the data do not pin
+# down: the fit writes its prior spread there (dse/kernels/common.py ``bounded_cov``: the sd of
+# a uniform draw within its log bounds, e.g. 4.65 for a per-sequence time fitted at 3e-8 s
+# within [1e-10, 1e-3] s). A normal draw of it would put the model at values (x10^4) that the
+# measured kernels rule out but the local covariance cannot see, so it is held at its fitted
+# value, and the bands' note counts such parameters.
+MAX_LOG_SD = 1.0
+GROUPS = ("gemm", "moe", "attention", "comm", "e2e")
+CATALOG = Path(catalog.__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family's log-normal uncertainty in one catalog entry."""
+
+    group: str            # gemm, moe, attention, comm (kernels/<group>.toml) or e2e
+    entry: tuple          # (accelerator, runtime) for kernels, (efficiency table,) for e2e
+    name: str
+    params: tuple         # catalog keys
+    log_sd: np.ndarray
+    log_corr: np.ndarray
+    rule: str
+
+    def free(self) -> np.ndarray:
+        """The parameters the data leave free (log_sd > MAX_LOG_SD): held at their values."""
+        return self.log_sd > MAX_LOG_SD
+
+    def root(self) -> np.ndarray:
+        """A matrix ``R`` with ``R R^T`` the log covariance of the sampled parameters (the free
+        ones' rows zero; negative eigenvalues of the rounded correlation clipped to zero)."""
+        sd = np.where(self.free(), 0.0, self.log_sd)
+        cov = np.outer(sd, sd) * self.log_corr
+        w, v = np.linalg.eigh(0.5 * (cov + cov.T))
+        return v * np.sqrt(np.clip(w, 0.0, None))
+
+
+def _family(group, entry, name, u) -> Family:
+    params = tuple(u["params"])
+    sd = np.asarray(u.get("log_sd", [0.0] * len(params)), float)
+    corr = np.asarray(u.get("log_corr", np.eye(len(params))), float)
+    if sd.shape != (len(params),) or corr.shape != (len(params),) * 2 \
+            or not np.isfinite(sd).all() or (sd < 0).any():
+        from dse.errors import InputError
+        raise InputError(f"uncertainty.{name} of {'/'.join(entry)}: log_sd/log_corr do not "
+                         f"match its {len(params)} params", file=f"dse/catalog/{group}",
+                         hint="rewrite it with the fit that writes it")
+    return Family(group, tuple(entry), name, params, sd, corr, str(u.get("rule", "")))
+
+
+@lru_cache(maxsize=1)
+def _families_cached(stamp) -> tuple[Family, ...]:
+    out = []
+    for f in sorted((CATALOG / "kernels").glob("*.toml")):
+        doc = tomllib.loads(f.read_text())
+        for chip, runtimes in doc.items():
+            for rt, vals in runtimes.items():
+                for name, u in (vals.get("uncertainty") or {}).items():
+                    out.append(_family(f.stem, (chip, rt), name, u))
+    eff = tomllib.loads((CATALOG / "efficiency.toml").read_text())
+    for table, vals in eff.items():
+        for name, u in (vals.get("uncertainty") or {}).items():
+            out.append(_family("e2e", (table,), name, u))
+        # the plain form: ``<field>_log_sd = x`` next to the field (independent parameters)
+        plain = {k[:-7]: float(v) for k, v in vals.items()
+                 if k.endswith("_log_sd") and k[:-7] in EFF_FIELDS}
+        if plain and not vals.get("uncertainty"):
+            out.append(_family("e2e", (table,), "e2e", {"params": list(plain),
+                                                         "log_sd": list(plain.values()),
+                                                         "rule": "efficiency.toml log_sd"}))
+    return tuple(out)
+
+
+def families() -> tuple[Family, ...]:
+    """Every uncertainty family in the catalog (re-read when the catalog is reloaded)."""
+    return _families_cached(_stamp())
+
+
+def _stamp() -> tuple:
+    """Changes when the catalog is reloaded (a fit clears its caches after writing)."""
+    return id(catalog.kernel_params()), id(catalog.accelerators())
+
+
+def coverage(fams=None) -> dict[str, int]:
+    """Per group (GROUPS), the number of catalog entries that carry uncertainty tables."""
+    fams = families() if fams is None else fams
+    return {g: len({f.entry for f in fams if f.group == g}) for g in GROUPS}
+
+
+def coverage_note(fams=None) -> str:
+    """One sentence: which parameter groups the bands sample and which are held exact."""
+    fams = families() if fams is None else fams
+    cov = coverage(fams)
+    names = {"gemm": "GEMM", "moe": "MoE grouped-GEMM", "attention": "attention",
+             "comm": "collective", "e2e": "end-to-end overhead (layer/step)"}
+    on = [names[g] for g in GROUPS if cov[g]]
+    off = [names[g] for g in GROUPS if not cov[g]]
+    text = ("bands sample the fitted " + (", ".join(on) or "(no)") + " parameters")
+    if off:
+        text += ("; " + ", ".join(off) + " parameters have no uncertainty in the catalog and "
+                 "are held exact")
+    free = sum(int(f.free().sum()) for f in fams)
+    if free:
+        total = sum(len(f.params) for f in fams)
+        text += (f"; {free} of {total} catalog parameters that their data leave free (log sd "
+                 f"> {MAX_LOG_SD:g}: the fit's prior spread) are held at their fitted values")
+    return text + "; model-form error is not included"
+
+
+@dataclass(frozen=True)
+class Draws:
+    """``n`` parameter samples as factors on the catalog values: ``kernel[k, accelerator,
+    runtime (+1: unknown), key]`` (``catalog_tables.Tables.kernel``'s axes) and
+    ``eff[k, accelerator, field]`` (EFF_FIELDS)."""
+
+    n: int
+    seed: int
+    kernel: np.ndarray
+    eff: np.ndarray
+    note: str
+
+    def only(self, k: int) -> "Draws":
+        """Sample ``k`` alone (the same numbers as in the whole draw)."""
+        return Draws(1, self.seed, self.kernel[k:k + 1], self.eff[k:k + 1], self.note)
+
+
+def log_draws(fam: Family, n: int, seed: int) -> np.ndarray:
+    """``n`` draws (n x params) of the family's log deviations, seeded by the entry and name:
+    the same numbers whichever designs or calls ask for them."""
+    key = zlib.crc32("|".join((fam.group, *fam.entry, fam.name)).encode())
+    rng = np.random.default_rng([int(seed), key])
+    return rng.standard_normal((n, len(fam.params))) @ fam.root().T
+
+
+def check_samples(n) -> int:
+    """``--bands N``: None gives DEFAULT_SAMPLES; 0 turns bands off; else a whole number >= 2."""
+    if n is None:
+        return DEFAULT_SAMPLES
+    from dse.errors import InputError
+    if isinstance(n, bool) or not float(n) == int(n) or int(n) < 0 or int(n) == 1:
+        raise InputError(f"--bands {n}: needs a whole number of samples >= 2, or 0",
+                         hint=f"e.g. --bands {DEFAULT_SAMPLES}; --bands 0 turns bands off")
+    return int(n)
+
+
+def draw(n: int = DEFAULT_SAMPLES, seed: int = 0, fams=None) -> Draws:
+    """``n`` samples of every catalog family (``fams``: a chosen list of Family instead)."""
+    if n < 1:
+        raise ValueError("draw needs n >= 1 (bands off: do not draw)")
+    if fams is None:
+        return _draw_cached(int(n), int(seed), _stamp())
+    return _draw(n, seed, tuple(fams))
+
+
+@lru_cache(maxsize=4)
+def _draw_cached(n, seed, stamp) -> Draws:
+    return _draw(n, seed, families())
+
+
+def _draw(n: int, seed: int, fams: tuple) -> Draws:
+    T = catalog_tables.tables()
+    kernel = np.ones((n, *T.kernel.shape))
+    eff = np.ones((n, len(T.ids["accelerator"]), len(EFF_FIELDS)))
+    kpos = {k: j for j, k in enumerate(T.kernel_keys)}
+    rpos = {r: j for j, r in enumerate(T.runtimes)}
+    epos = {k: j for j, k in enumerate(EFF_FIELDS)}
+    eff_tables = tomllib.loads((CATALOG / "efficiency.toml").read_text())
+    own = {a: (a if a in eff_tables else "default") for a in T.ids["accelerator"]}
+    for fam in fams:
+        z = np.exp(log_draws(fam, n, seed))
+        if fam.group == "e2e":
+            accs = [T.index["accelerator"][a] for a, t in own.items() if t == fam.entry[0]]
+            for j, p in enumerate(fam.params):
+                if p in epos and accs:
+                    eff[:, accs, epos[p]] *= z[:, j:j + 1]
+            continue
+        a = T.index["accelerator"].get(fam.entry[0])
+        r = rpos.get(fam.entry[1])
+        if a is None or r is None:
+            continue
+        for j, p in enumerate(fam.params):
+            if p in kpos:
+                kernel[:, a, r, kpos[p]] *= z[:, j]
+    kernel.setflags(write=False)          # cached and shared: read-only
+    eff.setflags(write=False)
+    return Draws(n, int(seed), kernel, eff, coverage_note(fams))
+
+
+def _rows(v, m: int) -> np.ndarray:
+    v = v.to_numpy() if isinstance(v, pd.Series) else np.asarray(v)
+    return np.broadcast_to(v, (m,)) if v.size <= 1 else v
+
+
+def _tile(v, n: int):
+    """A column repeated for ``n`` samples (length-1 columns stay length-1)."""
+    if isinstance(v, pd.Series):
+        v = v.array if isinstance(v.dtype, pd.CategoricalDtype) else v.to_numpy()
+    if isinstance(v, pd.Categorical):
+        return pd.Categorical.from_codes(np.tile(v.codes, n), dtype=v.dtype)
+    v = np.asarray(v)
+    return v if v.size <= 1 else np.tile(v, n)
+
+
+def stack(table, m: int, draws: Draws) -> dict:
+    """The resolved columns of ``m`` designs (a DataFrame, or a dict of length-1 or length-m
+    columns) repeated for every sample, rows ``k * m + i``, with the kernel and end-to-end
+    parameter columns multiplied by sample ``k``'s factors for each design's entry."""
+    T = catalog_tables.tables()
+    cols = list(table.columns) if isinstance(table, pd.DataFrame) else list(table)
+    a = _rows(encode(table["accelerator.id"], T.ids["accelerator"]), m)
+    r = _rows(encode(table["serving.runtime"], T.runtimes), m)   # -1: the unknown slot
+    kpos = {KERNEL + k: j for j, k in enumerate(T.kernel_keys)}
+    epos = {EFF + k: j for j, k in enumerate(EFF_FIELDS)}
+    out = {}
+    for c in cols:
+        if c in kpos or c in epos:
+            f = draws.kernel[:, a, r, kpos[c]] if c in kpos else draws.eff[:, a, epos[c]]
+            if not np.any(f != 1.0):
+                out[c] = _tile(table[c], draws.n)
+                continue
+            v = _rows(np.asarray(table[c], float), m)
+            out[c] = (f * v[None, :]).reshape(-1)
+        else:
+            out[c] = _tile(table[c], draws.n)
+    return out
+
+
+def score_table(table, m: int, draws: Draws, rows: np.ndarray | None = None,
+                direct: dict | None = None, metrics: tuple | None = None) -> dict:
+    """Every metric (or ``metrics``) of the designs under every sample, ONE scorer call over
+    ``draws.n x designs`` rows: {metric: array (samples, designs)}. ``table``: the resolved
+    columns of ``m`` distinct rows; ``rows``/``direct``: each design's row among them and the
+    fields written straight into the Batch (``Space.batch_parts``); default one design per row."""
+    from dse.build import to_batch
+    from dse.perf import score_chunked
+    rows = np.arange(m) if rows is None else np.asarray(rows, np.int64)
+    n, N = len(rows), draws.n
+    b = to_batch(stack(table, m, draws), compact=True)
+    every = (np.arange(N)[:, None] * m + rows[None, :]).reshape(-1)
+    d = {k: np.tile(np.broadcast_to(np.asarray(v, float), (n,)), N)
+         for k, v in (direct or {}).items()}
+    s = score_chunked(b, rows=every, direct=d, metrics=metrics)
+    return {k: np.broadcast_to(np.asarray(v), (N * n,)).reshape(N, n) for k, v in s.items()}
+
+
+def space_samples(space, values: dict, draws: Draws, overrides: dict | None = None,
+                  metrics: tuple | None = None) -> dict:
+    """``score_table`` for designs of a space given by parameter ``values`` ({path: values},
+    as ``Space.batch_from_values``), under what-if ``overrides`` {path: (op, value)}."""
+    from dse.whatif import with_strings
+    sp, vals, ov = with_strings(space, values, overrides)
+    _, rows, direct, table = sp.batch_from_values(vals, ov, parts=True)
+    m = int(np.max(rows)) + 1 if len(rows) else 1
+    return score_table(table, m, draws, rows, direct, metrics)
+
+
+def frame_samples(resolved: pd.DataFrame, draws: Draws, metrics: tuple | None = None) -> dict:
+    """``score_table`` for a resolved design table (``dse.build.resolve``)."""
+    return score_table({c: resolved[c].to_numpy() for c in resolved.columns}, len(resolved),
+                       draws, metrics=metrics)
+
+
+# ------------------------------------------------------------------ summaries and words
+
+def summary(x) -> tuple:
+    """(median, 5th, 95th percentile) over the samples (axis 0), NaN-aware."""
+    x = np.asarray(x, float)
+    if x.size == 0 or not np.isfinite(x).any():
+        nan = np.full(x.shape[1:], np.nan)
+        return nan, nan, nan
+    lo, med, hi = np.nanpercentile(x, PERCENTILES, axis=0)
+    return med, lo, hi
+
+
+def text(med, lo, hi, fmt=lambda v: f"{v:.4g}") -> str:
+    """``median [lo..hi]``."""
+    return f"{fmt(med)} [{fmt(lo)}..{fmt(hi)}]"
+
+
+def sign_resolved(lo, hi, tol: float = 1e-9) -> bool:
+    """Whether the band keeps one sign (zero not inside it by more than ``tol``: values
+    within ``tol`` of zero are rounding, e.g. a change of 1e-16)."""
+    return bool(lo >= -tol or hi <= tol)
+
+
+NOT_RESOLVED = "not resolved by the model"
+
+
+def sign_words(lo, hi, what: str = "the sign") -> str:
+    """"" when the band keeps one sign, else ``"<what> is not resolved by the model (...)"``."""
+    if sign_resolved(lo, hi):
+        return ""
+    return f"{what} is {NOT_RESOLVED} (the 90% band crosses zero)"
+
+
+def p_better(a, b, direction: str) -> float:
+    """The share of samples in which ``a`` beats ``b`` (ties count half)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    ok = np.isfinite(a) & np.isfinite(b)
+    if not ok.any():
+        return float("nan")
+    a, b = a[ok], b[ok]
+    win = (a < b) if direction == "minimize" else (a > b)
+    return float(np.mean(win) + 0.5 * np.mean(a == b))
+
+
+def ranking_words(p: float, a: str = "A", b: str = "B") -> str:
+    """"" when one side wins in at least 95% of the samples, else the words."""
+    if not np.isfinite(p) or p >= 0.95 or p <= 0.05:
+        return ""
+    return f"which of {a} and {b} is better is {NOT_RESOLVED} (P({a} better) = {p:.2f})"
+
+
+__all__ = ["DEFAULT_SAMPLES", "Draws", "Family", "GROUPS", "MAX_LOG_SD", "NOT_RESOLVED", "PERCENTILES",
+           "check_samples", "coverage", "coverage_note", "draw", "families", "frame_samples", "log_draws",
+           "p_better", "ranking_words", "score_table", "sign_resolved", "sign_words",
+           "space_samples", "stack", "summary", "text"]

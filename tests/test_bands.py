@@ -1,0 +1,295 @@
+"""Uncertainty bands (dse.bands): the sampler, closed-form cases, bands off, one scorer call,
+and the words a page uses when a sign or a ranking is not resolved."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import ROOT
+
+import dse
+from dse import bands as B
+from dse import catalog_tables
+from dse.build import resolve
+from dse.cli import main
+
+QUICK = ROOT / "spaces" / "quickstart.toml"
+
+
+def _family(acc="a100-sxm-80g", rt="trtllm", name="gemm_bf16"):
+    return next(f for f in B.families() if f.entry == (acc, rt) and f.name == name)
+
+
+def _gemm_only(sd=0.1, acc="h100-sxm", rt="trtllm"):
+    return [B.Family("gemm", (acc, rt), "gemm_bf16", ("gemm_bf16_fraction",), np.array([sd]),
+                     np.eye(1), "test")]
+
+
+# ------------------------------------------------------------------ the sampler
+
+def test_draws_match_the_catalog_mean_sd_and_correlation():
+    fam = _family()
+    assert not fam.free().any() and len(fam.params) >= 5
+    n = 20000
+    z = B.log_draws(fam, n, seed=3)
+    sd = fam.log_sd
+    # mean 0 within 4 standard errors, sd within 3%, correlation within 0.03
+    assert np.all(np.abs(z.mean(axis=0)) < 4 * sd / np.sqrt(n))
+    np.testing.assert_allclose(z.std(axis=0), sd, rtol=0.03)
+    np.testing.assert_allclose(np.corrcoef(z.T), fam.log_corr, atol=0.03)
+    assert np.abs(fam.log_corr - np.eye(len(sd))).max() > 0.3    # a correlation to check
+    # the catalog tables get exactly these factors, at the entry's (accelerator, runtime, key)
+    d = B.draw(64, seed=3)
+    T = catalog_tables.tables()
+    a, r = T.index["accelerator"]["a100-sxm-80g"], T.runtimes.index("trtllm")
+    for j, p in enumerate(fam.params):
+        np.testing.assert_allclose(np.log(d.kernel[:, a, r, T.kernel_keys.index(p)]),
+                                   B.log_draws(fam, 64, 3)[:, j], rtol=1e-12, atol=1e-15)
+
+
+def test_draws_are_seeded_per_entry():
+    fam = _family()
+    np.testing.assert_array_equal(B.log_draws(fam, 8, 0), B.log_draws(fam, 8, 0))
+    assert not np.allclose(B.log_draws(fam, 8, 0), B.log_draws(fam, 8, 1))
+    other = _family("b200")
+    assert not np.allclose(B.log_draws(fam, 8, 0)[:, 0], B.log_draws(other, 8, 0)[:, 0])
+
+
+def test_parameters_the_data_leave_free_are_held():
+    fam = B.Family("gemm", ("h100-sxm", "trtllm"), "gemm_bf16",
+                   ("gemm_bf16_fraction", "gemm_bf16_n_half"), np.array([0.1, 4.0]),
+                   np.eye(2), "test")
+    z = B.log_draws(fam, 2000, 0)
+    assert np.all(z[:, 1] == 0.0) and 0.09 < z[:, 0].std() < 0.11
+    assert "held at their fitted values" in B.coverage_note([fam])
+
+
+def test_bad_sample_counts_are_refused():
+    assert B.check_samples(None) == B.DEFAULT_SAMPLES and B.check_samples(0) == 0
+    for bad in (-1, 1, 2.5):
+        with pytest.raises(dse.InputError, match="--bands"):
+            B.check_samples(bad)
+
+
+# ------------------------------------------------------------------ closed form
+
+def _frame(concurrency, tp=4):
+    return pd.DataFrame({"accelerator.id": ["h100-sxm"], "model.id": ["llama-3.1-8b"],
+                         "model.weight_dtype": ["bf16"], "serving.runtime": ["trtllm"],
+                         "workload.phase": ["decode"], "layout.tp": [tp],
+                         "workload.concurrency": [concurrency],
+                         "workload.isl": [128], "workload.osl": [128]})
+
+
+def _tpot_samples(frame, fams, n=400):
+    d = B.draw(n, seed=5, fams=fams)
+    return B.frame_samples(resolve(frame), d, metrics=("tpot_s",))["tpot_s"][:, 0]
+
+
+def test_memory_bound_decode_does_not_move_with_gemm_compute_uncertainty():
+    frame = _frame(1)
+    t = _tpot_samples(frame, _gemm_only(0.1))
+    assert np.all(t == t[0])
+    assert t[0] == pytest.approx(float(dse.score(frame)["tpot_s"].iloc[0]), rel=1e-12)
+
+
+def test_compute_bound_decode_moves_by_the_expected_log_sd():
+    frame = _frame(1024, tp=1)
+    # the elasticity of TPOT to the GEMM compute fraction, by hand: +-5% in log space
+    col = "accelerator.kernel.gemm_bf16_fraction"
+    f0 = float(resolve(frame)[col].iloc[0])
+    up = dse.score(frame.assign(**{col: f0 * np.exp(0.05)}))["tpot_s"].iloc[0]
+    dn = dse.score(frame.assign(**{col: f0 * np.exp(-0.05)}))["tpot_s"].iloc[0]
+    e = float(np.log(up / dn) / 0.1)
+    assert e < -0.5                      # compute-bound: the GEMMs are most of the step
+    sd = 0.1
+    t = _tpot_samples(frame, _gemm_only(sd))
+    assert np.log(t).std() == pytest.approx(abs(e) * sd, rel=0.08)
+    # twice the catalog sd: twice the spread (the band follows the catalog's number)
+    t2 = _tpot_samples(frame, _gemm_only(2 * sd))
+    assert np.log(t2).std() / np.log(t).std() == pytest.approx(2.0, rel=0.1)
+
+
+def test_end_to_end_overhead_uncertainty_moves_every_chip_that_shares_its_table():
+    fam = B.Family("e2e", ("default",), "e2e", ("layer_overhead_s",), np.array([0.3]),
+                   np.eye(1), "test")
+    d = B.draw(2000, seed=0, fams=[fam])
+    T = catalog_tables.tables()
+    j = catalog_tables.EFF_FIELDS.index("layer_overhead_s")
+    for acc in ("h100-sxm", "b200"):
+        x = np.log(d.eff[:, T.index["accelerator"][acc], j])
+        assert x.std() == pytest.approx(0.3, rel=0.05)
+    np.testing.assert_array_equal(d.eff[:, 0, j], d.eff[:, 1, j])   # one table: one draw
+    t = B.frame_samples(resolve(_frame(8)), B.draw(64, 0, [fam]), ("tpot_s",))["tpot_s"]
+    assert np.log(t).std() > 0.01
+
+
+# ------------------------------------------------------------------ shared draws, bands off, one call
+
+def _designs():
+    return pd.DataFrame({"accelerator.id": ["h100-sxm", "h100-sxm", "b200", "mi300x"],
+                         "model.id": ["llama-3.1-70b"] * 4, "layout.tp": [4, 8, 4, 8],
+                         "workload.concurrency": [8, 256, 64, 512],
+                         "workload.isl": 2048, "workload.osl": 256})
+
+
+def test_bands_off_gives_todays_numbers_exactly():
+    frame = _designs()
+    nominal = dse.score(frame)
+    s = B.frame_samples(resolve(frame), B.draw(3, 0, fams=[]))
+    for m, v in s.items():
+        if m == "reason":
+            continue
+        ref = nominal[m].to_numpy()
+        ref = np.array([["compute", "memory", "network", "capacity"].index(x) for x in ref]) \
+            if m == "bound" else ref.astype(float)
+        for k in range(3):
+            np.testing.assert_array_equal(np.asarray(v[k], float), ref, err_msg=m)
+
+
+def test_one_draw_per_catalog_entry_shared_by_its_designs():
+    frame = _designs()
+    alone = dse.score_bands(frame.iloc[[0]], 16, metrics=("tpot_s",)).samples["tpot_s"]
+    both = dse.score_bands(frame, 16, metrics=("tpot_s",)).samples["tpot_s"]
+    np.testing.assert_allclose(both[:, 0], alone[:, 0], rtol=1e-12)
+    # the two h100 designs move together (same draws), the b200 one independently
+    r_same = np.corrcoef(np.log(both[:, 0]), np.log(both[:, 1]))[0, 1]
+    assert r_same > 0.3
+
+
+def test_samples_times_designs_in_one_scorer_call(monkeypatch):
+    import dse.perf
+    calls = []
+    real = dse.perf.score_chunked
+
+    def counting(b, *a, **kw):
+        calls.append(len(kw["rows"]) if kw.get("rows") is not None else len(b))
+        return real(b, *a, **kw)
+    monkeypatch.setattr(dse.perf, "score_chunked", counting)
+    frame = _designs()
+    res = resolve(frame)
+    s = B.frame_samples(res, B.draw(32, 0), metrics=("tpot_s",))
+    assert calls == [32 * len(frame)] and s["tpot_s"].shape == (32, len(frame))
+
+
+def test_score_bands_table_brackets_the_median():
+    b = dse.score_bands(_designs(), 32, metrics=("tpot_s", "usd_per_mtok_output"))
+    t = b.table()
+    assert (t["tpot_s_lo"] <= t["tpot_s"]).all() and (t["tpot_s"] <= t["tpot_s_hi"]).all()
+    assert (t["tpot_s_hi"] > t["tpot_s_lo"]).any()
+    assert "held exact" in b.note or "bands sample" in b.note
+
+
+# ------------------------------------------------------------------ words
+
+def test_not_resolved_wording():
+    assert B.NOT_RESOLVED in B.sign_words(-0.01, 0.02)
+    assert B.sign_words(0.01, 0.02) == "" and B.sign_words(-0.02, -1e-12) == ""
+    assert B.NOT_RESOLVED in B.ranking_words(0.6) and B.ranking_words(0.97) == ""
+    assert B.p_better([1, 2, 3], [2, 2, 2], "minimize") == pytest.approx(0.5)
+    assert B.text(1.0, 0.5, 2.0) == "1 [0.5..2]"
+    from dse.bands_report import whatif_lines
+    band = {"samples": 8, "seed": 0, "note": "n", "objectives": {"tpot_s": {
+        "median_change": {"median": 0.01, "lo": -0.02, "hi": 0.03}, "designs": 3,
+        "designs_sign_unresolved": 2, "words": B.sign_words(-0.02, 0.03, "the sign")}}}
+    text = "\n".join(whatif_lines(band))
+    assert "+1.0% [-2.0%..+3.0%]" in text and B.NOT_RESOLVED in text
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("b") / "run"
+    assert main(["run", str(QUICK), "--out", str(d), "--quiet"]) == 0
+    return d
+
+
+def test_whatif_bands_and_bands_off(run, tmp_path, capsys):
+    off, on = tmp_path / "off", tmp_path / "on"
+    args = ["whatif", str(run), "--scale", "accelerator.hbm_bw_bytes_per_s=1.5", "--quiet"]
+    assert main(args + ["--out", str(off), "--bands", "0"]) == 0
+    assert main(args + ["--out", str(on), "--bands", "8"]) == 0
+    assert "Uncertainty bands" not in (off / "whatif.md").read_text()
+    assert not (off / "bands.json").exists()
+    md = (on / "whatif.md").read_text()
+    assert "Uncertainty bands (8 parameter samples" in md
+    band = json.loads((on / "bands.json").read_text())
+    for m, o in band["objectives"].items():
+        b = o["median_change"]
+        assert b["lo"] <= b["median"] <= b["hi"], m
+    # the nominal lines (before, after, change) are the same with and without bands
+    nominal = [ln for ln in md.splitlines() if "median change" in ln and "[" not in ln]
+    assert nominal == [ln for ln in (off / "whatif.md").read_text().splitlines()
+                       if "median change" in ln]
+    assert "usd_per_mtok_output: median change over the front" in capsys.readouterr().out
+
+
+def test_compare_a_run_with_itself_is_not_resolved(run, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["compare", str(run), str(run), "--out", str(out), "--bands", "8"]) == 0
+    band = json.loads((out / "bands.json").read_text())
+    for m, o in band["objectives"].items():
+        assert o["p_a_better"] == pytest.approx(0.5)        # the same design: ties
+        assert B.NOT_RESOLVED in o["words"]
+        assert o["a"]["lo"] <= o["a"]["median"] <= o["a"]["hi"]
+    assert B.NOT_RESOLVED in (out / "compare.md").read_text()
+
+
+def test_bad_bands_exit_2(run, tmp_path, capsys):
+    assert main(["whatif", str(run), "--scale", "accelerator.hbm_bw_bytes_per_s=1.5",
+                 "--out", str(tmp_path / "w"), "--bands", "-3"]) == 2
+    err = capsys.readouterr().err
+    assert "--bands" in err and "Traceback" not in err
+    assert not (tmp_path / "w").exists()
+
+
+# ------------------------------------------------------------------ answers
+
+def test_sample_view_vectorized_and_per_sample_paths_agree(monkeypatch):
+    from dse.questions import _bands
+    from dse.space import load_space
+    space = load_space(str(QUICK))
+    vals = space.values_at(np.arange(0, space.size, 7))
+    shared = _bands.Sampled(B.draw(4, 0))
+    fast = shared.view(2).score(space, vals)
+    monkeypatch.setattr(_bands, "VECTOR_ROWS", 0)
+    slow = _bands.Sampled(B.draw(4, 0)).view(2).score(space, vals)
+    for m in ("tpot_s", "usd_per_mtok_output", "ttft_s"):
+        np.testing.assert_allclose(fast[m], slow[m], rtol=1e-12)
+
+
+def test_answer_numbers_get_bands(tmp_path):
+    from dse.questions import QUESTIONS_DIR, answer_space
+    out = answer_space(str(QUESTIONS_DIR / "rack-goodput.toml"), out=str(tmp_path / "r"),
+                       run_dir=str(tmp_path / "run"), bands=4)
+    doc = json.loads((out / "answer.json").read_text())
+    nums = doc["bands"]["numbers"]
+    assert doc["bands"]["samples"] == 4 and nums
+    for k, b in nums.items():
+        if "median" in b and np.isfinite(b["median"]):
+            assert b["lo"] <= b["median"] <= b["hi"], k
+    assert "**Uncertainty bands** (4 parameter samples" in (out / "README.md").read_text()
+
+
+def test_end_to_end_log_sd_is_read_when_the_catalog_has_it(tmp_path, monkeypatch):
+    import shutil
+    shutil.copytree(B.CATALOG / "kernels", tmp_path / "kernels")
+    text = (B.CATALOG / "efficiency.toml").read_text()
+    assert "[default]" in text
+    (tmp_path / "efficiency.toml").write_text(
+        text.replace("[default]", "[default]\nlayer_overhead_s_log_sd = 0.2", 1))
+    monkeypatch.setattr(B, "CATALOG", tmp_path)
+    B._families_cached.cache_clear()
+    try:
+        fams = [f for f in B.families() if f.group == "e2e"]
+        assert [f.params for f in fams] == [("layer_overhead_s",)]
+        assert fams[0].log_sd.tolist() == [0.2]
+        assert B.coverage_note().startswith("bands sample the fitted GEMM, MoE grouped-GEMM, "
+                                            "attention, end-to-end overhead")
+        assert B.coverage()["e2e"] == 1
+    finally:
+        monkeypatch.undo()
+        B._families_cached.cache_clear()
+    assert B.coverage()["e2e"] == 0 and "end-to-end overhead" in B.coverage_note()
