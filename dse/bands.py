@@ -103,6 +103,9 @@ def _families_cached(stamp) -> tuple[Family, ...]:
                 for name, u in (vals.get("uncertainty") or {}).items():
                     out.append(_family(f.stem, (chip, rt), name, u))
     eff = tomllib.loads((CATALOG / "efficiency.toml").read_text())
+    # a top-level [uncertainty.<name>] (as dse.fit writes it) belongs to the shared default
+    for name, u in (eff.pop("uncertainty", None) or {}).items():
+        out.append(_family("e2e", ("default",), name, u))
     for table, vals in eff.items():
         for name, u in (vals.get("uncertainty") or {}).items():
             out.append(_family("e2e", (table,), name, u))
