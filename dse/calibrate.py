@@ -96,10 +96,13 @@ def main(argv=None) -> int:
     try:
         cases, truth = load(a.dir)
         if a.fit:
-            from dse.fit import fit, tables, write_efficiency
+            from dse.fit import bootstrap, fit, tables, write_efficiency
             theta = fit(cases, truth)
             if a.write:
-                write_efficiency(tables(theta, cases))
+                unc = bootstrap(cases, truth, theta)
+                print("  ".join(f"{k}: log sd {s:.3f}" for k, s in zip(unc["params"],
+                                                                        unc["log_sd"])))
+                write_efficiency(tables(theta, cases, unc))
                 print("wrote dse/catalog/efficiency.toml")
         from dse.predict import predict_frame
         pred = predict_frame(cases, file="cases.csv")

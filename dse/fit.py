@@ -10,11 +10,20 @@ the other end-to-end factors stay at their physical priors (``FIXED``).
 
 Cross-validation refits the two numbers without one chip (leave-one-chip-out) or without one
 model family (leave-one-family-out) and predicts the cases left out.
+
+Uncertainty (``bootstrap``, written to efficiency.toml's ``[uncertainty.end_to_end]`` table in
+the kernel tables' format: ``params``, ``log_sd``, ``log_corr``, ``rule``; read it with
+``uncertainty()``): the covariance of the log parameters over ``BOOT_N`` refits on cases drawn
+with replacement within each (source, hardware) group (seeded, warm-started at the fit), which
+keeps the groups' weights and carries whatever the residuals share within a group (one chip's
+kernel error moves all its cases together). A parameter that every resample puts at the same
+bound gets the sd of a uniform draw within its log bounds (``dse.kernels.common.bounded_cov``).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from pathlib import Path
 
 import numpy as np
@@ -47,21 +56,34 @@ def _residuals(prep: Prepared, cases: pd.DataFrame, truth: pd.DataFrame, theta) 
     return joined(pred, cases, truth)
 
 
+BOOT_N = 24
+BOOT_SEED = 0
+
+
 def fit(cases: pd.DataFrame, truth: pd.DataFrame, keep=None, verbose: bool = True,
-        prep: Prepared | None = None) -> dict:
+        prep: Prepared | None = None, counts=None, start: dict | None = None,
+        max_nfev: int = 60) -> dict:
     """The two end-to-end numbers fitted on the cases where ``keep`` (a boolean per case, all
-    by default), every (source, metric, hardware) group weighted equally within its source."""
+    by default), every (source, metric, hardware) group weighted equally within its source;
+    ``counts``: how many times each case is drawn (a bootstrap resample; 1 by default);
+    ``start``: starting values (the priors by default)."""
     prep = prep or prepare(cases, file="cases.csv")
     keep = np.ones(len(cases), bool) if keep is None else np.asarray(keep)
     keep = keep & fittable(cases)
+    if counts is not None:
+        keep = keep & (np.asarray(counts) > 0)
     keep_ids = set(cases["case_id"][keep])
     base = truth[truth["case_id"].isin(keep_ids)].merge(
         cases[["case_id", "hardware", "model"]], on="case_id")
     w = np.sqrt(weights(base.assign(pred=1.0)))
+    if counts is not None:
+        mult = pd.Series(np.asarray(counts, float), index=cases["case_id"])
+        w = w * np.sqrt(base["case_id"].map(mult).to_numpy(float))
     w = w / w.mean()
     lo = np.log([p[2] for p in PARAMS])
     hi = np.log([p[3] for p in PARAMS])
-    x0 = np.log([p[1] for p in PARAMS])
+    x0 = np.log([(start or {}).get(p[0], p[1]) for p in PARAMS])
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
 
     def resid(x):
         j = _residuals(prep, cases, truth, np.exp(x))
@@ -69,18 +91,55 @@ def fit(cases: pd.DataFrame, truth: pd.DataFrame, keep=None, verbose: bool = Tru
         r = np.log(j["pred"].to_numpy(float) / j["value"].to_numpy(float))
         return w * np.where(np.isfinite(r), r, 3.0)
 
-    # a robust loss: a chip whose kernel tables come from an unlike box (L40S: no PCIe
-    # peer-to-peer) must not pull the numbers every other chip shares
-    sol = least_squares(resid, x0, bounds=(lo, hi), diff_step=0.05, max_nfev=60,
+    # a robust loss: a few cases far off (a chip or model whose kernels the tables describe
+    # poorly) must not pull the numbers every other chip shares
+    sol = least_squares(resid, x0, bounds=(lo, hi), diff_step=0.05, max_nfev=max_nfev,
                         loss="soft_l1", f_scale=0.1)
     theta = {p[0]: float(v) for p, v in zip(PARAMS, np.exp(sol.x))}
-    dof = max(len(base) - len(PARAMS), 1)
-    cov = np.linalg.pinv(sol.jac.T @ sol.jac) * float(np.sum(sol.fun ** 2) / dof)
-    theta["_log_sd"] = [float(v) for v in np.sqrt(np.maximum(np.diag(cov), 0.0))]
     if verbose:
         print("  ".join(f"{k}={v:.4g}" for k, v in theta.items() if not k.startswith("_"))
               + f"  ({len(base)} values, {sol.nfev} evaluations)")
     return theta
+
+
+def bootstrap(cases: pd.DataFrame, truth: pd.DataFrame, theta: dict, n: int = BOOT_N,
+              seed: int = BOOT_SEED, prep: Prepared | None = None, verbose: bool = True) -> dict:
+    """The fit's uncertainty (module docstring): ``{"params", "log_sd", "log_corr", "rule"}``
+    from ``n`` case resamples within each (source, hardware) group, refitted from ``theta``."""
+    from dse.kernels.common import bounded_cov, uncertainty
+    prep = prep or prepare(cases, file="cases.csv")
+    rng = np.random.default_rng(seed)
+    groups = cases.groupby([cases["source"].astype(str), cases["hardware"].astype(str)]).indices
+    draws = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        counts = np.zeros(len(cases), int)
+        for idx in groups.values():
+            np.add.at(counts, rng.choice(idx, size=len(idx), replace=True), 1)
+        th = fit(cases, truth, verbose=False, prep=prep, counts=counts, start=theta, max_nfev=25)
+        draws.append(np.log([th[p[0]] for p in PARAMS]))
+        if verbose:
+            el = time.perf_counter() - t0
+            print(f"\r  bootstrap {i + 1}/{n}  {(i + 1) / el:.2f} refits/s  "
+                  f"ETA {el / (i + 1) * (n - i - 1):.0f} s", end="", flush=True)
+    if verbose:
+        print()
+    x = np.array(draws)
+    lo = np.log([p[2] for p in PARAMS])
+    hi = np.log([p[3] for p in PARAMS])
+    cov = bounded_cov(np.cov(x, rowvar=False), lo, hi)
+    rule = (f"bootstrap: {n} refits on cases resampled within each (source, hardware) group "
+            f"(seed {seed}); a parameter the resamples do not move gets its bounds' uniform sd")
+    return uncertainty([p[0] for p in PARAMS], cov, rule)
+
+
+def uncertainty(path: Path | None = None) -> dict | None:
+    """The end-to-end parameters' uncertainty as written by ``--fit --write`` (efficiency.toml's
+    ``[uncertainty.end_to_end]``: params, log_sd, log_corr, rule), or None."""
+    import tomllib
+    path = path or Path(catalog.__file__).with_name("efficiency.toml")
+    with open(path, "rb") as fh:
+        return tomllib.load(fh).get("uncertainty", {}).get("end_to_end")
 
 
 def fittable(cases: pd.DataFrame) -> np.ndarray:
@@ -110,16 +169,23 @@ def model_family(model_id: str) -> str:
     return str(model_id).split("-")[0]
 
 
-def tables(theta: dict, cases: pd.DataFrame) -> dict:
+def tables(theta: dict, cases: pd.DataFrame, unc: dict | None = None) -> dict:
+    """efficiency.toml's tables: ``default`` (the fitted and fixed numbers) and, with ``unc``
+    (``bootstrap``), ``uncertainty`` {"end_to_end": unc}."""
     today = _dt.date.today().isoformat()
     hws = ", ".join(sorted(cases["hardware"].unique()))
-    sd = theta.get("_log_sd", [float("nan")] * len(PARAMS))
-    return {"default": {**{p[0]: theta[p[0]] for p in PARAMS}, **FIXED,
-                        "fitted_on": (
-                            f"{len(cases)} cases of ../shared/calibration ({hws}; TensorRT-LLM), "
-                            "on top of the kernel fits, shared by every chip; log-space sd "
-                            + ", ".join(f"{p[0]} {s:.3f}" for p, s in zip(PARAMS, sd))
-                            + f"; fitted {today}")}}
+    n = int(fittable(cases).sum())
+    sd = "" if not unc else "; log-space sd " + ", ".join(
+        f"{k} {s:.3f}" for k, s in zip(unc["params"], unc["log_sd"])) + " (bootstrap)"
+    out = {"default": {**{p[0]: theta[p[0]] for p in PARAMS}, **FIXED,
+                       "fitted_on": (
+                           f"{n} of {len(cases)} cases of ../shared/calibration ({hws}; "
+                           "TensorRT-LLM; the online rows at an infinite request rate are not "
+                           "fitted), on top of the kernel fits, shared by every chip"
+                           + sd + f"; fitted {today}")}}
+    if unc:
+        out["uncertainty"] = {"end_to_end": unc}
+    return out
 
 
 def write_efficiency(tables: dict, path: Path | None = None) -> Path:
@@ -129,13 +195,21 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
              "# fitted on ../shared/calibration and shared by every chip -- and the factors kept at",
              "# their physical priors. Written by `python -m dse.calibrate --fit --write`; do not",
              "# edit by hand. A chip may get its own table; `default` applies to the others.", ""]
-    for k in ["default"] + sorted(k for k in tables if k != "default"):
+    for k in ["default"] + sorted(k for k in tables if k not in ("default", "uncertainty")):
         lines.append(f"[{k}]")
         for f in (*EFF_FIELDS, "fitted_on"):
             if f in tables[k]:
                 v = tables[k][f]
                 lines.append(f'{f} = "{v}"' if isinstance(v, str) else f"{f} = {v:.6g}")
         lines.append("")
+    for fam, u in tables.get("uncertainty", {}).items():
+        lines += [f"# uncertainty of the fitted numbers: {u['rule']}",
+                  f"[uncertainty.{fam}]",
+                  "params = [" + ", ".join(f'"{n}"' for n in u["params"]) + "]",
+                  "log_sd = [" + ", ".join(f"{x:.4g}" for x in u["log_sd"]) + "]",
+                  "log_corr = [" + ", ".join("[" + ", ".join(f"{x:.3g}" for x in row) + "]"
+                                             for row in u["log_corr"]) + "]",
+                  f'rule = "{u["rule"]}"', ""]
     path.write_text("\n".join(lines))
     catalog.accelerators.cache_clear()    # the builder's tables rebuild with the cache
     return path

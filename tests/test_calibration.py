@@ -1,10 +1,11 @@
 """The model against the published measurements in ../shared/calibration (regression guard).
 
-Two groups are held to their own, looser bounds, each for a reason outside the model's physics:
-the online rows at an infinite request rate carry no concurrency (``dse.fit.fittable``), and
-multi-GPU L40S rows run on a box with PCIe peer-to-peer while the L40S collective kernel tables
-dse is fitted on come from a box without it (8-GPU all-reduce at ~1.5 GB/s). The strict xfail
-below turns green, and fails as such, the day either is fixed.
+One group is held to its own, looser bound, for a reason outside the model's physics: the
+online rows at an infinite request rate carry no concurrency (``dse.fit.fittable``; 500
+requests were sent, so their concurrency was set by the burst, which a case cannot say).
+Multi-GPU L40S, which used to be a second such group (its aiconfigurator all-reduce tables come
+from a box without PCIe peer-to-peer), is held to the common bound since the comm fit's
+host-staged rule (``dse.kernels.comm.host_staged``).
 """
 
 from __future__ import annotations
@@ -60,19 +61,17 @@ def test_error_within_target_for_every_calibrated_accelerator(report):
 
 
 def test_known_limits_stay_within_their_measured_bounds(report):
-    # regression bounds at the figures measured on 2026-12-01 (1.47 / 1.90 and 3.9), +10%
-    from dse.calibrate import report as make_report
+    # regression bounds at the figures measured on 2026-12-02 (1.49 / 1.91), +10%
     j, r = report
     known = r[r["source"].str.contains(KNOWN, regex=False)]
     assert len(known) == 2 and (known["error_factor"] <= 2.1).all(), "\n" + known.to_string()
-    pcie = make_report(j[j["pcie_multi"]], ("source", "metric"))
-    assert (pcie["error_factor"] <= 4.3).all(), "\n" + pcie.to_string()
 
 
-@pytest.mark.xfail(strict=True, reason="L40S collective tables come from a box without PCIe "
-                   "peer-to-peer; TensorRT-LLM's published L40S runs had it")
 def test_multi_gpu_l40s_within_target(report):
+    """TP 4/8 L40S over PCIe (was 3.3x too slow on the host-staged all-reduce tables; 1.14 on
+    2026-12-02): within the per-accelerator bound, and not systematically too slow."""
     from dse.calibrate import report as make_report
     j, _ = report
     r = make_report(j[j["pcie_multi"]], ("source", "metric"))
-    assert (r["error_factor"] <= 1.35).all()
+    assert (r["error_factor"] <= 1.35).all(), "\n" + r.to_string()
+    assert (r["bias"] > 0.8).all(), "\n" + r.to_string()

@@ -231,3 +231,90 @@ def test_nvl72_trtllm_a2a_from_nvlink_table():
     if len(rows):
         assert (rows["rpn"] == rows["ep"]).all()
         assert set(rows["kind"]) == {"ll", "normal"}
+
+
+def _nccl_frame(chip, busbw_by_g):
+    """Synthetic NCCL rows at 16-512 MiB with the given bus bandwidth (B/s) per group size."""
+    import pandas as pd
+    rows = []
+    for g, bw in busbw_by_g.items():
+        for b in 2.0 ** np.arange(24, 30):
+            rows.append(dict(chip=chip, num_gpus=float(g), bytes=b,
+                             latency_s=2 * (g - 1) / g * b / bw))
+    return pd.DataFrame(rows)
+
+
+def test_host_staged_rule_flags_a_collapse_the_topology_does_not_explain():
+    pytest.importorskip("pandas")
+    import pandas as pd
+    from dse.kernels import comm
+    # an L40S-like box: P2P pairs at 20 GB/s, 4 and 8 GPUs staged through the host
+    bad = _nccl_frame("l40s", {2: 20e9, 4: 5.1e9, 8: 1.45e9})
+    # an RTX PRO 6000-like PCIe box with P2P: 38 -> 24 GB/s, the ring's normal decline
+    ok = _nccl_frame("rtx-pro-6000", {2: 38e9, 4: 25e9, 8: 24e9})
+    assert comm.host_staged(pd.concat([bad, ok])) == {"l40s": [4.0, 8.0]}
+    # just above the threshold is kept, just below is flagged
+    edge = _nccl_frame("x", {2: 10e9, 4: 4.1e9, 8: 3.9e9})
+    assert comm.host_staged(edge) == {"x": [8.0]}
+
+
+def test_host_staged_chip_takes_group_terms_from_its_fabric():
+    """The catalog's L40S entries: 4-/8-GPU rows not fitted, group-size terms equal to the
+    RTX PRO 6000's (the other pcie-8 chip), and a ring of 8 over PCIe Gen4 no slower than
+    ~3x a pair (the host-staged table had it 14x slower in bus bandwidth)."""
+    from dse.kernels import comm
+    cat = comm.catalog_entries()
+    for rt in ("trtllm", "sglang", "vllm"):
+        e, donor = cat["l40s"][rt], cat["rtx-pro-6000"][rt]
+        assert "host-staged" in e["fitted_on"] and "rtx-pro-6000" in e["fitted_on"]
+        for k in ("ar_nccl_latency_per_log2_s", "ar_nccl_fraction_per_doubling"):
+            assert e[k] == pytest.approx(donor[k], rel=1e-5), (rt, k)
+        ar = {k: e[k] for k in kc.AR_NCCL_KEYS + kc.AR_CUSTOM_KEYS}
+        b = 2.0 ** 28
+        bus = {g: 2 * (g - 1) / g * b / kc.allreduce_s(b, g, 32e9, **ar) for g in (2, 8)}
+        assert 0.3 < bus[8] / bus[2] < 1.0
+        assert 15e9 < bus[2] < 25e9          # PCIe Gen4 x16 P2P, as measured for 2 GPUs
+
+
+def test_comm_entries_carry_uncertainty_for_every_family():
+    from dse.kernels import comm
+    cat = comm.catalog_entries()
+    for chip, rts in cat.items():
+        for rt, e in rts.items():
+            unc = e["uncertainty"]
+            assert set(unc) == set(comm.FAMILIES), (chip, rt)
+            for fam, u in unc.items():
+                n = len(comm.FAMILIES[fam])
+                assert u["params"] == list(comm.FAMILIES[fam])
+                sd = np.array(u["log_sd"])
+                c = np.array(u["log_corr"])
+                assert sd.shape == (n,) and c.shape == (n, n)
+                assert np.all(sd > 0) and np.all(np.isfinite(sd)), (chip, rt, fam)
+                assert np.allclose(np.diag(c), 1.0) and np.allclose(c, c.T)
+                assert u["rule"].startswith(("fitted", "transferred"))
+    # a transferred entry is at least as uncertain as the LOCO inflation it names
+    u = cat["mi300x"]["trtllm"]["uncertainty"]["ar_nccl"]
+    assert u["rule"].startswith("transferred")
+    loco = float(u["rule"].split("ln(")[1].split(")")[0])
+    assert min(u["log_sd"]) >= np.log(loco) - 1e-9
+    # a measured chip's fitted fraction is pinned far tighter than a transfer
+    f = cat["h100-sxm"]["trtllm"]["uncertainty"]["ar_nccl"]
+    assert f["rule"].startswith("fitted")
+    assert f["log_sd"][f["params"].index("ar_nccl_fraction")] < 0.1
+
+
+def test_entry_uncertainty_transferred_terms_inside_a_fitted_family():
+    from dse.kernels import comm
+    names = list(comm.NCCL_PARAMS)
+    fitted = [p.name for p in names if p.name not in comm.GROUP_PARAMS]
+    cov_own = np.diag(np.full(len(fitted), 0.01 ** 2))
+    cov_donor = np.diag(np.full(len(names), 0.05 ** 2))
+    fits = {"cov": {("nccl", "l40s", None): (fitted, cov_own),
+                    ("nccl", "rtx-pro-6000", None): ([p.name for p in names], cov_donor)}}
+    u = comm.entry_uncertainty("l40s", "trtllm", fits, {"ar_nccl": 1.2})["ar_nccl"]
+    sd = dict(zip(u["params"], u["log_sd"]))
+    assert sd["ar_nccl_fraction"] == pytest.approx(0.01)
+    # donors' variance + ln(1.2)^2, by hand: sqrt(0.05^2 + 0.1823^2) = 0.18904
+    assert sd["ar_nccl_fraction_per_doubling"] == pytest.approx(
+        np.sqrt(0.05 ** 2 + np.log(1.2) ** 2), rel=1e-3)
+    assert "transferred" in u["rule"]

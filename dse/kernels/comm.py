@@ -36,6 +36,30 @@ runtime's** table (runtime kernels differ more than chips do); only when no chip
 chip's own other runtimes (geometric mean); then a transfer over any runtime; then the prior
 (``Param.x0``). ``fitted_on`` names the source of every key group.
 
+Host-staged rows (documented data rule, ``host_staged``): a chip's NCCL rows of a group size
+whose large-message (>= 16 MiB) bus bandwidth is below ``HOST_STAGED_FRACTION`` of the same
+chip's 2-GPU bus bandwidth were measured on a box without peer-to-peer between those GPUs
+(NCCL stages the ring through host memory). No topology in the catalog explains such a drop (a
+PCIe tree's ring runs at the link rate: ``dse.topology``), and the end-to-end cases on that chip
+ran on boxes with P2P. aiconfigurator-core's L40S table is the one case: busbw 20.1 GB/s for 2
+GPUs (PCIe Gen4 x16 P2P: 63% of the 32 GB/s per direction, the share the RTX PRO 6000 box
+reaches on Gen5 at 2 GPUs: 38.6 of 64 GB/s), 5.1 GB/s for 4, 1.45 GB/s for 8. Those rows (NCCL
+and the runtimes' custom all-reduce of the same group sizes) are not fitted; the chip's
+group-size terms (``GROUP_PARAMS``) are taken by transfer from the measured chips on the same
+kind of fabric (the chip's default topology kind; the general transfer rule when none), and its
+other parameters are fitted on the rows that remain.
+
+Uncertainty (``dse.kernels.common``, section "parameter uncertainty"): every entry carries one
+``uncertainty.<family>`` sub-table per family ``ar_nccl``, ``ar_custom``, ``a2a_<kind>_<phase>``
+and ``a2a_scaleout``: the least-squares covariance of the log parameters where the family was
+fitted on that chip's (and runtime's) table (the sub-block of a joint fit), and where it was
+transferred the mean covariance of the transfer rule's nearest measured chips (the same
+runtime's tables where any chip has them) plus ``ln(loco)^2`` on
+every log parameter, ``loco`` being the median leave-one-chip-out error factor of the op class
+in the same fit (``common.LOCO_DEFAULT`` when none was measured). A parameter fixed by transfer
+inside a fitted family (a host-staged chip's group-size terms) gets the donors' variance plus
+``ln(loco)^2``, uncorrelated.
+
 Held-out rule and transfer rule: ``dse.kernels.common``.
 """
 
@@ -88,6 +112,17 @@ NVLINK_RT = "trtllm_nvlink"
 NVLINK_CHIPS = ("gb200", "gb300")
 NVLINK_SOURCES = ("NVLinkOneSided", "NVLinkTwoSided")
 H800_AR_BYTES = 2.0 ** 30
+HOST_STAGED_FRACTION = 0.4
+HOST_STAGED_MIN_BYTES = 2.0 ** 24
+# the parameters that set how an all-reduce scales with the group size (unmeasurable from
+# 2-GPU rows alone: log2(2) - 1 = 0): transferred for a host-staged chip
+GROUP_PARAMS = ("ar_nccl_latency_per_log2_s", "ar_nccl_fraction_per_doubling",
+                "ar_custom_latency_per_log2_s")
+# uncertainty families of a catalog entry: name -> parameter names
+FAMILIES = {"ar_nccl": kc.AR_NCCL_KEYS, "ar_custom": kc.AR_CUSTOM_KEYS,
+            **{f"a2a_{k}_{ph}": tuple(f"a2a_{k}_{ph}_{w}" for w in ("latency_s", "fraction"))
+               for k in ("ll", "normal") for ph in ("dispatch", "combine")},
+            "a2a_scaleout": kc.SCALEOUT_KEYS}
 HEADER = """Collective kernel parameters of dse.perf.kernel_comm (all-reduce: NCCL LL/Simple and the
 runtime's custom one-/two-shot kernel; EP all-to-all: DeepEP low-latency and normal kernels,
 dispatch and combine, and the scale-out tier), fitted by python -m dse.kernels.comm on
@@ -303,24 +338,85 @@ def _a2a_params(frame):
 DEFAULTS = {p.name: p.x0 for p in PARAMS}
 
 
+def host_staged(nccl: pd.DataFrame) -> dict[str, list[float]]:
+    """{chip: group sizes} whose measured NCCL all-reduce ran host-staged (module docstring):
+    median bus bandwidth at messages >= ``HOST_STAGED_MIN_BYTES`` below
+    ``HOST_STAGED_FRACTION`` of the chip's own 2-GPU bus bandwidth."""
+    out = {}
+    big = nccl[nccl["bytes"] >= HOST_STAGED_MIN_BYTES]
+    for chip, g in big.groupby("chip"):
+        n = g["num_gpus"].astype(float)
+        bus = (2.0 * (n - 1.0) / n * g["bytes"] / g["latency_s"]).groupby(n).median()
+        if 2.0 not in bus.index:
+            continue
+        bad = [float(k) for k, v in bus.items() if k > 2.0 and v < HOST_STAGED_FRACTION * bus[2.0]]
+        if bad:
+            out[chip] = bad
+    return out
+
+
+def fabric_donors(chip: str, measured, accs) -> list[str]:
+    """The measured chips whose default topology is of the same kind as ``chip``'s (the
+    group-size terms are a property of the fabric), else the general transfer neighbours."""
+    from dse.catalog import topologies
+    topo = topologies()
+
+    def kind(c):
+        t = accs[c].default_topology
+        return topo[t].kind if t in topo else None
+    same = sorted(c for c in measured if c != chip and kind(c) == kind(chip))
+    return same or common.neighbours(chip, sorted(measured), accs)
+
+
 def fit_all(frames):
-    """{class: {(chip, runtime): values}} fitted on the rows that are not held out."""
-    nccl, custom, a2a, h800_ar = frames
-    fits = {"nccl": {}, "custom": {}, "a2a": {}}
+    """{class: {(chip, runtime): values}} fitted on the rows that are not held out, plus
+    ``cov`` {(class, chip, runtime): (names, log covariance)} and ``staged`` {chip: (group
+    sizes not fitted, donor chips of the group-size terms)}."""
+    nccl, custom, a2a, h800_ar = frames[:4]
+    staged = frames[4] if len(frames) > 4 else {}
+    accs = _accs()
+    fits = {"nccl": {}, "custom": {}, "a2a": {}, "cov": {}, "staged": {}}
+
+    def run(predict, params, tr, fixed, key):
+        f = _fit(predict, params, tr, fixed)
+        fits["cov"][key] = ([p.name for p in params], f.log_cov)
+        return f.values
+
+    def group_fixed(chip, cls, rt=None):
+        donors = fits["staged"][chip][1]
+        if cls == "nccl":
+            vs = [fits["nccl"][d] for d in donors if d in fits["nccl"]]
+        else:
+            vs = [fits["custom"][(d, rt)] for d in donors if (d, rt) in fits["custom"]] or \
+                 [v for (d, r), v in fits["custom"].items() if d in donors]
+        g = _geo(vs) if vs else {}
+        return {k: g[k] for k in GROUP_PARAMS if k in g}
+
     for chip, g in nccl.groupby("chip"):
-        tr = g[~g["_held"]]
-        fits["nccl"][chip] = _fit(predict_nccl, NCCL_PARAMS, tr, {}).values
-    for (chip, rt), g in custom.groupby(["chip", "runtime"]):
-        tr = g[~g["_held"]]
-        fits["custom"][(chip, rt)] = _fit(predict_custom, CUSTOM_PARAMS, tr,
-                                          fits["nccl"][chip]).values
+        if chip not in staged:
+            fits["nccl"][chip] = run(predict_nccl, NCCL_PARAMS, g[~g["_held"]], {},
+                                     ("nccl", chip, None))
+    for chip, g in nccl.groupby("chip"):
+        if chip in staged:
+            fits["staged"][chip] = (staged[chip], fabric_donors(chip, list(fits["nccl"]), accs))
+            fixed = group_fixed(chip, "nccl")
+            ps = tuple(p for p in NCCL_PARAMS if p.name not in fixed)
+            fits["nccl"][chip] = {**fixed, **run(predict_nccl, ps, g[~g["_held"]], fixed,
+                                                 ("nccl", chip, None))}
+    groups = sorted(custom.groupby(["chip", "runtime"]), key=lambda kv: kv[0][0] in staged)
+    for (chip, rt), g in groups:      # host-staged chips last: they take donors' terms
+        fixed = group_fixed(chip, "custom", rt) if chip in staged else {}
+        ps = tuple(p for p in CUSTOM_PARAMS if p.name not in fixed)
+        fits["custom"][(chip, rt)] = {**fixed, **run(
+            predict_custom, ps, g[~g["_held"]], {**fits["nccl"][chip], **fixed},
+            ("custom", chip, rt))}
     for (chip, rt), g in a2a.groupby(["chip", "runtime"]):
         tr = g[~g["_held"]]
         ps = _a2a_params(tr)
-        fits["a2a"][(chip, rt)] = {**_fit(predict_a2a, ps, tr, DEFAULTS).values}
+        fits["a2a"][(chip, rt)] = {**run(predict_a2a, ps, tr, DEFAULTS, ("a2a", chip, rt))}
     if len(h800_ar):   # H800: transferred NCCL parameters, its busbw row sets the fraction
         base, _, _ = common.transfer("h800-sxm", fits["nccl"], NCCL_PARAMS, _accs())
-        fr = _fit(predict_nccl, (NCCL_PARAMS[4],), h800_ar, base).values
+        fr = run(predict_nccl, (NCCL_PARAMS[4],), h800_ar, base, ("nccl", "h800-sxm", None))
         fits["nccl"]["h800-sxm"] = {**base, **fr}
     return fits
 
@@ -340,6 +436,11 @@ def entry_for(chip, rt, fits, accs, exclude=None):
         vals.update(nccl[chip])
         notes.append("ar_nccl: " + ("nccl_perf" if chip != "h800-sxm" else
                                     "transfer + NCCL-004 busbw"))
+        if chip in fits.get("staged", {}):
+            sizes, donors = fits["staged"][chip]
+            notes.append("nccl_perf and custom rows of " + "/".join(f"{g:g}" for g in sizes)
+                         + " GPUs host-staged (no P2P), not fitted; " + "+".join(GROUP_PARAMS)
+                         + " from " + "+".join(donors) + " (same fabric kind)")
     else:
         v, near, _ = common.transfer(chip, nccl, NCCL_PARAMS, accs)
         vals.update(v)
@@ -417,11 +518,20 @@ def entry_for(chip, rt, fits, accs, exclude=None):
 
 
 def frames_with_holdout():
+    """(nccl, custom, a2a, h800 rows, host-staged {chip: group sizes}); the host-staged rows
+    are dropped from the NCCL and custom frames."""
     nccl, custom, a2a, h800 = nccl_rows(), custom_rows(), a2a_rows(), shared_ar_rows()
+    staged = host_staged(nccl)
+
+    def drop(d):
+        bad = np.array([float(n) in staged.get(c, ()) for c, n in zip(d["chip"], d["num_gpus"])],
+                       bool)
+        return d[~bad].reset_index(drop=True)
+    nccl, custom = drop(nccl), drop(custom)
     nccl["_held"] = common.held_out(nccl, AR_SHAPE)
     custom["_held"] = common.held_out(custom, AR_SHAPE)
     a2a["_held"] = common.held_out(a2a, A2A_SHAPE)
-    return nccl, custom, a2a, h800
+    return nccl, custom, a2a, h800, staged
 
 
 def _report_rows(op, frame, pred_fn, values_of, suffix=""):
@@ -448,6 +558,86 @@ def _report_rows(op, frame, pred_fn, values_of, suffix=""):
     return rows
 
 
+def loco_errors(rows) -> dict[str, float]:
+    """{family: median leave-one-chip-out error factor of its op class} (scale-out: every
+    all-to-all class; ``common.LOCO_DEFAULT`` where none was measured)."""
+    lo = pd.DataFrame([r for r in rows if r["op_class"].endswith("/loco")])
+    lo = lo[np.isfinite(lo["error_held_out"].astype(float))] if len(lo) else lo
+
+    def med(mask):
+        v = lo.loc[mask, "error_held_out"] if len(lo) else []
+        return float(np.median(v)) if len(v) else common.LOCO_DEFAULT
+    cls = lo["op_class"].str[:-5] if len(lo) else pd.Series(dtype=str)
+    out = {"ar_nccl": med(cls == "allreduce_nccl"), "ar_custom": med(cls == "allreduce_custom"),
+           "a2a_scaleout": med(cls.str.startswith("alltoall"))}
+    for fam in FAMILIES:
+        if fam.startswith("a2a_") and fam != "a2a_scaleout":
+            out[fam] = med(cls == "alltoall_" + fam[4:])
+    return out
+
+
+def _cov_sources(chip, rt):
+    """Where a family's fitted covariance of (chip, rt) lives, in the order entry_for uses."""
+    a2a = ([("a2a", chip, NVLINK_RT)] if rt == "trtllm" and chip in NVLINK_CHIPS else []) \
+        + [("a2a", chip, rt), ("a2a", chip, "deepep")]
+    return {"ar_nccl": [("nccl", chip, None)], "ar_custom": [("custom", chip, rt)],
+            **{f: a2a for f in FAMILIES if f.startswith("a2a_")}}
+
+
+def entry_uncertainty(chip, rt, fits, loco_err) -> dict:
+    """The ``uncertainty`` sub-tables of one catalog entry (module docstring, common.py)."""
+    covs = fits.get("cov", {})
+    out = {}
+    for fam, names in FAMILIES.items():
+        n = len(names)
+        own_var, own_cov = {}, None
+        for key in _cov_sources(chip, rt)[fam]:
+            if key in covs and any(x in covs[key][0] for x in names):
+                fn, c = covs[key]
+                idx = [fn.index(x) if x in fn else -1 for x in names]
+                own_cov = np.zeros((n, n))
+                for i, a in enumerate(idx):
+                    for j, b in enumerate(idx):
+                        if a >= 0 and b >= 0:
+                            own_cov[i, j] = c[a, b]
+                own_var = {x for x, i in zip(names, idx) if i >= 0}
+                break
+        # donors: the fitted covariances of this family on other chips (same runtime first)
+        cls = {"ar_nccl": "nccl", "ar_custom": "custom"}.get(fam, "a2a")
+        pool = [(k, v) for k, v in covs.items() if k[0] == cls and k[1] != chip
+                and all(x in v[0] for x in names)]
+        same_rt = [(k, v) for k, v in pool if k[2] in (rt, None)]
+        pool = same_rt or pool
+        # the transfer rule's neighbours among them (as gemm/moe/attention take their donors)
+        # (a host-staged chip's group-size terms: the fabric donors they were taken from)
+        if own_cov is not None and chip in fits.get("staged", {}):
+            near = set(fits["staged"][chip][1])
+        elif chip in _accs():
+            near = set(common.neighbours(chip, sorted({k[1] for k, _ in pool}), _accs()))
+        else:
+            near = {k[1] for k, _ in pool}
+        donors = [v for k, v in pool if k[1] in near] or [v for _, v in pool]
+        dcov = [np.asarray(c)[np.ix_([fn.index(x) for x in names], [fn.index(x) for x in names])]
+                for fn, c in donors]
+        lo = loco_err.get(fam, common.LOCO_DEFAULT)
+        tr = common.inflated_cov(dcov, lo) if dcov else np.eye(n) * np.log(lo) ** 2
+        rule_t = f"transferred: donors' covariance + ln({lo:.4g})^2 (median leave-one-chip-out error)"
+        if own_cov is None:
+            out[fam] = common.uncertainty(names, tr, rule_t)
+            continue
+        free = [i for i, x in enumerate(names) if x not in own_var]
+        for i in free:              # fixed by transfer inside a fitted family: uncorrelated
+            own_cov[i, :] = 0.0
+            own_cov[:, i] = 0.0
+            own_cov[i, i] = tr[i, i]
+        rule = "fitted: least-squares covariance"
+        if free:
+            rule += ("; " + "+".join(names[i] for i in free) + " transferred (donors' variance + "
+                     f"ln({lo:.4g})^2)")
+        out[fam] = common.uncertainty(names, own_cov, rule)
+    return out
+
+
 def catalog_entries(path=None):
     import tomllib
     path = path or common.CATALOG_DIR / f"{NAME}.toml"
@@ -463,7 +653,10 @@ def _rt(rt):
 def main(fit: bool = True, write: bool = False, loco: bool = False) -> pd.DataFrame:
     accs = _accs()
     frames = frames_with_holdout()
-    nccl, custom, a2a, h800 = frames
+    nccl, custom, a2a, h800, staged = frames
+    for chip, sizes in staged.items():
+        print(f"comm: {chip} NCCL/custom all-reduce rows of {'/'.join(f'{g:g}' for g in sizes)} "
+              "GPUs host-staged (no P2P), not fitted")
     h800 = h800.assign(_held=False)
     if fit:
         fits = fit_all(frames)
@@ -480,20 +673,24 @@ def main(fit: bool = True, write: bool = False, loco: bool = False) -> pd.DataFr
                          predict_nccl, values_of)
     rows += _report_rows("allreduce_custom", custom, predict_custom, values_of)
     rows += _report_rows("alltoall", a2a, predict_a2a, values_of)
-    if loco and fit:
+    if (loco or write) and fit:   # the transfer rule's error (also sizes transferred covariances)
         def loco_of(chip, rt):
             return entry_for(chip, _rt(rt), fits, accs, exclude=chip)[0]
         rows += _report_rows("allreduce_nccl", nccl, predict_nccl, loco_of, "/loco")
         rows += _report_rows("allreduce_custom", custom, predict_custom, loco_of, "/loco")
         rows += _report_rows("alltoall", a2a, predict_a2a, loco_of, "/loco")
     if write and fit:
+        loco_err = loco_errors(rows)
         entries = {}
         for chip in accs:
             for rt in data.RUNTIMES:
                 vals, how = entry_for(chip, rt, fits, accs)
                 entries[(chip, rt)] = {**{p.name: vals[p.name] for p in PARAMS},
-                                       "fitted_on": how}
+                                       "fitted_on": how,
+                                       "uncertainty": entry_uncertainty(chip, rt, fits, loco_err)}
         common.write_tables(NAME, HEADER, entries)
+    if not loco:
+        rows = [r for r in rows if not r["op_class"].endswith("/loco")]
     return pd.DataFrame(rows, columns=["op_class", "chip", "runtime", "dtype", "shapes_fit",
                                        "shapes_held_out", "error_fit", "error_held_out",
                                        "bias_held_out"])
