@@ -34,6 +34,7 @@ from dse.specs import DTYPES
 DEFAULTS: dict[str, object] = {
     **fields.defaults(),
     **{f"serving.{k}": v for k, v in catalog.serving_defaults().items()},
+    **{f"cost.scaleup_tier_{k}": v for k, v in catalog.cost_model()["scaleup_tier"].items()},
 }
 PHASES = {"both": 0, "prefill": 1, "decode": 2}
 SERVING_MODES = {"aggregated": 0.0, "disaggregated": 1.0}
@@ -247,6 +248,19 @@ def component_factors(out) -> dict[str, np.ndarray]:
     return out_f
 
 
+def scaleup_tier_units(out) -> np.ndarray:
+    """800 Gb/s units of a chip's scale-up bandwidth (per direction) that pay for a second switch
+    tier: all of them when the scale-up domain is larger than both one rack and the catalog
+    system's own domain (whose capex already holds its switch stages: an NVL72 rack's trays, a
+    TPU pod's torus), else none (cost_model.toml [scaleup_tier])."""
+    f = lambda c: np.asarray(out[c], dtype=float)  # noqa: E731
+    own = f("topology.domain_chips")
+    own = np.where(np.isnan(own), f("accelerator.scaleup_domain_chips"), own)
+    paid = np.maximum(own, f("topology.rack_chips"))
+    bits = f("topology.scaleup.link_bw_bytes_per_s") * 8.0
+    return np.where(f("topology.scaleup.domain_chips") > paid, bits / 800e9, 0.0)
+
+
 # settable paths that are exactly one scorer field and feed no other (see to_batch)
 DIRECT_FIELDS = {"workload.isl": "isl", "workload.osl": "osl", "workload.concurrency": "concurrency",
                  "workload.prefix_hit_fraction": "prefix_hit_fraction",
@@ -275,6 +289,7 @@ def to_batch(out, compact: bool = False) -> Batch:
     n_moe = np.where(n_exp > 0, np.floor((L - f("model.first_k_dense_replace")) / step), 0.0)
     topo = topology_columns(out)
     components = component_factors(out)
+    tier = scaleup_tier_units(out)
     # hook: per-op precision (dse.mechanisms): the experts' and attention's own dtypes
     prec = mechanisms.precision_columns(out, wbytes, matmul, fam, peak)
     cols = {
@@ -327,9 +342,11 @@ def to_batch(out, compact: bool = False) -> Batch:
         "kv_memory_fraction": f("serving.kv_memory_fraction"),
         "runtime_reserve_bytes": f("serving.runtime_reserve_bytes"),
         "rental_usd_per_hour": f("accelerator.price_usd_per_hour"),
-        "capex_usd": f("accelerator.capex_usd") * components["capex"],
+        "capex_usd": f("accelerator.capex_usd") * components["capex"]
+        + tier * f("cost.scaleup_tier_usd_per_800g"),
         "amortization_years": f("cost.amortization_years"),
-        "power_w": f("accelerator.all_in_power_w") * components["power"], "pue": f("cost.pue"),
+        "power_w": f("accelerator.all_in_power_w") * components["power"]
+        + tier * f("cost.scaleup_tier_w_per_800g"), "pue": f("cost.pue"),
         "electricity_usd_per_kwh": f("cost.electricity_usd_per_kwh"),
         "use_rental": lookup(out["cost.mode"], {"rental": 1.0}, 0.0).astype(float),
         **mechanisms.batch_columns(out, kvbytes),     # hook: serving mechanisms (issue 11)

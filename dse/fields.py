@@ -312,6 +312,13 @@ FIELDS: tuple[Field, ...] = (
     num("cost.pue", "ratio", "power usage effectiveness", 1.3, low=1.0, open_=False),
     num("cost.electricity_usd_per_kwh", "USD/kWh", "electricity price", 0.08, open_=False,
         zero="free power"),
+    num("cost.scaleup_tier_usd_per_800g", "USD", "capex per chip of a second scale-up switch "
+        "tier, per 800 Gb/s of the chip's scale-up bandwidth, paid when the domain is larger "
+        "than a rack and than the catalog system's own domain (cost_model.toml "
+        "[scaleup_tier], sourced estimate)", open_=False,
+        zero="a multi-rack domain costs nothing extra"),
+    num("cost.scaleup_tier_w_per_800g", "W", "all-in power per chip of that second tier, per "
+        "800 Gb/s (its optics)", open_=False, zero="no extra power"),
 )
 
 def _kernel_unit(key: str) -> str:

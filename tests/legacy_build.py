@@ -42,6 +42,7 @@ TOPO_FIELDS = ("rack_chips", "scaleup_base_latency_s", "scaleup_hop_latency_s",
 DEFAULTS: dict[str, object] = {
     **fields.defaults(),
     **{f"serving.{k}": v for k, v in catalog.serving_defaults().items()},
+    **{f"cost.scaleup_tier_{k}": v for k, v in catalog.cost_model()["scaleup_tier"].items()},
 }
 PHASES = {"both": 0, "prefill": 1, "decode": 2}
 SERVING_MODES = {"aggregated": 0.0, "disaggregated": 1.0}
@@ -525,6 +526,8 @@ def to_batch(out, compact: bool = False) -> Batch:
     n_moe = np.where(n_exp > 0, np.floor((L - f("model.first_k_dense_replace")) / step), 0.0)
     topo = topology_columns(out)
     components = component_factors(out)
+    from dse.build import scaleup_tier_units   # ported 2026-12-02 (multi-rack domain cost)
+    tier = scaleup_tier_units(out)
     # hook: per-op precision (dse.mechanisms): the experts' and attention's own dtypes
     prec = precision_columns(out, wbytes, matmul, fam, peak)
     cols = {
@@ -577,9 +580,11 @@ def to_batch(out, compact: bool = False) -> Batch:
         "kv_memory_fraction": f("serving.kv_memory_fraction"),
         "runtime_reserve_bytes": f("serving.runtime_reserve_bytes"),
         "rental_usd_per_hour": f("accelerator.price_usd_per_hour"),
-        "capex_usd": f("accelerator.capex_usd") * components["capex"],
+        "capex_usd": f("accelerator.capex_usd") * components["capex"]
+        + tier * f("cost.scaleup_tier_usd_per_800g"),
         "amortization_years": f("cost.amortization_years"),
-        "power_w": f("accelerator.all_in_power_w") * components["power"], "pue": f("cost.pue"),
+        "power_w": f("accelerator.all_in_power_w") * components["power"]
+        + tier * f("cost.scaleup_tier_w_per_800g"), "pue": f("cost.pue"),
         "electricity_usd_per_kwh": f("cost.electricity_usd_per_kwh"),
         "use_rental": lookup(out["cost.mode"], {"rental": 1.0}, 0.0).astype(float),
         **mechanisms.batch_columns(out, kvbytes),     # hook: serving mechanisms (issue 11)

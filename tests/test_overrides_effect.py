@@ -62,6 +62,9 @@ BASES = [
      "layout.tp": 4, "workload.isl": 32768, "workload.osl": 1024, "workload.concurrency": 80,
      "serving.kv_offload": "ssd", "accelerator.ssd_bytes": 2e12,
      "accelerator.ssd_bw_bytes_per_s": 6e9},
+    # ... a scale-up domain of two racks (it pays for a second switch tier)
+    {"accelerator.id": "gb200", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp8",
+     "layout.tp": 2, "workload.concurrency": 64, "topology.scaleup.domain_chips": 144},
 ]
 
 # paths with no numeric effect by design, each with the reason

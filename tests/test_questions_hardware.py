@@ -92,14 +92,64 @@ def test_ep_domain(answered):
         assert across["usd_per_mtok_output"] > inside["usd_per_mtok_output"], d
         m = rescore("ep-domain", inside["design_id"])
         assert m["usd_per_mtok_output"] == pytest.approx(inside["usd_per_mtok_output"])
-        assert m["num_chips"] == int(d) and m["tpot_s"] <= 0.05
+        # several instances per domain: the instance divides the domain
+        assert m["num_chips"] == inside["instance_chips"] and m["tpot_s"] <= 0.05
+        assert int(d) % inside["instance_chips"] == 0
+        assert inside["instances_per_domain"] == int(d) // inside["instance_chips"]
         assert rescore("ep-domain", across["design_id"])["num_chips"] == 2 * int(d)
+        # a free second tier never makes a domain dearer
+        assert inside["usd_per_mtok_output_tier_free"] <= inside["usd_per_mtok_output"] * (1 + 1e-12)
+    # domains beyond the rack pay the tier: the same instance costs more per chip-hour there
+    assert n["tier_usd_per_chip"] == pytest.approx(9 * n["tier_usd_per_800g"])
+    big, rack = n["domains"]["576"]["inside"], n["domains"]["72"]["inside"]
+    if big["instance_chips"] == rack["instance_chips"]:
+        assert big["usd_per_mtok_output"] > rack["usd_per_mtok_output"]
     # at equal chips, the same layout and batch is slower across two domains when its expert
     # group spans them, and no faster when each expert group fits in one domain
     pairs = n["equal_chip_pairs"]
     spans = [p for p in pairs if p["ep"] > p["chips"] // 2]
     assert spans and all(p["tpot_across_ms"] > p["tpot_inside_ms"] for p in spans)
     assert all(p["tpot_across_ms"] >= p["tpot_inside_ms"] * (1 - 1e-9) for p in pairs)
+
+
+def test_tier_price_to_tie_is_where_two_straight_lines_cross():
+    """Single-rack best $1.00; a 144-chip domain costs $0.80 with the tier free and $1.20 at the
+    catalog price p: cost = 0.80 + 0.40 p' / p, equal to 1.00 at p' = p / 2. A 576-chip domain
+    at $1.10 free never ties."""
+    from dse.questions.ep_domain import tier_price_to_tie
+    row = lambda d, c: {"topology.scaleup.domain_chips": d, "placement": "inside",  # noqa: E731
+                        "usd_per_mtok_output": c}
+    at = pd.DataFrame([row(8, 1.3), row(72, 1.0), row(144, 1.2), row(576, 1.5)])
+    free = pd.DataFrame([row(8, 1.3), row(72, 1.0), row(144, 0.8), row(576, 1.1)])
+    t = tier_price_to_tie(at, free, 72, 8000.0)
+    assert t["single_rack_best_domain"] == 72
+    assert t["tie_price_usd_per_800g"]["144"] == pytest.approx(4000.0)
+    assert t["tie_price_usd_per_800g"]["576"] is None
+
+
+def test_rack_size(answered):
+    out, n = answered("rack-size")
+    written(out, ["rack-size.png"])
+    assert set(n["models"]) == {"llama-3.1-405b", "deepseek-v3"}
+    for m, v in n["models"].items():
+        per = {int(k): c for k, c in v["per_domain_usd_per_mtok_output"].items()}
+        assert v["best_usd_per_mtok_output"] == pytest.approx(min(per.values()))
+        assert per[v["best_domain"]] == pytest.approx(v["best_usd_per_mtok_output"])
+        # the tier can only add cost: the tier-free optimum is no dearer
+        assert v["best_usd_per_mtok_output_tier_free"] <= v["best_usd_per_mtok_output"] * (1 + 1e-12)
+        assert v["best_instance_chips"] <= v["best_domain"] or v["best_domain"] < 72
+    # a sparse model gains from a larger domain than a dense one that fits one node
+    assert n["models"]["deepseek-v3"]["best_domain"] >= n["models"]["llama-3.1-405b"]["best_domain"]
+
+
+def test_pipeline_racks_moe_latency_sweep(answered):
+    out, n = answered("pipeline-racks-moe")
+    written(out, ["pipeline-hop.png"])
+    sweep = pd.DataFrame(n["latency_sweep"])
+    # a slower hop never makes the best design cheaper, and the largest hop share grows with it
+    assert (np.diff(sweep["usd_per_mtok_output"].to_numpy()) >= -1e-12).all()
+    assert (np.diff(sweep["max_hop_share_feasible"].to_numpy()) >= -1e-12).all()
+    assert 0 < n["latency_for_share_cheapest_s"] < float("inf")
 
 
 def test_ep_across_is_slower_when_scale_out_is_slower():

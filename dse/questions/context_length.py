@@ -36,6 +36,7 @@ ISL = "workload.isl"
 OSL = "workload.osl"
 BATCH = "workload.concurrency"
 KV_OP = OPS.index("attn_core")
+MODE = "serving.mode"
 
 
 def best_per(df: pd.DataFrame, ok: np.ndarray, by: str, metric: str,
@@ -105,6 +106,16 @@ def _curve(ctx: Context, df: pd.DataFrame, ok: np.ndarray):
     return best, split, free
 
 
+def disaggregated_curve(df: pd.DataFrame, ok: np.ndarray) -> pd.DataFrame:
+    """Per prompt length, the cheapest admissible design with a disaggregated decode pool
+    (prefill on its own chips, sized by the scorer to keep the decodes fed): its output and
+    input cost, batch, TPOT and TTFT."""
+    b = best_per(df, ok, ISL, "usd_per_mtok_output")
+    cols = [ISL, "design_id", "layout.tp", "layout.pp", BATCH, "usd_per_mtok_output",
+            "usd_per_mtok_input", "tpot_s", "ttft_s"]
+    return b[[c for c in cols if c in b]]
+
+
 def _first_kv_dominated(best: pd.DataFrame):
     """The shortest prompt at which the SLO-best design's KV read exceeds the rest of its step."""
     dom = best[best["kv_read_s"] > best["rest_s"]]
@@ -127,6 +138,11 @@ def _ms(t: pd.DataFrame) -> pd.DataFrame:
         t[c] = t[c] * 1e3
     return t.rename(columns={"tpot_s": "tpot_ms", "kv_read_s": "kv_read_ms",
                              "rest_s": "rest_of_step_ms"})
+
+
+def _ms_tpot(t: pd.DataFrame) -> pd.DataFrame:
+    t["tpot_s"] = t["tpot_s"] * 1e3
+    return t.rename(columns={"tpot_s": "tpot_ms"})
 
 
 def _figures(ctx: Context, best: pd.DataFrame, split: pd.DataFrame, free: pd.DataFrame,
@@ -184,8 +200,12 @@ def _figures(ctx: Context, best: pd.DataFrame, split: pd.DataFrame, free: pd.Dat
 def answer(ctx: Context) -> Answer:
     short = int(ctx.param("short_context_tokens", 8192))
     long = int(ctx.param("long_context_tokens", 131072))
-    df = ctx.score()
-    ok = admissible(ctx, df)
+    full = ctx.score()
+    ok_full = admissible(ctx, full)
+    modes = full[MODE] if MODE in full else pd.Series("aggregated", index=full.index)
+    agg = (modes == "aggregated").to_numpy()
+    df, ok = full[agg], ok_full[agg]
+    dis = disaggregated_curve(full[~agg], ok_full[~agg]) if (~agg).any() else None
     best, split, free = _curve(ctx, df, ok)
     by, fby = best.set_index(ISL), free.set_index(ISL)
     if short not in by.index or long not in by.index:
@@ -229,7 +249,8 @@ def answer(ctx: Context) -> Answer:
     tpl = ("layout.tp", "layout.pp")
     osl = int(df[OSL].iloc[0]) if OSL in df else int(ctx.space.base.get(OSL, 0))
     headline = [
-        f"- **Price step of a long-context tier:** the cheapest {k(long)}-token prompt "
+        f"- **Price step of a long-context tier** (aggregated serving: chunked prefill shares "
+        f"the decode steps): the cheapest {k(long)}-token prompt "
         f"({k(long + osl)} context with the answer) costs "
         f"**${lg['usd_per_mtok_output']:.2f} per million output tokens** vs "
         f"**${s['usd_per_mtok_output']:.3f}** at {k(short)}: **{ratio_out:.1f}x** (under {slo}); "
@@ -260,6 +281,25 @@ def answer(ctx: Context) -> Answer:
         f"{int(lg[BATCH])}, because at {k(long)} the prompt work (chunked prefill sharing every "
         f"step) takes **{100 * lg['prompt_time_share']:.0f}%** of the step time and the TPOT "
         f"limit leaves room for fewer sequences to share each weight read.")
+    if dis is not None and {short, long} <= set(dis[ISL]):
+        d = dis.set_index(ISL)
+        ds, dl = d.loc[short], d.loc[long]
+        dratio = dl["usd_per_mtok_output"] / ds["usd_per_mtok_output"]
+        numbers.update({
+            "disaggregated_usd_per_mtok_output_short": float(ds["usd_per_mtok_output"]),
+            "disaggregated_usd_per_mtok_output_long": float(dl["usd_per_mtok_output"]),
+            "disaggregated_output_price_step": float(dratio),
+            "disaggregated_long_batch": int(dl[BATCH])})
+        headline.append(
+            f"- **With a disaggregated decode pool** (prompts prefilled on their own chips, sized "
+            f"to keep the decodes fed, their cost counted) the step is **{dratio:.1f}x** "
+            f"(${dl['usd_per_mtok_output']:.2f} vs ${ds['usd_per_mtok_output']:.3f} per million "
+            f"output tokens; batch {int(dl[BATCH])} vs {int(ds[BATCH])}): "
+            + ("the prompt work no longer shares the decode steps, so much of the aggregated "
+               "step was chunked prefill, not the KV cache."
+               if dratio < 0.8 * ratio_out else
+               "about the same as aggregated serving: the KV cache, not the shared prompt work, "
+               "sets the step."))
     if pub_out:
         headline.append(
             f"- Public long-context tiers charge only {pub_out:g}x for output and {pub_in:g}x for "
@@ -295,6 +335,8 @@ def answer(ctx: Context) -> Answer:
         md_frame(table_free), "",
         f"### Crossover prompt length vs batch ({layout_text(ref, ('layout.tp', 'layout.pp'))})",
         "", md_frame(sweep.round(0), 6), "",
+        *([f"### Best design per prompt length with a disaggregated decode pool ({slo})", "",
+           md_frame(_ms_tpot(dis.copy())), ""] if dis is not None else []),
     ])
     figs = _figures(ctx, best, split, free, sweep, ref, slo)
     ctx.out.mkdir(parents=True, exist_ok=True)

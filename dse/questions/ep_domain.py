@@ -1,17 +1,24 @@
-"""MoE expert parallelism inside one scale-up domain vs across two.
+"""MoE expert parallelism inside one scale-up domain vs across two, with the domain's cost.
 
 The space crosses the scale-up domain size (``topology.scaleup.domain_chips``) with the instance
 size (``layout.dp``, attention data-parallel, tp = 1), the expert-parallel degree (``layout.ep``)
-and the batch. A design is *inside* when its instance fills exactly one domain (dp = domain: the
-expert all-to-all stays on NVLink) and *across* when it fills two (dp = 2 x domain: half of the
-all-to-all destinations are in the other domain, over the scale-out NICs). Other combinations are
-scored but not used. For each domain size and placement the analysis takes, over every EP degree
-and batch, the cheapest design that meets the space's constraints (cost, TPOT, tokens/s/chip of
-that design) and the lowest TPOT of any feasible design. At equal chip counts (an instance of 2D
-chips in one domain of 2D, or in two domains of D) it also compares the same layout and batch
-directly, so the difference is only where the all-to-all runs. The decode step's network time
-is split per op (``dse.perf.score(breakdown=True)``): ``moe_routed`` is the expert dispatch and
-combine, ``mlp_dense`` the all-reduce of the dense layers over the instance.
+and the batch. A design is *inside* when its instance fits in one domain (the domain is a whole
+number of instances: a 576-chip domain hosts four 144-chip instances, the expert all-to-all stays
+on NVLink) and *across* when it spans two (dp = 2 x domain: half of the all-to-all destinations
+are in the other domain, over the scale-out NICs). Other combinations are scored but not used.
+A domain larger than one rack pays for a second switch tier per chip (``cost.scaleup_tier_*``,
+``dse/catalog/cost_model.toml [scaleup_tier]``: leaf + spine ports and optics per 800 Gb/s of
+scale-up bandwidth); the analysis also scores every design with that price at zero (the domain's
+cost held constant, as the first version of this answer did) and gives the tier price at which the
+cheapest multi-rack domain would tie with the cheapest single-rack one.
+
+For each domain size and placement the analysis takes, over every instance size, EP degree and
+batch, the cheapest design that meets the space's constraints and the lowest TPOT of any feasible
+design. At equal chip counts (an instance of 2D chips in one domain of 2D, or in two domains of D)
+it also compares the same layout and batch directly, so the difference is only where the
+all-to-all runs. The decode step's network time is split per op
+(``dse.perf.score(breakdown=True)``): ``moe_routed`` is the expert dispatch and combine,
+``mlp_dense`` the all-reduce of the dense layers over the instance.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dse import catalog
 from dse.questions import Answer, Context
 from dse.questions._common import (admissible, md_frame, op_times, param_values, pyplot,
                                    save, slo_text)
@@ -28,12 +36,38 @@ DP = "layout.dp"
 EP = "layout.ep"
 BATCH = "workload.concurrency"
 PLACES = ("inside", "across")
+TIER = ("cost.scaleup_tier_usd_per_800g", "cost.scaleup_tier_w_per_800g")
 
 
 def placement(df: pd.DataFrame) -> np.ndarray:
-    """'inside' (the instance is one domain), 'across' (two domains) or 'other'."""
+    """'inside' (the instance fits in one domain, the domain a whole number of instances),
+    'across' (the instance spans two domains) or 'other'."""
     d, dp = df[DOMAIN].to_numpy(), df[DP].to_numpy()
-    return np.where(dp == d, "inside", np.where(dp == 2 * d, "across", "other"))
+    inside = (dp <= d) & (d % dp == 0)
+    return np.where(inside, "inside", np.where(dp == 2 * d, "across", "other"))
+
+
+def tier_price_to_tie(cheap: pd.DataFrame, cheap_free: pd.DataFrame, rack_chips: int,
+                      price: float) -> dict:
+    """The second-tier price (USD per 800G per chip) at which the cheapest multi-rack inside
+    design would cost what the cheapest single-rack one costs. Cost per token is linear in the
+    tier price (capex and its optics' power scale together), so two points give the line."""
+    ins = lambda t: t[t["placement"] == "inside"].set_index(DOMAIN)["usd_per_mtok_output"]  # noqa: E731
+    at, free = ins(cheap), ins(cheap_free)
+    one = at[at.index <= rack_chips]
+    multi = [d for d in at.index if d > rack_chips]
+    if one.empty or not multi:
+        return {}
+    best_one = float(one.min())
+    out = {"single_rack_best_usd_per_mtok_output": best_one,
+           "single_rack_best_domain": int(one.idxmin())}
+    ties = {}
+    for d in multi:
+        slope = (at[d] - free[d]) / price if price > 0 else 0.0
+        ties[str(int(d))] = (float((best_one - free[d]) / slope) if slope > 0 and best_one > free[d]
+                             else (None if best_one <= free[d] else float("inf")))
+    out["tie_price_usd_per_800g"] = ties
+    return out
 
 
 def _best(df: pd.DataFrame, ok: np.ndarray, metric: str) -> pd.DataFrame:
@@ -98,18 +132,55 @@ def _figure(ctx: Context, table: pd.DataFrame, fast: pd.DataFrame, slo: str) -> 
     return save(fig, ctx, "ep-inside-vs-across.png")
 
 
+def tie_lines(tie: dict, price: float) -> list[str]:
+    """The tie prices of ``tier_price_to_tie`` in words."""
+    ties = tie.get("tie_price_usd_per_800g", {})
+    never = [d for d, p in sorted(ties.items(), key=lambda kv: int(kv[0])) if p is None]
+    out = []
+    if never:
+        out.append(f"- Domains of {', '.join(never)} chips never beat the best single-rack "
+                   "design, even with the second tier free.")
+    for d, p in sorted(ties.items(), key=lambda kv: int(kv[0])):
+        if p is not None and np.isfinite(p):
+            out.append(f"- A {d}-chip domain beats one rack below a tier price of ${p:,.0f} per "
+                       f"800 Gb/s ({p / price:.0%} of the estimate).")
+        elif p is not None:
+            out.append(f"- A {d}-chip domain beats one rack at any tier price.")
+    return out
+
+
+def system(ctx: Context) -> tuple[int, float]:
+    """The space's rack size (chips) and the second tier's capex per chip at the catalog price,
+    from its base design resolved against the catalog."""
+    from dse.build import resolve
+    base = {**{p.path: p.values[0] for p in ctx.space.parameters}, **ctx.space.base}
+    t = resolve(pd.DataFrame([base]))
+    units = float(t["topology.scaleup.link_bw_bytes_per_s"].iloc[0]) * 8 / 800e9
+    return (int(t["topology.rack_chips"].iloc[0]),
+            units * float(t["cost.scaleup_tier_usd_per_800g"].iloc[0]))
+
+
 def answer(ctx: Context) -> Answer:
     df = ctx.score()
     df["placement"] = placement(df)
     ok = admissible(ctx, df)
+    free = ctx.score(overrides={TIER[0]: ("set", 0.0), TIER[1]: ("set", 0.0)})
+    free["placement"] = df["placement"]
+    ok_free = admissible(ctx, free)
     slo = slo_text(ctx)
     cheap = _with_network(ctx, _best(df, ok, "usd_per_mtok_output"))
+    cheap_free = _best(free, ok_free, "usd_per_mtok_output")
     fast = _best(df, df["feasible"].to_numpy(bool), "tpot_s")
     pairs = equal_chip_pairs(ctx, df, ok)
+    rack, tier_chip = system(ctx)
+    price = float(catalog.cost_model()["scaleup_tier"]["usd_per_800g"])
+    tie = tier_price_to_tie(cheap, cheap_free, rack, price)
     shown = [int(d) for d in ctx.param("headline_domains", sorted(cheap[DOMAIN].unique()))]
     c = cheap.set_index([DOMAIN, "placement"])
     f = fast.set_index([DOMAIN, "placement"])
-    numbers = {"slo": slo, "domains": {}}
+    cf = cheap_free.set_index([DOMAIN, "placement"])
+    numbers = {"slo": slo, "rack_chips": rack, "tier_usd_per_800g": price,
+               "tier_usd_per_chip": tier_chip, "domains": {}, **tie}
     lines = []
     for d in shown:
         n = {}
@@ -118,15 +189,22 @@ def answer(ctx: Context) -> Answer:
                 r = c.loc[(d, place)]
                 n[place] = {"usd_per_mtok_output": float(r["usd_per_mtok_output"]),
                             "tpot_s": float(r["tpot_s"]), "ep": int(r[EP]), "batch": int(r[BATCH]),
+                            "instance_chips": int(r[DP]),
+                            "instances_per_domain": int(d // r[DP]) if place == "inside" else 0,
                             "design_id": int(r["design_id"]),
                             "output_tokens_per_s_per_chip": float(r["output_tokens_per_s_per_chip"]),
-                            "min_tpot_s": float(f.loc[(d, place), "tpot_s"])}
+                            "min_tpot_s": float(f.loc[(d, place), "tpot_s"]),
+                            "usd_per_mtok_output_tier_free": float(
+                                cf.loc[(d, place), "usd_per_mtok_output"])
+                            if (d, place) in cf.index else None}
         numbers["domains"][str(d)] = n
         if "inside" in n and "across" in n:
             i, a = n["inside"], n["across"]
+            host = (f"{i['instances_per_domain']} instances of {i['instance_chips']} chips"
+                    if i["instances_per_domain"] > 1 else f"one instance of {i['instance_chips']} chips")
             lines.append(
                 f"- **domain {d}:** inside **${i['usd_per_mtok_output']:.3f}/Mtok** at "
-                f"{i['tpot_s'] * 1e3:.0f} ms TPOT ({d} chips, ep={i['ep']}, batch {i['batch']}); "
+                f"{i['tpot_s'] * 1e3:.0f} ms TPOT ({host}, ep={i['ep']}, batch {i['batch']}); "
                 f"across two domains **${a['usd_per_mtok_output']:.3f}/Mtok** at "
                 f"{a['tpot_s'] * 1e3:.0f} ms ({2 * d} chips, ep={a['ep']}, batch {a['batch']}): "
                 f"across costs **{a['usd_per_mtok_output'] / i['usd_per_mtok_output']:.1f}x**; "
@@ -134,47 +212,72 @@ def answer(ctx: Context) -> Answer:
                 f"{a['min_tpot_s'] * 1e3:.1f} ms across.")
     ins = cheap[cheap["placement"] == "inside"]
     best_in = ins.loc[ins["usd_per_mtok_output"].idxmin()]
+    ins_free = cheap_free[cheap_free["placement"] == "inside"]
+    best_free = ins_free.loc[ins_free["usd_per_mtok_output"].idxmin()]
     numbers["cheapest_inside_domain"] = int(best_in[DOMAIN])
     numbers["cheapest_inside_usd_per_mtok_output"] = float(best_in["usd_per_mtok_output"])
+    numbers["cheapest_inside_instance_chips"] = int(best_in[DP])
+    numbers["cheapest_inside_domain_tier_free"] = int(best_free[DOMAIN])
+    numbers["cheapest_inside_instance_chips_tier_free"] = int(best_free[DP])
+    numbers["cheapest_inside_usd_per_mtok_output_tier_free"] = float(best_free["usd_per_mtok_output"])
     numbers["equal_chip_pairs"] = pairs.to_dict(orient="records")
-    head = [f"Under {slo}, DeepSeek-V3 FP8 on GB200-class chips (cheapest design per domain size "
-            "and placement, over every EP degree and batch):", ""] + lines
+    same = cheap_free[(cheap_free["placement"] == "inside")
+                      & (cheap_free["usd_per_mtok_output"]
+                         <= best_free["usd_per_mtok_output"] * (1 + 1e-9))]
+    head = [
+        f"Under {slo}, DeepSeek-V3 FP8 on GB200-class chips, a domain hosting as many instances as "
+        "fit (cheapest design per domain size and placement, over every instance size, EP degree "
+        "and batch):", "",
+        f"- **The cheapest domain is {int(best_in[DOMAIN])} chips** "
+        f"(${best_in['usd_per_mtok_output']:.3f}/Mtok, instances of {int(best_in[DP])} chips, "
+        f"ep={int(best_in[EP])}), with a domain beyond one rack ({rack} chips) paying a second "
+        f"switch tier of ${tier_chip:,.0f} per chip (${price:,.0f} per 800 Gb/s: leaf and spine "
+        "ports and optics, a sourced estimate in `dse/catalog/cost_model.toml`).",
+        f"- **With the domain's cost held constant** (tier price 0) the cheapest instance is "
+        f"{int(best_free[DP])} chips (${best_free['usd_per_mtok_output']:.3f}/Mtok), which every "
+        f"domain of {', '.join(str(int(x)) for x in sorted(same[DOMAIN].unique()))} chips hosts "
+        "equally well: the domain size no longer decides, only whether the best instance fits in it "
+        "(an earlier version made one instance fill the domain and held its cost constant)."]
+    head += tie_lines(tie, price)
+    head += lines
     if len(pairs):
         worst = pairs.loc[pairs["tpot_ratio"].idxmax()]
         head.append(
-            f"- **At equal chips** the same layout and batch is always slower across two domains: "
+            f"- **At equal chips** the same layout and batch is slower across two domains: "
             f"TPOT x{pairs['tpot_ratio'].min():.2f} to x{pairs['tpot_ratio'].max():.2f} "
             f"(worst at {int(worst['chips'])} chips: {worst['tpot_inside_ms']:.0f} -> "
             f"{worst['tpot_across_ms']:.0f} ms).")
     inside = cheap[cheap["placement"] == "inside"].sort_values(DOMAIN)
     big = inside.iloc[-1]
-    modes = sorted(set(inside["layout.dense_mlp"])) if "layout.dense_mlp" in inside else []
     head.append(
-        f"- The cheapest domain for this model is **{int(best_in[DOMAIN])} chips** "
-        f"(${best_in['usd_per_mtok_output']:.3f}/Mtok)"
-        + (f"; the cheapest inside designs keep the dense MLP layers {' or '.join(modes)}"
-           if modes else "")
-        + f". At {int(big[DOMAIN])} chips the decode step spends {big['a2a_network_ms']:.1f} ms "
-        f"in the expert all-to-all and {big['dense_allreduce_ms']:.1f} ms in the dense "
-        f"all-reduce (at {int(best_in[DOMAIN])}: {best_in['a2a_network_ms']:.1f} and "
-        f"{best_in['dense_allreduce_ms']:.1f} ms).")
+        f"- What would change it: the second tier's price (above), and instances larger than one "
+        f"rack getting cheaper per token. At {int(big[DOMAIN])} chips the cheapest decode step "
+        f"spends {big['a2a_network_ms']:.1f} ms in the expert all-to-all and "
+        f"{big['dense_allreduce_ms']:.1f} ms in the dense all-reduce.")
     dense_col = ["layout.dense_mlp"] if "layout.dense_mlp" in cheap else []
-    t = cheap[[DOMAIN, "placement", "design_id", DP, EP, *dense_col, BATCH, "usd_per_mtok_output", "tpot_s",
-               "ttft_s", "output_tokens_per_s_per_chip", "decode_step_ms", "a2a_network_ms",
-               "dense_allreduce_ms"]].copy()
+    t = cheap[[DOMAIN, "placement", "design_id", DP, EP, *dense_col, BATCH, "usd_per_mtok_output",
+               "tpot_s", "ttft_s", "output_tokens_per_s_per_chip", "usd_per_chip_hour",
+               "decode_step_ms", "a2a_network_ms", "dense_allreduce_ms"]].copy()
     t["tpot_s"] *= 1e3
-    t = t.rename(columns={"tpot_s": "tpot_ms", DP: "chips (dp)"})
+    t = t.rename(columns={"tpot_s": "tpot_ms", DP: "instance chips (dp)"})
+    tf = cheap_free[[DOMAIN, "placement", "design_id", DP, EP, BATCH, "usd_per_mtok_output",
+                     "usd_per_chip_hour"]].rename(columns={DP: "instance chips (dp)"})
     ft = fast[[DOMAIN, "placement", "design_id", DP, EP, BATCH, "tpot_s",
                "usd_per_mtok_output"]].copy()
     ft["tpot_s"] *= 1e3
-    ft = ft.rename(columns={"tpot_s": "tpot_ms", DP: "chips (dp)"})
+    ft = ft.rename(columns={"tpot_s": "tpot_ms", DP: "instance chips (dp)"})
     details = "\n".join([
         "## Method", "",
-        f"- `{ctx.space.file}`: {len(df):,} designs scored; a design is *inside* when "
-        "`layout.dp` (the instance, tp = 1) equals the domain and *across* when it is twice the "
-        f"domain; {int(ok.sum()):,} designs meet {slo}. EP degrees above DeepSeek-V3's 256 "
-        "experts are infeasible in dse, so the EP degree is the best of the listed ones that "
-        "divide the instance (ep = domain where the domain is <= 256).",
+        f"- `{ctx.space.file}`: {len(df):,} designs scored; a design is *inside* when its "
+        "instance (`layout.dp` chips, tp = 1) fits in one domain a whole number of times and "
+        f"*across* when it is twice the domain; {int(ok.sum()):,} designs meet {slo}. EP degrees "
+        "above DeepSeek-V3's 256 experts are infeasible in dse.",
+        "- Domain cost: a domain larger than the rack (and than the catalog system's own domain) "
+        "adds `cost.scaleup_tier_usd_per_800g` x the chip's scale-up bandwidth in 800 Gb/s units "
+        "to its capex and `cost.scaleup_tier_w_per_800g` to its power; every design is scored "
+        "again with both at zero (`ctx.score(overrides=...)`) for the constant-cost view, and the "
+        "tie price is where the two straight lines (cost per token is linear in the price) cross "
+        "the best single-rack cost.",
         "- Cheapest: lowest `usd_per_mtok_output` among the designs that meet the SLO; lowest "
         "TPOT: the lowest `tpot_s` of any feasible design (no SLO).",
         "- Network columns: the decode-only step's `moe_routed` network time (dispatch + combine "
@@ -182,18 +285,22 @@ def answer(ctx: Context) -> Answer:
         "layers' all-reduce), per stage step, from `dse.perf.score(breakdown=True)`.",
         "- Equal chips: the cheapest inside design of 2D chips (domain 2D) re-scored with the "
         "domain set to D (`ctx.score(values=...)`), everything else equal.",
-        "", f"### Cheapest design per domain and placement ({slo})", "", md_frame(t), "",
+        "", f"### Cheapest design per domain and placement ({slo}, sourced tier price)", "",
+        md_frame(t), "",
+        "### The same with the domain's cost held constant (tier price 0)", "", md_frame(tf), "",
         "### Lowest TPOT per domain and placement (feasible, no SLO)", "", md_frame(ft), "",
         "### Equal chips: one domain vs two, same layout and batch", "",
         md_frame(pairs) if len(pairs) else "(no pair)", "",
         "## Caveats (model)", "",
+        "- The tier price is an Ethernet-class estimate (switch ports and 800G optics); NVLink "
+        "switch silicon and copper backplanes (as Rubin's NVL576 plans) may cost less. Domains "
+        "within one rack cost the catalog system's price whatever their size (a smaller domain "
+        "in the same rack saves nothing).",
         "- The dense MLP layers (DeepSeek-V3's first 3) are either split over the whole tp x dp "
-        "instance, all-reducing every token's activations over it (SGLang's default with "
-        "attention data parallelism), or replicated on every attention-DP rank "
-        "(`layout.dense_mlp`); the space searches both (column `layout.dense_mlp`).",
+        "instance or replicated on every attention-DP rank (`layout.dense_mlp`); the space "
+        "searches both.",
         "- The expert all-to-all always runs over the whole tp x dp group, even when "
-        "ep < tp x dp (replicas of an expert could be placed so that dispatch stays in the "
-        "domain).",
+        "ep < tp x dp.",
     ])
     fig = _figure(ctx, cheap, fast, slo)
     return Answer("\n".join(head), details, numbers, [fig])

@@ -24,6 +24,19 @@ from dse.questions._common import layout_text, md_frame, pyplot, save
 COST = "usd_per_mtok_output"
 THRU = "output_tokens_per_s_per_chip"
 LAYOUT = ("layout.tp", "layout.pp", "layout.dp", "layout.ep")
+# serving settings a space may search; a design's values are shown beside its layout
+SETTINGS = {"serving.max_num_tokens": "chunk", "serving.ep_overlap": "overlap",
+            "serving.max_batch_size": "cap"}
+
+
+def setting_text(row) -> str:
+    """``chunk=1024 overlap=tbo cap=4096``: the searched serving settings of a design."""
+    return " ".join(f"{k}={row[p] if isinstance(row[p], str) else int(row[p])}"
+                    for p, k in SETTINGS.items() if p in row.index)
+
+
+def design_text(row) -> str:
+    return " ".join(x for x in (layout_text(row, LAYOUT), setting_text(row)) if x)
 
 
 def scenarios(ctx: Context) -> list[tuple[str, tuple]]:
@@ -84,13 +97,13 @@ def value_table(ctx: Context) -> pd.DataFrame:
                 "break_even_price_premium_pct": 100 * (base_cost / c[COST] - 1),
                 "component_price_premium_pct": premium[name],
                 "net_cost_change_pct": 100 * (c[COST] / base_cost * (1 + premium[name] / 100) - 1),
-                "cheapest_design_id": int(c["design_id"]), "cheapest_layout": layout_text(c, LAYOUT),
+                "cheapest_design_id": int(c["design_id"]), "cheapest_layout": design_text(c),
                 "cheapest_tpot_ms": c["tpot_s"] * 1e3, "cheapest_bound": int(c["bound"]),
                 "cheapest_hbm_used_fraction": c["hbm_used_fraction"],
                 "cheapest_batch_per_dp_rank": c["workload.concurrency"] / c["layout.dp"],
                 "tokens_per_s_per_chip": t[THRU],
                 "throughput_change_pct": 100 * (t[THRU] / base_thru - 1),
-                "fastest_design_id": int(t["design_id"]), "fastest_layout": layout_text(t, LAYOUT),
+                "fastest_design_id": int(t["design_id"]), "fastest_layout": design_text(t),
             })
     return pd.DataFrame(rows)
 
@@ -145,14 +158,18 @@ def answer(ctx: Context) -> Answer:
                         for name, r in t.iterrows()}
     base = tab[tab["upgrade"] == "baseline"]
     rt = catalog.serving_defaults()["runtime"]
-    cap = catalog.runtime_defaults()[rt]["max_batch_size"]
+    searched = {p.path: p.values for p in ctx.space.parameters}
+    cap = (f"the space searches a runtime cap of "
+           f"{' and '.join(str(int(v)) for v in searched['serving.max_batch_size'])} per rank"
+           if "serving.max_batch_size" in searched else
+           f"the runtime caps it at {catalog.runtime_defaults()[rt]['max_batch_size']}")
     bounds = sorted({BOUNDS[int(b)] for b in base["cheapest_bound"]})
     head.append(
         f"- **Why:** the cheapest baseline designs are {'/'.join(bounds)}-bound in decode, use "
         f"{100 * base['cheapest_hbm_used_fraction'].min():.0f}-"
         f"{100 * base['cheapest_hbm_used_fraction'].max():.0f}% of HBM, and run "
         f"{base['cheapest_batch_per_dp_rank'].min():.0f}-{base['cheapest_batch_per_dp_rank'].max():.0f}"
-        f" sequences per attention-DP rank (the runtime caps it at {cap}): the batch is limited "
+        f" sequences per attention-DP rank ({cap}): the batch is limited "
         "by the TPOT limit (prompt work and all-to-all in every step) or by the runtime cap, not "
         "by HBM capacity; faster NVLink shortens the expert all-to-all and the dense all-reduce, "
         "so a larger batch and a larger expert-parallel group fit under the same TPOT.")

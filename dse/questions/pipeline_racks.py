@@ -32,6 +32,7 @@ from dse.questions._common import (admissible, md_frame, op_times, param_values,
 
 PP = "layout.pp"
 BW = "topology.scaleout.link_bw_bytes_per_s"
+LAT = "topology.scaleout_latency_s"
 BATCH = "workload.concurrency"
 
 
@@ -63,6 +64,39 @@ def bandwidth_for_share(ctx: Context, row: pd.Series, share: float) -> float:
     rest = step[0] - hop[0]
     target = share / (1.0 - share) * rest
     return float(c / (target - a)) if target > a else float("inf")
+
+
+def latency_for_share(ctx: Context, row: pd.Series, share: float) -> float:
+    """The scale-out hop latency (s) at which ``row``'s hop is ``share`` of its stage step: the
+    hop is latency + bytes / bandwidth and the rest of the step does not depend on it."""
+    lats = np.array([row[LAT], 2.0 * row[LAT] + 1e-6])
+    vals = {p.path: np.repeat(row[p.path], 2) for p in ctx.space.parameters}
+    vals[LAT] = lats
+    h = hop_times(ctx, ctx.score(values=vals), vals)
+    hop, step = h["hop_s"].to_numpy(), h["stage_step_s"].to_numpy()
+    per_lat = (hop[1] - hop[0]) / (lats[1] - lats[0])      # hops per step (1 per stage step)
+    rest = step[0] - hop[0]
+    target = share / (1.0 - share) * rest
+    return float(lats[0] + (target - hop[0]) / per_lat) if per_lat > 0 else float("inf")
+
+
+def latency_sweep(ctx: Context, f: pd.DataFrame, ok: np.ndarray, share: float) -> pd.DataFrame:
+    """Per hop latency: the cheapest design under the SLO, its depth, batch and hop share, and the
+    largest hop share of any feasible design."""
+    out = []
+    for lat, g in f.groupby(LAT):
+        sub = g[ok[g.index]]
+        if sub.empty:
+            continue
+        b = sub.loc[sub["usd_per_mtok_output"].idxmin()]
+        out.append({"hop_latency_us": lat * 1e6, "design_id": int(b["design_id"]),
+                    "pp": int(b[PP]), "batch": int(b[BATCH]),
+                    "scaleout_gbit_per_s": b[BW] * 8 / 1e9,
+                    "usd_per_mtok_output": float(b["usd_per_mtok_output"]),
+                    "tpot_ms": float(b["tpot_s"]) * 1e3, "hop_share": float(b["hop_share"]),
+                    "max_hop_share_feasible": float(g["hop_share"].max()),
+                    "designs_over_share": int((g["hop_share"] >= share).sum())})
+    return pd.DataFrame(out)
 
 
 def _max_batch_under(f: pd.DataFrame, share: float) -> pd.DataFrame:
@@ -117,8 +151,17 @@ def catalog_bw_bytes_per_s(ctx: Context) -> float:
 
 def answer(ctx: Context) -> Answer:
     share = float(ctx.param("hop_share_max", 0.10))
-    df = ctx.score()
-    ok = admissible(ctx, df)
+    full = ctx.score()
+    ok_full = admissible(ctx, full)
+    lats = sorted(full[LAT].unique()) if LAT in full else []
+    if lats:
+        ref_lat = float(lats[0])
+    else:
+        from dse.build import resolve
+        ref_lat = float(resolve(pd.DataFrame([ctx.space.base]))[LAT].iloc[0])
+    df = full[full[LAT] == ref_lat] if lats else full
+    ok = ok_full[df.index.to_numpy()]
+    df = df.reset_index(drop=True)
     slo = slo_text(ctx)
     f = df[df["feasible"]].copy()
     f = f.join(hop_times(ctx, f))
@@ -171,9 +214,11 @@ def answer(ctx: Context) -> Answer:
         batch_text = (f"at the slowest link ({gb(lo_bw):g} Gb/s) it passes {100 * share:g}% above "
                       + ", ".join(f"batch {int(r['max_batch_hop_under'])} (pp={int(r['pp'])})"
                                   for _, r in over.iterrows()) + ".")
+    stage = int(ctx.space.base.get("layout.tp", 1)) * int(ctx.space.base.get("layout.dp", 1))
+    model = ctx.space.base.get("model.id", "the model")
     head = [
-        f"- **The hop is never the bottleneck here:** over all {len(f):,} feasible designs "
-        f"(pp 2..{deep_pp} stages of one 8-GPU node, batch up to "
+        f"- **At {ref_lat * 1e6:g} us per hop** ({model}): over all {len(f):,} feasible designs "
+        f"(pp up to {deep_pp} stages of {stage} chips, batch up to "
         f"{int(f[BATCH].max())}, {gb(lo_bw):g} to {gb(f[BW].max()):g} Gb/s per GPU) the "
         f"stage-to-stage hop is at most **{100 * f['hop_share'].max():.1f}%** of the stage "
         f"step ({100 * sub['hop_share'].max():.1f}% among designs meeting {slo}); "
@@ -190,12 +235,34 @@ def answer(ctx: Context) -> Answer:
         f"**{slow_pct:+.1f}%** at {gb(lo_bw):g} Gb/s vs {gb(ref_bw):g} Gb/s. For a fixed depth "
         f"the change can be larger (pp={jump_pp}: {pp_pct.max():+.0f}%, "
         f"${jump.loc[lo_bw, 'usd_per_mtok_output']:.2f} vs "
-        f"${jump.loc[cheapest[BW], 'usd_per_mtok_output']:.2f}) when the hop's few percent push "
-        f"the TPOT over the SLO at one batch and the next smaller batch of the grid "
-        f"({int(jump.loc[lo_bw, BATCH])} instead of {int(jump.loc[cheapest[BW], BATCH])}) is "
-        f"used." + (" Pipelining is needed only for capacity (pp=1 does not fit) and buys no "
+        f"${jump.loc[cheapest[BW], 'usd_per_mtok_output']:.2f})"
+        + (f" when the hop's few percent push the TPOT over the SLO at one batch and the next "
+           f"smaller batch of the grid ({int(jump.loc[lo_bw, BATCH])} instead of "
+           f"{int(jump.loc[cheapest[BW], BATCH])}) is used."
+           if int(jump.loc[lo_bw, BATCH]) != int(jump.loc[cheapest[BW], BATCH]) else ".")
+        + (" Pipelining is needed only for capacity (pp=1 does not fit) and buys no "
                     "speed: a token passes every stage in turn." if no_pp1 else ""),
     ]
+    sweep = pd.DataFrame()
+    if len(lats) > 1:
+        fa = full[full["feasible"]].copy()
+        fa = fa.join(hop_times(ctx, fa))
+        sweep = latency_sweep(ctx, fa, ok_full, share)
+        lat_cheap = latency_for_share(ctx, cheapest, share)
+        first, last = sweep.iloc[0], sweep.iloc[-1]
+        numbers["latency_sweep"] = sweep.to_dict(orient="records")
+        numbers["latency_for_share_cheapest_s"] = lat_cheap
+        head.append(
+            f"- **Hop latency {lats[0] * 1e6:g} us to {lats[-1] * 1e3:g} ms** (a rack-to-rack hop "
+            f"through NIC, top-of-rack and data-centre switches: 'a few milliseconds, but it "
+            f"could be off by an order of magnitude', `podcast.md`): the best cost under the SLO "
+            f"goes ${first['usd_per_mtok_output']:.3f} -> ${last['usd_per_mtok_output']:.3f}/Mtok "
+            f"({100 * (last['usd_per_mtok_output'] / first['usd_per_mtok_output'] - 1):+.0f}%; "
+            f"pp={int(first['pp'])} -> pp={int(last['pp'])}, batch {int(first['batch'])} -> "
+            f"{int(last['batch'])}); the cheapest design's hop reaches {100 * share:g}% of its "
+            f"step at **{lat_cheap * 1e3:.2f} ms** per hop; at {lats[-1] * 1e3:g} ms "
+            f"{int(last['designs_over_share']):,} feasible designs have the hop above "
+            f"{100 * share:g}% (largest share {100 * last['max_hop_share_feasible']:.0f}%).")
     bt = best[[PP, BW, "design_id", BATCH, "usd_per_mtok_output", "tpot_s", "ttft_s",
                "hop_s", "stage_step_s", "hop_share"]].copy()
     bt[BW] = bt[BW] * 8 / 1e9
@@ -217,8 +284,11 @@ def answer(ctx: Context) -> Answer:
         f"exactly. Most exposed design: design {int(worst['design_id'])}; cheapest under the "
         f"SLO: design {int(cheapest['design_id'])}.",
         "", f"### Cheapest design per pipeline depth and bandwidth ({slo})", "", md_frame(bt), "",
-        f"### Largest batch with the hop under {100 * share:g}% of the step", "",
+        f"### Largest batch with the hop under {100 * share:g}% of the step "
+        f"({ref_lat * 1e6:g} us per hop)", "",
         md_frame(limits), "",
+        *(["### Per hop latency: the cheapest design under the SLO", "", md_frame(sweep), ""]
+          if len(sweep) else []),
         "## What dse does not model (pipelines across nodes and racks)", "",
         "- The hand-off is added to the stage step, never overlapped with the next "
         "micro-batch's compute (the `pipeline` op has no compute or memory time, so "
@@ -226,7 +296,7 @@ def answer(ctx: Context) -> Answer:
         "- One flag decides the tier of every hop: if the whole instance (tp x dp x pp) is larger "
         "than the scale-up domain, every stage boundary pays the scale-out link, even the ones "
         "inside a domain (e.g. tp=2, pp=8 on 8-GPU nodes: 1 boundary of 7 really leaves a node). "
-        "With tp = 8 here each stage is exactly one node, so this is exact.",
+        "Where each stage is exactly one domain (tp x dp = the domain) this is exact.",
         "- There is one scale-out tier: a hop between nodes of the same rack and a hop between "
         "racks cost the same (`rack_chips` only scales the per-rack throughput), so 'across "
         "racks' means 'across scale-up domains'.",
