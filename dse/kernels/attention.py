@@ -25,7 +25,12 @@ compute and memory terms makes a single start land in the wrong branch), with th
 loss on the log errors (``LOSS``: about their mean absolute value, the reported error); the
 start with the smallest in-sample cost is kept (held-out rows never choose). Prefill (GQA)
 adds a per-sequence and a per-(sequence, head) time and a head-dim edge (``dim_half``): tiny
-prompts of big batches pay a tile per (sequence, head), head dim 64 runs slower MMAs.
+prompts of big batches pay a tile per (sequence, head), head dim 64 runs slower MMAs. Decode
+adds the per-query-head fallback of query groups wider than ``group_max_heads`` (a threshold,
+chosen per group from ``GROUP_MAX_CANDIDATES`` by in-sample cost: TensorRT-LLM's fits pick 32,
+its XQA kernel's largest group; SGLang's none) and ``half_items``, the (sequence, KV head) items
+per call at which the KV stream runs at half rate (MLA too: A100 TensorRT-LLM's MLA decode at
+batch 1 streams 5x below its rate).
 
 Catalog entries: every accelerator x runtime. Measured (chip, runtime, op, dtype): its fit. A
 measured chip lacking that runtime's table (or that dtype for it) takes the transfer rule
@@ -425,7 +430,9 @@ def main(fit: bool = False, write: bool = False, loco: bool = False) -> pd.DataF
                   "and MLA tables. Keys <op>_<param> (bf16), <op>_kv_fp8_<param> (fp8 KV cache),\n"
                   "<op>_fp8_<param> (fp8 attention compute). Units: *_s seconds, *_fraction of\n"
                   "the chip's peak FLOP/s or HBM bandwidth, half_tokens tokens, half_rows query\n"
-                  "rows (batch x heads x tokens), group_min_heads query heads per KV head.")
+                  "rows (batch x heads x tokens), group_min_heads and group_max_heads query\n"
+                  "heads per KV head (group_max_heads 1e4: no fallback), half_items (sequence,\n"
+                  "KV head) items per call.")
         header += ("\n[..uncertainty.<op>_<dtype>] sub-tables: log_sd and log_corr of the log\n"
                    "parameters (dse/kernels/common.py; fitted, or transferred and inflated).")
         lo = {}
