@@ -118,7 +118,10 @@ ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_f
                      "per_seq_s", "per_seq_head_s", "dim_half")
 ATTN_PREFILL_ZERO_DEFAULT = ("per_seq_s", "per_seq_head_s", "dim_half")   # absent: no term
 ATTN_DECODE_KEYS = ("hbm_fraction", "compute_fraction", "group_min_heads", "latency_s",
-                    "per_seq_s", "per_seq_kv_head_s")
+                    "per_seq_s", "per_seq_kv_head_s", "group_max_heads", "fallback_fraction",
+                    "half_items")
+# absent from a catalog: no fallback (batch.OPTIONAL's "off" values); other keys: 0
+ATTN_DECODE_DEFAULT = {"group_max_heads": 1e4, "fallback_fraction": 1.0}
 # attention kernel families: prefill code 3 * mla + (0 bf16, 1 fp8 compute, 2 fp8 KV cache),
 # decode code 2 * mla + (0 bf16, 1 fp8 KV cache)
 PREFILL = tuple(f"{k}_prefill{v}" for k in ("attn", "mla") for v in ("", "_fp8", "_kv_fp8"))
@@ -176,16 +179,16 @@ def kernel_fields(out, fam, kv_fp8, peak, is_mla, moe_fam=None) -> dict[str, np.
         cols[f"attn_prefill_{k}"] = _kernel(out, pre, PREFILL, k, _kernel(
             out, pre0, PREFILL, k, 0.0 if k in ATTN_PREFILL_ZERO_DEFAULT else None))
     for k in ATTN_DECODE_KEYS:
-        cols[f"attn_decode_{k}"] = _kernel(out, dec, DECODE, k,
-                                           _kernel(out, dec0, DECODE, k, 0.0))
+        cols[f"attn_decode_{k}"] = _kernel(out, dec, DECODE, k, _kernel(
+            out, dec0, DECODE, k, ATTN_DECODE_DEFAULT.get(k, 0.0)))
     # MLA with an fp8 cache prefills at the bf16 peak (the kv_fp8 fits are bf16 compute), and
     # decode compute fractions are of the bf16 peak: rescale to the attention peak used
     attn_peak = np.where(fp8_peak, peak["fp8"], peak["bf16"])
     pre_bf16 = variant != 1
     cols["attn_prefill_fraction"] = np.where(pre_bf16, peak["bf16"] / attn_peak, 1.0) \
         * cols["attn_prefill_fraction"]
-    cols["attn_decode_compute_fraction"] = peak["bf16"] / attn_peak \
-        * cols["attn_decode_compute_fraction"]
+    for k in ("compute_fraction", "fallback_fraction"):
+        cols[f"attn_decode_{k}"] = peak["bf16"] / attn_peak * cols[f"attn_decode_{k}"]
     return cols
 
 

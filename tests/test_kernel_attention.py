@@ -35,6 +35,38 @@ def test_decode_per_sequence_terms():
     assert t == pytest.approx(1024 * (2e-8 + 8 * 1e-8) + kv, rel=1e-9)
 
 
+def test_decode_fallback_of_wide_query_groups_by_hand():
+    """64 query heads on 1 KV head with a 32-head limit: one work item per query head, the dot
+    products at fallback_fraction of the peak; 32:1 stays on the grouped kernel."""
+    b, ctx, d = 8, 4096, 128
+    p = dict(DEC, latency_s=0.0, group_max_heads=32.0, fallback_fraction=0.01)
+    t = ka.gqa_decode_attention_s(b, ctx, 64, 1, d, 2.0, 0.0, H200_PEAK, H200_BW, **p)
+    kv = b * ctx * 2 * d * 2 / (H200_BW * 0.8)                 # 16.8 MB: 4.4 us
+    flops = 2 * b * ctx * 64 * 2 * d / (H200_PEAK * 0.01)      # 1.07 GFLOP at 9.89 TF: 109 us
+    assert flops > kv
+    assert t == pytest.approx(b * (2e-8 + 64 * 1e-8) + flops, rel=1e-12)
+    t32 = ka.gqa_decode_attention_s(b, ctx, 32, 1, d, 2.0, 0.0, H200_PEAK, H200_BW, **p)
+    grouped = 2 * b * ctx * 32 * 2 * d / (H200_PEAK * 0.07)
+    assert t32 == pytest.approx(b * (2e-8 + 1e-8) + max(kv, grouped), rel=1e-12)
+    # the default (no group_max_heads): the grouped kernel at any ratio
+    t0 = ka.gqa_decode_attention_s(b, ctx, 64, 1, d, 2.0, 0.0, H200_PEAK, H200_BW, **DEC)
+    g64 = 2 * b * ctx * 64 * 2 * d / (H200_PEAK * 0.07)
+    assert t0 == pytest.approx(1e-5 + b * (2e-8 + 1e-8) + max(kv, g64), rel=1e-12)
+
+
+def test_decode_few_items_stream_the_kv_slower_by_hand():
+    """One sequence on one KV head (MLA's latent) with half_items = 8: the KV stream runs at
+    1 / (1 + 8) of its rate; 64 sequences x 8 KV heads: at 1 / (1 + 8 / 512)."""
+    p = dict(DEC, latency_s=0.0, per_seq_s=0.0, per_seq_kv_head_s=0.0, compute_fraction=1.0,
+             half_items=8.0)
+    t = ka.mla_decode_attention_s(1, 65536, 16, 2.0, H200_PEAK, H200_BW, **p)
+    kv = 65536 * 576 * 2 / (H200_BW * 0.8)                     # 75.5 MB: 19.7 us
+    assert t == pytest.approx(kv * 9.0, rel=1e-12)
+    t = ka.gqa_decode_attention_s(64, 8192, 32, 8, 128, 2.0, 0.0, H200_PEAK, H200_BW, **p)
+    kv = 64 * 8192 * 2 * 8 * 128 * 2 / (H200_BW * 0.8)
+    assert t == pytest.approx(kv * (1.0 + 8.0 / 512.0), rel=1e-12)
+
+
 def test_prefill_flops_of_a_known_shape():
     b, s, h, d = 2, 1024, 32, 128
     p = dict(fraction=0.5, half_tokens=0.0, half_rows=0.0, latency_s=0.0, hbm_fraction=1.0)
@@ -135,9 +167,11 @@ def test_prefill_per_sequence_head_and_head_dim_terms_by_hand():
 def test_every_parameter_matters():
     b, ctx, h, kv, kvb = _decode_grid()
     f = lambda p: ka.gqa_decode_attention_s(b, ctx, h, kv, 128, kvb, 0.0, H200_PEAK, H200_BW, **p)
-    base = f(DEC)
-    for name in DEC:
-        assert np.max(np.abs(f(dict(DEC, **{name: DEC[name] * 1.2})) / base - 1)) > 1e-3, name
+    # the grid's 64:1 falls back; half_items: few-item calls stream the KV slower
+    dec = dict(DEC, group_max_heads=60.0, fallback_fraction=0.01, half_items=4.0)
+    base = f(dec)
+    for name in dec:
+        assert np.max(np.abs(f(dict(dec, **{name: dec[name] * 1.2})) / base - 1)) > 1e-3, name
     b, s, h, d = _prefill_grid()
     f = lambda p: ka.prefill_attention_s(b, s, 0, h, h, d, d, 0.0, 2.0, H200_PEAK, H200_BW,
                                          **p)
@@ -155,11 +189,11 @@ def _started_at(params, truth, factor):
 def test_fit_recovers_known_parameters():
     pytest.importorskip("scipy")
     from dse.kernels import attention
-    DECODE_PARAMS = _started_at(attention.DECODE_PARAMS, DEC, 1.4)
+    DECODE_PARAMS = _started_at([p for p in attention.DECODE_PARAMS if p.name in DEC], DEC, 1.4)
     PREFILL_PARAMS = _started_at(attention.PREFILL_PARAMS, PRE, 1.4)
     b, ctx, h, kv, kvb = _decode_grid()
     f = lambda p: ka.gqa_decode_attention_s(b, ctx, h, kv, 128, kvb, 0.0, H200_PEAK, H200_BW, **p)
-    fit = common.least_squares_fit(f, DECODE_PARAMS, f(DEC))
+    fit = common.least_squares_fit(f, tuple(p for p in DECODE_PARAMS if p.name in DEC), f(DEC))
     for name, v in DEC.items():
         assert fit.values[name] == pytest.approx(v, rel=0.03), name
     b, s, h, d = _prefill_grid()
@@ -214,12 +248,17 @@ def test_multistart_fit_recovers_from_the_seeded_starts():
         assert all(p.lo <= p.x0 <= p.hi for p in params)
     b, ctx, h, kv, kvb = _decode_grid()
     f = lambda p: ka.gqa_decode_attention_s(b, ctx, h, kv, 128, kvb, 0.0, H200_PEAK, H200_BW, **p)
-    best = attention.fit_starts("attn_decode", f, f(DEC), max_nfev=200)
-    one = [common.least_squares_fit(f, ps, f(DEC), max_nfev=200, loss=attention.LOSS,
-                                    f_scale=attention.F_SCALE)
-           for ps in attention.starts("attn_decode")]
+    truth = f(dict(DEC, compute_fraction=0.3, half_items=2.0))   # KV-bound rows: half_items seen
+    best = attention.fit_starts("attn_decode", f, truth, max_nfev=200)
+    one = [common.least_squares_fit(lambda v: f(dict(v, group_max_heads=g)),
+                                    tuple(p for p in ps if p.kind != "threshold"), truth,
+                                    max_nfev=200, loss=attention.LOSS, f_scale=attention.F_SCALE)
+           for ps in attention.starts("attn_decode") for g in attention.GROUP_MAX_CANDIDATES]
     assert best.score == pytest.approx(min(x.score for x in one))
     assert best.rms_log < 1e-3
+    # the truth has no fallback: the grid keeps a threshold above every ratio of the grid (<= 64)
+    assert best.values["group_max_heads"] >= 64.0
+    assert best.log_cov.shape == (len(attention.DECODE_PARAMS),) * 2
 
 
 def test_fast_held_out_matches_the_common_rule():

@@ -25,7 +25,12 @@ compute and memory terms makes a single start land in the wrong branch), with th
 loss on the log errors (``LOSS``: about their mean absolute value, the reported error); the
 start with the smallest in-sample cost is kept (held-out rows never choose). Prefill (GQA)
 adds a per-sequence and a per-(sequence, head) time and a head-dim edge (``dim_half``): tiny
-prompts of big batches pay a tile per (sequence, head), head dim 64 runs slower MMAs.
+prompts of big batches pay a tile per (sequence, head), head dim 64 runs slower MMAs. Decode
+adds the per-query-head fallback of query groups wider than ``group_max_heads`` (a threshold,
+chosen per group from ``GROUP_MAX_CANDIDATES`` by in-sample cost: TensorRT-LLM's fits pick 32,
+its XQA kernel's largest group; SGLang's none) and ``half_items``, the (sequence, KV head) items
+per call at which the KV stream runs at half rate (MLA too: A100 TensorRT-LLM's MLA decode at
+batch 1 streams 5x below its rate).
 
 Catalog entries: every accelerator x runtime. Measured (chip, runtime, op, dtype): its fit. A
 measured chip lacking that runtime's table (or that dtype for it) takes the transfer rule
@@ -70,6 +75,11 @@ PREFILL_PARAMS = (
 MLA_PREFILL_PARAMS = PREFILL_PARAMS[:-1]
 # robust loss (common.least_squares_fit): about the mean |log error|, the reported metric
 LOSS, F_SCALE = "soft_l1", 0.05
+# group_max_heads is chosen per fit group from these candidates (the smallest in-sample cost;
+# a threshold has no gradient for least squares): the kernels' supported group sizes are
+# powers of two, NO_FALLBACK = a group never falls back (no ratio of heads reaches it)
+NO_FALLBACK = 1e4
+GROUP_MAX_CANDIDATES = (16.0, 32.0, 64.0, NO_FALLBACK)
 DECODE_PARAMS = (
     common.Param("hbm_fraction", 0.8, 0.02, 1.5, "fraction"),
     common.Param("compute_fraction", 0.3, 0.002, 1.5, "compute"),
@@ -77,9 +87,15 @@ DECODE_PARAMS = (
     common.Param("latency_s", 1e-5, 1e-7, 1e-2, "latency"),
     common.Param("per_seq_s", 1e-8, 1e-13, 1e-4, "latency"),
     common.Param("per_seq_kv_head_s", 1e-8, 1e-13, 1e-4, "latency"),
+    # the per-query-head fallback of query groups wider than group_max_heads (kernel_attention)
+    common.Param("fallback_fraction", 0.01, 1e-4, 1.5, "compute"),
+    # (sequence, KV head) items at which the KV stream runs at half rate; a 1e-3 floor: none
+    common.Param("half_items", 1.0, 1e-3, 1e4, "shape"),
+    common.Param("group_max_heads", NO_FALLBACK, 1.0, NO_FALLBACK, "threshold"),
 )
-# MLA decode has one latent "KV head": the per-(sequence, KV head) term folds into per_seq_s
-MLA_DECODE_PARAMS = DECODE_PARAMS[:-1]
+# MLA decode has one latent "KV head": the per-(sequence, KV head) term folds into per_seq_s,
+# and its 16-128 query heads per latent are one MLA kernel's group (no fallback)
+MLA_DECODE_PARAMS = DECODE_PARAMS[:5] + DECODE_PARAMS[7:8]
 PARAMS = {"attn_prefill": PREFILL_PARAMS, "attn_decode": DECODE_PARAMS,
           "mla_prefill": MLA_PREFILL_PARAMS, "mla_decode": MLA_DECODE_PARAMS}
 
@@ -213,14 +229,35 @@ def starts(op: str) -> list[tuple]:
 
 
 def fit_starts(op: str, f, y, n_starts=None, max_nfev=MAX_NFEV) -> common.Fit:
-    """Fit ``f(values) -> seconds`` to ``y`` from each of ``starts(op)``; the best in-sample fit."""
+    """Fit ``f(values) -> seconds`` to ``y`` from each of ``starts(op)`` (and, for a parameter of
+    kind ``threshold``, each of its candidates: ``GROUP_MAX_CANDIDATES``); the best in-sample
+    fit. A threshold's log covariance row is zero (chosen from a grid, not estimated)."""
     best = None
     for params in starts(op)[:n_starts]:
-        fit = common.least_squares_fit(f, params, y, max_nfev=max_nfev, loss=LOSS,
-                                       f_scale=F_SCALE)
-        if best is None or fit.score < best.score:
-            best = fit
+        free = tuple(p for p in params if p.kind != "threshold")
+        fixed = [p for p in params if p.kind == "threshold"]
+        for cand in ([c] for c in GROUP_MAX_CANDIDATES) if fixed else [[]]:
+            over = {p.name: c for p, c in zip(fixed, cand)}
+            fit = common.least_squares_fit(lambda v: f({**v, **over}), free, y,
+                                           max_nfev=max_nfev, loss=LOSS, f_scale=F_SCALE)
+            if best is None or fit.score < best.score:
+                best = _with_fixed(fit, params, over)
     return best
+
+
+def _with_fixed(fit: common.Fit, params, over: dict) -> common.Fit:
+    """``fit`` with the grid-chosen values ``over`` added, in ``params`` order (zero covariance)."""
+    if not over:
+        return fit
+    names = [p.name for p in params if p.name not in over]
+    idx = [names.index(p.name) if p.name not in over else -1 for p in params]
+    cov = np.zeros((len(params), len(params)))
+    for i, a in enumerate(idx):
+        for j, b in enumerate(idx):
+            if a >= 0 and b >= 0:
+                cov[i, j] = fit.log_cov[a, b]
+    vals = {p.name: (over[p.name] if p.name in over else fit.values[p.name]) for p in params}
+    return dataclasses.replace(fit, values=vals, log_cov=cov)
 
 
 def _fit_group(op, g, accs, n_starts=None):
@@ -393,7 +430,9 @@ def main(fit: bool = False, write: bool = False, loco: bool = False) -> pd.DataF
                   "and MLA tables. Keys <op>_<param> (bf16), <op>_kv_fp8_<param> (fp8 KV cache),\n"
                   "<op>_fp8_<param> (fp8 attention compute). Units: *_s seconds, *_fraction of\n"
                   "the chip's peak FLOP/s or HBM bandwidth, half_tokens tokens, half_rows query\n"
-                  "rows (batch x heads x tokens), group_min_heads query heads per KV head.")
+                  "rows (batch x heads x tokens), group_min_heads and group_max_heads query\n"
+                  "heads per KV head (group_max_heads 1e4: no fallback), half_items (sequence,\n"
+                  "KV head) items per call.")
         header += ("\n[..uncertainty.<op>_<dtype>] sub-tables: log_sd and log_corr of the log\n"
                    "parameters (dse/kernels/common.py; fitted, or transferred and inflated).")
         lo = {}

@@ -38,7 +38,9 @@ CATALOG_DIR = Path(__file__).resolve().parents[1] / "catalog" / "kernels"
 class Param:
     """One fitted parameter: its name (a catalog key), starting value, bounds, and kind:
     ``compute`` (a fraction of a peak FLOP/s, MAMF-scaled on transfer), ``fraction`` (of a
-    bandwidth), ``latency`` (seconds) or ``shape`` (rows, tokens, elements)."""
+    bandwidth), ``latency`` (seconds), ``shape`` (rows, tokens, elements) or ``threshold`` (a
+    kernel's largest supported shape: chosen from a grid of candidates, not by least squares;
+    transferred as the neighbours' median)."""
 
     name: str
     x0: float
@@ -173,7 +175,9 @@ def transfer(chip: str, fitted: dict[str, dict], params: tuple[Param, ...], accs
         xs = [fitted[m][p.name] for m in near if p.name in fitted[m]]
         if not xs:
             continue
-        v = float(np.exp(np.mean(np.log(xs))))
+        # a threshold (a kernel's largest supported shape, chosen from a grid) takes the
+        # neighbours' median: one of their kernels' values, never a mean between two
+        v = float(np.median(xs)) if p.kind == "threshold" else float(np.exp(np.mean(np.log(xs))))
         if p.kind == "compute" and ratio is not None:
             v = v * ratio
         vals[p.name] = float(np.clip(v, p.lo, p.hi))

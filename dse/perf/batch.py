@@ -141,6 +141,11 @@ FIELDS.update({
     "attn_decode_latency_s": "fixed time per decode attention call (per layer)",
     "attn_decode_per_seq_s": "time per sequence per decode attention call",
     "attn_decode_per_seq_kv_head_s": "time per sequence and KV head per decode attention call",
+    "attn_decode_group_max_heads": "widest query group per KV head the decode kernel takes; "
+                                   "wider groups run the per-query-head fallback",
+    "attn_decode_fallback_fraction": "share of attn_flops_per_s the decode fallback reaches",
+    "attn_decode_half_items": "(sequence, KV head) items per decode call at which the KV "
+                              "stream runs at half rate",
 })
 
 
@@ -162,6 +167,9 @@ OPTIONAL: dict[str, float | str] = {
     "attn_weight_bytes": "weight_bytes", "expert_weight_bytes": "weight_bytes",
     "attn_matmul_flops_per_s": "matmul_flops_per_s",
     "expert_matmul_flops_per_s": "matmul_flops_per_s",
+    # decode attention's per-query-head fallback (dse.perf.kernel_attention): 1e4 = never
+    "attn_decode_group_max_heads": 1e4, "attn_decode_fallback_fraction": 1.0,
+    "attn_decode_half_items": 0.0,
 }
 FIELDS.update({
     "spec_tokens": "draft tokens proposed per sequence per step (0: no speculative decoding)",

@@ -26,7 +26,24 @@ Decode (generation) attention, one new token per sequence over ``context`` cache
                                                                     query group to a tile)
     flops    = 2 * batch * ctx * q_rows * (d_qk + d_v)
     t        = latency_s + batch * (per_seq_s + kv_heads * per_seq_kv_head_s)
-               + max(bytes / (hbm_bw * hbm_fraction), flops / (peak * compute_fraction))
+               + max(bytes / (hbm_bw * hbm_fraction) * (1 + half_items / (batch * kv_heads)),
+                     flops / (peak * compute_fraction))
+
+    ``half_items``: (sequence, KV head) work items at which the KV stream reaches half its rate:
+    a call with few items and no (or too little) split of the context over CTAs leaves SMs idle
+    (0: none).
+
+    Query groups wider than ``group_max_heads`` (heads / kv_heads > group_max_heads: the
+    grouped-query kernel's largest supported group, e.g. TensorRT-LLM's XQA at 32) fall back to a
+    kernel with one work item per (sequence, query head), whose dot products run off the
+    tensor cores (``fallback_fraction`` of the peak) and whose KV head is re-read per query
+    head from L2::
+
+    t        = latency_s + batch * (per_seq_s + heads * per_seq_kv_head_s)
+               + max(bytes / (hbm_bw * hbm_fraction) * (1 + half_items / (batch * kv_heads)),
+                     2 * batch * ctx * heads * (d_qk + d_v) / (peak * fallback_fraction))
+
+    (``group_max_heads`` = inf, the default: no fallback, the form above.)
 
 Both are affine in the batch (decode) or, for a fixed chunk shape, closed forms whose per-design
 constants can be precomputed by the scorer.
@@ -95,7 +112,8 @@ def prefill_attention_s(batch, new_tokens, prior_tokens, heads, kv_heads, d_qk, 
 def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_elems_per_token,
                        kv_bytes_per_elem, window_tokens, peak_flops_per_s, hbm_bw_bytes_per_s,
                        *, hbm_fraction, compute_fraction, group_min_heads, latency_s,
-                       per_seq_s, per_seq_kv_head_s=0.0):
+                       per_seq_s, per_seq_kv_head_s=0.0, group_max_heads=np.inf,
+                       fallback_fraction=1.0, half_items=0.0):
     """Seconds of one decode (generation) attention layer on one chip: one new token for each of
     ``batch`` sequences, each attending to ``context_tokens`` tokens (cached + the new one).
 
@@ -107,7 +125,11 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
     hbm_fraction: achieved fraction of HBM bandwidth on the KV stream; compute_fraction: achieved
     fraction of the peak on the score/value MMAs; group_min_heads: query heads per KV head the
     MMA tile pads to (rows); latency_s: fixed time per call; per_seq_s: time per sequence;
-    per_seq_kv_head_s: time per (sequence, KV head) work item (CTA setup, split-K reduction).
+    per_seq_kv_head_s: time per (sequence, KV head) work item (CTA setup, split-K reduction);
+    group_max_heads: the widest query group (heads per KV head) the grouped kernel takes, wider
+    groups run the per-query-head fallback (inf: never); fallback_fraction: the fallback's
+    achieved fraction of the peak; half_items: (sequence, KV head) items per call at which
+    the KV stream runs at half its rate (0: none).
     """
     batch = np.asarray(batch, float)
     ctx = np.asarray(context_tokens, float)
@@ -116,11 +138,15 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
     heads = np.asarray(heads, float)
     kv_heads = np.asarray(kv_heads, float)
     nbytes = batch * ctx * np.asarray(kv_elems_per_token, float) * kv_bytes_per_elem
-    q_rows = kv_heads * np.maximum(heads / kv_heads, group_min_heads)
+    fallback = heads > kv_heads * group_max_heads
+    q_rows = np.where(fallback, heads, kv_heads * np.maximum(heads / kv_heads, group_min_heads))
+    items = np.where(fallback, heads, kv_heads)
     flops = 2.0 * batch * ctx * q_rows * (np.asarray(d_qk, float) + np.asarray(d_v, float))
-    t_mem = nbytes / (np.asarray(hbm_bw_bytes_per_s, float) * hbm_fraction)
-    t_flops = flops / (np.asarray(peak_flops_per_s, float) * compute_fraction)
-    return (latency_s + batch * (per_seq_s + kv_heads * per_seq_kv_head_s)
+    t_mem = (nbytes / (np.asarray(hbm_bw_bytes_per_s, float) * hbm_fraction)
+             * (1.0 + half_items / (batch * kv_heads)))
+    t_flops = flops / (np.asarray(peak_flops_per_s, float)
+                       * np.where(fallback, fallback_fraction, compute_fraction))
+    return (latency_s + batch * (per_seq_s + items * per_seq_kv_head_s)
             + np.maximum(t_mem, t_flops))
 
 

@@ -102,8 +102,12 @@ class Coefficients:
         # to group_min_heads rows; prefill efficiency rises with the prompt's tokens
         heads = b.n_heads / tp
         kv_heads = arch.blend(mla, 1.0, np.maximum(b.n_kv_heads / tp, 1.0))
-        q_pad = np.maximum(heads, kv_heads * b.attn_decode_group_min_heads) / heads
-        dec_eff = b.attn_flops_per_s * b.attn_decode_compute_fraction
+        # query groups wider than group_max_heads: one work item per query head, off the MMAs
+        fallback = heads > kv_heads * b.attn_decode_group_max_heads
+        q_pad = np.where(fallback, 1.0,
+                         np.maximum(heads, kv_heads * b.attn_decode_group_min_heads) / heads)
+        dec_eff = b.attn_flops_per_s * np.where(fallback, b.attn_decode_fallback_fraction,
+                                                b.attn_decode_compute_fraction)
         self.c_core_dec = 2.0 * heads * q_pad * arch.attn_dims(b, True) / dp / dec_eff * stage
         # prefill attention runs on the rank that holds the prompt: per rank, not split over dp
         d_qk = arch.blend(mla, b.qk_nope + b.qk_rope, b.head_dim)
@@ -116,8 +120,12 @@ class Coefficients:
         self.pre_half_rows = b.attn_prefill_half_rows / heads
         kv_tok = arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
         self.kv_dec = kv_tok / (b.hbm_bw_bytes_per_s * b.attn_decode_hbm_fraction)
+        # few (sequence, KV head) items per call stream the KV below its rate: as many more
+        # sequences' worth of reads per call as half_items / kv_heads
+        self.dec_half = b.attn_decode_half_items / kv_heads
         self.kv_pre = kv_tok / (b.hbm_bw_bytes_per_s * b.attn_prefill_hbm_fraction)
-        self.x_core_seq = L * (b.attn_decode_per_seq_s + kv_heads * b.attn_decode_per_seq_kv_head_s)
+        items = np.where(fallback, heads, kv_heads)          # work items per sequence
+        self.x_core_seq = L * (b.attn_decode_per_seq_s + items * b.attn_decode_per_seq_kv_head_s)
         self.x_core_dec = L * b.attn_decode_latency_s
         self.x_core_pre = L * b.attn_prefill_latency_s
         # dense MLP over a group of g chips: the tp*dp group (every chip sees all tokens) or,
@@ -303,7 +311,7 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
         * (1.0 + k.pre_half_rows / np.maximum(reqs * new, 1.0))
     c_core = k.c_core_dec * dec * dec_ctx + k.c_core_pre * reqs * pairs * pre_eff
     seqs = dec if seq_tokens is None else dec / seq_tokens     # hook: dse.perf.spec
-    m_core = (k.kv_dec * seqs / dp * dec_ctx
+    m_core = (k.kv_dec * (seqs / dp + k.dec_half * on_dec * two) * dec_ctx
               + k.kv_pre * (dec / dp + pre_rank + reqs * prior) * b.n_layers) / b.pp
     x_core = (k.x_core_seq * seqs / dp + k.x_core_pre_seq * reqs
               + (k.x_core_dec * on_dec + k.x_core_pre * on_pre) * two)
