@@ -230,3 +230,19 @@ def test_with_a_budget_the_progress_bar_follows_the_budget(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "/2 [" in err and "done=" in err          # seconds of the budget, trials as a figure
     assert json.loads((d / "manifest.json").read_text())["trials"] == 5280   # the space: no cap
+
+
+def test_a_shards_worker_pops_a_chunk_its_study_cache_has_not_seen(tmp_path):
+    # the flaky `KeyError: 6`: a worker pops a waiting chunk by trial id; when nothing was
+    # running, its study's trial cache had never read that trial and `suggest_int` raised.
+    # SQLite storage (no server): the run scores one chunk, a worker joins and does the rest.
+    from dse.search.driver import run_space
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    d = run_space(QUICK, tmp_path / "run", strategy="exhaustive", storage=url, trials=1,
+                  chunk_designs=160, progress=False)
+    assert runs.status(d)["trials_completed"] == 1
+    run_space(run_dir=d, join=True, storage_url=url, progress=False)
+    st = runs.status(d)
+    assert st["state"] == "finished" and st["trials_completed"] == 3
+    assert st["designs_scored"] == 480
+    assert_front_is_the_pareto_set_of_everything_scored(d, load_space(str(QUICK)))
