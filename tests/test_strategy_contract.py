@@ -192,7 +192,13 @@ def test_a_design_already_scored_is_never_scored_again(tmp_path, capsys):
     chips = next(p.values for p in space.parameters if p.path == "accelerator.id")
     assert t.params["accelerator.id"] in chips and isinstance(t.params["accelerator.id"], str)
     grids = study.user_attrs.get("grids", {})          # unequal steps: by position, values kept
-    assert all(name.endswith("[i]") for name in grids)
+    assert set(grids) == {"layout.tp[i]", "workload.concurrency[i]"}
+    # ... and each trial's real values beside the positions (what optuna-dashboard lists), on
+    # scored trials and on repeats told back alike
+    for t in study.trials:
+        for name, values in grids.items():
+            assert t.user_attrs[name[:-3]] == values[t.params[name]]
+    assert grids["layout.tp[i]"] == [1, 2, 4, 8]
     assert isinstance(t.system_attrs["constraints"], list)
     assert study.user_attrs["constraint_names"][0] == "feasible"
     assert len(t.system_attrs["constraints"]) == len(study.user_attrs["constraint_names"])
