@@ -45,8 +45,10 @@ SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc", "gp")
 # Defaults by measurement (python -m dse.search.bench, README "Speed and quality"): with 5% of
 # each shipped space's designs as trials, TPE at population 4 whose first max(2, trials/50)
 # trials (at most 10) are random reaches >= 0.98 of the exact front's hypervolume on
-# dense-70b-nodes, moe-codesign and hypothetical-accelerator (population 16 with 10 random
-# trials: 0.976-0.999, worst 0.93; NSGA-II at 32: 0.84 on dense-70b-nodes). Budgets of a few
+# dense-70b-nodes, moe-codesign and hypothetical-accelerator, and deepseek-racks in the replay
+# (python -m dse.search.replay; NSGA-II at 32, the long-run default, on disaggregated: 1.0)
+# (population 16 with 10 random trials: 0.976-0.999, worst 0.93; NSGA-II at 32: 0.84 on
+# dense-70b-nodes). Budgets of a few
 # dozen trials (the quickstart's 24) stay short of it whatever the sampler. A multi-objective TPE
 # trial costs ~0.1-1 s at 10^3 trials and grows with the study, so runs of more than
 # TPE_MAX_TRIALS trials (overnight runs) keep NSGA-II, whose trials stay cheap.
