@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--sampler", choices=["nsga2", "nsga3", "tpe", "random", "qmc", "gp"],
                    help="Optuna sampler (default: tpe; optuna runs of more than 2000 trials: nsga2)")
     r.add_argument("--population", type=int,
-                   help="trials asked and scored per batch (default 16; nested: 4; nsga2 on long "
+                   help="trials asked and scored per batch (default 4, nested too; nsga2 on long "
                         "runs: 32)")
     r.add_argument("--workers", type=int, default=1,
                    help="processes working on the run together, this one included (optuna, "

@@ -192,7 +192,13 @@ def test_a_design_already_scored_is_never_scored_again(tmp_path, capsys):
     chips = next(p.values for p in space.parameters if p.path == "accelerator.id")
     assert t.params["accelerator.id"] in chips and isinstance(t.params["accelerator.id"], str)
     grids = study.user_attrs.get("grids", {})          # unequal steps: by position, values kept
-    assert all(name.endswith("[i]") for name in grids)
+    assert set(grids) == {"layout.tp[i]", "workload.concurrency[i]"}
+    # ... and each trial's real values beside the positions (what optuna-dashboard lists), on
+    # scored trials and on repeats told back alike
+    for t in study.trials:
+        for name, values in grids.items():
+            assert t.user_attrs[name[:-3]] == values[t.params[name]]
+    assert grids["layout.tp[i]"] == [1, 2, 4, 8]
     assert isinstance(t.system_attrs["constraints"], list)
     assert study.user_attrs["constraint_names"][0] == "feasible"
     assert len(t.system_attrs["constraints"]) == len(study.user_attrs["constraint_names"])
@@ -230,3 +236,19 @@ def test_with_a_budget_the_progress_bar_follows_the_budget(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "/2 [" in err and "done=" in err          # seconds of the budget, trials as a figure
     assert json.loads((d / "manifest.json").read_text())["trials"] == 5280   # the space: no cap
+
+
+def test_a_shards_worker_pops_a_chunk_its_study_cache_has_not_seen(tmp_path):
+    # the flaky `KeyError: 6`: a worker pops a waiting chunk by trial id; when nothing was
+    # running, its study's trial cache had never read that trial and `suggest_int` raised.
+    # SQLite storage (no server): the run scores one chunk, a worker joins and does the rest.
+    from dse.search.driver import run_space
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    d = run_space(QUICK, tmp_path / "run", strategy="exhaustive", storage=url, trials=1,
+                  chunk_designs=160, progress=False)
+    assert runs.status(d)["trials_completed"] == 1
+    run_space(run_dir=d, join=True, storage_url=url, progress=False)
+    st = runs.status(d)
+    assert st["state"] == "finished" and st["trials_completed"] == 3
+    assert st["designs_scored"] == 480
+    assert_front_is_the_pareto_set_of_everything_scored(d, load_space(str(QUICK)))

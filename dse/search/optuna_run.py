@@ -26,8 +26,8 @@ from dse.search.driver import WAIT, Strategy
 from dse.search.enqueue import unscored_points
 from dse.search.study import (HEARTBEAT_S, Heartbeat, TrialIds, coords_of, describe,
                               distributions, finished_elsewhere, params_of, point_key, front_from_payloads,
-                              front_from_study, front_payload, set_constraints, storage_for,
-                              told_already, with_retry)
+                              front_from_study, front_payload, set_constraints, set_real_values,
+                              storage_for, told_already, with_retry)
 
 
 class OptunaRun(Strategy):
@@ -88,7 +88,7 @@ class OptunaRun(Strategy):
 
     def _sampler(self, k: int = 0):
         return o.make_sampler(self.sampler_name, self.manifest.get("seed", 0) + k, self.population,
-                              self.nested)
+                              self.nested, int(self.manifest.get("trials", 1000)))
 
     def _open_study(self):
         import optuna
@@ -254,6 +254,7 @@ class OptunaRun(Strategy):
         return trials, echoes
 
     def _tell_one(self, study, t, result) -> None:
+        set_real_values(t, self.space)
         set_constraints(self.storage, self.ids(study.study_name, t.number), result["constraints"])
         study.tell(t, result["values"])
 
@@ -327,6 +328,7 @@ class OptunaRun(Strategy):
             try:
                 if "front" in r:
                     with_retry(t.set_user_attr, "front", r["front"])
+                with_retry(set_real_values, t, self.space)
                 with_retry(set_constraints, self.storage,
                            with_retry(self.ids, ask.study_name, t.number), r["constraints"])
                 with_retry(ask.tell, t, r["values"])

@@ -43,12 +43,17 @@ from dse.errors import StorageUnavailable  # noqa: F401  (re-exported for caller
 
 SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc", "gp")
 # Defaults by measurement (python -m dse.search.bench, README "Speed and quality"): with 5% of
-# dense-70b-nodes' designs as trials TPE at population 16 reaches 0.998 of the exact front's
-# hypervolume (NSGA-II at 32: 0.84; NSGA-II at 16 plus local search: 0.98, worst 0.96), but a
-# multi-objective TPE trial costs ~0.1-1 s at 10^3 trials and grows with the study, so runs of
-# more than TPE_MAX_TRIALS trials (overnight runs) keep NSGA-II, whose trials stay cheap.
+# each shipped space's designs as trials, TPE at population 4 whose first max(2, trials/50)
+# trials (at most 10) are random reaches >= 0.98 of the exact front's hypervolume on
+# dense-70b-nodes, moe-codesign and hypothetical-accelerator, and deepseek-racks in the replay
+# (python -m dse.search.replay; NSGA-II at 32, the long-run default, on disaggregated: 1.0)
+# (population 16 with 10 random trials: 0.976-0.999, worst 0.93; NSGA-II at 32: 0.84 on
+# dense-70b-nodes). Budgets of a few
+# dozen trials (the quickstart's 24) stay short of it whatever the sampler. A multi-objective TPE
+# trial costs ~0.1-1 s at 10^3 trials and grows with the study, so runs of more than
+# TPE_MAX_TRIALS trials (overnight runs) keep NSGA-II, whose trials stay cheap.
 DEFAULT_SAMPLER = {"optuna": "tpe", "nested": "tpe"}
-DEFAULT_POPULATION = {"optuna": 16, "nested": 4}
+DEFAULT_POPULATION = {"optuna": 4, "nested": 4}
 TPE_MAX_TRIALS = 2_000
 LONG_RUN = ("nsga2", 32)      # optuna runs of more than TPE_MAX_TRIALS trials
 # share of each batch spent on untried grid neighbours of the front (local search)
@@ -61,8 +66,18 @@ REPEATS_PER_TRIAL = 4     # proposals of scored designs told back per trial befo
 INNER_PREFIXES = ("layout.", "workload.concurrency")
 
 
-def make_sampler(name: str, seed: int, population: int, nested: bool = False):
-    """An Optuna sampler. Nested runs ask few, costly trials: TPE starts modelling after 5."""
+def tpe_startup(trials: int | None, nested: bool = False) -> int:
+    """TPE's random trials before it models: 2% of the run's trials, at least 2, at most 10
+    (measured: a short run spends its few trials better modelled); nested runs ask few, costly
+    trials: 5."""
+    if nested:
+        return 5
+    return 10 if trials is None else int(min(10, max(2, trials // 50)))
+
+
+def make_sampler(name: str, seed: int, population: int, nested: bool = False,
+                 trials: int | None = None):
+    """An Optuna sampler for a run of ``trials`` trials (TPE's random start scales with it)."""
     import optuna
     s = optuna.samplers
     if name == "nsga2":
@@ -71,7 +86,7 @@ def make_sampler(name: str, seed: int, population: int, nested: bool = False):
         return s.NSGAIIISampler(population_size=population, seed=seed)
     if name == "tpe":
         return s.TPESampler(seed=seed, multivariate=True, constant_liar=True,
-                            n_startup_trials=5 if nested else 10)
+                            n_startup_trials=tpe_startup(trials, nested))
     if name == "random":
         return s.RandomSampler(seed=seed)
     if name == "qmc":
@@ -197,7 +212,7 @@ def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: flo
                            storage_url=storage_url, joining=joining), progress)
 
 
-__all__ = ["OptunaRun", "run", "make_sampler", "split_parameters", "distributions", "grid_index",
+__all__ = ["OptunaRun", "run", "make_sampler", "tpe_startup", "split_parameters", "distributions", "grid_index",
            "enqueue_designs", "enqueue_neighbours", "front_from_study", "front_from_payloads",
            "front_payload", "payload_frame", "storage_for", "with_retry", "set_storage_retry",
            "told_already", "finished_elsewhere", "Heartbeat", "LOCAL_SHARE", "WAIT", "Strategy",

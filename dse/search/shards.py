@@ -218,7 +218,12 @@ class Shards(Strategy):
         trial = optuna.Trial(self.study, tid)
         beat = _Heartbeat(self.storage, tid)
         try:
-            i = with_retry(trial.suggest_int, "chunk", 0, self.n_chunks - 1)
+            # the chunk from the storage itself, not through the study's trial cache: a worker
+            # pops trials by id (``_pop_waiting``), and one enqueued after the cache last read
+            # the study is unknown to it (``trial.suggest_int`` raised ``KeyError: <trial id>``)
+            i = with_retry(lambda: _chunk_of(self.storage.get_trial(tid)))
+            with_retry(self.storage.set_trial_param, tid, "chunk", float(i),
+                       optuna.distributions.IntDistribution(0, self.n_chunks - 1))
             table, n = exhaustive.score_chunk(self.space, i, self.chunk)
         finally:
             beat.stop()

@@ -7,7 +7,9 @@
   (``accelerator.id = "h100-sxm"``), a numeric grid of equal steps by its value (an
   ``IntDistribution``/``FloatDistribution`` with that step, so samplers see the order), any other
   numeric grid (``layout.tp = [1, 2, 4, 8]``, log-spaced batch sizes) as its position
-  ``layout.tp[i]`` (samplers see the order; the values are in the study's user attr ``grids``);
+  ``layout.tp[i]`` (samplers see the order; the values are in the study's user attr ``grids``),
+  its real value beside it as the trial's user attr ``layout.tp`` (optuna-dashboard lists user
+  attrs with each trial; ``trials_dataframe()`` has them as ``user_attrs_layout.tp``);
 - constraint values in the trial's system attr ``constraints`` (a list, where Optuna's own
   samplers put them and optuna-dashboard reads them; their names are the study's user attr
   ``constraint_names``) and objective names set with ``study.set_metric_names``;
@@ -235,6 +237,23 @@ def params_of(space, coords, positions) -> dict:
     """A trial's parameters for grid coordinates ``coords`` (one per position)."""
     enc = list(encoding(space).values())
     return {enc[i].name: enc[i].encode(c) for i, c in zip(positions, coords)}
+
+
+def real_values(params: dict, space) -> dict:
+    """{parameter path: its value} of the trial's parameters stored by grid position (the
+    trial's user attrs: what optuna-dashboard shows beside the position)."""
+    out = {}
+    for p in encoding(space).values():
+        if not p.by_value and p.name in params:
+            v = p.values[int(params[p.name])]
+            out[p.name[:-3]] = v.item() if hasattr(v, "item") else v
+    return out
+
+
+def set_real_values(trial, space) -> None:
+    """Write ``real_values`` of a trial (an asked ``optuna.Trial``) as its user attrs."""
+    for k, v in real_values(trial.params, space).items():
+        trial.set_user_attr(k, v)
 
 
 def coords_of(space, params: dict, positions) -> list[int] | None:

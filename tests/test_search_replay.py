@@ -1,0 +1,27 @@
+"""The in-memory replay the search defaults were chosen with scores the designs a real run does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import ROOT
+
+from dse import runs
+from dse.search.driver import run_space
+from dse.search.replay import Scored, replay
+from dse.space import load_space
+
+QUICK = ROOT / "spaces" / "quickstart.toml"
+
+
+def test_the_replay_scores_the_same_designs_as_a_run_with_the_defaults(tmp_path):
+    space = load_space(str(QUICK))
+    d = run_space(space, tmp_path / "run", strategy="optuna", trials=24, seed=1, progress=False)
+    real = set(np.concatenate([runs.read_table(f)["design_id"].to_numpy()
+                               for f in (d / "scores").glob("batch-*.parquet")]).tolist())
+    assert len(real) == 24
+    sc = Scored(space)
+    assert replay(sc, "tpe", 4, 1, 24) == real
+    # the share is of the exact front: all designs scored give 1, a seed's 24 less
+    assert sc.share(range(space.size)) == pytest.approx(1.0, rel=1e-12)
+    assert 0.0 < sc.share(real) < 1.0
