@@ -247,7 +247,7 @@ def score(b: Batch, breakdown: bool = False, coefficients: Coefficients | None =
     dis = b.disaggregated > 0
     if not np.any(dis):
         return _fleet(b, _served(b, breakdown, coefficients), breakdown)
-    out = _disaggregated(b, breakdown)
+    out = _served_disaggregated(b, breakdown)
     if np.all(dis):
         return _fleet(b, out, breakdown)
     agg = _served(b, breakdown, coefficients)
@@ -291,6 +291,14 @@ def _served(b: Batch, breakdown: bool, k: Coefficients | None):
         b, lambda c, bd: _instance(b.replace(concurrency=c), bd, k, queue=True), breakdown)
 
 
+def _served_disaggregated(b: Batch, breakdown: bool):
+    """hook: the prefill and decode pools as queues (dse.perf.queueing) where a rate is given."""
+    if not (b.has_on("request_rate_per_s") or b.has_on("ttft_slo_s") or b.has_on("tpot_slo_s")):
+        return _disaggregated(b, breakdown)
+    return queueing.serve_disaggregated(b, lambda c, r, bd: _disaggregated(
+        b.replace(concurrency=c, prefill_chip_ratio=r), bd, queue=True), breakdown)
+
+
 def _pick(mask, a, b):
     if isinstance(a, StepTimes):
         return StepTimes(*(np.where(mask, x, y) for x, y in zip(
@@ -299,7 +307,7 @@ def _pick(mask, a, b):
     return np.where(mask, a, b)
 
 
-def _disaggregated(b: Batch, breakdown: bool):
+def _disaggregated(b: Batch, breakdown: bool, queue: bool = False):
     """A decode instance (``tp, pp, ep, dp``; ``concurrency`` sequences; decode steps only) and
     its share of a prefill pool (instances of ``prefill_tp, ...`` chips that prefill
     ``prefill_concurrency`` prompts per step), ``prefill_chip_ratio`` prefill chips per decode
@@ -350,6 +358,9 @@ def _disaggregated(b: Batch, breakdown: bool):
         "feasible": bits == 0,
         "reason": bits,
     })
+    if queue:                            # hook: dse.perf.queueing (the prefill pool's queue)
+        m.update({"_prefill_pass_s": pm["ttft_s"], "_kv_transfer_s": kv_s,
+                  "_prefill_instances": ratio * chips_d / chips_p})
     if not breakdown:
         return m
     return m, Breakdown(dsteps.decode, dsteps.mixed, psteps.prefill)
