@@ -40,6 +40,8 @@ def resolve_defaults(out: pd.DataFrame, file=None, names=None, alias=None) -> No
     "draft" and a draft is asked for."""
     alias = alias or {}
     tier_defaults(out)
+    if "serving.expert_imbalance" not in out.columns:   # blank: the published routing model
+        out["serving.expert_imbalance"] = np.nan
     n = len(out)
     method = _col(out, "serving.spec_method", "mtp")
     acc = pd.to_numeric(pd.Series(np.asarray(_col(out, "serving.spec_acceptance", np.nan),

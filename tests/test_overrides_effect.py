@@ -57,7 +57,7 @@ BASES = [
     # ... KV offload tiers (host memory, and NVMe) holding the prefix cache past free HBM
     {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp8",
      "layout.tp": 4, "workload.isl": 32768, "workload.osl": 1024, "workload.concurrency": 16,
-     "workload.prefix_hit_fraction": 0.5, "workload.cached_conversations": 256,
+     "workload.prefix_hit_fraction": 0.5, "workload.cached_conversations": 1024,
      "serving.kv_offload": "host"},
     {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp8",
      "layout.tp": 4, "workload.isl": 32768, "workload.osl": 1024, "workload.concurrency": 16,
