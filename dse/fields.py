@@ -144,9 +144,10 @@ FIELDS: tuple[Field, ...] = (
     num("accelerator.host_link_bw_bytes_per_s", "bytes/s", "per-chip bandwidth to host memory per "
         "direction (NVLink-C2C on Grace systems, PCIe elsewhere)", open_=False, zero="no host tier"),
     num("accelerator.ssd_bytes", "bytes", "local NVMe per chip for KV (serving.kv_offload = "
-        "\"ssd\")", 0.0, open_=False, zero="no NVMe tier"),
-    num("accelerator.ssd_bw_bytes_per_s", "bytes/s", "local NVMe read bandwidth per chip", 0.0,
-        open_=False, zero="no NVMe tier"),
+        "\"ssd\"; the system's data drives shared by its chips: dse/catalog/memory_tiers.toml, 0 "
+        "where the catalog has no figure)", open_=False, zero="no NVMe tier"),
+    num("accelerator.ssd_bw_bytes_per_s", "bytes/s", "local NVMe read bandwidth per chip (its "
+        "share of the drives' sequential read)", open_=False, zero="no NVMe tier"),
     frac("accelerator.efficiency.hbm_fraction", "share of HBM bandwidth reached; " + _EFF,
          open_=True),
     frac("accelerator.efficiency.scaleup_fraction", "share of scale-up bandwidth reached; " + _EFF,
@@ -244,6 +245,12 @@ FIELDS: tuple[Field, ...] = (
           "prefix cache keeps once per attention-DP rank instead of per sequence "
           "(dse/perf/kvtier.py; at most workload.isl - 1: the last prompt token is recomputed)",
           0, low=0, zero="no shared prefix"),
+    num("workload.cached_conversations", "conversations", "conversations per instance waiting "
+        "between turns whose reusable prefix (workload.prefix_hit_fraction x workload.isl "
+        "tokens) the prefix cache must keep: in the HBM the running sequences leave free, then "
+        "in the serving.kv_offload tier; the hits neither holds are recomputed "
+        "(dse/perf/kvtier.py)", 0.0, open_=False,
+        zero="the cache always holds the hits (a hit costs nothing)"),
     enum("workload.phase", ("both", "prefill", "decode"), "both",
          "both: prefill and decode on one instance; prefill or decode: a disaggregated instance"),
     count("workload.prefill_concurrency", "requests", "prefill batch (disaggregated)", 1),
@@ -288,14 +295,19 @@ FIELDS: tuple[Field, ...] = (
     Field("serving.spec_draft_model", "id", "", "catalog id of the draft model "
           "(serving.spec_method = \"draft\")", "", blank="no draft model"),
     num("serving.expert_imbalance", "ratio", "routed tokens on the busiest expert-parallel rank "
-        "over the mean (dse/perf/imbalance.py); the slowest rank sets the step", 1.0, low=1.0,
-        open_=False, high=64.0),
+        "over the mean (dse/perf/imbalance.py); the slowest rank sets the step; blank = the "
+        "published routing model 1 + z(ep) cv sqrt(ep / experts), cv = 0.292 fitted on vLLM PR "
+        "#50647's measured max/mean 1.069 at EP 16 (dse/catalog/serving.toml [expert_routing]; "
+        "DeepSeek-V3: 1.07 at ep 8, 1.37 at ep 72; 1 for ep = 1 and dense models)", low=1.0,
+        open_=False, high=64.0, catalog_absent=True, blank="the published routing model"),
     count("serving.redundant_experts", "experts", "extra expert slots per EP group holding "
           "replicas of hot experts (EPLB): they take HBM and cut serving.expert_imbalance", 0,
           low=0, high=4096, zero="none"),
-    enum("serving.kv_offload", ("none", "host", "ssd"), "none", "where KV that does not fit in HBM "
-         "lives: nowhere (the concurrency must fit), host memory or local NVMe; fetched per "
-         "step over the tier's link, a prefix hit fetched or recomputed (dse/perf/kvtier.py)"),
+    enum("serving.kv_offload", ("none", "host", "ssd"), "none", "where the prefix cache keeps "
+         "what HBM cannot (workload.cached_conversations): nowhere (evicted, its hits "
+         "recomputed), host memory or local NVMe, a hit fetched once per request over the tier's "
+         "link or recomputed, whichever is cheaper; running sequences' KV stays in HBM "
+         "(dse/perf/kvtier.py)"),
     num("serving.prefill_chip_ratio", "ratio", "prefill chips per decode chip (disaggregated)", 0.0,
         open_=False, zero="the ratio that keeps the decodes fed"),
     count("serving.max_batch_size", "sequences", "sequences one scheduler (attention-DP rank) "

@@ -24,7 +24,8 @@ DIRECT = {"workload.request_rate_per_s": "request_rate_per_s",
           "workload.ttft_slo_s": "ttft_slo_s", "workload.tpot_slo_s": "tpot_slo_s",
           "workload.isl_cv": "isl_cv", "workload.osl_cv": "osl_cv",
           "serving.spec_tokens": "spec_tokens", "serving.spec_acceptance": "spec_acceptance",
-          "serving.expert_imbalance": "expert_imbalance"}
+          "serving.expert_imbalance": "expert_imbalance",
+          "workload.cached_conversations": "cached_conversations"}
 
 
 def _col(out, path, default):
@@ -39,6 +40,8 @@ def resolve_defaults(out: pd.DataFrame, file=None, names=None, alias=None) -> No
     "draft" and a draft is asked for."""
     alias = alias or {}
     tier_defaults(out)
+    if "serving.expert_imbalance" not in out.columns:   # blank: the published routing model
+        out["serving.expert_imbalance"] = np.nan
     n = len(out)
     method = _col(out, "serving.spec_method", "mtp")
     acc = pd.to_numeric(pd.Series(np.asarray(_col(out, "serving.spec_acceptance", np.nan),
@@ -94,11 +97,22 @@ def batch_columns(out, kv_bytes: np.ndarray) -> dict[str, np.ndarray]:
         "draft_kv_bytes_per_token": lookup(draft, per_token, 0.0) * kv_bytes,
         "request_rate_per_s": f("workload.request_rate_per_s"),
         "ttft_slo_s": f("workload.ttft_slo_s"), "tpot_slo_s": f("workload.tpot_slo_s"),
-        "expert_imbalance": f("serving.expert_imbalance", 1.0),
+        "expert_imbalance": expert_imbalance(out, f),
+        "expert_load_cv": np.array([catalog.expert_load_cv()]),
         "redundant_experts": f("serving.redundant_experts"),
         "isl_cv": f("workload.isl_cv"), "osl_cv": f("workload.osl_cv"),
         **tier_columns(out, f),
     }
+
+
+def expert_imbalance(out, f) -> np.ndarray:
+    """serving.expert_imbalance where given, else 0: the published routing model of the row's EP
+    size (dse.perf.imbalance.raw, with ``expert_load_cv`` from serving.toml [expert_routing]);
+    1 for dense models, so those rows stay "off"."""
+    given = f("serving.expert_imbalance", np.nan)
+    if not np.any(np.isnan(given)):
+        return given
+    return np.where(np.isnan(given), np.where(f("model.num_experts") > 0, 0.0, 1.0), given)
 
 
 def tier_columns(out, f) -> dict:
@@ -110,19 +124,21 @@ def tier_columns(out, f) -> dict:
             + ssd * f("accelerator.ssd_bytes"),
             "tier_bw_bytes_per_s": host * f("accelerator.host_link_bw_bytes_per_s")
             + ssd * f("accelerator.ssd_bw_bytes_per_s"),
-            "prefix_tokens": f("workload.prefix_tokens")}
+            "prefix_tokens": f("workload.prefix_tokens"),
+            "cached_conversations": f("workload.cached_conversations")}
 
 
-TIER_FIELDS = ("host_memory_bytes", "host_link_bw_bytes_per_s")
+TIER_FIELDS = ("host_memory_bytes", "host_link_bw_bytes_per_s", "ssd_bytes", "ssd_bw_bytes_per_s")
 
 
 def tier_defaults(out: pd.DataFrame) -> None:
-    """accelerator.host_memory_bytes / host_link_bw_bytes_per_s from
-    dse/catalog/memory_tiers.toml where a design leaves them blank (0: no catalog figure)."""
+    """accelerator.host_memory_bytes / host_link_bw_bytes_per_s / ssd_bytes / ssd_bw_bytes_per_s
+    from dse/catalog/memory_tiers.toml where a design leaves them blank (0: no catalog figure)."""
     table = catalog.memory_tiers()
     for k in TIER_FIELDS:
         col = f"accelerator.{k}"
-        own = lookup(out["accelerator.id"], {a: float(v[k]) for a, v in table.items()}, 0.0)
+        own = lookup(out["accelerator.id"], {a: float(v.get(k, 0.0)) for a, v in table.items()},
+                     0.0)
         if col in out.columns:
             given = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float)
             own = np.where(np.isnan(given), own, given)

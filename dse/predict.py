@@ -23,14 +23,26 @@ from dse.perf.serve import BOUNDS, reason_text
 from dse.perf.serve import KNEE_FRACTION as _KNEE  # the batch that fills the HBM (decode_bound)
 
 REQUIRED = ("case_id", "model", "hardware", "num_chips", "weight_dtype", "isl", "osl")
+# the serving mechanisms' columns (issue 11): short names of their fields, blank = the field's
+# default (every mechanism off, the expert imbalance from the published routing model)
+MECHANISMS = {"spec_tokens": "serving.spec_tokens", "spec_acceptance": "serving.spec_acceptance",
+              "spec_method": "serving.spec_method", "spec_draft_model": "serving.spec_draft_model",
+              "expert_imbalance": "serving.expert_imbalance",
+              "redundant_experts": "serving.redundant_experts",
+              "request_rate_per_s": "workload.request_rate_per_s",
+              "ttft_slo_s": "workload.ttft_slo_s", "tpot_slo_s": "workload.tpot_slo_s",
+              "isl_cv": "workload.isl_cv", "osl_cv": "workload.osl_cv",
+              "kv_offload": "serving.kv_offload", "prefix_tokens": "workload.prefix_tokens",
+              "cached_conversations": "workload.cached_conversations",
+              "expert_dtype": "model.expert_dtype", "attention_dtype": "model.attention_dtype"}
 OPTIONAL = ("topology", "tp", "pp", "ep", "dp", "kv_dtype", "concurrency", "prefix_hit_fraction",
-            "phase", "runtime", "dense_mlp")
+            "phase", "runtime", "dense_mlp", *MECHANISMS)
 RENAME = {"model": "model.id", "hardware": "accelerator.id", "topology": "topology.id",
           "weight_dtype": "model.weight_dtype", "kv_dtype": "model.kv_dtype",
           "isl": "workload.isl", "osl": "workload.osl", "concurrency": "workload.concurrency",
           "prefix_hit_fraction": "workload.prefix_hit_fraction", "phase": "workload.phase",
           "tp": "layout.tp", "pp": "layout.pp", "ep": "layout.ep", "dp": "layout.dp",
-          "runtime": "serving.runtime", "dense_mlp": "layout.dense_mlp"}
+          "runtime": "serving.runtime", "dense_mlp": "layout.dense_mlp", **MECHANISMS}
 # every case column's field (the registry's): numeric ones are checked as they are read, string
 # ones (ids, choices) when the design is resolved
 FIELD_OF = {"num_chips": "layout.num_chips", **RENAME}
@@ -40,6 +52,10 @@ OUTPUT = ("case_id", "concurrency", "ttft_s", "tpot_s", "output_tokens_per_s_per
           "input_tokens_per_s_per_chip", "bound", "feasible", "reason")
 EXTRA = ("tp", "pp", "ep", "dp", "usd_per_mtok_output", "usd_per_mtok_input",
          "max_concurrent_sequences")
+# the mechanisms' outputs, written only when some case turns the mechanism on (else all NaN)
+MECHANISM_OUTPUT = ("ttft_p90_s", "ttft_p99_s", "tpot_p90_s", "goodput_requests_per_s_per_chip",
+                    "saturation_requests_per_s_per_instance", "spec_expected_tokens",
+                    "kv_offloaded_fraction", "prefix_cache_evicted_fraction")
 # blank concurrency: fractions of the memory-limited maximum that are tried (log-spaced)
 CONCURRENCY_STEPS = 2.0 ** (-np.arange(0, 48) / 4.0)
 # ... and the smallest concurrency within this share of the best throughput is kept: past the
@@ -312,6 +328,9 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
         out[c] = resolved[f"layout.{c}"].to_numpy()[best].astype(int)
     for m in ("usd_per_mtok_output", "usd_per_mtok_input", "max_concurrent_sequences"):
         out[m] = s[m][best]
+    for m in MECHANISM_OUTPUT:
+        if m in s and np.isfinite(s[m][best]).any():
+            out[m] = s[m][best]
     out["_order"] = case[best]
     return out.sort_values("_order").drop(columns="_order").reset_index(drop=True)
 

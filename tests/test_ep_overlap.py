@@ -15,7 +15,8 @@ PIN = {f"a2a_{k}_{p}_{w}": v for k in ("ll", "normal") for p in ("dispatch", "co
 
 
 def _decode(d, **upd):
-    b = batch(d, ideal=True).replace(**{**PIN, **upd})
+    # worked for balanced experts (the published default imbalance is tested in test_imbalance)
+    b = batch(d, ideal=True).replace(**{**PIN, "expert_imbalance": 1.0, **upd})
     m, steps = score(b, breakdown=True)
     return b, m, steps.decode
 

@@ -1,5 +1,7 @@
-"""KV memory tiers and prefix caching (dse/perf/kvtier.py): capacity, the per-step link time,
-the shared prefix, and the property that a tier never slows a design that fits in HBM."""
+"""KV memory tiers and prefix caching (dse/perf/kvtier.py): running sequences' KV stays in HBM,
+the prefix cache holds the waiting conversations' prefixes in free HBM, then in the tier, a hit
+held in the tier is fetched once (or recomputed, whichever is cheaper), evicted hits are
+recomputed; the shared prefix; and a tier never slows a design."""
 
 from __future__ import annotations
 
@@ -7,70 +9,116 @@ import numpy as np
 import pytest
 from helpers import batch, one
 
-from dse.perf import score
+from dse.perf import kvtier, score
 
 L70 = {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp8",
        "layout.tp": 4, "workload.isl": 2048, "workload.osl": 256, "workload.concurrency": 64}
 # Llama 3.1 70B fp8 KV on tp 4: 2 of 8 KV heads x 128 x 2 (K, V) x 1 byte per layer = 512 B
 KV_TOKEN_LAYER_CHIP = 2 * 128 * 2 * 1.0
+LONG = {**L70, "workload.isl": 32768, "workload.osl": 1024, "workload.prefix_hit_fraction": 0.5}
+KEYS = ("tpot_s", "ttft_s", "usd_per_mtok_output", "usd_per_mtok_input")
+
+
+def _free_kv_bytes(m, hbm=85.5e9, reserve=2e9, frac=0.9):      # H100 SXM HBM (catalog)
+    """The KV pool HBM has left at this concurrency, from the design's own outputs."""
+    act = m["hbm_used_fraction"] * hbm - m["weights_bytes_per_chip"] - reserve \
+        - m["kv_bytes_per_chip"]
+    return (hbm - reserve - m["weights_bytes_per_chip"] - act) * frac - m["kv_bytes_per_chip"]
 
 
 @pytest.mark.parametrize("design", [
     L70,
-    {**L70, "workload.prefix_hit_fraction": 0.6},
+    {**L70, "workload.prefix_hit_fraction": 0.6, "workload.cached_conversations": 64},
+    {**LONG, "workload.concurrency": 16, "workload.cached_conversations": 256},
+    {**LONG, "workload.concurrency": 16, "workload.cached_conversations": 256,
+     "accelerator.host_link_bw_bytes_per_s": 1e6},          # a link slower than recomputing
     {"accelerator.id": "gb200", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
-     "layout.dp": 8, "layout.ep": 8, "workload.concurrency": 512},
+     "layout.dp": 8, "layout.ep": 8, "workload.concurrency": 512,
+     "workload.prefix_hit_fraction": 0.5, "workload.cached_conversations": 20000},
 ])
-def test_a_tier_never_slows_a_design_that_fits_in_hbm(design):
-    a, b = one(design), one({**design, "serving.kv_offload": "host"})
-    assert a["feasible"] and b["feasible"]
-    for k in ("tpot_s", "ttft_s", "usd_per_mtok_output", "usd_per_mtok_input",
-              "hbm_used_fraction"):
-        assert b[k] == pytest.approx(a[k], rel=1e-12), k
-    assert b["kv_offloaded_fraction"] == 0.0
-    assert b["max_concurrent_sequences"] > a["max_concurrent_sequences"]
+def test_a_tier_never_slows_a_design(design):
+    a = one(design)
+    for mode in ("host", "ssd"):
+        b = one({**design, "serving.kv_offload": mode})
+        assert a["feasible"] and b["feasible"]
+        for k in KEYS:
+            assert b[k] <= a[k] * (1 + 1e-12), (mode, k)
+        # running sequences keep their KV in HBM: the tier does not buy concurrency
+        assert b["max_concurrent_sequences"] == a["max_concurrent_sequences"]
+        assert b["hbm_used_fraction"] == a["hbm_used_fraction"]
 
 
-def test_host_tier_capacity_and_link_time_by_hand():
-    long = {**L70, "workload.isl": 32768, "workload.osl": 1024, "workload.phase": "decode"}
-    hbm = one(long)
-    c_hbm = hbm["max_concurrent_sequences"]
-    c = 2 * c_hbm
-    off = one({**long, "workload.concurrency": c})
-    assert not off["feasible"]                           # the KV does not fit in HBM
-    on = one({**long, "workload.concurrency": c, "serving.kv_offload": "host"}, ideal=True)
-    assert on["feasible"]
-    assert on["kv_offloaded_fraction"] == pytest.approx(0.5, rel=1e-12)
-    # half the sequences' KV comes over PCIe Gen5 (64 GB/s) every step: the mean context
-    # 32768 + 512 tokens x 80 layers x 512 B on each chip, for c sequences
-    link = 0.5 * c * (32768 + 512) * 80 * KV_TOKEN_LAYER_CHIP / 64e9
-    assert on["tpot_s"] == pytest.approx(link, rel=1e-9)  # the link, not HBM, sets the step
-    # a faster link (NVLink-C2C class) is worth it exactly in proportion
-    fast = one({**long, "workload.concurrency": c, "serving.kv_offload": "host",
-                "accelerator.host_link_bw_bytes_per_s": 256e9}, ideal=True)
-    assert fast["tpot_s"] == pytest.approx(link / 4, rel=1e-9)
+def test_a_design_whose_cache_fits_in_hbm_is_untouched_by_a_tier():
+    d = {**L70, "workload.prefix_hit_fraction": 0.6, "workload.cached_conversations": 64}
+    a, b = one(d), one({**d, "serving.kv_offload": "host"})
+    assert a["prefix_cache_evicted_fraction"] == 0.0 and b["kv_offloaded_fraction"] == 0.0
+    for k in KEYS:
+        assert b[k] == a[k], k
+    # and with every hit held, the design scores as dse's model before the prefix cache
+    free = one({**L70, "workload.prefix_hit_fraction": 0.6})
+    for k in KEYS:
+        assert a[k] == pytest.approx(free[k], rel=1e-12), k
 
 
-def test_the_tier_stops_helping_as_context_grows():
-    # cost per output token vs context at the largest concurrency each variant fits: the tier
-    # buys concurrency, its link taxes every step; the ratio (tier / HBM-only) rises with
-    # context while the HBM-only step still reads the weights, then levels off once both steps
-    # are KV reads (HBM vs the link), below the bandwidth bound: with 3/4 of 4c sequences'
-    # KV over the link and the HBM-only step reading c sequences' KV at most at full HBM
-    # bandwidth, ratio <= (3c K / link) / (4 c K / hbm) = 0.75 hbm / link
-    rows = []
-    for isl in (8192, 32768, 131072):
-        d = {**L70, "workload.isl": isl, "workload.osl": 1024, "workload.phase": "decode"}
-        c = one(d)["max_concurrent_sequences"]
-        rows += [{**d, "workload.concurrency": c},
-                 {**d, "workload.concurrency": 4 * c, "serving.kv_offload": "host"}]
-    s = score(batch(rows))
-    usd = s["usd_per_mtok_output"].reshape(-1, 2)
-    ratio = usd[:, 1] / usd[:, 0]
-    assert ratio[0] > 1.0                     # the tier never pays on this chip and model
-    assert ratio[1] > 1.05 * ratio[0]          # rises while the weights weigh in
-    assert ratio[2] == pytest.approx(ratio[1], rel=0.05)   # then levels off
-    assert np.all(ratio < 0.75 * 3.35e12 / 64e9)
+def test_the_cache_fills_free_hbm_then_the_tier_by_hand():
+    d = {**LONG, "workload.concurrency": 16, "workload.cached_conversations": 256}
+    off = one(d)
+    free = _free_kv_bytes(off)
+    # each waiting conversation keeps 0.5 x 32768 = 16384 tokens x 80 layers x 512 B per chip
+    need = 256 * 16384 * 80 * KV_TOKEN_LAYER_CHIP
+    assert free < need
+    assert 1 - off["prefix_cache_evicted_fraction"] == pytest.approx(free / need, rel=1e-9)
+    on = one({**d, "serving.kv_offload": "host"})
+    host = 250e9                                # DGX H100: 2 TB for 8 GPUs (memory_tiers.toml)
+    assert on["kv_offloaded_fraction"] == pytest.approx(min(host, need - free) / need, rel=1e-9)
+    assert on["prefix_cache_evicted_fraction"] == pytest.approx(
+        max(1 - free / need - host / need, 0.0), abs=1e-12)
+
+
+def test_evicted_hits_are_recomputed():
+    # far more waiting conversations than HBM holds: almost every hit is evicted and the design
+    # prefills like one without a prefix cache
+    d = {**LONG, "workload.concurrency": 16, "workload.cached_conversations": 1e9}
+    a, cold = one(d), one({**LONG, "workload.concurrency": 16, "workload.prefix_hit_fraction": 0})
+    assert a["prefix_cache_evicted_fraction"] == pytest.approx(1.0, abs=1e-6)
+    assert a["ttft_s"] == pytest.approx(cold["ttft_s"], rel=1e-5)
+    assert a["usd_per_mtok_input"] == pytest.approx(cold["usd_per_mtok_input"], rel=1e-5)
+
+
+def test_a_hit_held_in_the_tier_is_fetched_once_over_its_link_by_hand():
+    b = batch({**LONG, "serving.kv_offload": "host"})
+    tokens = np.array([16384.0])
+    t, fetched = kvtier.tier_hit(b, tokens, np.array([1e-3]))
+    # 16384 tokens x 80 layers x 512 B = 0.67 GB over PCIe Gen5 (64 GB/s per direction)
+    assert bool(fetched[0])
+    assert float(t[0]) == pytest.approx(16384 * 80 * KV_TOKEN_LAYER_CHIP / 64e9, rel=1e-12)
+    # a 20% faster link is a 20% shorter fetch; a link slower than recomputing is not used
+    fast = batch({**LONG, "serving.kv_offload": "host",
+                  "accelerator.host_link_bw_bytes_per_s": 1.2 * 64e9})
+    assert float(kvtier.tier_hit(fast, tokens, np.array([1e-3]))[0][0]) \
+        == pytest.approx(float(t[0]) / 1.2, rel=1e-12)
+    t2, fetched2 = kvtier.tier_hit(b, tokens, np.array([1e-9]))
+    assert not bool(fetched2[0]) and float(t2[0]) == pytest.approx(16384 * 1e-9, rel=1e-12)
+
+
+def test_fetching_beats_recomputing_in_ttft_and_a_faster_link_more():
+    d = {**LONG, "workload.concurrency": 16, "workload.cached_conversations": 256}
+    none, pcie = one(d), one({**d, "serving.kv_offload": "host"})
+    c2c = one({**d, "serving.kv_offload": "host", "accelerator.host_link_bw_bytes_per_s": 450e9})
+    assert c2c["ttft_s"] < pcie["ttft_s"] < none["ttft_s"]
+    # the TTFT a fetch adds over an all-held cache is at least the fetch of the tier's share
+    held = one({**d, "workload.cached_conversations": 0})
+    share = pcie["kv_offloaded_fraction"]
+    fetch = share * 16384 * 80 * KV_TOKEN_LAYER_CHIP / 64e9
+    assert pcie["ttft_s"] - held["ttft_s"] >= fetch * (1 - 1e-9)
+
+
+def test_nvme_holds_more_but_fetches_slower_than_host_memory():
+    d = {**LONG, "workload.concurrency": 16, "workload.cached_conversations": 4096}
+    host, ssd = one({**d, "serving.kv_offload": "host"}), one({**d, "serving.kv_offload": "ssd"})
+    # DGX H100: 250 GB of host DRAM vs one 3.84 TB NVMe drive per GPU (memory_tiers.toml)
+    assert ssd["prefix_cache_evicted_fraction"] < host["prefix_cache_evicted_fraction"]
+    assert ssd["kv_offloaded_fraction"] > host["kv_offloaded_fraction"]
 
 
 def test_shared_prefix_is_stored_once():
@@ -85,27 +133,14 @@ def test_shared_prefix_is_stored_once():
     assert b["tpot_s"] == a["tpot_s"]
 
 
-def test_prefix_hits_cost_the_cheaper_of_fetch_and_recompute_once_offloading():
-    d = {**L70, "workload.isl": 32768, "workload.osl": 1024, "workload.prefix_hit_fraction": 0.6,
-         "serving.kv_offload": "host"}
-    c = one({**d, "serving.kv_offload": "none"})["max_concurrent_sequences"]
-    slow = one({**d, "workload.concurrency": 2 * c})
-    fast = one({**d, "workload.concurrency": 2 * c,
-                "accelerator.host_link_bw_bytes_per_s": 450e9})
-    # fetching 19,661 tokens x 80 layers x 512 B: 0.81 GB per chip, 12.6 ms over PCIe,
-    # 1.8 ms over NVLink-C2C; either is far cheaper than recomputing 19,661 prompt tokens
-    assert slow["ttft_s"] > fast["ttft_s"]
-    fetch = 0.6 * 32768 * 80 * KV_TOKEN_LAYER_CHIP
-    assert slow["ttft_s"] - fast["ttft_s"] > 0.5 * (fetch / 64e9 - fetch / 450e9)
-
-
 def test_rows_without_a_tier_are_untouched_beside_rows_with_one_in_float32():
-    import numpy as np
     from dse.perf import score_chunked
-    d = {**L70, "workload.isl": 32768, "workload.osl": 1024, "workload.concurrency": 80}
-    b = batch([d, {**d, "serving.kv_offload": "host"}, {**d, "serving.kv_offload": "ssd"}])
+    d = {**LONG, "workload.concurrency": 16}
+    c = {**d, "workload.cached_conversations": 256}
+    b = batch([d, {**c, "serving.kv_offload": "host"}, {**c, "serving.kv_offload": "ssd"}])
     with np.errstate(all="raise"):
         s = score_chunked(b, dtype=np.float32)
     alone = one(d)
     assert s["tpot_s"][0] == pytest.approx(alone["tpot_s"], rel=1e-5)
     assert np.isfinite(s["tpot_s"]).all()
+    assert np.isnan(score(batch(d))["kv_offloaded_fraction"]).all()     # off: not a number

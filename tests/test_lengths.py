@@ -70,3 +70,59 @@ def test_more_spread_never_speeds_up_decoding():
     s = score(batch(rows))
     assert np.all(np.diff(s["tpot_s"]) > 0)
     assert np.all(np.diff(s["max_concurrent_sequences"]) <= 0)
+
+
+# --- prefill: the busiest attention-DP rank's prompt tokens, a long prompt's TTFT ---
+
+def test_gamma_quantile_against_sampling():
+    rng = np.random.default_rng(11)
+    # Wilson-Hilferty: within 3% for cv <= 1, 7% low at cv = 2 (shape 1/4)
+    for cv, tol in ((0.3, 0.03), (1.0, 0.03), (2.0, 0.08)):
+        b = batch({**L70, "workload.isl": 4096, "workload.isl_cv": cv})
+        k = 1.0 / cv ** 2
+        sampled = np.quantile(rng.gamma(k, 4096 / k, 400_000), 0.9)
+        assert float(lengths.isl_quantile(b)[0]) == pytest.approx(sampled, rel=tol), cv
+    assert float(lengths.isl_quantile(batch(L70))[0]) == 1024.0       # uniform lengths
+
+
+def test_prefill_straggler_by_hand():
+    # dp 8, cv 1, 4 prompts per rank per step: 1 + z(8) x 1 / sqrt(4) = 1 + 1.4345 / 2
+    b = batch({**DSV3, "workload.isl_cv": 1.0})
+    assert float(lengths.prefill_straggler(b, np.array([4.0]))[0]) \
+        == pytest.approx(1.0 + 1.4345 / 2.0, abs=2e-4)
+    # fewer than one prompt per rank counts as one; uniform prompts balance
+    assert float(lengths.prefill_straggler(b, np.array([0.2]))[0]) \
+        == pytest.approx(1.0 + 1.4345, abs=2e-4)
+    assert float(lengths.prefill_straggler(batch(DSV3), np.array([4.0]))[0]) == 1.0
+
+
+def test_prompt_spread_slows_the_prompt_carrying_step_under_attention_dp():
+    a = one({**DSV3, "workload.osl_cv": 1e-9})      # the lengths hook on, prompts uniform
+    b = one({**DSV3, "workload.isl_cv": 1.0})
+    assert b["step_s"] > a["step_s"]
+    # without attention DP there is no busiest rank: the prompt spread only moves the KV
+    c = one({**L70, "workload.osl_cv": 1e-9})
+    d = one({**L70, "workload.isl_cv": 1.0, "workload.concurrency": 1})
+    e = one({**L70, "workload.osl_cv": 1e-9, "workload.concurrency": 1})
+    assert d["step_s"] == pytest.approx(e["step_s"], rel=1e-12)
+    assert np.isfinite(c["ttft_p90_length_s"])
+
+
+def test_a_long_prompt_waits_longer_by_hand():
+    # the p90 prompt's extra uncached tokens at the step's per-token prefill time:
+    # ttft_p90_length - ttft = pp x t_prefill x (isl_90 - isl)(1 - hit) / chunk
+    d = {**L70, "workload.isl": 4096, "workload.isl_cv": 1.0, "workload.concurrency": 8,
+         "workload.prefix_hit_fraction": 0.5}
+    m, steps = score(batch(d), breakdown=True)
+    isl90 = float(lengths.isl_quantile(batch(d))[0])
+    new = 2048.0
+    chunk = min(new, 8192 - 8)                     # the whole uncached prompt fits in one step
+    t_prefill = float(steps.total("prefill")[0])
+    extra = t_prefill * (isl90 - 4096) * 0.5 / chunk
+    assert float(m["ttft_p90_length_s"][0] - m["ttft_s"][0]) == pytest.approx(extra, rel=1e-9)
+    # uniform prompts: the p90 prompt is the mean one
+    u = one({**d, "workload.isl_cv": 0.0, "workload.osl_cv": 0.5})
+    assert u["ttft_p90_length_s"] == pytest.approx(u["ttft_s"], rel=1e-12)
+    # more spread never shortens a long prompt's wait
+    w = one({**d, "workload.isl_cv": 2.0})
+    assert w["ttft_p90_length_s"] > float(m["ttft_p90_length_s"][0])

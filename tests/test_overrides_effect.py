@@ -54,12 +54,14 @@ BASES = [
     # serving mechanisms that only act when on (issue 11): MTP speculation
     {"accelerator.id": "gb200", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
      "layout.dp": 8, "layout.ep": 8, "workload.concurrency": 256, "serving.spec_tokens": 2},
-    # ... KV offload tiers past HBM (host memory, and NVMe) with prefix hits
+    # ... KV offload tiers (host memory, and NVMe) holding the prefix cache past free HBM
     {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp8",
-     "layout.tp": 4, "workload.isl": 32768, "workload.osl": 1024, "workload.concurrency": 80,
-     "workload.prefix_hit_fraction": 0.5, "serving.kv_offload": "host"},
+     "layout.tp": 4, "workload.isl": 32768, "workload.osl": 1024, "workload.concurrency": 16,
+     "workload.prefix_hit_fraction": 0.5, "workload.cached_conversations": 1024,
+     "serving.kv_offload": "host"},
     {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp8",
-     "layout.tp": 4, "workload.isl": 32768, "workload.osl": 1024, "workload.concurrency": 80,
+     "layout.tp": 4, "workload.isl": 32768, "workload.osl": 1024, "workload.concurrency": 16,
+     "workload.prefix_hit_fraction": 0.5, "workload.cached_conversations": 4096,
      "serving.kv_offload": "ssd", "accelerator.ssd_bytes": 2e12,
      "accelerator.ssd_bw_bytes_per_s": 6e9},
     # ... a scale-up domain of two racks (it pays for a second switch tier)

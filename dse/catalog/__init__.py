@@ -64,6 +64,13 @@ def spec_acceptance() -> dict[str, float]:
 
 
 @lru_cache(maxsize=1)
+def expert_load_cv() -> float:
+    """Per-expert routed-load coefficient of variation behind the default expert imbalance
+    (serving.toml [expert_routing], with its source)."""
+    return float(_load("serving.toml")["expert_routing"]["expert_load_cv"])
+
+
+@lru_cache(maxsize=1)
 def runtime_defaults() -> dict[str, dict]:
     """Per-runtime defaults (serving.toml [runtimes.*]): max_batch_size, dense_mlp."""
     return dict(_load("serving.toml")["runtimes"])

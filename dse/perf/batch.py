@@ -158,11 +158,12 @@ OPTIONAL: dict[str, float | str] = {
     # request-rate serving, percentiles and goodput (dse.perf.queueing)
     "request_rate_per_s": 0.0, "ttft_slo_s": 0.0, "tpot_slo_s": 0.0,
     # expert load imbalance and redundant experts (dse.perf.imbalance)
-    "expert_imbalance": 1.0, "redundant_experts": 0.0,
+    "expert_imbalance": 1.0, "redundant_experts": 0.0, "expert_load_cv": 0.0,
     # request lengths as distributions (dse.perf.lengths)
     "isl_cv": 0.0, "osl_cv": 0.0,
     # KV memory tiers and prefix caching (dse.perf.kvtier)
     "tier_bytes": 0.0, "tier_bw_bytes_per_s": 0.0, "prefix_tokens": 0.0,
+    "cached_conversations": 0.0,
     # per-op precision: attention projections and routed experts in their own dtypes
     "attn_weight_bytes": "weight_bytes", "expert_weight_bytes": "weight_bytes",
     "attn_matmul_flops_per_s": "matmul_flops_per_s",
@@ -182,11 +183,15 @@ FIELDS.update({
     "request_rate_per_s": "requests/s arriving at one instance (0: fixed concurrency)",
     "ttft_slo_s": "p90 TTFT a request must meet (0: no SLO)",
     "tpot_slo_s": "p90 TPOT a request must meet (0: no SLO)",
-    "expert_imbalance": "routed tokens on the busiest EP rank over the mean (1: balanced)",
+    "expert_imbalance": "routed tokens on the busiest EP rank over the mean (1: balanced, "
+                        "0: the published routing model of the row's ep and expert_load_cv)",
+    "expert_load_cv": "coefficient of variation of the routed tokens per expert (routing skew)",
     "redundant_experts": "extra expert slots per EP group (EPLB-style replicas of hot experts)",
     "tier_bytes": "offload-tier memory per chip for KV beyond HBM (0: no tier)",
     "tier_bw_bytes_per_s": "per-chip bandwidth to the offload tier",
     "prefix_tokens": "shared prompt prefix whose KV is kept once per attention-DP rank",
+    "cached_conversations": "conversations per instance whose prefix the cache keeps between "
+                            "turns (0: hits always held)",
     "isl_cv": "coefficient of variation of input lengths (0: every prompt isl tokens)",
     "osl_cv": "coefficient of variation of output lengths (0: every answer osl tokens)",
     "attn_weight_bytes": "bytes per weight element of the attention projections",

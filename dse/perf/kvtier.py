@@ -1,23 +1,30 @@
 """KV-cache memory tiers and prefix caching: HBM, then host memory (Grace LPDDR over
-NVLink-C2C, host DRAM over PCIe) or local NVMe.
+NVLink-C2C, host DRAM over PCIe) or local NVMe, as a *prefix cache*.
 
+How the serving stacks use a second tier (vLLM's KV offloading connector and LMCache, SGLang's
+HiCache, Dynamo's KVBM): the KV of the sequences *running* in the batch stays in HBM, where
+attention reads it every step; host memory and NVMe keep the KV of conversations *between
+their turns* (evicted from HBM), and a returning request's prefix is brought back once, before
+(or layer by layer during) its prefill, instead of being recomputed. None of them streams a
+running sequence's KV over the host link every decode step (FlexGen-style offload is an
+offline-throughput technique). dse models exactly that:
+
+- **Running sequences** keep their KV in HBM: a tier does not raise the concurrency that fits.
 - **Shared prefix** (``prefix_tokens`` P > 0): the first P prompt tokens are the same for every
   request (a system prompt) and the prefix cache keeps one copy of their KV per attention-DP
   rank instead of one per sequence (attention still reads them for every sequence).
-- **Offload tier** (``serving.kv_offload = "host" | "ssd"``: ``tier_bytes`` of it per chip at
-  ``tier_bw_bytes_per_s`` per direction): sequences beyond what HBM holds keep their KV in the
-  tier, so the concurrency that fits grows by ``tier_bytes / (KV per sequence per chip)``. Every
-  decode step reads every sequence's KV, so the offloaded share ``f = (C - C_hbm) / C`` of the
-  step's KV read comes over the link; layer-by-layer prefetch overlaps it with the step (as
-  FlexGen and LMCache pipeline it), so a step lasts ``max(step, link time)``.
-- **Prefix hits** (``prefix_hit_fraction``) need the hit tokens' KV: while HBM holds every
-  sequence (f = 0) the cached prefixes sit in HBM as well (dse's model without tiers: a hit is
-  free); once the design offloads, returning conversations' prefixes live in the tier and a hit
-  costs ``min(fetch over the link, recomputing the hit tokens)``, per request in its TTFT and in
-  the steps' load.
+- **Prefix cache** (``cached_conversations`` N > 0; ``prefix_hit_fraction`` h): N conversations
+  per instance wait between turns, each with a reusable prefix of ``h * isl`` tokens whose KV
+  the cache must keep for its next request. The cache uses the HBM the running sequences leave
+  free first, then the offload tier (``tier_bytes`` per chip at ``tier_bw_bytes_per_s``); what
+  neither holds is evicted, and those hits are recomputed as prompt tokens. A hit held in the
+  tier costs the request the cheaper of fetching its KV over the link and recomputing it:
+  in its TTFT, and in the steps (a fetch overlaps the steps on the copy engines, so the link
+  bounds the step only when it is busier than the step; a recompute adds to the steps' work).
+  ``cached_conversations = 0`` is dse's model before issue 11: the hits are always held (free).
 
-With no tier a design whose KV fits in HBM is unchanged, and a tier never slows a design that
-fits in HBM (f = 0: no link time, hits as before). Pure numpy.
+A tier never slows a design: it only holds what HBM could not (its hits were recomputed
+without it) and a held hit costs at most its recompute. Pure numpy.
 """
 
 from __future__ import annotations
@@ -29,7 +36,11 @@ from dse.perf.batch import Batch
 
 
 def on(b: Batch) -> bool:
-    return b.has_on("tier_bytes") or b.has_on("prefix_tokens")
+    return b.has_on("prefix_tokens")
+
+
+def cache_on(b: Batch) -> bool:
+    return b.has_on("cached_conversations")
 
 
 def kv_token_layers_bytes(b: Batch) -> np.ndarray:
@@ -49,35 +60,47 @@ def shared_prefix_bytes(b: Batch) -> np.ndarray:
     return arch.context_layers(b, p) / b.pp * kv_token_layers_bytes(b)
 
 
-def tier_sequences(b: Batch, kv_seq) -> np.ndarray:
-    """Sequences the offload tier holds beyond HBM (``kv_seq / dp`` per sequence per chip)."""
-    per = np.maximum(kv_seq / b.dp, 1e-30)
-    return np.floor(b.tier_bytes / per) * (b.tier_bytes > 0)
+def hit_tokens(b: Batch) -> np.ndarray:
+    return b.isl * b.prefix_hit_fraction
 
 
-def offloaded_fraction(c, c_hbm) -> np.ndarray:
-    """Share of the running sequences whose KV lives in the tier."""
-    return np.maximum(c - c_hbm, 0.0) / np.maximum(c, 1.0)
+def hit_bytes(b: Batch, tokens) -> np.ndarray:
+    """Per chip, the KV of ``tokens`` prompt tokens of one sequence (its stage's layers)."""
+    return arch.context_layers(b, tokens) / b.pp * kv_token_layers_bytes(b)
 
 
-def link_s(b: Batch, frac, seqs, dec_ctx) -> np.ndarray:
-    """Time to bring the offloaded share of one stage step's KV read over the tier's link:
-    ``seqs`` sequences per micro-batch (whole instance), ``dec_ctx`` = arch.context_layers of
-    their context."""
-    byts = frac * seqs / b.dp * dec_ctx / b.pp * kv_token_layers_bytes(b)
-    return _over_link(b, byts)
+def free_kv_bytes(b: Batch, weights, kv_seq, act, c) -> np.ndarray:
+    """HBM per chip the KV pool has left at concurrency ``c`` (what the running sequences'
+    KV and the shared prefix leave of the KV share of HBM; dse.perf.serve._memory's fit)."""
+    pool = (b.hbm_capacity_bytes - b.runtime_reserve_bytes - weights - act) * b.kv_memory_fraction
+    if on(b):
+        pool = pool - shared_prefix_bytes(b)
+    return np.maximum(pool - c * kv_seq / b.dp, 0.0)
 
 
-def _over_link(b: Batch, byts) -> np.ndarray:
-    """Seconds to move ``byts`` over the tier's link; 0 where a row has no tier (no inf x 0)."""
+def cache_split(b: Batch, free):
+    """Shares of the waiting conversations' prefixes held in HBM and in the tier (the rest are
+    evicted): the cache fills HBM's free KV pool first, then the tier, per chip."""
+    need = np.maximum(b.cached_conversations, 0.0) / b.dp * hit_bytes(b, hit_tokens(b))
+    some = need > 0
+    safe = np.where(some, need, 1.0)
+    in_hbm = np.where(some, np.minimum(free, need) / safe, 1.0)
+    in_tier = np.where(some, np.minimum(np.maximum(b.tier_bytes, 0.0), need - np.minimum(free, need))
+                       / safe, 0.0)
+    return in_hbm, in_tier
+
+
+def over_link(b: Batch, byts) -> np.ndarray:
+    """Seconds to move ``byts`` over the tier's link; inf where a row has no tier (no inf x 0)."""
     bw = b.tier_bw_bytes_per_s
     ok = (b.tier_bytes > 0) & (bw > 0)
-    return np.where(ok, byts / np.where(ok, bw, 1.0), 0.0)
+    return np.where(ok, byts / np.where(ok, bw, 1.0), np.inf)
 
 
-def hit_s(b: Batch, frac, hit_tokens, recompute_per_token_s) -> np.ndarray:
-    """Per request, bringing its prefix hit's KV (all its stage's layers) once offloading:
-    the cheaper of the link fetch and recomputing the tokens; 0 while nothing is offloaded."""
-    byts = arch.context_layers(b, hit_tokens) / b.pp * kv_token_layers_bytes(b)
-    fetch = np.where(b.tier_bw_bytes_per_s > 0, _over_link(b, byts), np.inf)
-    return np.where(frac > 0, np.minimum(fetch, hit_tokens * recompute_per_token_s), 0.0)
+def tier_hit(b: Batch, tokens, recompute_per_token_s):
+    """Per request, bringing back ``tokens`` hit tokens held in the tier (all its stage's layers):
+    (seconds, fetched) -- the cheaper of the link fetch and recomputing them; 0 for no tokens."""
+    fetch = over_link(b, hit_bytes(b, tokens))
+    recompute = tokens * recompute_per_token_s
+    fetched = fetch <= recompute
+    return np.where(tokens > 0, np.where(fetched, fetch, recompute), 0.0), fetched

@@ -165,3 +165,95 @@ def serve(b, evaluate, breakdown: bool = False):
 
 NEW_METRICS = ("ttft_queue_wait_s", "ttft_p90_s", "ttft_p99_s", "tpot_p90_s", "requests_per_s_per_instance",
                "saturation_requests_per_s_per_instance", "goodput_requests_per_s_per_chip")
+
+
+def serve_disaggregated(b, evaluate, breakdown: bool = False):
+    """Disaggregated rows at their request rate: the decode pool and the prefill pool are each a
+    queue. ``evaluate(C, ratio, breakdown)`` scores the decode instance at concurrency ``C`` with
+    ``ratio`` prefill chips per decode chip (dse.perf.serve._disaggregated; its metrics carry
+    ``_prefill_pass_s``, ``_kv_transfer_s``, ``_prefill_instances``).
+
+    - **Decode pool** (Little's law): a sequence holds the decode instance for ``osl * tpot(C)``,
+      so it takes ``C / (osl tpot(C))`` requests/s; the ``C`` of a rate by bisection, saturation
+      at the largest ``C`` that fits. A blank ``prefill_chip_ratio`` sizes the prefill pool to
+      keep the decodes fed at that saturation.
+    - **Prefill pool**: ``m`` prefill instances, each prefilling ``B`` prompts per pass of ``T``
+      seconds, taken as one FIFO server of per-request service ``S = T / (B m)`` (an M/D/1
+      queue at load ``rho = lambda S``: the PK mean and the M/D/1 tail as above); a request's
+      TTFT = its wait + its own prefill pass + moving its KV to the decode instance.
+    - Saturation: the smaller of the decode pool's and the prefill pool's rates; above it a row
+      is infeasible (reason 128). ``tpot_p90_s`` is the TPOT at the Poisson p90 of the decode
+      batch; goodput as for aggregated rows, by bisection on the decode concurrency.
+    """
+    n = len(b)
+    osl = b.osl
+    lam = np.broadcast_to(b.request_rate_per_s, (n,))
+    base = evaluate(np.maximum(b.concurrency, 1.0), b.prefill_chip_ratio, False)
+    cap = np.maximum(base["max_concurrent_sequences"], 1.0)
+    given = np.broadcast_to(b.prefill_chip_ratio, (n,))
+    if np.any(given <= 0):
+        sat = evaluate(cap, given, False)
+        chips_d = b.tp * b.pp * b.dp
+        ratio = np.where(given > 0, given, sat["num_chips"] / chips_d - 1.0)
+    else:
+        ratio = given
+
+    def dec_rate(m, c):
+        return c / (osl * m["tpot_s"])
+
+    def prefill_queue(m, lam_c):
+        s = m["_prefill_pass_s"] / (np.maximum(b.prefill_concurrency, 1.0)
+                                    * np.maximum(m["_prefill_instances"], 1e-30))
+        return lam_c * s, s
+
+    top = evaluate(cap, ratio, False)
+    lam_sat = np.minimum(dec_rate(top, cap), 1.0 / prefill_queue(top, 1.0)[1])
+    by_rate = lam > 0
+    c_op = np.where(by_rate, bisect_increasing(lambda c: dec_rate(evaluate(c, ratio, False), c),
+                                               lam, np.ones(n), cap), b.concurrency)
+    res = evaluate(c_op, ratio, breakdown)
+    m = dict(res[0] if breakdown else res)
+    lam_op = np.where(by_rate, lam, dec_rate(m, c_op))
+
+    def percentiles(mc, c, lam_c):
+        r, s = prefill_queue(mc, lam_c)
+        own = mc["_prefill_pass_s"] + mc["_kv_transfer_s"]
+        tp = evaluate(np.minimum(poisson_p90(c), cap), ratio, False)["tpot_s"]
+        return (own + md1_mean_wait_s(r, s), own + md1_wait_quantile_s(0.9, r, s),
+                own + md1_wait_quantile_s(0.99, r, s), md1_mean_wait_s(r, s), tp)
+
+    ttft, p90, p99, wmean, tp90 = percentiles(m, c_op, lam_op)
+    f = np.where(by_rate, lam * osl / m["output_tokens_per_s_per_instance"], 1.0)
+    for k in ("output_tokens_per_s_per_chip", "input_tokens_per_s_per_chip",
+              "output_tokens_per_s_per_instance", "output_tokens_per_s_per_rack"):
+        m[k] = m[k] * f
+    for k in ("usd_per_mtok_output", "usd_per_mtok_input", "joules_per_output_token"):
+        m[k] = m[k] / f
+    m["ttft_s"] = np.where(by_rate, ttft, m["ttft_s"])
+    m["ttft_queue_wait_s"] = np.where(by_rate, wmean, np.nan)
+    m["ttft_p90_s"] = np.where(by_rate, p90, np.nan)
+    m["ttft_p99_s"] = np.where(by_rate, p99, np.nan)
+    m["tpot_p90_s"] = np.where(by_rate, tp90, np.nan)
+    m["requests_per_s_per_instance"] = lam_op
+    m["saturation_requests_per_s_per_instance"] = lam_sat
+    over = by_rate & (lam > lam_sat * (1.0 + 1e-6))
+    m["reason"] = m["reason"] | np.where(over, 128, 0)
+    m["feasible"] = m["reason"] == 0
+    slo_t, slo_p = b.ttft_slo_s, b.tpot_slo_s
+    has_slo = (slo_t > 0) | (slo_p > 0)
+    if np.any(has_slo):
+        def worst(c):
+            mc = evaluate(c, ratio, False)
+            _, q90, _, _, tpc = percentiles(mc, c, dec_rate(mc, c))
+            a = np.where(slo_t > 0, q90 / np.where(slo_t > 0, slo_t, 1.0), 0.0)
+            p = np.where(slo_p > 0, tpc / np.where(slo_p > 0, slo_p, 1.0), 0.0)
+            return np.maximum(a, p)
+        c_good = bisect_increasing(worst, 1.0, np.ones(n), cap)
+        mg = evaluate(c_good, ratio, False)
+        good = np.where(worst(c_good) <= 1.0, dec_rate(mg, c_good), 0.0)
+        m["goodput_requests_per_s_per_chip"] = np.where(
+            has_slo, np.minimum(good, lam_sat), np.nan) / m["num_chips"]
+    m["concurrency"] = np.where(by_rate, c_op, m["concurrency"])
+    for k in ("_prefill_pass_s", "_kv_transfer_s", "_prefill_instances"):
+        m.pop(k, None)
+    return (m, res[1]) if breakdown else m

@@ -65,10 +65,13 @@ METRICS = (
     *queueing.NEW_METRICS,
     # speculative decoding (dse.perf.spec): output tokens per sequence per step
     "spec_expected_tokens",
+    # length distributions (dse.perf.lengths): TTFT of a prompt at the 90th length percentile
+    "ttft_p90_length_s",
     # the KV cache's element size (its dtype, stated rather than following the weights)
     "kv_bytes_per_element",
-    # KV offload tier (dse.perf.kvtier): share of the running sequences' KV in the tier
-    "kv_offloaded_fraction",
+    # prefix cache and offload tier (dse.perf.kvtier): shares of the waiting conversations'
+    # reusable prefixes held in the tier, and evicted (their hits recomputed)
+    "kv_offloaded_fraction", "prefix_cache_evicted_fraction",
 )
 
 HOURS_PER_YEAR = 8766.0
@@ -131,8 +134,6 @@ def _memory(b: Batch):
     below = room / (kv_cost + tokens_per_seq * act_per_token)
     above = (room - b.max_num_tokens * act_per_token) / kv_cost
     max_c = np.floor(np.maximum(arch.blend(arch.flag(below <= knee, room), below, above), 0.0))
-    if tiers:                            # hook: sequences whose KV the offload tier holds
-        max_c = max_c + kvtier.tier_sequences(b, kv_seq)
     return weights, kv_seq, act, max_c
 
 
@@ -201,7 +202,11 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None, q=Non
     dp = b.dp
     # the busiest attention-DP rank of a prompt-carrying step: an even share of the prompt
     # tokens when every rank has a whole chunk, else one rank holds a whole chunk
-    rank_carried = np.maximum(carried / dp, np.minimum(chunk, carried))
+    rank_mean = carried / dp
+    if lengths.on(b):                    # hook: the busiest rank's prompt tokens (dse.perf.lengths)
+        rank_mean = np.minimum(rank_mean * lengths.prefill_straggler(
+            b, carried / np.maximum(new, 1.0) / dp), carried)
+    rank_carried = np.maximum(rank_mean, np.minimum(chunk, carried))
     # decode-only step: what limits decoding, and the decode share of the cost
     decode = step(k, dq / pp, zero, dec_ctx, new, prior, pairs, dq / pp,
                   breakdown, True, decode_step=True, seq_tokens=q)
@@ -242,7 +247,7 @@ def score(b: Batch, breakdown: bool = False, coefficients: Coefficients | None =
     dis = b.disaggregated > 0
     if not np.any(dis):
         return _fleet(b, _served(b, breakdown, coefficients), breakdown)
-    out = _disaggregated(b, breakdown)
+    out = _served_disaggregated(b, breakdown)
     if np.all(dis):
         return _fleet(b, out, breakdown)
     agg = _served(b, breakdown, coefficients)
@@ -286,6 +291,14 @@ def _served(b: Batch, breakdown: bool, k: Coefficients | None):
         b, lambda c, bd: _instance(b.replace(concurrency=c), bd, k, queue=True), breakdown)
 
 
+def _served_disaggregated(b: Batch, breakdown: bool):
+    """hook: the prefill and decode pools as queues (dse.perf.queueing) where a rate is given."""
+    if not (b.has_on("request_rate_per_s") or b.has_on("ttft_slo_s") or b.has_on("tpot_slo_s")):
+        return _disaggregated(b, breakdown)
+    return queueing.serve_disaggregated(b, lambda c, r, bd: _disaggregated(
+        b.replace(concurrency=c, prefill_chip_ratio=r), bd, queue=True), breakdown)
+
+
 def _pick(mask, a, b):
     if isinstance(a, StepTimes):
         return StepTimes(*(np.where(mask, x, y) for x, y in zip(
@@ -294,7 +307,7 @@ def _pick(mask, a, b):
     return np.where(mask, a, b)
 
 
-def _disaggregated(b: Batch, breakdown: bool):
+def _disaggregated(b: Batch, breakdown: bool, queue: bool = False):
     """A decode instance (``tp, pp, ep, dp``; ``concurrency`` sequences; decode steps only) and
     its share of a prefill pool (instances of ``prefill_tp, ...`` chips that prefill
     ``prefill_concurrency`` prompts per step), ``prefill_chip_ratio`` prefill chips per decode
@@ -345,6 +358,9 @@ def _disaggregated(b: Batch, breakdown: bool):
         "feasible": bits == 0,
         "reason": bits,
     })
+    if queue:                            # hook: dse.perf.queueing (the prefill pool's queue)
+        m.update({"_prefill_pass_s": pm["ttft_s"], "_kv_transfer_s": kv_s,
+                  "_prefill_instances": ratio * chips_d / chips_p})
     if not breakdown:
         return m
     return m, Breakdown(dsteps.decode, dsteps.mixed, psteps.prefill)
@@ -358,6 +374,11 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     chips = b.tp * b.pp * b.dp
     weights, kv_seq, act, max_c = _memory(b)
     bits = _invalid_bits(b, weights, act, max_c)
+    cache, b0 = kvtier.cache_on(b), b
+    if cache:                            # hook: the prefix cache in HBM and the tier (dse.perf.kvtier)
+        in_hbm, in_tier = kvtier.cache_split(b, kvtier.free_kv_bytes(b, weights, kv_seq, act, c))
+        tier_tokens = kvtier.hit_tokens(b) * in_tier
+        b = b.replace(prefix_hit_fraction=b.prefix_hit_fraction * (in_hbm + in_tier))  # evicted: recomputed
     # hook: speculative decoding / MTP (dse.perf.spec): verification steps of k+1 tokens per
     # sequence plus the k draft steps, yielding tok_step tokens per sequence on average
     on_spec = b.has_on("spec_tokens")
@@ -378,15 +399,10 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     both, pre_only, dec_only = arch.phases(b)
     new = b.isl * (1.0 - b.prefix_hit_fraction)
     ttft_extra = 0.0
-    if b.has_on("tier_bytes"):           # hook: KV offload tier (dse.perf.kvtier)
-        c_hbm = max_c - kvtier.tier_sequences(b, kv_seq)
-        off = kvtier.offloaded_fraction(c, c_hbm)
-        link = kvtier.link_s(b, off, decoding / pp, arch.context_layers(b, b.isl + 0.5 * b.osl))
-        hit = kvtier.hit_s(b, off, b.isl * b.prefix_hit_fraction,
-                           t_prefill / np.maximum(chunk, 1.0))
-        t_decode = np.maximum(t_decode, link)
-        t_mixed = np.maximum(t_mixed + avg / np.maximum(new, 1.0) * hit, link)
-        t_prefill = np.maximum(t_prefill, link)
+    if cache:                            # hook: prefix hits held in the tier (dse.perf.kvtier)
+        hit, fetched = kvtier.tier_hit(b, tier_tokens, t_prefill / np.maximum(chunk, 1.0))
+        per_step = avg / np.maximum(new, 1.0) * hit      # the requests one step admits
+        t_mixed = np.where(fetched, np.maximum(t_mixed, per_step), t_mixed + per_step)
         ttft_extra = pp * hit
 
     pass_s = pp * t_mixed                      # one token for every sequence
@@ -397,6 +413,10 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
     wait = 0.5 * pass_s * (1.0 - 1.0 / c)
     ttft = arch.blend(pre_only, pass_s, wait + pp * n_chunks * t_prefill + pass_s + ttft_extra)
+    if lengths.on(b):                    # hook: a p90-length prompt's TTFT (dse.perf.lengths)
+        longer = np.maximum(lengths.isl_quantile(b) - b.isl, 0.0) * (1.0 - b.prefix_hit_fraction)
+        ttft_long = ttft + arch.blend(pre_only, pass_s * longer / np.maximum(new, 1.0),
+                                      pp * t_prefill * longer / np.maximum(chunk, 1.0))
 
     # cost: ownership (capex written off + power) or rental; split between decode and prefill
     own = b.capex_usd / (b.amortization_years * HOURS_PER_YEAR) \
@@ -452,16 +472,28 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     }
     if on_spec:
         metrics["spec_expected_tokens"] = tok_step
-    if b.has_on("tier_bytes"):           # the KV in HBM: what the tier does not hold
-        metrics["hbm_used_fraction"] = (weights + act + b.runtime_reserve_bytes + kv_seq
-                                        * np.minimum(c, c_hbm) / b.dp) / b.hbm_capacity_bytes
-        metrics["kv_offloaded_fraction"] = off
+    if lengths.on(b):
+        metrics["ttft_p90_length_s"] = np.where(b.phase == 2, np.nan, ttft_long)
+    if cache:                            # where the waiting conversations' prefixes are
+        metrics["kv_offloaded_fraction"] = in_tier
+        metrics["prefix_cache_evicted_fraction"] = np.maximum(1.0 - in_hbm - in_tier, 0.0)
     if queue:                            # hook: dse.perf.queueing (S of the M/D/1 prefill queue)
         metrics["_prefill_service_s"] = pp * new / np.maximum(chunk, 1.0) * t_prefill
     n = len(b)
-    for k, v in metrics.items():     # a compact batch's shared columns give length-1 metrics
+    for key, v in metrics.items():   # a compact batch's shared columns give length-1 metrics
         if np.shape(v) != (n,):
-            metrics[k] = np.broadcast_to(v, (n,)).copy()
+            metrics[key] = np.broadcast_to(v, (n,)).copy()
+    if cache and np.any(~fetched & (tier_tokens > 0)):
+        # hook: where recomputing beats the link, the runtime does not keep hits in the tier: those
+        # rows score as without it (their tier's hits evicted and recomputed as prompt tokens)
+        keep = np.broadcast_to(fetched | (tier_tokens <= 0), (n,))
+        alt = _instance(b0.replace(tier_bytes=np.where(keep, b0.tier_bytes, 0.0)), breakdown, k,
+                        queue)
+        alt_m = alt[0] if breakdown else alt
+        metrics = {key: np.where(keep, v, alt_m[key]) for key, v in metrics.items()}
+        if breakdown:
+            steps = Breakdown(*(_pick(keep, getattr(steps, f), getattr(alt[1], f))
+                                for f in ("decode", "mixed", "prefill")))
     return (metrics, steps) if breakdown else metrics
 
 

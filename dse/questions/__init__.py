@@ -149,14 +149,13 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-01 (kernel physics, second pass): the MoE grouped-GEMM kernels are fitted on the "
-    "exact expert routing of the measured benchmarks, with the tile waste of a narrow model "
-    "width and the layer's input/output bytes per token (routed experts 0-7% faster than the "
-    "previous fit on the seeds' MoE designs), prefill attention has a time per prompt and per "
-    "(prompt, head) and a head-dimension term (slower for many short prompts), the end-to-end "
-    "per-layer time is refitted on top of them (42 us per layer instead of 33 us, the per-step "
-    "time at its floor), and 'decode bound' is defined once: capacity when the batch fills the "
-    "HBM or sits within 3% of the memory limit.")
+    "2026-12-02 (serving mechanisms, second pass): a blank serving.expert_imbalance is a "
+    "published routing model, 1 + z(ep) cv sqrt(ep / experts) with cv = 0.292 fitted on a "
+    "measured max/mean rank load (DeepSeek-V3: 1.07 at EP 8, 1.37 at EP 72 before spare "
+    "slots; it was 1, balanced), so MoE designs with expert parallelism are slower; KV tiers "
+    "hold the prefix cache of conversations waiting between turns (fetched once per request) "
+    "instead of streaming running sequences' KV every step; prompt-length spread loads the "
+    "busiest attention-DP rank in prefill.")
 
 
 def _previous(o: Path) -> dict | None:

@@ -1,0 +1,80 @@
+"""Request-rate serving of disaggregated rows (dse/perf/queueing.py, serve_disaggregated): the
+decode pool by Little's law, the prefill pool as an M/D/1 queue, worked by hand from the
+single-phase instances."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import batch, design, one
+
+from dse.perf import score
+
+DSV3 = dict(acc="gb200", model="deepseek-v3", **{
+    "topology.id": "nvl72", "model.weight_dtype": "fp8", "layout.tp": 1, "layout.ep": 32,
+    "layout.dp": 32, "layout.prefill_ep": 8, "layout.prefill_dp": 8, "workload.isl": 2048,
+    "workload.osl": 1024, "workload.concurrency": 2048, "workload.prefill_concurrency": 4,
+    "serving.mode": "disaggregated", "serving.expert_imbalance": 1.0})
+
+
+def _d(**kw):
+    return design(**{**DSV3, **kw})
+
+
+def test_decode_concurrency_follows_the_rate_by_littles_law():
+    sat = one(_d(**{"workload.request_rate_per_s": 1.0}))["saturation_requests_per_s_per_instance"]
+    lam = 0.5 * sat
+    m = one(_d(**{"workload.request_rate_per_s": lam}))
+    assert m["feasible"]
+    c = m["concurrency"]
+    at_c = one(_d(), concurrency=c)              # the same decode batch, no rate
+    assert c == pytest.approx(lam * 1024 * at_c["tpot_s"], rel=1e-5)
+    assert m["tpot_s"] == pytest.approx(at_c["tpot_s"], rel=1e-9)
+    # every request that arrives is served
+    assert m["output_tokens_per_s_per_instance"] == pytest.approx(lam * 1024, rel=1e-9)
+
+
+def test_prefill_pool_wait_is_md1_by_hand():
+    ratio = 1.0                                 # prefill chips per decode chip, fixed
+    sat = one(_d(**{"workload.request_rate_per_s": 1.0, "serving.prefill_chip_ratio": ratio}))[
+        "saturation_requests_per_s_per_instance"]
+    lam = 0.6 * sat
+    m = one(_d(**{"workload.request_rate_per_s": lam, "serving.prefill_chip_ratio": ratio}))
+    pre = one(design(**{**DSV3, "serving.mode": "aggregated", "workload.phase": "prefill",
+                        "layout.ep": 8, "layout.dp": 8, "workload.concurrency": 4}))
+    plain = one(_d(**{"serving.prefill_chip_ratio": ratio}))
+    t_pass = pre["ttft_s"]                      # one pass prefills 4 prompts
+    kv = plain["ttft_s"] - 1.5 * t_pass         # the no-rate TTFT: 1.5 passes + the KV move
+    instances = ratio * 32 / 8                  # 32 prefill chips in instances of 8
+    s = t_pass / (4 * instances)
+    rho = lam * s
+    assert 0 < rho < 1
+    wait = rho * s / (2 * (1 - rho))            # Pollaczek-Khinchine, M/D/1
+    assert m["ttft_s"] == pytest.approx(t_pass + kv + wait, rel=1e-6)
+    assert m["ttft_queue_wait_s"] == pytest.approx(wait, rel=1e-9)
+    assert m["ttft_p99_s"] >= m["ttft_p90_s"] >= t_pass + kv
+
+
+def test_saturation_goodput_and_overload():
+    base = _d(**{"workload.request_rate_per_s": 1.0, "workload.ttft_slo_s": 2.0,
+                 "workload.tpot_slo_s": 0.05})
+    m = one(base)
+    sat = m["saturation_requests_per_s_per_instance"]
+    assert 0 < m["goodput_requests_per_s_per_chip"] * m["num_chips"] <= sat * (1 + 1e-9)
+    over = one({**base, "workload.request_rate_per_s": 1.5 * sat})
+    assert not over["feasible"] and int(over["reason"]) & 128
+    # more load never shortens the p90 TTFT
+    lo = one({**base, "workload.request_rate_per_s": 0.3 * sat})
+    hi = one({**base, "workload.request_rate_per_s": 0.9 * sat})
+    assert hi["ttft_p90_s"] > lo["ttft_p90_s"]
+
+
+def test_rows_without_a_rate_are_unchanged_beside_rows_with_one():
+    rows = [_d(), _d(**{"workload.request_rate_per_s": 5.0}), design(**{**DSV3,
+            "serving.mode": "aggregated"})]
+    s = score(batch(rows))
+    for i in (0, 2):
+        alone = one(rows[i])
+        assert s["tpot_s"][i] == pytest.approx(alone["tpot_s"], rel=1e-12)
+        assert s["ttft_s"][i] == pytest.approx(alone["ttft_s"], rel=1e-12)
+    assert np.isnan(s["ttft_p90_s"][0]) and np.isfinite(s["ttft_p90_s"][1])
