@@ -147,8 +147,22 @@ def _ran(d) -> int:
                          for c in m.get("constraints", []))
         print(f"dse: warning: no scored design is feasible{' and meets ' + cons if cons else ''}; "
               "the front is empty", file=sys.stderr)
+    _front_table(d, m)
     print(d)
     return 0
+
+
+def _front_table(d, m) -> None:
+    """The front's best design of each objective and its knee, with units (dse.terminal)."""
+    from dse import runs, terminal
+    from dse.space import Objective
+    front = runs.read_front(d)
+    if front is None or not len(front):
+        return
+    objs = [Objective(o["name"], o["direction"]) for o in m["objectives"]]
+    params = [p for p in front.columns if p not in {o.metric for o in objs} | {"design_id"}]
+    for line in terminal.front_lines(front, objs, params):
+        print(line)
 
 
 def _worker(a) -> int:
@@ -251,6 +265,8 @@ def _compare(a) -> int:
 
     from dse.api import compare
     c = compare(a.dir_a, a.dir_b)
+    for w in c.warnings:
+        print(f"dse: warning: {w}", file=sys.stderr)
     out = c.write(a.out or Path("runs") / f"compare-{Path(a.dir_a).name}-vs-{Path(a.dir_b).name}")
     print(f"wrote {out / 'index.html'}, {out / 'compare.md'}, {out / 'union_front.csv'}")
     print(out)
@@ -302,8 +318,11 @@ def _status(a) -> int:
     if a.json:
         print(json.dumps(st))
     else:
-        for k, v in st.items():
-            print(f"{k:<18} {v}")
+        from pathlib import Path
+
+        from dse import runs, terminal
+        for line in terminal.status_lines(st, runs.load_manifest(Path(a.dir))):
+            print(line)
     return 0
 
 
