@@ -210,7 +210,7 @@ def _write(o: Path, space, ans: Answer, d: Path, previous: dict | None = None) -
         block = ("<section id='answer' style='border:2px solid #2a6;padding:0.6em 1em;margin:1em 0'>"
                  f"<h2>Answer</h2><div>{markdown_html(ans.headline.strip())}"
                  "</div>" + "".join(f"<img src='data:image/png;base64,{_b64(o / f)}' "
-                                    "style='max-width:48%;margin:4px'>" for f in ans.figures
+                                    "class='figure'>" for f in ans.figures
                                     if f.endswith(".png") and (o / f).is_file())
                  + "</section>")
         i = text.find("<body>")
