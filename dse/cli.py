@@ -135,12 +135,12 @@ def _ran(d) -> int:
     its folder as the last line."""
     from dse import runs
     st, m = runs.status(d), runs.load_manifest(d)
+    from dse.terminal import completed_words
     if m["strategy"] == "exhaustive":
-        done, of = st["designs_scored"], f"{m.get('size') or 0:,} designs"
+        what = f"{st['designs_scored']:,} of {m.get('size') or 0:,} designs scored"
     else:
-        done, of = st["trials_completed"], f"{st['trials_total']:,} trials"
-    print(f"{st['state']}: {done:,} of {of} scored in {st['elapsed_s']:.1f} s, front of "
-          f"{st['front_size']} designs")
+        what = f"{completed_words(st, 'trials')} trials scored"
+    print(f"{st['state']}: {what} in {st['elapsed_s']:.1f} s, front of {st['front_size']} designs")
     if st["front_size"] == 0 and st["designs_scored"]:
         cons = ", ".join(f"{c['metric']} {'<=' if c['max'] is not None else '>='} "
                          f"{c['max'] if c['max'] is not None else c['min']}"
@@ -181,8 +181,10 @@ def _worker(a) -> int:
     d = driver.run_space(run_dir=d, join=True, trials=a.trials, budget_s=budget,
                          storage_url=url, progress=not a.quiet)
     st, m = runs.status(d), runs.load_manifest(d)
+    from dse.terminal import completed_words
     what = "chunks" if m["strategy"] == "exhaustive" else "trials"
-    print(f"worker done: {st['trials_completed']:,} {what} complete, front of {st['front_size']}")
+    print(f"worker done: the run has {completed_words(st, what)} {what} complete (every "
+          f"worker's together), front of {st['front_size']}")
     print(d)
     return 0
 

@@ -212,6 +212,8 @@ def _plots(o: Path, c: Comparison, lines):
     objs, fa, fb, union = c.objectives, c.front_a, c.front_b, c.union
     xo, yo = objs[0], objs[1] if len(objs) > 1 else objs[0]
     x, y = xo.metric, yo.metric
+    both = pd.concat([fa[[x, y]], fb[[x, y]]]).astype(float)
+    logs = [bool(len(v) and (v > 0).all() and v.max() / v.min() > 50) for v in (both[x], both[y])]
     fig = go.Figure()
     for name, f, color in (("A", fa, "#1f77b4"), ("B", fb, "#d62728")):
         fig.add_trace(go.Scatter(x=f[x], y=f[y], mode="markers", name=f"front {name}",
@@ -221,6 +223,8 @@ def _plots(o: Path, c: Comparison, lines):
     fig.update_layout(title=f"{label(x)} vs {label(y)}", xaxis_title=objective_label(x, xo.direction),
                       yaxis_title=objective_label(y, yo.direction), height=560,
                       template="plotly_white", font=dict(size=13),
+                      xaxis_type="log" if logs[0] else "linear",
+                      yaxis_type="log" if logs[1] else "linear",
                       margin=dict(l=90, r=40, t=70, b=80))
     body = fig.to_html(full_html=False, include_plotlyjs="inline", default_width="100%")
     import matplotlib
@@ -232,6 +236,10 @@ def _plots(o: Path, c: Comparison, lines):
     ax.scatter(union[x], union[y], facecolors="none", edgecolors="black", s=80, label="union front")
     ax.set_xlabel(objective_label(x, xo.direction))
     ax.set_ylabel(objective_label(y, yo.direction))
+    if logs[0]:
+        ax.set_xscale("log")
+    if logs[1]:
+        ax.set_yscale("log")
     pages.style_axes(ax)
     ax.legend(fontsize=pages.FONT_PT - 2)
     f.tight_layout()

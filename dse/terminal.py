@@ -65,13 +65,24 @@ def reference_words(objectives, reference: dict | None) -> str:
         "its range on the first front (" + ", ".join(f"{s:.4g}" for s in reference["scale"]) + ")"
 
 
+def completed_words(st: dict, unit: str) -> str:
+    """``180 of 200``; past the target (workers that ask at the same moment may each start up
+    to one batch more), the overshoot is said, so the counts add up."""
+    done, total = st["trials_completed"], st.get("trials_total")
+    if not total:
+        return f"{done:,}"
+    if done > total:
+        return (f"{done:,} (the target {total:,} and {done - total:,} more: workers asking at "
+                f"the same moment each start up to one batch)")
+    return f"{done:,} of {total:,}"
+
+
 def status_lines(st: dict, manifest: dict) -> list[str]:
     """``dse status`` as a readable table (``--json`` prints ``st`` as it is)."""
     unit = "chunks" if st["strategy"] == "exhaustive" else "trials"
     size = st.get("space_size")
     rows = [("state", st["state"]), ("strategy", st["strategy"]),
-            (f"{unit} completed", f"{st['trials_completed']:,} of {st['trials_total']:,}"
-             if st.get("trials_total") else f"{st['trials_completed']:,}"),
+            (f"{unit} completed", completed_words(st, unit)),
             (f"{unit} failed", f"{st['trials_failed']:,}"),
             ("designs scored", f"{st['designs_scored']:,}" + (f" of a space of {size:,}"
                                                               if size else "")),

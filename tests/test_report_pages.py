@@ -154,3 +154,10 @@ def test_compare_warns_when_the_workloads_differ(quick_run, tmp_path, capsys):
     # the same workload: no warning
     assert main(["compare", str(quick_run), str(quick_run), "--out", str(tmp_path / "c2")]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_trial_counts_add_up_when_workers_overshoot():
+    from dse.terminal import completed_words
+    assert completed_words({"trials_completed": 180, "trials_total": 200}, "trials") == "180 of 200"
+    words = completed_words({"trials_completed": 232, "trials_total": 200}, "trials")
+    assert words.startswith("232 (the target 200 and 32 more")
