@@ -266,6 +266,17 @@ def _n(k: int, word: str) -> str:
     return f"{k:,} {word}" + ("" if k == 1 else "s")
 
 
+def _reference(objs, res: dict) -> str:
+    """The hypervolume's reference point (minimisation form in ``res``) in each objective's
+    unit, and the scale."""
+    from dse.fields import label
+    if "reference" not in res:
+        return "reference point not recorded"
+    return "reference point " + ", ".join(
+        f"{label(o.metric)} {(p if o.direction == 'minimize' else -p):.4g} (scale {sc:.4g})"
+        for o, p, sc in zip(objs, res["reference"], res["scale"]))
+
+
 def _reopt_lines(res: dict, space) -> list[str]:
     st, objs = res["status"], space.objectives
     hv_o, hv_n = res["hv_rescored"], res["hv_reoptimized"]
@@ -281,7 +292,8 @@ def _reopt_lines(res: dict, space) -> list[str]:
              (f"- front: {len(res['old_front'])} designs re-scored -> {len(res['new_front'])} "
               f"re-optimized, of which {len(res['new'])} new (not on the old front)"),
              (f"- hypervolume (one reference point, objectives scaled by the union's range): "
-              f"re-scored old front {hv_o:.4g}, re-optimized front {hv_n:.4g}{gain}"), "",
+              f"re-scored old front {hv_o:.4g}, re-optimized front {hv_n:.4g}{gain}; "
+              + _reference(objs, res)), "",
              ("| objective | best on the original front | best re-scored | best re-optimized "
               "| change |"), "|---|---|---|---|---|"]
     for b in res["best"]:
