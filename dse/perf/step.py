@@ -276,11 +276,21 @@ def op_bound(c, m, n):
 
 
 def _share(shares: list, c, m, n, t) -> None:
-    """Add an op's time ``t`` to the share of the resource that bounds it (``op_bound``)."""
-    z = 0.0
-    cls = op_bound(z if c is None else c, z if m is None else m, z if n is None else n)
-    for j in range(3):
-        shares[j] = shares[j] + np.where(cls == j, t, 0.0)
+    """Add an op's time ``t`` to the share of the resource that bounds it (``op_bound``, spelt
+    out per kind of op: this is the hot path)."""
+    if c is None:                                  # a network-only op
+        shares[2] = shares[2] + t
+        return
+    if n is None:                                  # no network term: compute or memory
+        mem = m > c
+        shares[1] = shares[1] + t * mem
+        shares[0] = shares[0] + t * ~mem
+        return
+    net = (n > c) & (n > m)
+    mem = (m > c) & (m >= n)
+    shares[2] = shares[2] + t * net
+    shares[1] = shares[1] + t * mem
+    shares[0] = shares[0] + t * ~(net | mem)
 
 
 def bound_shares(st: "StepTimes") -> tuple:
