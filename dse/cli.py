@@ -135,20 +135,34 @@ def _ran(d) -> int:
     its folder as the last line."""
     from dse import runs
     st, m = runs.status(d), runs.load_manifest(d)
+    from dse.terminal import completed_words
     if m["strategy"] == "exhaustive":
-        done, of = st["designs_scored"], f"{m.get('size') or 0:,} designs"
+        what = f"{st['designs_scored']:,} of {m.get('size') or 0:,} designs scored"
     else:
-        done, of = st["trials_completed"], f"{st['trials_total']:,} trials"
-    print(f"{st['state']}: {done:,} of {of} scored in {st['elapsed_s']:.1f} s, front of "
-          f"{st['front_size']} designs")
+        what = f"{completed_words(st, 'trials')} trials scored"
+    print(f"{st['state']}: {what} in {st['elapsed_s']:.1f} s, front of {st['front_size']} designs")
     if st["front_size"] == 0 and st["designs_scored"]:
         cons = ", ".join(f"{c['metric']} {'<=' if c['max'] is not None else '>='} "
                          f"{c['max'] if c['max'] is not None else c['min']}"
                          for c in m.get("constraints", []))
         print(f"dse: warning: no scored design is feasible{' and meets ' + cons if cons else ''}; "
               "the front is empty", file=sys.stderr)
+    _front_table(d, m)
     print(d)
     return 0
+
+
+def _front_table(d, m) -> None:
+    """The front's best design of each objective and its knee, with units (dse.terminal)."""
+    from dse import runs, terminal
+    from dse.space import Objective
+    front = runs.read_front(d)
+    if front is None or not len(front):
+        return
+    objs = [Objective(o["name"], o["direction"]) for o in m["objectives"]]
+    params = [p for p in front.columns if p not in {o.metric for o in objs} | {"design_id"}]
+    for line in terminal.front_lines(front, objs, params):
+        print(line)
 
 
 def _worker(a) -> int:
@@ -167,8 +181,10 @@ def _worker(a) -> int:
     d = driver.run_space(run_dir=d, join=True, trials=a.trials, budget_s=budget,
                          storage_url=url, progress=not a.quiet)
     st, m = runs.status(d), runs.load_manifest(d)
+    from dse.terminal import completed_words
     what = "chunks" if m["strategy"] == "exhaustive" else "trials"
-    print(f"worker done: {st['trials_completed']:,} {what} complete, front of {st['front_size']}")
+    print(f"worker done: the run has {completed_words(st, what)} {what} complete (every "
+          f"worker's together), front of {st['front_size']}")
     print(d)
     return 0
 
@@ -251,6 +267,8 @@ def _compare(a) -> int:
 
     from dse.api import compare
     c = compare(a.dir_a, a.dir_b, bands=a.bands)
+    for w in c.warnings:
+        print(f"dse: warning: {w}", file=sys.stderr)
     out = c.write(a.out or Path("runs") / f"compare-{Path(a.dir_a).name}-vs-{Path(a.dir_b).name}")
     if c.bands:
         from dse.bands_report import compare_lines
@@ -316,8 +334,11 @@ def _status(a) -> int:
     if a.json:
         print(json.dumps(st))
     else:
-        for k, v in st.items():
-            print(f"{k:<18} {v}")
+        from pathlib import Path
+
+        from dse import runs, terminal
+        for line in terminal.status_lines(st, runs.load_manifest(Path(a.dir))):
+            print(line)
     return 0
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 
 from dse import pareto, runs
 from dse.errors import InputError
-from dse.fields import legacy_columns
+from dse.fields import label, legacy_columns, objective_label
 from dse.space import Objective
 
 
@@ -83,31 +83,37 @@ class Comparison:
     best: dict                     # metric -> (best on A, best on B)
     appeared: list                 # designs on B's front but not A's (parameter signatures)
     vanished: list                 # designs on A's front but not B's
+    warnings: tuple = ()           # how the two runs differ (workload, constraints, model)
     bands: dict | None = None      # with bands: the best designs' bands, P(A better) (bands.json)
 
     def lines(self) -> list[str]:
         """compare.md, as lines."""
         u = self.union
-        out = [f"# {self.name_a} (A) vs {self.name_b} (B)", "",
-               f"Reference point (minimisation form) {np.round(self.reference, 6).tolist()}, "
-               f"scale {np.round(self.scale, 6).tolist()}: the same for both runs.", "",
-               "| | A | B |", "|---|---|---|",
-               f"| front size | {len(self.front_a)} | {len(self.front_b)} |",
-               f"| hypervolume | {self.hypervolume_a:.6g} | {self.hypervolume_b:.6g} |",
-               f"| coverage of the other front (share it weakly dominates) | "
-               f"{self.coverage_a:.3f} | {self.coverage_b:.3f} |",
-               f"| designs in the union front | {(u['run'] == 'A').sum()} | "
-               f"{(u['run'] == 'B').sum()} |", "", "Best of each objective:", ""]
+        ref = "; ".join(f"{label(x.metric)} {(p if x.direction == 'minimize' else -p):.4g} "
+                        f"(scale {sc:.4g})"
+                        for x, p, sc in zip(self.objectives, self.reference, self.scale))
+        out = [f"# {self.name_a} (A) vs {self.name_b} (B)", ""]
+        out += [f"**Warning:** {w}" for w in self.warnings] + ([""] if self.warnings else [])
+        out += [f"Hypervolume reference point (the same for both runs; each objective divided "
+                f"by its scale): {ref}.", "",
+                "| | A | B |", "|---|---|---|",
+                f"| front size | {len(self.front_a)} | {len(self.front_b)} |",
+                f"| hypervolume | {self.hypervolume_a:.6g} | {self.hypervolume_b:.6g} |",
+                f"| coverage of the other front (share it weakly dominates) | "
+                f"{self.coverage_a:.3f} | {self.coverage_b:.3f} |",
+                f"| designs in the union front | {(u['run'] == 'A').sum()} | "
+                f"{(u['run'] == 'B').sum()} |", "", "Best of each objective:", "",
+                "| objective | A | B |", "|---|---|---|"]
         for x in self.objectives:
             a, b = self.best[x.metric]
-            out.append(f"- {x.direction} {x.metric}: A {a:.6g}, B {b:.6g}")
+            out.append(f"| {x.direction} {label(x.metric)} | {a:.6g} | {b:.6g} |")
         if self.bands:
             from dse.bands_report import compare_lines
-            out += compare_lines(self.bands)
-        out += ["", f"Designs on B's front but not A's (appeared): {len(self.appeared)}",
-                *[f"- {s}" for s in self.appeared[:30]], "",
-                f"Designs on A's front but not B's (vanished): {len(self.vanished)}",
-                *[f"- {s}" for s in self.vanished[:30]]]
+            out += ["", *compare_lines(self.bands)]
+        out += ["", f"Designs on B's front but not A's (appeared): {len(self.appeared)}", "",
+                *[f"- `{s}`" for s in self.appeared[:30]], "",
+                f"Designs on A's front but not B's (vanished): {len(self.vanished)}", "",
+                *[f"- `{s}`" for s in self.vanished[:30]]]
         return out
 
     def write(self, out: str | Path) -> Path:
@@ -120,8 +126,47 @@ class Comparison:
             (o / "bands.json").write_text(json.dumps(self.bands, indent=2) + "\n")
         lines = self.lines()
         (o / "compare.md").write_text("\n".join(lines) + "\n")
-        _plots(o, self.objectives, self.front_a, self.front_b, self.union, lines)
+        _plots(o, self, lines)
         return o
+
+
+def _workload(d: Path, m: dict) -> dict:
+    """What a run serves: its space's base workload and model, and the values of the parameters
+    over them (read from its copy of the space file)."""
+    from dse.design import read_toml
+    try:
+        t = read_toml(str(runs.space_snapshot(d, m)))
+    except InputError:
+        return {}
+    flat = {}
+    for sec in ("model", "workload", "serving"):
+        for k, v in (t.get(sec) or {}).items():
+            flat[f"{sec}.{k}"] = v
+    for k, v in (t.get("parameters") or {}).items():
+        if k.split(".")[0] in ("model", "workload", "serving"):
+            flat[k] = f"swept {v}"
+    return flat
+
+
+def differences(da: Path, ma: dict, db: Path, mb: dict) -> list[str]:
+    """How two runs differ in what they serve or how they are judged: each a line for the page
+    and the terminal (the comparison still runs: the fronts then answer different questions)."""
+    out = []
+    wa, wb = _workload(da, ma), _workload(db, mb)
+    diff = [f"{k} {wa.get(k, 'unset')} vs {wb.get(k, 'unset')}" for k in sorted(set(wa) | set(wb))
+            if wa.get(k) != wb.get(k)]
+    if diff:
+        out.append("the runs serve different workloads (A vs B): " + "; ".join(diff[:8])
+                   + ("; ..." if len(diff) > 8 else "") + ": their fronts answer different questions")
+    ca = sorted((c["metric"], c.get("max"), c.get("min")) for c in ma.get("constraints", []))
+    cb = sorted((c["metric"], c.get("max"), c.get("min")) for c in mb.get("constraints", []))
+    if ca != cb:
+        def words(cs):
+            return ", ".join(f"{k} {'<=' if hi is not None else '>='} {hi if hi is not None else lo}"
+                             for k, hi, lo in cs) or "none"
+        out.append(f"the runs' objectives files differ in their constraints: A {words(ca)}; "
+                   f"B {words(cb)}")
+    return out
 
 
 def compare_runs(dir_a: str, dir_b: str, bands: int = 0, seed: int = 0) -> Comparison:
@@ -158,7 +203,7 @@ def compare_runs(dir_a: str, dir_b: str, bands: int = 0, seed: int = 0) -> Compa
                    float(pareto.hypervolume(Fa, ref, scale)),
                    float(pareto.hypervolume(Fb, ref, scale)),
                    coverage(Fa, Fb), coverage(Fb, Fa), union_out, best,
-                   sorted(sb - sa), sorted(sa - sb))
+                   sorted(sb - sa), sorted(sa - sb), tuple(differences(da, ma, db, mb)))
     if bands and len(fa) and len(fb):
         import dataclasses
 
@@ -173,33 +218,55 @@ def make_compare(dir_a: str, dir_b: str, out: str | None = None, bands: int = 0,
     return c.write(out or Path("runs") / f"compare-{Path(dir_a).name}-vs-{Path(dir_b).name}")
 
 
-def _plots(o: Path, objs, fa, fb, union, lines):
+def _plots(o: Path, c: Comparison, lines):
+    import base64
+
     import plotly.graph_objects as go
-    x, y = objs[0].metric, (objs[1] if len(objs) > 1 else objs[0]).metric
+
+    from dse import pages
+    objs, fa, fb, union = c.objectives, c.front_a, c.front_b, c.union
+    xo, yo = objs[0], objs[1] if len(objs) > 1 else objs[0]
+    x, y = xo.metric, yo.metric
+    both = pd.concat([fa[[x, y]], fb[[x, y]]]).astype(float)
+    logs = [bool(len(v) and (v > 0).all() and v.max() / v.min() > 50) for v in (both[x], both[y])]
     fig = go.Figure()
     for name, f, color in (("A", fa, "#1f77b4"), ("B", fb, "#d62728")):
         fig.add_trace(go.Scatter(x=f[x], y=f[y], mode="markers", name=f"front {name}",
                                  marker=dict(size=9, color=color, opacity=0.7)))
     fig.add_trace(go.Scatter(x=union[x], y=union[y], mode="markers", name="union front",
                              marker=dict(size=15, symbol="circle-open", color="black")))
-    fig.update_layout(title=f"{x} vs {y}", xaxis_title=x, yaxis_title=y, height=560,
-                      template="plotly_white")
-    body = fig.to_html(full_html=False, include_plotlyjs="inline")
+    fig.update_layout(title=f"{label(x)} vs {label(y)}", xaxis_title=objective_label(x, xo.direction),
+                      yaxis_title=objective_label(y, yo.direction), height=560,
+                      template="plotly_white", font=dict(size=13),
+                      xaxis_type="log" if logs[0] else "linear",
+                      yaxis_type="log" if logs[1] else "linear",
+                      margin=dict(l=90, r=40, t=70, b=80))
+    body = fig.to_html(full_html=False, include_plotlyjs="inline", default_width="100%")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    f, ax = plt.subplots(figsize=(7, 5), dpi=110)
-    ax.scatter(fa[x], fa[y], label="A", alpha=0.7)
-    ax.scatter(fb[x], fb[y], label="B", alpha=0.7)
+    f, ax = plt.subplots(figsize=pages.FIG_IN, dpi=pages.PNG_DPI)
+    ax.scatter(fa[x], fa[y], label=f"A: {c.name_a}", alpha=0.7)
+    ax.scatter(fb[x], fb[y], label=f"B: {c.name_b}", alpha=0.7)
     ax.scatter(union[x], union[y], facecolors="none", edgecolors="black", s=80, label="union front")
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
-    ax.legend()
-    ax.grid(alpha=0.3)
+    ax.set_xlabel(objective_label(x, xo.direction))
+    ax.set_ylabel(objective_label(y, yo.direction))
+    if logs[0]:
+        ax.set_xscale("log")
+    if logs[1]:
+        ax.set_yscale("log")
+    pages.style_axes(ax)
+    ax.legend(fontsize=pages.FONT_PT - 2)
     f.tight_layout()
     f.savefig(o / "fronts.png")
     plt.close(f)
-    md = html.escape("\n".join(lines))
-    (o / "index.html").write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>compare"
-                                  f"</title></head><body style='font-family:sans-serif'><pre>{md}"
-                                  f"</pre>{body}</body></html>")
+    warn = "".join(f"<div class='warning'><strong>Warning:</strong> {html.escape(w)}</div>"
+                   for w in c.warnings)
+    text = [ln for ln in lines[1:] if not ln.startswith("**Warning:**")]
+    png = pages.figure(base64.b64encode((o / "fronts.png").read_bytes()).decode(), "fronts.png")
+    labels = {k: label(k) for k in union.columns}
+    page = (f"<h1>{html.escape(c.name_a)} (A) vs {html.escape(c.name_b)} (B)</h1>{warn}"
+            f"<div class='summary'>{pages.markdown_html(chr(10).join(text))}</div>{body}"
+            f"<h2>Union front ({len(union)} designs)</h2>{pages.table(union, labels)}"
+            f"<h2>Figure</h2>{png}")
+    (o / "index.html").write_text(pages.page(f"compare {c.name_a} vs {c.name_b}", page))

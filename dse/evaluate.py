@@ -14,7 +14,7 @@ import pandas as pd
 from dse.build import effective_dtypes, resolve, to_batch
 from dse.design import design_case, load_design
 from dse.errors import InputError
-from dse.perf import BOUNDS, OPS, score
+from dse.perf import BOUNDS, OPS, op_bound, score
 from dse.perf.serve import reason_text
 from dse.predict import FIELD_OF, predict_frame
 
@@ -65,7 +65,7 @@ def evaluate_flat(flat: dict, file: str = "design") -> dict:
             c, m, n, t = (float(a[i, 0]) for a in (st.compute_s, st.memory_s, st.network_s, st.op_s))
             if t == 0 and c == 0 and m == 0 and n == 0:
                 continue
-            bound = BOUNDS[int(np.argmax([c, m, n]))]
+            bound = BOUNDS[int(op_bound(np.float64(c), np.float64(m), np.float64(n)))]
             ops.append({"op": op, "compute_s": c, "memory_s": m, "network_s": n, "time_s": t,
                         "bound": bound})
         breakdown[name] = {"ops": ops, "overhead_s": float(st.overhead_s[0]),

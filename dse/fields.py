@@ -370,13 +370,76 @@ def defaults() -> dict[str, object]:
     return {p: f.default for p, f in REGISTRY.items() if f.default is not CATALOG and f.resolved}
 
 
+# The metrics ``dse.perf.score`` returns: a short name and the unit of the value (SI, as stored).
+# Every axis, column and table of a page labels a metric from here (``label``); a test checks
+# that each of ``dse.perf.METRICS`` has an entry.
+METRIC_INFO = {
+    "ttft_s": ("TTFT", "s"),
+    "tpot_s": ("TPOT", "s"),
+    "step_s": ("mean step time", "s"),
+    "output_tokens_per_s_per_user": ("output speed per user", "tokens/s"),
+    "output_tokens_per_s_per_chip": ("output tokens per chip", "tokens/s"),
+    "input_tokens_per_s_per_chip": ("input tokens per chip", "tokens/s"),
+    "output_tokens_per_s_per_instance": ("output tokens per instance", "tokens/s"),
+    "output_tokens_per_s_per_rack": ("output tokens per rack", "tokens/s"),
+    "usd_per_chip_hour": ("chip cost", "$/chip-hour"),
+    "usd_per_mtok_output": ("output cost", "$/Mtok"),
+    "usd_per_mtok_input": ("input cost", "$/Mtok"),
+    "joules_per_output_token": ("energy per output token", "J"),
+    "max_concurrent_sequences": ("max concurrent sequences", "sequences"),
+    "weights_bytes_per_chip": ("weights per chip", "bytes"),
+    "kv_bytes_per_chip": ("KV cache per chip", "bytes"),
+    "hbm_used_fraction": ("HBM used", "fraction"),
+    "kv_bytes_per_token": ("KV cache per token", "bytes"),
+    "kv_bytes_per_element": ("KV element size", "bytes"),
+    "kv_offloaded_fraction": ("KV offloaded", "fraction"),
+    "total_params": ("total parameters", "params"),
+    "active_params": ("active parameters", "params"),
+    "dense_equivalent_params": ("dense-equivalent parameters", "params"),
+    "num_chips": ("chips per instance", "chips"),
+    "concurrency": ("concurrency", "sequences"),
+    "decode_compute_s": ("decode step compute time", "s"),
+    "decode_memory_s": ("decode step memory time", "s"),
+    "decode_network_s": ("decode step network time", "s"),
+    "instances_per_rack": ("whole instances per rack", "instances"),
+    "instances_for_demand": ("instances for the demand", "instances"),
+    "racks_for_demand": ("racks for the demand", "racks"),
+    "usd_per_hour_for_demand": ("cost of the demand", "$/hour"),
+    "bound": ("decode bound", ""),
+    "feasible": ("feasible", ""),
+    "reason": ("infeasibility reason bits", ""),
+    "ttft_queue_wait_s": ("TTFT queue wait", "s"),
+    "ttft_p90_s": ("TTFT p90", "s"),
+    "ttft_p99_s": ("TTFT p99", "s"),
+    "tpot_p90_s": ("TPOT p90", "s"),
+    "requests_per_s_per_instance": ("requests per instance", "requests/s"),
+    "saturation_requests_per_s_per_instance": ("saturation rate per instance", "requests/s"),
+    "goodput_requests_per_s_per_chip": ("goodput per chip", "requests/s"),
+    "spec_expected_tokens": ("tokens per sequence per step", "tokens"),
+}
+
+
+def metric_unit(metric: str) -> str:
+    """The unit of a metric's stored value ("" when it has none or is unknown)."""
+    return METRIC_INFO.get(metric, ("", ""))[1]
+
+
 def label(path: str) -> str:
-    """A column's label with its unit: ``accelerator.hbm_bw_bytes_per_s [bytes/s]``, and for a
-    scale-factor column ``accelerator.hbm_bw_bytes_per_s.scale [factor]``."""
+    """A column's label with its unit: ``accelerator.hbm_bw_bytes_per_s [bytes/s]``, for a
+    scale-factor column ``accelerator.hbm_bw_bytes_per_s.scale [factor]``, and for a metric its
+    name and unit, ``TPOT [s]``."""
     if is_scale_column(path):
         return f"{path} [factor]"
+    if path in METRIC_INFO:
+        name, unit = METRIC_INFO[path]
+        return f"{name} [{unit}]" if unit else name
     f = REGISTRY.get(path)
     return f.label() if f else path
+
+
+def objective_label(metric: str, direction: str) -> str:
+    """An objective's axis title: its label and which way is better."""
+    return f"{label(metric)}, {'lower' if direction == 'minimize' else 'higher'} is better"
 
 
 # A space parameter given as ``{ scale = [...] }`` holds factors of the base design's value, not

@@ -279,6 +279,17 @@ def _n(k: int, word: str) -> str:
     return f"{k:,} {word}" + ("" if k == 1 else "s")
 
 
+def _reference(objs, res: dict) -> str:
+    """The hypervolume's reference point (minimisation form in ``res``) in each objective's
+    unit, and the scale."""
+    from dse.fields import label
+    if "reference" not in res:
+        return "reference point not recorded"
+    return "reference point " + ", ".join(
+        f"{label(o.metric)} {(p if o.direction == 'minimize' else -p):.4g} (scale {sc:.4g})"
+        for o, p, sc in zip(objs, res["reference"], res["scale"]))
+
+
 def _reopt_lines(res: dict, space) -> list[str]:
     st, objs = res["status"], space.objectives
     hv_o, hv_n = res["hv_rescored"], res["hv_reoptimized"]
@@ -294,7 +305,8 @@ def _reopt_lines(res: dict, space) -> list[str]:
              (f"- front: {len(res['old_front'])} designs re-scored -> {len(res['new_front'])} "
               f"re-optimized, of which {len(res['new'])} new (not on the old front)"),
              (f"- hypervolume (one reference point, objectives scaled by the union's range): "
-              f"re-scored old front {hv_o:.4g}, re-optimized front {hv_n:.4g}{gain}"), "",
+              f"re-scored old front {hv_o:.4g}, re-optimized front {hv_n:.4g}{gain}; "
+              + _reference(objs, res)), "",
              ("| objective | best on the original front | best re-scored | best re-optimized "
               "| change |"), "|---|---|---|---|---|"]
     for b in res["best"]:
@@ -320,8 +332,10 @@ def _reopt_plot(o: Path, res: dict, space) -> Path:
     import matplotlib.pyplot as plt
     objs = space.objectives
     pairs = [(0, 1)] + ([(0, 2)] if len(objs) > 2 else []) if len(objs) > 1 else []
+    from dse import pages
+    from dse.fields import objective_label
     fig, axes = plt.subplots(1, max(1, len(pairs)), figsize=(6 * max(1, len(pairs)), 4.5),
-                             dpi=110, squeeze=False)
+                             dpi=pages.PNG_DPI, squeeze=False)
     for ax, (i, j) in zip(axes[0], pairs or [(0, 0)]):
         for df, kw in ((res["original"], {"c": "#bbbbbb", "marker": "o", "s": 14,
                                               "label": "original front (before the change)"}),
@@ -331,8 +345,8 @@ def _reopt_plot(o: Path, res: dict, space) -> Path:
                                                "label": "re-optimized front"})):
             if len(df):
                 ax.scatter(df[objs[i].metric], df[objs[j].metric], **kw)
-        ax.set_xlabel(f"{objs[i].metric} ({objs[i].direction})")
-        ax.set_ylabel(f"{objs[j].metric} ({objs[j].direction})")
+        ax.set_xlabel(objective_label(objs[i].metric, objs[i].direction))
+        ax.set_ylabel(objective_label(objs[j].metric, objs[j].direction))
         for k, setter in ((i, ax.set_xscale), (j, ax.set_yscale)):
             v = np.concatenate([np.asarray(df[objs[k].metric], float) for df in
                                 (res["original"], res["old_front"], res["new_front"]) if len(df)])
@@ -348,15 +362,29 @@ def _reopt_plot(o: Path, res: dict, space) -> Path:
     return f
 
 
+def _band(moved, metric: str) -> str:
+    """A headline's uncertainty band when the re-scoring carried one (columns
+    ``<metric>_change_lo`` / ``_hi`` / ``_median``: median and 90% band ``lo..hi``), else ""."""
+    lo, hi = f"{metric}_change_lo", f"{metric}_change_hi"
+    if lo not in moved or hi not in moved:
+        return ""
+    med = moved.get(f"{metric}_change_median", moved[f"{metric}_change"])
+    return (f"; with parameter uncertainty median {np.nanmedian(med) * 100:+.1f}%, 90% band "
+            f"{np.nanmedian(moved[lo]) * 100:+.1f}%..{np.nanmedian(moved[hi]) * 100:+.1f}%")
+
+
 def _write(o, space, overrides, moved, new_front, ok, sens, res=None, band=None):
+    from dse import pages
+    from dse.fields import label
     lines = [f"# What if: {space.name}", "",
              "Overrides: " + describe_overrides(overrides), "",
              f"- front designs re-scored: {len(moved)}; still feasible: {int(ok.sum())}; "
              f"non-dominated after the change: {len(new_front)}"]
     for ob in space.objectives:
         ch = moved[f"{ob.metric}_change"]
-        lines.append(f"- {ob.metric}: median change {np.nanmedian(ch) * 100:+.1f}% "
-                     f"(range {np.nanmin(ch) * 100:+.1f}% to {np.nanmax(ch) * 100:+.1f}%)")
+        lines.append(f"- {label(ob.metric)}: median change **{np.nanmedian(ch) * 100:+.1f}%** "
+                     f"(range {np.nanmin(ch) * 100:+.1f}% to {np.nanmax(ch) * 100:+.1f}%)"
+                     + _band(moved, ob.metric))
     if band is not None:
         from dse.bands_report import whatif_lines
         lines += whatif_lines(band)
@@ -365,7 +393,7 @@ def _write(o, space, overrides, moved, new_front, ok, sens, res=None, band=None)
     if res is not None:
         lines += _reopt_lines(res, res["space"])
     lines += ["", "## Sensitivity of the front (elasticity for +-20%, median over the front)", "",
-              "| parameter | " + " | ".join(ob.metric for ob in space.objectives) + " |",
+              "| parameter | " + " | ".join(label(ob.metric) for ob in space.objectives) + " |",
               "|---" * (1 + len(space.objectives)) + "|"]
     for _, r in sens.iterrows():
         lines.append(f"| {r['parameter']} | " + " | ".join(f"{r[ob.metric]:+.3f}"
@@ -376,26 +404,42 @@ def _write(o, space, overrides, moved, new_front, ok, sens, res=None, band=None)
     import matplotlib.pyplot as plt
     ob = space.objectives[0]
     srt = sens.reindex(sens[ob.metric].abs().sort_values().index)
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    fig, ax = plt.subplots(figsize=pages.FIG_IN, dpi=pages.PNG_DPI)
     ax.barh(srt["parameter"], srt[ob.metric], color=np.where(srt[ob.metric] < 0, "#2ca02c", "#d62728"))
     ax.axvline(0, color="black", lw=0.8)
-    ax.set_xlabel(f"elasticity of {ob.metric} (median over the front)")
-    ax.set_title("tornado: what moves the front")
+    ax.set_xlabel(f"elasticity of {label(ob.metric)}")
+    ax.set_title("what moves the front (median elasticity over it, +-20%)")
+    pages.style_axes(ax)
     fig.tight_layout()
     fig.savefig(o / "tornado.png")
     plt.close(fig)
     import base64
 
     def img(f):
-        return f"<img src='data:image/png;base64,{base64.b64encode(f.read_bytes()).decode()}'>"
-    table = moved.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
+        return pages.figure(base64.b64encode(f.read_bytes()).decode(), f.name)
+    # the table that fits: parameters, then each objective before -> after and its change
+    cols = [c for c in space.columns if c in moved]
+    for x in space.objectives:
+        cols += [c for c in (f"{x.metric}_before", x.metric, f"{x.metric}_change",
+                             f"{x.metric}_change_lo", f"{x.metric}_change_hi") if c in moved]
+    shown = moved[cols].copy()
+    names = {c: label(c) for c in cols}
+    for x in space.objectives:
+        names[f"{x.metric}_before"] = f"{label(x.metric)} before"
+        names[x.metric] = "after"
+        for suffix, word in (("_change", "change"), ("_change_lo", "band lo"),
+                             ("_change_hi", "band hi")):
+            if f"{x.metric}{suffix}" in shown:
+                shown[f"{x.metric}{suffix}"] = [f"{v * 100:+.1f}%" if np.isfinite(v) else "-"
+                                               for v in shown[f"{x.metric}{suffix}"]]
+                names[f"{x.metric}{suffix}"] = word
+    table = pages.table(shown, names)
     extra = ""
     if res is not None:
         extra = (f"<h2>Re-optimized front vs re-scored old front</h2>{img(_reopt_plot(o, res, res['space']))}"
                  "<h2>Designs new on the front</h2>" +
-                 res["new"].to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0))
-    (o / "index.html").write_text(
-        f"<!doctype html><html><head><meta charset='utf-8'><title>what if</title></head>"
-        f"<body style='font-family:sans-serif'><pre>{html.escape(chr(10).join(lines))}</pre>"
-        f"{img(o / 'tornado.png')}{extra}<h2>Front designs before and after</h2>{table}"
-        f"</body></html>")
+                 pages.table(res["new"], {c: label(c) for c in res["new"].columns}))
+    body = (f"<h1>What if: {html.escape(space.name)}</h1><div class='summary'>"
+            f"{pages.markdown_html(chr(10).join(lines[1:]))}</div>{img(o / 'tornado.png')}{extra}"
+            f"<h2>Front designs before and after ({len(moved)})</h2>{table}")
+    (o / "index.html").write_text(pages.page(f"what if: {space.name}", body))

@@ -257,19 +257,20 @@ def test_bound_is_defined_once():
     """predict (which chooses the offline maximum batch) and the scorer report the same bound
     for the same design: capacity when the batch fills the HBM."""
     from dse.perf import BOUNDS, KNEE_FRACTION, decode_bound
-    # closed form: the largest time wins; a batch at the memory limit is capacity-bound
+    # closed form: the largest share of op time wins (the op time of the compute-, memory- and
+    # network-bound ops); a batch at the memory limit is capacity-bound
     tc, tm, tn = np.array([3.0, 1.0, 1.0, 1.0]), np.array([1.0, 3.0, 1.0, 3.0]), \
         np.array([1.0, 1.0, 3.0, 1.0])
     bits = np.zeros(4, np.int64)
-    got = decode_bound(tc, tm, tn, bits, np.array([10.0, 10, 10, 100]),
+    got = decode_bound((tc, tm, tn), bits, np.array([10.0, 10, 10, 100]),
                        np.array([100.0, 100, 100, 100]), np.array([1000.0] * 4))
     assert [BOUNDS[i] for i in got] == ["compute", "memory", "network", "capacity"]
     at = KNEE_FRACTION * 100
-    assert decode_bound(tm[1:2], tm[1:2] * 3, tn[1:2], bits[:1], np.array([at]),
+    assert decode_bound((tm[1:2], tm[1:2] * 3, tn[1:2]), bits[:1], np.array([at]),
                         np.array([100.0]), np.array([1000.0]))[0] == 3
-    assert decode_bound(tc[:1], tm[:1], tn[:1], bits[:1], np.array([100.0]),
+    assert decode_bound((tc[:1], tm[:1], tn[:1]), bits[:1], np.array([100.0]),
                         np.array([100.0]), np.array([1000.0]))[0] == 0   # compute stays
-    assert decode_bound(tc[1:2], tm[1:2], tn[1:2], bits[:1], np.array([100.0]),
+    assert decode_bound((tc[1:2], tm[1:2], tn[1:2]), bits[:1], np.array([100.0]),
                         np.array([100.0]), np.array([100.0]))[0] == 1    # the runtime's cap
     # on a real design: predict's choice, scored as given, says the same
     case = pd.DataFrame([{"case_id": "x", "model": "llama-3.1-70b", "hardware": "h100-sxm",

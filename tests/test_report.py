@@ -57,7 +57,8 @@ def test_report_renders_in_headless_chromium(tmp_path, capsys):
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              "--enable-unsafe-swiftshader", f"--user-data-dir={tmp_path / 'profile'}",
-             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=8000"]
+             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=8000",
+             "--window-size=1280,1600"]      # a laptop's page width: every table fits in it
     dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True,
                          text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
@@ -68,7 +69,34 @@ def test_report_renders_in_headless_chromium(tmp_path, capsys):
     front = pd.read_csv(run / "front.csv")
     # plotly drew one marker per front design (plus the knee's star)
     assert dom.stdout.count('class="point"') >= len(front) > 0
+    _check_rendered(dom.stdout)
+    # compare and whatif pages: the same checks
+    main(["compare", str(run), str(run), "--out", str(tmp_path / "cmp")])
+    main(["whatif", str(run), "--scale", "accelerator.hbm_bw_bytes_per_s=1.5", "--out",
+          str(tmp_path / "wi")])
+    for other in (tmp_path / "cmp" / "index.html", tmp_path / "wi" / "index.html"):
+        d = subprocess.run([CHROMIUM, *flags, "--dump-dom", other.as_uri()], capture_output=True,
+                           text=True, timeout=120)
+        assert d.returncode == 0, d.stderr[-2000:]
+        _check_rendered(d.stdout, plots=other.parent.name == "cmp")
     shot = run / "report" / "screenshot.png"
-    r = subprocess.run([CHROMIUM, *flags, "--window-size=1280,1600", f"--screenshot={shot}",
+    r = subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}",
                         page.as_uri()], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _check_rendered(dom: str, plots: bool = True) -> None:
+    """What a reader sees: the layout check ran and found no table wider than the page, no
+    literal Markdown marker in the text, and every plot axis title carries a unit."""
+    import re
+    assert 'data-layout-checked="1"' in dom
+    assert "overflows" not in re.sub(r"<(script|style)\b.*?</\1>", "", dom, flags=re.S)
+    text = re.sub(r"<(script|style|svg)\b.*?</\1>", "", dom, flags=re.S)
+    text = re.sub(r"<[^>]+>", " ", text)
+    for marker in ("**", "## ", "`", "|---"):
+        assert marker not in text, f"literal {marker!r} in the rendered page"
+    if plots:
+        titles = re.findall(r'class="[xy]title"[^>]*>(.*?)</text>', dom)
+        assert titles, "no axis titles drawn"
+        for t in titles:
+            assert re.search(r"\[[^\]]+\]", t), f"axis title without a unit: {t!r}"

@@ -33,7 +33,7 @@ def test_more_hbm_bandwidth_moves_every_front_design_the_right_way(run, tmp_path
     assert "accelerator.hbm_bw_bytes_per_s scale 1.5" in md
     # the page's table has each front design before and after: nothing got slower or costlier
     html = (out / "index.html").read_text()
-    assert "tpot_s_before" in html and "data:image/png;base64" in html
+    assert "TPOT [s] before" in html and "data:image/png;base64" in html   # labelled, with units
     front = pd.read_csv(out / "front.csv")
     assert len(front) > 0 and "design_id" in front
     assert "| accelerator.hbm_bw_bytes_per_s |" in md and "| accelerator.capex_usd |" in md

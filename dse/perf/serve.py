@@ -18,24 +18,28 @@ import numpy as np
 
 from dse.perf import arch, kvtier, lengths, quality, queueing, spec
 from dse.perf.batch import Batch
-from dse.perf.step import OPS, Coefficients, StepTimes, step
+from dse.perf.step import OPS, Coefficients, StepTimes, bound_shares, op_bound, step
 
 BOUNDS = ("compute", "memory", "network", "capacity")
 KNEE_FRACTION = 0.97    # a batch within 3% of the memory-limited maximum fills the HBM
 
 
-def decode_bound(tc, tm, tn, bits, concurrency, max_sequences, max_batch):
+def decode_bound(shares, bits, concurrency, max_sequences, max_batch):
     """What bounds a design's decoding, as an index of ``BOUNDS`` (the one definition: every
     command, ``predict`` and ``eval`` included, reports this).
 
     capacity (3): the KV cache of the requested batch does not fit in HBM (reason bit 16), or
     the batch fills the HBM (at least ``KNEE_FRACTION`` of the memory-limited maximum
     ``max_sequences``, which is below the runtime's cap ``max_batch``) while the decode step is
-    not compute-bound: more HBM capacity would serve more sequences. Otherwise the largest of
-    the decode step's compute ``tc``, memory ``tm`` and network ``tn`` times: compute (0),
-    memory (1) or network (2); ties go to memory, then compute.
+    not compute-bound: more HBM capacity would serve more sequences. Otherwise the resource
+    that bounds the largest share of the decode step's op time (``shares``: the op time of the
+    compute-, memory- and network-bound ops, ``step.bound_shares``; each op's bound is
+    ``step.op_bound``): compute (0), memory (1) or network (2); ties go to memory, then
+    compute. A step whose ops are mostly compute-bound is compute-bound, whatever the sum of
+    one memory-heavy op's bytes.
     """
-    roof = (2 * ((tn > tc) & (tn > tm)) + ((tm > tc) & (tm >= tn))).astype(np.int64)
+    sc, sm, sn = shares
+    roof = op_bound(sc, sm, sn)
     fills = (bits == 0) & (concurrency >= KNEE_FRACTION * max_sequences) \
         & (max_sequences < max_batch) & (roof != 0)
     return np.where(((bits & 16) != 0) | fills, 3, roof)
@@ -59,7 +63,7 @@ METRICS = (
     "kv_bytes_per_chip", "hbm_used_fraction", "kv_bytes_per_token", "total_params", "active_params",
     "dense_equivalent_params",
     "num_chips", "concurrency", "decode_compute_s", "decode_memory_s", "decode_network_s",
-    "instances_for_demand", "racks_for_demand", "usd_per_hour_for_demand",
+    "instances_per_rack", "instances_for_demand", "racks_for_demand", "usd_per_hour_for_demand",
     "bound", "feasible", "reason",
     # request-rate serving (dse.perf.queueing); NaN unless a rate or an SLO is given
     *queueing.NEW_METRICS,
@@ -211,7 +215,8 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None, q=Non
     decode = step(k, dq / pp, zero, dec_ctx, new, prior, pairs, dq / pp,
                   breakdown, True, decode_step=True, seq_tokens=q)
     if breakdown:
-        sums = (decode.compute_s.sum(0), decode.memory_s.sum(0), decode.network_s.sum(0))
+        sums = (decode.compute_s.sum(0), decode.memory_s.sum(0), decode.network_s.sum(0),
+                bound_shares(decode))
     else:
         decode, *sums = decode
     # a step that carries prompt tokens (a whole prompt or chunk, or the average load if larger);
@@ -261,18 +266,30 @@ def score(b: Batch, breakdown: bool = False, coefficients: Coefficients | None =
                                      for f in ("decode", "mixed", "prefill")))), True)
 
 
+def instances_per_rack(num_chips, rack_chips):
+    """What "per rack" means, everywhere (the one definition): the whole instances of
+    ``num_chips`` chips a rack of ``rack_chips`` holds, ``floor(rack_chips / num_chips)``; an
+    instance that spans ``k = ceil(num_chips / rack_chips)`` racks counts ``1 / k`` per rack.
+    ``output_tokens_per_s_per_rack`` is this times an instance's tokens/s."""
+    whole = np.floor(rack_chips / num_chips)
+    return np.where(whole >= 1, whole, 1.0 / np.ceil(num_chips / rack_chips))
+
+
 def _fleet(b: Batch, res, breakdown: bool):
     """What a demand of ``demand_output_tokens_per_s`` needs: whole instances, racks (whole
-    instances per rack, or whole racks per instance when it spans several), and their $/hour.
-    NaN without a demand."""
+    instances per rack, or whole racks per instance when it spans several: ``instances_per_rack``),
+    and their $/hour; and the output tokens/s of a rack of whole instances. NaN without a
+    demand."""
     m = res[0] if breakdown else res
     n = len(b)
     demand = np.where(b.demand_output_tokens_per_s > 0, b.demand_output_tokens_per_s, np.nan)
     inst = np.ceil(demand / m["output_tokens_per_s_per_instance"])
     chips = m["num_chips"]
-    per_rack = np.floor(b.rack_chips / chips)
-    racks = np.where(per_rack >= 1, np.ceil(inst / np.maximum(per_rack, 1.0)),
-                     inst * np.ceil(chips / b.rack_chips))
+    per_rack = instances_per_rack(chips, b.rack_chips)
+    racks = np.where(per_rack >= 1, np.ceil(inst / per_rack), inst * np.ceil(chips / b.rack_chips))
+    m["instances_per_rack"] = np.broadcast_to(per_rack, (n,)).copy()
+    m["output_tokens_per_s_per_rack"] = np.broadcast_to(
+        m["output_tokens_per_s_per_chip"] * chips * per_rack, (n,)).copy()
     m["instances_for_demand"] = np.broadcast_to(inst, (n,)).copy()
     m["racks_for_demand"] = np.broadcast_to(racks, (n,)).copy()
     m["usd_per_hour_for_demand"] = np.broadcast_to(inst * chips * m["usd_per_chip_hour"],
@@ -350,7 +367,7 @@ def _disaggregated(b: Batch, breakdown: bool, queue: bool = False):
         "output_tokens_per_s_per_chip": out_chip,
         "input_tokens_per_s_per_chip": in_chip,
         "output_tokens_per_s_per_instance": req * osl * chips_d,
-        "output_tokens_per_s_per_rack": out_chip * b.rack_chips,
+        "output_tokens_per_s_per_rack": out_chip * b.rack_chips,   # whole instances: _fleet
         "usd_per_mtok_output": usd_s / (req * osl) * 1e6,
         "usd_per_mtok_input": usd_s * ratio / (req * b.isl) * 1e6,
         "joules_per_output_token": b.power_w * b.pue / (req * osl),
@@ -385,7 +402,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     tok_step = spec.tokens_per_step(b) if on_spec else 1.0
     load = _prefill_load(b, tok_step if on_spec else None)
     q = b.spec_tokens + 1.0 if on_spec else None
-    steps, (tc, tm, tn), draft = _steps(b, breakdown, load, k, q)
+    steps, (tc, tm, tn, shares), draft = _steps(b, breakdown, load, k, q)
     pp = b.pp
     decoding, chunk, avg, carried, share = load
     t_decode = steps.total("decode")
@@ -435,7 +452,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     joules_out = np.where(no_decode, np.nan, joules_out)
     usd_mtok_in = np.where(b.phase == 2, np.nan, usd_mtok_in)
 
-    bound = decode_bound(tc, tm, tn, bits, c, max_c, b.max_batch_size * b.dp)
+    bound = decode_bound(shares, bits, c, max_c, b.max_batch_size * b.dp)
 
     per_chip_out = out_inst / chips
     metrics = {
@@ -446,7 +463,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
         "output_tokens_per_s_per_chip": per_chip_out,
         "input_tokens_per_s_per_chip": in_inst / chips,
         "output_tokens_per_s_per_instance": out_inst,
-        "output_tokens_per_s_per_rack": per_chip_out * b.rack_chips,
+        "output_tokens_per_s_per_rack": per_chip_out * b.rack_chips,   # whole instances: _fleet
         "usd_per_chip_hour": usd_chip_h,
         "usd_per_mtok_output": usd_mtok_out,
         "usd_per_mtok_input": usd_mtok_in,
@@ -549,5 +566,5 @@ def reason_text(bits: int, max_sequences: float | None = None) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["BOUNDS", "KNEE_FRACTION", "Breakdown", "decode_bound", "METRICS", "OPS", "REASONS", "reason_text", "score",
+__all__ = ["BOUNDS", "KNEE_FRACTION", "Breakdown", "decode_bound", "instances_per_rack", "METRICS", "OPS", "REASONS", "reason_text", "score",
            "score_chunked"]

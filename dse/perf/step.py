@@ -272,6 +272,41 @@ def _fastest(branches, x):
     return t
 
 
+ROUTED = OPS.index("moe_routed")
+
+
+def op_bound(c, m, n):
+    """What bounds an op, as an index of ``dse.perf.BOUNDS`` (the one definition: the per-op
+    breakdowns and the decode bound both use it): network (2) when its network time exceeds
+    both its compute and memory times, else memory (1) when its memory time exceeds its compute
+    time (ties with the network go to memory), else compute (0)."""
+    return (2 * ((n > c) & (n > m)) + ((m > c) & (m >= n))).astype(np.int64)
+
+
+def _share(shares: list, c, m, n, t) -> None:
+    """Add an op's time ``t`` to the share of the resource that bounds it (``op_bound``, spelt
+    out per kind of op: this is the hot path)."""
+    if c is None:                                  # a network-only op
+        shares[2] = shares[2] + t
+        return
+    if n is None:                                  # no network term: compute or memory
+        mem = m > c
+        shares[1] = shares[1] + t * mem
+        shares[0] = shares[0] + t * ~mem
+        return
+    net = (n > c) & (n > m)
+    mem = (m > c) & (m >= n)
+    shares[2] = shares[2] + t * net
+    shares[1] = shares[1] + t * mem
+    shares[0] = shares[0] + t * ~(net | mem)
+
+
+def bound_shares(st: "StepTimes") -> tuple:
+    """A step's op time split by what bounds each op (``op_bound``): compute, memory, network."""
+    cls = op_bound(st.compute_s, st.memory_s, st.network_s)
+    return tuple((st.op_s * (cls == j)).sum(0) for j in range(3))
+
+
 def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
          breakdown: bool = False, sums: bool = False, pre_rank=None, decode_step: bool = False,
          seq_tokens=None):
@@ -288,7 +323,8 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     KV cache and per-sequence attention costs count ``dec / seq_tokens`` sequences.
 
     Returns the step time; with ``sums`` also the compute, memory and network time summed over
-    ops; with ``breakdown`` the full per-op StepTimes.
+    ops and the op time split by what bounds each op (``bound_shares``); with ``breakdown`` the
+    full per-op StepTimes.
     """
     b = k.batch
     tok = dec + pre
@@ -352,8 +388,10 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     total = overhead
     ops = []
     sc = sm = sn = 0.0
+    shares = [0.0, 0.0, 0.0]                       # op time by bounding resource (op_bound)
+    routed = None
     busy_all = 0.0
-    for c, m, n, x in parts:
+    for i, (c, m, n, x) in enumerate(parts):
         if c is None and n is None:                # an op the batch does not have
             if breakdown:
                 ops.append([0.0, 0.0, 0.0, 0.0])
@@ -373,6 +411,10 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
                 sc, sm = sc + c, sm + m
             if n is not None:
                 sn = sn + n
+            if i == ROUTED and a2a is not None:    # attributed once its all-to-all is known
+                routed = (c, m, n, t)
+            else:
+                _share(shares, c, m, n, t)
     # the EP all-to-all: a share (serving.alltoall_overlap_fraction, all of it with two-batch
     # overlap) hides under the rest of the step's compute and memory time
     if a2a is not None:
@@ -384,8 +426,10 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
             moe[2], moe[3] = moe[2] + a2a, moe[3] + a2a_seen
         elif sums:
             sn = sn + a2a
+            c, m, n, t = routed if routed is not None else (None, None, None, 0.0)
+            _share(shares, c, m, a2a if n is None else n + a2a, t + a2a_seen)
     if sums and not breakdown:
-        return total, sc, sm, sn
+        return total, sc, sm, sn, tuple(shares)
     if not breakdown:
         return total
     shape = np.shape(total)

@@ -16,7 +16,6 @@ An analysis module defines ``answer(ctx: Context) -> Answer``.
 
 from __future__ import annotations
 
-import html
 import importlib
 import json
 import re
@@ -27,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from dse.errors import InputError, suggest
+from dse.pages import markdown_html
 from dse.perf import score_chunked
 
 QUESTIONS_DIR = Path(__file__).resolve().parents[2] / "spaces" / "questions"
@@ -75,6 +75,7 @@ class Context:
             s = score_chunked(b)
         for k, v in s.items():
             df[k] = np.broadcast_to(v, len(df)) if np.ndim(v) else v
+        df["rack_chips"] = np.broadcast_to(np.asarray(b.rack_chips, dtype=float), len(df))
         return df.reset_index(drop=True)
 
     def batch(self, values: dict, overrides: dict | None = None):
@@ -239,10 +240,11 @@ def _write(o: Path, space, ans: Answer, d: Path, previous: dict | None = None,
     if page.is_file():
         text = page.read_text()
         block = ("<section id='answer' style='border:2px solid #2a6;padding:0.6em 1em;margin:1em 0'>"
-                 f"<h2>Answer</h2><div style='white-space:pre-wrap'>{html.escape(ans.headline.strip())}"
-                 "</div>" + (f"<div class='bands' style='white-space:pre-wrap;font-size:90%'>"
-                             f"{html.escape(band_md)}</div>" if band_md else "") + "".join(f"<img src='data:image/png;base64,{_b64(o / f)}' "
-                                    "style='max-width:48%;margin:4px'>" for f in ans.figures
+                 f"<h2>Answer</h2><div>{markdown_html(ans.headline.strip())}"
+                 "</div>" + (f"<div class='bands'>{markdown_html(band_md)}</div>"
+                             if band_md else "")
+                 + "".join(f"<img src='data:image/png;base64,{_b64(o / f)}' "
+                           "class='figure'>" for f in ans.figures
                                     if f.endswith(".png") and (o / f).is_file())
                  + "</section>")
         i = text.find("<body>")

@@ -24,8 +24,7 @@ def answer(ctx: Context) -> Answer:
     df = df[admissible(ctx, df) & np.isfinite(df[GOOD])].reset_index(drop=True)
     if df.empty:
         return Answer("- no admissible design has a goodput under these SLOs")
-    rack = np.rint(df["output_tokens_per_s_per_rack"] / df["output_tokens_per_s_per_chip"])
-    df["instances_per_rack"] = np.floor(rack / df["num_chips"])
+    # "per rack" is defined once, in the model (dse.perf.serve.instances_per_rack)
     df["goodput_per_rack"] = df[GOOD] * df["num_chips"] * df["instances_per_rack"]
     df["saturation_per_rack"] = (df["saturation_requests_per_s_per_instance"]
                                  * df["instances_per_rack"])

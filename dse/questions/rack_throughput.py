@@ -29,9 +29,8 @@ GROUP = ("model.id", "accelerator.id")
 def with_rack_columns(df: pd.DataFrame) -> pd.DataFrame:
     """Rack chips, whole instances per rack and the rack's output tokens/s from them."""
     df = df.copy()
-    df["rack_chips"] = np.rint(df["output_tokens_per_s_per_rack"] / df["output_tokens_per_s_per_chip"])
-    df["instances_per_rack"] = np.floor(df["rack_chips"] / df["num_chips"])
-    df["rack_tokens_per_s"] = df["instances_per_rack"] * df["output_tokens_per_s_per_instance"]
+    # "per rack" is defined once, in the model (dse.perf.serve.instances_per_rack)
+    df["rack_tokens_per_s"] = df["output_tokens_per_s_per_rack"]
     return df
 
 
