@@ -68,11 +68,9 @@ class Context:
         else:
             df = pd.DataFrame(values)
             vals = {k: np.asarray(v) for k, v in values.items()}
-        if self.sample is not None:
-            s = self.sample.score(self.space, vals, overrides)
-        else:
-            b, _ = self.space.batch_from_values(vals, overrides)
-            s = score_chunked(b)
+        b, _ = self.space.batch_from_values(vals, overrides)
+        s = self.sample.score(self.space, vals, overrides) if self.sample is not None \
+            else score_chunked(b)
         for k, v in s.items():
             df[k] = np.broadcast_to(v, len(df)) if np.ndim(v) else v
         df["rack_chips"] = np.broadcast_to(np.asarray(b.rack_chips, dtype=float), len(df))
