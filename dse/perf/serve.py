@@ -262,6 +262,12 @@ def _fleet(b: Batch, res, breakdown: bool):
     NaN without a demand."""
     m = res[0] if breakdown else res
     n = len(b)
+    nan = np.full(n, np.nan)
+    if not np.any(b.demand_output_tokens_per_s > 0):     # no demand given: NaN, nothing to do
+        for k in ("instances_for_demand", "racks_for_demand", "usd_per_hour_for_demand"):
+            m[k] = nan
+        m = {k: (m[k] if k in m else nan) for k in METRICS}
+        return (m, res[1]) if breakdown else m
     demand = np.where(b.demand_output_tokens_per_s > 0, b.demand_output_tokens_per_s, np.nan)
     inst = np.ceil(demand / m["output_tokens_per_s_per_instance"])
     chips = m["num_chips"]
@@ -272,7 +278,6 @@ def _fleet(b: Batch, res, breakdown: bool):
     m["racks_for_demand"] = np.broadcast_to(racks, (n,)).copy()
     m["usd_per_hour_for_demand"] = np.broadcast_to(inst * chips * m["usd_per_chip_hour"],
                                                    (n,)).copy()
-    nan = np.full(n, np.nan)
     m = {k: (m[k] if k in m else nan) for k in METRICS}     # a mechanism's metrics when off
     return (m, res[1]) if breakdown else m
 
@@ -407,13 +412,16 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     usd_mtok_out = usd_inst_s * decode_share / out_inst * 1e6
     usd_mtok_in = usd_inst_s * (1.0 - decode_share) / np.maximum(in_inst, 1e-30) * 1e6
     joules_out = b.power_w * b.pue * chips * decode_share / out_inst
-    # what a phase does not produce is NaN, never a number that looks real
+    # what a phase does not produce is NaN, never a number that looks real (the masks are
+    # applied only where some row has such a phase: most batches have none)
+    tpot = pass_s / tok_step
     no_decode = b.phase == 1
-    tpot = np.where(no_decode, np.nan, pass_s / tok_step)
-    ttft = np.where(b.phase == 2, np.nan, ttft)
-    usd_mtok_out = np.where(no_decode, np.nan, usd_mtok_out)
-    joules_out = np.where(no_decode, np.nan, joules_out)
-    usd_mtok_in = np.where(b.phase == 2, np.nan, usd_mtok_in)
+    if np.any(no_decode):
+        tpot, usd_mtok_out, joules_out = (np.where(no_decode, np.nan, v) for v in
+                                          (tpot, usd_mtok_out, joules_out))
+    no_prefill = b.phase == 2
+    if np.any(no_prefill):
+        ttft, usd_mtok_in = (np.where(no_prefill, np.nan, v) for v in (ttft, usd_mtok_in))
 
     bound = decode_bound(tc, tm, tn, bits, c, max_c, b.max_batch_size * b.dp)
 

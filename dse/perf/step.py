@@ -48,16 +48,32 @@ class StepTimes:
 def _gemm_coef(b: Batch, gemms, layers, peak):
     """An op made of dense GEMMs ``[(n, k), ...]`` per chip per layer over ``layers`` layers:
     ``(a, w)`` with compute time ``a * (rows + gemm_half_rows) + w`` (dse.perf.kernel_gemm's
-    form summed exactly over the GEMMs: shape factor per GEMM, one wave of tiles each)."""
-    a = w = 0.0
+    form summed exactly over the GEMMs: shape factor per GEMM, one wave of tiles each).
+
+    Per GEMM ``k * shape = k (1 + n_half / n) + k_half``; the factors every GEMM shares (2,
+    the wave, layers over the efficiency) are applied once to the sums."""
+    a = s = 0.0
     for n, k in gemms:
         n = np.maximum(n, 1.0)
         k = np.maximum(k, 1.0)
-        shape = 1.0 + b.gemm_n_half / n + b.gemm_k_half / k
-        a = a + 2.0 * n * k * shape
-        w = w + 2.0 * b.gemm_wave_elements * k * shape
-    eff = peak * b.gemm_fraction
-    return a * layers / eff, w * layers / eff
+        ks = b.gemm_n_half / n
+        ks += 1.0
+        ks *= k
+        ks += b.gemm_k_half                       # k * shape
+        s = s + ks
+        ks *= n
+        a = a + ks
+    r = 2.0 * layers / (peak * b.gemm_fraction)
+    return a * r, s * (r * b.gemm_wave_elements)
+
+
+def _log1m(x):
+    """``log(1 - x)`` for ``0 <= x < 1``, accurate for small ``x`` like ``np.log1p(-x)`` but with
+    numpy's vectorised ``log`` (log1p has no SIMD loop: ~6x slower): Goldberg's
+    ``log(u) * x / (1 - u)`` with ``u = 1 - x`` (rounding of ``u`` cancels); ``x = 0`` gives 0."""
+    u = 1.0 - x
+    den = np.maximum(1.0 - u, np.finfo(u.dtype).tiny if hasattr(u, "dtype") else 1e-300)
+    return np.log(u) * (x / den)
 
 
 class Coefficients:
@@ -97,7 +113,7 @@ class Coefficients:
         # (min over NCCL and custom branches) for the busiest rank's rows
         allreduce = _AllReduces(b)
         a0, a1 = allreduce(tp, b.tp_bw_rel)
-        self.n_proj = (self.layers_stage * a0, self.layers_stage * a1 * d * ab)
+        self.n_proj = (self.layers_stage * a0, a1 * (self.layers_stage * d * ab))
         # attention core (dse.perf.kernel_attention): decode pads each KV head's query group
         # to group_min_heads rows; prefill efficiency rises with the prompt's tokens
         heads = b.n_heads / tp
@@ -142,7 +158,7 @@ class Coefficients:
             some_dense = arch.flag(b.n_dense_layers > 0, d)
             f0, f1 = allreduce(arch.blend(some_dense, g, tp), arch.blend(
                 some_dense, b.ffn_bw_rel + rep * (b.tp_bw_rel - b.ffn_bw_rel), b.tp_bw_rel))
-            self.n_dense = (dense_layers * f0, dense_layers * f1 * d * ab * g / ffn_g)
+            self.n_dense = (dense_layers * f0, f1 * (dense_layers * d * ab * g / ffn_g))
         self.tbo = 0.0
         self.a2a_overlap = b.alltoall_overlap_fraction
         if self.moe:
@@ -151,7 +167,7 @@ class Coefficients:
             e = np.maximum(b.n_experts, 1.0)
             k = np.minimum(b.top_k, e)
             # per-token chance to miss one expert
-            self.log_miss = np.log1p(-np.minimum(k / e, 1.0 - 1e-12))
+            self.log_miss = _log1m(np.minimum(k / e, 1.0 - 1e-12))
             ep = b.ep
             # grouped GEMMs (kernel_gemm.grouped_gemm_s): rows tok*k/ep per chip, moe_half_rows
             # padded per touched expert, expert width inter/moe_tp with its edge waste
@@ -163,7 +179,15 @@ class Coefficients:
                           / (b.expert_matmul_flops_per_s * b.moe_fraction))
             self.m_moe = (arch.expert_slots(b) * p_exp * moe_layers * b.expert_weight_bytes
                           / ffn_g / (b.hbm_bw_bytes_per_s * b.moe_hbm_fraction))
-            dest = ep * (1.0 - np.power(1.0 - 1.0 / ep, k))    # distinct ep ranks a token visits
+            # distinct ep ranks a token visits: ep (1 - (1 - 1/ep)^k), via one log and one exp
+            # (1 where ep = 1 everywhere: every token stays on its rank)
+            self.a2a_on = bool(np.any(ep > 1.0))
+            if self.a2a_on:
+                x = np.minimum(np.maximum(1.0 / ep, 0.0), 0.5)      # (ep <= 1: blended out)
+                dest = arch.blend(arch.flag(ep > 1.0, ep), ep * (1.0 - np.exp(k * _log1m(x))),
+                                  arch.flag(k > 0, k))
+            else:
+                dest = arch.flag(k > 0, k)
             # permute/unpermute bytes per routed row, layer in/out bytes per token on the chip
             self.x_moe_tok = moe_layers * d / b.hbm_bw_bytes_per_s * (
                 k / ep * b.moe_token_bytes + np.minimum(dest, ep) / ep * b.moe_batch_bytes)
@@ -174,8 +198,10 @@ class Coefficients:
             disp = arch.blend(arch.flag(b.dispatch_bytes < 2.0, d), kernel_comm.FP8_ELEM_BYTES,
                               kernel_comm.BF16_ELEM_BYTES)
             is_moe = arch.flag(b.n_experts > 0, moe_layers) * moe_layers
+            # (no row with ep > 1: no all-to-all, the step skips it)
             self.a2a = {kind: (is_moe * lat, is_moe * spt / ffn_g) for kind, (lat, spt) in
-                        kernel_alltoall(b, ep, disp, kernel_comm.BF16_ELEM_BYTES).items()}
+                        kernel_alltoall(b, ep, disp, kernel_comm.BF16_ELEM_BYTES).items()} \
+                if self.a2a_on else None
             mode = b.a2a_mode                       # 0 auto, 1 low-latency, 2 normal
             self.ll_decode = arch.flag(mode < 1.5, mode)
             self.ll_mixed = arch.flag(np.abs(mode - 1.0) < 0.5, mode)
@@ -183,7 +209,7 @@ class Coefficients:
             self.a2a_overlap = b.alltoall_overlap_fraction
             moe_tp = arch.blend(arch.flag(b.n_experts > 0, d), ffn_g / ep, tp)   # (as above)
             r0, r1 = allreduce(moe_tp, b.tp_bw_rel)
-            self.n_moe_ar = (is_moe * r0, is_moe * r1 * np.minimum(dest, ep) / ep * d * ab)
+            self.n_moe_ar = (is_moe * r0, r1 * (is_moe * np.minimum(dest, ep) / ep * d * ab))
             # shared experts and router
             sh_chip = b.n_shared * b.ffn_shared / ffn_g
             self.c_sh, self.w_sh = _gemm_coef(
@@ -321,9 +347,12 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
         c_moe = k.c_moe * (rt + k.expert_pad * touched * two) * some   # tiles per expert used
         m_moe = k.m_moe * touched * two
         x_moe = (k.x_moe_tok * rt + k.x_moe * two) * some
-        ll, nm = k.a2a["ll"], k.a2a["normal"]
-        a2a = arch.blend(k.ll_decode if decode_step else k.ll_mixed, ll[0] * two + ll[1] * rt,
-                         nm[0] * two + nm[1] * rt)
+        if k.a2a is None:                    # ep = 1 on every row: no all-to-all
+            a2a = None
+        else:
+            ll, nm = k.a2a["ll"], k.a2a["normal"]
+            a2a = arch.blend(k.ll_decode if decode_step else k.ll_mixed,
+                             ll[0] * two + ll[1] * rt, nm[0] * two + nm[1] * rt)
         n_moe = _fastest(k.n_moe_ar, tok)
         c_sh = (k.c_sh * (tok + h) + k.w_sh) * some
         c_router = (k.c_router * (tok + h) + k.w_router) * some
