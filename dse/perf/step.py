@@ -237,6 +237,13 @@ class Coefficients:
         self.n_pipe = (has_pp * q0, has_pp * q1 * d * ab / dp / tp)
         self.overlap = b.network_overlap_fraction
         self.overhead = self.layers_stage * b.layer_overhead_s + b.step_overhead_s
+        # what the step needs in its own form: the KV terms per stage and rank, and which terms
+        # no row of the batch has (overlap, two-batch overlap: the step skips their arithmetic)
+        self.kv_dec_stage = self.kv_dec / dp / pp
+        self.kv_pre_stage = self.kv_pre * b.n_layers / pp
+        self.x_core_seq_rank = self.x_core_seq / dp
+        self.overlap_on = bool(np.any(self.overlap != 0.0))
+        self.tbo_on = bool(np.any(self.tbo != 0.0))
         self.batch = b
 
     def gather(self, rows: np.ndarray, batch: Batch) -> "Coefficients":
@@ -268,6 +275,8 @@ class _AllReduces:
 
 
 def _take(v, rows):
+    if v is None or isinstance(v, (bool, int, float)):
+        return v
     if isinstance(v, tuple):
         return tuple(_take(x, rows) for x in v)
     if isinstance(v, dict):
@@ -285,8 +294,11 @@ def _fastest(branches, x):
     contiguous arrays are faster than a broadcast over the branch axis)."""
     lat, per = branches
     t = lat[0] + per[0] * x
+    u = np.empty_like(t)
     for i in range(1, len(lat)):
-        np.minimum(t, lat[i] + per[i] * x, out=t)
+        np.multiply(per[i], x, out=u)
+        u += lat[i]
+        np.minimum(t, u, out=t)
     return t
 
 
@@ -310,70 +322,90 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     """
     b = k.batch
     tok = dec + pre
-    some = arch.flag(tok > 0, tok)
+    # tokens on every row (the usual case): no masking of the per-token terms
+    some = None if bool(np.all(tok > 0)) else arch.flag(tok > 0, tok)
+    masked = (lambda v: v) if some is None else (lambda v: v * some)  # noqa: E731
     # two-batch overlap (serving.ep_overlap = "tbo"): the step runs as two micro-batches, so
     # every weight is read, every GEMM padded and every kernel launched twice, while one
     # micro-batch's all-to-all runs under the other's compute
     two = 1.0 + k.tbo
-    h = k.h * two
+    twice = (lambda v: v * two) if k.tbo_on else (lambda v: v)  # noqa: E731
+    h = twice(k.h)
     dp = k.dp
+    # (a decode-only step has no prefill terms)
+    has_pre = bool(np.any(pre)) or (pre_rank is not None and bool(np.any(pre_rank)))
     pre_rank = pre / dp if pre_rank is None else pre_rank
-    rows = dec / dp + pre_rank                     # the busiest attention rank's rows
-    c_proj = (k.c_proj * (rows + h) + k.w_proj) * some
+    rows = dec / dp
+    if has_pre:
+        rows = rows + pre_rank                     # the busiest attention rank's rows
+    c_proj = masked(k.c_proj * (rows + h) + k.w_proj)
     n_proj = _fastest(k.n_proj, rows) if k.tp_ar else None
-    reqs = pre_rank / np.maximum(new, 1.0)         # prompts (or their share) on that rank
-    on_dec = arch.flag(dec > 0, tok)
-    on_pre = arch.flag(pre > 0, tok)
-    # prefill attention: efficiency rises with the prompt's tokens and its rows (batch x heads)
-    pre_eff = (1.0 + k.pre_half_tokens / np.maximum(new, 1.0)) \
-        * (1.0 + k.pre_half_rows / np.maximum(reqs * new, 1.0))
-    c_core = k.c_core_dec * dec * dec_ctx + k.c_core_pre * reqs * pairs * pre_eff
     seqs = dec if seq_tokens is None else dec / seq_tokens     # hook: dse.perf.spec
-    m_core = (k.kv_dec * seqs / dp * dec_ctx
-              + k.kv_pre * (dec / dp + pre_rank + reqs * prior) * b.n_layers) / b.pp
-    x_core = (k.x_core_seq * seqs / dp + k.x_core_pre_seq * reqs
-              + (k.x_core_dec * on_dec + k.x_core_pre * on_pre) * two)
+    ctx = k.__dict__.get("_ctx")
+    if ctx is None or ctx[0] is not dec_ctx:       # per design: once for the steps of a call
+        ctx = (dec_ctx, k.c_core_dec * dec_ctx, k.kv_dec_stage * dec_ctx)
+        k.__dict__["_ctx"] = ctx
+    c_core = ctx[1] * dec
+    m_core = ctx[2] * seqs
+    m_core += k.kv_pre_stage * rows
+    x_core = k.x_core_seq_rank * seqs
+    on_dec = arch.flag(dec > 0, tok)
+    lat_core = k.x_core_dec * on_dec
+    if has_pre:
+        new1 = np.maximum(new, 1.0)
+        reqs = pre_rank / new1                     # prompts (or their share) on that rank
+        # prefill attention: efficiency rises with the prompt's tokens and its rows (batch x
+        # heads)
+        pre_eff = (1.0 + k.pre_half_tokens / new1) \
+            * (1.0 + k.pre_half_rows / np.maximum(reqs * new, 1.0))
+        c_core += k.c_core_pre * reqs * pairs * pre_eff
+        m_core += k.kv_pre_stage * (reqs * prior)
+        x_core += k.x_core_pre_seq * reqs
+        lat_core += k.x_core_pre * arch.flag(pre > 0, tok)
+    x_core += twice(lat_core)
     none = (None, None, None, None)
     if k.dense:
-        c_dense = (k.c_dense * (tok * k.dense_rows + h) + k.w_dense) * some
+        c_dense = masked(k.c_dense * (tok * k.dense_rows + h) + k.w_dense)
         n_dense = _fastest(k.n_dense, tok)
-        dense = (c_dense, k.m_dense * two, n_dense, None)
+        dense = (c_dense, twice(k.m_dense), n_dense, None)
     else:
         dense = none
+    a2a = None
     if k.moe:
-        touched = 1.0 - np.exp(tok * k.log_miss)
+        touched = np.exp(tok * k.log_miss)
+        np.subtract(1.0, touched, out=touched)
         imb = imbalance.factor(b)            # hook: the busiest EP rank's routed tokens
         rt = tok if imb is None else tok * imb
-        c_moe = k.c_moe * (rt + k.expert_pad * touched * two) * some   # tiles per expert used
-        m_moe = k.m_moe * touched * two
-        x_moe = (k.x_moe_tok * rt + k.x_moe * two) * some
-        if k.a2a is None:                    # ep = 1 on every row: no all-to-all
-            a2a = None
-        else:
+        c_moe = masked(k.c_moe * (rt + twice(k.expert_pad * touched)))   # tiles per expert used
+        m_moe = twice(k.m_moe * touched)
+        x_moe = masked(k.x_moe_tok * rt + twice(k.x_moe))
+        if k.a2a is not None:                # (None: ep = 1 on every row, no all-to-all)
             ll, nm = k.a2a["ll"], k.a2a["normal"]
             a2a = arch.blend(k.ll_decode if decode_step else k.ll_mixed,
-                             ll[0] * two + ll[1] * rt, nm[0] * two + nm[1] * rt)
+                             twice(ll[0]) + ll[1] * rt, twice(nm[0]) + nm[1] * rt)
         n_moe = _fastest(k.n_moe_ar, tok)
-        c_sh = (k.c_sh * (tok + h) + k.w_sh) * some
-        c_router = (k.c_router * (tok + h) + k.w_router) * some
-        moe = ((c_moe, m_moe, n_moe, x_moe), (c_sh, k.m_sh * two, None, None),
-               (c_router, k.m_router * two, None, None))
+        c_sh = masked(k.c_sh * (tok + h) + k.w_sh)
+        c_router = masked(k.c_router * (tok + h) + k.w_router)
+        moe = ((c_moe, m_moe, n_moe, x_moe), (c_sh, twice(k.m_sh), None, None),
+               (c_router, twice(k.m_router), None, None))
     else:
-        a2a, moe = None, (none, none, none)
+        moe = (none, none, none)
     c_head = k.c_head * (logits_rows / dp + h) + k.w_head
     m_head = k.m_head + k.m_embed * tok
+    if k.tbo_on:
+        m_head = m_head + k.m_head * k.tbo
     n_pipe = k.n_pipe[0] + k.n_pipe[1] * tok if k.pipelined else None
-    phi = k.overlap
+    phi = k.overlap if k.overlap_on else None
     # (compute, memory, network, additive time) per op, None where an op has no such term
     # (the loop below skips its arithmetic: this is the hot path); the GEMMs' launch latencies
     # are fixed time of the step (overhead)
-    parts = ((c_proj, k.m_proj * two, n_proj, None), (c_core, m_core, None, x_core), dense,
-             *moe, (c_head, m_head + k.m_head * k.tbo, None, None), (None, None, n_pipe, None))
-    overhead = k.overhead + k.x_gemm * two * some
+    parts = ((c_proj, twice(k.m_proj), n_proj, None), (c_core, m_core, None, x_core), dense,
+             *moe, (c_head, m_head, None, None), (None, None, n_pipe, None))
+    overhead = k.overhead + masked(twice(k.x_gemm))
     total = overhead
     ops = []
     sc = sm = sn = 0.0
-    busy_all = 0.0
+    busy_all = 0.0 if a2a is not None else None    # (only the all-to-all's overlap needs it)
     for c, m, n, x in parts:
         if c is None and n is None:                # an op the batch does not have
             if breakdown:
@@ -382,11 +414,20 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
         if c is None:                              # a network-only op (the pipeline hand-off)
             busy, t = 0.0, n
         else:
-            busy = np.maximum(c, m) if x is None else np.maximum(c, m) + x
-            # (1-phi)*(busy+n) + phi*max(busy, n)
-            t = busy if n is None else busy + n - phi * np.minimum(busy, n)
-            busy_all = busy_all + busy
-        total = total + t
+            busy = np.maximum(c, m)
+            if x is not None:
+                busy += x
+            if busy_all is not None:
+                busy_all = busy_all + busy
+            if n is None:
+                t = busy
+            elif phi is None:                      # serialised: busy + n
+                t = busy + n if breakdown else None
+                total = total + n
+            else:
+                # (1-phi)*(busy+n) + phi*max(busy, n)
+                t = busy + n - phi * np.minimum(busy, n)
+        total = total + (busy if t is None else t)
         if breakdown:
             ops.append([0.0 if v is None else v for v in (c, m, n)] + [t])
         elif sums:
