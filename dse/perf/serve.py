@@ -35,10 +35,15 @@ def decode_bound(tc, tm, tn, bits, concurrency, max_sequences, max_batch):
     the decode step's compute ``tc``, memory ``tm`` and network ``tn`` times: compute (0),
     memory (1) or network (2); ties go to memory, then compute.
     """
-    roof = (2 * ((tn > tc) & (tn > tm)) + ((tm > tc) & (tm >= tn))).astype(np.int64)
+    # (in bytes, widened once: 3 = 0b11, so "capacity" is an or over any roof)
+    net = (tn > tc) & (tn > tm)
+    mem = (tm > tc) & (tm >= tn)
+    roof = net.view(np.uint8) << np.uint8(1)
+    roof |= mem.view(np.uint8)
     fills = (bits == 0) & (concurrency >= KNEE_FRACTION * max_sequences) \
-        & (max_sequences < max_batch) & (roof != 0)
-    return np.where(((bits & 16) != 0) | fills, 3, roof)
+        & (max_sequences < max_batch) & (net | mem)
+    cap = ((bits & 16) != 0) | fills
+    return (roof | cap.view(np.uint8) * np.uint8(3)).astype(np.int64)
 # bit -> reason an infeasible row carries
 REASONS = {
     1: "tp does not divide num_attention_heads",
@@ -106,7 +111,7 @@ def _memory(b: Batch):
                              + b.n_moe_layers * arch.expert_slots(b) * arch.expert_params(b)
                              / ffn_g * (b.expert_weight_bytes - b.weight_bytes)) / pp
     both, pre_only, dec_only = arch.phases(b)
-    ctx = b.isl + (1.0 - pre_only) * b.osl
+    ctx = b.isl + _times(1.0 - pre_only, b.osl)
     if lengths.on(b):                    # hook: length distributions (dse.perf.lengths)
         ctx = lengths.fit_context_tokens(b, 1.0 - pre_only, np.maximum(b.concurrency, 1.0))
     tiers = kvtier.on(b)
@@ -134,6 +139,26 @@ def _memory(b: Batch):
     if tiers:                            # hook: sequences whose KV the offload tier holds
         max_c = max_c + kvtier.tier_sequences(b, kv_seq)
     return weights, kv_seq, act, max_c
+
+
+def _times(f, x):
+    """``f * x`` for a phase flag ``f`` (``arch.phases``): ``x`` itself or 0.0 when ``f`` is the
+    Python number 1.0 or 0.0 (no arithmetic; never modify the result in place)."""
+    if isinstance(f, float):
+        if f == 1.0:
+            return x
+        if f == 0.0:
+            return 0.0
+    return f * x
+
+
+def _add(a, x):
+    """``a + x``, ``x`` (or ``a``) itself when the other is the Python number 0.0."""
+    if isinstance(a, float) and a == 0.0:
+        return x
+    if isinstance(x, float) and x == 0.0:
+        return a
+    return a + x
 
 
 def _indivisible(a: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -174,13 +199,15 @@ def _prefill_load(b: Batch, per_step=None):
     c = np.maximum(b.concurrency, 1.0)
     both, pre_only, dec_only = arch.phases(b)
     new = b.isl * (1.0 - b.prefix_hit_fraction)
-    decoding = (1.0 - pre_only) * c
+    decoding = _times(1.0 - pre_only, c)
     # a scheduler (dp rank) fills its max_num_tokens with its decodes first, then prompt tokens
     chunk = np.minimum(new, np.maximum(b.max_num_tokens - decoding / b.dp, 1.0))
-    avg = both * c * new / b.osl + pre_only * c * new
+    prompts = c * new
+    per_answer = prompts / b.osl
     if per_step is not None:             # hook: dse.perf.spec (answers finish sooner)
-        avg = both * c * new / b.osl * per_step + pre_only * c * new
-    carried = avg + both * np.maximum(chunk - avg, 0.0)
+        per_answer = per_answer * per_step
+    avg = _add(_times(both, per_answer), _times(pre_only, prompts))
+    carried = _add(avg, _times(both, np.maximum(chunk - avg, 0.0)))
     share = np.minimum(avg / np.maximum(carried, 1e-30), 1.0)
     return decoding, chunk, avg, carried, share
 
@@ -214,13 +241,13 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None, q=Non
         decode, *sums = decode
     # a step that carries prompt tokens (a whole prompt or chunk, or the average load if larger);
     # with a prefill-only instance it is the batch of C prompts
-    done = (1.0 - arch.phases(b)[2]) * carried / np.maximum(new, 1.0)
+    done = _times(1.0 - arch.phases(b)[2], carried) / np.maximum(new, 1.0)
     mixed = step(k, dq / pp, carried / pp, dec_ctx, new, prior, pairs,
                  (dq + done) / pp, breakdown, pre_rank=rank_carried / pp, seq_tokens=q)
     # a step that carries one of this request's prefill chunks next to the other running
     # decodes: the chunk sits on one attention-DP rank, and the n chunks of a prompt attend to
     # the cached prefix and to the earlier chunks (on average half the uncached prompt)
-    others = (1.0 - arch.phases(b)[1]) * np.maximum(c - 1.0, 0.0)
+    others = _times(1.0 - arch.phases(b)[1], np.maximum(c - 1.0, 0.0))
     n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
     chunk_pairs = pairs / n_chunks
     chunk_prior = prior + 0.5 * np.maximum(new - chunk, 0.0)
@@ -399,7 +426,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
 
     pass_s = pp * t_mixed                      # one token for every sequence
     out_inst = c * tok_step / pass_s            # tokens/s of the instance (first tokens when prefill)
-    in_inst = (1.0 - dec_only) * out_inst * arch.blend(pre_only, b.isl, b.isl / b.osl)
+    in_inst = _times(1.0 - dec_only, out_inst) * arch.blend(pre_only, b.isl, b.isl / b.osl)
     # TTFT: wait for the running step, the steps carrying this prompt's chunks, and the step
     # that returns the first token (it is streamed with the next iteration)
     n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
@@ -411,7 +438,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
         + b.power_w * b.pue * b.electricity_usd_per_kwh / 1000.0
     usd_chip_h = arch.blend(arch.flag(b.use_rental > 0, own), b.rental_usd_per_hour, own)
     usd_inst_s = usd_chip_h * chips / 3600.0
-    decode_share = dec_only + both * np.minimum(t_decode / t_mixed, 1.0)
+    decode_share = _add(dec_only, _times(both, np.minimum(t_decode / t_mixed, 1.0)))
     usd_mtok_out = usd_inst_s * decode_share / out_inst * 1e6
     usd_mtok_in = usd_inst_s * (1.0 - decode_share) / np.maximum(in_inst, 1e-30) * 1e6
     joules_out = b.power_w * b.pue * chips * decode_share / out_inst

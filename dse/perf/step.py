@@ -56,13 +56,9 @@ def _gemm_coef(b: Batch, gemms, layers, peak):
     for n, k in gemms:
         n = np.maximum(n, 1.0)
         k = np.maximum(k, 1.0)
-        ks = b.gemm_n_half / n
-        ks += 1.0
-        ks *= k
-        ks += b.gemm_k_half                       # k * shape
+        ks = (b.gemm_n_half / n + 1.0) * k + b.gemm_k_half       # k * shape
         s = s + ks
-        ks *= n
-        a = a + ks
+        a = a + ks * n
     r = 2.0 * layers / (peak * b.gemm_fraction)
     return a * r, s * (r * b.gemm_wave_elements)
 
@@ -289,6 +285,15 @@ def _take(v, rows):
     return a if a.ndim == 0 or len(a) == 1 else a[rows]
 
 
+def _iadd(a, x):
+    """``a + x``, in place when ``a`` (a fresh array) already has the broadcast shape (a compact
+    batch's length-1 terms may not)."""
+    if np.shape(a) == np.broadcast_shapes(np.shape(a), np.shape(x)):
+        a += x
+        return a
+    return a + x
+
+
 def _fastest(branches, x):
     """``min_i latency[i] + per_unit[i] * x`` over a collective's kernel branches (row by row:
     contiguous arrays are faster than a broadcast over the branch axis)."""
@@ -347,7 +352,7 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
         k.__dict__["_ctx"] = ctx
     c_core = ctx[1] * dec
     m_core = ctx[2] * seqs
-    m_core += k.kv_pre_stage * rows
+    m_core = _iadd(m_core, k.kv_pre_stage * rows)
     x_core = k.x_core_seq_rank * seqs
     on_dec = arch.flag(dec > 0, tok)
     lat_core = k.x_core_dec * on_dec
@@ -358,11 +363,11 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
         # heads)
         pre_eff = (1.0 + k.pre_half_tokens / new1) \
             * (1.0 + k.pre_half_rows / np.maximum(reqs * new, 1.0))
-        c_core += k.c_core_pre * reqs * pairs * pre_eff
-        m_core += k.kv_pre_stage * (reqs * prior)
-        x_core += k.x_core_pre_seq * reqs
-        lat_core += k.x_core_pre * arch.flag(pre > 0, tok)
-    x_core += twice(lat_core)
+        c_core = _iadd(c_core, k.c_core_pre * reqs * pairs * pre_eff)
+        m_core = _iadd(m_core, k.kv_pre_stage * (reqs * prior))
+        x_core = _iadd(x_core, k.x_core_pre_seq * reqs)
+        lat_core = _iadd(lat_core, k.x_core_pre * arch.flag(pre > 0, tok))
+    x_core = _iadd(x_core, twice(lat_core))
     none = (None, None, None, None)
     if k.dense:
         c_dense = masked(k.c_dense * (tok * k.dense_rows + h) + k.w_dense)
@@ -416,7 +421,7 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
         else:
             busy = np.maximum(c, m)
             if x is not None:
-                busy += x
+                busy = _iadd(busy, x)
             if busy_all is not None:
                 busy_all = busy_all + busy
             if n is None:
