@@ -427,8 +427,11 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
             if n is None:
                 t = busy
             elif phi is None:                      # serialised: busy + n
-                t = busy + n if breakdown else None
-                total = total + n
+                if breakdown:
+                    t = busy + n
+                else:
+                    t = None
+                    total = total + n
             else:
                 # (1-phi)*(busy+n) + phi*max(busy, n)
                 t = busy + n - phi * np.minimum(busy, n)
