@@ -28,17 +28,29 @@ def flag(cond: np.ndarray, like: np.ndarray) -> np.ndarray:
 
 
 def blend(f: np.ndarray, yes, no):
-    """``yes`` where the 0/1 flag ``f`` is 1, else ``no`` (both finite)."""
+    """``yes`` where the 0/1 flag ``f`` is 1, else ``no`` (both finite). A flag that is a Python
+    number (the same for every row, e.g. ``phases`` of a batch without prefill- or decode-only
+    rows) picks one side without arithmetic (the result may then be ``yes`` or ``no`` itself:
+    never modify it in place)."""
+    if isinstance(f, float):
+        if f == 0.0:
+            return no
+        if f == 1.0:
+            return yes
     return no + f * (yes - no)
 
 
 def phases(b: Batch):
-    """0/1 flags: (continuous batching, prefill-only instance, decode-only instance)."""
+    """0/1 flags: (continuous batching, prefill-only instance, decode-only instance); the
+    Python numbers (1.0, 0.0, 0.0) when every row batches continuously (the usual case: the
+    callers then skip the other phases' arithmetic)."""
     return b.memo("phases", lambda: _phases(b))
 
 
 def _phases(b: Batch):
     p = b.phase   # 0, 1 or 2: the flags are exact polynomials in it, no branches
+    if not np.any(p):
+        return 1.0, 0.0, 0.0
     return (1.0 - p) * (2.0 - p) * 0.5, p * (2.0 - p), p * (p - 1.0) * 0.5
 
 

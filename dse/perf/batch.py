@@ -286,10 +286,15 @@ class Batch:
     def has_on(self, name: str) -> bool:
         """Whether any row sets optional field ``name`` away from its "off" value (the hooks of
         the serving mechanisms run only then, so a batch without them scores as before)."""
+        return self.memo("has_on:" + name, lambda: self._has_on(name))
+
+    def _has_on(self, name: str) -> bool:
         d = OPTIONAL[name]
-        v = getattr(self, name)
+        cols = self.__dict__["columns"]
+        if name not in cols:            # built without it: "off" by construction
+            return False
         off = getattr(self, d) if isinstance(d, str) else d
-        return bool(np.any(v != off))
+        return bool(np.any(cols[name] != off))
 
     def replace(self, **updates) -> "Batch":
         cols = dict(self.columns)

@@ -20,15 +20,20 @@ E_START, E_MAX = 1.847, 314.5
 
 
 def _log_ehat(e: np.ndarray) -> np.ndarray:
+    """log10 of the saturating expert count (as the natural log over ln 10: numpy's log10 has
+    no SIMD loop, ~4x slower than log)."""
     k = 1.0 / (1.0 / E_START - 1.0 / E_MAX)
-    return np.log10(1.0 / (1.0 / (e - 1.0 + k) + 1.0 / E_MAX))
+    return np.log(1.0 / (1.0 / (e - 1.0 + k) + 1.0 / E_MAX)) * (1.0 / LN10)
+
+
+LN10 = float(np.log(10.0))
 
 
 def dense_equivalent_params(b: Batch) -> np.ndarray:
     """Dense-equivalent parameter count (non-embedding) of each row's model."""
     n = np.maximum(arch.active_params(b) - arch.embedding_params(b), 1.0)
-    x = np.log10(n)
+    x = np.log(n) * (1.0 / LN10)                     # log10 n
     le = _log_ehat(np.maximum(b.n_experts, 1.0))
     le1 = float(_log_ehat(np.float64(1.0)))          # a dense model (one expert)
     target = A * x + B * le + C * x * le + D
-    return np.exp(np.log(10.0) / (A + C * le1) * (target - D - B * le1))
+    return np.exp(LN10 / (A + C * le1) * (target - D - B * le1))

@@ -18,7 +18,7 @@ import numpy as np
 
 from dse.perf import arch, kvtier, lengths, quality, queueing, spec
 from dse.perf.batch import Batch
-from dse.perf.step import OPS, Coefficients, StepTimes, bound_shares, op_bound, step
+from dse.perf.step import OPS, Coefficients, StepTimes, bound_shares, step
 
 BOUNDS = ("compute", "memory", "network", "capacity")
 KNEE_FRACTION = 0.97    # a batch within 3% of the memory-limited maximum fills the HBM
@@ -39,10 +39,16 @@ def decode_bound(shares, bits, concurrency, max_sequences, max_batch):
     one memory-heavy op's bytes.
     """
     sc, sm, sn = shares
-    roof = op_bound(sc, sm, sn)
+    # op_bound on the shares, in bytes (widened once: 3 = 0b11, so "capacity" is an or over any
+    # roof)
+    net = np.asarray((sn > sc) & (sn > sm))
+    mem = np.asarray((sm > sc) & (sm >= sn))
+    roof = net.view(np.uint8) << np.uint8(1)
+    roof |= mem.view(np.uint8)
     fills = (bits == 0) & (concurrency >= KNEE_FRACTION * max_sequences) \
-        & (max_sequences < max_batch) & (roof != 0)
-    return np.where(((bits & 16) != 0) | fills, 3, roof)
+        & (max_sequences < max_batch) & (net | mem)
+    cap = ((bits & 16) != 0) | fills
+    return (roof | cap.view(np.uint8) * np.uint8(3)).astype(np.int64)
 # bit -> reason an infeasible row carries
 REASONS = {
     1: "tp does not divide num_attention_heads",
@@ -113,7 +119,7 @@ def _memory(b: Batch):
                              + b.n_moe_layers * arch.expert_slots(b) * arch.expert_params(b)
                              / ffn_g * (b.expert_weight_bytes - b.weight_bytes)) / pp
     both, pre_only, dec_only = arch.phases(b)
-    ctx = b.isl + (1.0 - pre_only) * b.osl
+    ctx = b.isl + _times(1.0 - pre_only, b.osl)
     if lengths.on(b):                    # hook: length distributions (dse.perf.lengths)
         ctx = lengths.fit_context_tokens(b, 1.0 - pre_only, np.maximum(b.concurrency, 1.0))
     tiers = kvtier.on(b)
@@ -141,6 +147,26 @@ def _memory(b: Batch):
     return weights, kv_seq, act, max_c
 
 
+def _times(f, x):
+    """``f * x`` for a phase flag ``f`` (``arch.phases``): ``x`` itself or 0.0 when ``f`` is the
+    Python number 1.0 or 0.0 (no arithmetic; never modify the result in place)."""
+    if isinstance(f, float):
+        if f == 1.0:
+            return x
+        if f == 0.0:
+            return 0.0
+    return f * x
+
+
+def _add(a, x):
+    """``a + x``, ``x`` (or ``a``) itself when the other is the Python number 0.0."""
+    if isinstance(a, float) and a == 0.0:
+        return x
+    if isinstance(x, float) and x == 0.0:
+        return a
+    return a + x
+
+
 def _indivisible(a: np.ndarray, d: np.ndarray) -> np.ndarray:
     """``a`` is not a multiple of ``d`` (whole numbers; ``d = 0`` counts as not dividing):
     ``np.fmod(a, d) != 0`` without its slow libm call."""
@@ -163,10 +189,13 @@ def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
              (weights + act + b.runtime_reserve_bytes > b.hbm_capacity_bytes, 8),
              (b.concurrency > max_c, 16), (b.concurrency > b.max_batch_size * b.dp, 32),
              (~positive, 64))
-    bits = np.zeros(len(b), dtype=np.int64)
+    # (the bits fit a byte: shifted byte views of the conditions, or-ed, widened once at the
+    # end; a masked int64 or per condition is several times slower)
+    bits = np.zeros(len(b), dtype=np.uint8)
     for cond, bit in conds:
-        np.bitwise_or(bits, bit, out=bits, where=cond)
-    return bits
+        c = np.broadcast_to(cond, bits.shape).view(np.uint8)
+        bits |= c << np.uint8(bit.bit_length() - 1) if bit > 1 else c
+    return bits.astype(np.int64)
 
 
 def _prefill_load(b: Batch, per_step=None):
@@ -176,13 +205,15 @@ def _prefill_load(b: Batch, per_step=None):
     c = np.maximum(b.concurrency, 1.0)
     both, pre_only, dec_only = arch.phases(b)
     new = b.isl * (1.0 - b.prefix_hit_fraction)
-    decoding = (1.0 - pre_only) * c
+    decoding = _times(1.0 - pre_only, c)
     # a scheduler (dp rank) fills its max_num_tokens with its decodes first, then prompt tokens
     chunk = np.minimum(new, np.maximum(b.max_num_tokens - decoding / b.dp, 1.0))
-    avg = both * c * new / b.osl + pre_only * c * new
+    prompts = c * new
+    per_answer = prompts / b.osl
     if per_step is not None:             # hook: dse.perf.spec (answers finish sooner)
-        avg = both * c * new / b.osl * per_step + pre_only * c * new
-    carried = avg + both * np.maximum(chunk - avg, 0.0)
+        per_answer = per_answer * per_step
+    avg = _add(_times(both, per_answer), _times(pre_only, prompts))
+    carried = _add(avg, _times(both, np.maximum(chunk - avg, 0.0)))
     share = np.minimum(avg / np.maximum(carried, 1e-30), 1.0)
     return decoding, chunk, avg, carried, share
 
@@ -221,13 +252,13 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None, q=Non
         decode, *sums = decode
     # a step that carries prompt tokens (a whole prompt or chunk, or the average load if larger);
     # with a prefill-only instance it is the batch of C prompts
-    done = (1.0 - arch.phases(b)[2]) * carried / np.maximum(new, 1.0)
+    done = _times(1.0 - arch.phases(b)[2], carried) / np.maximum(new, 1.0)
     mixed = step(k, dq / pp, carried / pp, dec_ctx, new, prior, pairs,
                  (dq + done) / pp, breakdown, pre_rank=rank_carried / pp, seq_tokens=q)
     # a step that carries one of this request's prefill chunks next to the other running
     # decodes: the chunk sits on one attention-DP rank, and the n chunks of a prompt attend to
     # the cached prefix and to the earlier chunks (on average half the uncached prompt)
-    others = (1.0 - arch.phases(b)[1]) * np.maximum(c - 1.0, 0.0)
+    others = _times(1.0 - arch.phases(b)[1], np.maximum(c - 1.0, 0.0))
     n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
     chunk_pairs = pairs / n_chunks
     chunk_prior = prior + 0.5 * np.maximum(new - chunk, 0.0)
@@ -282,19 +313,24 @@ def _fleet(b: Batch, res, breakdown: bool):
     demand."""
     m = res[0] if breakdown else res
     n = len(b)
-    demand = np.where(b.demand_output_tokens_per_s > 0, b.demand_output_tokens_per_s, np.nan)
-    inst = np.ceil(demand / m["output_tokens_per_s_per_instance"])
+    nan = np.full(n, np.nan)
     chips = m["num_chips"]
     per_rack = instances_per_rack(chips, b.rack_chips)
-    racks = np.where(per_rack >= 1, np.ceil(inst / per_rack), inst * np.ceil(chips / b.rack_chips))
     m["instances_per_rack"] = np.broadcast_to(per_rack, (n,)).copy()
     m["output_tokens_per_s_per_rack"] = np.broadcast_to(
         m["output_tokens_per_s_per_chip"] * chips * per_rack, (n,)).copy()
+    if not np.any(b.demand_output_tokens_per_s > 0):     # no demand given: NaN, nothing to do
+        for k in ("instances_for_demand", "racks_for_demand", "usd_per_hour_for_demand"):
+            m[k] = nan
+        m = {k: (m[k] if k in m else nan) for k in METRICS}
+        return (m, res[1]) if breakdown else m
+    demand = np.where(b.demand_output_tokens_per_s > 0, b.demand_output_tokens_per_s, np.nan)
+    inst = np.ceil(demand / m["output_tokens_per_s_per_instance"])
+    racks = np.where(per_rack >= 1, np.ceil(inst / per_rack), inst * np.ceil(chips / b.rack_chips))
     m["instances_for_demand"] = np.broadcast_to(inst, (n,)).copy()
     m["racks_for_demand"] = np.broadcast_to(racks, (n,)).copy()
     m["usd_per_hour_for_demand"] = np.broadcast_to(inst * chips * m["usd_per_chip_hour"],
                                                    (n,)).copy()
-    nan = np.full(n, np.nan)
     m = {k: (m[k] if k in m else nan) for k in METRICS}     # a mechanism's metrics when off
     return (m, res[1]) if breakdown else m
 
@@ -424,7 +460,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
 
     pass_s = pp * t_mixed                      # one token for every sequence
     out_inst = c * tok_step / pass_s            # tokens/s of the instance (first tokens when prefill)
-    in_inst = (1.0 - dec_only) * out_inst * arch.blend(pre_only, b.isl, b.isl / b.osl)
+    in_inst = _times(1.0 - dec_only, out_inst) * arch.blend(pre_only, b.isl, b.isl / b.osl)
     # TTFT: wait for the running step, the steps carrying this prompt's chunks, and the step
     # that returns the first token (it is streamed with the next iteration)
     n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
@@ -440,17 +476,20 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
         + b.power_w * b.pue * b.electricity_usd_per_kwh / 1000.0
     usd_chip_h = arch.blend(arch.flag(b.use_rental > 0, own), b.rental_usd_per_hour, own)
     usd_inst_s = usd_chip_h * chips / 3600.0
-    decode_share = dec_only + both * np.minimum(t_decode / t_mixed, 1.0)
+    decode_share = _add(dec_only, _times(both, np.minimum(t_decode / t_mixed, 1.0)))
     usd_mtok_out = usd_inst_s * decode_share / out_inst * 1e6
     usd_mtok_in = usd_inst_s * (1.0 - decode_share) / np.maximum(in_inst, 1e-30) * 1e6
     joules_out = b.power_w * b.pue * chips * decode_share / out_inst
-    # what a phase does not produce is NaN, never a number that looks real
+    # what a phase does not produce is NaN, never a number that looks real (the masks are
+    # applied only where some row has such a phase: most batches have none)
+    tpot = pass_s / tok_step
     no_decode = b.phase == 1
-    tpot = np.where(no_decode, np.nan, pass_s / tok_step)
-    ttft = np.where(b.phase == 2, np.nan, ttft)
-    usd_mtok_out = np.where(no_decode, np.nan, usd_mtok_out)
-    joules_out = np.where(no_decode, np.nan, joules_out)
-    usd_mtok_in = np.where(b.phase == 2, np.nan, usd_mtok_in)
+    if np.any(no_decode):
+        tpot, usd_mtok_out, joules_out = (np.where(no_decode, np.nan, v) for v in
+                                          (tpot, usd_mtok_out, joules_out))
+    no_prefill = b.phase == 2
+    if np.any(no_prefill):
+        ttft, usd_mtok_in = (np.where(no_prefill, np.nan, v) for v in (ttft, usd_mtok_in))
 
     bound = decode_bound(shares, bits, c, max_c, b.max_batch_size * b.dp)
 

@@ -48,16 +48,28 @@ class StepTimes:
 def _gemm_coef(b: Batch, gemms, layers, peak):
     """An op made of dense GEMMs ``[(n, k), ...]`` per chip per layer over ``layers`` layers:
     ``(a, w)`` with compute time ``a * (rows + gemm_half_rows) + w`` (dse.perf.kernel_gemm's
-    form summed exactly over the GEMMs: shape factor per GEMM, one wave of tiles each)."""
-    a = w = 0.0
+    form summed exactly over the GEMMs: shape factor per GEMM, one wave of tiles each).
+
+    Per GEMM ``k * shape = k (1 + n_half / n) + k_half``; the factors every GEMM shares (2,
+    the wave, layers over the efficiency) are applied once to the sums."""
+    a = s = 0.0
     for n, k in gemms:
         n = np.maximum(n, 1.0)
         k = np.maximum(k, 1.0)
-        shape = 1.0 + b.gemm_n_half / n + b.gemm_k_half / k
-        a = a + 2.0 * n * k * shape
-        w = w + 2.0 * b.gemm_wave_elements * k * shape
-    eff = peak * b.gemm_fraction
-    return a * layers / eff, w * layers / eff
+        ks = (b.gemm_n_half / n + 1.0) * k + b.gemm_k_half       # k * shape
+        s = s + ks
+        a = a + ks * n
+    r = 2.0 * layers / (peak * b.gemm_fraction)
+    return a * r, s * (r * b.gemm_wave_elements)
+
+
+def _log1m(x):
+    """``log(1 - x)`` for ``0 <= x < 1``, accurate for small ``x`` like ``np.log1p(-x)`` but with
+    numpy's vectorised ``log`` (log1p has no SIMD loop: ~6x slower): Goldberg's
+    ``log(u) * x / (1 - u)`` with ``u = 1 - x`` (rounding of ``u`` cancels); ``x = 0`` gives 0."""
+    u = 1.0 - x
+    den = np.maximum(1.0 - u, np.finfo(u.dtype).tiny if hasattr(u, "dtype") else 1e-300)
+    return np.log(u) * (x / den)
 
 
 class Coefficients:
@@ -97,7 +109,7 @@ class Coefficients:
         # (min over NCCL and custom branches) for the busiest rank's rows
         allreduce = _AllReduces(b)
         a0, a1 = allreduce(tp, b.tp_bw_rel)
-        self.n_proj = (self.layers_stage * a0, self.layers_stage * a1 * d * ab)
+        self.n_proj = (self.layers_stage * a0, a1 * (self.layers_stage * d * ab))
         # attention core (dse.perf.kernel_attention): decode pads each KV head's query group
         # to group_min_heads rows; prefill efficiency rises with the prompt's tokens
         heads = b.n_heads / tp
@@ -120,10 +132,11 @@ class Coefficients:
         self.pre_half_rows = b.attn_prefill_half_rows / heads
         kv_tok = arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
         self.kv_dec = kv_tok / (b.hbm_bw_bytes_per_s * b.attn_decode_hbm_fraction)
+        self.kv_pre = kv_tok / (b.hbm_bw_bytes_per_s * b.attn_prefill_hbm_fraction)
         # few (sequence, KV head) items per call stream the KV below its rate: as many more
         # sequences' worth of reads per call as half_items / kv_heads
         self.dec_half = b.attn_decode_half_items / kv_heads
-        self.kv_pre = kv_tok / (b.hbm_bw_bytes_per_s * b.attn_prefill_hbm_fraction)
+        self.dec_half_on = bool(np.any(self.dec_half))
         items = np.where(fallback, heads, kv_heads)          # work items per sequence
         self.x_core_seq = L * (b.attn_decode_per_seq_s + items * b.attn_decode_per_seq_kv_head_s)
         self.x_core_dec = L * b.attn_decode_latency_s
@@ -150,7 +163,7 @@ class Coefficients:
             some_dense = arch.flag(b.n_dense_layers > 0, d)
             f0, f1 = allreduce(arch.blend(some_dense, g, tp), arch.blend(
                 some_dense, b.ffn_bw_rel + rep * (b.tp_bw_rel - b.ffn_bw_rel), b.tp_bw_rel))
-            self.n_dense = (dense_layers * f0, dense_layers * f1 * d * ab * g / ffn_g)
+            self.n_dense = (dense_layers * f0, f1 * (dense_layers * d * ab * g / ffn_g))
         self.tbo = 0.0
         self.a2a_overlap = b.alltoall_overlap_fraction
         if self.moe:
@@ -159,7 +172,7 @@ class Coefficients:
             e = np.maximum(b.n_experts, 1.0)
             k = np.minimum(b.top_k, e)
             # per-token chance to miss one expert
-            self.log_miss = np.log1p(-np.minimum(k / e, 1.0 - 1e-12))
+            self.log_miss = _log1m(np.minimum(k / e, 1.0 - 1e-12))
             ep = b.ep
             # grouped GEMMs (kernel_gemm.grouped_gemm_s): rows tok*k/ep per chip, moe_half_rows
             # padded per touched expert, expert width inter/moe_tp with its edge waste
@@ -171,7 +184,15 @@ class Coefficients:
                           / (b.expert_matmul_flops_per_s * b.moe_fraction))
             self.m_moe = (arch.expert_slots(b) * p_exp * moe_layers * b.expert_weight_bytes
                           / ffn_g / (b.hbm_bw_bytes_per_s * b.moe_hbm_fraction))
-            dest = ep * (1.0 - np.power(1.0 - 1.0 / ep, k))    # distinct ep ranks a token visits
+            # distinct ep ranks a token visits: ep (1 - (1 - 1/ep)^k), via one log and one exp
+            # (1 where ep = 1 everywhere: every token stays on its rank)
+            self.a2a_on = bool(np.any(ep > 1.0))
+            if self.a2a_on:
+                x = np.minimum(np.maximum(1.0 / ep, 0.0), 0.5)      # (ep <= 1: blended out)
+                dest = arch.blend(arch.flag(ep > 1.0, ep), ep * (1.0 - np.exp(k * _log1m(x))),
+                                  arch.flag(k > 0, k))
+            else:
+                dest = arch.flag(k > 0, k)
             # permute/unpermute bytes per routed row, layer in/out bytes per token on the chip
             self.x_moe_tok = moe_layers * d / b.hbm_bw_bytes_per_s * (
                 k / ep * b.moe_token_bytes + np.minimum(dest, ep) / ep * b.moe_batch_bytes)
@@ -182,8 +203,10 @@ class Coefficients:
             disp = arch.blend(arch.flag(b.dispatch_bytes < 2.0, d), kernel_comm.FP8_ELEM_BYTES,
                               kernel_comm.BF16_ELEM_BYTES)
             is_moe = arch.flag(b.n_experts > 0, moe_layers) * moe_layers
+            # (no row with ep > 1: no all-to-all, the step skips it)
             self.a2a = {kind: (is_moe * lat, is_moe * spt / ffn_g) for kind, (lat, spt) in
-                        kernel_alltoall(b, ep, disp, kernel_comm.BF16_ELEM_BYTES).items()}
+                        kernel_alltoall(b, ep, disp, kernel_comm.BF16_ELEM_BYTES).items()} \
+                if self.a2a_on else None
             mode = b.a2a_mode                       # 0 auto, 1 low-latency, 2 normal
             self.ll_decode = arch.flag(mode < 1.5, mode)
             self.ll_mixed = arch.flag(np.abs(mode - 1.0) < 0.5, mode)
@@ -191,7 +214,7 @@ class Coefficients:
             self.a2a_overlap = b.alltoall_overlap_fraction
             moe_tp = arch.blend(arch.flag(b.n_experts > 0, d), ffn_g / ep, tp)   # (as above)
             r0, r1 = allreduce(moe_tp, b.tp_bw_rel)
-            self.n_moe_ar = (is_moe * r0, is_moe * r1 * np.minimum(dest, ep) / ep * d * ab)
+            self.n_moe_ar = (is_moe * r0, r1 * (is_moe * np.minimum(dest, ep) / ep * d * ab))
             # shared experts and router
             sh_chip = b.n_shared * b.ffn_shared / ffn_g
             self.c_sh, self.w_sh = _gemm_coef(
@@ -219,6 +242,13 @@ class Coefficients:
         self.n_pipe = (has_pp * q0, has_pp * q1 * d * ab / dp / tp)
         self.overlap = b.network_overlap_fraction
         self.overhead = self.layers_stage * b.layer_overhead_s + b.step_overhead_s
+        # what the step needs in its own form: the KV terms per stage and rank, and which terms
+        # no row of the batch has (overlap, two-batch overlap: the step skips their arithmetic)
+        self.kv_dec_stage = self.kv_dec / dp / pp
+        self.kv_pre_stage = self.kv_pre * b.n_layers / pp
+        self.x_core_seq_rank = self.x_core_seq / dp
+        self.overlap_on = bool(np.any(self.overlap != 0.0))
+        self.tbo_on = bool(np.any(self.tbo != 0.0))
         self.batch = b
 
     def gather(self, rows: np.ndarray, batch: Batch) -> "Coefficients":
@@ -250,6 +280,8 @@ class _AllReduces:
 
 
 def _take(v, rows):
+    if v is None or isinstance(v, (bool, int, float)):
+        return v
     if isinstance(v, tuple):
         return tuple(_take(x, rows) for x in v)
     if isinstance(v, dict):
@@ -262,13 +294,25 @@ def _take(v, rows):
     return a if a.ndim == 0 or len(a) == 1 else a[rows]
 
 
+def _iadd(a, x):
+    """``a + x``, in place when ``a`` (a fresh array) already has the broadcast shape (a compact
+    batch's length-1 terms may not)."""
+    if np.shape(a) == np.broadcast_shapes(np.shape(a), np.shape(x)):
+        a += x
+        return a
+    return a + x
+
+
 def _fastest(branches, x):
     """``min_i latency[i] + per_unit[i] * x`` over a collective's kernel branches (row by row:
     contiguous arrays are faster than a broadcast over the branch axis)."""
     lat, per = branches
     t = lat[0] + per[0] * x
+    u = np.empty_like(t)
     for i in range(1, len(lat)):
-        np.minimum(t, lat[i] + per[i] * x, out=t)
+        np.multiply(per[i], x, out=u)
+        u += lat[i]
+        np.minimum(t, u, out=t)
     return t
 
 
@@ -328,69 +372,94 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     """
     b = k.batch
     tok = dec + pre
-    some = arch.flag(tok > 0, tok)
+    # tokens on every row (the usual case): no masking of the per-token terms
+    some = None if bool(np.all(tok > 0)) else arch.flag(tok > 0, tok)
+    masked = (lambda v: v) if some is None else (lambda v: v * some)  # noqa: E731
     # two-batch overlap (serving.ep_overlap = "tbo"): the step runs as two micro-batches, so
     # every weight is read, every GEMM padded and every kernel launched twice, while one
     # micro-batch's all-to-all runs under the other's compute
     two = 1.0 + k.tbo
-    h = k.h * two
+    twice = (lambda v: v * two) if k.tbo_on else (lambda v: v)  # noqa: E731
+    h = twice(k.h)
     dp = k.dp
+    # (a decode-only step has no prefill terms)
+    has_pre = bool(np.any(pre)) or (pre_rank is not None and bool(np.any(pre_rank)))
     pre_rank = pre / dp if pre_rank is None else pre_rank
-    rows = dec / dp + pre_rank                     # the busiest attention rank's rows
-    c_proj = (k.c_proj * (rows + h) + k.w_proj) * some
+    rows = dec / dp
+    if has_pre:
+        rows = rows + pre_rank                     # the busiest attention rank's rows
+    c_proj = masked(k.c_proj * (rows + h) + k.w_proj)
     n_proj = _fastest(k.n_proj, rows) if k.tp_ar else None
-    reqs = pre_rank / np.maximum(new, 1.0)         # prompts (or their share) on that rank
-    on_dec = arch.flag(dec > 0, tok)
-    on_pre = arch.flag(pre > 0, tok)
-    # prefill attention: efficiency rises with the prompt's tokens and its rows (batch x heads)
-    pre_eff = (1.0 + k.pre_half_tokens / np.maximum(new, 1.0)) \
-        * (1.0 + k.pre_half_rows / np.maximum(reqs * new, 1.0))
-    c_core = k.c_core_dec * dec * dec_ctx + k.c_core_pre * reqs * pairs * pre_eff
     seqs = dec if seq_tokens is None else dec / seq_tokens     # hook: dse.perf.spec
-    m_core = (k.kv_dec * (seqs / dp + k.dec_half * on_dec * two) * dec_ctx
-              + k.kv_pre * (dec / dp + pre_rank + reqs * prior) * b.n_layers) / b.pp
-    x_core = (k.x_core_seq * seqs / dp + k.x_core_pre_seq * reqs
-              + (k.x_core_dec * on_dec + k.x_core_pre * on_pre) * two)
+    ctx = k.__dict__.get("_ctx")
+    if ctx is None or ctx[0] is not dec_ctx:       # per design: once for the steps of a call
+        ctx = (dec_ctx, k.c_core_dec * dec_ctx, k.kv_dec_stage * dec_ctx)
+        k.__dict__["_ctx"] = ctx
+    c_core = ctx[1] * dec
+    m_core = ctx[2] * seqs
+    m_core = _iadd(m_core, k.kv_pre_stage * rows)
+    x_core = k.x_core_seq_rank * seqs
+    on_dec = arch.flag(dec > 0, tok)
+    if k.dec_half_on:                              # the KV stream's ramp in work items per call
+        m_core = _iadd(m_core, ctx[2] * (dp * k.dec_half) * on_dec * two)
+    lat_core = k.x_core_dec * on_dec
+    if has_pre:
+        new1 = np.maximum(new, 1.0)
+        reqs = pre_rank / new1                     # prompts (or their share) on that rank
+        # prefill attention: efficiency rises with the prompt's tokens and its rows (batch x
+        # heads)
+        pre_eff = (1.0 + k.pre_half_tokens / new1) \
+            * (1.0 + k.pre_half_rows / np.maximum(reqs * new, 1.0))
+        c_core = _iadd(c_core, k.c_core_pre * reqs * pairs * pre_eff)
+        m_core = _iadd(m_core, k.kv_pre_stage * (reqs * prior))
+        x_core = _iadd(x_core, k.x_core_pre_seq * reqs)
+        lat_core = _iadd(lat_core, k.x_core_pre * arch.flag(pre > 0, tok))
+    x_core = _iadd(x_core, twice(lat_core))
     none = (None, None, None, None)
     if k.dense:
-        c_dense = (k.c_dense * (tok * k.dense_rows + h) + k.w_dense) * some
+        c_dense = masked(k.c_dense * (tok * k.dense_rows + h) + k.w_dense)
         n_dense = _fastest(k.n_dense, tok)
-        dense = (c_dense, k.m_dense * two, n_dense, None)
+        dense = (c_dense, twice(k.m_dense), n_dense, None)
     else:
         dense = none
+    a2a = None
     if k.moe:
-        touched = 1.0 - np.exp(tok * k.log_miss)
+        touched = np.exp(tok * k.log_miss)
+        np.subtract(1.0, touched, out=touched)
         imb = imbalance.factor(b)            # hook: the busiest EP rank's routed tokens
         rt = tok if imb is None else tok * imb
-        c_moe = k.c_moe * (rt + k.expert_pad * touched * two) * some   # tiles per expert used
-        m_moe = k.m_moe * touched * two
-        x_moe = (k.x_moe_tok * rt + k.x_moe * two) * some
-        ll, nm = k.a2a["ll"], k.a2a["normal"]
-        a2a = arch.blend(k.ll_decode if decode_step else k.ll_mixed, ll[0] * two + ll[1] * rt,
-                         nm[0] * two + nm[1] * rt)
+        c_moe = masked(k.c_moe * (rt + twice(k.expert_pad * touched)))   # tiles per expert used
+        m_moe = twice(k.m_moe * touched)
+        x_moe = masked(k.x_moe_tok * rt + twice(k.x_moe))
+        if k.a2a is not None:                # (None: ep = 1 on every row, no all-to-all)
+            ll, nm = k.a2a["ll"], k.a2a["normal"]
+            a2a = arch.blend(k.ll_decode if decode_step else k.ll_mixed,
+                             twice(ll[0]) + ll[1] * rt, twice(nm[0]) + nm[1] * rt)
         n_moe = _fastest(k.n_moe_ar, tok)
-        c_sh = (k.c_sh * (tok + h) + k.w_sh) * some
-        c_router = (k.c_router * (tok + h) + k.w_router) * some
-        moe = ((c_moe, m_moe, n_moe, x_moe), (c_sh, k.m_sh * two, None, None),
-               (c_router, k.m_router * two, None, None))
+        c_sh = masked(k.c_sh * (tok + h) + k.w_sh)
+        c_router = masked(k.c_router * (tok + h) + k.w_router)
+        moe = ((c_moe, m_moe, n_moe, x_moe), (c_sh, twice(k.m_sh), None, None),
+               (c_router, twice(k.m_router), None, None))
     else:
-        a2a, moe = None, (none, none, none)
+        moe = (none, none, none)
     c_head = k.c_head * (logits_rows / dp + h) + k.w_head
     m_head = k.m_head + k.m_embed * tok
+    if k.tbo_on:
+        m_head = m_head + k.m_head * k.tbo
     n_pipe = k.n_pipe[0] + k.n_pipe[1] * tok if k.pipelined else None
-    phi = k.overlap
+    phi = k.overlap if k.overlap_on else None
     # (compute, memory, network, additive time) per op, None where an op has no such term
     # (the loop below skips its arithmetic: this is the hot path); the GEMMs' launch latencies
     # are fixed time of the step (overhead)
-    parts = ((c_proj, k.m_proj * two, n_proj, None), (c_core, m_core, None, x_core), dense,
-             *moe, (c_head, m_head + k.m_head * k.tbo, None, None), (None, None, n_pipe, None))
-    overhead = k.overhead + k.x_gemm * two * some
+    parts = ((c_proj, twice(k.m_proj), n_proj, None), (c_core, m_core, None, x_core), dense,
+             *moe, (c_head, m_head, None, None), (None, None, n_pipe, None))
+    overhead = k.overhead + masked(twice(k.x_gemm))
     total = overhead
     ops = []
     sc = sm = sn = 0.0
     shares = [0.0, 0.0, 0.0]                       # op time by bounding resource (op_bound)
     routed = None
-    busy_all = 0.0
+    busy_all = 0.0 if a2a is not None else None    # (only the all-to-all's overlap needs it)
     for i, (c, m, n, x) in enumerate(parts):
         if c is None and n is None:                # an op the batch does not have
             if breakdown:
@@ -399,11 +468,23 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
         if c is None:                              # a network-only op (the pipeline hand-off)
             busy, t = 0.0, n
         else:
-            busy = np.maximum(c, m) if x is None else np.maximum(c, m) + x
-            # (1-phi)*(busy+n) + phi*max(busy, n)
-            t = busy if n is None else busy + n - phi * np.minimum(busy, n)
-            busy_all = busy_all + busy
-        total = total + t
+            busy = np.maximum(c, m)
+            if x is not None:
+                busy = _iadd(busy, x)
+            if busy_all is not None:
+                busy_all = busy_all + busy
+            if n is None:
+                t = busy
+            elif phi is None:                      # serialised: busy + n
+                if breakdown or sums:
+                    t = busy + n
+                else:
+                    t = None
+                    total = total + n
+            else:
+                # (1-phi)*(busy+n) + phi*max(busy, n)
+                t = busy + n - phi * np.minimum(busy, n)
+        total = total + (busy if t is None else t)
         if breakdown:
             ops.append([0.0 if v is None else v for v in (c, m, n)] + [t])
         elif sums:
