@@ -1,62 +1,231 @@
 """Mutation check of the physics tests: does changing one physics term by 20% fail a test that
 is not a golden?
 
-    python tests/mutation.py                     # every scorer field the model reads
+    python tests/mutation.py                          # every scorer field the model reads
     python tests/mutation.py gemm_fraction moe_fraction --factor 0.8
+    python tests/mutation.py --fast --jobs 2 --out tests/MUTATION.md
 
 For each field of the scorer's struct of arrays (``dse.perf.batch.FIELDS``: hardware specs,
-fitted kernel and efficiency parameters, model structure, layout, workload) it runs the
-physics tests (hand-worked closed-form cases, TTFT, EP all-to-all and overlap, disaggregated
-serving, properties: not ``tests/test_goldens.py``) with that field multiplied by ``--factor``
-wherever the scorer reads it (``DSE_MUTATE=field=factor``, applied by ``tests/conftest.py``),
-stopping at the first failure, and prints which test caught it. A field no test catches is a
-term whose physics no test pins down. Run it after changing the model; it takes about a minute
-per uncaught field on two cores.
+fitted kernel and efficiency parameters, model structure, workload, serving mechanisms) it runs
+the physics tests (hand-worked closed-form cases, network, memory, TTFT, EP all-to-all and
+overlap, disaggregated serving, properties: not ``tests/test_goldens.py``) with that field
+multiplied by ``--factor`` wherever the scorer reads it, stopping at the first failure, and
+prints which test caught it. A field no test catches is a term whose physics no test pins down.
+
+Mechanism: every ``Batch`` reads its columns through a dict that multiplies the mutated field
+on access (``set_mutation``); one pytest session per job runs the tests once unmutated (a test
+that fails then is left out and reported) and then once per field, fastest-catching files
+first, stopping at the first failure (each field's memoised per-batch values are cleared
+first). ``DSE_MUTATE=field=factor pytest ...`` (``tests/conftest.py``) runs any tests under one
+mutation by hand.
+
+Cost: a caught field costs the tests up to the catching one (seconds); an uncaught one the whole
+list (about a CPU-minute with ``--fast``, six without). ``--fast`` leaves ``SLOW`` out: equalities
+between two ways of scoring and monotonicity laws, which hold under any scaling of one term (a
+full run, without ``--fast``, is the check that they catch nothing the others miss).
+``--jobs N`` splits the fields over N sessions. ``--out FILE`` writes the table (field ->
+catching test) with the date and the command.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+import weakref
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = ["tests/test_closed_form.py", "tests/test_ttft_physics.py", "tests/test_ep_overlap.py",
-         "tests/test_disaggregated.py", "tests/test_properties.py", "tests/test_kernel_comm.py",
-         "tests/test_cost_model.py"]
+# fastest-catching first (closed forms), the slow invariant properties last
+TESTS = ["tests/test_closed_form.py", *sorted(
+    str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_physics_*.py")),
+    "tests/test_ep_overlap.py", "tests/test_ttft_physics.py", "tests/test_disaggregated.py",
+    "tests/test_cost_model.py", "tests/test_kernel_comm.py", "tests/test_properties.py"]
+SLOW = ["tests/test_properties.py::test_chunked_scoring_equals_one_call",
+        "tests/test_properties.py::test_scoring_a_batch_equals_scoring_each_row",
+        "tests/test_properties.py::test_more_hbm_bandwidth_never_slows_a_step",
+        "tests/test_properties.py::test_more_link_bandwidth_never_slows_a_step",
+        "tests/test_properties.py::test_infeasible_rows_stay_flagged_with_a_reason",
+        "tests/test_properties.py::test_times_are_positive_and_finite_where_defined",
+        "tests/test_properties.py::test_more_flops_never_slow_a_step",
+        "tests/test_kernel_comm.py::test_fit_report_on_measured_tables"]
 # layout, workload and switches: inputs a test sets itself, not terms of the model
 NOT_PHYSICS = {"tp", "pp", "ep", "dp", "prefill_tp", "prefill_pp", "prefill_ep", "prefill_dp",
                "disaggregated", "phase", "isl", "osl", "concurrency", "prefill_concurrency",
                "demand_output_tokens_per_s", "use_rental", "a2a_mode", "two_batch_overlap",
-               "dense_replicated", "tied", "prefill_chip_ratio"}
+               "dense_replicated", "tied", "prefill_chip_ratio", "spec_draft"}
+
+
+# --- the mutation itself ---------------------------------------------------------------------
+
+class _State:
+    name: str | None = None
+    factor = 1.0
+    batches: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def set_mutation(name: str | None, factor: float = 1.0) -> None:
+    """From now on every Batch (also those already built) reads ``name`` times ``factor``;
+    ``None``: no mutation. Memoised per-batch values are dropped."""
+    from dse.perf import batch as batch_mod
+
+    if not getattr(batch_mod.Batch, "_mutation_hook", False):
+        class _Mutated(dict):
+            def __getitem__(self, key):
+                v = dict.__getitem__(self, key)
+                return v * _State.factor if key == _State.name else v
+
+        init = batch_mod.Batch.__post_init__
+
+        def post_init(self):
+            if not isinstance(self.columns, _Mutated):
+                object.__setattr__(self, "columns", _Mutated(self.columns))
+            init(self)
+            _State.batches.add(self)
+        batch_mod.Batch.__post_init__ = post_init
+        batch_mod.Batch._mutation_hook = True
+    _State.name, _State.factor = name, factor
+    for b in list(_State.batches):
+        b.__dict__["_memo"].clear()
+
+
+# --- the pytest plugin: one session, the tests once per field --------------------------------
+
+_failed: list = []
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        _failed.append(report.nodeid)
+
+
+def pytest_runtestloop(session):
+    fields = os.environ["DSE_MUTATE_FIELDS"].split(",")
+    factor = float(os.environ["DSE_MUTATE_FACTOR"])
+    out = Path(os.environ["DSE_MUTATE_OUT"])
+
+    def run_pass(items):
+        _failed.clear()
+        for i, item in enumerate(items):
+            nxt = items[i + 1] if i + 1 < len(items) else None
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt)
+            if _failed:
+                session._setupstate.teardown_exact(None)
+                return _failed[0]
+        return None
+
+    items = list(session.items)
+    set_mutation(None)
+    broken = []
+    while (bad := run_pass(items)) is not None:      # tests failing unmutated are left out
+        broken.append(bad)
+        items = [it for it in items if it.nodeid != bad]
+    with out.open("a") as f:
+        f.write(json.dumps({"broken": broken}) + "\n")
+    for name in fields:
+        set_mutation(name, factor)
+        t0 = time.process_time()
+        caught = run_pass(items)
+        with out.open("a") as f:
+            f.write(json.dumps({"field": name, "caught": caught,
+                                "cpu_s": time.process_time() - t0}) + "\n")
+    set_mutation(None)
+    return True
+
+
+# --- the driver ------------------------------------------------------------------------------
+
+def _start(fields, factor, fast, out):
+    env = dict(os.environ, DSE_MUTATE_FIELDS=",".join(fields), DSE_MUTATE_FACTOR=str(factor),
+               DSE_MUTATE_OUT=str(out), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "tests"),
+                                                        os.environ.get("PYTHONPATH")])))
+    env.pop("DSE_MUTATE", None)
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutation",
+            *TESTS]
+    if fast:
+        args += [f"--deselect={t}" for t in SLOW]
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def write_table(path: Path, rows: dict, names: list, argv: list, factor: float, fast: bool,
+                broken: list) -> None:
+    caught = sum(rows[n] is not None for n in names)
+    lines = ["# Mutation check of the physics tests", "",
+             f"Generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by",
+             "", "    python tests/mutation.py " + " ".join(argv), "",
+             f"Every scorer field multiplied by {factor:g} wherever the scorer reads it; the "
+             "first physics test (not a golden) that fails"
+             + (" (`--fast`: the slow invariant properties left out)" if fast else "")
+             + f". {caught} of {len(names)} fields caught.", ""]
+    if broken:
+        lines += ["Left out (failing without a mutation): " + ", ".join(broken), ""]
+    lines += ["| field | caught by |", "|---|---|"]
+    lines += [f"| `{n}` | {rows[n] or '**NOT CAUGHT**'} |" for n in names]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     sys.path.insert(0, str(ROOT))
     from dse.perf.batch import FIELDS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("fields", nargs="*", help="fields to mutate (default: every physics field)")
     ap.add_argument("--factor", type=float, default=1.2)
+    ap.add_argument("--fast", action="store_true", help="leave out the slow invariants (SLOW)")
+    ap.add_argument("--jobs", type=int, default=1, help="pytest sessions run at once")
+    ap.add_argument("--out", help="write the table (Markdown) to this file")
     a = ap.parse_args(argv)
+    unknown = [f for f in a.fields if f not in FIELDS]
+    if unknown:
+        print(f"mutation.py: unknown field(s) {', '.join(unknown)}; see dse/perf/batch.py "
+              "FIELDS", file=sys.stderr)
+        return 2
     names = a.fields or [f for f in FIELDS if f not in NOT_PHYSICS]
-    missed, t0 = [], time.perf_counter()
-    for i, name in enumerate(names, 1):
-        env = dict(os.environ, DSE_MUTATE=f"{name}={a.factor}")
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                            *TESTS], cwd=ROOT, env=env, capture_output=True, text=True)
-        caught = [ln.split(" ")[1] for ln in r.stdout.splitlines() if ln.startswith("FAILED ")]
-        rate = (time.perf_counter() - t0) / i
-        status = f"caught by {caught[0]}" if caught else ("NOT CAUGHT" if r.returncode == 0
-                                                           else f"error (exit {r.returncode})")
-        if not caught:
-            missed.append(name)
-        print(f"[{i}/{len(names)}, {rate:.0f} s each, ETA {rate * (len(names) - i) / 60:.0f} min]"
-              f" {name} x {a.factor}: {status}", flush=True)
+    jobs = max(1, min(a.jobs, len(names)))
+    tmp = Path(tempfile.mkdtemp(prefix="dse-mutation-"))
+    outs = [tmp / f"job{j}.jsonl" for j in range(jobs)]
+    procs = [_start(names[j::jobs], a.factor, a.fast, outs[j]) for j in range(jobs)]
+    rows, broken, seen, t0 = {}, set(), 0, time.perf_counter()
+    while True:
+        done = all(p.poll() is not None for p in procs)
+        for o in outs:
+            for line in (o.read_text().splitlines() if o.exists() else []):
+                r = json.loads(line)
+                if "broken" in r:
+                    broken.update(r["broken"])
+                elif r["field"] not in rows:
+                    rows[r["field"]] = r["caught"]
+                    seen += 1
+                    rate = (time.perf_counter() - t0) / seen
+                    print(f"[{seen}/{len(names)}, {rate:.0f} s each, ETA "
+                          f"{rate * (len(names) - seen) / 60:.0f} min] {r['field']} x "
+                          f"{a.factor:g}: " + (f"caught by {r['caught']}" if r["caught"]
+                                               else "NOT CAUGHT") + f" ({r['cpu_s']:.0f} CPU-s)",
+                          flush=True)
+        if done:
+            break
+        time.sleep(2)
+    lost = [n for n in names if n not in rows]
+    if lost:
+        errs = "; ".join((p.stderr.read() or "").strip().splitlines()[-1:][0]
+                         if p.stderr else "" for p in procs)
+        print(f"mutation.py: a pytest session ended early ({errs}); not run: {', '.join(lost)}",
+              file=sys.stderr)
+        return 2
+    if broken:
+        print("left out, failing without a mutation: " + ", ".join(sorted(broken)))
+    missed = [n for n in names if rows[n] is None]
     print(f"{len(names) - len(missed)} of {len(names)} fields caught; not caught: "
           f"{', '.join(missed) or 'none'}")
+    if a.out:
+        write_table(Path(a.out), rows, names, argv, a.factor, a.fast, sorted(broken))
     return 1 if missed else 0
 
 
