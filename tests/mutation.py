@@ -7,17 +7,18 @@ is not a golden?
 
 For each field of the scorer's struct of arrays (``dse.perf.batch.FIELDS``: hardware specs,
 fitted kernel and efficiency parameters, model structure, workload, serving mechanisms) it runs
-the physics tests (hand-worked closed-form cases, network, memory, TTFT, EP all-to-all and
-overlap, disaggregated serving, properties: not ``tests/test_goldens.py``) with that field
+the physics tests (hand-worked closed-form cases, network, memory, kernels, TTFT, EP
+all-to-all and overlap, disaggregated serving, the serving mechanisms, properties: not
+``tests/test_goldens.py``) with that field
 multiplied by ``--factor`` wherever the scorer reads it, stopping at the first failure, and
 prints which test caught it. A field no test catches is a term whose physics no test pins down.
 
 Mechanism: every ``Batch`` reads its columns through a dict that multiplies the mutated field
-on access (``set_mutation``); one pytest session per job runs the tests once unmutated (a test
-that fails then is left out and reported) and then once per field, fastest-catching files
-first, stopping at the first failure (each field's memoised per-batch values are cleared
-first). ``DSE_MUTATE=field=factor pytest ...`` (``tests/conftest.py``) runs any tests under one
-mutation by hand.
+on access (``set_mutation``); one pytest session per job runs the tests once per field,
+fastest-catching files first, stopping at the first failure (each field's memoised per-batch
+values are cleared first); a failure counts as a catch only if that test passes unmutated (else
+the test is left out and reported). ``DSE_MUTATE=field=factor pytest ...``
+(``tests/conftest.py``) runs any tests under one mutation by hand.
 
 Cost: a caught field costs the tests up to the catching one (seconds); an uncaught one the whole
 list (about a CPU-minute with ``--fast``, six without). ``--fast`` leaves ``SLOW`` out: equalities
@@ -45,6 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = ["tests/test_closed_form.py", *sorted(
     str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_physics_*.py")),
     "tests/test_ep_overlap.py", "tests/test_ttft_physics.py", "tests/test_disaggregated.py",
+    # the serving mechanisms (issue 11), each with its own hand-worked cases
+    "tests/test_spec.py", "tests/test_imbalance.py", "tests/test_kvtier.py",
+    "tests/test_lengths.py", "tests/test_queueing.py", "tests/test_precision.py",
     "tests/test_cost_model.py", "tests/test_kernel_comm.py", "tests/test_properties.py"]
 SLOW = ["tests/test_properties.py::test_chunked_scoring_equals_one_call",
         "tests/test_properties.py::test_scoring_a_batch_equals_scoring_each_row",
@@ -108,31 +112,30 @@ def pytest_runtestloop(session):
     fields = os.environ["DSE_MUTATE_FIELDS"].split(",")
     factor = float(os.environ["DSE_MUTATE_FACTOR"])
     out = Path(os.environ["DSE_MUTATE_OUT"])
-
-    def run_pass(items):
-        _failed.clear()
-        for i, item in enumerate(items):
-            nxt = items[i + 1] if i + 1 < len(items) else None
-            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt)
-            if _failed:
-                session._setupstate.teardown_exact(None)
-                return _failed[0]
-        return None
-
     items = list(session.items)
-    set_mutation(None)
-    broken = []
-    while (bad := run_pass(items)) is not None:      # tests failing unmutated are left out
-        broken.append(bad)
-        items = [it for it in items if it.nodeid != bad]
-    with out.open("a") as f:
-        f.write(json.dumps({"broken": broken}) + "\n")
+    broken: set = set()
+
+    def failed(item, nxt) -> bool:
+        _failed.clear()
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt)
+        return bool(_failed)
+
     for name in fields:
         set_mutation(name, factor)
-        t0 = time.process_time()
-        caught = run_pass(items)
+        t0, caught = time.process_time(), None
+        live = [it for it in items if it.nodeid not in broken]
+        for i, item in enumerate(live):
+            if failed(item, live[i + 1] if i + 1 < len(live) else None):
+                session._setupstate.teardown_exact(None)
+                set_mutation(None)           # a catch counts only if the test passes unmutated
+                if failed(item, None):
+                    broken.add(item.nodeid)
+                    set_mutation(name, factor)
+                    continue
+                caught = item.nodeid
+                break
         with out.open("a") as f:
-            f.write(json.dumps({"field": name, "caught": caught,
+            f.write(json.dumps({"field": name, "caught": caught, "broken": sorted(broken),
                                 "cpu_s": time.process_time() - t0}) + "\n")
     set_mutation(None)
     return True
@@ -181,6 +184,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fast", action="store_true", help="leave out the slow invariants (SLOW)")
     ap.add_argument("--jobs", type=int, default=1, help="pytest sessions run at once")
     ap.add_argument("--out", help="write the table (Markdown) to this file")
+    ap.add_argument("--state", help="results file (JSON lines): fields already in it are not "
+                    "run again, new results are added (a killed run resumes)")
     a = ap.parse_args(argv)
     unknown = [f for f in a.fields if f not in FIELDS]
     if unknown:
@@ -188,27 +193,39 @@ def main(argv=None) -> int:
               "FIELDS", file=sys.stderr)
         return 2
     names = a.fields or [f for f in FIELDS if f not in NOT_PHYSICS]
-    jobs = max(1, min(a.jobs, len(names)))
+    rows, broken = {}, set()
+    state = Path(a.state) if a.state else None
+    if state and state.exists():
+        for line in state.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("factor", a.factor) == a.factor and r["field"] in names:
+                rows[r["field"]] = r["caught"]
+                broken.update(r.get("broken", []))
+    todo = [n for n in names if n not in rows]
+    jobs = max(1, min(a.jobs, len(todo)))
     tmp = Path(tempfile.mkdtemp(prefix="dse-mutation-"))
     outs = [tmp / f"job{j}.jsonl" for j in range(jobs)]
-    procs = [_start(names[j::jobs], a.factor, a.fast, outs[j]) for j in range(jobs)]
-    rows, broken, seen, t0 = {}, set(), 0, time.perf_counter()
+    procs = [_start(todo[j::jobs], a.factor, a.fast, outs[j]) for j in range(jobs)] if todo \
+        else []
+    seen, t0 = 0, time.perf_counter()
     while True:
         done = all(p.poll() is not None for p in procs)
         for o in outs:
             for line in (o.read_text().splitlines() if o.exists() else []):
                 r = json.loads(line)
-                if "broken" in r:
-                    broken.update(r["broken"])
-                elif r["field"] not in rows:
-                    rows[r["field"]] = r["caught"]
-                    seen += 1
-                    rate = (time.perf_counter() - t0) / seen
-                    print(f"[{seen}/{len(names)}, {rate:.0f} s each, ETA "
-                          f"{rate * (len(names) - seen) / 60:.0f} min] {r['field']} x "
-                          f"{a.factor:g}: " + (f"caught by {r['caught']}" if r["caught"]
-                                               else "NOT CAUGHT") + f" ({r['cpu_s']:.0f} CPU-s)",
-                          flush=True)
+                if r["field"] in rows:
+                    continue
+                rows[r["field"]] = r["caught"]
+                broken.update(r["broken"])
+                if state:
+                    with state.open("a") as f:
+                        f.write(json.dumps({**r, "factor": a.factor}) + "\n")
+                seen += 1
+                rate = (time.perf_counter() - t0) / seen
+                print(f"[{seen}/{len(todo)}, {rate:.0f} s each, ETA "
+                      f"{rate * (len(todo) - seen) / 60:.0f} min] {r['field']} x {a.factor:g}: "
+                      + (f"caught by {r['caught']}" if r["caught"] else "NOT CAUGHT")
+                      + f" ({r['cpu_s']:.0f} CPU-s)", flush=True)
         if done:
             break
         time.sleep(2)
@@ -220,7 +237,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     if broken:
-        print("left out, failing without a mutation: " + ", ".join(sorted(broken)))
+        print("left out (failing without a mutation): " + ", ".join(sorted(broken)))
     missed = [n for n in names if rows[n] is None]
     print(f"{len(names) - len(missed)} of {len(names)} fields caught; not caught: "
           f"{', '.join(missed) or 'none'}")
