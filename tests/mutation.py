@@ -25,7 +25,8 @@ list (about a CPU-minute with ``--fast``, six without). ``--fast`` leaves ``SLOW
 between two ways of scoring and monotonicity laws, which hold under any scaling of one term (a
 full run, without ``--fast``, is the check that they catch nothing the others miss).
 ``--jobs N`` splits the fields over N sessions. ``--out FILE`` writes the table (field ->
-catching test) with the date and the command.
+catching test) with the date and the command; when FILE exists, each field first tries the test
+that caught it there. ``--state FILE`` keeps every result as it comes (a killed run resumes).
 """
 
 from __future__ import annotations
@@ -42,10 +43,9 @@ import weakref
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# fastest-catching first (closed forms), the slow invariant properties last
-TESTS = ["tests/test_closed_form.py", *sorted(
-    str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_physics_*.py")),
-    "tests/test_ep_overlap.py", "tests/test_ttft_physics.py", "tests/test_disaggregated.py",
+# fastest-catching first (one closed form per term), the slow invariant properties last
+TESTS = [*sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_physics_*.py")),
+    "tests/test_closed_form.py", "tests/test_ep_overlap.py", "tests/test_ttft_physics.py", "tests/test_disaggregated.py",
     # the serving mechanisms (issue 11), each with its own hand-worked cases
     "tests/test_spec.py", "tests/test_imbalance.py", "tests/test_kvtier.py",
     "tests/test_lengths.py", "tests/test_queueing.py", "tests/test_precision.py",
@@ -113,6 +113,7 @@ def pytest_runtestloop(session):
     factor = float(os.environ["DSE_MUTATE_FACTOR"])
     out = Path(os.environ["DSE_MUTATE_OUT"])
     items = list(session.items)
+    hints = json.loads(os.environ.get("DSE_MUTATE_HINTS", "{}"))
     broken: set = set()
 
     def failed(item, nxt) -> bool:
@@ -123,7 +124,9 @@ def pytest_runtestloop(session):
     for name in fields:
         set_mutation(name, factor)
         t0, caught = time.process_time(), None
-        live = [it for it in items if it.nodeid not in broken]
+        # the test that caught this field last time first (a re-run costs seconds per field)
+        live = sorted((it for it in items if it.nodeid not in broken),
+                      key=lambda it: it.nodeid != hints.get(name))
         for i, item in enumerate(live):
             if failed(item, live[i + 1] if i + 1 < len(live) else None):
                 session._setupstate.teardown_exact(None)
@@ -143,8 +146,9 @@ def pytest_runtestloop(session):
 
 # --- the driver ------------------------------------------------------------------------------
 
-def _start(fields, factor, fast, out):
+def _start(fields, factor, fast, out, hints):
     env = dict(os.environ, DSE_MUTATE_FIELDS=",".join(fields), DSE_MUTATE_FACTOR=str(factor),
+               DSE_MUTATE_HINTS=json.dumps({f: hints[f] for f in fields if f in hints}),
                DSE_MUTATE_OUT=str(out), OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "tests"),
                                                         os.environ.get("PYTHONPATH")])))
@@ -172,6 +176,16 @@ def write_table(path: Path, rows: dict, names: list, argv: list, factor: float, 
     lines += ["| field | caught by |", "|---|---|"]
     lines += [f"| `{n}` | {rows[n] or '**NOT CAUGHT**'} |" for n in names]
     path.write_text("\n".join(lines) + "\n")
+
+
+def read_table(path: Path) -> dict:
+    """{field: catching test} of a table ``--out`` wrote (the first tries of the next run)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`") and "::" in cells[1]:
+            out[cells[0].strip("`")] = cells[1]
+    return out
 
 
 def main(argv=None) -> int:
@@ -205,8 +219,9 @@ def main(argv=None) -> int:
     jobs = max(1, min(a.jobs, len(todo)))
     tmp = Path(tempfile.mkdtemp(prefix="dse-mutation-"))
     outs = [tmp / f"job{j}.jsonl" for j in range(jobs)]
-    procs = [_start(todo[j::jobs], a.factor, a.fast, outs[j]) for j in range(jobs)] if todo \
-        else []
+    hints = read_table(Path(a.out)) if a.out and Path(a.out).exists() else {}
+    procs = [_start(todo[j::jobs], a.factor, a.fast, outs[j], hints) for j in range(jobs)] \
+        if todo else []
     seen, t0 = 0, time.perf_counter()
     while True:
         done = all(p.poll() is not None for p in procs)
