@@ -45,7 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # fastest-catching first (one closed form per term), the slow invariant properties last
 TESTS = [*sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_physics_*.py")),
-    "tests/test_closed_form.py", "tests/test_ep_overlap.py", "tests/test_ttft_physics.py", "tests/test_disaggregated.py",
+    "tests/test_closed_form.py", "tests/test_ep_overlap.py", "tests/test_ttft_physics.py",
+    "tests/test_disaggregated.py",
     # the serving mechanisms (issue 11), each with its own hand-worked cases
     "tests/test_spec.py", "tests/test_imbalance.py", "tests/test_kvtier.py",
     "tests/test_lengths.py", "tests/test_queueing.py", "tests/test_precision.py",
@@ -163,18 +164,21 @@ def _start(fields, factor, fast, out, hints):
 
 def write_table(path: Path, rows: dict, names: list, argv: list, factor: float, fast: bool,
                 broken: list) -> None:
-    caught = sum(rows[n] is not None for n in names)
+    caught = sum(rows.get(n) is not None for n in names)
+    lost = [n for n in names if n not in rows]
     lines = ["# Mutation check of the physics tests", "",
              f"Generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by",
              "", "    python tests/mutation.py " + " ".join(argv), "",
              f"Every scorer field multiplied by {factor:g} wherever the scorer reads it; the "
              "first physics test (not a golden) that fails"
              + (" (`--fast`: the slow invariant properties left out)" if fast else "")
-             + f". {caught} of {len(names)} fields caught.", ""]
+             + f". {caught} of {len(names)} fields caught"
+             + (f", {len(lost)} not run." if lost else "."), ""]
     if broken:
         lines += ["Left out (failing without a mutation): " + ", ".join(broken), ""]
     lines += ["| field | caught by |", "|---|---|"]
-    lines += [f"| `{n}` | {rows[n] or '**NOT CAUGHT**'} |" for n in names]
+    lines += [f"| `{n}` | {rows[n] or '**NOT CAUGHT**'} |" if n in rows else f"| `{n}` | not run |"
+              for n in names]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -200,6 +204,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write the table (Markdown) to this file")
     ap.add_argument("--state", help="results file (JSON lines): fields already in it are not "
                     "run again, new results are added (a killed run resumes)")
+    ap.add_argument("--no-run", action="store_true",
+                    help="only write --out from --state (fields without a result: 'not run')")
     a = ap.parse_args(argv)
     unknown = [f for f in a.fields if f not in FIELDS]
     if unknown:
@@ -215,7 +221,7 @@ def main(argv=None) -> int:
             if r.get("factor", a.factor) == a.factor and r["field"] in names:
                 rows[r["field"]] = r["caught"]
                 broken.update(r.get("broken", []))
-    todo = [n for n in names if n not in rows]
+    todo = [] if a.no_run else [n for n in names if n not in rows]
     jobs = max(1, min(a.jobs, len(todo)))
     tmp = Path(tempfile.mkdtemp(prefix="dse-mutation-"))
     outs = [tmp / f"job{j}.jsonl" for j in range(jobs)]
@@ -245,7 +251,7 @@ def main(argv=None) -> int:
             break
         time.sleep(2)
     lost = [n for n in names if n not in rows]
-    if lost:
+    if lost and not a.no_run:
         errs = "; ".join((p.stderr.read() or "").strip().splitlines()[-1:][0]
                          if p.stderr else "" for p in procs)
         print(f"mutation.py: a pytest session ended early ({errs}); not run: {', '.join(lost)}",
@@ -253,12 +259,14 @@ def main(argv=None) -> int:
         return 2
     if broken:
         print("left out (failing without a mutation): " + ", ".join(sorted(broken)))
-    missed = [n for n in names if rows[n] is None]
-    print(f"{len(names) - len(missed)} of {len(names)} fields caught; not caught: "
+    missed = [n for n in names if n in rows and rows[n] is None]
+    if lost:
+        print(f"not run: {', '.join(lost)}")
+    print(f"{len(names) - len(missed) - len(lost)} of {len(names)} fields caught; not caught: "
           f"{', '.join(missed) or 'none'}")
     if a.out:
         write_table(Path(a.out), rows, names, argv, a.factor, a.fast, sorted(broken))
-    return 1 if missed else 0
+    return 1 if missed or lost else 0
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ def test_each_allreduce_branch_by_hand():
     a = np.array
     b = batch(rows, ideal=True).replace(
         scaleup_bw_bytes_per_s=W, tp_bw_rel=1.0, scaleup_extra_latency_s=0.0,
-        ar_nccl_latency_s=a([10e-6, OFF, OFF, OFF]), ar_nccl_bulk_latency_s=a([OFF, 20e-6, OFF, OFF]),
+        ar_nccl_latency_s=a([10e-6, OFF, OFF, OFF]),
+        ar_nccl_bulk_latency_s=a([OFF, 20e-6, OFF, OFF]),
         ar_nccl_latency_per_log2_s=2e-6, ar_nccl_ll_fraction=0.3, ar_nccl_fraction=0.8,
         ar_nccl_fraction_per_doubling=0.9, ar_custom_latency_s=a([OFF, OFF, 4e-6, 4e-6]),
         ar_custom_latency_per_log2_s=1e-6, ar_custom_fraction=0.7)

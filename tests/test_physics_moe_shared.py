@@ -50,7 +50,8 @@ def test_shared_experts_weigh_on_every_chip():
     assert diff == pytest.approx(SHARED_PARAMS / 8, rel=1e-9)
 
 
-@pytest.mark.parametrize("weights,elem_bytes", [("fp8", FP8_ELEM_BYTES), ("bf16", BF16_ELEM_BYTES)])
+@pytest.mark.parametrize("weights,elem_bytes",
+                         [("fp8", FP8_ELEM_BYTES), ("bf16", BF16_ELEM_BYTES)])
 def test_dispatch_carries_the_weights_precision(weights, elem_bytes):
     """Low-latency EP kernels, 8 ranks: each chip's 64 tokens send one copy per (token,
     expert) that leaves the chip, 8 x 7/8 = 7, of 7168 elements: dispatch in fp8 with one fp32
