@@ -163,7 +163,7 @@ def _start(fields, factor, fast, out, hints):
 
 
 def write_table(path: Path, rows: dict, names: list, argv: list, factor: float, fast: bool,
-                broken: list) -> None:
+                broken: list, state: Path | None = None) -> None:
     caught = sum(rows.get(n) is not None for n in names)
     lost = [n for n in names if n not in rows]
     lines = ["# Mutation check of the physics tests", "",
@@ -174,6 +174,9 @@ def write_table(path: Path, rows: dict, names: list, argv: list, factor: float, 
              + (" (`--fast`: the slow invariant properties left out)" if fast else "")
              + f". {caught} of {len(names)} fields caught"
              + (f", {len(lost)} not run." if lost else "."), ""]
+    if state:
+        lines += [f"Results from `--state {state}`, kept by the resumed runs of this check "
+                  "(each field ran once, against the tests present then).", ""]
     if broken:
         lines += ["Left out (failing without a mutation): " + ", ".join(broken), ""]
     lines += ["| field | caught by |", "|---|---|"]
@@ -265,7 +268,7 @@ def main(argv=None) -> int:
     print(f"{len(names) - len(missed) - len(lost)} of {len(names)} fields caught; not caught: "
           f"{', '.join(missed) or 'none'}")
     if a.out:
-        write_table(Path(a.out), rows, names, argv, a.factor, a.fast, sorted(broken))
+        write_table(Path(a.out), rows, names, argv, a.factor, a.fast, sorted(broken), state)
     return 1 if missed or lost else 0
 
 
