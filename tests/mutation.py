@@ -20,8 +20,9 @@ values are cleared first); a failure counts as a catch only if that test passes 
 the test is left out and reported). ``DSE_MUTATE=field=factor pytest ...``
 (``tests/conftest.py``) runs any tests under one mutation by hand.
 
-Cost: a caught field costs the tests up to the catching one (seconds); an uncaught one the whole
-list (about a CPU-minute with ``--fast``, six without). ``--fast`` leaves ``SLOW`` out: equalities
+Cost: a caught field costs the tests up to the catching one (about a CPU-second when the
+previous table's test catches it again; 1-25 CPU-s on the last run); an uncaught one the whole
+list (minutes, six more without ``--fast``). ``--fast`` leaves ``SLOW`` out: equalities
 between two ways of scoring and monotonicity laws, which hold under any scaling of one term (a
 full run, without ``--fast``, is the check that they catch nothing the others miss).
 ``--jobs N`` splits the fields over N sessions. ``--out FILE`` writes the table (field ->
