@@ -69,3 +69,13 @@ def test_embedding_lookups_read_at_the_hbm_fraction():
     assert dec.memory_s[LOGITS][0] == pytest.approx(head + 512 * 8192 / 1.5e12, rel=1e-9)
     assert dec.memory_s[LOGITS][1] - dec.memory_s[LOGITS][0] == pytest.approx(
         1536 * 8192 / 1.5e12, rel=1e-6)
+
+
+def test_an_offload_tier_holds_whole_sequences_beyond_the_hbm():
+    """The same chip with 10 GB of host memory for KV: beyond the 206 sequences in HBM, the
+    tier holds floor(10e9 / 268.4e6) = 37 whole sequences' KV: 243 in all."""
+    b = batch(_llama8b(**{"workload.concurrency": 8, "serving.kv_offload": "host"}))
+    m = score(b.replace(tier_bytes=10e9))
+    kv_seq = 32 * 2 * 8 * 128 * 2 * 2048
+    assert np.floor(10e9 / kv_seq) == 37
+    assert m["max_concurrent_sequences"][0] == 206 + 37
