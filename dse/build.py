@@ -319,7 +319,7 @@ def to_batch(out, compact: bool = False) -> Batch:
         "scaleup_latency_s": topo["latency"],
         "scaleout_bw_bytes_per_s": f("topology.scaleout.link_bw_bytes_per_s"),
         "scaleout_latency_s": f("topology.scaleout_latency_s"),
-        "tp_bw_fraction": topo["tp"], "ffn_bw_fraction": topo["ffn"], "a2a_bw_fraction": topo["a2a"],
+        "tp_bw_fraction": topo["tp"],
         "tp_bw_rel": topo["tp_rel"], "ffn_bw_rel": topo["ffn_rel"], "a2a_bw_rel": topo["a2a_rel"],
         "rack_chips": f("topology.rack_chips"),
         "scaleup_extra_latency_s": topo["extra_latency"],

@@ -54,27 +54,9 @@ def database():
 
 
 
-def _mutate(spec: str) -> None:
-    """``DSE_MUTATE=field=factor`` (tests/mutation.py): every Batch the scorer reads sees
-    ``field`` multiplied by ``factor``; the stored columns stay as built, so copies of a batch
-    are not mutated twice."""
-    from dse.perf import batch as batch_mod
-    name, factor = spec.split("=")
-    factor = float(factor)
-
-    class _Mutated(dict):
-        def __getitem__(self, key):
-            v = dict.__getitem__(self, key)
-            return v * factor if key == name else v
-
-    init = batch_mod.Batch.__post_init__
-
-    def post_init(self):
-        if not isinstance(self.columns, _Mutated):
-            object.__setattr__(self, "columns", _Mutated(self.columns))
-        init(self)
-    batch_mod.Batch.__post_init__ = post_init
-
-
 if os.environ.get("DSE_MUTATE"):
-    _mutate(os.environ["DSE_MUTATE"])
+    # ``DSE_MUTATE=field=factor``: every Batch the scorer reads sees ``field`` multiplied by
+    # ``factor`` (tests/mutation.py)
+    from mutation import set_mutation
+    _name, _factor = os.environ["DSE_MUTATE"].split("=")
+    set_mutation(_name, float(_factor))

@@ -56,11 +56,12 @@ FIELDS: dict[str, str] = {
     "scaleout_bw_bytes_per_s": "per-chip scale-out bandwidth per direction",
     "scaleout_latency_s": "latency of one scale-out collective step",
     "tp_bw_fraction": "fraction of scale-up bandwidth a tp group can use",
-    "ffn_bw_fraction": "fraction of scale-up bandwidth a tp*dp group can use",
-    "a2a_bw_fraction": "fraction of scale-up bandwidth for all-to-all over the tp*dp group",
     "tp_bw_rel": "tp_bw_fraction over that of the system the collective kernels were measured on",
-    "ffn_bw_rel": "ffn_bw_fraction over that of the measured system",
-    "a2a_bw_rel": "a2a_bw_fraction over that of the measured system",
+    # (the tp*dp group's own fractions only reach the scorer relative to the measured system's)
+    "ffn_bw_rel": "fraction of scale-up bandwidth a tp*dp group can use, over that of the "
+                  "measured system",
+    "a2a_bw_rel": "fraction of scale-up bandwidth for all-to-all over the tp*dp group, over "
+                  "that of the measured system",
     "rack_chips": "chips per rack",
     "scaleup_extra_latency_s": "scale-up latency of the design's topology beyond that of the "
                                "system the collective kernels were measured on (per step)",

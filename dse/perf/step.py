@@ -199,9 +199,11 @@ class Coefficients:
             self.x_moe = moe_layers * b.moe_latency_s * arch.flag(b.n_experts > 0, d)
             # EP dispatch (fp8 with fp8/fp4 weights, else bf16) and combine (bf16) of the tokens
             # a chip holds (tok / (tp*dp)), with the fitted low-latency and normal kernels
-            # (per-rank and per-node deduplication in the normal ones); the step picks the kind
-            disp = arch.blend(arch.flag(b.dispatch_bytes < 2.0, d), kernel_comm.FP8_ELEM_BYTES,
-                              kernel_comm.BF16_ELEM_BYTES)
+            # (per-rank and per-node deduplication in the normal ones); the step picks the kind.
+            # A dispatch below 16 bits carries one fp32 scale per 128 elements on top of its
+            # dispatch_bytes (fp8: 1 + 4/128 B)
+            disp = b.dispatch_bytes + arch.flag(b.dispatch_bytes < 2.0, d) \
+                * (kernel_comm.FP8_ELEM_BYTES - 1.0)
             is_moe = arch.flag(b.n_experts > 0, moe_layers) * moe_layers
             # (no row with ep > 1: no all-to-all, the step skips it)
             self.a2a = {kind: (is_moe * lat, is_moe * spt / ffn_g) for kind, (lat, spt) in

@@ -1,0 +1,76 @@
+"""The fitted collective kernels as the step uses them, worked by hand: each all-reduce branch
+(NCCL LL and Simple, the runtime's custom one-shot and two-shot) winning on its own, and an EP
+all-to-all whose group spans two scale-up domains.
+
+Every kernel parameter is pinned to a round number (none is a fitted value); a branch is kept
+out of a row by a 1 s latency. So a refit does not move the expected values, and changing any
+one parameter by 20% fails a test here (``tests/mutation.py``). The formulas are those of
+``dse.perf.kernel_comm``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import batch, design
+
+from dse.perf import OPS, score
+from dse.perf.kernel_comm import BF16_ELEM_BYTES, FP8_ELEM_BYTES
+
+PROJ, MOE = OPS.index("attn_proj"), OPS.index("moe_routed")
+W = 450e9            # pinned scale-up bandwidth per chip and direction
+OFF = 1.0            # a latency that keeps a branch from winning
+
+
+def test_each_allreduce_branch_by_hand():
+    """Llama-3.1-70B at tp=8 (log2 8 = 3), 80 layers, one all-reduce of the attention output
+    per layer: 64 decode tokens -> B = 64 x 8192 x 2 = 1 MiB (4 tokens: 64 KiB).
+    - NCCL LL: 10 us + 3 x 2 us + 2 x 7/8 B / (W x 0.3 x 0.9^(3-1));
+    - NCCL Simple: 20 us + 3 x 2 us + 2 x 7/8 B / (W x 0.8 x 0.81);
+    - custom two-shot (1 MiB): 2 x (4 us + 3 x 1 us) + 2 x 7/8 B / (W x 0.7) = 19.83 us, below
+      the one-shot's 7 us + 7 B / (W x 0.7) = 30.30 us;
+    - custom one-shot (64 KiB): 7 us + 7 x 65536 / (W x 0.7) = 8.456 us."""
+    rows = [design(**{"layout.tp": 8, "workload.isl": 1, "workload.osl": 2,
+                      "workload.phase": "decode", "workload.concurrency": c})
+            for c in (64, 64, 64, 4)]
+    a = np.array
+    b = batch(rows, ideal=True).replace(
+        scaleup_bw_bytes_per_s=W, tp_bw_rel=1.0, scaleup_extra_latency_s=0.0,
+        ar_nccl_latency_s=a([10e-6, OFF, OFF, OFF]),
+        ar_nccl_bulk_latency_s=a([OFF, 20e-6, OFF, OFF]),
+        ar_nccl_latency_per_log2_s=2e-6, ar_nccl_ll_fraction=0.3, ar_nccl_fraction=0.8,
+        ar_nccl_fraction_per_doubling=0.9, ar_custom_latency_s=a([OFF, OFF, 4e-6, 4e-6]),
+        ar_custom_latency_per_log2_s=1e-6, ar_custom_fraction=0.7)
+    net = score(b, breakdown=True)[1].decode.network_s[PROJ]
+    big, small = 64 * 8192 * 2, 4 * 8192 * 2
+    ring = 2 * 7 / 8
+    expected = [16e-6 + ring * big / (W * 0.3 * 0.81), 26e-6 + ring * big / (W * 0.8 * 0.81),
+                14e-6 + ring * big / (W * 0.7), 7e-6 + 7 * small / (W * 0.7)]
+    assert 7e-6 + 7 * big / (W * 0.7) > expected[2]          # two-shot wins at 1 MiB
+    assert net == pytest.approx(80 * np.array(expected), rel=1e-9)
+
+
+def test_alltoall_across_two_domains_pays_the_nics_by_hand():
+    """DeepSeek-V3 fp8, ep = dp = 144 over two 72-chip domains, normal (deduplicating) kernels,
+    64 tokens per chip, 58 MoE layers. A token reaches the other domain with probability
+    p_node = 1 - prod_{i<8} (128 - i)/(256 - i) and each of the 71 other ranks of its own with
+    p_rank = 1 - prod_{i<8} (256 - 256/144 - i)/(256 - i); the NIC share (50 GB/s x 0.5) is
+    the slower one: per layer 2 x 20 us of scale-out latency + the kernels' 10 + 20 us +
+    64 x 7168 x (1.03125 + 2) B x p_node / 25e9."""
+    d = design("gb200", "deepseek-v3", **{
+        "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 144, "layout.ep": 144,
+        "workload.isl": 1, "workload.osl": 2, "workload.concurrency": 144 * 64,
+        "workload.phase": "decode", "topology.id": "nvl72", "serving.a2a_kernel": "normal"})
+    pins = {f"a2a_normal_{p}_{w}": v for p in ("dispatch", "combine")
+            for w, v in (("latency_s", 10e-6 if p == "dispatch" else 20e-6), ("fraction", 0.5))}
+    b = batch(d, ideal=True).replace(
+        **pins, domain_chips=72.0, scaleup_bw_bytes_per_s=900e9, a2a_bw_rel=1.0,
+        scaleout_bw_bytes_per_s=50e9, a2a_scaleout_fraction=0.5, a2a_scaleout_latency_s=20e-6,
+        scaleup_extra_latency_s=0.0)
+    net = score(b, breakdown=True)[1].decode.network_s[MOE][0]
+    p_node = 1 - np.prod([(128 - i) / (256 - i) for i in range(8)])
+    p_rank = 1 - np.prod([(256 - 256 / 144 - i) / (256 - i) for i in range(8)])
+    row = 7168 * (FP8_ELEM_BYTES + BF16_ELEM_BYTES)
+    up, out = row * 71 * p_rank / (900e9 * 0.5), row * p_node / (50e9 * 0.5)
+    assert out > up                                   # the NICs bound it
+    assert net == pytest.approx(58 * (2 * 20e-6 + 30e-6 + 64 * out), rel=1e-9)

@@ -1,0 +1,130 @@
+"""The fitted per-op kernel models as the step uses them, worked by hand: dense GEMMs (tile
+padding, edge waste, one wave of tiles), the routed experts' grouped GEMMs and their per-token
+and per-layer costs, decode and prefill attention.
+
+Every kernel parameter is pinned to a round number of its own (``PIN``; none is a fitted
+value), so a refit of the catalog does not move the expected values, and changing any one of
+them by 20% fails a test here (``tests/mutation.py``). The formulas are those of
+``dse.perf.kernel_gemm`` and ``dse.perf.kernel_attention``; the architectures are the
+published configs.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import batch, design
+
+from dse.perf import OPS, score
+
+PROJ, CORE, MOE = (OPS.index(o) for o in ("attn_proj", "attn_core", "moe_routed"))
+PIN = {"matmul_flops_per_s": 1e15, "attn_matmul_flops_per_s": 1e15, "attn_weight_bytes": 2.0,
+       "hbm_bw_bytes_per_s": 4e12, "gemm_fraction": 0.5, "gemm_half_rows": 64.0,
+       "gemm_n_half": 256.0, "gemm_k_half": 512.0, "gemm_wave_elements": 1e5,
+       "gemm_hbm_fraction": 0.8}
+
+
+def _gemm_s(rows, n, k):
+    """kernel_gemm: 2 (rows + half_rows) n k (1 + n_half/n + k_half/k) FLOPs plus one wave of
+    tiles, 2 wave_elements k (same shape factor), at peak x gemm_fraction."""
+    shape = 1 + 256.0 / n + 512.0 / k
+    return (2 * (rows + 64.0) * n * k + 2 * 1e5 * k) * shape / (1e15 * 0.5)
+
+
+def test_attention_projections_are_two_padded_gemms_per_layer():
+    """Llama-3.1-8B at tp=1, 64 sequences decoding: per layer a q/k/v GEMM of width
+    (32 + 2 x 8) x 128 = 6144 and an o GEMM of width 4096, both of depth 4096, on 64 rows
+    padded by 64; 32 layers. Weights read once: 41,943,040 x 32 x 2 B at 4 TB/s x 0.8."""
+    d = design(model="llama-3.1-8b", **{
+        "model.weight_dtype": "bf16", "layout.tp": 1, "workload.isl": 1, "workload.osl": 2,
+        "workload.concurrency": 64, "workload.phase": "decode"})
+    dec = score(batch(d, ideal=True).replace(**PIN), breakdown=True)[1].decode
+    expected = 32 * (_gemm_s(64, 6144, 4096) + _gemm_s(64, 4096, 4096))
+    assert dec.compute_s[PROJ][0] == pytest.approx(expected, rel=1e-9)
+    assert dec.memory_s[PROJ][0] == pytest.approx(41943040 * 32 * 2 / 3.2e12, rel=1e-9)
+
+
+MOE_PIN = {**PIN, "expert_matmul_flops_per_s": 2e15, "expert_weight_bytes": 1.0,
+           "moe_fraction": 0.4, "moe_half_rows": 16.0, "moe_width_half": 512.0,
+           "moe_hidden_half": 1024.0, "moe_hbm_fraction": 0.6, "moe_token_bytes": 6.0,
+           "moe_batch_bytes": 3.0, "moe_latency_s": 30e-6}
+
+
+def test_routed_experts_grouped_gemm_by_hand():
+    """DeepSeek-V3 fp8 on 8 GB200, tp=1, dp=ep=8, 512 sequences decoding; 58 MoE layers of 256
+    experts (3 x 7168 x 2048 = 44,040,192 params each), top-8. Per chip per layer:
+    - compute: 512 x 8 routed rows / 8 chips of 2 x 44.04e6 FLOPs, plus 16 padded rows for each
+      touched expert of its 32 (all are touched: 1 - (1 - 8/256)^512 = 1 - 8.7e-8), with the
+      edge waste of a 2048-wide expert in a 7168-wide model: x (1 + 512/2048 + 1024/7168), at
+      2 PFLOP/s x 0.4;
+    - memory: its 32 experts, 1 B a weight, at 4 TB/s x 0.6;
+    - per token: 8/8 routed rows x 6 B + the layer's in/out, 3 B, for the share of the 8 ranks
+      a token visits (1 - (7/8)^8 = 0.6564), per hidden element, at 4 TB/s; plus 30 us."""
+    d = design("gb200", "deepseek-v3", **{
+        "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 8, "layout.ep": 8,
+        "workload.isl": 1, "workload.osl": 2, "workload.concurrency": 512,
+        "workload.phase": "decode", "topology.id": "nvl72"})
+    dec = score(batch(d, ideal=True).replace(**MOE_PIN), breakdown=True)[1].decode
+    p = 3 * 7168 * 2048
+    touched = 1 - (1 - 8 / 256) ** 512
+    rows = 512 + 16 * 256 / 8 * touched                  # routed rows (x k / chips below)
+    shape = 1 + 512 / 2048 + 1024 / 7168
+    compute = 58 * 2 * 8 * p / 8 * shape / (2e15 * 0.4) * rows
+    memory = 58 * 32 * p * 1.0 / (4e12 * 0.6) * touched
+    per_token = 58 * 7168 / 4e12 * (8 / 8 * 6.0 + (1 - (7 / 8) ** 8) * 3.0)
+    extra = per_token * 512 + 58 * 30e-6
+    assert dec.compute_s[MOE][0] == pytest.approx(compute, rel=1e-9)
+    assert dec.memory_s[MOE][0] == pytest.approx(memory, rel=1e-9)
+    # the op: max(compute, memory) + the additive costs + the all-to-all (network, not hidden)
+    busy = dec.op_s[MOE][0] - dec.network_s[MOE][0]
+    assert busy == pytest.approx(max(compute, memory) + extra, rel=1e-9)
+
+
+ATTN_PIN = {"attn_flops_per_s": 5e14, "hbm_bw_bytes_per_s": 4e12, "kv_bytes": 2.0,
+            "attn_decode_compute_fraction": 0.5, "attn_decode_group_min_heads": 8.0,
+            "attn_decode_hbm_fraction": 0.8, "attn_decode_latency_s": 5e-6,
+            "attn_decode_per_seq_s": 1e-7, "attn_decode_per_seq_kv_head_s": 2e-8,
+            "attn_prefill_fraction": 0.6, "attn_prefill_half_tokens": 512.0,
+            "attn_prefill_half_rows": 2048.0, "attn_prefill_latency_s": 7e-6,
+            "attn_prefill_hbm_fraction": 0.7, "attn_prefill_per_seq_s": 3e-6,
+            "attn_prefill_per_seq_head_s": 1e-7, "attn_prefill_dim_half": 32.0}
+
+
+def test_decode_attention_by_hand():
+    """Llama-3.1-8B, tp=1, 64 sequences at a mean context of 1000 + 2000/2 = 2000 tokens,
+    32 layers: 32 query heads in 8 KV groups of 4, each group padded to 8 MMA rows (x2);
+    2 x 32 x 2 x (2 x 128) FLOPs per (token, context token, layer) at 500 TFLOP/s x 0.5. KV read
+    2 x 8 x 128 x 2 B per context token and layer at 4 TB/s x 0.8, and each sequence's new
+    token written (at the prefill attention's 0.7). Fixed: 32 layers x (5 us + 64 sequences x
+    (0.1 us + 8 KV heads x 0.02 us))."""
+    d = design(model="llama-3.1-8b", **{
+        "layout.tp": 1, "workload.isl": 1000, "workload.osl": 2000, "workload.concurrency": 64,
+        "workload.phase": "decode"})
+    dec = score(batch(d, ideal=True).replace(**ATTN_PIN), breakdown=True)[1].decode
+    ctx = 32 * 2000
+    compute = 2 * 32 * 2 * 256 / (5e14 * 0.5) * 64 * ctx
+    kv_tok = 2 * 8 * 128 * 2
+    memory = kv_tok / (4e12 * 0.8) * 64 * ctx + kv_tok / (4e12 * 0.7) * 64 * 32
+    fixed = 32 * (5e-6 + 64 * (1e-7 + 8 * 2e-8))
+    assert dec.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
+    assert dec.memory_s[CORE][0] == pytest.approx(memory, rel=1e-9)
+    assert dec.op_s[CORE][0] == pytest.approx(max(compute, memory) + fixed, rel=1e-9)
+
+
+def test_prefill_attention_by_hand():
+    """One 4096-token prompt on Llama-3.1-8B, tp=1, prefill only: 4096 x 4097 / 2 causal pairs
+    per layer, 32 layers, 2 x 32 heads x (128 + 128) FLOPs each, slowed by the head dim
+    (1 + 32/128), the prompt's length (1 + 512/4096) and its rows (1 + (2048/32) / 4096), at
+    500 TFLOP/s x 0.6. KV written: 4096 tokens x 32 layers x 4096 B at 4 TB/s x 0.7. Fixed:
+    32 layers x (7 us + 3 us + 32 heads x 0.1 us)."""
+    d = design(model="llama-3.1-8b", **{
+        "layout.tp": 1, "workload.isl": 4096, "workload.osl": 1, "workload.concurrency": 1,
+        "workload.phase": "prefill", "serving.max_num_tokens": 8192})
+    pre = score(batch(d, ideal=True).replace(**ATTN_PIN), breakdown=True)[1].prefill
+    pairs = 32 * 4096 * 4097 / 2
+    eff = (1 + 32 / 128) * (1 + 512 / 4096) * (1 + 2048 / 32 / 4096)
+    compute = 2 * 32 * 256 * pairs * eff / (5e14 * 0.6)
+    memory = 2 * 8 * 128 * 2 / (4e12 * 0.7) * 4096 * 32
+    fixed = 32 * (7e-6 + 3e-6 + 32 * 1e-7)
+    assert pre.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
+    assert pre.memory_s[CORE][0] == pytest.approx(memory, rel=1e-9)
+    assert pre.op_s[CORE][0] == pytest.approx(max(compute, memory) + fixed, rel=1e-9)

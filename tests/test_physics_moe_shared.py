@@ -1,0 +1,65 @@
+"""MoE terms worked by hand through the scorer: the shared experts' weights, weight stream and
+FLOPs, and the bytes per element of the EP dispatch.
+
+DeepSeek-V3 (config.json): hidden 7168, 58 MoE layers, 1 shared expert of width 2048 (gated:
+3 matrices), 256 routed experts of width 2048, top-8. Efficiencies are pinned to round numbers
+on top of the speed-of-light ones (``helpers.IDEAL``), so a refit does not move the expected
+values; changing ``n_shared``, ``ffn_shared`` or ``dispatch_bytes`` by 20% fails a test here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import batch, design
+
+from dse.perf import OPS, score
+from dse.perf.kernel_comm import BF16_ELEM_BYTES, FP8_ELEM_BYTES
+
+SHARED, MOE = OPS.index("moe_shared"), OPS.index("moe_routed")
+SHARED_PARAMS = 58 * 3 * 7168 * 2048          # every MoE layer's shared expert: 2.554e9
+DSV3 = {"layout.tp": 1, "layout.dp": 8, "layout.ep": 8, "workload.isl": 1, "workload.osl": 2,
+        "workload.concurrency": 512, "workload.phase": "decode", "topology.id": "nvl72"}
+PIN = {"hbm_bw_bytes_per_s": 8e12, "matmul_flops_per_s": 4e15, "gemm_hbm_fraction": 0.5,
+       "gemm_fraction": 0.5}
+
+
+def _decode(weights="fp8", **upd):
+    b = batch(design("gb200", "deepseek-v3", **{"model.weight_dtype": weights, **DSV3}),
+              ideal=True).replace(**{**PIN, **upd})
+    m, steps = score(b, breakdown=True)
+    return m, steps.decode
+
+
+def test_shared_expert_is_split_over_the_tp_dp_group_and_read_once_per_step():
+    """Each of the 8 chips holds 1/8 of every shared expert and reads it once per step:
+    2.554e9 params x 1 B (fp8) / 8 = 319.3 MB at 8 TB/s x 0.5 -> 79.82 us. Every chip runs
+    all 512 tokens through its slice: 2 x 512 x 2.554e9 / 8 = 326.9 GFLOP at 4 PFLOP/s x
+    0.5 -> 163.5 us."""
+    m, dec = _decode()
+    assert dec.memory_s[SHARED][0] == pytest.approx(SHARED_PARAMS * 1.0 / 8 / 4e12, rel=1e-9)
+    assert dec.compute_s[SHARED][0] == pytest.approx(2 * 512 * SHARED_PARAMS / 8 / 2e15,
+                                                     rel=1e-9)
+
+
+def test_shared_experts_weigh_on_every_chip():
+    """Without the shared expert each chip holds 2.554e9 / 8 x 1 B = 319.3 MB less."""
+    b = batch([design("gb200", "deepseek-v3", **{"model.weight_dtype": "fp8", **DSV3})] * 2)
+    w = score(b.replace(n_shared=np.array([1.0, 0.0])))["weights_bytes_per_chip"]
+    diff = w[0] - w[1]
+    assert diff == pytest.approx(SHARED_PARAMS / 8, rel=1e-9)
+
+
+@pytest.mark.parametrize("weights,elem_bytes",
+                         [("fp8", FP8_ELEM_BYTES), ("bf16", BF16_ELEM_BYTES)])
+def test_dispatch_carries_the_weights_precision(weights, elem_bytes):
+    """Low-latency EP kernels, 8 ranks: each chip's 64 tokens send one copy per (token,
+    expert) that leaves the chip, 8 x 7/8 = 7, of 7168 elements: dispatch in fp8 with one fp32
+    scale per 128 elements (1.03125 B) when the weights are 8-bit, else bf16 (2 B); combine
+    in bf16. At 900 GB/s x 0.5 (pinned kernel fractions, no latency), per MoE layer:
+    64 x 7 x 7168 x (dispatch + 2) / 450e9."""
+    pins = {f"a2a_ll_{p}_{w}": v for p in ("dispatch", "combine")
+            for w, v in (("latency_s", 0.0), ("fraction", 0.5))}
+    m, dec = _decode(weights, scaleup_bw_bytes_per_s=900e9, a2a_bw_rel=1.0, **pins)
+    per_layer = 64 * 7 * 7168 * (elem_bytes + 2.0) / 450e9
+    assert dec.network_s[MOE][0] == pytest.approx(58 * per_layer, rel=1e-9)

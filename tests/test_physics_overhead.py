@@ -1,0 +1,47 @@
+"""Fixed times worked by hand through the scorer: per layer, per step, per GEMM launch; and
+the rack a design's chips are packed into.
+
+Llama-3.1-70B (config.json): 80 layers, all dense. The fixed times are pinned to round numbers
+(``Batch.replace``) on top of the speed-of-light efficiencies, so a refit does not move the
+expected values; changing ``layer_overhead_s``, ``step_overhead_s``, ``gemm_latency_s`` or
+``rack_chips`` by 20% fails a test here (``tests/mutation.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import batch, design
+
+from dse.perf import score
+
+DECODE = {"workload.isl": 1, "workload.osl": 2, "workload.phase": "decode"}
+
+
+def test_fixed_time_per_layer_per_step_and_per_gemm_by_hand():
+    """tp=4, pp=2: a stage runs 40 layers, each with 4 GEMM launches (q/k/v, o, MLP up/gate,
+    down), plus the output head: 161 launches x 3 us + 40 layers x 40 us + 1 ms per step =
+    3.083 ms of fixed time per stage step; a token waits for both stages."""
+    d = design(**DECODE, **{"layout.tp": 4, "layout.pp": 2, "workload.concurrency": 64})
+    b = batch(d, ideal=True).replace(layer_overhead_s=40e-6, step_overhead_s=1e-3,
+                                     gemm_latency_s=3e-6)
+    m, steps = score(b, breakdown=True)
+    dec = steps.decode
+    assert dec.overhead_s[0] == pytest.approx(161 * 3e-6 + 40 * 40e-6 + 1e-3, rel=1e-9)
+    assert dec.total_s[0] == pytest.approx(dec.op_s.sum(0)[0] + dec.overhead_s[0], rel=1e-9)
+    assert m["tpot_s"][0] == pytest.approx(2 * dec.total_s[0], rel=1e-9)
+
+
+def test_racks_hold_whole_instances():
+    """8-chip instances in 40-chip racks: 5 instances per rack, so a rack serves 40 chips'
+    tokens, and a demand that needs 11 instances (10.5 instances' worth of tokens) needs
+    ceil(11 / 5) = 3 racks."""
+    d = design(**{"layout.tp": 8, "workload.concurrency": 64, "topology.rack_chips": 40})
+    b = batch(d)
+    m0 = score(b)
+    per_inst = m0["output_tokens_per_s_per_instance"][0]
+    assert m0["output_tokens_per_s_per_rack"][0] == pytest.approx(
+        40 * m0["output_tokens_per_s_per_chip"][0], rel=1e-12)
+    m = score(b.replace(demand_output_tokens_per_s=10.5 * per_inst))
+    assert m["instances_for_demand"][0] == 11
+    assert m["racks_for_demand"][0] == np.ceil(11 / 5) == 3
