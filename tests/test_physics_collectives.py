@@ -52,7 +52,7 @@ def test_each_allreduce_branch_by_hand():
 
 def test_alltoall_across_two_domains_pays_the_nics_by_hand():
     """DeepSeek-V3 fp8, ep = dp = 144 over two 72-chip domains, normal (deduplicating) kernels,
-    64 tokens per chip, 58 MoE layers. A token reaches the other domain with probability
+    64 tokens per chip, 58 MoE layers, balanced experts. A token reaches the other domain with probability
     p_node = 1 - prod_{i<8} (128 - i)/(256 - i) and each of the 71 other ranks of its own with
     p_rank = 1 - prod_{i<8} (256 - 256/144 - i)/(256 - i); the NIC share (50 GB/s x 0.5) is
     the slower one: per layer 2 x 20 us of scale-out latency + the kernels' 10 + 20 us +
@@ -60,7 +60,8 @@ def test_alltoall_across_two_domains_pays_the_nics_by_hand():
     d = design("gb200", "deepseek-v3", **{
         "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 144, "layout.ep": 144,
         "workload.isl": 1, "workload.osl": 2, "workload.concurrency": 144 * 64,
-        "workload.phase": "decode", "topology.id": "nvl72", "serving.a2a_kernel": "normal"})
+        "workload.phase": "decode", "topology.id": "nvl72", "serving.a2a_kernel": "normal",
+        "serving.expert_imbalance": 1.0})
     pins = {f"a2a_normal_{p}_{w}": v for p in ("dispatch", "combine")
             for w, v in (("latency_s", 10e-6 if p == "dispatch" else 20e-6), ("fraction", 0.5))}
     b = batch(d, ideal=True).replace(

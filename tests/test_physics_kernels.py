@@ -62,7 +62,7 @@ def test_routed_experts_grouped_gemm_by_hand():
     d = design("gb200", "deepseek-v3", **{
         "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 8, "layout.ep": 8,
         "workload.isl": 1, "workload.osl": 2, "workload.concurrency": 512,
-        "workload.phase": "decode", "topology.id": "nvl72"})
+        "workload.phase": "decode", "topology.id": "nvl72", "serving.expert_imbalance": 1.0})
     dec = score(batch(d, ideal=True).replace(**MOE_PIN), breakdown=True)[1].decode
     p = 3 * 7168 * 2048
     touched = 1 - (1 - 8 / 256) ** 512

@@ -71,11 +71,17 @@ def test_embedding_lookups_read_at_the_hbm_fraction():
         1536 * 8192 / 1.5e12, rel=1e-6)
 
 
-def test_an_offload_tier_holds_whole_sequences_beyond_the_hbm():
-    """The same chip with 10 GB of host memory for KV: beyond the 206 sequences in HBM, the
-    tier holds floor(10e9 / 268.4e6) = 37 whole sequences' KV: 243 in all."""
-    b = batch(_llama8b(**{"workload.concurrency": 8, "serving.kv_offload": "host"}))
+def test_an_offload_tier_holds_the_prefix_cache_not_running_sequences():
+    """The same chip with 10 GB of host memory for KV (serving.kv_offload = "host"): running
+    sequences' KV stays in HBM (still 206 at most), and the tier holds the prefix cache of the
+    conversations waiting between turns once HBM's free KV pool is full. 10,000 waiting
+    conversations with a 50% prefix hit on 1024-token prompts cache 512 tokens each:
+    32 layers x 2 x 8 x 128 x 2 B x 512 = 67.1 MB, 671 GB in all, far more than HBM's free pool
+    (< 62 GB) plus the tier, so the tier holds 10e9 / 671.1e9 = 1.49% of it."""
+    b = batch(_llama8b(**{"workload.concurrency": 8, "serving.kv_offload": "host",
+                          "workload.prefix_hit_fraction": 0.5,
+                          "workload.cached_conversations": 10000}))
     m = score(b.replace(tier_bytes=10e9))
-    kv_seq = 32 * 2 * 8 * 128 * 2 * 2048
-    assert np.floor(10e9 / kv_seq) == 37
-    assert m["max_concurrent_sequences"][0] == 206 + 37
+    per_conv = 32 * 2 * 8 * 128 * 2 * 512
+    assert m["max_concurrent_sequences"][0] == 206
+    assert m["kv_offloaded_fraction"][0] == pytest.approx(10e9 / (10000 * per_conv), rel=1e-9)

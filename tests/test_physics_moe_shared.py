@@ -19,7 +19,8 @@ from dse.perf.kernel_comm import BF16_ELEM_BYTES, FP8_ELEM_BYTES
 SHARED, MOE = OPS.index("moe_shared"), OPS.index("moe_routed")
 SHARED_PARAMS = 58 * 3 * 7168 * 2048          # every MoE layer's shared expert: 2.554e9
 DSV3 = {"layout.tp": 1, "layout.dp": 8, "layout.ep": 8, "workload.isl": 1, "workload.osl": 2,
-        "workload.concurrency": 512, "workload.phase": "decode", "topology.id": "nvl72"}
+        "workload.concurrency": 512, "workload.phase": "decode", "topology.id": "nvl72",
+        "serving.expert_imbalance": 1.0}           # balanced experts: worked by hand
 PIN = {"hbm_bw_bytes_per_s": 8e12, "matmul_flops_per_s": 4e15, "gemm_hbm_fraction": 0.5,
        "gemm_fraction": 0.5}
 
