@@ -148,13 +148,18 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-02 (serving mechanisms, second pass): a blank serving.expert_imbalance is a "
-    "published routing model, 1 + z(ep) cv sqrt(ep / experts) with cv = 0.292 fitted on a "
-    "measured max/mean rank load (DeepSeek-V3: 1.07 at EP 8, 1.37 at EP 72 before spare "
-    "slots; it was 1, balanced), so MoE designs with expert parallelism are slower; KV tiers "
-    "hold the prefix cache of conversations waiting between turns (fetched once per request) "
-    "instead of streaming running sequences' KV every step; prompt-length spread loads the "
-    "busiest attention-DP rank in prefill.")
+    "2026-12-02: a blank serving.expert_imbalance is a published routing model, "
+    "1 + z(ep) cv sqrt(ep / experts) with cv = 0.292 fitted on a measured max/mean rank load "
+    "(DeepSeek-V3: 1.07 at EP 8, 1.37 at EP 72 before spare slots; it was 1, balanced), so MoE "
+    "designs with expert parallelism are slower; decode attention has TensorRT-LLM's "
+    "per-query-head fallback for wide query groups and a KV-stream ramp in work items per call; "
+    "the L40S all-reduce no longer learns its host-staged rows; the per-layer and per-step times "
+    "are refitted (44 us, 2.6 us); KV tiers hold the prefix cache of waiting conversations "
+    "(fetched once per request) instead of streaming running sequences' KV every step; "
+    "prompt-length spread loads the busiest attention-DP rank in prefill; a scale-up domain "
+    "beyond one rack pays for a second switch tier (cost.scaleup_tier_usd_per_800g); 'decode "
+    "bound' is the resource bounding most of the decode step's op time and 'per rack' counts "
+    "whole instances; answers carry uncertainty bands from the fits' parameter covariance.")
 
 
 def _previous(o: Path) -> dict | None:
