@@ -418,21 +418,20 @@ def _write(o, space, overrides, moved, new_front, ok, sens, res=None, band=None)
     def img(f):
         return pages.figure(base64.b64encode(f.read_bytes()).decode(), f.name)
     # the table that fits: parameters, then each objective before -> after and its change
+    # (each design's band is in bands.json and the re-scored table's _lo/_hi columns; the page
+    # shows the objectives' bands above, so that this table fits the page)
     cols = [c for c in space.columns if c in moved]
     for x in space.objectives:
-        cols += [c for c in (f"{x.metric}_before", x.metric, f"{x.metric}_change",
-                             f"{x.metric}_change_lo", f"{x.metric}_change_hi") if c in moved]
+        cols += [c for c in (f"{x.metric}_before", x.metric, f"{x.metric}_change") if c in moved]
     shown = moved[cols].copy()
     names = {c: label(c) for c in cols}
     for x in space.objectives:
         names[f"{x.metric}_before"] = f"{label(x.metric)} before"
         names[x.metric] = "after"
-        for suffix, word in (("_change", "change"), ("_change_lo", "band lo"),
-                             ("_change_hi", "band hi")):
-            if f"{x.metric}{suffix}" in shown:
-                shown[f"{x.metric}{suffix}"] = [f"{v * 100:+.1f}%" if np.isfinite(v) else "-"
-                                               for v in shown[f"{x.metric}{suffix}"]]
-                names[f"{x.metric}{suffix}"] = word
+        ch = f"{x.metric}_change"
+        if ch in shown:
+            shown[ch] = [f"{v * 100:+.1f}%" if np.isfinite(v) else "-" for v in shown[ch]]
+            names[ch] = "change"
     table = pages.table(shown, names)
     extra = ""
     if res is not None:
