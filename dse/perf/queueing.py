@@ -81,6 +81,17 @@ def poisson_p90(c) -> np.ndarray:
     return c + Z90 * np.sqrt(c)
 
 
+def _serve_rate(m: dict, by_rate, out_tokens_per_s) -> None:
+    """Rows served at a request rate deliver ``out_tokens_per_s`` (lambda x osl) instead of
+    the instance's saturated output: scale the rates up and the per-token costs down by it."""
+    f = np.where(by_rate, out_tokens_per_s / m["output_tokens_per_s_per_instance"], 1.0)
+    for k in ("output_tokens_per_s_per_chip", "input_tokens_per_s_per_chip",
+              "output_tokens_per_s_per_instance", "output_tokens_per_s_per_rack"):
+        m[k] = m[k] * f
+    for k in ("usd_per_mtok_output", "usd_per_mtok_input", "joules_per_output_token"):
+        m[k] = m[k] / f
+
+
 def serve(b, evaluate, breakdown: bool = False):
     """The instance at its request rate (rows with ``request_rate_per_s > 0``; the others at
     their concurrency), with percentiles and goodput. ``evaluate(C, breakdown)`` scores the
@@ -123,12 +134,7 @@ def serve(b, evaluate, breakdown: bool = False):
     _, w90, w99, wmean, tp90 = percentiles(c_op, lam_op)
     # everything that arrives is served: lambda x osl output tokens/s (the steady-state model
     # counts a token per sequence per step, also for those still in their prefill)
-    f = np.where(by_rate, lam * osl / m["output_tokens_per_s_per_instance"], 1.0)
-    for k in ("output_tokens_per_s_per_chip", "input_tokens_per_s_per_chip",
-              "output_tokens_per_s_per_instance", "output_tokens_per_s_per_rack"):
-        m[k] = m[k] * f
-    for k in ("usd_per_mtok_output", "usd_per_mtok_input", "joules_per_output_token"):
-        m[k] = m[k] / f
+    _serve_rate(m, by_rate, lam * osl)
     ttft = m["ttft_s"]
     m["ttft_s"] = np.where(by_rate, ttft + wmean, ttft)
     m["ttft_queue_wait_s"] = np.where(by_rate, wmean, 0.0)
@@ -223,12 +229,7 @@ def serve_disaggregated(b, evaluate, breakdown: bool = False):
                 own + md1_wait_quantile_s(0.99, r, s), md1_mean_wait_s(r, s), tp)
 
     ttft, p90, p99, wmean, tp90 = percentiles(m, c_op, lam_op)
-    f = np.where(by_rate, lam * osl / m["output_tokens_per_s_per_instance"], 1.0)
-    for k in ("output_tokens_per_s_per_chip", "input_tokens_per_s_per_chip",
-              "output_tokens_per_s_per_instance", "output_tokens_per_s_per_rack"):
-        m[k] = m[k] * f
-    for k in ("usd_per_mtok_output", "usd_per_mtok_input", "joules_per_output_token"):
-        m[k] = m[k] / f
+    _serve_rate(m, by_rate, lam * osl)
     m["ttft_s"] = np.where(by_rate, ttft, m["ttft_s"])
     m["ttft_queue_wait_s"] = np.where(by_rate, wmean, np.nan)
     m["ttft_p90_s"] = np.where(by_rate, p90, np.nan)
