@@ -318,3 +318,38 @@ def test_entry_uncertainty_transferred_terms_inside_a_fitted_family():
     assert sd["ar_nccl_fraction_per_doubling"] == pytest.approx(
         np.sqrt(0.05 ** 2 + np.log(1.2) ** 2), rel=1e-3)
     assert "transferred" in u["rule"]
+
+
+def test_alltoall_issue_rate_terms_by_hand():
+    """Docstring of kernel_comm.alltoall_rate_s: h = 7168 bf16, top-8 of 256, one node of 8:
+    1 + 7 p_rank = 5.633 messages a token (normal, 20 ns each: 112.7 ns); ll at 1 GB/s an
+    expert: 7168 x 2 x 8 / 256e9 = 448 ns a token, 32x that with 8 experts."""
+    miss = np.prod([(224 - i) / (256 - i) for i in range(8)])
+    up, out = kc.alltoall_bytes(1.0, 7168, 8, 256, 8, 8, 2.0, "normal")
+    t = kc.alltoall_rate_s(7168, 8, 256, 2.0, up, out, kind="normal", message_s=20e-9)
+    assert t == pytest.approx((1 + 7 * (1 - miss)) * 20e-9, rel=1e-12)
+    assert t == pytest.approx(112.7e-9, rel=1e-3)
+    ll = [kc.alltoall_rate_s(7168, 8, e, 2.0, 0.0, 0.0, kind="ll", expert_bytes_per_s=1e9)
+          for e in (256, 8)]
+    assert ll[0] == pytest.approx(448e-9, rel=1e-12) and ll[1] == pytest.approx(32 * ll[0])
+    # in series with the link term, per token; the defaults are "no such term"
+    kw = dict(hidden=7168, topk=8, experts=256, ep=8, ranks_per_node=8, elem_bytes=2.0,
+              scaleup_bw_bytes_per_s=W, scaleout_bw_bytes_per_s=50e9, latency_s=3e-5,
+              fraction=0.5, **OUT)
+    for kind, extra in (("normal", dict(message_s=20e-9)), ("ll", dict(expert_bytes_per_s=1e9))):
+        base = kc.alltoall_s(1024, kind=kind, **kw)
+        with_rate = kc.alltoall_s(1024, kind=kind, **kw, **extra)
+        per_tok = t if kind == "normal" else ll[0]
+        assert with_rate - base == pytest.approx(1024 * per_tok, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind,name,value", [("normal", "message_s", 20e-9),
+                                             ("ll", "expert_bytes_per_s", 5e9)])
+def test_each_alltoall_rate_parameter_matters(kind, name, value):
+    kw = dict(hidden=7168, topk=8, experts=256, ep=8, ranks_per_node=8, elem_bytes=1.0,
+              scaleup_bw_bytes_per_s=W, scaleout_bw_bytes_per_s=50e9, latency_s=3e-5,
+              fraction=0.5, kind=kind, **OUT)
+    tokens = np.array([1, 64, 1024, 16384.])
+    ref = kc.alltoall_s(tokens, **kw, **{name: value})
+    new = kc.alltoall_s(tokens, **kw, **{name: value * 1.2})
+    assert np.max(np.abs(new / ref - 1)) > 0.01

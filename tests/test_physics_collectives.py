@@ -63,7 +63,8 @@ def test_alltoall_across_two_domains_pays_the_nics_by_hand():
         "workload.phase": "decode", "topology.id": "nvl72", "serving.a2a_kernel": "normal",
         "serving.expert_imbalance": 1.0})
     pins = {f"a2a_normal_{p}_{w}": v for p in ("dispatch", "combine")
-            for w, v in (("latency_s", 10e-6 if p == "dispatch" else 20e-6), ("fraction", 0.5))}
+            for w, v in (("latency_s", 10e-6 if p == "dispatch" else 20e-6), ("fraction", 0.5),
+                         ("message_s", 0.0))}
     b = batch(d, ideal=True).replace(
         **pins, domain_chips=72.0, scaleup_bw_bytes_per_s=900e9, a2a_bw_rel=1.0,
         scaleout_bw_bytes_per_s=50e9, a2a_scaleout_fraction=0.5, a2a_scaleout_latency_s=20e-6,
@@ -75,3 +76,29 @@ def test_alltoall_across_two_domains_pays_the_nics_by_hand():
     up, out = row * 71 * p_rank / (900e9 * 0.5), row * p_node / (50e9 * 0.5)
     assert out > up                                   # the NICs bound it
     assert net == pytest.approx(58 * (2 * 20e-6 + 30e-6 + 64 * out), rel=1e-9)
+
+
+def test_normal_kernels_pay_per_message_by_hand():
+    """The same two-domain case with a fixed cost per token message in the normal kernels
+    (10 ns dispatch, 30 ns combine): each of the 64 tokens sends 1 + 71 p_rank + 1 p_node
+    messages (the local copy, the ranks of its own domain, the other domain once), per layer
+    64 x (1 + 71 p_rank + p_node) x 40 ns on top of the previous test's time."""
+    d = design("gb200", "deepseek-v3", **{
+        "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 144, "layout.ep": 144,
+        "workload.isl": 1, "workload.osl": 2, "workload.concurrency": 144 * 64,
+        "workload.phase": "decode", "topology.id": "nvl72", "serving.a2a_kernel": "normal",
+        "serving.expert_imbalance": 1.0})
+    pins = {f"a2a_normal_{p}_{w}": v for p in ("dispatch", "combine")
+            for w, v in (("latency_s", 10e-6 if p == "dispatch" else 20e-6), ("fraction", 0.5),
+                         ("message_s", 10e-9 if p == "dispatch" else 30e-9))}
+    b = batch(d, ideal=True).replace(
+        **pins, domain_chips=72.0, scaleup_bw_bytes_per_s=900e9, a2a_bw_rel=1.0,
+        scaleout_bw_bytes_per_s=50e9, a2a_scaleout_fraction=0.5, a2a_scaleout_latency_s=20e-6,
+        scaleup_extra_latency_s=0.0)
+    net = score(b, breakdown=True)[1].decode.network_s[MOE][0]
+    p_node = 1 - np.prod([(128 - i) / (256 - i) for i in range(8)])
+    p_rank = 1 - np.prod([(256 - 256 / 144 - i) / (256 - i) for i in range(8)])
+    row = 7168 * (FP8_ELEM_BYTES + BF16_ELEM_BYTES)
+    out = row * p_node / (50e9 * 0.5)
+    msgs = 1 + 71 * p_rank + p_node
+    assert net == pytest.approx(58 * (2 * 20e-6 + 30e-6 + 64 * (out + msgs * 40e-9)), rel=1e-9)

@@ -60,7 +60,22 @@ def test_dispatch_carries_the_weights_precision(weights, elem_bytes):
     in bf16. At 900 GB/s x 0.5 (pinned kernel fractions, no latency), per MoE layer:
     64 x 7 x 7168 x (dispatch + 2) / 450e9."""
     pins = {f"a2a_ll_{p}_{w}": v for p in ("dispatch", "combine")
-            for w, v in (("latency_s", 0.0), ("fraction", 0.5))}
+            for w, v in (("latency_s", 0.0), ("fraction", 0.5),
+                         ("expert_bytes_per_s", np.inf))}
     m, dec = _decode(weights, scaleup_bw_bytes_per_s=900e9, a2a_bw_rel=1.0, **pins)
     per_layer = 64 * 7 * 7168 * (elem_bytes + 2.0) / 450e9
+    assert dec.network_s[MOE][0] == pytest.approx(58 * per_layer, rel=1e-9)
+
+
+def test_low_latency_kernels_issue_rate_per_expert_by_hand():
+    """The low-latency kernels run one warp group per expert: on top of the link term every
+    (token, expert) row, local ones too (64 x 8 of 7168 elements), moves at 256 experts x
+    5 GB/s. Per MoE layer (fp8 dispatch 1.03125 B, bf16 combine): 64 x 7 x 7168 x 3.03125 /
+    450e9 + 64 x 8 x 7168 x 3.03125 / (256 x 5e9); with 8 experts it would be 32x the
+    second term."""
+    pins = {f"a2a_ll_{p}_{w}": v for p in ("dispatch", "combine")
+            for w, v in (("latency_s", 0.0), ("fraction", 0.5), ("expert_bytes_per_s", 5e9))}
+    m, dec = _decode("fp8", scaleup_bw_bytes_per_s=900e9, a2a_bw_rel=1.0, **pins)
+    eb = FP8_ELEM_BYTES + 2.0
+    per_layer = 64 * 7 * 7168 * eb / 450e9 + 64 * 8 * 7168 * eb / (256 * 5e9)
     assert dec.network_s[MOE][0] == pytest.approx(58 * per_layer, rel=1e-9)

@@ -22,12 +22,26 @@ Data (kernel/collective microbenchmarks only):
   kernel in both phases); it sets the a2a keys of the gb200/gb300 ``trtllm`` entries (gb300 by
   transfer). Rows of chips with NVLink domains (NVL72) are one scale-up node:
   ``rpn = max(ep / node_num, min(ep, scaleup_domain_chips))``, as the scorer has it.
+- TensorRT-LLM's DeepEP rows (``moe_a2a_perf``) on gb200/gb300 are pseudo-runtime
+  ``trtllm_deepep``: the catalog's trtllm entry of those chips carries the NVLink kernel's a2a
+  keys (the kernel TRT-LLM runs on NVL72), so these rows are reported against the parameters
+  fitted on them (fit mode only; against that entry they read 4-8x off, a kernel mismatch, not
+  a model error) and are donors of the trtllm transfer to other chips.
 - ``../shared/calibration/kernel_comm_measurements.csv`` as chip ``h800-sxm``: DeepEP V1 normal
   (bottleneck bandwidth, EP 8 NVLink and EP 16-64 RDMA, converted to seconds with the model's
   own bottleneck bytes) and low-latency rows (latency, EP 8-256, 8 GPUs a node), which are the
   only multi-node rows (they set ``a2a_scaleout_*``; every other chip takes them by transfer);
   the NCCL all-reduce busbw row of H800 (8 GPUs, taken at 1 GiB) sets its ``ar_nccl_fraction``.
   The V2 ("logical bandwidth") rows are not used.
+
+Issue-rate terms of the all-to-all (``dse.perf.kernel_comm``): the normal kernels' cost per
+token message (``a2a_normal_<phase>_message_s``) is fitted on every table; the low-latency
+kernels' per-expert rate (``a2a_ll_<phase>_expert_bytes_per_s``) only on tables with at least
+``MIN_EXPERT_COUNTS`` distinct expert counts (SGLang's wide-EP tables sweep 8-512): with two
+(256 and 384, the TensorRT-LLM and vLLM tables) the term is proportional to the link term and
+cannot be told from it. Such a table takes the rate the same DeepEP low-latency kernel has on
+the chip's own tables that fit it (else any chip's; ``expert_rate_fixed``) and fits the rest
+around it; the NVLink kernel (``trtllm_nvlink``) has no per-expert warp groups and no term.
 
 Catalog entries (every accelerator x runtime): ``ar_nccl_*`` from the chip's NCCL table, else
 by transfer. ``ar_custom_*`` and ``a2a_*`` from the (chip, runtime) table; a key the chip lacks
@@ -93,9 +107,14 @@ A2A_PARAMS = tuple(
                                 ("fraction", 0.5, 1e-3, 3.0, "fraction")))
 SCALEOUT_PARAMS = (P("a2a_scaleout_latency_s", 1e-5, 1e-7, 1e-3, "latency"),
                    P("a2a_scaleout_fraction", 0.8, 1e-2, 3.0))
-PARAMS = NCCL_PARAMS + CUSTOM_PARAMS + A2A_PARAMS + SCALEOUT_PARAMS
-assert tuple(p.name for p in PARAMS) == kc.AR_NCCL_KEYS + kc.AR_CUSTOM_KEYS + kc.A2A_KEYS \
-    + kc.SCALEOUT_KEYS
+# the kernels' issue-rate terms (dse.perf.kernel_comm): one expert's rate (ll), per message
+# (normal); the upper/lower bound is "no such term"
+RATE_PARAMS = tuple(P(f"a2a_ll_{ph}_expert_bytes_per_s", 2e10, 1e8, 1e15) for ph in
+                    ("dispatch", "combine")) \
+    + tuple(P(f"a2a_normal_{ph}_message_s", 1e-8, 1e-13, 1e-5, "latency") for ph in
+            ("dispatch", "combine"))
+PARAMS = NCCL_PARAMS + CUSTOM_PARAMS + A2A_PARAMS + SCALEOUT_PARAMS + RATE_PARAMS
+assert tuple(p.name for p in PARAMS) == kc.KEYS
 
 AR_SHAPE = ("num_gpus", "message_size")
 A2A_SHAPE = ("phase", "dtype", "tokens", "hidden", "topk", "experts", "ep")
@@ -111,6 +130,12 @@ RANKS_PER_NODE = {"gb200": 4, "gb300": 4}      # sglang wideep node_num=1 is one
 NVLINK_RT = "trtllm_nvlink"
 NVLINK_CHIPS = ("gb200", "gb300")
 NVLINK_SOURCES = ("NVLinkOneSided", "NVLinkTwoSided")
+# TensorRT-LLM's DeepEP rows (moe_a2a_perf) on those chips: a kernel the chips' trtllm entry
+# does not use there (it has the NVLink kernel's a2a keys), so they are reported against the
+# parameters fitted on them (pseudo-runtime; fit mode only) and not against that entry (which
+# made them look 4-8x off); they still take part in the trtllm transfer to other chips
+DEEPEP_RT = "trtllm_deepep"
+RT_POOL = {"trtllm": ("trtllm", DEEPEP_RT), DEEPEP_RT: ("trtllm", DEEPEP_RT)}
 H800_AR_BYTES = 2.0 ** 30
 HOST_STAGED_FRACTION = 0.4
 HOST_STAGED_MIN_BYTES = 2.0 ** 24
@@ -120,7 +145,8 @@ GROUP_PARAMS = ("ar_nccl_latency_per_log2_s", "ar_nccl_fraction_per_doubling",
                 "ar_custom_latency_per_log2_s")
 # uncertainty families of a catalog entry: name -> parameter names
 FAMILIES = {"ar_nccl": kc.AR_NCCL_KEYS, "ar_custom": kc.AR_CUSTOM_KEYS,
-            **{f"a2a_{k}_{ph}": tuple(f"a2a_{k}_{ph}_{w}" for w in ("latency_s", "fraction"))
+            **{f"a2a_{k}_{ph}": tuple(f"a2a_{k}_{ph}_{w}" for w in (
+                "latency_s", "fraction", "expert_bytes_per_s" if k == "ll" else "message_s"))
                for k in ("ll", "normal") for ph in ("dispatch", "combine")},
             "a2a_scaleout": kc.SCALEOUT_KEYS}
 HEADER = """Collective kernel parameters of dse.perf.kernel_comm (all-reduce: NCCL LL/Simple and the
@@ -175,6 +201,8 @@ def a2a_rows() -> pd.DataFrame:
         d = d.rename(columns={"num_tokens": "tokens", "hidden_size": "hidden",
                               "num_experts": "experts", "ep_size": "ep"})
         d["rpn"] = d["ep"].astype(float) / d["node_num"].astype(float)
+        nvl = d["chip"].isin(NVLINK_CHIPS) & (d["runtime"] == "trtllm")
+        d.loc[nvl, "runtime"] = DEEPEP_RT
         parts.append(d[cols])
     parts.append(nvlink_a2a_rows())
     for kind, table in (("ll", "wideep_deepep_ll_perf"), ("normal", "wideep_deepep_normal_perf")):
@@ -326,13 +354,47 @@ def _fit(predict, params, frame, fixed):
     return common.least_squares_fit(pred, params, frame["latency_s"].to_numpy(float))
 
 
+MIN_EXPERT_COUNTS = 3      # distinct expert counts a table needs to fit the per-expert rate
+
+
 def _a2a_params(frame):
-    ps = [p for p in A2A_PARAMS if any(
-        p.name.startswith(f"a2a_{k}_{ph}_") for k, ph in
-        frame[["kind", "phase"]].drop_duplicates().itertuples(index=False))]
+    """The a2a parameters a (chip, runtime) table fits, and the low-latency per-expert rates it
+    cannot (fewer than ``MIN_EXPERT_COUNTS`` expert counts: the term is then proportional to
+    the link term; module docstring)."""
+    phases = frame[["kind", "phase"]].drop_duplicates().itertuples(index=False)
+    have = [f"a2a_{k}_{ph}_" for k, ph in phases]
+    ps = [p for p in A2A_PARAMS + RATE_PARAMS if any(p.name.startswith(h) for h in have)]
+    fixed = []
+    for ph in ("dispatch", "combine"):
+        m = (frame["kind"] == "ll") & (frame["phase"] == ph)
+        if m.any() and frame.loc[m, "experts"].nunique() < MIN_EXPERT_COUNTS:
+            fixed.append(f"a2a_ll_{ph}_expert_bytes_per_s")
+    ps = [p for p in ps if p.name not in fixed]
     if (frame["ep"] > frame["rpn"]).any():
         ps += list(SCALEOUT_PARAMS)
-    return tuple(ps)
+    return tuple(ps), fixed
+
+
+RATE_HI = {p.name: p.hi for p in RATE_PARAMS}   # (the bound that is "no such term")
+
+
+def expert_rate_fixed(chip, rt, names, fits, free) -> dict:
+    """Values of the per-expert rates a table cannot fit (``_a2a_params``): the same DeepEP
+    low-latency kernel's rates fitted on the chip's other tables (geometric mean; sglang's
+    wide-EP table sweeps 8-512 experts), else on any chip's; TensorRT-LLM's NVLink kernel
+    (no per-expert warp groups) has none (``RATE_HI``). ``free``: {(chip, runtime): the names
+    that table fitted}."""
+    out = {}
+    for n in names:
+        if rt == NVLINK_RT:
+            out[n] = RATE_HI[n]
+            continue
+        fitted = {k: v[n] for k, v in fits.items() if n in free.get(k, ())}
+        own = [x for (c, r), x in fitted.items() if c == chip]
+        anyc = list(fitted.values())
+        xs = own or anyc
+        out[n] = float(np.exp(np.mean(np.log(xs)))) if xs else RATE_HI[n]
+    return out
 
 
 DEFAULTS = {p.name: p.x0 for p in PARAMS}
@@ -410,10 +472,18 @@ def fit_all(frames):
         fits["custom"][(chip, rt)] = {**fixed, **run(
             predict_custom, ps, g[~g["_held"]], {**fits["nccl"][chip], **fixed},
             ("custom", chip, rt))}
-    for (chip, rt), g in a2a.groupby(["chip", "runtime"]):
+    # tables that fit every rate first; the others take the per-expert rates they cannot fit
+    # from them (expert_rate_fixed)
+    groups = sorted(a2a.groupby(["chip", "runtime"]),
+                    key=lambda kv: bool(_a2a_params(kv[1][~kv[1]["_held"]])[1]))
+    free = {}
+    for (chip, rt), g in groups:
         tr = g[~g["_held"]]
-        ps = _a2a_params(tr)
-        fits["a2a"][(chip, rt)] = {**run(predict_a2a, ps, tr, DEFAULTS, ("a2a", chip, rt))}
+        ps, names = _a2a_params(tr)
+        fixed = expert_rate_fixed(chip, rt, names, fits["a2a"], free)
+        free[(chip, rt)] = {p.name for p in ps}
+        fits["a2a"][(chip, rt)] = {**fixed, **run(predict_a2a, ps, tr, {**DEFAULTS, **fixed},
+                                                  ("a2a", chip, rt))}
     if len(h800_ar):   # H800: transferred NCCL parameters, its busbw row sets the fraction
         base, _, _ = common.transfer("h800-sxm", fits["nccl"], NCCL_PARAMS, _accs())
         fr = run(predict_nccl, (NCCL_PARAMS[4],), h800_ar, base, ("nccl", "h800-sxm", None))
@@ -445,7 +515,8 @@ def entry_for(chip, rt, fits, accs, exclude=None):
         v, near, _ = common.transfer(chip, nccl, NCCL_PARAMS, accs)
         vals.update(v)
         notes.append("ar_nccl: transfer from " + "+".join(near))
-    for cls, ps in (("custom", CUSTOM_PARAMS), ("a2a", A2A_PARAMS + SCALEOUT_PARAMS)):
+    for cls, ps in (("custom", CUSTOM_PARAMS),
+                    ("a2a", A2A_PARAMS + SCALEOUT_PARAMS + RATE_PARAMS)):
         f = {k: v for k, v in fits[cls].items() if k[0] != exclude}
         label = "ar_custom" if cls == "custom" else "a2a"
         names = [p.name for p in ps]
@@ -455,12 +526,12 @@ def entry_for(chip, rt, fits, accs, exclude=None):
         how = [f"{rt} tables"] if own else []
         if cls == "a2a" and rt == "trtllm" and chip in NVLINK_CHIPS:
             nv = {c: v for (c, r), v in f.items() if r == NVLINK_RT}
-            a2a_names = [p.name for p in A2A_PARAMS]
+            a2a_names = [p.name for p in A2A_PARAMS + RATE_PARAMS]
             if chip in nv:
                 own = {**own, **{k: v for k, v in nv[chip].items() if k in a2a_names}}
                 src = f"{chip} trtllm_alltoall_perf"
             elif nv:
-                v, near, _ = common.transfer(chip, nv, A2A_PARAMS, accs)
+                v, near, _ = common.transfer(chip, nv, A2A_PARAMS + RATE_PARAMS, accs)
                 own = {**own, **v}
                 src = "trtllm_alltoall_perf transfer from " + "+".join(near)
             else:
@@ -497,10 +568,11 @@ def entry_for(chip, rt, fits, accs, exclude=None):
         # runtime kernels differ more than chips do: a chip without this runtime's table takes
         # the runtime's kernels from the chips that have it, and its own other runtimes only
         # when no chip has that runtime's table
-        transfer_from((rt,))
+        transfer_from(RT_POOL.get(rt, (rt,)))
         missing = [n for n in names if n not in got]
         if missing:       # the chip's other runtimes
-            others = [v for (c, r), v in f.items() if c == chip and r not in (rt, NVLINK_RT)]
+            others = [v for (c, r), v in f.items()
+                      if c == chip and r not in (rt, NVLINK_RT, DEEPEP_RT)]
             o = _geo(others) if others else {}
             add = {n: o[n] for n in missing if n in o}
             if add:

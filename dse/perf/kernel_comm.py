@@ -42,9 +42,22 @@ All-to-all (MoE expert-parallel dispatch or combine, one phase) of ``T`` tokens 
         scale-up bytes  = T h eb k (R-1) / ep
         scale-out bytes = T h eb k (N-1) / N
     t = latency_s + [N > 1] a2a_scaleout_latency_s
-        + max(up_bytes / (W fraction), out_bytes / (S a2a_scaleout_fraction))   (ep = 1: 0)
+        + max(up_bytes / (W fraction), out_bytes / (S a2a_scaleout_fraction))
+        + messages * message_s + all_bytes / (E expert_bytes_per_s)          (ep = 1: 0)
 
 with ``latency_s, fraction`` = ``a2a_<kind>_<phase>_latency_s, a2a_<kind>_<phase>_fraction``.
+The last two terms are the kernels' issue rate, in series with the links (fitted on the
+single-node tables, where they are what the link term alone misses):
+
+- normal kernels (a fixed number of SMs/channels, ``a2a_normal_<phase>_message_s``): a fixed
+  cost per token message, ``messages = T (1 + (R-1) p_rank + (N-1) p_node)`` (the local copy,
+  one per destination rank in the node, one per destination node), so that small rows reach a
+  lower share of the link (TensorRT-LLM's bf16 and fp4 dispatch: 1.4x off without it);
+- low-latency kernels (one warp group per expert, so the SMs the kernel runs on scale with
+  ``E``, ``a2a_ll_<phase>_expert_bytes_per_s``): every (token, expert) row, ``all_bytes = T h
+  eb k`` (local ones included: they go through the per-expert receive buffers too), moves at
+  ``E x`` one expert's rate (Mixtral's 8 experts on 8 ranks: 5x slower than 256 experts).
+
 Dispatch is usually fp8 (``eb = 1 + 4/128``: one fp32 scale per 128 elements), combine bf16.
 """
 
@@ -58,7 +71,10 @@ AR_CUSTOM_KEYS = ("ar_custom_latency_s", "ar_custom_latency_per_log2_s", "ar_cus
 SCALEOUT_KEYS = ("a2a_scaleout_latency_s", "a2a_scaleout_fraction")
 A2A_KEYS = tuple(f"a2a_{kind}_{phase}_{what}" for kind in ("ll", "normal")
                  for phase in ("dispatch", "combine") for what in ("latency_s", "fraction"))
-KEYS = AR_NCCL_KEYS + AR_CUSTOM_KEYS + A2A_KEYS + SCALEOUT_KEYS
+# the kernels' issue-rate terms (module docstring): per message (normal), per expert (ll)
+A2A_RATE_KEYS = ("a2a_ll_dispatch_expert_bytes_per_s", "a2a_ll_combine_expert_bytes_per_s",
+                 "a2a_normal_dispatch_message_s", "a2a_normal_combine_message_s")
+KEYS = AR_NCCL_KEYS + AR_CUSTOM_KEYS + A2A_KEYS + SCALEOUT_KEYS + A2A_RATE_KEYS
 
 FP8_ELEM_BYTES = 1.0 + 4.0 / 128.0     # fp8 payload + one fp32 scale per 128 elements
 BF16_ELEM_BYTES = 2.0
@@ -252,24 +268,47 @@ def alltoall_bytes(tokens, hidden, topk, experts, ep, ranks_per_node, elem_bytes
     return up, out
 
 
+def alltoall_rate_s(hidden, topk, experts, elem_bytes, up_bytes, out_bytes, *, kind="normal",
+                    message_s=0.0, expert_bytes_per_s=np.inf):
+    """Seconds per token of the kernels' issue rate (module docstring), from the per-token
+    bytes of :func:`alltoall_bytes` (``tokens = 1``): normal ``(1 + (up + out) / row) *
+    message_s`` (``row = h eb``: the messages of one token), ll ``h eb k / (E
+    expert_bytes_per_s)``.
+
+    Hand-worked (h = 7168, bf16, k = 8, E = 256, one node of 8, p_rank = 0.6618 -> 1 + 7 p_rank
+    = 5.633 messages): normal at 20 ns a message 112.7 ns a token; ll at 1 GB/s an expert
+    7168 * 2 * 8 / 256e9 = 448 ns a token (E = 8: 32x that)."""
+    if kind == "ll":
+        return _a(hidden) * _a(elem_bytes) * _a(topk) / (
+            np.maximum(_a(experts), 1.0) * _a(expert_bytes_per_s))
+    row = np.maximum(_a(hidden) * _a(elem_bytes), 1e-30)
+    return (1.0 + (up_bytes + out_bytes) / row) * _a(message_s)
+
+
 def alltoall_coef(tokens, hidden, topk, experts, ep, ranks_per_node, elem_bytes,
                   scaleup_bw_bytes_per_s, scaleout_bw_bytes_per_s, *, latency_s, fraction,
-                  a2a_scaleout_latency_s, a2a_scaleout_fraction, kind="normal"):
+                  a2a_scaleout_latency_s, a2a_scaleout_fraction, kind="normal", message_s=0.0,
+                  expert_bytes_per_s=np.inf):
     """``(latency_s, seconds_per_token)``: the phase's time is affine in tokens,
-    ``latency_s + seconds_per_token * tokens`` (the bytes are linear in ``tokens``)."""
+    ``latency_s + seconds_per_token * tokens`` (the bytes are linear in ``tokens``);
+    ``message_s`` (normal) and ``expert_bytes_per_s`` (ll): the issue-rate terms (defaults:
+    none)."""
     up, out = alltoall_bytes(1.0, hidden, topk, experts, ep, ranks_per_node, elem_bytes, kind)
     ep_ = np.maximum(_a(ep), 1.0)
     spans = ep_ / np.minimum(_a(ranks_per_node), ep_) > 1.0
     t_up = up / (_a(scaleup_bw_bytes_per_s) * _a(fraction))
     t_out = out / (_a(scaleout_bw_bytes_per_s) * _a(a2a_scaleout_fraction))
+    rate = alltoall_rate_s(hidden, topk, experts, elem_bytes, up, out, kind=kind,
+                           message_s=message_s, expert_bytes_per_s=expert_bytes_per_s)
     lat = _a(latency_s) + np.where(spans, _a(a2a_scaleout_latency_s), 0.0)
     on = _a(ep) > 1.0
-    return np.where(on, lat, 0.0), np.where(on, np.maximum(t_up, t_out), 0.0)
+    return np.where(on, lat, 0.0), np.where(on, np.maximum(t_up, t_out) + rate, 0.0)
 
 
 def alltoall_s(tokens, hidden, topk, experts, ep, ranks_per_node, elem_bytes,
                scaleup_bw_bytes_per_s, scaleout_bw_bytes_per_s, *, latency_s, fraction,
-               a2a_scaleout_latency_s, a2a_scaleout_fraction, kind="normal") -> np.ndarray:
+               a2a_scaleout_latency_s, a2a_scaleout_fraction, kind="normal", message_s=0.0,
+               expert_bytes_per_s=np.inf) -> np.ndarray:
     """One EP dispatch or combine (s); pass the kind's and phase's ``a2a_<kind>_<phase>_*``
     values as ``latency_s`` and ``fraction``.
 
@@ -283,13 +322,17 @@ def alltoall_s(tokens, hidden, topk, experts, ep, ranks_per_node, elem_bytes,
                              scaleup_bw_bytes_per_s, scaleout_bw_bytes_per_s,
                              latency_s=latency_s, fraction=fraction,
                              a2a_scaleout_latency_s=a2a_scaleout_latency_s,
-                             a2a_scaleout_fraction=a2a_scaleout_fraction, kind=kind)
+                             a2a_scaleout_fraction=a2a_scaleout_fraction, kind=kind,
+                             message_s=message_s, expert_bytes_per_s=expert_bytes_per_s)
     return lat + spt * _a(tokens)
 
 
 def phase_params(p, kind: str, phase: str) -> dict:
-    """The keyword arguments of :func:`alltoall_s` for one kind and phase from a catalog entry."""
+    """The keyword arguments of :func:`alltoall_s` for one kind and phase from a catalog entry
+    (an entry without the issue-rate key of the kind: none)."""
+    rate = {"ll": ("expert_bytes_per_s", np.inf), "normal": ("message_s", 0.0)}[kind]
     return {"latency_s": p[f"a2a_{kind}_{phase}_latency_s"],
             "fraction": p[f"a2a_{kind}_{phase}_fraction"],
             "a2a_scaleout_latency_s": p["a2a_scaleout_latency_s"],
-            "a2a_scaleout_fraction": p["a2a_scaleout_fraction"], "kind": kind}
+            "a2a_scaleout_fraction": p["a2a_scaleout_fraction"], "kind": kind,
+            rate[0]: p.get(f"a2a_{kind}_{phase}_{rate[0]}", rate[1])}

@@ -74,10 +74,18 @@ def kernel_alltoall(b: Batch, ep: np.ndarray, dispatch_bytes, combine_bytes,
     for kind in kinds:
         up, across = kernel_comm.alltoall_bytes(1.0, b.hidden, b.top_k, experts, ep, ranks, 1.0,
                                                 kind)
+        # the kernels' issue rate per token and element byte (kernel_comm.alltoall_rate_s):
+        # normal per message, ll per expert
+        if kind == "ll":
+            per_eb = b.hidden * b.top_k / experts
+        else:
+            per_eb = 1.0 + (up + across) / np.maximum(b.hidden, 1e-30)
         lat, spt = lat0, 0.0
         for phase, eb in (("dispatch", dispatch_bytes), ("combine", combine_bytes)):
             lat = lat + b.columns[f"a2a_{kind}_{phase}_latency_s"]
             frac = b.columns[f"a2a_{kind}_{phase}_fraction"]
-            spt = spt + eb * np.maximum(up / (up_bw * frac), across / out_bw)
+            rate = per_eb * eb / b.columns[f"a2a_ll_{phase}_expert_bytes_per_s"] \
+                if kind == "ll" else per_eb * b.columns[f"a2a_normal_{phase}_message_s"]
+            spt = spt + eb * np.maximum(up / (up_bw * frac), across / out_bw) + rate
         out[kind] = (np.maximum(on * lat + extra, 0.0), on * spt)
     return out
