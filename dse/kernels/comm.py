@@ -74,7 +74,9 @@ in the same fit (``common.LOCO_DEFAULT`` when none was measured). A parameter fi
 inside a fitted family (a host-staged chip's group-size terms) gets the donors' variance plus
 ``ln(loco)^2``, uncorrelated.
 
-Held-out rule and transfer rule: ``dse.kernels.common``.
+Held-out rule and transfer rule: ``dse.kernels.common``; the all-to-all latencies take their
+donors among the measured chips on the same default topology first (``same_fabric``: an HGX
+board's chips from HGX boards, an NVL72 rack's from NVL72 racks), the general rule when none.
 """
 
 from __future__ import annotations
@@ -430,6 +432,21 @@ def fabric_donors(chip: str, measured, accs) -> list[str]:
     return same or common.neighbours(chip, sorted(measured), accs)
 
 
+def same_fabric(chip: str, measured, accs) -> list[str]:
+    """The measured chips on ``chip``'s default topology (an HGX board, an NVL72 rack, ...),
+    all of ``measured`` when none is: the donors of the all-to-all's fixed latencies
+    (``*_latency_s``). A kernel's fixed latency belongs to the fabric and the system software
+    it runs over as much as to the chip: TensorRT-LLM's DeepEP low-latency dispatch takes
+    180-250 us on a GB200 tray against 70 us on a B200 board, chips a spec-ratio rule cannot
+    tell apart. Its rates (fractions, per message, per expert) stay with the general rule: they
+    follow the chip generation (Blackwell's DeepEP combine is slower per byte than Hopper's in
+    TensorRT-LLM and vLLM; HGX donors alone make B200's 1.5x too fast)."""
+    topo = accs[chip].default_topology if chip in accs else None
+    same = sorted(c for c in measured if c != chip and c in accs
+                  and accs[c].default_topology == topo)
+    return same or sorted(c for c in measured if c != chip)
+
+
 def fit_all(frames):
     """{class: {(chip, runtime): values}} fitted on the rows that are not held out, plus
     ``cov`` {(class, chip, runtime): (names, log covariance)} and ``staged`` {chip: (group
@@ -559,6 +576,8 @@ def entry_for(chip, rt, fits, accs, exclude=None):
                 have = {c: v for c, v in per_chip.items() if p.name in v}
                 if not have:
                     continue
+                if cls == "a2a" and p.name.endswith("_latency_s"):   # (same_fabric)
+                    have = {c: have[c] for c in same_fabric(chip, have, accs)}
                 v, near, _ = common.transfer(chip, have, (p,), accs)
                 got.update(v)
                 src = "any runtime" if pool is None else "+".join(pool)
@@ -685,7 +704,10 @@ def entry_uncertainty(chip, rt, fits, loco_err) -> dict:
         if own_cov is not None and chip in fits.get("staged", {}):
             near = set(fits["staged"][chip][1])
         elif chip in _accs():
-            near = set(common.neighbours(chip, sorted({k[1] for k, _ in pool}), _accs()))
+            cand = sorted({k[1] for k, _ in pool})
+            if cls == "a2a" and all(x.endswith("_latency_s") for x in names):
+                cand = same_fabric(chip, cand, _accs())
+            near = set(common.neighbours(chip, cand, _accs()))
         else:
             near = {k[1] for k, _ in pool}
         donors = [v for k, v in pool if k[1] in near] or [v for _, v in pool]
