@@ -353,3 +353,29 @@ def test_each_alltoall_rate_parameter_matters(kind, name, value):
     ref = kc.alltoall_s(tokens, **kw, **{name: value})
     new = kc.alltoall_s(tokens, **kw, **{name: value * 1.2})
     assert np.max(np.abs(new / ref - 1)) > 0.01
+
+
+def test_alltoall_latency_donors_share_the_fabric():
+    """The all-to-all latencies transfer from chips on the same default topology (an HGX
+    board's from HGX boards, an NVL72 rack's from NVL72 racks), the general rule when none."""
+    pytest.importorskip("pandas")
+    from dse.catalog import accelerators
+    from dse.kernels.comm import same_fabric
+    accs = accelerators()
+    measured = ["b200", "b300", "gb200", "gb300", "h100-sxm", "h200-sxm"]
+    assert same_fabric("b200", measured, accs) == ["b300", "h100-sxm", "h200-sxm"]
+    assert same_fabric("gb300", measured, accs) == ["gb200"]
+    assert same_fabric("mi300x", measured, accs) == sorted(measured)
+
+
+def test_trtllm_deepep_rows_on_nvl72_are_their_own_runtime():
+    pytest.importorskip("aiconfigurator_core")
+    from dse.kernels import comm
+    a = comm.a2a_rows()
+    nvl = a[a["chip"].isin(comm.NVLINK_CHIPS)]
+    assert not (nvl["runtime"] == "trtllm").any()
+    assert (nvl["runtime"] == comm.DEEPEP_RT).sum() > 100
+    # the low-latency tables of SGLang sweep the expert count; TensorRT-LLM's do not
+    ll = a[(a["kind"] == "ll") & (a["phase"] == "dispatch")]
+    n = ll.groupby("runtime")["experts"].nunique()
+    assert n["sglang"] >= comm.MIN_EXPERT_COUNTS > n["trtllm"]
