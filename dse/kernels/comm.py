@@ -587,7 +587,7 @@ def entry_for(chip, rt, fits, accs, exclude=None):
         # runtime kernels differ more than chips do: a chip without this runtime's table takes
         # the runtime's kernels from the chips that have it, and its own other runtimes only
         # when no chip has that runtime's table
-        transfer_from(RT_POOL.get(rt, (rt,)))
+        transfer_from(RT_POOL.get(rt, (rt,)) if cls == "a2a" else (rt,))
         missing = [n for n in names if n not in got]
         if missing:       # the chip's other runtimes
             others = [v for (c, r), v in f.items()
