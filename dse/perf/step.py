@@ -219,11 +219,14 @@ class Coefficients:
             self.n_moe_ar = (is_moe * r0, r1 * (is_moe * np.minimum(dest, ep) / ep * d * ab))
             # shared experts and router
             sh_chip = b.n_shared * b.ffn_shared / ffn_g
-            self.c_sh, self.w_sh = _gemm_coef(
+            has_sh = arch.flag(b.n_shared > 0, d)
+            # (a model without shared experts runs no shared-expert GEMM: without the flag the
+            # width-0 GEMMs, clamped to width 1, cost one GEMM's shape penalty per layer)
+            c_sh, w_sh = _gemm_coef(
                 b, (((b.mlp_mats - 1.0) * sh_chip, d), (d, sh_chip)), moe_layers, peak)
+            self.c_sh, self.w_sh = has_sh * c_sh, has_sh * w_sh
             p_sh = arch.shared_params_per_layer(b) * moe_layers
             self.m_sh = p_sh * wb / ffn_g / g_hbm
-            has_sh = arch.flag(b.n_shared > 0, d)
             self.c_router, self.w_router = _gemm_coef(b, ((b.n_experts, d),), moe_layers, peak)
             self.c_router = self.c_router / ffn_g    # each chip routes its share of the tokens
             p_router = d * b.n_experts * moe_layers
