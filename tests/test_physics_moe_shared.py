@@ -79,3 +79,39 @@ def test_low_latency_kernels_issue_rate_per_expert_by_hand():
     eb = FP8_ELEM_BYTES + 2.0
     per_layer = 64 * 7 * 7168 * eb / 450e9 + 64 * 8 * 7168 * eb / (256 * 5e9)
     assert dec.network_s[MOE][0] == pytest.approx(58 * per_layer, rel=1e-9)
+
+
+# Mixtral 8x7B (config.json): hidden 4096, 32 MoE layers, 8 routed experts of width 14336,
+# top-2, no shared expert. The GEMM shape terms are set to fitted-like values (not the ideal
+# zeros), so a width-0 shared expert or a width-8 router would pay them if the model let it.
+ROUTER = OPS.index("router")
+MIXTRAL = {"layout.tp": 1, "layout.dp": 1, "layout.ep": 1, "workload.isl": 1, "workload.osl": 2,
+           "workload.concurrency": 512, "workload.phase": "decode"}
+SHAPE = {"gemm_n_half": 1336.0, "gemm_k_half": 493.0, "gemm_wave_elements": 1e5,
+         "gemm_half_rows": 0.0}
+
+
+def _mixtral_decode(**upd):
+    b = batch(design("h200-sxm", "mixtral-8x7b", **{"model.weight_dtype": "fp8", **MIXTRAL}),
+              ideal=True).replace(**{**PIN, **SHAPE, **upd})
+    return score(b, breakdown=True)[1].decode
+
+
+def test_a_model_without_shared_experts_runs_no_shared_expert_gemm():
+    """No shared expert: the op costs nothing, whatever the GEMM shape terms (before the fix
+    the width-0 GEMMs, clamped to width 1, cost 16.6 ms of a 60.8 ms Mixtral step on H200)."""
+    dec = _mixtral_decode()
+    assert dec.compute_s[SHARED][0] == 0.0
+    assert dec.memory_s[SHARED][0] == 0.0
+    assert dec.op_s[SHARED][0] == 0.0
+
+
+def test_router_gemm_pays_its_flops_at_the_large_gemm_rate():
+    """The router [512, 4096] x [4096, 8] per layer, 32 layers: 2 x 512 x 4096 x 8 x 32 =
+    1.074 GFLOP at 4 PFLOP/s x 0.5 -> 0.537 us, with no width-edge or one-wave penalty (which
+    at width 8 would multiply it ~170x). Doubling the experts doubles it."""
+    dec = _mixtral_decode()
+    flops = 2 * 512 * 4096 * 8 * 32
+    assert dec.compute_s[ROUTER][0] == pytest.approx(flops / 2e15, rel=1e-9)
+    dec16 = _mixtral_decode(n_experts=np.array([16.0]))
+    assert dec16.compute_s[ROUTER][0] == pytest.approx(2 * flops / 2e15, rel=1e-9)

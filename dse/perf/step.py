@@ -219,13 +219,22 @@ class Coefficients:
             self.n_moe_ar = (is_moe * r0, r1 * (is_moe * np.minimum(dest, ep) / ep * d * ab))
             # shared experts and router
             sh_chip = b.n_shared * b.ffn_shared / ffn_g
-            self.c_sh, self.w_sh = _gemm_coef(
+            has_sh = arch.flag(b.n_shared > 0, d)
+            # (a model without shared experts runs no shared-expert GEMM: without the flag the
+            # width-0 GEMMs, clamped to width 1, cost one GEMM's shape penalty per layer)
+            c_sh, w_sh = _gemm_coef(
                 b, (((b.mlp_mats - 1.0) * sh_chip, d), (d, sh_chip)), moe_layers, peak)
+            self.c_sh, self.w_sh = has_sh * c_sh, has_sh * w_sh
             p_sh = arch.shared_params_per_layer(b) * moe_layers
             self.m_sh = p_sh * wb / ffn_g / g_hbm
-            has_sh = arch.flag(b.n_shared > 0, d)
-            self.c_router, self.w_router = _gemm_coef(b, ((b.n_experts, d),), moe_layers, peak)
-            self.c_router = self.c_router / ffn_g    # each chip routes its share of the tokens
+            # the router GEMM [tokens, hidden] x [hidden, experts] is far narrower than a tile
+            # (experts <= 256): measured GEMMs of width 1-16 take the same few us as width 1
+            # (aiconfigurator-core B300 tables, k = 4096, m <= 2048: 4-10 us), so it pays its
+            # FLOPs at the large-GEMM rate and its launch (x_gemm), not the width-edge and
+            # one-wave penalties of a wide GEMM (which grow as 1 / width: 70 us per layer for
+            # Mixtral's width 8 on H200 FP8)
+            self.c_router = 2.0 * moe_layers * d * b.n_experts / (peak * b.gemm_fraction) / ffn_g
+            self.w_router = 0.0 * d                  # each chip routes its share of the tokens
             p_router = d * b.n_experts * moe_layers
             self.m_router = p_router * wb / ffn_g / g_hbm
             n_gemm = n_gemm + moe_layers * arch.flag(b.n_experts > 0, d) \
