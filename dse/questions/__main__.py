@@ -58,8 +58,9 @@ def write_index(reports: Path, files) -> None:
         if not j.is_file():
             continue
         doc = json.loads(j.read_text())
+        first = doc.get("first_lines", "")
         parts.append(f"## [{f.stem}]({f.stem}/README.md)\n\n*{doc.get('question', '')}*\n\n"
-                     f"{doc.get('headline', '')}\n")
+                     + (f"{first}\n\n" if first else "") + f"{doc.get('headline', '')}\n")
     (reports / "README.md").write_text("\n".join(parts))
 
 

@@ -243,9 +243,18 @@ def range_text(lo, hi, unit: str = "") -> str:
     """``2.9x..3.1x``, ``$0.31/Mtok..$0.33/Mtok``, ``135..142 requests/s per rack`` (a unit
     written after the numbers once)."""
     from dse.questions._common import fmt
-    if unit in ("x", "%", "share", "$/Mtok") or not (np.isfinite(lo) and np.isfinite(hi)):
+    if not (np.isfinite(lo) and np.isfinite(hi)):
         return f"{value_text(lo, unit)}..{value_text(hi, unit)}"
-    return f"{fmt(lo)}..{fmt(hi)} {unit}".strip()
+    digits = 3            # enough digits that a band that moves does not print as x..x
+    while digits < 6 and lo != hi and fmt(lo, digits) == fmt(hi, digits):
+        digits += 1
+    if unit == "x":
+        return f"{fmt(lo, digits)}x..{fmt(hi, digits)}x"
+    if unit == "$/Mtok":
+        return f"${fmt(lo, digits)}/Mtok..${fmt(hi, digits)}/Mtok"
+    if unit in ("%", "share"):
+        return f"{value_text(lo, unit)}..{value_text(hi, unit)}"
+    return f"{fmt(lo, digits)}..{fmt(hi, digits)} {unit}".strip()
 
 
 def _shares(vs) -> dict:
@@ -318,10 +327,12 @@ def _resolution(x: dict) -> list[str]:
         ref = value_text(x["versus"], x["unit"]) if x["unit"] not in ("%",) else \
             f"{x['versus']:g}%"
         if x["side_resolved"]:
-            side = "above" if x["lo"] >= x["versus"] - 1e-9 and x["hi"] > x["versus"] + 1e-9 \
-                else "below" if x["hi"] <= x["versus"] + 1e-9 and x["lo"] < x["versus"] - 1e-9 \
-                else "at"
-            parts.append(f"its sign is resolved (the band stays {side} {ref})")
+            v, tol = x["versus"], 1e-9
+            side = ("above" if x["lo"] > v + tol else "at or above" if x["hi"] > v + tol
+                    else "below" if x["hi"] < v - tol else "at or below" if x["lo"] < v - tol
+                    else "at")
+            what = "its sign" if v == 0 else f"its side of {ref}"
+            parts.append(f"{what} is resolved (the band stays {side} {ref})")
         else:
             parts.append(f"whether it is above or below {ref} is {B.NOT_RESOLVED} (the band "
                          f"spans {ref})")
@@ -343,7 +354,12 @@ def _changes(x: dict) -> str:
         if b["pick_changes"]:
             t += f" and change the {x['pick_label']} in {b['pick_changes']:.0%} of the samples"
         said.append(t + ")")
-    return "what would change it: " + ", then ".join(said)
+    text = "what would change it: " + ", then ".join(said)
+    if x.get("pick") and x.get("pick_share", 1.0) < 0.95 \
+            and not any(b["pick_changes"] for b in x["groups"].values()):
+        text += (f"; no group alone changes the {x['pick_label']}: it changes when they move "
+                 "together")
+    return text
 
 
 def lead_markdown(items: list[dict], band: dict | None) -> str:
