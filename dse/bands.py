@@ -42,6 +42,7 @@ from dse.build_select import KERNEL, encode
 from dse.catalog_tables import EFF_FIELDS
 
 DEFAULT_SAMPLES = 64          # `--bands N`'s default; 0 turns bands off
+GROUP_SAMPLES = 8             # samples per group for "what would change it" (draw_groups)
 PERCENTILES = (5.0, 50.0, 95.0)   # the 90% band and the median
 EFF = "accelerator.efficiency."
 # A fitted parameter whose log sd exceeds this (a factor e per sd) is one the data do not pin
@@ -52,6 +53,8 @@ EFF = "accelerator.efficiency."
 # value, and the bands' note counts such parameters.
 MAX_LOG_SD = 1.0
 GROUPS = ("gemm", "moe", "attention", "comm", "e2e")
+GROUP_NAMES = {"gemm": "GEMM", "moe": "MoE grouped-GEMM", "attention": "attention",
+               "comm": "collective", "e2e": "end-to-end overhead (layer/step)"}
 CATALOG = Path(catalog.__file__).resolve().parent
 
 
@@ -139,10 +142,8 @@ def coverage_note(fams=None) -> str:
     """One sentence: which parameter groups the bands sample and which are held exact."""
     fams = families() if fams is None else fams
     cov = coverage(fams)
-    names = {"gemm": "GEMM", "moe": "MoE grouped-GEMM", "attention": "attention",
-             "comm": "collective", "e2e": "end-to-end overhead (layer/step)"}
-    on = [names[g] for g in GROUPS if cov[g]]
-    off = [names[g] for g in GROUPS if not cov[g]]
+    on = [GROUP_NAMES[g] for g in GROUPS if cov[g]]
+    off = [GROUP_NAMES[g] for g in GROUPS if not cov[g]]
     text = ("bands sample the fitted " + (", ".join(on) or "(no)") + " parameters")
     if off:
         text += ("; " + ", ".join(off) + " parameters have no uncertainty in the catalog and "
@@ -198,6 +199,24 @@ def draw(n: int = DEFAULT_SAMPLES, seed: int = 0, fams=None) -> Draws:
     if fams is None:
         return _draw_cached(int(n), int(seed), _stamp())
     return _draw(n, seed, tuple(fams))
+
+
+def draw_groups(n: int, seed: int = 0, fams=None) -> tuple[tuple[str, ...], Draws]:
+    """For each group (GROUPS) that the catalog samples, ``n`` samples of that group's families
+    alone, every other parameter held at its fitted value: (the groups, one Draws of
+    ``len(groups) x n`` samples, group ``i``'s in samples ``i*n .. i*n+n-1``). Each family draws
+    the same numbers as in ``draw(n, seed)`` (``log_draws`` is seeded by the family), so a
+    group's samples are the full samples with the other groups switched off: scoring them says
+    which group moves a result most (what would change it)."""
+    fams = families() if fams is None else tuple(fams)
+    groups = tuple(g for g in GROUPS if any(f.group == g for f in fams))
+    if n < 1 or not groups:
+        raise ValueError("draw_groups needs n >= 1 and a sampled group")
+    parts = [_draw(n, seed, tuple(f for f in fams if f.group == g)) for g in groups]
+    kernel, eff = (np.concatenate([getattr(p, a) for p in parts]) for a in ("kernel", "eff"))
+    kernel.setflags(write=False)
+    eff.setflags(write=False)
+    return groups, Draws(n * len(groups), int(seed), kernel, eff, coverage_note(fams))
 
 
 @lru_cache(maxsize=4)
@@ -359,7 +378,7 @@ def ranking_words(p: float, a: str = "A", b: str = "B") -> str:
     return f"which of {a} and {b} is better is {NOT_RESOLVED} (P({a} better) = {p:.2f})"
 
 
-__all__ = ["DEFAULT_SAMPLES", "Draws", "Family", "GROUPS", "MAX_LOG_SD", "NOT_RESOLVED", "PERCENTILES",
-           "check_samples", "coverage", "coverage_note", "draw", "families", "frame_samples", "log_draws",
+__all__ = ["DEFAULT_SAMPLES", "Draws", "Family", "GROUPS", "GROUP_NAMES", "GROUP_SAMPLES", "MAX_LOG_SD", "NOT_RESOLVED", "PERCENTILES",
+           "check_samples", "coverage", "coverage_note", "draw", "draw_groups", "families", "frame_samples", "log_draws",
            "p_better", "ranking_words", "score_table", "sign_resolved", "sign_words",
            "space_samples", "stack", "summary", "text"]

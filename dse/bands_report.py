@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dse.bands import (draw, p_better, ranking_words, sign_resolved, sign_words, space_samples,
-                       summary, text)
+from dse.bands import (GROUP_NAMES, GROUP_SAMPLES, NOT_RESOLVED, draw, draw_groups, p_better,
+                       ranking_words, sign_resolved, sign_words, space_samples, summary, text)
 
 
 def _pct(v) -> str:
@@ -28,31 +28,91 @@ def _band(x) -> dict:
     return {"median": med, "lo": lo, "hi": hi}
 
 
+def by_group(x, groups: tuple, k: int) -> dict:
+    """Per parameter group (``draw_groups``: ``k`` samples each, in order), the band of a
+    per-sample statistic ``x`` with that group alone sampled, widest first: {group: {median,
+    lo, hi, spread}}."""
+    x = np.asarray(x, float)
+    out = {}
+    for i, g in enumerate(groups):
+        b = _band(x[i * k:(i + 1) * k])
+        s = b["hi"] - b["lo"]
+        out[g] = {**b, "spread": float(s) if np.isfinite(s) else 0.0}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["spread"]))
+
+
+def changes_words(groups: dict, fmt=_pct) -> str:
+    """``what would change it: the MoE grouped-GEMM parameters (alone -9.9%..-8.7%), then ...``
+    from ``by_group`` (the two widest groups that move it)."""
+    moving = [(g, b) for g, b in (groups or {}).items() if b["spread"] > 0]
+    if not moving:
+        return "what would change it: no fitted parameter group moves it on its own"
+    return "what would change it: " + ", then ".join(
+        f"the {GROUP_NAMES.get(g, g)} parameters (alone {fmt(b['lo'])}..{fmt(b['hi'])})"
+        for g, b in moving[:2])
+
+
+def _median_change(after, before):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ch = after / before - 1.0                                   # (samples, designs)
+    fin = np.where(np.isfinite(ch), ch, np.nan)
+    ok = np.isfinite(fin).any(axis=1)
+    per = np.full(len(ch), np.nan)
+    per[ok] = np.nanmedian(fin[ok], axis=1)
+    return ch, per
+
+
 def whatif_bands(space, ids, overrides: dict, n: int, seed: int = 0) -> dict:
     """The changes of a what-if under ``n`` parameter samples (one scorer call before, one
-    after, each over samples x front designs)."""
+    after, each over samples x front designs), and under each parameter group alone
+    (``GROUP_SAMPLES`` samples per group, two more calls): what would change it."""
     d = draw(n, seed)
+    groups, dg = draw_groups(min(n, GROUP_SAMPLES), seed)
+    k = dg.n // len(groups)
     vals = space.values_at(np.asarray(ids, np.int64))
     metrics = tuple(o.metric for o in space.objectives)
     before = space_samples(space, vals, d, None, metrics)
     after = space_samples(space, vals, d, overrides, metrics)
+    gb = space_samples(space, vals, dg, None, metrics)
+    ga = space_samples(space, vals, dg, overrides, metrics)
     cols, objs = {}, {}
     for m in metrics:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ch = after[m] / before[m] - 1.0                       # (samples, designs)
+        ch, per_sample = _median_change(after[m], before[m])
         med, lo, hi = summary(ch)
         cols[f"{m}_change_median"], cols[f"{m}_change_lo"], cols[f"{m}_change_hi"] = med, lo, hi
-        fin = np.where(np.isfinite(ch), ch, np.nan)
-        per_sample = np.nanmedian(fin, axis=1) if np.isfinite(fin).any() else \
-            np.full(len(ch), np.nan)
         b = _band(per_sample)
         unresolved = int(sum(not sign_resolved(a, z) for a, z in zip(lo, hi)
                              if np.isfinite(a) and np.isfinite(z)))
         objs[m] = {"median_change": b, "designs": int(ch.shape[1]),
                    "designs_sign_unresolved": unresolved,
-                   "words": sign_words(b["lo"], b["hi"], f"the sign of the change of {m}")}
+                   "words": sign_words(b["lo"], b["hi"], f"the sign of the change of {m}"),
+                   "groups": by_group(_median_change(ga[m], gb[m])[1], groups, k),
+                   "samples_per_group": k}
     return {"samples": int(n), "seed": int(seed), "note": d.note, "objectives": objs,
             "columns": pd.DataFrame(cols)}
+
+
+def whatif_headline(space, moved: pd.DataFrame, band: dict | None) -> list[str]:
+    """The what-if's first lines, one per objective: the median change over the front (its
+    range over the designs), with bands its 90% band, whether its sign is resolved and what
+    would change it; without, that bands are off."""
+    from dse.fields import label
+    out = []
+    for ob in space.objectives:
+        ch = moved[f"{ob.metric}_change"]
+        line = (f"- {label(ob.metric)}: median change **{np.nanmedian(ch) * 100:+.1f}%** "
+                f"(range {np.nanmin(ch) * 100:+.1f}% to {np.nanmax(ch) * 100:+.1f}% over the "
+                "front)")
+        o = (band or {}).get("objectives", {}).get(ob.metric)
+        if o is None:
+            out.append(line + "; uncertainty bands off (`--bands 0`)")
+            continue
+        b = o["median_change"]
+        sign = (o["words"] if o["words"] else "its sign is resolved (the band keeps one sign)")
+        out.append(f"{line}; with parameter uncertainty 90% band {_pct(b['lo'])}..{_pct(b['hi'])}"
+                   f" (median {_pct(b['median'])}, {band['samples']} samples); {sign}; "
+                   + changes_words(o.get("groups")))
+    return out
 
 
 def whatif_lines(band: dict) -> list[str]:
@@ -84,21 +144,52 @@ def _best_samples(run_dir, front: pd.DataFrame, metric: str, direction: str, d) 
 
 def compare_bands(c, dir_a, dir_b, n: int, seed: int = 0) -> dict:
     """For each objective of a Comparison ``c``: both runs' best designs under the same ``n``
-    samples, their bands and P(A's best beats B's best)."""
+    samples, their bands and P(A's best beats B's best); and B vs A under each parameter group
+    alone (what would change it)."""
     d = draw(n, seed)
+    groups, dg = draw_groups(min(n, GROUP_SAMPLES), seed)
+    k = dg.n // len(groups)
     objs = {}
     for o in c.objectives:
         ia, va, sa = _best_samples(dir_a, c.front_a, o.metric, o.direction, d)
         ib, vb, sb = _best_samples(dir_b, c.front_b, o.metric, o.direction, d)
+        ga = _best_samples(dir_a, c.front_a, o.metric, o.direction, dg)[2]
+        gb = _best_samples(dir_b, c.front_b, o.metric, o.direction, dg)[2]
         p = p_better(sa, sb, o.direction)
         with np.errstate(divide="ignore", invalid="ignore"):
             diff = sb / sa - 1.0
+            gdiff = gb / ga - 1.0
         objs[o.metric] = {"direction": o.direction,
                           "a": {"design_id": ia, "run_value": va, **_band(sa)},
                           "b": {"design_id": ib, "run_value": vb, **_band(sb)},
                           "b_vs_a_change": _band(diff), "p_a_better": p,
-                          "words": ranking_words(p)}
+                          "words": ranking_words(p),
+                          "groups": by_group(gdiff, groups, k), "samples_per_group": k}
     return {"samples": int(n), "seed": int(seed), "note": d.note, "objectives": objs}
+
+
+def compare_headline(c) -> list[str]:
+    """The comparison's first lines, one per objective: each run's best, B vs A, and with bands
+    their 90% bands, whether the ranking is resolved (P(A better)) and what would change it."""
+    from dse.fields import label
+    out = []
+    for x in c.objectives:
+        a, b = c.best[x.metric]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = b / a - 1.0 if a else np.nan
+        line = (f"- best {label(x.metric)} ({x.direction}): A **{a:.4g}**, B **{b:.4g}** "
+                f"(B vs A {_pct(rel)})")
+        o = (c.bands or {}).get("objectives", {}).get(x.metric)
+        if o is None:
+            out.append(line + "; uncertainty bands off (`--bands 0`)")
+            continue
+        ch, p = o["b_vs_a_change"], o["p_a_better"]
+        rank = o["words"] or (f"the ranking is resolved (P(A better) = {p:.2f})"
+                              if np.isfinite(p) else "")
+        out.append(f"{line}; with parameter uncertainty B vs A 90% band {_pct(ch['lo'])}.."
+                   f"{_pct(ch['hi'])} (median {_pct(ch['median'])}, {c.bands['samples']} "
+                   f"samples); {rank}; " + changes_words(o.get("groups")))
+    return out
 
 
 def compare_lines(band: dict) -> list[str]:
@@ -118,4 +209,5 @@ def compare_lines(band: dict) -> list[str]:
     return lines
 
 
-__all__ = ["compare_bands", "compare_lines", "whatif_bands", "whatif_lines"]
+__all__ = ["NOT_RESOLVED", "by_group", "changes_words", "compare_bands", "compare_headline",
+           "compare_lines", "whatif_bands", "whatif_headline", "whatif_lines"]

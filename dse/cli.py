@@ -270,8 +270,9 @@ def _compare(a) -> int:
     for w in c.warnings:
         print(f"dse: warning: {w}", file=sys.stderr)
     out = c.write(a.out or Path("runs") / f"compare-{Path(a.dir_a).name}-vs-{Path(a.dir_b).name}")
+    from dse.bands_report import compare_headline, compare_lines
+    print("\n".join(compare_headline(c)))       # first: each best with its band
     if c.bands:
-        from dse.bands_report import compare_lines
         print("\n".join(compare_lines(c.bands)).strip())
     print(f"wrote {out / 'index.html'}, {out / 'compare.md'}, {out / 'union_front.csv'}")
     print(out)
@@ -287,6 +288,7 @@ def _whatif(a) -> int:
     w = whatif(a.dir, a.set, a.scale, a.out, reoptimize=a.reoptimize, trials=a.trials,
                budget=budget, progress=not a.quiet, bands=a.bands)
     out = w.path
+    print("\n".join(w.headline))                # first: each change with its band
     if w.bands:
         from dse.bands_report import whatif_lines
         print("\n".join(whatif_lines(w.bands)).strip())
@@ -298,8 +300,9 @@ def _whatif(a) -> int:
 
 
 def _answer(a) -> int:
-    from dse.questions import answer_space
+    from dse.questions import answer_space, first_lines
     out = answer_space(a.space, a.out, a.run_dir, progress=not a.quiet, bands=a.bands)
+    print(first_lines(out))
     print(f"wrote {out / 'README.md'} (the answer), {out / 'index.html'} and figures")
     print(out)
     return 0

@@ -92,7 +92,8 @@ class Comparison:
         ref = "; ".join(f"{label(x.metric)} {(p if x.direction == 'minimize' else -p):.4g} "
                         f"(scale {sc:.4g})"
                         for x, p, sc in zip(self.objectives, self.reference, self.scale))
-        out = [f"# {self.name_a} (A) vs {self.name_b} (B)", ""]
+        from dse.bands_report import compare_headline
+        out = [f"# {self.name_a} (A) vs {self.name_b} (B)", "", *compare_headline(self), ""]
         out += [f"**Warning:** {w}" for w in self.warnings] + ([""] if self.warnings else [])
         out += [f"Hypervolume reference point (the same for both runs; each objective divided "
                 f"by its scale): {ref}.", "",

@@ -115,6 +115,26 @@ def expert_imbalance(out, f) -> np.ndarray:
     return np.where(np.isnan(given), np.where(f("model.num_experts") > 0, 0.0, 1.0), given)
 
 
+def scale_base(table, path: str) -> np.ndarray:
+    """The values a scale factor (``--scale PATH=F``, a ``{ scale = [...] }`` parameter)
+    multiplies: the column as resolved, with a blank ``serving.expert_imbalance`` replaced by
+    the published routing model it stands for (``dse.perf.imbalance.published_imbalance`` of
+    the row's ``layout.ep`` and experts), so that scaling a blank imbalance scales that default
+    (1.07 at EP 8 x 1.2 = 1.28). Rows where the model gives exactly 1 (dense models, ep = 1:
+    no imbalance between EP ranks exists) keep the blank, which stays 1 whatever the factor; a
+    disaggregated prefill pool with its own EP size takes the decode layout's scaled value."""
+    cur = np.asarray(table[path], dtype=float)
+    if path != "serving.expert_imbalance" or not np.isnan(cur).any():
+        return cur
+    from dse.perf.imbalance import published_imbalance
+    f = lambda c, d=0.0: np.asarray(_col(table, c, d), dtype=float)  # noqa: E731
+    pub = published_imbalance(f("layout.ep", 1.0), f("model.num_experts"),
+                              catalog.expert_load_cv())
+    pub = np.broadcast_to(pub, np.broadcast_shapes(pub.shape, cur.shape))
+    cur = np.broadcast_to(cur, pub.shape)
+    return np.where(np.isnan(cur) & (pub > 1.0), pub, cur)
+
+
 def tier_columns(out, f) -> dict:
     """The offload tier of serving.kv_offload (bytes and bandwidth per chip) and the shared
     prefix."""

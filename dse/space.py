@@ -31,6 +31,7 @@ from dse import validate
 from dse.design import SECTIONS, flatten, read_toml
 from dse.errors import InputError, suggest
 from dse.fields import LIMITS, REGISTRY, legacy_columns, scale_column
+from dse.mechanisms import scale_base
 from dse.perf import METRICS, Batch
 from dse.resolved import Resolved
 
@@ -250,8 +251,8 @@ class Space:
         for p in self.parameters:
             if p in structural or p.path not in vals:
                 continue
-            if p.scale:
-                table[p.path] = np.asarray(table[p.path], dtype=float) * np.asarray(vals[p.path], float)
+            if p.scale:      # a blank defaulted field scales its default (mechanisms.scale_base)
+                table[p.path] = scale_base(table, p.path) * np.asarray(vals[p.path], float)
             else:
                 table[p.path] = (np.asarray(vals[p.path], dtype=float)
                                  if p.path not in STRING_VALUED else vals[p.path])
@@ -259,7 +260,8 @@ class Space:
                              if p.scale and p.path in vals)
         for path, (op, value) in (overrides or {}).items():   # what-ifs: ("set"|"scale", x)
             cur = np.asarray(table[path], dtype=float)
-            table[path] = np.full_like(cur, value) if op == "set" else cur * value
+            table[path] = np.full_like(cur, value) if op == "set" else \
+                scale_base(table, path) * value
             scaled_feeders |= path in FEEDERS
         if scaled_feeders:
             derive_system(table, keep=(explicit | {k for k in (overrides or {})}) & set(DERIVED))

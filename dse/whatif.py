@@ -29,6 +29,7 @@ from dse import pareto, runs, validate
 from dse.build import settable_paths
 from dse.errors import InputError, suggest
 from dse.fields import REGISTRY
+from dse.mechanisms import scale_base
 from dse.perf import score
 from dse.space import load_space
 
@@ -118,8 +119,15 @@ def check_overrides(space, overrides: dict) -> None:
     for path, (op, v) in overrides.items():
         if isinstance(v, str):
             continue
+        if op == "scale" and path == "serving.expert_imbalance" \
+                and not (table["model.num_experts"].to_numpy(dtype=float) > 0).any():
+            raise InputError(f"--scale {path}: the run's model {row.get('model.id', '')!r} is "
+                             "dense (no routed experts), so it has no expert imbalance to scale",
+                             where="--scale", hint="scale it on a run of an MoE model, or "
+                             f"--set {path}=VALUE")
         cur = table[path].to_numpy(dtype=float)
-        table[path] = np.full_like(cur, v) if op == "set" else cur * v
+        table[path] = np.full_like(cur, v) if op == "set" else \
+            scale_base(table, path) * v
     try:
         validate.check_table(table, columns=list(overrides))
     except InputError as e:
@@ -181,6 +189,8 @@ class WhatIf:
     sensitivities: pd.DataFrame   # elasticity of each objective per spec, median over the front
     reoptimized: dict | None = None   # with ``reoptimize``: the new run and its comparison
     bands: dict | None = None     # with bands: each objective's median change and 90% band
+    headline: tuple = ()          # the first lines (whatif.md, the terminal): each objective's
+    # median change over the front, its 90% band, sign resolved or not, what would change it
 
 
 def make_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
@@ -253,7 +263,9 @@ def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress
         runs.write_front(o, new_front, space.objectives, space.columns)
     sens = sensitivities(space, ids)
     _write(o, space, overrides, moved, new_front, ok, sens, res, band)
-    return WhatIf(o, overrides, moved, pd.read_csv(o / "front.csv"), sens, res, band)
+    from dse.bands_report import whatif_headline
+    return WhatIf(o, overrides, moved, pd.read_csv(o / "front.csv"), sens, res, band,
+                  tuple(whatif_headline(space, moved, band)))
 
 
 def sensitivities(space, ids, step: float = 0.2) -> pd.DataFrame:
@@ -362,17 +374,6 @@ def _reopt_plot(o: Path, res: dict, space) -> Path:
     return f
 
 
-def _band(moved, metric: str) -> str:
-    """A headline's uncertainty band when the re-scoring carried one (columns
-    ``<metric>_change_lo`` / ``_hi`` / ``_median``: median and 90% band ``lo..hi``), else ""."""
-    lo, hi = f"{metric}_change_lo", f"{metric}_change_hi"
-    if lo not in moved or hi not in moved:
-        return ""
-    med = moved.get(f"{metric}_change_median", moved[f"{metric}_change"])
-    return (f"; with parameter uncertainty median {np.nanmedian(med) * 100:+.1f}%, 90% band "
-            f"{np.nanmedian(moved[lo]) * 100:+.1f}%..{np.nanmedian(moved[hi]) * 100:+.1f}%")
-
-
 def _write(o, space, overrides, moved, new_front, ok, sens, res=None, band=None):
     from dse import pages
     from dse.fields import label
@@ -380,11 +381,8 @@ def _write(o, space, overrides, moved, new_front, ok, sens, res=None, band=None)
              "Overrides: " + describe_overrides(overrides), "",
              f"- front designs re-scored: {len(moved)}; still feasible: {int(ok.sum())}; "
              f"non-dominated after the change: {len(new_front)}"]
-    for ob in space.objectives:
-        ch = moved[f"{ob.metric}_change"]
-        lines.append(f"- {label(ob.metric)}: median change **{np.nanmedian(ch) * 100:+.1f}%** "
-                     f"(range {np.nanmin(ch) * 100:+.1f}% to {np.nanmax(ch) * 100:+.1f}%)"
-                     + _band(moved, ob.metric))
+    from dse.bands_report import whatif_headline
+    lines += whatif_headline(space, moved, band)
     if band is not None:
         from dse.bands_report import whatif_lines
         lines += whatif_lines(band)

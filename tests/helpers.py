@@ -129,3 +129,25 @@ def brute_front(space) -> set:
     F = pareto.objective_matrix(s, space.objectives)[ok]
     return set(idx[ok][pareto.nondominated(F)].tolist())
 
+
+
+def check_first_lines(out: Path) -> None:
+    """A worked answer written with bands off (``tests/conftest.py`` ``answered``) leads with its
+    Lead numbers: each is the flattened answer number it names, the README's, summary.md's and
+    the terminal's first lines give it, and they say that bands are off."""
+    import json
+
+    from dse.questions import first_lines
+    from dse.questions._bands import _flat, value_text
+    doc = json.loads((out / "answer.json").read_text())
+    flat = _flat(doc["numbers"])
+    assert doc["lead"], "the answer names no Lead number"
+    lines = first_lines(out).splitlines()
+    assert len(lines) == len(doc["lead"])
+    for x, line in zip(doc["lead"], lines):
+        assert x["nominal"] == flat[x["key"]], x["key"]
+        assert line.startswith(f"- **{x['label']}: {value_text(x['nominal'], x['unit'])}**")
+        assert "uncertainty bands off, `--bands 0`" in line
+    readme = (out / "README.md").read_text()
+    assert readme.split("## Answer\n\n", 1)[1].startswith(lines[0])
+    assert (out / "summary.md").read_text().startswith("## Answer\n\n" + lines[0])

@@ -216,6 +216,7 @@ def test_whatif_bands_and_bands_off(run, tmp_path, capsys):
     off, on = tmp_path / "off", tmp_path / "on"
     args = ["whatif", str(run), "--scale", "accelerator.hbm_bw_bytes_per_s=1.5", "--quiet"]
     assert main(args + ["--out", str(off), "--bands", "0"]) == 0
+    assert "; uncertainty bands off (`--bands 0`)" in capsys.readouterr().out.splitlines()[0]
     assert main(args + ["--out", str(on), "--bands", "8"]) == 0
     assert "Uncertainty bands" not in (off / "whatif.md").read_text()
     assert not (off / "bands.json").exists()
@@ -227,10 +228,23 @@ def test_whatif_bands_and_bands_off(run, tmp_path, capsys):
         assert b["lo"] <= b["median"] <= b["hi"], m
     # the nominal lines (before, after, change) are the same with and without bands
     nominal = [ln.split("; with parameter uncertainty")[0] for ln in md.splitlines()
-               if "median change" in ln and "median change over the front" not in ln]
-    assert nominal == [ln for ln in (off / "whatif.md").read_text().splitlines()
-                       if "median change" in ln]
-    assert "usd_per_mtok_output: median change over the front" in capsys.readouterr().out
+               if "median change **" in ln]
+    off_lines = [ln for ln in (off / "whatif.md").read_text().splitlines()
+                 if "median change **" in ln]
+    assert all(ln.endswith("; uncertainty bands off (`--bands 0`)") for ln in off_lines)
+    assert nominal == [ln.split("; uncertainty bands off")[0] for ln in off_lines]
+    out = capsys.readouterr().out
+    # the terminal leads with each objective's change and its band, then the band details
+    first = out.index("median change **")
+    assert first < out.index("Uncertainty bands") < out.index("wrote ")
+    lead = [ln for ln in out.splitlines() if "median change **" in ln and "90% band" in ln]
+    assert len(lead) == len(band["objectives"])
+    for ln, (m, o) in zip(lead, band["objectives"].items()):
+        b = o["median_change"]
+        assert f"90% band {b['lo'] * 100:+.1f}%..{b['hi'] * 100:+.1f}%" in ln, m
+        assert "what would change it: the " in ln
+        assert ("its sign is resolved" in ln) == (not o["words"]), m
+    assert "usd_per_mtok_output: median change over the front" in out
 
 
 def test_compare_a_run_with_itself_is_not_resolved(run, tmp_path, capsys):
@@ -278,6 +292,19 @@ def test_answer_numbers_get_bands(tmp_path):
         if "median" in b and np.isfinite(b["median"]):
             assert b["lo"] <= b["median"] <= b["hi"], k
     assert "**Uncertainty bands** (4 parameter samples" in (out / "README.md").read_text()
+    # the first lines: the lead number, its band from the same samples, resolution, attribution
+    from dse.questions import first_lines
+    lead = doc["lead"][0]
+    b = nums[lead["key"]]
+    assert (lead["lo"], lead["median"], lead["hi"]) == (b["lo"], b["median"], b["hi"])
+    assert lead["samples_per_group"] == 4 and set(lead["groups"]) <= set(B.GROUPS)
+    spreads = [g["spread"] for g in lead["groups"].values()]
+    assert spreads == sorted(spreads, reverse=True)
+    first = first_lines(out).splitlines()[0]
+    assert "90% band" in first and "what would change it: the " in first
+    assert ("the ranking is resolved" in first) == (lead["pick_share"] >= 0.95)
+    readme = (out / "README.md").read_text()
+    assert readme.split("## Answer\n\n", 1)[1].startswith(first)
 
 
 def test_end_to_end_log_sd_is_read_when_the_catalog_has_it(tmp_path, monkeypatch):
@@ -303,3 +330,73 @@ def test_end_to_end_log_sd_is_read_when_the_catalog_has_it(tmp_path, monkeypatch
     # the shipped catalog: the fit's bootstrap table (dse.fit) for the shared default
     fams = [f for f in B.families() if f.group == "e2e"]
     assert fams and fams[0].params == ("layer_overhead_s", "step_overhead_s")
+
+
+# ------------------------------------------------------------------ first lines
+
+def test_group_draws_are_the_full_draws_with_the_other_groups_held():
+    groups, dg = B.draw_groups(4, 0)
+    full = B.draw(4, 0)
+    assert dg.n == 4 * len(groups) and set(groups) <= set(B.GROUPS)
+    T = __import__("dse.catalog_tables", fromlist=["tables"]).tables()
+    kpos = {k: j for j, k in enumerate(T.kernel_keys)}
+    for i, g in enumerate(groups):
+        mine = {kpos[p] for f in B.families() if f.group == g for p in f.params if p in kpos}
+        ker = dg.kernel[i * 4:(i + 1) * 4]
+        others = [j for j in range(ker.shape[-1]) if j not in mine]
+        assert (ker[..., others] == 1.0).all(), g             # every other group held
+        if mine and g != "e2e":
+            idx = sorted(mine)
+            np.testing.assert_array_equal(ker[..., idx], full.kernel[..., idx])
+    if "e2e" in groups:
+        i = groups.index("e2e")
+        np.testing.assert_array_equal(dg.eff[i * 4:(i + 1) * 4], full.eff)
+
+
+def _lead_answer():
+    from dse.questions import Answer, Lead
+    return Answer("- x", numbers={"m": {"cost": 2.0, "design": 7}, "change": -1.0},
+                  lead=(Lead("m.cost", "Price", "$/Mtok", pick="m.design", pick_label="design"),
+                        Lead("change", "Cost change", "%", versus=0.0)))
+
+
+def test_first_lines_give_the_band_the_resolution_and_what_changes_it():
+    from dse.questions import _bands
+    ans = _lead_answer()
+    cost = [1.8, 1.9, 2.0, 2.1, 2.2, 2.0, 2.0, 2.05, 1.95, 2.3]
+    values = {"m.cost": cost, "m.design": [7.0] * 6 + [9.0] * 4,
+              "change": [-1.0, -0.5, 0.4, -2.0, -1.5, -1.0, -0.2, -0.8, -1.1, -0.9]}
+    attr = {"samples_per_group": 4, "groups": {
+        "gemm": {"m.cost": [2.0, 2.01, 1.99, 2.0], "m.design": [7.0] * 4,
+                 "change": [-1.0] * 4},
+        "moe": {"m.cost": [1.8, 2.3, 2.0, 1.9], "m.design": [7.0, 9.0, 7.0, 7.0],
+                "change": [-0.5, -1.5, -1.0, -1.2]}}}
+    items = _bands.leads(ans, values, attr)
+    lo, med, hi = np.percentile(cost, [5, 50, 95])
+    a = items[0]
+    assert (a["lo"], a["median"], a["hi"]) == pytest.approx((lo, med, hi))
+    assert a["pick_share"] == pytest.approx(0.6)
+    assert list(a["groups"]) == ["moe", "gemm"]               # the widest first
+    assert a["groups"]["moe"]["pick_changes"] == pytest.approx(0.25)
+    text = _bands.lead_markdown(items, None).splitlines()
+    assert text[0].startswith("- **Price: $2/Mtok**, 90% band $")
+    assert f"which design wins is {B.NOT_RESOLVED} (7 in 60%, 9 in 40%" in text[0]
+    assert "what would change it: the MoE grouped-GEMM parameters" in text[0]
+    assert text[0].index("MoE grouped-GEMM") < text[0].index("then the GEMM")
+    # the change's band crosses 0: its sign is said not resolved
+    assert f"whether it is above or below 0% is {B.NOT_RESOLVED}" in text[1]
+    values["change"] = [v - 1.0 for v in values["change"]]
+    resolved = _bands.lead_markdown(_bands.leads(ans, values, attr), None).splitlines()[1]
+    assert "its sign is resolved (the band stays below 0%)" in resolved
+    values["m.design"] = [7.0] * 10
+    first = _bands.lead_markdown(_bands.leads(ans, values, attr), None).splitlines()[0]
+    assert "the ranking is resolved (design 7 wins in 100% of the samples)" in first
+
+
+def test_first_lines_with_bands_off_say_so():
+    from dse.questions import _bands
+    text = _bands.lead_markdown(_bands.leads(_lead_answer()), None).splitlines()
+    assert text == ["- **Price: $2/Mtok** (uncertainty bands off, `--bands 0`: no band, no "
+                    "resolution, no attribution)",
+                    "- **Cost change: -1.0%** (uncertainty bands off, `--bands 0`: no band, no "
+                    "resolution, no attribution)"]

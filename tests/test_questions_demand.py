@@ -135,3 +135,10 @@ def test_token_prices_without_pricing_file(tmp_path):
     n = json.loads((out / "answer.json").read_text())["numbers"]
     assert n["pricing_file_found"] is False and n["public_ratio_median"] is None
     shutil.rmtree(tmp_path / "run", ignore_errors=True)
+
+
+@pytest.mark.parametrize("name", ["fast-mode", "batch-floors", "rack-throughput",
+                                  "token-prices"])
+def test_first_lines_lead_with_the_headline_number(answered, name):
+    from helpers import check_first_lines
+    check_first_lines(answered(name)[0])

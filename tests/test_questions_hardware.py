@@ -222,3 +222,10 @@ def test_more_hbm_bandwidth_never_raises_cost():
     assert (after["feasible"].to_numpy() == ok).all()
     assert (after["usd_per_mtok_output"].to_numpy()[ok]
             <= before["usd_per_mtok_output"].to_numpy()[ok] * (1 + 1e-12)).all()
+
+
+@pytest.mark.parametrize("name", ["context-length", "ep-domain", "rack-size",
+                                  "pipeline-racks", "pipeline-racks-moe", "hardware-value"])
+def test_first_lines_lead_with_the_headline_number(answered, name):
+    from helpers import check_first_lines
+    check_first_lines(answered(name)[0])

@@ -23,3 +23,9 @@ def test_redundant_experts_never_matter_under_perfect_balance_and_help_under_imb
 def test_a_host_tier_never_makes_a_design_that_fits_more_expensive(answered):
     _, n = answered("kv-tiers")
     assert all(v is None or v >= 1.0 - 1e-9 for v in n["tier_worth"].values())
+
+
+@pytest.mark.parametrize("name", ["rack-goodput", "eplb-ep72", "kv-tiers"])
+def test_first_lines_lead_with_the_headline_number(answered, name):
+    from helpers import check_first_lines
+    check_first_lines(answered(name)[0])

@@ -229,3 +229,48 @@ def test_bad_reoptimize_input_exits_2_and_touches_nothing(small, tmp_path, capsy
     left = sorted(str(f.relative_to(tmp_path / "wi")) for f in (tmp_path / "wi").rglob("*")) \
         if (tmp_path / "wi").exists() else []
     assert left == (["run", "run/x"] if case == "taken" else [])
+
+
+# ---------------------------------------------------------------- scaling a blank default
+
+def test_scaling_a_blank_expert_imbalance_scales_the_published_default():
+    # issue 11: a blank serving.expert_imbalance is the published routing model of the row's
+    # EP size; --scale multiplies that default (it did nothing: NaN x 1.2 stayed blank)
+    from dse import catalog
+    from dse.perf import score_chunked
+    from dse.perf.imbalance import published_imbalance
+    from dse.space import load_space
+    space = load_space(str(ROOT / "spaces" / "questions" / "rack-goodput.toml"))
+    ids = np.arange(space.size)
+    vals = space.values_at(ids)
+    path = "serving.expert_imbalance"
+    b0, t0 = space.batch_from_values(vals)
+    b1, t1 = space.batch_from_values(vals, {path: ("scale", 1.2)})
+    ep = np.broadcast_to(np.asarray(t1["layout.ep"], float), (len(ids),))
+    got = np.broadcast_to(np.asarray(t1[path], float), (len(ids),))
+    pub = published_imbalance(ep, 256.0, catalog.expert_load_cv())
+    moe = ep > 1
+    np.testing.assert_allclose(got[moe], 1.2 * pub[moe], rtol=1e-12)
+    assert np.isnan(got[~moe]).all()                 # ep = 1: no imbalance between ranks
+    assert abs(pub[ep == 8][0] - 1.07) < 0.01         # the field's documented default
+    s0, s1 = score_chunked(b0), score_chunked(b1)
+    ok = np.isfinite(s0["tpot_s"]) & np.isfinite(s1["tpot_s"])
+    assert (s1["tpot_s"][ok & moe] > s0["tpot_s"][ok & moe]).all()    # slower busiest rank
+    np.testing.assert_array_equal(s1["tpot_s"][ok & ~moe], s0["tpot_s"][ok & ~moe])
+    # the same as setting the scaled default by hand on one EP-8 design
+    i = int(np.flatnonzero(ep == 8)[0])
+    one = {k: np.asarray(v)[i:i + 1] for k, v in vals.items()}
+    by_hand = score_chunked(space.batch_from_values(one, {path: ("set", 1.2 * pub[i])})[0])
+    scaled = score_chunked(space.batch_from_values(one, {path: ("scale", 1.2)})[0])
+    for m in ("tpot_s", "usd_per_mtok_output", "ttft_s"):
+        np.testing.assert_allclose(scaled[m], by_hand[m], rtol=1e-12)
+
+
+def test_scaling_the_expert_imbalance_of_a_dense_model_is_refused(run, tmp_path, capsys):
+    before = _hashes(run)
+    rc = main(["whatif", str(run), "--scale", "serving.expert_imbalance=1.2",
+               "--out", str(tmp_path / "wi"), "--quiet", "--bands", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "dense" in err and "serving.expert_imbalance" in err and "Traceback" not in err
+    assert _hashes(run) == before and not (tmp_path / "wi").exists()

@@ -32,12 +32,33 @@ from dse.perf import score_chunked
 QUESTIONS_DIR = Path(__file__).resolve().parents[2] / "spaces" / "questions"
 
 
+@dataclass(frozen=True)
+class Lead:
+    """The number an answer leads with: its first lines give it with its 90% band, whether the
+    ranking or sign it states is resolved, and what would change it (``_bands.leads``).
+
+    ``key``: a flattened key of ``Answer.numbers`` (``"fast.design_id"``); ``unit``: ``x``
+    (a multiple), ``%`` (a value already in percent), ``share`` (a fraction shown as percent),
+    ``$/Mtok`` or any unit written after the number; ``pick``: the flattened key of the choice
+    the number belongs to (a design id, the best domain): the ranking is resolved when the same
+    choice wins in the samples; ``versus``: the value whose side the answer states (0 for a
+    change, 1 for a ratio): the sign is resolved when the band stays on one side of it."""
+
+    key: str
+    label: str
+    unit: str = ""
+    pick: str = ""
+    pick_label: str = "pick"
+    versus: float | None = None
+
+
 @dataclass
 class Answer:
     headline: str                                   # Markdown: the answer, in numbers
     details: str = ""                               # Markdown: method, tables, caveats
     numbers: dict = field(default_factory=dict)     # the headline figures (JSON-able)
     figures: list = field(default_factory=list)     # file names written under ctx.out
+    lead: tuple = ()                                # Lead(s): the numbers the first lines give
 
 
 @dataclass
@@ -135,15 +156,29 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
     make_report(str(d), str(o))
     front = open_run(d).front
     ans = mod.answer(Context(space, d, o, spec, front))
-    band = None
+    from dse.questions import _bands
+    band, values, attr = None, None, None
     if bands:
-        from dse.questions import _bands
-        got = _bands.sampled_answers(
-            mod, lambda f, tmp, sample: Context(space, d, tmp, spec, f, sample), space, front,
-            bands, seed, progress)
+        def make(f, tmp, sample):
+            return Context(space, d, tmp, spec, f, sample)
+        got = _bands.sampled_answers(mod, make, space, front, bands, seed, progress)
         band = _bands.summarize(ans.numbers, got["values"], bands, seed, got["draws"].note)
-    _write(o, space, ans, d, previous, band)
+        values = got["values"]
+        if ans.lead:
+            attr = _bands.attribution(mod, make, space, front, bands, seed, progress)
+    lead = _bands.leads(ans, values, attr)
+    _write(o, space, ans, d, previous, band, lead)
     return o
+
+
+def first_lines(out) -> str:
+    """The first lines of a written answer (``OUT/answer.json``): its lead numbers with their
+    bands, resolution and what would change them, as the terminal prints them."""
+    try:
+        doc = json.loads((Path(out) / "answer.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    return str(doc.get("first_lines", "")).strip()
 
 
 # what changed in the model since the previous published answers (said in every answer that moved)
@@ -212,15 +247,14 @@ def moved(previous: dict | None, ans: Answer, limit: int = 12) -> str:
 
 
 def _write(o: Path, space, ans: Answer, d: Path, previous: dict | None = None,
-           band: dict | None = None) -> None:
+           band: dict | None = None, lead: list | None = None) -> None:
+    from dse.questions._bands import lead_markdown, markdown
     q = space.question.strip()
     cmd = f"dse answer {_rel(space.file)}"
-    if band is not None:
-        from dse.questions._bands import markdown
-        band_md = markdown(band)
-    else:
-        band_md = ""
-    md = (f"# {space.name}\n\n**Question.** {q}\n\n## Answer\n\n{ans.headline.strip()}\n\n"
+    band_md = markdown(band) if band is not None else ""
+    first = lead_markdown(lead or [], band)
+    top = (first + "\n\n" if first else "") + ans.headline.strip()
+    md = (f"# {space.name}\n\n**Question.** {q}\n\n## Answer\n\n{top}\n\n"
           + (band_md + "\n" if band_md else "")
           + moved(previous, ans)
           + (f"{ans.details.strip()}\n\n" if ans.details.strip() else "")
@@ -230,20 +264,21 @@ def _write(o: Path, space, ans: Answer, d: Path, previous: dict | None = None,
     (o / "README.md").write_text(md)
     (o / "answer.json").write_text(json.dumps(
         {"space": _rel(space.file), "analysis": space.answer.get("analysis"),
-         "question": q, "headline": ans.headline.strip(), "numbers": ans.numbers,
+         "question": q, "first_lines": first, "lead": lead or [],
+         "headline": ans.headline.strip(), "numbers": ans.numbers,
          **({"bands": band} if band is not None else {}),
          **({"moved_from": previous} if previous else {})},
         indent=2, default=_json_default) + "\n")
     summary = o / "summary.md"
     if summary.is_file():
-        summary.write_text(f"## Answer\n\n{ans.headline.strip()}\n\n"
+        summary.write_text(f"## Answer\n\n{top}\n\n"
                            + (band_md + "\n" if band_md else "")
                            + "(details: README.md)\n\n" + summary.read_text())
     page = o / "index.html"
     if page.is_file():
         text = page.read_text()
         block = ("<section id='answer' style='border:2px solid #2a6;padding:0.6em 1em;margin:1em 0'>"
-                 f"<h2>Answer</h2><div>{markdown_html(ans.headline.strip())}"
+                 f"<h2>Answer</h2><div>{markdown_html(top)}"
                  "</div>" + (f"<div class='bands'>{markdown_html(band_md)}</div>"
                              if band_md else "")
                  + "".join(f"<img src='data:image/png;base64,{_b64(o / f)}' "

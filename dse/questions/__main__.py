@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from dse.errors import InputError
-from dse.questions import QUESTIONS_DIR, answer_space
+from dse.questions import QUESTIONS_DIR, answer_space, first_lines
 
 
 def main(argv=None) -> int:
@@ -39,6 +39,9 @@ def main(argv=None) -> int:
             print(f"dse: error: {e}", file=sys.stderr)
             return 2
         print(f"{f.stem}: {out} ({time.monotonic() - t0:.1f} s)")
+        lines = first_lines(out)
+        if lines:
+            print(lines)
     if not a.names:
         write_index(Path("reports"), files)
     return 0
@@ -55,8 +58,9 @@ def write_index(reports: Path, files) -> None:
         if not j.is_file():
             continue
         doc = json.loads(j.read_text())
+        first = doc.get("first_lines", "")
         parts.append(f"## [{f.stem}]({f.stem}/README.md)\n\n*{doc.get('question', '')}*\n\n"
-                     f"{doc.get('headline', '')}\n")
+                     + (f"{first}\n\n" if first else "") + f"{doc.get('headline', '')}\n")
     (reports / "README.md").write_text("\n".join(parts))
 
 

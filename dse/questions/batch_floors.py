@@ -24,7 +24,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dse.perf import OPS, score
-from dse.questions import Answer, Context
+from dse.questions import Answer, Context, Lead
 from dse.questions._common import (
     admissible,
     describe,
@@ -231,4 +231,8 @@ time above memory and network time (the scorer's `bound`).
     numbers = {"within_fraction": within, "models": {r["model"]: _number(r) for r in res},
                "dense_model": dense["model"], "sparse_model": sparse["model"],
                "sparse_over_dense_optimal_batch": float(sparse["opt"][BATCH] / dense["opt"][BATCH])}
-    return Answer("\n".join(head), details, numbers, figs)
+    lead = tuple(Lead(f"models.{r['model']}.optimal_batch", f"{r['model']}: cost within "
+                      f"{within:.0%} of its floor from batch", "sequences",
+                      pick=f"models.{r['model']}.optimal_design_id", pick_label="design")
+                 for r in res)
+    return Answer("\n".join(head), details, numbers, figs, lead)

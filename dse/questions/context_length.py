@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from dse.perf import OPS
-from dse.questions import Answer, Context
+from dse.questions import Answer, Context, Lead
 from dse.questions._common import (
     admissible,
     layout_text,
@@ -341,4 +341,8 @@ def answer(ctx: Context) -> Answer:
     figs = _figures(ctx, best, split, free, sweep, ref, slo)
     ctx.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(ctx.out / "best-per-context.csv", index=False)
-    return Answer("\n".join(headline), details, numbers, figs)
+    lead = (Lead("output_price_step", f"Output price step of a "
+                 f"{numbers['long_context_tokens'] / 1024:.0f}k-token prompt over "
+                 f"{numbers['short_context_tokens'] / 1024:.0f}k", "x",
+                 pick="long_best_design_id", pick_label="long-context design", versus=1.0),)
+    return Answer("\n".join(headline), details, numbers, figs, lead)

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.questions import Answer, Context
+from dse.questions import Answer, Context, Lead
 from dse.questions._common import (admissible, md_frame, op_times, param_values, pyplot,
                                    save, slo_text)
 
@@ -303,4 +303,6 @@ def answer(ctx: Context) -> Answer:
         "ep < tp x dp.",
     ])
     fig = _figure(ctx, cheap, fast, slo)
-    return Answer("\n".join(head), details, numbers, [fig])
+    lead = (Lead("cheapest_inside_usd_per_mtok_output", "Price at the cheapest domain", "$/Mtok",
+                 pick="cheapest_inside_domain", pick_label="domain (chips)"),)
+    return Answer("\n".join(head), details, numbers, [fig], lead)

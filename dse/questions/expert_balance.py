@@ -11,7 +11,7 @@ routed experts' step; ``r`` slots over ``ep`` ranks leave the excess ``(imb - 1)
 
 from __future__ import annotations
 
-from dse.questions import Answer, Context
+from dse.questions import Answer, Context, Lead
 from dse.questions._common import admissible, describe, md_table
 
 COST = "usd_per_mtok_output"
@@ -65,4 +65,10 @@ effect is the model's stated rule, not a measurement.
 
 {table}
 """
-    return Answer(head, details, {"by_imbalance_and_slots": gains}, [])
+    numbers = {"by_imbalance_and_slots": gains, "top_imbalance": top_imb,
+               "slots_at_top_imbalance": int(reds[-1]),
+               "price_cut_at_top_imbalance": float(lo[COST] / hi[COST])}
+    lead = (Lead("price_cut_at_top_imbalance", f"Price cut by the best redundant slots at "
+                 f"imbalance {top_imb:g}", "x", pick="slots_at_top_imbalance",
+                 pick_label="slot count", versus=1.0),)
+    return Answer(head, details, numbers, [], lead)

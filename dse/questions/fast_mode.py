@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from dse import pareto
-from dse.questions import Answer, Context
+from dse.questions import Answer, Context, Lead
 from dse.questions._common import admissible, describe, md_table, pyplot, save
 
 COST = "usd_per_mtok_output"
@@ -189,7 +189,9 @@ bound: 0 compute, 1 memory, 2 network, 3 capacity (decode step).
                "table": {f"{x:g}": {"multiple": multiple(df, base, x)[1],
                                     "multiple_from_cost_optimum": multiple(df, opt, x)[1]}
                          for x in speedups}}
-    return Answer(head, details, numbers, figs)
+    lead = (Lead("multiple", f"Fast mode ({speedup:g}x the speed) costs", "x",
+                 pick="fast.design_id", pick_label="fast design"),)
+    return Answer(head, details, numbers, figs, lead)
 
 
 def _numbers(row) -> dict:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dse.questions import Answer, Context
+from dse.questions import Answer, Context, Lead
 from dse.questions._common import admissible, describe, md_table
 
 GOOD = "goodput_requests_per_s_per_chip"
@@ -68,4 +68,6 @@ concurrency that fits with a stable prefill queue.
                "saturation_requests_per_s_per_rack": float(best["saturation_per_rack"]),
                "usd_per_mtok_at_goodput": float(best["usd_per_mtok_at_goodput"]),
                "design_id": int(best["design_id"])}
-    return Answer(head, details, numbers, [])
+    lead = (Lead("goodput_requests_per_s_per_rack", "Goodput of one rack",
+                 "requests/s per rack", pick="design_id", pick_label="design"),)
+    return Answer(head, details, numbers, [], lead)

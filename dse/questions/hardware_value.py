@@ -18,7 +18,7 @@ import pandas as pd
 
 from dse import catalog, pareto
 from dse.perf import BOUNDS
-from dse.questions import Answer, Context
+from dse.questions import Answer, Context, Lead
 from dse.questions._common import layout_text, md_frame, pyplot, save
 
 COST = "usd_per_mtok_output"
@@ -200,4 +200,8 @@ def answer(ctx: Context) -> Answer:
     ])
     fig = _figure(ctx, tab)
     tab.to_csv(ctx.out / "upgrade-value.csv", index=False)
-    return Answer("\n".join(head), details, numbers, [fig])
+    first = tab[(tab["slo"] == slos[0]) & (tab["upgrade"] != "baseline")]["upgrade"] \
+        if slos else []
+    lead = tuple(Lead(f"{slos[0]}.{u}.cost_change_pct", f"{u} at {slos[0]}: cost per token",
+                      "%", versus=0.0) for u in first)
+    return Answer("\n".join(head), details, numbers, [fig], lead)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dse.questions import Answer, Context
+from dse.questions import Answer, Context, Lead
 from dse.questions._common import admissible, md_table
 
 COST = "usd_per_request"
@@ -89,4 +89,10 @@ prefixes outgrow free HBM: long contexts and large batches.
 
 {table}
 """
-    return Answer("\n".join(lines), details, {"tier_worth": worth}, [])
+    longest = {}
+    for key in worth:
+        acc, isl = key.rsplit("/", 1)
+        longest[acc] = max(longest.get(acc, 0), int(isl))
+    lead = tuple(Lead(f"tier_worth.{a}/{i}", f"{a}: a KV tier at {i:,}-token prompts (cost per "
+                      "request without / with it)", "x", versus=1.0) for a, i in longest.items())
+    return Answer("\n".join(lines), details, {"tier_worth": worth}, [], lead)

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.questions import Answer, Context
+from dse.questions import Answer, Context, Lead
 from dse.questions._common import (admissible, md_frame, op_times, param_values, pyplot,
                                    save, slo_text)
 
@@ -305,4 +305,10 @@ def answer(ctx: Context) -> Answer:
         "micro-batches and the receiving side's all-gather of the tp slices are not modelled.",
     ])
     fig = _figure(ctx, f, best, share)
-    return Answer("\n".join(head), details, numbers, [fig])
+    lead = (Lead("max_hop_share_feasible", f"Largest hop share of the stage step at "
+                 f"{ref_lat * 1e6:g} us per hop", "share", pick="worst_design_id",
+                 pick_label="most exposed design"),
+            Lead("best_cost_increase_at_slowest_bw_pct", f"Best cost under the SLO at "
+                 f"{gb(lo_bw):g} Gb/s vs {gb(ref_bw):g} Gb/s", "%", pick="cheapest_design_id",
+                 pick_label="cheapest design", versus=0.0))
+    return Answer("\n".join(head), details, numbers, [fig], lead)

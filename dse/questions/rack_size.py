@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.questions import Answer, Context
+from dse.questions import Answer, Context, Lead
 from dse.questions._common import admissible, md_frame, pyplot, save, slo_text
 from dse.questions.ep_domain import TIER, system, tie_lines, tier_price_to_tie
 
@@ -135,4 +135,7 @@ def answer(ctx: Context) -> Answer:
         "(2048 in, 1024 out).",
     ])
     fig = _figure(ctx, best, best_free, rack)
-    return Answer("\n".join(head), details, numbers, [fig])
+    lead = tuple(Lead(f"models.{m}.best_usd_per_mtok_output", f"{m}: price at the cheapest "
+                      "domain", "$/Mtok", pick=f"models.{m}.best_domain",
+                      pick_label="domain (chips)") for m in numbers["models"])
+    return Answer("\n".join(head), details, numbers, [fig], lead)

@@ -19,7 +19,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from dse.questions import Answer, Context
+from dse.questions import Answer, Context, Lead
 from dse.questions._common import admissible, describe, md_table, pyplot, save
 
 SPEED = "output_tokens_per_s_per_user"
@@ -151,6 +151,9 @@ share column is the scorer's `usd_per_mtok_output` of the same design.
 
 {table}
 """
+    lead = tuple(Lead(f"picks.{n}.rack_output_tokens_per_s", f"{n}: one rack at >= {slo:g} "
+                      "tokens/s/user", "output tokens/s", pick=f"picks.{n}.design_id",
+                      pick_label="design") for n in numbers)
     return Answer("\n".join(head), details,
                   {"slo_tokens_per_s_per_user": slo, "demand_output_tokens_per_s": demand,
-                   "picks": numbers}, figs)
+                   "picks": numbers}, figs, lead)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.questions import Answer, Context
+from dse.questions import Answer, Context, Lead
 from dse.questions._common import (
     admissible,
     describe,
@@ -222,4 +222,6 @@ costs: margins, cache discounts and demand shape them too.
                "public_ratio_min": float(pub["ratio"].min()) if len(pub) else None,
                "public_ratio_max": float(pub["ratio"].max()) if len(pub) else None,
                "public_prices_used": len(pub)}
-    return Answer("\n".join(head), details, numbers, figs)
+    lead = (Lead("model_ratio_median", "Output over input token cost at the cost-optimal "
+                 "designs (median over the models)", "x", versus=1.0),)
+    return Answer("\n".join(head), details, numbers, figs, lead)
