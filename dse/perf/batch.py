@@ -299,10 +299,13 @@ class Batch:
 
     def replace(self, **updates) -> "Batch":
         cols = dict(self.columns)
+        # (in the batch's precision: a float32 batch stays float32, so its arithmetic does not
+        # widen to float64 where a mechanism replaces a column)
+        dtype = np.result_type(cols["n_layers"], np.float32) if "n_layers" in cols else np.float64
         for k, v in updates.items():
             if k not in FIELDS:
                 raise KeyError(k)
-            cols[k] = np.broadcast_to(np.asarray(v, dtype=np.float64), (len(self),)).copy()
+            cols[k] = np.broadcast_to(np.asarray(v, dtype=dtype), (len(self),)).copy()
         return Batch(cols)
 
 

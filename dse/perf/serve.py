@@ -306,6 +306,12 @@ def instances_per_rack(num_chips, rack_chips):
     return np.where(whole >= 1, whole, 1.0 / np.ceil(num_chips / rack_chips))
 
 
+def _full(v, n: int) -> np.ndarray:
+    """``v``, a fresh array of this function's own computation, at full length ``n`` (copied
+    only when it is shorter: a compact batch's length-1 terms)."""
+    return v if np.shape(v) == (n,) else np.broadcast_to(v, (n,)).copy()
+
+
 def _fleet(b: Batch, res, breakdown: bool):
     """What a demand of ``demand_output_tokens_per_s`` needs: whole instances, racks (whole
     instances per rack, or whole racks per instance when it spans several: ``instances_per_rack``),
@@ -313,12 +319,14 @@ def _fleet(b: Batch, res, breakdown: bool):
     demand."""
     m = res[0] if breakdown else res
     n = len(b)
-    nan = np.full(n, np.nan)
+    # (in the batch's precision: a float32 run's NaN metrics are float32 too, half the memory
+    # of the output's largest part, the metrics of mechanisms that are off)
+    nan = np.full(n, np.nan, dtype=np.result_type(m["num_chips"], np.float32))
     chips = m["num_chips"]
     per_rack = instances_per_rack(chips, b.rack_chips)
-    m["instances_per_rack"] = np.broadcast_to(per_rack, (n,)).copy()
-    m["output_tokens_per_s_per_rack"] = np.broadcast_to(
-        m["output_tokens_per_s_per_chip"] * chips * per_rack, (n,)).copy()
+    m["instances_per_rack"] = _full(per_rack, n)
+    m["output_tokens_per_s_per_rack"] = _full(m["output_tokens_per_s_per_chip"] * chips * per_rack,
+                                              n)
     if not np.any(b.demand_output_tokens_per_s > 0):     # no demand given: NaN, nothing to do
         for k in ("instances_for_demand", "racks_for_demand", "usd_per_hour_for_demand"):
             m[k] = nan

@@ -45,22 +45,26 @@ class StepTimes:
     total_s: np.ndarray      # one stage step, shape (n,)
 
 
-def _gemm_coef(b: Batch, gemms, layers, peak):
+def _gemm_coef(b: Batch, gemms, layers, inv_eff):
     """An op made of dense GEMMs ``[(n, k), ...]`` per chip per layer over ``layers`` layers:
     ``(a, w)`` with compute time ``a * (rows + gemm_half_rows) + w`` (dse.perf.kernel_gemm's
     form summed exactly over the GEMMs: shape factor per GEMM, one wave of tiles each).
+    ``n`` and ``k`` are at least 1 (``_floor1``); ``inv_eff = 2 / (peak * gemm_fraction)``,
+    computed once for the ops that share a peak.
 
     Per GEMM ``k * shape = k (1 + n_half / n) + k_half``; the factors every GEMM shares (2,
     the wave, layers over the efficiency) are applied once to the sums."""
-    a = s = 0.0
+    a = s = None
     for n, k in gemms:
-        n = np.maximum(n, 1.0)
-        k = np.maximum(k, 1.0)
         ks = (b.gemm_n_half / n + 1.0) * k + b.gemm_k_half       # k * shape
-        s = s + ks
-        a = a + ks * n
-    r = 2.0 * layers / (peak * b.gemm_fraction)
+        s = ks if s is None else s + ks
+        a = ks * n if a is None else a + ks * n
+    r = layers * inv_eff
     return a * r, s * (r * b.gemm_wave_elements)
+
+
+def _floor1(x):
+    return np.maximum(x, 1.0)
 
 
 def _log1m(x):
@@ -101,8 +105,12 @@ class Coefficients:
         o_k = b.n_heads * arch.blend(mla, b.v_head, b.head_dim) / tp
         p_in = np.maximum(p_attn - o_k * d, 0.0)
         # (per-op precision: the projections' and the experts' own dtypes, dse.mechanisms)
-        self.c_proj, self.w_proj = _gemm_coef(b, ((p_in / d, d), (d, o_k)), L,
-                                              b.attn_matmul_flops_per_s)
+        d1 = _floor1(d)
+        inv_eff = 2.0 / (peak * b.gemm_fraction)
+        attn_peak = b.attn_matmul_flops_per_s
+        inv_attn = inv_eff if attn_peak is peak else 2.0 / (attn_peak * b.gemm_fraction)
+        self.c_proj, self.w_proj = _gemm_coef(b, ((_floor1(p_in / d), d1), (d1, _floor1(o_k))),
+                                              L, inv_attn)
         self.m_proj = p_attn * L * b.attn_weight_bytes / g_hbm
         n_gemm = L * arch.blend(mla, 4.0, 2.0)                 # GEMMs per step, for latencies
         # tp all-reduce of the attention output, per layer: the runtime's fastest kernel
@@ -155,7 +163,8 @@ class Coefficients:
             dense_layers = b.n_dense_layers * stage
             f_chip = b.ffn_dense / g
             self.c_dense, self.w_dense = _gemm_coef(
-                b, (((b.mlp_mats - 1.0) * f_chip, d), (d, f_chip)), dense_layers, peak)
+                b, ((_floor1((b.mlp_mats - 1.0) * f_chip), d1), (d1, _floor1(f_chip))),
+                dense_layers, inv_eff)
             self.dense_rows = g / ffn_g                  # rows per chip per step token
             self.m_dense = arch.dense_mlp_params(b) * dense_layers * wb / g / g_hbm
             n_gemm = n_gemm + 2.0 * dense_layers
@@ -220,11 +229,13 @@ class Coefficients:
             # shared experts and router
             sh_chip = b.n_shared * b.ffn_shared / ffn_g
             self.c_sh, self.w_sh = _gemm_coef(
-                b, (((b.mlp_mats - 1.0) * sh_chip, d), (d, sh_chip)), moe_layers, peak)
+                b, ((_floor1((b.mlp_mats - 1.0) * sh_chip), d1), (d1, _floor1(sh_chip))),
+                moe_layers, inv_eff)
             p_sh = arch.shared_params_per_layer(b) * moe_layers
             self.m_sh = p_sh * wb / ffn_g / g_hbm
             has_sh = arch.flag(b.n_shared > 0, d)
-            self.c_router, self.w_router = _gemm_coef(b, ((b.n_experts, d),), moe_layers, peak)
+            self.c_router, self.w_router = _gemm_coef(b, ((_floor1(b.n_experts), d1),),
+                                                      moe_layers, inv_eff)
             self.c_router = self.c_router / ffn_g    # each chip routes its share of the tokens
             p_router = d * b.n_experts * moe_layers
             self.m_router = p_router * wb / ffn_g / g_hbm
@@ -232,7 +243,7 @@ class Coefficients:
                 * (1.0 + 2.0 * has_sh)
         # embeddings and output head, vocab-parallel over tp (the last stage carries it)
         p_head = b.vocab * d
-        self.c_head, self.w_head = _gemm_coef(b, ((b.vocab / tp, d),), 1.0, peak)
+        self.c_head, self.w_head = _gemm_coef(b, ((_floor1(b.vocab / tp), d1),), 1.0, inv_eff)
         self.m_head = p_head * wb / tp / g_hbm
         self.m_embed = d * ab / dp / hbm
         self.x_gemm = (n_gemm + 1.0) * b.gemm_latency_s
