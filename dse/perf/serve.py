@@ -590,14 +590,29 @@ def score_chunked(b: Batch, chunk_rows: int = 32768, dtype=np.float64,
         s = score(sub, coefficients=k)
         return {m: s[m] for m in keep}
     out = {}
+    nan_only = {}        # metric -> dtype: NaN on every row so far (a mechanism that is off)
     for i in range(0, n, chunk_rows):
         sub, k = parts(slice(i, i + chunk_rows))
         part = score(sub, coefficients=k)
         for m in keep:
+            v = part[m]
             if m not in out:
-                out[m] = np.empty(n, dtype=part[m].dtype)
-            out[m][i:i + len(part[m])] = part[m]
-    return out
+                if v.dtype.kind == "f" and np.isnan(v[0]) and bool(np.all(np.isnan(v))):
+                    nan_only.setdefault(m, v.dtype)
+                    continue
+                out[m] = np.empty(n, dtype=v.dtype)
+                if m in nan_only:
+                    out[m][:i] = np.nan
+                    del nan_only[m]
+            out[m][i:i + len(v)] = v
+    # the metrics that are NaN on every row share one array, as a single chunk's do (``_fleet``):
+    # fresh output memory is a large part of the scorer's time
+    shared = {}
+    for m, dt in nan_only.items():
+        if dt not in shared:
+            shared[dt] = np.full(n, np.nan, dtype=dt)
+        out[m] = shared[dt]
+    return {m: out[m] for m in keep}
 
 
 def reason_text(bits: int, max_sequences: float | None = None) -> str:

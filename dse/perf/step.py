@@ -262,6 +262,17 @@ class Coefficients:
         self.x_core_seq_rank = self.x_core_seq / dp
         self.overlap_on = bool(np.any(self.overlap != 0.0))
         self.tbo_on = bool(np.any(self.tbo != 0.0))
+        # the GEMM ops' compute time as slope x tokens + intercept (the padding rows folded in
+        # once per design, not per step; with two-batch overlap the step pads twice and uses
+        # the forms above)
+        h = self.h
+        self.aff_proj = (self.c_proj, self.c_proj * h + self.w_proj)
+        self.aff_head = (self.c_head / dp, self.c_head * h + self.w_head)
+        if self.dense:
+            self.aff_dense = (self.c_dense * self.dense_rows, self.c_dense * h + self.w_dense)
+        if self.moe:
+            self.aff_sh = (self.c_sh, self.c_sh * h + self.w_sh)
+            self.aff_router = (self.c_router, self.c_router * h + self.w_router)
         self.batch = b
 
     def gather(self, rows: np.ndarray, batch: Batch) -> "Coefficients":
@@ -314,6 +325,11 @@ def _iadd(a, x):
         a += x
         return a
     return a + x
+
+
+def _affine(form, x):
+    """``slope * x + intercept`` for ``form = (slope, intercept)`` (in place on the product)."""
+    return _iadd(form[0] * x, form[1])
 
 
 def _fastest(branches, x):
@@ -401,7 +417,8 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     rows = dec / dp
     if has_pre:
         rows = rows + pre_rank                     # the busiest attention rank's rows
-    c_proj = masked(k.c_proj * (rows + h) + k.w_proj)
+    tbo = k.tbo_on
+    c_proj = masked(k.c_proj * (rows + h) + k.w_proj if tbo else _affine(k.aff_proj, rows))
     n_proj = _fastest(k.n_proj, rows) if k.tp_ar else None
     seqs = dec if seq_tokens is None else dec / seq_tokens     # hook: dse.perf.spec
     ctx = k.__dict__.get("_ctx")
@@ -430,7 +447,8 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     x_core = _iadd(x_core, twice(lat_core))
     none = (None, None, None, None)
     if k.dense:
-        c_dense = masked(k.c_dense * (tok * k.dense_rows + h) + k.w_dense)
+        c_dense = masked(k.c_dense * (tok * k.dense_rows + h) + k.w_dense if tbo
+                         else _affine(k.aff_dense, tok))
         n_dense = _fastest(k.n_dense, tok)
         dense = (c_dense, twice(k.m_dense), n_dense, None)
     else:
@@ -449,13 +467,15 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
             a2a = arch.blend(k.ll_decode if decode_step else k.ll_mixed,
                              twice(ll[0]) + ll[1] * rt, twice(nm[0]) + nm[1] * rt)
         n_moe = _fastest(k.n_moe_ar, tok)
-        c_sh = masked(k.c_sh * (tok + h) + k.w_sh)
-        c_router = masked(k.c_router * (tok + h) + k.w_router)
+        c_sh = masked(k.c_sh * (tok + h) + k.w_sh if tbo else _affine(k.aff_sh, tok))
+        c_router = masked(k.c_router * (tok + h) + k.w_router if tbo
+                          else _affine(k.aff_router, tok))
         moe = ((c_moe, m_moe, n_moe, x_moe), (c_sh, twice(k.m_sh), None, None),
                (c_router, twice(k.m_router), None, None))
     else:
         moe = (none, none, none)
-    c_head = k.c_head * (logits_rows / dp + h) + k.w_head
+    c_head = k.c_head * (logits_rows / dp + h) + k.w_head if tbo \
+        else _affine(k.aff_head, logits_rows)
     m_head = k.m_head + k.m_embed * tok
     if k.tbo_on:
         m_head = m_head + k.m_head * k.tbo
