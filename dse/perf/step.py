@@ -321,9 +321,13 @@ def _take(v, rows):
 def _iadd(a, x):
     """``a + x``, in place when ``a`` (a fresh array) already has the broadcast shape (a compact
     batch's length-1 terms may not)."""
-    if np.shape(a) == np.broadcast_shapes(np.shape(a), np.shape(x)):
-        a += x
-        return a
+    if type(a) is np.ndarray:
+        sx = np.shape(x)
+        # (the usual cases first: np.broadcast_shapes costs more than a chunk's addition)
+        if sx == a.shape or (len(sx) <= a.ndim and all(d == 1 for d in sx)) \
+                or a.shape == np.broadcast_shapes(a.shape, sx):
+            a += x
+            return a
     return a + x
 
 
