@@ -309,6 +309,13 @@ class Batch:
         return Batch(cols)
 
 
+def as_floating(x) -> np.ndarray:
+    """``x`` as a floating array: a float32 batch's values stay float32 (one float64 input
+    widens every later step of a float32 chunk), anything else becomes float64."""
+    x = np.asarray(x)
+    return x if x.dtype.kind == "f" else x.astype(np.float64)
+
+
 def _is_off(k: str, a: np.ndarray, arrays: dict) -> bool:
     d = OPTIONAL[k]
     off = arrays[d] if isinstance(d, str) else d
