@@ -108,19 +108,25 @@ def embedding_params(b: Batch) -> np.ndarray:
     return b.vocab * b.hidden * (2.0 - b.tied)
 
 
+@_memoised
+def _every_token_params(b: Batch) -> np.ndarray:
+    """Attention, dense MLPs and embeddings: what every token touches (total and active share it)."""
+    return (b.n_layers * attn_params_per_layer(b) + b.n_dense_layers * dense_mlp_params(b)
+            + embedding_params(b))
+
+
 def total_params(b: Batch) -> np.ndarray:
     moe = b.n_moe_layers * (b.n_experts * expert_params(b) + shared_params_per_layer(b)
                             + b.hidden * b.n_experts)
-    return (b.n_layers * attn_params_per_layer(b) + b.n_dense_layers * dense_mlp_params(b)
-            + moe + embedding_params(b))
+    return _every_token_params(b) + moe
 
 
+@_memoised
 def active_params(b: Batch) -> np.ndarray:
     """Parameters touched per token, embeddings included (the published convention)."""
     moe = b.n_moe_layers * (b.top_k * expert_params(b) + shared_params_per_layer(b)
                             + b.hidden * b.n_experts)
-    return (b.n_layers * attn_params_per_layer(b) + b.n_dense_layers * dense_mlp_params(b)
-            + moe + embedding_params(b))
+    return _every_token_params(b) + moe
 
 
 @_memoised

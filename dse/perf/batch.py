@@ -299,11 +299,21 @@ class Batch:
 
     def replace(self, **updates) -> "Batch":
         cols = dict(self.columns)
+        # (in the batch's precision: a float32 batch stays float32, so its arithmetic does not
+        # widen to float64 where a mechanism replaces a column)
+        dtype = np.result_type(cols["n_layers"], np.float32) if "n_layers" in cols else np.float64
         for k, v in updates.items():
             if k not in FIELDS:
                 raise KeyError(k)
-            cols[k] = np.broadcast_to(np.asarray(v, dtype=np.float64), (len(self),)).copy()
+            cols[k] = np.broadcast_to(np.asarray(v, dtype=dtype), (len(self),)).copy()
         return Batch(cols)
+
+
+def as_floating(x) -> np.ndarray:
+    """``x`` as a floating array: a float32 batch's values stay float32 (one float64 input
+    widens every later step of a float32 chunk), anything else becomes float64."""
+    x = np.asarray(x)
+    return x if x.dtype.kind == "f" else x.astype(np.float64)
 
 
 def _is_off(k: str, a: np.ndarray, arrays: dict) -> bool:

@@ -27,15 +27,15 @@ from __future__ import annotations
 import numpy as np
 
 from dse.perf import arch
-from dse.perf.batch import Batch
+from dse.perf.batch import Batch, as_floating
 from dse.perf.lengths import expected_max_normal
 
 
 def published_imbalance(ep, n_experts, cv) -> np.ndarray:
     """max/mean routed tokens per EP rank of ``ep`` ranks over ``n_experts`` experts whose loads
     have coefficient of variation ``cv``: ``1 + z(ep) cv sqrt(ep / E)`` (1 for dense models)."""
-    ep = np.maximum(np.asarray(ep, dtype=float), 1.0)
-    e = np.asarray(n_experts, dtype=float)
+    ep = np.maximum(as_floating(ep), 1.0)
+    e = as_floating(n_experts)
     share = np.where(e > 0, ep / np.maximum(e, 1.0), 0.0)
     return 1.0 + expected_max_normal(ep) * cv * np.sqrt(np.minimum(share, 1.0))
 

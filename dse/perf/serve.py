@@ -133,7 +133,7 @@ def _memory(b: Batch):
     # activations scale with a scheduler's (dp rank's) tokens per step, up to max_num_tokens
     tokens_per_seq = arch.blend(pre_only, b.isl, 1.0 + b.isl / b.osl) / dp
     act_per_token = b.hidden * 2.0 * 8.0 + b.vocab / tp * 4.0
-    c = np.maximum(b.concurrency, 1.0)
+    c = _sequences(b)
     act = np.minimum(b.max_num_tokens, c * tokens_per_seq) * act_per_token
     room = b.hbm_capacity_bytes - b.runtime_reserve_bytes - weights
     if tiers:                            # hook: the shared prefix's one copy (dse.perf.kvtier)
@@ -145,6 +145,16 @@ def _memory(b: Batch):
     above = (room - b.max_num_tokens * act_per_token) / kv_cost
     max_c = np.floor(np.maximum(arch.blend(arch.flag(below <= knee, room), below, above), 0.0))
     return weights, kv_seq, act, max_c
+
+
+def _sequences(b: Batch):
+    """Sequences in flight, at least one (once per batch: never modify it in place)."""
+    return b.memo("sequences", lambda: np.maximum(b.concurrency, 1.0))
+
+
+def _new_tokens(b: Batch):
+    """Uncached prompt tokens per request (once per batch: never modify it in place)."""
+    return b.memo("new_tokens", lambda: b.isl * (1.0 - b.prefix_hit_fraction))
 
 
 def _times(f, x):
@@ -202,9 +212,9 @@ def _prefill_load(b: Batch, per_step=None):
     """Prefill tokens per step on average, the tokens of a step that carries a prompt, and the
     share of steps that carry one (prompts arrive whole or in chunks of ``max_num_tokens``).
     ``per_step``: output tokens per sequence per step (speculative decoding), default 1."""
-    c = np.maximum(b.concurrency, 1.0)
+    c = _sequences(b)
     both, pre_only, dec_only = arch.phases(b)
-    new = b.isl * (1.0 - b.prefix_hit_fraction)
+    new = _new_tokens(b)
     decoding = _times(1.0 - pre_only, c)
     # a scheduler (dp rank) fills its max_num_tokens with its decodes first, then prompt tokens
     chunk = np.minimum(new, np.maximum(b.max_num_tokens - decoding / b.dp, 1.0))
@@ -222,9 +232,9 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None, q=Non
     """The three steps, the decode step's compute, memory and network sums, and (speculative
     decoding, ``q`` = draft tokens + 1 per sequence per step) the draft time per step."""
     k = Coefficients(b) if k is None else k
-    c = np.maximum(b.concurrency, 1.0)
+    c = _sequences(b)
     pp = b.pp
-    new = b.isl * (1.0 - b.prefix_hit_fraction)
+    new = _new_tokens(b)
     prior = b.isl - new
     dec_ctx = arch.context_layers(b, b.isl + 0.5 * b.osl)
     if lengths.on(b):                    # hook: length distributions (dse.perf.lengths)
@@ -306,6 +316,12 @@ def instances_per_rack(num_chips, rack_chips):
     return np.where(whole >= 1, whole, 1.0 / np.ceil(num_chips / rack_chips))
 
 
+def _full(v, n: int) -> np.ndarray:
+    """``v``, a fresh array of this function's own computation, at full length ``n`` (copied
+    only when it is shorter: a compact batch's length-1 terms)."""
+    return v if np.shape(v) == (n,) else np.broadcast_to(v, (n,)).copy()
+
+
 def _fleet(b: Batch, res, breakdown: bool):
     """What a demand of ``demand_output_tokens_per_s`` needs: whole instances, racks (whole
     instances per rack, or whole racks per instance when it spans several: ``instances_per_rack``),
@@ -313,12 +329,14 @@ def _fleet(b: Batch, res, breakdown: bool):
     demand."""
     m = res[0] if breakdown else res
     n = len(b)
-    nan = np.full(n, np.nan)
+    # (in the batch's precision: a float32 run's NaN metrics are float32 too, half the memory
+    # of the output's largest part, the metrics of mechanisms that are off)
+    nan = np.full(n, np.nan, dtype=np.result_type(m["num_chips"], np.float32))
     chips = m["num_chips"]
     per_rack = instances_per_rack(chips, b.rack_chips)
-    m["instances_per_rack"] = np.broadcast_to(per_rack, (n,)).copy()
-    m["output_tokens_per_s_per_rack"] = np.broadcast_to(
-        m["output_tokens_per_s_per_chip"] * chips * per_rack, (n,)).copy()
+    m["instances_per_rack"] = _full(per_rack, n)
+    m["output_tokens_per_s_per_rack"] = _full(m["output_tokens_per_s_per_chip"] * chips * per_rack,
+                                              n)
     if not np.any(b.demand_output_tokens_per_s > 0):     # no demand given: NaN, nothing to do
         for k in ("instances_for_demand", "racks_for_demand", "usd_per_hour_for_demand"):
             m[k] = nan
@@ -423,7 +441,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
               queue: bool = False):
     """One instance under continuous batching (or a prefill-only / decode-only instance).
     ``queue``: also the time one prompt holds the prefill budget (dse.perf.queueing)."""
-    c = np.maximum(b.concurrency, 1.0)
+    c = _sequences(b)
     chips = b.tp * b.pp * b.dp
     weights, kv_seq, act, max_c = _memory(b)
     bits = _invalid_bits(b, weights, act, max_c)
@@ -450,7 +468,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
         t_mixed = t_mixed + draft
         t_prefill = t_prefill + draft
     both, pre_only, dec_only = arch.phases(b)
-    new = b.isl * (1.0 - b.prefix_hit_fraction)
+    new = _new_tokens(b)
     ttft_extra = 0.0
     if cache:                            # hook: prefix hits held in the tier (dse.perf.kvtier)
         hit, fetched = kvtier.tier_hit(b, tier_tokens, t_prefill / np.maximum(chunk, 1.0))
@@ -582,14 +600,29 @@ def score_chunked(b: Batch, chunk_rows: int = 32768, dtype=np.float64,
         s = score(sub, coefficients=k)
         return {m: s[m] for m in keep}
     out = {}
+    nan_only = {}        # metric -> dtype: NaN on every row so far (a mechanism that is off)
     for i in range(0, n, chunk_rows):
         sub, k = parts(slice(i, i + chunk_rows))
         part = score(sub, coefficients=k)
         for m in keep:
+            v = part[m]
             if m not in out:
-                out[m] = np.empty(n, dtype=part[m].dtype)
-            out[m][i:i + len(part[m])] = part[m]
-    return out
+                if v.dtype.kind == "f" and np.isnan(v[0]) and bool(np.all(np.isnan(v))):
+                    nan_only.setdefault(m, v.dtype)
+                    continue
+                out[m] = np.empty(n, dtype=v.dtype)
+                if m in nan_only:
+                    out[m][:i] = np.nan
+                    del nan_only[m]
+            out[m][i:i + len(v)] = v
+    # the metrics that are NaN on every row share one array, as a single chunk's do (``_fleet``):
+    # fresh output memory is a large part of the scorer's time
+    shared = {}
+    for m, dt in nan_only.items():
+        if dt not in shared:
+            shared[dt] = np.full(n, np.nan, dtype=dt)
+        out[m] = shared[dt]
+    return {m: out[m] for m in keep}
 
 
 def reason_text(bits: int, max_sequences: float | None = None) -> str:

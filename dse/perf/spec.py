@@ -29,13 +29,13 @@ from __future__ import annotations
 import numpy as np
 
 from dse.perf import arch
-from dse.perf.batch import Batch
+from dse.perf.batch import Batch, as_floating
 
 
 def expected_tokens(acceptance, k) -> np.ndarray:
     """Expected tokens a verification step yields per sequence: (1 - a^(k+1)) / (1 - a)."""
-    a = np.clip(np.asarray(acceptance, dtype=float), 0.0, 1.0)
-    k = np.maximum(np.asarray(k, dtype=float), 0.0)
+    a = np.clip(as_floating(acceptance), 0.0, 1.0)
+    k = np.maximum(as_floating(k), 0.0)
     safe = np.where(a < 1.0, a, 0.5)
     geo = (1.0 - np.power(safe, k + 1.0)) / (1.0 - safe)
     return np.where(a < 1.0, geo, k + 1.0)

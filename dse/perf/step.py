@@ -45,22 +45,26 @@ class StepTimes:
     total_s: np.ndarray      # one stage step, shape (n,)
 
 
-def _gemm_coef(b: Batch, gemms, layers, peak):
+def _gemm_coef(b: Batch, gemms, layers, inv_eff):
     """An op made of dense GEMMs ``[(n, k), ...]`` per chip per layer over ``layers`` layers:
     ``(a, w)`` with compute time ``a * (rows + gemm_half_rows) + w`` (dse.perf.kernel_gemm's
     form summed exactly over the GEMMs: shape factor per GEMM, one wave of tiles each).
+    ``n`` and ``k`` are at least 1 (``_floor1``); ``inv_eff = 2 / (peak * gemm_fraction)``,
+    computed once for the ops that share a peak.
 
     Per GEMM ``k * shape = k (1 + n_half / n) + k_half``; the factors every GEMM shares (2,
     the wave, layers over the efficiency) are applied once to the sums."""
-    a = s = 0.0
+    a = s = None
     for n, k in gemms:
-        n = np.maximum(n, 1.0)
-        k = np.maximum(k, 1.0)
         ks = (b.gemm_n_half / n + 1.0) * k + b.gemm_k_half       # k * shape
-        s = s + ks
-        a = a + ks * n
-    r = 2.0 * layers / (peak * b.gemm_fraction)
+        s = ks if s is None else s + ks
+        a = ks * n if a is None else a + ks * n
+    r = layers * inv_eff
     return a * r, s * (r * b.gemm_wave_elements)
+
+
+def _floor1(x):
+    return np.maximum(x, 1.0)
 
 
 def _log1m(x):
@@ -101,8 +105,12 @@ class Coefficients:
         o_k = b.n_heads * arch.blend(mla, b.v_head, b.head_dim) / tp
         p_in = np.maximum(p_attn - o_k * d, 0.0)
         # (per-op precision: the projections' and the experts' own dtypes, dse.mechanisms)
-        self.c_proj, self.w_proj = _gemm_coef(b, ((p_in / d, d), (d, o_k)), L,
-                                              b.attn_matmul_flops_per_s)
+        d1 = _floor1(d)
+        inv_eff = 2.0 / (peak * b.gemm_fraction)
+        attn_peak = b.attn_matmul_flops_per_s
+        inv_attn = inv_eff if attn_peak is peak else 2.0 / (attn_peak * b.gemm_fraction)
+        self.c_proj, self.w_proj = _gemm_coef(b, ((_floor1(p_in / d), d1), (d1, _floor1(o_k))),
+                                              L, inv_attn)
         self.m_proj = p_attn * L * b.attn_weight_bytes / g_hbm
         n_gemm = L * arch.blend(mla, 4.0, 2.0)                 # GEMMs per step, for latencies
         # tp all-reduce of the attention output, per layer: the runtime's fastest kernel
@@ -155,7 +163,8 @@ class Coefficients:
             dense_layers = b.n_dense_layers * stage
             f_chip = b.ffn_dense / g
             self.c_dense, self.w_dense = _gemm_coef(
-                b, (((b.mlp_mats - 1.0) * f_chip, d), (d, f_chip)), dense_layers, peak)
+                b, ((_floor1((b.mlp_mats - 1.0) * f_chip), d1), (d1, _floor1(f_chip))),
+                dense_layers, inv_eff)
             self.dense_rows = g / ffn_g                  # rows per chip per step token
             self.m_dense = arch.dense_mlp_params(b) * dense_layers * wb / g / g_hbm
             n_gemm = n_gemm + 2.0 * dense_layers
@@ -223,7 +232,8 @@ class Coefficients:
             # (a model without shared experts runs no shared-expert GEMM: without the flag the
             # width-0 GEMMs, clamped to width 1, cost one GEMM's shape penalty per layer)
             c_sh, w_sh = _gemm_coef(
-                b, (((b.mlp_mats - 1.0) * sh_chip, d), (d, sh_chip)), moe_layers, peak)
+                b, ((_floor1((b.mlp_mats - 1.0) * sh_chip), d1), (d1, _floor1(sh_chip))),
+                moe_layers, inv_eff)
             self.c_sh, self.w_sh = has_sh * c_sh, has_sh * w_sh
             p_sh = arch.shared_params_per_layer(b) * moe_layers
             self.m_sh = p_sh * wb / ffn_g / g_hbm
@@ -233,7 +243,7 @@ class Coefficients:
             # FLOPs at the large-GEMM rate and its launch (x_gemm), not the width-edge and
             # one-wave penalties of a wide GEMM (which grow as 1 / width: 70 us per layer for
             # Mixtral's width 8 on H200 FP8)
-            self.c_router = 2.0 * moe_layers * d * b.n_experts / (peak * b.gemm_fraction) / ffn_g
+            self.c_router = moe_layers * d * b.n_experts * inv_eff / ffn_g
             self.w_router = 0.0 * d                  # each chip routes its share of the tokens
             p_router = d * b.n_experts * moe_layers
             self.m_router = p_router * wb / ffn_g / g_hbm
@@ -241,7 +251,7 @@ class Coefficients:
                 * (1.0 + 2.0 * has_sh)
         # embeddings and output head, vocab-parallel over tp (the last stage carries it)
         p_head = b.vocab * d
-        self.c_head, self.w_head = _gemm_coef(b, ((b.vocab / tp, d),), 1.0, peak)
+        self.c_head, self.w_head = _gemm_coef(b, ((_floor1(b.vocab / tp), d1),), 1.0, inv_eff)
         self.m_head = p_head * wb / tp / g_hbm
         self.m_embed = d * ab / dp / hbm
         self.x_gemm = (n_gemm + 1.0) * b.gemm_latency_s
@@ -260,6 +270,17 @@ class Coefficients:
         self.x_core_seq_rank = self.x_core_seq / dp
         self.overlap_on = bool(np.any(self.overlap != 0.0))
         self.tbo_on = bool(np.any(self.tbo != 0.0))
+        # the GEMM ops' compute time as slope x tokens + intercept (the padding rows folded in
+        # once per design, not per step; with two-batch overlap the step pads twice and uses
+        # the forms above)
+        h = self.h
+        self.aff_proj = (self.c_proj, self.c_proj * h + self.w_proj)
+        self.aff_head = (self.c_head / dp, self.c_head * h + self.w_head)
+        if self.dense:
+            self.aff_dense = (self.c_dense * self.dense_rows, self.c_dense * h + self.w_dense)
+        if self.moe:
+            self.aff_sh = (self.c_sh, self.c_sh * h + self.w_sh)
+            self.aff_router = (self.c_router, self.c_router * h + self.w_router)
         self.batch = b
 
     def gather(self, rows: np.ndarray, batch: Batch) -> "Coefficients":
@@ -308,10 +329,19 @@ def _take(v, rows):
 def _iadd(a, x):
     """``a + x``, in place when ``a`` (a fresh array) already has the broadcast shape (a compact
     batch's length-1 terms may not)."""
-    if np.shape(a) == np.broadcast_shapes(np.shape(a), np.shape(x)):
-        a += x
-        return a
+    if type(a) is np.ndarray:
+        sx = np.shape(x)
+        # (the usual cases first: np.broadcast_shapes costs more than a chunk's addition)
+        if sx == a.shape or (len(sx) <= a.ndim and all(d == 1 for d in sx)) \
+                or a.shape == np.broadcast_shapes(a.shape, sx):
+            a += x
+            return a
     return a + x
+
+
+def _affine(form, x):
+    """``slope * x + intercept`` for ``form = (slope, intercept)`` (in place on the product)."""
+    return _iadd(form[0] * x, form[1])
 
 
 def _fastest(branches, x):
@@ -399,7 +429,8 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     rows = dec / dp
     if has_pre:
         rows = rows + pre_rank                     # the busiest attention rank's rows
-    c_proj = masked(k.c_proj * (rows + h) + k.w_proj)
+    tbo = k.tbo_on
+    c_proj = masked(k.c_proj * (rows + h) + k.w_proj if tbo else _affine(k.aff_proj, rows))
     n_proj = _fastest(k.n_proj, rows) if k.tp_ar else None
     seqs = dec if seq_tokens is None else dec / seq_tokens     # hook: dse.perf.spec
     ctx = k.__dict__.get("_ctx")
@@ -428,7 +459,8 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     x_core = _iadd(x_core, twice(lat_core))
     none = (None, None, None, None)
     if k.dense:
-        c_dense = masked(k.c_dense * (tok * k.dense_rows + h) + k.w_dense)
+        c_dense = masked(k.c_dense * (tok * k.dense_rows + h) + k.w_dense if tbo
+                         else _affine(k.aff_dense, tok))
         n_dense = _fastest(k.n_dense, tok)
         dense = (c_dense, twice(k.m_dense), n_dense, None)
     else:
@@ -447,13 +479,15 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
             a2a = arch.blend(k.ll_decode if decode_step else k.ll_mixed,
                              twice(ll[0]) + ll[1] * rt, twice(nm[0]) + nm[1] * rt)
         n_moe = _fastest(k.n_moe_ar, tok)
-        c_sh = masked(k.c_sh * (tok + h) + k.w_sh)
-        c_router = masked(k.c_router * (tok + h) + k.w_router)
+        c_sh = masked(k.c_sh * (tok + h) + k.w_sh if tbo else _affine(k.aff_sh, tok))
+        c_router = masked(k.c_router * (tok + h) + k.w_router if tbo
+                          else _affine(k.aff_router, tok))
         moe = ((c_moe, m_moe, n_moe, x_moe), (c_sh, twice(k.m_sh), None, None),
                (c_router, twice(k.m_router), None, None))
     else:
         moe = (none, none, none)
-    c_head = k.c_head * (logits_rows / dp + h) + k.w_head
+    c_head = k.c_head * (logits_rows / dp + h) + k.w_head if tbo \
+        else _affine(k.aff_head, logits_rows)
     m_head = k.m_head + k.m_embed * tok
     if k.tbo_on:
         m_head = m_head + k.m_head * k.tbo
