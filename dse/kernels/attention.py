@@ -70,9 +70,12 @@ PREFILL_PARAMS = (
     common.Param("per_seq_s", 1e-8, 1e-10, 1e-3, "latency"),
     common.Param("per_seq_head_s", 1e-9, 1e-10, 1e-3, "latency"),
     common.Param("dim_half", 16.0, 1e-2, 1e4, "shape"),
+    # keys per query row a sliding window computes beyond its width (a 0.01 floor: none)
+    common.Param("window_pad_tokens", 64.0, 1e-2, 1e4, "shape"),
 )
-# MLA prefill has one head dim (192): dim_half would only trade off against fraction
-MLA_PREFILL_PARAMS = PREFILL_PARAMS[:-1]
+# MLA prefill has one head dim (192) and no window: dim_half would only trade off against
+# fraction, window_pad_tokens has no rows to see it
+MLA_PREFILL_PARAMS = PREFILL_PARAMS[:-2]
 # robust loss (common.least_squares_fit): about the mean |log error|, the reported metric
 LOSS, F_SCALE = "soft_l1", 0.05
 # group_max_heads is chosen per fit group from these candidates (the smallest in-sample cost;

@@ -9,10 +9,19 @@ through its peaks (``peak_flops_per_s``, ``hbm_bw_bytes_per_s``) and its fitted 
 Prefill (context) attention, GQA/MHA or expanded MLA::
 
     pairs    = new * prior + new * (new + 1) / 2          (causal (query, key) pairs per sequence)
-    pairs    = min(pairs, new * window)                   (sliding window, when window > 0)
+    pairs    = min(pairs, new * (window + window_pad))    (sliding window, when window > 0: the
+                                                           query tile's span and the partly
+                                                           masked key tiles at both window edges
+                                                           add window_pad keys per query)
+    keys     = pairs / new                                (keys one query row attends to: the
+                                                           length of the kernel's inner loop)
     flops    = 2 * batch * heads * (d_qk + d_v) * pairs
-    t_flops  = flops / (peak * fraction) * (1 + half_tokens / new) * (1 + half_rows / (batch * heads * new))
+    t_flops  = flops / (peak * fraction) * (1 + half_tokens / keys) * (1 + half_rows / (batch * heads * new))
                * (1 + dim_half / d_qk)
+
+    ``half_tokens``: keys per query row at which the rate halves: each query tile pays a fixed
+    prologue/epilogue (Q load, softmax rescale, O store) that a long key loop amortizes, so a
+    chunk that follows a long cached prefix, or a short-window layer, runs at its own rate.
     bytes    = elem_bytes * batch * (new * heads * (d_qk + d_v) + (new + prior_w) * kv_heads * (d_qk + d_v))
     t        = latency_s + batch (per_seq_s + heads per_seq_head_s)
                + max(t_flops, bytes / (hbm_bw * hbm_fraction))
@@ -74,7 +83,8 @@ def causal_pairs(new_tokens, prior_tokens, window_tokens=0.0):
 def prefill_attention_s(batch, new_tokens, prior_tokens, heads, kv_heads, d_qk, d_v,
                         window_tokens, elem_bytes, peak_flops_per_s, hbm_bw_bytes_per_s, *,
                         fraction, half_tokens, half_rows, latency_s, hbm_fraction=0.8,
-                        dim_half=0.0, per_seq_s=0.0, per_seq_head_s=0.0):
+                        dim_half=0.0, per_seq_s=0.0, per_seq_head_s=0.0,
+                        window_pad_tokens=0.0):
     """Seconds of one prefill (context) attention layer on one chip.
 
     batch: sequences in the call; new_tokens: new (query) tokens per sequence; prior_tokens:
@@ -82,15 +92,17 @@ def prefill_attention_s(batch, new_tokens, prior_tokens, heads, kv_heads, d_qk, 
     d_qk, d_v: query/key and value head dims (elements); window_tokens: sliding window (tokens,
     0 = full); elem_bytes: bytes per Q/K/V/O element; peak_flops_per_s: the chip's dense matmul
     peak for the compute dtype; hbm_bw_bytes_per_s: its HBM bandwidth.
-    fraction: fraction of the peak reached by long, wide prefills; half_tokens: new tokens per
-    sequence at which the rate is halved (tile fill along the sequence); half_rows: query rows
+    fraction: fraction of the peak reached by long, wide prefills; half_tokens: keys per query
+    row (pairs / new tokens) at which the rate is halved (per-query-tile prologue and epilogue
+    over the key loop); half_rows: query rows
     (batch x heads x new) at which the rate is halved (too few CTAs to fill the chip);
     latency_s: fixed time per call; hbm_fraction: achieved fraction of HBM bandwidth;
     dim_half: head dim (d_qk, elements) at which the MMAs' short K (scores) and N (values)
     halve the rate (0: none); per_seq_s: time per sequence in the call (varlen bookkeeping,
     one tile row per sequence at least) (s; 0: none); per_seq_head_s: time per (sequence,
     query head) work item: each pads its queries to a tile and loads its K/V tiles, however
-    few its new tokens (s; 0: none).
+    few its new tokens (s; 0: none); window_pad_tokens: keys per query row a sliding window
+    computes beyond its width (tile span, masked edge tiles) (0: none).
     """
     batch = np.asarray(batch, float)
     new = np.maximum(np.asarray(new_tokens, float), 1.0)
@@ -99,8 +111,9 @@ def prefill_attention_s(batch, new_tokens, prior_tokens, heads, kv_heads, d_qk, 
     kv_heads = np.asarray(kv_heads, float)
     dsum = np.asarray(d_qk, float) + np.asarray(d_v, float)
     w = np.asarray(window_tokens, float)
-    flops = 2.0 * batch * heads * dsum * causal_pairs(new, prior, w)
-    slow = ((1.0 + half_tokens / new) * (1.0 + half_rows / (batch * heads * new))
+    pairs = causal_pairs(new, prior, np.where(w > 0, w + window_pad_tokens, 0.0))
+    flops = 2.0 * batch * heads * dsum * pairs
+    slow = ((1.0 + half_tokens * new / pairs) * (1.0 + half_rows / (batch * heads * new))
             * (1.0 + dim_half / np.asarray(d_qk, float)))
     t_flops = flops / (np.asarray(peak_flops_per_s, float) * fraction) * slow
     prior_w = np.where(w > 0, np.minimum(prior, np.where(w > 0, w, 1.0)), prior)

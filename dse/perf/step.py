@@ -128,7 +128,8 @@ class Coefficients:
                            / (b.attn_flops_per_s * b.attn_prefill_fraction) * stage)
         # per prompt and per (prompt, query head) time of each prefill attention call
         self.x_core_pre_seq = L * (b.attn_prefill_per_seq_s + heads * b.attn_prefill_per_seq_head_s)
-        self.pre_half_tokens = b.attn_prefill_half_tokens
+        # (half_tokens: keys per query row; summed over the layers, half_tokens per new token)
+        self.pre_half_tokens = b.attn_prefill_half_tokens * b.n_layers
         self.pre_half_rows = b.attn_prefill_half_rows / heads
         kv_tok = arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
         self.kv_dec = kv_tok / (b.hbm_bw_bytes_per_s * b.attn_decode_hbm_fraction)
@@ -408,11 +409,12 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     if has_pre:
         new1 = np.maximum(new, 1.0)
         reqs = pre_rank / new1                     # prompts (or their share) on that rank
-        # prefill attention: efficiency rises with the prompt's tokens and its rows (batch x
-        # heads)
-        pre_eff = (1.0 + k.pre_half_tokens / new1) \
-            * (1.0 + k.pre_half_rows / np.maximum(reqs * new, 1.0))
-        c_core = _iadd(c_core, k.c_core_pre * reqs * pairs * pre_eff)
+        # prefill attention: efficiency rises with the keys each query row attends to
+        # (pairs / new: each query tile's fixed work over its key loop) and with the call's
+        # rows (batch x heads)
+        pre_eff = 1.0 + k.pre_half_rows / np.maximum(reqs * new, 1.0)
+        c_core = _iadd(c_core, k.c_core_pre * reqs * (pairs + k.pre_half_tokens * new1)
+                       * pre_eff)
         m_core = _iadd(m_core, k.kv_pre_stage * (reqs * prior))
         x_core = _iadd(x_core, k.x_core_pre_seq * reqs)
         lat_core = _iadd(lat_core, k.x_core_pre * arch.flag(pre > 0, tok))
