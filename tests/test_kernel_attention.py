@@ -65,6 +65,14 @@ def test_decode_few_items_stream_the_kv_slower_by_hand():
     t = ka.gqa_decode_attention_s(64, 8192, 32, 8, 128, 2.0, 0.0, H200_PEAK, H200_BW, **p)
     kv = 64 * 8192 * 2 * 8 * 128 * 2 / (H200_BW * 0.8)
     assert t == pytest.approx(kv * (1.0 + 8.0 / 512.0), rel=1e-12)
+    # split-KV: 1 + 8192 / 1024 = 9 CTAs per (sequence, KV head), the ramp / 9; a 1024-token
+    # context splits in 2
+    ps = dict(p, split_tokens=1024.0)
+    t = ka.gqa_decode_attention_s(64, 8192, 32, 8, 128, 2.0, 0.0, H200_PEAK, H200_BW, **ps)
+    assert t == pytest.approx(kv * (1.0 + 8.0 / (512.0 * 9.0)), rel=1e-12)
+    t = ka.gqa_decode_attention_s(1, 1024, 32, 8, 128, 2.0, 0.0, H200_PEAK, H200_BW, **ps)
+    kv1 = 1024 * 2 * 8 * 128 * 2 / (H200_BW * 0.8)
+    assert t == pytest.approx(kv1 * (1.0 + 8.0 / (8.0 * 2.0)), rel=1e-12)
 
 
 def test_prefill_flops_of_a_known_shape():
@@ -190,7 +198,8 @@ def test_every_parameter_matters():
     b, ctx, h, kv, kvb = _decode_grid()
     f = lambda p: ka.gqa_decode_attention_s(b, ctx, h, kv, 128, kvb, 0.0, H200_PEAK, H200_BW, **p)
     # the grid's 64:1 falls back; half_items: few-item calls stream the KV slower
-    dec = dict(DEC, group_max_heads=60.0, fallback_fraction=0.01, half_items=4.0)
+    dec = dict(DEC, group_max_heads=60.0, fallback_fraction=0.01, half_items=4.0,
+               split_tokens=2048.0)
     base = f(dec)
     for name in dec:
         assert np.max(np.abs(f(dict(dec, **{name: dec[name] * 1.2})) / base - 1)) > 1e-3, name

@@ -145,3 +145,19 @@ def test_windowed_prefill_attention_by_hand():
     eff = (1 + 32 / 64) * (1 + 2048 / 64 / 4096)
     compute = 2 * 64 * 128 * pairs * eff / (5e14 * 0.6)
     assert pre.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
+
+
+def test_decode_kv_ramp_fades_with_split_kv_by_hand():
+    """The decode of test_decode_attention_by_hand with half_items = 16 and split_tokens = 500:
+    each layer's call has 64 sequences x 8 KV heads = 512 items, each split over
+    1 + 2000 / 500 = 5 CTAs, so the KV stream runs at 1 / (1 + 16 / (512 x 5)) of its rate."""
+    d = design(model="llama-3.1-8b", **{
+        "layout.tp": 1, "workload.isl": 1000, "workload.osl": 2000, "workload.concurrency": 64,
+        "workload.phase": "decode"})
+    pin = dict(ATTN_PIN, attn_decode_half_items=16.0, attn_decode_split_tokens=500.0)
+    dec = score(batch(d, ideal=True).replace(**pin), breakdown=True)[1].decode
+    ctx = 32 * 2000
+    kv_tok = 2 * 8 * 128 * 2
+    memory = (kv_tok / (4e12 * 0.8) * 64 * ctx * (1 + 16 / (512 * 5))
+              + kv_tok / (4e12 * 0.7) * 64 * 32)
+    assert dec.memory_s[CORE][0] == pytest.approx(memory, rel=1e-9)

@@ -150,6 +150,8 @@ FIELDS.update({
     "attn_decode_fallback_fraction": "share of attn_flops_per_s the decode fallback reaches",
     "attn_decode_half_items": "(sequence, KV head) items per decode call at which the KV "
                               "stream runs at half rate",
+    "attn_decode_split_tokens": "context tokens per extra split-KV CTA of one (sequence, KV "
+                                "head) item: the half_items ramp fades with the context",
 })
 
 
@@ -177,6 +179,8 @@ OPTIONAL: dict[str, float | str] = {
     "attn_decode_half_items": 0.0,
     # sliding-window prefill's keys per query row beyond the window (kernel_attention)
     "attn_prefill_window_pad_tokens": 0.0,
+    # decode's split-KV: context tokens per extra CTA (1e12: never splits)
+    "attn_decode_split_tokens": 1e12,
 }
 FIELDS.update({
     "spec_tokens": "draft tokens proposed per sequence per step (0: no speculative decoding)",

@@ -34,13 +34,17 @@ Decode (generation) attention, one new token per sequence over ``context`` cache
     q_rows   = kv_heads * max(heads / kv_heads, group_min_heads)   (the MMA pads each KV head's
                                                                     query group to a tile)
     flops    = 2 * batch * ctx * q_rows * (d_qk + d_v)
+    splits   = 1 + ctx / split_tokens                     (CTAs the kernel splits one
+                                                           (sequence, KV head)'s context over)
     t        = latency_s + batch * (per_seq_s + kv_heads * per_seq_kv_head_s)
-               + max(bytes / (hbm_bw * hbm_fraction) * (1 + half_items / (batch * kv_heads)),
+               + max(bytes / (hbm_bw * hbm_fraction) * (1 + half_items / (batch * kv_heads * splits)),
                      flops / (peak * compute_fraction))
 
     ``half_items``: (sequence, KV head) work items at which the KV stream reaches half its rate:
-    a call with few items and no (or too little) split of the context over CTAs leaves SMs idle
-    (0: none).
+    a call with few items leaves SMs idle, unless the kernel splits each item's context over
+    several CTAs (flash-decoding's split-KV): about one more split per ``split_tokens`` of
+    context, so a long context fills the chip with few sequences and a short one cannot
+    (half_items 0: no ramp; split_tokens inf: no split).
 
     Query groups wider than ``group_max_heads`` (heads / kv_heads > group_max_heads: the
     grouped-query kernel's largest supported group, e.g. TensorRT-LLM's XQA at 32) fall back to a
@@ -49,7 +53,7 @@ Decode (generation) attention, one new token per sequence over ``context`` cache
     head from L2::
 
     t        = latency_s + batch * (per_seq_s + heads * per_seq_kv_head_s)
-               + max(bytes / (hbm_bw * hbm_fraction) * (1 + half_items / (batch * kv_heads)),
+               + max(bytes / (hbm_bw * hbm_fraction) * (1 + half_items / (batch * kv_heads * splits)),
                      2 * batch * ctx * heads * (d_qk + d_v) / (peak * fallback_fraction))
 
     (``group_max_heads`` = inf, the default: no fallback, the form above.)
@@ -126,7 +130,7 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
                        kv_bytes_per_elem, window_tokens, peak_flops_per_s, hbm_bw_bytes_per_s,
                        *, hbm_fraction, compute_fraction, group_min_heads, latency_s,
                        per_seq_s, per_seq_kv_head_s=0.0, group_max_heads=np.inf,
-                       fallback_fraction=1.0, half_items=0.0):
+                       fallback_fraction=1.0, half_items=0.0, split_tokens=np.inf):
     """Seconds of one decode (generation) attention layer on one chip: one new token for each of
     ``batch`` sequences, each attending to ``context_tokens`` tokens (cached + the new one).
 
@@ -142,7 +146,8 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
     group_max_heads: the widest query group (heads per KV head) the grouped kernel takes, wider
     groups run the per-query-head fallback (inf: never); fallback_fraction: the fallback's
     achieved fraction of the peak; half_items: (sequence, KV head) items per call at which
-    the KV stream runs at half its rate (0: none).
+    the KV stream runs at half its rate (0: none); split_tokens: context tokens per extra
+    split-KV CTA of one item (inf: the kernel never splits).
     """
     batch = np.asarray(batch, float)
     ctx = np.asarray(context_tokens, float)
@@ -156,7 +161,7 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
     items = np.where(fallback, heads, kv_heads)
     flops = 2.0 * batch * ctx * q_rows * (np.asarray(d_qk, float) + np.asarray(d_v, float))
     t_mem = (nbytes / (np.asarray(hbm_bw_bytes_per_s, float) * hbm_fraction)
-             * (1.0 + half_items / (batch * kv_heads)))
+             * (1.0 + half_items / (batch * kv_heads * (1.0 + ctx / split_tokens))))
     t_flops = flops / (np.asarray(peak_flops_per_s, float)
                        * np.where(fallback, fallback_fraction, compute_fraction))
     return (latency_s + batch * (per_seq_s + items * per_seq_kv_head_s)

@@ -138,6 +138,9 @@ class Coefficients:
         # sequences' worth of reads per call as half_items / kv_heads
         self.dec_half = b.attn_decode_half_items / kv_heads
         self.dec_half_on = bool(np.any(self.dec_half))
+        # ... fading as split-KV splits a longer context over more CTAs: 1 + ctx / split_tokens
+        # per layer (dec_ctx sums the layers' contexts: their mean, split_tokens x n_layers)
+        self.dec_split_layers = b.attn_decode_split_tokens * b.n_layers
         items = np.where(fallback, heads, kv_heads)          # work items per sequence
         self.x_core_seq = L * (b.attn_decode_per_seq_s + items * b.attn_decode_per_seq_kv_head_s)
         self.x_core_dec = L * b.attn_decode_latency_s
@@ -396,7 +399,9 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     seqs = dec if seq_tokens is None else dec / seq_tokens     # hook: dse.perf.spec
     ctx = k.__dict__.get("_ctx")
     if ctx is None or ctx[0] is not dec_ctx:       # per design: once for the steps of a call
-        ctx = (dec_ctx, k.c_core_dec * dec_ctx, k.kv_dec_stage * dec_ctx)
+        kv = k.kv_dec_stage * dec_ctx
+        ramp = kv / (1.0 + dec_ctx / k.dec_split_layers) if k.dec_half_on else None
+        ctx = (dec_ctx, k.c_core_dec * dec_ctx, kv, ramp)
         k.__dict__["_ctx"] = ctx
     c_core = ctx[1] * dec
     m_core = ctx[2] * seqs
@@ -404,7 +409,7 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     x_core = k.x_core_seq_rank * seqs
     on_dec = arch.flag(dec > 0, tok)
     if k.dec_half_on:                              # the KV stream's ramp in work items per call
-        m_core = _iadd(m_core, ctx[2] * (dp * k.dec_half) * on_dec * two)
+        m_core = _iadd(m_core, ctx[3] * (dp * k.dec_half) * on_dec * two)
     lat_core = k.x_core_dec * on_dec
     if has_pre:
         new1 = np.maximum(new, 1.0)
