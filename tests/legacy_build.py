@@ -326,12 +326,13 @@ MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes"
             "hidden_half", "batch_bytes")
 MOE_ZERO_DEFAULT = ("hidden_half", "batch_bytes")    # absent from a catalog: no such term
 ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction",
-                     "per_seq_s", "per_seq_head_s", "dim_half")
-ATTN_PREFILL_ZERO_DEFAULT = ("per_seq_s", "per_seq_head_s", "dim_half")   # absent: no term
+                     "per_seq_s", "per_seq_head_s", "dim_half", "window_pad_tokens")
+ATTN_PREFILL_ZERO_DEFAULT = ("per_seq_s", "per_seq_head_s", "dim_half",   # absent: no term
+                             "window_pad_tokens")
 ATTN_DECODE_KEYS = ("hbm_fraction", "compute_fraction", "group_min_heads", "latency_s",
                     "per_seq_s", "per_seq_kv_head_s", "group_max_heads", "fallback_fraction",
-                    "half_items")
-ATTN_DECODE_DEFAULT = {"group_max_heads": 1e4, "fallback_fraction": 1.0}
+                    "half_items", "split_tokens")
+ATTN_DECODE_DEFAULT = {"group_max_heads": 1e4, "fallback_fraction": 1.0, "split_tokens": 1e12}
 
 
 def _family(names) -> tuple[np.ndarray, list]:

@@ -65,6 +65,14 @@ def test_decode_few_items_stream_the_kv_slower_by_hand():
     t = ka.gqa_decode_attention_s(64, 8192, 32, 8, 128, 2.0, 0.0, H200_PEAK, H200_BW, **p)
     kv = 64 * 8192 * 2 * 8 * 128 * 2 / (H200_BW * 0.8)
     assert t == pytest.approx(kv * (1.0 + 8.0 / 512.0), rel=1e-12)
+    # split-KV: 1 + 8192 / 1024 = 9 CTAs per (sequence, KV head), the ramp / 9; a 1024-token
+    # context splits in 2
+    ps = dict(p, split_tokens=1024.0)
+    t = ka.gqa_decode_attention_s(64, 8192, 32, 8, 128, 2.0, 0.0, H200_PEAK, H200_BW, **ps)
+    assert t == pytest.approx(kv * (1.0 + 8.0 / (512.0 * 9.0)), rel=1e-12)
+    t = ka.gqa_decode_attention_s(1, 1024, 32, 8, 128, 2.0, 0.0, H200_PEAK, H200_BW, **ps)
+    kv1 = 1024 * 2 * 8 * 128 * 2 / (H200_BW * 0.8)
+    assert t == pytest.approx(kv1 * (1.0 + 8.0 / (8.0 * 2.0)), rel=1e-12)
 
 
 def test_prefill_flops_of_a_known_shape():
@@ -74,10 +82,32 @@ def test_prefill_flops_of_a_known_shape():
     flops = 2 * b * h * (d + d) * (s * (s + 1) / 2)   # 17.2 GFLOP
     assert flops == pytest.approx(17.196646e9, rel=1e-6)
     assert t == pytest.approx(flops / (H200_PEAK * 0.5), rel=1e-12)
-    # the short-sequence and few-rows slowdowns multiply the FLOP time
-    p2 = dict(p, half_tokens=1024.0, half_rows=b * h * s)
+    # the few-keys-per-row and few-rows slowdowns multiply the FLOP time: a causal prompt's
+    # query row attends to (s + 1) / 2 keys on average
+    p2 = dict(p, half_tokens=(s + 1) / 2, half_rows=b * h * s)
     t2 = ka.prefill_attention_s(b, s, 0, h, 8, d, d, 0.0, 2.0, H200_PEAK, H200_BW, **p2)
     assert t2 == pytest.approx(4 * t, rel=1e-12)
+
+
+def test_prefill_key_loop_and_window_pad_by_hand():
+    # half_tokens counts the keys per query row, not the new tokens: a 512-token chunk after
+    # 7680 cached tokens attends to 7680 + 256.5 keys per row and runs near the long-prompt rate
+    p = dict(fraction=0.5, half_tokens=1000.0, half_rows=0.0, latency_s=0.0, hbm_fraction=1e9)
+    t = ka.prefill_attention_s(1, 512, 7680, 32, 8, 128, 128, 0.0, 2.0, H200_PEAK, H200_BW, **p)
+    pairs = 512 * 7680 + 512 * 513 / 2
+    base = 2 * 32 * 256 * pairs / (H200_PEAK * 0.5)
+    assert t == pytest.approx(base * (1 + 1000.0 / (pairs / 512)), rel=1e-12)   # x1.126
+    # (the same chunk as a fresh prompt: 256.5 keys per row, x4.9)
+    t0 = ka.prefill_attention_s(1, 512, 0, 32, 8, 128, 128, 0.0, 2.0, H200_PEAK, H200_BW, **p)
+    assert t0 / (2 * 32 * 256 * 512 * 513 / 2 / (H200_PEAK * 0.5)) == pytest.approx(
+        1 + 1000.0 / 256.5, rel=1e-12)
+    # a 128-token window computes window + window_pad keys per query row: 8192 x (128 + 64)
+    pw = dict(p, half_tokens=0.0, window_pad_tokens=64.0)
+    tw = ka.prefill_attention_s(1, 8192, 0, 32, 8, 128, 128, 128.0, 2.0, H200_PEAK, H200_BW, **pw)
+    assert tw == pytest.approx(2 * 32 * 256 * 8192 * 192 / (H200_PEAK * 0.5), rel=1e-12)
+    # the pad never makes a window cost more than full attention
+    ts = ka.prefill_attention_s(1, 100, 0, 32, 8, 128, 128, 128.0, 2.0, H200_PEAK, H200_BW, **pw)
+    assert ts == pytest.approx(2 * 32 * 256 * 100 * 101 / 2 / (H200_PEAK * 0.5), rel=1e-12)
 
 
 def test_window_caps_pairs():
@@ -168,7 +198,8 @@ def test_every_parameter_matters():
     b, ctx, h, kv, kvb = _decode_grid()
     f = lambda p: ka.gqa_decode_attention_s(b, ctx, h, kv, 128, kvb, 0.0, H200_PEAK, H200_BW, **p)
     # the grid's 64:1 falls back; half_items: few-item calls stream the KV slower
-    dec = dict(DEC, group_max_heads=60.0, fallback_fraction=0.01, half_items=4.0)
+    dec = dict(DEC, group_max_heads=60.0, fallback_fraction=0.01, half_items=4.0,
+               split_tokens=2048.0)
     base = f(dec)
     for name in dec:
         assert np.max(np.abs(f(dict(dec, **{name: dec[name] * 1.2})) / base - 1)) > 1e-3, name
@@ -178,6 +209,12 @@ def test_every_parameter_matters():
     base = f(PRE)
     for name in PRE:
         assert np.max(np.abs(f(dict(PRE, **{name: PRE[name] * 1.2})) / base - 1)) > 1e-3, name
+    # the window pad: a 20% change moves a 128-token-window prefill by > 1e-3
+    f = lambda p: ka.prefill_attention_s(b, s, 0, h, h, d, d, 128.0, 2.0, H200_PEAK, H200_BW,
+                                         **p)
+    pre = dict(PRE, window_pad_tokens=64.0)
+    base = f(pre)
+    assert np.max(np.abs(f(dict(pre, window_pad_tokens=76.8)) / base - 1)) > 1e-3
 
 
 def _started_at(params, truth, factor):
@@ -190,7 +227,8 @@ def test_fit_recovers_known_parameters():
     pytest.importorskip("scipy")
     from dse.kernels import attention
     DECODE_PARAMS = _started_at([p for p in attention.DECODE_PARAMS if p.name in DEC], DEC, 1.4)
-    PREFILL_PARAMS = _started_at(attention.PREFILL_PARAMS, PRE, 1.4)
+    PREFILL_PARAMS = _started_at([p for p in attention.PREFILL_PARAMS if p.name in PRE], PRE,
+                                 1.4)
     b, ctx, h, kv, kvb = _decode_grid()
     f = lambda p: ka.gqa_decode_attention_s(b, ctx, h, kv, 128, kvb, 0.0, H200_PEAK, H200_BW, **p)
     fit = common.least_squares_fit(f, tuple(p for p in DECODE_PARAMS if p.name in DEC), f(DEC))

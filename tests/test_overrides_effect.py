@@ -75,6 +75,17 @@ BASES = [
     {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-8b", "model.num_attention_heads": 36,
      "model.num_key_value_heads": 1, "layout.tp": 1, "workload.isl": 1024, "workload.osl": 256,
      "workload.concurrency": 256, "model.kv_dtype": "fp8"},
+    # sliding-window prefill (attn_prefill*_window_pad_tokens): gpt-oss's 128-token local
+    # layers, bf16 and fp8 caches on a chip with an fp8 peak and an fp8 cache on one without
+    {"accelerator.id": "h100-sxm", "model.id": "gpt-oss-120b", "layout.tp": 2,
+     "workload.isl": 8192, "workload.osl": 256, "workload.concurrency": 16,
+     "model.kv_dtype": "bf16"},
+    {"accelerator.id": "h100-sxm", "model.id": "gpt-oss-120b", "layout.tp": 2,
+     "workload.isl": 8192, "workload.osl": 256, "workload.concurrency": 16,
+     "model.kv_dtype": "fp8"},
+    {"accelerator.id": "a100-sxm-80g", "model.id": "gpt-oss-120b", "layout.tp": 2,
+     "workload.isl": 8192, "workload.osl": 256, "workload.concurrency": 16,
+     "model.kv_dtype": "fp8"},
 ]
 
 # paths with no numeric effect by design, each with the reason

@@ -113,7 +113,7 @@ def test_decode_attention_by_hand():
 def test_prefill_attention_by_hand():
     """One 4096-token prompt on Llama-3.1-8B, tp=1, prefill only: 4096 x 4097 / 2 causal pairs
     per layer, 32 layers, 2 x 32 heads x (128 + 128) FLOPs each, slowed by the head dim
-    (1 + 32/128), the prompt's length (1 + 512/4096) and its rows (1 + (2048/32) / 4096), at
+    (1 + 32/128), the keys per query row (1 + 512 / (4097/2)) and its rows (1 + (2048/32) / 4096), at
     500 TFLOP/s x 0.6. KV written: 4096 tokens x 32 layers x 4096 B at 4 TB/s x 0.7. Fixed:
     32 layers x (7 us + 3 us + 32 heads x 0.1 us)."""
     d = design(model="llama-3.1-8b", **{
@@ -121,10 +121,43 @@ def test_prefill_attention_by_hand():
         "workload.phase": "prefill", "serving.max_num_tokens": 8192})
     pre = score(batch(d, ideal=True).replace(**ATTN_PIN), breakdown=True)[1].prefill
     pairs = 32 * 4096 * 4097 / 2
-    eff = (1 + 32 / 128) * (1 + 512 / 4096) * (1 + 2048 / 32 / 4096)
+    eff = (1 + 32 / 128) * (1 + 512 / (4097 / 2)) * (1 + 2048 / 32 / 4096)
     compute = 2 * 32 * 256 * pairs * eff / (5e14 * 0.6)
     memory = 2 * 8 * 128 * 2 / (4e12 * 0.7) * 4096 * 32
     fixed = 32 * (7e-6 + 3e-6 + 32 * 1e-7)
     assert pre.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
     assert pre.memory_s[CORE][0] == pytest.approx(memory, rel=1e-9)
     assert pre.op_s[CORE][0] == pytest.approx(max(compute, memory) + fixed, rel=1e-9)
+
+
+def test_windowed_prefill_attention_by_hand():
+    """One 4096-token prompt on gpt-oss-120b, tp=1: 18 global layers of 4096 x 4097 / 2 causal
+    pairs and 18 local layers whose 128-token window computes 128 + 64 (window_pad_tokens)
+    keys per query row, 4096 x 192 pairs; 64 heads x 2 x (64 + 64) FLOPs per pair, slowed by the
+    head dim (1 + 32/64) and the rows (1 + (2048/64) / 4096), plus 512 keys' worth per query
+    row per layer (half_tokens, 36 layers x 4096 rows), at 500 TFLOP/s x 0.6."""
+    d = design(model="gpt-oss-120b", **{
+        "layout.tp": 1, "workload.isl": 4096, "workload.osl": 1, "workload.concurrency": 1,
+        "workload.phase": "prefill", "serving.max_num_tokens": 8192})
+    pin = dict(ATTN_PIN, attn_prefill_window_pad_tokens=64.0)
+    pre = score(batch(d, ideal=True).replace(**pin), breakdown=True)[1].prefill
+    pairs = 18 * 4096 * 4097 / 2 + 18 * 4096 * (128 + 64) + 36 * 512 * 4096
+    eff = (1 + 32 / 64) * (1 + 2048 / 64 / 4096)
+    compute = 2 * 64 * 128 * pairs * eff / (5e14 * 0.6)
+    assert pre.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
+
+
+def test_decode_kv_ramp_fades_with_split_kv_by_hand():
+    """The decode of test_decode_attention_by_hand with half_items = 16 and split_tokens = 500:
+    each layer's call has 64 sequences x 8 KV heads = 512 items, each split over
+    1 + 2000 / 500 = 5 CTAs, so the KV stream runs at 1 / (1 + 16 / (512 x 5)) of its rate."""
+    d = design(model="llama-3.1-8b", **{
+        "layout.tp": 1, "workload.isl": 1000, "workload.osl": 2000, "workload.concurrency": 64,
+        "workload.phase": "decode"})
+    pin = dict(ATTN_PIN, attn_decode_half_items=16.0, attn_decode_split_tokens=500.0)
+    dec = score(batch(d, ideal=True).replace(**pin), breakdown=True)[1].decode
+    ctx = 32 * 2000
+    kv_tok = 2 * 8 * 128 * 2
+    memory = (kv_tok / (4e12 * 0.8) * 64 * ctx * (1 + 16 / (512 * 5))
+              + kv_tok / (4e12 * 0.7) * 64 * 32)
+    assert dec.memory_s[CORE][0] == pytest.approx(memory, rel=1e-9)

@@ -25,12 +25,20 @@ compute and memory terms makes a single start land in the wrong branch), with th
 loss on the log errors (``LOSS``: about their mean absolute value, the reported error); the
 start with the smallest in-sample cost is kept (held-out rows never choose). Prefill (GQA)
 adds a per-sequence and a per-(sequence, head) time and a head-dim edge (``dim_half``): tiny
-prompts of big batches pay a tile per (sequence, head), head dim 64 runs slower MMAs. Decode
+prompts of big batches pay a tile per (sequence, head), head dim 64 runs slower MMAs. Its
+``half_tokens`` ramp is in the keys each query row attends to (causal pairs / new tokens),
+not in the new tokens: with it a 128-token sliding window (gpt-oss-style layers, 28% of the
+prefill rows) runs at its own short-loop rate, and ``window_pad_tokens`` adds the keys per
+query row a window computes beyond its width (query-tile span, masked edge tiles): the two
+took the windowed rows from 0.66x to about 1x of the measured time and the prefill median
+from 1.170 to 1.129 (2026-12-02). Decode
 adds the per-query-head fallback of query groups wider than ``group_max_heads`` (a threshold,
 chosen per group from ``GROUP_MAX_CANDIDATES`` by in-sample cost: TensorRT-LLM's fits pick 32,
 its XQA kernel's largest group; SGLang's none) and ``half_items``, the (sequence, KV head) items
 per call at which the KV stream runs at half rate (MLA too: A100 TensorRT-LLM's MLA decode at
-batch 1 streams 5x below its rate).
+batch 1 streams 5x below its rate); for GQA the ramp fades with the context as split-KV
+(flash-decoding) splits each item over ``1 + context / split_tokens`` CTAs (a few long
+sequences fill the chip, a few short ones do not; 2026-12-02, decode median 1.159 -> 1.14).
 
 Catalog entries: every accelerator x runtime. Measured (chip, runtime, op, dtype): its fit. A
 measured chip lacking that runtime's table (or that dtype for it) takes the transfer rule
@@ -70,9 +78,12 @@ PREFILL_PARAMS = (
     common.Param("per_seq_s", 1e-8, 1e-10, 1e-3, "latency"),
     common.Param("per_seq_head_s", 1e-9, 1e-10, 1e-3, "latency"),
     common.Param("dim_half", 16.0, 1e-2, 1e4, "shape"),
+    # keys per query row a sliding window computes beyond its width (a 0.01 floor: none)
+    common.Param("window_pad_tokens", 64.0, 1e-2, 1e4, "shape"),
 )
-# MLA prefill has one head dim (192): dim_half would only trade off against fraction
-MLA_PREFILL_PARAMS = PREFILL_PARAMS[:-1]
+# MLA prefill has one head dim (192) and no window: dim_half would only trade off against
+# fraction, window_pad_tokens has no rows to see it
+MLA_PREFILL_PARAMS = PREFILL_PARAMS[:-2]
 # robust loss (common.least_squares_fit): about the mean |log error|, the reported metric
 LOSS, F_SCALE = "soft_l1", 0.05
 # group_max_heads is chosen per fit group from these candidates (the smallest in-sample cost;
@@ -92,6 +103,9 @@ DECODE_PARAMS = (
     # (sequence, KV head) items at which the KV stream runs at half rate; a 1e-3 floor: none
     common.Param("half_items", 1.0, 1e-3, 1e4, "shape"),
     common.Param("group_max_heads", NO_FALLBACK, 1.0, NO_FALLBACK, "threshold"),
+    # context tokens per extra split-KV CTA of one (sequence, KV head) item: the half_items
+    # ramp fades as the context grows (a 1e7 ceiling: no split)
+    common.Param("split_tokens", 1024.0, 1.0, 1e7, "shape"),
 )
 # MLA decode has one latent "KV head": the per-(sequence, KV head) term folds into per_seq_s,
 # and its 16-128 query heads per latent are one MLA kernel's group (no fallback)

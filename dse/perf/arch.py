@@ -171,8 +171,10 @@ def context_layers(b: Batch, ctx: np.ndarray) -> np.ndarray:
 
 
 def prefill_pairs_layers(b: Batch, new: np.ndarray, prior: np.ndarray) -> np.ndarray:
-    """Sum over layers of causal (query, key) pairs when ``new`` tokens follow ``prior`` cached ones."""
+    """Sum over layers of causal (query, key) pairs when ``new`` tokens follow ``prior`` cached ones
+    (a local layer's window computes ``attn_prefill_window_pad_tokens`` more keys per query:
+    ``dse.perf.kernel_attention.prefill_attention_s``)."""
     full = new * prior + 0.5 * new * (new + 1.0)
-    local = np.minimum(full, new * window_or_inf(b))
+    local = np.minimum(full, new * (window_or_inf(b) + b.attn_prefill_window_pad_tokens))
     n_global = b.n_layers - b.n_local_layers
     return n_global * full + b.n_local_layers * local

@@ -129,13 +129,16 @@ FIELDS.update({
     "moe_hidden_half": "model width (elements) at which grouped-GEMM K/N edge waste halves throughput",
     "moe_batch_bytes": "HBM bytes per token on the chip per hidden element (layer input, output)",
     "attn_prefill_fraction": "share of attn_flops_per_s prefill attention reaches",
-    "attn_prefill_half_tokens": "prompt tokens at which prefill attention efficiency halves",
+    "attn_prefill_half_tokens": "keys per query row (causal pairs / new tokens) at which "
+                                "prefill attention efficiency halves",
     "attn_prefill_half_rows": "query rows (batch x heads x tokens) of padding per call",
     "attn_prefill_latency_s": "fixed time per prefill attention call (per layer)",
     "attn_prefill_hbm_fraction": "share of HBM bandwidth prefill attention's Q/K/V traffic reaches",
     "attn_prefill_per_seq_s": "time per prompt per prefill attention call",
     "attn_prefill_per_seq_head_s": "time per (prompt, query head) per prefill attention call",
     "attn_prefill_dim_half": "qk head dim at which prefill attention's MMA rate halves",
+    "attn_prefill_window_pad_tokens": "keys per query row a sliding-window prefill computes "
+                                      "beyond the window (tile span, masked edge tiles)",
     "attn_decode_hbm_fraction": "share of HBM bandwidth decode attention's KV read reaches",
     "attn_decode_compute_fraction": "share of attn_flops_per_s decode attention reaches",
     "attn_decode_group_min_heads": "query heads per KV head the decode MMA pads to",
@@ -147,6 +150,8 @@ FIELDS.update({
     "attn_decode_fallback_fraction": "share of attn_flops_per_s the decode fallback reaches",
     "attn_decode_half_items": "(sequence, KV head) items per decode call at which the KV "
                               "stream runs at half rate",
+    "attn_decode_split_tokens": "context tokens per extra split-KV CTA of one (sequence, KV "
+                                "head) item: the half_items ramp fades with the context",
 })
 
 
@@ -172,6 +177,10 @@ OPTIONAL: dict[str, float | str] = {
     # decode attention's per-query-head fallback (dse.perf.kernel_attention): 1e4 = never
     "attn_decode_group_max_heads": 1e4, "attn_decode_fallback_fraction": 1.0,
     "attn_decode_half_items": 0.0,
+    # sliding-window prefill's keys per query row beyond the window (kernel_attention)
+    "attn_prefill_window_pad_tokens": 0.0,
+    # decode's split-KV: context tokens per extra CTA (1e12: never splits)
+    "attn_decode_split_tokens": 1e12,
 }
 FIELDS.update({
     "spec_tokens": "draft tokens proposed per sequence per step (0: no speculative decoding)",

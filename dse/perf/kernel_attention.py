@@ -9,10 +9,19 @@ through its peaks (``peak_flops_per_s``, ``hbm_bw_bytes_per_s``) and its fitted 
 Prefill (context) attention, GQA/MHA or expanded MLA::
 
     pairs    = new * prior + new * (new + 1) / 2          (causal (query, key) pairs per sequence)
-    pairs    = min(pairs, new * window)                   (sliding window, when window > 0)
+    pairs    = min(pairs, new * (window + window_pad))    (sliding window, when window > 0: the
+                                                           query tile's span and the partly
+                                                           masked key tiles at both window edges
+                                                           add window_pad keys per query)
+    keys     = pairs / new                                (keys one query row attends to: the
+                                                           length of the kernel's inner loop)
     flops    = 2 * batch * heads * (d_qk + d_v) * pairs
-    t_flops  = flops / (peak * fraction) * (1 + half_tokens / new) * (1 + half_rows / (batch * heads * new))
+    t_flops  = flops / (peak * fraction) * (1 + half_tokens / keys) * (1 + half_rows / (batch * heads * new))
                * (1 + dim_half / d_qk)
+
+    ``half_tokens``: keys per query row at which the rate halves: each query tile pays a fixed
+    prologue/epilogue (Q load, softmax rescale, O store) that a long key loop amortizes, so a
+    chunk that follows a long cached prefix, or a short-window layer, runs at its own rate.
     bytes    = elem_bytes * batch * (new * heads * (d_qk + d_v) + (new + prior_w) * kv_heads * (d_qk + d_v))
     t        = latency_s + batch (per_seq_s + heads per_seq_head_s)
                + max(t_flops, bytes / (hbm_bw * hbm_fraction))
@@ -25,13 +34,17 @@ Decode (generation) attention, one new token per sequence over ``context`` cache
     q_rows   = kv_heads * max(heads / kv_heads, group_min_heads)   (the MMA pads each KV head's
                                                                     query group to a tile)
     flops    = 2 * batch * ctx * q_rows * (d_qk + d_v)
+    splits   = 1 + ctx / split_tokens                     (CTAs the kernel splits one
+                                                           (sequence, KV head)'s context over)
     t        = latency_s + batch * (per_seq_s + kv_heads * per_seq_kv_head_s)
-               + max(bytes / (hbm_bw * hbm_fraction) * (1 + half_items / (batch * kv_heads)),
+               + max(bytes / (hbm_bw * hbm_fraction) * (1 + half_items / (batch * kv_heads * splits)),
                      flops / (peak * compute_fraction))
 
     ``half_items``: (sequence, KV head) work items at which the KV stream reaches half its rate:
-    a call with few items and no (or too little) split of the context over CTAs leaves SMs idle
-    (0: none).
+    a call with few items leaves SMs idle, unless the kernel splits each item's context over
+    several CTAs (flash-decoding's split-KV): about one more split per ``split_tokens`` of
+    context, so a long context fills the chip with few sequences and a short one cannot
+    (half_items 0: no ramp; split_tokens inf: no split).
 
     Query groups wider than ``group_max_heads`` (heads / kv_heads > group_max_heads: the
     grouped-query kernel's largest supported group, e.g. TensorRT-LLM's XQA at 32) fall back to a
@@ -40,7 +53,7 @@ Decode (generation) attention, one new token per sequence over ``context`` cache
     head from L2::
 
     t        = latency_s + batch * (per_seq_s + heads * per_seq_kv_head_s)
-               + max(bytes / (hbm_bw * hbm_fraction) * (1 + half_items / (batch * kv_heads)),
+               + max(bytes / (hbm_bw * hbm_fraction) * (1 + half_items / (batch * kv_heads * splits)),
                      2 * batch * ctx * heads * (d_qk + d_v) / (peak * fallback_fraction))
 
     (``group_max_heads`` = inf, the default: no fallback, the form above.)
@@ -74,7 +87,8 @@ def causal_pairs(new_tokens, prior_tokens, window_tokens=0.0):
 def prefill_attention_s(batch, new_tokens, prior_tokens, heads, kv_heads, d_qk, d_v,
                         window_tokens, elem_bytes, peak_flops_per_s, hbm_bw_bytes_per_s, *,
                         fraction, half_tokens, half_rows, latency_s, hbm_fraction=0.8,
-                        dim_half=0.0, per_seq_s=0.0, per_seq_head_s=0.0):
+                        dim_half=0.0, per_seq_s=0.0, per_seq_head_s=0.0,
+                        window_pad_tokens=0.0):
     """Seconds of one prefill (context) attention layer on one chip.
 
     batch: sequences in the call; new_tokens: new (query) tokens per sequence; prior_tokens:
@@ -82,15 +96,17 @@ def prefill_attention_s(batch, new_tokens, prior_tokens, heads, kv_heads, d_qk, 
     d_qk, d_v: query/key and value head dims (elements); window_tokens: sliding window (tokens,
     0 = full); elem_bytes: bytes per Q/K/V/O element; peak_flops_per_s: the chip's dense matmul
     peak for the compute dtype; hbm_bw_bytes_per_s: its HBM bandwidth.
-    fraction: fraction of the peak reached by long, wide prefills; half_tokens: new tokens per
-    sequence at which the rate is halved (tile fill along the sequence); half_rows: query rows
+    fraction: fraction of the peak reached by long, wide prefills; half_tokens: keys per query
+    row (pairs / new tokens) at which the rate is halved (per-query-tile prologue and epilogue
+    over the key loop); half_rows: query rows
     (batch x heads x new) at which the rate is halved (too few CTAs to fill the chip);
     latency_s: fixed time per call; hbm_fraction: achieved fraction of HBM bandwidth;
     dim_half: head dim (d_qk, elements) at which the MMAs' short K (scores) and N (values)
     halve the rate (0: none); per_seq_s: time per sequence in the call (varlen bookkeeping,
     one tile row per sequence at least) (s; 0: none); per_seq_head_s: time per (sequence,
     query head) work item: each pads its queries to a tile and loads its K/V tiles, however
-    few its new tokens (s; 0: none).
+    few its new tokens (s; 0: none); window_pad_tokens: keys per query row a sliding window
+    computes beyond its width (tile span, masked edge tiles) (0: none).
     """
     batch = np.asarray(batch, float)
     new = np.maximum(np.asarray(new_tokens, float), 1.0)
@@ -99,8 +115,9 @@ def prefill_attention_s(batch, new_tokens, prior_tokens, heads, kv_heads, d_qk, 
     kv_heads = np.asarray(kv_heads, float)
     dsum = np.asarray(d_qk, float) + np.asarray(d_v, float)
     w = np.asarray(window_tokens, float)
-    flops = 2.0 * batch * heads * dsum * causal_pairs(new, prior, w)
-    slow = ((1.0 + half_tokens / new) * (1.0 + half_rows / (batch * heads * new))
+    pairs = causal_pairs(new, prior, np.where(w > 0, w + window_pad_tokens, 0.0))
+    flops = 2.0 * batch * heads * dsum * pairs
+    slow = ((1.0 + half_tokens * new / pairs) * (1.0 + half_rows / (batch * heads * new))
             * (1.0 + dim_half / np.asarray(d_qk, float)))
     t_flops = flops / (np.asarray(peak_flops_per_s, float) * fraction) * slow
     prior_w = np.where(w > 0, np.minimum(prior, np.where(w > 0, w, 1.0)), prior)
@@ -113,7 +130,7 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
                        kv_bytes_per_elem, window_tokens, peak_flops_per_s, hbm_bw_bytes_per_s,
                        *, hbm_fraction, compute_fraction, group_min_heads, latency_s,
                        per_seq_s, per_seq_kv_head_s=0.0, group_max_heads=np.inf,
-                       fallback_fraction=1.0, half_items=0.0):
+                       fallback_fraction=1.0, half_items=0.0, split_tokens=np.inf):
     """Seconds of one decode (generation) attention layer on one chip: one new token for each of
     ``batch`` sequences, each attending to ``context_tokens`` tokens (cached + the new one).
 
@@ -129,7 +146,8 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
     group_max_heads: the widest query group (heads per KV head) the grouped kernel takes, wider
     groups run the per-query-head fallback (inf: never); fallback_fraction: the fallback's
     achieved fraction of the peak; half_items: (sequence, KV head) items per call at which
-    the KV stream runs at half its rate (0: none).
+    the KV stream runs at half its rate (0: none); split_tokens: context tokens per extra
+    split-KV CTA of one item (inf: the kernel never splits).
     """
     batch = np.asarray(batch, float)
     ctx = np.asarray(context_tokens, float)
@@ -143,7 +161,7 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
     items = np.where(fallback, heads, kv_heads)
     flops = 2.0 * batch * ctx * q_rows * (np.asarray(d_qk, float) + np.asarray(d_v, float))
     t_mem = (nbytes / (np.asarray(hbm_bw_bytes_per_s, float) * hbm_fraction)
-             * (1.0 + half_items / (batch * kv_heads)))
+             * (1.0 + half_items / (batch * kv_heads * (1.0 + ctx / split_tokens))))
     t_flops = flops / (np.asarray(peak_flops_per_s, float)
                        * np.where(fallback, fallback_fraction, compute_fraction))
     return (latency_s + batch * (per_seq_s + items * per_seq_kv_head_s)

@@ -136,7 +136,8 @@ class Coefficients:
                            / (b.attn_flops_per_s * b.attn_prefill_fraction) * stage)
         # per prompt and per (prompt, query head) time of each prefill attention call
         self.x_core_pre_seq = L * (b.attn_prefill_per_seq_s + heads * b.attn_prefill_per_seq_head_s)
-        self.pre_half_tokens = b.attn_prefill_half_tokens
+        # (half_tokens: keys per query row; summed over the layers, half_tokens per new token)
+        self.pre_half_tokens = b.attn_prefill_half_tokens * b.n_layers
         self.pre_half_rows = b.attn_prefill_half_rows / heads
         kv_tok = arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
         self.kv_dec = kv_tok / (b.hbm_bw_bytes_per_s * b.attn_decode_hbm_fraction)
@@ -145,6 +146,9 @@ class Coefficients:
         # sequences' worth of reads per call as half_items / kv_heads
         self.dec_half = b.attn_decode_half_items / kv_heads
         self.dec_half_on = bool(np.any(self.dec_half))
+        # ... fading as split-KV splits a longer context over more CTAs: 1 + ctx / split_tokens
+        # per layer (dec_ctx sums the layers' contexts: their mean, split_tokens x n_layers)
+        self.dec_split_layers = b.attn_decode_split_tokens * b.n_layers
         items = np.where(fallback, heads, kv_heads)          # work items per sequence
         self.x_core_seq = L * (b.attn_decode_per_seq_s + items * b.attn_decode_per_seq_kv_head_s)
         self.x_core_dec = L * b.attn_decode_latency_s
@@ -435,7 +439,9 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     seqs = dec if seq_tokens is None else dec / seq_tokens     # hook: dse.perf.spec
     ctx = k.__dict__.get("_ctx")
     if ctx is None or ctx[0] is not dec_ctx:       # per design: once for the steps of a call
-        ctx = (dec_ctx, k.c_core_dec * dec_ctx, k.kv_dec_stage * dec_ctx)
+        kv = k.kv_dec_stage * dec_ctx
+        ramp = kv / (1.0 + dec_ctx / k.dec_split_layers) if k.dec_half_on else None
+        ctx = (dec_ctx, k.c_core_dec * dec_ctx, kv, ramp)
         k.__dict__["_ctx"] = ctx
     c_core = ctx[1] * dec
     m_core = ctx[2] * seqs
@@ -443,16 +449,17 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     x_core = k.x_core_seq_rank * seqs
     on_dec = arch.flag(dec > 0, tok)
     if k.dec_half_on:                              # the KV stream's ramp in work items per call
-        m_core = _iadd(m_core, ctx[2] * (dp * k.dec_half) * on_dec * two)
+        m_core = _iadd(m_core, ctx[3] * (dp * k.dec_half) * on_dec * two)
     lat_core = k.x_core_dec * on_dec
     if has_pre:
         new1 = np.maximum(new, 1.0)
         reqs = pre_rank / new1                     # prompts (or their share) on that rank
-        # prefill attention: efficiency rises with the prompt's tokens and its rows (batch x
-        # heads)
-        pre_eff = (1.0 + k.pre_half_tokens / new1) \
-            * (1.0 + k.pre_half_rows / np.maximum(reqs * new, 1.0))
-        c_core = _iadd(c_core, k.c_core_pre * reqs * pairs * pre_eff)
+        # prefill attention: efficiency rises with the keys each query row attends to
+        # (pairs / new: each query tile's fixed work over its key loop) and with the call's
+        # rows (batch x heads)
+        pre_eff = 1.0 + k.pre_half_rows / np.maximum(reqs * new, 1.0)
+        c_core = _iadd(c_core, k.c_core_pre * reqs * (pairs + k.pre_half_tokens * new1)
+                       * pre_eff)
         m_core = _iadd(m_core, k.kv_pre_stage * (reqs * prior))
         x_core = _iadd(x_core, k.x_core_pre_seq * reqs)
         lat_core = _iadd(lat_core, k.x_core_pre * arch.flag(pre > 0, tok))
