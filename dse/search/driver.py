@@ -180,6 +180,11 @@ def plan(space, strategy: str | None, trials: int | None, budget_s: float | None
         return out
     total = trials if trials is not None else (n if budget_s is not None else min(n, DEFAULT_TRIALS))
     long = strategy == "optuna" and total > optuna_strategy.TPE_MAX_TRIALS and sampler is None
+    if strategy == "optuna" and sampler is None and population is None and \
+            total <= optuna_strategy.SHORT_RUN_TRIALS:
+        # a short run: a few random designs, then grid neighbours of the front (measured)
+        out.update(optuna_strategy.SHORT_RUN, trials=int(total))
+        return out
     sampler = sampler or (optuna_strategy.LONG_RUN[0] if long
                           else optuna_strategy.DEFAULT_SAMPLER[strategy])
     population = population or (optuna_strategy.LONG_RUN[1] if long and sampler == "nsga2"
@@ -294,6 +299,8 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
             ext["enumerated"] = p["enumerated"]
         max_trials = trials if "enumerated" not in p else None
     else:
+        ext.update({k: p[k] for k in ("local_share", "local_after", "local_adjacent",
+                                                  "local_margin") if k in p})
         ext.update(sampler=p["sampler"], population=p["population"], study_name=d.name,
                    trials=p["trials"], storage=storage,
                    segment_trials=segment_trials or optuna_strategy.SEGMENT_TRIALS)
