@@ -122,12 +122,22 @@ def drive(s: Strategy, progress: bool = True) -> dict:
                 n = s.tell(item, scored)
                 s.after()
                 work.update(n, len(s.front) if s.front is not None else 0, s.hv,
-                            elapsed=s.elapsed(), done=s.counters().get("trials_completed"))
+                            elapsed=s.elapsed(), done=s.counters().get("trials_completed"),
+                            reference=_reference_words(s))
             s.finish()
         except BaseException:
             s.save("failed" if not work.stop else "stopped")
             raise
     return runs.status(s.d)
+
+
+def _reference_words(s: Strategy) -> str | None:
+    """The run's hypervolume reference point in words, once it is set (the bar's ``hv``)."""
+    ref = s.manifest.get("reference")
+    if not ref:
+        return None
+    from dse.terminal import reference_words
+    return reference_words(s.space.objectives, ref)
 
 
 def strategy_class(manifest: dict):

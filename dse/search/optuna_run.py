@@ -302,6 +302,7 @@ class OptunaRun(Strategy):
                                      "constraints": [float(x) for x in cons[k]]}
         for t in trials:
             results[t.number]["key"] = self.key(t.params)
+            results[t.number]["worker"] = runs.worker_name()   # per-worker counts (dse status)
         table = pd.DataFrame({"trial": [trials[k].number for k in owner[keep]],
                               "design_id": ids[keep]})
         for p, v in space.values_at(ids[keep]).items():
