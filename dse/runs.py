@@ -598,6 +598,7 @@ class Working:
     def __init__(self, d: Path, progress: bool, by_time: bool = False, **bar):
         self.d, self.progress, self.bar_args, self.stop, self.bar = Path(d), progress, bar, False, None
         self.signum, self.by_time = None, by_time
+        self._said_reference = False
 
     def _on_signal(self, signum, frame):
         self.stop = True
@@ -622,7 +623,7 @@ class Working:
         ``hv`` is measured against it)."""
         if not self.bar:
             return
-        if reference and not getattr(self, "_said_reference", False):
+        if reference and not self._said_reference:
             self.bar.write(f"hv: the front's hypervolume, {reference}", file=sys.stderr)
             self._said_reference = True
         post = {"front": front_size, "hv": f"{hv:.4g}" if hv is not None else "-"}
