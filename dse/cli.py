@@ -380,7 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "sampler picks hardware/model points, every layout and batch under each "
                         "is scored")
     r.add_argument("--sampler", choices=["nsga2", "nsga3", "tpe", "random", "qmc", "gp"],
-                   help="Optuna sampler (default: tpe; optuna runs of more than 2000 trials: nsga2)")
+                   help="Optuna sampler (default: tpe; optuna runs of more than 2000 trials: "
+                        "nsga2; of at most 32 trials, with no --sampler/--population: 4 random "
+                        "designs, then grid neighbours of the front)")
     r.add_argument("--population", type=int,
                    help="trials asked and scored per batch (default 4, nested too; nsga2 on long "
                         "runs: 32)")

@@ -272,6 +272,14 @@ def read_trials(f: Path) -> dict:
     return t
 
 
+def worker_name() -> str:
+    """The process that scores a batch, as its trial file records it: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+UNRECORDED = "unrecorded"     # trials of batches written before the worker was recorded
+
+
 def _chunk_designs(m: dict, i: int) -> int:
     chunk, size = int(m.get("chunk_designs", 65536)), int(m.get("size") or 0)
     return max(min((i + 1) * chunk, size) - i * chunk, 0)
@@ -292,16 +300,21 @@ def durable(d: Path, m: dict, check: bool = True) -> dict | None:
         n_chunks = -(-int(m.get("size") or 0) // int(m.get("chunk_designs", 65536)))
         return {"trials_completed": len(done), "designs_scored": sum(_chunk_designs(m, i) for i in done),
                 "trials_total": n_chunks}
-    n = 0
+    n, by_worker = 0, {}
     for f in sorted((d / "scores").glob("batch-*.trials.json")):
         if not f.with_name(f.name.replace(".trials.json", ".parquet")).is_file():
             continue
         if check:
             check_table(f.with_name(f.name.replace(".trials.json", ".parquet")))
-        n += len(read_trials(f))
+        t = read_trials(f)
+        n += len(t)
+        for r in t.values():        # the same files as the total: the counts add up to it
+            w = str(r.get("worker", UNRECORDED))
+            by_worker[w] = by_worker.get(w, 0) + 1
     per = m.get("designs_per_trial")
     return {"trials_completed": n, "designs_scored": n * int(per) if per else None,
-            "trials_total": int(m.get("trials", 0))}
+            "trials_total": int(m.get("trials", 0)),
+            "trials_by_worker": dict(sorted(by_worker.items()))}
 
 
 def front_from_tables(d: Path, m: dict) -> pd.DataFrame:
@@ -383,6 +396,8 @@ def status(d: Path, heal: bool = True) -> dict:
         "trials_total": counts["trials_total"], "hypervolume": p.get("hypervolume"),
         "run_dir": str(d),
     }
+    if counts.get("trials_by_worker"):
+        out["trials_by_worker"] = counts["trials_by_worker"]   # host:pid -> trials; sum = total
     if heal and not alive and m.get("storage") is None and (
             not p or rebuild_front or any(p.get(k) != out[k] for k in
                                           ("state", "trials_completed", "designs_scored",
@@ -583,6 +598,7 @@ class Working:
     def __init__(self, d: Path, progress: bool, by_time: bool = False, **bar):
         self.d, self.progress, self.bar_args, self.stop, self.bar = Path(d), progress, bar, False, None
         self.signum, self.by_time = None, by_time
+        self._said_reference = False
 
     def _on_signal(self, signum, frame):
         self.stop = True
@@ -600,11 +616,16 @@ class Working:
         return self
 
     def update(self, n: int, front_size: int, hv, elapsed: float | None = None,
-               done: int | None = None) -> None:
+               done: int | None = None, reference: str | None = None) -> None:
         """``n`` more work items done; a bar ``by_time`` (a run with a budget) shows the
-        budget's seconds spent instead, and the work done as a figure."""
+        budget's seconds spent instead, and the work done as a figure. ``reference``: the
+        hypervolume's reference point in words, printed above the bar once it is set (the bar's
+        ``hv`` is measured against it)."""
         if not self.bar:
             return
+        if reference and not self._said_reference:
+            self.bar.write(f"hv: the front's hypervolume, {reference}", file=sys.stderr)
+            self._said_reference = True
         post = {"front": front_size, "hv": f"{hv:.4g}" if hv is not None else "-"}
         if self.by_time and elapsed is not None:
             self.bar.update(max(min(round(elapsed), self.bar.total) - self.bar.n, 0))

@@ -88,6 +88,10 @@ def status_lines(st: dict, manifest: dict) -> list[str]:
                                                               if size else "")),
             ("elapsed", f"{st['elapsed_s']:.1f} s"),
             ("front", f"{st['front_size']:,} designs")]
+    by = st.get("trials_by_worker")
+    if by:
+        rows.append(("trials by worker", ", ".join(f"{w} {n:,}" for w, n in by.items())
+                     + f" (sum {sum(by.values()):,} = {unit} completed)"))
     hv = st.get("hypervolume")
     rows.append(("hypervolume", "not computed yet" if hv is None else
                  f"{hv:.6g} ({reference_words(st['objectives'], manifest.get('reference'))})"))
@@ -96,7 +100,7 @@ def status_lines(st: dict, manifest: dict) -> list[str]:
     for k, v in st.items():
         if k not in {"state", "strategy", "trials_completed", "trials_failed", "designs_scored",
                      "elapsed_s", "front_size", "hypervolume", "objectives", "space_size",
-                     "trials_total", "run_dir"}:
+                     "trials_total", "run_dir", "trials_by_worker"}:
             rows.append((k.replace("_", " "), str(v)))
     rows.append(("run folder", st["run_dir"]))
     w = max(len(k) for k, _ in rows)

@@ -190,3 +190,46 @@ def test_nested_local_search_enqueues_untried_grid_neighbours_of_the_front():
     assert len({tuple(sorted(w.items())) for w in waiting}) == len(waiting)
     # neighbours already tried or enqueued are not enqueued again
     assert enqueue_neighbours(study, space, outer, front, 50, None, seed=1) == 0
+
+
+def test_short_runs_plan_a_local_search_and_longer_ones_tpe():
+    from dse.search import optuna_strategy as o
+    from dse.search.driver import plan
+    space = load_space(str(QUICK))
+    p = plan(space, "optuna", o.SHORT_RUN_TRIALS, None, None, None, None)
+    assert p["sampler"] == "random" and p["population"] == 1 and p["local_share"] == 1.0
+    assert p["local_after"] == o.SHORT_RUN_START and p["local_adjacent"] and p["local_margin"] == 1.0
+    p = plan(space, "optuna", o.SHORT_RUN_TRIALS + 1, None, None, None, None)
+    assert p["sampler"] == "tpe" and "local_share" not in p
+    # a sampler or population given by the user is kept
+    assert plan(space, "optuna", 24, None, "nsga2", None, None)["sampler"] == "nsga2"
+
+
+def test_a_short_run_steps_to_grid_neighbours_of_the_front_after_its_random_start(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["run", str(QUICK), "--strategy", "optuna", "--trials", "24", "--seed", "1",
+                 "--out", str(out), "--quiet"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["local_share"] == 1.0 and m["local_after"] == 4
+    space = load_space(str(QUICK))
+    t = pd.concat([pd.read_parquet(f) for f in sorted((out / "scores").glob("batch-*.parquet"))])
+    t = t.sort_values("trial")
+    assert len(t) == 24 and t["design_id"].is_unique
+    C = np.array(np.unravel_index(t["design_id"].to_numpy(np.int64), space.shape)).T
+    # every trial after the start is one step along one parameter from a design scored before
+    # it (random designs of this 480-design grid rarely are: the start's are not all so)
+    for k in range(4, len(C)):
+        steps = np.abs(C[:k] - C[k])
+        assert ((steps.sum(axis=1) == 1)).any(), f"trial {k} is no neighbour of earlier ones"
+    st = json.loads(subprocess.run([sys.executable, "-m", "dse", "status", str(out), "--json"],
+                                   capture_output=True, text=True, cwd=ROOT).stdout)
+    assert sum(st["trials_by_worker"].values()) == st["trials_completed"] == 24
+
+
+def test_the_progress_bar_says_the_hypervolume_reference_point(tmp_path, capsys):
+    from dse.search.driver import run_space
+    run_space(load_space(str(QUICK)), tmp_path / "r", strategy="optuna", trials=12, seed=0,
+              progress=True)
+    err = capsys.readouterr().err
+    line = [ln for ln in err.splitlines() if ln.startswith("hv: the front's hypervolume")]
+    assert len(line) == 1 and "reference point" in line[0] and "tpot" in line[0].lower()

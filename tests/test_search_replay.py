@@ -14,13 +14,24 @@ from dse.space import load_space
 QUICK = ROOT / "spaces" / "quickstart.toml"
 
 
+def _scored(d):
+    return set(np.concatenate([runs.read_table(f)["design_id"].to_numpy()
+                               for f in (d / "scores").glob("batch-*.parquet")]).tolist())
+
+
 def test_the_replay_scores_the_same_designs_as_a_run_with_the_defaults(tmp_path):
     space = load_space(str(QUICK))
-    d = run_space(space, tmp_path / "run", strategy="optuna", trials=24, seed=1, progress=False)
-    real = set(np.concatenate([runs.read_table(f)["design_id"].to_numpy()
-                               for f in (d / "scores").glob("batch-*.parquet")]).tolist())
-    assert len(real) == 24
     sc = Scored(space)
+    # 24 trials: the short-run default (random start, then grid neighbours of the front)
+    d = run_space(space, tmp_path / "run", strategy="optuna", trials=24, seed=1, progress=False)
+    real = _scored(d)
+    assert len(real) == 24
+    assert replay(sc, "random", 1, 1, 24, local=1.0, local_after=4, adjacent=True,
+                  margin=1.0) == real
+    # TPE at population 4 (the default from 33 trials on), asked for explicitly
+    d = run_space(space, tmp_path / "tpe", strategy="optuna", trials=24, seed=1, sampler="tpe",
+                  population=4, progress=False)
+    real = _scored(d)
     assert replay(sc, "tpe", 4, 1, 24) == real
     # the share is of the exact front: all designs scored give 1, a seed's 24 less
     assert sc.share(range(space.size)) == pytest.approx(1.0, rel=1e-12)

@@ -159,6 +159,14 @@ def test_several_workers_share_one_run(tmp_path, capsys, strategy):
     # each worker may overshoot by the batch it asked while another finished the run
     assert total <= st["trials_completed"] <= total + population
     assert st["state"] == "finished"
+    # every trial is recorded with the process that scored it: the counts add up to the total
+    by = st["trials_by_worker"]
+    assert 1 <= len(by) <= 2 and sum(by.values()) == st["trials_completed"]
+    assert all(n > 0 for n in by.values())
+    capsys.readouterr()
+    assert main(["status", str(out)]) == 0
+    row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("trials by worker")]
+    assert row and f"(sum {st['trials_completed']:,} = trials completed)" in row[0]
     assert_front_is_the_pareto_set_of_everything_scored(out, load_space(path))
 
 

@@ -141,7 +141,9 @@ def bench_shipped(seeds: int = 5, names=None, quick: bool = False) -> None:
     print(f"optuna defaults with 5% of the evaluations, {seeds} seeds (TPE at population "
           f"{optuna_strategy.DEFAULT_POPULATION['optuna']}, its first max(2, trials/50) <= 10 "
           f"trials random; NSGA-II at population {optuna_strategy.LONG_RUN[1]} beyond "
-          f"{optuna_strategy.TPE_MAX_TRIALS:,} trials):", flush=True)
+          f"{optuna_strategy.TPE_MAX_TRIALS:,} trials; runs of at most "
+          f"{optuna_strategy.SHORT_RUN_TRIALS} trials: {optuna_strategy.SHORT_RUN_START} random "
+          f"designs, then grid neighbours of the front one at a time):", flush=True)
     for f in sorted((ROOT / "spaces").glob("*.toml")):
         if names and f.stem not in names:
             continue
@@ -163,10 +165,12 @@ def bench_shipped(seeds: int = 5, names=None, quick: bool = False) -> None:
             fr = pd.read_csv(d / "front.csv")
             shares.append(pareto.hypervolume(pareto.objective_matrix(fr, space.objectives), ref,
                                              scale) / hv if len(fr) else 0.0)
-        print(f"  {f.stem:<26} {space.size:7,} designs, {trials:5,} trials ({p['sampler']} "
-              f"population {p['population']}; at most {scored / space.size:.1%} of the space "
-              f"scored): hypervolume {np.mean(shares):.4f} of the exact front (worst "
-              f"{np.min(shares):.4f}; {(time.perf_counter() - t0) / seeds:.1f} s a run)",
+        how = ("local search" if p.get("local_share") == 1.0 else
+               f"{p['sampler']} population {p['population']}")
+        print(f"  {f.stem:<26} {space.size:7,} designs, {trials:5,} trials ({how}; at most "
+              f"{scored / space.size:.1%} of the space scored): hypervolume "
+              f"{np.mean(shares):.4f} of the exact front (worst {np.min(shares):.4f}; "
+              f"{(time.perf_counter() - t0) / seeds:.1f} s a run)",
               flush=True)
 
 

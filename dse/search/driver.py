@@ -122,12 +122,22 @@ def drive(s: Strategy, progress: bool = True) -> dict:
                 n = s.tell(item, scored)
                 s.after()
                 work.update(n, len(s.front) if s.front is not None else 0, s.hv,
-                            elapsed=s.elapsed(), done=s.counters().get("trials_completed"))
+                            elapsed=s.elapsed(), done=s.counters().get("trials_completed"),
+                            reference=_reference_words(s))
             s.finish()
         except BaseException:
             s.save("failed" if not work.stop else "stopped")
             raise
     return runs.status(s.d)
+
+
+def _reference_words(s: Strategy) -> str | None:
+    """The run's hypervolume reference point in words, once it is set (the bar's ``hv``)."""
+    ref = s.manifest.get("reference")
+    if not ref:
+        return None
+    from dse.terminal import reference_words
+    return reference_words(s.space.objectives, ref)
 
 
 def strategy_class(manifest: dict):
@@ -180,6 +190,11 @@ def plan(space, strategy: str | None, trials: int | None, budget_s: float | None
         return out
     total = trials if trials is not None else (n if budget_s is not None else min(n, DEFAULT_TRIALS))
     long = strategy == "optuna" and total > optuna_strategy.TPE_MAX_TRIALS and sampler is None
+    if strategy == "optuna" and sampler is None and population is None and \
+            total <= optuna_strategy.SHORT_RUN_TRIALS:
+        # a short run: a few random designs, then grid neighbours of the front (measured)
+        out.update(optuna_strategy.SHORT_RUN, trials=int(total))
+        return out
     sampler = sampler or (optuna_strategy.LONG_RUN[0] if long
                           else optuna_strategy.DEFAULT_SAMPLER[strategy])
     population = population or (optuna_strategy.LONG_RUN[1] if long and sampler == "nsga2"
@@ -294,6 +309,8 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
             ext["enumerated"] = p["enumerated"]
         max_trials = trials if "enumerated" not in p else None
     else:
+        ext.update({k: p[k] for k in ("local_share", "local_after", "local_adjacent",
+                                                  "local_margin") if k in p})
         ext.update(sampler=p["sampler"], population=p["population"], study_name=d.name,
                    trials=p["trials"], storage=storage,
                    segment_trials=segment_trials or optuna_strategy.SEGMENT_TRIALS)

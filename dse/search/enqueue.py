@@ -35,10 +35,15 @@ def _tried(study, space, outer) -> set:
 
 
 def enqueue_neighbours(study, space, outer, front: pd.DataFrame, k: int, ref: dict | None,
-                       seed: int = 0, known=()) -> int:
+                       seed: int = 0, known=(), adjacent: bool = False,
+                       margin: float | None = None) -> int:
     """Enqueue up to ``k`` untried outer points next to the front's (one grid step along one
-    ordered parameter, or another value of a categorical one), neighbours of the points that
-    add the most hypervolume to the front first. ``known``: points scored already."""
+    ordered parameter, or another value of a categorical one; ``adjacent``: the next or previous
+    value in the space file's list, as for an ordered one), neighbours of the points that add
+    the most hypervolume to the front first. ``known``: points scored already. ``margin``: the
+    contributions are taken against the current front's nadir plus ``margin`` times its range
+    (not the run's reference ``ref``, set from its first front), so that the ends of the front
+    are extended too."""
     if k <= 0 or not outer or not len(front):
         return 0
     coords = np.array(np.unravel_index(front["design_id"].to_numpy(np.int64), space.shape)).T
@@ -46,9 +51,10 @@ def enqueue_neighbours(study, space, outer, front: pd.DataFrame, k: int, ref: di
     points, owner = np.unique(coords, axis=0, return_inverse=True)
     owner = owner.reshape(-1)
     gain = np.zeros(len(points))
-    if ref is not None and len(points) > 1:
+    if (ref is not None or margin is not None) and len(points) > 1:
         F = pareto.objective_matrix(front, space.objectives)
-        r, sc = np.array(ref["point"]), np.array(ref["scale"])
+        r, sc = pareto.reference(F, margin) if margin is not None else (
+            np.array(ref["point"]), np.array(ref["scale"]))
         total = pareto.hypervolume(F, r, sc)
         gain = np.array([total - pareto.hypervolume(F[owner != j], r, sc)
                          for j in range(len(points))])
@@ -60,7 +66,7 @@ def enqueue_neighbours(study, space, outer, front: pd.DataFrame, k: int, ref: di
         moves = []
         for d, i in enumerate(outer):
             p = space.parameters[i]
-            steps = (-1, 1) if _ordered(p) else range(-len(p.values) + 1, len(p.values))
+            steps = (-1, 1) if adjacent or _ordered(p) else range(-len(p.values) + 1, len(p.values))
             moves += [point[:d] + (point[d] + s,) + point[d + 1:] for s in steps
                       if s and 0 <= point[d] + s < len(p.values)]
         for q in rng.permutation(len(moves)):

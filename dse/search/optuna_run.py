@@ -205,7 +205,8 @@ class OptunaRun(Strategy):
                 ask, self.segment = self.segs.study(old), old
                 n = min(n, self.segs.counts[old]["WAITING"])
         share = float(self.manifest.get("local_share", o.DEFAULT_LOCAL_SHARE[self.manifest["strategy"]]))
-        if share > 0 and len(self.front) and ask is self.study:
+        if share > 0 and len(self.front) and ask is self.study and \
+                self.done_trials >= int(self.manifest.get("local_after", 0)):
             # local search: a share of the trials go to untried grid neighbours of the
             # designs (points) on the front, the sampler proposes the rest
             k = int(np.floor(n * share + (self.done_trials * share) % 1 + 1e-9))
@@ -301,6 +302,7 @@ class OptunaRun(Strategy):
                                      "constraints": [float(x) for x in cons[k]]}
         for t in trials:
             results[t.number]["key"] = self.key(t.params)
+            results[t.number]["worker"] = runs.worker_name()   # per-worker counts (dse status)
         table = pd.DataFrame({"trial": [trials[k].number for k in owner[keep]],
                               "design_id": ids[keep]})
         for p, v in space.values_at(ids[keep]).items():
@@ -400,6 +402,8 @@ def enqueue_designs_(study, ids, space, outer) -> int:
 def enqueue_neighbours_(run: OptunaRun, k: int) -> int:
     return o.enqueue_neighbours(run.study, run.space, run.outer, run.front, k,
                                 run.manifest.get("reference"), seed=run.done_trials,
+                                adjacent=bool(run.manifest.get("local_adjacent", False)),
+                                margin=run.manifest.get("local_margin"),
                                 known=[tuple(int(c) for c in np.unravel_index(key, run.outer_shape))
                                        for key in run.known] if run.outer else ())
 

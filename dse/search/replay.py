@@ -30,6 +30,7 @@ import pandas as pd  # noqa: E402
 from dse import pareto  # noqa: E402
 from dse.perf import score_chunked  # noqa: E402
 from dse.search import optuna_strategy as o  # noqa: E402
+from dse.search.driver import plan  # noqa: E402
 from dse.search.enqueue import enqueue_neighbours, unscored_points  # noqa: E402
 from dse.search.study import distributions, params_of, point_key  # noqa: E402
 from dse.space import load_space  # noqa: E402
@@ -64,7 +65,8 @@ class Scored:
 
 
 def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
-           startup: int | None = None, local: float = 0.0) -> set[int]:
+           startup: int | None = None, local: float = 0.0, local_after: int = 0,
+           adjacent: bool = False, margin: float | None = None) -> set[int]:
     """One run of ``budget`` distinct designs; returns the ids of the designs it scored."""
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -87,15 +89,16 @@ def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
 
     while len(known) < budget:
         n = min(population, budget - len(known))
-        if local > 0 and known:
+        if local > 0 and known and len(known) >= local_after:
             f = sc.front(known)
-            front = pd.DataFrame({"design_id": f, **{ob.metric: sc.F[f, j]
-                                                     for j, ob in enumerate(sp.objectives)}})
+            front = pd.DataFrame({"design_id": f, **{     # metric values, not minimised form
+                ob.metric: sc.F[f, j] * (1.0 if ob.direction == "minimize" else -1.0)
+                for j, ob in enumerate(sp.objectives)}})
             k = int(np.floor(n * local + (len(known) * local) % 1 + 1e-9))
             enqueue_neighbours(study, sp, pos, front, k,
                                {"point": list(sc.ref), "scale": list(sc.scale)}, seed=len(known),
                                known=[tuple(int(c) for c in np.unravel_index(q, shape))
-                                      for q in known])
+                                      for q in known], adjacent=adjacent, margin=margin)
         batch, keys, repeats = [], set(), 0
         while len(keys) < n:
             t = study.ask(dists)
@@ -124,10 +127,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dse.search.replay", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spaces", nargs="+", help="shipped space names (spaces/NAME.toml) or files")
-    p.add_argument("--sampler", default="tpe", choices=o.SAMPLERS)
-    p.add_argument("--population", type=int, default=o.DEFAULT_POPULATION["optuna"])
+    p.add_argument("--sampler", choices=o.SAMPLERS,
+                   help="default: what `dse run --strategy optuna --trials N` plans")
+    p.add_argument("--population", type=int)
     p.add_argument("--startup", type=int, help="TPE's random trials (default: the driver's rule)")
-    p.add_argument("--local", type=float, default=0.0, help="share of each batch next to the front")
+    p.add_argument("--local", type=float, help="share of each batch next to the front")
+    p.add_argument("--local-after", type=int, default=0, help="trials before the local search")
+    p.add_argument("--adjacent", action="store_true",
+                   help="categorical neighbours: the adjacent values in the space file's list")
     p.add_argument("--share", type=float, default=0.05, help="evaluations, share of the space")
     p.add_argument("--seeds", type=int, default=5)
     a = p.parse_args(argv)
@@ -135,12 +142,20 @@ def main(argv=None) -> int:
         f = Path(name) if name.endswith(".toml") else ROOT / "spaces" / f"{name}.toml"
         sc = Scored(load_space(str(f)))
         budget = max(int(a.share * sc.space.size), 1)
+        pl = plan(sc.space, "optuna", budget, None, a.sampler, a.population, None)
+        sampler, pop = pl.get("sampler", "tpe"), pl.get("population", 1)
+        local = a.local if a.local is not None else pl.get("local_share", 0.0)
+        after = a.local_after or pl.get("local_after", 0)
+        adjacent = a.adjacent or pl.get("local_adjacent", False)
+        margin = pl.get("local_margin")
         t0 = time.perf_counter()
-        r = [sc.share(replay(sc, a.sampler, a.population, s, budget, a.startup, a.local))
+        r = [sc.share(replay(sc, sampler, pop, s, budget, a.startup, local, after, adjacent,
+                            margin))
              for s in range(a.seeds)]
-        print(f"{f.stem}: {sc.space.size:,} designs, {budget:,} scored, {a.sampler} population "
-              f"{a.population}" + (f" startup {a.startup}" if a.startup is not None else "")
-              + (f" local {a.local:g}" if a.local else "")
+        print(f"{f.stem}: {sc.space.size:,} designs, {budget:,} scored, {sampler} population "
+              f"{pop}" + (f" startup {a.startup}" if a.startup is not None else "")
+              + (f" local {local:g} after {after}" + (" adjacent" if adjacent else "")
+                 if local else "")
               + f": hypervolume {np.mean(r):.4f} of the exact front (worst {np.min(r):.4f}, "
               f"{a.seeds} seeds; {(time.perf_counter() - t0) / a.seeds:.1f} s a run)", flush=True)
     return 0
