@@ -128,6 +128,7 @@ FIELDS.update({
     "moe_latency_s": "fixed time per MoE layer (routing, launches)",
     "moe_hidden_half": "model width (elements) at which grouped-GEMM K/N edge waste halves throughput",
     "moe_batch_bytes": "HBM bytes per token on the chip per hidden element (layer input, output)",
+    "moe_route_bytes": "HBM bytes per routed entry (token x top-k) on the chip per hidden element",
     "attn_prefill_fraction": "share of attn_flops_per_s prefill attention reaches",
     "attn_prefill_half_tokens": "prompt tokens at which prefill attention efficiency halves",
     "attn_prefill_half_rows": "query rows (batch x heads x tokens) of padding per call",
@@ -172,6 +173,8 @@ OPTIONAL: dict[str, float | str] = {
     # decode attention's per-query-head fallback (dse.perf.kernel_attention): 1e4 = never
     "attn_decode_group_max_heads": 1e4, "attn_decode_fallback_fraction": 1.0,
     "attn_decode_half_items": 0.0,
+    # routed-entry scan of the grouped GEMMs (dse.perf.kernel_gemm.grouped_gemm_s): 0 = none
+    "moe_route_bytes": 0.0,
 }
 FIELDS.update({
     "spec_tokens": "draft tokens proposed per sequence per step (0: no speculative decoding)",
