@@ -201,12 +201,13 @@ def test_fit_on_measured_tables_meets_a_loose_bound():
 
 def test_a100_trtllm_is_fitted_on_its_own_rows():
     """A100 TensorRT-LLM 1.0.0 has only power-law rows: they are fitted (power_law_1.01,
-    corrected), not borrowed from SGLang's Triton kernel (fraction ~0.12)."""
+    corrected), not borrowed from SGLang's Triton kernel (fraction ~0.29 since the routed-entry
+    scan carries part of its time; TensorRT-LLM's ~0.56)."""
     from dse.kernels import common
     doc = tomllib.loads((common.CATALOG_DIR / "moe.toml").read_text())
     e = doc["a100-sxm-80g"]["trtllm"]
     assert "power_law_1.01" in e["fitted_on"] and "trtllm 1.0.0" in e["fitted_on"]
-    assert e["moe_bf16_fraction"] > 2 * doc["a100-sxm-80g"]["sglang"]["moe_bf16_fraction"]
+    assert e["moe_bf16_fraction"] > 1.5 * doc["a100-sxm-80g"]["sglang"]["moe_bf16_fraction"]
 
 
 def test_catalog_carries_parameter_uncertainty():

@@ -31,8 +31,15 @@ uniform-random expectation of real traffic (``kernel_gemm.touched_experts``).
 Fit: ``gemm.fit_multistart`` from three starts (x0, a TensorRT-LLM-like point, one seeded
 random), soft_l1 loss on the log errors (``LOSS``), keeping the lowest cost (the hard max of
 compute and memory terms has local optima). Residuals that remain: SGLang's and vLLM's Triton
-fused MoE (per-shape tuned configurations, some shapes 3-10x off their neighbours) and a few
-TensorRT-LLM shapes (Llama-4-like 16 experts top-1 at ep 2 measure 3.6x slower than at ep 1).
+fused MoE (per-shape tuned configurations, some shapes 3-10x off their neighbours); a second
+kernel a runtime falls back to on some shapes of a group (vLLM's FlashInfer CUTLASS path on
+Blackwell, 1.4-1.8x slower than its TensorRT-LLM-gen kernel on the same chip; SGLang's
+FlashInfer CUTLASS MoE for Nemotron-3 shapes on Hopper, 2-3.5x slower than the group's Triton
+kernel), which the scorer cannot tell from the shape; and a few TensorRT-LLM shapes
+(Llama-4-like 16 experts top-1 at ep 2 measure 3.6x slower than at ep 1). Tried and not kept:
+per-expert tile quantization with an exact ceil (rows per expert to a tile of 8-128 rows:
+<= 0.003 better than the smooth ``half_rows`` padding on five groups, worse at 128), a fixed
+time per global or per local expert (no gain).
 
 Missing (chip, runtime, family): ``common.transfer`` from the chips that fitted that runtime's
 family (MAMF-scaled compute); only if no chip has that runtime's table, the chip's other
@@ -137,12 +144,15 @@ def load(**kw) -> pd.DataFrame:
         other = f.merge(anyrt, on=["family", "bucket"], how="left")["log_ratio"]
         lr = same.fillna(other).fillna(0.0).to_numpy()
         d.loc[fb, "latency_s"] = d.loc[fb, "latency_s"].to_numpy() / np.exp(lr)
+    # newest version per gated / non-gated kind: TensorRT-LLM 1.3.0rc23 on Hopper measured
+    # only Nemotron-3's non-gated shapes in bf16/fp8; the gated ones stay at rc20
+    d = d.assign(_matrices=matrices(d))
     vk = d["version"].map(data.version_key)
-    newest = vk.groupby([d[c] for c in grp]).transform("max")
+    newest = vk.groupby([d[c] for c in grp + ["_matrices"]]).transform("max")
     d = d[vk == newest]
     d = common.one_row_per_shape(d, grp, SHAPE_COLS, "num_tokens")
     rows, touched = balanced_routing(d)
-    return d.assign(_rows=rows, _touched=touched, _matrices=matrices(d))
+    return d.assign(_rows=rows, _touched=touched)
 
 
 NONGATED_ACTS = ("relu2",)      # expert activations without a gate (2 weight matrices)
