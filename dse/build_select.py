@@ -112,8 +112,8 @@ def compute_peak(w: np.ndarray, peak: dict) -> tuple[np.ndarray, np.ndarray]:
 GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
              "latency_s")
 MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s",
-            "hidden_half", "batch_bytes")
-MOE_ZERO_DEFAULT = ("hidden_half", "batch_bytes")    # absent from a catalog: no such term
+            "hidden_half", "batch_bytes", "route_bytes")
+MOE_ZERO_DEFAULT = ("hidden_half", "batch_bytes", "route_bytes")    # absent from a catalog: no such term
 ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction",
                      "per_seq_s", "per_seq_head_s", "dim_half", "window_pad_tokens")
 # absent: no term

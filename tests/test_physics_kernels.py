@@ -46,7 +46,7 @@ def test_attention_projections_are_two_padded_gemms_per_layer():
 MOE_PIN = {**PIN, "expert_matmul_flops_per_s": 2e15, "expert_weight_bytes": 1.0,
            "moe_fraction": 0.4, "moe_half_rows": 16.0, "moe_width_half": 512.0,
            "moe_hidden_half": 1024.0, "moe_hbm_fraction": 0.6, "moe_token_bytes": 6.0,
-           "moe_batch_bytes": 3.0, "moe_latency_s": 30e-6}
+           "moe_batch_bytes": 3.0, "moe_route_bytes": 0.25, "moe_latency_s": 30e-6}
 
 
 def test_routed_experts_grouped_gemm_by_hand():
@@ -57,8 +57,9 @@ def test_routed_experts_grouped_gemm_by_hand():
       edge waste of a 2048-wide expert in a 7168-wide model: x (1 + 512/2048 + 1024/7168), at
       2 PFLOP/s x 0.4;
     - memory: its 32 experts, 1 B a weight, at 4 TB/s x 0.6;
-    - per token: 8/8 routed rows x 6 B + the layer's in/out, 3 B, for the share of the 8 ranks
-      a token visits (1 - (7/8)^8 = 0.6564), per hidden element, at 4 TB/s; plus 30 us."""
+    - per token: 8/8 routed rows x 6 B + the layer's in/out, 3 B, and its 8 routed entries'
+      scan, 8 x 0.25 B, for the share of the 8 ranks a token visits (1 - (7/8)^8 = 0.6564),
+      per hidden element, at 4 TB/s; plus 30 us."""
     d = design("gb200", "deepseek-v3", **{
         "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 8, "layout.ep": 8,
         "workload.isl": 1, "workload.osl": 2, "workload.concurrency": 512,
@@ -70,7 +71,7 @@ def test_routed_experts_grouped_gemm_by_hand():
     shape = 1 + 512 / 2048 + 1024 / 7168
     compute = 58 * 2 * 8 * p / 8 * shape / (2e15 * 0.4) * rows
     memory = 58 * 32 * p * 1.0 / (4e12 * 0.6) * touched
-    per_token = 58 * 7168 / 4e12 * (8 / 8 * 6.0 + (1 - (7 / 8) ** 8) * 3.0)
+    per_token = 58 * 7168 / 4e12 * (8 / 8 * 6.0 + (1 - (7 / 8) ** 8) * (3.0 + 8 * 0.25))
     extra = per_token * 512 + 58 * 30e-6
     assert dec.compute_s[MOE][0] == pytest.approx(compute, rel=1e-9)
     assert dec.memory_s[MOE][0] == pytest.approx(memory, rel=1e-9)

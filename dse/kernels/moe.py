@@ -2,8 +2,14 @@
 ``moe/moe_perf`` tables (the model: ``dse.perf.kernel_gemm.grouped_gemm_s``).
 
 Rows: the ``balanced`` distribution only (the power-law rows measure expert imbalance, another
-model). Gated MLP kernels only: sources named ``*nongated*`` (2-matrix experts) and
-``*situ_as_silu*`` are dropped. Every other source is the kernel the runtime dispatches for that
+model). Gated (3-matrix) and non-gated (2-matrix: up, down) experts: a row is non-gated when its
+source is named ``*nongated*`` (TensorRT-LLM measures Nemotron-3's relu2 shapes only so) or its
+shape is a non-gated model's (``nongated_shapes``, read from aiconfigurator-core's
+``model_configs``: SGLang and vLLM measure the same Nemotron-3 shapes under their usual source
+names; taken as gated, their bf16 weight reads at <= 64 tokens would run at 1.3-1.4x the HBM
+peak at the 90th percentile, where every other shape reaches 0.9x, i.e. 2 matrices); the model's FLOPs and weight
+bytes scale with the matrices (``grouped_gemm_s(matrices=)``, the scorer's ``mlp_mats``).
+``*situ_as_silu*`` sources (another activation's kernel) are dropped. Every other source is the kernel the runtime dispatches for that
 model shape (SGLang on Blackwell: FlashInfer TRT-LLM MoE for DeepSeek/Qwen3-like shapes, Triton
 fused MoE for Mixtral-like ones; the shapes are disjoint), so all are kept; a shape measured by
 two sources keeps the group's most common one. Version: per (chip, runtime, dtype) the newest
@@ -25,8 +31,15 @@ uniform-random expectation of real traffic (``kernel_gemm.touched_experts``).
 Fit: ``gemm.fit_multistart`` from three starts (x0, a TensorRT-LLM-like point, one seeded
 random), soft_l1 loss on the log errors (``LOSS``), keeping the lowest cost (the hard max of
 compute and memory terms has local optima). Residuals that remain: SGLang's and vLLM's Triton
-fused MoE (per-shape tuned configurations, some shapes 3-10x off their neighbours) and a few
-TensorRT-LLM shapes (Llama-4-like 16 experts top-1 at ep 2 measure 3.6x slower than at ep 1).
+fused MoE (per-shape tuned configurations, some shapes 3-10x off their neighbours); a second
+kernel a runtime falls back to on some shapes of a group (vLLM's FlashInfer CUTLASS path on
+Blackwell, 1.4-1.8x slower than its TensorRT-LLM-gen kernel on the same chip; SGLang's
+FlashInfer CUTLASS MoE for Nemotron-3 shapes on Hopper, 2-3.5x slower than the group's Triton
+kernel), which the scorer cannot tell from the shape; and a few TensorRT-LLM shapes
+(Llama-4-like 16 experts top-1 at ep 2 measure 3.6x slower than at ep 1). Tried and not kept:
+per-expert tile quantization with an exact ceil (rows per expert to a tile of 8-128 rows:
+<= 0.003 better than the smooth ``half_rows`` padding on five groups, worse at 128), a fixed
+time per global or per local expert (no gain).
 
 Missing (chip, runtime, family): ``common.transfer`` from the chips that fitted that runtime's
 family (MAMF-scaled compute); only if no chip has that runtime's table, the chip's other
@@ -69,7 +82,8 @@ _PER_FAMILY = (("fraction", 0.5, 0.01, 1.2, "compute"),
                ("token_bytes", 4.0, 1e-3, 1e3, "shape"),
                ("latency_s", 2e-5, 1e-7, 1e-2, "latency"),
                ("hidden_half", 64.0, 1e-2, 65536.0, "shape"),
-               ("batch_bytes", 1.0, 1e-3, 1e3, "shape"))
+               ("batch_bytes", 1.0, 1e-3, 1e3, "shape"),
+               ("route_bytes", 0.1, 1e-4, 1e2, "shape"))
 
 
 def family_params(fam: str) -> tuple[common.Param, ...]:
@@ -112,7 +126,7 @@ def load(**kw) -> pd.DataFrame:
     d = data.load(*TABLE, latest=False, **kw)
     d = d[d["distribution"].isin(["balanced", FALLBACK_DISTRIBUTION])
           & d["moe_dtype"].isin(FAMILIES)
-          & ~d["kernel_source"].str.contains("nongated|situ_as_silu")].copy()
+          & ~d["kernel_source"].str.contains("situ_as_silu")].copy()
     d["family"] = d["moe_dtype"].map(FAMILIES)
     grp = ["chip", "runtime", "family"]
     has_bal = (d["distribution"] == "balanced").groupby([d[c] for c in grp]).transform("any")
@@ -130,12 +144,50 @@ def load(**kw) -> pd.DataFrame:
         other = f.merge(anyrt, on=["family", "bucket"], how="left")["log_ratio"]
         lr = same.fillna(other).fillna(0.0).to_numpy()
         d.loc[fb, "latency_s"] = d.loc[fb, "latency_s"].to_numpy() / np.exp(lr)
+    # newest version per gated / non-gated kind: TensorRT-LLM 1.3.0rc23 on Hopper measured
+    # only Nemotron-3's non-gated shapes in bf16/fp8; the gated ones stay at rc20
+    d = d.assign(_matrices=matrices(d))
     vk = d["version"].map(data.version_key)
-    newest = vk.groupby([d[c] for c in grp]).transform("max")
+    newest = vk.groupby([d[c] for c in grp + ["_matrices"]]).transform("max")
     d = d[vk == newest]
     d = common.one_row_per_shape(d, grp, SHAPE_COLS, "num_tokens")
     rows, touched = balanced_routing(d)
     return d.assign(_rows=rows, _touched=touched)
+
+
+NONGATED_ACTS = ("relu2",)      # expert activations without a gate (2 weight matrices)
+
+
+def nongated_shapes() -> set[tuple[int, int, int, int]]:
+    """(hidden, inter, experts, topk) of every model in aiconfigurator-core's ``model_configs``
+    whose experts are not gated (``mlp_hidden_act`` relu2: Nemotron-3 Nano/Super/Ultra), with
+    hidden both the model width and its MoE latent width (``moe_latent_size``)."""
+    import json
+    from dse.kernels import data
+    out = set()
+    for f in sorted((data.root().parent.parent / "model_configs").glob("*_config.json")):
+        c = json.loads(f.read_text())
+        c = c.get("text_config", c)
+        if c.get("mlp_hidden_act", c.get("hidden_act")) not in NONGATED_ACTS:
+            continue
+        e = c.get("n_routed_experts") or c.get("num_experts")
+        k, inter = c.get("num_experts_per_tok"), c.get("moe_intermediate_size")
+        if not (e and k and inter):
+            continue
+        for h in (c.get("hidden_size"), c.get("moe_latent_size")):
+            if h:
+                out.add((int(h), int(inter), int(e), int(k)))
+    return out
+
+
+def matrices(frame: pd.DataFrame) -> np.ndarray:
+    """Weight matrices per expert of each row: 2 for a ``*nongated*`` kernel source or a shape
+    of a non-gated model (``nongated_shapes``; see the module docstring), else 3."""
+    ng = nongated_shapes()
+    key = zip(frame["hidden_size"], frame["inter_size"], frame["num_experts"], frame["topk"])
+    shape = np.array([(int(h), int(i), int(e), int(k)) in ng for h, i, e, k in key], bool)
+    src = frame["kernel_source"].str.contains("nongated").to_numpy()
+    return np.where(shape | src, 2.0, 3.0)
 
 
 def _balanced_one(tokens: int, experts: int, topk: int, ep: int) -> tuple[int, int]:
@@ -172,25 +224,28 @@ def predict(frame: pd.DataFrame, fam: str, acc, vals: dict) -> np.ndarray:
         rows, touched = balanced_routing(frame)
     else:
         rows, touched = frame["_rows"].to_numpy(), frame["_touched"].to_numpy()
+    mats = frame["_matrices"].to_numpy() if "_matrices" in frame else 3.0   # (load sets it)
     return grouped_gemm_s(c["num_tokens"], c["hidden_size"], c["inter_size"], c["topk"],
                           c["num_experts"], c["moe_tp_size"], c["moe_ep_size"],
                           WEIGHT_BYTES[fam], getattr(acc.peak_flops_per_s, PEAK_DTYPE[fam]),
                           acc.hbm_bw_bytes_per_s, vals[p + "fraction"], vals[p + "half_rows"],
                           vals[p + "width_half"], vals[p + "hbm_fraction"],
                           vals[p + "token_bytes"], vals[p + "latency_s"], rows, touched,
-                          vals.get(p + "hidden_half", 0.0), vals.get(p + "batch_bytes", 0.0))
+                          vals.get(p + "hidden_half", 0.0), vals.get(p + "batch_bytes", 0.0),
+                          matrices=mats, route_bytes=vals.get(p + "route_bytes", 0.0))
 
 
 HEADER = """MoE layer (grouped GEMM) model parameters per accelerator and runtime
-(dse.perf.kernel_gemm.grouped_gemm_s; gated MLP, balanced routing, one chip):
+(dse.perf.kernel_gemm.grouped_gemm_s; balanced routing, one chip; mats = 3 gated, 2 not):
   rows = tokens topk / ep; touched = (E/ep)(1 - (1 - topk/E)^tokens); w = inter / moe_tp
   shape = 1 / (1 + width_half / w + hidden_half / hidden)
-  t_s = latency_s + max(6 (rows + half_rows touched) hidden w / (peak fraction shape),
-                        touched 3 hidden w weight_bytes / (hbm_bw hbm_fraction))
-        + (rows token_bytes + tokens batch_bytes) hidden / hbm_bw
+  t_s = latency_s + max(2 mats (rows + half_rows touched) hidden w / (peak fraction shape),
+                        touched mats hidden w weight_bytes / (hbm_bw hbm_fraction))
+        + (rows token_bytes + tokens (batch_bytes + topk route_bytes)) hidden / hbm_bw
 Keys moe_<family>_{fraction, half_rows (rows per touched expert), width_half, hidden_half
 (elements), hbm_fraction, token_bytes (bytes per routed row per hidden element), batch_bytes
-(bytes per token of the whole batch per hidden element), latency_s (s)};
+(bytes per token of the whole batch per hidden element), route_bytes (bytes per routed entry
+of the whole batch per hidden element), latency_s (s)};
 families bf16, fp8 (per-tensor), fp8_block (block-scaled), fp4 (NVFP4).
 Fitted on aiconfigurator-core's moe_perf kernel microbenchmarks, balanced rows (python -m dse.kernels)."""
 

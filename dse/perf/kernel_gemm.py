@@ -13,7 +13,8 @@ features)::
     memory_s  = (n k weight_bytes + (m k + m n) * 2) / (hbm_bw * hbm_fraction)
     t_s       = latency_s + max(compute_s, memory_s)
 
-MoE layer (gated MLP: w1 and w3 fused [hidden -> 2 w], then w2 [w -> hidden], w = inter / moe_tp),
+MoE layer (gated MLP: w1 and w3 fused [hidden -> 2 w], then w2 [w -> hidden], w = inter / moe_tp;
+``matrices`` = 3; a non-gated MLP such as Nemotron-3's relu2 experts: up [hidden -> w], down, 2),
 balanced routing of ``tokens`` tokens to ``topk`` of ``experts`` experts, experts split over
 ``moe_ep`` chips::
 
@@ -21,10 +22,11 @@ balanced routing of ``tokens`` tokens to ``topk`` of ``experts`` experts, expert
     rows      = tokens * topk / moe_ep                           # routed rows on this chip
     touched   = local * (1 - (1 - topk / experts) ** tokens)     # distinct local experts hit
     shape     = 1 / (1 + width_half / w + hidden_half / hidden)  # narrow experts: tile edge waste
-    compute_s = 6 (rows + half_rows * touched) hidden w / (peak * fraction * shape)
-    memory_s  = touched * 3 hidden w weight_bytes / (hbm_bw * hbm_fraction)
-    token_s   = (rows token_bytes + tokens batch_bytes) hidden / hbm_bw   # permute, unpermute,
-                                                                 # quantize; the whole batch's in/out
+    compute_s = 2 matrices (rows + half_rows * touched) hidden w / (peak * fraction * shape)
+    memory_s  = touched * matrices hidden w weight_bytes / (hbm_bw * hbm_fraction)
+    token_s   = (rows token_bytes + tokens (batch_bytes + topk route_bytes)) hidden / hbm_bw
+                  # permute, unpermute, quantize; the whole batch's in/out; every routed entry
+                  # of the whole batch scanned and gathered, whichever chip holds its expert
     t_s       = latency_s + max(compute_s, memory_s) + token_s
 
 Everything but the shape columns is a per-design constant, so the scorer can precompute
@@ -88,8 +90,9 @@ def touched_experts(tokens, topk, experts, moe_ep=1):
 def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_bytes,
                    peak_flops_per_s, hbm_bw_bytes_per_s, fraction, half_rows, width_half,
                    hbm_fraction, token_bytes, latency_s, rows=None, touched=None,
-                   hidden_half=0.0, batch_bytes=0.0):
-    """Time (s) of one MoE layer's expert GEMMs on one chip (gated MLP, balanced routing).
+                   hidden_half=0.0, batch_bytes=0.0, matrices=3.0,
+                   route_bytes=0.0):
+    """Time (s) of one MoE layer's expert GEMMs on one chip (balanced routing).
 
     tokens: tokens entering the layer (all ranks' tokens: each rank sees them routed).
     hidden: model width (elements); inter: one expert's intermediate width (elements), split
@@ -114,6 +117,13 @@ def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_
     rows, touched: the chip's routed rows and distinct experts hit, when the routing is known
         (a benchmark's deterministic routing); default: uniform random routing
         (``tokens topk / moe_ep`` and ``touched_experts``).
+    matrices: weight matrices per expert: 3 for a gated MLP (gate, up, down; the default), 2
+        for a non-gated one (up, down: Nemotron-3's relu2 experts); FLOPs and weight bytes
+        scale with it (the scorer's ``mlp_mats``).
+    route_bytes: HBM bytes per routed entry (token x topk) of the whole batch per hidden
+        element, on every EP rank: the routing scan, sort and gather over all ``tokens topk``
+        entries before each rank keeps its own (0 = none). Unlike ``batch_bytes`` it grows with
+        topk; at a given rows per chip it grows with ep.
     """
     tokens = np.asarray(tokens, float)
     hidden = np.asarray(hidden, float)
@@ -123,8 +133,10 @@ def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_
     if touched is None:
         touched = touched_experts(tokens, topk, experts, moe_ep)
     shape = 1.0 / (1.0 + width_half / w + hidden_half / hidden)
-    compute = (6.0 * (rows + half_rows * touched) * hidden * w
+    mats = np.asarray(matrices, float)
+    compute = (2.0 * mats * (rows + half_rows * touched) * hidden * w
                / (peak_flops_per_s * fraction * shape))
-    memory = touched * 3.0 * hidden * w * weight_bytes / (hbm_bw_bytes_per_s * hbm_fraction)
-    token = (rows * token_bytes + tokens * batch_bytes) * hidden / hbm_bw_bytes_per_s
+    memory = touched * mats * hidden * w * weight_bytes / (hbm_bw_bytes_per_s * hbm_fraction)
+    token = ((rows * token_bytes + tokens * (batch_bytes + np.asarray(topk, float) * route_bytes))
+             * hidden / hbm_bw_bytes_per_s)
     return latency_s + np.maximum(compute, memory) + token

@@ -208,7 +208,8 @@ class Coefficients:
                 dest = arch.flag(k > 0, k)
             # permute/unpermute bytes per routed row, layer in/out bytes per token on the chip
             self.x_moe_tok = moe_layers * d / b.hbm_bw_bytes_per_s * (
-                k / ep * b.moe_token_bytes + np.minimum(dest, ep) / ep * b.moe_batch_bytes)
+                k / ep * b.moe_token_bytes
+                + np.minimum(dest, ep) / ep * (b.moe_batch_bytes + k * b.moe_route_bytes))
             self.x_moe = moe_layers * b.moe_latency_s * arch.flag(b.n_experts > 0, d)
             # EP dispatch (fp8 with fp8/fp4 weights, else bf16) and combine (bf16) of the tokens
             # a chip holds (tok / (tp*dp)), with the fitted low-latency and normal kernels
