@@ -276,11 +276,12 @@ DIRECT_FIELDS = {"workload.isl": "isl", "workload.osl": "osl", "workload.concurr
                  **mechanisms.DIRECT}    # hook: serving mechanisms (issue 11)
 
 
-def to_batch(out, compact: bool = False) -> Batch:
+def to_batch(out, compact: bool = False, dtype=np.float64) -> Batch:
     """The resolved design table (a DataFrame, or a dict of columns) as the scorer's arrays.
 
     ``compact``: the dict may hold length-1 columns (the same value for every design); they
-    stay length-1 in the Batch, which broadcasts them."""
+    stay length-1 in the Batch, which broadcasts them. ``dtype``: the Batch's precision
+    (the fields are derived in float64 and emitted in it: float32 for the search)."""
     f = lambda c: np.asarray(out[c], dtype=float)  # noqa: E731
     matmul, attn, wbytes, kvbytes, low_bits, fam, kv_fp8, peak = dtype_columns(out)
     L = f("model.num_hidden_layers")
@@ -352,7 +353,7 @@ def to_batch(out, compact: bool = False) -> Batch:
         **mechanisms.batch_columns(out, kvbytes),     # hook: serving mechanisms (issue 11)
         **prec,
     }
-    return Batch.from_columns(cols, compact=compact)
+    return Batch.from_columns(cols, compact=compact, dtype=dtype)
 
 
 __all__ = ["A2A_KERNELS", "ACC_FIELDS", "ATTN_DECODE_KEYS", "ATTN_PREFILL_KEYS", "CAPEX_MODELS",

@@ -140,11 +140,13 @@ def _kernel(out, codes: np.ndarray, names, key: str,
     if len(cols) == 1 and len(_present(codes, len(names))) == 1:
         vals = np.broadcast_to(next(iter(cols.values())), shape).astype(float)
     else:
-        codes = np.broadcast_to(codes, shape)
-        vals = np.full(shape, np.nan)
-        for c, v in cols.items():
-            sel = codes == c
-            vals[sel] = np.broadcast_to(v, shape)[sel]
+        # one gather over the present families' stacked columns instead of a masked copy each
+        present = _present(codes, len(names))
+        slot = np.zeros(len(names), np.int64)
+        slot[present] = np.arange(len(present))
+        stack = np.stack([np.broadcast_to(cols.get(c, np.nan), shape) for c in present])
+        vals = np.take_along_axis(stack, np.broadcast_to(slot[codes], shape)[None], 0)[0]
+        vals = vals.astype(float, copy=False)
     if fallback is not None:
         vals = np.where(np.isnan(vals), fallback, vals)
     return vals

@@ -179,7 +179,7 @@ def score_ids(space: Space, ids: np.ndarray) -> pd.DataFrame:
     """Designs of ``space`` scored the way the strategies score them (float32 chunks):
     objectives, parameters, design_id and whether each is admissible."""
     ids = np.asarray(ids, dtype=np.int64)
-    b, _ = space.batch(ids)
+    b, _ = space.batch(ids, dtype=np.float32)   # built in float32: no conversion
     s = score_chunked(b, dtype=np.float32)
     df = pd.DataFrame({"design_id": ids})
     for p, v in space.values_at(ids).items():

@@ -70,10 +70,17 @@ class Resolved:
         """The columns of the designs whose rows are ``inverse``: length-1 where the table's
         rows are all the same (NaN equal to NaN), else gathered (strings as Categoricals)."""
         rows = self.rows if self.rows is not None else np.arange(self.n)
-        sub = self.matrix[:, rows]
+        full = None
+        if len(inverse) and 2 * len(rows) >= len(inverse):
+            # about as many designs as rows (every design distinct): one gather, not two (the
+            # designs use every row, so a column is the same on the rows iff on the designs)
+            sub = full = self.matrix[:, rows[inverse]]
+        else:
+            sub = self.matrix[:, rows]
         first = sub[:, :1]
         same = np.all((sub == first) | (np.isnan(sub) & np.isnan(first)), axis=1)
-        full = sub[:, inverse] if not same.all() else None
+        if full is None and not same.all():
+            full = sub[:, inverse]
         table = {}
         for c in self.order:
             i = self.slot.get(c)

@@ -174,28 +174,30 @@ class Space:
                 cache[key] = Resolved(resolve(rows, file=self.file))
         return cache[key]
 
-    def batch(self, index: np.ndarray) -> tuple[Batch, dict]:
+    def batch(self, index: np.ndarray, dtype=np.float64) -> tuple[Batch, dict]:
         """Scorer input for the designs at ``index``, and their resolved columns."""
-        b, rows, direct, table = self.batch_parts(index)
+        b, rows, direct, table = self.batch_parts(index, dtype)
         return b.gather(rows, direct), table
 
-    def batch_parts(self, index: np.ndarray):
+    def batch_parts(self, index: np.ndarray, dtype=np.float64):
         """The designs at ``index`` as parts the scorer gathers chunk by chunk
         (``score_chunked(b, rows=..., direct=...)``): the compact Batch of their distinct rows,
-        each design's row in it, the direct fields {field: values}, and the resolved columns."""
+        each design's row in it, the direct fields {field: values}, and the resolved columns.
+        ``dtype``: the Batch's and direct fields' precision (``np.float32`` where the search
+        scores in float32: the scorer then never converts)."""
         index = np.asarray(index, dtype=np.int64)
         if not self.parameters:
-            return self.batch_from_values({}, parts=True)
+            return self.batch_from_values({}, parts=True, dtype=dtype)
         coords = np.unravel_index(index, self.shape)
         direct = {p.path for p in self.parameters if not p.scale and p.path in DIRECT_FIELDS}
         # values are only needed at each distinct row, except the direct ones (every design)
         vals = {p.path: (_value_array(p)[c] if p.path in direct else _LazyValues(p, c))
                 for p, c in zip(self.parameters, coords)}
         return self.batch_from_values(vals, codes=dict(zip((p.path for p in self.parameters),
-                                                           coords)), parts=True)
+                                                           coords)), parts=True, dtype=dtype)
 
     def batch_from_values(self, vals: dict[str, np.ndarray], overrides: dict | None = None,
-                          codes: dict | None = None, parts: bool = False):
+                          codes: dict | None = None, parts: bool = False, dtype=np.float64):
         """Scorer input for designs given by their parameter values (one array per path), and the
         resolved columns of their distinct non-direct rows.
 
@@ -208,6 +210,7 @@ class Space:
         design's value. ``codes``: the values' grid coordinates, when known;
         ``parts``: return ``batch_parts``'s tuple instead of (Batch, table). A scale-factor
         parameter's values may be keyed by its path or its column (``<path>.scale``).
+        ``dtype``: the Batch's precision (``np.float32``: as the search scores, no conversion).
         """
         vals = {next((p.path for p in self.parameters if p.scale and p.column == k), k): v
                 for k, v in vals.items()} if any(k.endswith(".scale") for k in vals) else vals
@@ -225,14 +228,14 @@ class Space:
         else:
             first, inverse = np.array([0]), np.zeros(n, np.int64)
         b, table = self._distinct_batch({p.path: _at(vals[p.path], first) for p in rest},
-                                        overrides)
-        fields = {DIRECT_FIELDS[p.path]: np.asarray(vals[p.path], dtype=float) for p in direct}
+                                        overrides, dtype)
+        fields = {DIRECT_FIELDS[p.path]: np.asarray(vals[p.path], dtype=dtype) for p in direct}
         if parts:
             return b, inverse, fields, table
         return b.gather(inverse, fields), table
 
-    def _distinct_batch(self, vals: dict[str, np.ndarray],
-                        overrides: dict | None = None) -> tuple[Batch, dict]:
+    def _distinct_batch(self, vals: dict[str, np.ndarray], overrides: dict | None = None,
+                        dtype=np.float64) -> tuple[Batch, dict]:
         n = len(next(iter(vals.values()))) if vals else 1
         structural = [p for p in self.parameters if p.path in vals
                       and not p.scale and (p.path in STRING_VALUED or p.path in FEEDERS)]
@@ -265,7 +268,7 @@ class Space:
             scaled_feeders |= path in FEEDERS
         if scaled_feeders:
             derive_system(table, keep=(explicit | {k for k in (overrides or {})}) & set(DERIVED))
-        return to_batch(table, compact=True), table
+        return to_batch(table, compact=True, dtype=dtype), table
 
 
 class _LazyValues:

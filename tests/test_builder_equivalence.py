@@ -238,3 +238,27 @@ def test_grid_beyond_full_resolution_is_bit_identical(tmp_path):
         b_new, _ = new.batch(idx)
         b_old, _ = old.batch(idx)
         assert_batches_equal(b_new, b_old)
+
+
+def test_float32_build_is_the_float64_build_converted(designs):
+    """The builder's float32 batches (what the search scores) are the float64 ones rounded
+    once, column for column, and score the same as the float64 batch converted chunk by chunk;
+    so are a space's parts (``Space.batch_parts(dtype=np.float32)``)."""
+    from dse.perf import score_chunked
+    table = build.resolve(designs)
+    b64, b32 = build.to_batch(table), build.to_batch(table, dtype=np.float32)
+    assert {v.dtype for v in b32.columns.values()} == {np.dtype(np.float32)}
+    assert_batches_equal(b32, b64.astype(np.float32))
+    s32, s64 = score_chunked(b32, 1000, np.float32), score_chunked(b64, 1000, np.float32)
+    for m, v in s64.items():
+        np.testing.assert_array_equal(s32[m], v, err_msg=m)
+    space = load_space(str(ROOT / "spaces" / "quickstart.toml"))
+    idx = np.arange(min(space.size, 5000), dtype=np.int64)
+    d64, r64, x64, _ = space.batch_parts(idx)
+    d32, r32, x32, _ = space.batch_parts(idx, dtype=np.float32)
+    np.testing.assert_array_equal(r32, r64)
+    assert all(v.dtype == np.float32 for v in (*d32.columns.values(), *x32.values()))
+    a = score_chunked(d32, 1000, np.float32, rows=r32, direct=x32)
+    b = score_chunked(d64, 1000, np.float32, rows=r64, direct=x64)
+    for m, v in b.items():
+        np.testing.assert_array_equal(a[m], v, err_msg=m)

@@ -240,7 +240,9 @@ class Batch:
         return Batch({k: v.astype(dtype, copy=False) for k, v in self.columns.items()})
 
     @classmethod
-    def from_columns(cls, columns: dict, compact: bool = False) -> "Batch":
+    def from_columns(cls, columns: dict, compact: bool = False, dtype=np.float64) -> "Batch":
+        """``dtype=np.float32``: the batch is emitted in single precision (what the search
+        scores in), so the scorer never converts it; the "off" checks run in float64."""
         columns = _with_optional(columns)
         missing = [k for k in FIELDS if k not in columns]
         if missing:
@@ -255,8 +257,8 @@ class Batch:
                 if a.shape != (1,):
                     raise ValueError(f"field {k} has shape {a.shape}, expected ({n},)")
                 if not compact:
-                    a = np.full(n, a[0])
-            out[k] = a
+                    a = np.full(n, a[0], dtype=dtype)
+            out[k] = a.astype(dtype, copy=False)
         return cls(out)
 
     def __len__(self) -> int:
@@ -290,7 +292,8 @@ class Batch:
         rows = rows[part]
         cols = {k: (v if len(v) == 1 else v[rows]) for k, v in self.columns.items()}
         for k, v in (direct or {}).items():
-            cols[k] = np.asarray(v)[part]
+            v = np.asarray(v)[part]
+            cols[k] = v if dtype is None else v.astype(dtype, copy=False)
         if max(len(v) for v in cols.values()) != len(rows):   # all length-1: keep the length
             cols["concurrency"] = np.broadcast_to(cols["concurrency"], (len(rows),)).copy()
         b = Batch(cols)

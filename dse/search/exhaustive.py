@@ -32,7 +32,7 @@ def score_chunk(space, i: int, chunk: int) -> tuple[pd.DataFrame, int]:
     """The admissible, non-dominated designs of chunk ``i`` and how many designs it scored."""
     lo, hi = i * chunk, min((i + 1) * chunk, space.size)
     idx = np.arange(lo, hi, dtype=np.int64)
-    distinct, rows, direct, _ = space.batch_parts(idx)
+    distinct, rows, direct, _ = space.batch_parts(idx, dtype=np.float32)   # no conversion
     names = {o.metric for o in space.objectives} | {c.metric for c in space.constraints}
     s = score_chunked(distinct, dtype=np.float32, rows=rows, direct=direct,
                       metrics=sorted(names | set(KEEP_METRICS) | {"feasible"}))

@@ -273,7 +273,7 @@ class OptunaRun(Strategy):
             coords[:, i] = np.tile(grid[:, j], n)
         ids = (np.ravel_multi_index(tuple(coords.T), space.shape) if space.parameters
                else np.zeros(len(coords), np.int64))
-        batch, _ = space.batch_from_values(space.values_at(ids))
+        batch, _ = space.batch_from_values(space.values_at(ids), dtype=np.float32)
         s = score_chunked(batch, dtype=np.float32)
         ok = pareto.admissible(s, space.objectives, space.constraints)
         F = pareto.objective_matrix(s, space.objectives)

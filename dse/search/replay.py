@@ -43,7 +43,8 @@ class Scored:
 
     def __init__(self, space):
         self.space = space
-        s = score_chunked(space.batch_from_values(space.values_at(np.arange(space.size)))[0],
+        s = score_chunked(space.batch_from_values(space.values_at(np.arange(space.size)),
+                                                  dtype=np.float32)[0],
                           dtype=np.float32)
         self.ok = pareto.admissible(s, space.objectives, space.constraints)
         self.F = pareto.objective_matrix(s, space.objectives).astype(np.float64)
