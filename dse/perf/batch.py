@@ -113,6 +113,12 @@ FIELDS: dict[str, str] = {
 # and dse.perf.kernel_attention)
 FIELDS.update({k: "collective kernel parameter (dse.perf.kernel_comm)" for k in kernel_comm.KEYS})
 FIELDS.update({
+    "ar_oneshot_below_2_bytes": "the runtime takes the one-shot all-reduce below this message "
+                                "size on <= 2 ranks, NCCL above (0: the fastest branch)",
+    "ar_oneshot_below_4_bytes": "the same on 3-4 ranks",
+    "ar_oneshot_below_bytes": "the same on more than 4 ranks",
+})
+FIELDS.update({
     "gemm_fraction": "share of peak FLOP/s a large dense GEMM reaches",
     "gemm_half_rows": "rows of padding every GEMM pays (tile quantization in m)",
     "gemm_n_half": "output width (elements) at which edge quantization halves GEMM throughput",
@@ -172,6 +178,10 @@ OPTIONAL: dict[str, float | str] = {
     # decode attention's per-query-head fallback (dse.perf.kernel_attention): 1e4 = never
     "attn_decode_group_max_heads": 1e4, "attn_decode_fallback_fraction": 1.0,
     "attn_decode_half_items": 0.0,
+    # the runtime's all-reduce selection by message size (dse.perf.kernel_comm.allreduce_windows;
+    # serving.toml [runtimes.*] allreduce_rule): 0 = no rule, the fastest kernel branch
+    "ar_oneshot_below_2_bytes": 0.0, "ar_oneshot_below_4_bytes": 0.0,
+    "ar_oneshot_below_bytes": 0.0,
 }
 FIELDS.update({
     "spec_tokens": "draft tokens proposed per sequence per step (0: no speculative decoding)",
