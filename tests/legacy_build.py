@@ -22,6 +22,7 @@ from dse import catalog, fields, mechanisms, topology, validate
 from dse.errors import InputError, suggest
 from dse.perf import Batch
 from dse.perf import kernel_comm
+from dse.build import allreduce_rule_columns  # noqa: E402  (wired in after the freeze)
 from dse.specs import COMPUTE_FALLBACK, DTYPE_BYTES, DTYPES
 
 ACC_FIELDS = ("hbm_capacity_bytes", "hbm_bw_bytes_per_s", "tdp_w", "scaleup_link_bw_bytes_per_s",
@@ -592,5 +593,7 @@ def to_batch(out, compact: bool = False) -> Batch:
         "use_rental": lookup(out["cost.mode"], {"rental": 1.0}, 0.0).astype(float),
         **mechanisms.batch_columns(out, kvbytes),     # hook: serving mechanisms (issue 11)
         **prec,
+        # the runtime's all-reduce selection rule (2026-12, wired in after the freeze)
+        **allreduce_rule_columns(out),
     }
     return Batch.from_columns(cols, compact=compact)
