@@ -158,3 +158,14 @@ def test_normal_kernels_pay_per_message_by_hand():
     out = row * p_node / (50e9 * 0.5)
     msgs = 1 + 71 * p_rank + p_node
     assert net == pytest.approx(58 * (2 * 20e-6 + 30e-6 + 64 * (out + msgs * 40e-9)), rel=1e-9)
+
+
+def test_runtime_allreduce_threshold_is_where_the_rule_says():
+    """Either side of TensorRT-LLM's 500 kB threshold on 8 ranks (kernels pinned as above):
+    28 tokens (B = 458,752 B) run one-shot, 7 us + 7 B / (W 0.7); 33 tokens (540,672 B) run NCCL,
+    the faster of LL and Simple (a threshold 20% lower or higher moves one of the two rows)."""
+    b = _rule_rows((8, 8), (28, 33))
+    net = score(b, breakdown=True)[1].decode.network_s[PROJ]
+    b28, b33 = 28 * 8192 * 2, 33 * 8192 * 2
+    nccl = min(16e-6 + 1.75 * b33 / (W * 0.3 * 0.81), 26e-6 + 1.75 * b33 / (W * 0.8 * 0.81))
+    assert net == pytest.approx(80 * np.array([7e-6 + 7 * b28 / (W * 0.7), nccl]), rel=1e-9)
