@@ -276,6 +276,21 @@ DIRECT_FIELDS = {"workload.isl": "isl", "workload.osl": "osl", "workload.concurr
                  **mechanisms.DIRECT}    # hook: serving mechanisms (issue 11)
 
 
+AR_RULE_FIELDS = ("ar_oneshot_below_2_bytes", "ar_oneshot_below_4_bytes",
+                  "ar_oneshot_below_bytes")
+
+
+def allreduce_rule_columns(out) -> dict:
+    """The runtime's all-reduce selection by message size (serving.toml [runtimes.*]
+    allreduce_oneshot_below_bytes; 0 where a runtime has none: the fastest branch)."""
+    table = catalog.runtime_defaults()
+    rt = out["serving.runtime"]
+    return {name: lookup(rt, {r: float(v["allreduce_oneshot_below_bytes"][i])
+                              for r, v in table.items()
+                              if "allreduce_oneshot_below_bytes" in v}, 0.0).astype(float)
+            for i, name in enumerate(AR_RULE_FIELDS)}
+
+
 def to_batch(out, compact: bool = False, dtype=np.float64) -> Batch:
     """The resolved design table (a DataFrame, or a dict of columns) as the scorer's arrays.
 
@@ -352,6 +367,7 @@ def to_batch(out, compact: bool = False, dtype=np.float64) -> Batch:
         "use_rental": lookup(out["cost.mode"], {"rental": 1.0}, 0.0).astype(float),
         **mechanisms.batch_columns(out, kvbytes),     # hook: serving mechanisms (issue 11)
         **prec,
+        **allreduce_rule_columns(out),
     }
     return Batch.from_columns(cols, compact=compact, dtype=dtype)
 

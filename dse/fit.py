@@ -3,12 +3,17 @@
 The per-op efficiencies come from the kernel fits (``python -m dse.kernels``, the catalog's
 ``kernels/*.toml``). What end-to-end serving adds on top of the kernels, and what no kernel
 table measures, is a fixed time per layer (norms, residuals, rotary embedding, activation
-kernels) and a fixed time per step (the scheduler, sampling, host-device synchronisation).
-Those two numbers are fitted here by least squares in log space, **shared by every chip** (they
-describe the runtime, not the silicon), so they transfer to chips the calibration set never saw;
-the other end-to-end factors stay at their physical priors (``FIXED``).
+kernels). That one number is fitted here by least squares in log space, **shared by every
+chip** (it describes the runtime, not the silicon), so it transfers to chips the calibration set
+never saw; the other end-to-end factors stay at their physical priors (``FIXED``).
 
-Cross-validation refits the two numbers without one chip (leave-one-chip-out) or without one
+A fixed time per step (scheduler, sampling, host-device synchronisation) was fitted too until
+2026-12: with the all-reduce selection rule and the logits all-gather it came out at 12.6 us
+(3.0 us before), and held at 0 the calibration figures are the same to three digits (offline
+1.0958 vs 1.0959, online TPOT 1.1157 vs 1.1157, TTFT 1.1029 vs 1.1027), so it is not fitted:
+``step_overhead_s`` stays a catalog field, written as 0 (``FIXED``).
+
+Cross-validation refits the number without one chip (leave-one-chip-out) or without one
 model family (leave-one-family-out) and predicts the cases left out.
 
 Uncertainty (``bootstrap``, written to efficiency.toml's ``[uncertainty.end_to_end]`` table in
@@ -38,17 +43,19 @@ from dse.predict import Prepared, finish, prepare
 # (name, prior, lower, upper)
 PARAMS = (
     ("layer_overhead_s", 10e-6, 1e-8, 5e-4),
-    ("step_overhead_s", 1e-3, 1e-6, 3e-2),
 )
 # end-to-end factors kept at their physical priors: the share of HBM bandwidth the traffic
 # outside GEMMs and attention reaches (embedding rows), of the scale-up and scale-out links a
-# pipeline hand-off or a KV transfer reaches, and no overlap of collectives with compute
+# pipeline hand-off or a KV transfer reaches, no overlap of collectives with compute (as
+# TensorRT-LLM v0.14-v0.17 ran them: on the compute stream), and no fixed time per step (module
+# docstring: redundant with the per-layer time)
 FIXED = {"hbm_fraction": 0.8, "scaleup_fraction": 0.8, "scaleout_fraction": 0.75,
-         "network_overlap_fraction": 0.0}
+         "step_overhead_s": 0.0, "network_overlap_fraction": 0.0}
 
 
 def _batch_with(prep: Prepared, theta: np.ndarray):
-    return prep.batch.replace(**{name: v for (name, *_), v in zip(PARAMS, theta)})
+    return prep.batch.replace(step_overhead_s=FIXED["step_overhead_s"],
+                              **{name: v for (name, *_), v in zip(PARAMS, theta)})
 
 
 def _residuals(prep: Prepared, cases: pd.DataFrame, truth: pd.DataFrame, theta) -> pd.DataFrame:
@@ -63,7 +70,7 @@ BOOT_SEED = 0
 def fit(cases: pd.DataFrame, truth: pd.DataFrame, keep=None, verbose: bool = True,
         prep: Prepared | None = None, counts=None, start: dict | None = None,
         max_nfev: int = 60) -> dict:
-    """The two end-to-end numbers fitted on the cases where ``keep`` (a boolean per case, all
+    """The end-to-end number(s) of ``PARAMS`` fitted on the cases where ``keep`` (a boolean per case, all
     by default), every (source, metric, hardware) group weighted equally within its source;
     ``counts``: how many times each case is drawn (a bootstrap resample; 1 by default);
     ``start``: starting values (the priors by default)."""
@@ -127,7 +134,7 @@ def bootstrap(cases: pd.DataFrame, truth: pd.DataFrame, theta: dict, n: int = BO
     x = np.array(draws)
     lo = np.log([p[2] for p in PARAMS])
     hi = np.log([p[3] for p in PARAMS])
-    cov = bounded_cov(np.cov(x, rowvar=False), lo, hi)
+    cov = bounded_cov(np.atleast_2d(np.cov(x, rowvar=False)), lo, hi)
     rule = (f"bootstrap: {n} refits on cases resampled within each (source, hardware) group "
             f"(seed {seed}); a parameter the resamples do not move gets its bounds' uniform sd")
     return uncertainty([p[0] for p in PARAMS], cov, rule)
@@ -191,7 +198,7 @@ def tables(theta: dict, cases: pd.DataFrame, unc: dict | None = None) -> dict:
 def write_efficiency(tables: dict, path: Path | None = None) -> Path:
     path = path or Path(catalog.__file__).with_name("efficiency.toml")
     lines = ["# End-to-end remainder of the serving model (dse.fit): what end-to-end serving adds",
-             "# to the fitted kernels (dse/catalog/kernels) -- a fixed time per layer and per step,",
+             "# to the fitted kernels (dse/catalog/kernels) -- a fixed time per layer (none per step),",
              "# fitted on ../shared/calibration and shared by every chip -- and the factors kept at",
              "# their physical priors. Written by `python -m dse.calibrate --fit --write`; do not",
              "# edit by hand. A chip may get its own table; `default` applies to the others.", ""]

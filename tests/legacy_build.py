@@ -22,6 +22,7 @@ from dse import catalog, fields, mechanisms, topology, validate
 from dse.errors import InputError, suggest
 from dse.perf import Batch
 from dse.perf import kernel_comm
+from dse.build import allreduce_rule_columns  # noqa: E402  (wired in after the freeze)
 from dse.specs import COMPUTE_FALLBACK, DTYPE_BYTES, DTYPES
 
 ACC_FIELDS = ("hbm_capacity_bytes", "hbm_bw_bytes_per_s", "tdp_w", "scaleup_link_bw_bytes_per_s",
@@ -323,8 +324,8 @@ def _dtype_columns(out):
 GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
              "latency_s")
 MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s",
-            "hidden_half", "batch_bytes")
-MOE_ZERO_DEFAULT = ("hidden_half", "batch_bytes")    # absent from a catalog: no such term
+            "hidden_half", "batch_bytes", "route_bytes")
+MOE_ZERO_DEFAULT = ("hidden_half", "batch_bytes", "route_bytes")    # absent from a catalog: no such term
 ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction",
                      "per_seq_s", "per_seq_head_s", "dim_half", "window_pad_tokens")
 ATTN_PREFILL_ZERO_DEFAULT = ("per_seq_s", "per_seq_head_s", "dim_half",   # absent: no term
@@ -593,5 +594,7 @@ def to_batch(out, compact: bool = False) -> Batch:
         "use_rental": lookup(out["cost.mode"], {"rental": 1.0}, 0.0).astype(float),
         **mechanisms.batch_columns(out, kvbytes),     # hook: serving mechanisms (issue 11)
         **prec,
+        # the runtime's all-reduce selection rule (2026-12, wired in after the freeze)
+        **allreduce_rule_columns(out),
     }
     return Batch.from_columns(cols, compact=compact)

@@ -329,7 +329,7 @@ def test_end_to_end_log_sd_is_read_when_the_catalog_has_it(tmp_path, monkeypatch
         B._families_cached.cache_clear()
     # the shipped catalog: the fit's bootstrap table (dse.fit) for the shared default
     fams = [f for f in B.families() if f.group == "e2e"]
-    assert fams and fams[0].params == ("layer_overhead_s", "step_overhead_s")
+    assert fams and fams[0].params == ("layer_overhead_s",)
 
 
 # ------------------------------------------------------------------ first lines

@@ -30,13 +30,14 @@ def test_counts_are_case_multiplicities(small):
     base = fit(cases, truth, verbose=False, prep=prep)
     # every case drawn twice: the same weights after normalisation, the same fit
     twice = fit(cases, truth, verbose=False, prep=prep, counts=np.full(len(cases), 2))
-    for k in ("layer_overhead_s", "step_overhead_s"):
+    assert set(twice) == {"layer_overhead_s"}        # one end-to-end parameter (dse.fit)
+    for k in ("layer_overhead_s",):
         assert twice[k] == pytest.approx(base[k], rel=1e-6)
     # a chip drawn zero times is the same as leaving it out
     a100 = (cases["hardware"] == "a100-sxm-80g").to_numpy()
     zero = fit(cases, truth, verbose=False, prep=prep, counts=(~a100).astype(int))
     out = fit(cases, truth, verbose=False, prep=prep, keep=~a100)
-    for k in ("layer_overhead_s", "step_overhead_s"):
+    for k in ("layer_overhead_s",):
         assert zero[k] == pytest.approx(out[k], rel=1e-6)
 
 
@@ -69,3 +70,4 @@ def test_written_uncertainty_matches_the_catalog_numbers():
     assert sd[[p[0] for p in PARAMS].index("layer_overhead_s")] < np.log(1.5)
     eff = catalog.accelerators()["h100-sxm"].efficiency
     assert "bootstrap" in eff.fitted_on
+    assert eff.step_overhead_s == 0.0                 # not fitted: fixed at 0 (dse.fit.FIXED)

@@ -40,7 +40,9 @@ def test_each_allreduce_branch_by_hand():
         ar_nccl_bulk_latency_s=a([OFF, 20e-6, OFF, OFF]),
         ar_nccl_latency_per_log2_s=2e-6, ar_nccl_ll_fraction=0.3, ar_nccl_fraction=0.8,
         ar_nccl_fraction_per_doubling=0.9, ar_custom_latency_s=a([OFF, OFF, 4e-6, 4e-6]),
-        ar_custom_latency_per_log2_s=1e-6, ar_custom_fraction=0.7)
+        ar_custom_latency_per_log2_s=1e-6, ar_custom_fraction=0.7,
+        # no selection rule: the fastest branch (test_runtime_allreduce_rule_by_hand has one)
+        ar_oneshot_below_2_bytes=0.0, ar_oneshot_below_4_bytes=0.0, ar_oneshot_below_bytes=0.0)
     net = score(b, breakdown=True)[1].decode.network_s[PROJ]
     big, small = 64 * 8192 * 2, 4 * 8192 * 2
     ring = 2 * 7 / 8
@@ -48,6 +50,60 @@ def test_each_allreduce_branch_by_hand():
                 14e-6 + ring * big / (W * 0.7), 7e-6 + 7 * small / (W * 0.7)]
     assert 7e-6 + 7 * big / (W * 0.7) > expected[2]          # two-shot wins at 1 MiB
     assert net == pytest.approx(80 * np.array(expected), rel=1e-9)
+
+
+def _rule_rows(tp, concurrency):
+    rows = [design(**{"layout.tp": t, "workload.isl": 1, "workload.osl": 2,
+                      "workload.phase": "decode", "workload.concurrency": c})
+            for t, c in zip(tp, concurrency)]
+    return batch(rows, ideal=True).replace(
+        scaleup_bw_bytes_per_s=W, tp_bw_rel=1.0, scaleup_extra_latency_s=0.0,
+        ar_nccl_latency_s=10e-6, ar_nccl_bulk_latency_s=20e-6, ar_nccl_latency_per_log2_s=2e-6,
+        ar_nccl_ll_fraction=0.3, ar_nccl_fraction=0.8, ar_nccl_fraction_per_doubling=0.9,
+        ar_custom_latency_s=4e-6, ar_custom_latency_per_log2_s=1e-6, ar_custom_fraction=0.7)
+
+
+def test_runtime_allreduce_rule_by_hand():
+    """TensorRT-LLM's AUTO rule (serving.toml: one-shot below 16 MB / 1 MB / 500 kB on 2 / 3-4 /
+    more ranks, NCCL above, never two-shot), Llama-3.1-70B decode, 80 layers, one all-reduce of
+    the attention output per layer, kernels pinned as in the test above:
+    - tp 8, 64 tokens, B = 1 MiB >= 500 kB: NCCL, the faster of LL (16 us + 1.75 B /
+      (W 0.3 0.81) = 33.26 us) and Simple (26 us + 1.75 B / (W 0.8 0.81) = 32.47 us), although
+      two-shot (19.83 us) is faster;
+    - tp 8, 16 tokens, B = 256 KiB < 500 kB: one-shot, 7 us + 7 B / (W 0.7), although Simple
+      is not far;
+    - tp 2, 256 tokens, B = 4 MiB < 16 MB: one-shot, 5 us + B / (W 0.7) = 18.32 us (two-shot
+      would be 2 x 5 us + B / (W 0.7) too, NCCL Simple 22 us + B / (W 0.8 / 0.9));
+    - tp 4, 64 tokens, B = 1 MiB >= 1 MB: NCCL, LL 14 us + 1.5 B / (W 0.3 0.9) = 26.94 us
+      (Simple: 24 us + 1.5 B / (W 0.8 0.9) = 28.85 us; one-shot 6 us + 3 B / (W 0.7) = 15.99 us
+      is not allowed)."""
+    b = _rule_rows((8, 8, 2, 4), (64, 16, 256, 64))
+    assert b.ar_oneshot_below_bytes[0] == 5e5 and b.ar_oneshot_below_2_bytes[0] == 16e6
+    net = score(b, breakdown=True)[1].decode.network_s[PROJ]
+    mib = 8192 * 2 * np.array([64, 16, 256, 64])
+    ll8 = 16e-6 + 1.75 * mib[0] / (W * 0.3 * 0.81)
+    simple8 = 26e-6 + 1.75 * mib[0] / (W * 0.8 * 0.81)
+    expected = [min(ll8, simple8), 7e-6 + 7 * mib[1] / (W * 0.7),
+                5e-6 + mib[2] / (W * 0.7), 14e-6 + 1.5 * mib[3] / (W * 0.3 * 0.9)]
+    assert 14e-6 + 1.75 * mib[0] / (W * 0.7) < expected[0]      # two-shot would win
+    assert net == pytest.approx(80 * np.array(expected), rel=1e-9)
+    # the same rows without a rule take the fastest branch: two-shot at tp 8, 1 MiB
+    free = b.replace(ar_oneshot_below_2_bytes=0.0, ar_oneshot_below_4_bytes=0.0,
+                     ar_oneshot_below_bytes=0.0)
+    net_free = score(free, breakdown=True)[1].decode.network_s[PROJ]
+    assert net_free[0] == pytest.approx(80 * (14e-6 + 1.75 * mib[0] / (W * 0.7)), rel=1e-9)
+
+
+def test_logits_allgather_over_tp_by_hand():
+    """The vocab-parallel head gathers its logits over tp once per step on NCCL's branches, half
+    an all-reduce's bytes: Llama-3.1-70B (vocab 128256) at tp 8, 64 decode rows, bf16 logits
+    B = 64 x 128256 x 2 B = 16.4 MB: Simple, 26 us + 7/8 B / (W 0.8 0.81) (LL: 16 us +
+    7/8 B / (W 0.3 0.81) is slower); at tp 1: none."""
+    b = _rule_rows((8, 1), (64, 64))
+    net = score(b, breakdown=True)[1].decode.network_s[OPS.index("logits")]
+    B = 64 * 128256 * 2
+    assert net[0] == pytest.approx(26e-6 + 7 / 8 * B / (W * 0.8 * 0.81), rel=1e-9)
+    assert net[1] == 0.0
 
 
 def test_alltoall_across_two_domains_pays_the_nics_by_hand():
@@ -102,3 +158,14 @@ def test_normal_kernels_pay_per_message_by_hand():
     out = row * p_node / (50e9 * 0.5)
     msgs = 1 + 71 * p_rank + p_node
     assert net == pytest.approx(58 * (2 * 20e-6 + 30e-6 + 64 * (out + msgs * 40e-9)), rel=1e-9)
+
+
+def test_runtime_allreduce_threshold_is_where_the_rule_says():
+    """Either side of TensorRT-LLM's 500 kB threshold on 8 ranks (kernels pinned as above):
+    28 tokens (B = 458,752 B) run one-shot, 7 us + 7 B / (W 0.7); 33 tokens (540,672 B) run NCCL,
+    the faster of LL and Simple (a threshold 20% lower or higher moves one of the two rows)."""
+    b = _rule_rows((8, 8), (28, 33))
+    net = score(b, breakdown=True)[1].decode.network_s[PROJ]
+    b28, b33 = 28 * 8192 * 2, 33 * 8192 * 2
+    nccl = min(16e-6 + 1.75 * b33 / (W * 0.3 * 0.81), 26e-6 + 1.75 * b33 / (W * 0.8 * 0.81))
+    assert net == pytest.approx(80 * np.array([7e-6 + 7 * b28 / (W * 0.7), nccl]), rel=1e-9)

@@ -113,6 +113,12 @@ FIELDS: dict[str, str] = {
 # and dse.perf.kernel_attention)
 FIELDS.update({k: "collective kernel parameter (dse.perf.kernel_comm)" for k in kernel_comm.KEYS})
 FIELDS.update({
+    "ar_oneshot_below_2_bytes": "the runtime takes the one-shot all-reduce below this message "
+                                "size on <= 2 ranks, NCCL above (0: the fastest branch)",
+    "ar_oneshot_below_4_bytes": "the same on 3-4 ranks",
+    "ar_oneshot_below_bytes": "the same on more than 4 ranks",
+})
+FIELDS.update({
     "gemm_fraction": "share of peak FLOP/s a large dense GEMM reaches",
     "gemm_half_rows": "rows of padding every GEMM pays (tile quantization in m)",
     "gemm_n_half": "output width (elements) at which edge quantization halves GEMM throughput",
@@ -184,6 +190,10 @@ OPTIONAL: dict[str, float | str] = {
     "attn_decode_split_tokens": 1e12,
     # routed-entry scan of the grouped GEMMs (dse.perf.kernel_gemm.grouped_gemm_s): 0 = none
     "moe_route_bytes": 0.0,
+    # the runtime's all-reduce selection by message size (dse.perf.kernel_comm.allreduce_windows;
+    # serving.toml [runtimes.*] allreduce_rule): 0 = no rule, the fastest kernel branch
+    "ar_oneshot_below_2_bytes": 0.0, "ar_oneshot_below_4_bytes": 0.0,
+    "ar_oneshot_below_bytes": 0.0,
 }
 FIELDS.update({
     "spec_tokens": "draft tokens proposed per sequence per step (0: no speculative decoding)",

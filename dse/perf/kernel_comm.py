@@ -26,7 +26,15 @@ domains on the scale-out NICs (bandwidth ``S``):
 
     + 2 log2(n) a2a_scaleout_latency_s + 2 (n-1)/n (B / inner) / (S a2a_scaleout_fraction)
 
-(no custom kernel across domains). The scale-out parameters are the ones fitted on DeepEP's
+(no custom kernel across domains).
+
+A runtime that picks its kernel by message size rather than by speed (``serving.runtime``'s
+``allreduce_rule``, ``dse/catalog/serving.toml``) restricts every branch to a window of message
+sizes (:func:`allreduce_rule`): TensorRT-LLM's AUTO strategy (the TensorRT engine path that
+v0.14-v0.17 ran, ``AllreducePlugin::selectImplementation``) takes the one-shot custom kernel
+below ``t(g)`` bytes (16 MB for 2 ranks, 1 MB for 3-4, 500 kB beyond), NCCL from there on, and
+never two-shot (disabled pending NVIDIA bug 4718747). Without a rule ``t = min(all four)``.
+ The scale-out parameters are the ones fitted on DeepEP's
 RDMA rows (no multi-node all-reduce table exists).
 
 All-to-all (MoE expert-parallel dispatch or combine, one phase) of ``T`` tokens per rank, hidden
@@ -203,6 +211,24 @@ def allreduce_branches(group, link_bw_bytes_per_s, *, domain_chips=None,
     # one rank: no collective (the per-byte costs are 0 there already: (g - 1) factors)
     lat *= np.asarray(g > 1.0, dtype=lat.dtype)
     return lat, spb
+
+
+def allreduce_rule(group, oneshot_below_2_bytes, oneshot_below_4_bytes, oneshot_below_bytes):
+    """A runtime's all-reduce selection by message size over the four branches of
+    :func:`allreduce_branches` (NCCL LL, NCCL Simple, one-shot, two-shot): ``(below_bytes,
+    rule)``, one-shot for messages below ``below_bytes``, NCCL (the faster protocol) from there
+    on, two-shot never, where ``rule`` is 1; the fastest branch where it is 0 (a threshold of 0:
+    no rule). ``below_bytes`` is the first threshold for ``g <= 2`` ranks, the second for
+    ``g <= 4``, the third beyond.
+
+    Example (TensorRT-LLM v0.14-v0.17, thresholds 16e6 / 1e6 / 5e5): ``g = 8`` and a 2 MB
+    message runs NCCL even where two-shot would be faster; ``g = 2`` and 8 MB runs one-shot.
+    """
+    g = _a(group)
+    t = np.where(g <= 2.0, _a(oneshot_below_2_bytes),
+                 np.where(g <= 4.0, _a(oneshot_below_4_bytes), _a(oneshot_below_bytes)))
+    rule = (t > 0.0).astype(t.dtype)
+    return np.where(t > 0.0, t, np.inf), rule
 
 
 def allreduce_s(message_bytes, group, link_bw_bytes_per_s, **kw) -> np.ndarray:

@@ -39,10 +39,16 @@ def _kernel_params(b: Batch, keys) -> dict:
     return {k: b.columns[k] for k in keys}
 
 
+RULE_KEYS = ("ar_oneshot_below_2_bytes", "ar_oneshot_below_4_bytes", "ar_oneshot_below_bytes")
+
+
 def kernel_allreduce(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
     """All-reduce over ``g`` chips with the fitted kernels: ``(latency_s[n_branch, n],
-    seconds_per_byte[n_branch, n])``, ``t = min over branches``. The link is the chip's
-    scale-up bandwidth times the group's share on the design's topology graph relative to its
+    seconds_per_byte[n_branch, n])``, ``t = min over branches``; under a runtime's selection
+    rule (``ar_oneshot_below_*_bytes`` > 0) also ``(below_bytes, penalty_s)``: one-shot below
+    ``below_bytes``, NCCL above (``penalty_s`` 1e30 on the rule's rows, 0 elsewhere; the step's
+    ``_fastest``).
+    The link is the chip's scale-up bandwidth times the group's share on the design's topology graph relative to its
     share on the system the kernels were measured on (``*_bw_rel``); the topology's
     latency beyond the measured system's (``scaleup_extra_latency_s``) is added."""
     keys = kernel_comm.AR_NCCL_KEYS + kernel_comm.AR_CUSTOM_KEYS + kernel_comm.SCALEOUT_KEYS
@@ -52,7 +58,21 @@ def kernel_allreduce(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
         extra_latency_per_log2_s=b.scaleup_extra_latency_s, **_kernel_params(b, keys))
     # a branch the group cannot take (custom kernels across domains) has an infinite latency:
     # keep it finite so that a zero coefficient (a dense model's MoE terms) stays zero
-    return np.clip(lat, 0.0, 1e30, out=lat), spb
+    lat = np.clip(lat, 0.0, 1e30, out=lat)
+    if not any(b.has_on(k) for k in RULE_KEYS):
+        return lat, spb
+    # the runtime's selection by message size (kernel_comm.allreduce_rule): two-shot off (an
+    # added latency, once per design), one-shot below the threshold and NCCL above (the step's
+    # _fastest); a group across domains has no custom kernel and runs NCCL at every size
+    below, rule = kernel_comm.allreduce_rule(g, b.ar_oneshot_below_2_bytes,
+                                             b.ar_oneshot_below_4_bytes, b.ar_oneshot_below_bytes)
+    shape = np.broadcast_shapes(lat.shape[1:], below.shape)   # (a compact batch's length-1 rows)
+    if lat.shape[1:] != shape:
+        lat, spb = (np.ascontiguousarray(np.broadcast_to(a, lat.shape[:1] + shape))
+                    for a in (lat, spb))
+    lat[3] += 1e30 * rule
+    below = np.where(lat[2] >= 1e30, 0.0, np.broadcast_to(below, shape))
+    return lat, spb, below, 1e30 * np.broadcast_to(rule, shape)
 
 
 def kernel_alltoall(b: Batch, ep: np.ndarray, dispatch_bytes, combine_bytes,

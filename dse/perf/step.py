@@ -10,7 +10,7 @@ mlp_dense  dense MLP of the dense layers, plus its tp*dp all-reduce
 moe_routed routed experts (only the experts the step's tokens touch are read), dispatch+combine
 moe_shared shared experts
 router     the MoE router
-logits     embedding lookup and the output head
+logits     embedding lookup and the output head, plus the tp all-gather of its logits
 pipeline   the activation hand-off to the next pipeline stage
 
 Almost every time is affine in the step's tokens (a matmul pads small row counts up by
@@ -116,8 +116,8 @@ class Coefficients:
         # tp all-reduce of the attention output, per layer: the runtime's fastest kernel
         # (min over NCCL and custom branches) for the busiest rank's rows
         allreduce = _AllReduces(b)
-        a0, a1 = allreduce(tp, b.tp_bw_rel)
-        self.n_proj = (self.layers_stage * a0, a1 * (self.layers_stage * d * ab))
+        a = allreduce(tp, b.tp_bw_rel)
+        self.n_proj = _per_unit(a, self.layers_stage, self.layers_stage, d * ab)
         # attention core (dse.perf.kernel_attention): decode pads each KV head's query group
         # to group_min_heads rows; prefill efficiency rises with the prompt's tokens
         heads = b.n_heads / tp
@@ -174,9 +174,9 @@ class Coefficients:
             n_gemm = n_gemm + 2.0 * dense_layers
             # (a row without dense layers takes the tp group's, which is then often shared)
             some_dense = arch.flag(b.n_dense_layers > 0, d)
-            f0, f1 = allreduce(arch.blend(some_dense, g, tp), arch.blend(
+            f = allreduce(arch.blend(some_dense, g, tp), arch.blend(
                 some_dense, b.ffn_bw_rel + rep * (b.tp_bw_rel - b.ffn_bw_rel), b.tp_bw_rel))
-            self.n_dense = (dense_layers * f0, f1 * (dense_layers * d * ab * g / ffn_g))
+            self.n_dense = _per_unit(f, dense_layers, dense_layers, d * ab * g / ffn_g)
         self.tbo = 0.0
         self.a2a_overlap = b.alltoall_overlap_fraction
         if self.moe:
@@ -229,8 +229,8 @@ class Coefficients:
             self.tbo = b.two_batch_overlap * arch.flag(b.n_experts > 0, d)
             self.a2a_overlap = b.alltoall_overlap_fraction
             moe_tp = arch.blend(arch.flag(b.n_experts > 0, d), ffn_g / ep, tp)   # (as above)
-            r0, r1 = allreduce(moe_tp, b.tp_bw_rel)
-            self.n_moe_ar = (is_moe * r0, r1 * (is_moe * np.minimum(dest, ep) / ep * d * ab))
+            r = allreduce(moe_tp, b.tp_bw_rel)
+            self.n_moe_ar = _per_unit(r, is_moe, is_moe, np.minimum(dest, ep) / ep * d * ab)
             # shared experts and router
             sh_chip = b.n_shared * b.ffn_shared / ffn_g
             has_sh = arch.flag(b.n_shared > 0, d)
@@ -259,6 +259,13 @@ class Coefficients:
         self.c_head, self.w_head = _gemm_coef(b, ((_floor1(b.vocab / tp), d1),), 1.0, inv_eff)
         self.m_head = p_head * wb / tp / g_hbm
         self.m_embed = d * ab / dp / hbm
+        # the vocab-parallel head gathers its logits over tp every step (TensorRT-LLM's lm_head
+        # is a ColumnLinear with gather_output=True, in the model dtype: NVIDIA/TensorRT-LLM
+        # tensorrt_llm/models/llama/model.py): a ring all-gather moves (g-1)/g of the buffer,
+        # half an all-reduce's 2(g-1)/g (nccl-tests doc/PERFORMANCE.md), on NCCL's branches
+        # (no custom all-gather); one call per step
+        h0, h1 = allreduce(tp, b.tp_bw_rel)[:2]
+        self.n_head = _per_unit((h0[:2], h1[:2]), 1.0, 0.5, b.vocab * ab)
         self.x_gemm = (n_gemm + 1.0) * b.gemm_latency_s
         # hand-off to the next stage
         crosses = tp * dp * pp > b.domain_chips
@@ -349,12 +356,36 @@ def _affine(form, x):
     return _iadd(form[0] * x, form[1])
 
 
+def _per_unit(branches, n_lat, n_spb, bytes_per_unit):
+    """A collective's kernel branches ``(latency_s, seconds_per_byte[, below_bytes, penalty_s])``
+    as a step term in units of the step's tokens or rows: ``n_lat`` latencies (calls per step),
+    ``n_spb * bytes_per_unit`` per-byte costs per unit, and a runtime's one-shot threshold in
+    units (one call's message is ``bytes_per_unit`` per unit)."""
+    out = (n_lat * branches[0], branches[1] * (n_spb * bytes_per_unit))
+    if len(branches) == 2:
+        return out
+    return out + (branches[2] / np.maximum(bytes_per_unit, 1e-30), branches[3])
+
+
 def _fastest(branches, x):
     """``min_i latency[i] + per_unit[i] * x`` over a collective's kernel branches (row by row:
-    contiguous arrays are faster than a broadcast over the branch axis)."""
-    lat, per = branches
+    contiguous arrays are faster than a broadcast over the branch axis). With a runtime's
+    selection rule ``(below, penalty)`` (network.kernel_allreduce): on the rule's rows
+    (``penalty`` 1e30, two-shot already off) one-shot below ``below`` units and NCCL's faster
+    protocol from there on; elsewhere (``penalty`` 0) the fastest of the four."""
+    lat, per = branches[:2]
     t = lat[0] + per[0] * x
     u = np.empty_like(t)
+    if len(branches) == 4:                 # (NCCL LL, NCCL Simple, one-shot, two-shot)
+        below, penalty = branches[2:]
+        np.multiply(per[1], x, out=u)
+        u += lat[1]
+        np.minimum(t, u, out=t)            # NCCL
+        one = lat[2] + per[2] * x
+        one = np.where(x < below, np.minimum(one, t + penalty), t)
+        np.multiply(per[3], x, out=u)
+        u += lat[3]
+        return np.minimum(one, u, out=one)
     for i in range(1, len(lat)):
         np.multiply(per[i], x, out=u)
         u += lat[i]
@@ -496,6 +527,7 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
         moe = (none, none, none)
     c_head = k.c_head * (logits_rows / dp + h) + k.w_head if tbo \
         else _affine(k.aff_head, logits_rows)
+    n_head = _fastest(k.n_head, logits_rows / dp) if k.tp_ar else None
     m_head = k.m_head + k.m_embed * tok
     if k.tbo_on:
         m_head = m_head + k.m_head * k.tbo
@@ -505,7 +537,7 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     # (the loop below skips its arithmetic: this is the hot path); the GEMMs' launch latencies
     # are fixed time of the step (overhead)
     parts = ((c_proj, twice(k.m_proj), n_proj, None), (c_core, m_core, None, x_core), dense,
-             *moe, (c_head, m_head, None, None), (None, None, n_pipe, None))
+             *moe, (c_head, m_head, n_head, None), (None, None, n_pipe, None))
     overhead = k.overhead + masked(twice(k.x_gemm))
     total = overhead
     ops = []
