@@ -541,9 +541,9 @@ def entry_for(chip, rt, fits, accs, exclude=None):
     vals, notes = {}, []
     derived = fits.get("derived", {})
 
-    def donors(cls):    # every fit but ``exclude``'s and those derived from it (loco_donors)
+    def fits_of(cls):    # every fit but ``exclude``'s and those derived from it (loco_donors)
         return common.loco_donors(fits[cls], exclude, fits[cls], derived.get(cls))
-    nccl = donors("nccl")
+    nccl = fits_of("nccl")
     if chip in nccl:
         vals.update(nccl[chip])
         notes.append("ar_nccl: " + ("nccl_perf" if chip != "h800-sxm" else
@@ -559,7 +559,7 @@ def entry_for(chip, rt, fits, accs, exclude=None):
         notes.append("ar_nccl: transfer from " + "+".join(near))
     for cls, ps in (("custom", CUSTOM_PARAMS),
                     ("a2a", A2A_PARAMS + SCALEOUT_PARAMS + RATE_PARAMS)):
-        f = donors(cls)
+        f = fits_of(cls)
         label = "ar_custom" if cls == "custom" else "a2a"
         names = [p.name for p in ps]
         own = {k: v for k, v in f.get((chip, rt), {}).items() if k in names}
