@@ -106,6 +106,15 @@ def test_comm_loco_ignores_entries_derived_from_the_chip():
     # not left out, h800's entry is a donor like any other
     _, how = comm.entry_for("h200-sxm", "sglang", fits, accs, exclude="h200-sxm")
     assert "h800-sxm" in how
+    # a host-staged chip's group-size terms taken from b200: no donor of b200's LOCO, and its
+    # own entry still reads (the staged branch of entry_for)
+    fits["staged"] = {"h800-sxm": ([4.0], ["b200"])}
+    fits["derived"]["nccl"]["h800-sxm"] = {"b200"}
+    v, how = comm.entry_for("h800-sxm", "sglang", fits, accs)
+    assert "from b200 (same fabric kind)" in how and v["ar_nccl_latency_s"] == base[
+        "ar_nccl_latency_s"]
+    _, how = comm.entry_for("b200", "sglang", fits, accs, exclude="b200")
+    assert "ar_nccl: transfer from h100-sxm;" in how
 
 
 def test_comm_fit_records_what_entries_were_derived_from():
