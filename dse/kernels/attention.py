@@ -328,12 +328,23 @@ def _catalog_values(accs) -> dict:
     return out
 
 
+def own_fitted(frames) -> set:
+    """{(op, chip, runtime, dtype)} fitted on their own measured rows (fit_all's rule: at least
+    20 shapes not held out); every other catalog entry was filled by transfer."""
+    return {(op, *k) for op, d in frames.items()
+            for k, g in d.groupby(["chip", "runtime", "dtype"]) if (~g["held_out"]).sum() >= 20}
+
+
 def loco_rows(frames, values, accs):
+    """Each measured (op, chip, runtime, dtype) predicted from the other chips' own fits of the
+    same runtime and dtype (common.loco_donors: never a transferred catalog entry)."""
     rows = []
+    own = own_fitted(frames)
     for op, d in frames.items():
         for (chip, rt, dt), g in d.groupby(["chip", "runtime", "dtype"]):
-            others = {c: v for (o, c, r, t), v in values.items()
-                      if o == op and r == rt and t == dt and c != chip}
+            others = common.loco_donors(
+                {c: v for (o, c, r, t), v in values.items() if o == op and r == rt and t == dt},
+                chip, {c for (o, c, r, t) in own if o == op and r == rt and t == dt})
             if len(others) < 2:
                 continue
             vals, _, _ = common.transfer(chip, others, PARAMS[op], accs)

@@ -399,6 +399,19 @@ def expert_rate_fixed(chip, rt, names, fits, free) -> dict:
     return out
 
 
+def rate_donors(chip, rt, names, fits, free) -> set:
+    """The other chips ``expert_rate_fixed`` took rates from (none when the chip's own tables
+    had them): a leave-one-chip-out of one of them cannot use this entry as a donor."""
+    out = set()
+    for n in names:
+        if rt == NVLINK_RT:
+            continue
+        fitted = [c for (c, r), v in fits.items() if n in free.get((c, r), ())]
+        if chip not in fitted:
+            out |= set(fitted)
+    return out
+
+
 DEFAULTS = {p.name: p.x0 for p in PARAMS}
 
 
@@ -454,7 +467,10 @@ def fit_all(frames):
     nccl, custom, a2a, h800_ar = frames[:4]
     staged = frames[4] if len(frames) > 4 else {}
     accs = _accs()
-    fits = {"nccl": {}, "custom": {}, "a2a": {}, "cov": {}, "staged": {}}
+    # "derived": {class: {key: chips some of the entry's terms were taken from}} (the
+    # leave-one-chip-out donor filter, common.loco_donors)
+    fits = {"nccl": {}, "custom": {}, "a2a": {}, "cov": {}, "staged": {},
+            "derived": {"nccl": {}, "custom": {}, "a2a": {}}}
 
     def run(predict, params, tr, fixed, key):
         f = _fit(predict, params, tr, fixed)
@@ -479,12 +495,15 @@ def fit_all(frames):
         if chip in staged:
             fits["staged"][chip] = (staged[chip], fabric_donors(chip, list(fits["nccl"]), accs))
             fixed = group_fixed(chip, "nccl")
+            fits["derived"]["nccl"][chip] = set(fits["staged"][chip][1])
             ps = tuple(p for p in NCCL_PARAMS if p.name not in fixed)
             fits["nccl"][chip] = {**fixed, **run(predict_nccl, ps, g[~g["_held"]], fixed,
                                                  ("nccl", chip, None))}
     groups = sorted(custom.groupby(["chip", "runtime"]), key=lambda kv: kv[0][0] in staged)
     for (chip, rt), g in groups:      # host-staged chips last: they take donors' terms
         fixed = group_fixed(chip, "custom", rt) if chip in staged else {}
+        if chip in staged:
+            fits["derived"]["custom"][(chip, rt)] = set(fits["staged"][chip][1])
         ps = tuple(p for p in CUSTOM_PARAMS if p.name not in fixed)
         fits["custom"][(chip, rt)] = {**fixed, **run(
             predict_custom, ps, g[~g["_held"]], {**fits["nccl"][chip], **fixed},
@@ -498,11 +517,13 @@ def fit_all(frames):
         tr = g[~g["_held"]]
         ps, names = _a2a_params(tr)
         fixed = expert_rate_fixed(chip, rt, names, fits["a2a"], free)
+        fits["derived"]["a2a"][(chip, rt)] = rate_donors(chip, rt, names, fits["a2a"], free)
         free[(chip, rt)] = {p.name for p in ps}
         fits["a2a"][(chip, rt)] = {**fixed, **run(predict_a2a, ps, tr, {**DEFAULTS, **fixed},
                                                   ("a2a", chip, rt))}
     if len(h800_ar):   # H800: transferred NCCL parameters, its busbw row sets the fraction
-        base, _, _ = common.transfer("h800-sxm", fits["nccl"], NCCL_PARAMS, _accs())
+        base, near, _ = common.transfer("h800-sxm", fits["nccl"], NCCL_PARAMS, _accs())
+        fits["derived"]["nccl"]["h800-sxm"] = set(near)
         fr = run(predict_nccl, (NCCL_PARAMS[4],), h800_ar, base, ("nccl", "h800-sxm", None))
         fits["nccl"]["h800-sxm"] = {**base, **fr}
     return fits
@@ -518,7 +539,11 @@ def entry_for(chip, rt, fits, accs, exclude=None):
     ``trtllm`` on the NVL72 chips takes its a2a keys from TRT-LLM's NVLink all-to-all table
     (pseudo-runtime ``trtllm_nvlink``), by transfer where the chip has none."""
     vals, notes = {}, []
-    nccl = {c: v for c, v in fits["nccl"].items() if c != exclude}
+    derived = fits.get("derived", {})
+
+    def fits_of(cls):    # every fit but ``exclude``'s and those derived from it (loco_donors)
+        return common.loco_donors(fits[cls], exclude, fits[cls], derived.get(cls))
+    nccl = fits_of("nccl")
     if chip in nccl:
         vals.update(nccl[chip])
         notes.append("ar_nccl: " + ("nccl_perf" if chip != "h800-sxm" else
@@ -534,7 +559,7 @@ def entry_for(chip, rt, fits, accs, exclude=None):
         notes.append("ar_nccl: transfer from " + "+".join(near))
     for cls, ps in (("custom", CUSTOM_PARAMS),
                     ("a2a", A2A_PARAMS + SCALEOUT_PARAMS + RATE_PARAMS)):
-        f = {k: v for k, v in fits[cls].items() if k[0] != exclude}
+        f = fits_of(cls)
         label = "ar_custom" if cls == "custom" else "a2a"
         names = [p.name for p in ps]
         own = {k: v for k, v in f.get((chip, rt), {}).items() if k in names}

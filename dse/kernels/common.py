@@ -16,6 +16,14 @@ missing on a measured chip takes the same rule from the chips that have that run
 (runtime kernels differ more than chips do: SGLang's Triton MoE reaches a fifth of what
 TensorRT-LLM's CUTLASS kernels do); only when no chip has it, the chip's other runtimes. The
 rule is checked leave-one-chip-out (``python -m dse.kernels --loco``).
+
+Leave-one-chip-out (``loco_donors``, the one donor filter every op class uses): chip X is
+predicted by the transfer rule from donors that are (1) other chips, every runtime of X being
+left out (X's tables of all runtimes are unseen: X under another runtime is no donor), (2)
+entries fitted on their own measured rows, never a catalog entry that was itself filled by
+transfer (a chip or runtime without a table: ``transfer``/``gemm.complete``; such an entry may
+have been derived from X), and (3) not derived from X in part (a fitted entry with terms fixed
+from other chips' fits, e.g. a host-staged chip's group-size terms, is no donor of those chips).
 """
 
 from __future__ import annotations
@@ -182,6 +190,19 @@ def transfer(chip: str, fitted: dict[str, dict], params: tuple[Param, ...], accs
             v = v * ratio
         vals[p.name] = float(np.clip(v, p.lo, p.hi))
     return vals, near, ratio
+
+
+def loco_donors(entries: dict, left_out: str, own, derived_from: dict | None = None) -> dict:
+    """The leave-one-chip-out donors of ``left_out`` (module docstring): of ``entries``
+    ({key: values}, a key being a chip or a tuple that starts with the chip), the keys in
+    ``own`` (fitted on their own measured rows), never one of ``left_out`` itself (any
+    runtime), and none whose ``derived_from`` ({key: chips some of its terms were taken from})
+    names ``left_out``."""
+    own = set(own)
+    derived_from = derived_from or {}
+    chip_of = lambda k: k if isinstance(k, str) else k[0]  # noqa: E731
+    return {k: v for k, v in entries.items()
+            if chip_of(k) != left_out and k in own and left_out not in derived_from.get(k, ())}
 
 
 # --- parameter uncertainty ------------------------------------------------------------------

@@ -193,9 +193,12 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
             if not mod.supported(acc, fam):
                 continue
             params = mod.family_params(fam)
-            others = {c: v for (c, r), v in fitted.items()
-                      if r == rt and c != chip and (c, r, fam) in groups
-                      and all(q.name in v for q in params)}
+            # donors: (chip, runtime, family) fitted on its own rows (a table the fit saw and
+            # the chip supports), never a transferred catalog entry (common.loco_donors)
+            own = {c for (c, r, f) in groups if r == rt and f == fam and mod.supported(accs[c], f)}
+            others = common.loco_donors(
+                {c: v for (c, r), v in fitted.items()
+                 if r == rt and all(q.name in v for q in params)}, chip, own)
             if not others:
                 continue
             vals, near, ratio = common.transfer(chip, others, params, accs)
