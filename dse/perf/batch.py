@@ -129,6 +129,7 @@ FIELDS.update({
     "moe_hidden_half": "model width (elements) at which grouped-GEMM K/N edge waste halves throughput",
     "moe_batch_bytes": "HBM bytes per token on the chip per hidden element (layer input, output)",
     "moe_route_bytes": "HBM bytes per routed entry (token x top-k) on the chip per hidden element",
+    "moe_nongated_slowdown": "time factor of non-gated (2-matrix) experts' grouped GEMMs vs gated",
     "attn_prefill_fraction": "share of attn_flops_per_s prefill attention reaches",
     "attn_prefill_half_tokens": "keys per query row (causal pairs / new tokens) at which "
                                 "prefill attention efficiency halves",
@@ -184,6 +185,8 @@ OPTIONAL: dict[str, float | str] = {
     "attn_decode_split_tokens": 1e12,
     # routed-entry scan of the grouped GEMMs (dse.perf.kernel_gemm.grouped_gemm_s): 0 = none
     "moe_route_bytes": 0.0,
+    # non-gated experts' kernel vs the gated one (kernel_gemm.grouped_gemm_s): 1 = the same
+    "moe_nongated_slowdown": 1.0,
 }
 FIELDS.update({
     "spec_tokens": "draft tokens proposed per sequence per step (0: no speculative decoding)",
