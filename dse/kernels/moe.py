@@ -18,8 +18,9 @@ the activation: TensorRT-LLM's non-gated CUTLASS MoE (aiconfigurator PR #273 mea
 ``moe_torch_flow_nongated``); SGLang runs relu2 experts on FlashInfer's CUTLASS MoE, not its
 Triton fused MoE or, before sgl-project/sglang PR #21321, FlashInfer's TRT-LLM-gen MoE (which that PR
 measures 1.7-1.85x faster than CUTLASS on Nemotron-3 Super); vLLM runs them on its Triton path
-(vllm-project/vllm PR #25863). Fitted: 4.1 on H200 SGLang bf16 (held-out 1.457 -> 1.27), about
-1.0-1.4 on TensorRT-LLM; a group without non-gated rows keeps the start value 1 (no data). Every other source is the kernel the runtime dispatches for that
+(vllm-project/vllm PR #25863). Fitted: 4.1 on H200 and 3.6 on H100 SGLang bf16 (held-out
+1.457 -> 1.27, 1.403 -> 1.24), about 1.1 on TensorRT-LLM; a group without non-gated rows is
+pinned at 1 (``unidentified``). MoE held-out median 1.154 -> 1.150 (share <= 1.15: 43% -> 49%). Every other source is the kernel the runtime dispatches for that
 model shape (SGLang on Blackwell: FlashInfer TRT-LLM MoE for DeepSeek/Qwen3-like shapes, Triton
 fused MoE for Mixtral-like ones; the shapes are disjoint), so all are kept; a shape measured by
 two sources keeps the group's most common one. Version: per (chip, runtime, dtype) the newest
