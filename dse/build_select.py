@@ -112,8 +112,10 @@ def compute_peak(w: np.ndarray, peak: dict) -> tuple[np.ndarray, np.ndarray]:
 GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
              "latency_s")
 MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s",
-            "hidden_half", "batch_bytes", "route_bytes")
-MOE_ZERO_DEFAULT = ("hidden_half", "batch_bytes", "route_bytes")    # absent from a catalog: no such term
+            "hidden_half", "batch_bytes", "route_bytes", "nongated_slowdown")
+# absent from a catalog: no such term (0), the gated kernel's speed for non-gated experts (1)
+MOE_DEFAULT = {"hidden_half": 0.0, "batch_bytes": 0.0, "route_bytes": 0.0,
+               "nongated_slowdown": 1.0}
 ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction",
                      "per_seq_s", "per_seq_head_s", "dim_half", "window_pad_tokens")
 # absent: no term
@@ -172,7 +174,7 @@ def kernel_fields(out, fam, kv_fp8, peak, is_mla, moe_fam=None) -> dict[str, np.
         cols[f"gemm_{k}"] = _kernel(out, fam, gemm, k, _kernel(out, bf16, gemm, k))
     for k in MOE_KEYS:
         cols[f"moe_{k}"] = _kernel(out, moe_fam, moe, k, _kernel(
-            out, bf16, moe, k, 0.0 if k in MOE_ZERO_DEFAULT else None))
+            out, bf16, moe, k, MOE_DEFAULT.get(k)))
     mla = np.asarray(is_mla, dtype=np.int64)
     fp8_peak = kv_fp8 & ~np.isnan(peak["fp8"])
     variant = np.where(fp8_peak & ~is_mla, 1, np.where(kv_fp8, 2, 0))

@@ -24,7 +24,7 @@ IDEAL = {  # speed of light: peak FLOP/s, full bandwidths, no fixed costs, no pa
     "gemm_wave_elements": 0.0, "gemm_hbm_fraction": 1.0, "gemm_latency_s": 0.0,
     "moe_fraction": 1.0, "moe_half_rows": 0.0, "moe_width_half": 0.0, "moe_hbm_fraction": 1.0,
     "moe_token_bytes": 0.0, "moe_latency_s": 0.0, "moe_hidden_half": 0.0, "moe_batch_bytes": 0.0,
-    "moe_route_bytes": 0.0,
+    "moe_route_bytes": 0.0, "moe_nongated_slowdown": 1.0,
     "attn_prefill_fraction": 1.0, "attn_prefill_half_tokens": 0.0, "attn_prefill_half_rows": 0.0,
     "attn_prefill_latency_s": 0.0, "attn_prefill_hbm_fraction": 1.0,
     "attn_prefill_per_seq_s": 0.0, "attn_prefill_per_seq_head_s": 0.0,

@@ -324,8 +324,10 @@ def _dtype_columns(out):
 GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
              "latency_s")
 MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s",
-            "hidden_half", "batch_bytes", "route_bytes")
-MOE_ZERO_DEFAULT = ("hidden_half", "batch_bytes", "route_bytes")    # absent from a catalog: no such term
+            "hidden_half", "batch_bytes", "route_bytes", "nongated_slowdown")
+# absent from a catalog: no such term (0), the gated kernel's speed for non-gated experts (1)
+MOE_DEFAULT = {"hidden_half": 0.0, "batch_bytes": 0.0, "route_bytes": 0.0,
+               "nongated_slowdown": 1.0}
 ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction",
                      "per_seq_s", "per_seq_head_s", "dim_half", "window_pad_tokens")
 ATTN_PREFILL_ZERO_DEFAULT = ("per_seq_s", "per_seq_head_s", "dim_half",   # absent: no term
@@ -381,7 +383,7 @@ def kernel_fields(out, fam, kv_fp8, peak, is_mla, moe_fam=None) -> dict[str, np.
         cols[f"gemm_{k}"] = _kernel(out, gemm, k, _kernel(out, gemm16, k))
     for k in MOE_KEYS:
         cols[f"moe_{k}"] = _kernel(out, moe, k, _kernel(
-            out, moe16, k, 0.0 if k in MOE_ZERO_DEFAULT else None))
+            out, moe16, k, MOE_DEFAULT.get(k)))
     kind = np.where(is_mla, "mla", "attn")
     fp8_peak = kv_fp8 & ~np.isnan(peak["fp8"])
     pre = np.where(fp8_peak & ~is_mla, kind + "_prefill_fp8",

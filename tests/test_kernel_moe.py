@@ -118,15 +118,34 @@ def test_benchmark_balanced_routing_by_hand():
     assert float(touched_experts(16, 8, 128)) == pytest.approx(82.4, abs=0.1)
 
 
+def test_nongated_slowdown_scales_only_the_non_gated_expert_gemms_by_hand():
+    """2 matrices (relu2 experts): the expert GEMMs (max of compute and weight reads) take
+    ``nongated_slowdown`` times the gated kernel's efficiency; latency and token bytes do not;
+    a gated layer ignores it."""
+    kw = dict(token_bytes=6, latency_s=2e-5)
+    for tok in (1, 65536):                       # memory-bound, compute-bound
+        base = t(tok, matrices=2.0, **kw)
+        fixed = t(tok, matrices=2.0, fraction=1e30, hbm_fraction=1e30, **kw)   # no GEMM time
+        got = t(tok, matrices=2.0, nongated_slowdown=1.5, **kw)
+        assert got - fixed == pytest.approx(1.5 * (base - fixed), rel=1e-9)
+        assert t(tok, matrices=3.0, nongated_slowdown=1.5, **kw) == t(tok, matrices=3.0, **kw)
+    # one token, memory-bound: 8 experts' 2 matrices at 2 B, 3x slower
+    want = 3.0 * 8 * 2 * 4096 * 1536 * 2 / (BW * 0.75)
+    assert t(1, matrices=2.0, nongated_slowdown=3.0) == pytest.approx(want, rel=1e-9)
+
+
 @pytest.mark.parametrize("name,tokens", [("fraction", 65536), ("half_rows", 4096),
                                          ("width_half", 65536), ("hbm_fraction", 1),
                                          ("token_bytes", 65536), ("latency_s", 1),
                                          ("hidden_half", 65536), ("batch_bytes", 65536),
                                          ("route_bytes", 65536), ("matrices", 65536),
-                                         ("matrices", 1)])
+                                         ("matrices", 1), ("nongated_slowdown", 1),
+                                         ("nongated_slowdown", 65536)])
 def test_every_parameter_matters(name, tokens):
     kw = dict(half_rows=32, width_half=128, token_bytes=6, latency_s=2e-5, hidden_half=256,
               batch_bytes=4, route_bytes=0.5, matrices=3.0)
+    if name == "nongated_slowdown":
+        kw.update(matrices=2.0, nongated_slowdown=1.3)
     a = t(tokens, **kw)
     b = t(tokens, **{**kw, name: {**P, **kw}[name] * 1.2})
     assert abs(b / a - 1) > 1e-3

@@ -80,6 +80,27 @@ def test_routed_experts_grouped_gemm_by_hand():
     assert busy == pytest.approx(max(compute, memory) + extra, rel=1e-9)
 
 
+def test_non_gated_experts_run_their_own_kernel_by_hand():
+    """The same DeepSeek-V3 decode step with non-gated experts (``model.mlp_gated`` off: 2 x
+    7168 x 2048 params each) on a kernel 1.5x slower than the gated one
+    (``moe_nongated_slowdown``): both grouped-GEMM terms are the gated formula's with 2
+    matrices, x 1.5."""
+    d = design("gb200", "deepseek-v3", **{
+        "model.weight_dtype": "fp8", "model.mlp_gated": False, "layout.tp": 1, "layout.dp": 8,
+        "layout.ep": 8, "workload.isl": 1, "workload.osl": 2, "workload.concurrency": 512,
+        "workload.phase": "decode", "topology.id": "nvl72", "serving.expert_imbalance": 1.0})
+    dec = score(batch(d, ideal=True).replace(**MOE_PIN, moe_nongated_slowdown=1.5),
+                breakdown=True)[1].decode
+    p = 2 * 7168 * 2048
+    touched = 1 - (1 - 8 / 256) ** 512
+    rows = 512 + 16 * 256 / 8 * touched
+    shape = 1 + 512 / 2048 + 1024 / 7168
+    compute = 1.5 * 58 * 2 * 8 * p / 8 * shape / (2e15 * 0.4) * rows
+    memory = 1.5 * 58 * 32 * p * 1.0 / (4e12 * 0.6) * touched
+    assert dec.compute_s[MOE][0] == pytest.approx(compute, rel=1e-9)
+    assert dec.memory_s[MOE][0] == pytest.approx(memory, rel=1e-9)
+
+
 ATTN_PIN = {"attn_flops_per_s": 5e14, "hbm_bw_bytes_per_s": 4e12, "kv_bytes": 2.0,
             "attn_decode_compute_fraction": 0.5, "attn_decode_group_min_heads": 8.0,
             "attn_decode_hbm_fraction": 0.8, "attn_decode_latency_s": 5e-6,

@@ -170,7 +170,8 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
                                  n_random=getattr(mod, "RANDOM_STARTS", 0),
                                  loss=getattr(mod, "LOSS", "linear"),
                                  f_scale=getattr(mod, "F_SCALE", 1.0))
-            vals = res.values
+            # parameters the sample cannot identify (no rows use them): their neutral value
+            vals = {**res.values, **getattr(mod, "unidentified", lambda s_, f_: {})(s, fam)}
             fitted.setdefault((chip, rt), {}).update(vals)
             covs[(chip, rt, fam)] = res.log_cov
             dist = ("" if "distribution" not in g or g["distribution"].iloc[0] == "balanced"

@@ -9,7 +9,18 @@ shape is a non-gated model's (``nongated_shapes``, read from aiconfigurator-core
 names; taken as gated, their bf16 weight reads at <= 64 tokens would run at 1.3-1.4x the HBM
 peak at the 90th percentile, where every other shape reaches 0.9x, i.e. 2 matrices); the model's FLOPs and weight
 bytes scale with the matrices (``grouped_gemm_s(matrices=)``, the scorer's ``mlp_mats``).
-``*situ_as_silu*`` sources (another activation's kernel) are dropped. Every other source is the kernel the runtime dispatches for that
+``*situ_as_silu*`` sources (another activation's kernel) are dropped.
+
+Non-gated experts run another kernel than gated ones, so they carry their own efficiency: one
+time factor ``nongated_slowdown`` per (chip, runtime, family) on the expert GEMMs (the max of
+compute and weight reads; not on the latency or token bytes). The runtimes select the kernel by
+the activation: TensorRT-LLM's non-gated CUTLASS MoE (aiconfigurator PR #273 measures it as
+``moe_torch_flow_nongated``); SGLang runs relu2 experts on FlashInfer's CUTLASS MoE, not its
+Triton fused MoE or, before sgl-project/sglang PR #21321, FlashInfer's TRT-LLM-gen MoE (which that PR
+measures 1.7-1.85x faster than CUTLASS on Nemotron-3 Super); vLLM runs them on its Triton path
+(vllm-project/vllm PR #25863). Fitted: 4.1 on H200 and 3.6 on H100 SGLang bf16 (held-out
+1.457 -> 1.27, 1.403 -> 1.24), about 1.1 on TensorRT-LLM; a group without non-gated rows is
+pinned at 1 (``unidentified``). MoE held-out median 1.154 -> 1.150 (share <= 1.15: 43% -> 49%). Every other source is the kernel the runtime dispatches for that
 model shape (SGLang on Blackwell: FlashInfer TRT-LLM MoE for DeepSeek/Qwen3-like shapes, Triton
 fused MoE for Mixtral-like ones; the shapes are disjoint), so all are kept; a shape measured by
 two sources keeps the group's most common one. Version: per (chip, runtime, dtype) the newest
@@ -83,7 +94,8 @@ _PER_FAMILY = (("fraction", 0.5, 0.01, 1.2, "compute"),
                ("latency_s", 2e-5, 1e-7, 1e-2, "latency"),
                ("hidden_half", 64.0, 1e-2, 65536.0, "shape"),
                ("batch_bytes", 1.0, 1e-3, 1e3, "shape"),
-               ("route_bytes", 0.1, 1e-4, 1e2, "shape"))
+               ("route_bytes", 0.1, 1e-4, 1e2, "shape"),
+               ("nongated_slowdown", 1.0, 0.2, 8.0, "shape"))
 
 
 def family_params(fam: str) -> tuple[common.Param, ...]:
@@ -92,6 +104,14 @@ def family_params(fam: str) -> tuple[common.Param, ...]:
 
 
 PARAMS = tuple(p for fam in FAMILY_ORDER for p in family_params(fam))
+
+
+def unidentified(sample: pd.DataFrame, fam: str) -> dict:
+    """Parameters a fit sample cannot identify, at their neutral value (``gemm.run``): a group
+    without non-gated rows says nothing of the non-gated kernel, so 1 (the gated one's speed;
+    a random start would otherwise leave an arbitrary value there)."""
+    ng = "_matrices" in sample and bool((sample["_matrices"] == 2.0).any())
+    return {} if ng else {f"moe_{fam}_nongated_slowdown": 1.0}
 
 
 FALLBACK_DISTRIBUTION = "power_law_1.01"
@@ -232,7 +252,8 @@ def predict(frame: pd.DataFrame, fam: str, acc, vals: dict) -> np.ndarray:
                           vals[p + "width_half"], vals[p + "hbm_fraction"],
                           vals[p + "token_bytes"], vals[p + "latency_s"], rows, touched,
                           vals.get(p + "hidden_half", 0.0), vals.get(p + "batch_bytes", 0.0),
-                          matrices=mats, route_bytes=vals.get(p + "route_bytes", 0.0))
+                          matrices=mats, route_bytes=vals.get(p + "route_bytes", 0.0),
+                          nongated_slowdown=vals.get(p + "nongated_slowdown", 1.0))
 
 
 HEADER = """MoE layer (grouped GEMM) model parameters per accelerator and runtime
@@ -241,11 +262,13 @@ HEADER = """MoE layer (grouped GEMM) model parameters per accelerator and runtim
   shape = 1 / (1 + width_half / w + hidden_half / hidden)
   t_s = latency_s + max(2 mats (rows + half_rows touched) hidden w / (peak fraction shape),
                         touched mats hidden w weight_bytes / (hbm_bw hbm_fraction))
+        (x nongated_slowdown when mats = 2)
         + (rows token_bytes + tokens (batch_bytes + topk route_bytes)) hidden / hbm_bw
 Keys moe_<family>_{fraction, half_rows (rows per touched expert), width_half, hidden_half
 (elements), hbm_fraction, token_bytes (bytes per routed row per hidden element), batch_bytes
 (bytes per token of the whole batch per hidden element), route_bytes (bytes per routed entry
-of the whole batch per hidden element), latency_s (s)};
+of the whole batch per hidden element), latency_s (s), nongated_slowdown (time factor of the
+non-gated kernel's expert GEMMs vs the gated one's)};
 families bf16, fp8 (per-tensor), fp8_block (block-scaled), fp4 (NVFP4).
 Fitted on aiconfigurator-core's moe_perf kernel microbenchmarks, balanced rows (python -m dse.kernels)."""
 

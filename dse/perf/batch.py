@@ -135,6 +135,7 @@ FIELDS.update({
     "moe_hidden_half": "model width (elements) at which grouped-GEMM K/N edge waste halves throughput",
     "moe_batch_bytes": "HBM bytes per token on the chip per hidden element (layer input, output)",
     "moe_route_bytes": "HBM bytes per routed entry (token x top-k) on the chip per hidden element",
+    "moe_nongated_slowdown": "time factor of non-gated (2-matrix) experts' grouped GEMMs vs gated",
     "attn_prefill_fraction": "share of attn_flops_per_s prefill attention reaches",
     "attn_prefill_half_tokens": "keys per query row (causal pairs / new tokens) at which "
                                 "prefill attention efficiency halves",
@@ -194,6 +195,8 @@ OPTIONAL: dict[str, float | str] = {
     # serving.toml [runtimes.*] allreduce_rule): 0 = no rule, the fastest kernel branch
     "ar_oneshot_below_2_bytes": 0.0, "ar_oneshot_below_4_bytes": 0.0,
     "ar_oneshot_below_bytes": 0.0,
+    # non-gated experts' kernel vs the gated one (kernel_gemm.grouped_gemm_s): 1 = the same
+    "moe_nongated_slowdown": 1.0,
 }
 FIELDS.update({
     "spec_tokens": "draft tokens proposed per sequence per step (0: no speculative decoding)",

@@ -91,7 +91,7 @@ def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_
                    peak_flops_per_s, hbm_bw_bytes_per_s, fraction, half_rows, width_half,
                    hbm_fraction, token_bytes, latency_s, rows=None, touched=None,
                    hidden_half=0.0, batch_bytes=0.0, matrices=3.0,
-                   route_bytes=0.0):
+                   route_bytes=0.0, nongated_slowdown=1.0):
     """Time (s) of one MoE layer's expert GEMMs on one chip (balanced routing).
 
     tokens: tokens entering the layer (all ranks' tokens: each rank sees them routed).
@@ -124,6 +124,11 @@ def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_
         element, on every EP rank: the routing scan, sort and gather over all ``tokens topk``
         entries before each rank keeps its own (0 = none). Unlike ``batch_bytes`` it grows with
         topk; at a given rows per chip it grows with ep.
+    nongated_slowdown: time factor on the expert GEMMs (the max of compute and weight reads) of
+        a non-gated layer (``matrices`` 2), relative to the gated kernel's efficiency: the
+        relu2 path is another kernel (TensorRT-LLM's non-gated CUTLASS MoE; SGLang on Hopper
+        runs Nemotron-3's experts on FlashInfer's CUTLASS MoE, not its Triton fused MoE)
+        (dimensionless; 1 = the gated kernel's efficiency).
     """
     tokens = np.asarray(tokens, float)
     hidden = np.asarray(hidden, float)
@@ -139,4 +144,5 @@ def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_
     memory = touched * mats * hidden * w * weight_bytes / (hbm_bw_bytes_per_s * hbm_fraction)
     token = ((rows * token_bytes + tokens * (batch_bytes + np.asarray(topk, float) * route_bytes))
              * hidden / hbm_bw_bytes_per_s)
-    return latency_s + np.maximum(compute, memory) + token
+    kind = np.where(mats == 2.0, nongated_slowdown, 1.0)
+    return latency_s + np.maximum(compute, memory) * kind + token

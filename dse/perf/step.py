@@ -197,6 +197,10 @@ class Coefficients:
                           / (b.expert_matmul_flops_per_s * b.moe_fraction))
             self.m_moe = (arch.expert_slots(b) * p_exp * moe_layers * b.expert_weight_bytes
                           / ffn_g / (b.hbm_bw_bytes_per_s * b.moe_hbm_fraction))
+            # non-gated (2-matrix) experts run another kernel: its time factor on both terms
+            slow = 1.0 + arch.flag(b.mlp_mats < 2.5, d) * (b.moe_nongated_slowdown - 1.0)
+            self.c_moe = self.c_moe * slow
+            self.m_moe = self.m_moe * slow
             # distinct ep ranks a token visits: ep (1 - (1 - 1/ep)^k), via one log and one exp
             # (1 where ep = 1 everywhere: every token stays on its rank)
             self.a2a_on = bool(np.any(ep > 1.0))
