@@ -135,9 +135,15 @@ def main(argv=None) -> int:
     p.add_argument("--local-after", type=int, default=0, help="trials before the local search")
     p.add_argument("--adjacent", action="store_true",
                    help="categorical neighbours: the adjacent values in the space file's list")
+    p.add_argument("--polish", type=float,
+                   help="share of the trials at the end on the local search (default: the "
+                        "driver's POLISH_SHARE; 0: none)")
+    p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--share", type=float, default=0.05, help="evaluations, share of the space")
     p.add_argument("--seeds", type=int, default=5)
     a = p.parse_args(argv)
+    if a.polish is not None:
+        o.POLISH_SHARE = a.polish
     for name in a.spaces:
         f = Path(name) if name.endswith(".toml") else ROOT / "spaces" / f"{name}.toml"
         sc = Scored(load_space(str(f)))
@@ -151,13 +157,13 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         r = [sc.share(replay(sc, sampler, pop, s, budget, a.startup, local, after, adjacent,
                             margin))
-             for s in range(a.seeds)]
+             for s in range(a.first_seed, a.first_seed + a.seeds)]
         print(f"{f.stem}: {sc.space.size:,} designs, {budget:,} scored, {sampler} population "
               f"{pop}" + (f" startup {a.startup}" if a.startup is not None else "")
               + (f" local {local:g} after {after}" + (" adjacent" if adjacent else "")
                  if local else "")
               + f": hypervolume {np.mean(r):.4f} of the exact front (worst {np.min(r):.4f}, "
-              f"{a.seeds} seeds; {(time.perf_counter() - t0) / a.seeds:.1f} s a run)", flush=True)
+              f"{a.seeds} seeds: {' '.join(f'{x:.4f}' for x in r)}; {(time.perf_counter() - t0) / a.seeds:.1f} s a run)", flush=True)
     return 0
 
 
