@@ -170,7 +170,8 @@ def points(space, strategy: str) -> int:
     return int(np.prod([space.shape[i] for i in outer])) if outer else 1
 
 
-LOCAL_KEYS = ("local_share", "local_after", "local_adjacent", "local_margin", "polish_share")
+LOCAL_KEYS = ("local_share", "local_after", "local_adjacent", "local_margin", "local_diagonal",
+              "polish_share")
 
 
 def plan(space, strategy: str | None, trials: int | None, budget_s: float | None,

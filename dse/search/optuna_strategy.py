@@ -77,7 +77,7 @@ def polish(total: int, share: float | None = None) -> dict:
     if k <= 0:
         return {}
     return {"polish_share": share, "local_share": 1.0, "local_after": int(total - k),
-            "local_adjacent": True, "local_margin": 1.0}
+            "local_adjacent": True, "local_margin": 1.0, "local_diagonal": True}
 
 DEFAULT_SAMPLER = {"optuna": "tpe", "nested": "tpe"}
 DEFAULT_POPULATION = {"optuna": 4, "nested": 4}

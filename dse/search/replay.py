@@ -66,7 +66,8 @@ class Scored:
 
 def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
            startup: int | None = None, local: float = 0.0, local_after: int = 0,
-           adjacent: bool = False, margin: float | None = None) -> set[int]:
+           adjacent: bool = False, margin: float | None = None,
+           diagonal: bool = False) -> set[int]:
     """One run of ``budget`` distinct designs; returns the ids of the designs it scored."""
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -98,7 +99,8 @@ def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
             enqueue_neighbours(study, sp, pos, front, k,
                                {"point": list(sc.ref), "scale": list(sc.scale)}, seed=len(known),
                                known=[tuple(int(c) for c in np.unravel_index(q, shape))
-                                      for q in known], adjacent=adjacent, margin=margin)
+                                      for q in known], adjacent=adjacent, margin=margin,
+                               diagonal=diagonal)
         batch, keys, repeats = [], set(), 0
         while len(keys) < n:
             t = study.ask(dists)
@@ -138,6 +140,8 @@ def main(argv=None) -> int:
     p.add_argument("--polish", type=float,
                    help="share of the trials at the end on the local search (default: the "
                         "driver's POLISH_SHARE; 0: none)")
+    p.add_argument("--no-diagonal", action="store_true",
+                   help="the polish without its two-step neighbours")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--share", type=float, default=0.05, help="evaluations, share of the space")
     p.add_argument("--seeds", type=int, default=5)
@@ -154,13 +158,14 @@ def main(argv=None) -> int:
         after = a.local_after or pl.get("local_after", 0)
         adjacent = a.adjacent or pl.get("local_adjacent", False)
         margin = pl.get("local_margin")
+        diagonal = pl.get("local_diagonal", False) and not a.no_diagonal
         t0 = time.perf_counter()
         r = [sc.share(replay(sc, sampler, pop, s, budget, a.startup, local, after, adjacent,
-                            margin))
+                            margin, diagonal))
              for s in range(a.first_seed, a.first_seed + a.seeds)]
         print(f"{f.stem}: {sc.space.size:,} designs, {budget:,} scored, {sampler} population "
               f"{pop}" + (f" startup {a.startup}" if a.startup is not None else "")
-              + (f" local {local:g} after {after}" + (" adjacent" if adjacent else "")
+              + (f" local {local:g} after {after}" + (" adjacent" if adjacent else "") + (" diagonal" if diagonal else "")
                  if local else "")
               + f": hypervolume {np.mean(r):.4f} of the exact front (worst {np.min(r):.4f}, "
               f"{a.seeds} seeds: {' '.join(f'{x:.4f}' for x in r)}; {(time.perf_counter() - t0) / a.seeds:.1f} s a run)", flush=True)
