@@ -22,7 +22,8 @@ computes, design by design; one combination differs there and is refused: scalin
 link (``topology.scaleup.link_bw_bytes_per_s``, ...) while the space scales a chip field it is
 derived from.
 
-The new run has the base run's strategy, seed, sampler and population: an exhaustive run is
+The new run has the base run's strategy, seed, sampler, population and local search (the
+manifest's ``local_*`` keys; a polish, ``polish_share``, over the new run's trials): an exhaustive run is
 re-run exhaustively (the exact new front); an optuna or nested run starts a new study whose first
 trials are the base run's front designs (``manifest["warm_start"]``, enqueued by the optuna
 strategy), so the new front is at least as good as the re-scored old front, then runs
@@ -239,6 +240,12 @@ def run_new(m: dict, base_dir: Path, new_space: Space, nd: Path, old_front_ids: 
         n_warm = len(set(zip(*[coords[i].tolist() for i in outer]))) if warm and outer else 0
         total = max(int(trials if trials is not None else m.get("trials", 1000)), n_warm)
     extra["whatif"]["warm_start_trials"] = n_warm
+    # the base run's local search (a short run's, or the polish at the end of a default run)
+    # goes with its sampler and population: without it a short run's new run is a plain random
+    # search; the polish is the same share of the new run's trials
+    extra.update({k: m[k] for k in driver.LOCAL_KEYS if k in m})
+    if "polish_share" in m and total is not None:
+        extra.update(optuna_strategy.polish(int(total), float(m["polish_share"])))
     d = driver.run_space(new_space, nd, strategy=strategy, trials=total, budget_s=budget_s,
                          seed=int(m.get("seed", 0)), sampler=m.get("sampler"),
                          population=m.get("population"), progress=progress, warm_start=warm,

@@ -36,3 +36,21 @@ def test_the_replay_scores_the_same_designs_as_a_run_with_the_defaults(tmp_path)
     # the share is of the exact front: all designs scored give 1, a seed's 24 less
     assert sc.share(range(space.size)) == pytest.approx(1.0, rel=1e-12)
     assert 0.0 < sc.share(real) < 1.0
+
+
+def test_the_replay_scores_the_same_designs_as_a_polished_default_run(tmp_path):
+    """60 trials: TPE at population 4, then the local search of the front on the last
+    POLISH_SHARE of them; the replay (how the share was chosen) follows the same path."""
+    from dse.search.driver import plan
+    space = load_space(str(QUICK))
+    sc = Scored(space)
+    d = run_space(space, tmp_path / "run", strategy="optuna", trials=60, seed=2, progress=False)
+    m = runs.load_manifest(d)
+    p = plan(space, "optuna", 60, None, None, None, None)
+    assert m["sampler"] == "tpe" and m["local_after"] == p["local_after"] < 60
+    real = _scored(d)
+    assert len(real) == 60
+    assert replay(sc, "tpe", 4, 2, 60, local=1.0, local_after=p["local_after"], adjacent=True,
+                  margin=1.0, diagonal=True) == real
+    # without the polish the last trials are TPE's: other designs
+    assert replay(sc, "tpe", 4, 2, 60) != real

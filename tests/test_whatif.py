@@ -274,3 +274,47 @@ def test_scaling_the_expert_imbalance_of_a_dense_model_is_refused(run, tmp_path,
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "dense" in err and "serving.expert_imbalance" in err and "Traceback" not in err
     assert _hashes(run) == before and not (tmp_path / "wi").exists()
+
+
+def _one_step(a, b) -> bool:
+    d = np.abs(np.asarray(a) - np.asarray(b))
+    return int((d > 0).sum()) == 1 and int(d.max()) == 1
+
+
+@pytest.mark.parametrize("trials,new_trials", [(20, 20), (48, 40)])
+def test_reoptimize_keeps_the_base_runs_local_search(tmp_path, capsys, trials, new_trials):
+    """A short run (local search after 4 random designs) and a polished default run (TPE,
+    then the last share on the local search) re-optimize with the same search: the manifest's
+    local keys carried over (the polish rescaled to the new trials), and the new run's trials
+    from ``local_after`` on are grid neighbours (one step along one parameter) of designs it
+    scored before them, not random draws."""
+    from dse.search.optuna_strategy import POLISH_SHARE
+    from dse.space import load_space
+    sp = tmp_path / "small.toml"
+    sp.write_text(SMALL)
+    d = tmp_path / "base"
+    assert main(["run", str(sp), "--strategy", "optuna", "--trials", str(trials),
+                 "--out", str(d), "--quiet"]) == 0
+    base = json.loads((d / "manifest.json").read_text())
+    assert base["local_share"] == 1.0 and base["local_adjacent"] is True
+    out = tmp_path / "wi"
+    assert main(["whatif", str(d), "--scale", f"{HBM}=1.5", "--reoptimize", "--trials",
+                 str(new_trials), "--out", str(out), "--quiet"]) == 0
+    run = out / "run"
+    m = json.loads((run / "manifest.json").read_text())
+    assert (m["sampler"], m["population"]) == (base["sampler"], base["population"])
+    assert m["local_share"] == 1.0 and m["local_adjacent"] is True and m["local_margin"] == 1.0
+    if "polish_share" in base:
+        assert m["local_after"] == m["trials"] - round(POLISH_SHARE * m["trials"])
+    else:
+        assert m["local_after"] == base["local_after"] == 4
+    space = load_space(str(run / "inputs" / Path(m["space_file"]).name)) \
+        if not Path(m["space_file"]).is_file() else load_space(m["space_file"])
+    t = pd.concat([pd.read_parquet(f) for f in sorted((run / "scores").glob("batch-*.parquet"))])
+    t = t.drop_duplicates("trial").sort_values("trial")
+    coords = np.array(np.unravel_index(t["design_id"].to_numpy(np.int64), space.shape)).T
+    warm = m["whatif"]["warm_start_trials"]
+    late = range(max(m["local_after"], warm), len(coords))
+    assert len(late) >= 2
+    near = [any(_one_step(coords[j], coords[i]) for i in range(j)) for j in late]
+    assert sum(near) >= len(late) - 1, near

@@ -170,6 +170,10 @@ def points(space, strategy: str) -> int:
     return int(np.prod([space.shape[i] for i in outer])) if outer else 1
 
 
+LOCAL_KEYS = ("local_share", "local_after", "local_adjacent", "local_margin", "local_diagonal",
+              "polish_share")
+
+
 def plan(space, strategy: str | None, trials: int | None, budget_s: float | None,
          sampler: str | None, population: int | None, storage: str | None) -> dict:
     """The strategy and its settings for a new run. A run whose trials cover the space (every
@@ -190,6 +194,7 @@ def plan(space, strategy: str | None, trials: int | None, budget_s: float | None
         return out
     total = trials if trials is not None else (n if budget_s is not None else min(n, DEFAULT_TRIALS))
     long = strategy == "optuna" and total > optuna_strategy.TPE_MAX_TRIALS and sampler is None
+    polish = sampler is None
     if strategy == "optuna" and sampler is None and population is None and \
             total <= optuna_strategy.SHORT_RUN_TRIALS:
         # a short run: a few random designs, then grid neighbours of the front (measured)
@@ -200,6 +205,9 @@ def plan(space, strategy: str | None, trials: int | None, budget_s: float | None
     population = population or (optuna_strategy.LONG_RUN[1] if long and sampler == "nsga2"
                                 else optuna_strategy.DEFAULT_POPULATION[strategy])
     optuna_strategy.make_sampler(sampler, 0, population)    # fail early (e.g. gp without torch)
+    if strategy == "optuna" and polish and trials is not None:
+        # the sampler for most of the trials, then a local search of the front (measured)
+        out.update(optuna_strategy.polish(int(total)))
     out.update(sampler=sampler, population=population, trials=int(total))
     return out
 
@@ -309,8 +317,7 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
             ext["enumerated"] = p["enumerated"]
         max_trials = trials if "enumerated" not in p else None
     else:
-        ext.update({k: p[k] for k in ("local_share", "local_after", "local_adjacent",
-                                                  "local_margin") if k in p})
+        ext.update({k: p[k] for k in LOCAL_KEYS if k in p})
         ext.update(sampler=p["sampler"], population=p["population"], study_name=d.name,
                    trials=p["trials"], storage=storage,
                    segment_trials=segment_trials or optuna_strategy.SEGMENT_TRIALS)

@@ -36,14 +36,16 @@ def _tried(study, space, outer) -> set:
 
 def enqueue_neighbours(study, space, outer, front: pd.DataFrame, k: int, ref: dict | None,
                        seed: int = 0, known=(), adjacent: bool = False,
-                       margin: float | None = None) -> int:
+                       margin: float | None = None, diagonal: bool = False) -> int:
     """Enqueue up to ``k`` untried outer points next to the front's (one grid step along one
     ordered parameter, or another value of a categorical one; ``adjacent``: the next or previous
     value in the space file's list, as for an ordered one), neighbours of the points that add
     the most hypervolume to the front first. ``known``: points scored already. ``margin``: the
     contributions are taken against the current front's nadir plus ``margin`` times its range
     (not the run's reference ``ref``, set from its first front), so that the ends of the front
-    are extended too."""
+    are extended too. ``diagonal``: after a point's one-step neighbours, its two-step ones (one
+    grid step along each of two parameters), which reach a front design whose one-step
+    neighbours are all dominated or inadmissible."""
     if k <= 0 or not outer or not len(front):
         return 0
     coords = np.array(np.unravel_index(front["design_id"].to_numpy(np.int64), space.shape)).T
@@ -72,6 +74,15 @@ def enqueue_neighbours(study, space, outer, front: pd.DataFrame, k: int, ref: di
         for q in rng.permutation(len(moves)):
             if moves[q] not in seen:
                 cand.setdefault(moves[q], None)
+        if diagonal:
+            two = [point[:a] + (point[a] + sa,) + point[a + 1:b] + (point[b] + sb,) + point[b + 1:]
+                   for a in range(len(outer)) for b in range(a + 1, len(outer))
+                   for sa in (-1, 1) for sb in (-1, 1)
+                   if 0 <= point[a] + sa < len(space.parameters[outer[a]].values)
+                   and 0 <= point[b] + sb < len(space.parameters[outer[b]].values)]
+            for q in rng.permutation(len(two)):
+                if two[q] not in seen:
+                    cand.setdefault(two[q], None)
         if len(cand) >= k:
             break
     for q in list(cand)[:k]:

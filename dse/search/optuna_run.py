@@ -404,6 +404,7 @@ def enqueue_neighbours_(run: OptunaRun, k: int) -> int:
                                 run.manifest.get("reference"), seed=run.done_trials,
                                 adjacent=bool(run.manifest.get("local_adjacent", False)),
                                 margin=run.manifest.get("local_margin"),
+                                diagonal=bool(run.manifest.get("local_diagonal", False)),
                                 known=[tuple(int(c) for c in np.unravel_index(key, run.outer_shape))
                                        for key in run.known] if run.outer else ())
 

@@ -67,7 +67,8 @@ class Scored:
 
 def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
            startup: int | None = None, local: float = 0.0, local_after: int = 0,
-           adjacent: bool = False, margin: float | None = None) -> set[int]:
+           adjacent: bool = False, margin: float | None = None,
+           diagonal: bool = False) -> set[int]:
     """One run of ``budget`` distinct designs; returns the ids of the designs it scored."""
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -99,7 +100,8 @@ def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
             enqueue_neighbours(study, sp, pos, front, k,
                                {"point": list(sc.ref), "scale": list(sc.scale)}, seed=len(known),
                                known=[tuple(int(c) for c in np.unravel_index(q, shape))
-                                      for q in known], adjacent=adjacent, margin=margin)
+                                      for q in known], adjacent=adjacent, margin=margin,
+                               diagonal=diagonal)
         batch, keys, repeats = [], set(), 0
         while len(keys) < n:
             t = study.ask(dists)
@@ -136,9 +138,17 @@ def main(argv=None) -> int:
     p.add_argument("--local-after", type=int, default=0, help="trials before the local search")
     p.add_argument("--adjacent", action="store_true",
                    help="categorical neighbours: the adjacent values in the space file's list")
+    p.add_argument("--polish", type=float,
+                   help="share of the trials at the end on the local search (default: the "
+                        "driver's POLISH_SHARE; 0: none)")
+    p.add_argument("--no-diagonal", action="store_true",
+                   help="the polish without its two-step neighbours")
+    p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--share", type=float, default=0.05, help="evaluations, share of the space")
     p.add_argument("--seeds", type=int, default=5)
     a = p.parse_args(argv)
+    if a.polish is not None:
+        o.POLISH_SHARE = a.polish
     for name in a.spaces:
         f = Path(name) if name.endswith(".toml") else ROOT / "spaces" / f"{name}.toml"
         sc = Scored(load_space(str(f)))
@@ -149,16 +159,17 @@ def main(argv=None) -> int:
         after = a.local_after or pl.get("local_after", 0)
         adjacent = a.adjacent or pl.get("local_adjacent", False)
         margin = pl.get("local_margin")
+        diagonal = pl.get("local_diagonal", False) and not a.no_diagonal
         t0 = time.perf_counter()
         r = [sc.share(replay(sc, sampler, pop, s, budget, a.startup, local, after, adjacent,
-                            margin))
-             for s in range(a.seeds)]
+                            margin, diagonal))
+             for s in range(a.first_seed, a.first_seed + a.seeds)]
         print(f"{f.stem}: {sc.space.size:,} designs, {budget:,} scored, {sampler} population "
               f"{pop}" + (f" startup {a.startup}" if a.startup is not None else "")
-              + (f" local {local:g} after {after}" + (" adjacent" if adjacent else "")
+              + (f" local {local:g} after {after}" + (" adjacent" if adjacent else "") + (" diagonal" if diagonal else "")
                  if local else "")
               + f": hypervolume {np.mean(r):.4f} of the exact front (worst {np.min(r):.4f}, "
-              f"{a.seeds} seeds; {(time.perf_counter() - t0) / a.seeds:.1f} s a run)", flush=True)
+              f"{a.seeds} seeds: {' '.join(f'{x:.4f}' for x in r)}; {(time.perf_counter() - t0) / a.seeds:.1f} s a run)", flush=True)
     return 0
 
 
