@@ -225,8 +225,14 @@ def allreduce_rule(group, oneshot_below_2_bytes, oneshot_below_4_bytes, oneshot_
     message runs NCCL even where two-shot would be faster; ``g = 2`` and 8 MB runs one-shot.
     """
     g = _a(group)
-    t = np.where(g <= 2.0, _a(oneshot_below_2_bytes),
-                 np.where(g <= 4.0, _a(oneshot_below_4_bytes), _a(oneshot_below_bytes)))
+    ts = [_a(x) for x in (oneshot_below_2_bytes, oneshot_below_4_bytes, oneshot_below_bytes)]
+    if all(np.size(x) == 1 for x in ts) and np.ndim(g) == 1:
+        # one threshold each (a compact batch's constant columns): a table lookup by group
+        # class (0: g <= 2, 1: g <= 4, 2: beyond) instead of two selections over the designs
+        table = np.array([np.ravel(x)[0] for x in ts], dtype=np.result_type(*ts))
+        t = table[2 - (g <= 2.0).view(np.int8) - (g <= 4.0).view(np.int8)]
+    else:
+        t = np.where(g <= 2.0, ts[0], np.where(g <= 4.0, ts[1], ts[2]))
     rule = (t > 0.0).astype(t.dtype)
     return np.where(t > 0.0, t, np.inf), rule
 

@@ -47,7 +47,8 @@ def kernel_allreduce(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
     seconds_per_byte[n_branch, n])``, ``t = min over branches``; under a runtime's selection
     rule (``ar_oneshot_below_*_bytes`` > 0) also ``(below_bytes, penalty_s)``: one-shot below
     ``below_bytes``, NCCL above (``penalty_s`` 1e30 on the rule's rows, 0 elsewhere; the step's
-    ``_fastest``).
+    ``_fastest``); with the rule on every row, the three branches NCCL LL, NCCL Simple and
+    one-shot and ``below_bytes`` alone (two-shot is never selected).
     The link is the chip's scale-up bandwidth times the group's share on the design's topology graph relative to its
     share on the system the kernels were measured on (``*_bw_rel``); the topology's
     latency beyond the measured system's (``scaleup_extra_latency_s``) is added."""
@@ -70,8 +71,13 @@ def kernel_allreduce(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
     if lat.shape[1:] != shape:
         lat, spb = (np.ascontiguousarray(np.broadcast_to(a, lat.shape[:1] + shape))
                     for a in (lat, spb))
-    lat[3] += 1e30 * rule
     below = np.where(lat[2] >= 1e30, 0.0, np.broadcast_to(below, shape))
+    if bool(np.all(rule > 0.0)):
+        # every row under the rule (one runtime with thresholds, the usual batch): two-shot is
+        # never taken, so the step selects between one-shot and NCCL alone (``_fastest``'s
+        # three-entry form: no penalty, no two-shot branch evaluated per step)
+        return lat[:3], spb[:3], below
+    lat[3] += 1e30 * rule
     return lat, spb, below, 1e30 * np.broadcast_to(rule, shape)
 
 

@@ -368,7 +368,7 @@ def _per_unit(branches, n_lat, n_spb, bytes_per_unit):
     out = (n_lat * branches[0], branches[1] * (n_spb * bytes_per_unit))
     if len(branches) == 2:
         return out
-    return out + (branches[2] / np.maximum(bytes_per_unit, 1e-30), branches[3])
+    return out + (branches[2] / np.maximum(bytes_per_unit, 1e-30),) + tuple(branches[3:])
 
 
 def _fastest(branches, x):
@@ -376,10 +376,19 @@ def _fastest(branches, x):
     contiguous arrays are faster than a broadcast over the branch axis). With a runtime's
     selection rule ``(below, penalty)`` (network.kernel_allreduce): on the rule's rows
     (``penalty`` 1e30, two-shot already off) one-shot below ``below`` units and NCCL's faster
-    protocol from there on; elsewhere (``penalty`` 0) the fastest of the four."""
+    protocol from there on; elsewhere (``penalty`` 0) the fastest of the four. With the rule on
+    every row, ``(lat, per, below)`` of the three branches NCCL LL, Simple and one-shot: the same
+    selection without the penalty and the two-shot branch (never selected under the rule)."""
     lat, per = branches[:2]
     t = lat[0] + per[0] * x
     u = np.empty_like(t)
+    if len(branches) == 3:                 # the rule on every row: (NCCL LL, Simple, one-shot)
+        np.multiply(per[1], x, out=u)
+        u += lat[1]
+        np.minimum(t, u, out=t)            # NCCL
+        np.multiply(per[2], x, out=u)
+        u += lat[2]
+        return np.where(x < branches[2], u, t)
     if len(branches) == 4:                 # (NCCL LL, NCCL Simple, one-shot, two-shot)
         below, penalty = branches[2:]
         np.multiply(per[1], x, out=u)
