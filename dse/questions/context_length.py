@@ -186,9 +186,15 @@ def _figures(ctx: Context, best: pd.DataFrame, split: pd.DataFrame, free: pd.Dat
     names.append(save(fig, ctx, "op-split-vs-context.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    ax.plot(sweep["batch"], sweep["crossover_isl"], "o-")
+    cross = sweep["crossover_isl"].to_numpy(dtype=float)
+    ok = np.isfinite(cross) & (cross > 0)         # no crossover in the swept range: not drawn
+    ax.plot(sweep["batch"].to_numpy()[ok], cross[ok], "o-")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
+    if ok.any():
+        ax.set_yscale("log", base=2)
+    else:
+        ax.text(0.5, 0.5, "no crossover in the swept prompt lengths", ha="center",
+                transform=ax.transAxes)
     ax.set_xlabel("batch (concurrent sequences)")
     ax.set_ylabel("prompt length where KV read = rest of step")
     ax.set_title(f"crossover vs batch ({layout_text(row_ref, ('layout.tp', 'layout.pp')).rsplit(' ', 1)[0]})")
