@@ -38,6 +38,8 @@ IDEAL = {  # speed of light: peak FLOP/s, full bandwidths, no fixed costs, no pa
     "ar_nccl_latency_s": 1.0, "ar_nccl_latency_per_log2_s": 0.0, "ar_nccl_ll_fraction": 1.0,
     "ar_nccl_bulk_latency_s": 0.0, "ar_nccl_fraction": 1.0, "ar_nccl_fraction_per_doubling": 1.0,
     "ar_custom_latency_s": 1.0, "ar_custom_latency_per_log2_s": 0.0, "ar_custom_fraction": 1.0,
+    # no runtime selection rule (it would pick the one-shot kernel these pins make never win)
+    "ar_oneshot_below_2_bytes": 0.0, "ar_oneshot_below_4_bytes": 0.0, "ar_oneshot_below_bytes": 0.0,
     **{f"a2a_{k}_{p}_{w}": (0.0 if w == "latency_s" else 1.0) for k in ("ll", "normal")
        for p in ("dispatch", "combine") for w in ("latency_s", "fraction")},
     "a2a_scaleout_latency_s": 0.0, "a2a_scaleout_fraction": 1.0, "scaleup_extra_latency_s": 0.0,

@@ -12,6 +12,10 @@ from dse.perf.kernel_comm import FP8_ELEM_BYTES
 MOE = OPS.index("moe_routed")
 PIN = {f"a2a_{k}_{p}_{w}": v for k in ("ll", "normal") for p in ("dispatch", "combine")
        for w, v in (("latency_s", 10e-6 if p == "dispatch" else 20e-6), ("fraction", 0.5))}
+# the kernels' issue-rate terms off (worked by hand in test_physics_collectives): no cost per
+# token message (normal kernels), no per-expert rate limit (low-latency kernels)
+PIN.update({f"a2a_normal_{p}_message_s": 0.0 for p in ("dispatch", "combine")})
+PIN.update({f"a2a_ll_{p}_expert_bytes_per_s": np.inf for p in ("dispatch", "combine")})
 
 
 def _decode(d, **upd):

@@ -56,8 +56,11 @@ def _rule_rows(tp, concurrency):
     rows = [design(**{"layout.tp": t, "workload.isl": 1, "workload.osl": 2,
                       "workload.phase": "decode", "workload.concurrency": c})
             for t, c in zip(tp, concurrency)]
+    cat = batch(rows)              # the runtime's rule as serving.toml gives it (ideal: none)
+    rule = {f: getattr(cat, f) for f in ("ar_oneshot_below_2_bytes", "ar_oneshot_below_4_bytes",
+                                         "ar_oneshot_below_bytes")}
     return batch(rows, ideal=True).replace(
-        scaleup_bw_bytes_per_s=W, tp_bw_rel=1.0, scaleup_extra_latency_s=0.0,
+        **rule, scaleup_bw_bytes_per_s=W, tp_bw_rel=1.0, scaleup_extra_latency_s=0.0,
         ar_nccl_latency_s=10e-6, ar_nccl_bulk_latency_s=20e-6, ar_nccl_latency_per_log2_s=2e-6,
         ar_nccl_ll_fraction=0.3, ar_nccl_fraction=0.8, ar_nccl_fraction_per_doubling=0.9,
         ar_custom_latency_s=4e-6, ar_custom_latency_per_log2_s=1e-6, ar_custom_fraction=0.7)

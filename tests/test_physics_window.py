@@ -36,7 +36,7 @@ def test_local_layers_attend_within_their_window_in_prefill():
     d = design("h100-sxm", "gpt-oss-120b", **{
         "layout.tp": 1, "workload.isl": 4096, "workload.osl": 1, "workload.concurrency": 1,
         "workload.phase": "prefill", "serving.max_num_tokens": 8192})
-    b = batch(d, ideal=True).replace(attn_flops_per_s=1e15)
+    b = batch(d, ideal=True).replace(attn_flops_per_s=1e15, attn_prefill_window_pad_tokens=0.0)
     pre = score(b, breakdown=True)[1].prefill
     pairs = 18 * 4096 * 4097 / 2 + 18 * 4096 * 128
     assert pre.compute_s[CORE][0] == pytest.approx(2 * 64 * 128 * pairs / 1e15, rel=1e-9)
