@@ -51,6 +51,17 @@ BASES = [
      "layout.tp": 8, "layout.pp": 2, "workload.concurrency": 16},
     {"accelerator.id": "l40s", "model.id": "llama-3.1-8b", "model.weight_dtype": "fp16",
      "layout.tp": 2, "workload.concurrency": 16, "workload.phase": "prefill"},
+    # non-gated (2-matrix, relu2) experts, one per MoE dtype family: the non-gated kernel's
+    # efficiency (moe_<family>_nongated_slowdown) acts only on them
+    {"accelerator.id": "h100-sxm", "model.id": "qwen3-30b-a3b", "model.weight_dtype": "bf16",
+     "model.mlp_gated": False, "layout.tp": 1, "workload.concurrency": 64},
+    {"accelerator.id": "b200", "model.id": "qwen3-30b-a3b", "model.weight_dtype": "fp4",
+     "model.mlp_gated": False, "layout.tp": 1, "workload.concurrency": 64},
+    {"accelerator.id": "gb200", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
+     "model.mlp_gated": False, "layout.dp": 8, "layout.ep": 8, "workload.concurrency": 256},
+    {"accelerator.id": "h100-sxm", "model.id": "mixtral-8x7b", "model.weight_dtype": "fp8",
+     "model.fp8_scaling": "tensor", "model.mlp_gated": False, "layout.tp": 2, "layout.ep": 2,
+     "workload.concurrency": 64},
     # serving mechanisms that only act when on (issue 11): MTP speculation
     {"accelerator.id": "gb200", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
      "layout.dp": 8, "layout.ep": 8, "workload.concurrency": 256, "serving.spec_tokens": 2},
