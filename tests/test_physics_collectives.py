@@ -109,13 +109,10 @@ def test_logits_allgather_over_tp_by_hand():
     assert net[1] == 0.0
 
 
-def test_alltoall_across_two_domains_pays_the_nics_by_hand():
-    """DeepSeek-V3 fp8, ep = dp = 144 over two 72-chip domains, normal (deduplicating) kernels,
-    64 tokens per chip, 58 MoE layers, balanced experts. A token reaches the other domain with probability
-    p_node = 1 - prod_{i<8} (128 - i)/(256 - i) and each of the 71 other ranks of its own with
-    p_rank = 1 - prod_{i<8} (256 - 256/144 - i)/(256 - i); the NIC share (50 GB/s x 0.5) is
-    the slower one: per layer 2 x 20 us of scale-out latency + the kernels' 10 + 20 us +
-    64 x 7168 x (1.03125 + 2) B x p_node / 25e9."""
+def _two_domain_normal_net(message_s):
+    """DeepSeek-V3 fp8, ep = dp = 144 over two NVL72 domains, 64 tokens per chip decoding,
+    normal kernels pinned (10 / 20 us latency, half the link), NICs at 0.5 x 50 GB/s: the MoE
+    layers' network time of a decode step, with ``message_s(phase)`` per token message."""
     d = design("gb200", "deepseek-v3", **{
         "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 144, "layout.ep": 144,
         "workload.isl": 1, "workload.osl": 2, "workload.concurrency": 144 * 64,
@@ -123,12 +120,22 @@ def test_alltoall_across_two_domains_pays_the_nics_by_hand():
         "serving.expert_imbalance": 1.0})
     pins = {f"a2a_normal_{p}_{w}": v for p in ("dispatch", "combine")
             for w, v in (("latency_s", 10e-6 if p == "dispatch" else 20e-6), ("fraction", 0.5),
-                         ("message_s", 0.0))}
+                         ("message_s", message_s(p)))}
     b = batch(d, ideal=True).replace(
         **pins, domain_chips=72.0, scaleup_bw_bytes_per_s=900e9, a2a_bw_rel=1.0,
         scaleout_bw_bytes_per_s=50e9, a2a_scaleout_fraction=0.5, a2a_scaleout_latency_s=20e-6,
         scaleup_extra_latency_s=0.0)
-    net = score(b, breakdown=True)[1].decode.network_s[MOE][0]
+    return score(b, breakdown=True)[1].decode.network_s[MOE][0]
+
+
+def test_alltoall_across_two_domains_pays_the_nics_by_hand():
+    """DeepSeek-V3 fp8, ep = dp = 144 over two 72-chip domains, normal (deduplicating) kernels,
+    64 tokens per chip, 58 MoE layers, balanced experts. A token reaches the other domain with probability
+    p_node = 1 - prod_{i<8} (128 - i)/(256 - i) and each of the 71 other ranks of its own with
+    p_rank = 1 - prod_{i<8} (256 - 256/144 - i)/(256 - i); the NIC share (50 GB/s x 0.5) is
+    the slower one: per layer 2 x 20 us of scale-out latency + the kernels' 10 + 20 us +
+    64 x 7168 x (1.03125 + 2) B x p_node / 25e9."""
+    net = _two_domain_normal_net(lambda p: 0.0)
     p_node = 1 - np.prod([(128 - i) / (256 - i) for i in range(8)])
     p_rank = 1 - np.prod([(256 - 256 / 144 - i) / (256 - i) for i in range(8)])
     row = 7168 * (FP8_ELEM_BYTES + BF16_ELEM_BYTES)
@@ -142,19 +149,7 @@ def test_normal_kernels_pay_per_message_by_hand():
     (10 ns dispatch, 30 ns combine): each of the 64 tokens sends 1 + 71 p_rank + 1 p_node
     messages (the local copy, the ranks of its own domain, the other domain once), per layer
     64 x (1 + 71 p_rank + p_node) x 40 ns on top of the previous test's time."""
-    d = design("gb200", "deepseek-v3", **{
-        "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 144, "layout.ep": 144,
-        "workload.isl": 1, "workload.osl": 2, "workload.concurrency": 144 * 64,
-        "workload.phase": "decode", "topology.id": "nvl72", "serving.a2a_kernel": "normal",
-        "serving.expert_imbalance": 1.0})
-    pins = {f"a2a_normal_{p}_{w}": v for p in ("dispatch", "combine")
-            for w, v in (("latency_s", 10e-6 if p == "dispatch" else 20e-6), ("fraction", 0.5),
-                         ("message_s", 10e-9 if p == "dispatch" else 30e-9))}
-    b = batch(d, ideal=True).replace(
-        **pins, domain_chips=72.0, scaleup_bw_bytes_per_s=900e9, a2a_bw_rel=1.0,
-        scaleout_bw_bytes_per_s=50e9, a2a_scaleout_fraction=0.5, a2a_scaleout_latency_s=20e-6,
-        scaleup_extra_latency_s=0.0)
-    net = score(b, breakdown=True)[1].decode.network_s[MOE][0]
+    net = _two_domain_normal_net(lambda p: 10e-9 if p == "dispatch" else 30e-9)
     p_node = 1 - np.prod([(128 - i) / (256 - i) for i in range(8)])
     p_rank = 1 - np.prod([(256 - 256 / 144 - i) / (256 - i) for i in range(8)])
     row = 7168 * (FP8_ELEM_BYTES + BF16_ELEM_BYTES)
