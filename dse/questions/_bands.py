@@ -389,9 +389,11 @@ def lead_markdown(items: list[dict], band: dict | None) -> str:
         lines.append("; ".join(parts) + ".")
     if band is not None:
         n = sum(1 for b in band["numbers"].values() if b.get("words"))
+        total = len(band["numbers"])
         if n:
-            lines.append(f"- In all {n} of the answer's numbers are {B.NOT_RESOLVED} (listed "
-                         "under Uncertainty bands).")
+            which = (f"All {n} of the answer's numbers are" if n == total else
+                     f"{n} of the answer's {total} numbers {'is' if n == 1 else 'are'}")
+            lines.append(f"- {which} {B.NOT_RESOLVED} (listed under Uncertainty bands).")
     return "\n".join(lines)
 
 
