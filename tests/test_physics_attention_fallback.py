@@ -1,0 +1,48 @@
+"""The decode attention's per-query-head fallback as the step uses it, worked by hand.
+
+Query groups wider than ``attn_decode_group_max_heads`` (heads per KV head) leave the grouped
+kernel: each (sequence, query head) is one work item whose dot products run at
+``attn_decode_fallback_fraction`` of the attention peak, with no padding of the group to the
+MMA's rows (``dse.perf.kernel_attention.decode_attention_s``). Pins as in
+``tests/test_physics_kernels.py`` (round numbers, none a fitted value), so changing either
+parameter by 20% fails here (``tests/mutation.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import batch, design
+from test_physics_kernels import ATTN_PIN, CORE
+
+from dse.perf import score
+
+
+def _decode(**pin):
+    d = design(model="llama-3.1-8b", **{
+        "layout.tp": 1, "workload.isl": 1000, "workload.osl": 2000, "workload.concurrency": 64,
+        "workload.phase": "decode"})
+    return score(batch(d, ideal=True).replace(**dict(ATTN_PIN, **pin)), breakdown=True)[1].decode
+
+
+def test_a_group_wider_than_the_kernel_takes_falls_back_per_query_head_by_hand():
+    """Llama-3.1-8B's groups of 4 query heads per KV head, with a kernel that takes groups of
+    at most 3.5: the fallback. 64 sequences at a mean context of 2,000 tokens, 32 layers:
+    2 x 32 query heads (no padding to 8 rows) x (128 + 128) FLOPs per (sequence, context token,
+    layer) at 500 TFLOP/s x 0.05; the fixed time counts one work item per query head:
+    32 layers x (5 us + 64 x (0.1 us + 32 x 0.02 us))."""
+    dec = _decode(attn_decode_group_max_heads=3.5, attn_decode_fallback_fraction=0.05)
+    ctx = 32 * 2000
+    compute = 2 * 32 * 256 / (5e14 * 0.05) * 64 * ctx
+    kv_tok = 2 * 8 * 128 * 2
+    memory = kv_tok / (4e12 * 0.8) * 64 * ctx + kv_tok / (4e12 * 0.7) * 64 * 32
+    fixed = 32 * (5e-6 + 64 * (1e-7 + 32 * 2e-8))
+    assert dec.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
+    assert dec.op_s[CORE][0] == pytest.approx(max(compute, memory) + fixed, rel=1e-9)
+
+
+def test_a_group_the_kernel_takes_stays_on_the_grouped_kernel():
+    """The same decode with groups of up to 4.5 heads taken: the grouped kernel, each group of
+    4 padded to 8 MMA rows (x 2) at 500 TFLOP/s x 0.5, the fallback fraction unused."""
+    dec = _decode(attn_decode_group_max_heads=4.5, attn_decode_fallback_fraction=0.05)
+    compute = 2 * 32 * 2 * 256 / (5e14 * 0.5) * 64 * 32 * 2000
+    assert dec.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
