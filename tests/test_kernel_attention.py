@@ -333,3 +333,17 @@ def test_missing_runtime_takes_that_runtimes_chips_first():
                                       "x", "t")
     assert "geometric mean of h100-sxm's trtllm" in note
     assert v == pytest.approx(own)
+
+
+def test_decode_reads_queries_and_writes_outputs_by_hand():
+    """MLA absorbed decode, 128 heads, 32 sequences at 1,000 tokens, KV-bound: the KV stream
+    (32 x 1000 x 576 x 2 B) plus each sequence's query read and output written, 128 heads x
+    (576 + 512) elements at 2 B, at 80% of 4.8 TB/s; without qo bytes only the KV."""
+    p = dict(DEC, compute_fraction=1e3, per_seq_s=0.0, per_seq_kv_head_s=0.0)
+    kv = 32 * 1000 * 576 * 2
+    qo = 32 * 128 * 1088 * 2
+    t = ka.mla_decode_attention_s(32, 1000, 128, 2.0, H200_PEAK, H200_BW, qo_bytes_per_elem=2.0,
+                                  **p)
+    assert t == pytest.approx(1e-5 + (kv + qo) / (H200_BW * 0.8), rel=1e-12)
+    t0 = ka.mla_decode_attention_s(32, 1000, 128, 2.0, H200_PEAK, H200_BW, **p)
+    assert t0 == pytest.approx(1e-5 + kv / (H200_BW * 0.8), rel=1e-12)

@@ -28,13 +28,16 @@ def test_a_group_wider_than_the_kernel_takes_falls_back_per_query_head_by_hand()
     """Llama-3.1-8B's groups of 4 query heads per KV head, with a kernel that takes groups of
     at most 3.5: the fallback. 64 sequences at a mean context of 2,000 tokens, 32 layers:
     2 x 32 query heads (no padding to 8 rows) x (128 + 128) FLOPs per (sequence, context token,
-    layer) at 500 TFLOP/s x 0.05; the fixed time counts one work item per query head:
+    layer) at 500 TFLOP/s x 0.05; the KV stream (and each token's query and output) beside it;
+    the fixed time counts one work item per query head:
     32 layers x (5 us + 64 x (0.1 us + 32 x 0.02 us))."""
     dec = _decode(attn_decode_group_max_heads=3.5, attn_decode_fallback_fraction=0.05)
     ctx = 32 * 2000
     compute = 2 * 32 * 256 / (5e14 * 0.05) * 64 * ctx
     kv_tok = 2 * 8 * 128 * 2
-    memory = kv_tok / (4e12 * 0.8) * 64 * ctx + kv_tok / (4e12 * 0.7) * 64 * 32
+    # + each sequence's query read and output written per layer: 32 heads x (128 + 128) bf16
+    qo = 32 * 32 * 256 * 2 / (4e12 * 0.8) * 64
+    memory = kv_tok / (4e12 * 0.8) * 64 * ctx + kv_tok / (4e12 * 0.7) * 64 * 32 + qo
     fixed = 32 * (5e-6 + 64 * (1e-7 + 32 * 2e-8))
     assert dec.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
     assert dec.op_s[CORE][0] == pytest.approx(max(compute, memory) + fixed, rel=1e-9)

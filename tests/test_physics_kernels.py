@@ -116,7 +116,8 @@ def test_decode_attention_by_hand():
     32 layers: 32 query heads in 8 KV groups of 4, each group padded to 8 MMA rows (x2);
     2 x 32 x 2 x (2 x 128) FLOPs per (token, context token, layer) at 500 TFLOP/s x 0.5. KV read
     2 x 8 x 128 x 2 B per context token and layer at 4 TB/s x 0.8, and each sequence's new
-    token written (at the prefill attention's 0.7). Fixed: 32 layers x (5 us + 64 sequences x
+    token written (at the prefill attention's 0.7); each sequence's query read and output
+    written, 32 heads x (128 + 128) bf16 per layer, on the KV's stream. Fixed: 32 layers x (5 us + 64 sequences x
     (0.1 us + 8 KV heads x 0.02 us))."""
     d = design(model="llama-3.1-8b", **{
         "layout.tp": 1, "workload.isl": 1000, "workload.osl": 2000, "workload.concurrency": 64,
@@ -125,7 +126,8 @@ def test_decode_attention_by_hand():
     ctx = 32 * 2000
     compute = 2 * 32 * 2 * 256 / (5e14 * 0.5) * 64 * ctx
     kv_tok = 2 * 8 * 128 * 2
-    memory = kv_tok / (4e12 * 0.8) * 64 * ctx + kv_tok / (4e12 * 0.7) * 64 * 32
+    qo = 32 * 32 * 256 * 2 / (4e12 * 0.8) * 64      # each token's query and output, bf16
+    memory = kv_tok / (4e12 * 0.8) * 64 * ctx + kv_tok / (4e12 * 0.7) * 64 * 32 + qo
     fixed = 32 * (5e-6 + 64 * (1e-7 + 8 * 2e-8))
     assert dec.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
     assert dec.memory_s[CORE][0] == pytest.approx(memory, rel=1e-9)
@@ -181,5 +183,6 @@ def test_decode_kv_ramp_fades_with_split_kv_by_hand():
     ctx = 32 * 2000
     kv_tok = 2 * 8 * 128 * 2
     memory = (kv_tok / (4e12 * 0.8) * 64 * ctx * (1 + 16 / (512 * 5))
-              + kv_tok / (4e12 * 0.7) * 64 * 32)
+              + kv_tok / (4e12 * 0.7) * 64 * 32
+              + 32 * 32 * 256 * 2 / (4e12 * 0.8) * 64)     # queries and outputs: no ramp
     assert dec.memory_s[CORE][0] == pytest.approx(memory, rel=1e-9)

@@ -188,6 +188,11 @@ def _peaks(d: pd.DataFrame, accs) -> tuple[np.ndarray, np.ndarray]:
     return peak, bw
 
 
+# bytes per query/output element of the measured decode kernels: bf16 activations (the tables'
+# fp8 rows quantize the KV cache, not the queries), as the scorer's act_bytes
+QO_BYTES = 2.0
+
+
 def predictor(op: str, d: pd.DataFrame, accs):
     """``f(values) -> seconds`` for the rows of ``d`` (values: {param name: value})."""
     peak, bw = _peaks(d, accs)
@@ -206,13 +211,15 @@ def predictor(op: str, d: pd.DataFrame, accs):
         hk = d["num_key_value_heads"].to_numpy(float)
         hd = d["head_dim"].to_numpy(float)
         w = d["window_size"].to_numpy(float)
-        return lambda v: ka.gqa_decode_attention_s(b, ctx, h, hk, hd, kvb, w, peak, bw, **v)
+        return lambda v: ka.gqa_decode_attention_s(b, ctx, h, hk, hd, kvb, w, peak, bw,
+                                                   qo_bytes_per_elem=QO_BYTES, **v)
     if op == "mla_prefill":
         s = d["isl"].to_numpy(float)
         return lambda v: ka.mla_prefill_attention_s(b, s, 0.0, h, 2.0, peak, bw, **v)
     if op == "mla_decode":
         ctx = d["step"].to_numpy(float) + 1.0
-        return lambda v: ka.mla_decode_attention_s(b, ctx, h, kvb, peak, bw, **v)
+        return lambda v: ka.mla_decode_attention_s(b, ctx, h, kvb, peak, bw,
+                                                   qo_bytes_per_elem=QO_BYTES, **v)
     raise KeyError(op)
 
 

@@ -130,7 +130,8 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
                        kv_bytes_per_elem, window_tokens, peak_flops_per_s, hbm_bw_bytes_per_s,
                        *, hbm_fraction, compute_fraction, group_min_heads, latency_s,
                        per_seq_s, per_seq_kv_head_s=0.0, group_max_heads=np.inf,
-                       fallback_fraction=1.0, half_items=0.0, split_tokens=np.inf):
+                       fallback_fraction=1.0, half_items=0.0, split_tokens=np.inf,
+                       qo_bytes_per_elem=0.0):
     """Seconds of one decode (generation) attention layer on one chip: one new token for each of
     ``batch`` sequences, each attending to ``context_tokens`` tokens (cached + the new one).
 
@@ -147,7 +148,11 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
     groups run the per-query-head fallback (inf: never); fallback_fraction: the fallback's
     achieved fraction of the peak; half_items: (sequence, KV head) items per call at which
     the KV stream runs at half its rate (0: none); split_tokens: context tokens per extra
-    split-KV CTA of one item (inf: the kernel never splits).
+    split-KV CTA of one item (inf: the kernel never splits); qo_bytes_per_elem: bytes per
+    query and output element (2 for bf16 activations; 0: not counted): each sequence's query
+    (``heads x d_qk``) is read and its output (``heads x d_v``) written once per call, on the
+    same HBM stream as the KV (an MLA decode with 128 heads moves 278 kB per sequence, the KV
+    of 480 fp8 tokens).
     """
     batch = np.asarray(batch, float)
     ctx = np.asarray(context_tokens, float)
@@ -155,7 +160,9 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
     ctx = np.where(w > 0, np.minimum(ctx, np.where(w > 0, w, 1.0)), ctx)
     heads = np.asarray(heads, float)
     kv_heads = np.asarray(kv_heads, float)
-    nbytes = batch * ctx * np.asarray(kv_elems_per_token, float) * kv_bytes_per_elem
+    nbytes = (batch * ctx * np.asarray(kv_elems_per_token, float) * kv_bytes_per_elem
+              + batch * heads * (np.asarray(d_qk, float) + np.asarray(d_v, float))
+              * qo_bytes_per_elem)
     fallback = heads > kv_heads * group_max_heads
     q_rows = np.where(fallback, heads, kv_heads * np.maximum(heads / kv_heads, group_min_heads))
     items = np.where(fallback, heads, kv_heads)

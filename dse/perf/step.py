@@ -142,6 +142,10 @@ class Coefficients:
         kv_tok = arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
         self.kv_dec = kv_tok / (b.hbm_bw_bytes_per_s * b.attn_decode_hbm_fraction)
         self.kv_pre = kv_tok / (b.hbm_bw_bytes_per_s * b.attn_prefill_hbm_fraction)
+        # each decode query token's query read and output written once per layer
+        # (kernel_attention's qo_bytes_per_elem), on the KV's stream
+        self.qo_dec = (L * heads * arch.attn_dims(b, True) * ab
+                       / (b.hbm_bw_bytes_per_s * b.attn_decode_hbm_fraction))
         # few (sequence, KV head) items per call stream the KV below its rate: as many more
         # sequences' worth of reads per call as half_items / kv_heads
         self.dec_half = b.attn_decode_half_items / kv_heads
@@ -282,6 +286,7 @@ class Coefficients:
         # what the step needs in its own form: the KV terms per stage and rank, and which terms
         # no row of the batch has (overlap, two-batch overlap: the step skips their arithmetic)
         self.kv_dec_stage = self.kv_dec / dp / pp
+        self.qo_dec_rank = self.qo_dec / dp
         self.kv_pre_stage = self.kv_pre * b.n_layers / pp
         self.x_core_seq_rank = self.x_core_seq / dp
         self.overlap_on = bool(np.any(self.overlap != 0.0))
@@ -490,6 +495,7 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
         k.__dict__["_ctx"] = ctx
     c_core = ctx[1] * dec
     m_core = ctx[2] * seqs
+    m_core = _iadd(m_core, k.qo_dec_rank * dec)    # every query token's Q and O
     m_core = _iadd(m_core, k.kv_pre_stage * rows)
     x_core = k.x_core_seq_rank * seqs
     on_dec = arch.flag(dec > 0, tok)
