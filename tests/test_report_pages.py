@@ -163,6 +163,18 @@ def test_trial_counts_add_up_when_workers_overshoot():
     assert words.startswith("232 (the target 200 and 32 more")
 
 
+def test_plain_terminal_text_has_no_markdown_markers():
+    from dse.pages import plain
+    md = ("# What if: quickstart\n\n- TPOT [s]: median change **-6.7%** (`--bands 0`), *not* "
+          "2*3*4\n## Uncertainty bands\n```\ncode\n```\nsee [the page](index.html) "
+          "![f](front.png)\n| a | b |\n|---|---|")
+    assert plain(md).splitlines() == [
+        "What if: quickstart", "", "- TPOT [s]: median change -6.7% (--bands 0), not 2*3*4",
+        "Uncertainty bands", "code", "see the page (index.html) front.png", "| a | b |",
+        "|---|---|"]
+    assert plain("a `**literal**` code span") == "a **literal** code span"   # code is literal
+
+
 def test_every_png_is_saved_at_print_resolution(tmp_path):
     import struct
 
