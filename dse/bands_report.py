@@ -15,12 +15,19 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dse.bands import (GROUP_NAMES, GROUP_SAMPLES, NOT_RESOLVED, draw, draw_groups, p_better,
-                       ranking_words, sign_resolved, sign_words, space_samples, summary, text)
+from dse.bands import (GROUP_NAMES, GROUP_SAMPLES, NOT_RESOLVED, RESOLVED_SHARE, band_strings,
+                       draw, draw_groups, p_better, pct, pick_resolved, ranking_words,
+                       sign_resolved, sign_words, space_samples, summary, text)
+from dse.fields import label
 
 
 def _pct(v) -> str:
-    return f"{v * 100:+.1f}%" if np.isfinite(v) else "-"
+    return pct(v, 1)
+
+
+def _pcts(*values) -> list[str]:
+    """Changes as percents, with enough decimals that a band does not collapse (``band_strings``)."""
+    return band_strings(values, pct, 1)
 
 
 def _band(x) -> dict:
@@ -41,14 +48,14 @@ def by_group(x, groups: tuple, k: int) -> dict:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["spread"]))
 
 
-def changes_words(groups: dict, fmt=_pct) -> str:
+def changes_words(groups: dict) -> str:
     """``what would change it: the MoE grouped-GEMM parameters (alone -9.9%..-8.7%), then ...``
     from ``by_group`` (the two widest groups that move it)."""
     moving = [(g, b) for g, b in (groups or {}).items() if b["spread"] > 0]
     if not moving:
         return "what would change it: no fitted parameter group moves it on its own"
     return "what would change it: " + ", then ".join(
-        f"the {GROUP_NAMES.get(g, g)} parameters (alone {fmt(b['lo'])}..{fmt(b['hi'])})"
+        f"the {GROUP_NAMES.get(g, g)} parameters (alone {'..'.join(_pcts(b['lo'], b['hi']))})"
         for g, b in moving[:2])
 
 
@@ -85,7 +92,8 @@ def whatif_bands(space, ids, overrides: dict, n: int, seed: int = 0) -> dict:
                              if np.isfinite(a) and np.isfinite(z)))
         objs[m] = {"median_change": b, "designs": int(ch.shape[1]),
                    "designs_sign_unresolved": unresolved,
-                   "words": sign_words(b["lo"], b["hi"], f"the sign of the change of {m}"),
+                   "words": sign_words(b["lo"], b["hi"],
+                                       f"the sign of the change of {label(m)}"),
                    "groups": by_group(_median_change(ga[m], gb[m])[1], groups, k),
                    "samples_per_group": k}
     return {"samples": int(n), "seed": int(seed), "note": d.note, "objectives": objs,
@@ -96,7 +104,6 @@ def whatif_headline(space, moved: pd.DataFrame, band: dict | None) -> list[str]:
     """The what-if's first lines, one per objective: the median change over the front (its
     range over the designs), with bands its 90% band, whether its sign is resolved and what
     would change it; without, that bands are off."""
-    from dse.fields import label
     out = []
     for ob in space.objectives:
         ch = moved[f"{ob.metric}_change"]
@@ -108,9 +115,10 @@ def whatif_headline(space, moved: pd.DataFrame, band: dict | None) -> list[str]:
             out.append(line + "; uncertainty bands off (`--bands 0`)")
             continue
         b = o["median_change"]
+        med, lo, hi = _pcts(b["median"], b["lo"], b["hi"])
         sign = (o["words"] if o["words"] else "its sign is resolved (the band keeps one sign)")
-        out.append(f"{line}; with parameter uncertainty 90% band {_pct(b['lo'])}..{_pct(b['hi'])}"
-                   f" (median {_pct(b['median'])}, {band['samples']} samples); {sign}; "
+        out.append(f"{line}; with parameter uncertainty 90% band {lo}..{hi}"
+                   f" (median {med}, {band['samples']} samples); {sign}; "
                    + changes_words(o.get("groups")))
     return out
 
@@ -121,7 +129,8 @@ def whatif_lines(band: dict) -> list[str]:
              f"{band['seed']}; median [5th..95th percentile])", "", band["note"] + ".", ""]
     for m, o in band["objectives"].items():
         b = o["median_change"]
-        line = f"- {m}: median change over the front {text(b['median'], b['lo'], b['hi'], _pct)}"
+        line = (f"- {label(m)}: median change over the front "
+                f"{text(b['median'], b['lo'], b['hi'], pct, 1)}")
         if o["words"]:
             line += f"; {o['words']}"
         if o["designs_sign_unresolved"]:
@@ -171,7 +180,6 @@ def compare_bands(c, dir_a, dir_b, n: int, seed: int = 0) -> dict:
 def compare_headline(c) -> list[str]:
     """The comparison's first lines, one per objective: each run's best, B vs A, and with bands
     their 90% bands, whether the ranking is resolved (P(A better)) and what would change it."""
-    from dse.fields import label
     out = []
     for x in c.objectives:
         a, b = c.best[x.metric]
@@ -184,10 +192,12 @@ def compare_headline(c) -> list[str]:
             out.append(line + "; uncertainty bands off (`--bands 0`)")
             continue
         ch, p = o["b_vs_a_change"], o["p_a_better"]
-        rank = o["words"] or (f"the ranking is resolved (P(A better) = {p:.2f})"
-                              if np.isfinite(p) else "")
-        out.append(f"{line}; with parameter uncertainty B vs A 90% band {_pct(ch['lo'])}.."
-                   f"{_pct(ch['hi'])} (median {_pct(ch['median'])}, {c.bands['samples']} "
+        med, lo, hi = _pcts(ch["median"], ch["lo"], ch["hi"])
+        rank = o["words"] or (f"the ranking is resolved: {'A' if pick_resolved(p) else 'B'} "
+                              f"is better in >= {RESOLVED_SHARE:.0%} of the samples (P(A better)"
+                              f" = {p:.2f})" if np.isfinite(p) else "")
+        out.append(f"{line}; with parameter uncertainty B vs A 90% band {lo}..{hi}"
+                   f" (median {med}, {c.bands['samples']} "
                    f"samples); {rank}; " + changes_words(o.get("groups")))
     return out
 
@@ -199,9 +209,9 @@ def compare_lines(band: dict) -> list[str]:
              "percentile]): " + band["note"] + ".", ""]
     for m, o in band["objectives"].items():
         a, b, ch = o["a"], o["b"], o["b_vs_a_change"]
-        line = (f"- {o['direction']} {m}: A {text(a['median'], a['lo'], a['hi'])}, "
+        line = (f"- {o['direction']} {label(m)}: A {text(a['median'], a['lo'], a['hi'])}, "
                 f"B {text(b['median'], b['lo'], b['hi'])}, B vs A "
-                f"{text(ch['median'], ch['lo'], ch['hi'], _pct)}; P(A better) = "
+                f"{text(ch['median'], ch['lo'], ch['hi'], pct, 1)}; P(A better) = "
                 f"{o['p_a_better']:.2f}")
         if o["words"]:
             line += f"; {o['words']}"
