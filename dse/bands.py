@@ -467,10 +467,69 @@ def shares_words(shares: dict, nominal: str, verb: str = "is picked", others: in
     return f"{lead} {share_text(s)} of the samples{tail}"
 
 
-def sign_resolved(lo, hi, tol: float = 1e-9) -> bool:
-    """Whether the band keeps one sign (zero not inside it by more than ``tol``: values
-    within ``tol`` of zero are rounding, e.g. a change of 1e-16)."""
-    return bool(lo >= -tol or hi <= tol)
+def sign_resolved(lo, hi, tol: float = 1e-9, versus: float = 0.0) -> bool:
+    """Whether the band keeps one sign, or one side of ``versus`` (it not inside the band by
+    more than ``tol``: values within ``tol`` of it are rounding, e.g. a change of 1e-16)."""
+    return bool(lo >= versus - tol or hi <= versus + tol)
+
+
+# ---------------------------------------------------------- groups together: what they reproduce
+
+BAND_SHARE = 0.5      # a set of groups "reproduces the band": this share of its width
+
+
+def needs(ref: dict, full: dict, versus: float | None = None, pick: bool = False) -> dict:
+    """What a set of parameter groups must reproduce of a number's band for "what would change
+    it" to name it: "band", BAND_SHARE of the width of ``ref`` (the band with every group
+    varied, in as many samples as each set gets); "sign", its side of ``versus`` when the
+    ``full`` band does not resolve it; "pick" (``pick``: the number has one), a changed pick
+    when the full samples leave it unresolved. ``ref``/``full``: {lo, hi, spread,
+    pick_changes}."""
+    need = {}
+    if ref["spread"] > 0:
+        need["band"] = BAND_SHARE * ref["spread"]
+    if versus is not None and np.isfinite(full["lo"]) and np.isfinite(full["hi"]) \
+            and not sign_resolved(full["lo"], full["hi"], versus=versus):
+        need["sign"] = versus
+    if pick and not pick_resolved(1.0 - full.get("pick_changes", 0.0)):
+        need["pick"] = True
+    return need
+
+
+def needs_met(st: dict, need: dict) -> int:
+    """How many of ``need`` (``needs``) a set's band ``st`` reproduces."""
+    n = 0
+    if "band" in need:
+        n += st["spread"] >= need["band"] * (1 - 1e-9)
+    if "sign" in need:
+        n += bool(np.isfinite(st["lo"])) and not sign_resolved(st["lo"], st["hi"],
+                                                               versus=need["sign"])
+    if "pick" in need:
+        n += not pick_resolved(1.0 - st.get("pick_changes", 0.0))
+    return int(n)
+
+
+def and_words(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def needs_words(need, sign: str = "its unresolved sign", pick: str = "the unresolved pick") -> str:
+    """``its unresolved sign and 50% of its band's width``."""
+    out = ([sign] if "sign" in need else []) + ([pick] if "pick" in need else []) \
+        + ([f"{BAND_SHARE:.0%} of its band's width"] if "band" in need else [])
+    return and_words(out)
+
+
+def together_words(groups, met: bool, what: str, moves: str, n: int, k: int) -> str:
+    """``; no group alone reproduces <what>: the GEMM and attention parameters together do
+    (together they <moves>)``; when only all groups together do (``met`` false: not in ``k``
+    samples per set), said so."""
+    names = and_words([GROUP_NAMES.get(g, g) for g in groups])
+    lead = f"; no group alone reproduces {what}"
+    if met:
+        return f"{lead}: the {names} parameters together do (together they {moves})"
+    return (f"{lead}, nor does any union of fewer than all {len(groups)} groups: only all of "
+            f"them together, as in the full {n} samples (in {k} samples they {moves})")
 
 
 NOT_RESOLVED = "not resolved by the model"
@@ -502,8 +561,9 @@ def ranking_words(p: float, a: str = "A", b: str = "B") -> str:
             f"{share_text(p)} of the samples (P({a} better) = {p:.2f})")
 
 
-__all__ = ["DEFAULT_SAMPLES", "Draws", "Family", "GROUPS", "GROUP_NAMES", "GROUP_SAMPLES",
-           "MAX_LOG_SD", "NOT_RESOLVED", "PERCENTILES", "RESOLVED_SHARE", "band_strings",
+__all__ = ["BAND_SHARE", "DEFAULT_SAMPLES", "Draws", "Family", "GROUPS", "GROUP_NAMES",
+           "GROUP_SAMPLES", "MAX_LOG_SD", "NOT_RESOLVED", "PERCENTILES", "RESOLVED_SHARE",
+           "and_words", "band_strings", "needs", "needs_met", "together_words",
            "check_samples", "coverage", "coverage_note", "draw", "draw_groups", "draw_sets",
            "families", "frame_samples", "greedy_unions", "log_draws", "p_better", "pct",
            "pick_resolved", "ranking_words", "score_table", "share_text", "shares_words", "sig",

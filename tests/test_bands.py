@@ -582,3 +582,33 @@ def test_answer_attribution_names_the_groups_that_move_it_together(monkeypatch):
     x["together"]["met"] = False
     assert "nor does any union of fewer than all 2 groups: only all of them together, as " \
         "in the full 16 samples" in _bands.lead_markdown([x], None)
+
+
+def test_whatif_and_compare_name_the_groups_that_move_it_together():
+    from dse.bands_report import by_group, changes_words, together
+    groups, single_d = B.draw_groups(8, 0)
+    T = catalog_tables.tables()
+    kpos = {k: j for j, k in enumerate(T.kernel_keys)}
+    idx = {g: sorted({kpos[p] for f in B.families() if f.group == g for p in f.params
+                      if p in kpos}) for g in groups}
+    calls = []
+
+    def stat_of(d):                  # a change that moves only when GEMM and attention both do
+        calls.append(d.n)
+        lg = np.log(d.kernel)
+        s = {g: lg[..., idx[g]].reshape(d.n, -1).sum(axis=1) for g in ("gemm", "attention")}
+        return {"tpot_s": 0.01 * s["gemm"] * s["attention"], "ttft_s": 0.01 * s["gemm"]}
+    full, single = stat_of(B.draw(16, 0)), stat_of(single_d)
+    calls.clear()
+    t = together(groups, 8, 0, stat_of, full, single)
+    assert calls == [8 * (len(groups) - 1)]                  # one round, every set in one go
+    assert list(t) == ["tpot_s"]                              # GEMM alone moves ttft_s
+    assert t["tpot_s"]["groups"] == ["gemm", "attention"] and t["tpot_s"]["met"]
+    lo, hi = np.percentile(full["tpot_s"][:8], [5, 95])
+    assert (t["tpot_s"]["lo"], t["tpot_s"]["hi"]) == pytest.approx((lo, hi))
+    words = changes_words(by_group(single["tpot_s"], groups, 8), t["tpot_s"], 16, 8,
+                          "the unresolved ranking")
+    assert words == ("what would change it: no fitted parameter group moves it on its own; no "
+                     "group alone reproduces the unresolved ranking and 50% of its band's width: "
+                     "the GEMM and attention parameters together do (together they move it "
+                     + "..".join(B.band_strings((lo, hi), B.pct, 1)) + ")")

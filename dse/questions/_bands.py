@@ -192,7 +192,6 @@ def markdown(band: dict, limit: int = 24) -> str:
 # ---------------------------------------------------------------- the first lines
 
 ATTR_SAMPLES = B.GROUP_SAMPLES   # samples per parameter group, "what would change it"
-BAND_SHARE = 0.5                 # a set of groups "reproduces the band": this share of its width
 
 
 def _part(values: dict, i: int, k: int) -> dict:
@@ -207,9 +206,9 @@ def attribution(mod, make_context, space, front, n: int, seed: int = 0,
     {key: [value per sample]}}}.
 
     With the answer ``ans`` and its full samples' ``values``: for each lead number that no
-    single group reproduces (its unresolved sign or pick, or BAND_SHARE of its band's width:
-    ``_needs``), the smallest union of groups that together do, grown greedily
-    (``dse.bands.greedy_unions``; each round's sets drawn by ``dse.bands.draw_sets`` and
+    single group reproduces (its unresolved sign or pick, or ``dse.bands.BAND_SHARE`` of its
+    band's width: ``dse.bands.needs``), the smallest union of groups that together do, grown
+    greedily (``dse.bands.greedy_unions``; each round's sets drawn by ``dse.bands.draw_sets`` and
     answered in one ``sampled_answers`` call): "together": {lead key: {"groups", "met",
     "needs", "values"}}. The set of every group is the full draw's first samples (no re-run)."""
     k = min(int(n), ATTR_SAMPLES)
@@ -241,8 +240,8 @@ def attribution(mod, make_context, space, front, n: int, seed: int = 0,
                             what="parameter groups together")
         return {s: _part(r["values"], i, k) for i, s in enumerate(sets)}
 
-    targets = [(lambda v, ld=ld, pk=pk, nd=nd: _score(_stats(ld, v, pk), nd, ld),
-                lambda v, ld=ld, pk=pk, nd=nd: _meets(_stats(ld, v, pk), nd, ld) == len(nd))
+    targets = [(lambda v, ld=ld, pk=pk, nd=nd: _score(_stats(ld, v, pk), nd),
+                lambda v, ld=ld, pk=pk, nd=nd: B.needs_met(_stats(ld, v, pk), nd) == len(nd))
                for ld, pk, nd in todo]
     found = B.greedy_unions(groups, evaluate, targets, cache)
     out["together"] = {ld.key: {"groups": list(f["groups"]), "met": f["met"],
@@ -271,41 +270,20 @@ def _stats(lead, vals: dict, pick_nominal) -> dict:
 
 
 def _side_resolved(st: dict, v: float) -> bool:
-    return bool(st["lo"] >= v - 1e-9 or st["hi"] <= v + 1e-9)
+    return B.sign_resolved(st["lo"], st["hi"], versus=v)
 
 
 def _needs(lead, pick_nominal, values: dict, k: int) -> dict:
-    """What a set of parameter groups must reproduce of a lead number's full band: "band",
-    BAND_SHARE of the width of its band with every group varied (the full draw's first ``k``
-    samples, as many as each set gets); "sign", its side of ``versus`` when the full band does
-    not resolve it; "pick", a changed pick when the full samples leave it unresolved."""
+    """What a set of parameter groups must reproduce of a lead number's full band
+    (``dse.bands.needs``): the band with every group varied is the full draw's first ``k``
+    samples, as many as each set gets."""
     ref = _stats(lead, {key: vs[:k] for key, vs in values.items()}, pick_nominal)
-    full = _stats(lead, values, pick_nominal)
-    need = {}
-    if ref["spread"] > 0:
-        need["band"] = BAND_SHARE * ref["spread"]
-    if lead.versus is not None and np.isfinite(full["lo"]) and np.isfinite(full["hi"]) \
-            and not _side_resolved(full, lead.versus):
-        need["sign"] = lead.versus
-    if lead.pick and not B.pick_resolved(1.0 - full["pick_changes"]):
-        need["pick"] = True
-    return need
+    return B.needs(ref, _stats(lead, values, pick_nominal), lead.versus, bool(lead.pick))
 
 
-def _meets(st: dict, needs: dict, lead) -> int:
-    n = 0
-    if "band" in needs:
-        n += st["spread"] >= needs["band"] * (1 - 1e-9)
-    if "sign" in needs:
-        n += np.isfinite(st["lo"]) and not _side_resolved(st, needs["sign"])
-    if "pick" in needs:
-        n += not B.pick_resolved(1.0 - st["pick_changes"])
-    return int(n)
-
-
-def _score(st: dict, needs: dict, lead) -> tuple:
+def _score(st: dict, needs: dict) -> tuple:
     """Larger is better: the needs met, then the band's width, then how often the pick moves."""
-    return (_meets(st, needs, lead), st["spread"], st["pick_changes"])
+    return (B.needs_met(st, needs), st["spread"], st["pick_changes"])
 
 
 def _label(v) -> str:
@@ -433,40 +411,21 @@ def _resolution(x: dict) -> list[str]:
     return parts
 
 
-def _and(words: list[str]) -> str:
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
-def _needs_words(x: dict, needs) -> str:
-    out = []
-    if "sign" in needs:
-        out.append("its unresolved sign" if x["versus"] == 0 else
-                   f"its unresolved side of {_ref(x)}")
-    if "pick" in needs:
-        out.append(f"the unresolved {x['pick_label']}")
-    if "band" in needs:
-        out.append(f"{BAND_SHARE:.0%} of its band's width")
-    return _and(out)
-
-
 def _together(x: dict) -> str:
     """``; no group alone reproduces <what>: the GEMM and attention parameters together do
     (together they move it ...)``, from ``attribution``'s greedy union."""
-    from dse.bands import GROUP_NAMES
     t = x.get("together")
     if not t:
         return ""
-    names = _and([GROUP_NAMES.get(g, g) for g in t["groups"]])
     moves = f"move it {range_text(t['lo'], t['hi'], x['unit'])}"
     if x.get("pick") and t["pick_changes"]:
         moves += (f" and change the {x['pick_label']} in {B.share_text(t['pick_changes'])} of "
                   "the samples")
-    lead = f"; no group alone reproduces {_needs_words(x, t['needs'])}"
-    if t["met"]:
-        return f"{lead}: the {names} parameters together do (together they {moves})"
-    return (f"{lead}, nor does any union of fewer than all {len(t['groups'])} groups: only all "
-            f"of them together, as in the full {x['samples']} samples (in "
-            f"{x['samples_per_group']} samples they {moves})")
+    sign = "its unresolved sign" if x.get("versus") == 0 else \
+        f"its unresolved side of {_ref(x)}" if x.get("versus") is not None else ""
+    what = B.needs_words(t["needs"], sign, f"the unresolved {x['pick_label']}")
+    return B.together_words(t["groups"], t["met"], what, moves, x["samples"],
+                            x["samples_per_group"])
 
 
 def _changes(x: dict) -> str:
@@ -523,6 +482,6 @@ def lead_markdown(items: list[dict], band: dict | None) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ATTR_SAMPLES", "BAND_SHARE", "CACHE_CALLS", "SampleView", "Sampled", "VECTOR_ROWS",
+__all__ = ["ATTR_SAMPLES", "CACHE_CALLS", "SampleView", "Sampled", "VECTOR_ROWS",
            "attribution", "band_text", "lead_markdown", "leads", "markdown", "range_text",
            "sampled_answers", "summarize", "value_text"]
