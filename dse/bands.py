@@ -201,22 +201,81 @@ def draw(n: int = DEFAULT_SAMPLES, seed: int = 0, fams=None) -> Draws:
     return _draw(n, seed, tuple(fams))
 
 
-def draw_groups(n: int, seed: int = 0, fams=None) -> tuple[tuple[str, ...], Draws]:
-    """For each group (GROUPS) that the catalog samples, ``n`` samples of that group's families
-    alone, every other parameter held at its fitted value: (the groups, one Draws of
-    ``len(groups) x n`` samples, group ``i``'s in samples ``i*n .. i*n+n-1``). Each family draws
-    the same numbers as in ``draw(n, seed)`` (``log_draws`` is seeded by the family), so a
-    group's samples are the full samples with the other groups switched off: scoring them says
-    which group moves a result most (what would change it)."""
+def draw_sets(n: int, seed: int = 0, sets=None, fams=None) -> tuple[tuple, Draws]:
+    """For each set of parameter groups (a tuple of GROUPS names; default: each group that the
+    catalog samples, alone), ``n`` samples with only those groups' families varied, every other
+    parameter held at its fitted value: (the sets, one Draws of ``len(sets) x n`` samples, set
+    ``i``'s in samples ``i*n .. i*n+n-1``). Each family draws the same numbers as in ``draw(n,
+    seed)`` (``log_draws`` is seeded by the family, and its first ``n`` rows do not depend on how
+    many more are drawn), so a set's samples are the full samples with the other groups switched
+    off, and the set of every sampled group is the full draw's first ``n`` samples."""
     fams = families() if fams is None else tuple(fams)
-    groups = tuple(g for g in GROUPS if any(f.group == g for f in fams))
-    if n < 1 or not groups:
-        raise ValueError("draw_groups needs n >= 1 and a sampled group")
-    parts = [_draw(n, seed, tuple(f for f in fams if f.group == g)) for g in groups]
+    sampled = tuple(g for g in GROUPS if any(f.group == g for f in fams))
+    sets = tuple((g,) for g in sampled) if sets is None else tuple(tuple(s) for s in sets)
+    if n < 1 or not sets or not all(sets):
+        raise ValueError("draw_sets needs n >= 1 and non-empty sets of groups")
+    unknown = {g for s in sets for g in s} - set(GROUPS)
+    if unknown:
+        raise ValueError(f"unknown parameter groups {sorted(unknown)} (known: {GROUPS})")
+    parts = [_draw(n, seed, tuple(f for f in fams if f.group in s)) for s in sets]
     kernel, eff = (np.concatenate([getattr(p, a) for p in parts]) for a in ("kernel", "eff"))
     kernel.setflags(write=False)
     eff.setflags(write=False)
-    return groups, Draws(n * len(groups), int(seed), kernel, eff, coverage_note(fams))
+    return sets, Draws(n * len(sets), int(seed), kernel, eff, coverage_note(fams))
+
+
+def draw_groups(n: int, seed: int = 0, fams=None) -> tuple[tuple[str, ...], Draws]:
+    """For each group (GROUPS) that the catalog samples, ``n`` samples of that group's families
+    alone (``draw_sets`` of single groups): (the groups, one Draws of ``len(groups) x n``
+    samples, group ``i``'s in samples ``i*n .. i*n+n-1``). Scoring them says which group moves
+    a result most (what would change it)."""
+    fams = families() if fams is None else tuple(fams)
+    if not any(f.group in GROUPS for f in fams):
+        raise ValueError("draw_groups needs n >= 1 and a sampled group")
+    sets, d = draw_sets(n, seed, None, fams)
+    return tuple(s[0] for s in sets), d
+
+
+def greedy_unions(groups, evaluate, targets, cache: dict | None = None) -> list[dict]:
+    """For each target, the smallest union of parameter ``groups`` that meets it, grown
+    greedily: the best single group, then the best group added to it, and so on (at most
+    ``len(groups) - 1`` rounds, not ``2^len(groups)`` sets). ``targets``: ``(score, enough)``
+    pairs, ``score(result)`` a tuple (larger is better), ``enough(result)`` a bool;
+    ``evaluate(sets)`` -> {frozenset of groups: result}, called once per round with every set
+    that the unfinished targets need and ``cache`` (pre-filled results, e.g. of the single groups
+    or of all of them) does not hold: one vectorized call per round for all targets. Returns per
+    target {"groups": the union in the order it grew, "result", "met"}."""
+    groups = tuple(groups)
+    cache = {} if cache is None else cache
+
+    def fetch(sets):
+        need = [s for s in dict.fromkeys(sets) if s not in cache]
+        if need:
+            cache.update(evaluate(need))
+        return {s: cache[s] for s in sets}
+
+    singles = [frozenset((g,)) for g in groups]
+    got = fetch(singles)
+    state = []
+    for score, enough in targets:
+        ok = [s for s in singles if enough(got[s])]
+        best = max(ok or singles, key=lambda s: score(got[s]))
+        state.append({"order": [next(iter(best))], "set": best, "met": bool(ok)})
+    while True:
+        open_ = [i for i, st in enumerate(state) if not st["met"] and len(st["set"]) < len(groups)]
+        if not open_:
+            break
+        cands = {i: [state[i]["set"] | {g} for g in groups if g not in state[i]["set"]]
+                 for i in open_}
+        got = fetch([s for i in open_ for s in cands[i]])
+        for i in open_:
+            score, enough = targets[i]
+            ok = [s for s in cands[i] if enough(got[s])]
+            best = max(ok or cands[i], key=lambda s: score(got[s]))
+            state[i]["order"].append(next(iter(best - state[i]["set"])))
+            state[i]["set"], state[i]["met"] = best, bool(ok)
+    return [{"groups": tuple(st["order"]), "result": cache[st["set"]], "met": st["met"]}
+            for st in state]
 
 
 @lru_cache(maxsize=4)
@@ -339,15 +398,138 @@ def summary(x) -> tuple:
     return med, lo, hi
 
 
-def text(med, lo, hi, fmt=lambda v: f"{v:.4g}") -> str:
-    """``median [lo..hi]``."""
-    return f"{fmt(med)} [{fmt(lo)}..{fmt(hi)}]"
+def sig(v, digits: int = 4) -> str:
+    """``v`` to ``digits`` significant digits, thousands separated when it has more integer
+    digits than that (``11,585``, not ``1.16e+04``)."""
+    v = float(v)
+    if not np.isfinite(v):
+        return "-"
+    if abs(v) >= 10 ** digits:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}"
 
 
-def sign_resolved(lo, hi, tol: float = 1e-9) -> bool:
-    """Whether the band keeps one sign (zero not inside it by more than ``tol``: values
-    within ``tol`` of zero are rounding, e.g. a change of 1e-16)."""
-    return bool(lo >= -tol or hi <= tol)
+def pct(v, decimals: int = 1) -> str:
+    """A fraction as a signed percent with ``decimals`` decimals: ``+6.7%``."""
+    v = float(v)
+    return f"{v * 100:+.{decimals}f}%" if np.isfinite(v) else "-"
+
+
+def band_strings(values, render=sig, start: int = 4, most: int = 4) -> list[str]:
+    """``values`` (a median and its band bounds, or just the bounds) rendered with the fewest
+    digits ``d >= start`` (``render(v, d)``, at most ``start + most``) at which values that
+    differ print as different strings: a band that moves never prints as ``1.2 [1.2..1.2]``.
+    Values within 1e-9 (relative) of each other count as equal. The one band formatter of
+    every page and terminal line."""
+    vals = [float(v) for v in values]
+    pairs = [(i, j) for i in range(len(vals)) for j in range(i + 1, len(vals))
+             if np.isfinite(vals[i]) and np.isfinite(vals[j])
+             and abs(vals[i] - vals[j]) > 1e-9 * max(abs(vals[i]), abs(vals[j]))]
+    d = start
+    while True:
+        out = [render(v, d) for v in vals]
+        if d >= start + most or all(out[i] != out[j] for i, j in pairs):
+            return out
+        d += 1
+
+
+def text(med, lo, hi, render=sig, start: int = 4) -> str:
+    """``median [lo..hi]`` (``band_strings``: enough digits that they do not collapse)."""
+    m, a, b = band_strings((med, lo, hi), render, start)
+    return f"{m} [{a}..{b}]"
+
+
+RESOLVED_SHARE = 0.95      # a pick (or a ranking) is resolved when it holds in this share
+
+
+def share_text(s: float) -> str:
+    """A share of the samples as a whole percent, rounded down (``0.949`` is ``94%``, never a
+    ``95%`` that reads as resolved)."""
+    return f"{int(np.floor(s * 100 + 1e-9))}%"
+
+
+def pick_resolved(share: float) -> bool:
+    """Whether a pick holds in at least RESOLVED_SHARE of the samples."""
+    return bool(np.isfinite(share) and share >= RESOLVED_SHARE - 1e-12)
+
+
+def shares_words(shares: dict, nominal: str, verb: str = "is picked", others: int = 2) -> str:
+    """The one wording of a choice under the samples (an answer's pick, a text value): held in
+    at least RESOLVED_SHARE of them, ``design 7 is picked in >= 95% of the samples (100%)``;
+    else its share and the next ``others`` values', ``design 7 is picked in 60% of the samples,
+    9 in 40%``. ``shares``: {value: share}; ``nominal``: the value the answer states."""
+    s = float(shares.get(nominal, 0.0))
+    lead = " ".join(w for w in (str(nominal), verb, "in") if w)
+    if pick_resolved(s):
+        return f"{lead} >= {RESOLVED_SHARE:.0%} of the samples ({share_text(s)})"
+    rest = [(v, x) for v, x in sorted(shares.items(), key=lambda kv: -kv[1]) if v != nominal]
+    tail = "".join(f", {v} in {share_text(x)}" for v, x in rest[:others])
+    return f"{lead} {share_text(s)} of the samples{tail}"
+
+
+def sign_resolved(lo, hi, tol: float = 1e-9, versus: float = 0.0) -> bool:
+    """Whether the band keeps one sign, or one side of ``versus`` (it not inside the band by
+    more than ``tol``: values within ``tol`` of it are rounding, e.g. a change of 1e-16)."""
+    return bool(lo >= versus - tol or hi <= versus + tol)
+
+
+# ---------------------------------------------------------- groups together: what they reproduce
+
+BAND_SHARE = 0.5      # a set of groups "reproduces the band": this share of its width
+
+
+def needs(ref: dict, full: dict, versus: float | None = None, pick: bool = False) -> dict:
+    """What a set of parameter groups must reproduce of a number's band for "what would change
+    it" to name it: "band", BAND_SHARE of the width of ``ref`` (the band with every group
+    varied, in as many samples as each set gets); "sign", its side of ``versus`` when the
+    ``full`` band does not resolve it; "pick" (``pick``: the number has one), a changed pick
+    when the full samples leave it unresolved. ``ref``/``full``: {lo, hi, spread,
+    pick_changes}."""
+    need = {}
+    if ref["spread"] > 0:
+        need["band"] = BAND_SHARE * ref["spread"]
+    if versus is not None and np.isfinite(full["lo"]) and np.isfinite(full["hi"]) \
+            and not sign_resolved(full["lo"], full["hi"], versus=versus):
+        need["sign"] = versus
+    if pick and not pick_resolved(1.0 - full.get("pick_changes", 0.0)):
+        need["pick"] = True
+    return need
+
+
+def needs_met(st: dict, need: dict) -> int:
+    """How many of ``need`` (``needs``) a set's band ``st`` reproduces."""
+    n = 0
+    if "band" in need:
+        n += st["spread"] >= need["band"] * (1 - 1e-9)
+    if "sign" in need:
+        n += bool(np.isfinite(st["lo"])) and not sign_resolved(st["lo"], st["hi"],
+                                                               versus=need["sign"])
+    if "pick" in need:
+        n += not pick_resolved(1.0 - st.get("pick_changes", 0.0))
+    return int(n)
+
+
+def and_words(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def needs_words(need, sign: str = "its unresolved sign", pick: str = "the unresolved pick") -> str:
+    """``its unresolved sign and 50% of its band's width``."""
+    out = ([sign] if "sign" in need else []) + ([pick] if "pick" in need else []) \
+        + ([f"{BAND_SHARE:.0%} of its band's width"] if "band" in need else [])
+    return and_words(out)
+
+
+def together_words(groups, met: bool, what: str, moves: str, n: int, k: int) -> str:
+    """``; no group alone reproduces <what>: the GEMM and attention parameters together do
+    (together they <moves>)``; when only all groups together do (``met`` false: not in ``k``
+    samples per set), said so."""
+    names = and_words([GROUP_NAMES.get(g, g) for g in groups])
+    lead = f"; no group alone reproduces {what}"
+    if met:
+        return f"{lead}: the {names} parameters together do (together they {moves})"
+    return (f"{lead}, nor does any union of fewer than all {len(groups)} groups: only all of "
+            f"them together, as in the full {n} samples (in {k} samples they {moves})")
 
 
 NOT_RESOLVED = "not resolved by the model"
@@ -372,13 +554,17 @@ def p_better(a, b, direction: str) -> float:
 
 
 def ranking_words(p: float, a: str = "A", b: str = "B") -> str:
-    """"" when one side wins in at least 95% of the samples, else the words."""
-    if not np.isfinite(p) or p >= 0.95 or p <= 0.05:
+    """"" when one side wins in at least RESOLVED_SHARE of the samples, else the words."""
+    if not np.isfinite(p) or pick_resolved(p) or pick_resolved(1.0 - p):
         return ""
-    return f"which of {a} and {b} is better is {NOT_RESOLVED} (P({a} better) = {p:.2f})"
+    return (f"which of {a} and {b} is better is {NOT_RESOLVED}: {a} is better in "
+            f"{share_text(p)} of the samples (P({a} better) = {p:.2f})")
 
 
-__all__ = ["DEFAULT_SAMPLES", "Draws", "Family", "GROUPS", "GROUP_NAMES", "GROUP_SAMPLES", "MAX_LOG_SD", "NOT_RESOLVED", "PERCENTILES",
-           "check_samples", "coverage", "coverage_note", "draw", "draw_groups", "families", "frame_samples", "log_draws",
-           "p_better", "ranking_words", "score_table", "sign_resolved", "sign_words",
-           "space_samples", "stack", "summary", "text"]
+__all__ = ["BAND_SHARE", "DEFAULT_SAMPLES", "Draws", "Family", "GROUPS", "GROUP_NAMES",
+           "GROUP_SAMPLES", "MAX_LOG_SD", "NOT_RESOLVED", "PERCENTILES", "RESOLVED_SHARE",
+           "and_words", "band_strings", "needs", "needs_met", "together_words",
+           "check_samples", "coverage", "coverage_note", "draw", "draw_groups", "draw_sets",
+           "families", "frame_samples", "greedy_unions", "log_draws", "p_better", "pct",
+           "pick_resolved", "ranking_words", "score_table", "share_text", "shares_words", "sig",
+           "sign_resolved", "sign_words", "space_samples", "stack", "summary", "text"]

@@ -7,7 +7,9 @@
   samples (each run in its own space): both values' bands and the probability that A's beats B's.
 
 Both return JSON-able dicts (written as ``bands.json``) and the lines the pages show, with a
-sign or a ranking that changes within the band said in words ("not resolved by the model").
+sign or a ranking that changes within the band said in words ("not resolved by the model"), and
+what would change it: each parameter group alone (``by_group``) and, where no group alone
+reproduces the band, the smallest union of groups that together do (``together``).
 """
 
 from __future__ import annotations
@@ -15,12 +17,22 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dse.bands import (GROUP_NAMES, GROUP_SAMPLES, NOT_RESOLVED, draw, draw_groups, p_better,
-                       ranking_words, sign_resolved, sign_words, space_samples, summary, text)
+from dse.bands import (GROUP_NAMES, GROUP_SAMPLES, NOT_RESOLVED, RESOLVED_SHARE, band_strings,
+                       draw, draw_groups, draw_sets, greedy_unions, needs, needs_met,
+                       needs_words, p_better, pct, pick_resolved, ranking_words,
+                       sign_resolved, sign_words, space_samples, summary, text,
+                       together_words)
+from dse.fields import label
 
 
 def _pct(v) -> str:
-    return f"{v * 100:+.1f}%" if np.isfinite(v) else "-"
+    return pct(v, 1)
+
+
+def _pcts(*values) -> list[str]:
+    """Changes as percents, with the decimals it takes for a band not to collapse
+    (``band_strings``)."""
+    return band_strings(values, pct, 1)
 
 
 def _band(x) -> dict:
@@ -35,21 +47,66 @@ def by_group(x, groups: tuple, k: int) -> dict:
     x = np.asarray(x, float)
     out = {}
     for i, g in enumerate(groups):
-        b = _band(x[i * k:(i + 1) * k])
-        s = b["hi"] - b["lo"]
-        out[g] = {**b, "spread": float(s) if np.isfinite(s) else 0.0}
+        out[g] = _spread(_band(x[i * k:(i + 1) * k]))
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["spread"]))
 
 
-def changes_words(groups: dict, fmt=_pct) -> str:
+def changes_words(groups: dict, together: dict | None = None, n: int = 0, k: int = 0,
+                  sign: str = "its unresolved sign") -> str:
     """``what would change it: the MoE grouped-GEMM parameters (alone -9.9%..-8.7%), then ...``
-    from ``by_group`` (the two widest groups that move it)."""
+    from ``by_group`` (the two widest groups that move it), and from ``together`` the union of
+    groups that reproduces what no group alone does (``sign``: how its unresolved sign reads)."""
     moving = [(g, b) for g, b in (groups or {}).items() if b["spread"] > 0]
     if not moving:
-        return "what would change it: no fitted parameter group moves it on its own"
-    return "what would change it: " + ", then ".join(
-        f"the {GROUP_NAMES.get(g, g)} parameters (alone {fmt(b['lo'])}..{fmt(b['hi'])})"
-        for g, b in moving[:2])
+        text = "what would change it: no fitted parameter group moves it on its own"
+    else:
+        text = "what would change it: " + ", then ".join(
+            f"the {GROUP_NAMES.get(g, g)} parameters (alone {'..'.join(_pcts(b['lo'], b['hi']))})"
+            for g, b in moving[:2])
+    if together:
+        t = together
+        text += together_words(t["groups"], t["met"], needs_words(t["needs"], sign),
+                               f"move it {'..'.join(_pcts(t['lo'], t['hi']))}", n, k)
+    return text
+
+
+def together(groups: tuple, k: int, seed: int, stat_of, full: dict, single: dict) -> dict:
+    """Per metric whose per-sample statistic no parameter group alone reproduces (``dse.bands
+    .needs``: half its band with every group varied, the first ``k`` of ``full``'s samples, or
+    its unresolved sign), the smallest union of groups that together do (``greedy_unions``):
+    {metric: {groups, met, needs, median, lo, hi, spread}}. ``full``/``single``: {metric:
+    statistic per sample} under the full draw / ``draw_groups(k)``; ``stat_of(draws)`` scores
+    the sets of one round (``draw_sets``) in one go."""
+    todo = []
+    for m, x in full.items():
+        ref, fb = _spread(_band(np.asarray(x)[:k])), _spread(_band(x))
+        need = needs(ref, fb, versus=0.0)
+        if need:
+            todo.append((m, need))
+    if not todo or len(groups) < 2:
+        return {}
+    cache = {frozenset((g,)): {m: np.asarray(v)[i * k:(i + 1) * k] for m, v in single.items()}
+             for i, g in enumerate(groups)}
+    cache[frozenset(groups)] = {m: np.asarray(v)[:k] for m, v in full.items()}
+
+    def evaluate(sets):
+        _, d = draw_sets(k, seed, [tuple(g for g in groups if g in s) for s in sets])
+        st = stat_of(d)
+        return {s: {m: v[i * k:(i + 1) * k] for m, v in st.items()} for i, s in enumerate(sets)}
+
+    targets = [(lambda r, m=m, nd=nd: (needs_met(_spread(_band(r[m])), nd),
+                                       _spread(_band(r[m]))["spread"]),
+                lambda r, m=m, nd=nd: needs_met(_spread(_band(r[m])), nd) == len(nd))
+               for m, nd in todo]
+    found = greedy_unions(groups, evaluate, targets, cache)
+    return {m: {"groups": list(f["groups"]), "met": f["met"], "needs": sorted(nd),
+                **_spread(_band(f["result"][m]))}
+            for (m, nd), f in zip(todo, found) if len(f["groups"]) > 1}
+
+
+def _spread(b: dict) -> dict:
+    s = b["hi"] - b["lo"]
+    return {**b, "spread": float(s) if np.isfinite(s) else 0.0}
 
 
 def _median_change(after, before):
@@ -75,9 +132,10 @@ def whatif_bands(space, ids, overrides: dict, n: int, seed: int = 0) -> dict:
     after = space_samples(space, vals, d, overrides, metrics)
     gb = space_samples(space, vals, dg, None, metrics)
     ga = space_samples(space, vals, dg, overrides, metrics)
-    cols, objs = {}, {}
+    cols, objs, full, single = {}, {}, {}, {}
     for m in metrics:
         ch, per_sample = _median_change(after[m], before[m])
+        full[m], single[m] = per_sample, _median_change(ga[m], gb[m])[1]
         med, lo, hi = summary(ch)
         cols[f"{m}_change_median"], cols[f"{m}_change_lo"], cols[f"{m}_change_hi"] = med, lo, hi
         b = _band(per_sample)
@@ -85,9 +143,16 @@ def whatif_bands(space, ids, overrides: dict, n: int, seed: int = 0) -> dict:
                              if np.isfinite(a) and np.isfinite(z)))
         objs[m] = {"median_change": b, "designs": int(ch.shape[1]),
                    "designs_sign_unresolved": unresolved,
-                   "words": sign_words(b["lo"], b["hi"], f"the sign of the change of {m}"),
-                   "groups": by_group(_median_change(ga[m], gb[m])[1], groups, k),
+                   "words": sign_words(b["lo"], b["hi"],
+                                       f"the sign of the change of {label(m)}"),
+                   "groups": by_group(single[m], groups, k),
                    "samples_per_group": k}
+
+    def stat_of(dd):
+        b, a = (space_samples(space, vals, dd, ov, metrics) for ov in (None, overrides))
+        return {m: _median_change(a[m], b[m])[1] for m in metrics}
+    for m, t in together(groups, k, seed, stat_of, full, single).items():
+        objs[m]["together"] = t
     return {"samples": int(n), "seed": int(seed), "note": d.note, "objectives": objs,
             "columns": pd.DataFrame(cols)}
 
@@ -96,7 +161,6 @@ def whatif_headline(space, moved: pd.DataFrame, band: dict | None) -> list[str]:
     """The what-if's first lines, one per objective: the median change over the front (its
     range over the designs), with bands its 90% band, whether its sign is resolved and what
     would change it; without, that bands are off."""
-    from dse.fields import label
     out = []
     for ob in space.objectives:
         ch = moved[f"{ob.metric}_change"]
@@ -108,10 +172,12 @@ def whatif_headline(space, moved: pd.DataFrame, band: dict | None) -> list[str]:
             out.append(line + "; uncertainty bands off (`--bands 0`)")
             continue
         b = o["median_change"]
+        med, lo, hi = _pcts(b["median"], b["lo"], b["hi"])
         sign = (o["words"] if o["words"] else "its sign is resolved (the band keeps one sign)")
-        out.append(f"{line}; with parameter uncertainty 90% band {_pct(b['lo'])}..{_pct(b['hi'])}"
-                   f" (median {_pct(b['median'])}, {band['samples']} samples); {sign}; "
-                   + changes_words(o.get("groups")))
+        out.append(f"{line}; with parameter uncertainty 90% band {lo}..{hi}"
+                   f" (median {med}, {band['samples']} samples); {sign}; "
+                   + changes_words(o.get("groups"), o.get("together"), band["samples"],
+                                   o.get("samples_per_group", 0)))
     return out
 
 
@@ -121,7 +187,8 @@ def whatif_lines(band: dict) -> list[str]:
              f"{band['seed']}; median [5th..95th percentile])", "", band["note"] + ".", ""]
     for m, o in band["objectives"].items():
         b = o["median_change"]
-        line = f"- {m}: median change over the front {text(b['median'], b['lo'], b['hi'], _pct)}"
+        line = (f"- {label(m)}: median change over the front "
+                f"{text(b['median'], b['lo'], b['hi'], pct, 1)}")
         if o["words"]:
             line += f"; {o['words']}"
         if o["designs_sign_unresolved"]:
@@ -149,7 +216,7 @@ def compare_bands(c, dir_a, dir_b, n: int, seed: int = 0) -> dict:
     d = draw(n, seed)
     groups, dg = draw_groups(min(n, GROUP_SAMPLES), seed)
     k = dg.n // len(groups)
-    objs = {}
+    objs, full, single = {}, {}, {}
     for o in c.objectives:
         ia, va, sa = _best_samples(dir_a, c.front_a, o.metric, o.direction, d)
         ib, vb, sb = _best_samples(dir_b, c.front_b, o.metric, o.direction, d)
@@ -165,13 +232,24 @@ def compare_bands(c, dir_a, dir_b, n: int, seed: int = 0) -> dict:
                           "b_vs_a_change": _band(diff), "p_a_better": p,
                           "words": ranking_words(p),
                           "groups": by_group(gdiff, groups, k), "samples_per_group": k}
+        full[o.metric], single[o.metric] = diff, gdiff
+
+    def stat_of(dd):
+        out = {}
+        for o in c.objectives:
+            a = _best_samples(dir_a, c.front_a, o.metric, o.direction, dd)[2]
+            b = _best_samples(dir_b, c.front_b, o.metric, o.direction, dd)[2]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out[o.metric] = b / a - 1.0
+        return out
+    for m, t in together(groups, k, seed, stat_of, full, single).items():
+        objs[m]["together"] = t
     return {"samples": int(n), "seed": int(seed), "note": d.note, "objectives": objs}
 
 
 def compare_headline(c) -> list[str]:
     """The comparison's first lines, one per objective: each run's best, B vs A, and with bands
     their 90% bands, whether the ranking is resolved (P(A better)) and what would change it."""
-    from dse.fields import label
     out = []
     for x in c.objectives:
         a, b = c.best[x.metric]
@@ -184,11 +262,15 @@ def compare_headline(c) -> list[str]:
             out.append(line + "; uncertainty bands off (`--bands 0`)")
             continue
         ch, p = o["b_vs_a_change"], o["p_a_better"]
-        rank = o["words"] or (f"the ranking is resolved (P(A better) = {p:.2f})"
-                              if np.isfinite(p) else "")
-        out.append(f"{line}; with parameter uncertainty B vs A 90% band {_pct(ch['lo'])}.."
-                   f"{_pct(ch['hi'])} (median {_pct(ch['median'])}, {c.bands['samples']} "
-                   f"samples); {rank}; " + changes_words(o.get("groups")))
+        med, lo, hi = _pcts(ch["median"], ch["lo"], ch["hi"])
+        rank = o["words"] or (f"the ranking is resolved: {'A' if pick_resolved(p) else 'B'} "
+                              f"is better in >= {RESOLVED_SHARE:.0%} of the samples (P(A better)"
+                              f" = {p:.2f})" if np.isfinite(p) else "")
+        out.append(f"{line}; with parameter uncertainty B vs A 90% band {lo}..{hi}"
+                   f" (median {med}, {c.bands['samples']} "
+                   f"samples); {rank}; "
+                   + changes_words(o.get("groups"), o.get("together"), c.bands["samples"],
+                                   o.get("samples_per_group", 0), "the unresolved ranking"))
     return out
 
 
@@ -199,9 +281,9 @@ def compare_lines(band: dict) -> list[str]:
              "percentile]): " + band["note"] + ".", ""]
     for m, o in band["objectives"].items():
         a, b, ch = o["a"], o["b"], o["b_vs_a_change"]
-        line = (f"- {o['direction']} {m}: A {text(a['median'], a['lo'], a['hi'])}, "
+        line = (f"- {o['direction']} {label(m)}: A {text(a['median'], a['lo'], a['hi'])}, "
                 f"B {text(b['median'], b['lo'], b['hi'])}, B vs A "
-                f"{text(ch['median'], ch['lo'], ch['hi'], _pct)}; P(A better) = "
+                f"{text(ch['median'], ch['lo'], ch['hi'], pct, 1)}; P(A better) = "
                 f"{o['p_a_better']:.2f}")
         if o["words"]:
             line += f"; {o['words']}"
@@ -210,4 +292,4 @@ def compare_lines(band: dict) -> list[str]:
 
 
 __all__ = ["NOT_RESOLVED", "by_group", "changes_words", "compare_bands", "compare_headline",
-           "compare_lines", "whatif_bands", "whatif_headline", "whatif_lines"]
+           "compare_lines", "together", "whatif_bands", "whatif_headline", "whatif_lines"]

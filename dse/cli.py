@@ -271,9 +271,10 @@ def _compare(a) -> int:
         print(f"dse: warning: {w}", file=sys.stderr)
     out = c.write(a.out or Path("runs") / f"compare-{Path(a.dir_a).name}-vs-{Path(a.dir_b).name}")
     from dse.bands_report import compare_headline, compare_lines
-    print("\n".join(compare_headline(c)))       # first: each best with its band
+    from dse.pages import plain
+    print(plain("\n".join(compare_headline(c))))    # first: each best with its band
     if c.bands:
-        print("\n".join(compare_lines(c.bands)).strip())
+        print(plain("\n".join(compare_lines(c.bands)).strip()))
     print(f"wrote {out / 'index.html'}, {out / 'compare.md'}, {out / 'union_front.csv'}")
     print(out)
     return 0
@@ -288,10 +289,11 @@ def _whatif(a) -> int:
     w = whatif(a.dir, a.set, a.scale, a.out, reoptimize=a.reoptimize, trials=a.trials,
                budget=budget, progress=not a.quiet, bands=a.bands)
     out = w.path
-    print("\n".join(w.headline))                # first: each change with its band
+    from dse.pages import plain
+    print(plain("\n".join(w.headline)))         # first: each change with its band
     if w.bands:
         from dse.bands_report import whatif_lines
-        print("\n".join(whatif_lines(w.bands)).strip())
+        print(plain("\n".join(whatif_lines(w.bands)).strip()))
     print(f"wrote {out / 'index.html'}, {out / 'whatif.md'}, {out / 'front.csv'}")
     if a.reoptimize:
         print(f"re-optimized run: {out / 'run'} (dse status / report / compare / run --resume)")
@@ -301,8 +303,9 @@ def _whatif(a) -> int:
 
 def _answer(a) -> int:
     from dse.questions import answer_space, first_lines
+    from dse.pages import plain
     out = answer_space(a.space, a.out, a.run_dir, progress=not a.quiet, bands=a.bands)
-    print(first_lines(out))
+    print(plain(first_lines(out)))
     print(f"wrote {out / 'README.md'} (the answer), {out / 'index.html'} and figures")
     print(out)
     return 0

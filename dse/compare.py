@@ -259,7 +259,7 @@ def _plots(o: Path, c: Comparison, lines):
     pages.style_axes(ax)
     ax.legend(fontsize=pages.FONT_PT - 2)
     f.tight_layout()
-    f.savefig(o / "fronts.png")
+    f.savefig(o / "fronts.png", dpi=pages.PNG_DPI)
     plt.close(f)
     warn = "".join(f"<div class='warning'><strong>Warning:</strong> {html.escape(w)}</div>"
                    for w in c.warnings)

@@ -205,3 +205,38 @@ def markdown_html(text: str) -> str:
     flush_para()
     close_lists()
     return "\n".join(out)
+
+
+# --- Markdown -> terminal text -----------------------------------------------------------------
+
+_PLAIN = (
+    (re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)"), r"\2"),              # an image: its file
+    (re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)"), r"\1 (\2)"),           # a link: text (target)
+    (re.compile(r"\*\*(.+?)\*\*"), r"\1"),
+    (re.compile(r"(?<![\w*])\*(?!\s)([^*]+?)(?<!\s)\*(?![\w*])"), r"\1"),
+)
+
+
+def plain(text: str) -> str:
+    """dse's Markdown subset as terminal text: the same lines without its markers (no ``**``,
+    ``*em*``, backticks, ``#`` heading marks or code fences; a link keeps its text and target).
+    Lists and tables stay lines; every command that prints an answer's or a page's Markdown to
+    the terminal prints it through this."""
+    out = []
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            continue
+        h = _HEAD.match(line)
+        if h:
+            line = h.group(2)
+        parts = re.split(r"(`[^`]+`)", line)
+        done = []
+        for p in parts:
+            if len(p) > 1 and p.startswith("`") and p.endswith("`"):
+                done.append(p[1:-1])
+                continue
+            for rx, rep in _PLAIN:
+                p = rx.sub(rep, p)
+            done.append(p)
+        out.append("".join(done))
+    return "\n".join(out)

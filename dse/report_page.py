@@ -151,7 +151,7 @@ def png(front, bg, path: Path, x, y, color=None, knee_row=None) -> None:
     pages.style_axes(ax)
     ax.legend(loc="best", fontsize=pages.FONT_PT - 2)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, dpi=pages.PNG_DPI)
     plt.close(fig)
 
 

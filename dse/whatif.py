@@ -369,7 +369,7 @@ def _reopt_plot(o: Path, res: dict, space) -> Path:
     fig.suptitle("re-optimized vs re-scored old front")
     fig.tight_layout()
     f = o / "reoptimized.png"
-    fig.savefig(f)
+    fig.savefig(f, dpi=pages.PNG_DPI)
     plt.close(fig)
     return f
 
@@ -409,7 +409,7 @@ def _write(o, space, overrides, moved, new_front, ok, sens, res=None, band=None)
     ax.set_title("what moves the front (median elasticity over it, +-20%)")
     pages.style_axes(ax)
     fig.tight_layout()
-    fig.savefig(o / "tornado.png")
+    fig.savefig(o / "tornado.png", dpi=pages.PNG_DPI)
     plt.close(fig)
     import base64
 

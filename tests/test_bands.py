@@ -15,6 +15,7 @@ from dse import bands as B
 from dse import catalog_tables
 from dse.build import resolve
 from dse.cli import main
+from dse.fields import label
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
 
@@ -216,7 +217,8 @@ def test_whatif_bands_and_bands_off(run, tmp_path, capsys):
     off, on = tmp_path / "off", tmp_path / "on"
     args = ["whatif", str(run), "--scale", "accelerator.hbm_bw_bytes_per_s=1.5", "--quiet"]
     assert main(args + ["--out", str(off), "--bands", "0"]) == 0
-    assert "; uncertainty bands off (`--bands 0`)" in capsys.readouterr().out.splitlines()[0]
+    # the terminal shows the page's lines without Markdown markers (dse.pages.plain)
+    assert "; uncertainty bands off (--bands 0)" in capsys.readouterr().out.splitlines()[0]
     assert main(args + ["--out", str(on), "--bands", "8"]) == 0
     assert "Uncertainty bands" not in (off / "whatif.md").read_text()
     assert not (off / "bands.json").exists()
@@ -234,17 +236,23 @@ def test_whatif_bands_and_bands_off(run, tmp_path, capsys):
     assert all(ln.endswith("; uncertainty bands off (`--bands 0`)") for ln in off_lines)
     assert nominal == [ln.split("; uncertainty bands off")[0] for ln in off_lines]
     out = capsys.readouterr().out
+    assert "**" not in out and "`" not in out
+    assert not any(ln.lstrip().startswith("#") for ln in out.splitlines())
     # the terminal leads with each objective's change and its band, then the band details
-    first = out.index("median change **")
+    first = out.index("median change ")
     assert first < out.index("Uncertainty bands") < out.index("wrote ")
-    lead = [ln for ln in out.splitlines() if "median change **" in ln and "90% band" in ln]
+    lead = [ln for ln in out.splitlines() if "median change " in ln and "90% band" in ln]
     assert len(lead) == len(band["objectives"])
     for ln, (m, o) in zip(lead, band["objectives"].items()):
         b = o["median_change"]
-        assert f"90% band {b['lo'] * 100:+.1f}%..{b['hi'] * 100:+.1f}%" in ln, m
+        med, lo, hi = B.band_strings((b["median"], b["lo"], b["hi"]), B.pct, 1)
+        assert f"90% band {lo}..{hi} (median {med}, 8 samples)" in ln, m
+        assert ln.startswith(f"- {label(m)}: median change "), m
         assert "what would change it: the " in ln
         assert ("its sign is resolved" in ln) == (not o["words"]), m
-    assert "usd_per_mtok_output: median change over the front" in out
+    # the band section names each objective by its label with its unit
+    assert "- output cost [$/Mtok]: median change over the front " in out
+    assert "- TPOT [s]: median change over the front " in out
 
 
 def test_compare_a_run_with_itself_is_not_resolved(run, tmp_path, capsys):
@@ -256,6 +264,11 @@ def test_compare_a_run_with_itself_is_not_resolved(run, tmp_path, capsys):
         assert B.NOT_RESOLVED in o["words"]
         assert o["a"]["lo"] <= o["a"]["median"] <= o["a"]["hi"]
     assert B.NOT_RESOLVED in (out / "compare.md").read_text()
+    text = capsys.readouterr().out
+    assert "**" not in text and "`" not in text
+    assert "- best TPOT [s] (minimize): A " in text
+    assert "- minimize TPOT [s]: A " in text and "- minimize output cost [$/Mtok]: A " in text
+    assert "A is better in 50% of the samples (P(A better) = 0.50)" in text
 
 
 def test_bad_bands_exit_2(run, tmp_path, capsys):
@@ -281,10 +294,16 @@ def test_sample_view_vectorized_and_per_sample_paths_agree(monkeypatch):
         np.testing.assert_allclose(fast[m], slow[m], rtol=1e-12)
 
 
-def test_answer_numbers_get_bands(tmp_path):
-    from dse.questions import QUESTIONS_DIR, answer_space
-    out = answer_space(str(QUESTIONS_DIR / "rack-goodput.toml"), out=str(tmp_path / "r"),
-                       run_dir=str(tmp_path / "run"), bands=4)
+def test_answer_numbers_get_bands(tmp_path, capsys):
+    from dse.questions import QUESTIONS_DIR
+    out = tmp_path / "r"
+    assert main(["answer", str(QUESTIONS_DIR / "rack-goodput.toml"), "--out", str(out),
+                 "--run-dir", str(tmp_path / "run"), "--bands", "4", "--quiet"]) == 0
+    # the terminal prints the first lines without Markdown markers
+    printed = capsys.readouterr().out
+    assert "90% band" in printed and "what would change it" in printed
+    assert "**" not in printed and "`" not in printed
+    assert not any(ln.lstrip().startswith("#") for ln in printed.splitlines())
     doc = json.loads((out / "answer.json").read_text())
     nums = doc["bands"]["numbers"]
     assert doc["bands"]["samples"] == 4 and nums
@@ -302,6 +321,8 @@ def test_answer_numbers_get_bands(tmp_path):
     assert spreads == sorted(spreads, reverse=True)
     first = first_lines(out).splitlines()[0]
     assert "90% band" in first and "what would change it: the " in first
+    from dse.pages import plain
+    assert plain(first) in printed.splitlines()
     assert ("the ranking is resolved" in first) == (lead["pick_share"] >= 0.95)
     readme = (out / "README.md").read_text()
     assert readme.split("## Answer\n\n", 1)[1].startswith(first)
@@ -380,7 +401,8 @@ def test_first_lines_give_the_band_the_resolution_and_what_changes_it():
     assert a["groups"]["moe"]["pick_changes"] == pytest.approx(0.25)
     text = _bands.lead_markdown(items, None).splitlines()
     assert text[0].startswith("- **Price: $2/Mtok**, 90% band $")
-    assert f"which design wins is {B.NOT_RESOLVED} (7 in 60%, 9 in 40%" in text[0]
+    assert (f"which design wins is {B.NOT_RESOLVED}: design 7 is picked in 60% of the samples, "
+            "9 in 40%;") in text[0]
     assert "what would change it: the MoE grouped-GEMM parameters" in text[0]
     assert text[0].index("MoE grouped-GEMM") < text[0].index("then the GEMM")
     # the change's band crosses 0: its sign is said not resolved
@@ -390,7 +412,11 @@ def test_first_lines_give_the_band_the_resolution_and_what_changes_it():
     assert "its sign is resolved (the band stays below 0%)" in resolved
     values["m.design"] = [7.0] * 10
     first = _bands.lead_markdown(_bands.leads(ans, values, attr), None).splitlines()[0]
-    assert "the ranking is resolved (design 7 wins in 100% of the samples)" in first
+    assert "the ranking is resolved: design 7 is picked in >= 95% of the samples (100%)" in first
+    values["m.design"] = [7.0] * 19 + [9.0]                   # 95%: resolved, said the same way
+    values["m.cost"] = cost * 2
+    first = _bands.lead_markdown(_bands.leads(ans, values, attr), None).splitlines()[0]
+    assert "the ranking is resolved: design 7 is picked in >= 95% of the samples (95%)" in first
 
 
 def test_first_lines_with_bands_off_say_so():
@@ -400,3 +426,189 @@ def test_first_lines_with_bands_off_say_so():
                     "resolution, no attribution)",
                     "- **Cost change: -1.0%** (uncertainty bands off, `--bands 0`: no band, no "
                     "resolution, no attribution)"]
+
+
+# ------------------------------------------------------------------ one band formatter
+
+def test_band_strings_never_collapse():
+    assert B.text(1.0, 0.5, 2.0) == "1 [0.5..2]"
+    assert B.text(2.0, 2.0, 2.0) == "2 [2..2]"                 # equal values stay short
+    assert B.text(1.2001, 1.2, 1.2002) == "1.2001 [1.2..1.2002]"
+    assert B.text(0.0101, 0.0100, 0.0102, B.pct, 1) == "+1.01% [+1.00%..+1.02%]"
+    assert B.text(11585.0, 11585.0, 23170.0) == "11,585 [11,585..23,170]"
+    # a difference of rounding (1e-16) is not a reason for 10 digits
+    assert B.band_strings((0.3, 0.3 + 1e-16)) == ["0.3", "0.3"]
+    from dse.questions._bands import band_text, range_text
+    assert band_text(0.3171, 0.3170, 0.3172, "$/Mtok") == ("$0.3171/Mtok",
+                                                           "$0.317/Mtok..$0.3172/Mtok")
+    assert band_text(135.2, 135.1, 135.3, "requests/s") == ("135.2 requests/s",
+                                                            "135.1..135.3 requests/s")
+    assert band_text(-1.02, -1.04, -1.01, "%") == ("-1.02%", "-1.04%..-1.01%")
+    assert range_text(1.0, 1.15, "x") == "1x..1.15x"
+    from dse.bands_report import whatif_lines
+    band = {"samples": 8, "seed": 0, "note": "n", "objectives": {"tpot_s": {
+        "median_change": {"median": 0.0102, "lo": 0.0101, "hi": 0.0104}, "designs": 3,
+        "designs_sign_unresolved": 0, "words": ""}}}
+    assert "- TPOT [s]: median change over the front +1.02% [+1.01%..+1.04%]" in \
+        whatif_lines(band)
+
+
+def test_pick_wording_is_one_rule():
+    assert B.shares_words({"7": 1.0}, "7") == "7 is picked in >= 95% of the samples (100%)"
+    assert B.shares_words({"7": 0.95, "9": 0.05}, "7") == \
+        "7 is picked in >= 95% of the samples (95%)"
+    # 94.9% is said as 94% (rounded down), never as a 95% that reads resolved
+    assert B.shares_words({"7": 0.949, "9": 0.051}, "7") == \
+        "7 is picked in 94% of the samples, 9 in 5%"
+    assert B.shares_words({"9": 0.7, "7": 0.2, "8": 0.1}, "7", "") == \
+        "7 in 20% of the samples, 9 in 70%, 8 in 10%"
+    assert B.ranking_words(0.96) == "" and B.ranking_words(0.04) == ""
+    assert B.ranking_words(0.6) == (f"which of A and B is better is {B.NOT_RESOLVED}: A is better "
+                                    "in 60% of the samples (P(A better) = 0.60)")
+    # an answer's text values use the same rule and the same words
+    from dse.questions import _bands
+    nominal = {"best": "h200", "other": "b200"}
+    values = {"best": ["h200"] * 19 + ["b200"], "other": ["b200"] * 9 + ["h200"]}
+    band = _bands.summarize(nominal, values, 20, 0, "note")
+    assert band["numbers"]["best"]["words"] == ""
+    assert band["numbers"]["other"]["words"] == f"which value it takes is {B.NOT_RESOLVED}"
+    md = _bands.markdown(band)
+    assert "- `best`: h200; h200 in >= 95% of the samples (95%)" in md
+    assert (f"- `other`: b200; b200 in 90% of the samples, h200 in 10% — which value it takes is "
+            f"{B.NOT_RESOLVED}") in md
+
+
+# ------------------------------------------------------------------ groups together
+
+def test_draw_sets_are_the_groups_varied_together():
+    groups, single = B.draw_groups(4, 0)
+    sets, d = B.draw_sets(4, 0, [("gemm", "attention"), groups])
+    assert sets == (("gemm", "attention"), groups) and d.n == 8
+    i, j = groups.index("gemm"), groups.index("attention")
+    # each parameter belongs to one group: a union's factors are its groups' factors multiplied
+    np.testing.assert_allclose(d.kernel[:4], single.kernel[i * 4:i * 4 + 4]
+                               * single.kernel[j * 4:j * 4 + 4], rtol=1e-12)
+    assert (d.eff[:4] == 1.0).all()                           # end-to-end held
+    # the set of every sampled group is the full draw's first samples
+    full = B.draw(16, 0)
+    np.testing.assert_array_equal(d.kernel[4:], full.kernel[:4])
+    np.testing.assert_array_equal(d.eff[4:], full.eff[:4])
+    with pytest.raises(ValueError, match="unknown parameter groups"):
+        B.draw_sets(4, 0, [("gemm", "nvlink")])
+
+
+def test_greedy_unions_grows_the_smallest_union_one_call_per_round():
+    weight = {"a": 3.0, "b": 2.0, "c": 1.5, "d": 0.1}
+    calls = []
+
+    def evaluate(sets):
+        calls.append(sorted("".join(sorted(s)) for s in sets))
+        return {s: sum(weight[g] for g in s) for s in sets}
+
+    def target(x):
+        return (lambda r: (r,), lambda r: r >= x)
+
+    found = B.greedy_unions("abcd", evaluate, [target(2.5), target(4.6), target(6.0),
+                                               target(99.0)])
+    assert [f["groups"] for f in found] == [("a",), ("a", "b"), ("a", "b", "c"),
+                                            ("a", "b", "c", "d")]
+    assert [f["met"] for f in found] == [True, True, True, False]
+    assert [f["result"] for f in found] == pytest.approx([3.0, 5.0, 6.5, 6.6])
+    # singles, then each round's sets for every open target in one call
+    assert calls == [["a", "b", "c", "d"], ["ab", "ac", "ad"], ["abc", "abd"], ["abcd"]]
+    # a pre-filled cache is not evaluated again
+    calls.clear()
+    B.greedy_unions("abcd", evaluate, [target(6.0)],
+                    cache={frozenset(g): weight[g] for g in "abcd"})
+    assert calls == [["ab", "ac", "ad"], ["abc", "abd"]]
+
+
+def _together_module(T, groups):
+    """An analysis whose number moves only when the GEMM and attention parameters move
+    together: 1 + (sum of the GEMM log factors) x (sum of the attention ones)."""
+    from types import SimpleNamespace
+
+    from dse.questions import Answer, Lead
+    kpos = {k: j for j, k in enumerate(T.kernel_keys)}
+    idx = {g: sorted({kpos[p] for f in B.families() if f.group == g for p in f.params
+                      if p in kpos}) for g in groups}
+
+    def answer(ctx):
+        x = 1.0
+        if ctx.sample is not None:
+            lg = np.log(ctx.sample.shared.draws.kernel[ctx.sample.k])
+            x = 1.0 + float(lg[..., idx["gemm"]].sum() * lg[..., idx["attention"]].sum())
+        return Answer("- x", numbers={"x": x}, lead=(Lead("x", "X", "x", versus=1.0),))
+    return SimpleNamespace(answer=answer)
+
+
+def test_answer_attribution_names_the_groups_that_move_it_together(monkeypatch):
+    from dse.questions import Context, _bands
+    from dse.space import load_space
+    space = load_space(str(QUICK))
+    groups = B.draw_groups(1, 0)[0]
+    mod = _together_module(catalog_tables.tables(), groups)
+
+    def make(f, tmp, sample):
+        return Context(space, None, tmp, {}, f, sample)
+    front = pd.DataFrame()
+    ans = mod.answer(make(front, None, None))
+    got = _bands.sampled_answers(mod, make, space, front, 16, 0)
+    calls = []
+    real = _bands.sampled_answers
+
+    def counted(*a, **k):
+        calls.append(k["draws"].n)
+        return real(*a, **k)
+    monkeypatch.setattr(_bands, "sampled_answers", counted)
+    attr = _bands.attribution(mod, make, space, front, 16, 0, ans=ans, values=got["values"])
+    # singles (8 samples each), then one call for the second round: GEMM (first of the equal
+    # singles) with each other group; GEMM + attention reproduces it
+    assert calls == [8 * len(groups), 8 * (len(groups) - 1)]
+    t = attr["together"]["x"]
+    assert t["groups"] == ["gemm", "attention"] and t["met"] and t["needs"] == ["band", "sign"]
+    x = _bands.leads(ans, got["values"], attr)[0]
+    assert all(g["spread"] == 0 for g in x["groups"].values())      # no group alone moves it
+    # with both groups varied and every other held, the number is the full draw's
+    lo, med, hi = np.percentile(got["values"]["x"][:8], [5, 50, 95])
+    assert (x["together"]["lo"], x["together"]["hi"]) == pytest.approx((lo, hi))
+    assert not x["side_resolved"]
+    line = _bands.lead_markdown([x], None)
+    assert ("what would change it: no fitted parameter group moves it on its own (8 samples "
+            "per group); no group alone reproduces its unresolved side of 1x and 50% of its "
+            "band's width: the GEMM and attention parameters together do (together they move it "
+            f"{_bands.range_text(lo, hi, 'x')})") in line
+    # not even a smaller union: said so
+    x["together"]["met"] = False
+    assert "nor does any union of fewer than all 2 groups: only all of them together, as " \
+        "in the full 16 samples" in _bands.lead_markdown([x], None)
+
+
+def test_whatif_and_compare_name_the_groups_that_move_it_together():
+    from dse.bands_report import by_group, changes_words, together
+    groups, single_d = B.draw_groups(8, 0)
+    T = catalog_tables.tables()
+    kpos = {k: j for j, k in enumerate(T.kernel_keys)}
+    idx = {g: sorted({kpos[p] for f in B.families() if f.group == g for p in f.params
+                      if p in kpos}) for g in groups}
+    calls = []
+
+    def stat_of(d):                  # a change that moves only when GEMM and attention both do
+        calls.append(d.n)
+        lg = np.log(d.kernel)
+        s = {g: lg[..., idx[g]].reshape(d.n, -1).sum(axis=1) for g in ("gemm", "attention")}
+        return {"tpot_s": 0.01 * s["gemm"] * s["attention"], "ttft_s": 0.01 * s["gemm"]}
+    full, single = stat_of(B.draw(16, 0)), stat_of(single_d)
+    calls.clear()
+    t = together(groups, 8, 0, stat_of, full, single)
+    assert calls == [8 * (len(groups) - 1)]                  # one round, every set in one go
+    assert list(t) == ["tpot_s"]                              # GEMM alone moves ttft_s
+    assert t["tpot_s"]["groups"] == ["gemm", "attention"] and t["tpot_s"]["met"]
+    lo, hi = np.percentile(full["tpot_s"][:8], [5, 95])
+    assert (t["tpot_s"]["lo"], t["tpot_s"]["hi"]) == pytest.approx((lo, hi))
+    words = changes_words(by_group(single["tpot_s"], groups, 8), t["tpot_s"], 16, 8,
+                          "the unresolved ranking")
+    assert words == ("what would change it: no fitted parameter group moves it on its own; no "
+                     "group alone reproduces the unresolved ranking and 50% of its band's width: "
+                     "the GEMM and attention parameters together do (together they move it "
+                     + "..".join(B.band_strings((lo, hi), B.pct, 1)) + ")")

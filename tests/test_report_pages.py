@@ -161,3 +161,38 @@ def test_trial_counts_add_up_when_workers_overshoot():
     assert completed_words({"trials_completed": 180, "trials_total": 200}, "trials") == "180 of 200"
     words = completed_words({"trials_completed": 232, "trials_total": 200}, "trials")
     assert words.startswith("232 (the target 200 and 32 more")
+
+
+def test_plain_terminal_text_has_no_markdown_markers():
+    from dse.pages import plain
+    md = ("# What if: quickstart\n\n- TPOT [s]: median change **-6.7%** (`--bands 0`), *not* "
+          "2*3*4\n## Uncertainty bands\n```\ncode\n```\nsee [the page](index.html) "
+          "![f](front.png)\n| a | b |\n|---|---|")
+    assert plain(md).splitlines() == [
+        "What if: quickstart", "", "- TPOT [s]: median change -6.7% (--bands 0), not 2*3*4",
+        "Uncertainty bands", "code", "see the page (index.html) front.png", "| a | b |",
+        "|---|---|"]
+    assert plain("a `**literal**` code span") == "a **literal** code span"   # code is literal
+
+
+def test_every_png_is_saved_at_print_resolution(tmp_path):
+    import struct
+
+    from dse import pages
+    from dse.questions import Context
+    from dse.questions._common import pyplot, save
+    # every savefig of the pages and the questions passes the one constant
+    calls = [(f, ln) for f in (ROOT / "dse").rglob("*.py") for ln in f.read_text().splitlines()
+             if ".savefig(" in ln]
+    assert len(calls) >= 5
+    for f, ln in calls:
+        assert "dpi=pages.PNG_DPI" in ln or "dpi=PNG_DPI" in ln, (f, ln)
+    assert not [f for f in (ROOT / "dse").rglob("*.py") if "dpi=110" in f.read_text()]
+    # a question's figure: its inches at PNG_DPI pixels
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([0, 1], [0, 1])
+    ctx = Context(None, tmp_path, tmp_path, {}, pd.DataFrame())
+    name = save(fig, ctx, "f.png")
+    w, h = struct.unpack(">II", (tmp_path / name).read_bytes()[16:24])
+    assert pages.PNG_DPI == 200 and (w, h) == (1400, 900)

@@ -165,7 +165,8 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
         band = _bands.summarize(ans.numbers, got["values"], bands, seed, got["draws"].note)
         values = got["values"]
         if ans.lead:
-            attr = _bands.attribution(mod, make, space, front, bands, seed, progress)
+            attr = _bands.attribution(mod, make, space, front, bands, seed, progress, ans,
+                                      values)
     lead = _bands.leads(ans, values, attr)
     _write(o, space, ans, d, previous, band, lead)
     return o
@@ -173,7 +174,8 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
 
 def first_lines(out) -> str:
     """The first lines of a written answer (``OUT/answer.json``): its lead numbers with their
-    bands, resolution and what would change them, as the terminal prints them."""
+    bands, resolution and what would change them, in Markdown (the terminal prints them
+    through ``dse.pages.plain``)."""
     try:
         doc = json.loads((Path(out) / "answer.json").read_text())
     except (OSError, ValueError):

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from dse.errors import InputError
+from dse.pages import plain
 from dse.questions import QUESTIONS_DIR, answer_space, first_lines
 
 
@@ -41,7 +42,7 @@ def main(argv=None) -> int:
         print(f"{f.stem}: {out} ({time.monotonic() - t0:.1f} s)")
         lines = first_lines(out)
         if lines:
-            print(lines)
+            print(plain(lines))
     if not a.names:
         write_index(Path("reports"), files)
     return 0

@@ -145,15 +145,15 @@ def summarize(nominal: dict, values: dict, n: int, seed: int, note: str) -> dict
         elif isinstance(base, str):
             seen = [str(v) for v in vs if v is not None]
             share = {v: seen.count(v) / max(len(seen), 1) for v in dict.fromkeys(seen)}
-            words = "" if len(share) <= 1 or max(share.values()) >= 0.95 else \
+            words = "" if not seen or B.pick_resolved(share.get(base, 0.0)) else \
                 f"which value it takes is {B.NOT_RESOLVED}"
             out[key] = {"nominal": base, "shares": share, "words": words}
     return {"samples": int(n), "seed": int(seed), "note": note, "numbers": out}
 
 
-def _num(v) -> str:
+def _num(v, digits: int = 3) -> str:
     from dse.questions._common import fmt
-    return fmt(v, 3)
+    return fmt(v, digits)
 
 
 def _moves(b: dict) -> bool:
@@ -174,10 +174,9 @@ def markdown(band: dict, limit: int = 24) -> str:
     for key, b in moving[:limit]:
         if "median" in b:
             line = (f"- `{key}`: {_num(b['nominal'])}; under the samples "
-                    f"{B.text(b['median'], b['lo'], b['hi'], _num)}")
+                    f"{B.text(b['median'], b['lo'], b['hi'], _num, 3)}")
         else:
-            shares = ", ".join(f"{v} in {s:.0%}" for v, s in b["shares"].items())
-            line = f"- `{key}`: {b['nominal']}; under the samples {shares}"
+            line = f"- `{key}`: {b['nominal']}; " + B.shares_words(b["shares"], b["nominal"], "")
         if b["words"]:
             line += f" — {b['words']}"
         lines.append(line)
@@ -195,19 +194,60 @@ def markdown(band: dict, limit: int = 24) -> str:
 ATTR_SAMPLES = B.GROUP_SAMPLES   # samples per parameter group, "what would change it"
 
 
+def _part(values: dict, i: int, k: int) -> dict:
+    return {key: vs[i * k:(i + 1) * k] for key, vs in values.items()}
+
+
 def attribution(mod, make_context, space, front, n: int, seed: int = 0,
-                progress: bool = False) -> dict:
+                progress: bool = False, ans=None, values: dict | None = None) -> dict:
     """The analysis under each parameter group alone (``dse.bands.draw_groups``: the group's
     first ``min(n, ATTR_SAMPLES)`` samples of the full draw, every other group at its fitted
     value), all groups' samples scored together: {"samples_per_group", "groups": {group:
-    {key: [value per sample]}}}."""
+    {key: [value per sample]}}}.
+
+    With the answer ``ans`` and its full samples' ``values``: for each lead number that no
+    single group reproduces (its unresolved sign or pick, or ``dse.bands.BAND_SHARE`` of its
+    band's width: ``dse.bands.needs``), the smallest union of groups that together do, grown
+    greedily (``dse.bands.greedy_unions``; each round's sets drawn by ``dse.bands.draw_sets`` and
+    answered in one ``sampled_answers`` call): "together": {lead key: {"groups", "met",
+    "needs", "values"}}. The set of every group is the full draw's first samples (no re-run)."""
     k = min(int(n), ATTR_SAMPLES)
     groups, d = B.draw_groups(k, seed)
     got = sampled_answers(mod, make_context, space, front, d.n, seed, progress, draws=d,
                           what="what would change it")
-    per = {g: {key: vs[i * k:(i + 1) * k] for key, vs in got["values"].items()}
-           for i, g in enumerate(groups)}
-    return {"samples_per_group": k, "groups": per}
+    per = {g: _part(got["values"], i, k) for i, g in enumerate(groups)}
+    out = {"samples_per_group": k, "groups": per}
+    if ans is None or values is None or len(groups) < 2:
+        return out
+    nominal = _flat(ans.numbers)
+    todo = []
+    for ld in ans.lead:
+        if not isinstance(nominal.get(ld.key), float):
+            continue
+        pick = nominal.get(ld.pick) if ld.pick else None
+        needs = _needs(ld, pick, values, k)
+        if needs:
+            todo.append((ld, pick, needs))
+    if not todo:
+        return out
+    cache = {frozenset((g,)): per[g] for g in groups}
+    cache[frozenset(groups)] = {key: vs[:k] for key, vs in values.items()}
+
+    def evaluate(sets):
+        ordered = [tuple(g for g in groups if g in s) for s in sets]
+        _, dd = B.draw_sets(k, seed, ordered)
+        r = sampled_answers(mod, make_context, space, front, dd.n, seed, progress, draws=dd,
+                            what="parameter groups together")
+        return {s: _part(r["values"], i, k) for i, s in enumerate(sets)}
+
+    targets = [(lambda v, ld=ld, pk=pk, nd=nd: _score(_stats(ld, v, pk), nd),
+                lambda v, ld=ld, pk=pk, nd=nd: B.needs_met(_stats(ld, v, pk), nd) == len(nd))
+               for ld, pk, nd in todo]
+    found = B.greedy_unions(groups, evaluate, targets, cache)
+    out["together"] = {ld.key: {"groups": list(f["groups"]), "met": f["met"],
+                                "needs": sorted(nd), "values": f["result"]}
+                       for (ld, _, nd), f in zip(todo, found) if len(f["groups"]) > 1}
+    return out
 
 
 def _same(a, b) -> bool:
@@ -216,45 +256,79 @@ def _same(a, b) -> bool:
     return str(a) == str(b)
 
 
+def _stats(lead, vals: dict, pick_nominal) -> dict:
+    """A lead number's band under some samples (``vals``: {key: [value per sample]}) and the
+    share of them in which its pick differs from ``pick_nominal``."""
+    y = np.array([u if isinstance(u, float) else np.nan for u in vals.get(lead.key, [])])
+    med, lo, hi = (float(u) for u in B.summary(y))
+    flips = 0.0
+    if lead.pick and lead.pick in vals:
+        ps = [u for u in vals[lead.pick] if u is not None]
+        flips = float(np.mean([not _same(u, pick_nominal) for u in ps])) if ps else 0.0
+    return {"median": med, "lo": lo, "hi": hi,
+            "spread": float(hi - lo) if np.isfinite(hi - lo) else 0.0, "pick_changes": flips}
+
+
+def _side_resolved(st: dict, v: float) -> bool:
+    return B.sign_resolved(st["lo"], st["hi"], versus=v)
+
+
+def _needs(lead, pick_nominal, values: dict, k: int) -> dict:
+    """What a set of parameter groups must reproduce of a lead number's full band
+    (``dse.bands.needs``): the band with every group varied is the full draw's first ``k``
+    samples, as many as each set gets."""
+    ref = _stats(lead, {key: vs[:k] for key, vs in values.items()}, pick_nominal)
+    return B.needs(ref, _stats(lead, values, pick_nominal), lead.versus, bool(lead.pick))
+
+
+def _score(st: dict, needs: dict) -> tuple:
+    """Larger is better: the needs met, then the band's width, then how often the pick moves."""
+    return (B.needs_met(st, needs), st["spread"], st["pick_changes"])
+
+
 def _label(v) -> str:
     if isinstance(v, float) and v.is_integer():
         return f"{int(v):,}"
     return str(v) if not isinstance(v, float) else _num(v)
 
 
-def value_text(v, unit: str = "") -> str:
+def value_text(v, unit: str = "", digits: int = 3) -> str:
     """A lead number with its unit: ``3.01x``, ``-9.5%``, ``85.4%`` (a share), ``$0.317/Mtok``,
-    ``136 requests/s per rack``."""
+    ``136 requests/s per rack``; ``digits`` significant digits (percentages: ``digits - 2``
+    decimals)."""
     from dse.questions._common import fmt
     if v is None or not np.isfinite(v):
         return "-"
     if unit == "x":
-        return f"{fmt(v)}x"
+        return f"{fmt(v, digits)}x"
     if unit == "%":
-        return f"{v:+.1f}%"
+        return f"{v:+.{max(digits - 2, 0)}f}%"
     if unit == "share":
-        return f"{v * 100:.1f}%"
+        return f"{v * 100:.{max(digits - 2, 0)}f}%"
     if unit == "$/Mtok":
-        return f"${fmt(v)}/Mtok"
-    return f"{fmt(v)} {unit}".strip()
+        return f"${fmt(v, digits)}/Mtok"
+    return f"{fmt(v, digits)} {unit}".strip()
+
+
+def _join(lo: str, hi: str, unit: str) -> str:
+    """``lo..hi``, a unit written after the numbers once (``135..142 requests/s per rack``)."""
+    tail = f" {unit}" if unit not in ("", "x", "%", "share", "$/Mtok") else ""
+    if tail and lo.endswith(tail):
+        lo = lo[:-len(tail)]
+    return f"{lo}..{hi}"
+
+
+def band_text(med, lo, hi, unit: str = "") -> tuple[str, str]:
+    """(the median, ``lo..hi``) with the unit, from ``dse.bands.band_strings``: enough digits that
+    a band that moves does not print as ``x..x`` or its median as one of its bounds."""
+    m, a, b = B.band_strings((med, lo, hi), lambda v, d: value_text(v, unit, d), 3)
+    return m, _join(a, b, unit)
 
 
 def range_text(lo, hi, unit: str = "") -> str:
-    """``2.9x..3.1x``, ``$0.31/Mtok..$0.33/Mtok``, ``135..142 requests/s per rack`` (a unit
-    written after the numbers once)."""
-    from dse.questions._common import fmt
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return f"{value_text(lo, unit)}..{value_text(hi, unit)}"
-    digits = 3            # enough digits that a band that moves does not print as x..x
-    while digits < 6 and lo != hi and fmt(lo, digits) == fmt(hi, digits):
-        digits += 1
-    if unit == "x":
-        return f"{fmt(lo, digits)}x..{fmt(hi, digits)}x"
-    if unit == "$/Mtok":
-        return f"${fmt(lo, digits)}/Mtok..${fmt(hi, digits)}/Mtok"
-    if unit in ("%", "share"):
-        return f"{value_text(lo, unit)}..{value_text(hi, unit)}"
-    return f"{fmt(lo, digits)}..{fmt(hi, digits)} {unit}".strip()
+    """``2.9x..3.1x``, ``$0.31/Mtok..$0.33/Mtok``, ``135..142 requests/s per rack``."""
+    a, b = B.band_strings((lo, hi), lambda v, d: value_text(v, unit, d), 3)
+    return _join(a, b, unit)
 
 
 def _shares(vs) -> dict:
@@ -280,52 +354,50 @@ def _one(lead, nominal: dict, values: dict | None, attr: dict | None) -> dict | 
     med, lo, hi = (float(u) for u in B.summary(x))
     out.update(samples=len(x), median=med, lo=lo, hi=hi)
     if lead.versus is not None and np.isfinite(lo):
-        out["side_resolved"] = bool(lo >= lead.versus - 1e-9 or hi <= lead.versus + 1e-9)
+        out["side_resolved"] = _side_resolved({"lo": lo, "hi": hi}, lead.versus)
     if lead.pick and lead.pick in values:
         sh = _shares(values[lead.pick])
         out["pick_shares"] = sh
-        out["pick_share"] = float(sh.get(_label(out["pick_nominal"]), 0.0))             if out["pick_nominal"] is not None else 0.0
+        out["pick_share"] = float(sh.get(_label(out["pick_nominal"]), 0.0)) \
+            if out["pick_nominal"] is not None else 0.0
     if attr:
-        groups = {}
-        for g, vals in attr["groups"].items():
-            y = np.array([u if isinstance(u, float) else np.nan for u in vals.get(lead.key, [])])
-            gm, gl, gh = (float(u) for u in B.summary(y))
-            flips = 0.0
-            if lead.pick and lead.pick in vals:
-                ps = [u for u in vals[lead.pick] if u is not None]
-                flips = float(np.mean([not _same(u, out.get("pick_nominal")) for u in ps]))                     if ps else 0.0
-            groups[g] = {"median": gm, "lo": gl, "hi": gh,
-                         "spread": float(gh - gl) if np.isfinite(gh - gl) else 0.0,
-                         "pick_changes": flips}
+        pn = out.get("pick_nominal")
+        groups = {g: _stats(lead, vals, pn) for g, vals in attr["groups"].items()}
         out["groups"] = dict(sorted(groups.items(), key=lambda kv: -kv[1]["spread"]))
         out["samples_per_group"] = attr["samples_per_group"]
+        tog = (attr.get("together") or {}).get(lead.key)
+        if tog:
+            out["together"] = {"groups": list(tog["groups"]), "met": bool(tog["met"]),
+                               "needs": list(tog["needs"]), **_stats(lead, tog["values"], pn)}
     return out
 
 
 def leads(ans, values: dict | None = None, attr: dict | None = None) -> list[dict]:
     """The answer's lead numbers (``Answer.lead``) as JSON-able dicts: the nominal value, and
     with bands its median and 90% band, whether its side of ``versus`` and its pick hold in the
-    samples, and per parameter group alone (``attribution``) its band and how often the pick
-    changes, widest first. One helper for every question."""
+    samples, per parameter group alone (``attribution``) its band and how often the pick
+    changes, widest first, and where no group alone reproduces what the band says, the union
+    of groups that together do ("together"). One helper for every question."""
     nominal = _flat(ans.numbers)
     out = [_one(ld, nominal, values, attr) for ld in ans.lead]
     return [x for x in out if x is not None]
 
 
+def _ref(x: dict) -> str:
+    return value_text(x["versus"], x["unit"]) if x["unit"] not in ("%",) else f"{x['versus']:g}%"
+
+
 def _resolution(x: dict) -> list[str]:
     parts = []
-    if x.get("pick"):
-        share = x.get("pick_share", 0.0)
-        what = f"{x['pick_label']} {_label(x['pick_nominal'])}"
-        if share >= 0.95:
-            parts.append(f"the ranking is resolved ({what} wins in {share:.0%} of the samples)")
+    if x.get("pick") and "pick_shares" in x:
+        words = B.shares_words(x["pick_shares"], _label(x["pick_nominal"]), "is picked")
+        if B.pick_resolved(x.get("pick_share", 0.0)):
+            parts.append(f"the ranking is resolved: {x['pick_label']} {words}")
         else:
-            alts = ", ".join(f"{k} in {s:.0%}" for k, s in list(x["pick_shares"].items())[:3])
-            parts.append(f"which {x['pick_label']} wins is {B.NOT_RESOLVED} ({alts} of the "
-                         "samples)")
+            parts.append(f"which {x['pick_label']} wins is {B.NOT_RESOLVED}: "
+                         f"{x['pick_label']} {words}")
     if x.get("versus") is not None and "side_resolved" in x:
-        ref = value_text(x["versus"], x["unit"]) if x["unit"] not in ("%",) else \
-            f"{x['versus']:g}%"
+        ref = _ref(x)
         if x["side_resolved"]:
             v, tol = x["versus"], 1e-9
             side = ("above" if x["lo"] > v + tol else "at or above" if x["hi"] > v + tol
@@ -339,6 +411,23 @@ def _resolution(x: dict) -> list[str]:
     return parts
 
 
+def _together(x: dict) -> str:
+    """``; no group alone reproduces <what>: the GEMM and attention parameters together do
+    (together they move it ...)``, from ``attribution``'s greedy union."""
+    t = x.get("together")
+    if not t:
+        return ""
+    moves = f"move it {range_text(t['lo'], t['hi'], x['unit'])}"
+    if x.get("pick") and t["pick_changes"]:
+        moves += (f" and change the {x['pick_label']} in {B.share_text(t['pick_changes'])} of "
+                  "the samples")
+    sign = "its unresolved sign" if x.get("versus") == 0 else \
+        f"its unresolved side of {_ref(x)}" if x.get("versus") is not None else ""
+    what = B.needs_words(t["needs"], sign, f"the unresolved {x['pick_label']}")
+    return B.together_words(t["groups"], t["met"], what, moves, x["samples"],
+                            x["samples_per_group"])
+
+
 def _changes(x: dict) -> str:
     from dse.bands import GROUP_NAMES
     if "groups" not in x:
@@ -346,20 +435,16 @@ def _changes(x: dict) -> str:
     moving = [(g, b) for g, b in x["groups"].items() if b["spread"] > 0 or b["pick_changes"]]
     if not moving:
         return ("what would change it: no fitted parameter group moves it on its own "
-                f"({x['samples_per_group']} samples per group)")
+                f"({x['samples_per_group']} samples per group)" + _together(x))
     said = []
     for g, b in moving[:2]:
         t = (f"the {GROUP_NAMES.get(g, g)} parameters (alone they move it "
              f"{range_text(b['lo'], b['hi'], x['unit'])}")
         if b["pick_changes"]:
-            t += f" and change the {x['pick_label']} in {b['pick_changes']:.0%} of the samples"
+            t += (f" and change the {x['pick_label']} in {B.share_text(b['pick_changes'])} of "
+                  "the samples")
         said.append(t + ")")
-    text = "what would change it: " + ", then ".join(said)
-    if x.get("pick") and x.get("pick_share", 1.0) < 0.95 \
-            and not any(b["pick_changes"] for b in x["groups"].values()):
-        text += (f"; no group alone changes the {x['pick_label']}: it changes when they move "
-                 "together")
-    return text
+    return "what would change it: " + ", then ".join(said) + _together(x)
 
 
 def lead_markdown(items: list[dict], band: dict | None) -> str:
@@ -375,9 +460,9 @@ def lead_markdown(items: list[dict], band: dict | None) -> str:
             lines.append(f"- **{x['label']}: {v}** (uncertainty bands off, `--bands 0`: no "
                          "band, no resolution, no attribution)")
             continue
-        med = value_text(x["median"], x["unit"])
+        med, span = band_text(x["median"], x["lo"], x["hi"], x["unit"])
         still = x["lo"] == x["hi"]
-        parts = [f"- **{x['label']}: {v}**, 90% band {range_text(x['lo'], x['hi'], x['unit'])}"
+        parts = [f"- **{x['label']}: {v}**, 90% band {span}"
                  f" (median {med}, "
                  f"{x['samples']} parameter samples)"
                  + ("; the fitted parameters do not move it" if still else "")]
@@ -397,5 +482,6 @@ def lead_markdown(items: list[dict], band: dict | None) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ATTR_SAMPLES", "CACHE_CALLS", "SampleView", "Sampled", "VECTOR_ROWS", "attribution",
-           "lead_markdown", "leads", "markdown", "range_text", "sampled_answers", "summarize", "value_text"]
+__all__ = ["ATTR_SAMPLES", "CACHE_CALLS", "SampleView", "Sampled", "VECTOR_ROWS",
+           "attribution", "band_text", "lead_markdown", "leads", "markdown", "range_text",
+           "sampled_answers", "summarize", "value_text"]

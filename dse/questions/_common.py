@@ -150,6 +150,7 @@ def save(fig, ctx: Context, name: str) -> str:
     """Lay out ``fig``, write it to ``ctx.figure_path(name)``, close it; returns ``name``."""
     ctx.out.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(ctx.figure_path(name))
+    from dse.pages import PNG_DPI
+    fig.savefig(ctx.figure_path(name), dpi=PNG_DPI)
     pyplot().close(fig)
     return name

@@ -87,7 +87,7 @@ def summarize(ctx: Context, df: pd.DataFrame, within: float) -> dict:
 
 def _figure(ctx: Context, res: list[dict]) -> str:
     plt = pyplot()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=110)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8))
     for i, r in enumerate(res):
         col = f"C{i}"
         c = r["curve"]

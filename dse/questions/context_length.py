@@ -151,7 +151,7 @@ def _figures(ctx: Context, best: pd.DataFrame, split: pd.DataFrame, free: pd.Dat
     plt = pyplot()
     x = best[ISL].to_numpy()
     names = []
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(x, best["usd_per_mtok_output"], "o-", label=f"output, best under {slo}")
     ax.plot(free[ISL], free["usd_per_mtok_output"], "s--", label="output, best with no SLO")
     ax.plot(x, best["input_usd_per_mtok_best"], "^-", label=f"input, best under {slo}")
@@ -164,7 +164,7 @@ def _figures(ctx: Context, best: pd.DataFrame, split: pd.DataFrame, free: pd.Dat
     ax.legend(fontsize=8)
     names.append(save(fig, ctx, "cost-vs-context.png"))
 
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     labels = [f"{int(v / 1024)}k" for v in x]
     bottom = np.zeros(len(best))
     parts = [("KV read (attn_core memory)", split[f"{OPS[KV_OP]}_memory_s"].to_numpy())]
@@ -185,7 +185,7 @@ def _figures(ctx: Context, best: pd.DataFrame, split: pd.DataFrame, free: pd.Dat
     ax.grid(alpha=0.3, axis="y")
     names.append(save(fig, ctx, "op-split-vs-context.png"))
 
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     cross = sweep["crossover_isl"].to_numpy(dtype=float)
     ok = np.isfinite(cross) & (cross > 0)         # no crossover in the swept range: not drawn
     ax.plot(sweep["batch"].to_numpy()[ok], cross[ok], "o-")

@@ -115,7 +115,7 @@ def _figure(ctx: Context, table: pd.DataFrame, fast: pd.DataFrame, slo: str) -> 
     plt = pyplot()
     domains = sorted(table[DOMAIN].unique())
     x = np.arange(len(domains))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, data, metric, scale, label in (
             (axes[0], table, "usd_per_mtok_output", 1.0, f"best $ per Mtok output ({slo})"),
             (axes[1], fast, "tpot_s", 1e3, "lowest TPOT of a feasible design (ms)")):

@@ -52,7 +52,7 @@ def speedup_for(df: pd.DataFrame, base, price_multiple: float):
 
 def _figure_front(ctx, df, front, base, fast, opt, speedup) -> str:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 5), dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 5))
     ax.scatter(df[SPEED], df[COST], s=5, c="#cccccc", label="admissible designs")
     ax.plot(front[SPEED], front[COST], "-o", ms=3, c="#d62728", lw=1,
             label="front: cheapest at each speed")
@@ -76,7 +76,7 @@ def _figure_front(ctx, df, front, base, fast, opt, speedup) -> str:
 
 def _figure_multiple(ctx, df, bases: dict, speedups) -> str:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, base in bases.items():
         top = df[SPEED].max() / base[SPEED]
         xs = np.geomspace(1.0, max(top, 1.0), 200)

@@ -114,7 +114,7 @@ def _figure(ctx: Context, tab: pd.DataFrame) -> str:
     slos = list(tab["slo"].unique())
     x = np.arange(len(ups))
     w = 0.8 / len(slos)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, col, title in ((axes[0], "cost_change_pct", "best $ per Mtok output, % change"),
                            (axes[1], "throughput_change_pct", "best tokens/s per chip, % change")):
         for j, slo in enumerate(slos):

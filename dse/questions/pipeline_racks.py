@@ -114,7 +114,7 @@ def _max_batch_under(f: pd.DataFrame, share: float) -> pd.DataFrame:
 
 def _figure(ctx: Context, f: pd.DataFrame, best: pd.DataFrame, share: float) -> str:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     deep = f[PP].max()
     ax = axes[0]
     for bw, g in f[f[PP] == deep].groupby(BW):

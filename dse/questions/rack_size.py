@@ -37,7 +37,7 @@ def cheapest_per_domain(df: pd.DataFrame, ok: np.ndarray) -> pd.DataFrame:
 
 def _figure(ctx: Context, best: pd.DataFrame, free: pd.DataFrame, rack: int) -> str:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     for i, (m, g) in enumerate(best.groupby(MODEL)):
         g = g.sort_values(DOMAIN)
         f = free[free[MODEL] == m].sort_values(DOMAIN)

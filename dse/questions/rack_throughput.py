@@ -58,7 +58,7 @@ def groups(df: pd.DataFrame):
 
 def _figure(ctx, df, picks: dict, slo: float) -> str:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 5), dpi=110)
+    fig, ax = plt.subplots(figsize=(7.5, 5))
     for i, (name, g) in enumerate(groups(df)):
         xs = np.sort(g[SPEED].unique())
         grid = np.geomspace(max(xs.min(), 1.0), xs.max(), 120)

@@ -86,7 +86,7 @@ def crossing_batch(c: pd.DataFrame, target: float):
 
 def _figure(ctx, res: list[dict], pub: pd.DataFrame) -> str:
     plt = pyplot()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5), dpi=110,
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5),
                                  gridspec_kw={"width_ratios": [3, 2]})
     for i, r in enumerate(res):
         c, o = r["curve"], r["opt"]
