@@ -185,18 +185,13 @@ def first_lines(out) -> str:
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-02 (second pass): an MoE model without shared experts no longer pays a width-0 "
-    "shared-expert GEMM's shape penalty (16.6 of Mixtral 8x7B's 60.8 ms H200 decode step) and "
-    "its router GEMM pays its FLOPs at the large-GEMM rate, so MoE models without shared experts "
-    "(Mixtral, Qwen3 MoE, gpt-oss) are faster; the EP all-to-all kernels pay their issue rate "
-    "(a cost per token message in DeepEP's normal kernels, one warp group per expert in the "
-    "low-latency ones); prefill attention's ramp counts the keys each query row attends to and a "
-    "sliding window pays its tile span; decode's few-items ramp fades with split-KV; the MoE "
-    "grouped GEMM knows non-gated (2-matrix) experts and scans every routed entry; TensorRT-LLM "
-    "picks its all-reduce kernel by message size (one-shot below 16 MB / 1 MB / 500 kB on 2 / "
-    "3-4 / more GPUs, NCCL above) instead of the fastest of four, and gathers the logits over "
-    "tp every step; one end-to-end parameter (per-layer time 45.6 us) is refitted; every answer "
-    "leads with its number, its 90% band and what would change it.")
+    "2026-12-02 (third pass): decode attention counts each query token's query read and output "
+    "written (heads x (d_qk + d_v) bf16 per layer, on the KV's stream: an MLA decode with 128 "
+    "heads moves as much per sequence as the KV of 480 fp8 tokens) and its kernel parameters "
+    "are refitted (held-out MLA decode 1.149 -> 1.131, GQA decode 1.143 -> 1.140), so MLA "
+    "models at small tp decode slower; the bands use 64 parameter samples (was 16) and an "
+    "unresolved number whose band no parameter group moves alone names the groups that move "
+    "it together.")
 
 
 def _previous(o: Path) -> dict | None:
