@@ -50,30 +50,50 @@ def resolve_defaults(out: pd.DataFrame, file=None, names=None, alias=None) -> No
     out["serving.spec_acceptance"] = np.broadcast_to(np.where(np.isnan(acc), pub, acc), (n,))
     draft = pd.Series(np.asarray(_col(out, "serving.spec_draft_model", ""), dtype=object)) \
         .fillna("").astype(str).str.strip()
-    draft = pd.Series(np.broadcast_to(draft.to_numpy(), (n,)))
+    out["serving.spec_draft_model"] = np.broadcast_to(draft.to_numpy(), (n,))
+    check_spec(out, file, names, alias)
+
+
+def check_spec(out, file=None, names=None, alias=None) -> None:
+    """Refuse speculative decoding that cannot run, in one line: ``serving.spec_method =
+    "draft"`` with draft tokens but no (or an unknown) ``serving.spec_draft_model``, and
+    ``"mtp"`` on a model without MTP layers. Called on the resolved table and again by ``dse
+    whatif`` once its numeric overrides (``--set serving.spec_tokens=2``) are applied."""
+    alias = alias or {}
+    n = len(out) if isinstance(out, pd.DataFrame) else max(
+        (np.size(out[c]) for c in out.keys()), default=1)
+    method = np.broadcast_to(np.asarray(_col(out, "serving.spec_method", "mtp"), dtype=object),
+                             (n,))
+    method = np.where(pd.isna(method) | (method == ""), "mtp", method)
+    draft = pd.Series(np.broadcast_to(np.asarray(_col(out, "serving.spec_draft_model", ""),
+                                                 dtype=object), (n,))).fillna("").astype(str) \
+        .str.strip()
     tokens = np.broadcast_to(pd.to_numeric(pd.Series(np.asarray(
-        _col(out, "serving.spec_tokens", 0), dtype=object)), errors="coerce").fillna(0)
+        _col(out, "serving.spec_tokens", 0), dtype=object).ravel()), errors="coerce").fillna(0)
         .to_numpy(float), (n,))
-    wants = (np.broadcast_to(np.asarray(method, dtype=object), (n,)) == "draft") & (tokens > 0)
+    where = lambda i: names[i] if names and i < len(names) else None  # noqa: E731
+    wants = (method == "draft") & (tokens > 0)
     models = catalog.models()
     bad = wants & ~draft.isin(list(models)).to_numpy()
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         key = alias.get("serving.spec_draft_model", "serving.spec_draft_model")
-        what = f"unknown draft model id {draft.iloc[i]!r}" if draft.iloc[i] else \
-            "serving.spec_method = \"draft\" needs serving.spec_draft_model"
-        raise InputError(what, file=file, where=(names[i] if names and i < len(names) else key),
-                         hint=suggest(draft.iloc[i], models, "valid models"))
-    out["serving.spec_draft_model"] = draft.to_numpy()
-    mtp = np.broadcast_to(np.asarray(method, dtype=object), (n,)) == "mtp"
+        if draft.iloc[i]:
+            raise InputError(f"unknown draft model id {draft.iloc[i]!r}", file=file,
+                             where=where(i) or key,
+                             hint=suggest(draft.iloc[i], models, "valid models"))
+        raise InputError(f"serving.spec_method = \"draft\" with serving.spec_tokens = "
+                         f"{tokens[i]:g} needs {key} (the catalog id of the draft model)",
+                         file=file, where=where(i), hint="give a catalog model id such as "
+                         "\"llama-3.1-8b\" (`dse catalog list models`), or use "
+                         "serving.spec_method = \"mtp\" on a model with MTP layers")
     layers = np.broadcast_to(np.asarray(_col(out, "model.num_nextn_predict_layers", 0),
                                         dtype=float), (n,))
-    bad = mtp & (tokens > 0) & ~(layers >= 1)
+    bad = (method == "mtp") & (tokens > 0) & ~(layers >= 1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise InputError("serving.spec_method = \"mtp\" but the model has no MTP module "
-                         "(model.num_nextn_predict_layers = 0)", file=file,
-                         where=names[i] if names and i < len(names) else None,
+                         "(model.num_nextn_predict_layers = 0)", file=file, where=where(i),
                          hint="use serving.spec_method = \"draft\" with a "
                          "serving.spec_draft_model, or a model that ships MTP layers")
 

@@ -29,7 +29,7 @@ from dse import pareto, runs, validate
 from dse.build import settable_paths
 from dse.errors import InputError, suggest
 from dse.fields import REGISTRY
-from dse.mechanisms import scale_base
+from dse.mechanisms import check_spec, scale_base
 from dse.perf import score
 from dse.space import load_space
 
@@ -128,8 +128,13 @@ def check_overrides(space, overrides: dict) -> None:
         cur = table[path].to_numpy(dtype=float)
         table[path] = np.full_like(cur, v) if op == "set" else \
             scale_base(table, path) * v
+    spec = {p.path: max(p.values) for p in space.parameters   # any design's draft tokens
+            if p.path == "serving.spec_tokens" and not p.scale}
+    if "serving.spec_tokens" in spec and "serving.spec_tokens" not in overrides:
+        table["serving.spec_tokens"] = float(spec["serving.spec_tokens"])
     try:
         validate.check_table(table, columns=list(overrides))
+        check_spec(table)     # e.g. --set serving.spec_method=draft without a draft model
     except InputError as e:
         raise InputError(e.message, where="--set/--scale", hint=e.hint) from None
 

@@ -318,3 +318,49 @@ def test_reoptimize_keeps_the_base_runs_local_search(tmp_path, capsys, trials, n
     assert len(late) >= 2
     near = [any(_one_step(coords[j], coords[i]) for i in range(j)) for j in late]
     assert sum(near) >= len(late) - 1, near
+
+
+# ---------------------------------------------------------------- speculative decoding what-ifs
+
+DRAFT_SETS = ["--set", "serving.spec_method=draft", "--set", "serving.spec_tokens=2",
+              "--set", "serving.spec_draft_model=llama-3.1-8b"]
+
+
+def test_whatif_sets_a_draft_model_and_matches_evaluating_the_design(run, tmp_path, capsys):
+    # issue 11: --set serving.spec_draft_model=<id> crashed (no catalog table for 'serving')
+    out = tmp_path / "wi"
+    assert main(["whatif", str(run), *DRAFT_SETS, "--out", str(out), "--quiet",
+                 "--bands", "0"]) == 0
+    front = pd.read_csv(out / "front.csv")
+    from dse.evaluate import evaluate_flat
+    base = {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "workload.isl": 2048,
+            "workload.osl": 256, "layout.pp": 1, "layout.ep": 1, "layout.dp": 1}
+    space_row = pd.read_csv(run / "front.csv").set_index("design_id")
+    for _, r in front.head(3).iterrows():
+        p = space_row.loc[int(r["design_id"])]
+        flat = {**base, "accelerator.id": p["accelerator.id"],
+                "model.weight_dtype": p["model.weight_dtype"], "layout.tp": int(p["layout.tp"]),
+                "workload.concurrency": int(p["workload.concurrency"]),
+                "serving.spec_method": "draft", "serving.spec_tokens": 2,
+                "serving.spec_draft_model": "llama-3.1-8b"}
+        m = evaluate_flat(flat)["metrics"]
+        np.testing.assert_allclose(r["tpot_s"], m["tpot_s"], rtol=1e-9)
+        np.testing.assert_allclose(r["usd_per_mtok_output"], m["usd_per_mtok_output"], rtol=1e-9)
+        # and it is a change: the run's own TPOT was without speculation
+        assert abs(r["tpot_s"] / p["tpot_s"] - 1.0) > 0.01
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--set", "serving.spec_method=draft", "--set", "serving.spec_tokens=2"],
+     'serving.spec_method = "draft" with serving.spec_tokens = 2 needs serving.spec_draft_model'),
+    (["--set", "serving.spec_tokens=2"], "no MTP module"),
+    (["--set", "serving.spec_draft_model=llama-3.1-8bb"], "is not a catalog id"),
+])
+def test_spec_whatif_that_cannot_run_is_one_line_exit_2(run, tmp_path, capsys, args, needle):
+    before = _hashes(run)
+    rc = main(["whatif", str(run), *args, "--out", str(tmp_path / "wi"), "--quiet",
+               "--bands", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert needle in err and "Traceback" not in err and "internal error" not in err
+    assert _hashes(run) == before and not (tmp_path / "wi").exists()
