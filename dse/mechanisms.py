@@ -51,7 +51,47 @@ def resolve_defaults(out: pd.DataFrame, file=None, names=None, alias=None) -> No
     draft = pd.Series(np.asarray(_col(out, "serving.spec_draft_model", ""), dtype=object)) \
         .fillna("").astype(str).str.strip()
     out["serving.spec_draft_model"] = np.broadcast_to(draft.to_numpy(), (n,))
+    check(out, file, names, alias)
+
+
+def check(out, file=None, names=None, alias=None) -> None:
+    """The mechanisms' consistency rules on a resolved table (``check_spec``, ``check_rate``)."""
     check_spec(out, file, names, alias)
+    check_rate(out, file, names, alias)
+
+
+RATE_PATHS = ("workload.request_rate_per_s", "workload.ttft_slo_s", "workload.tpot_slo_s")
+
+
+def check_rate(out, file=None, names=None, alias=None) -> None:
+    """A request rate or a latency SLO needs an instance that takes requests end to end: a
+    prefill-only or decode-only instance (``workload.phase``, one pool of a disaggregated
+    system) has no request stream of its own (its rate is set by the other pool), so a rate
+    there would be ignored. Refused in one line; ``serving.mode = "disaggregated"`` models both
+    pools, with the prefill pool's queue (dse.perf.queueing.serve_disaggregated)."""
+    if "workload.phase" not in out.keys():
+        return
+    alias = alias or {}
+    phase = pd.Series(np.asarray(out["workload.phase"], dtype=object).ravel()).fillna("")
+    n = max(len(phase), *(np.size(out[p]) for p in RATE_PATHS if p in out.keys()))
+    one = np.broadcast_to(phase.to_numpy(), (n,))
+    single = (one == "prefill") | (one == "decode")
+    if not single.any():
+        return
+    for path in RATE_PATHS:
+        v = np.broadcast_to(pd.to_numeric(pd.Series(np.asarray(_col(out, path, 0.0), dtype=object)
+                                                    .ravel()), errors="coerce").fillna(0.0)
+                            .to_numpy(float), (n,))
+        bad = single & (v > 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(f"{alias.get(path, path)} = {v[i]:g} on a {one[i]}-only instance "
+                             f"({alias.get('workload.phase', 'workload.phase')} = {one[i]!r}): "
+                             "one pool of a disaggregated system has no request stream of its "
+                             "own", file=file, where=names[i] if names and i < len(names) else None,
+                             hint="model the whole system (serving.mode = \"disaggregated\" "
+                             "with workload.phase = \"both\": both pools and the prefill queue), "
+                             "or score this pool at a fixed workload.concurrency")
 
 
 def check_spec(out, file=None, names=None, alias=None) -> None:
