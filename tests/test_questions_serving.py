@@ -48,7 +48,52 @@ def test_a_host_tier_never_makes_a_design_that_fits_more_expensive(answered):
     assert all(v is None or v >= 1.0 - 1e-9 for v in n["tier_worth"].values())
 
 
-@pytest.mark.parametrize("name", ["rack-goodput", "eplb-ep72", "kv-tiers"])
+@pytest.mark.parametrize("name", ["rack-goodput", "eplb-ep72", "kv-tiers", "fast-mode-mtp"])
 def test_first_lines_lead_with_the_headline_number(answered, name):
     from helpers import check_first_lines
     check_first_lines(answered(name)[0])
+
+
+def test_fast_mode_mtp_gives_the_price_and_speed_with_and_without_speculation(answered):
+    import numpy as np
+
+    from dse.perf import score, spec
+    from dse.questions import QUESTIONS_DIR
+    from dse.space import load_space
+    out, n = answered("fast-mode-mtp")
+    s = n["speculation"]
+    fast = n["fast"]
+    k = s["draft_tokens_fast"]
+    assert 1 <= k <= 3
+    assert s["fast_usd_per_mtok_with"] == fast["usd_per_mtok_output"]
+    assert s["fast_tokens_per_s_per_user_with"] == fast["output_tokens_per_s_per_user"]
+    off = s["by_draft_tokens"]["0"]
+    assert s["fast_usd_per_mtok_without"] == off["fast"]["usd_per_mtok_output"]
+    assert s["price_cut_fast"] == pytest.approx(s["fast_usd_per_mtok_without"]
+                                                / s["fast_usd_per_mtok_with"])
+    assert s["price_cut_fast"] > 1.0 and off["tokens_per_step_fast"] == 1.0
+    # each speed target is met: 2.5x its own baseline's tokens/s per user
+    for row in s["by_draft_tokens"].values():
+        if row["fast"] is not None:
+            assert row["fast"]["output_tokens_per_s_per_user"] >= \
+                2.5 * row["baseline"]["output_tokens_per_s_per_user"] * (1 - 1e-12)
+    # at the chosen draft count the tokens per verification step are (1 - a^(k+1)) / (1 - a)
+    assert s["by_draft_tokens"][str(k)]["tokens_per_step_fast"] == pytest.approx(
+        spec.expected_tokens(0.85, k), rel=1e-12)
+    # the numbers are the named designs' scores, with and without speculation
+    space = load_space(str(QUESTIONS_DIR / "fast-mode-mtp.toml"))
+    ids = np.array([fast["design_id"], off["fast"]["design_id"]])
+    b, _ = space.batch(ids)
+    m = score(b)
+    assert m["usd_per_mtok_output"] == pytest.approx(
+        [s["fast_usd_per_mtok_with"], s["fast_usd_per_mtok_without"]], rel=1e-9)
+    assert m["output_tokens_per_s_per_user"] == pytest.approx(
+        [s["fast_tokens_per_s_per_user_with"], s["fast_tokens_per_s_per_user_without"]],
+        rel=1e-9)
+    assert space.values_at(ids)["serving.spec_tokens"].tolist() == [k, 0]
+    readme = (out / "README.md").read_text()
+    assert (f"Without speculative decoding the 2.5x fast mode costs "
+            f"${s['fast_usd_per_mtok_without']:.3f}/Mtok at "
+            f"{s['fast_tokens_per_s_per_user_without']:.1f} tokens/s per user") in readme
+    if s["same_speed_usd_per_mtok_without"] is not None:
+        assert s["same_speed_usd_per_mtok_without"] >= s["fast_usd_per_mtok_without"] * (1 - 1e-12)
