@@ -48,6 +48,43 @@ def test_a_host_tier_never_makes_a_design_that_fits_more_expensive(answered):
     assert all(v is None or v >= 1.0 - 1e-9 for v in n["tier_worth"].values())
 
 
+def test_kv_tiers_draws_the_memory_wall_and_where_each_tier_stops_helping(answered):
+    out, n = answered("kv-tiers")
+    assert (out / "kv-tiers-wall.png").read_bytes()[:4] == b"\x89PNG"
+    readme = (out / "README.md").read_text()
+    assert "## The memory wall: cost per token by context" in readme
+    assert "## Where each tier pays, fills and stops helping" in readme
+    per = n["usd_per_mtok_request"]
+    contexts = sorted({int(k.split("/")[1]) for k in per})
+    assert len(contexts) == 16 and contexts[0] == 4096 and contexts[-1] == 131072
+    for acc, tiers in n["tiers"].items():
+        for mode, st in tiers.items():
+            # a tier never costs more than no tier, at any context
+            for c in contexts:
+                p = per[f"{acc}/{c}"]
+                assert p[mode] <= p["none"] * (1 + 1e-9), (acc, mode, c)
+            # where the tier pays, it is worth more than 1; where it is full, its worth falls
+            assert st["pays_from"] is not None
+            w = {c: per[f"{acc}/{c}"]["none"] / per[f"{acc}/{c}"][mode] for c in contexts}
+            assert w[st["pays_from"]] > 1.001
+            if st["stops_helping"] is not None:
+                after = [w[c] for c in contexts if c > st["stops_helping"]]
+                assert after and after[-1] < st["peak_worth"]
+        # the host tier (hundreds of GB per chip) fills within 128k prompts, NVMe (3.84 TB) not
+        assert tiers["host"]["stops_helping"] is not None and tiers["ssd"]["stops_helping"] is None
+        # ... as the catalog's bytes say: 8 chips x tier bytes / (256 x 0.6 x KV bytes per token)
+        from dse import catalog
+        t = catalog.memory_tiers()[acc]
+        kv = 80 * 8 * 128 * 2 * 1.0                       # Llama 3.1 70B, fp8 KV
+        assert tiers["host"]["fills_at_tokens"] == pytest.approx(
+            8 * t["host_memory_bytes"] / (256 * 0.6 * kv), rel=1e-9)
+        assert tiers["ssd"]["fills_at_tokens"] == pytest.approx(
+            8 * t["ssd_bytes"] / (256 * 0.6 * kv), rel=1e-9)
+        # a tier is full only past the context its bytes alone hold (free HBM holds more)
+        assert tiers["host"]["stops_helping"] > tiers["host"]["fills_at_tokens"]
+    assert n["kv_dtype"] == "fp8 (1 B per element)"
+
+
 @pytest.mark.parametrize("name", ["rack-goodput", "eplb-ep72", "kv-tiers", "fast-mode-mtp"])
 def test_first_lines_lead_with_the_headline_number(answered, name):
     from helpers import check_first_lines
