@@ -128,6 +128,15 @@ def check_overrides(space, overrides: dict) -> None:
         cur = table[path].to_numpy(dtype=float)
         table[path] = np.full_like(cur, v) if op == "set" else \
             scale_base(table, path) * v
+    rate = "workload.request_rate_per_s"
+    rates = [float(v) for p in space.parameters if p.path == rate and not p.scale
+             for v in p.values] or [float(space.base.get(rate, 0.0) or 0.0)]
+    if "workload.concurrency" in overrides and rate not in overrides and max(rates) > 0:
+        raise InputError(f"workload.concurrency: the run's designs take their "
+                         f"concurrency from {rate} = {max(rates):g} (Little's law), so it "
+                         "would be ignored", where="--set/--scale",
+                         hint=f"--set {rate}=VALUE to change the load, or {rate}=0 with a "
+                         "workload.concurrency for a fixed one")
     spec = {p.path: max(p.values) for p in space.parameters   # any design's draft tokens
             if p.path == "serving.spec_tokens" and not p.scale}
     if "serving.spec_tokens" in spec and "serving.spec_tokens" not in overrides:

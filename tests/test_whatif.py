@@ -424,3 +424,24 @@ def test_whatif_rate_replaces_each_designs_concurrency_and_says_so(run, tmp_path
              "workload.request_rate_per_s": 0.5}
         m = one(d)
         assert a["tpot_s"][i] == pytest.approx(m["tpot_s"], rel=1e-9)
+
+
+def test_a_concurrency_whatif_on_a_rate_run_is_refused(tmp_path, capsys):
+    # the designs of a run served at a request rate take their concurrency from it: a
+    # --set workload.concurrency would be silently ignored
+    sp = tmp_path / "rate.toml"
+    sp.write_text(QUICK.read_text().replace('osl = 256', 'osl = 256\nrequest_rate_per_s = 1.0')
+                  .replace('"workload.concurrency" = { low = 1, high = 2048, num = 12, log = '
+                           'true }', ''))
+    d = tmp_path / "run"
+    assert main(["run", str(sp), "--out", str(d), "--quiet"]) == 0
+    capsys.readouterr()
+    rc = main(["whatif", str(d), "--set", "workload.concurrency=64", "--out",
+               str(tmp_path / "wi"), "--quiet", "--bands", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "take their concurrency from workload.request_rate_per_s = 1" in err
+    # turning the rate off with it is a fixed-concurrency what-if
+    assert main(["whatif", str(d), "--set", "workload.request_rate_per_s=0", "--set",
+                 "workload.concurrency=64", "--out", str(tmp_path / "wi"), "--quiet",
+                 "--bands", "0"]) == 0
