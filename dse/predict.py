@@ -353,8 +353,8 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
     for m in ("usd_per_mtok_output", "usd_per_mtok_input", "max_concurrent_sequences"):
         out[m] = s[m][best]
     # the KV dtype used, stated (a blank kv_dtype follows the weights: contracts/predict-cases.md)
-    out["kv_dtype"] = kv_dtype_of(_column(resolved, "model.weight_dtype"),
-                                  _column(resolved, "model.kv_dtype"))[best]
+    out["kv_dtype"] = kv_dtype_of(_column(resolved, "model.weight_dtype")[best],
+                                  _column(resolved, "model.kv_dtype")[best])
     for m in MECHANISM_OUTPUT:
         if m in s and np.isfinite(s[m][best]).any():
             out[m] = s[m][best]
