@@ -1,7 +1,9 @@
 """The serving mechanisms' fields (issue 11), from the resolved design table to scorer columns.
 
 ``dse.build`` calls two functions: ``resolve_defaults`` (fills what a design left to the catalog:
-the published draft acceptance per speculative method, checks the draft model id) and
+the published draft acceptance per speculative method; then ``check``: a draft method needs a
+catalog draft model, MTP needs MTP layers, a request rate or SLO needs an instance that takes
+requests end to end; ``dse whatif`` runs ``check`` again after its numeric overrides) and
 ``batch_columns`` (the Batch fields of dse.perf.spec, queueing, imbalance, lengths and per-op
 precision). A design that sets none of them gets every mechanism "off" (dse.perf.batch.OPTIONAL)
 and scores exactly as before.
