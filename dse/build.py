@@ -227,6 +227,31 @@ def effective_dtypes(flat: dict) -> dict:
     return out
 
 
+def kv_dtype_of(weight_dtype, kv_dtype) -> np.ndarray:
+    """The KV cache's element type per row, as the scorer fills a blank ``model.kv_dtype``
+    (``effective_dtypes``): fp8 with fp8/fp4 weights, else bf16; arrays or scalars."""
+    w = pd.Series(np.asarray(weight_dtype, dtype=object).ravel()).fillna("").astype(str) \
+        .str.strip().replace("", "bf16")
+    kv = pd.Series(np.asarray(kv_dtype, dtype=object).ravel()).fillna("").astype(str) \
+        .str.strip()
+    n = max(len(w), len(kv))
+    w = np.broadcast_to(w.to_numpy(dtype=object), (n,))
+    kv = np.broadcast_to(kv.to_numpy(dtype=object), (n,))
+    blank = np.where(np.isin(w, ("fp8", "fp4")), "fp8", "bf16").astype(object)
+    return np.where(kv == "", blank, kv)
+
+
+def kv_dtype_text(values) -> str:
+    """The KV cache's element types of some designs in words: ``fp8 (1 B per element)``, or
+    ``bf16 (2 B per element, 3 of 5 designs), fp8 (1 B per element, 2 of 5 designs)``."""
+    from dse.specs import DTYPE_BYTES
+    values = np.asarray(values, dtype=object).ravel()
+    kinds = pd.Series(values).value_counts().sort_index()      # by name: a stable line
+    return ", ".join(f"{k} ({DTYPE_BYTES.get(k, float('nan')):g} B per element"
+                     + (f", {c} of {len(values)} designs)" if len(kinds) > 1 else ")")
+                     for k, c in kinds.items())
+
+
 def component_factors(out) -> dict[str, np.ndarray]:
     """Factors on the catalog capex and power: 1 with cost.capex_model = "catalog"; with
     "components", fixed + sum of each component's share x its spec / the catalog chip's spec

@@ -161,7 +161,14 @@ def _front_table(d, m) -> None:
         return
     objs = [Objective(o["name"], o["direction"]) for o in m["objectives"]]
     params = [p for p in front.columns if p not in {o.metric for o in objs} | {"design_id"}]
-    for line in terminal.front_lines(front, objs, params):
+    kv = None
+    try:                 # the KV dtype each design runs (a blank one follows the weights)
+        from dse.space import load_space
+        kv = load_space(str(runs.space_snapshot(d, m))).kv_dtypes(
+            front["design_id"].to_numpy(dtype="int64"))
+    except (InputError, OSError, KeyError, ValueError):
+        kv = None
+    for line in terminal.front_lines(front.reset_index(drop=True), objs, params, kv):
         print(line)
 
 

@@ -258,7 +258,10 @@ FIELDS: tuple[Field, ...] = (
         zero="no demand (the fleet metrics are NaN)"),
     num("workload.request_rate_per_s", "requests/s", "Poisson request rate into one instance, "
         "instead of workload.concurrency: the concurrency follows from it (Little's law), TTFT "
-        "adds the queueing wait (dse/perf/queueing.py)", 0.0, open_=False,
+        "adds the queueing wait (dse/perf/queueing.py). The rate wins: a design, case or space "
+        "that also gives workload.concurrency is refused, and a what-if's --set replaces each "
+        "design's concurrency with the rate's; refused on a prefill-only or decode-only "
+        "instance (workload.phase), whose rate the other pool sets", 0.0, open_=False,
         zero="fixed concurrency (workload.concurrency)"),
     num("workload.ttft_slo_s", "s", "p90 TTFT a request must meet: goodput is the highest "
         "request rate at which it and the TPOT SLO hold", 0.0, open_=False, zero="no TTFT SLO"),

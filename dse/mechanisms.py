@@ -1,7 +1,9 @@
 """The serving mechanisms' fields (issue 11), from the resolved design table to scorer columns.
 
 ``dse.build`` calls two functions: ``resolve_defaults`` (fills what a design left to the catalog:
-the published draft acceptance per speculative method, checks the draft model id) and
+the published draft acceptance per speculative method; then ``check``: a draft method needs a
+catalog draft model, MTP needs MTP layers, a request rate or SLO needs an instance that takes
+requests end to end; ``dse whatif`` runs ``check`` again after its numeric overrides) and
 ``batch_columns`` (the Batch fields of dse.perf.spec, queueing, imbalance, lengths and per-op
 precision). A design that sets none of them gets every mechanism "off" (dse.perf.batch.OPTIONAL)
 and scores exactly as before.
@@ -50,30 +52,90 @@ def resolve_defaults(out: pd.DataFrame, file=None, names=None, alias=None) -> No
     out["serving.spec_acceptance"] = np.broadcast_to(np.where(np.isnan(acc), pub, acc), (n,))
     draft = pd.Series(np.asarray(_col(out, "serving.spec_draft_model", ""), dtype=object)) \
         .fillna("").astype(str).str.strip()
-    draft = pd.Series(np.broadcast_to(draft.to_numpy(), (n,)))
+    out["serving.spec_draft_model"] = np.broadcast_to(draft.to_numpy(), (n,))
+    check(out, file, names, alias)
+
+
+def check(out, file=None, names=None, alias=None) -> None:
+    """The mechanisms' consistency rules on a resolved table (``check_spec``, ``check_rate``)."""
+    check_spec(out, file, names, alias)
+    check_rate(out, file, names, alias)
+
+
+RATE_PATHS = ("workload.request_rate_per_s", "workload.ttft_slo_s", "workload.tpot_slo_s")
+
+
+def check_rate(out, file=None, names=None, alias=None) -> None:
+    """A request rate or a latency SLO needs an instance that takes requests end to end: a
+    prefill-only or decode-only instance (``workload.phase``, one pool of a disaggregated
+    system) has no request stream of its own (its rate is set by the other pool), so a rate
+    there would be ignored. Refused in one line; ``serving.mode = "disaggregated"`` models both
+    pools, with the prefill pool's queue (dse.perf.queueing.serve_disaggregated)."""
+    if "workload.phase" not in out.keys():
+        return
+    alias = alias or {}
+    phase = pd.Series(np.asarray(out["workload.phase"], dtype=object).ravel()).fillna("")
+    n = max(len(phase), *(np.size(out[p]) for p in RATE_PATHS if p in out.keys()))
+    one = np.broadcast_to(phase.to_numpy(), (n,))
+    single = (one == "prefill") | (one == "decode")
+    if not single.any():
+        return
+    for path in RATE_PATHS:
+        v = np.broadcast_to(pd.to_numeric(pd.Series(np.asarray(_col(out, path, 0.0), dtype=object)
+                                                    .ravel()), errors="coerce").fillna(0.0)
+                            .to_numpy(float), (n,))
+        bad = single & (v > 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(f"{alias.get(path, path)} = {v[i]:g} on a {one[i]}-only instance "
+                             f"({alias.get('workload.phase', 'workload.phase')} = {one[i]!r}): "
+                             "one pool of a disaggregated system has no request stream of its "
+                             "own", file=file, where=names[i] if names and i < len(names) else None,
+                             hint="model the whole system (serving.mode = \"disaggregated\" "
+                             "with workload.phase = \"both\": both pools and the prefill queue), "
+                             "or score this pool at a fixed workload.concurrency")
+
+
+def check_spec(out, file=None, names=None, alias=None) -> None:
+    """Refuse speculative decoding that cannot run, in one line: ``serving.spec_method =
+    "draft"`` with draft tokens but no (or an unknown) ``serving.spec_draft_model``, and
+    ``"mtp"`` on a model without MTP layers. Called on the resolved table and again by ``dse
+    whatif`` once its numeric overrides (``--set serving.spec_tokens=2``) are applied."""
+    alias = alias or {}
+    n = len(out) if isinstance(out, pd.DataFrame) else max(
+        (np.size(out[c]) for c in out.keys()), default=1)
+    method = np.broadcast_to(np.asarray(_col(out, "serving.spec_method", "mtp"), dtype=object),
+                             (n,))
+    method = np.where(pd.isna(method) | (method == ""), "mtp", method)
+    draft = pd.Series(np.broadcast_to(np.asarray(_col(out, "serving.spec_draft_model", ""),
+                                                 dtype=object), (n,))).fillna("").astype(str) \
+        .str.strip()
     tokens = np.broadcast_to(pd.to_numeric(pd.Series(np.asarray(
-        _col(out, "serving.spec_tokens", 0), dtype=object)), errors="coerce").fillna(0)
+        _col(out, "serving.spec_tokens", 0), dtype=object).ravel()), errors="coerce").fillna(0)
         .to_numpy(float), (n,))
-    wants = (np.broadcast_to(np.asarray(method, dtype=object), (n,)) == "draft") & (tokens > 0)
+    where = lambda i: names[i] if names and i < len(names) else None  # noqa: E731
+    wants = (method == "draft") & (tokens > 0)
     models = catalog.models()
     bad = wants & ~draft.isin(list(models)).to_numpy()
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         key = alias.get("serving.spec_draft_model", "serving.spec_draft_model")
-        what = f"unknown draft model id {draft.iloc[i]!r}" if draft.iloc[i] else \
-            "serving.spec_method = \"draft\" needs serving.spec_draft_model"
-        raise InputError(what, file=file, where=(names[i] if names and i < len(names) else key),
-                         hint=suggest(draft.iloc[i], models, "valid models"))
-    out["serving.spec_draft_model"] = draft.to_numpy()
-    mtp = np.broadcast_to(np.asarray(method, dtype=object), (n,)) == "mtp"
+        if draft.iloc[i]:
+            raise InputError(f"unknown draft model id {draft.iloc[i]!r}", file=file,
+                             where=where(i) or key,
+                             hint=suggest(draft.iloc[i], models, "valid models"))
+        raise InputError(f"serving.spec_method = \"draft\" with serving.spec_tokens = "
+                         f"{tokens[i]:g} needs {key} (the catalog id of the draft model)",
+                         file=file, where=where(i), hint="give a catalog model id such as "
+                         "\"llama-3.1-8b\" (`dse catalog list models`), or use "
+                         "serving.spec_method = \"mtp\" on a model with MTP layers")
     layers = np.broadcast_to(np.asarray(_col(out, "model.num_nextn_predict_layers", 0),
                                         dtype=float), (n,))
-    bad = mtp & (tokens > 0) & ~(layers >= 1)
+    bad = (method == "mtp") & (tokens > 0) & ~(layers >= 1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise InputError("serving.spec_method = \"mtp\" but the model has no MTP module "
-                         "(model.num_nextn_predict_layers = 0)", file=file,
-                         where=names[i] if names and i < len(names) else None,
+                         "(model.num_nextn_predict_layers = 0)", file=file, where=where(i),
                          hint="use serving.spec_method = \"draft\" with a "
                          "serving.spec_draft_model, or a model that ships MTP layers")
 

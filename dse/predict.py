@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dse import validate
-from dse.build import resolve, to_batch
+from dse.build import kv_dtype_of, resolve, to_batch
 from dse.errors import InputError, suggest
 from dse.fields import REGISTRY
 from dse.perf import Batch, score_chunked
@@ -51,7 +51,7 @@ LAYOUT = ("layout.tp", "layout.pp", "layout.ep", "layout.dp")
 OUTPUT = ("case_id", "concurrency", "ttft_s", "tpot_s", "output_tokens_per_s_per_chip",
           "input_tokens_per_s_per_chip", "bound", "feasible", "reason")
 EXTRA = ("tp", "pp", "ep", "dp", "usd_per_mtok_output", "usd_per_mtok_input",
-         "max_concurrent_sequences")
+         "max_concurrent_sequences", "kv_dtype")   # kv_dtype: the KV cache's element type used
 # the mechanisms' outputs, written only when some case turns the mechanism on (else all NaN)
 MECHANISM_OUTPUT = ("ttft_p90_s", "ttft_p99_s", "tpot_p90_s", "goodput_requests_per_s_per_chip",
                     "saturation_requests_per_s_per_instance", "spec_expected_tokens",
@@ -189,6 +189,29 @@ def _check_explicit(cases, resolved, full_rows, file, offset=0):
             raise InputError(text, file=file, where=_where(cases, i, offset), hint=hint)
 
 
+def _check_rate_or_concurrency(cases, file, offset=0) -> None:
+    """A case (or design) gives its load one way: a fixed ``concurrency``, or a
+    ``request_rate_per_s`` whose concurrency follows from the step times (Little's law,
+    dse/perf/queueing.py). Both given would silently drop the concurrency: refused."""
+    if "concurrency" not in cases.columns:
+        return
+    rate = next((c for c in ("request_rate_per_s", "workload.request_rate_per_s")
+                 if c in cases.columns), None)
+    if rate is None:
+        return
+    r = pd.to_numeric(cases[rate], errors="coerce").fillna(0.0).to_numpy(float)
+    c = pd.to_numeric(cases["concurrency"], errors="coerce")
+    bad = (r > 0) & c.notna().to_numpy()
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        conc = "workload.concurrency" if rate.startswith("workload.") else "concurrency"
+        raise InputError(f"{conc} = {c.iloc[i]:g} and {rate} = {r[i]:g} are both given: the "
+                         "rate sets the concurrency (Little's law on the model's step times)",
+                         file=file, where=_where(cases, i, offset) + ", column concurrency",
+                         hint=f"leave {conc} blank to serve the rate, or {rate} blank "
+                         "(or 0) for a fixed concurrency")
+
+
 def _design_table(cases: pd.DataFrame) -> pd.DataFrame:
     cols = {RENAME[c]: cases[c] for c in RENAME if c in cases.columns and c not in ("tp", "pp", "ep", "dp")}
     t = pd.DataFrame(cols)
@@ -218,6 +241,7 @@ def prepare(cases: pd.DataFrame, file: str = "cases", offset: int = 0) -> Prepar
     """Expand a case table into candidate rows: layouts for blank tp/pp/ep/dp, concurrencies
     for a blank concurrency (fractions of the memory-limited maximum)."""
     cases = cases.reset_index(drop=True)
+    _check_rate_or_concurrency(cases, file, offset)
     expanded = _expand_layouts(cases, file, offset)
     full_case = np.zeros(len(cases), bool)
     given = [c for c in ("tp", "pp", "ep", "dp") if c in cases.columns]
@@ -328,11 +352,20 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
         out[c] = resolved[f"layout.{c}"].to_numpy()[best].astype(int)
     for m in ("usd_per_mtok_output", "usd_per_mtok_input", "max_concurrent_sequences"):
         out[m] = s[m][best]
+    # the KV dtype used, stated (a blank kv_dtype follows the weights: contracts/predict-cases.md)
+    out["kv_dtype"] = kv_dtype_of(_column(resolved, "model.weight_dtype")[best],
+                                  _column(resolved, "model.kv_dtype")[best])
     for m in MECHANISM_OUTPUT:
         if m in s and np.isfinite(s[m][best]).any():
             out[m] = s[m][best]
     out["_order"] = case[best]
     return out.sort_values("_order").drop(columns="_order").reset_index(drop=True)
+
+
+def _column(table: pd.DataFrame, path: str) -> np.ndarray:
+    """A string column of the resolved rows, blank where the table lacks it."""
+    return table[path].to_numpy(dtype=object) if path in table.columns else \
+        np.full(len(table), "", dtype=object)
 
 
 def predict_file(path: str, out_path: str) -> pd.DataFrame:

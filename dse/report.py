@@ -57,6 +57,7 @@ def _breakdowns(space, ids: np.ndarray) -> list[dict]:
     m, steps = score(b.expanded(), breakdown=True)
     out = []
     shares = bound_shares(steps.decode)
+    kv = space.kv_dtypes(ids)
     for i in range(len(ids)):
         phases = {}
         for name in ("decode", "mixed", "prefill"):
@@ -70,7 +71,7 @@ def _breakdowns(space, ids: np.ndarray) -> list[dict]:
                     rows.append((op, c, mem, net, t, BOUNDS[int(cls[j])]))
             phases[name] = (rows, float(st.overhead_s[i]), float(st.total_s[i]))
         bound = BOUNDS[int(m["bound"][i])]
-        out.append({"phases": phases, "bound": bound,
+        out.append({"phases": phases, "bound": bound, "kv_dtype": str(kv[i]),
                     "bound_why": bound_why([float(s[i]) for s in shares], bound),
                     "metrics": {k: float(v[i]) for k, v in m.items() if v.dtype.kind == "f"}})
     return out

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from dse import pages
+from dse.build import kv_dtype_text
 from dse.fields import label, objective_label
 
 PLOT_FONT = dict(size=13)
@@ -67,7 +68,9 @@ def summary_lines(space, st, front, k, kb, per_accel, what) -> list[str]:
     lines = [f"# {space.name}", "", space.question or "", "",
              f"- designs scored: {st['designs_scored']:,} of a space of {space.size:,} "
              f"({st['strategy']}, state {st['state']})",
-             f"- Pareto front: {len(front)} designs ({st.get('front_check', 'front.csv')})"]
+             f"- Pareto front: {len(front)} designs ({st.get('front_check', 'front.csv')})",
+             "- KV cache element type on the front: " + kv_dtype_text(
+                 space.kv_dtypes(front["design_id"].to_numpy(np.int64)))]
     if hv is not None:
         lines.append(f"- hypervolume {hv:.4g} (objectives divided by their scale; "
                      f"{reference_text(objs, st.get('reference'))})")
@@ -115,6 +118,10 @@ def summary_lines(space, st, front, k, kb, per_accel, what) -> list[str]:
                          "hbm_used_fraction", "usd_per_mtok_input") if m in met
              and m not in {ob.metric for ob in objs}]
     lines += [f"- {label(m)} = {_fmt(met[m])}" for m in extra]
+    if "kv_dtype" in kb:
+        per_token = met.get("kv_bytes_per_token")
+        lines.append(f"- KV cache: {kv_dtype_text([kb['kv_dtype']])}"
+                     + (f", {per_token / 1e3:,.1f} kB per token" if per_token else ""))
     lines += [f"- decode bound: {kb['bound']} ({kb['bound_why']})",
               f"- design_id: {int(row['design_id'])}",
               "", "Every number above is the model's score of the named design; the per-op "

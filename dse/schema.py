@@ -15,8 +15,8 @@ def field_schema(f: Field) -> dict:
     default = "from the catalog" if f.default is CATALOG else (
         "dse chooses" if f.default is None else repr(f.default))
     doc = f"{f.doc}" + (f" [{f.unit}]" if f.unit else "") + f"; default: {default}"
-    if f.kind == "id":
-        return {"type": "string", "minLength": 1, "description": doc}
+    if f.kind == "id":      # blank only where the field gives it a meaning (no draft model)
+        return {"type": "string", "minLength": 0 if f.blank else 1, "description": doc}
     if f.kind == "enum":
         return {"enum": [*f.choices, *([""] if f.blank else [])], "description": doc}
     if f.kind == "bool":

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.build import DERIVED, DIRECT_FIELDS, FEEDERS, STRING_PATHS, derive_system, resolve, settable_paths, to_batch
+from dse.build import DERIVED, DIRECT_FIELDS, FEEDERS, STRING_PATHS, derive_system, kv_dtype_of, resolve, settable_paths, to_batch
 from dse import validate
 from dse.design import SECTIONS, flatten, read_toml
 from dse.errors import InputError, suggest
@@ -118,6 +118,22 @@ class Space:
             return {}
         coords = np.unravel_index(index, self.shape)
         return {p.column: _value_array(p)[c] for p, c in zip(self.parameters, coords)}
+
+    def kv_dtypes(self, index: np.ndarray, overrides: dict | None = None) -> np.ndarray:
+        """The KV cache's element type (``model.kv_dtype``, a blank filled as the scorer fills
+        it: ``build.kv_dtype_of``) of the designs at ``index``, under string ``overrides``
+        {path: (op, value)} (a what-if's ``--set model.kv_dtype=fp8``)."""
+        vals = self.values_at(index)
+        n = len(np.asarray(index).ravel())
+
+        def col(path):
+            over = (overrides or {}).get(path)
+            if over is not None and isinstance(over[1], str):
+                return np.full(n, over[1], dtype=object)
+            if path in vals:
+                return np.asarray(vals[path], dtype=object)
+            return np.full(n, self.base.get(path) or "", dtype=object)
+        return kv_dtype_of(col("model.weight_dtype"), col("model.kv_dtype"))
 
     def legacy(self, frame: pd.DataFrame) -> pd.DataFrame:
         """A table of an old run folder with its scale-factor columns renamed ``<path>.scale``."""
@@ -534,6 +550,7 @@ def _check_values(space: Space) -> None:
             raise InputError(e.message, file=space.file, where=f"parameters.{p.path}"
                              + (f", {e.where}" if e.where and not e.where.startswith("design")
                                 else ""), hint=e.hint) from None
+    _check_load(space)
     model = [p for p in space.parameters if p.path.startswith("model.") and not p.scale
              and REGISTRY[p.path].numeric]
     if len(model) > 1 and math.prod(len(p.values) for p in model) <= FULL_RESOLVE:
@@ -549,6 +566,22 @@ def _check_values(space: Space) -> None:
         except InputError as e:
             raise InputError(e.message, file=space.file, where=f"parameters ({e.where})",
                              hint=e.hint) from None
+
+
+def _check_load(space: Space) -> None:
+    """A space gives the load one way: ``workload.concurrency`` (fixed) or
+    ``workload.request_rate_per_s`` (the concurrency follows from it, Little's law): a swept
+    or fixed concurrency beside a rate would be silently dropped, so both are refused."""
+    rate, conc = "workload.request_rate_per_s", "workload.concurrency"
+    params = {p.path: p for p in space.parameters if not p.scale}
+    rates = [float(v) for v in params[rate].values] if rate in params else \
+        [float(space.base.get(rate, 0.0) or 0.0)]
+    if max(rates) > 0 and (conc in params or conc in space.base):
+        where = f"parameters.{conc}" if conc in params else conc
+        raise InputError(f"{conc} and {rate} = {max(rates):g} are both given: the rate sets the "
+                         "concurrency (Little's law on the model's step times)",
+                         file=space.file, where=where, hint=f"drop {conc} to serve the rate, "
+                         f"or {rate} for a fixed concurrency")
 
 
 def describe(space: Space) -> str:

@@ -29,9 +29,10 @@ def _short(path: str) -> str:
     return parts[-2] if parts[-1] == "id" and len(parts) > 1 else parts[-1]
 
 
-def front_lines(front: pd.DataFrame, objectives, params: list[str]) -> list[str]:
+def front_lines(front: pd.DataFrame, objectives, params: list[str], kv=None) -> list[str]:
     """The front's best design of each objective and its knee, ranked by the first objective:
-    one row each, the objectives with units, then the design's parameters."""
+    one row each, the objectives with units, then the design's parameters, and the KV cache's
+    element type of each (``kv``: aligned with ``front``, ``Space.kv_dtypes``) when given."""
     from dse.report import knee
     if front is None or not len(front):
         return []
@@ -45,13 +46,15 @@ def front_lines(front: pd.DataFrame, objectives, params: list[str]) -> list[str]
     first = objectives[0]
     order = sorted(picks, key=lambda i: front.loc[i, first.metric]
                    * (1 if first.direction == "minimize" else -1))
-    headers = ["#", "design"] + [label(ob.metric) for ob in objectives] + ["parameters"]
+    headers = ["#", "design"] + [label(ob.metric) for ob in objectives] + ["parameters"] \
+        + ([] if kv is None else ["KV cache"])
     rows = []
     for r, i in enumerate(order, 1):
         ps = " ".join(f"{_short(p)}={_fmt(front.loc[i, p])}" for p in params
                       if p in front.columns)
         rows.append([str(r), ", ".join(picks[i])] + [_fmt(front.loc[i, ob.metric])
-                                                      for ob in objectives] + [ps])
+                                                      for ob in objectives] + [ps]
+                    + ([] if kv is None else [str(np.asarray(kv)[i])]))
     return _table(headers, rows)
 
 

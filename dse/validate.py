@@ -105,17 +105,25 @@ def parse_text(path: str, text: str, *, file=None, where=None, name=None):
             v = float(t)
         return check_value(path, v, file=file, where=where, name=name)
     v = check_value(path, t, file=file, where=where, name=name)
-    if f.kind == "id":
+    if f.kind == "id" and not (v == "" and f.blank):
         from dse import catalog
-        ids = catalog.table(CATALOG_KINDS[f.section])
+        kind = catalog_kind(path)
+        ids = catalog.table(kind)
         if v not in ids:
             raise InputError(f"{name or path} = {v!r} is not a catalog id", file=file,
                              where=where, hint=suggest(v, ids, "ids")
-                             + f" (see `dse catalog list {CATALOG_KINDS[f.section]}`)")
+                             + f" (see `dse catalog list {kind}`)")
     return v
 
 
 CATALOG_KINDS = {"accelerator": "accelerators", "topology": "topologies", "model": "models"}
+# id fields outside those sections: the catalog table they name
+CATALOG_OF = {"serving.spec_draft_model": "models"}
+
+
+def catalog_kind(path: str) -> str:
+    """The catalog table (``dse catalog list KIND``) an id field's values come from."""
+    return CATALOG_OF.get(path) or CATALOG_KINDS[path.split(".", 1)[0]]
 
 
 def parse_column(path: str, column: pd.Series, *, file=None, names=None, name=None) -> pd.Series:

@@ -29,7 +29,7 @@ from dse import pareto, runs, validate
 from dse.build import settable_paths
 from dse.errors import InputError, suggest
 from dse.fields import REGISTRY
-from dse.mechanisms import scale_base
+from dse.mechanisms import check as check_mechanisms, scale_base
 from dse.perf import score
 from dse.space import load_space
 
@@ -128,8 +128,22 @@ def check_overrides(space, overrides: dict) -> None:
         cur = table[path].to_numpy(dtype=float)
         table[path] = np.full_like(cur, v) if op == "set" else \
             scale_base(table, path) * v
+    rate = "workload.request_rate_per_s"
+    rates = [float(v) for p in space.parameters if p.path == rate and not p.scale
+             for v in p.values] or [float(space.base.get(rate, 0.0) or 0.0)]
+    if "workload.concurrency" in overrides and rate not in overrides and max(rates) > 0:
+        raise InputError(f"workload.concurrency: the run's designs take their "
+                         f"concurrency from {rate} = {max(rates):g} (Little's law), so it "
+                         "would be ignored", where="--set/--scale",
+                         hint=f"--set {rate}=VALUE to change the load, or {rate}=0 with a "
+                         "workload.concurrency for a fixed one")
+    spec = {p.path: max(p.values) for p in space.parameters   # any design's draft tokens
+            if p.path == "serving.spec_tokens" and not p.scale}
+    if "serving.spec_tokens" in spec and "serving.spec_tokens" not in overrides:
+        table["serving.spec_tokens"] = float(spec["serving.spec_tokens"])
     try:
         validate.check_table(table, columns=list(overrides))
+        check_mechanisms(table)     # e.g. --set serving.spec_method=draft without a drafter
     except InputError as e:
         raise InputError(e.message, where="--set/--scale", hint=e.hint) from None
 
@@ -239,6 +253,8 @@ def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress
     before = _objective_table(space, ids)
     after = _objective_table(space, ids, overrides)
     moved = front.copy()
+    moved["kv_dtype_before"], moved["kv_dtype"] = space.kv_dtypes(ids), \
+        space.kv_dtypes(ids, overrides)
     for ob in space.objectives:
         moved[f"{ob.metric}_before"] = before[ob.metric]
         moved[ob.metric] = after[ob.metric]
@@ -258,14 +274,35 @@ def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress
         res = reopt.reoptimize(d, m, space, front, prepared, o, trials=trials,
                                budget_s=budget_s, progress=progress)
         shutil.copyfile(res["run_dir"] / "front.csv", o / "front.csv")
+        _state_kv_dtype(o / "front.csv", res["space"])
     else:
         o.mkdir(parents=True, exist_ok=True)
         runs.write_front(o, new_front, space.objectives, space.columns)
+        _state_kv_dtype(o / "front.csv", space, overrides)
     sens = sensitivities(space, ids)
     _write(o, space, overrides, moved, new_front, ok, sens, res, band)
     from dse.bands_report import whatif_headline
     return WhatIf(o, overrides, moved, pd.read_csv(o / "front.csv"), sens, res, band,
                   tuple(whatif_headline(space, moved, band)))
+
+
+def _state_kv_dtype(f: Path, space, overrides=None) -> None:
+    """front.csv with a last column ``kv_dtype``: each design's KV cache element type after
+    the change (a blank ``model.kv_dtype`` follows the weights, so a --set of either moves it)."""
+    df = pd.read_csv(f)
+    df["kv_dtype"] = space.kv_dtypes(df["design_id"].to_numpy(np.int64), overrides) \
+        if len(df) else pd.Series(dtype=object)
+    runs.atomic_save(f, lambda p: df.to_csv(p, index=False))
+
+
+def kv_line(before: np.ndarray, after: np.ndarray) -> str:
+    """The what-if page's line on the KV cache's element type over the front, before and after."""
+    from dse.build import kv_dtype_text as say
+    if len(after) == 0:
+        return "- KV cache element type: no front design"
+    if (np.asarray(before) == np.asarray(after)).all():
+        return f"- KV cache element type (unchanged): {say(after)}"
+    return f"- KV cache element type: {say(before)} before, {say(after)} after"
 
 
 def sensitivities(space, ids, step: float = 0.2) -> pd.DataFrame:
@@ -380,7 +417,13 @@ def _write(o, space, overrides, moved, new_front, ok, sens, res=None, band=None)
     lines = [f"# What if: {space.name}", "",
              "Overrides: " + describe_overrides(overrides), "",
              f"- front designs re-scored: {len(moved)}; still feasible: {int(ok.sum())}; "
-             f"non-dominated after the change: {len(new_front)}"]
+             f"non-dominated after the change: {len(new_front)}",
+             kv_line(moved["kv_dtype_before"].to_numpy(), moved["kv_dtype"].to_numpy())]
+    if (overrides or {}).get("workload.request_rate_per_s", ("scale", 0.0))[0] == "set" \
+            and overrides["workload.request_rate_per_s"][1] > 0:
+        lines.append("- workload.request_rate_per_s is set: each design's concurrency follows "
+                     "from the rate (Little's law on its step times) and replaces its "
+                     "workload.concurrency")
     from dse.bands_report import whatif_headline
     lines += whatif_headline(space, moved, band)
     if band is not None:

@@ -78,3 +78,45 @@ def test_bad_mechanism_values_exit_2_naming_row_and_column(tmp_path, col, value,
 def test_a_mechanism_column_typo_is_refused(tmp_path):
     rc, err, _ = _predict(tmp_path, [{**BASE, "spec_tokns": 2}])
     assert rc == 2 and "spec_tokns" in err and "spec_tokens" in err, err
+
+
+def test_a_case_with_both_a_rate_and_a_concurrency_is_refused(tmp_path):
+    # the rate sets the concurrency (Little's law); a concurrency beside it would be dropped
+    rc, err, _ = _predict(tmp_path, [{**BASE, "request_rate_per_s": 20.0}])
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "row 2 (case_id x), column concurrency" in err
+    assert "concurrency = 512 and request_rate_per_s = 20 are both given" in err
+    rc, err, p = _predict(tmp_path, [{**BASE, "concurrency": None, "request_rate_per_s": 20.0}])
+    assert rc == 0, err
+    d = one({**DESIGN, "workload.request_rate_per_s": 20.0})
+    assert p.loc["x", "concurrency"] == int(d["concurrency"])
+    assert p.loc["x", "tpot_s"] == pytest.approx(d["tpot_s"], rel=1e-9)
+
+
+def test_a_rate_on_a_single_phase_case_is_refused(tmp_path):
+    rc, err, _ = _predict(tmp_path, [{**BASE, "concurrency": None, "phase": "decode",
+                                      "request_rate_per_s": 20.0}])
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "request_rate_per_s = 20 on a decode-only instance (phase = 'decode')" in err
+
+
+def test_predict_states_the_kv_dtype_it_used(tmp_path):
+    # contracts/predict-cases.md: a blank kv_dtype is fp8 with fp8/fp4 weights, else bf16; the
+    # output says which, and it is the one scored (the same numbers as giving it explicitly)
+    L = {"case_id": "x", "model": "llama-3.1-70b", "hardware": "h100-sxm", "num_chips": 4,
+         "tp": 4, "pp": 1, "ep": 1, "dp": 1, "isl": 2048, "osl": 256, "concurrency": 16}
+    rows = [{**L, "case_id": "fp8w", "weight_dtype": "fp8"},
+            {**L, "case_id": "bf16w", "weight_dtype": "bf16"},
+            {**L, "case_id": "bf16w_bf16kv", "weight_dtype": "bf16", "kv_dtype": "bf16"},
+            {**L, "case_id": "bf16w_fp8kv", "weight_dtype": "bf16", "kv_dtype": "fp8"},
+            {**L, "case_id": "fp8w_fp8kv", "weight_dtype": "fp8", "kv_dtype": "fp8"}]
+    rc, err, p = _predict(tmp_path, rows)
+    assert rc == 0, err
+    assert p["kv_dtype"].to_dict() == {"fp8w": "fp8", "bf16w": "bf16", "bf16w_bf16kv": "bf16",
+                                       "bf16w_fp8kv": "fp8", "fp8w_fp8kv": "fp8"}
+    for a, b in (("bf16w", "bf16w_bf16kv"), ("fp8w", "fp8w_fp8kv")):
+        for m in ("tpot_s", "ttft_s", "max_concurrent_sequences"):
+            assert p.loc[a, m] == pytest.approx(p.loc[b, m], rel=1e-12), (a, m)
+    # half the KV bytes per sequence: about twice the sequences fit beside the same weights
+    assert p.loc["bf16w_fp8kv", "max_concurrent_sequences"] > \
+        1.9 * p.loc["bf16w", "max_concurrent_sequences"]

@@ -119,3 +119,35 @@ def test_off_by_default_and_nan_without_a_rate_or_slo():
     m = one({**L70, "workload.concurrency": 32, "workload.ttft_slo_s": 2.0})
     assert m["goodput_requests_per_s_per_chip"] > 0
     assert m["ttft_p90_s"] == m["ttft_s"] and m["tpot_p90_s"] == m["tpot_s"]
+
+
+def test_a_space_or_design_giving_both_rate_and_concurrency_is_refused(tmp_path, capsys):
+    # the rate sets the concurrency (Little's law): beside a swept or fixed concurrency one of
+    # them would be silently dropped, so spaces and design files give one of them
+    from helpers import ROOT
+
+    from dse.cli import main
+    quick = (ROOT / "spaces" / "quickstart.toml").read_text()
+    sp = tmp_path / "s.toml"
+    sp.write_text(quick.replace("[parameters]", '[parameters]\n"workload.request_rate_per_s" = '
+                                "[0, 2]"))
+    assert main(["run", str(sp), "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "parameters.workload.concurrency" in err
+    assert "workload.request_rate_per_s = 2 are both given" in err
+    d = tmp_path / "d.toml"
+    d.write_text('[accelerator]\nid = "h100-sxm"\n[model]\nid = "llama-3.1-70b"\n'
+                 'weight_dtype = "fp8"\n[layout]\ntp = 4\n[workload]\nisl = 2048\nosl = 256\n'
+                 "concurrency = 16\nrequest_rate_per_s = 2.0\n")
+    assert main(["eval", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "workload.concurrency = 16 and workload.request_rate_per_s = 2 are both given" in err
+    # without the concurrency: the rate's, as the scorer gives it
+    d.write_text(d.read_text().replace("concurrency = 16\n", ""))
+    assert main(["eval", str(d), "--json"]) == 0
+    import json
+    got = json.loads(capsys.readouterr().out)
+    m = one({**L70, "workload.request_rate_per_s": 2.0})
+    assert got["metrics"]["concurrency"] == pytest.approx(m["concurrency"], rel=1e-12)
+    assert 1 < m["concurrency"] < 64

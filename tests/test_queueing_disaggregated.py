@@ -78,3 +78,21 @@ def test_rows_without_a_rate_are_unchanged_beside_rows_with_one():
         assert s["tpot_s"][i] == pytest.approx(alone["tpot_s"], rel=1e-12)
         assert s["ttft_s"][i] == pytest.approx(alone["ttft_s"], rel=1e-12)
     assert np.isnan(s["ttft_p90_s"][0]) and np.isfinite(s["ttft_p90_s"][1])
+
+
+# ------------------------------------------------ a rate where it cannot be served (issue 11)
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+@pytest.mark.parametrize("field", ["workload.request_rate_per_s", "workload.ttft_slo_s",
+                                   "workload.tpot_slo_s"])
+def test_a_rate_or_slo_on_one_pool_is_refused(phase, field):
+    # a prefill-only or decode-only instance has no request stream of its own: the rate was
+    # silently ignored (concurrency 1, no percentiles); now one clear error
+    from dse.errors import InputError
+    d = design(**{**DSV3, "serving.mode": "aggregated", "workload.phase": phase,
+                  "layout.ep": 8, "layout.dp": 8, "workload.concurrency": 64, field: 2.0})
+    with pytest.raises(InputError, match=f"{field} = 2 on a {phase}-only instance"):
+        one(d)
+    # the whole disaggregated system takes the same rate
+    whole = one(_d(**{field: 2.0}))
+    assert whole["feasible"]

@@ -100,3 +100,27 @@ def _check_rendered(dom: str, plots: bool = True) -> None:
         assert titles, "no axis titles drawn"
         for t in titles:
             assert re.search(r"\[[^\]]+\]", t), f"axis title without a unit: {t!r}"
+
+
+def test_report_states_the_kv_dtype_of_the_front_and_the_knee(tmp_path, capsys):
+    # issue 11: the KV cache's element type is stated, not left to follow the weights silently
+    from dse.report import knee
+    from dse.space import load_space
+    run = tmp_path / "run"
+    assert main(["run", str(QUICK), "--out", str(run), "--quiet"]) == 0
+    assert main(["report", str(run)]) == 0
+    summary = (run / "report" / "summary.md").read_text()
+    front = pd.read_csv(run / "front.csv")
+    n, n16 = len(front), int((front["model.weight_dtype"] == "bf16").sum())
+    kinds = [f"bf16 (2 B per element, {n16} of {n} designs)" if n16 else "",
+             f"fp8 (1 B per element, {n - n16} of {n} designs)" if n16 < n else ""]
+    if n16 in (0, n):
+        kinds = ["bf16 (2 B per element)" if n16 else "fp8 (1 B per element)"]
+    assert "- KV cache element type on the front: " + ", ".join(k for k in kinds if k) in summary
+    space = load_space(str(QUICK))
+    row = front.iloc[knee(front, space.objectives)]
+    b = 2.0 if row["model.weight_dtype"] == "bf16" else 1.0
+    # Llama 3.1 70B: 80 layers x 8 KV heads x 128 x (K and V) elements per token
+    per_token = 80 * 8 * 128 * 2 * b
+    assert (f"- KV cache: {row['model.weight_dtype']} ({b:g} B per element), "
+            f"{per_token / 1e3:,.1f} kB per token") in summary

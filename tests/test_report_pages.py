@@ -112,6 +112,11 @@ def test_run_ends_with_a_ranked_front_table_and_status_is_a_table(quick_run, tmp
     best = front["usd_per_mtok_output"].min()
     row = next(line for line in out if "best output cost" in line)
     assert f"{best:.4g}" in row
+    # the KV cache's element type each listed design runs: a blank one follows the weights
+    assert out[1].rstrip().endswith("KV cache")
+    rows = [line for line in out if "weight_dtype=" in line]
+    assert rows and all(line.split()[-1] == ("fp8" if "weight_dtype=fp8" in line else "bf16")
+                        for line in rows)
     assert main(["status", str(d)]) == 0
     st = capsys.readouterr().out
     assert "hypervolume" in st and "reference point" in st and "TPOT [s]" in st

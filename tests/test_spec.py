@@ -121,3 +121,21 @@ def test_bad_draft_model_is_one_clear_error():
         batch({**L70, "serving.spec_tokens": 2, "serving.spec_method": "draft"})
     with pytest.raises(InputError):
         batch({**L70, "serving.spec_tokens": 2, "serving.spec_acceptance": 1.5})
+
+
+def test_a_space_sweeping_draft_tokens_without_a_draft_model_is_refused(tmp_path, capsys):
+    # the draft tokens are a parameter (written straight into the scorer's Batch): the space is
+    # still refused when any of its values asks a drafter that is not named, in one line
+    from helpers import ROOT
+
+    from dse.cli import main
+    text = (ROOT / "spaces" / "quickstart.toml").read_text().replace(
+        "[parameters]", '[serving]\nspec_method = "draft"\n\n[parameters]\n'
+        '"serving.spec_tokens" = [0, 2]')
+    sp = tmp_path / "s.toml"
+    sp.write_text(text)
+    assert main(["run", str(sp), "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert 'serving.spec_tokens = 2 needs serving.spec_draft_model' in err
+    assert not (tmp_path / "r").exists()

@@ -115,7 +115,10 @@ def test_reoptimize_exhaustive_gives_the_exact_new_front(small, tmp_path, capsys
     out = base / "whatif"
     new = pd.read_csv(out / "front.csv")
     hand = pd.read_csv(small["hand"] / "front.csv")
-    assert list(new.columns) == list(hand.columns)
+    # the run's front, and last the KV dtype each design runs (the weights' dtype is swept)
+    assert list(new.columns) == list(hand.columns) + ["kv_dtype"]
+    assert (new["kv_dtype"] == np.where(new["model.weight_dtype"] == "fp8", "fp8", "bf16")).all()
+    new = new.drop(columns="kv_dtype")
     key = ["design_id"]
     pd.testing.assert_frame_equal(new.sort_values(key).reset_index(drop=True),
                                   hand.sort_values(key).reset_index(drop=True))
@@ -318,3 +321,127 @@ def test_reoptimize_keeps_the_base_runs_local_search(tmp_path, capsys, trials, n
     assert len(late) >= 2
     near = [any(_one_step(coords[j], coords[i]) for i in range(j)) for j in late]
     assert sum(near) >= len(late) - 1, near
+
+
+# ---------------------------------------------------------------- speculative decoding what-ifs
+
+DRAFT_SETS = ["--set", "serving.spec_method=draft", "--set", "serving.spec_tokens=2",
+              "--set", "serving.spec_draft_model=llama-3.1-8b"]
+
+
+def test_whatif_sets_a_draft_model_and_matches_evaluating_the_design(run, tmp_path, capsys):
+    # issue 11: --set serving.spec_draft_model=<id> crashed (no catalog table for 'serving')
+    out = tmp_path / "wi"
+    assert main(["whatif", str(run), *DRAFT_SETS, "--out", str(out), "--quiet",
+                 "--bands", "0"]) == 0
+    front = pd.read_csv(out / "front.csv")
+    from dse.evaluate import evaluate_flat
+    base = {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "workload.isl": 2048,
+            "workload.osl": 256, "layout.pp": 1, "layout.ep": 1, "layout.dp": 1}
+    space_row = pd.read_csv(run / "front.csv").set_index("design_id")
+    for _, r in front.head(3).iterrows():
+        p = space_row.loc[int(r["design_id"])]
+        flat = {**base, "accelerator.id": p["accelerator.id"],
+                "model.weight_dtype": p["model.weight_dtype"], "layout.tp": int(p["layout.tp"]),
+                "workload.concurrency": int(p["workload.concurrency"]),
+                "serving.spec_method": "draft", "serving.spec_tokens": 2,
+                "serving.spec_draft_model": "llama-3.1-8b"}
+        m = evaluate_flat(flat)["metrics"]
+        np.testing.assert_allclose(r["tpot_s"], m["tpot_s"], rtol=1e-9)
+        np.testing.assert_allclose(r["usd_per_mtok_output"], m["usd_per_mtok_output"], rtol=1e-9)
+        # and it is a change: the run's own TPOT was without speculation
+        assert abs(r["tpot_s"] / p["tpot_s"] - 1.0) > 0.01
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--set", "serving.spec_method=draft", "--set", "serving.spec_tokens=2"],
+     'serving.spec_method = "draft" with serving.spec_tokens = 2 needs serving.spec_draft_model'),
+    (["--set", "serving.spec_tokens=2"], "no MTP module"),
+    (["--set", "serving.spec_draft_model=llama-3.1-8bb"], "is not a catalog id"),
+])
+def test_spec_whatif_that_cannot_run_is_one_line_exit_2(run, tmp_path, capsys, args, needle):
+    before = _hashes(run)
+    rc = main(["whatif", str(run), *args, "--out", str(tmp_path / "wi"), "--quiet",
+               "--bands", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert needle in err and "Traceback" not in err and "internal error" not in err
+    assert _hashes(run) == before and not (tmp_path / "wi").exists()
+
+
+def test_whatif_states_the_kv_dtype_before_and_after(run, tmp_path, capsys):
+    # the quickstart sweeps bf16 and fp8 weights, its KV dtype blank: it follows the weights
+    front = pd.read_csv(run / "front.csv")
+    n16 = int((front["model.weight_dtype"] == "bf16").sum())
+    assert 0 < n16 < len(front)
+    out = tmp_path / "wi"
+    assert main(["whatif", str(run), "--set", "model.kv_dtype=fp8", "--out", str(out),
+                 "--quiet", "--bands", "0"]) == 0
+    md = (out / "whatif.md").read_text()
+    n = len(front)
+    assert (f"- KV cache element type: bf16 (2 B per element, {n16} of {n} designs), fp8 "
+            f"(1 B per element, {n - n16} of {n} designs) before, fp8 (1 B per element) "
+            "after") in md, md
+    new = pd.read_csv(out / "front.csv")
+    assert list(new.columns)[-2:] == ["design_id", "kv_dtype"] and (new["kv_dtype"] == "fp8").all()
+    # the bf16-weight designs now hold an fp8 cache: cheaper (more fit), never costlier
+    from dse.space import load_space
+    from dse.whatif import _objective_table
+    space = load_space(str(QUICK))
+    ids = front["design_id"].to_numpy()
+    before = _objective_table(space, ids)
+    after = _objective_table(space, ids, {"model.kv_dtype": ("set", "fp8")})
+    bf16 = (front["model.weight_dtype"] == "bf16").to_numpy()
+    assert (after["usd_per_mtok_output"][~bf16] == before["usd_per_mtok_output"][~bf16]).all()
+    assert (after["usd_per_mtok_output"][bf16] < before["usd_per_mtok_output"][bf16]).any()
+    # a plain rescoring keeps each design's own
+    assert main(["whatif", str(run), "--scale", f"{HBM}=1.5", "--out", str(tmp_path / "w2"),
+                 "--quiet", "--bands", "0"]) == 0
+    same = pd.read_csv(tmp_path / "w2" / "front.csv").merge(front, on="design_id")
+    assert (same["kv_dtype"] == np.where(same["model.weight_dtype_x"] == "fp8", "fp8",
+                                         "bf16")).all()
+    assert "- KV cache element type (unchanged): " in (tmp_path / "w2" / "whatif.md").read_text()
+
+
+def test_whatif_rate_replaces_each_designs_concurrency_and_says_so(run, tmp_path, capsys):
+    out = tmp_path / "wi"
+    assert main(["whatif", str(run), "--set", "workload.request_rate_per_s=0.5", "--out",
+                 str(out), "--quiet", "--bands", "0"]) == 0
+    md = (out / "whatif.md").read_text()
+    assert "each design's concurrency follows from the rate" in md
+    # the page's numbers are the rate's: the same as evaluating the design with the rate alone
+    from dse.space import load_space
+    from dse.whatif import _objective_table
+    space = load_space(str(QUICK))
+    ids = pd.read_csv(run / "front.csv")["design_id"].to_numpy()
+    a = _objective_table(space, ids, {"workload.request_rate_per_s": ("set", 0.5)})
+    vals = space.values_at(ids)
+    from helpers import one
+    for i in (0, len(ids) - 1):
+        d = {"accelerator.id": vals["accelerator.id"][i], "model.id": "llama-3.1-70b",
+             "model.weight_dtype": vals["model.weight_dtype"][i],
+             "layout.tp": int(vals["layout.tp"][i]), "workload.isl": 2048, "workload.osl": 256,
+             "workload.request_rate_per_s": 0.5}
+        m = one(d)
+        assert a["tpot_s"][i] == pytest.approx(m["tpot_s"], rel=1e-9)
+
+
+def test_a_concurrency_whatif_on_a_rate_run_is_refused(tmp_path, capsys):
+    # the designs of a run served at a request rate take their concurrency from it: a
+    # --set workload.concurrency would be silently ignored
+    sp = tmp_path / "rate.toml"
+    sp.write_text(QUICK.read_text().replace('osl = 256', 'osl = 256\nrequest_rate_per_s = 1.0')
+                  .replace('"workload.concurrency" = { low = 1, high = 2048, num = 12, log = '
+                           'true }', ''))
+    d = tmp_path / "run"
+    assert main(["run", str(sp), "--out", str(d), "--quiet"]) == 0
+    capsys.readouterr()
+    rc = main(["whatif", str(d), "--set", "workload.concurrency=64", "--out",
+               str(tmp_path / "wi"), "--quiet", "--bands", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "take their concurrency from workload.request_rate_per_s = 1" in err
+    # turning the rate off with it is a fixed-concurrency what-if
+    assert main(["whatif", str(d), "--set", "workload.request_rate_per_s=0", "--set",
+                 "workload.concurrency=64", "--out", str(tmp_path / "wi"), "--quiet",
+                 "--bands", "0"]) == 0

@@ -1,74 +1,217 @@
 """What do EPLB-style redundant experts buy at large expert parallelism?
 
 The space sweeps the routing imbalance (``serving.expert_imbalance``, max/mean routed tokens
-per EP rank: no sourced default exists in the catalog, so the question states the values it
-assumes) and the redundant expert slots (``serving.redundant_experts``) with the batch. For each
-(imbalance, redundant slots) the answer is the cheapest admissible design ($/Mtok output) within
-the space's constraints (its TPOT SLO), and what the slots cost in HBM per chip and buy in
-price against the same imbalance without them (dse/perf/imbalance.py: the busiest rank sets the
-routed experts' step; ``r`` slots over ``ep`` ranks leave the excess ``(imb - 1) ep / (ep + r)``).
+per EP rank: a grid of values the question assumes) and the redundant expert slots
+(``serving.redundant_experts``, every count from 0 up) with the batch. The answer also scores the
+same designs at the catalog's published routing model's imbalance for the space's EP size and
+experts (``dse.perf.imbalance.published_imbalance``, ``expert_load_cv`` in
+dse/catalog/serving.toml [expert_routing], with its source): the imbalance a design gets when it
+leaves the field blank.
+
+For each imbalance and slot count the answer is the cheapest admissible design ($/Mtok output)
+within the space's constraints (its TPOT SLO); per imbalance it gives the price without slots,
+at the published default slot count (``[answer] published_redundant_experts``, with its
+``published_source``) and at the optimum, and what the slots cost in HBM per chip
+(dse/perf/imbalance.py: the busiest rank sets the routed experts' step; every rank holds
+``ceil((E + r) / ep)`` slots per layer, the ``replicas = slots - E`` leave the excess
+``(imb - 1) ep / (ep + replicas)``). A figure draws the price against the slot count.
 """
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
+
+from dse import catalog
+from dse.perf.imbalance import published_imbalance
 from dse.questions import Answer, Context, Lead
-from dse.questions._common import admissible, describe, md_table
+from dse.questions._common import admissible, describe, md_table, pyplot, save
 
 COST = "usd_per_mtok_output"
 IMB, RED = "serving.expert_imbalance", "serving.redundant_experts"
+PUBLISHED = "published"          # the key of the published routing model's imbalance
+
+
+def _published_rows(ctx: Context, imb: float) -> pd.DataFrame:
+    """Every design of the space with its imbalance replaced by ``imb``, scored (design ids
+    are those of the first imbalance value's designs)."""
+    first = ctx.space.parameters[[p.path for p in ctx.space.parameters].index(IMB)].values[0]
+    grid = ctx.values()
+    grid = grid[grid[IMB] == first].reset_index(drop=True)
+    vals = {p.path: grid[p.column].to_numpy() for p in ctx.space.parameters}
+    vals[IMB] = np.full(len(grid), imb)
+    df = ctx.score(values=vals)
+    df.insert(0, "design_id", grid["design_id"].to_numpy())
+    return df
+
+
+def _slots(red: np.ndarray, experts: float, ep: float) -> np.ndarray:
+    """Expert slots per MoE layer (``dse.perf.arch.expert_slots``): ceil((E + r) / ep) ep."""
+    return np.ceil((experts + np.asarray(red, float)) / ep) * ep
+
+
+def _figure(ctx, curves: dict, published_slots: int, best: dict, imb_pub: float) -> str:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for label, c in curves.items():
+        line, = ax.plot(c.index, c.to_numpy(), "-", lw=1.5 if label == PUBLISHED else 1,
+                        label=(f"published routing model ({imb_pub:.2f})" if label == PUBLISHED
+                               else f"imbalance {label} (assumed)"))
+        r = best[label]
+        ax.scatter([r], [c.loc[r]], s=40, color=line.get_color(), zorder=5)
+    ax.axvline(published_slots, c="k", ls=":", lw=1,
+               label=f"published default: {published_slots} redundant experts")
+    ax.set_xlabel("redundant expert slots per EP group (serving.redundant_experts)")
+    ax.set_ylabel("$ per million output tokens (cheapest admissible)")
+    ax.set_title("EPLB redundant experts: price vs slot count (dots: optimum)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save(fig, ctx, "eplb-slots.png")
 
 
 def answer(ctx: Context) -> Answer:
+    pub_r = int(ctx.param("published_redundant_experts", 32))
+    source = str(ctx.param("published_source", ""))
     df = ctx.score()
+    if IMB not in df or RED not in df:
+        return Answer("- the space must sweep serving.expert_imbalance and "
+                      "serving.redundant_experts")
+    base = ctx.space.base
+    model = catalog.models()[str(base.get("model.id"))]
+    experts, ep = float(model.num_experts), float(base.get("layout.ep", 1))
+    imb_pub = float(published_imbalance(ep, experts, catalog.expert_load_cv()))
+    pub = _published_rows(ctx, imb_pub)
+    pub[IMB] = PUBLISHED
+    df = pd.concat([df.assign(**{IMB: df[IMB].map(lambda v: f"{v:g}")}), pub],
+                   ignore_index=True)
     df = df[admissible(ctx, df)].reset_index(drop=True)
-    if df.empty or IMB not in df or RED not in df:
-        return Answer("- no admissible design (the space must sweep expert_imbalance and "
-                      "redundant_experts)")
-    best = df.loc[df.groupby([IMB, RED])[COST].idxmin()].set_index([IMB, RED])
-    rows, gains = [], {}
-    for (imb, red), r in best.iterrows():
-        none = best.loc[(imb, 0.0)] if (imb, 0.0) in best.index else None
-        gain = None if none is None else none[COST] / r[COST]
-        gains[f"{imb:g}/{int(red)}"] = gain
-        extra = 0.0 if none is None else (r["weights_bytes_per_chip"]
-                                          - none["weights_bytes_per_chip"])
-        rows.append([f"{imb:g}", f"{int(red)}", f"${r[COST]:.3f}", r["tpot_s"] * 1e3,
-                     f"{int(r['workload.concurrency']):,}", f"{extra / 1e9:.2f}",
-                     "-" if gain is None else f"{gain:.2f}x"])
-    table = md_table(["imbalance (max/mean)", "redundant slots", "$/Mtok output", "TPOT ms",
-                      "batch", "extra HBM per chip GB", "cheaper than no slots"], rows)
-    top_imb = float(best.index.get_level_values(0).max())
-    at_top = best.loc[top_imb]
-    reds = [float(at_top[COST].idxmin())]
-    lo, hi = best.loc[(top_imb, float(at_top.index.min()))], best.loc[(top_imb, reds[-1])]
-    bal = best.loc[(1.0, 0.0)] if (1.0, 0.0) in best.index else None
-    head = "\n".join([
-        f"- At imbalance {top_imb:g}, {int(reds[-1])} redundant slots cut the price from "
-        f"${lo[COST]:.3f} to ${hi[COST]:.3f}/Mtok output ({lo[COST] / hi[COST]:.2f}x) for "
-        f"{(hi['weights_bytes_per_chip'] - lo['weights_bytes_per_chip']) / 1e9:.2f} GB more "
-        f"weights per chip.",
-        *([] if bal is None else [
-            f"- Perfect balance would cost ${bal[COST]:.3f}/Mtok: imbalance {top_imb:g} "
-            f"without slots costs {lo[COST] / bal[COST]:.2f}x that, with {int(reds[-1])} slots "
-            f"{hi[COST] / bal[COST]:.2f}x."]),
-    ])
+    if df.empty:
+        return Answer("- no admissible design")
+    cheapest = df.loc[df.groupby([IMB, RED])[COST].idxmin()].set_index([IMB, RED])
+    order = [k for k in dict.fromkeys(df[IMB]) if k != PUBLISHED] + [PUBLISHED]
+    order = [k for k in order if k in cheapest.index.get_level_values(0)]
+    curves, best, per, rows = {}, {}, {}, []
+    for key in order:
+        sub = cheapest.loc[key]
+        curve = sub[COST].sort_index()
+        curves[key] = curve
+        r_best = int(curve.idxmin())           # the first (fewest slots) at the lowest price
+        best[key] = r_best
+        at = {name: (sub.loc[r] if r in sub.index else None)
+              for name, r in (("none", 0), ("published", pub_r), ("best", r_best))}
+        none, p, b = at["none"], at["published"], at["best"]
+
+        def price(r):
+            return None if r is None else float(r[COST])
+
+        def hbm(r):
+            return None if r is None or none is None else float(
+                (r["weights_bytes_per_chip"] - none["weights_bytes_per_chip"]) / 1e9)
+        per[key] = {
+            "imbalance": imb_pub if key == PUBLISHED else float(key),
+            "usd_per_mtok_no_slots": price(none), "usd_per_mtok_published_slots": price(p),
+            "usd_per_mtok_best": price(b), "best_slots": r_best,
+            "best_replicas_per_layer": int(_slots(r_best, experts, ep) - experts),
+            "cut_best": None if none is None else price(none) / price(b),
+            "cut_published": None if none is None or p is None else price(none) / price(p),
+            "best_vs_published": None if p is None else price(p) / price(b),
+            "extra_hbm_gb_per_chip_best": hbm(b),
+        }
+        n = per[key]
+        rows.append([("published routing model " if key == PUBLISHED else "")
+                     + f"{n['imbalance']:.3g}",
+                     "-" if none is None else f"${n['usd_per_mtok_no_slots']:.3f}",
+                     "-" if p is None else f"${n['usd_per_mtok_published_slots']:.3f}",
+                     f"{r_best} ({n['best_replicas_per_layer']} replicas)",
+                     f"${n['usd_per_mtok_best']:.3f}",
+                     "-" if n["cut_best"] is None else f"{n['cut_best']:.3f}x",
+                     "-" if n["best_vs_published"] is None else f"{n['best_vs_published']:.3f}x",
+                     "-" if n["extra_hbm_gb_per_chip_best"] is None
+                     else f"{n['extra_hbm_gb_per_chip_best']:.2f}", b["tpot_s"] * 1e3,
+                     f"{int(b['workload.concurrency']):,}"])
+    table = md_table(["imbalance (max/mean)", "$/Mtok, no slots",
+                      f"$/Mtok, {pub_r} slots (published default)", "optimal slots",
+                      "$/Mtok at the optimum", "optimum vs no slots",
+                      f"optimum vs {pub_r} slots", "extra HBM per chip GB (optimum)",
+                      "TPOT ms (optimum)", "batch (optimum)"], rows)
+    reds = np.array(sorted(df[RED].unique()), dtype=float)
+    levels = pd.DataFrame({"r": reds, "slots": _slots(reds, experts, ep)})
+    level_rows = []
+    for slots, g in levels.groupby("slots"):
+        level_rows.append([f"{int(g['r'].min())}..{int(g['r'].max())}", f"{int(slots):,}",
+                           f"{int(slots / ep)}", f"{int(slots - experts)}"])
+    levels_table = md_table(["redundant_experts", "expert slots per layer", "per EP rank",
+                             "replicas of hot experts"], level_rows)
+    fig = _figure(ctx, curves, pub_r, best, imb_pub)
+    top = max((k for k in order if k != PUBLISHED), key=float)
+    t, pd_ = per[top], per.get(PUBLISHED)
+    head = []
+    if pd_ is not None:
+        head.append(
+            f"- At the published routing model's imbalance for EP {ep:g} over {experts:g} "
+            f"experts ({imb_pub:.2f} max/mean), the cheapest is **{pd_['best_slots']} redundant "
+            f"slots** ({pd_['best_replicas_per_layer']} replicas per layer): "
+            f"${pd_['usd_per_mtok_best']:.3f}/Mtok output, {pd_['cut_best']:.3f}x cheaper than "
+            f"no slots (${pd_['usd_per_mtok_no_slots']:.3f})"
+            + ("" if pd_["usd_per_mtok_published_slots"] is None else
+               f"; the published default of {pub_r} redundant experts costs "
+               f"${pd_['usd_per_mtok_published_slots']:.3f} ({pd_['best_vs_published']:.3f}x "
+               "the optimum's price)") + ".")
+    head.append(
+        f"- At the largest assumed imbalance ({t['imbalance']:g}) the optimum is {t['best_slots']} "
+        f"slots: ${t['usd_per_mtok_best']:.3f} vs ${t['usd_per_mtok_no_slots']:.3f}/Mtok "
+        f"without ({t['cut_best']:.3f}x) for {t['extra_hbm_gb_per_chip_best']:.2f} GB more "
+        "weights per chip"
+        + ("" if t["usd_per_mtok_published_slots"] is None else
+           f"; {pub_r} slots (the published default) give ${t['usd_per_mtok_published_slots']:.3f}")
+        + ".")
+    head.append(f"- Published default: {pub_r} redundant experts"
+                + (f" ({source})" if source else "") + f". At EP {ep:g}, {experts:g} experts "
+                f"already leave {int(_slots(0, experts, ep) - experts)} spare slots per layer "
+                f"(ceil({experts:g}/{ep:g}) = {int(_slots(0, experts, ep) / ep)} per rank) that "
+                "hold replicas, and slots come a whole one per rank at a time: see the levels "
+                "below.")
+    bal = per.get("1")
+    if bal is not None:
+        head.append(f"- Perfect balance would cost ${bal['usd_per_mtok_best']:.3f}/Mtok: "
+                    f"imbalance {t['imbalance']:g} without slots costs "
+                    f"{t['usd_per_mtok_no_slots'] / bal['usd_per_mtok_best']:.2f}x that, at its "
+                    f"optimum {t['usd_per_mtok_best'] / bal['usd_per_mtok_best']:.2f}x.")
+    hi = cheapest.loc[(top, t["best_slots"])]
     details = f"""## Method
 
-- Space: {ctx.space.size:,} designs ({', '.join(p.path for p in ctx.space.parameters)}); \
-{len(df):,} admissible (feasible, {', '.join(f'{c.metric} <= {c.max:g}' for c in ctx.space.constraints if c.max is not None) or 'no constraint'}).
-- Per (imbalance, redundant slots): the cheapest admissible design. The imbalance values are \
-assumptions of the question (the catalog has no sourced routing statistic yet); the slots' \
-effect is the model's stated rule, not a measurement.
-- Cheapest design at the largest imbalance with the most slots: {describe(hi)}.
+- Space: {ctx.space.size:,} designs ({', '.join(p.path for p in ctx.space.parameters)}), and \
+the same designs again at the published routing model's imbalance {imb_pub:.3f} \
+(`1 + z(ep) cv sqrt(ep / E)`, cv = {catalog.expert_load_cv():g} from \
+dse/catalog/serving.toml [expert_routing]); {len(df):,} admissible (feasible, \
+{', '.join(f'{c.metric} <= {c.max:g}' for c in ctx.space.constraints if c.max is not None) or 'no constraint'}).
+- Per (imbalance, redundant slots): the cheapest admissible design; per imbalance the \
+optimum is the fewest slots at the lowest price. The swept imbalances are assumptions of the \
+question; the slots' effect is the model's stated rule (a replica splits one hot expert's load \
+in two), not a measurement.
+- Published default slot count: {pub_r} redundant experts ({source or 'see the space file'}).
+- Cheapest design at imbalance {t['imbalance']:g} with its optimal slots: {describe(hi)}.
 
-## Price by imbalance and redundant slots
+## Price without slots, at the published default and at the optimum
 
 {table}
+
+## Expert slots the swept counts give (EP {ep:g}, {experts:g} experts)
+
+Every EP rank holds the same whole number of slots per layer, so `serving.redundant_experts` \
+rounds up to a multiple of {ep:g} slots per layer:
+
+{levels_table}
 """
-    numbers = {"by_imbalance_and_slots": gains, "top_imbalance": top_imb,
-               "slots_at_top_imbalance": int(reds[-1]),
-               "price_cut_at_top_imbalance": float(lo[COST] / hi[COST])}
-    lead = (Lead("price_cut_at_top_imbalance", f"Price cut by the best redundant slots at "
-                 f"imbalance {top_imb:g}", "x", pick="slots_at_top_imbalance",
-                 pick_label="slot count", versus=1.0),)
-    return Answer(head, details, numbers, [], lead)
+    numbers = {"published_redundant_experts": pub_r, "published_imbalance": imb_pub,
+               "by_imbalance": per, "top_imbalance": float(t["imbalance"]),
+               "slots_at_top_imbalance": int(t["best_slots"]),
+               "price_cut_at_top_imbalance": float(t["cut_best"])}
+    lead = ((Lead(f"by_imbalance.{PUBLISHED}.cut_best", "Price cut by the best redundant slots "
+                  f"at the published routing imbalance {imb_pub:.2f} (EP {ep:g})", "x",
+                  pick=f"by_imbalance.{PUBLISHED}.best_slots", pick_label="slot count",
+                  versus=1.0),) if pd_ is not None else
+            (Lead("price_cut_at_top_imbalance", f"Price cut by the best redundant slots at "
+                  f"imbalance {t['imbalance']:g}", "x", pick="slots_at_top_imbalance",
+                  pick_label="slot count", versus=1.0),))
+    return Answer("\n".join(head), details, numbers, [fig], lead)

@@ -106,6 +106,7 @@ def answer(ctx: Context) -> Answer:
         return Answer(f"- no admissible design streams {floor_tps:g} tokens/s/user or more")
     fast, mult = multiple(df, base, speedup)
     bought = speedup_for(df, base, ref_mult)
+    spec, spec_numbers = _by_draft_tokens(df, floor_tps, speedup, fast)
     front = front_of(df)
     bases = {f"baseline: cheapest at >= {floor_tps:g} tok/s/user": base,
              "baseline: unconstrained cost optimum": opt}
@@ -137,9 +138,8 @@ def answer(ctx: Context) -> Answer:
             (f"- Conversely, {ref_mult:g}x the baseline's price buys at most "
              f"{bought[SPEED] / base[SPEED]:.2f}x its speed ({bought[SPEED]:.1f} tokens/s/user, "
              f"batch {int(bought['workload.concurrency']):,})."),
-            *_without_speculation(df, floor_tps, speedup, fast),
+            *_without_speculation(spec_numbers, speedup),
         ])
-    spec = _by_draft_tokens(df, floor_tps, speedup)
     rows = []
     for x in speedups:
         f1, m1 = multiple(df, base, x)
@@ -191,6 +191,12 @@ bound: 0 compute, 1 memory, 2 network, 3 capacity (decode step).
                          for x in speedups}}
     lead = (Lead("multiple", f"Fast mode ({speedup:g}x the speed) costs", "x",
                  pick="fast.design_id", pick_label="fast design"),)
+    if spec_numbers:
+        numbers["speculation"] = spec_numbers
+        if "price_cut_fast" in spec_numbers:
+            lead += (Lead("speculation.price_cut_fast", "Speculative decoding cuts the fast "
+                          "mode's price", "x", pick="speculation.draft_tokens_fast",
+                          pick_label="draft tokens", versus=1.0),)
     return Answer(head, details, numbers, figs, lead)
 
 
@@ -203,30 +209,56 @@ def _numbers(row) -> dict:
             "ttft_s": float(row["ttft_s"]), "tpot_s": float(row["tpot_s"])}
 
 
-def _by_draft_tokens(df: pd.DataFrame, floor_tps: float, speedup: float) -> str:
+def _by_draft_tokens(df: pd.DataFrame, floor_tps: float, speedup: float, fast) \
+        -> tuple[str, dict]:
     """Where the space has ``serving.spec_tokens``: the baseline and the fast mode within each
     number of draft tokens per step, and with the draft tokens free (the headline), as a
-    Markdown section ("" otherwise)."""
+    Markdown section and its numbers (price and tokens/s per user with and without
+    speculation: ``("", {})`` otherwise)."""
     col = "serving.spec_tokens"
     if col not in df.columns or df[col].nunique() < 2:
-        return ""
-    rows = []
+        return "", {}
+    rows, by_k = [], {}
     for k in sorted(df[col].unique()):
         sub = df[df[col] == k]
         base = cheapest(sub, floor_tps)
-        fast = None if base is None else cheapest(sub, speedup * base[SPEED])
+        fk = None if base is None else cheapest(sub, speedup * base[SPEED])
+        per_step = float(fk["spec_expected_tokens"]) if fk is not None and \
+            "spec_expected_tokens" in fk.index and np.isfinite(fk["spec_expected_tokens"]) \
+            else 1.0
+        by_k[f"{int(k)}"] = {
+            "baseline": None if base is None else _numbers(base),
+            "fast": None if fk is None else _numbers(fk),
+            "multiple": None if fk is None else float(fk[COST] / base[COST]),
+            "tokens_per_step_fast": None if fk is None else per_step}
         rows.append([f"{int(k)}", "-" if base is None else f"${base[COST]:.3f}",
                      "-" if base is None else f"{base[SPEED]:.1f}",
-                     "-" if fast is None else f"${fast[COST]:.3f}",
-                     "-" if fast is None else f"{fast[SPEED]:.1f}",
-                     "-" if fast is None else f"{int(fast['workload.concurrency']):,}",
-                     "-" if fast is None else f"{fast[COST] / base[COST]:.2f}x",
-                     "-" if fast is None else f"{fast['spec_expected_tokens']:.2f}"
-                     if "spec_expected_tokens" in fast.index and np.isfinite(
-                         fast["spec_expected_tokens"]) else "1.00"])
+                     "-" if fk is None else f"${fk[COST]:.3f}",
+                     "-" if fk is None else f"{fk[SPEED]:.1f}",
+                     "-" if fk is None else f"{int(fk['workload.concurrency']):,}",
+                     "-" if fk is None else f"{fk[COST] / base[COST]:.2f}x",
+                     "-" if fk is None else f"{per_step:.2f}"])
     table = md_table(["draft tokens", f"baseline $/Mtok (>= {floor_tps:g} tok/s/user)",
                       "tok/s/user", f"fast ({speedup:g}x) $/Mtok", "tok/s/user", "batch",
                       "multiple", "tokens per step (fast)"], rows)
+    numbers = {"by_draft_tokens": by_k}
+    off = by_k.get("0")
+    if fast is not None and off is not None and off["fast"] is not None:
+        # the with-speculation fast mode's own speed target, without speculation
+        same = cheapest(df[df[col] == 0], float(fast[SPEED]))
+        numbers.update({
+            "same_speed_usd_per_mtok_without": None if same is None else float(same[COST]),
+            "same_speed_price_cut": None if same is None else float(same[COST] / fast[COST]),
+            "draft_tokens_fast": int(fast[col]),
+            "fast_usd_per_mtok_with": float(fast[COST]),
+            "fast_usd_per_mtok_without": off["fast"]["usd_per_mtok_output"],
+            "fast_tokens_per_s_per_user_with": float(fast[SPEED]),
+            "fast_tokens_per_s_per_user_without": off["fast"]["output_tokens_per_s_per_user"],
+            "baseline_usd_per_mtok_without": off["baseline"]["usd_per_mtok_output"],
+            "baseline_tokens_per_s_per_user_without":
+                off["baseline"]["output_tokens_per_s_per_user"],
+            "multiple_without": off["multiple"],
+            "price_cut_fast": off["fast"]["usd_per_mtok_output"] / float(fast[COST])})
     return f"""
 ## With speculative decoding (MTP)
 
@@ -236,20 +268,25 @@ own. Verification steps carry k+1 tokens per sequence and yield (1 - a^(k+1)) / 
 (`dse/perf/spec.py`).
 
 {table}
-"""
+""", numbers
 
 
-def _without_speculation(df: pd.DataFrame, floor_tps: float, speedup: float, fast) -> list:
-    """The headline's line for a space with draft tokens: the same question without them."""
-    col = "serving.spec_tokens"
-    if col not in df.columns or df[col].nunique() < 2 or not (df[col] == 0).any():
+def _without_speculation(n: dict, speedup: float) -> list:
+    """The headline's lines for a space with draft tokens: the fast mode's price and tokens/s
+    per user with and without speculation (``_by_draft_tokens``'s numbers)."""
+    if "price_cut_fast" not in n:
         return []
-    sub = df[df[col] == 0]
-    base0 = cheapest(sub, floor_tps)
-    fast0 = None if base0 is None else cheapest(sub, speedup * base0[SPEED])
-    if fast0 is None:
-        return []
-    return [f"- Speculation chosen: {int(fast[col])} draft tokens per step in the fast mode; "
-            f"without speculative decoding the same question costs "
-            f"{fast0[COST] / base0[COST]:.2f}x (${fast0[COST]:.3f} vs ${base0[COST]:.3f}/Mtok), "
-            f"so MTP cuts the fast mode's price {fast0[COST] / fast[COST]:.1f}x."]
+    return [f"- Speculation chosen: {n['draft_tokens_fast']} draft tokens per step in the fast "
+            f"mode, ${n['fast_usd_per_mtok_with']:.3f}/Mtok output at "
+            f"{n['fast_tokens_per_s_per_user_with']:.1f} tokens/s per user. Without speculative "
+            f"decoding the {speedup:g}x fast mode costs ${n['fast_usd_per_mtok_without']:.3f}/Mtok "
+            f"at {n['fast_tokens_per_s_per_user_without']:.1f} tokens/s per user (its baseline "
+            f"${n['baseline_usd_per_mtok_without']:.3f}/Mtok at "
+            f"{n['baseline_tokens_per_s_per_user_without']:.1f} tokens/s per user: "
+            f"{n['multiple_without']:.2f}x): speculation cuts the fast mode's price "
+            f"{n['price_cut_fast']:.1f}x. "
+            + (f"Without it no design streams {n['fast_tokens_per_s_per_user_with']:.1f} tokens/s "
+               "per user." if n["same_speed_usd_per_mtok_without"] is None else
+               f"At the same {n['fast_tokens_per_s_per_user_with']:.1f} tokens/s per user "
+               f"without it: ${n['same_speed_usd_per_mtok_without']:.3f}/Mtok "
+               f"({n['same_speed_price_cut']:.1f}x).")]
