@@ -52,7 +52,7 @@ def _slots(red: np.ndarray, experts: float, ep: float) -> np.ndarray:
 
 def _figure(ctx, curves: dict, published_slots: int, best: dict, imb_pub: float) -> str:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, c in curves.items():
         line, = ax.plot(c.index, c.to_numpy(), "-", lw=1.5 if label == PUBLISHED else 1,
                         label=(f"published routing model ({imb_pub:.2f})" if label == PUBLISHED

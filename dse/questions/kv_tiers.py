@@ -62,7 +62,7 @@ def _fills_at(ctx: Context, rows: pd.DataFrame) -> float | None:
 def _figure(ctx, wall: pd.DataFrame, stories: dict) -> str:
     plt = pyplot()
     accs = list(dict.fromkeys(wall["accelerator.id"]))
-    fig, axes = plt.subplots(1, len(accs), figsize=(6.2 * len(accs), 4.6), dpi=110,
+    fig, axes = plt.subplots(1, len(accs), figsize=(6.2 * len(accs), 4.6),
                              squeeze=False)
     styles = {"none": ("k", "-"), "host": ("#1f77b4", "--"), "ssd": ("#d62728", ":")}
     for ax, acc in zip(axes[0], accs):
