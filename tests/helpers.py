@@ -158,7 +158,7 @@ def check_first_lines(out: Path) -> None:
 
 # a space of 24 designs (two chips, two TPs, three batch sizes, a scale factor of the HBM
 # bandwidth) with a TTFT bound, as a dict: what dse.run and dse.load_space take
-SMALL_SPACE = {
+API_SPACE = {
     "name": "api-small",
     "accelerator": {"id": "h100-sxm"},
     "model": {"id": "llama-3.1-70b", "weight_dtype": "fp8"},

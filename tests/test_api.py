@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import ROOT, SMALL_SPACE
+from helpers import API_SPACE, ROOT
 
 import dse
 from dse.cli import main
@@ -20,7 +20,7 @@ from dse.errors import InputError
 DESIGN = ROOT / "examples" / "llama70b-h100.toml"
 BASE = {"model.id": "llama-3.1-70b", "model.weight_dtype": "fp8", "workload.isl": 2048,
         "workload.osl": 256}
-SPACE = SMALL_SPACE
+SPACE = API_SPACE
 SCALE_COL = "accelerator.hbm_bw_bytes_per_s.scale"
 
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import ROOT, SMALL_SPACE
+from helpers import API_SPACE, ROOT
 
 from dse import pareto
 from dse.cli import main
@@ -279,8 +279,8 @@ def test_the_polish_tries_two_step_neighbours_after_the_one_step_ones():
                               diagonal=True) == 0             # none enqueued twice
 
 
-SCALED = {**SMALL_SPACE, "name": "interop", "constraints": {"ttft_s": {"max": 0.2}},
-          "parameters": {**SMALL_SPACE["parameters"],
+SCALED = {**API_SPACE, "name": "interop", "constraints": {"ttft_s": {"max": 0.2}},
+          "parameters": {**API_SPACE["parameters"],
                          "accelerator.hbm_bw_bytes_per_s": {"scale": [1.0, 1.5, 2.0]}}}
 
 
