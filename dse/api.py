@@ -5,7 +5,10 @@
     ev.metrics["tpot_s"], ev.breakdown                     # every metric; per-op times
     table = dse.score(frame)                               # a DataFrame of designs, vectorized
     run = dse.run("spaces/quickstart.toml")                # search a space: a Run
+    run = dse.run(space, strategy="optuna", sampler="tpe", population=4, trials=500,
+                  budget="10m", seed=1, out="runs/x")     # every `dse run` setting
     run.front, run.scores, run.status                      # DataFrames and `dse status --json`
+    run = dse.resume("runs/x")                             # or run.resume(): `dse run --resume`
     w = dse.whatif(run, set={"accelerator.id": "b300"})    # the front re-scored
     c = dse.compare(run, other)                            # two fronts on one reference point
 
