@@ -6,8 +6,12 @@ The Python API (``dse.api``; the ``dse`` command line is a thin layer over it)::
     ev = dse.evaluate("examples/llama70b-h100.toml")   # one design: .metrics, .breakdown
     df = dse.score(frame)                               # a DataFrame of designs, vectorized
     space = dse.load_space("spaces/quickstart.toml")    # or a dict with the file's structure
-    run = dse.run(space)                                # search it: .front, .scores, .status
+    run = dse.run(space, strategy="optuna", trials=500, sampler="tpe", population=4,
+                  budget="10m", workers=2, seed=0, out="runs/x")   # every `dse run` setting
+    run.front, run.scores, run.status                   # DataFrames; `dse status --json`
     run = dse.open_run("runs/...")                      # a run folder
+    run = dse.resume("runs/...")                        # or run.resume(): `dse run --resume`
+    pred = dse.predict("cases.csv")                     # `dse predict`: a case table
     w = dse.whatif(run, set={"accelerator.id": "b300"}, scale={"cost.pue": 1.1})
     c = dse.compare(run_a, run_b)                       # hypervolumes, coverage; c.write(out)
 
@@ -20,12 +24,12 @@ import sys as _sys
 import types as _types
 from typing import TYPE_CHECKING
 
-_API = ("Bands", "Evaluation", "Run", "compare", "evaluate", "load_space", "open_run", "run",
-        "score", "score_bands", "whatif")
+_API = ("Bands", "Evaluation", "Run", "compare", "evaluate", "load_space", "open_run",
+        "predict", "resume", "run", "score", "score_bands", "whatif")
 
 if TYPE_CHECKING:
-    from dse.api import (Bands, Evaluation, Run, compare, evaluate, load_space, open_run, run,
-                         score, score_bands, whatif)
+    from dse.api import (Bands, Evaluation, Run, compare, evaluate, load_space, open_run,
+                         predict, resume, run, score, score_bands, whatif)
     from dse.errors import InputError
 
 
@@ -44,9 +48,15 @@ def __getattr__(name: str):
 __all__ = ["InputError", "__version__", *_API]
 
 
+def __dir__() -> list[str]:
+    """The public API (what ``dir(dse)`` and a notebook's completion list), not the
+    submodules and helpers an import happens to bind."""
+    return sorted(__all__)
+
+
 class _Package(_types.ModuleType):
-    """``dse.evaluate``, ``dse.compare`` and ``dse.whatif`` are the API's functions, also once
-    the modules of the same name (``dse/evaluate.py``, ...) are imported: the import system's
+    """``dse.evaluate``, ``dse.compare``, ``dse.predict`` and ``dse.whatif`` are the API's
+    functions, also once the modules of the same name (``dse/evaluate.py``, ...) are imported: the import system's
     binding of a submodule on its package is declined for these names (the modules stay in
     ``sys.modules``: ``from dse.evaluate import evaluate_file`` works as before)."""
 

@@ -5,7 +5,10 @@
     ev.metrics["tpot_s"], ev.breakdown                     # every metric; per-op times
     table = dse.score(frame)                               # a DataFrame of designs, vectorized
     run = dse.run("spaces/quickstart.toml")                # search a space: a Run
+    run = dse.run(space, strategy="optuna", sampler="tpe", population=4, trials=500,
+                  budget="10m", seed=1, out="runs/x")     # every `dse run` setting
     run.front, run.scores, run.status                      # DataFrames and `dse status --json`
+    run = dse.resume("runs/x")                             # or run.resume(): `dse run --resume`
     w = dse.whatif(run, set={"accelerator.id": "b300"})    # the front re-scored
     c = dse.compare(run, other)                            # two fronts on one reference point
 
@@ -22,7 +25,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import numpy as np
 import pandas as pd
@@ -320,6 +323,15 @@ class Run:
         frames = [f for f in frames if len(f)]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
+    def resume(self, *, trials: int | None = None, budget: float | str | None = None,
+               workers: int = 1, storage_retry: float | str | None = None,
+               progress: bool = False) -> "Run":
+        """Continue this run (``dse.resume``); returns it, its manifest read again."""
+        resume(self, trials=trials, budget=budget, workers=workers, storage_retry=storage_retry,
+               progress=progress)
+        self.manifest = Run(self.path).manifest
+        return self
+
     def report(self, out: PathLike | None = None) -> Path:
         """``dse report``: the Pareto report's folder."""
         from dse.report import make_report
@@ -331,34 +343,88 @@ def open_run(path: PathLike | Run) -> Run:
     return path if isinstance(path, Run) else Run(path)
 
 
-def _seconds(budget) -> float | None:
+def _seconds(budget: float | str | None, what: str = "budget") -> float | None:
+    """A budget in seconds: a number >= 0, or a duration such as "90s", "45m", "8h"."""
     if budget is None:
         return None
     if isinstance(budget, (int, float)) and not isinstance(budget, bool):
-        if not (math.isfinite(budget) and budget > 0):
-            raise InputError(f"budget {budget!r} must be a positive number of seconds")
+        if not (math.isfinite(budget) and budget >= 0):
+            raise InputError(f"{what} {budget!r} must be a number of seconds >= 0",
+                             hint="or a duration such as 90s, 45m, 8h")
         return float(budget)
     from dse.cli import parse_duration
-    return parse_duration(str(budget), "budget")
+    return parse_duration(str(budget), what)
 
 
-def run(space: PathLike | Mapping[str, Any], strategy: str = "auto", trials: int | None = None,
-        budget: float | str | None = None, out: PathLike | None = None, seed: int = 0,
-        workers: int = 1, progress: bool = False) -> Run:
+def _storage_retry(storage_retry: float | str | None) -> None:
+    """How long storage calls are retried while the database is unreachable (``--storage-retry``;
+    None keeps ``$DSE_STORAGE_RETRY``, else 300 s)."""
+    if storage_retry is None:
+        return
+    from dse.search import study
+    study.set_storage_retry(_seconds(storage_retry, "storage_retry"))
+
+
+Strategy = Literal["auto", "exhaustive", "optuna", "nested"]
+Sampler = Literal["nsga2", "nsga3", "tpe", "random", "qmc", "gp"]
+
+
+def run(space: PathLike | Mapping[str, Any], strategy: Strategy | None = "auto", *,
+        trials: int | None = None, budget: float | str | None = None,
+        out: PathLike | None = None, seed: int = 0, workers: int = 1,
+        sampler: Sampler | None = None, population: int | None = None,
+        storage: str | None = None, chunk_designs: int | None = None,
+        segment_trials: int | None = None, storage_retry: float | str | None = None,
+        progress: bool = False) -> Run:
     """Search a space (a file, a dict as ``load_space`` takes, or a loaded Space) as
-    ``dse run`` does, and return the run.
+    ``dse run`` does, and return the run. Every setting of ``dse run`` is an argument here:
 
-    ``strategy``: "auto" (exhaustive up to 10^8 designs, else optuna), "exhaustive", "optuna"
-    or "nested". ``trials``: exhaustive: work items to do now; optuna/nested: trials in the run.
-    ``budget``: seconds, or a duration such as "90s", "45m", "8h". ``out``: the run folder
-    (default runs/<time>-<space name>). ``workers``: processes scoring in parallel (the others
-    are ``dse worker`` processes on the run folder, as ``dse run --workers``). ``progress``: draw the progress bar on stderr."""
+    - ``strategy``: "auto" (or None: exhaustive up to 10^8 designs, else optuna), "exhaustive",
+      "optuna" or "nested" (``--strategy``);
+    - ``trials``: exhaustive: work items (chunks) to do now; optuna/nested: trials in the run
+      (default: with a budget, until the budget or the space is spent; else at most 10,000;
+      trials that cover the space enumerate it) (``--trials``);
+    - ``budget``: seconds, or a duration such as "90s", "45m", "8h" (``--budget``);
+    - ``out``: the run folder (default runs/<time>-<space name>) (``--out``);
+    - ``seed`` (``--seed``); ``workers``: processes working on the run together, this one
+      included; the others are ``dse worker`` processes on the run folder (``--workers``);
+    - ``sampler``: Optuna's sampler, one of nsga2, nsga3, tpe, random, qmc, gp (default chosen
+      by the run's length, as ``dse run --help`` says) (``--sampler``);
+    - ``population``: trials asked and scored per batch (``--population``);
+    - ``storage``: an Optuna RDB URL shared with workers (optuna, nested; exhaustive: its chunks
+      as trials of a shared study) (``--storage``);
+    - ``chunk_designs``: exhaustive designs per work item (``--chunk-designs``);
+    - ``segment_trials``: trials per Optuna study before the run rotates to a new one
+      warm-started from the front (``--segment-trials``);
+    - ``storage_retry``: how long storage calls are retried while the database is unreachable
+      (seconds or a duration; ``--storage-retry``);
+    - ``progress``: draw the progress bar on stderr (``dse run`` without ``--quiet``).
+
+    Raises ``InputError`` for bad settings (nothing is left behind); a run stopped by a signal
+    raises ``KeyboardInterrupt`` and stays resumable (``dse.resume``)."""
     from dse.search.driver import run_space
     from dse.space import Space
     sp = space if isinstance(space, Space) else load_space(space)
+    _storage_retry(storage_retry)
     d = run_space(sp.file, None if out is None else str(out),
-                  strategy=None if strategy == "auto" else strategy, trials=trials,
-                  budget_s=_seconds(budget), workers=workers, seed=seed, progress=progress)
+                  strategy=None if strategy in (None, "auto") else strategy, trials=trials,
+                  budget_s=_seconds(budget), workers=workers, seed=seed, storage=storage,
+                  population=population, sampler=sampler, progress=progress,
+                  chunk_designs=chunk_designs, segment_trials=segment_trials)
+    return Run(d)
+
+
+def resume(path: PathLike | Run, *, trials: int | None = None, budget: float | str | None = None,
+           workers: int = 1, storage_retry: float | str | None = None,
+           progress: bool = False) -> Run:
+    """Continue a stopped or killed run (``dse run --resume DIR``): the run's own settings, its
+    copy of the space file, nothing lost and nothing counted twice. ``trials``: exhaustive:
+    chunks to do now; optuna/nested: trials to add to the run's total (default: finish the
+    run); ``budget``: wall time of this call; ``workers``: processes working together."""
+    from dse.search.driver import run_space
+    _storage_retry(storage_retry)
+    d = run_space(run_dir=str(open_run(path).path), resume=True, trials=trials,
+                  budget_s=_seconds(budget), workers=workers, progress=progress)
     return Run(d)
 
 
@@ -397,4 +463,4 @@ def whatif(run: PathLike | Run, set: Mapping[str, Any] | list[str] | None = None
 
 
 __all__ = ["Bands", "Evaluation", "InputError", "Run", "compare", "evaluate", "load_space",
-           "open_run", "predict", "run", "score", "score_bands", "to_toml", "whatif"]
+           "open_run", "predict", "resume", "run", "score", "score_bands", "to_toml", "whatif"]

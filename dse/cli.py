@@ -105,36 +105,42 @@ def _validate(a) -> int:
 
 
 def _run(a) -> int:
-    from dse.search import driver
+    from dse import api
     budget = parse_duration(a.budget) if a.budget else None
-    _storage_retry(a)
+    retry = _storage_retry_s(a)
     if a.resume:
-        d = driver.run_space(run_dir=a.resume, resume=True, trials=a.trials, budget_s=budget,
-                             workers=a.workers, progress=not a.quiet)
+        r = api.resume(a.resume, trials=a.trials, budget=budget, workers=a.workers,
+                       storage_retry=retry, progress=not a.quiet)
     else:
         if not a.space:
             raise InputError("give a space file, or --resume DIR")
-        d = driver.run_space(a.space, a.out, strategy=a.strategy, trials=a.trials,
-                             budget_s=budget, workers=a.workers, seed=a.seed, storage=a.storage,
-                             population=a.population, sampler=a.sampler, progress=not a.quiet,
-                             chunk_designs=a.chunk_designs, segment_trials=a.segment_trials)
-    return _ran(d)
+        r = api.run(a.space, a.strategy, trials=a.trials, budget=budget, out=a.out, seed=a.seed,
+                    workers=a.workers, sampler=a.sampler, population=a.population,
+                    storage=a.storage, chunk_designs=a.chunk_designs,
+                    segment_trials=a.segment_trials, storage_retry=retry, progress=not a.quiet)
+    return _ran(r)
+
+
+def _storage_retry_s(a) -> float | None:
+    """``--storage-retry``, else ``$DSE_STORAGE_RETRY``, in seconds (None: neither is given)."""
+    if getattr(a, "storage_retry", None) is not None:
+        return parse_duration(a.storage_retry, "--storage-retry")
+    if os.environ.get("DSE_STORAGE_RETRY"):
+        return parse_duration(os.environ["DSE_STORAGE_RETRY"], "DSE_STORAGE_RETRY")
+    return None
 
 
 def _storage_retry(a) -> None:
     from dse.search import study
-    if getattr(a, "storage_retry", None) is not None:
-        study.set_storage_retry(parse_duration(a.storage_retry, "--storage-retry"))
-    elif os.environ.get("DSE_STORAGE_RETRY"):
-        study.set_storage_retry(parse_duration(os.environ["DSE_STORAGE_RETRY"],
-                                                         "DSE_STORAGE_RETRY"))
+    retry = _storage_retry_s(a)
+    if retry is not None:
+        study.set_storage_retry(retry)
 
 
-def _ran(d) -> int:
+def _ran(r) -> int:
     """What a finished (or stopped) run did, its warning when no design met the constraints, and
     its folder as the last line."""
-    from dse import runs
-    st, m = runs.status(d), runs.load_manifest(d)
+    st, m, d = r.status, r.manifest, r.path
     from dse.terminal import completed_words
     if m["strategy"] == "exhaustive":
         what = f"{st['designs_scored']:,} of {m.get('size') or 0:,} designs scored"

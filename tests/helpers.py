@@ -154,3 +154,18 @@ def check_first_lines(out: Path) -> None:
     readme = (out / "README.md").read_text()
     assert readme.split("## Answer\n\n", 1)[1].startswith(lines[0])
     assert (out / "summary.md").read_text().startswith("## Answer\n\n" + lines[0])
+
+
+# a space of 24 designs (two chips, two TPs, three batch sizes, a scale factor of the HBM
+# bandwidth) with a TTFT bound, as a dict: what dse.run and dse.load_space take
+API_SPACE = {
+    "name": "api-small",
+    "accelerator": {"id": "h100-sxm"},
+    "model": {"id": "llama-3.1-70b", "weight_dtype": "fp8"},
+    "workload": {"isl": 2048, "osl": 256},
+    "parameters": {"accelerator.id": ["h100-sxm", "h200-sxm"], "layout.tp": [4, 8],
+                   "workload.concurrency": [8, 64, 512],
+                   "accelerator.hbm_bw_bytes_per_s": {"scale": [1.0, 1.5]}},
+    "objectives": {"usd_per_mtok_output": "minimize", "tpot_s": "minimize"},
+    "constraints": {"ttft_s": {"max": 5.0}},
+}

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import ROOT
+from helpers import API_SPACE, ROOT
 
 import dse
 from dse.cli import main
@@ -20,17 +20,7 @@ from dse.errors import InputError
 DESIGN = ROOT / "examples" / "llama70b-h100.toml"
 BASE = {"model.id": "llama-3.1-70b", "model.weight_dtype": "fp8", "workload.isl": 2048,
         "workload.osl": 256}
-SPACE = {
-    "name": "api-small",
-    "accelerator": {"id": "h100-sxm"},
-    "model": {"id": "llama-3.1-70b", "weight_dtype": "fp8"},
-    "workload": {"isl": 2048, "osl": 256},
-    "parameters": {"accelerator.id": ["h100-sxm", "h200-sxm"], "layout.tp": [4, 8],
-                   "workload.concurrency": [8, 64, 512],
-                   "accelerator.hbm_bw_bytes_per_s": {"scale": [1.0, 1.5]}},
-    "objectives": {"usd_per_mtok_output": "minimize", "tpot_s": "minimize"},
-    "constraints": {"ttft_s": {"max": 5.0}},
-}
+SPACE = API_SPACE
 SCALE_COL = "accelerator.hbm_bw_bytes_per_s.scale"
 
 
@@ -315,3 +305,175 @@ def test_the_notebook_example_runs_end_to_end(tmp_path):
     assert (tmp_path / "whatif-b300" / "whatif.md").is_file()
     assert (tmp_path / "compare" / "compare.md").is_file()
     assert "hypervolume A" in r.stdout
+
+
+def test_run_takes_every_setting_of_dse_run_typed_and_documented():
+    """Each option of ``dse run`` is an argument of ``dse.run`` (``--resume`` is ``dse.resume``,
+    ``--quiet`` is ``progress=False``), annotated, and named in its docstring."""
+    import inspect
+    import typing
+
+    from dse.cli import build_parser
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["run"]
+    options = {a.dest for a in sub._actions} - {"help", "resume", "quiet"}
+    sig = inspect.signature(dse.run)
+    hints = typing.get_type_hints(dse.api.run)
+    assert options <= set(sig.parameters), options - set(sig.parameters)
+    assert set(sig.parameters) == options | {"progress"}
+    for name in sig.parameters:
+        assert name in hints, name
+        assert f"``{name}``" in dse.run.__doc__ or name == "space", name
+
+    def literals(t):
+        return {v for a in typing.get_args(t) for v in (literals(a) if typing.get_args(a)
+                                                        else [a])} - {type(None)}
+    strategies = next(a for a in sub._actions if a.dest == "strategy").choices
+    assert literals(hints["strategy"]) == {"auto", *strategies}
+    samplers = next(a for a in sub._actions if a.dest == "sampler").choices
+    assert literals(hints["sampler"]) == set(samplers)
+    for fn in (dse.resume, dse.api.Run.resume):
+        r = inspect.signature(fn).parameters
+        assert {"trials", "budget", "workers", "storage_retry", "progress"} <= set(r)
+        assert all(n in typing.get_type_hints(fn) for n in r if n != "self")
+
+
+def test_run_settings_reach_the_run_as_dse_run_gives_them(tmp_path, capsys):
+    kw = dict(strategy="optuna", sampler="random", population=3, trials=10, seed=5,
+              segment_trials=7)
+    a = dse.run(SPACE, **kw, out=tmp_path / "a")
+    f = tmp_path / "s.toml"
+    f.write_text(dse.api.to_toml(SPACE))
+    assert main(["run", str(f), "--strategy", "optuna", "--sampler", "random", "--population",
+                 "3", "--trials", "10", "--seed", "5", "--segment-trials", "7", "--out",
+                 str(tmp_path / "b"), "--quiet"]) == 0
+    b = dse.open_run(tmp_path / "b")
+    for k in ("strategy", "sampler", "population", "trials", "seed", "segment_trials"):
+        assert a.manifest[k] == b.manifest[k] == kw[k], k
+    assert a.status["trials_completed"] == 10 and a.manifest["segment"] >= 1   # 10 > 7: rotated
+    # the same seed and settings: the same designs scored, the same front
+    assert sorted(a.scores["design_id"]) == sorted(b.scores["design_id"])
+    pd.testing.assert_frame_equal(a.front, b.front)
+
+
+def test_resume_and_run_resume_continue_a_stopped_run_to_the_exact_front(run, tmp_path):
+    r = dse.run(SPACE, strategy="exhaustive", chunk_designs=4, trials=2, out=tmp_path / "r")
+    assert r.status["state"] == "stopped" and r.status["designs_scored"] == 8
+    assert r.manifest["chunk_designs"] == 4
+    assert r.resume(trials=1) is r
+    assert r.status["designs_scored"] == 12 and r.status["trials_completed"] == 3
+    done = dse.resume(tmp_path / "r")
+    assert isinstance(done, dse.Run) and done.path == r.path
+    assert done.status["state"] == "finished" and done.status["designs_scored"] == 24
+    assert set(done.front["design_id"]) == set(run.front["design_id"])   # one 24-design pass
+    with pytest.raises(InputError, match="not a duration"):
+        dse.resume(r, budget="soon")
+
+
+def test_the_command_line_goes_through_the_api(run, tmp_path, capsys, monkeypatch):
+    """``dse run``/``--resume``/``status``/``compare``/``whatif``/``eval`` call dse.api's
+    functions (no second code path): each is wrapped here and must be called, once."""
+    import dse.api as api
+    calls = []
+    for name in ("run", "resume", "open_run", "compare", "whatif", "evaluate"):
+        real = getattr(api, name)
+        monkeypatch.setattr(api, name, lambda *a, _f=real, _n=name, **k:
+                            (calls.append(_n), _f(*a, **k))[1])
+    f = tmp_path / "s.toml"
+    f.write_text(dse.api.to_toml(SPACE))
+    out = tmp_path / "r"
+
+    def first_call(argv):          # the API function the command called (it may call others)
+        calls.clear()
+        assert main(argv) == 0
+        return calls[0]
+
+    assert first_call(["run", str(f), "--chunk-designs", "8", "--trials", "1", "--out", str(out),
+                       "--quiet"]) == "run"
+    assert dse.open_run(out).status["designs_scored"] == 8
+    assert first_call(["run", "--resume", str(out), "--quiet"]) == "resume"
+    assert dse.open_run(out).status["designs_scored"] == 24
+    assert first_call(["status", str(out)]) == "open_run"
+    assert first_call(["compare", str(out), str(run.path), "--bands", "0",
+                       "--out", str(tmp_path / "c")]) == "compare"
+    assert first_call(["whatif", str(out), "--scale", "cost.pue=1.1", "--bands", "0",
+                       "--out", str(tmp_path / "w")]) == "whatif"
+    assert first_call(["eval", str(DESIGN)]) == "evaluate"
+    capsys.readouterr()
+
+
+def test_dir_lists_the_public_api_each_documented():
+    import dse.cli  # noqa: F401  (submodules imported: still not in the listing)
+    import dse.search.driver  # noqa: F401
+    names = dir(dse)
+    assert names == sorted(dse.__all__)
+    assert {"run", "resume", "open_run", "evaluate", "score", "load_space", "compare", "whatif",
+            "predict", "Run", "InputError"} <= set(names)
+    assert not {"api", "cli", "search", "runs", "space"} & set(names)
+    for name in names:
+        obj = getattr(dse, name)
+        if name != "__version__":
+            assert callable(obj) and (obj.__doc__ or "").strip(), name
+    assert callable(dse.predict) and callable(dse.evaluate)   # the functions, not the modules
+
+
+PROBE = r'''
+import json, os, sys
+opened = []
+def hook(event, args):
+    if event in ("open", "os.listdir", "os.scandir") and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        opened.append(os.fsdecode(args[0]))
+sys.addaudithook(hook)
+import pandas as pd
+import dse
+SPACE = {"name": "probe", "accelerator": {"id": "h100-sxm"},
+         "model": {"id": "llama-3.1-70b", "weight_dtype": "fp8"}, "workload": {"isl": 2048, "osl": 256},
+         "parameters": {"accelerator.id": ["h100-sxm", "b200"], "layout.tp": [4, 8],
+                        "workload.concurrency": [8, 64, 512]},
+         "objectives": {"usd_per_mtok_output": "minimize", "tpot_s": "minimize"}}
+ev = dse.evaluate({"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "layout.tp": 4,
+                   "workload.concurrency": 64})
+dse.score(pd.DataFrame([{"accelerator.id": "b200", "model.id": "llama-3.1-70b", "layout.tp": 8}]))
+a = dse.run(SPACE, out="runs/a")
+b = dse.run({**SPACE, "name": "probe-b"}, strategy="optuna", sampler="random", population=4,
+            trials=8, out="runs/b")
+a.front, b.scores, a.status
+a.report("rep")
+dse.whatif(a, set={"accelerator.id": "b300"}, out="w", bands=4)
+dse.compare(a, b, bands=4).write("c")
+dse.predict(pd.DataFrame([{"case_id": "x", "model": "llama-3.1-70b", "hardware": "h100-sxm",
+                           "num_chips": 2, "tp": 2, "pp": 1, "ep": 1, "dp": 1, "isl": 2048,
+                           "osl": 256, "weight_dtype": "bf16"}]))
+json.dump({"opened": opened, "modules": sorted(m for m in sys.modules if m.startswith("dse"))},
+          open(sys.argv[1], "w"))
+'''
+
+
+def test_at_run_time_the_package_opens_no_file_outside_itself(tmp_path):
+    """An audit hook records every file and folder opened while a fresh process evaluates,
+    scores, runs (exhaustive and optuna), reports, what-ifs (with bands), compares and predicts
+    from dicts and DataFrames in an empty folder: nothing above the package is read (no
+    ../shared, no spaces/ or examples/ of the checkout), only the package, the run's own folder
+    and the Python installation; the fit-only tools (dse.fit, dse.calibrate, dse.kernels,
+    which read ../shared/calibration when fitting) are not even imported."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, str(tmp_path / "probe.py"), str(tmp_path / "out.json")],
+                       cwd=work, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads((tmp_path / "out.json").read_text())
+    opened = {os.path.realpath(os.path.join(work, p)) for p in got["opened"]}
+    pkg = os.path.realpath(ROOT / "dse")
+    assert any(p.startswith(pkg + os.sep) and p.endswith(".toml") for p in opened)  # the catalog
+    allowed = [pkg, os.path.realpath(tmp_path), os.path.realpath(sys.prefix),
+               os.path.realpath(sys.base_prefix)]
+    above = os.path.realpath(ROOT.parent)
+    listed = {os.path.realpath(p or ".") for p in [str(ROOT), *sys.path]}   # import's listdir
+    outside = sorted(p for p in opened if (p == above or p.startswith(above + os.sep))
+                     and not any(p == a or p.startswith(a + os.sep) for a in allowed)
+                     and p not in listed)
+    assert not outside, outside[:20]
+    assert {"dse.api", "dse.search.driver", "dse.report", "dse.whatif"} <= set(got["modules"])
+    assert not {m for m in got["modules"] if m.split(".")[1:2] in (["fit"], ["calibrate"],
+                                                                    ["kernels"])}

@@ -67,3 +67,71 @@ def test_eval_and_predict_agree(tmp_path):
     p = predict_frame(case).iloc[0]
     for k in ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "input_tokens_per_s_per_chip"):
         assert abs(res["metrics"][k] / p[k] - 1) < 1e-9, k
+
+
+# Where dse leans on Optuna beyond its documented Python API, each with why (the allowlist of
+# test_dse_uses_no_private_optuna_internals; a new use fails it, a stale entry too):
+OPTUNA_CONVENTIONS = {
+    # the system attr ``Study.enqueue_trial`` stores a waiting trial's parameters in (its
+    # ``params`` are empty until it is asked): the chunk or design a waiting trial stands for
+    ("dse/search/enqueue.py", "fixed_params"),
+    ("dse/search/shards.py", "fixed_params"),
+    # the RDB's ``trials`` table, counted by state in one SQL query: the public
+    # ``get_all_trials`` loads every trial of every segment, each batch of a long shared run
+    ("dse/search/segments.py", "sa.table('trials'"),
+    ("dse/search/shards.py", "segments.TRIALS"),
+}
+
+
+def test_dse_uses_no_private_optuna_internals():
+    """Optuna is pinned to the tested minor (pyproject: optuna>=5.0,<5.1) and dse uses only its
+    public API: no ``optuna._x`` module or name, no ``obj._attr`` of an object that is not dse's
+    own (Optuna's ``study._storage``, ``trial._trial_id``, ``storage._backend``, ...), no
+    ``getattr(obj, "_x")``; Optuna's storage conventions only where OPTUNA_CONVENTIONS says."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "optuna>=5.0,<5.1" in [d.split("#")[0].strip() for d in deps]
+    import optuna
+    assert optuna.__version__.startswith("5.0.")          # the tested minor is installed
+    found, conventions = [], set()
+    for path in sorted((ROOT / "dse").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        text = path.read_text()
+        tree = ast.parse(text)
+        own = {"self", "cls"}          # names of dse's own modules and objects in this file
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("dse")):
+                own |= {a.asname or a.name for a in n.names}
+            elif isinstance(n, ast.Import):
+                own |= {a.asname or a.name.split(".")[0] for a in n.names
+                        if a.name.split(".")[0] == "dse"}
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]
+                names = [] if isinstance(n, ast.Import) else [a.name for a in n.names]
+                if any(m.split(".")[0] == "optuna" for m in mods):
+                    parts = [p for m in mods for p in m.split(".")] + names
+                    if any(p.startswith("_") for p in parts):
+                        found.append(f"{rel}:{n.lineno}: {ast.unparse(n)}")
+            elif isinstance(n, ast.Attribute) and n.attr.startswith("_") and \
+                    not n.attr.startswith("__"):
+                if not (isinstance(n.value, ast.Name) and n.value.id in own):
+                    found.append(f"{rel}:{n.lineno}: {ast.unparse(n)}")
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and \
+                    n.func.id in ("getattr", "hasattr", "setattr") and len(n.args) > 1 and \
+                    isinstance(n.args[1], ast.Constant) and str(n.args[1].value).startswith("_"):
+                found.append(f"{rel}:{n.lineno}: {ast.unparse(n)}")
+        for m in re.finditer(r"optuna\._\w+|\._(storage|backend|cached_frozen_trial|trial_id|"
+                             r"study_id|fixed_params)\b", text):
+            found.append(f"{rel}: {m.group(0)}")
+        src = ast.unparse(tree)          # code only: docstrings and comments may name them
+        for f, needle in OPTUNA_CONVENTIONS:
+            if f == rel and needle in src:
+                conventions.add((f, needle))
+        for needle in ("fixed_params", "sa.table('trials'", "segments.TRIALS"):
+            if needle in src and (rel, needle) not in OPTUNA_CONVENTIONS:
+                found.append(f"{rel}: {needle} (not in OPTUNA_CONVENTIONS)")
+    assert not found, "\n".join(found)
+    assert conventions == OPTUNA_CONVENTIONS            # every entry still needed

@@ -466,3 +466,26 @@ def test_a_database_outage_under_a_shared_run_is_survived(space_dir, database):
     assert states["COMPLETE"] == total and states["RUNNING"] == 0, states
     st = _status("runs/q", cwd)
     assert st["trials_completed"] == total and st["state"] == "finished"
+
+
+def test_the_journal_lock_says_its_holder_and_rewrites_it_only_when_it_changes(tmp_path):
+    """The lock file holds its holder's pid (what a waiting process prints); acquiring it again
+    in the same process leaves the file as it is (no truncate and write per journal record),
+    while a lock last held by another process is rewritten with this one."""
+    import socket
+    from pathlib import Path
+
+    from dse.runs import JournalLock
+    j = tmp_path / "optuna.journal"
+    lock = JournalLock(j)
+    me = f"pid {os.getpid()} on {socket.gethostname()}"
+    Path(str(j) + ".flock").write_text("pid 1 on elsewhere with a longer name than ours\n")
+    lock.acquire()
+    assert lock.owner() == me
+    lock.release()
+    before = os.stat(str(j) + ".flock").st_mtime_ns
+    time.sleep(0.01)
+    for _ in range(3):
+        lock.acquire()
+        lock.release()
+    assert os.stat(str(j) + ".flock").st_mtime_ns == before and lock.owner() == me

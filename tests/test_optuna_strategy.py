@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import ROOT
+from helpers import API_SPACE, ROOT
 
 from dse import pareto
 from dse.cli import main
@@ -277,3 +277,52 @@ def test_the_polish_tries_two_step_neighbours_after_the_one_step_ones():
     assert all(d.sum() == 2 and d.max() == 1 for d in waiting[one:])
     assert enqueue_neighbours(study, space, outer, front, 10_000, None, adjacent=True,
                               diagonal=True) == 0             # none enqueued twice
+
+
+SCALED = {**API_SPACE, "name": "interop", "constraints": {"ttft_s": {"max": 0.2}},
+          "parameters": {**API_SPACE["parameters"],
+                         "accelerator.hbm_bw_bytes_per_s": {"scale": [1.0, 1.5, 2.0]}}}
+
+
+def test_the_study_holds_names_real_values_and_constraints_as_optuna_tools_read_them(tmp_path):
+    """What optuna-dashboard and ``trials_dataframe()`` show of a run: the objectives by metric
+    name, parameters by their real values (a scale factor named ``<path>.scale``, never under
+    the bytes-per-second field's name), and each trial's constraint values."""
+    import optuna
+
+    import dse
+    from dse.search.study import storage_for
+    run = dse.run(SCALED, strategy="optuna", sampler="random", population=4, trials=30,
+                  out=tmp_path / "run")
+    study = optuna.load_study(study_name=run.manifest["study_name"],
+                              storage=storage_for(run.path, None))
+    assert study.metric_names == ["usd_per_mtok_output", "tpot_s"]
+    assert study.user_attrs["constraint_names"] == ["feasible", "ttft_s<=0.2"]
+    assert study.user_attrs["grids"] == {"workload.concurrency[i]": [8, 64, 512]}
+    names = {n for t in study.trials for n in t.params}
+    assert names == {"accelerator.id", "layout.tp", "workload.concurrency[i]",
+                     "accelerator.hbm_bw_bytes_per_s.scale"}
+    assert "params_accelerator.hbm_bw_bytes_per_s.scale" in study.trials_dataframe().columns
+    scores = run.scores.set_index("design_id")
+    space = run.space
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) >= 30            # the run's trials, and repeats told back at no cost
+    for t in done:
+        design = int(grid_ids(space, [t])[0])
+        row = scores.loc[design]
+        assert t.params["accelerator.id"] == row["accelerator.id"]
+        assert t.params["layout.tp"] == row["layout.tp"] and isinstance(t.params["layout.tp"], int)
+        assert t.params["accelerator.hbm_bw_bytes_per_s.scale"] == \
+            row["accelerator.hbm_bw_bytes_per_s.scale"]
+        assert t.user_attrs["workload.concurrency"] == row["workload.concurrency"]
+        assert t.values == pytest.approx([row["usd_per_mtok_output"], row["tpot_s"]], rel=1e-6)
+        want = [0.0 if row["feasible"] else 1.0, (row["ttft_s"] - 0.2) / 0.2]
+        assert t.system_attrs["constraints"] == pytest.approx(want, rel=1e-5)
+    # a run folder from before the ``.scale`` rule (its study names the factor by the path) reads
+    # the same design
+    from dse.search.study import coords_of
+    legacy = {k.removesuffix(".scale"): v for k, v in done[0].params.items()}
+    pos = range(len(space.parameters))
+    assert coords_of(space, legacy, pos) == coords_of(space, done[0].params, pos) is not None
+    # both sides of the constraint appear, so the check above means something
+    assert {c[1] > 0 for c in (t.system_attrs["constraints"] for t in done)} == {True, False}

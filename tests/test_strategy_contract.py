@@ -1,5 +1,6 @@
 """The contract every search strategy keeps, one suite run against each (exhaustive, optuna,
-nested; exhaustive shards on PostgreSQL when DSE_TEST_POSTGRES_URL is set): resume after kill -9,
+nested, exhaustive shards of a shared study on SQLite, and optuna runs that rotate their study
+into segments; shards on PostgreSQL too when DSE_TEST_POSTGRES_URL is set): resume after kill -9,
 the budget, the trials, several workers, and the front equal to the Pareto set of everything
 scored."""
 
@@ -31,8 +32,37 @@ RUNS = {
                        "--trials", "240"]),
     "nested": (CHIP_SPACE, ["--strategy", "nested", "--sampler", "tpe", "--population", "2",
                             "--trials", "40"]),
+    # the space's 15 chunks as trials of a shared study (SQLite: no server), pulled one by one
+    "shards": (QUICK, ["--strategy", "exhaustive", "--chunk-designs", "32", "--storage", "{db}"]),
+    # an optuna run whose study is capped at 24 trials: segments 0, 1, ... warm-started in turn
+    "segments": (QUICK, ["--strategy", "optuna", "--sampler", "random", "--population", "8",
+                         "--segment-trials", "24", "--trials", "120"]),
 }
 STRATEGIES = list(RUNS)
+CHUNKED = ("exhaustive", "shards")        # chunk score tables; the others: batches of trials
+
+
+def run_args(tmp_path, strategy) -> list[str]:
+    """The strategy's run arguments, its shared storage (if any) in the test's folder."""
+    db = f"sqlite:///{tmp_path / 'study.db'}"
+    return [a.replace("{db}", db) for a in RUNS[strategy][1]]
+
+
+@pytest.fixture(autouse=True)
+def _short_grace(monkeypatch):
+    """A chunk a killed process left running is failed and retried once its heartbeat is
+    3 s stale here (10 s in use): the resume does not wait out the grace period."""
+    from dse.search import segments, study
+    monkeypatch.setattr(segments, "GRACE_S", 3)
+    monkeypatch.setattr(study, "GRACE_S", 3)
+
+
+def assert_rotated(d, segments_at_least=1):
+    """The run's study was rotated: later segments hold score tables of their own."""
+    m = json.loads((d / "manifest.json").read_text())
+    assert m["segment"] >= segments_at_least
+    batches = {f.name.split("-")[1] for f in (d / "scores").glob("batch-*.trials.json")}
+    assert {f"{k:03d}" for k in range(segments_at_least + 1)} <= batches
 
 
 def space_file(tmp_path, strategy) -> str:
@@ -69,7 +99,7 @@ def assert_front_is_the_pareto_set_of_everything_scored(d, space):
 def assert_nothing_counted_twice(d, strategy):
     allt = stored(d)
     st = runs.status(d)
-    if strategy == "exhaustive":
+    if strategy in CHUNKED:
         assert allt["design_id"].is_unique
         n = json.loads((d / "manifest.json").read_text())["chunk_designs"]
         assert st["trials_completed"] == len(list((d / "scores").glob("chunk-*.parquet")))
@@ -78,7 +108,7 @@ def assert_nothing_counted_twice(d, strategy):
         trials = allt[["_segment", "trial"]].drop_duplicates()
         per = allt.groupby(["_segment", "trial"])["_file"].nunique()
         assert (per == 1).all()                        # a trial is stored in one batch only
-        if strategy == "optuna":
+        if strategy != "nested":
             assert len(trials) == len(allt)            # one design per trial
         assert st["trials_completed"] == sum(
             len(json.loads(f.read_text())) for f in (d / "scores").glob("batch-*.trials.json"))
@@ -92,7 +122,8 @@ def dse_cmd(*args):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_resume_after_kill_9_loses_and_counts_nothing_twice(tmp_path, strategy):
     path, out = space_file(tmp_path, strategy), tmp_path / "run"
-    p = subprocess.Popen(dse_cmd("run", path, *RUNS[strategy][1], "--out", out, "--quiet"),
+    p = subprocess.Popen(dse_cmd("run", path, *run_args(tmp_path, strategy), "--out", out,
+                                 "--quiet"),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.time() + 120
@@ -105,53 +136,70 @@ def test_resume_after_kill_9_loses_and_counts_nothing_twice(tmp_path, strategy):
     st = assert_nothing_counted_twice(out, strategy)
     assert st["state"] == "finished"
     space = load_space(path)
-    if strategy == "exhaustive":
+    if strategy in CHUNKED:
         assert st["designs_scored"] == space.size
+        assert st["trials_completed"] == -(-space.size // int(run_args(tmp_path, strategy)[3]))
     else:
         assert st["trials_completed"] == int(RUNS[strategy][1][-1])
+    if strategy == "segments":
+        assert_rotated(out, 4)                        # 120 trials in segments of <= 24
     assert_front_is_the_pareto_set_of_everything_scored(out, space)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_the_trials_asked_are_done_exactly(tmp_path, capsys, strategy):
     path, out = space_file(tmp_path, strategy), tmp_path / "run"
-    args = list(RUNS[strategy][1])
-    want = 5 if strategy == "exhaustive" else int(args[-1]) // 4
-    if strategy != "exhaustive":
+    args = run_args(tmp_path, strategy)
+    want = 5 if strategy in CHUNKED else int(args[-1]) // 4
+    if strategy not in CHUNKED:
         args[-1] = str(want)
     assert main(["run", path, *args, "--out", str(out), "--quiet"]
-                + (["--trials", str(want)] if strategy == "exhaustive" else [])) == 0
+                + (["--trials", str(want)] if strategy in CHUNKED else [])) == 0
     st = assert_nothing_counted_twice(out, strategy)
     assert st["trials_completed"] == want
-    assert st["state"] == ("stopped" if strategy == "exhaustive" else "finished")
+    assert st["state"] == ("stopped" if strategy in CHUNKED else "finished")
+    if strategy == "segments":
+        assert_rotated(out)                           # 30 trials: a second segment
     assert_front_is_the_pareto_set_of_everything_scored(out, load_space(path))
     more = 3
     assert main(["run", "--resume", str(out), "--trials", str(more), "--quiet"]) == 0
-    assert runs.status(out)["trials_completed"] == (want + more if strategy == "exhaustive"
+    assert runs.status(out)["trials_completed"] == (want + more if strategy in CHUNKED
                                                     else want)   # optuna: the run's total
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_the_budget_is_honoured(tmp_path, capsys, strategy):
     path, out = space_file(tmp_path, strategy), tmp_path / "run"
-    args = list(RUNS[strategy][1])
-    if strategy != "exhaustive":
+    args = run_args(tmp_path, strategy)
+    before = 0.0
+    if strategy not in CHUNKED:
         args = args[:-2]                       # no --trials: the budget bounds the run
-    else:                                      # 660 chunks of 8: seconds even on a fast machine
+    elif strategy == "exhaustive":             # 660 chunks of 8: seconds even on a fast machine
         args[args.index("--chunk-designs") + 1] = "8"
-    assert main(["run", path, *args, "--budget", "1.5s", "--out", str(out), "--quiet"]) == 0
+    else:
+        # shards: 110 chunks of 48 (each a few storage round trips: seconds even on a fast
+        # machine); the run enqueues them all first, so the budget goes to a resume
+        path = str(DENSE)
+        args[args.index("--chunk-designs") + 1] = "48"
+        assert main(["run", path, *args, "--trials", "1", "--out", str(out), "--quiet"]) == 0
+        before = runs.status(out)["elapsed_s"]
+    if before:
+        assert main(["run", "--resume", str(out), "--budget", "1.5s", "--quiet"]) == 0
+    else:
+        assert main(["run", path, *args, "--budget", "1.5s", "--out", str(out), "--quiet"]) == 0
     st = assert_nothing_counted_twice(out, strategy)
-    assert 0 < st["trials_completed"] and st["state"] == "stopped"
-    assert 1.5 <= st["elapsed_s"] < 1.5 + 3.0          # at most one work item past the budget
+    assert int(bool(before)) < st["trials_completed"] and st["state"] == "stopped"
+    spent = st["elapsed_s"] - before
+    assert 1.5 <= spent < 1.5 + 3.0                   # at most one work item past the budget
     m = json.loads((out / "manifest.json").read_text())
-    if strategy != "exhaustive":           # a budget and no trials: until the space is spent
+    if strategy not in CHUNKED:            # a budget and no trials: until the space is spent
         space = load_space(path)
         from dse.search.driver import points
-        assert m["trials"] == points(space, strategy)
+        assert m["trials"] == points(space, "nested" if strategy == "nested" else "optuna")
     assert_front_is_the_pareto_set_of_everything_scored(out, load_space(path))
 
 
-@pytest.mark.parametrize("strategy", ["optuna", "nested"])
+@pytest.mark.parametrize("strategy", ["optuna", "nested", "segments"])
 def test_several_workers_share_one_run(tmp_path, capsys, strategy):
     path, out = space_file(tmp_path, strategy), tmp_path / "run"
     args = RUNS[strategy][1]
@@ -179,6 +227,21 @@ def test_shards_front_and_counts_with_workers(tmp_path, capsys, database):
                  "--storage", database, "--workers", "2", "--out", str(out), "--quiet"]) == 0
     st = runs.status(out)
     assert st["state"] == "finished" and st["trials_completed"] == 30
+    assert_front_is_the_pareto_set_of_everything_scored(out, load_space(str(QUICK)))
+
+
+def test_shards_on_sqlite_share_the_chunks_between_workers(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", str(QUICK), *run_args(tmp_path, "shards"), "--workers", "2",
+                 "--out", str(out), "--quiet"]) == 0
+    st = assert_nothing_counted_twice(out, "shards")
+    assert st["state"] == "finished" and st["trials_completed"] == 15
+    assert st["designs_scored"] == 480
+    # every chunk once in the storage, each told complete by the run or its worker
+    import optuna
+    study = optuna.load_study(study_name=out.name, storage=run_args(tmp_path, "shards")[-1])
+    from dse.search.shards import completed_chunks
+    assert sorted(completed_chunks(study)) == list(range(15))
     assert_front_is_the_pareto_set_of_everything_scored(out, load_space(str(QUICK)))
 
 

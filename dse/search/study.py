@@ -9,7 +9,9 @@
   numeric grid (``layout.tp = [1, 2, 4, 8]``, log-spaced batch sizes) as its position
   ``layout.tp[i]`` (samplers see the order; the values are in the study's user attr ``grids``),
   its real value beside it as the trial's user attr ``layout.tp`` (optuna-dashboard lists user
-  attrs with each trial; ``trials_dataframe()`` has them as ``user_attrs_layout.tp``);
+  attrs with each trial; ``trials_dataframe()`` has them as ``user_attrs_layout.tp``); a
+  scale-factor parameter is named ``<path>.scale`` (``accelerator.hbm_bw_bytes_per_s.scale``:
+  factors of the base design's value, not bytes per second), as in every table;
 - constraint values in the trial's system attr ``constraints`` (a list, where Optuna's own
   samplers put them and optuna-dashboard reads them; their names are the study's user attr
   ``constraint_names``) and objective names set with ``study.set_metric_names``;
@@ -176,6 +178,7 @@ class Param:
     distribution: object
     by_value: bool
     values: tuple
+    legacy: str = ""      # the name runs before the ``<path>.scale`` rule gave it (read only)
 
     def encode(self, i: int):
         return self.values[int(i)] if self.by_value else int(i)
@@ -212,16 +215,20 @@ def encoding(space) -> dict[str, Param]:
     for p in space.parameters:
         vals = tuple(p.values)
         step = _equal_steps(vals) if _ordered(p) else None
+        # a scale factor is named as such (``accelerator.hbm_bw_bytes_per_s.scale``): never
+        # stored under the name of the field, whose unit (bytes/s) it does not have
+        name, old = p.column, (p.path if p.scale else "")
         if not _ordered(p) or len(vals) == 1:
-            cache[p.path] = Param(p.path, CategoricalDistribution(list(vals)), True, vals)
+            cache[p.path] = Param(name, CategoricalDistribution(list(vals)), True, vals, old)
         elif step is not None and all(isinstance(v, int) for v in vals):
-            cache[p.path] = Param(p.path, IntDistribution(vals[0], vals[-1], step=int(step)),
-                                  True, vals)
+            cache[p.path] = Param(name, IntDistribution(vals[0], vals[-1], step=int(step)),
+                                  True, vals, old)
         elif step is not None:
-            cache[p.path] = Param(p.path, FloatDistribution(float(vals[0]), float(vals[-1]),
-                                                            step=step), True, vals)
+            cache[p.path] = Param(name, FloatDistribution(float(vals[0]), float(vals[-1]),
+                                                          step=step), True, vals, old)
         else:
-            cache[p.path] = Param(f"{p.path}[i]", IntDistribution(0, len(vals) - 1), False, vals)
+            cache[p.path] = Param(f"{name}[i]", IntDistribution(0, len(vals) - 1), False, vals,
+                                  f"{old}[i]" if old else "")
     return cache
 
 
@@ -260,7 +267,8 @@ def coords_of(space, params: dict, positions) -> list[int] | None:
     """Grid coordinates of a trial's parameters at ``positions`` (None: one is missing)."""
     enc = list(encoding(space).values())
     try:
-        return [enc[i].decode(params[enc[i].name]) for i in positions]
+        return [enc[i].decode(params[enc[i].name] if enc[i].name in params or not enc[i].legacy
+                              else params[enc[i].legacy]) for i in positions]
     except (KeyError, ValueError):
         return None
 
