@@ -85,6 +85,7 @@ class Comparison:
     vanished: list                 # designs on A's front but not B's
     warnings: tuple = ()           # how the two runs differ (workload, constraints, model)
     bands: dict | None = None      # with bands: the best designs' bands, P(A better) (bands.json)
+    kv_dtypes: tuple = ()          # the KV cache's element types on A's and B's fronts, in words
 
     def lines(self) -> list[str]:
         """compare.md, as lines."""
@@ -95,6 +96,9 @@ class Comparison:
         from dse.bands_report import compare_headline
         out = [f"# {self.name_a} (A) vs {self.name_b} (B)", "", *compare_headline(self), ""]
         out += [f"**Warning:** {w}" for w in self.warnings] + ([""] if self.warnings else [])
+        if self.kv_dtypes:
+            out += [f"KV cache element type on the fronts: A {self.kv_dtypes[0]}; "
+                    f"B {self.kv_dtypes[1]}.", ""]
         out += [f"Hypervolume reference point (the same for both runs; each objective divided "
                 f"by its scale): {ref}.", "",
                 "| | A | B |", "|---|---|---|",
@@ -204,13 +208,30 @@ def compare_runs(dir_a: str, dir_b: str, bands: int = 0, seed: int = 0) -> Compa
                    float(pareto.hypervolume(Fa, ref, scale)),
                    float(pareto.hypervolume(Fb, ref, scale)),
                    coverage(Fa, Fb), coverage(Fb, Fa), union_out, best,
-                   sorted(sb - sa), sorted(sa - sb), tuple(differences(da, ma, db, mb)))
+                   sorted(sb - sa), sorted(sa - sb), tuple(differences(da, ma, db, mb)),
+                   kv_dtypes=_kv_dtypes((da, ma, fa), (db, mb, fb)))
     if bands and len(fa) and len(fb):
         import dataclasses
 
         from dse.bands_report import compare_bands
         c = dataclasses.replace(c, bands=compare_bands(c, da, db, bands, seed))
     return c
+
+
+def _kv_dtypes(*runs_) -> tuple:
+    """Each run's front designs' KV cache element types in words (``build.kv_dtype_text``),
+    from its space snapshot; () when a run's snapshot cannot be read (an old run folder)."""
+    from dse.build import kv_dtype_text
+    from dse.space import load_space
+    out = []
+    for d, m, front in runs_:
+        try:
+            space = load_space(str(runs.space_snapshot(d, m)))
+            ids = front["design_id"].to_numpy(np.int64)
+            out.append(kv_dtype_text(space.kv_dtypes(ids)) if len(ids) else "none (empty front)")
+        except (InputError, OSError, KeyError, ValueError):
+            return ()
+    return tuple(out)
 
 
 def make_compare(dir_a: str, dir_b: str, out: str | None = None, bands: int = 0,

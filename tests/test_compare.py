@@ -38,6 +38,12 @@ def test_compare_exhaustive_with_a_partial_optuna_run(tmp_path, capsys):
     assert "| coverage of the other front (share it weakly dominates) | 1.000 |" in md
     assert "<script" in (out / "index.html").read_text()
     assert (out / "fronts.png").read_bytes()[:4] == b"\x89PNG"
+    # each front's KV cache element type is stated: the quickstart's KV follows the weights
+    n = exact["model.weight_dtype"].value_counts()
+    want = (f"bf16 (2 B per element, {n['bf16']} of {len(exact)} designs), "
+            f"fp8 (1 B per element, {n['fp8']} of {len(exact)} designs)")
+    assert f"KV cache element type on the fronts: A {want}; B " in md
+    assert "KV cache element type on the fronts" in (out / "index.html").read_text()
 
 
 def test_compare_refuses_runs_with_different_objectives(tmp_path, capsys):
