@@ -551,6 +551,7 @@ def _check_values(space: Space) -> None:
                              + (f", {e.where}" if e.where and not e.where.startswith("design")
                                 else ""), hint=e.hint) from None
     _check_load(space)
+    _check_phase_rate(space)
     model = [p for p in space.parameters if p.path.startswith("model.") and not p.scale
              and REGISTRY[p.path].numeric]
     if len(model) > 1 and math.prod(len(p.values) for p in model) <= FULL_RESOLVE:
@@ -582,6 +583,30 @@ def _check_load(space: Space) -> None:
                          "concurrency (Little's law on the model's step times)",
                          file=space.file, where=where, hint=f"drop {conc} to serve the rate, "
                          f"or {rate} for a fixed concurrency")
+
+
+def _check_phase_rate(space: Space) -> None:
+    """The grid's every combination of ``workload.phase`` with a request rate or latency SLO
+    (``mechanisms.check_rate``, which refuses a rate on a prefill-only or decode-only instance
+    row by row): the per-parameter check above pairs each parameter's values with the others'
+    first values only, so a swept phase beside a swept rate would let some rows through."""
+    from dse.mechanisms import RATE_PATHS
+    params = {p.path: p for p in space.parameters if not p.scale}
+    values = lambda path, default: (list(params[path].values) if path in params  # noqa: E731
+                                    else [space.base.get(path, default)])
+    single = [v for v in values("workload.phase", "both") if v in ("prefill", "decode")]
+    if not single:
+        return
+    for path in RATE_PATHS:
+        pos = [float(v) for v in values(path, 0.0) if v not in (None, "") and float(v) > 0]
+        if pos and (path in params or "workload.phase" in params):
+            where = f"parameters.{path}" if path in params else "parameters.workload.phase"
+            raise InputError(f"{path} = {pos[0]:g} with workload.phase = {single[0]!r} in the "
+                             f"grid: one pool of a disaggregated system has no request stream "
+                             "of its own", file=space.file, where=where,
+                             hint="model the whole system (serving.mode = \"disaggregated\" "
+                             "with workload.phase = \"both\"), or sweep the phase and the "
+                             "rate in separate spaces")
 
 
 def describe(space: Space) -> str:

@@ -96,3 +96,33 @@ def test_a_rate_or_slo_on_one_pool_is_refused(phase, field):
     # the whole disaggregated system takes the same rate
     whole = one(_d(**{field: 2.0}))
     assert whole["feasible"]
+
+
+def test_a_grid_pairing_one_pool_with_a_rate_is_refused(tmp_path, capsys):
+    # the phase and the rate swept together: (prefill, 5) is in the grid although each value
+    # passes against the other parameter's first value; refused in one line, exit 2
+    from dse.cli import main
+    space = tmp_path / "s.toml"
+    space.write_text('''name = "phase-rate"
+[accelerator]
+id = "gb200"
+[model]
+id = "llama-3.1-8b"
+[workload]
+isl = 1024
+osl = 256
+[parameters]
+"workload.phase" = ["both", "prefill"]
+"workload.request_rate_per_s" = [0, 5]
+[objectives]
+usd_per_mtok_output = "minimize"
+''')
+    assert main(["run", str(space), "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "workload.request_rate_per_s = 5 with workload.phase = 'prefill'" \
+        in err[0] and "s.toml" in err[0]
+    assert not (tmp_path / "r").exists()
+    # with the rate fixed at 0 the same phases load
+    space.write_text(space.read_text().replace("[0, 5]", "[0]"))
+    from dse.space import load_space
+    assert len(load_space(str(space)).parameters) == 2
