@@ -337,9 +337,12 @@ def test_runtime_and_dense_mlp_columns_accepted(capsys, tmp_path):
 
 def test_predict_chunks_give_the_same_predictions(monkeypatch):
     """Chunking by candidate rows (bounded memory) changes nothing in the result."""
+    import sys
+
     import pandas as pd
 
-    from dse import predict
+    import dse.predict  # noqa: F401  (the module; ``dse.predict`` the attribute is the API's function)
+    predict = sys.modules["dse.predict"]
     rows = [{**CASE, "case_id": f"c{i}", "num_chips": str(2 ** (i % 4)), "tp": "", "pp": "",
              "ep": "", "dp": "", "concurrency": "" if i % 2 else "16", "isl": str(128 + i)}
             for i in range(12)]
