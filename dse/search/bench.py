@@ -165,7 +165,9 @@ def bench_shipped(seeds: int = 5, names=None, quick: bool = False) -> None:
             fr = pd.read_csv(d / "front.csv")
             shares.append(pareto.hypervolume(pareto.objective_matrix(fr, space.objectives), ref,
                                              scale) / hv if len(fr) else 0.0)
-        how = ("local search" if p.get("local_share") == 1.0 else
+        how = (f"{p['sampler']} population {p['population']}, polish "
+               f"{p['polish_share']:.0%}" if p.get("polish_share") else
+               "local search" if p.get("local_share") == 1.0 else
                f"{p['sampler']} population {p['population']}")
         print(f"  {f.stem:<26} {space.size:7,} designs, {trials:5,} trials ({how}; at most "
               f"{scored / space.size:.1%} of the space scored): hypervolume "
