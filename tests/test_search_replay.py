@@ -26,7 +26,7 @@ def test_the_replay_scores_the_same_designs_as_a_run_with_the_defaults(tmp_path)
     d = run_space(space, tmp_path / "run", strategy="optuna", trials=24, seed=1, progress=False)
     real = _scored(d)
     assert len(real) == 24
-    assert replay(sc, "random", 1, 1, 24, local=1.0, local_after=4, adjacent=True,
+    assert replay(sc, "random", 1, 1, 24, local=1.0, local_after=8, adjacent=True,
                   margin=1.0) == real
     # TPE at population 4 (the default from 33 trials on), asked for explicitly
     d = run_space(space, tmp_path / "tpe", strategy="optuna", trials=24, seed=1, sampler="tpe",

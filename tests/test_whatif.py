@@ -310,7 +310,7 @@ def test_reoptimize_keeps_the_base_runs_local_search(tmp_path, capsys, trials, n
     if "polish_share" in base:
         assert m["local_after"] == m["trials"] - round(POLISH_SHARE * m["trials"])
     else:
-        assert m["local_after"] == base["local_after"] == 4
+        assert m["local_after"] == base["local_after"] == 8     # SHORT_RUN_START
     space = load_space(str(run / "inputs" / Path(m["space_file"]).name)) \
         if not Path(m["space_file"]).is_file() else load_space(m["space_file"])
     t = pd.concat([pd.read_parquet(f) for f in sorted((run / "scores").glob("batch-*.parquet"))])

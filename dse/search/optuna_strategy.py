@@ -59,8 +59,12 @@ SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc", "gp")
 # 0.94 mean over 60 seeds where TPE reaches 0.70, at 48 trials 0.997 (TPE 0.90);
 # hypothetical-accelerator at 40 trials 0.915 (TPE 0.934), at 81 0.978 (TPE 0.990); at 264 on
 # dense-70b-nodes 0.91 (TPE 0.997): TPE wins from a few dozen trials on.
+# SHORT_RUN_START 8 (was 4), measured 2026-12-02 over 20 seeds each: quickstart at 24 trials
+# 0.871 -> 0.918 mean (worst 0.236 -> 0.722; 6: 0.843, 12: 0.882, 16: 0.785), at 32 trials
+# hypothetical-accelerator 0.858 -> 0.894, moe-codesign 0.810 -> 0.862, dense-70b-nodes
+# 0.741 -> 0.786 (worst 0.476 -> 0.461).
 SHORT_RUN_TRIALS = 32
-SHORT_RUN_START = 4
+SHORT_RUN_START = 8
 SHORT_RUN = {"sampler": "random", "population": 1, "local_share": 1.0,
              "local_after": SHORT_RUN_START, "local_adjacent": True, "local_margin": 1.0}
 # Polish: a default optuna run given a trial count (no --sampler) spends its last POLISH_SHARE
