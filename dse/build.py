@@ -222,7 +222,7 @@ def effective_dtypes(flat: dict) -> dict:
         v = flat.get(path)
         v = "" if v is None or (isinstance(v, float) and v != v) else str(v).strip()
         if not v:
-            v = ("fp8" if w in ("fp8", "fp4") else "bf16") if path == "model.kv_dtype" else w
+            v = str(kv_dtype_of(w, "")[0]) if path == "model.kv_dtype" else w
         out[path] = v
     return out
 
