@@ -25,10 +25,6 @@ from dse.bands import (GROUP_NAMES, GROUP_SAMPLES, NOT_RESOLVED, RESOLVED_SHARE,
 from dse.fields import label
 
 
-def _pct(v) -> str:
-    return pct(v, 1)
-
-
 def _pcts(*values) -> list[str]:
     """Changes as percents, with the decimals it takes for a band not to collapse
     (``band_strings``)."""
@@ -256,7 +252,7 @@ def compare_headline(c) -> list[str]:
         with np.errstate(divide="ignore", invalid="ignore"):
             rel = b / a - 1.0 if a else np.nan
         line = (f"- best {label(x.metric)} ({x.direction}): A **{a:.4g}**, B **{b:.4g}** "
-                f"(B vs A {_pct(rel)})")
+                f"(B vs A {pct(rel)})")
         o = (c.bands or {}).get("objectives", {}).get(x.metric)
         if o is None:
             out.append(line + "; uncertainty bands off (`--bands 0`)")
