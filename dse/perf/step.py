@@ -128,7 +128,8 @@ class Coefficients:
                          np.maximum(heads, kv_heads * b.attn_decode_group_min_heads) / heads)
         dec_eff = b.attn_flops_per_s * np.where(fallback, b.attn_decode_fallback_fraction,
                                                 b.attn_decode_compute_fraction)
-        self.c_core_dec = 2.0 * heads * q_pad * arch.attn_dims(b, True) / dp / dec_eff * stage
+        dec_dims = arch.attn_dims(b, True)
+        self.c_core_dec = 2.0 * heads * q_pad * dec_dims / dp / dec_eff * stage
         # prefill attention runs on the rank that holds the prompt: per rank, not split over dp
         d_qk = arch.blend(mla, b.qk_nope + b.qk_rope, b.head_dim)
         self.c_core_pre = (2.0 * heads * arch.attn_dims(b, False)
@@ -144,7 +145,7 @@ class Coefficients:
         self.kv_pre = kv_tok / (b.hbm_bw_bytes_per_s * b.attn_prefill_hbm_fraction)
         # each decode query token's query read and output written once per layer
         # (kernel_attention's qo_bytes_per_elem), on the KV's stream
-        self.qo_dec = (L * heads * arch.attn_dims(b, True) * ab
+        self.qo_dec = (L * heads * dec_dims * ab
                        / (b.hbm_bw_bytes_per_s * b.attn_decode_hbm_fraction))
         # few (sequence, KV head) items per call stream the KV below its rate: as many more
         # sequences' worth of reads per call as half_items / kv_heads
