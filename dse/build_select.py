@@ -112,10 +112,11 @@ def compute_peak(w: np.ndarray, peak: dict) -> tuple[np.ndarray, np.ndarray]:
 GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
              "latency_s")
 MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s",
-            "hidden_half", "batch_bytes", "route_bytes", "nongated_slowdown")
+            "hidden_half", "batch_bytes", "route_bytes", "nongated_slowdown",
+            "wave_elements", "remote_fraction")
 # absent from a catalog: no such term (0), the gated kernel's speed for non-gated experts (1)
 MOE_DEFAULT = {"hidden_half": 0.0, "batch_bytes": 0.0, "route_bytes": 0.0,
-               "nongated_slowdown": 1.0}
+               "nongated_slowdown": 1.0, "wave_elements": 0.0, "remote_fraction": 0.0}
 ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction",
                      "per_seq_s", "per_seq_head_s", "dim_half", "window_pad_tokens")
 # absent: no term

@@ -85,6 +85,26 @@ def test_route_bytes_per_routed_entry_of_the_whole_batch_by_hand():
     assert b == pytest.approx(a / 4, rel=1e-9)
 
 
+def test_wave_floor_and_remote_entries_by_hand():
+    """wave_elements: one wave of output tiles per expert GEMM, paid whatever the chip's rows
+    (2 mats wave hidden FLOPs at the tile rate); remote_fraction: each routed entry held by
+    another chip costs that share of a local row's compute (a kernel run over every entry
+    with an expert map)."""
+    tok, h, w = 65536, 4096, 1536
+    # compute-bound: the floor adds 6 x 1e6 x 4096 FLOPs at 1e15 x 0.5
+    a = t(tok, wave_elements=1e6) - t(tok)
+    assert a == pytest.approx(6 * 1e6 * h / (PEAK * 0.5), rel=1e-9)
+    assert t(tok, ep=8, wave_elements=1e6) - t(tok, ep=8) == pytest.approx(a, rel=1e-9)
+    # 8 chips: 65536 x 8 entries, 1/8 local; the other 7/8 at 0.25 of a row's 6 h w FLOPs
+    got = t(tok, ep=8, remote_fraction=0.25) - t(tok, ep=8)
+    assert got == pytest.approx(0.25 * tok * 8 * 7 / 8 * 6 * h * w / (PEAK * 0.5), rel=1e-9)
+    # one chip holds every expert: nothing is remote
+    assert t(tok, ep=1, remote_fraction=0.25) == pytest.approx(t(tok), rel=1e-12)
+    # 1 = every entry computed: the time of the whole batch's rows on the local width
+    full = t(tok, ep=8, remote_fraction=1.0)
+    assert full == pytest.approx(6 * tok * 8 * h * w / (PEAK * 0.5), rel=1e-9)
+
+
 def test_nongated_shapes_from_the_model_configs():
     pytest.importorskip("aiconfigurator_core")
     import pandas as pd
@@ -140,12 +160,16 @@ def test_nongated_slowdown_scales_only_the_non_gated_expert_gemms_by_hand():
                                          ("hidden_half", 65536), ("batch_bytes", 65536),
                                          ("route_bytes", 65536), ("matrices", 65536),
                                          ("matrices", 1), ("nongated_slowdown", 1),
-                                         ("nongated_slowdown", 65536)])
+                                         ("nongated_slowdown", 65536), ("wave_elements", 4096),
+                                         ("remote_fraction", 65536)])
 def test_every_parameter_matters(name, tokens):
     kw = dict(half_rows=32, width_half=128, token_bytes=6, latency_s=2e-5, hidden_half=256,
-              batch_bytes=4, route_bytes=0.5, matrices=3.0)
+              batch_bytes=4, route_bytes=0.5, matrices=3.0, wave_elements=2e5,
+              remote_fraction=0.1, ep=8)
     if name == "nongated_slowdown":
         kw.update(matrices=2.0, nongated_slowdown=1.3)
+    if name == "wave_elements":        # a floor that outweighs the 4096 tokens' own rows
+        kw.update(wave_elements=2e7)
     a = t(tokens, **kw)
     b = t(tokens, **{**kw, name: {**P, **kw}[name] * 1.2})
     assert abs(b / a - 1) > 1e-3

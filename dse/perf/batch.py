@@ -136,6 +136,10 @@ FIELDS.update({
     "moe_batch_bytes": "HBM bytes per token on the chip per hidden element (layer input, output)",
     "moe_route_bytes": "HBM bytes per routed entry (token x top-k) on the chip per hidden element",
     "moe_nongated_slowdown": "time factor of non-gated (2-matrix) experts' grouped GEMMs vs gated",
+    "moe_wave_elements": "output elements of one wave of grouped-GEMM tiles: a layer whose "
+                         "routed rows on the chip fill less still pays it",
+    "moe_remote_fraction": "share of a local routed row's compute a routed entry held by "
+                           "another chip still costs (a kernel run over every entry)",
     "attn_prefill_fraction": "share of attn_flops_per_s prefill attention reaches",
     "attn_prefill_half_tokens": "keys per query row (causal pairs / new tokens) at which "
                                 "prefill attention efficiency halves",
@@ -197,6 +201,9 @@ OPTIONAL: dict[str, float | str] = {
     "ar_oneshot_below_bytes": 0.0,
     # non-gated experts' kernel vs the gated one (kernel_gemm.grouped_gemm_s): 1 = the same
     "moe_nongated_slowdown": 1.0,
+    # grouped GEMMs' wave floor and the compute of entries routed to other chips
+    # (kernel_gemm.grouped_gemm_s): 0 = no such term
+    "moe_wave_elements": 0.0, "moe_remote_fraction": 0.0,
 }
 FIELDS.update({
     "spec_tokens": "draft tokens proposed per sequence per step (0: no speculative decoding)",

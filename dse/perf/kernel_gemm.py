@@ -22,7 +22,9 @@ balanced routing of ``tokens`` tokens to ``topk`` of ``experts`` experts, expert
     rows      = tokens * topk / moe_ep                           # routed rows on this chip
     touched   = local * (1 - (1 - topk / experts) ** tokens)     # distinct local experts hit
     shape     = 1 / (1 + width_half / w + hidden_half / hidden)  # narrow experts: tile edge waste
-    compute_s = 2 matrices (rows + half_rows * touched) hidden w / (peak * fraction * shape)
+    remote    = remote_fraction (tokens * topk - rows)           # other chips' entries run over
+    compute_s = 2 matrices ((rows + remote + half_rows * touched) w + wave_elements) hidden
+                / (peak * fraction * shape)
     memory_s  = touched * matrices hidden w weight_bytes / (hbm_bw * hbm_fraction)
     token_s   = (rows token_bytes + tokens (batch_bytes + topk route_bytes)) hidden / hbm_bw
                   # permute, unpermute, quantize; the whole batch's in/out; every routed entry
@@ -91,7 +93,8 @@ def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_
                    peak_flops_per_s, hbm_bw_bytes_per_s, fraction, half_rows, width_half,
                    hbm_fraction, token_bytes, latency_s, rows=None, touched=None,
                    hidden_half=0.0, batch_bytes=0.0, matrices=3.0,
-                   route_bytes=0.0, nongated_slowdown=1.0):
+                   route_bytes=0.0, nongated_slowdown=1.0, wave_elements=0.0,
+                   remote_fraction=0.0):
     """Time (s) of one MoE layer's expert GEMMs on one chip (balanced routing).
 
     tokens: tokens entering the layer (all ranks' tokens: each rank sees them routed).
@@ -129,6 +132,16 @@ def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_
         relu2 path is another kernel (TensorRT-LLM's non-gated CUTLASS MoE; SGLang on Hopper
         runs Nemotron-3's experts on FlashInfer's CUTLASS MoE, not its Triton fused MoE)
         (dimensionless; 1 = the gated kernel's efficiency).
+    wave_elements: output elements (rows x local width) of one wave of tiles over all SMs,
+        paid once per expert GEMM whatever the chip's share of the rows: a layer whose routed
+        rows on the chip fill less than a wave (few tokens per chip at a wide expert
+        parallelism) still takes about a wave's time, as a dense GEMM does (``gemm_s``)
+        (elements; 0 = no such floor).
+    remote_fraction: share of a local routed row's compute that a routed entry held by
+        another chip still costs this one: a kernel that runs over every entry of the batch
+        with an expert map (remote experts' tiles launched and skipped or zero-filled, as a
+        Triton fused MoE with expert parallelism does) rather than over the chip's own rows
+        (dimensionless; 0 = remote entries cost nothing).
     """
     tokens = np.asarray(tokens, float)
     hidden = np.asarray(hidden, float)
@@ -139,7 +152,8 @@ def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_
         touched = touched_experts(tokens, topk, experts, moe_ep)
     shape = 1.0 / (1.0 + width_half / w + hidden_half / hidden)
     mats = np.asarray(matrices, float)
-    compute = (2.0 * mats * (rows + half_rows * touched) * hidden * w
+    remote = np.maximum(tokens * np.asarray(topk, float) - rows, 0.0) * remote_fraction
+    compute = (2.0 * mats * ((rows + remote + half_rows * touched) * w + wave_elements) * hidden
                / (peak_flops_per_s * fraction * shape))
     memory = touched * mats * hidden * w * weight_bytes / (hbm_bw_bytes_per_s * hbm_fraction)
     token = ((rows * token_bytes + tokens * (batch_bytes + np.asarray(topk, float) * route_bytes))

@@ -196,6 +196,12 @@ class Coefficients:
             # padded per touched expert, expert width inter/moe_tp with its edge waste
             width = np.maximum(b.ffn_expert * ep / ffn_g, 1.0)
             self.expert_pad = b.moe_half_rows * e / np.maximum(k, 1e-12) * arch.flag(k > 0, k)
+            # one wave of tiles per call (wave_elements of output, in routed-row units of
+            # c_moe: rows per chip = tok k / ep), and the entries routed to other chips that a
+            # kernel run over every entry still computes (remote_fraction of a local row's)
+            self.expert_wave = (b.moe_wave_elements / width * ep / np.maximum(k, 1e-12)
+                                * arch.flag(k > 0, k))
+            self.remote_rows = b.moe_remote_fraction * np.maximum(ep - 1.0, 0.0)
             p_exp = arch.expert_params(b)
             self.c_moe = (2.0 * k * p_exp * moe_layers / ffn_g
                           * (1.0 + b.moe_width_half / width + b.moe_hidden_half / d)
@@ -530,7 +536,8 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
         np.subtract(1.0, touched, out=touched)
         imb = imbalance.factor(b)            # hook: the busiest EP rank's routed tokens
         rt = tok if imb is None else tok * imb
-        c_moe = masked(k.c_moe * (rt + twice(k.expert_pad * touched)))   # tiles per expert used
+        c_moe = masked(k.c_moe * (rt + tok * k.remote_rows               # tiles per expert used
+                                  + twice(k.expert_pad * touched + k.expert_wave)))
         m_moe = twice(k.m_moe * touched)
         x_moe = masked(k.x_moe_tok * rt + twice(k.x_moe))
         if k.a2a is not None:                # (None: ep = 1 on every row, no all-to-all)

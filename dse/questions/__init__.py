@@ -185,13 +185,14 @@ def first_lines(out) -> str:
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-02 (third pass): decode attention counts each query token's query read and output "
-    "written (heads x (d_qk + d_v) bf16 per layer, on the KV's stream: an MLA decode with 128 "
-    "heads moves as much per sequence as the KV of 480 fp8 tokens) and its kernel parameters "
-    "are refitted (held-out MLA decode 1.149 -> 1.131, GQA decode 1.143 -> 1.140), so MLA "
-    "models at small tp decode slower; the bands use 64 parameter samples (was 16) and an "
-    "unresolved number whose band no parameter group moves alone names the groups that move "
-    "it together.")
+    "2026-12-02 (fourth pass): the routed experts' grouped GEMMs pay one wave of output tiles "
+    "per call whatever the chip's share of the rows, and a kernel run over every routed entry "
+    "computes a fitted share of the entries held by other chips (0 to 0.24 per chip and "
+    "runtime); the MoE kernel parameters are refitted (held-out median 1.150 -> 1.146, worst "
+    "1.45 -> 1.37), so MoE layers at wide expert parallelism take longer, and part of the "
+    "fixed time per MoE layer moved into the wave floor. Before it (third pass): decode "
+    "attention counts each query token's query read and output written and the bands use 64 "
+    "parameter samples.")
 
 
 def _previous(o: Path) -> dict | None:
