@@ -63,11 +63,18 @@ def main(argv=None) -> int:
 
 
 def summary(rep: pd.DataFrame) -> pd.DataFrame:
-    """Per op class: groups, median and worst held-out error, share of groups <= 1.15."""
-    g = rep.dropna(subset=["error_held_out"]).groupby("op_class")["error_held_out"]
+    """Per op class: groups, median and worst held-out error, share of groups <= 1.15, and the
+    pooled error (geometric mean over every held-out shape of the class: the groups' errors
+    weighted by their held-out shapes)."""
+    import numpy as np
+    r = rep.dropna(subset=["error_held_out"])
+    g = r.groupby("op_class")["error_held_out"]
+    pooled = r.groupby("op_class").apply(
+        lambda x: float(np.exp(np.average(np.log(x["error_held_out"]),
+                                          weights=x["shapes_held_out"]))), include_groups=False)
     return pd.DataFrame({"groups": g.size(), "median": g.median(), "worst": g.max(),
-                         "share_le_1.15": g.apply(lambda x: float((x <= 1.15).mean()))}
-                        ).reset_index()
+                         "share_le_1.15": g.apply(lambda x: float((x <= 1.15).mean())),
+                         "pooled": pooled}).reset_index()
 
 
 def write_report(rep: pd.DataFrame, folder: str) -> None:
