@@ -16,6 +16,7 @@ import argparse
 import importlib
 import sys
 
+import numpy as np
 import pandas as pd
 
 from dse.errors import InputError
@@ -66,7 +67,6 @@ def summary(rep: pd.DataFrame) -> pd.DataFrame:
     """Per op class: groups, median and worst held-out error, share of groups <= 1.15, and the
     pooled error (geometric mean over every held-out shape of the class: the groups' errors
     weighted by their held-out shapes)."""
-    import numpy as np
     r = rep.dropna(subset=["error_held_out"])
     g = r.groupby("op_class")["error_held_out"]
     pooled = r.groupby("op_class").apply(
