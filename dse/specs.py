@@ -80,6 +80,9 @@ class Accelerator(Frozen):
     peak_flops_per_s: FlopsTable
     price: Price
     microbench: Microbench | None = None
+    # on-chip last-level (L2) cache; read only when fitting kernel tables (a benchmark that
+    # re-runs one call finds a working set smaller than this in the cache), None = unknown
+    l2_cache_bytes: PositiveFloat | None = None
     efficiency: Efficiency
     sources: tuple[str, ...] = ()
     notes: str = ""

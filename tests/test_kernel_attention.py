@@ -75,6 +75,53 @@ def test_decode_few_items_stream_the_kv_slower_by_hand():
     assert t == pytest.approx(kv1 * (1.0 + 8.0 / (8.0 * 2.0)), rel=1e-12)
 
 
+def test_decode_warm_l2_by_hand():
+    """The benchmark's warm cache (kernel fits only): an L40S-like chip (96 MB L2, 864 GB/s)
+    with l2_speedup 4. A call whose KV is exactly the L2's size hits half of it:
+    t_mem x (1 - 0.5 + 0.5 / 4) = 0.625; at a quarter of the capacity the hit is
+    1 / (1 + 1/256); at 4x the capacity 1 / 257; l2_bytes 0 (the scorer's cold cache) or
+    l2_speedup 1: no change."""
+    bw, peak = 864e9, 362e12
+    p = dict(DEC, latency_s=0.0, per_seq_s=0.0, per_seq_kv_head_s=0.0, compute_fraction=1.0)
+    kv_tok = 2 * 8 * 128 * 2                                   # bytes per token, 8 KV heads
+    for ratio in (1.0, 0.25, 4.0):
+        ctx = 96e6 * ratio / (64 * kv_tok)
+        cold = ka.gqa_decode_attention_s(64, ctx, 32, 8, 128, 2.0, 0.0, peak, bw, **p)
+        assert cold == pytest.approx(96e6 * ratio / (bw * 0.8), rel=1e-12)
+        warm = ka.gqa_decode_attention_s(64, ctx, 32, 8, 128, 2.0, 0.0, peak, bw,
+                                         l2_bytes=96e6, l2_speedup=4.0, **p)
+        hit = 1.0 / (1.0 + ratio ** 4)
+        assert warm == pytest.approx(cold * (1.0 - hit + hit / 4.0), rel=1e-12)
+    ctx = 96e6 / (64 * kv_tok)
+    cold = ka.gqa_decode_attention_s(64, ctx, 32, 8, 128, 2.0, 0.0, peak, bw, **p)
+    half = ka.gqa_decode_attention_s(64, ctx, 32, 8, 128, 2.0, 0.0, peak, bw, l2_bytes=96e6,
+                                     l2_speedup=4.0, **p)
+    assert half / cold == pytest.approx(0.625, rel=1e-12)
+    for kw in (dict(l2_bytes=0.0, l2_speedup=4.0), dict(l2_bytes=96e6, l2_speedup=1.0)):
+        t = ka.gqa_decode_attention_s(64, ctx, 32, 8, 128, 2.0, 0.0, peak, bw, **kw, **p)
+        assert t == pytest.approx(96e6 / (bw * 0.8), rel=1e-12)
+    # MLA: the latent's bytes against the same capacity
+    ctx = 48e6 / (8 * 576 * 2)
+    cold = ka.mla_decode_attention_s(8, ctx, 16, 2.0, peak, bw, **p)
+    warm = ka.mla_decode_attention_s(8, ctx, 16, 2.0, peak, bw, l2_bytes=96e6, l2_speedup=4.0,
+                                     **p)
+    hit = 1.0 / (1.0 + 0.5 ** 4)
+    assert warm == pytest.approx(cold * (1.0 - hit + hit / 4.0), rel=1e-12)
+
+
+def test_decode_fits_see_the_warm_cache():
+    """The fitted catalog: the big-L2 GDDR chips' decode kernels run well above their DRAM
+    rate from a warm cache (L40S SGLang and TensorRT-LLM bf16 fit 7.9 and 9.3x), and every fitted
+    group has a warm-cache factor >= 1."""
+    doc = tomllib.loads((common.CATALOG_DIR / "attention.toml").read_text())
+    assert doc["l40s"]["sglang"]["attn_decode_l2_speedup"] > 4.0
+    assert doc["l40s"]["trtllm"]["attn_decode_l2_speedup"] > 4.0
+    for chip, rts in doc.items():
+        for rt, e in rts.items():
+            assert e["attn_decode_l2_speedup"] >= 1.0, (chip, rt)
+            assert e["mla_decode_l2_speedup"] >= 1.0, (chip, rt)
+
+
 def test_prefill_flops_of_a_known_shape():
     b, s, h, d = 2, 1024, 32, 128
     p = dict(fraction=0.5, half_tokens=0.0, half_rows=0.0, latency_s=0.0, hbm_fraction=1.0)

@@ -92,7 +92,9 @@ LOSS, F_SCALE = "soft_l1", 0.05
 NO_FALLBACK = 1e4
 GROUP_MAX_CANDIDATES = (16.0, 32.0, 64.0, NO_FALLBACK)
 DECODE_PARAMS = (
-    common.Param("hbm_fraction", 0.8, 0.02, 1.5, "fraction"),
+    # the cold-cache KV stream: at most the DRAM peak (the benchmarks' warm-L2 rows have their
+    # own term, l2_speedup; before it, fits reached this bound's old 1.5 on the big-L2 chips)
+    common.Param("hbm_fraction", 0.8, 0.02, 1.0, "fraction"),
     common.Param("compute_fraction", 0.3, 0.002, 1.5, "compute"),
     common.Param("group_min_heads", 8.0, 1.0, 256.0, "shape"),
     common.Param("latency_s", 1e-5, 1e-7, 1e-2, "latency"),
@@ -106,10 +108,13 @@ DECODE_PARAMS = (
     # context tokens per extra split-KV CTA of one (sequence, KV head) item: the half_items
     # ramp fades as the context grows (a 1e7 ceiling: no split)
     common.Param("split_tokens", 1024.0, 1.0, 1e7, "shape"),
+    # how much faster the KV stream runs from a warm L2 than from HBM (the benchmark re-runs
+    # one call: kernel_attention's warm-cache term; the scorer's cache is cold; 1: none)
+    common.Param("l2_speedup", 2.0, 1.0, 30.0, "shape"),
 )
 # MLA decode has one latent "KV head": the per-(sequence, KV head) term folds into per_seq_s,
 # and its 16-128 query heads per latent are one MLA kernel's group (no fallback)
-MLA_DECODE_PARAMS = DECODE_PARAMS[:5] + DECODE_PARAMS[7:8]
+MLA_DECODE_PARAMS = DECODE_PARAMS[:5] + DECODE_PARAMS[7:8] + DECODE_PARAMS[10:11]
 PARAMS = {"attn_prefill": PREFILL_PARAMS, "attn_decode": DECODE_PARAMS,
           "mla_prefill": MLA_PREFILL_PARAMS, "mla_decode": MLA_DECODE_PARAMS}
 
@@ -199,6 +204,8 @@ def predictor(op: str, d: pd.DataFrame, accs):
     b = d["batch_size"].to_numpy(float)
     h = d["num_heads"].to_numpy(float)
     kvb = np.where(d["kv_cache_dtype"].map(data.dtype).to_numpy() == "fp8", 1.0, 2.0)
+    # the benchmark's warm L2 (decode only: kernel_attention's warm-cache term)
+    l2 = d["chip"].map(lambda c: accs[c].l2_cache_bytes or 0.0).to_numpy(float)
     elem = np.where(d["dtype"].to_numpy() == "fp8", 1.0, 2.0)
     if op == "attn_prefill":
         s = d["isl"].to_numpy(float)
@@ -212,14 +219,14 @@ def predictor(op: str, d: pd.DataFrame, accs):
         hd = d["head_dim"].to_numpy(float)
         w = d["window_size"].to_numpy(float)
         return lambda v: ka.gqa_decode_attention_s(b, ctx, h, hk, hd, kvb, w, peak, bw,
-                                                   qo_bytes_per_elem=QO_BYTES, **v)
+                                                   qo_bytes_per_elem=QO_BYTES, l2_bytes=l2, **v)
     if op == "mla_prefill":
         s = d["isl"].to_numpy(float)
         return lambda v: ka.mla_prefill_attention_s(b, s, 0.0, h, 2.0, peak, bw, **v)
     if op == "mla_decode":
         ctx = d["step"].to_numpy(float) + 1.0
         return lambda v: ka.mla_decode_attention_s(b, ctx, h, kvb, peak, bw,
-                                                   qo_bytes_per_elem=QO_BYTES, **v)
+                                                   qo_bytes_per_elem=QO_BYTES, l2_bytes=l2, **v)
     raise KeyError(op)
 
 
