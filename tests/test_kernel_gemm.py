@@ -37,6 +37,54 @@ def test_memory_bound_equals_formula():
         2e-6 + (n * k * 0.5625 + (m * k + m * n) * 2) / (BW * 0.75))
 
 
+def test_warm_l2_by_hand():
+    """A benchmark's warm L2 (kernel fits only): a memory-bound GEMM whose weights and
+    activations are exactly the cache's size hits half of them, t_mem x (1 - 0.5 + 0.5 / 3)
+    at l2_speedup 3; at twice the size 1 / 17 of them; no cache (the scorer's) or a speedup of
+    1: the cold time. The MoE layer's expert weights the same way."""
+    from dse.perf.kernel_gemm import warm_l2_factor
+    m, n, k = 1, 4096, 4096
+    nbytes = n * k * 2 + (m * k + m * n) * 2
+    cold = t(m, n, k)
+    assert cold == pytest.approx(nbytes / (BW * 0.75))
+    assert t(m, n, k, l2_bytes=nbytes, l2_speedup=3.0) == pytest.approx(cold * (0.5 + 0.5 / 3))
+    hit = 1 / (1 + 2.0 ** 4)
+    assert t(m, n, k, l2_bytes=nbytes / 2, l2_speedup=3.0) == pytest.approx(
+        cold * (1 - hit + hit / 3))
+    assert t(m, n, k, l2_bytes=0.0, l2_speedup=3.0) == pytest.approx(cold)
+    assert t(m, n, k, l2_bytes=nbytes, l2_speedup=1.0) == pytest.approx(cold)
+    assert warm_l2_factor(1e6, 0.0, 5.0) == 1.0
+    # the compute side is untouched: a compute-bound GEMM keeps its time
+    big = dict(m=8192, n=8192, k=8192)
+    assert t(**big, l2_bytes=1e12, l2_speedup=3.0) == pytest.approx(t(**big))
+    from dse.perf.kernel_gemm import grouped_gemm_s
+    # one token, top-1 of 8 experts on one chip: one expert's 3 x 4096 x 1536 bf16 weights
+    kw = dict(fraction=0.5, half_rows=0.0, width_half=0.0, hbm_fraction=0.75, token_bytes=0.0,
+              latency_s=0.0)
+    w_bytes = 3 * 4096 * 1536 * 2
+    cold = grouped_gemm_s(1, 4096, 1536, 1, 8, 1, 1, 2.0, 1e15, BW, **kw)
+    assert cold == pytest.approx(w_bytes / (BW * 0.75))
+    warm = grouped_gemm_s(1, 4096, 1536, 1, 8, 1, 1, 2.0, 1e15, BW, **kw, l2_bytes=w_bytes,
+                          l2_speedup=4.0)
+    assert warm == pytest.approx(cold * (0.5 + 0.5 / 4))
+
+
+def test_fitted_cold_rates_are_at_most_the_dram_peak():
+    """With the benchmarks' warm L2 in its own term, every fitted weight or KV stream the
+    scorer uses (hbm_fraction of GEMM, MoE and decode attention) is at most the DRAM peak,
+    and the warm-cache factor the fits found is >= 1."""
+    from dse.kernels import common
+    for name in ("gemm", "moe", "attention"):
+        doc = tomllib.loads((common.CATALOG_DIR / f"{name}.toml").read_text())
+        for chip, rts in doc.items():
+            for rt, e in rts.items():
+                for key, v in e.items():
+                    if key.endswith("hbm_fraction") and (name != "attention" or "decode" in key):
+                        assert v <= 1.0 + 1e-9, (name, chip, rt, key, v)
+                    if key.endswith("l2_speedup"):
+                        assert v >= 1.0, (name, chip, rt, key, v)
+
+
 def test_half_rows_doubles_compute_bound_time_at_m_equal_half_rows():
     fast_hbm = dict(hbm_bw_bytes_per_s=1e30)
     m = 256

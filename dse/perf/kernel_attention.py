@@ -80,6 +80,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dse.perf.kernel_gemm import warm_l2_factor
+
 # DeepSeek-V3 MLA dimensions (elements)
 MLA_KV_LORA = 512
 MLA_QK_ROPE = 64
@@ -185,10 +187,7 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
     flops = 2.0 * batch * ctx * q_rows * (np.asarray(d_qk, float) + np.asarray(d_v, float))
     t_mem = (nbytes / (np.asarray(hbm_bw_bytes_per_s, float) * hbm_fraction)
              * (1.0 + half_items / (batch * kv_heads * (1.0 + ctx / split_tokens))))
-    l2 = np.asarray(l2_bytes, float)
-    if np.any(l2 > 0):
-        hit = np.where(l2 > 0, 1.0 / (1.0 + (nbytes / np.where(l2 > 0, l2, 1.0)) ** 4), 0.0)
-        t_mem = t_mem * (1.0 - hit + hit / l2_speedup)
+    t_mem = t_mem * warm_l2_factor(nbytes, l2_bytes, l2_speedup)
     t_flops = flops / (np.asarray(peak_flops_per_s, float)
                        * np.where(fallback, fallback_fraction, compute_fraction))
     return (latency_s + batch * (per_seq_s + items * per_seq_kv_head_s)

@@ -33,6 +33,13 @@ balanced routing of ``tokens`` tokens to ``topk`` of ``experts`` experts, expert
 
 Everything but the shape columns is a per-design constant, so the scorer can precompute
 ``peak * fraction`` and ``hbm_bw * hbm_fraction`` once per design.
+
+Warm cache (kernel benchmarks only, ``warm_l2_factor``): a microbenchmark re-running one call
+on the same buffers finds a weight set smaller than the chip's L2 in the cache, so its memory
+term runs ``l2_speedup`` times faster there (GEMM: all of ``memory_s``; MoE: the expert weights'
+``memory_s``). Serving runs every other layer between two calls of one layer: the scorer's
+cache is cold, it never passes ``l2_bytes``, and the fits' ``hbm_fraction`` is that cold rate
+(at most the DRAM peak).
 """
 
 from __future__ import annotations
@@ -40,6 +47,20 @@ from __future__ import annotations
 import numpy as np
 
 ACTIVATION_BYTES = 2.0   # bf16 activations in and out of every GEMM (bytes per element)
+
+
+def warm_l2_factor(nbytes, l2_bytes, l2_speedup):
+    """Time factor of a memory stream of ``nbytes`` (bytes) that a benchmark re-running one call
+    finds in a warm last-level cache of ``l2_bytes`` (bytes; 0: cold, factor 1):
+    ``1 - hit + hit / l2_speedup``, ``hit = 1 / (1 + (nbytes / l2_bytes)^4)`` (about all of it
+    below the capacity, a sixth at 1.5x it); ``l2_speedup``: how much faster the stream runs
+    from the cache than from HBM (dimensionless, >= 1)."""
+    l2 = np.asarray(l2_bytes, float)
+    if not np.any(l2 > 0):
+        return 1.0
+    hit = np.where(l2 > 0, 1.0 / (1.0 + (np.asarray(nbytes, float)
+                                         / np.where(l2 > 0, l2, 1.0)) ** 4), 0.0)
+    return 1.0 - hit + hit / np.asarray(l2_speedup, float)
 
 
 def gemm_shape_factor(n, k, n_half, k_half):
@@ -53,7 +74,8 @@ def gemm_shape_factor(n, k, n_half, k_half):
 
 
 def gemm_s(m, n, k, weight_bytes, peak_flops_per_s, hbm_bw_bytes_per_s, fraction, half_rows,
-           n_half, k_half, wave_elements, hbm_fraction, latency_s):
+           n_half, k_half, wave_elements, hbm_fraction, latency_s, l2_bytes=0.0,
+           l2_speedup=1.0):
     """Time (s) of one dense GEMM ``[m, k] x [k, n]`` on one chip.
 
     m, n, k: rows (tokens), output features, input features (elements).
@@ -68,6 +90,7 @@ def gemm_s(m, n, k, weight_bytes, peak_flops_per_s, hbm_bw_bytes_per_s, fraction
         smaller than one wave still takes about a wave's time (elements).
     hbm_fraction: achieved fraction of the HBM bandwidth when streaming weights (dimensionless).
     latency_s: fixed time per GEMM (launch, prologue, tail) (s).
+    l2_bytes, l2_speedup: a benchmark's warm L2 (``warm_l2_factor``; 0: cold, the scorer's).
     """
     m = np.asarray(m, float)
     n = np.asarray(n, float)
@@ -75,8 +98,9 @@ def gemm_s(m, n, k, weight_bytes, peak_flops_per_s, hbm_bw_bytes_per_s, fraction
     shape = gemm_shape_factor(n, k, n_half, k_half)
     compute = (2.0 * ((m + half_rows) * n + wave_elements) * k
                / (peak_flops_per_s * fraction * shape))
-    memory = ((n * k * weight_bytes + (m * k + m * n) * ACTIVATION_BYTES)
-              / (hbm_bw_bytes_per_s * hbm_fraction))
+    nbytes = n * k * weight_bytes + (m * k + m * n) * ACTIVATION_BYTES
+    memory = (nbytes / (hbm_bw_bytes_per_s * hbm_fraction)
+              * warm_l2_factor(nbytes, l2_bytes, l2_speedup))
     return latency_s + np.maximum(compute, memory)
 
 
@@ -94,7 +118,7 @@ def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_
                    hbm_fraction, token_bytes, latency_s, rows=None, touched=None,
                    hidden_half=0.0, batch_bytes=0.0, matrices=3.0,
                    route_bytes=0.0, nongated_slowdown=1.0, wave_elements=0.0,
-                   remote_fraction=0.0):
+                   remote_fraction=0.0, l2_bytes=0.0, l2_speedup=1.0):
     """Time (s) of one MoE layer's expert GEMMs on one chip (balanced routing).
 
     tokens: tokens entering the layer (all ranks' tokens: each rank sees them routed).
@@ -142,6 +166,8 @@ def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_
         with an expert map (remote experts' tiles launched and skipped or zero-filled, as a
         Triton fused MoE with expert parallelism does) rather than over the chip's own rows
         (dimensionless; 0 = remote entries cost nothing).
+    l2_bytes, l2_speedup: a benchmark's warm L2 on the expert weights' reads
+        (``warm_l2_factor``; 0: cold, the scorer's).
     """
     tokens = np.asarray(tokens, float)
     hidden = np.asarray(hidden, float)
@@ -155,7 +181,9 @@ def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_
     remote = np.maximum(tokens * np.asarray(topk, float) - rows, 0.0) * remote_fraction
     compute = (2.0 * mats * ((rows + remote + half_rows * touched) * w + wave_elements) * hidden
                / (peak_flops_per_s * fraction * shape))
-    memory = touched * mats * hidden * w * weight_bytes / (hbm_bw_bytes_per_s * hbm_fraction)
+    wbytes = touched * mats * hidden * w * weight_bytes
+    memory = (wbytes / (hbm_bw_bytes_per_s * hbm_fraction)
+              * warm_l2_factor(wbytes, l2_bytes, l2_speedup))
     token = ((rows * token_bytes + tokens * (batch_bytes + np.asarray(topk, float) * route_bytes))
              * hidden / hbm_bw_bytes_per_s)
     kind = np.where(mats == 2.0, nongated_slowdown, 1.0)
