@@ -123,9 +123,11 @@ ATTN_PREFILL_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_f
 ATTN_PREFILL_ZERO_DEFAULT = ("per_seq_s", "per_seq_head_s", "dim_half", "window_pad_tokens")
 ATTN_DECODE_KEYS = ("hbm_fraction", "compute_fraction", "group_min_heads", "latency_s",
                     "per_seq_s", "per_seq_kv_head_s", "group_max_heads", "fallback_fraction",
+                    "window_group_max_heads",
                     "half_items", "split_tokens")
 # absent from a catalog: no fallback, no split (batch.OPTIONAL's "off" values); other keys: 0
-ATTN_DECODE_DEFAULT = {"group_max_heads": 1e4, "fallback_fraction": 1.0, "split_tokens": 1e12}
+ATTN_DECODE_DEFAULT = {"group_max_heads": 1e4, "fallback_fraction": 1.0, "split_tokens": 1e12,
+                       "window_group_max_heads": 1e4}
 # attention kernel families: prefill code 3 * mla + (0 bf16, 1 fp8 compute, 2 fp8 KV cache),
 # decode code 2 * mla + (0 bf16, 1 fp8 KV cache)
 PREFILL = tuple(f"{k}_prefill{v}" for k in ("attn", "mla") for v in ("", "_fp8", "_kv_fp8"))

@@ -34,6 +34,7 @@ IDEAL = {  # speed of light: peak FLOP/s, full bandwidths, no fixed costs, no pa
     "attn_decode_group_min_heads": 0.0, "attn_decode_latency_s": 0.0,
     "attn_decode_per_seq_s": 0.0, "attn_decode_per_seq_kv_head_s": 0.0,
     "attn_decode_group_max_heads": 1e4, "attn_decode_fallback_fraction": 1.0,
+    "attn_decode_window_group_max_heads": 1e4,
     "attn_decode_half_items": 0.0,
     # collectives: NCCL Simple at the full link, no latency (LL and custom kernels never win)
     "ar_nccl_latency_s": 1.0, "ar_nccl_latency_per_log2_s": 0.0, "ar_nccl_ll_fraction": 1.0,

@@ -335,8 +335,10 @@ ATTN_PREFILL_ZERO_DEFAULT = ("per_seq_s", "per_seq_head_s", "dim_half",   # abse
                              "window_pad_tokens")
 ATTN_DECODE_KEYS = ("hbm_fraction", "compute_fraction", "group_min_heads", "latency_s",
                     "per_seq_s", "per_seq_kv_head_s", "group_max_heads", "fallback_fraction",
+                    "window_group_max_heads",
                     "half_items", "split_tokens")
-ATTN_DECODE_DEFAULT = {"group_max_heads": 1e4, "fallback_fraction": 1.0, "split_tokens": 1e12}
+ATTN_DECODE_DEFAULT = {"group_max_heads": 1e4, "fallback_fraction": 1.0, "split_tokens": 1e12,
+                       "window_group_max_heads": 1e4}
 
 
 def _family(names) -> tuple[np.ndarray, list]:

@@ -111,6 +111,13 @@ NO_EFFECT = {
     # the refit with decode's half_items term (2026-12-02) did the same to the fp8-cache tile
     # (1.5-7.7 heads on the bases' chips, fewer than their 16-128 MLA query heads per chip)
     "accelerator.kernel.mla_decode_kv_fp8_group_min_heads": "inactive at the fitted values",
+    # a threshold on whole query-group sizes, fitted at 1 (FlashAttention-2's windowed decode:
+    # L40S and RTX PRO 6000 vLLM, bf16 KV) or 1e4 (off): 20% more crosses no group size, so
+    # no metric moves; its effect is worked by hand at a crossing value in
+    # tests/test_physics_attention_fallback.py::test_windowed_layers_fall_back_per_query_head_by_hand
+    "accelerator.kernel.attn_decode_window_group_max_heads": "a threshold 20% does not cross",
+    "accelerator.kernel.attn_decode_kv_fp8_window_group_max_heads": "a threshold 20% does not "
+                                                                     "cross",
 }
 BOOLEAN = {"model.mlp_gated", "model.tie_word_embeddings"}
 SKIP_PREFIX = ("reference.",)

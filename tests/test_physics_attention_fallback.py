@@ -49,3 +49,40 @@ def test_a_group_the_kernel_takes_stays_on_the_grouped_kernel():
     dec = _decode(attn_decode_group_max_heads=4.5, attn_decode_fallback_fraction=0.05)
     compute = 2 * 32 * 2 * 256 / (5e14 * 0.5) * 64 * 32 * 2000
     assert dec.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
+
+
+def _oss_decode(**pin):
+    d = design("h100-sxm", "gpt-oss-120b", **{
+        "model.kv_dtype": "bf16", "layout.tp": 1, "workload.isl": 1000, "workload.osl": 2000,
+        "workload.concurrency": 64, "workload.phase": "decode"})
+    return score(batch(d, ideal=True).replace(**dict(ATTN_PIN, **pin)), breakdown=True)[1].decode
+
+
+def test_windowed_layers_fall_back_per_query_head_by_hand():
+    """gpt-oss-120b (18 global layers, 18 local ones with a 128-token window; 64 query heads
+    in 8 KV groups of 8, head dim 64), 64 sequences at a mean context of 2,000 tokens, with a
+    kernel that keeps windowed query groups of at most 7.5 heads grouped (FlashAttention-2's
+    windowed decode keeps none: 1; 7.5 so that 20% more, 9, keeps gpt-oss's 8 grouped and
+    fails here): the global layers stay grouped, 64 query rows (8
+    groups of 8, no padding past 8) x (64 + 64) FLOPs per context token at 500 TFLOP/s x 0.5;
+    the local ones run 64 per-query-head items at x 0.05 over their 128 tokens. The fixed time
+    counts 8 work items per sequence on a global layer and 64 on a local one:
+    36 x 5 us + 64 x (36 x 0.1 us + (18 x 8 + 18 x 64) x 0.02 us)."""
+    pin = dict(attn_decode_window_group_max_heads=7.5, attn_decode_fallback_fraction=0.05)
+    dec = _oss_decode(**pin)
+    per_tok = 2 * 64 * 128                       # FLOPs per (sequence, context token, layer)
+    compute = 64 * per_tok * (18 * 2000 / (5e14 * 0.5) + 18 * 128 / (5e14 * 0.05))
+    assert dec.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
+    kv_tok = 2 * 8 * 64 * 2
+    qo = 36 * 64 * 128 * 2 / (4e12 * 0.8) * 64
+    memory = (kv_tok / (4e12 * 0.8) * 64 * (18 * 2000 + 18 * 128)
+              + kv_tok / (4e12 * 0.7) * 64 * 36 + qo)
+    fixed = 36 * 5e-6 + 64 * (36 * 1e-7 + (18 * 8 + 18 * 64) * 2e-8)
+    assert dec.op_s[CORE][0] == pytest.approx(max(compute, memory) + fixed, rel=1e-9)
+    # the default (windows as unwindowed layers): every layer grouped at x 0.5
+    base = _oss_decode()
+    assert base.compute_s[CORE][0] == pytest.approx(
+        64 * per_tok * (18 * 2000 + 18 * 128) / (5e14 * 0.5), rel=1e-9)
+    # a windowed limit at least the group (8) keeps the local layers grouped
+    assert _oss_decode(**dict(pin, attn_decode_window_group_max_heads=8.0)).compute_s[CORE][0] \
+        == pytest.approx(base.compute_s[CORE][0], rel=1e-12)

@@ -143,9 +143,17 @@ def kernel_params() -> dict[tuple[str, str], dict]:
     return out
 
 
+# kernel parameters only the fits use (a benchmark's warm L2, ``kernel_gemm.warm_l2_factor``:
+# the scorer's cache is cold): in the catalog with what they were fitted on, never a scorer
+# input or a settable field
+FIT_ONLY_SUFFIXES = ("l2_speedup",)
+
+
 @lru_cache(maxsize=1)
 def kernel_keys() -> tuple[str, ...]:
-    """Every numeric kernel parameter any entry has."""
+    """Every numeric kernel parameter any entry has that the scorer reads (not the fit-only
+    ones, ``FIT_ONLY_SUFFIXES``)."""
     return tuple(sorted({k for e in kernel_params().values() for k in e
-                         if k not in ("fitted_on", "uncertainty")}))
+                         if k not in ("fitted_on", "uncertainty")
+                         and not k.endswith(FIT_ONLY_SUFFIXES)}))
 

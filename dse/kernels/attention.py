@@ -91,6 +91,11 @@ LOSS, F_SCALE = "soft_l1", 0.05
 # powers of two, NO_FALLBACK = a group never falls back (no ratio of heads reaches it)
 NO_FALLBACK = 1e4
 GROUP_MAX_CANDIDATES = (16.0, 32.0, 64.0, NO_FALLBACK)
+# a windowed call: as an unwindowed one (NO_FALLBACK, first: a tie keeps it) or per query
+# head (1); a group without windowed rows tries only the first
+WINDOW_GROUP_MAX_CANDIDATES = (NO_FALLBACK, 1.0)
+CANDIDATES = {"group_max_heads": GROUP_MAX_CANDIDATES,
+              "window_group_max_heads": WINDOW_GROUP_MAX_CANDIDATES}
 DECODE_PARAMS = (
     # the cold-cache KV stream: at most the DRAM peak (the benchmarks' warm-L2 rows have their
     # own term, l2_speedup; before it, fits reached this bound's old 1.5 on the big-L2 chips)
@@ -111,6 +116,9 @@ DECODE_PARAMS = (
     # how much faster the KV stream runs from a warm L2 than from HBM (the benchmark re-runs
     # one call: kernel_attention's warm-cache term; the scorer's cache is cold; 1: none)
     common.Param("l2_speedup", 2.0, 1.0, 30.0, "shape"),
+    # the widest query group a sliding-window call keeps grouped (kernel_attention): chosen
+    # from WINDOW_GROUP_MAX_CANDIDATES (1: FlashAttention-2's windowed decode, per query head)
+    common.Param("window_group_max_heads", NO_FALLBACK, 1.0, NO_FALLBACK, "threshold"),
 )
 # MLA decode has one latent "KV head": the per-(sequence, KV head) term folds into per_seq_s,
 # and its 16-128 query heads per latent are one MLA kernel's group (no fallback)
@@ -256,15 +264,17 @@ def starts(op: str) -> list[tuple]:
     return out
 
 
-def fit_starts(op: str, f, y, n_starts=None, max_nfev=MAX_NFEV) -> common.Fit:
+def fit_starts(op: str, f, y, n_starts=None, max_nfev=MAX_NFEV, candidates=None) -> common.Fit:
     """Fit ``f(values) -> seconds`` to ``y`` from each of ``starts(op)`` (and, for a parameter of
     kind ``threshold``, each of its candidates: ``GROUP_MAX_CANDIDATES``); the best in-sample
     fit. A threshold's log covariance row is zero (chosen from a grid, not estimated)."""
+    import itertools
     best = None
     for params in starts(op)[:n_starts]:
         free = tuple(p for p in params if p.kind != "threshold")
         fixed = [p for p in params if p.kind == "threshold"]
-        for cand in ([c] for c in GROUP_MAX_CANDIDATES) if fixed else [[]]:
+        grid = {**CANDIDATES, **(candidates or {})}
+        for cand in itertools.product(*(grid[p.name] for p in fixed)):
             over = {p.name: c for p, c in zip(fixed, cand)}
             fit = common.least_squares_fit(lambda v: f({**v, **over}), free, y,
                                            max_nfev=max_nfev, loss=LOSS, f_scale=F_SCALE)
@@ -291,7 +301,9 @@ def _with_fixed(fit: common.Fit, params, over: dict) -> common.Fit:
 def _fit_group(op, g, accs, n_starts=None):
     fit_rows = g[~g["held_out"]]
     f = predictor(op, fit_rows, accs)
-    return fit_starts(op, f, fit_rows["latency_s"].to_numpy(float), n_starts)
+    windowed = "window_size" in fit_rows and bool((fit_rows["window_size"] > 0).any())
+    cand = None if windowed else {"window_group_max_heads": WINDOW_GROUP_MAX_CANDIDATES[:1]}
+    return fit_starts(op, f, fit_rows["latency_s"].to_numpy(float), n_starts, candidates=cand)
 
 
 def _report_row(op, chip, runtime, dtype, g, vals, accs, suffix=""):

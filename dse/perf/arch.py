@@ -170,6 +170,12 @@ def context_layers(b: Batch, ctx: np.ndarray) -> np.ndarray:
     return n_global * ctx + b.n_local_layers * local_ctx
 
 
+def local_context_layers(b: Batch, ctx: np.ndarray) -> np.ndarray:
+    """The local layers' share of ``context_layers``: their number times the context each
+    attends to (at most the window)."""
+    return b.n_local_layers * np.minimum(ctx, window_or_inf(b))
+
+
 def prefill_pairs_layers(b: Batch, new: np.ndarray, prior: np.ndarray) -> np.ndarray:
     """Sum over layers of causal (query, key) pairs when ``new`` tokens follow ``prior`` cached ones
     (a local layer's window computes ``attn_prefill_window_pad_tokens`` more keys per query:

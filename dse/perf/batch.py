@@ -160,6 +160,9 @@ FIELDS.update({
     "attn_decode_group_max_heads": "widest query group per KV head the decode kernel takes; "
                                    "wider groups run the per-query-head fallback",
     "attn_decode_fallback_fraction": "share of attn_flops_per_s the decode fallback reaches",
+    "attn_decode_window_group_max_heads": "widest query group per KV head a sliding-window "
+                                          "(local) layer's decode keeps grouped (1: every "
+                                          "local layer falls back per query head)",
     "attn_decode_half_items": "(sequence, KV head) items per decode call at which the KV "
                               "stream runs at half rate",
     "attn_decode_split_tokens": "context tokens per extra split-KV CTA of one (sequence, KV "
@@ -188,6 +191,7 @@ OPTIONAL: dict[str, float | str] = {
     "expert_matmul_flops_per_s": "matmul_flops_per_s",
     # decode attention's per-query-head fallback (dse.perf.kernel_attention): 1e4 = never
     "attn_decode_group_max_heads": 1e4, "attn_decode_fallback_fraction": 1.0,
+    "attn_decode_window_group_max_heads": 1e4,
     "attn_decode_half_items": 0.0,
     # sliding-window prefill's keys per query row beyond the window (kernel_attention)
     "attn_prefill_window_pad_tokens": 0.0,

@@ -58,6 +58,12 @@ Decode (generation) attention, one new token per sequence over ``context`` cache
 
     (``group_max_heads`` = inf, the default: no fallback, the form above.)
 
+    A sliding-window call (``window > 0``) takes query groups of at most
+    ``min(group_max_heads, window_group_max_heads)``: FlashAttention-2 packs a decode's query
+    group into the tile's rows (``seqlenq_ngroups_swapped``) only without a window, so a
+    windowed decode runs one work item per query head (``window_group_max_heads`` 1; inf, the
+    default: windows change nothing).
+
     Warm cache (kernel benchmarks only): a microbenchmark that re-runs one call on the same
     buffers finds a working set smaller than the chip's L2 (``l2_bytes``) in the cache, and
     the KV stream runs ``l2_speedup`` times faster there::
@@ -147,7 +153,8 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
                        *, hbm_fraction, compute_fraction, group_min_heads, latency_s,
                        per_seq_s, per_seq_kv_head_s=0.0, group_max_heads=np.inf,
                        fallback_fraction=1.0, half_items=0.0, split_tokens=np.inf,
-                       qo_bytes_per_elem=0.0, l2_bytes=0.0, l2_speedup=1.0):
+                       qo_bytes_per_elem=0.0, l2_bytes=0.0, l2_speedup=1.0,
+                       window_group_max_heads=np.inf):
     """Seconds of one decode (generation) attention layer on one chip: one new token for each of
     ``batch`` sequences, each attending to ``context_tokens`` tokens (cached + the new one).
 
@@ -170,7 +177,9 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
     same HBM stream as the KV (an MLA decode with 128 heads moves 278 kB per sequence, the KV
     of 480 fp8 tokens); l2_bytes: the chip's L2 capacity when the call's bytes may be in a
     warm cache (a benchmark re-running it; bytes; 0: cold, the default and the scorer's);
-    l2_speedup: how much faster the KV stream runs from the warm cache than from HBM.
+    l2_speedup: how much faster the KV stream runs from the warm cache than from HBM;
+    window_group_max_heads: the widest query group a sliding-window call keeps on the grouped
+    kernel (1: every windowed call falls back per query head; inf: as unwindowed).
     """
     batch = np.asarray(batch, float)
     ctx = np.asarray(context_tokens, float)
@@ -181,7 +190,8 @@ def decode_attention_s(batch, context_tokens, heads, kv_heads, d_qk, d_v, kv_ele
     nbytes = (batch * ctx * np.asarray(kv_elems_per_token, float) * kv_bytes_per_elem
               + batch * heads * (np.asarray(d_qk, float) + np.asarray(d_v, float))
               * qo_bytes_per_elem)
-    fallback = heads > kv_heads * group_max_heads
+    gmax = np.where(w > 0, np.minimum(group_max_heads, window_group_max_heads), group_max_heads)
+    fallback = heads > kv_heads * gmax
     q_rows = np.where(fallback, heads, kv_heads * np.maximum(heads / kv_heads, group_min_heads))
     items = np.where(fallback, heads, kv_heads)
     flops = 2.0 * batch * ctx * q_rows * (np.asarray(d_qk, float) + np.asarray(d_v, float))

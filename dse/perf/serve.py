@@ -236,10 +236,12 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None, q=Non
     pp = b.pp
     new = _new_tokens(b)
     prior = b.isl - new
-    dec_ctx = arch.context_layers(b, b.isl + 0.5 * b.osl)
+    ctx_tokens = b.isl + 0.5 * b.osl
     if lengths.on(b):                    # hook: length distributions (dse.perf.lengths)
-        dec_ctx = arch.context_layers(b, lengths.decode_context_tokens(b)
-                                      * lengths.straggler(b, c))
+        ctx_tokens = lengths.decode_context_tokens(b) * lengths.straggler(b, c)
+    dec_ctx = arch.context_layers(b, ctx_tokens)
+    # the local layers' share, where their decode runs another kernel form (step.dec_local)
+    loc = dict(dec_local=arch.local_context_layers(b, ctx_tokens)) if k.dec_win_on else {}
     pairs = arch.prefill_pairs_layers(b, new, prior)
     zero = np.zeros_like(c)
     decoding, chunk, avg, carried, share = load
@@ -254,7 +256,7 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None, q=Non
     rank_carried = np.maximum(rank_mean, np.minimum(chunk, carried))
     # decode-only step: what limits decoding, and the decode share of the cost
     decode = step(k, dq / pp, zero, dec_ctx, new, prior, pairs, dq / pp,
-                  breakdown, True, decode_step=True, seq_tokens=q)
+                  breakdown, True, decode_step=True, seq_tokens=q, **loc)
     if breakdown:
         sums = (decode.compute_s.sum(0), decode.memory_s.sum(0), decode.network_s.sum(0),
                 bound_shares(decode))
@@ -264,7 +266,7 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None, q=Non
     # with a prefill-only instance it is the batch of C prompts
     done = _times(1.0 - arch.phases(b)[2], carried) / np.maximum(new, 1.0)
     mixed = step(k, dq / pp, carried / pp, dec_ctx, new, prior, pairs,
-                 (dq + done) / pp, breakdown, pre_rank=rank_carried / pp, seq_tokens=q)
+                 (dq + done) / pp, breakdown, pre_rank=rank_carried / pp, seq_tokens=q, **loc)
     # a step that carries one of this request's prefill chunks next to the other running
     # decodes: the chunk sits on one attention-DP rank, and the n chunks of a prompt attend to
     # the cached prefix and to the earlier chunks (on average half the uncached prompt)
@@ -274,12 +276,12 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None, q=Non
     chunk_prior = prior + 0.5 * np.maximum(new - chunk, 0.0)
     oq = others if q is None else others * q
     prefill = step(k, oq / pp, chunk, dec_ctx, chunk, chunk_prior, chunk_pairs,
-                   oq / pp + 1.0, breakdown, pre_rank=chunk, seq_tokens=q)
+                   oq / pp + 1.0, breakdown, pre_rank=chunk, seq_tokens=q, **loc)
     if q is None:
         return Breakdown(decode, mixed, prefill), sums, None
     # hook: dse.perf.spec -- the k draft steps of every pass, priced from a 1-token decode step
     one = step(k, decoding / pp, zero, dec_ctx, new, prior, pairs, decoding / pp,
-               decode_step=True)
+               decode_step=True, **loc)
     ctx = b.isl + 0.5 * b.osl
     return Breakdown(decode, mixed, prefill), sums, spec.draft_s(b, k, decoding / pp, one, ctx)
 

@@ -130,6 +130,20 @@ class Coefficients:
                                                 b.attn_decode_compute_fraction)
         dec_dims = arch.attn_dims(b, True)
         self.c_core_dec = 2.0 * heads * q_pad * dec_dims / dp / dec_eff * stage
+        # sliding-window (local) layers take query groups of at most
+        # attn_decode_window_group_max_heads (FlashAttention-2 packs a decode's query group
+        # into the tile's rows only without a window: 1, per query head): their compute per
+        # context token differs by c_core_dec_win (the step adds it on the local layers'
+        # context) and their work items per sequence are the query heads
+        fallback_w = heads > kv_heads * np.minimum(b.attn_decode_group_max_heads,
+                                                   b.attn_decode_window_group_max_heads)
+        q_pad_w = np.where(fallback_w, 1.0,
+                           np.maximum(heads, kv_heads * b.attn_decode_group_min_heads) / heads)
+        eff_w = b.attn_flops_per_s * np.where(fallback_w, b.attn_decode_fallback_fraction,
+                                              b.attn_decode_compute_fraction)
+        self.c_core_dec_win = 2.0 * heads * q_pad_w * dec_dims / dp / eff_w * stage \
+            - self.c_core_dec
+        self.dec_win_on = bool(np.any((self.c_core_dec_win != 0.0) & (b.n_local_layers > 0)))
         # prefill attention runs on the rank that holds the prompt: per rank, not split over dp
         d_qk = arch.blend(mla, b.qk_nope + b.qk_rope, b.head_dim)
         self.c_core_pre = (2.0 * heads * arch.attn_dims(b, False)
@@ -156,6 +170,10 @@ class Coefficients:
         self.dec_split_layers = b.attn_decode_split_tokens * b.n_layers
         items = np.where(fallback, heads, kv_heads)          # work items per sequence
         self.x_core_seq = L * (b.attn_decode_per_seq_s + items * b.attn_decode_per_seq_kv_head_s)
+        if self.dec_win_on:                                  # local layers' own work items
+            items_w = np.where(fallback_w, heads, kv_heads)
+            self.x_core_seq = self.x_core_seq + (b.n_local_layers * stage * (items_w - items)
+                                                 * b.attn_decode_per_seq_kv_head_s)
         self.x_core_dec = L * b.attn_decode_latency_s
         self.x_core_pre = L * b.attn_prefill_latency_s
         # dense MLP over a group of g chips: the tp*dp group (every chip sees all tokens) or,
@@ -455,7 +473,7 @@ def bound_shares(st: "StepTimes") -> tuple:
 
 def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
          breakdown: bool = False, sums: bool = False, pre_rank=None, decode_step: bool = False,
-         seq_tokens=None):
+         seq_tokens=None, dec_local=None):
     """One stage step of one micro-batch (tokens are per micro-batch, whole instance).
 
     ``dec_ctx`` is ``arch.context_layers`` of the decode context and ``pairs`` is
@@ -467,6 +485,8 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     EP kernels there and the normal ones in steps that carry prompt tokens, as DeepEP does).
     ``seq_tokens``: decode tokens per sequence (speculative verification, dse.perf.spec): the
     KV cache and per-sequence attention costs count ``dec / seq_tokens`` sequences.
+    ``dec_local``: ``arch.local_context_layers`` of the same context (the local layers' share
+    of ``dec_ctx``), needed where ``k.dec_win_on`` (their decode runs another kernel form).
 
     Returns the step time; with ``sums`` also the compute, memory and network time summed over
     ops and the op time split by what bounds each op (``bound_shares``); with ``breakdown`` the
@@ -498,7 +518,10 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     if ctx is None or ctx[0] is not dec_ctx:       # per design: once for the steps of a call
         kv = k.kv_dec_stage * dec_ctx
         ramp = kv / (1.0 + dec_ctx / k.dec_split_layers) if k.dec_half_on else None
-        ctx = (dec_ctx, k.c_core_dec * dec_ctx, kv, ramp)
+        core = k.c_core_dec * dec_ctx
+        if k.dec_win_on and dec_local is not None:
+            core = core + k.c_core_dec_win * dec_local
+        ctx = (dec_ctx, core, kv, ramp)
         k.__dict__["_ctx"] = ctx
     c_core = ctx[1] * dec
     m_core = ctx[2] * seqs
