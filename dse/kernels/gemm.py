@@ -21,6 +21,13 @@ Fit: per (chip, runtime, family), log-space least squares on a seeded sample of 
 held-out shape. (``fit_multistart`` runs it from the module's ``STARTS`` and ``RANDOM_STARTS``
 too and keeps the best; GEMM uses its x0 only.)
 
+Warm cache: ``l2_speedup`` (kernel_gemm.warm_l2_factor with the chip's ``l2_cache_bytes``) takes
+the benchmark's L2 hits on a weight set smaller than the cache (the call re-run on the same
+buffers; L40S GEMMs at <= 64 rows ran 1.5x faster than predicted over 4-16 MB and 0.8x above
+40 MB); fit-only, the scorer's cache is cold, and the cold ``hbm_fraction`` is capped at the
+DRAM peak (1.0; fits had reached the old 1.2 on L40S, RTX PRO 6000 and vLLM's fp8_block).
+Pooled held-out 1.148 -> 1.146 (2026-12-03; L40S TensorRT-LLM bf16 1.25 -> 1.20).
+
 Missing (chip, runtime, family) (``complete``, shared with moe.py; this supersedes the
 "other runtimes' geometric mean" sentence of common.py): ``common.transfer`` from the chips
 that fitted **that runtime's** family (MAMF-scaled compute), since kernels differ far more

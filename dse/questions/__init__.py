@@ -185,17 +185,17 @@ def first_lines(out) -> str:
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-03 (fifth pass): the decode-attention kernel fits (GQA and MLA) separate the "
-    "benchmarks' warm L2 cache from the cold-cache HBM rate the scorer uses (each chip's L2 "
-    "size from its spec sheet; a call whose KV fits in it ran up to 9x faster on the L40S), "
-    "and that cold rate is capped at the DRAM peak, where some fits had reached 1.5x it "
-    "(A100 TensorRT-LLM's KV stream 1.49 -> 1.00 of the peak, its decode attention up to "
-    "1.5x slower; L40S and RTX PRO 6000 fits the same way); on Hopper and Blackwell the "
-    "decode KV rates moved by 2-4% (faster), and the MLA decode fits were refitted with the "
-    "new term. Before it "
-    "(fourth pass): the routed experts' grouped GEMMs pay one wave of output tiles per call "
-    "and a kernel run over every routed entry computes a fitted share of the entries held by "
-    "other chips, so MoE layers at wide expert parallelism take longer.")
+    "2026-12-03 (fifth pass): the kernel fits separate the benchmarks' warm L2 cache (each "
+    "chip's L2 size from its spec sheet; a call re-run on the same buffers keeps a working set "
+    "below it in the cache) from the cold-cache rates the scorer uses, and cap those at the "
+    "DRAM peak, where some fits had reached 1.2-1.5x it: decode attention, GEMM weight streams "
+    "and expert weight reads are slower on A100, L40S and RTX PRO 6000 (A100 TensorRT-LLM's "
+    "decode KV stream 1.49 -> 1.00 of the peak, L40S GEMMs 1.2 -> 0.74) and within a few "
+    "percent on Hopper and Blackwell; sliding-window layers decode per query head on "
+    "FlashAttention-2 (vLLM on L40S and RTX PRO 6000); the per-layer time is refitted "
+    "(45.5 -> 40.7 us). Before it (fourth pass): the routed experts' grouped GEMMs pay one "
+    "wave of output tiles per call and a kernel run over every routed entry computes a fitted "
+    "share of the entries held by other chips.")
 
 
 def _previous(o: Path) -> dict | None:
