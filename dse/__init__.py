@@ -11,6 +11,7 @@ The Python API (``dse.api``; the ``dse`` command line is a thin layer over it)::
     run.front, run.scores, run.status                   # DataFrames; `dse status --json`
     run = dse.open_run("runs/...")                      # a run folder
     run = dse.resume("runs/...")                        # or run.resume(): `dse run --resume`
+    dse.work("runs/...", trials=200)                    # `dse worker`: one more worker on it
     pred = dse.predict("cases.csv")                     # `dse predict`: a case table
     w = dse.whatif(run, set={"accelerator.id": "b300"}, scale={"cost.pue": 1.1})
     c = dse.compare(run_a, run_b)                       # hypervolumes, coverage; c.write(out)
@@ -25,11 +26,11 @@ import types as _types
 from typing import TYPE_CHECKING
 
 _API = ("Bands", "Evaluation", "Run", "compare", "evaluate", "load_space", "open_run",
-        "predict", "resume", "run", "score", "score_bands", "whatif")
+        "predict", "resume", "run", "score", "score_bands", "whatif", "work")
 
 if TYPE_CHECKING:
     from dse.api import (Bands, Evaluation, Run, compare, evaluate, load_space, open_run,
-                         predict, resume, run, score, score_bands, whatif)
+                         predict, resume, run, score, score_bands, whatif, work)
     from dse.errors import InputError
 
 

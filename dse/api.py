@@ -428,6 +428,70 @@ def resume(path: PathLike | Run, *, trials: int | None = None, budget: float | s
     return Run(d)
 
 
+def work(run: PathLike | Run | None = None, *, storage: str | None = None,
+         study: str | None = None, out: PathLike | None = None, trials: int | None = None,
+         budget: float | str | None = None, storage_retry: float | str | None = None,
+         progress: bool = False) -> Run:
+    """Join a run as one more worker (``dse worker``) and return it when the run, or this
+    worker's ``trials`` or ``budget``, is done. ``run``: the run folder (workers on one machine
+    or a shared filesystem); or, for a worker on another machine, ``storage`` (the Optuna RDB
+    URL the run uses) and ``study`` (its study name, the run folder's name): the worker then
+    works in a local folder ``out`` (default ``runs/<study>``) that it fills with the run's
+    inputs and manifest as the run stored them in the study. ``trials``: trials (exhaustive:
+    chunks) this worker does at most; ``budget``: its wall time (seconds or a duration)."""
+    from dse.search import driver
+    _storage_retry(storage_retry)
+    if run is not None:
+        d, url = open_run(run).path, None
+    else:
+        if not (storage and study):
+            raise InputError("give a run folder, or a storage URL and a study name",
+                             hint="dse.work(run_dir) or dse.work(storage=URL, study=NAME)")
+        d, url = _worker_folder(storage, study, out), storage
+    d = driver.run_space(run_dir=d, join=True, trials=trials, budget_s=_seconds(budget),
+                         storage_url=url, progress=progress)
+    return Run(d)
+
+
+def _worker_folder(storage_url: str, study_name: str, out: PathLike | None) -> Path:
+    """A worker's local run folder for a study in a shared storage: the run's inputs and
+    manifest, as the run stored them in the study."""
+    import optuna
+
+    from dse import runs
+    from dse.search.study import storage_for, with_retry
+    storage = storage_for(None, storage_url)
+    try:
+        study = with_retry(optuna.load_study, study_name=study_name, storage=storage)
+    except KeyError:
+        raise InputError(f"no study {study_name!r} in the storage", file=storage_url,
+                         hint="the study name is the run folder's name") from None
+    attrs = with_retry(lambda: study.user_attrs)
+    if "manifest" not in attrs:
+        raise InputError(f"the study {study_name!r} is not a dse run", file=storage_url,
+                         hint="the study name is the run folder's name")
+    m = json.loads(attrs["manifest"])
+    d = Path(out) if out else Path("runs") / study_name
+    existed = d.is_dir()
+    try:
+        (d / "scores").mkdir(parents=True, exist_ok=True)
+        (d / "inputs").mkdir(exist_ok=True)
+        space_path = runs.space_snapshot(d, m)
+        if "inputs" in attrs:       # the run's snapshot: space file and objectives file
+            runs.write_inputs(d, attrs["inputs"])
+        else:
+            space_path.write_text(attrs["space_toml"])
+        m["space_file"] = str(space_path)
+        runs.write_json(d / "manifest.json", m)
+        from dse.space import load_space
+        load_space(str(space_path))
+    except BaseException:
+        if not existed:
+            runs.discard(d)
+        raise
+    return d
+
+
 # ------------------------------------------------------------------------------ analyses
 
 def compare(a: PathLike | Run, b: PathLike | Run, *, bands: int | None = None, seed: int = 0):

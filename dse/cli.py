@@ -179,68 +179,19 @@ def _front_table(d, m) -> None:
 
 
 def _worker(a) -> int:
-    from pathlib import Path
-
-    from dse import runs
-    from dse.search import driver
-    budget = parse_duration(a.budget) if a.budget else None
+    from dse import api
     _storage_retry(a)
-    if a.dir:
-        d, url = Path(a.dir), None
-    else:
-        if not (a.storage and a.study):
-            raise InputError("give a run folder, or --storage URL and --study NAME")
-        d, url = _worker_folder(a), a.storage
-    d = driver.run_space(run_dir=d, join=True, trials=a.trials, budget_s=budget,
-                         storage_url=url, progress=not a.quiet)
-    st, m = runs.status(d), runs.load_manifest(d)
+    if not a.dir and not (a.storage and a.study):
+        raise InputError("give a run folder, or --storage URL and --study NAME")
+    r = api.work(a.dir, storage=a.storage, study=a.study, out=a.out, trials=a.trials,
+                 budget=a.budget, progress=not a.quiet)
+    st, m = r.status, r.manifest
     from dse.terminal import completed_words
     what = "chunks" if m["strategy"] == "exhaustive" else "trials"
     print(f"worker done: the run has {completed_words(st, what)} {what} complete (every "
           f"worker's together), front of {st['front_size']}")
-    print(d)
+    print(r.path)
     return 0
-
-
-def _worker_folder(a):
-    """A worker's local run folder for a study in a shared storage: the run's inputs and
-    manifest, as the run stored them in the study."""
-    from pathlib import Path
-
-    import optuna
-
-    from dse import runs
-    from dse.search.study import storage_for, with_retry
-    storage = storage_for(None, a.storage)
-    try:
-        study = with_retry(optuna.load_study, study_name=a.study, storage=storage)
-    except KeyError:
-        raise InputError(f"no study {a.study!r} in the storage", file=a.storage,
-                         hint="the study name is the run folder's name") from None
-    attrs = with_retry(lambda: study.user_attrs)
-    if "manifest" not in attrs:
-        raise InputError(f"the study {a.study!r} is not a dse run", file=a.storage,
-                         hint="the study name is the run folder's name")
-    m = json.loads(attrs["manifest"])
-    d = Path(a.out) if a.out else Path("runs") / a.study
-    existed = d.is_dir()
-    try:
-        (d / "scores").mkdir(parents=True, exist_ok=True)
-        (d / "inputs").mkdir(exist_ok=True)
-        space_path = runs.space_snapshot(d, m)
-        if "inputs" in attrs:       # the run's snapshot: space file and objectives file
-            runs.write_inputs(d, attrs["inputs"])
-        else:
-            space_path.write_text(attrs["space_toml"])
-        m["space_file"] = str(space_path)
-        runs.write_json(d / "manifest.json", m)
-        from dse.space import load_space
-        load_space(str(space_path))
-    except BaseException:
-        if not existed:
-            runs.discard(d)
-        raise
-    return d
 
 
 def _dashboard(a) -> int:

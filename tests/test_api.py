@@ -370,11 +370,11 @@ def test_resume_and_run_resume_continue_a_stopped_run_to_the_exact_front(run, tm
 
 
 def test_the_command_line_goes_through_the_api(run, tmp_path, capsys, monkeypatch):
-    """``dse run``/``--resume``/``status``/``compare``/``whatif``/``eval`` call dse.api's
-    functions (no second code path): each is wrapped here and must be called, once."""
+    """``dse run``/``--resume``/``worker``/``status``/``compare``/``whatif``/``eval`` call
+    dse.api's functions (no second code path): each is wrapped here and must be called, once."""
     import dse.api as api
     calls = []
-    for name in ("run", "resume", "open_run", "compare", "whatif", "evaluate"):
+    for name in ("run", "resume", "work", "open_run", "compare", "whatif", "evaluate"):
         real = getattr(api, name)
         monkeypatch.setattr(api, name, lambda *a, _f=real, _n=name, **k:
                             (calls.append(_n), _f(*a, **k))[1])
@@ -392,6 +392,9 @@ def test_the_command_line_goes_through_the_api(run, tmp_path, capsys, monkeypatc
     assert dse.open_run(out).status["designs_scored"] == 8
     assert first_call(["run", "--resume", str(out), "--quiet"]) == "resume"
     assert dse.open_run(out).status["designs_scored"] == 24
+    calls.clear()                  # (an exhaustive run without --storage takes no worker:
+    assert main(["worker", str(out), "--trials", "1", "--quiet"]) == 2   # dse.work refuses)
+    assert calls[:1] == ["work"]
     assert first_call(["status", str(out)]) == "open_run"
     assert first_call(["compare", str(out), str(run.path), "--bands", "0",
                        "--out", str(tmp_path / "c")]) == "compare"
