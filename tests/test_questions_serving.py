@@ -22,8 +22,22 @@ def test_redundant_experts_never_matter_under_perfect_balance_and_help_under_imb
     assert g["1"]["best_slots"] == 0 and g["1"]["cut_best"] == pytest.approx(1.0)
     assert g["1"]["usd_per_mtok_published_slots"] == pytest.approx(g["1"]["usd_per_mtok_no_slots"])
     assert g["1"]["best_replicas_per_layer"] == 32
-    assert g["2"]["cut_best"] > 1.05                  # at imbalance 2 they pay
-    assert g["2"]["best_replicas_per_layer"] == 5 * 72 - 256 and g["2"]["best_slots"] == 33
+    # at imbalance 2 they help: the same design at the same concurrency steps faster with the
+    # slots (the busiest rank's routed tokens shrink), while under balance they only add weight
+    # reads. Whether that buys a cheaper price on the question's coarse concurrency grid is a
+    # knife-edge (the answer's band; 33 slots at imbalance 2 before the 2026-12-03 refit)
+    assert g["2"]["cut_best"] >= 1.0
+    d = {"accelerator.id": "gb200", "topology.id": "nvl72", "model.id": "deepseek-v3",
+         "model.weight_dtype": "fp8", "layout.dp": 72, "layout.ep": 72, "workload.isl": 2048,
+         "workload.osl": 1024, "workload.concurrency": 1722}
+    import pandas as pd
+
+    import dse
+    t = dse.score(pd.DataFrame([{**d, "serving.expert_imbalance": imb,
+                                 "serving.redundant_experts": slots}
+                                for imb in (1.0, 2.0) for slots in (0, 33)]))["tpot_s"].to_numpy()
+    assert t[3] < t[2] * 0.99                         # imbalance 2: 33 slots step >= 1% faster
+    assert t[1] >= t[0]                               # balanced: they cost weight reads only
     # the published routing model's imbalance at EP 72, and the published default slot count
     pub = float(published_imbalance(72.0, 256.0, catalog.expert_load_cv()))
     assert n["published_imbalance"] == pytest.approx(pub) and 1.3 < pub < 1.45
