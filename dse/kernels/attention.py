@@ -130,7 +130,9 @@ DECODE_PARAMS = (
 )
 # MLA decode has one latent "KV head": the per-(sequence, KV head) term folds into per_seq_s,
 # and its 16-128 query heads per latent are one MLA kernel's group (no fallback)
-MLA_DECODE_PARAMS = DECODE_PARAMS[:5] + DECODE_PARAMS[7:8] + DECODE_PARAMS[10:11]
+MLA_DECODE_PARAMS = tuple(p for p in DECODE_PARAMS if p.name not in (
+    "per_seq_kv_head_s", "fallback_fraction", "group_max_heads", "split_tokens",
+    "window_group_max_heads"))
 PARAMS = {"attn_prefill": PREFILL_PARAMS, "attn_decode": DECODE_PARAMS,
           "mla_prefill": MLA_PREFILL_PARAMS, "mla_decode": MLA_DECODE_PARAMS}
 

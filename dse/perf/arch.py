@@ -165,9 +165,7 @@ def attn_dims(b: Batch, decode: bool) -> np.ndarray:
 
 def context_layers(b: Batch, ctx: np.ndarray) -> np.ndarray:
     """Sum over layers of the context each layer attends to (local layers see at most a window)."""
-    n_global = b.n_layers - b.n_local_layers
-    local_ctx = np.minimum(ctx, window_or_inf(b))
-    return n_global * ctx + b.n_local_layers * local_ctx
+    return (b.n_layers - b.n_local_layers) * ctx + local_context_layers(b, ctx)
 
 
 def local_context_layers(b: Batch, ctx: np.ndarray) -> np.ndarray:

@@ -122,28 +122,32 @@ class Coefficients:
         # to group_min_heads rows; prefill efficiency rises with the prompt's tokens
         heads = b.n_heads / tp
         kv_heads = arch.blend(mla, 1.0, np.maximum(b.n_kv_heads / tp, 1.0))
-        # query groups wider than group_max_heads: one work item per query head, off the MMAs
-        fallback = heads > kv_heads * b.attn_decode_group_max_heads
-        q_pad = np.where(fallback, 1.0,
-                         np.maximum(heads, kv_heads * b.attn_decode_group_min_heads) / heads)
-        dec_eff = b.attn_flops_per_s * np.where(fallback, b.attn_decode_fallback_fraction,
-                                                b.attn_decode_compute_fraction)
         dec_dims = arch.attn_dims(b, True)
-        self.c_core_dec = 2.0 * heads * q_pad * dec_dims / dp / dec_eff * stage
+        per_token = 2.0 * heads * dec_dims / dp * stage
+
+        def dec_core(group_max):
+            """Decode compute per (sequence, context token) and work items per sequence of a
+            kernel taking query groups up to ``group_max``: wider ones fall back to one item
+            per query head, off the MMAs; narrower ones pad to group_min_heads rows."""
+            fallback = heads > kv_heads * group_max
+            q_pad = np.where(fallback, 1.0,
+                             np.maximum(heads, kv_heads * b.attn_decode_group_min_heads) / heads)
+            eff = b.attn_flops_per_s * np.where(fallback, b.attn_decode_fallback_fraction,
+                                                b.attn_decode_compute_fraction)
+            return per_token * q_pad / eff, np.where(fallback, heads, kv_heads)
+
+        self.c_core_dec, items = dec_core(b.attn_decode_group_max_heads)
         # sliding-window (local) layers take query groups of at most
         # attn_decode_window_group_max_heads (FlashAttention-2 packs a decode's query group
-        # into the tile's rows only without a window: 1, per query head): their compute per
-        # context token differs by c_core_dec_win (the step adds it on the local layers'
-        # context) and their work items per sequence are the query heads
-        fallback_w = heads > kv_heads * np.minimum(b.attn_decode_group_max_heads,
-                                                   b.attn_decode_window_group_max_heads)
-        q_pad_w = np.where(fallback_w, 1.0,
-                           np.maximum(heads, kv_heads * b.attn_decode_group_min_heads) / heads)
-        eff_w = b.attn_flops_per_s * np.where(fallback_w, b.attn_decode_fallback_fraction,
-                                              b.attn_decode_compute_fraction)
-        self.c_core_dec_win = 2.0 * heads * q_pad_w * dec_dims / dp / eff_w * stage \
-            - self.c_core_dec
-        self.dec_win_on = bool(np.any((self.c_core_dec_win != 0.0) & (b.n_local_layers > 0)))
+        # into the tile's rows only without a window: 1, per query head): the step adds their
+        # compute's difference, c_core_dec_win, on the local layers' context
+        self.dec_win_on = False
+        if bool(np.any(b.n_local_layers > 0)):
+            c_w, items_w = dec_core(np.minimum(b.attn_decode_group_max_heads,
+                                               b.attn_decode_window_group_max_heads))
+            self.c_core_dec_win = c_w - self.c_core_dec
+            self.dec_win_on = bool(np.any((self.c_core_dec_win != 0.0)
+                                          & (b.n_local_layers > 0)))
         # prefill attention runs on the rank that holds the prompt: per rank, not split over dp
         d_qk = arch.blend(mla, b.qk_nope + b.qk_rope, b.head_dim)
         self.c_core_pre = (2.0 * heads * arch.attn_dims(b, False)
@@ -168,10 +172,8 @@ class Coefficients:
         # ... fading as split-KV splits a longer context over more CTAs: 1 + ctx / split_tokens
         # per layer (dec_ctx sums the layers' contexts: their mean, split_tokens x n_layers)
         self.dec_split_layers = b.attn_decode_split_tokens * b.n_layers
-        items = np.where(fallback, heads, kv_heads)          # work items per sequence
         self.x_core_seq = L * (b.attn_decode_per_seq_s + items * b.attn_decode_per_seq_kv_head_s)
         if self.dec_win_on:                                  # local layers' own work items
-            items_w = np.where(fallback_w, heads, kv_heads)
             self.x_core_seq = self.x_core_seq + (b.n_local_layers * stage * (items_w - items)
                                                  * b.attn_decode_per_seq_kv_head_s)
         self.x_core_dec = L * b.attn_decode_latency_s
