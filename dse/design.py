@@ -65,8 +65,9 @@ def check_design(doc: dict, path: str = "design") -> dict:
     dotted = {k: doc.pop(k) for k in list(doc) if "." in k and not isinstance(doc[k], dict)}
     for sec in doc:
         if sec not in SECTIONS:
-            raise InputError(f"unknown section [{sec}]", file=path,
-                             hint=suggest(sec, SECTIONS, "sections"))
+            what = f"unknown section [{sec}]" if isinstance(doc[sec], dict) else \
+                f"unknown top-level key {sec!r} (a design has only sections)"
+            raise InputError(what, file=path, hint=suggest(sec, SECTIONS, "sections"))
     flat = {**flatten(doc), **dotted}
     valid = set(fields.paths(resolved_only=False))
     for key, v in flat.items():

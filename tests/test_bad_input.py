@@ -287,6 +287,13 @@ def test_design_unknown_section(capsys, tmp_path, section, hint):
     assert hint in line
 
 
+def test_design_top_level_key_is_named_as_a_key(capsys, tmp_path):
+    """A space file's ``name = ...`` in a design: a key outside every section, said as one."""
+    line = eval_bad(capsys, tmp_path, 'name = "mine"\n' + DESIGN_OK)
+    assert "top-level key 'name'" in line and "[name]" not in line
+    assert "accelerator" in line                       # the sections a design has
+
+
 @pytest.mark.parametrize("value", ["-1", "0", "-3.35e12"])
 def test_design_bandwidth_not_positive(capsys, tmp_path, value):
     text = DESIGN_OK.replace('id = "h100-sxm"', f'id = "h100-sxm"\nhbm_bw_bytes_per_s = {value}')
