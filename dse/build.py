@@ -129,7 +129,9 @@ def resolve(table: pd.DataFrame, *, file: str | None = None, row_names: list[str
         if col.startswith(("topology.scaleup.", "topology.scaleout.")):
             out[col] = _merge(out[col], src[col], col, file, names, alias)
     # the runtime first: its defaults fill what a design leaves blank
-    validate.check_table(out, file=file, names=names, alias=alias, columns=["serving.runtime"])
+    validate.check_table(out, file=file, names=names, alias=alias,
+                         columns=["serving.runtime", "serving.moe_backend"])
+    _check_backend(out, file, names, alias)
     runtime_defaults(out)
     mechanisms.resolve_defaults(out, file, names, alias)   # hook: serving mechanisms (issue 11)
     out = kernel_columns(out)
@@ -140,10 +142,21 @@ def resolve(table: pd.DataFrame, *, file: str | None = None, row_names: list[str
 def kernel_columns(out: pd.DataFrame) -> pd.DataFrame:
     """The fitted kernel parameters of each row's (accelerator, runtime), where a design did
     not override them (``accelerator.kernel.<key>``). A chip with no entry (none is missing
-    today: the fit writes every catalog chip) takes the mean entry of the runtime."""
+    today: the fit writes every catalog chip) takes the mean entry of the runtime. A row whose
+    ``serving.moe_backend`` names a kernel takes that backend's MoE parameters where the
+    catalog has them (fitted, or transferred from the chips that measured it), auto's else
+    (a family no chip measured on that backend)."""
     T = catalog_tables.tables()
-    vals = T.kernel[encode(out["accelerator.id"], T.ids["accelerator"]),
-                    encode(out["serving.runtime"], T.runtimes)]      # unknown runtime: the mean
+    a = encode(out["accelerator.id"], T.ids["accelerator"])
+    r = encode(out["serving.runtime"], T.runtimes)                   # unknown runtime: the mean
+    vals = T.kernel[a, r]
+    if "serving.moe_backend" in out.columns:     # a named MoE kernel's own parameters
+        b = encode(out["serving.moe_backend"].fillna("auto"), T.moe_backends)
+        named = b > 0
+        if named.any():
+            over = T.backend_kernel[a[named], r[named], b[named]]
+            vals = vals.copy()
+            vals[named] = np.where(np.isnan(over), vals[named], over)
     new = pd.DataFrame(vals, columns=[KERNEL + k for k in T.kernel_keys], index=out.index)
     for col in new.columns:
         if col in out.columns:
@@ -151,6 +164,25 @@ def kernel_columns(out: pd.DataFrame) -> pd.DataFrame:
             new[col] = np.where(np.isnan(given), new[col].to_numpy(), given)
     return pd.concat([out.drop(columns=[c for c in new.columns if c in out.columns]), new],
                      axis=1)
+
+
+def _check_backend(out, file, names, alias) -> None:
+    """A named MoE backend must have parameters for the row's runtime (fitted on some chip's
+    table, dse/kernels/moe.py): one line naming the runtimes that have it, else."""
+    if "serving.moe_backend" not in out.columns:
+        return
+    has = catalog_tables.backend_runtimes(catalog_tables.tables())
+    b = out["serving.moe_backend"].fillna("auto").astype(str).to_numpy()
+    rt = out["serving.runtime"].astype(str).to_numpy()
+    bad = np.array([x != "auto" and r not in has.get(x, ()) for x, r in zip(b, rt)])
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        col = alias.get("serving.moe_backend", "serving.moe_backend")
+        ok = sorted(k for k, v in has.items() if rt[i] in v)
+        where = names[i] if names is not None and i < len(names) else None
+        raise InputError(f"{col} = {b[i]!r} has no fitted MoE kernels for serving.runtime = "
+                         f"{rt[i]!r} (it has: {', '.join(sorted(has.get(b[i], ()))) or 'none'})",
+                         file=file, where=where, hint="one of " + ", ".join(["auto"] + ok))
 
 
 def runtime_defaults(out) -> None:

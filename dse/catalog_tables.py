@@ -7,7 +7,9 @@ value of every design at once; NaN where an entry lacks the field, e.g. a dtype 
 native support for). The fitted kernel parameters (dse/catalog/kernels/*.toml) are one array
 ``Tables.kernel[accelerator, runtime, key]``; a chip with no entry for a runtime takes, per key,
 the mean of every entry that has it (none is missing today: the fit writes every chip), and the
-extra runtime slot ``-1`` (an unknown runtime) holds those means too.
+extra runtime slot ``-1`` (an unknown runtime) holds those means too. A named MoE kernel
+backend (``serving.moe_backend``) overlays its own parameters,
+``Tables.backend_kernel[accelerator, runtime, backend, key]`` (NaN: the key is auto's).
 
 The tables are rebuilt when the catalog's cached entries are (``dse.fit`` and
 ``dse.calibrate`` clear them after writing a fit), so they never serve stale numbers.
@@ -75,6 +77,8 @@ class Tables:
     runtimes: tuple        # serving.runtime choices (a runtime's code is its position)
     kernel_keys: tuple     # catalog.kernel_keys()
     kernel: np.ndarray     # float64 [accelerator, runtime (+1: unknown), key]
+    moe_backends: tuple    # serving.moe_backend choices ("auto" first: no override)
+    backend_kernel: np.ndarray   # float64 [accelerator, runtime (+1), backend, key]; NaN: auto's
     built_from: tuple      # the catalog objects these tables were built from
 
     def paths(self, kind: str) -> list[str]:
@@ -101,8 +105,29 @@ def _build() -> Tables:
             entry = params.get((acc_id, rt), {})
             kernel[a, r] = [entry.get(k, m) for k, m in zip(keys, mean)]
         kernel[a, -1] = mean
-    return Tables(ids, index, columns, default_topology, runtimes, keys, kernel,
+    backends = tuple(fields.REGISTRY["serving.moe_backend"].choices)
+    over = np.full((len(accs), len(runtimes) + 1, len(backends), len(keys)), np.nan)
+    kpos = {k: j for j, k in enumerate(keys)}
+    for a, acc_id in enumerate(ids["accelerator"]):
+        for r, rt in enumerate(runtimes):
+            for b, sec in params.get((acc_id, rt), {}).get("backend", {}).items():
+                if b not in backends:
+                    continue
+                for k, v in sec.items():
+                    if k in kpos:
+                        over[a, r, backends.index(b), kpos[k]] = v
+    return Tables(ids, index, columns, default_topology, runtimes, keys, kernel, backends, over,
                   (accs, topos, mods, params))
+
+
+def backend_runtimes(T: "Tables") -> dict[str, set[str]]:
+    """{moe backend: runtimes with any fitted or transferred parameters for it}."""
+    out: dict[str, set[str]] = {}
+    for b, name in enumerate(T.moe_backends):
+        for r, rt in enumerate(T.runtimes):
+            if np.isfinite(T.backend_kernel[:, r, b]).any():
+                out.setdefault(name, set()).add(rt)
+    return out
 
 
 _TABLES: Tables | None = None

@@ -279,6 +279,12 @@ FIELDS: tuple[Field, ...] = (
     enum("serving.runtime", ("trtllm", "sglang", "vllm"), "trtllm",
          "serving runtime: its fitted kernels and collectives (dse/catalog/kernels) and its "
          "defaults (max batch per scheduler, dense MLP layout; dse/catalog/serving.toml)"),
+    enum("serving.moe_backend", ("auto", "triton", "flashinfer_trtllm", "flashinfer_cutlass",
+                                 "cutlass", "deepgemm"), "auto",
+         "kernel the runtime runs MoE experts on (SGLang's --moe-runner-backend, vLLM's "
+         "FlashInfer/Triton experts): its own fitted parameters (dse/catalog/kernels/moe.toml "
+         "[<chip>.<runtime>.backend.<name>]); auto = the runtime's mix of kernels as its "
+         "benchmarks dispatched them (dse/kernels/moe.py)"),
     enum("serving.ep_overlap", ("none", "tbo"), "none",
          "two-batch overlap of MoE steps (tbo: two micro-batches, one's expert all-to-all under "
          "the other's compute, as SGLang and DeepEP run it; weights are read twice)"),

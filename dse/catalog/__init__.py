@@ -123,7 +123,9 @@ def kernel_params() -> dict[tuple[str, str], dict]:
     ``kernels/*.toml`` (written by ``python -m dse.kernels --fit --write``); each entry's
     ``fitted_on`` is a dict {op file: what it was fitted on or transferred from}, and
     ``uncertainty`` (where written) {family: {params, log_sd, log_corr, rule}}: the covariance
-    of the log parameters (dse/kernels/common.py)."""
+    of the log parameters (dse/kernels/common.py); ``backend`` (where written) {kernel backend:
+    {key: value, "fitted_on": {op file: text}}}: the parameters ``serving.moe_backend`` selects
+    in place of the entry's own (dse/kernels/moe.py)."""
     out: dict[tuple[str, str], dict] = {}
     folder = resources.files(__package__).joinpath("kernels")
     for f in sorted(folder.iterdir(), key=lambda x: x.name):
@@ -138,6 +140,14 @@ def kernel_params() -> dict[tuple[str, str], dict]:
                         d["fitted_on"][f.name[:-5]] = v
                     elif k == "uncertainty":      # {family: params, log_sd, log_corr, rule}
                         d.setdefault("uncertainty", {}).update(v)
+                    elif k == "backend":          # {kernel backend: {key: value, fitted_on}}
+                        for b, sec in v.items():
+                            into = d.setdefault("backend", {}).setdefault(b, {"fitted_on": {}})
+                            for bk, bv in sec.items():
+                                if bk == "fitted_on":
+                                    into["fitted_on"][f.name[:-5]] = bv
+                                else:
+                                    into[bk] = float(bv)
                     else:
                         d[k] = float(v)
     return out
@@ -154,6 +164,6 @@ def kernel_keys() -> tuple[str, ...]:
     """Every numeric kernel parameter any entry has that the scorer reads (not the fit-only
     ones, ``FIT_ONLY_SUFFIXES``)."""
     return tuple(sorted({k for e in kernel_params().values() for k in e
-                         if k not in ("fitted_on", "uncertainty")
+                         if k not in ("fitted_on", "uncertainty", "backend")
                          and not k.endswith(FIT_ONLY_SUFFIXES)}))
 

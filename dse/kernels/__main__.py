@@ -88,7 +88,11 @@ def write_report(rep: pd.DataFrame, folder: str) -> None:
              "times (aiconfigurator-core's tables; the DeepEP/NCCL rows of",
              "../shared/calibration). `held_out`: shapes the fit never saw (crc32 of the shape",
              "key % 5 == 0, the same shapes on every chip); `/loco` rows: the chip predicted with",
-             "parameters transferred from the other chips only (dse/kernels/common.py).", "",
+             "parameters transferred from the other chips only (dse/kernels/common.py).",
+             "`moe` scores each shape with the fit of the kernel backend that measured it",
+             "(`serving.moe_backend`); `moe/auto` rows: the joint fit over all of a group's",
+             "backends (`auto`, the default) on the groups where each has its own fit",
+             "(dse/kernels/moe.py).", "",
              "## Summary per op class (held-out shapes)", "",
              _table(summary(rep)), "", "## Every chip x runtime x dtype", "", _table(rep), ""]
     (out / "README.md").write_text("\n".join(lines))

@@ -258,6 +258,7 @@ def write_tables(name: str, header: str, entries: dict[tuple[str, str], dict],
     for (chip, runtime) in sorted(entries):
         e = dict(entries[(chip, runtime)])
         unc = e.pop("uncertainty", {})
+        backend = e.pop("backend", {})
         lines.append(f'["{chip}".{runtime}]')
         for k, v in e.items():
             if isinstance(v, str):
@@ -272,6 +273,11 @@ def write_tables(name: str, header: str, entries: dict[tuple[str, str], dict],
             lines.append("log_corr = [" + ", ".join(
                 "[" + ", ".join(f"{x:.3g}" for x in row) + "]" for row in u["log_corr"]) + "]")
             lines.append(f'rule = "{u["rule"]}"')
+            lines.append("")
+        for b, sec in sorted(backend.items()):    # a kernel backend's own parameters (moe.py)
+            lines.append(f'["{chip}".{runtime}.backend.{b}]')
+            for k, v in sec.items():
+                lines.append(f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {float(v):.6g}")
             lines.append("")
     path.write_text("\n".join(lines))
     return path

@@ -163,9 +163,13 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
     notes: dict[tuple, str] = {}
     covs: dict[tuple, np.ndarray] = {}       # (chip, runtime, family) -> log covariance
     rows = []
+    split = getattr(mod, "backends", None)      # per-backend fits (moe.py's docstring)
+    bfit: dict[tuple, dict] = {}       # (chip, runtime, backend) -> {key: value}
+    bnotes: dict[tuple, str] = {}      # (chip, runtime, backend, family) -> what it was fitted on
     if not fit:
         fitted = _read_catalog(mod.NAME)
         covs = _read_covariances(mod.NAME)
+        bfit = _read_backends(mod.NAME)
     version = data.package_version()
     today = _dt.date.today().isoformat()
     for (chip, rt, fam), g in sorted(groups.items()):
@@ -194,12 +198,31 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
             vals = fitted.get((chip, rt), {})
             if not all(p.name in vals for p in params):
                 continue
-        e_fit = common.error_factor(mod.predict(train, fam, acc, vals), train["latency_s"])
+        pf = mod.predict(train, fam, acc, vals)
         pt = mod.predict(test, fam, acc, vals)
-        rows.append(dict(op_class=mod.NAME, chip=chip, runtime=rt, dtype=fam,
-                         shapes_fit=min(len(train), mod.FIT_ROWS), shapes_held_out=len(test),
-                         error_fit=e_fit, error_held_out=common.error_factor(pt, test["latency_s"]),
-                         bias_held_out=_bias(pt, test["latency_s"])))
+        own = split(train) if split else []
+        if len(own) >= 2:      # each backend's rows scored with its own fit; auto kept apart
+            rows.append(_row(mod.NAME + "/auto", chip, rt, fam, min(len(train), mod.FIT_ROWS),
+                             pf, train, pt, test))
+            pf, pt = pf.copy(), pt.copy()
+            for b in own:
+                if fit:
+                    bv = _fit_backend(mod, g[g["backend"] == b], fam, acc, params)
+                    bfit.setdefault((chip, rt, b), {}).update(bv)
+                    nb = int((~g["held_out"] & (g["backend"] == b)).sum())
+                    bnotes[(chip, rt, b, fam)] = (f"{g['version'].iloc[0]}: "
+                                                  f"{min(nb, mod.FIT_ROWS)} {b} shapes")
+                bv = bfit.get((chip, rt, b), {})
+                if not all(q.name in bv for q in params):
+                    continue
+                mf, mt = (train["backend"] == b).to_numpy(), (test["backend"] == b).to_numpy()
+                pf[mf] = mod.predict(train[mf], fam, acc, bv)
+                pt[mt] = mod.predict(test[mt], fam, acc, bv)
+        elif own and fit:      # one backend: the joint fit is that backend's
+            bfit.setdefault((chip, rt, own[0]), {}).update({q.name: vals[q.name] for q in params})
+            bnotes[(chip, rt, own[0], fam)] = notes[(chip, rt, fam)] + " (the group's kernel)"
+        rows.append(_row(mod.NAME, chip, rt, fam, min(len(train), mod.FIT_ROWS),
+                         pf, train, pt, test))
     if loco or write:      # the transfer rule's error (also sizes transferred covariances)
         for (chip, rt, fam), g in sorted(groups.items()):
             acc = accs[chip]
@@ -225,12 +248,73 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
               and np.isfinite(r["error_held_out"])]
         loco_err = float(np.median(lo)) if lo else common.LOCO_DEFAULT
         entries = complete(mod, fitted, notes, accs, version, today, covs, loco_err)
+        if split:
+            for key, sections in backend_entries(mod, bfit, bnotes, accs).items():
+                entries[key]["backend"] = sections
         common.write_tables(mod.NAME, mod.HEADER, entries)
     if not loco:
         rows = [r for r in rows if not r["op_class"].endswith("/loco")]
     return pd.DataFrame(rows, columns=["op_class", "chip", "runtime", "dtype", "shapes_fit",
                                        "shapes_held_out", "error_fit", "error_held_out",
                                        "bias_held_out"])
+
+
+def _row(op_class, chip, rt, fam, n_fit, pf, train, pt, test) -> dict:
+    return dict(op_class=op_class, chip=chip, runtime=rt, dtype=fam, shapes_fit=n_fit,
+                shapes_held_out=len(test), error_fit=common.error_factor(pf, train["latency_s"]),
+                error_held_out=common.error_factor(pt, test["latency_s"]),
+                bias_held_out=_bias(pt, test["latency_s"]))
+
+
+def _fit_backend(mod, g: pd.DataFrame, fam: str, acc, params) -> dict:
+    """One backend's fit on its own training rows of a group (the module's multistart)."""
+    s = mod.sample(g[~g["held_out"]], mod.FIT_ROWS)
+    res = fit_multistart(lambda v: mod.predict(s, fam, acc, v), params, s["latency_s"].to_numpy(),
+                         getattr(mod, "STARTS", ()), n_random=getattr(mod, "RANDOM_STARTS", 0),
+                         loss=getattr(mod, "LOSS", "linear"), f_scale=getattr(mod, "F_SCALE", 1.0))
+    return {**res.values, **getattr(mod, "unidentified", lambda s_, f_: {})(s, fam)}
+
+
+def backend_entries(mod, bfit, bnotes, accs) -> dict:
+    """``{(chip, runtime): {backend: {"fitted_on": text, key: value}}}`` for every catalog chip:
+    per (runtime, backend, family) some chip fitted, the chip's own fit, else
+    ``common.transfer`` from the chips that fitted it (moe.py's docstring)."""
+    out: dict = {}
+    combos = sorted({(r, b) for (_, r, b) in bfit})
+    for chip in accs:
+        for rt, b in combos:
+            e, src = {}, []
+            for fam in mod.FAMILY_ORDER:
+                if not mod.supported(accs[chip], fam):
+                    continue
+                params = mod.family_params(fam)
+                names = [p.name for p in params]
+                own = bfit.get((chip, rt, b), {})
+                if all(n in own for n in names):
+                    e.update({n: own[n] for n in names})
+                    src.append(f"{fam}: fitted on {b} rows, {rt} {bnotes.get((chip, rt, b, fam), '')}")
+                    continue
+                pool = {c: v for (c, r, bb), v in bfit.items()
+                        if r == rt and bb == b and c != chip and all(n in v for n in names)}
+                if not pool:
+                    continue
+                vals, near, _ = common.transfer(chip, pool, params, accs)
+                e.update(vals)
+                src.append(f"{fam}: transferred from {rt} {b} fits of {', '.join(near)}")
+            if e:
+                out.setdefault((chip, rt), {})[b] = {"fitted_on": "; ".join(src), **e}
+    return out
+
+
+def _read_backends(name: str) -> dict:
+    """{(chip, runtime, backend): {key: value}} of the catalog's backend sections."""
+    import tomllib
+    path = common.CATALOG_DIR / f"{name}.toml"
+    if not path.exists():
+        return {}
+    return {(chip, rt, b): {k: v for k, v in sec.items() if k != "fitted_on"}
+            for chip, rts in tomllib.loads(path.read_text()).items()
+            for rt, e in rts.items() for b, sec in e.get("backend", {}).items()}
 
 
 def complete(mod, fitted, notes, accs, version, today, covs=None, loco_err=None) -> dict:
@@ -341,7 +425,8 @@ def _read_catalog(name: str) -> dict:
     if not path.exists():
         return {}
     doc = tomllib.loads(path.read_text())
-    return {(chip, rt): {k: v for k, v in e.items() if k not in ("fitted_on", "uncertainty")}
+    return {(chip, rt): {k: v for k, v in e.items()
+                         if k not in ("fitted_on", "uncertainty", "backend")}
             for chip, rts in doc.items() for rt, e in rts.items()}
 
 

@@ -73,6 +73,24 @@ per-expert tile quantization with an exact ceil (rows per expert to a tile of 8-
 <= 0.003 better than the smooth ``half_rows`` padding on five groups, worse at 128), a fixed
 time per global or per local expert (no gain).
 
+Kernel backends (``serving.moe_backend``): a runtime runs the experts on one of several
+kernels, chosen by a server flag or by the runtime per model (SGLang's ``--moe-runner-backend``:
+FlashInfer's TensorRT-LLM-gen MoE for DeepSeek/Qwen3-like models on Blackwell, its Triton fused
+MoE for others; vLLM's FlashInfer CUTLASS or TensorRT-LLM-gen experts), and the table names
+it (``kernel_source``, mapped by ``backend_of``). Where a (chip, runtime, family) measured two
+or more backends on at least ``MIN_BACKEND_ROWS`` gated training shapes each, each backend gets
+its own fit on its own rows (``backends``), written to ``["<chip>".<runtime>.backend.<name>]``;
+a group with one such backend's joint fit is that backend's. The auto entry (the keys of
+``["<chip>".<runtime>]``, ``serving.moe_backend = "auto"``) stays the joint fit over every
+kernel the runtime's benchmark dispatched: the mix a user gets without naming one. The error
+report scores each held-out shape with the parameters of the backend that measured it (the
+``moe/auto`` rows: the joint fit on the same shapes). Split groups: SGLang bf16 and fp8_block
+on Blackwell (FlashInfer TRT-LLM vs Triton: B200 bf16 1.347 -> 1.153, fp8_block 1.203 ->
+1.131), vLLM bf16 on Blackwell (FlashInfer CUTLASS vs TRT-LLM, 1.149 -> 1.100), vLLM fp8_block
+on Hopper (CUTLASS vs Triton, H200 1.138 -> 1.100); MoE pooled 1.164 -> 1.143 (2026-12-03). A
+chip without a backend's table takes ``common.transfer`` from the chips that fitted it (for
+that runtime and family); a family no chip measured on that backend falls back to auto.
+
 Missing (chip, runtime, family): ``common.transfer`` from the chips that fitted that runtime's
 family (MAMF-scaled compute); only if no chip has that runtime's table, the chip's other
 runtimes' geometric mean (``gemm.complete``; ``fitted_on`` names the origin).
@@ -129,6 +147,34 @@ def family_params(fam: str) -> tuple[common.Param, ...]:
 
 
 PARAMS = tuple(p for fam in FAMILY_ORDER for p in family_params(fam))
+
+
+# serving.moe_backend's choices after "auto" (dse/fields.py lists the same names)
+BACKENDS = ("triton", "flashinfer_trtllm", "flashinfer_cutlass", "cutlass", "deepgemm")
+MIN_BACKEND_ROWS = 300     # gated training shapes a backend needs in a group for its own fit
+
+
+def backend_of(source: str) -> str:
+    """The kernel backend (one of ``BACKENDS``) of a table's ``kernel_source``: FlashInfer's
+    TensorRT-LLM-gen MoE (``*flashinfer_trtllm*``, vLLM's ``*flashinfer_trtllm_trtllm*``), FlashInfer's
+    CUTLASS MoE, DeepGEMM, Marlin, Triton (SGLang's and vLLM's fused MoE, vLLM's
+    ``vllm_fused_moe``, TensorRT-LLM's ``*triton_fp8_block``); else TensorRT-LLM's own CUTLASS
+    MoE (``moe_torch_flow*``)."""
+    s = str(source)
+    if "flashinfer_trtllm" in s or ("flashinfer" in s and "trtllm" in s):
+        return "flashinfer_trtllm"
+    for name in ("flashinfer_cutlass", "deepgemm", "marlin", "triton"):
+        if name in s:
+            return name
+    return "triton" if s == "vllm_fused_moe" else "cutlass"
+
+
+def backends(train: pd.DataFrame) -> list[str]:
+    """The backends of a group's training rows with at least ``MIN_BACKEND_ROWS`` gated shapes
+    (non-gated rows run another kernel the auto fit's ``nongated_slowdown`` carries)."""
+    gated = train[train["_matrices"] == 3.0]
+    n = gated.groupby("backend").size()
+    return sorted(n[n >= MIN_BACKEND_ROWS].index)
 
 
 def unidentified(sample: pd.DataFrame, fam: str) -> dict:
@@ -197,7 +243,8 @@ def load(**kw) -> pd.DataFrame:
     d = d[vk == newest]
     d = common.one_row_per_shape(d, grp, SHAPE_COLS, "num_tokens")
     rows, touched = balanced_routing(d)
-    return d.assign(_rows=rows, _touched=touched)
+    return d.assign(_rows=rows, _touched=touched,
+                    backend=d["kernel_source"].map(backend_of).to_numpy())
 
 
 NONGATED_ACTS = ("relu2",)      # expert activations without a gate (2 weight matrices)
@@ -304,6 +351,8 @@ of tiles, paid per call), remote_fraction (share of a local row's compute an ent
 another chip still costs), l2_speedup (fit only: the benchmark's warm L2 on the expert weights,
 kernel_gemm.warm_l2_factor; the scorer's cache is cold)};
 families bf16, fp8 (per-tensor), fp8_block (block-scaled), fp4 (NVFP4).
+[<chip>.<runtime>.backend.<name>]: one kernel backend's own keys (serving.moe_backend; fitted on
+its own rows where a group measured two or more, else transferred; dse/kernels/moe.py).
 Fitted on aiconfigurator-core's moe_perf kernel microbenchmarks, balanced rows (python -m dse.kernels)."""
 
 
