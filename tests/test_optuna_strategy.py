@@ -200,7 +200,7 @@ def test_short_runs_plan_a_local_search_and_longer_ones_tpe():
     assert p["sampler"] == "random" and p["population"] == 1 and p["local_share"] == 1.0
     assert p["local_after"] == o.SHORT_RUN_START and p["local_adjacent"] and p["local_margin"] == 1.0
     p = plan(space, "optuna", o.SHORT_RUN_TRIALS + 1, None, None, None, None)
-    assert p["sampler"] == "tpe" and p["population"] == 4
+    assert p["sampler"] == "tpe" and p["population"] == 2
     # longer runs: TPE, then the same local search on the last POLISH_SHARE of the trials
     assert p["local_share"] == 1.0 and p["local_adjacent"] and p["local_margin"] == 1.0
     assert p["local_diagonal"] and "local_diagonal" not in plan(space, "optuna", 24, None, None,

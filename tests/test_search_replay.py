@@ -7,6 +7,7 @@ import pytest
 from helpers import ROOT
 
 from dse import runs
+from dse.search import optuna_strategy as o
 from dse.search.driver import run_space
 from dse.search.replay import Scored, replay
 from dse.space import load_space
@@ -39,7 +40,7 @@ def test_the_replay_scores_the_same_designs_as_a_run_with_the_defaults(tmp_path)
 
 
 def test_the_replay_scores_the_same_designs_as_a_polished_default_run(tmp_path):
-    """60 trials: TPE at population 4, then the local search of the front on the last
+    """60 trials: TPE at the default population, then the local search of the front on the last
     POLISH_SHARE of them; the replay (how the share was chosen) follows the same path."""
     from dse.search.driver import plan
     space = load_space(str(QUICK))
@@ -50,7 +51,8 @@ def test_the_replay_scores_the_same_designs_as_a_polished_default_run(tmp_path):
     assert m["sampler"] == "tpe" and m["local_after"] == p["local_after"] < 60
     real = _scored(d)
     assert len(real) == 60
-    assert replay(sc, "tpe", 4, 2, 60, local=1.0, local_after=p["local_after"], adjacent=True,
+    pop = o.DEFAULT_POPULATION["optuna"]
+    assert replay(sc, "tpe", pop, 2, 60, local=1.0, local_after=p["local_after"], adjacent=True,
                   margin=1.0, diagonal=True) == real
     # without the polish the last trials are TPE's: other designs
-    assert replay(sc, "tpe", 4, 2, 60) != real
+    assert replay(sc, "tpe", pop, 2, 60) != real

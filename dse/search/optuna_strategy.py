@@ -43,7 +43,7 @@ from dse.errors import StorageUnavailable  # noqa: F401  (re-exported for caller
 
 SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc", "gp")
 # Defaults by measurement (python -m dse.search.bench, README "Speed and quality"): with 5% of
-# each shipped space's designs as trials, TPE at population 4 whose first max(2, trials/50)
+# each shipped space's designs as trials, TPE at population 2 (below) whose first max(2, trials/50)
 # trials (at most 10) are random reaches >= 0.98 of the exact front's hypervolume on
 # dense-70b-nodes, moe-codesign and hypothetical-accelerator, and deepseek-racks in the replay
 # (python -m dse.search.replay; NSGA-II at 32, the long-run default, on disaggregated: 1.0)
@@ -88,7 +88,13 @@ def polish(total: int, share: float | None = None) -> dict:
             "local_adjacent": True, "local_margin": 1.0, "local_diagonal": True}
 
 DEFAULT_SAMPLER = {"optuna": "tpe", "nested": "tpe"}
-DEFAULT_POPULATION = {"optuna": 4, "nested": 4}
+# optuna at population 2 (was 4), measured 2026-12-03 with the replay over 20 seeds (mean /
+# worst; 5% of the designs, polish 10%): moe-codesign 0.9888 / 0.9795 (population 4: 0.9832 /
+# 0.9615; 1: 0.9885 / 0.9801 over 10 seeds but hypothetical-accelerator's worst 0.9793; 3:
+# 0.9679 worst), hypothetical-accelerator 0.9902 / 0.9846 (0.9904 / 0.9838), dense-70b-nodes
+# 0.9974 / 0.9933 (0.9974 / 0.9907), deepseek-racks 0.9999 / 0.9998 over 5 (0.9998); TPE's
+# n_ei_candidates 64 or 128, prior_weight 0.5 and 5-10 random trials gained nothing on both
+DEFAULT_POPULATION = {"optuna": 2, "nested": 4}
 TPE_MAX_TRIALS = 2_000
 LONG_RUN = ("nsga2", 32)      # optuna runs of more than TPE_MAX_TRIALS trials
 # share of each batch spent on untried grid neighbours of the front (local search)
