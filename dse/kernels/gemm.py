@@ -239,6 +239,18 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
                 continue
             vals, near, ratio = common.transfer(chip, others, params, accs)
             p = mod.predict(g, fam, acc, vals)
+            mine = split(g[~g["held_out"]]) if split else []
+            for b in (mine if len(mine) >= 2 else []):   # as the report: each backend's own
+                donors = {c: bfit[(c, rt, b)] for (c, r, f), gg in groups.items()
+                          if r == rt and f == fam and (c, rt, b) in bfit
+                          and b in split(gg[~gg["held_out"]])
+                          and all(q.name in bfit[(c, rt, b)] for q in params)}
+                donors = common.loco_donors(donors, chip, own)
+                if donors:
+                    bv = common.transfer(chip, donors, params, accs)[0]
+                    m = (g["backend"] == b).to_numpy()
+                    p = p.copy()
+                    p[m] = mod.predict(g[m], fam, acc, bv)
             rows.append(dict(op_class=mod.NAME + "/loco", chip=chip, runtime=rt, dtype=fam,
                              shapes_fit=0, shapes_held_out=len(g), error_fit=float("nan"),
                              error_held_out=common.error_factor(p, g["latency_s"]),

@@ -90,6 +90,8 @@ on Blackwell (FlashInfer TRT-LLM vs Triton: B200 bf16 1.347 -> 1.153, fp8_block 
 on Hopper (CUTLASS vs Triton, H200 1.138 -> 1.100); MoE pooled 1.164 -> 1.143 (2026-12-03). A
 chip without a backend's table takes ``common.transfer`` from the chips that fitted it (for
 that runtime and family); a family no chip measured on that backend falls back to auto.
+Leave-one-chip-out scores a split group's rows the same way (each backend transferred from
+the other chips' own fits of it): MoE LOCO median 1.215 -> 1.182, pooled 1.283 -> 1.259.
 
 Missing (chip, runtime, family): ``common.transfer`` from the chips that fitted that runtime's
 family (MAMF-scaled compute); only if no chip has that runtime's table, the chip's other
