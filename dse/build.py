@@ -131,7 +131,6 @@ def resolve(table: pd.DataFrame, *, file: str | None = None, row_names: list[str
     # the runtime first: its defaults fill what a design leaves blank
     validate.check_table(out, file=file, names=names, alias=alias,
                          columns=["serving.runtime", "serving.moe_backend"])
-    _check_backend(out, file, names, alias)
     runtime_defaults(out)
     mechanisms.resolve_defaults(out, file, names, alias)   # hook: serving mechanisms (issue 11)
     out = kernel_columns(out)
@@ -166,23 +165,19 @@ def kernel_columns(out: pd.DataFrame) -> pd.DataFrame:
                      axis=1)
 
 
-def _check_backend(out, file, names, alias) -> None:
-    """A named MoE backend must have parameters for the row's runtime (fitted on some chip's
-    table, dse/kernels/moe.py): one line naming the runtimes that have it, else."""
-    if "serving.moe_backend" not in out.columns:
-        return
-    has = catalog_tables.backend_runtimes(catalog_tables.tables())
-    b = out["serving.moe_backend"].fillna("auto").astype(str).to_numpy()
-    rt = out["serving.runtime"].astype(str).to_numpy()
-    bad = np.array([x != "auto" and r not in has.get(x, ()) for x, r in zip(b, rt)])
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        col = alias.get("serving.moe_backend", "serving.moe_backend")
-        ok = sorted(k for k, v in has.items() if rt[i] in v)
-        where = names[i] if names is not None and i < len(names) else None
-        raise InputError(f"{col} = {b[i]!r} has no fitted MoE kernels for serving.runtime = "
-                         f"{rt[i]!r} (it has: {', '.join(sorted(has.get(b[i], ()))) or 'none'})",
-                         file=file, where=where, hint="one of " + ", ".join(["auto"] + ok))
+def moe_kernel_missing(out) -> np.ndarray:
+    """1.0 where a row's ``serving.moe_backend`` names a kernel with no fitted (or transferred)
+    parameters for its runtime (``flashinfer_trtllm`` under ``trtllm``): the scorer marks an
+    MoE design so infeasible with that reason (bit 256), as it does a layout the model cannot
+    take, so a space may cross runtimes with backends."""
+    if "serving.moe_backend" not in out:
+        return np.zeros(1)
+    T = catalog_tables.tables()
+    avail = catalog_tables.backend_available(T)                 # [runtime (+1), backend]
+    r = encode(out["serving.runtime"], T.runtimes)
+    bk = encode(out["serving.moe_backend"], T.moe_backends)     # missing: -1, auto's
+    ok = np.where(bk < 0, True, avail[r, np.maximum(bk, 0)])
+    return np.where(ok, 0.0, 1.0)
 
 
 def runtime_defaults(out) -> None:
@@ -398,6 +393,7 @@ def to_batch(out, compact: bool = False, dtype=np.float64) -> Batch:
         "scaleup_extra_latency_s": topo["extra_latency"],
         "a2a_mode": lookup(out["serving.a2a_kernel"], A2A_KERNELS).astype(float),
         "two_batch_overlap": lookup(out["serving.ep_overlap"], {"tbo": 1.0}, 0.0).astype(float),
+        "moe_kernel_missing": moe_kernel_missing(out),
         "alltoall_overlap_fraction": f("serving.alltoall_overlap_fraction"),
         "tp": f("layout.tp"), "pp": f("layout.pp"), "ep": f("layout.ep"), "dp": f("layout.dp"),
         "dense_replicated": lookup(out["layout.dense_mlp"], DENSE_MLP).astype(float),

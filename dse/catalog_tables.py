@@ -120,14 +120,19 @@ def _build() -> Tables:
                   (accs, topos, mods, params))
 
 
+def backend_available(T: "Tables") -> np.ndarray:
+    """bool [runtime (+1), backend]: some chip has fitted or transferred parameters of that
+    MoE backend for that runtime (auto, backend 0, always)."""
+    avail = np.isfinite(T.backend_kernel).any(axis=(0, 3))
+    avail[:, 0] = True
+    return avail
+
+
 def backend_runtimes(T: "Tables") -> dict[str, set[str]]:
     """{moe backend: runtimes with any fitted or transferred parameters for it}."""
-    out: dict[str, set[str]] = {}
-    for b, name in enumerate(T.moe_backends):
-        for r, rt in enumerate(T.runtimes):
-            if np.isfinite(T.backend_kernel[:, r, b]).any():
-                out.setdefault(name, set()).add(rt)
-    return out
+    avail = backend_available(T)
+    return {name: {rt for r, rt in enumerate(T.runtimes) if avail[r, b]}
+            for b, name in enumerate(T.moe_backends) if avail[:len(T.runtimes), b].any()}
 
 
 _TABLES: Tables | None = None

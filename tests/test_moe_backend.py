@@ -89,11 +89,22 @@ def test_transferred_backend_on_a_chip_without_its_table():
     assert "transferred from sglang flashinfer_trtllm fits" in sec["fitted_on"]["moe"]
 
 
-def test_backend_without_parameters_for_the_runtime_is_refused():
+def test_backend_without_parameters_for_the_runtime_is_infeasible():
+    """A named backend the runtime has no kernels for makes an MoE design infeasible with that
+    reason (bit 256), not an error, so a space may cross runtimes with backends; a dense model
+    has no experts and stays feasible; a misspelled backend is refused."""
     has = catalog_tables.backend_runtimes(catalog_tables.tables())
     assert "trtllm" not in has["flashinfer_trtllm"] and "sglang" in has["flashinfer_trtllm"]
-    with pytest.raises(InputError, match="no fitted MoE kernels for serving.runtime = 'trtllm'"):
-        _resolved(**{"serving.runtime": "trtllm", "serving.moe_backend": "flashinfer_trtllm"})
+    rows = [{**BASE, "serving.runtime": rt, "serving.moe_backend": bk}
+            for rt, bk in (("trtllm", "flashinfer_trtllm"), ("sglang", "flashinfer_trtllm"),
+                           ("trtllm", "auto"))]
+    rows.append({**rows[0], "model.id": "llama-3.1-8b"})
+    s = score(to_batch(resolve(pd.DataFrame(rows))))
+    bit = (np.asarray(s["reason"]) & 256) != 0
+    assert list(bit) == [True, False, False, False]
+    assert not np.asarray(s["feasible"])[0]
+    m = dse.evaluate({**rows[0], "layout.ep": 8.0, "layout.dp": 8.0}).metrics
+    assert not m["feasible"] and "no fitted MoE kernels" in str(m["reason"])
     with pytest.raises(InputError, match="not valid"):
         _resolved(**{"serving.moe_backend": "flashinfer"})
 

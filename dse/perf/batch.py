@@ -208,6 +208,8 @@ OPTIONAL: dict[str, float | str] = {
     # grouped GEMMs' wave floor and the compute of entries routed to other chips
     # (kernel_gemm.grouped_gemm_s): 0 = no such term
     "moe_wave_elements": 0.0, "moe_remote_fraction": 0.0,
+    # a named MoE kernel backend the row's runtime has no fitted kernels for: infeasible
+    "moe_kernel_missing": 0.0,
 }
 FIELDS.update({
     "spec_tokens": "draft tokens proposed per sequence per step (0: no speculative decoding)",
@@ -231,6 +233,8 @@ FIELDS.update({
                             "turns (0: hits always held)",
     "isl_cv": "coefficient of variation of input lengths (0: every prompt isl tokens)",
     "osl_cv": "coefficient of variation of output lengths (0: every answer osl tokens)",
+    "moe_kernel_missing": "1: serving.moe_backend names a kernel with no fitted parameters for "
+                          "the row's runtime (an MoE model: infeasible, reason bit 256)",
     "attn_weight_bytes": "bytes per weight element of the attention projections",
     "expert_weight_bytes": "bytes per weight element of the routed experts",
     "attn_matmul_flops_per_s": "peak FLOP/s of the attention projections' compute dtype",

@@ -60,6 +60,7 @@ REASONS = {
     64: "invalid value (non-positive size, bandwidth or length)",
     128: "request rate exceeds the instance's saturation rate (the most it serves within its "
          "memory and batch caps with a stable prefill queue)",
+    256: "serving.moe_backend has no fitted MoE kernels for this serving.runtime",
 }
 METRICS = (
     "ttft_s", "tpot_s", "step_s", "output_tokens_per_s_per_user",
@@ -205,7 +206,10 @@ def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
     for cond, bit in conds:
         c = np.broadcast_to(cond, bits.shape).view(np.uint8)
         bits |= c << np.uint8(bit.bit_length() - 1) if bit > 1 else c
-    return bits.astype(np.int64)
+    out = bits.astype(np.int64)
+    if b.has_on("moe_kernel_missing"):   # a named MoE backend the runtime has no kernels for
+        out |= np.where((b.moe_kernel_missing > 0) & moe, 256, 0)
+    return out
 
 
 def _prefill_load(b: Batch, per_step=None):
