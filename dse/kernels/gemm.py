@@ -159,11 +159,12 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
     accs = accelerators()
     d = mod.load()
     groups = {key: g for key, g in d.groupby(["chip", "runtime", "family"])}
+    split = getattr(mod, "backends", None)      # per-backend fits (moe.py's docstring)
+    kinds = {k: (split(g[~g["held_out"]]) if split else []) for k, g in groups.items()}
     fitted: dict[tuple, dict] = {}
     notes: dict[tuple, str] = {}
     covs: dict[tuple, np.ndarray] = {}       # (chip, runtime, family) -> log covariance
     rows = []
-    split = getattr(mod, "backends", None)      # per-backend fits (moe.py's docstring)
     bfit: dict[tuple, dict] = {}       # (chip, runtime, backend) -> {key: value}
     bnotes: dict[tuple, str] = {}      # (chip, runtime, backend, family) -> what it was fitted on
     if not fit:
@@ -180,14 +181,7 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
         train = g[~g["held_out"]]
         test = g[g["held_out"]]
         if fit:
-            s = mod.sample(train, mod.FIT_ROWS)
-            res = fit_multistart(lambda v: mod.predict(s, fam, acc, v), params,
-                                 s["latency_s"].to_numpy(), getattr(mod, "STARTS", ()),
-                                 n_random=getattr(mod, "RANDOM_STARTS", 0),
-                                 loss=getattr(mod, "LOSS", "linear"),
-                                 f_scale=getattr(mod, "F_SCALE", 1.0))
-            # parameters the sample cannot identify (no rows use them): their neutral value
-            vals = {**res.values, **getattr(mod, "unidentified", lambda s_, f_: {})(s, fam)}
+            vals, res, s = _fit_rows(mod, train, fam, acc, params)
             fitted.setdefault((chip, rt), {}).update(vals)
             covs[(chip, rt, fam)] = res.log_cov
             dist = ("" if "distribution" not in g or g["distribution"].iloc[0] == "balanced"
@@ -200,14 +194,14 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
                 continue
         pf = mod.predict(train, fam, acc, vals)
         pt = mod.predict(test, fam, acc, vals)
-        own = split(train) if split else []
+        own = kinds[(chip, rt, fam)]
         if len(own) >= 2:      # each backend's rows scored with its own fit; auto kept apart
             rows.append(_row(mod.NAME + "/auto", chip, rt, fam, min(len(train), mod.FIT_ROWS),
                              pf, train, pt, test))
             pf, pt = pf.copy(), pt.copy()
             for b in own:
                 if fit:
-                    bv = _fit_backend(mod, g[g["backend"] == b], fam, acc, params)
+                    bv = _fit_rows(mod, train[train["backend"] == b], fam, acc, params)[0]
                     bfit.setdefault((chip, rt, b), {}).update(bv)
                     nb = int((~g["held_out"] & (g["backend"] == b)).sum())
                     bnotes[(chip, rt, b, fam)] = (f"{g['version'].iloc[0]}: "
@@ -239,11 +233,11 @@ def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
                 continue
             vals, near, ratio = common.transfer(chip, others, params, accs)
             p = mod.predict(g, fam, acc, vals)
-            mine = split(g[~g["held_out"]]) if split else []
+            mine = kinds[(chip, rt, fam)]
             for b in (mine if len(mine) >= 2 else []):   # as the report: each backend's own
-                donors = {c: bfit[(c, rt, b)] for (c, r, f), gg in groups.items()
+                donors = {c: bfit[(c, rt, b)] for (c, r, f) in groups
                           if r == rt and f == fam and (c, rt, b) in bfit
-                          and b in split(gg[~gg["held_out"]])
+                          and b in kinds[(c, r, f)]
                           and all(q.name in bfit[(c, rt, b)] for q in params)}
                 donors = common.loco_donors(donors, chip, own)
                 if donors:
@@ -278,13 +272,15 @@ def _row(op_class, chip, rt, fam, n_fit, pf, train, pt, test) -> dict:
                 bias_held_out=_bias(pt, test["latency_s"]))
 
 
-def _fit_backend(mod, g: pd.DataFrame, fam: str, acc, params) -> dict:
-    """One backend's fit on its own training rows of a group (the module's multistart)."""
-    s = mod.sample(g[~g["held_out"]], mod.FIT_ROWS)
+def _fit_rows(mod, train: pd.DataFrame, fam: str, acc, params):
+    """(values, fit result, sample) of the module's multistart fit on a sample of at most
+    ``FIT_ROWS`` training rows (a group's, or one backend's of it); parameters the sample cannot
+    identify (no rows use them) at their neutral value (``mod.unidentified``)."""
+    s = mod.sample(train, mod.FIT_ROWS)
     res = fit_multistart(lambda v: mod.predict(s, fam, acc, v), params, s["latency_s"].to_numpy(),
                          getattr(mod, "STARTS", ()), n_random=getattr(mod, "RANDOM_STARTS", 0),
                          loss=getattr(mod, "LOSS", "linear"), f_scale=getattr(mod, "F_SCALE", 1.0))
-    return {**res.values, **getattr(mod, "unidentified", lambda s_, f_: {})(s, fam)}
+    return {**res.values, **getattr(mod, "unidentified", lambda s_, f_: {})(s, fam)}, res, s
 
 
 def backend_entries(mod, bfit, bnotes, accs) -> dict:
