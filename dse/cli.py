@@ -348,11 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "is scored")
     r.add_argument("--sampler", choices=["nsga2", "nsga3", "tpe", "random", "qmc", "gp"],
                    help="Optuna sampler (default: tpe; optuna runs of more than 2000 trials: "
-                        "nsga2; of at most 32 trials, with no --sampler/--population: 4 random "
-                        "designs, then grid neighbours of the front)")
+                        "nsga2; of at most 96 trials, with no --sampler/--population: 8 random "
+                        "designs, then an additive surrogate's proposals)")
     r.add_argument("--population", type=int,
-                   help="trials asked and scored per batch (default 4, nested too; nsga2 on long "
-                        "runs: 32)")
+                   help="trials asked and scored per batch (default 2, nested 4; nsga2 on long "
+                        "runs: 32; short runs: 1)")
     r.add_argument("--workers", type=int, default=1,
                    help="processes working on the run together, this one included (optuna, "
                         "nested; exhaustive with --storage): the others are `dse worker`s")

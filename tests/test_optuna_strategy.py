@@ -198,14 +198,16 @@ def test_short_runs_plan_a_local_search_and_longer_ones_tpe():
     space = load_space(str(QUICK))
     p = plan(space, "optuna", o.SHORT_RUN_TRIALS, None, None, None, None)
     assert p["sampler"] == "random" and p["population"] == 1 and p["local_share"] == 1.0
-    assert p["local_after"] == o.SHORT_RUN_START and p["local_adjacent"] and p["local_margin"] == 1.0
+    assert p["local_after"] == o.SHORT_RUN_START and p["local_model"] == "additive"
     p = plan(space, "optuna", o.SHORT_RUN_TRIALS + 1, None, None, None, None)
+    assert "local_model" not in p
     assert p["sampler"] == "tpe" and p["population"] == 2
     # longer runs: TPE, then the same local search on the last POLISH_SHARE of the trials
     assert p["local_share"] == 1.0 and p["local_adjacent"] and p["local_margin"] == 1.0
     assert p["local_diagonal"] and "local_diagonal" not in plan(space, "optuna", 24, None, None,
                                                                 None, None)
-    assert p["local_after"] == 33 - round(o.POLISH_SHARE * 33) and p["polish_share"] == o.POLISH_SHARE
+    n = o.SHORT_RUN_TRIALS + 1
+    assert p["local_after"] == n - round(o.POLISH_SHARE * n) and p["polish_share"] == o.POLISH_SHARE
     p = plan(space, "optuna", 400, None, None, None, None)
     assert p["local_after"] == 400 - round(o.POLISH_SHARE * 400)
     # a budget without a trial count has no last share: no polish; nor a sampler given
@@ -216,22 +218,29 @@ def test_short_runs_plan_a_local_search_and_longer_ones_tpe():
     assert plan(space, "optuna", 24, None, "nsga2", None, None)["sampler"] == "nsga2"
 
 
-def test_a_short_run_steps_to_grid_neighbours_of_the_front_after_its_random_start(tmp_path, capsys):
+def test_a_short_run_asks_the_surrogate_for_each_trial_after_its_random_start(tmp_path, capsys):
+    """Every trial after the 8 random ones is the additive surrogate's proposal from the trials
+    scored before it, with the values and constraints the run told Optuna (its trials files)."""
+    from dse.search import surrogate
     out = tmp_path / "r"
     assert main(["run", str(QUICK), "--strategy", "optuna", "--trials", "24", "--seed", "1",
                  "--out", str(out), "--quiet"]) == 0
     m = json.loads((out / "manifest.json").read_text())
     assert m["local_share"] == 1.0 and m["local_after"] == 8          # SHORT_RUN_START
+    assert m["local_model"] == "additive"
     space = load_space(str(QUICK))
-    t = pd.concat([pd.read_parquet(f) for f in sorted((out / "scores").glob("batch-*.parquet"))])
-    t = t.sort_values("trial")
-    assert len(t) == 24 and t["design_id"].is_unique
-    C = np.array(np.unravel_index(t["design_id"].to_numpy(np.int64), space.shape)).T
-    # every trial after the start is one step along one parameter from a design scored before
-    # it (random designs of this 480-design grid rarely are: the start's are not all so)
-    for k in range(m["local_after"], len(C)):
-        steps = np.abs(C[:k] - C[k])
-        assert ((steps.sum(axis=1) == 1)).any(), f"trial {k} is no neighbour of earlier ones"
+    told = {}
+    for f in (out / "scores").glob("batch-*.trials.json"):
+        told.update({int(k): v for k, v in json.loads(f.read_text()).items()})
+    order = [told[n] for n in sorted(told)]
+    assert len(order) == 24 and len({r["key"] for r in order}) == 24
+    pos = list(range(len(space.parameters)))
+    for n in range(m["local_after"], 24):
+        before = order[:n]
+        want = surrogate.propose(space, pos, [r["key"] for r in before],
+                                 [r["values"] for r in before],
+                                 [r["constraints"] for r in before], 1, seed=1 + n)
+        assert int(np.ravel_multi_index(want[0], space.shape)) == order[n]["key"], n
     st = json.loads(subprocess.run([sys.executable, "-m", "dse", "status", str(out), "--json"],
                                    capture_output=True, text=True, cwd=ROOT).stdout)
     assert sum(st["trials_by_worker"].values()) == st["trials_completed"] == 24

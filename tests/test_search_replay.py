@@ -23,12 +23,11 @@ def _scored(d):
 def test_the_replay_scores_the_same_designs_as_a_run_with_the_defaults(tmp_path):
     space = load_space(str(QUICK))
     sc = Scored(space)
-    # 24 trials: the short-run default (random start, then grid neighbours of the front)
+    # 24 trials: the short-run default (random start, then the additive surrogate)
     d = run_space(space, tmp_path / "run", strategy="optuna", trials=24, seed=1, progress=False)
     real = _scored(d)
     assert len(real) == 24
-    assert replay(sc, "random", 1, 1, 24, local=1.0, local_after=8, adjacent=True,
-                  margin=1.0) == real
+    assert replay(sc, "random", 1, 1, 24, local=1.0, local_after=8, model="additive") == real
     # TPE at population 4 (the default from 33 trials on), asked for explicitly
     d = run_space(space, tmp_path / "tpe", strategy="optuna", trials=24, seed=1, sampler="tpe",
                   population=4, progress=False)
@@ -40,19 +39,20 @@ def test_the_replay_scores_the_same_designs_as_a_run_with_the_defaults(tmp_path)
 
 
 def test_the_replay_scores_the_same_designs_as_a_polished_default_run(tmp_path):
-    """60 trials: TPE at the default population, then the local search of the front on the last
-    POLISH_SHARE of them; the replay (how the share was chosen) follows the same path."""
+    """120 trials (more than a short run's): TPE at the default population, then the local
+    search of the front on the last POLISH_SHARE of them; the replay (how the share was chosen)
+    follows the same path."""
     from dse.search.driver import plan
     space = load_space(str(QUICK))
     sc = Scored(space)
-    d = run_space(space, tmp_path / "run", strategy="optuna", trials=60, seed=2, progress=False)
+    d = run_space(space, tmp_path / "run", strategy="optuna", trials=120, seed=2, progress=False)
     m = runs.load_manifest(d)
-    p = plan(space, "optuna", 60, None, None, None, None)
-    assert m["sampler"] == "tpe" and m["local_after"] == p["local_after"] < 60
+    p = plan(space, "optuna", 120, None, None, None, None)
+    assert m["sampler"] == "tpe" and m["local_after"] == p["local_after"] < 120
     real = _scored(d)
-    assert len(real) == 60
+    assert len(real) == 120
     pop = o.DEFAULT_POPULATION["optuna"]
-    assert replay(sc, "tpe", pop, 2, 60, local=1.0, local_after=p["local_after"], adjacent=True,
+    assert replay(sc, "tpe", pop, 2, 120, local=1.0, local_after=p["local_after"], adjacent=True,
                   margin=1.0, diagonal=True) == real
     # without the polish the last trials are TPE's: other designs
-    assert replay(sc, "tpe", pop, 2, 60) != real
+    assert replay(sc, "tpe", pop, 2, 120) != real

@@ -284,13 +284,13 @@ def _one_step(a, b) -> bool:
     return int((d > 0).sum()) == 1 and int(d.max()) == 1
 
 
-@pytest.mark.parametrize("trials,new_trials", [(20, 20), (48, 40)])
+@pytest.mark.parametrize("trials,new_trials", [(20, 20), (120, 100)])
 def test_reoptimize_keeps_the_base_runs_local_search(tmp_path, capsys, trials, new_trials):
-    """A short run (local search after 4 random designs) and a polished default run (TPE,
-    then the last share on the local search) re-optimize with the same search: the manifest's
-    local keys carried over (the polish rescaled to the new trials), and the new run's trials
-    from ``local_after`` on are grid neighbours (one step along one parameter) of designs it
-    scored before them, not random draws."""
+    """A short run (the additive surrogate after 8 random designs) and a polished default run
+    (TPE, then the last share on the grid-neighbour search) re-optimize with the same search:
+    the manifest's local keys carried over (the polish rescaled to the new trials); the new
+    run's trials from ``local_after`` on are the surrogate's proposals (short) or grid
+    neighbours (one step along one parameter) of designs it scored before them (polished)."""
     from dse.search.optuna_strategy import POLISH_SHARE
     from dse.space import load_space
     sp = tmp_path / "small.toml"
@@ -299,15 +299,21 @@ def test_reoptimize_keeps_the_base_runs_local_search(tmp_path, capsys, trials, n
     assert main(["run", str(sp), "--strategy", "optuna", "--trials", str(trials),
                  "--out", str(d), "--quiet"]) == 0
     base = json.loads((d / "manifest.json").read_text())
-    assert base["local_share"] == 1.0 and base["local_adjacent"] is True
+    short = "polish_share" not in base
+    assert base["local_share"] == 1.0
+    assert base.get("local_model") == "additive" if short else base["local_adjacent"] is True
     out = tmp_path / "wi"
     assert main(["whatif", str(d), "--scale", f"{HBM}=1.5", "--reoptimize", "--trials",
                  str(new_trials), "--out", str(out), "--quiet"]) == 0
     run = out / "run"
     m = json.loads((run / "manifest.json").read_text())
     assert (m["sampler"], m["population"]) == (base["sampler"], base["population"])
-    assert m["local_share"] == 1.0 and m["local_adjacent"] is True and m["local_margin"] == 1.0
-    if "polish_share" in base:
+    assert m["local_share"] == 1.0
+    if short:
+        assert m["local_model"] == "additive" and "local_adjacent" not in m
+    else:
+        assert m["local_adjacent"] is True and m["local_margin"] == 1.0
+    if not short:
         assert m["local_after"] == m["trials"] - round(POLISH_SHARE * m["trials"])
     else:
         assert m["local_after"] == base["local_after"] == 8     # SHORT_RUN_START
@@ -319,6 +325,20 @@ def test_reoptimize_keeps_the_base_runs_local_search(tmp_path, capsys, trials, n
     warm = m["whatif"]["warm_start_trials"]
     late = range(max(m["local_after"], warm), len(coords))
     assert len(late) >= 2
+    if short:
+        from dse.search import surrogate
+        told = {}
+        for f in (run / "scores").glob("batch-*.trials.json"):
+            told.update({int(k): v for k, v in json.loads(f.read_text()).items()})
+        order = [told[n] for n in sorted(told)]
+        pos = list(range(len(space.parameters)))
+        for n in late:
+            want = surrogate.propose(space, pos, [r["key"] for r in order[:n]],
+                                     [r["values"] for r in order[:n]],
+                                     [r["constraints"] for r in order[:n]], 1,
+                                     seed=int(m.get("seed", 0)) + n)
+            assert int(np.ravel_multi_index(want[0], space.shape)) == order[n]["key"], n
+        return
     near = [any(_one_step(coords[j], coords[i]) for i in range(j)) for j in late]
     assert sum(near) >= len(late) - 1, near
 

@@ -143,7 +143,7 @@ def bench_shipped(seeds: int = 5, names=None, quick: bool = False) -> None:
           f"trials random; NSGA-II at population {optuna_strategy.LONG_RUN[1]} beyond "
           f"{optuna_strategy.TPE_MAX_TRIALS:,} trials; runs of at most "
           f"{optuna_strategy.SHORT_RUN_TRIALS} trials: {optuna_strategy.SHORT_RUN_START} random "
-          f"designs, then grid neighbours of the front one at a time):", flush=True)
+          f"designs, then one at a time the additive surrogate's proposal):", flush=True)
     for f in sorted((ROOT / "spaces").glob("*.toml")):
         if names and f.stem not in names:
             continue
@@ -167,6 +167,7 @@ def bench_shipped(seeds: int = 5, names=None, quick: bool = False) -> None:
                                              scale) / hv if len(fr) else 0.0)
         how = (f"{p['sampler']} population {p['population']}, polish "
                f"{p['polish_share']:.0%}" if p.get("polish_share") else
+               "additive surrogate" if p.get("local_model") == "additive" else
                "local search" if p.get("local_share") == 1.0 else
                f"{p['sampler']} population {p['population']}")
         print(f"  {f.stem:<26} {space.size:7,} designs, {trials:5,} trials ({how}; at most "

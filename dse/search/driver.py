@@ -171,7 +171,7 @@ def points(space, strategy: str) -> int:
 
 
 LOCAL_KEYS = ("local_share", "local_after", "local_adjacent", "local_margin", "local_diagonal",
-              "polish_share")
+              "local_model", "polish_share")
 
 
 def plan(space, strategy: str | None, trials: int | None, budget_s: float | None,

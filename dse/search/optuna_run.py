@@ -210,7 +210,10 @@ class OptunaRun(Strategy):
             # local search: a share of the trials go to untried grid neighbours of the
             # designs (points) on the front, the sampler proposes the rest
             k = int(np.floor(n * share + (self.done_trials * share) % 1 + 1e-9))
-            enqueue_neighbours_(self, k)
+            if self.manifest.get("local_model") == "additive" and not self.nested:
+                enqueue_modelled_(self, k)
+            else:
+                enqueue_neighbours_(self, k)
         trials, echoes = self._ask(ask, n)
         beat = None
         if self.shared and trials:   # heartbeats while the batch is scored; no overshoot
@@ -407,6 +410,21 @@ def enqueue_neighbours_(run: OptunaRun, k: int) -> int:
                                 diagonal=bool(run.manifest.get("local_diagonal", False)),
                                 known=[tuple(int(c) for c in np.unravel_index(key, run.outer_shape))
                                        for key in run.known] if run.outer else ())
+
+
+def enqueue_modelled_(run: OptunaRun, k: int) -> int:
+    """A short run's next ``k`` trials from the additive surrogate of what it scored."""
+    from dse.search import surrogate
+    if not run.known or k <= 0:
+        return 0
+    keys = list(run.known)
+    points = surrogate.propose(run.space, run.outer, keys,
+                               [run.known[q]["values"] for q in keys],
+                               [run.known[q]["constraints"] for q in keys], k,
+                               seed=int(run.manifest.get("seed", 0)) + run.done_trials)
+    for c in points:
+        run.study.enqueue_trial(params_of(run.space, c, run.outer))
+    return len(points)
 
 
 def requeue_lost_(run: OptunaRun) -> None:

@@ -53,22 +53,25 @@ SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc", "gp")
 # trial costs ~0.1-1 s at 10^3 trials and grows with the study, so runs of more than
 # TPE_MAX_TRIALS trials (overnight runs) keep NSGA-II, whose trials stay cheap.
 # Short runs (at most SHORT_RUN_TRIALS trials, sampler and population not given): SHORT_RUN_START
-# random designs, then one trial at a time an untried grid neighbour (one step along one
-# parameter, categoricals by their list order) of the front design that adds the most
-# hypervolume against the current front's nadir + 100% of its range. Measured with the replay (README "Speed and quality"): quickstart at 24 trials
-# 0.94 mean over 60 seeds where TPE reaches 0.70, at 48 trials 0.997 (TPE 0.90);
-# hypothetical-accelerator at 40 trials 0.915 (TPE 0.934), at 81 0.978 (TPE 0.990); at 264 on
-# dense-70b-nodes 0.91 (TPE 0.997): TPE wins from a few dozen trials on.
-# SHORT_RUN_START 8 (was 4), measured 2026-12-02 over 20 seeds each: quickstart at 24 trials
-# 0.871 -> 0.918 mean (worst 0.236 -> 0.722; 6: 0.843, 12: 0.882, 16: 0.785), at 32 trials
-# hypothetical-accelerator 0.858 -> 0.894, moe-codesign 0.810 -> 0.862, dense-70b-nodes
-# 0.741 -> 0.786 (worst 0.476 -> 0.461).
-SHORT_RUN_TRIALS = 32
+# random designs, then one trial at a time the proposal of an additive surrogate of every
+# objective and constraint fitted to what the run scored (dse/search/surrogate.py: the untried
+# grid point within 4 steps of the front of the largest optimistic hypervolume gain times its
+# probability of being admissible). Measured with the replay (README "Speed and quality"),
+# 2026-12-03: quickstart at 24 trials 0.939 mean over 60 seeds (p10 0.84, worst 0.55) where the
+# grid-neighbour local search it replaced reached 0.888 (worst 0.62) and TPE ~0.70; at 32
+# trials, 20 seeds, surrogate vs neighbours: hypothetical-accelerator 0.942 vs 0.886,
+# moe-codesign 0.968 vs 0.850, dense-70b-nodes 0.859 vs 0.793, deepseek-racks 0.567 vs 0.362,
+# disaggregated 0.887 vs 0.906. A run whose manifest predates it (no ``local_model``) resumes
+# with the neighbour search it started with. SHORT_RUN_TRIALS 96 (was 32): the surrogate beats
+# TPE at its defaults at 48, 64 and 96 trials on hypothetical-accelerator, moe-codesign and
+# dense-70b-nodes (10 seeds each); at 112 (moe-codesign's 5%) they tie, so longer runs keep TPE.
+# SHORT_RUN_START 8 (was 4), measured 2026-12-02 over 20 seeds each with the neighbour search.
+SHORT_RUN_TRIALS = 96
 SHORT_RUN_START = 8
 SHORT_RUN = {"sampler": "random", "population": 1, "local_share": 1.0,
-             "local_after": SHORT_RUN_START, "local_adjacent": True, "local_margin": 1.0}
+             "local_after": SHORT_RUN_START, "local_model": "additive"}
 # Polish: a default optuna run given a trial count (no --sampler) spends its last POLISH_SHARE
-# of the trials on the short runs' local search of the current front (the same keys, from trial
+# of the trials on a grid-neighbour local search of the current front (its keys, from trial
 # ``local_after`` on), two-step neighbours after one-step ones; a budget run without a trial
 # count has no last share and is not polished. Measured with the replay (README "Speed and
 # quality", 5 seeds): deepseek-racks' worst seed 0.9656 -> 0.9997 (the cheapest design sits two

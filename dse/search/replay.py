@@ -31,6 +31,7 @@ from dse import pareto  # noqa: E402
 from dse.perf import score_chunked  # noqa: E402
 from dse.search import optuna_strategy as o  # noqa: E402
 from dse.search.driver import plan  # noqa: E402
+from dse.search import surrogate  # noqa: E402
 from dse.search.enqueue import enqueue_neighbours, unscored_points  # noqa: E402
 from dse.search.study import distributions, params_of, point_key  # noqa: E402
 from dse.space import load_space  # noqa: E402
@@ -68,7 +69,7 @@ class Scored:
 def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
            startup: int | None = None, local: float = 0.0, local_after: int = 0,
            adjacent: bool = False, margin: float | None = None,
-           diagonal: bool = False) -> set[int]:
+           diagonal: bool = False, model: str | None = None) -> set[int]:
     """One run of ``budget`` distinct designs; returns the ids of the designs it scored."""
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -97,11 +98,18 @@ def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
                 ob.metric: sc.F[f, j] * (1.0 if ob.direction == "minimize" else -1.0)
                 for j, ob in enumerate(sp.objectives)}})
             k = int(np.floor(n * local + (len(known) * local) % 1 + 1e-9))
-            enqueue_neighbours(study, sp, pos, front, k,
-                               {"point": list(sc.ref), "scale": list(sc.scale)}, seed=len(known),
-                               known=[tuple(int(c) for c in np.unravel_index(q, shape))
-                                      for q in known], adjacent=adjacent, margin=margin,
-                               diagonal=diagonal)
+            if model == "additive":
+                ks = sorted(known)
+                for c in surrogate.propose(sp, pos, ks, sc.values[ks], sc.cons[ks], k,
+                                           seed=seed + len(known)):
+                    study.enqueue_trial(params_of(sp, c, pos))
+            else:
+                enqueue_neighbours(study, sp, pos, front, k,
+                                   {"point": list(sc.ref), "scale": list(sc.scale)},
+                                   seed=len(known),
+                                   known=[tuple(int(c) for c in np.unravel_index(q, shape))
+                                          for q in known], adjacent=adjacent, margin=margin,
+                                   diagonal=diagonal)
         batch, keys, repeats = [], set(), 0
         while len(keys) < n:
             t = study.ask(dists)
@@ -143,6 +151,8 @@ def main(argv=None) -> int:
                         "driver's POLISH_SHARE; 0: none)")
     p.add_argument("--no-diagonal", action="store_true",
                    help="the polish without its two-step neighbours")
+    p.add_argument("--no-model", action="store_true",
+                   help="a short run's local search without its surrogate (grid neighbours)")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--share", type=float, default=0.05, help="evaluations, share of the space")
     p.add_argument("--seeds", type=int, default=5)
@@ -160,13 +170,14 @@ def main(argv=None) -> int:
         adjacent = a.adjacent or pl.get("local_adjacent", False)
         margin = pl.get("local_margin")
         diagonal = pl.get("local_diagonal", False) and not a.no_diagonal
+        model = None if a.no_model else pl.get("local_model")
         t0 = time.perf_counter()
         r = [sc.share(replay(sc, sampler, pop, s, budget, a.startup, local, after, adjacent,
-                            margin, diagonal))
+                            margin, diagonal, model))
              for s in range(a.first_seed, a.first_seed + a.seeds)]
         print(f"{f.stem}: {sc.space.size:,} designs, {budget:,} scored, {sampler} population "
               f"{pop}" + (f" startup {a.startup}" if a.startup is not None else "")
-              + (f" local {local:g} after {after}" + (" adjacent" if adjacent else "") + (" diagonal" if diagonal else "")
+              + (f" local {local:g} after {after}" + (" adjacent" if adjacent else "") + (" diagonal" if diagonal else "") + (f" model {model}" if model else "")
                  if local else "")
               + f": hypervolume {np.mean(r):.4f} of the exact front (worst {np.min(r):.4f}, "
               f"{a.seeds} seeds: {' '.join(f'{x:.4f}' for x in r)}; {(time.perf_counter() - t0) / a.seeds:.1f} s a run)", flush=True)

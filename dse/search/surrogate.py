@@ -1,0 +1,230 @@
+"""Short runs' model-based proposals: an additive surrogate of every objective and constraint.
+
+A run of a few dozen trials cannot afford a sampler that learns from hundreds (TPE at 24
+trials: 0.70 of the exact front's hypervolume on the quickstart). Serving metrics are close to
+additive in log space over the grid's parameters (a cost per token is chips x price / tokens per
+second; the KV cache per chip is the batch over the tensor-parallel degree), so each metric is
+modelled as a Bayesian linear model of the trial's grid position:
+
+    log |metric| = b + sum_d w_d[x_d] + noise
+
+one weight per value of each parameter; an ordered parameter's weights (batch sizes, TP degrees,
+bandwidth scales: values on a grid) have a second-difference prior, so the model is close to a
+straight line in the grid position (a power law in a log-spaced grid) unless the data bend it,
+and a categorical one's a ridge prior. How straight, and how large the residual, is chosen per
+metric and per trial from a small grid by the model's evidence (its marginal likelihood, as a
+Gaussian process's hyperparameters are fitted): few or straight data keep the line, a knee
+(a batch past the memory-bound regime) bends it. Feasibility (the design fits) is modelled the same way on
++1/-1 labels, and each constraint on the log of its value over its bound, from the feasible
+designs. The next design is the untried grid point near the current front (at most ``RADIUS``
+grid steps from one of its members; a categorical change is one step) of the largest
+optimistic hypervolume gain (each objective at its mean plus ``KAPPA`` posterior standard
+deviations toward better, against the current front's nadir plus its range) times the
+probability that it is admissible.
+
+Constants by measurement with ``python -m dse.search.replay`` (README "Speed and quality");
+a probit (logistic) feasibility model, pairwise interaction terms, Thompson sampling and a
+balanced (Latin) start measured worse or no better.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import norm
+
+from dse import pareto
+from dse.search.study import _ordered
+
+LEVEL = 3.0        # prior precision of a categorical parameter's weights (ordered: 5% of it)
+EVIDENCE = True    # each metric's curvature prior and residual: the grids' of largest evidence
+SMOOTH_GRID = (10.0, 100.0, 1000.0, 10000.0)   # prior precisions of an ordered one's 2nd diffs
+NOISE_GRID = (0.02, 0.05, 0.1, 0.2)            # residuals, in standard deviations of the metric
+SMOOTH = 1000.0    # without the evidence: the curvature prior
+NOISE = 0.05       # and the residual
+KAPPA = 1.0        # optimism: posterior standard deviations toward better
+RADIUS = 4         # candidates: grid steps from the current front
+MARGIN = 1.0       # gains against the front's nadir plus this share of its range
+MAX_CANDIDATES = 20_000   # a larger outer grid: candidates drawn by random walks from the front
+BIG = 1e29         # told values at or above this stand for non-finite metrics
+
+
+class Additive:
+    """A Bayesian linear model over one-hot grid positions (one column per parameter value)."""
+
+    def __init__(self, shape, ordered):
+        self.shape = tuple(int(n) for n in shape)
+        self.off = np.concatenate([[0], np.cumsum(self.shape)]).astype(int)
+        m = int(self.off[-1]) + 1                     # the last column: the intercept
+        P, Q = np.zeros((m, m)), np.zeros((m, m))
+        P[-1, -1] = 1e-6
+        for d, n in enumerate(self.shape):
+            a = self.off[d]
+            smooth = ordered[d] and n > 2
+            P[a:a + n, a:a + n] += LEVEL * (0.05 if smooth else 1.0) * np.eye(n)
+            if smooth:
+                D = np.diff(np.eye(n), 2, axis=0)
+                Q[a:a + n, a:a + n] += D.T @ D
+        self.base, self.curv = P, Q
+        self.prior = P + SMOOTH * Q
+
+    def design(self, coords: np.ndarray) -> np.ndarray:
+        coords = np.asarray(coords, np.int64).reshape(-1, len(self.shape))
+        X = np.zeros((len(coords), int(self.off[-1]) + 1))
+        X[:, -1] = 1.0
+        rows = np.arange(len(coords))
+        for d in range(len(self.shape)):
+            X[rows, self.off[d] + coords[:, d]] = 1.0
+        return X
+
+    def evidence(self, X, z, P, noise) -> float:
+        """log p(z) of the linear model with prior precision P and residual ``noise``."""
+        n = len(z)
+        A = X.T @ X / noise ** 2 + P
+        b = X.T @ z / noise ** 2
+        _, la = np.linalg.slogdet(A)
+        _, lp = np.linalg.slogdet(P)
+        return float(-0.5 * (z @ z / noise ** 2 - b @ np.linalg.solve(A, b)
+                             + 2 * n * np.log(noise) + la - lp))
+
+    def predict(self, X: np.ndarray, y: np.ndarray, Xc: np.ndarray):
+        """Posterior mean and standard deviation at ``Xc`` of the model fitted to (X, y), its
+        curvature prior and residual those of ``SMOOTH_GRID`` x ``NOISE_GRID`` of the largest
+        evidence (``EVIDENCE``; else ``SMOOTH`` and ``NOISE``)."""
+        mu0, s0 = float(y.mean()), float(y.std()) + 1e-9
+        z = (y - mu0) / s0
+        P, noise = self.prior, NOISE
+        if EVIDENCE:
+            _, smooth, noise = max((self.evidence(X, z, self.base + sm * self.curv, nz), sm, nz)
+                                   for sm in SMOOTH_GRID for nz in NOISE_GRID)
+            P = self.base + smooth * self.curv
+        A = X.T @ X / noise ** 2 + P
+        L = np.linalg.cholesky(A)
+        w = np.linalg.solve(A, X.T @ z / noise ** 2)
+        V = np.linalg.solve(L, Xc.T)
+        sd = np.sqrt((V ** 2).sum(axis=0) + noise ** 2)
+        return mu0 + s0 * (Xc @ w), s0 * sd
+
+
+def constraint_bounds(space) -> list[tuple[str, float]]:
+    """(kind, bound) of each constraint column after the feasibility one, in the order
+    ``optuna_strategy.violations`` writes them."""
+    out = []
+    for c in space.constraints:
+        if c.max is not None:
+            out.append(("max", float(c.max)))
+        if c.min is not None:
+            out.append(("min", float(c.min)))
+    return out
+
+
+def _constraint_target(c: np.ndarray, kind: str, bound: float) -> np.ndarray:
+    """A constraint's violation (<= 0 admissible) as a log ratio to its bound where the bound is
+    positive (violations are relative: (v - max) / |max|, (min - v) / |min|), else as given."""
+    if bound <= 0:
+        return c
+    if kind == "max":
+        return np.log(np.maximum(1.0 + c, 1e-12))
+    return -np.log(np.maximum(1.0 - c, 1e-12))
+
+
+def candidates(shape, ordered, known: np.ndarray, front: np.ndarray, rng) -> np.ndarray:
+    """Untried grid points (coordinates) at most ``RADIUS`` steps from a front member: all of
+    them in a grid of at most ``MAX_CANDIDATES`` points, else random walks from the front."""
+    n = int(np.prod(shape))
+    cat = ~np.asarray(ordered, bool)
+    if n <= MAX_CANDIDATES:
+        free = np.setdiff1d(np.arange(n), known)
+        coords = np.array(np.unravel_index(free, shape)).T
+        if len(front) and len(coords):
+            dist = np.abs(coords[:, None, :] - front[None, :, :])
+            dist[:, :, cat] = np.minimum(dist[:, :, cat], 1)
+            near = dist.sum(axis=2).min(axis=1) <= RADIUS
+            if near.any():
+                coords = coords[near]
+        return coords
+    start = front if len(front) else np.array(np.unravel_index(
+        rng.integers(0, n, MAX_CANDIDATES), shape)).T
+    walk = start[rng.integers(0, len(start), MAX_CANDIDATES)].copy()
+    steps = rng.integers(1, RADIUS + 1, MAX_CANDIDATES)
+    sh = np.asarray(shape)
+    for s in range(RADIUS):
+        move = steps > s
+        d = rng.integers(0, len(shape), MAX_CANDIDATES)
+        delta = np.where(cat[d], rng.integers(1, np.maximum(sh[d], 2)), rng.choice([-1, 1], MAX_CANDIDATES))
+        new = np.where(cat[d], (walk[np.arange(MAX_CANDIDATES), d] + delta) % sh[d],
+                       np.clip(walk[np.arange(MAX_CANDIDATES), d] + delta, 0, sh[d] - 1))
+        walk[np.arange(MAX_CANDIDATES)[move], d[move]] = new[move]
+    flat = np.unique(np.ravel_multi_index(tuple(walk.T), shape))
+    flat = np.setdiff1d(flat, known)
+    return np.array(np.unravel_index(flat, shape)).T
+
+
+def propose(space, outer, keys, values, cons, k: int = 1, seed: int = 0) -> list[tuple]:
+    """Up to ``k`` untried outer grid points (coordinate tuples) for a short run's next trials.
+
+    ``keys``: the scored designs as flat indices of the outer grid; ``values``: their told
+    objective values (in each objective's own direction, as told to Optuna; non-finite ones at
+    +-BIG); ``cons``: their constraint values (<= 0 satisfied; the first column is
+    feasibility). Several points at once are the best ``k`` of one model."""
+    shape = tuple(space.shape[i] for i in outer)
+    ordered = [_ordered(space.parameters[i]) for i in outer]
+    keys = np.asarray(keys, np.int64)
+    if k <= 0 or not outer or not len(keys):
+        return []
+    values = np.asarray(values, np.float64).reshape(len(keys), -1)
+    cons = np.asarray(cons, np.float64).reshape(len(keys), -1)
+    rng = np.random.default_rng(seed)
+    direction = np.array([1.0 if ob.direction == "minimize" else -1.0 for ob in space.objectives])
+    coords = np.array(np.unravel_index(keys, shape)).T
+    finite = (np.abs(values) < BIG).all(axis=1)
+    feasible = cons[:, 0] <= 0
+    ok = feasible & finite & (cons <= 0).all(axis=1)
+    Fm = values * direction                                  # minimisation form
+    front = np.zeros((0, len(shape)), np.int64)
+    if ok.any():
+        front = coords[ok][pareto.nondominated(Fm[ok])]
+    cand = candidates(shape, ordered, keys, front, rng)
+    if not len(cand):
+        return []
+    model = Additive(shape, ordered)
+    Xc = model.design(cand)
+    logp = np.zeros(len(cand))
+    if feasible.any() and not feasible.all():
+        mu, sd = model.predict(model.design(coords), np.where(feasible, 1.0, -1.0), Xc)
+        logp += norm.logcdf(mu / sd)
+    fit = feasible & finite
+    if not fit.any():            # nothing feasible yet: the likeliest to fit, then the least known
+        order = np.argsort(-(logp + rng.random(len(cand)) * 1e-9))
+        return [tuple(int(c) for c in cand[j]) for j in order[:k]]
+    X = model.design(coords[fit])
+    for j, (kind, bound) in enumerate(constraint_bounds(space), start=1):
+        c = cons[fit, j]
+        good = np.abs(c) < BIG
+        if good.sum() >= 2:
+            mu, sd = model.predict(X[good], _constraint_target(c[good], kind, bound), Xc)
+            logp += norm.logcdf(-mu / sd)
+    opt = np.zeros((len(cand), len(direction)))
+    spread = np.zeros(len(cand))
+    for j in range(len(direction)):
+        v = values[fit, j]
+        sign = np.sign(v[0]) if (v != 0).all() and (np.sign(v) == np.sign(v[0])).all() else 0.0
+        y = np.log(np.abs(v)) if sign else v
+        mu, sd = model.predict(X, y, Xc)
+        spread += np.log(sd)
+        if sign:                 # the metric is sign * exp(y); better is smaller direction * metric
+            better = -1.0 if direction[j] * sign > 0 else 1.0
+            opt[:, j] = direction[j] * sign * np.exp(mu + better * KAPPA * sd)
+        else:
+            opt[:, j] = direction[j] * (mu - direction[j] * KAPPA * sd)
+    if ok.any():
+        F = Fm[ok][pareto.nondominated(Fm[ok])]
+        ref, scale = pareto.reference(F, MARGIN)
+        h0 = pareto.hypervolume(F, ref, scale)
+        gain = np.array([pareto.hypervolume(np.vstack([F, q]), ref, scale) - h0 for q in opt])
+    else:
+        gain = np.ones(len(cand))
+    acq = np.log(np.maximum(gain, 1e-300)) + logp
+    if gain.max() <= 0:          # no gain anywhere: the likeliest admissible, the least known
+        acq = logp + spread
+    order = np.lexsort((rng.random(len(cand)), -acq))
+    return [tuple(int(c) for c in cand[j]) for j in order[:k]]

@@ -1,0 +1,113 @@
+"""The short runs' additive surrogate (dse.search.surrogate): the model, its candidates, and what
+it buys on the quickstart against the grid-neighbour search it replaced."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import ROOT
+
+from dse.search import surrogate as S
+from dse.search.replay import Scored, replay
+from dse.space import load_space
+
+QUICK = ROOT / "spaces" / "quickstart.toml"
+
+
+def _grid(shape):
+    return np.array(np.unravel_index(np.arange(int(np.prod(shape))), shape)).T
+
+
+def test_the_model_recovers_an_additive_function_linear_in_an_ordered_parameter():
+    # 4 categorical values x 6 ordered grid positions: y = a[c] + 0.7 * i, fitted on 10 of the
+    # 24 points (each value seen), predicted at the other 14 within 2% of y's spread
+    shape, ordered = (4, 6), [False, True]
+    C = _grid(shape)
+    a = np.array([0.0, 1.5, -0.8, 0.4])
+    y = a[C[:, 0]] + 0.7 * C[:, 1]
+    rng = np.random.default_rng(0)
+    train = np.concatenate([[0, 7, 14, 21], rng.choice(np.setdiff1d(np.arange(24), [0, 7, 14, 21]),
+                                                       6, replace=False)])
+    test = np.setdiff1d(np.arange(24), train)
+    m = S.Additive(shape, ordered)
+    mu, sd = m.predict(m.design(C[train]), y[train], m.design(C[test]))
+    assert np.abs(mu - y[test]).max() < 0.02 * np.ptp(y)
+    # every sd is at least the model's residual (exact data: the smallest the evidence may pick)
+    assert (sd >= min(S.NOISE_GRID) * y[train].std() * 0.999).all()
+    # a slope 20% off is seen: the fit follows the data, not its prior
+    y2 = a[C[:, 0]] + 0.84 * C[:, 1]
+    mu2, _ = m.predict(m.design(C[train]), y2[train], m.design(C[test]))
+    assert np.abs(mu2 - mu).max() > 0.1
+
+
+def test_the_evidence_picks_the_residual_and_the_curvature_the_data_show():
+    shape, ordered = (3, 12), [False, True]
+    C = _grid(shape)
+    m = S.Additive(shape, ordered)
+    X = m.design(C)
+
+    def best(y):
+        z = (y - y.mean()) / y.std()
+        return max((m.evidence(X, z, m.base + s * m.curv, nz), s, nz)
+                   for s in S.SMOOTH_GRID for nz in S.NOISE_GRID)[1:]
+
+    line = np.array([0.0, 1.0, -0.5])[C[:, 0]] + 0.3 * C[:, 1]
+    assert best(line) == (max(S.SMOOTH_GRID), min(S.NOISE_GRID))     # straight, exact
+    noisy = line + np.random.default_rng(2).normal(0, 0.25 * line.std(), len(line))
+    assert best(noisy)[1] > min(S.NOISE_GRID)
+    bent = np.array([0.0, 1.0, -0.5])[C[:, 0]] + np.log1p(np.exp(2.0 * (C[:, 1] - 6)))   # a knee
+    assert best(bent)[0] < max(S.SMOOTH_GRID)
+
+
+def test_candidates_are_untried_and_within_the_radius_of_the_front_small_and_large_grids():
+    rng = np.random.default_rng(1)
+    for shape in [(5, 2, 4, 12), (10, 10, 10, 30)]:        # enumerated; random walks (30,000)
+        ordered = [False, False, True, True]
+        known = rng.choice(int(np.prod(shape)), 40, replace=False)
+        front = np.array(np.unravel_index(known[:5], shape)).T
+        cand = S.candidates(shape, ordered, known, front, rng)
+        assert len(cand)
+        flat = np.ravel_multi_index(tuple(cand.T), shape)
+        assert len(np.unique(flat)) == len(flat) and not np.isin(flat, known).any()
+        d = np.abs(cand[:, None, :] - front[None])
+        d[:, :, [0, 1]] = np.minimum(d[:, :, [0, 1]], 1)
+        assert (d.sum(axis=2).min(axis=1) <= S.RADIUS).all()
+        assert ((cand >= 0) & (cand < np.array(shape))).all()
+
+
+def test_proposals_are_untried_distinct_and_follow_the_scores():
+    space = load_space(str(QUICK))
+    sc = Scored(space)
+    pos = list(range(len(space.parameters)))
+    keys = list(range(0, space.size, 37))                  # 13 designs scored
+    got = S.propose(space, pos, keys, sc.values[keys], sc.cons[keys], 5, seed=3)
+    flat = [int(np.ravel_multi_index(c, space.shape)) for c in got]
+    assert len(got) == 5 and len(set(flat)) == 5 and not set(flat) & set(keys)
+    assert got == S.propose(space, pos, keys, sc.values[keys], sc.cons[keys], 5, seed=3)
+    # nothing scored, or nothing asked: nothing proposed
+    assert S.propose(space, pos, [], np.zeros((0, 3)), np.zeros((0, 2)), 3) == []
+    assert S.propose(space, pos, keys, sc.values[keys], sc.cons[keys], 0) == []
+    # the scores steer it: the same designs told other values propose other points
+    flipped = sc.values[keys][::-1]
+    assert S.propose(space, pos, keys, flipped, sc.cons[keys][::-1], 5, seed=3) != got
+
+
+def test_on_the_quickstart_24_trials_reach_what_the_neighbour_search_did_not():
+    """Seeds 0-2 of the short-run default (8 random designs, then the surrogate), replayed: the
+    share of the exact front's hypervolume, against the grid-neighbour search it replaced."""
+    sc = Scored(load_space(str(QUICK)))
+    model = [sc.share(replay(sc, "random", 1, s, 24, local=1.0, local_after=8, model="additive"))
+             for s in range(3)]
+    grid = [sc.share(replay(sc, "random", 1, s, 24, local=1.0, local_after=8, adjacent=True,
+                            margin=1.0)) for s in range(3)]
+    assert min(model) > 0.98, model
+    assert np.mean(model) > np.mean(grid) + 0.05, (model, grid)
+
+
+def test_the_constraint_target_is_the_log_ratio_to_its_bound():
+    # ttft <= 5 s: a violation (v - 5) / 5; the target is log(v / 5), <= 0 exactly when v <= 5
+    v = np.array([1.0, 5.0, 7.5])
+    assert S._constraint_target((v - 5) / 5, "max", 5.0) == pytest.approx(np.log(v / 5))
+    # a minimum of 100 tok/s: (100 - v) / 100; the target -log(v / 100)
+    v = np.array([50.0, 100.0, 400.0])
+    assert S._constraint_target((100 - v) / 100, "min", 100.0) == pytest.approx(-np.log(v / 100))
