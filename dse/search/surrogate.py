@@ -220,7 +220,11 @@ def propose(space, outer, keys, values, cons, k: int = 1, seed: int = 0) -> list
         F = Fm[ok][pareto.nondominated(Fm[ok])]
         ref, scale = pareto.reference(F, MARGIN)
         h0 = pareto.hypervolume(F, ref, scale)
-        gain = np.array([pareto.hypervolume(np.vstack([F, q]), ref, scale) - h0 for q in opt])
+        gain = np.zeros(len(cand))
+        # a point some front member weakly dominates, or outside the reference box, adds nothing
+        open_ = (opt < ref).all(axis=1) & ~(F[None, :, :] <= opt[:, None, :]).all(axis=2).any(axis=1)
+        for j in np.flatnonzero(open_):
+            gain[j] = pareto.hypervolume(np.vstack([F, opt[j]]), ref, scale) - h0
     else:
         gain = np.ones(len(cand))
     acq = np.log(np.maximum(gain, 1e-300)) + logp
