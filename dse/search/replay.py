@@ -93,10 +93,6 @@ def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
     while len(known) < budget:
         n = min(population, budget - len(known))
         if local > 0 and known and len(known) >= local_after:
-            f = sc.front(known)
-            front = pd.DataFrame({"design_id": f, **{     # metric values, not minimised form
-                ob.metric: sc.F[f, j] * (1.0 if ob.direction == "minimize" else -1.0)
-                for j, ob in enumerate(sp.objectives)}})
             k = int(np.floor(n * local + (len(known) * local) % 1 + 1e-9))
             if model == "additive":
                 ks = sorted(known)
@@ -104,6 +100,10 @@ def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
                                            seed=seed + len(known)):
                     study.enqueue_trial(params_of(sp, c, pos))
             else:
+                f = sc.front(known)
+                front = pd.DataFrame({"design_id": f, **{     # metric values, not minimised form
+                    ob.metric: sc.F[f, j] * (1.0 if ob.direction == "minimize" else -1.0)
+                    for j, ob in enumerate(sp.objectives)}})
                 enqueue_neighbours(study, sp, pos, front, k,
                                    {"point": list(sc.ref), "scale": list(sc.scale)},
                                    seed=len(known),

@@ -65,7 +65,7 @@ class Additive:
                 D = np.diff(np.eye(n), 2, axis=0)
                 Q[a:a + n, a:a + n] += D.T @ D
         self.base, self.curv = P, Q
-        self.prior = P + SMOOTH * Q
+        self._logdets: dict[float, float] = {}
 
     def design(self, coords: np.ndarray) -> np.ndarray:
         coords = np.asarray(coords, np.int64).reshape(-1, len(self.shape))
@@ -76,15 +76,18 @@ class Additive:
             X[rows, self.off[d] + coords[:, d]] = 1.0
         return X
 
-    def evidence(self, X, z, P, noise) -> float:
-        """log p(z) of the linear model with prior precision P and residual ``noise``."""
-        n = len(z)
-        A = X.T @ X / noise ** 2 + P
-        b = X.T @ z / noise ** 2
-        _, la = np.linalg.slogdet(A)
-        _, lp = np.linalg.slogdet(P)
-        return float(-0.5 * (z @ z / noise ** 2 - b @ np.linalg.solve(A, b)
-                             + 2 * n * np.log(noise) + la - lp))
+    def _logdet_prior(self, smooth: float) -> float:
+        if smooth not in self._logdets:
+            self._logdets[smooth] = float(np.linalg.slogdet(self.base + smooth * self.curv)[1])
+        return self._logdets[smooth]
+
+    def evidence(self, XtX, Xtz, zz: float, n: int, smooth: float, noise: float) -> float:
+        """log p(z) (up to a constant) of the linear model with curvature prior ``smooth`` and
+        residual ``noise``, from the data's sufficient statistics X'X, X'z, z'z."""
+        A = XtX / noise ** 2 + self.base + smooth * self.curv
+        b = Xtz / noise ** 2
+        return float(-0.5 * (zz / noise ** 2 - b @ np.linalg.solve(A, b) + 2 * n * np.log(noise)
+                             + np.linalg.slogdet(A)[1] - self._logdet_prior(smooth)))
 
     def predict(self, X: np.ndarray, y: np.ndarray, Xc: np.ndarray):
         """Posterior mean and standard deviation at ``Xc`` of the model fitted to (X, y), its
@@ -92,14 +95,15 @@ class Additive:
         evidence (``EVIDENCE``; else ``SMOOTH`` and ``NOISE``)."""
         mu0, s0 = float(y.mean()), float(y.std()) + 1e-9
         z = (y - mu0) / s0
-        P, noise = self.prior, NOISE
+        XtX, Xtz = X.T @ X, X.T @ z
+        smooth, noise = SMOOTH, NOISE
         if EVIDENCE:
-            _, smooth, noise = max((self.evidence(X, z, self.base + sm * self.curv, nz), sm, nz)
+            zz = float(z @ z)
+            _, smooth, noise = max((self.evidence(XtX, Xtz, zz, len(z), sm, nz), sm, nz)
                                    for sm in SMOOTH_GRID for nz in NOISE_GRID)
-            P = self.base + smooth * self.curv
-        A = X.T @ X / noise ** 2 + P
+        A = XtX / noise ** 2 + self.base + smooth * self.curv
         L = np.linalg.cholesky(A)
-        w = np.linalg.solve(A, X.T @ z / noise ** 2)
+        w = np.linalg.solve(A, Xtz / noise ** 2)
         V = np.linalg.solve(L, Xc.T)
         sd = np.sqrt((V ** 2).sum(axis=0) + noise ** 2)
         return mu0 + s0 * (Xc @ w), s0 * sd
@@ -193,7 +197,7 @@ def propose(space, outer, keys, values, cons, k: int = 1, seed: int = 0) -> list
         mu, sd = model.predict(model.design(coords), np.where(feasible, 1.0, -1.0), Xc)
         logp += norm.logcdf(mu / sd)
     fit = feasible & finite
-    if not fit.any():            # nothing feasible yet: the likeliest to fit, then the least known
+    if not fit.any():            # nothing feasible yet: the likeliest to fit (none: at random)
         order = np.argsort(-(logp + rng.random(len(cand)) * 1e-9))
         return [tuple(int(c) for c in cand[j]) for j in order[:k]]
     X = model.design(coords[fit])
