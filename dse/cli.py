@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "is scored")
     r.add_argument("--sampler", choices=["nsga2", "nsga3", "tpe", "random", "qmc", "gp"],
                    help="Optuna sampler (default: tpe; optuna runs of more than 2000 trials: "
-                        "nsga2; of at most 96 trials, with no --sampler/--population: 8 random "
+                        "nsga2; of at most 96 trials, with no --sampler/--population: 8 pairs-covering "
                         "designs, then an additive surrogate's proposals)")
     r.add_argument("--population", type=int,
                    help="trials asked and scored per batch (default 2, nested 4; nsga2 on long "

@@ -218,8 +218,9 @@ def test_short_runs_plan_a_local_search_and_longer_ones_tpe():
     assert plan(space, "optuna", 24, None, "nsga2", None, None)["sampler"] == "nsga2"
 
 
-def test_a_short_run_asks_the_surrogate_for_each_trial_after_its_random_start(tmp_path, capsys):
-    """Every trial after the 8 random ones is the additive surrogate's proposal from the trials
+def test_a_short_run_asks_the_surrogate_for_each_trial_after_its_start(tmp_path, capsys):
+    """The first 8 trials are the seed's pairs-covering start; every one after is the additive
+    surrogate's proposal from the trials
     scored before it, with the values and constraints the run told Optuna (its trials files)."""
     from dse.search import surrogate
     out = tmp_path / "r"
@@ -235,6 +236,12 @@ def test_a_short_run_asks_the_surrogate_for_each_trial_after_its_random_start(tm
     order = [told[n] for n in sorted(told)]
     assert len(order) == 24 and len({r["key"] for r in order}) == 24
     pos = list(range(len(space.parameters)))
+    # the first 8: the pairs-covering start of the run's seed, in its order
+    assert m["local_start"] == "pairs"
+    from dse.search.study import _ordered
+    start = surrogate.start_designs(space.shape, [_ordered(p) for p in space.parameters], 8, 1)
+    assert [r["key"] for r in order[:8]] == [int(np.ravel_multi_index(c, space.shape))
+                                             for c in start]
     for n in range(m["local_after"], 24):
         before = order[:n]
         want = surrogate.propose(space, pos, [r["key"] for r in before],
@@ -306,7 +313,8 @@ def test_the_study_holds_names_real_values_and_constraints_as_optuna_tools_read_
     study = optuna.load_study(study_name=run.manifest["study_name"],
                               storage=storage_for(run.path, None))
     assert study.metric_names == ["usd_per_mtok_output", "tpot_s"]
-    assert study.user_attrs["constraint_names"] == ["feasible", "ttft_s<=0.2"]
+    assert study.user_attrs["constraint_names"] == ["feasible (log HBM need / capacity)",
+                                                    "ttft_s<=0.2"]
     assert study.user_attrs["grids"] == {"workload.concurrency[i]": [8, 64, 512]}
     names = {n for t in study.trials for n in t.params}
     assert names == {"accelerator.id", "layout.tp", "workload.concurrency[i]",
@@ -325,8 +333,11 @@ def test_the_study_holds_names_real_values_and_constraints_as_optuna_tools_read_
             row["accelerator.hbm_bw_bytes_per_s.scale"]
         assert t.user_attrs["workload.concurrency"] == row["workload.concurrency"]
         assert t.values == pytest.approx([row["usd_per_mtok_output"], row["tpot_s"]], rel=1e-6)
-        want = [0.0 if row["feasible"] else 1.0, (row["ttft_s"] - 0.2) / 0.2]
-        assert t.system_attrs["constraints"] == pytest.approx(want, rel=1e-5)
+        # the memory margin: log(HBM needed / available), <= 0 exactly where the design fits
+        fit = np.log(row["hbm_used_fraction"])
+        fit = min(fit, 0.0) if row["feasible"] else max(fit, 1e-3)
+        want = [fit, (row["ttft_s"] - 0.2) / 0.2]
+        assert t.system_attrs["constraints"] == pytest.approx(want, rel=1e-5, abs=1e-6)
     # a run folder from before the ``.scale`` rule (its study names the factor by the path) reads
     # the same design
     from dse.search.study import coords_of

@@ -286,7 +286,7 @@ def _one_step(a, b) -> bool:
 
 @pytest.mark.parametrize("trials,new_trials", [(20, 20), (120, 100)])
 def test_reoptimize_keeps_the_base_runs_local_search(tmp_path, capsys, trials, new_trials):
-    """A short run (the additive surrogate after 8 random designs) and a polished default run
+    """A short run (the additive surrogate after 8 pairs-covering designs) and a polished default run
     (TPE, then the last share on the grid-neighbour search) re-optimize with the same search:
     the manifest's local keys carried over (the polish rescaled to the new trials); the new
     run's trials from ``local_after`` on are the surrogate's proposals (short) or grid

@@ -142,7 +142,7 @@ def bench_shipped(seeds: int = 5, names=None, quick: bool = False) -> None:
           f"{optuna_strategy.DEFAULT_POPULATION['optuna']}, its first max(2, trials/50) <= 10 "
           f"trials random; NSGA-II at population {optuna_strategy.LONG_RUN[1]} beyond "
           f"{optuna_strategy.TPE_MAX_TRIALS:,} trials; runs of at most "
-          f"{optuna_strategy.SHORT_RUN_TRIALS} trials: {optuna_strategy.SHORT_RUN_START} random "
+          f"{optuna_strategy.SHORT_RUN_TRIALS} trials: {optuna_strategy.SHORT_RUN_START} pairs-covering "
           f"designs, then one at a time the additive surrogate's proposal):", flush=True)
     for f in sorted((ROOT / "spaces").glob("*.toml")):
         if names and f.stem not in names:

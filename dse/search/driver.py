@@ -171,7 +171,7 @@ def points(space, strategy: str) -> int:
 
 
 LOCAL_KEYS = ("local_share", "local_after", "local_adjacent", "local_margin", "local_diagonal",
-              "local_model", "polish_share")
+              "local_model", "local_start", "polish_share")
 
 
 def plan(space, strategy: str | None, trials: int | None, budget_s: float | None,
@@ -197,7 +197,7 @@ def plan(space, strategy: str | None, trials: int | None, budget_s: float | None
     polish = sampler is None
     if strategy == "optuna" and sampler is None and population is None and \
             total <= optuna_strategy.SHORT_RUN_TRIALS:
-        # a short run: a few random designs, then grid neighbours of the front (measured)
+        # a short run: a pairs-covering start, then the surrogate's proposals (measured)
         out.update(optuna_strategy.SHORT_RUN, trials=int(total))
         return out
     sampler = sampler or (optuna_strategy.LONG_RUN[0] if long

@@ -204,9 +204,12 @@ class OptunaRun(Strategy):
             if old is not None:
                 ask, self.segment = self.segs.study(old), old
                 n = min(n, self.segs.counts[old]["WAITING"])
+        after = int(self.manifest.get("local_after", 0))
+        if self.manifest.get("local_start") == "pairs" and not self.nested and ask is self.study \
+                and self.done_trials < after:
+            enqueue_start_(self, min(n, after - self.done_trials))
         share = float(self.manifest.get("local_share", o.DEFAULT_LOCAL_SHARE[self.manifest["strategy"]]))
-        if share > 0 and len(self.front) and ask is self.study and \
-                self.done_trials >= int(self.manifest.get("local_after", 0)):
+        if share > 0 and len(self.front) and ask is self.study and self.done_trials >= after:
             # local search: a share of the trials go to untried grid neighbours of the
             # designs (points) on the front, the sampler proposes the rest
             k = int(np.floor(n * share + (self.done_trials * share) % 1 + 1e-9))
@@ -410,6 +413,27 @@ def enqueue_neighbours_(run: OptunaRun, k: int) -> int:
                                 diagonal=bool(run.manifest.get("local_diagonal", False)),
                                 known=[tuple(int(c) for c in np.unravel_index(key, run.outer_shape))
                                        for key in run.known] if run.outer else ())
+
+
+def enqueue_start_(run: OptunaRun, k: int) -> int:
+    """A short run's next ``k`` start designs not yet scored (``surrogate.start_designs`` of the
+    run's seed: the same on resume, so a killed run picks up where it stopped). Trials already
+    waiting (a what-if's warm start, a start design enqueued before a kill) come out first and
+    count towards the start."""
+    from optuna.trial import TrialState
+
+    from dse.search import surrogate
+    from dse.search.study import _ordered
+    if with_retry(run.study.get_trials, deepcopy=False, states=(TrialState.WAITING,)):
+        return 0
+    start = surrogate.start_designs(run.outer_shape, [_ordered(run.space.parameters[i])
+                                                      for i in run.outer],
+                                    int(run.manifest.get("local_after", 0)),
+                                    seed=int(run.manifest.get("seed", 0)))
+    todo = [c for c in start if int(np.ravel_multi_index(c, run.outer_shape)) not in run.known]
+    for c in todo[:k]:
+        run.study.enqueue_trial(params_of(run.space, c, run.outer))
+    return len(todo[:k])
 
 
 def enqueue_modelled_(run: OptunaRun, k: int) -> int:

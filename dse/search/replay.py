@@ -33,7 +33,7 @@ from dse.search import optuna_strategy as o  # noqa: E402
 from dse.search.driver import plan  # noqa: E402
 from dse.search import surrogate  # noqa: E402
 from dse.search.enqueue import enqueue_neighbours, unscored_points  # noqa: E402
-from dse.search.study import distributions, params_of, point_key  # noqa: E402
+from dse.search.study import _ordered, distributions, params_of, point_key  # noqa: E402
 from dse.space import load_space  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,8 @@ class Scored:
 def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
            startup: int | None = None, local: float = 0.0, local_after: int = 0,
            adjacent: bool = False, margin: float | None = None,
-           diagonal: bool = False, model: str | None = None) -> set[int]:
+           diagonal: bool = False, model: str | None = None,
+           start: str | None = None) -> set[int]:
     """One run of ``budget`` distinct designs; returns the ids of the designs it scored."""
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -90,8 +91,13 @@ def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
         storage.set_trial_system_attr(tid, "constraints", [float(v) for v in sc.cons[k]])
         study.tell(t, [float(v) for v in sc.values[k]])
 
+    first = (surrogate.start_designs(shape, [_ordered(p) for p in sp.parameters], local_after,
+                                     seed) if start == "pairs" else [])
     while len(known) < budget:
         n = min(population, budget - len(known))
+        todo = [c for c in first if np.ravel_multi_index(c, shape) not in known]
+        for c in todo[:min(n, local_after - len(known))]:
+            study.enqueue_trial(params_of(sp, c, pos))
         if local > 0 and known and len(known) >= local_after:
             k = int(np.floor(n * local + (len(known) * local) % 1 + 1e-9))
             if model == "additive":
@@ -153,6 +159,8 @@ def main(argv=None) -> int:
                    help="the polish without its two-step neighbours")
     p.add_argument("--no-model", action="store_true",
                    help="a short run's local search without its surrogate (grid neighbours)")
+    p.add_argument("--random-start", action="store_true",
+                   help="a short run's first designs at random (not the pairs-covering start)")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--share", type=float, default=0.05, help="evaluations, share of the space")
     p.add_argument("--seeds", type=int, default=5)
@@ -171,13 +179,14 @@ def main(argv=None) -> int:
         margin = pl.get("local_margin")
         diagonal = pl.get("local_diagonal", False) and not a.no_diagonal
         model = None if a.no_model else pl.get("local_model")
+        start = None if a.random_start else pl.get("local_start")
         t0 = time.perf_counter()
         r = [sc.share(replay(sc, sampler, pop, s, budget, a.startup, local, after, adjacent,
-                            margin, diagonal, model))
+                            margin, diagonal, model, start))
              for s in range(a.first_seed, a.first_seed + a.seeds)]
         print(f"{f.stem}: {sc.space.size:,} designs, {budget:,} scored, {sampler} population "
               f"{pop}" + (f" startup {a.startup}" if a.startup is not None else "")
-              + (f" local {local:g} after {after}" + (" adjacent" if adjacent else "") + (" diagonal" if diagonal else "") + (f" model {model}" if model else "")
+              + (f" local {local:g} after {after}" + (" adjacent" if adjacent else "") + (" diagonal" if diagonal else "") + (f" model {model}" if model else "") + (f" start {start}" if start else "")
                  if local else "")
               + f": hypervolume {np.mean(r):.4f} of the exact front (worst {np.min(r):.4f}, "
               f"{a.seeds} seeds: {' '.join(f'{x:.4f}' for x in r)}; {(time.perf_counter() - t0) / a.seeds:.1f} s a run)", flush=True)
