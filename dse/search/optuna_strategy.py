@@ -53,7 +53,7 @@ SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc", "gp")
 # trial costs ~0.1-1 s at 10^3 trials and grows with the study, so runs of more than
 # TPE_MAX_TRIALS trials (overnight runs) keep NSGA-II, whose trials stay cheap.
 # Short runs (at most SHORT_RUN_TRIALS trials, sampler and population not given): SHORT_RUN_START
-# random designs, then one trial at a time the proposal of an additive surrogate of every
+# designs (random; pairs-covering since 2026-12-04, below), then one trial at a time the proposal of an additive surrogate of every
 # objective and constraint fitted to what the run scored (dse/search/surrogate.py: the untried
 # grid point within 4 steps of the front of the largest optimistic hypervolume gain times its
 # probability of being admissible). Measured with the replay (README "Speed and quality"),
