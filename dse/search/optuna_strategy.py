@@ -72,7 +72,11 @@ SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc", "gp")
 # start) -> 0.9938 / 0.968 (99 seeds >= 0.98); at 32 trials over 40 seeds, random start in
 # brackets: moe-codesign 0.955 (0.950), hypothetical-accelerator 0.969 (0.969), dense-70b-nodes
 # 0.881 (0.883), disaggregated 0.903 (0.918), deepseek-racks (20 seeds) 0.634 (0.580); 6, 10 or
-# 12 start designs no better (quickstart 0.984, 0.993, 0.979).
+# 12 start designs no better (quickstart 0.984, 0.993, 0.979). Then a categorical parameter's
+# values also through their hardware specs (``surrogate.value_features``): quickstart 0.9937 /
+# 0.983 over 100 seeds (all >= 0.98); dense-70b-nodes (the other space with a chip parameter)
+# 0.867 (0.881) at 32 trials over 40 seeds, 0.979 / 0.949 (0.977 / 0.959) at 64 and 0.991 /
+# 0.983 (0.990 / 0.970) at 96 over 10.
 SHORT_RUN_TRIALS = 96
 SHORT_RUN_START = 8
 SHORT_RUN = {"sampler": "random", "population": 1, "local_share": 1.0,
