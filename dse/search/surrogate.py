@@ -8,25 +8,25 @@ modelled as a Bayesian linear model of the trial's grid position:
 
     log |metric| = b + sum_d w_d[x_d] + noise
 
-one weight per value of each parameter (a chip's, also through its specs: ``value_features``,
-so a chip seen once in a bad corner is judged by what its bandwidth, compute and price did for
-the others; quickstart worst of 100 seeds 0.968 -> 0.983); an ordered parameter's weights (batch sizes, TP degrees,
-bandwidth scales: values on a grid) have a second-difference prior, so the model is close to a
-straight line in the grid position (a power law in a log-spaced grid) unless the data bend it,
-and a categorical one's a ridge prior. How straight, and how large the residual, is chosen per
-metric and per trial from a small grid by the model's evidence (its marginal likelihood, as a
-Gaussian process's hyperparameters are fitted): few or straight data keep the line, a knee
-(a batch past the memory-bound regime) bends it. Feasibility is modelled the same way on the
-memory margin each scored design reports (the first constraint column: log of HBM needed over
-HBM available, ``optuna_strategy.fit_margin``; a 0/1 label cannot say how far the memory wall
-is: quickstart 0.77 against 0.99 on seeds 0-9), times the odds of a layout the model can serve
-at all (+1/-1 labels), and each constraint on the log of its value over its bound, from the
-feasible designs. The run starts from designs that cover pairs of parameter levels
-(``start_designs``), so no value is judged from one corner. The next design is the untried grid point near the current front (at most ``RADIUS``
-grid steps from one of its members; a categorical change is one step) of the largest
-optimistic hypervolume gain (each objective at its mean plus ``KAPPA`` posterior standard
-deviations toward better, against the current front's nadir plus its range) times the
-probability that it is admissible.
+one weight per value of each parameter (a chip's also through its specs, ``value_features``:
+a chip seen once in a bad corner is judged by what bandwidth, compute and price did for the
+others; quickstart worst of 100 seeds 0.968 -> 0.983); an ordered parameter's weights (batch
+sizes, TP degrees, bandwidth scales: values on a grid) have a second-difference prior, so the
+model is close to a straight line in the grid position (a power law in a log-spaced grid) unless
+the data bend it, and a categorical one's a ridge prior. How straight, and how large the
+residual, is chosen per metric and per trial from a small grid by the model's evidence (its
+marginal likelihood, as a Gaussian process's hyperparameters are fitted): few or straight data
+keep the line, a knee (a batch past the memory-bound regime) bends it. Feasibility is modelled
+the same way on the memory margin each scored design reports (the first constraint column: log
+of HBM needed over HBM available, ``optuna_strategy.fit_margin``; a 0/1 label cannot say how far
+the memory wall is: quickstart 0.77 against 0.99 on seeds 0-9), times the odds of a layout the
+model can serve at all (+1/-1 labels), and each constraint on the log of its value over its
+bound, from the feasible designs. The run starts from designs that cover pairs of parameter
+levels (``start_designs``), so no value is judged from one corner. The next design is the
+untried grid point near the current front (at most ``RADIUS`` grid steps from one of its
+members; a categorical change is one step) of the largest optimistic hypervolume gain (each
+objective at its mean plus ``KAPPA`` posterior standard deviations toward better, against the
+current front's nadir plus its range) times the probability that it is admissible.
 
 Constants by measurement with ``python -m dse.search.replay`` (README "Speed and quality");
 a probit (logistic) feasibility model, pairwise interaction terms, Thompson sampling, a
