@@ -55,8 +55,8 @@ SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc", "gp")
 # Short runs (at most SHORT_RUN_TRIALS trials, sampler and population not given): SHORT_RUN_START
 # designs (random; pairs-covering since 2026-12-04, below), then one trial at a time the
 # proposal of an additive surrogate of every objective and constraint fitted to what the run
-# scored (dse/search/surrogate.py: the untried grid point within 4 steps of the front of the largest optimistic hypervolume gain times its
-# probability of being admissible). Measured with the replay (README "Speed and quality"),
+# scored (dse/search/surrogate.py: the untried grid point within 4 steps of the front of the
+# largest optimistic hypervolume gain times its probability of being admissible). Measured with the replay (README "Speed and quality"),
 # 2026-12-03: quickstart at 24 trials 0.939 mean over 60 seeds (p10 0.84, worst 0.55) where the
 # grid-neighbour local search it replaced reached 0.888 (worst 0.62) and TPE ~0.70; at 32
 # trials, 20 seeds, surrogate vs neighbours: hypothetical-accelerator 0.942 vs 0.886,
