@@ -56,8 +56,8 @@ SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc", "gp")
 # designs (random; pairs-covering since 2026-12-04, below), then one trial at a time the
 # proposal of an additive surrogate of every objective and constraint fitted to what the run
 # scored (dse/search/surrogate.py: the untried grid point within 4 steps of the front of the
-# largest optimistic hypervolume gain times its probability of being admissible). Measured with the replay (README "Speed and quality"),
-# 2026-12-03: quickstart at 24 trials 0.939 mean over 60 seeds (p10 0.84, worst 0.55) where the
+# largest optimistic hypervolume gain times its probability of being admissible). Measured
+# with the replay (README "Speed and quality"), 2026-12-03: quickstart at 24 trials 0.939 mean over 60 seeds (p10 0.84, worst 0.55) where the
 # grid-neighbour local search it replaced reached 0.888 (worst 0.62) and TPE ~0.70; at 32
 # trials, 20 seeds, surrogate vs neighbours: hypothetical-accelerator 0.942 vs 0.886,
 # moe-codesign 0.968 vs 0.850, dense-70b-nodes 0.859 vs 0.793, deepseek-racks 0.567 vs 0.362,
