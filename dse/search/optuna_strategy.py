@@ -53,30 +53,29 @@ SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc", "gp")
 # trial costs ~0.1-1 s at 10^3 trials and grows with the study, so runs of more than
 # TPE_MAX_TRIALS trials (overnight runs) keep NSGA-II, whose trials stay cheap.
 # Short runs (at most SHORT_RUN_TRIALS trials, sampler and population not given): SHORT_RUN_START
-# designs (random; pairs-covering since 2026-12-04, below), then one trial at a time the
-# proposal of an additive surrogate of every objective and constraint fitted to what the run
-# scored (dse/search/surrogate.py: the untried grid point within 4 steps of the front of the
-# largest optimistic hypervolume gain times its probability of being admissible). Measured
-# with the replay (README "Speed and quality"), 2026-12-03: quickstart at 24 trials 0.939 mean over 60 seeds (p10 0.84, worst 0.55) where the
-# grid-neighbour local search it replaced reached 0.888 (worst 0.62) and TPE ~0.70; at 32
-# trials, 20 seeds, surrogate vs neighbours: hypothetical-accelerator 0.942 vs 0.886,
-# moe-codesign 0.968 vs 0.850, dense-70b-nodes 0.859 vs 0.793, deepseek-racks 0.567 vs 0.362,
-# disaggregated 0.887 vs 0.906. A run whose manifest predates it (no ``local_model``) resumes
-# with the neighbour search it started with. SHORT_RUN_TRIALS 96 (was 32): the surrogate beats
-# TPE at its defaults at 48, 64 and 96 trials on hypothetical-accelerator, moe-codesign and
-# dense-70b-nodes (10 seeds each); at 112 (moe-codesign's 5%) they tie, so longer runs keep TPE.
+# designs (random; pairs-covering since 2026-12-04, below), then one trial at a time the proposal of
+# an additive surrogate of every objective and constraint fitted to what the run scored
+# (dse/search/surrogate.py: the untried grid point within 4 steps of the front of the largest
+# optimistic hypervolume gain times its probability of being admissible). Measured with the replay
+# (README "Speed and quality"), 2026-12-03: quickstart at 24 trials 0.939 mean over 60 seeds (p10
+# 0.84, worst 0.55) where the grid-neighbour local search it replaced reached 0.888 (worst 0.62) and
+# TPE ~0.70; at 32 trials, 20 seeds, surrogate vs neighbours: hypothetical-accelerator 0.942 vs
+# 0.886, moe-codesign 0.968 vs 0.850, dense-70b-nodes 0.859 vs 0.793, deepseek-racks 0.567 vs 0.362,
+# disaggregated 0.887 vs 0.906. A run whose manifest predates it (no ``local_model``) resumes with
+# the neighbour search it started with. SHORT_RUN_TRIALS 96 (was 32): the surrogate beats TPE at its
+# defaults at 48, 64 and 96 trials on hypothetical-accelerator, moe-codesign and dense-70b-nodes (10
+# seeds each); at 112 (moe-codesign's 5%) they tie, so longer runs keep TPE.
 # SHORT_RUN_START 8 (was 4), measured 2026-12-02 over 20 seeds each with the neighbour search.
 # 2026-12-04: the feasibility column a memory margin (``fit_margin``) and the start pairs-covering
-# (``surrogate.start_designs``, manifest ``local_start = "pairs"``; a run without the key keeps
-# its random start on resume): quickstart at 24 trials over 100 seeds 0.9871 / 0.571 (random
-# start) -> 0.9938 / 0.968 (99 seeds >= 0.98); at 32 trials over 40 seeds, random start in
-# brackets: moe-codesign 0.955 (0.950), hypothetical-accelerator 0.969 (0.969), dense-70b-nodes
-# 0.881 (0.883), disaggregated 0.903 (0.918), deepseek-racks (20 seeds) 0.634 (0.580); 6, 10 or
-# 12 start designs no better (quickstart 0.984, 0.993, 0.979). Then a categorical parameter's
-# values also through their hardware specs (``surrogate.value_features``): quickstart 0.9937 /
-# 0.983 over 100 seeds (all >= 0.98); dense-70b-nodes (the other space with a chip parameter)
-# 0.867 (0.881) at 32 trials over 40 seeds, 0.979 / 0.949 (0.977 / 0.959) at 64 and 0.991 /
-# 0.983 (0.990 / 0.970) at 96 over 10.
+# (``surrogate.start_designs``, manifest ``local_start = "pairs"``; a run without the key keeps its
+# random start on resume): quickstart at 24 trials over 100 seeds 0.9871 / 0.571 (random start) ->
+# 0.9938 / 0.968 (99 seeds >= 0.98); at 32 trials over 40 seeds, random start in brackets:
+# moe-codesign 0.955 (0.950), hypothetical-accelerator 0.969 (0.969), dense-70b-nodes 0.881 (0.883),
+# disaggregated 0.903 (0.918), deepseek-racks (20 seeds) 0.634 (0.580); 6, 10 or 12 start designs no
+# better (quickstart 0.984, 0.993, 0.979). Then a categorical parameter's values also through their
+# hardware specs (``surrogate.value_features``): quickstart 0.9937 / 0.983 over 100 seeds (all >=
+# 0.98); dense-70b-nodes (the other space with a chip parameter) 0.867 (0.881) at 32 trials over 40
+# seeds, 0.979 / 0.949 (0.977 / 0.959) at 64 and 0.991 / 0.983 (0.990 / 0.970) at 96 over 10.
 SHORT_RUN_TRIALS = 96
 SHORT_RUN_START = 8
 SHORT_RUN = {"sampler": "random", "population": 1, "local_share": 1.0,
