@@ -179,7 +179,8 @@ def fit_margin(s: dict) -> np.ndarray:
     cannot take, a runtime cap). A margin rather than a 0/1 label: the short runs' surrogate
     learns where the memory wall is from every design it scored (quickstart at 24 trials with a
     random start: 0.949 over 60 seeds -> 0.987 over 100 of the exact front), and Optuna's
-    samplers rank infeasible trials by how far they miss."""
+    samplers rank infeasible trials by how far they miss. A disaggregated design's fraction is
+    its decode pool's: a prefill pool that does not fit reads at the edge (``FIT_EDGE``)."""
     bits = np.asarray(s["reason"]).astype(np.int64)
     used = s.get("hbm_used_fraction")
     if used is None:
