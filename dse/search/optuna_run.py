@@ -423,13 +423,10 @@ def enqueue_start_(run: OptunaRun, k: int) -> int:
     from optuna.trial import TrialState
 
     from dse.search import surrogate
-    from dse.search.study import _ordered
     if with_retry(run.study.get_trials, deepcopy=False, states=(TrialState.WAITING,)):
         return 0
-    start = surrogate.start_designs(run.outer_shape, [_ordered(run.space.parameters[i])
-                                                      for i in run.outer],
-                                    int(run.manifest.get("local_after", 0)),
-                                    seed=int(run.manifest.get("seed", 0)))
+    start = surrogate.start_points(run.space, run.outer, int(run.manifest.get("local_after", 0)),
+                                   seed=int(run.manifest.get("seed", 0)))
     todo = [c for c in start if int(np.ravel_multi_index(c, run.outer_shape)) not in run.known]
     for c in todo[:k]:
         run.study.enqueue_trial(params_of(run.space, c, run.outer))

@@ -169,6 +169,7 @@ def split_parameters(space, nested: bool):
 
 
 MEMORY_BITS = 8 | 16      # perf.serve reasons: the weights, or the requested batch's KV, do not fit
+FIT_EDGE = 1e-3           # the margin of a design that does not fit although its fraction is <= 1
 
 
 def fit_margin(s: dict) -> np.ndarray:
@@ -191,8 +192,6 @@ def fit_margin(s: dict) -> np.ndarray:
                  np.maximum(np.nan_to_num(v, nan=BIG, neginf=FIT_EDGE, posinf=BIG), FIT_EDGE))
     return np.where((bits & ~MEMORY_BITS) != 0, BIG, v)
 
-
-FIT_EDGE = 1e-3           # the margin of a design that does not fit although its fraction is <= 1
 
 
 def violations(s: dict, space) -> np.ndarray:

@@ -33,7 +33,7 @@ from dse.search import optuna_strategy as o  # noqa: E402
 from dse.search.driver import plan  # noqa: E402
 from dse.search import surrogate  # noqa: E402
 from dse.search.enqueue import enqueue_neighbours, unscored_points  # noqa: E402
-from dse.search.study import _ordered, distributions, params_of, point_key  # noqa: E402
+from dse.search.study import distributions, params_of, point_key  # noqa: E402
 from dse.space import load_space  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,8 +91,7 @@ def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
         storage.set_trial_system_attr(tid, "constraints", [float(v) for v in sc.cons[k]])
         study.tell(t, [float(v) for v in sc.values[k]])
 
-    first = (surrogate.start_designs(shape, [_ordered(p) for p in sp.parameters], local_after,
-                                     seed) if start == "pairs" else [])
+    first = surrogate.start_points(sp, pos, local_after, seed) if start == "pairs" else []
     while len(known) < budget:
         n = min(population, budget - len(known))
         todo = [c for c in first if np.ravel_multi_index(c, shape) not in known]
