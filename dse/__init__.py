@@ -19,11 +19,9 @@ The Python API (``dse.api``; the ``dse`` command line is a thin layer over it)::
 Bad input raises ``dse.InputError`` (one line: the file, the key or row, what is valid).
 """
 
-__version__ = "0.1.0"
-
-import sys as _sys
-import types as _types
 from typing import TYPE_CHECKING
+
+from dse.version import __version__
 
 _API = ("Bands", "Evaluation", "Run", "compare", "evaluate", "load_space", "open_run",
         "predict", "resume", "run", "score", "score_bands", "whatif", "work")
@@ -53,18 +51,3 @@ def __dir__() -> list[str]:
     """The public API (what ``dir(dse)`` and a notebook's completion list), not the
     submodules and helpers an import happens to bind."""
     return sorted(__all__)
-
-
-class _Package(_types.ModuleType):
-    """``dse.evaluate``, ``dse.compare``, ``dse.predict`` and ``dse.whatif`` are the API's
-    functions, also once the modules of the same name (``dse/evaluate.py``, ...) are imported: the import system's
-    binding of a submodule on its package is declined for these names (the modules stay in
-    ``sys.modules``: ``from dse.evaluate import evaluate_file`` works as before)."""
-
-    def __setattr__(self, name, value):
-        if name in _API and isinstance(value, _types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-_sys.modules[__name__].__class__ = _Package

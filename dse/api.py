@@ -14,7 +14,7 @@
 
 Every bad input raises ``dse.InputError`` (one line naming the file, key or row and what is
 valid), which the command line prints and exits 2 with. Units are SI (seconds, bytes, bytes/s,
-FLOP/s, USD); a scale-factor parameter's column is ``<path>.scale`` (``dse.fields``).
+FLOP/s, USD); a scale-factor parameter's column is ``<path>.scale`` (``dse.spec.fields``).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def evaluate(design: PathLike | Mapping[str, Any]) -> Evaluation:
     (``{"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "layout.tp": 4}``) or of
     sections (``{"accelerator": {"id": "h100-sxm"}, ...}``). A layout left out (``layout.num_chips``
     without tp/pp/ep/dp) and a concurrency left out are chosen as ``dse eval`` chooses them."""
-    from dse.design import check_design
-    from dse.evaluate import evaluate_file, evaluate_flat
+    from dse.spec.design import check_design
+    from dse.scoring.evaluate import evaluate_file, evaluate_flat
     if isinstance(design, Mapping):
         res = evaluate_flat(check_design(dict(design), "design"), file="design")
     else:
@@ -76,14 +76,14 @@ def score(frame: pd.DataFrame, base: Mapping[str, Any] | None = None) -> pd.Data
     """Score a table of designs at once (vectorized): one row per design, one dotted path per
     column (``accelerator.id``, ``model.id``, ``layout.tp``, ``workload.concurrency``, ...), and
     ``base`` values for the paths every row shares. A path left out takes its catalog value or
-    its default (``dse.fields``): layouts default to 1 and are not chosen (``dse.evaluate`` and
+    its default (``dse.spec.fields``): layouts default to 1 and are not chosen (``dse.evaluate`` and
     ``dse predict`` choose them). Columns without a dot are kept as labels.
 
     Returns a copy of ``frame`` with every metric added (``bound`` as compute, memory, network
     or capacity; ``reason`` as text, empty when feasible). A column that is not a settable path
     raises InputError naming it with the closest valid paths."""
-    from dse.build import resolve, to_batch
-    from dse.fields import REGISTRY
+    from dse.build.designs import resolve, to_batch
+    from dse.spec.fields import REGISTRY
     from dse.perf import BOUNDS, score_chunked
     from dse.perf.serve import reason_text
     if not isinstance(frame, pd.DataFrame):
@@ -139,17 +139,17 @@ class Bands:
     note: str                      # what the samples cover and what is held exact
 
     def median(self, metric: str) -> np.ndarray:
-        from dse.bands import summary
+        from dse.scoring.bands import summary
         return summary(self.samples[metric])[0]
 
     def band(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
         """(5th, 95th percentile) of every design."""
-        from dse.bands import summary
+        from dse.scoring.bands import summary
         return summary(self.samples[metric])[1:]
 
     def table(self, metrics=None) -> pd.DataFrame:
         """One row per design: ``<metric>`` (median), ``<metric>_lo``, ``<metric>_hi``."""
-        from dse.bands import summary
+        from dse.scoring.bands import summary
         out = {}
         for m in metrics or self.samples:
             med, lo, hi = summary(self.samples[m])
@@ -159,11 +159,11 @@ class Bands:
 
 def score_bands(frame: pd.DataFrame, n: int | None = None, seed: int = 0,
                 base: Mapping[str, Any] | None = None, metrics=None) -> Bands:
-    """``score`` under ``n`` samples of the fitted parameters (default ``dse.bands.
+    """``score`` under ``n`` samples of the fitted parameters (default ``dse.scoring.bands.
     DEFAULT_SAMPLES``), all samples x designs in one scorer call: each catalog entry (chip,
-    runtime) gets one draw per sample, shared by every design that uses it (``dse.bands``)."""
-    from dse.bands import DEFAULT_SAMPLES, draw, frame_samples
-    from dse.build import resolve
+    runtime) gets one draw per sample, shared by every design that uses it (``dse.scoring.bands``)."""
+    from dse.scoring.bands import DEFAULT_SAMPLES, draw, frame_samples
+    from dse.build.designs import resolve
     n = DEFAULT_SAMPLES if n is None else int(n)
     if n < 1:
         raise InputError(f"bands {n}: needs at least one sample", hint="e.g. 64; 0 is `score`")
@@ -184,11 +184,11 @@ def predict(cases: PathLike | pd.DataFrame, out: PathLike | None = None) -> pd.D
     """``dse predict``: the predictions of a case table (a CSV path, or a DataFrame with the
     CSV's columns, ``contracts/predict-cases.md``), blank layouts and concurrencies chosen;
     ``out``: also write them as a CSV (atomically)."""
-    from dse.predict import predict_file, predict_frame, read_cases
+    from dse.scoring.predict import predict_file, predict_frame, read_cases
     if isinstance(cases, pd.DataFrame):
         pred = predict_frame(cases, file="cases")
         if out is not None:
-            from dse.predict import write_csv
+            from dse.scoring.predict import write_csv
             write_csv(pred, str(out))
         return pred
     if out is not None:
@@ -202,11 +202,11 @@ _SCRATCH: tempfile.TemporaryDirectory | None = None
 
 
 def load_space(space: PathLike | Mapping[str, Any]):
-    """A space (``dse.space.Space``) from a space TOML file, or from a dict with the file's
+    """A space (``dse.build.space.Space``) from a space TOML file, or from a dict with the file's
     structure (``{"accelerator": {"id": ...}, "model": {...}, "parameters": {"layout.tp":
     [1, 2, 4]}, "objectives": {"tpot_s": "minimize"}}``). A dict is written as a TOML file in a
     scratch folder first, so a run of it keeps its own copy like any run."""
-    from dse.space import Space, load_space as _load
+    from dse.build.space import Space, load_space as _load
     if isinstance(space, Space):
         return space
     if isinstance(space, Mapping):
@@ -268,9 +268,9 @@ class Run:
     """A run folder: its manifest, space, front, score tables and status."""
 
     def __init__(self, path: PathLike):
-        from dse import runs
+        from dse.search import store
         self.path = Path(path)
-        self.manifest: dict = runs.load_manifest(self.path)
+        self.manifest: dict = store.load_manifest(self.path)
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"
@@ -281,32 +281,32 @@ class Run:
     @property
     def space(self):
         """The run's space, from its own copy of the space file."""
-        from dse import runs
-        from dse.space import load_space as _load
-        snap = runs.space_snapshot(self.path, self.manifest)
+        from dse.search import store
+        from dse.build.space import load_space as _load
+        snap = store.space_snapshot(self.path, self.manifest)
         return _load(str(snap if snap.is_file() else self.manifest["space_file"]))
 
     @property
     def status(self) -> dict:
         """State and counters: the object ``dse status DIR --json`` prints (a missing or stale
         front.csv/progress.json is rebuilt from the score tables, as the command does)."""
-        from dse import runs
-        return json.loads(json.dumps(runs.status(self.path)))
+        from dse.search import store
+        return json.loads(json.dumps(store.status(self.path)))
 
     def _scaled(self) -> list[str]:
-        from dse.compare import scaled_paths
+        from dse.results.compare import scaled_paths
         return scaled_paths(self.path, self.manifest)
 
     @property
     def front(self) -> pd.DataFrame:
         """front.csv: objectives, parameter columns (``<path>.scale`` for scale factors) and
         design_id of every design on the run's Pareto front."""
-        from dse import runs
-        from dse.fields import legacy_columns
-        front = runs.read_front(self.path)
+        from dse.search import store
+        from dse.spec.fields import legacy_columns
+        front = store.read_front(self.path)
         if front is None:
             self.status          # rebuilds a missing or corrupt front.csv from the score tables
-            front = runs.read_front(self.path)
+            front = store.read_front(self.path)
         if front is None:
             raise InputError("the run has no front.csv yet", file=str(self.path),
                              hint="run or resume it first")
@@ -316,9 +316,9 @@ class Run:
     def scores(self) -> pd.DataFrame:
         """Every stored score table of the run, concatenated: design_id, parameter columns and
         the metrics the run keeps (the designs its strategy scored; corrupt tables refused)."""
-        from dse import runs
-        from dse.fields import legacy_columns
-        frames = [legacy_columns(runs.read_table(f), self._scaled())
+        from dse.search import store
+        from dse.spec.fields import legacy_columns
+        frames = [legacy_columns(store.read_table(f), self._scaled())
                   for f in sorted((self.path / "scores").glob("*.parquet"))]
         frames = [f for f in frames if len(f)]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -334,7 +334,7 @@ class Run:
 
     def report(self, out: PathLike | None = None) -> Path:
         """``dse report``: the Pareto report's folder."""
-        from dse.report import make_report
+        from dse.results.report import make_report
         return make_report(str(self.path), None if out is None else str(out))
 
 
@@ -361,7 +361,7 @@ def _storage_retry(storage_retry: float | str | None) -> None:
     None keeps ``$DSE_STORAGE_RETRY``, else 300 s)."""
     if storage_retry is None:
         return
-    from dse.search import study
+    from dse.search.optuna import study
     study.set_storage_retry(_seconds(storage_retry, "storage_retry"))
 
 
@@ -403,7 +403,7 @@ def run(space: PathLike | Mapping[str, Any], strategy: Strategy | None = "auto",
     Raises ``InputError`` for bad settings (nothing is left behind); a run stopped by a signal
     raises ``KeyboardInterrupt`` and stays resumable (``dse.resume``)."""
     from dse.search.driver import run_space
-    from dse.space import Space
+    from dse.build.space import Space
     sp = space if isinstance(space, Space) else load_space(space)
     _storage_retry(storage_retry)
     d = run_space(sp.file, None if out is None else str(out),
@@ -458,8 +458,8 @@ def _worker_folder(storage_url: str, study_name: str, out: PathLike | None) -> P
     manifest, as the run stored them in the study."""
     import optuna
 
-    from dse import runs
-    from dse.search.study import storage_for, with_retry
+    from dse.search import store
+    from dse.search.optuna.study import storage_for, with_retry
     storage = storage_for(None, storage_url)
     try:
         study = with_retry(optuna.load_study, study_name=study_name, storage=storage)
@@ -476,18 +476,18 @@ def _worker_folder(storage_url: str, study_name: str, out: PathLike | None) -> P
     try:
         (d / "scores").mkdir(parents=True, exist_ok=True)
         (d / "inputs").mkdir(exist_ok=True)
-        space_path = runs.space_snapshot(d, m)
+        space_path = store.space_snapshot(d, m)
         if "inputs" in attrs:       # the run's snapshot: space file and objectives file
-            runs.write_inputs(d, attrs["inputs"])
+            store.write_inputs(d, attrs["inputs"])
         else:
             space_path.write_text(attrs["space_toml"])
         m["space_file"] = str(space_path)
-        runs.write_json(d / "manifest.json", m)
-        from dse.space import load_space
+        store.write_json(d / "manifest.json", m)
+        from dse.build.space import load_space
         load_space(str(space_path))
     except BaseException:
         if not existed:
-            runs.discard(d)
+            store.discard(d)
         raise
     return d
 
@@ -495,13 +495,13 @@ def _worker_folder(storage_url: str, study_name: str, out: PathLike | None) -> P
 # ------------------------------------------------------------------------------ analyses
 
 def compare(a: PathLike | Run, b: PathLike | Run, *, bands: int | None = None, seed: int = 0):
-    """Two runs' fronts on one reference point (``dse.compare.Comparison``): hypervolumes,
+    """Two runs' fronts on one reference point (``dse.results.compare.Comparison``): hypervolumes,
     coverage each way, the union front, the best of each objective, designs that appeared or
     vanished; ``.write(out)`` writes ``dse compare``'s files. ``bands``: parameter samples
-    (default ``dse.bands.DEFAULT_SAMPLES``, 0: none) for each objective's best designs'
+    (default ``dse.scoring.bands.DEFAULT_SAMPLES``, 0: none) for each objective's best designs'
     90% bands and the probability that A's beats B's (``.bands``)."""
-    from dse.bands import check_samples
-    from dse.compare import compare_runs
+    from dse.scoring.bands import check_samples
+    from dse.results.compare import compare_runs
     return compare_runs(str(open_run(a).path), str(open_run(b).path), check_samples(bands),
                         seed)
 
@@ -515,11 +515,11 @@ def whatif(run: PathLike | Run, set: Mapping[str, Any] | list[str] | None = None
     "cost.capex_model": "components", "accelerator.hbm_bw_bytes_per_s": 8e12}``) or multiplied
     (``scale={"accelerator.hbm_bw_bytes_per_s": 1.5}``); ``--set``/``--scale`` strings
     ("PATH=VALUE") are taken too. Writes ``dse whatif``'s page into ``out`` (default
-    DIR/whatif) and returns a ``dse.whatif.WhatIf`` (``.rescored``, ``.front``,
+    DIR/whatif) and returns a ``dse.results.whatif.WhatIf`` (``.rescored``, ``.front``,
     ``.sensitivities``, ``.bands``). ``reoptimize``: also search the space again with the change.
     ``bands``: parameter samples for each change's 90% band (default
-    ``dse.bands.DEFAULT_SAMPLES``, 0: none; ``seed``)."""
-    from dse.whatif import run_whatif
+    ``dse.scoring.bands.DEFAULT_SAMPLES``, 0: none; ``seed``)."""
+    from dse.results.whatif import run_whatif
     r = open_run(run)
     return run_whatif(str(r.path), set, scale, None if out is None else str(out),
                       reoptimize=reoptimize, trials=trials, budget_s=_seconds(budget),

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from dse import __version__
+from dse.version import __version__
 from dse.errors import InputError, StorageUnavailable
 
 
@@ -53,8 +53,8 @@ UNIT_HINTS = (("_bytes_per_s", "bytes/s"), ("_flops_per_s", "FLOP/s"), ("_bytes"
 
 
 def _rows(d: dict, prefix="", section=""):
-    """An entry's fields with units: the field registry's (dse.fields), else from the name."""
-    from dse.fields import REGISTRY
+    """An entry's fields with units: the field registry's (dse.spec.fields), else from the name."""
+    from dse.spec.fields import REGISTRY
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
@@ -73,7 +73,7 @@ def _rows(d: dict, prefix="", section=""):
 
 def _eval(a) -> int:
     from dse.api import evaluate
-    from dse.evaluate import render_json, render_text
+    from dse.scoring.evaluate import render_json, render_text
     res = evaluate(a.design).to_dict()
     print(render_json(res) if a.json else render_text(res, a.design))
     return 0
@@ -99,7 +99,7 @@ def parse_duration(text: str, what: str = "--budget") -> float:
 
 
 def _validate(a) -> int:
-    from dse.space import describe, load_space
+    from dse.build.space import describe, load_space
     print(describe(load_space(a.space)))
     return 0
 
@@ -131,7 +131,7 @@ def _storage_retry_s(a) -> float | None:
 
 
 def _storage_retry(a) -> None:
-    from dse.search import study
+    from dse.search.optuna import study
     retry = _storage_retry_s(a)
     if retry is not None:
         study.set_storage_retry(retry)
@@ -141,7 +141,7 @@ def _ran(r) -> int:
     """What a finished (or stopped) run did, its warning when no design met the constraints, and
     its folder as the last line."""
     st, m, d = r.status, r.manifest, r.path
-    from dse.terminal import completed_words
+    from dse.results.terminal import completed_words
     if m["strategy"] == "exhaustive":
         what = f"{st['designs_scored']:,} of {m.get('size') or 0:,} designs scored"
     else:
@@ -159,18 +159,19 @@ def _ran(r) -> int:
 
 
 def _front_table(d, m) -> None:
-    """The front's best design of each objective and its knee, with units (dse.terminal)."""
-    from dse import runs, terminal
-    from dse.space import Objective
-    front = runs.read_front(d)
+    """The front's best design of each objective and its knee, with units (dse.results.terminal)."""
+    from dse.search import store
+    from dse.results import terminal
+    from dse.build.space import Objective
+    front = store.read_front(d)
     if front is None or not len(front):
         return
     objs = [Objective(o["name"], o["direction"]) for o in m["objectives"]]
     params = [p for p in front.columns if p not in {o.metric for o in objs} | {"design_id"}]
     kv = None
     try:                 # the KV dtype each design runs (a blank one follows the weights)
-        from dse.space import load_space
-        kv = load_space(str(runs.space_snapshot(d, m))).kv_dtypes(
+        from dse.build.space import load_space
+        kv = load_space(str(store.space_snapshot(d, m))).kv_dtypes(
             front["design_id"].to_numpy(dtype="int64"))
     except (InputError, OSError, KeyError, ValueError):
         kv = None
@@ -186,7 +187,7 @@ def _worker(a) -> int:
     r = api.work(a.dir, storage=a.storage, study=a.study, out=a.out, trials=a.trials,
                  budget=a.budget, progress=not a.quiet)
     st, m = r.status, r.manifest
-    from dse.terminal import completed_words
+    from dse.results.terminal import completed_words
     what = "chunks" if m["strategy"] == "exhaustive" else "trials"
     print(f"worker done: the run has {completed_words(st, what)} {what} complete (every "
           f"worker's together), front of {st['front_size']}")
@@ -198,9 +199,9 @@ def _dashboard(a) -> int:
     """optuna-dashboard on a run's study: its journal, or the RDB the run used."""
     from pathlib import Path
 
-    from dse import runs
+    from dse.search import store
     d = Path(a.dir)
-    m = runs.load_manifest(d)
+    m = store.load_manifest(d)
     if m["strategy"] == "exhaustive" and not m.get("storage"):
         raise InputError("an exhaustive run has no Optuna study to show", file=str(d),
                          hint="`dse report DIR` shows its front; dashboards show optuna and "
@@ -211,7 +212,7 @@ def _dashboard(a) -> int:
         raise InputError("dse dashboard needs optuna-dashboard",
                          hint="pip install 'dse[dashboard]' (or pip install optuna-dashboard)") \
             from None
-    from dse.search.study import storage_for
+    from dse.search.optuna.study import storage_for
     storage = storage_for(d, m.get("storage"))
     print(f"optuna-dashboard on http://{a.host}:{a.port}/ (study {m['study_name']}; Ctrl-C stops)")
     run_server(storage, host=a.host, port=a.port)
@@ -219,7 +220,7 @@ def _dashboard(a) -> int:
 
 
 def _report(a) -> int:
-    from dse.report import make_report
+    from dse.results.report import make_report
     out = make_report(a.dir, a.out)
     print(f"wrote {out / 'index.html'}, {out / 'summary.md'}, {out / 'front.csv'} and figures")
     print(out)
@@ -234,8 +235,8 @@ def _compare(a) -> int:
     for w in c.warnings:
         print(f"dse: warning: {w}", file=sys.stderr)
     out = c.write(a.out or Path("runs") / f"compare-{Path(a.dir_a).name}-vs-{Path(a.dir_b).name}")
-    from dse.bands_report import compare_headline, compare_lines
-    from dse.pages import plain
+    from dse.results.bands_report import compare_headline, compare_lines
+    from dse.results.pages import plain
     print(plain("\n".join(compare_headline(c))))    # first: each best with its band
     if c.bands:
         print(plain("\n".join(compare_lines(c.bands)).strip()))
@@ -253,10 +254,10 @@ def _whatif(a) -> int:
     w = whatif(a.dir, a.set, a.scale, a.out, reoptimize=a.reoptimize, trials=a.trials,
                budget=budget, progress=not a.quiet, bands=a.bands)
     out = w.path
-    from dse.pages import plain
+    from dse.results.pages import plain
     print(plain("\n".join(w.headline)))         # first: each change with its band
     if w.bands:
-        from dse.bands_report import whatif_lines
+        from dse.results.bands_report import whatif_lines
         print(plain("\n".join(whatif_lines(w.bands)).strip()))
     print(f"wrote {out / 'index.html'}, {out / 'whatif.md'}, {out / 'front.csv'}")
     if a.reoptimize:
@@ -266,8 +267,8 @@ def _whatif(a) -> int:
 
 
 def _answer(a) -> int:
-    from dse.questions import answer_space, first_lines
-    from dse.pages import plain
+    from dse.questions.answer import answer_space, first_lines
+    from dse.results.pages import plain
     out = answer_space(a.space, a.out, a.run_dir, progress=not a.quiet, bands=a.bands)
     print(plain(first_lines(out)))
     print(f"wrote {out / 'README.md'} (the answer), {out / 'index.html'} and figures")
@@ -276,14 +277,14 @@ def _answer(a) -> int:
 
 
 def _bands_option(p, what: str) -> None:
-    from dse.bands import DEFAULT_SAMPLES
+    from dse.scoring.bands import DEFAULT_SAMPLES
     p.add_argument("--bands", type=int, default=None, metavar="N",
                    help=f"uncertainty bands: {what} (N samples of the fitted parameters, default "
                         f"{DEFAULT_SAMPLES}; 0 turns them off; see README 'Uncertainty bands')")
 
 
 def _schema(a) -> int:
-    from dse.schema import design_schema, space_schema
+    from dse.spec.schema import design_schema, space_schema
     print(json.dumps(space_schema() if a.kind == "space" else design_schema(), indent=1))
     return 0
 
@@ -291,8 +292,8 @@ def _schema(a) -> int:
 def _repair(a) -> int:
     from pathlib import Path
 
-    from dse import runs
-    for line in runs.repair(Path(a.dir)):
+    from dse.search import store
+    for line in store.repair(Path(a.dir)):
         print(line)
     print(a.dir)
     return 0
@@ -306,8 +307,9 @@ def _status(a) -> int:
     else:
         from pathlib import Path
 
-        from dse import runs, terminal
-        for line in terminal.status_lines(st, runs.load_manifest(Path(a.dir))):
+        from dse.search import store
+        from dse.results import terminal
+        for line in terminal.status_lines(st, store.load_manifest(Path(a.dir))):
             print(line)
     return 0
 
@@ -467,7 +469,7 @@ def main(argv=None) -> int:
         print(f"dse: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        from dse.runs import Interrupted
+        from dse.search.store import Interrupted
         if isinstance(e, Interrupted):
             print(f"dse: {e}", file=sys.stderr)
             return 128 + e.signum

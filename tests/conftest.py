@@ -20,7 +20,7 @@ def answered(tmp_path_factory):
     """Answer each worked question once per test session: {name: (report folder, numbers)}."""
     import json
 
-    from dse.questions import QUESTIONS_DIR, answer_space
+    from dse.questions.answer import QUESTIONS_DIR, answer_space
     cache = {}
 
     def get(name):

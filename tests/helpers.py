@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.build import resolve, to_batch
+from dse.build.designs import resolve, to_batch
 from dse.perf import Batch, score
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,8 +142,8 @@ def check_first_lines(out: Path) -> None:
     the terminal's first lines give it, and they say that bands are off."""
     import json
 
-    from dse.questions import first_lines
-    from dse.questions._bands import _flat, value_text
+    from dse.questions.answer import first_lines
+    from dse.questions.sampled import _flat, value_text
     doc = json.loads((out / "answer.json").read_text())
     flat = _flat(doc["numbers"])
     assert doc["lead"], "the answer names no Lead number"

@@ -1,4 +1,4 @@
-"""Frozen copy of dse/build.py before the catalog became integer-coded tables (issue 10,
+"""Frozen copy of dse/build/designs.py before the catalog became integer-coded tables (issue 10,
 item 7), kept only so that tests/test_builder_equivalence.py can check the new builder
 against it. Not used by the package; do not edit (except to port a change of the model's
 inputs made on the old builder: issue 11's serving hooks, marked "hook", and the string-based
@@ -18,12 +18,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dse import catalog, fields, mechanisms, topology, validate
+from dse import catalog
+from dse.spec import fields
+from dse.build import mechanisms
+from dse.catalog import topology
+from dse.spec import validate
 from dse.errors import InputError, suggest
 from dse.perf import Batch
 from dse.perf import kernel_comm
-from dse.build import allreduce_rule_columns  # noqa: E402  (wired in after the freeze)
-from dse.specs import COMPUTE_FALLBACK, DTYPE_BYTES, DTYPES
+from dse.build.designs import allreduce_rule_columns  # noqa: E402  (wired in after the freeze)
+from dse.catalog.specs import COMPUTE_FALLBACK, DTYPE_BYTES, DTYPES
 
 ACC_FIELDS = ("hbm_capacity_bytes", "hbm_bw_bytes_per_s", "tdp_w", "scaleup_link_bw_bytes_per_s",
               "scaleup_domain_chips", "scaleout_link_bw_bytes_per_s")
@@ -38,7 +42,7 @@ MODEL_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_
 TOPO_FIELDS = ("rack_chips", "scaleup_base_latency_s", "scaleup_hop_latency_s",
                "scaleout_latency_s", "scaleout_oversubscription")
 
-# settable paths that are not read from a catalog entry, with their defaults (dse/fields.py);
+# settable paths that are not read from a catalog entry, with their defaults (dse/spec/fields.py);
 # the serving runtime's from dse/catalog/serving.toml (sources there)
 DEFAULTS: dict[str, object] = {
     **fields.defaults(),
@@ -487,7 +491,7 @@ def precision_columns(out, wbytes, matmul, fam, peak) -> dict:
     projections' weights (``model.expert_dtype``, ``model.attention_dtype``; blank: the
     weights'), and the grouped-GEMM kernel family of the experts' dtype (``moe_family``:
     None when every row's experts are in the weights' dtype). (The serving branch's
-    dse.mechanisms.precision_columns on strings, as the old builder ran it.)"""
+    dse.build.mechanisms.precision_columns on strings, as the old builder ran it.)"""
     cols = {}
     moe_family = None
     weight = np.asarray(out["model.weight_dtype"], dtype=object)
@@ -536,9 +540,9 @@ def to_batch(out, compact: bool = False) -> Batch:
     n_moe = np.where(n_exp > 0, np.floor((L - f("model.first_k_dense_replace")) / step), 0.0)
     topo = topology_columns(out)
     components = component_factors(out)
-    from dse.build import scaleup_tier_units   # ported 2026-12-02 (multi-rack domain cost)
+    from dse.build.designs import scaleup_tier_units   # ported 2026-12-02 (multi-rack domain cost)
     tier = scaleup_tier_units(out)
-    # hook: per-op precision (dse.mechanisms): the experts' and attention's own dtypes
+    # hook: per-op precision (dse.build.mechanisms): the experts' and attention's own dtypes
     prec = precision_columns(out, wbytes, matmul, fam, peak)
     cols = {
         "n_layers": L, "hidden": f("model.hidden_size"), "n_heads": f("model.num_attention_heads"),

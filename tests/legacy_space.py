@@ -1,4 +1,4 @@
-"""Frozen copy of dse/space.py before the catalog became integer-coded tables (issue 10,
+"""Frozen copy of dse/build/space.py before the catalog became integer-coded tables (issue 10,
 item 7), kept only so that tests/test_builder_equivalence.py can check the new builder
 against it. Not used by the package; do not edit.
 
@@ -31,10 +31,10 @@ import numpy as np
 import pandas as pd
 
 from legacy_build import DERIVED, DIRECT_FIELDS, FEEDERS, STRING_PATHS, derive_system, resolve, settable_paths, to_batch
-from dse import validate
-from dse.design import SECTIONS, flatten, read_toml
+from dse.spec import validate
+from dse.spec.design import SECTIONS, flatten, read_toml
 from dse.errors import InputError, suggest
-from dse.fields import LIMITS, REGISTRY
+from dse.spec.fields import LIMITS, REGISTRY
 from dse.perf import METRICS, Batch
 
 NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))

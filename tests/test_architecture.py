@@ -57,8 +57,8 @@ def test_scorer_has_no_loop_over_rows():
 
 def test_eval_and_predict_agree(tmp_path):
     # one model, one oracle: the design file and the equivalent case row give the same numbers
-    from dse.evaluate import evaluate_file
-    from dse.predict import predict_frame
+    from dse.scoring.evaluate import evaluate_file
+    from dse.scoring.predict import predict_frame
     import pandas as pd
     res = evaluate_file(str(ROOT / "examples" / "llama70b-h100.toml"))
     case = pd.DataFrame([{"case_id": "x", "model": "llama-3.1-70b", "hardware": "h100-sxm",
@@ -74,11 +74,11 @@ def test_eval_and_predict_agree(tmp_path):
 OPTUNA_CONVENTIONS = {
     # the system attr ``Study.enqueue_trial`` stores a waiting trial's parameters in (its
     # ``params`` are empty until it is asked): the chunk or design a waiting trial stands for
-    ("dse/search/enqueue.py", "fixed_params"),
+    ("dse/search/optuna/enqueue.py", "fixed_params"),
     ("dse/search/shards.py", "fixed_params"),
     # the RDB's ``trials`` table, counted by state in one SQL query: the public
     # ``get_all_trials`` loads every trial of every segment, each batch of a long shared run
-    ("dse/search/segments.py", "sa.table('trials'"),
+    ("dse/search/optuna/segments.py", "sa.table('trials'"),
     ("dse/search/shards.py", "segments.TRIALS"),
 }
 

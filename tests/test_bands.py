@@ -1,4 +1,4 @@
-"""Uncertainty bands (dse.bands): the sampler, closed-form cases, bands off, one scorer call,
+"""Uncertainty bands (dse.scoring.bands): the sampler, closed-form cases, bands off, one scorer call,
 and the words a page uses when a sign or a ranking is not resolved."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 from helpers import ROOT
 
 import dse
-from dse import bands as B
-from dse import catalog_tables
-from dse.build import resolve
+from dse.scoring import bands as B
+from dse.build import tables
+from dse.build.designs import resolve
 from dse.cli import main
-from dse.fields import label
+from dse.spec.fields import label
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
 
@@ -44,7 +44,7 @@ def test_draws_match_the_catalog_mean_sd_and_correlation():
     assert np.abs(fam.log_corr - np.eye(len(sd))).max() > 0.3    # a correlation to check
     # the catalog tables get exactly these factors, at the entry's (accelerator, runtime, key)
     d = B.draw(64, seed=3)
-    T = catalog_tables.tables()
+    T = tables.tables()
     a, r = T.index["accelerator"]["a100-sxm-80g"], T.runtimes.index("trtllm")
     for j, p in enumerate(fam.params):
         if p not in T.kernel_keys:          # a fit-only parameter (catalog.FIT_ONLY_SUFFIXES)
@@ -120,8 +120,8 @@ def test_end_to_end_overhead_uncertainty_moves_every_chip_that_shares_its_table(
     fam = B.Family("e2e", ("default",), "e2e", ("layer_overhead_s",), np.array([0.3]),
                    np.eye(1), "test")
     d = B.draw(2000, seed=0, fams=[fam])
-    T = catalog_tables.tables()
-    j = catalog_tables.EFF_FIELDS.index("layer_overhead_s")
+    T = tables.tables()
+    j = tables.EFF_FIELDS.index("layer_overhead_s")
     for acc in ("h100-sxm", "b200"):
         x = np.log(d.eff[:, T.index["accelerator"][acc], j])
         assert x.std() == pytest.approx(0.3, rel=0.05)
@@ -200,7 +200,7 @@ def test_not_resolved_wording():
     assert B.NOT_RESOLVED in B.ranking_words(0.6) and B.ranking_words(0.97) == ""
     assert B.p_better([1, 2, 3], [2, 2, 2], "minimize") == pytest.approx(0.5)
     assert B.text(1.0, 0.5, 2.0) == "1 [0.5..2]"
-    from dse.bands_report import whatif_lines
+    from dse.results.bands_report import whatif_lines
     band = {"samples": 8, "seed": 0, "note": "n", "objectives": {"tpot_s": {
         "median_change": {"median": 0.01, "lo": -0.02, "hi": 0.03}, "designs": 3,
         "designs_sign_unresolved": 2, "words": B.sign_words(-0.02, 0.03, "the sign")}}}
@@ -219,7 +219,7 @@ def test_whatif_bands_and_bands_off(run, tmp_path, capsys):
     off, on = tmp_path / "off", tmp_path / "on"
     args = ["whatif", str(run), "--scale", "accelerator.hbm_bw_bytes_per_s=1.5", "--quiet"]
     assert main(args + ["--out", str(off), "--bands", "0"]) == 0
-    # the terminal shows the page's lines without Markdown markers (dse.pages.plain)
+    # the terminal shows the page's lines without Markdown markers (dse.results.pages.plain)
     assert "; uncertainty bands off (--bands 0)" in capsys.readouterr().out.splitlines()[0]
     assert main(args + ["--out", str(on), "--bands", "8"]) == 0
     assert "Uncertainty bands" not in (off / "whatif.md").read_text()
@@ -284,20 +284,20 @@ def test_bad_bands_exit_2(run, tmp_path, capsys):
 # ------------------------------------------------------------------ answers
 
 def test_sample_view_vectorized_and_per_sample_paths_agree(monkeypatch):
-    from dse.questions import _bands
-    from dse.space import load_space
+    from dse.questions import sampled
+    from dse.build.space import load_space
     space = load_space(str(QUICK))
     vals = space.values_at(np.arange(0, space.size, 7))
-    shared = _bands.Sampled(B.draw(4, 0))
+    shared = sampled.Sampled(B.draw(4, 0))
     fast = shared.view(2).score(space, vals)
-    monkeypatch.setattr(_bands, "VECTOR_ROWS", 0)
-    slow = _bands.Sampled(B.draw(4, 0)).view(2).score(space, vals)
+    monkeypatch.setattr(sampled, "VECTOR_ROWS", 0)
+    slow = sampled.Sampled(B.draw(4, 0)).view(2).score(space, vals)
     for m in ("tpot_s", "usd_per_mtok_output", "ttft_s"):
         np.testing.assert_allclose(fast[m], slow[m], rtol=1e-12)
 
 
 def test_answer_numbers_get_bands(tmp_path, capsys):
-    from dse.questions import QUESTIONS_DIR
+    from dse.questions.answer import QUESTIONS_DIR
     out = tmp_path / "r"
     assert main(["answer", str(QUESTIONS_DIR / "rack-goodput.toml"), "--out", str(out),
                  "--run-dir", str(tmp_path / "run"), "--bands", "4", "--quiet"]) == 0
@@ -314,7 +314,7 @@ def test_answer_numbers_get_bands(tmp_path, capsys):
             assert b["lo"] <= b["median"] <= b["hi"], k
     assert "**Uncertainty bands** (4 parameter samples" in (out / "README.md").read_text()
     # the first lines: the lead number, its band from the same samples, resolution, attribution
-    from dse.questions import first_lines
+    from dse.questions.answer import first_lines
     lead = doc["lead"][0]
     b = nums[lead["key"]]
     assert (lead["lo"], lead["median"], lead["hi"]) == (b["lo"], b["median"], b["hi"])
@@ -323,7 +323,7 @@ def test_answer_numbers_get_bands(tmp_path, capsys):
     assert spreads == sorted(spreads, reverse=True)
     first = first_lines(out).splitlines()[0]
     assert "90% band" in first and "what would change it: the " in first
-    from dse.pages import plain
+    from dse.results.pages import plain
     assert plain(first) in printed.splitlines()
     assert ("the ranking is resolved" in first) == (lead["pick_share"] >= 0.95)
     readme = (out / "README.md").read_text()
@@ -350,7 +350,7 @@ def test_end_to_end_log_sd_is_read_when_the_catalog_has_it(tmp_path, monkeypatch
     finally:
         monkeypatch.undo()
         B._families_cached.cache_clear()
-    # the shipped catalog: the fit's bootstrap table (dse.fit) for the shared default
+    # the shipped catalog: the fit's bootstrap table (dse.calibration.fit) for the shared default
     fams = [f for f in B.families() if f.group == "e2e"]
     assert fams and fams[0].params == ("layer_overhead_s",)
 
@@ -361,7 +361,7 @@ def test_group_draws_are_the_full_draws_with_the_other_groups_held():
     groups, dg = B.draw_groups(4, 0)
     full = B.draw(4, 0)
     assert dg.n == 4 * len(groups) and set(groups) <= set(B.GROUPS)
-    T = __import__("dse.catalog_tables", fromlist=["tables"]).tables()
+    T = __import__("dse.build.tables", fromlist=["tables"]).tables()
     kpos = {k: j for j, k in enumerate(T.kernel_keys)}
     for i, g in enumerate(groups):
         mine = {kpos[p] for f in B.families() if f.group == g for p in f.params if p in kpos}
@@ -377,14 +377,14 @@ def test_group_draws_are_the_full_draws_with_the_other_groups_held():
 
 
 def _lead_answer():
-    from dse.questions import Answer, Lead
+    from dse.questions.answer import Answer, Lead
     return Answer("- x", numbers={"m": {"cost": 2.0, "design": 7}, "change": -1.0},
                   lead=(Lead("m.cost", "Price", "$/Mtok", pick="m.design", pick_label="design"),
                         Lead("change", "Cost change", "%", versus=0.0)))
 
 
 def test_first_lines_give_the_band_the_resolution_and_what_changes_it():
-    from dse.questions import _bands
+    from dse.questions import sampled
     ans = _lead_answer()
     cost = [1.8, 1.9, 2.0, 2.1, 2.2, 2.0, 2.0, 2.05, 1.95, 2.3]
     values = {"m.cost": cost, "m.design": [7.0] * 6 + [9.0] * 4,
@@ -394,14 +394,14 @@ def test_first_lines_give_the_band_the_resolution_and_what_changes_it():
                  "change": [-1.0] * 4},
         "moe": {"m.cost": [1.8, 2.3, 2.0, 1.9], "m.design": [7.0, 9.0, 7.0, 7.0],
                 "change": [-0.5, -1.5, -1.0, -1.2]}}}
-    items = _bands.leads(ans, values, attr)
+    items = sampled.leads(ans, values, attr)
     lo, med, hi = np.percentile(cost, [5, 50, 95])
     a = items[0]
     assert (a["lo"], a["median"], a["hi"]) == pytest.approx((lo, med, hi))
     assert a["pick_share"] == pytest.approx(0.6)
     assert list(a["groups"]) == ["moe", "gemm"]               # the widest first
     assert a["groups"]["moe"]["pick_changes"] == pytest.approx(0.25)
-    text = _bands.lead_markdown(items, None).splitlines()
+    text = sampled.lead_markdown(items, None).splitlines()
     assert text[0].startswith("- **Price: $2/Mtok**, 90% band $")
     assert (f"which design wins is {B.NOT_RESOLVED}: design 7 is picked in 60% of the samples, "
             "9 in 40%;") in text[0]
@@ -410,20 +410,20 @@ def test_first_lines_give_the_band_the_resolution_and_what_changes_it():
     # the change's band crosses 0: its sign is said not resolved
     assert f"whether it is above or below 0% is {B.NOT_RESOLVED}" in text[1]
     values["change"] = [v - 1.0 for v in values["change"]]
-    resolved = _bands.lead_markdown(_bands.leads(ans, values, attr), None).splitlines()[1]
+    resolved = sampled.lead_markdown(sampled.leads(ans, values, attr), None).splitlines()[1]
     assert "its sign is resolved (the band stays below 0%)" in resolved
     values["m.design"] = [7.0] * 10
-    first = _bands.lead_markdown(_bands.leads(ans, values, attr), None).splitlines()[0]
+    first = sampled.lead_markdown(sampled.leads(ans, values, attr), None).splitlines()[0]
     assert "the ranking is resolved: design 7 is picked in >= 95% of the samples (100%)" in first
     values["m.design"] = [7.0] * 19 + [9.0]                   # 95%: resolved, said the same way
     values["m.cost"] = cost * 2
-    first = _bands.lead_markdown(_bands.leads(ans, values, attr), None).splitlines()[0]
+    first = sampled.lead_markdown(sampled.leads(ans, values, attr), None).splitlines()[0]
     assert "the ranking is resolved: design 7 is picked in >= 95% of the samples (95%)" in first
 
 
 def test_first_lines_with_bands_off_say_so():
-    from dse.questions import _bands
-    text = _bands.lead_markdown(_bands.leads(_lead_answer()), None).splitlines()
+    from dse.questions import sampled
+    text = sampled.lead_markdown(sampled.leads(_lead_answer()), None).splitlines()
     assert text == ["- **Price: $2/Mtok** (uncertainty bands off, `--bands 0`: no band, no "
                     "resolution, no attribution)",
                     "- **Cost change: -1.0%** (uncertainty bands off, `--bands 0`: no band, no "
@@ -440,14 +440,14 @@ def test_band_strings_never_collapse():
     assert B.text(11585.0, 11585.0, 23170.0) == "11,585 [11,585..23,170]"
     # a difference of rounding (1e-16) is not a reason for 10 digits
     assert B.band_strings((0.3, 0.3 + 1e-16)) == ["0.3", "0.3"]
-    from dse.questions._bands import band_text, range_text
+    from dse.questions.sampled import band_text, range_text
     assert band_text(0.3171, 0.3170, 0.3172, "$/Mtok") == ("$0.3171/Mtok",
                                                            "$0.317/Mtok..$0.3172/Mtok")
     assert band_text(135.2, 135.1, 135.3, "requests/s") == ("135.2 requests/s",
                                                             "135.1..135.3 requests/s")
     assert band_text(-1.02, -1.04, -1.01, "%") == ("-1.02%", "-1.04%..-1.01%")
     assert range_text(1.0, 1.15, "x") == "1x..1.15x"
-    from dse.bands_report import whatif_lines
+    from dse.results.bands_report import whatif_lines
     band = {"samples": 8, "seed": 0, "note": "n", "objectives": {"tpot_s": {
         "median_change": {"median": 0.0102, "lo": 0.0101, "hi": 0.0104}, "designs": 3,
         "designs_sign_unresolved": 0, "words": ""}}}
@@ -468,13 +468,13 @@ def test_pick_wording_is_one_rule():
     assert B.ranking_words(0.6) == (f"which of A and B is better is {B.NOT_RESOLVED}: A is better "
                                     "in 60% of the samples (P(A better) = 0.60)")
     # an answer's text values use the same rule and the same words
-    from dse.questions import _bands
+    from dse.questions import sampled
     nominal = {"best": "h200", "other": "b200"}
     values = {"best": ["h200"] * 19 + ["b200"], "other": ["b200"] * 9 + ["h200"]}
-    band = _bands.summarize(nominal, values, 20, 0, "note")
+    band = sampled.summarize(nominal, values, 20, 0, "note")
     assert band["numbers"]["best"]["words"] == ""
     assert band["numbers"]["other"]["words"] == f"which value it takes is {B.NOT_RESOLVED}"
-    md = _bands.markdown(band)
+    md = sampled.markdown(band)
     assert "- `best`: h200; h200 in >= 95% of the samples (95%)" in md
     assert (f"- `other`: b200; b200 in 90% of the samples, h200 in 10% — which value it takes is "
             f"{B.NOT_RESOLVED}") in md
@@ -530,7 +530,7 @@ def _together_module(T, groups):
     together: 1 + (sum of the GEMM log factors) x (sum of the attention ones)."""
     from types import SimpleNamespace
 
-    from dse.questions import Answer, Lead
+    from dse.questions.answer import Answer, Lead
     kpos = {k: j for j, k in enumerate(T.kernel_keys)}
     idx = {g: sorted({kpos[p] for f in B.families() if f.group == g for p in f.params
                       if p in kpos}) for g in groups}
@@ -545,51 +545,52 @@ def _together_module(T, groups):
 
 
 def test_answer_attribution_names_the_groups_that_move_it_together(monkeypatch):
-    from dse.questions import Context, _bands
-    from dse.space import load_space
+    from dse.questions.answer import Context
+    from dse.questions import sampled
+    from dse.build.space import load_space
     space = load_space(str(QUICK))
     groups = B.draw_groups(1, 0)[0]
-    mod = _together_module(catalog_tables.tables(), groups)
+    mod = _together_module(tables.tables(), groups)
 
     def make(f, tmp, sample):
         return Context(space, None, tmp, {}, f, sample)
     front = pd.DataFrame()
     ans = mod.answer(make(front, None, None))
-    got = _bands.sampled_answers(mod, make, space, front, 16, 0)
+    got = sampled.sampled_answers(mod, make, space, front, 16, 0)
     calls = []
-    real = _bands.sampled_answers
+    real = sampled.sampled_answers
 
     def counted(*a, **k):
         calls.append(k["draws"].n)
         return real(*a, **k)
-    monkeypatch.setattr(_bands, "sampled_answers", counted)
-    attr = _bands.attribution(mod, make, space, front, 16, 0, ans=ans, values=got["values"])
+    monkeypatch.setattr(sampled, "sampled_answers", counted)
+    attr = sampled.attribution(mod, make, space, front, 16, 0, ans=ans, values=got["values"])
     # singles (8 samples each), then one call for the second round: GEMM (first of the equal
     # singles) with each other group; GEMM + attention reproduces it
     assert calls == [8 * len(groups), 8 * (len(groups) - 1)]
     t = attr["together"]["x"]
     assert t["groups"] == ["gemm", "attention"] and t["met"] and t["needs"] == ["band", "sign"]
-    x = _bands.leads(ans, got["values"], attr)[0]
+    x = sampled.leads(ans, got["values"], attr)[0]
     assert all(g["spread"] == 0 for g in x["groups"].values())      # no group alone moves it
     # with both groups varied and every other held, the number is the full draw's
     lo, med, hi = np.percentile(got["values"]["x"][:8], [5, 50, 95])
     assert (x["together"]["lo"], x["together"]["hi"]) == pytest.approx((lo, hi))
     assert not x["side_resolved"]
-    line = _bands.lead_markdown([x], None)
+    line = sampled.lead_markdown([x], None)
     assert ("what would change it: no fitted parameter group moves it on its own (8 samples "
             "per group); no group alone reproduces its unresolved side of 1x and 50% of its "
             "band's width: the GEMM and attention parameters together do (together they move it "
-            f"{_bands.range_text(lo, hi, 'x')})") in line
+            f"{sampled.range_text(lo, hi, 'x')})") in line
     # not even a smaller union: said so
     x["together"]["met"] = False
     assert "nor does any union of fewer than all 2 groups: only all of them together, as " \
-        "in the full 16 samples" in _bands.lead_markdown([x], None)
+        "in the full 16 samples" in sampled.lead_markdown([x], None)
 
 
 def test_whatif_and_compare_name_the_groups_that_move_it_together():
-    from dse.bands_report import by_group, changes_words, together
+    from dse.results.bands_report import by_group, changes_words, together
     groups, single_d = B.draw_groups(8, 0)
-    T = catalog_tables.tables()
+    T = tables.tables()
     kpos = {k: j for j, k in enumerate(T.kernel_keys)}
     idx = {g: sorted({kpos[p] for f in B.families() if f.group == g for p in f.params
                       if p in kpos}) for g in groups}

@@ -1,7 +1,7 @@
 """The builder on integer-coded catalog tables gives the same numbers as the builder it replaced.
 
-tests/legacy_build.py and tests/legacy_space.py are frozen copies of dse/build.py and
-dse/space.py before issue 10 item 7. Mixed designs (every accelerator and model, MoE and MLA
+tests/legacy_build.py and tests/legacy_space.py are frozen copies of dse/build/designs.py and
+dse/build/space.py before issue 10 item 7. Mixed designs (every accelerator and model, MoE and MLA
 among them, every weight dtype, KV dtypes, fp8 scalings, runtimes, topologies, layouts, serving
 modes, cost modes, overrides of catalog, derived and kernel fields, and the serving mechanisms'
 fields of issue 11: per-op dtypes, expert imbalance, lengths, KV tier) must resolve to the same
@@ -24,10 +24,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import legacy_build  # noqa: E402
 import legacy_space  # noqa: E402
-from dse import build, catalog, catalog_tables  # noqa: E402
+from dse import catalog  # noqa: E402
+from dse.build import designs as build
+from dse.build import tables
 from dse.perf import score  # noqa: E402
-from dse.space import load_space  # noqa: E402
-from dse.specs import DTYPES  # noqa: E402
+from dse.build.space import load_space  # noqa: E402
+from dse.catalog.specs import DTYPES  # noqa: E402
 
 N = 3000
 
@@ -189,8 +191,8 @@ def test_hypothetical_chip_sweep_is_bit_identical(tmp_path):
 
 
 def test_tables_follow_a_reloaded_catalog():
-    t = catalog_tables.tables()
-    assert catalog_tables.tables() is t                     # built once per process
+    t = tables.tables()
+    assert tables.tables() is t                     # built once per process
     acc = catalog.accelerators()
     a = t.ids["accelerator"].index("h100-sxm")
     assert t.columns["accelerator.hbm_bw_bytes_per_s"][a] == acc["h100-sxm"].hbm_bw_bytes_per_s
@@ -198,9 +200,9 @@ def test_tables_follow_a_reloaded_catalog():
     r = t.runtimes.index("sglang")
     k = t.kernel_keys.index("gemm_bf16_fraction")
     assert t.kernel[a, r, k] == catalog.kernel_params()[("h100-sxm", "sglang")]["gemm_bf16_fraction"]
-    catalog.accelerators.cache_clear()                      # what dse.fit does after a write
+    catalog.accelerators.cache_clear()                      # what dse.calibration.fit does after a write
     try:
-        assert catalog_tables.tables() is not t
+        assert tables.tables() is not t
     finally:
         catalog.accelerators.cache_clear()
 
@@ -227,7 +229,7 @@ usd_per_mtok_output = "minimize"
 
 def test_grid_beyond_full_resolution_is_bit_identical(tmp_path):
     # more structural combinations than FULL_RESOLVE: resolved per call and cached by row
-    from dse.space import FULL_RESOLVE
+    from dse.build.space import FULL_RESOLVE
     f = tmp_path / "big.toml"
     f.write_text(BIG_GRID)
     new, old = load_space(str(f)), legacy_space.load_space(str(f))

@@ -1,11 +1,11 @@
 """The model against the published measurements in ../shared/calibration (regression guard).
 
 One group is held to its own, looser bound, for a reason outside the model's physics: the
-online rows at an infinite request rate carry no concurrency (``dse.fit.fittable``; 500
+online rows at an infinite request rate carry no concurrency (``dse.calibration.fit.fittable``; 500
 requests were sent, so their concurrency was set by the burst, which a case cannot say).
 Multi-GPU L40S, which used to be a second such group (its aiconfigurator all-reduce tables come
 from a box without PCIe peer-to-peer), is held to the common bound since the comm fit's
-host-staged rule (``dse.kernels.comm.host_staged``).
+host-staged rule (``dse.calibration.kernels.comm.host_staged``).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ pytestmark = pytest.mark.skipif(not (CAL / "cases.csv").exists(),
 
 @pytest.fixture(scope="module")
 def report():
-    from dse.calibrate import joined, load
-    from dse.calibrate import report as make_report
-    from dse.predict import predict_frame
+    from dse.calibration.calibrate import joined, load
+    from dse.calibration.calibrate import report as make_report
+    from dse.scoring.predict import predict_frame
     cases, truth = load(CAL)
     j = joined(predict_frame(cases), cases, truth)
     j = j.merge(cases[["case_id", "tp"]], on="case_id")
@@ -53,7 +53,7 @@ def test_no_systematic_bias(report):
 
 
 def test_error_within_target_for_every_calibrated_accelerator(report):
-    from dse.calibrate import report as make_report
+    from dse.calibration.calibrate import report as make_report
     j, _ = report
     j = j[~j["pcie_multi"] & ~j["source"].str.contains(KNOWN, regex=False)]
     r = make_report(j, ("source", "metric", "hardware"))
@@ -70,7 +70,7 @@ def test_known_limits_stay_within_their_measured_bounds(report):
 def test_multi_gpu_l40s_within_target(report):
     """TP 4/8 L40S over PCIe (was 3.3x too slow on the host-staged all-reduce tables; 1.14 on
     2026-12-02): within the per-accelerator bound, and not systematically too slow."""
-    from dse.calibrate import report as make_report
+    from dse.calibration.calibrate import report as make_report
     j, _ = report
     r = make_report(j[j["pcie_multi"]], ("source", "metric"))
     assert (r["error_factor"] <= 1.35).all(), "\n" + r.to_string()
@@ -81,7 +81,7 @@ def test_every_model_family_within_target_offline(report):
     """Each model family of the offline TensorRT-LLM v0.17 set on its own (Llama 1.10, Mixtral
     1.08 on 2026-12-02): Mixtral was 1.22, always too slow, while a width-0 shared expert and
     the router's width-edge penalty cost it ~30% of a decode step (dse/perf/step.py)."""
-    from dse.calibrate import report as make_report
+    from dse.calibration.calibrate import report as make_report
     j, _ = report
     j = j[~j["pcie_multi"] & (j["source"] == "TRTLLM-V017")]
     j = j.assign(family=j["model"].str.split("-").str[0])

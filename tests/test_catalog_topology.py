@@ -8,7 +8,7 @@ import pytest
 from helpers import SHARED
 
 from dse import catalog
-from dse.topology import build_graph, reduce, torus_dims
+from dse.catalog.topology import build_graph, reduce, torus_dims
 
 CONTRACT = SHARED / "contracts" / "predict-cases.md"
 ACCELERATORS = ["a100-sxm-80g", "h100-sxm", "h100-pcie", "h200-sxm", "h800-sxm", "gh200", "b200",

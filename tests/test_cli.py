@@ -197,7 +197,7 @@ def test_eval_json_is_strict_json(capsys):
 
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.toml")))
 def test_eval_json_equals_library(capsys, example):
-    from dse.evaluate import evaluate_file
+    from dse.scoring.evaluate import evaluate_file
     path = EXAMPLES / example
     rc, out, err = run_cli(capsys, "eval", path, "--json")
     assert rc == 0, err
@@ -320,7 +320,7 @@ def test_predict_success_message_names_output(small_prediction):
 
 
 def test_predict_equals_library(small_cases, small_prediction):
-    from dse.predict import predict_frame, read_cases
+    from dse.scoring.predict import predict_frame, read_cases
     _, out, _ = small_prediction
     want = predict_frame(read_cases(str(small_cases)))
     got = pd.read_csv(out)
@@ -328,7 +328,7 @@ def test_predict_equals_library(small_cases, small_prediction):
 
 
 def test_predict_equals_library_rtol_1e6(small_cases, small_prediction):
-    from dse.predict import predict_frame, read_cases
+    from dse.scoring.predict import predict_frame, read_cases
     _, out, _ = small_prediction
     assert_same_table(pd.read_csv(out), predict_frame(read_cases(str(small_cases))), rtol=1e-6)
 
@@ -339,7 +339,7 @@ needs_calibration = pytest.mark.skipif(not CALIBRATION_CASES.is_file(),
 
 @needs_calibration
 def test_predict_calibration_file(capsys, tmp_path):
-    from dse.predict import predict_frame, read_cases
+    from dse.scoring.predict import predict_frame, read_cases
     out = tmp_path / "calibration_predictions.csv"
     rc, stdout, err = run_cli(capsys, "predict", CALIBRATION_CASES, "--out", out)
     assert rc == 0, err

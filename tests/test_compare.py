@@ -8,7 +8,7 @@ import pytest
 from helpers import ROOT
 
 from dse.cli import main
-from dse.compare import coverage
+from dse.results.compare import coverage
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
 

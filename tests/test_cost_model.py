@@ -7,7 +7,7 @@ import pytest
 from helpers import ROOT, batch, design
 
 from dse import catalog
-from dse.space import load_space
+from dse.build.space import load_space
 
 SHARES = catalog.cost_model()
 

@@ -39,8 +39,8 @@ def _dse(*args, **kw):
 def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp_path, database):
     import optuna
     from dse import pareto
-    from dse.search.optuna_strategy import front_from_study
-    from dse.space import load_space
+    from dse.search.optuna.strategy import front_from_study
+    from dse.build.space import load_space
 
     total = 240
     run_dir = tmp_path / "run"
@@ -86,7 +86,7 @@ def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp
 
 def _segment_studies(database, base):
     import optuna
-    from dse.search import segments
+    from dse.search.optuna import segments
     storage = optuna.storages.RDBStorage(database)
     ks = sorted(segments.study_ids(storage, base))
     return [optuna.load_study(study_name=segments.segment_name(base, k), storage=storage)
@@ -96,8 +96,8 @@ def _segment_studies(database, base):
 def test_shared_study_rotates_segments_and_counts_every_trial_once(tmp_path, database):
     """Three processes on one PostgreSQL study with segments of 40 trials: they all switch to
     the newest segment, the totals add up over the segments, the front is over all of them."""
-    from dse.search.optuna_strategy import front_from_study
-    from dse.space import load_space
+    from dse.search.optuna.strategy import front_from_study
+    from dse.build.space import load_space
 
     total, pop = 200, 8
     run_dir = tmp_path / "run"
@@ -143,7 +143,7 @@ def test_exhaustive_shards_on_workers_survive_a_killed_worker_and_match_a_local_
     a plain local exhaustive run's."""
     import optuna
     from dse.search import shards
-    from dse.space import load_space
+    from dse.build.space import load_space
 
     run_dir = tmp_path / "run"
     runner = _dse("run", str(QUICK), "--strategy", "exhaustive", "--chunk-designs", "4",
@@ -192,7 +192,7 @@ def test_nested_run_with_workers_assembles_its_front_from_every_trial(tmp_path, 
     import optuna
 
     from dse import pareto
-    from dse.space import load_space
+    from dse.build.space import load_space
 
     from dse.search.bench import CHIP_SPACE
     space_file = tmp_path / "nested.toml"

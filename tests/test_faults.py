@@ -23,7 +23,7 @@ import pytest
 from helpers import ROOT, SMALL_SPACE, brute_front
 
 from dse import pareto
-from dse.space import load_space
+from dse.build.space import load_space
 
 SPACE = SMALL_SPACE.replace('name = "t"', 'name = "faults"')
 RESUME_TIMEOUT_S = 60        # a resume after kill -9 must finish in this (it never waits on locks)
@@ -45,7 +45,7 @@ def _in_process(capsys, monkeypatch):
     _INPROC.update(capsys=capsys, monkeypatch=monkeypatch)
     yield
     _INPROC.clear()
-    from dse.search import optuna_strategy
+    from dse.search.optuna import strategy as optuna_strategy
     optuna_strategy.set_storage_retry(None)
 
 
@@ -152,8 +152,8 @@ def test_kill_9_at_random_moments_then_resume_from_another_cwd(space_dir, strate
     scored = [t for t in complete if str(t.number) in told]
     assert len(scored) == total and not study.get_trials(states=(TrialState.RUNNING,))
     # the other complete trials proposed designs scored before: told their values, not scored
-    from dse.search.optuna_strategy import split_parameters
-    from dse.search.study import point_key
+    from dse.search.optuna.strategy import split_parameters
+    from dse.search.optuna.study import point_key
     keys = {v["key"] for v in told.values()}
     outer, _ = split_parameters(space, strategy == "nested")
     assert all(point_key(space, t.params, outer) in keys for t in complete
@@ -398,7 +398,7 @@ def test_a_worker_killed_before_its_first_heartbeat_leaves_no_hang(space_dir, da
     (d / "manifest.json").write_text(json.dumps(m))
     # a dead worker's trials: asked (RUNNING), never a heartbeat
     study = optuna.load_study(study_name="p", storage=database)
-    from dse.search.optuna_strategy import distributions
+    from dse.search.optuna.strategy import distributions
     space = load_space(str(cwd / "spaces" / "s.toml"))
     for _ in range(5):
         study.ask(distributions(space))
@@ -475,7 +475,7 @@ def test_the_journal_lock_says_its_holder_and_rewrites_it_only_when_it_changes(t
     import socket
     from pathlib import Path
 
-    from dse.runs import JournalLock
+    from dse.search.store import JournalLock
     j = tmp_path / "optuna.journal"
     lock = JournalLock(j)
     me = f"pid {os.getpid()} on {socket.gethostname()}"

@@ -1,4 +1,4 @@
-"""The end-to-end refit (dse.fit): resample weights, warm starts and the written uncertainty."""
+"""The end-to-end refit (dse.calibration.fit): resample weights, warm starts and the written uncertainty."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ pytestmark = pytest.mark.skipif(not (CAL / "cases.csv").exists(),
 @pytest.fixture(scope="module")
 def small():
     """A few H100 and A100 offline cases (fast to refit)."""
-    from dse.calibrate import load
-    from dse.predict import prepare
+    from dse.calibration.calibrate import load
+    from dse.scoring.predict import prepare
     cases, truth = load(CAL)
     pick = cases[cases["source"].eq("TRTLLM-V017")
                  & cases["hardware"].isin(["h100-sxm", "a100-sxm-80g"])
@@ -25,12 +25,12 @@ def small():
 
 
 def test_counts_are_case_multiplicities(small):
-    from dse.fit import fit
+    from dse.calibration.fit import fit
     cases, truth, prep = small
     base = fit(cases, truth, verbose=False, prep=prep)
     # every case drawn twice: the same weights after normalisation, the same fit
     twice = fit(cases, truth, verbose=False, prep=prep, counts=np.full(len(cases), 2))
-    assert set(twice) == {"layer_overhead_s"}        # one end-to-end parameter (dse.fit)
+    assert set(twice) == {"layer_overhead_s"}        # one end-to-end parameter (dse.calibration.fit)
     for k in ("layer_overhead_s",):
         assert twice[k] == pytest.approx(base[k], rel=1e-6)
     # a chip drawn zero times is the same as leaving it out
@@ -42,7 +42,7 @@ def test_counts_are_case_multiplicities(small):
 
 
 def test_bootstrap_gives_a_finite_covariance(small):
-    from dse.fit import PARAMS, bootstrap, fit
+    from dse.calibration.fit import PARAMS, bootstrap, fit
     cases, truth, prep = small
     theta = fit(cases, truth, verbose=False, prep=prep)
     u = bootstrap(cases, truth, theta, n=4, prep=prep, verbose=False)
@@ -60,7 +60,7 @@ def test_bootstrap_gives_a_finite_covariance(small):
 
 def test_written_uncertainty_matches_the_catalog_numbers():
     from dse import catalog
-    from dse.fit import PARAMS, uncertainty
+    from dse.calibration.fit import PARAMS, uncertainty
     u = uncertainty()
     assert u is not None and u["params"] == [p[0] for p in PARAMS]
     assert u["rule"].startswith("bootstrap")
@@ -70,4 +70,4 @@ def test_written_uncertainty_matches_the_catalog_numbers():
     assert sd[[p[0] for p in PARAMS].index("layer_overhead_s")] < np.log(1.5)
     eff = catalog.accelerators()["h100-sxm"].efficiency
     assert "bootstrap" in eff.fitted_on
-    assert eff.step_overhead_s == 0.0                 # not fitted: fixed at 0 (dse.fit.FIXED)
+    assert eff.step_overhead_s == 0.0                 # not fitted: fixed at 0 (dse.calibration.fit.FIXED)

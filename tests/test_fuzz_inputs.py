@@ -1,4 +1,4 @@
-"""A seeded fuzzer of invalid inputs, generated from the field registry (dse/fields.py).
+"""A seeded fuzzer of invalid inputs, generated from the field registry (dse/spec/fields.py).
 
 Space, design and case files with wrong types, out-of-range values, misspelled keys and
 columns, inconsistent model structure, huge sizes, directories and empty files: each must exit 2
@@ -14,8 +14,8 @@ import time
 from helpers import run_subprocess
 
 from dse.cli import main
-from dse.fields import LIMITS, REGISTRY
-from dse.validate import osa_distance_is_one
+from dse.spec.fields import LIMITS, REGISTRY
+from dse.spec.validate import osa_distance_is_one
 
 SEED = 9
 DESIGN = {"accelerator.id": '"h100-sxm"', "model.id": '"llama-3.1-8b"',
@@ -337,12 +337,9 @@ def test_runtime_and_dense_mlp_columns_accepted(capsys, tmp_path):
 
 def test_predict_chunks_give_the_same_predictions(monkeypatch):
     """Chunking by candidate rows (bounded memory) changes nothing in the result."""
-    import sys
-
     import pandas as pd
 
-    import dse.predict  # noqa: F401  (the module; ``dse.predict`` the attribute is the API's function)
-    predict = sys.modules["dse.predict"]
+    from dse.scoring import predict
     rows = [{**CASE, "case_id": f"c{i}", "num_chips": str(2 ** (i % 4)), "tp": "", "pp": "",
              "ep": "", "dp": "", "concurrency": "" if i % 2 else "16", "isl": str(128 + i)}
             for i in range(12)]

@@ -5,7 +5,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from dse.kernels import common
+from dse.calibration.kernels import common
 from dse.perf import kernel_attention as ka
 
 H200_PEAK = 989e12
@@ -272,7 +272,7 @@ def _started_at(params, truth, factor):
 
 def test_fit_recovers_known_parameters():
     pytest.importorskip("scipy")
-    from dse.kernels import attention
+    from dse.calibration.kernels import attention
     # decode from 1.2x: from 1.4-1.6x the grid has a local minimum (group_min_heads at its
     # bound, hbm_fraction 0.6-0.76) that a CPU's rounding may or may not fall into
     DECODE_PARAMS = _started_at([p for p in attention.DECODE_PARAMS if p.name in DEC], DEC, 1.2)
@@ -293,7 +293,7 @@ def test_fit_recovers_known_parameters():
 
 def test_catalog_has_every_accelerator_and_runtime():
     from dse.catalog import accelerators
-    from dse.kernels.attention import PARAMS, key
+    from dse.calibration.kernels.attention import PARAMS, key
     path = common.CATALOG_DIR / "attention.toml"
     doc = tomllib.loads(path.read_text())
     for chip in accelerators():
@@ -311,7 +311,7 @@ def test_catalog_parameters_predict_a_measured_table():
     import pandas as pd
 
     from dse.catalog import accelerators
-    from dse.kernels import attention, data
+    from dse.calibration.kernels import attention, data
     doc = tomllib.loads((common.CATALOG_DIR / "attention.toml").read_text())
     d = data.load("mla", "generation_mla_perf", chips=["h200-sxm"], runtimes=["trtllm"])
     d = d[d["kv_cache_dtype"].map(data.dtype) == "bf16"].copy()
@@ -328,7 +328,7 @@ def test_multistart_fit_recovers_from_the_seeded_starts():
     """The seeded starts (default, compute-leaning, memory-leaning) recover the truth from the
     production x0 and bounds, and the best in-sample start is the one kept."""
     pytest.importorskip("scipy")
-    from dse.kernels import attention
+    from dse.calibration.kernels import attention
     assert len(attention.starts("attn_decode")) == 3
     for params in attention.starts("attn_prefill"):
         assert [p.name for p in params] == [p.name for p in attention.PREFILL_PARAMS]
@@ -350,7 +350,7 @@ def test_multistart_fit_recovers_from_the_seeded_starts():
 
 def test_fast_held_out_matches_the_common_rule():
     import pandas as pd
-    from dse.kernels import attention
+    from dse.calibration.kernels import attention
     rng = np.random.default_rng(0)
     d = pd.DataFrame({"batch_size": rng.integers(1, 512, 500), "isl": rng.integers(1, 9000, 500),
                       "window_size": rng.choice([0.0, 128.0], 500),
@@ -361,7 +361,7 @@ def test_fast_held_out_matches_the_common_rule():
 
 def test_missing_runtime_takes_that_runtimes_chips_first():
     from dse.catalog import accelerators
-    from dse.kernels import attention
+    from dse.calibration.kernels import attention
     accs = accelerators()
     op, params = "mla_decode", attention.MLA_DECODE_PARAMS
     own = {p.name: p.x0 for p in params}

@@ -146,8 +146,8 @@ def test_each_alltoall_parameter_matters(name, kind):
 def test_synthetic_fit_recovers_parameters():
     pytest.importorskip("scipy")
     pytest.importorskip("pandas")
-    from dse.kernels import common
-    from dse.kernels.comm import NCCL_PARAMS, CUSTOM_PARAMS
+    from dse.calibration.kernels import common
+    from dse.calibration.kernels.comm import NCCL_PARAMS, CUSTOM_PARAMS
     g = np.repeat([2.0, 4.0, 8.0], 22)
     b = np.tile(2.0 * 2.0 ** np.arange(8, 30), 3)
     true = dict(NCCL, ar_nccl_fraction_per_doubling=1.15)
@@ -188,7 +188,7 @@ def test_catalog_complete_for_every_accelerator_and_runtime():
 
 def test_fit_report_on_measured_tables():
     pytest.importorskip("aiconfigurator_core")
-    from dse.kernels import comm
+    from dse.calibration.kernels import comm
     rep = comm.main(fit=False)
     ar = rep[rep["op_class"] == "allreduce_nccl"].dropna(subset=["error_held_out"])
     assert len(ar) >= 5 and (ar["error_held_out"] < 1.2).all()
@@ -196,7 +196,7 @@ def test_fit_report_on_measured_tables():
 
 def test_missing_runtime_takes_that_runtimes_chips_first():
     from dse.catalog import accelerators
-    from dse.kernels import comm
+    from dse.calibration.kernels import comm
     accs = accelerators()
     nccl = {c: dict(NCCL) for c in ("h100-sxm", "h200-sxm", "b200")}
     own = dict(ar_custom_latency_s=3e-6, ar_custom_latency_per_log2_s=3e-7,
@@ -218,7 +218,7 @@ def test_missing_runtime_takes_that_runtimes_chips_first():
 def test_nvl72_trtllm_a2a_from_nvlink_table():
     """GB200/GB300 trtllm a2a keys come from TRT-LLM's NVLink all-to-all, fitted as one
     NVLink node (ranks_per_node = ep), not pegged at the fraction bounds."""
-    from dse.kernels import comm
+    from dse.calibration.kernels import comm
     cat = comm.catalog_entries()
     for chip in comm.NVLINK_CHIPS:
         e = cat[chip]["trtllm"]
@@ -247,7 +247,7 @@ def _nccl_frame(chip, busbw_by_g):
 def test_host_staged_rule_flags_a_collapse_the_topology_does_not_explain():
     pytest.importorskip("pandas")
     import pandas as pd
-    from dse.kernels import comm
+    from dse.calibration.kernels import comm
     # an L40S-like box: P2P pairs at 20 GB/s, 4 and 8 GPUs staged through the host
     bad = _nccl_frame("l40s", {2: 20e9, 4: 5.1e9, 8: 1.45e9})
     # an RTX PRO 6000-like PCIe box with P2P: 38 -> 24 GB/s, the ring's normal decline
@@ -262,7 +262,7 @@ def test_host_staged_chip_takes_group_terms_from_its_fabric():
     """The catalog's L40S entries: 4-/8-GPU rows not fitted, group-size terms equal to the
     RTX PRO 6000's (the other pcie-8 chip), and a ring of 8 over PCIe Gen4 no slower than
     ~3x a pair (the host-staged table had it 14x slower in bus bandwidth)."""
-    from dse.kernels import comm
+    from dse.calibration.kernels import comm
     cat = comm.catalog_entries()
     for rt in ("trtllm", "sglang", "vllm"):
         e, donor = cat["l40s"][rt], cat["rtx-pro-6000"][rt]
@@ -277,7 +277,7 @@ def test_host_staged_chip_takes_group_terms_from_its_fabric():
 
 
 def test_comm_entries_carry_uncertainty_for_every_family():
-    from dse.kernels import comm
+    from dse.calibration.kernels import comm
     cat = comm.catalog_entries()
     for chip, rts in cat.items():
         for rt, e in rts.items():
@@ -304,7 +304,7 @@ def test_comm_entries_carry_uncertainty_for_every_family():
 
 
 def test_entry_uncertainty_transferred_terms_inside_a_fitted_family():
-    from dse.kernels import comm
+    from dse.calibration.kernels import comm
     names = list(comm.NCCL_PARAMS)
     fitted = [p.name for p in names if p.name not in comm.GROUP_PARAMS]
     cov_own = np.diag(np.full(len(fitted), 0.01 ** 2))
@@ -360,7 +360,7 @@ def test_alltoall_latency_donors_share_the_fabric():
     board's from HGX boards, an NVL72 rack's from NVL72 racks), the general rule when none."""
     pytest.importorskip("pandas")
     from dse.catalog import accelerators
-    from dse.kernels.comm import same_fabric
+    from dse.calibration.kernels.comm import same_fabric
     accs = accelerators()
     measured = ["b200", "b300", "gb200", "gb300", "h100-sxm", "h200-sxm"]
     assert same_fabric("b200", measured, accs) == ["b300", "h100-sxm", "h200-sxm"]
@@ -370,7 +370,7 @@ def test_alltoall_latency_donors_share_the_fabric():
 
 def test_trtllm_deepep_rows_on_nvl72_are_their_own_runtime():
     pytest.importorskip("aiconfigurator_core")
-    from dse.kernels import comm
+    from dse.calibration.kernels import comm
     a = comm.a2a_rows()
     nvl = a[a["chip"].isin(comm.NVLINK_CHIPS)]
     assert not (nvl["runtime"] == "trtllm").any()

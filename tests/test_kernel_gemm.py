@@ -73,7 +73,7 @@ def test_fitted_cold_rates_are_at_most_the_dram_peak():
     """With the benchmarks' warm L2 in its own term, every fitted weight or KV stream the
     scorer uses (hbm_fraction of GEMM, MoE and decode attention) is at most the DRAM peak,
     and the warm-cache factor the fits found is >= 1."""
-    from dse.kernels import common
+    from dse.calibration.kernels import common
     for name in ("gemm", "moe", "attention"):
         doc = tomllib.loads((common.CATALOG_DIR / f"{name}.toml").read_text())
         for chip, rts in doc.items():
@@ -119,7 +119,7 @@ def test_monotone_in_rows_and_vectorized():
 
 
 def test_fit_recovers_known_parameters():
-    from dse.kernels import common, gemm
+    from dse.calibration.kernels import common, gemm
     import pandas as pd
     acc = SimpleNamespace(peak_flops_per_s=SimpleNamespace(bf16=989e12), hbm_bw_bytes_per_s=3.35e12)
     ms = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
@@ -139,7 +139,7 @@ def test_fit_recovers_known_parameters():
 
 def test_catalog_has_every_accelerator_and_runtime():
     from dse.catalog import accelerators
-    from dse.kernels import common, gemm
+    from dse.calibration.kernels import common, gemm
     path = common.CATALOG_DIR / "gemm.toml"
     doc = tomllib.loads(path.read_text())
     for chip, acc in accelerators().items():
@@ -160,7 +160,7 @@ def test_catalog_has_every_accelerator_and_runtime():
 def test_fit_on_measured_tables_meets_a_loose_bound():
     pytest.importorskip("aiconfigurator_core")
     from dse.catalog import accelerators
-    from dse.kernels import common, gemm
+    from dse.calibration.kernels import common, gemm
     d = gemm.load(chips=["h100-sxm"], runtimes=["trtllm"])
     g = d[d.family == "bf16"]
     acc = accelerators()["h100-sxm"]
@@ -189,7 +189,7 @@ def test_missing_runtime_takes_same_runtime_from_other_chips():
     """Rule: a measured chip without a runtime's table takes that runtime's fits on the other
     chips (not its own other runtimes); only a runtime no chip has falls back to the chip's
     other runtimes; a chip with no table at all transfers from the same runtime."""
-    from dse.kernels import gemm, moe
+    from dse.calibration.kernels import gemm, moe
     for mod, pre in ((gemm, "gemm_bf16_"), (moe, "moe_bf16_")):
         fitted = {("a", "sglang"): _vals(mod, "bf16", 0.12),
                   ("b", "sglang"): _vals(mod, "bf16", 0.15),
@@ -208,7 +208,7 @@ def test_missing_runtime_takes_same_runtime_from_other_chips():
 
 
 def test_multistart_never_worse_than_single_start():
-    from dse.kernels import common, gemm, moe
+    from dse.calibration.kernels import common, gemm, moe
     acc = SimpleNamespace(peak_flops_per_s=SimpleNamespace(bf16=989e12), hbm_bw_bytes_per_s=3.35e12)
     import pandas as pd
     g = np.array(np.meshgrid([1, 16, 256, 4096], [4096], [768, 14336], [2, 8], [8, 128], [1],

@@ -5,7 +5,7 @@ the chip itself under another runtime, never an entry with terms taken from the 
 import pandas as pd
 import pytest
 
-from dse.kernels import common
+from dse.calibration.kernels import common
 
 
 def test_loco_donors_rule():
@@ -29,7 +29,7 @@ def test_attention_loco_ignores_transferred_entries(monkeypatch):
     """A transferred catalog entry (h200-nvl: no table) holding exactly h100-sxm's parameters
     would pull h100-sxm's LOCO towards exact; its donors must be the measured chips only."""
     from dse.catalog import accelerators
-    from dse.kernels import attention
+    from dse.calibration.kernels import attention
     accs = accelerators()
     op = "attn_prefill"
     names = [p.name for p in attention.PARAMS[op]]
@@ -54,7 +54,7 @@ def test_attention_loco_ignores_transferred_entries(monkeypatch):
 def test_gemm_loco_ignores_unsupported_donor(monkeypatch):
     """gemm.run (gemm and moe): a chip whose table the fit skipped (unsupported family) has a
     transferred catalog entry; it is no donor. Synthetic op: latency = rows / eff."""
-    from dse.kernels import data, gemm
+    from dse.calibration.kernels import data, gemm
     P = (common.Param("eff", 1.0, 1e-3, 1e3),)
 
     class Mod:
@@ -91,7 +91,7 @@ def test_comm_loco_ignores_entries_derived_from_the_chip():
     """comm.entry_for(exclude=X): H800's NCCL entry (transferred from X and others, plus its
     one fitted fraction) is no donor of X."""
     from dse.catalog import accelerators
-    from dse.kernels import comm
+    from dse.calibration.kernels import comm
     accs = accelerators()
     base = {p.name: p.x0 for p in comm.NCCL_PARAMS}
     y = {k: v * 2.0 for k, v in base.items()}
@@ -119,7 +119,7 @@ def test_comm_loco_ignores_entries_derived_from_the_chip():
 
 def test_comm_fit_records_what_entries_were_derived_from():
     fits = {"a2a": {("b200", "sglang"): {"r": 1.0}, ("h100-sxm", "trtllm"): {"r": 2.0}}}
-    from dse.kernels import comm
+    from dse.calibration.kernels import comm
     free = {("b200", "sglang"): {"r"}, ("h100-sxm", "trtllm"): {"r"}}
     assert comm.rate_donors("h200-sxm", "sglang", ["r"], fits["a2a"], free) == \
         {"b200", "h100-sxm"}

@@ -108,7 +108,7 @@ def test_wave_floor_and_remote_entries_by_hand():
 def test_nongated_shapes_from_the_model_configs():
     pytest.importorskip("aiconfigurator_core")
     import pandas as pd
-    from dse.kernels import moe
+    from dse.calibration.kernels import moe
     ng = moe.nongated_shapes()
     # Nemotron-3 Nano (2688 x 1856, 128 experts top-6) and Super (latent 1024, 2688, 512 top-22)
     assert (2688, 1856, 128, 6) in ng and (1024, 2688, 512, 22) in ng
@@ -123,7 +123,7 @@ def test_benchmark_balanced_routing_by_hand():
     """The fit uses the benchmark's deterministic routing (aiconfigurator's balanced_logits):
     token t's i-th expert (t + i ceil(E/k)) % E, or (t ceil(E/k) / T + i ceil(E/k)) % E when
     T < ceil(E/k)."""
-    from dse.kernels.moe import _balanced_one
+    from dse.calibration.kernels.moe import _balanced_one
     # 16 tokens, top-8 of 128: stride 16, token t -> t, t+16, ..., t+112: all 128 experts once
     assert _balanced_one(16, 128, 8, 1) == (128, 128)
     # ... the first of 8 chips holds experts 0..15: 16 rows on 16 experts
@@ -191,7 +191,7 @@ def test_monotone_in_tokens_and_vectorized():
 
 def test_fit_recovers_known_parameters():
     import pandas as pd
-    from dse.kernels import common, moe
+    from dse.calibration.kernels import common, moe
     acc = SimpleNamespace(peak_flops_per_s=SimpleNamespace(bf16=989e12), hbm_bw_bytes_per_s=3.35e12)
     g = np.array(np.meshgrid([1, 4, 16, 64, 256, 1024, 4096, 16384], [2048, 7168],
                              [768, 2048, 14336], [2, 8], [8, 128, 256], [1, 4], [1, 8]))
@@ -211,7 +211,7 @@ def test_fit_recovers_known_parameters():
 
 def test_catalog_has_every_accelerator_and_runtime():
     from dse.catalog import accelerators
-    from dse.kernels import common, moe
+    from dse.calibration.kernels import common, moe
     doc = tomllib.loads((common.CATALOG_DIR / "moe.toml").read_text())
     for chip, acc in accelerators().items():
         for rt in ("trtllm", "sglang", "vllm"):
@@ -230,7 +230,7 @@ def test_catalog_has_every_accelerator_and_runtime():
 def test_fit_on_measured_tables_meets_a_loose_bound():
     pytest.importorskip("aiconfigurator_core")
     from dse.catalog import accelerators
-    from dse.kernels import common, moe
+    from dse.calibration.kernels import common, moe
     d = moe.load(chips=["h200-sxm"], runtimes=["trtllm"])
     g = d[d.family == "bf16"]
     acc = accelerators()["h200-sxm"]
@@ -246,7 +246,7 @@ def test_a100_trtllm_is_fitted_on_its_own_rows():
     """A100 TensorRT-LLM 1.0.0 has only power-law rows: they are fitted (power_law_1.01,
     corrected), not borrowed from SGLang's Triton kernel (fraction ~0.29 since the routed-entry
     scan carries part of its time; TensorRT-LLM's ~0.56)."""
-    from dse.kernels import common
+    from dse.calibration.kernels import common
     doc = tomllib.loads((common.CATALOG_DIR / "moe.toml").read_text())
     e = doc["a100-sxm-80g"]["trtllm"]
     assert "power_law_1.01" in e["fitted_on"] and "trtllm 1.0.0" in e["fitted_on"]
@@ -258,7 +258,7 @@ def test_catalog_carries_parameter_uncertainty():
     (symmetric, unit diagonal); transferred families are at least as uncertain as the
     leave-one-chip-out error their rule names."""
     import re
-    from dse.kernels import common
+    from dse.calibration.kernels import common
     doc = tomllib.loads((common.CATALOG_DIR / "moe.toml").read_text())
     seen = {"fitted": 0, "transferred": 0}
     for chip, rts in doc.items():
@@ -281,7 +281,7 @@ def test_catalog_carries_parameter_uncertainty():
 
 
 def test_uncertainty_rules_by_hand():
-    from dse.kernels import common
+    from dse.calibration.kernels import common
     cov = np.array([[0.04, 0.01], [0.01, 0.09]])
     u = common.uncertainty(["a", "b"], cov, "fitted")
     assert u["log_sd"] == pytest.approx([0.2, 0.3])

@@ -1,11 +1,11 @@
-"""The per-op error report's summary (``python -m dse.kernels``), worked by hand."""
+"""The per-op error report's summary (``python -m dse.calibration.kernels``), worked by hand."""
 
 import math
 
 import pandas as pd
 import pytest
 
-from dse.kernels.__main__ import summary
+from dse.calibration.kernels.__main__ import summary
 
 
 def test_summary_median_worst_share_and_pooled_by_hand():

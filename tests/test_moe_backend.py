@@ -1,4 +1,4 @@
-"""``serving.moe_backend``: a named MoE kernel's own fitted parameters (dse/kernels/moe.py),
+"""``serving.moe_backend``: a named MoE kernel's own fitted parameters (dse/calibration/kernels/moe.py),
 read from the catalog's backend sections, change the MoE layer time and nothing else; auto is
 the entry's own (joint) fit; a backend without parameters for the runtime is refused."""
 
@@ -9,10 +9,12 @@ import pandas as pd
 import pytest
 
 import dse
-from dse import catalog, catalog_tables, fields
-from dse.build import resolve, to_batch
+from dse import catalog
+from dse.build import tables
+from dse.spec import fields
+from dse.build.designs import resolve, to_batch
 from dse.errors import InputError
-from dse.kernels import common, moe
+from dse.calibration.kernels import common, moe
 from dse.perf import score
 
 BASE = {"accelerator.id": "b200", "model.id": "qwen3-235b-a22b", "serving.runtime": "sglang",
@@ -93,7 +95,7 @@ def test_backend_without_parameters_for_the_runtime_is_infeasible():
     """A named backend the runtime has no kernels for makes an MoE design infeasible with that
     reason (bit 256), not an error, so a space may cross runtimes with backends; a dense model
     has no experts and stays feasible; a misspelled backend is refused."""
-    has = catalog_tables.backend_runtimes(catalog_tables.tables())
+    has = tables.backend_runtimes(tables.tables())
     assert "trtllm" not in has["flashinfer_trtllm"] and "sglang" in has["flashinfer_trtllm"]
     rows = [{**BASE, "serving.runtime": rt, "serving.moe_backend": bk}
             for rt, bk in (("trtllm", "flashinfer_trtllm"), ("sglang", "flashinfer_trtllm"),

@@ -16,13 +16,13 @@ from helpers import API_SPACE, ROOT
 
 from dse import pareto
 from dse.cli import main
-from dse.space import load_space
+from dse.build.space import load_space
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
 
 
 def grid_ids(space, trials) -> np.ndarray:
-    from dse.search.study import grid_index
+    from dse.search.optuna.study import grid_index
     g = grid_index(space, trials)
     return np.ravel_multi_index(tuple(g.T), space.shape) if len(g) else np.zeros(0, np.int64)
 
@@ -143,7 +143,7 @@ def test_long_runs_rotate_studies_warm_started_from_the_front(tmp_path, capsys):
 def test_a_lost_database_connection_is_retried(capsys, monkeypatch):
     import sqlalchemy.exc
 
-    from dse.search import study as o
+    from dse.search.optuna import study as o
     monkeypatch.setattr(o.time, "sleep", lambda s: None)
     monkeypatch.setattr(o, "STORAGE_RETRY_S", 60.0)
     calls = []
@@ -166,8 +166,8 @@ def test_nested_local_search_enqueues_untried_grid_neighbours_of_the_front():
     import optuna
 
     from dse.search.bench import CHIP_SPACE, _space
-    from dse.search.optuna_strategy import distributions, enqueue_neighbours, split_parameters
-    from dse.search.study import coords_of
+    from dse.search.optuna.strategy import distributions, enqueue_neighbours, split_parameters
+    from dse.search.optuna.study import coords_of
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = _space(CHIP_SPACE)
     outer, _ = split_parameters(space, True)
@@ -193,7 +193,7 @@ def test_nested_local_search_enqueues_untried_grid_neighbours_of_the_front():
 
 
 def test_short_runs_plan_a_local_search_and_longer_ones_tpe():
-    from dse.search import optuna_strategy as o
+    from dse.search.optuna import strategy as o
     from dse.search.driver import plan
     space = load_space(str(QUICK))
     p = plan(space, "optuna", o.SHORT_RUN_TRIALS, None, None, None, None)
@@ -222,7 +222,7 @@ def test_a_short_run_asks_the_surrogate_for_each_trial_after_its_start(tmp_path,
     """The first 8 trials are the seed's pairs-covering start; every one after is the additive
     surrogate's proposal from the trials
     scored before it, with the values and constraints the run told Optuna (its trials files)."""
-    from dse.search import surrogate
+    from dse.search.optuna import surrogate
     out = tmp_path / "r"
     assert main(["run", str(QUICK), "--strategy", "optuna", "--trials", "24", "--seed", "1",
                  "--out", str(out), "--quiet"]) == 0
@@ -238,7 +238,7 @@ def test_a_short_run_asks_the_surrogate_for_each_trial_after_its_start(tmp_path,
     pos = list(range(len(space.parameters)))
     # the first 8: the pairs-covering start of the run's seed, in its order
     assert m["local_start"] == "pairs"
-    from dse.search.study import _ordered
+    from dse.search.optuna.study import _ordered
     start = surrogate.start_designs(space.shape, [_ordered(p) for p in space.parameters], 8, 1)
     assert [r["key"] for r in order[:8]] == [int(np.ravel_multi_index(c, space.shape))
                                              for c in start]
@@ -268,8 +268,8 @@ def test_the_polish_tries_two_step_neighbours_after_the_one_step_ones():
     neighbours are dominated or inadmissible)."""
     import optuna
 
-    from dse.search.optuna_strategy import distributions, enqueue_neighbours
-    from dse.search.study import coords_of
+    from dse.search.optuna.strategy import distributions, enqueue_neighbours
+    from dse.search.optuna.study import coords_of
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(str(QUICK))
     outer = list(range(len(space.parameters)))
@@ -307,7 +307,7 @@ def test_the_study_holds_names_real_values_and_constraints_as_optuna_tools_read_
     import optuna
 
     import dse
-    from dse.search.study import storage_for
+    from dse.search.optuna.study import storage_for
     run = dse.run(SCALED, strategy="optuna", sampler="random", population=4, trials=30,
                   out=tmp_path / "run")
     study = optuna.load_study(study_name=run.manifest["study_name"],
@@ -340,7 +340,7 @@ def test_the_study_holds_names_real_values_and_constraints_as_optuna_tools_read_
         assert t.system_attrs["constraints"] == pytest.approx(want, rel=1e-5, abs=1e-6)
     # a run folder from before the ``.scale`` rule (its study names the factor by the path) reads
     # the same design
-    from dse.search.study import coords_of
+    from dse.search.optuna.study import coords_of
     legacy = {k.removesuffix(".scale"): v for k, v in done[0].params.items()}
     pos = range(len(space.parameters))
     assert coords_of(space, legacy, pos) == coords_of(space, done[0].params, pos) is not None

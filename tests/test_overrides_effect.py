@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dse.build import STRING_PATHS, resolve, settable_paths, to_batch
+from dse.build.designs import STRING_PATHS, resolve, settable_paths, to_batch
 from dse.perf import score
 
 BASES = [

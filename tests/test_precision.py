@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import ROOT, batch, one
 
-from dse.evaluate import evaluate_file, evaluate_flat
+from dse.scoring.evaluate import evaluate_file, evaluate_flat
 from dse.perf import OPS, score
 
 MOE, PROJ = OPS.index("moe_routed"), OPS.index("attn_proj")

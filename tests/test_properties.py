@@ -126,7 +126,7 @@ def test_times_are_positive_and_finite_where_defined(b):
 def test_float32_scoring_agrees_with_float64():
     rows = pd.DataFrame({"accelerator.id": ACCS * 2, "model.id": (MODELS * 4)[: 2 * len(ACCS)],
                          "workload.concurrency": 64, "layout.tp": 1})
-    from dse.build import resolve, to_batch
+    from dse.build.designs import resolve, to_batch
     b = to_batch(resolve(rows))
     from dse.perf import score_chunked
     a, f = score_chunked(b), score_chunked(b, dtype=np.float32)
@@ -178,7 +178,7 @@ def test_a_compact_batch_scores_like_its_expanded_copy(model, case):
     every metric equals the expanded batch's, whichever columns vary (the topology's domain
     and scale-out numbers, or the scale-out link alone, while the chip, model and kernels do
     not)."""
-    from dse.build import resolve, to_batch
+    from dse.build.designs import resolve, to_batch
     from dse.perf import Batch
     rows = pd.DataFrame({"accelerator.id": "h100-sxm", "model.id": model,
                          "workload.concurrency": 64, **COMPACT_CASES[case]})

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from dse.perf import score
-from dse.questions import QUESTIONS_DIR, answer_space
-from dse.space import load_space
+from dse.questions.answer import QUESTIONS_DIR, answer_space
+from dse.build.space import load_space
 
 
 def rescore(name: str, design_id: int) -> dict:

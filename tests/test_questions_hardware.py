@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from dse.perf import OPS, score
-from dse.questions import QUESTIONS_DIR, Context
-from dse.space import load_space
+from dse.questions.answer import QUESTIONS_DIR, Context
+from dse.build.space import load_space
 
 KV = OPS.index("attn_core")
 

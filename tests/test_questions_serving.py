@@ -50,8 +50,8 @@ def test_redundant_experts_never_matter_under_perfect_balance_and_help_under_imb
     assert "the published default of 32 redundant experts costs" in readme
     assert "https://arxiv.org/abs/2412.19437" in readme and "| 33..96 | 360 | 5 | 104 |" in readme
     assert (out / "eplb-slots.png").read_bytes()[:4] == b"\x89PNG"
-    from dse.space import load_space
-    from dse.questions import QUESTIONS_DIR
+    from dse.build.space import load_space
+    from dse.questions.answer import QUESTIONS_DIR
     sp = load_space(str(QUESTIONS_DIR / "eplb-ep72.toml"))
     red = next(p for p in sp.parameters if p.path == "serving.redundant_experts")
     assert list(red.values) == list(range(97))        # every count 0..96
@@ -109,8 +109,8 @@ def test_fast_mode_mtp_gives_the_price_and_speed_with_and_without_speculation(an
     import numpy as np
 
     from dse.perf import score, spec
-    from dse.questions import QUESTIONS_DIR
-    from dse.space import load_space
+    from dse.questions.answer import QUESTIONS_DIR
+    from dse.build.space import load_space
     out, n = answered("fast-mode-mtp")
     s = n["speculation"]
     fast = n["fast"]

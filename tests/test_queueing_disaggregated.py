@@ -124,5 +124,5 @@ usd_per_mtok_output = "minimize"
     assert not (tmp_path / "r").exists()
     # with the rate fixed at 0 the same phases load
     space.write_text(space.read_text().replace("[0, 5]", "[0]"))
-    from dse.space import load_space
+    from dse.build.space import load_space
     assert len(load_space(str(space)).parameters) == 2

@@ -12,8 +12,8 @@ import pytest
 from helpers import ROOT
 
 from dse.cli import main
-from dse.fields import METRIC_INFO, label
-from dse.pages import markdown_html
+from dse.spec.fields import METRIC_INFO, label
+from dse.results.pages import markdown_html
 from dse.perf import METRICS, bound_shares, decode_bound, op_bound, score
 from dse.perf.serve import instances_per_rack
 
@@ -65,7 +65,7 @@ def test_decode_bound_is_the_largest_share_of_op_time():
 
 
 def test_scored_bound_agrees_with_the_breakdown_shares():
-    from dse.space import load_space
+    from dse.build.space import load_space
     space = load_space(str(QUICK))
     ids = np.arange(0, space.size, 7, dtype=np.int64)
     b, _ = space.batch(ids)
@@ -82,7 +82,7 @@ def test_scored_bound_agrees_with_the_breakdown_shares():
 def test_per_rack_counts_whole_instances():
     assert instances_per_rack(np.array([8.0, 16.0, 72.0, 144.0, 3.0]), 72.0).tolist() == \
         [9.0, 4.0, 1.0, 0.5, 24.0]
-    from dse.space import load_space
+    from dse.build.space import load_space
     space = load_space(str(QUICK))
     b, _ = space.batch(np.arange(space.size, dtype=np.int64))
     s = score(b.expanded())
@@ -131,7 +131,7 @@ def test_report_pages_show_units_the_cloud_and_best_per_accelerator(quick_run):
     assert "<pre>" not in page and "**" not in _text(page.split("<script")[0])
     assert "Best per accelerator" in page and "other designs" in page
     # the best per accelerator: the space has 480 designs, re-scored whole: the exact best
-    from dse.space import load_space
+    from dse.build.space import load_space
     space = load_space(str(QUICK))
     b, _ = space.batch(np.arange(space.size, dtype=np.int64))
     s = score(b.expanded())
@@ -162,14 +162,14 @@ def test_compare_warns_when_the_workloads_differ(quick_run, tmp_path, capsys):
 
 
 def test_trial_counts_add_up_when_workers_overshoot():
-    from dse.terminal import completed_words
+    from dse.results.terminal import completed_words
     assert completed_words({"trials_completed": 180, "trials_total": 200}, "trials") == "180 of 200"
     words = completed_words({"trials_completed": 232, "trials_total": 200}, "trials")
     assert words.startswith("232 (the target 200 and 32 more")
 
 
 def test_plain_terminal_text_has_no_markdown_markers():
-    from dse.pages import plain
+    from dse.results.pages import plain
     md = ("# What if: quickstart\n\n- TPOT [s]: median change **-6.7%** (`--bands 0`), *not* "
           "2*3*4\n## Uncertainty bands\n```\ncode\n```\nsee [the page](index.html) "
           "![f](front.png)\n| a | b |\n|---|---|")
@@ -183,9 +183,9 @@ def test_plain_terminal_text_has_no_markdown_markers():
 def test_every_png_is_saved_at_print_resolution(tmp_path):
     import struct
 
-    from dse import pages
-    from dse.questions import Context
-    from dse.questions._common import pyplot, save
+    from dse.results import pages
+    from dse.questions.answer import Context
+    from dse.questions.common import pyplot, save
     # every savefig of the pages and the questions passes the one constant
     calls = [(f, ln) for f in (ROOT / "dse").rglob("*.py") for ln in f.read_text().splitlines()
              if ".savefig(" in ln]

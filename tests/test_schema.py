@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from helpers import ROOT
 
-from dse.schema import design_schema, space_schema
+from dse.spec.schema import design_schema, space_schema
 
 
 def test_committed_schemas_are_current():

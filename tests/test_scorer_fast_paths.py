@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dse.bench import random_designs
-from dse.build import resolve, to_batch
+from dse.build.designs import resolve, to_batch
 from dse.perf import score
 
 KEYS = ("ttft_s", "tpot_s", "step_s", "output_tokens_per_s_per_chip", "usd_per_mtok_input",

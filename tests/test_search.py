@@ -15,7 +15,7 @@ import pytest
 from helpers import ROOT, SMALL_SPACE, brute_front
 
 from dse.cli import main
-from dse.space import load_space
+from dse.build.space import load_space
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
 

@@ -6,17 +6,17 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
-from dse import runs
-from dse.search import optuna_strategy as o
+from dse.search import store
+from dse.search.optuna import strategy as o
 from dse.search.driver import run_space
 from dse.search.replay import Scored, replay
-from dse.space import load_space
+from dse.build.space import load_space
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
 
 
 def _scored(d):
-    return set(np.concatenate([runs.read_table(f)["design_id"].to_numpy()
+    return set(np.concatenate([store.read_table(f)["design_id"].to_numpy()
                                for f in (d / "scores").glob("batch-*.parquet")]).tolist())
 
 
@@ -49,7 +49,7 @@ def test_the_replay_scores_the_same_designs_as_a_polished_default_run(tmp_path):
     space = load_space(str(QUICK))
     sc = Scored(space)
     d = run_space(space, tmp_path / "run", strategy="optuna", trials=120, seed=2, progress=False)
-    m = runs.load_manifest(d)
+    m = store.load_manifest(d)
     p = plan(space, "optuna", 120, None, None, None, None)
     assert m["sampler"] == "tpe" and m["local_after"] == p["local_after"] < 120
     real = _scored(d)

@@ -17,10 +17,11 @@ import pandas as pd
 import pytest
 from helpers import ROOT
 
-from dse import pareto, runs
+from dse import pareto
+from dse.search import store
 from dse.cli import main
 from dse.search.bench import CHIP_SPACE
-from dse.space import load_space
+from dse.build.space import load_space
 
 DENSE = ROOT / "spaces" / "dense-70b-nodes.toml"
 QUICK = ROOT / "spaces" / "quickstart.toml"
@@ -52,7 +53,8 @@ def run_args(tmp_path, strategy) -> list[str]:
 def _short_grace(monkeypatch):
     """A chunk a killed process left running is failed and retried once its heartbeat is
     3 s stale here (10 s in use): the resume does not wait out the grace period."""
-    from dse.search import segments, study
+    from dse.search.optuna import segments
+    from dse.search.optuna import study
     monkeypatch.setattr(segments, "GRACE_S", 3)
     monkeypatch.setattr(study, "GRACE_S", 3)
 
@@ -98,7 +100,7 @@ def assert_front_is_the_pareto_set_of_everything_scored(d, space):
 
 def assert_nothing_counted_twice(d, strategy):
     allt = stored(d)
-    st = runs.status(d)
+    st = store.status(d)
     if strategy in CHUNKED:
         assert allt["design_id"].is_unique
         n = json.loads((d / "manifest.json").read_text())["chunk_designs"]
@@ -131,7 +133,7 @@ def test_resume_after_kill_9_loses_and_counts_nothing_twice(tmp_path, strategy):
         time.sleep(0.02)
     p.send_signal(signal.SIGKILL)
     p.wait()
-    assert runs.status(out)["state"] in ("stopped", "finished")      # killed: not "running"
+    assert store.status(out)["state"] in ("stopped", "finished")      # killed: not "running"
     assert main(["run", "--resume", str(out), "--quiet"]) == 0
     st = assert_nothing_counted_twice(out, strategy)
     assert st["state"] == "finished"
@@ -163,7 +165,7 @@ def test_the_trials_asked_are_done_exactly(tmp_path, capsys, strategy):
     assert_front_is_the_pareto_set_of_everything_scored(out, load_space(path))
     more = 3
     assert main(["run", "--resume", str(out), "--trials", str(more), "--quiet"]) == 0
-    assert runs.status(out)["trials_completed"] == (want + more if strategy in CHUNKED
+    assert store.status(out)["trials_completed"] == (want + more if strategy in CHUNKED
                                                     else want)   # optuna: the run's total
 
 
@@ -182,7 +184,7 @@ def test_the_budget_is_honoured(tmp_path, capsys, strategy):
         path = str(DENSE)
         args[args.index("--chunk-designs") + 1] = "48"
         assert main(["run", path, *args, "--trials", "1", "--out", str(out), "--quiet"]) == 0
-        before = runs.status(out)["elapsed_s"]
+        before = store.status(out)["elapsed_s"]
     if before:
         assert main(["run", "--resume", str(out), "--budget", "1.5s", "--quiet"]) == 0
     else:
@@ -225,7 +227,7 @@ def test_shards_front_and_counts_with_workers(tmp_path, capsys, database):
     out = tmp_path / "run"
     assert main(["run", str(QUICK), "--strategy", "exhaustive", "--chunk-designs", "16",
                  "--storage", database, "--workers", "2", "--out", str(out), "--quiet"]) == 0
-    st = runs.status(out)
+    st = store.status(out)
     assert st["state"] == "finished" and st["trials_completed"] == 30
     assert_front_is_the_pareto_set_of_everything_scored(out, load_space(str(QUICK)))
 
@@ -319,9 +321,9 @@ def test_a_shards_worker_pops_a_chunk_its_study_cache_has_not_seen(tmp_path):
     url = f"sqlite:///{tmp_path / 'study.db'}"
     d = run_space(QUICK, tmp_path / "run", strategy="exhaustive", storage=url, trials=1,
                   chunk_designs=160, progress=False)
-    assert runs.status(d)["trials_completed"] == 1
+    assert store.status(d)["trials_completed"] == 1
     run_space(run_dir=d, join=True, storage_url=url, progress=False)
-    st = runs.status(d)
+    st = store.status(d)
     assert st["state"] == "finished" and st["trials_completed"] == 3
     assert st["designs_scored"] == 480
     assert_front_is_the_pareto_set_of_everything_scored(d, load_space(str(QUICK)))

@@ -1,4 +1,4 @@
-"""The short runs' additive surrogate (dse.search.surrogate): the model, its candidates, and what
+"""The short runs' additive surrogate (dse.search.optuna.surrogate): the model, its candidates, and what
 it buys on the quickstart against the grid-neighbour search it replaced."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
-from dse.search import surrogate as S
+from dse.search.optuna import surrogate as S
 from dse.search.replay import Scored, replay
-from dse.space import load_space
+from dse.build.space import load_space
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
 
@@ -129,7 +129,7 @@ def test_the_constraint_target_is_the_log_ratio_to_its_bound():
 def test_the_feasibility_column_is_the_memory_margin_worked_by_hand():
     """``fit_margin``: log(HBM needed / HBM available) where memory decides, signed as the
     reasons say (clamped at the edge), BIG for a layout infeasible for another reason."""
-    from dse.search.optuna_strategy import BIG, FIT_EDGE, fit_margin
+    from dse.search.optuna.strategy import BIG, FIT_EDGE, fit_margin
     s = {"reason": np.array([0, 16, 8, 24, 16, 0, 1, 17, 0]),
          "hbm_used_fraction": np.array([0.5, 2.0, 1.5, 3.0, 0.99, 1.01, 0.3, 2.0, np.nan])}
     want = [np.log(0.5), np.log(2.0), np.log(1.5), np.log(3.0), FIT_EDGE, 0.0, BIG, BIG, 0.0]

@@ -40,8 +40,8 @@ def test_more_hbm_bandwidth_moves_every_front_design_the_right_way(run, tmp_path
 
 
 def test_whatif_numbers_match_a_rescore(run, tmp_path, capsys):
-    from dse.space import load_space
-    from dse.whatif import _objective_table
+    from dse.build.space import load_space
+    from dse.results.whatif import _objective_table
     space = load_space(str(QUICK))
     ids = pd.read_csv(run / "front.csv")["design_id"].to_numpy()
     base = _objective_table(space, ids)
@@ -158,9 +158,9 @@ def test_derived_space_scores_what_the_rescoring_scores(small, tmp_path):
     """Set on a searched parameter, scale of a searched parameter, of a base value and of a
     catalog value (per design: the accelerator id is searched): the derived space file scores
     each old design exactly as Space.batch_from_values(vals, overrides) does."""
-    from dse import reoptimize
-    from dse.space import load_space
-    from dse.whatif import _objective_table, parse_overrides
+    from dse.results import reoptimize
+    from dse.build.space import load_space
+    from dse.results.whatif import _objective_table, parse_overrides
     space = load_space(str(small["space"]))
     ov = parse_overrides(["layout.tp=4"], ["workload.concurrency=2", "workload.isl=0.5",
                                            "accelerator.peak_flops_per_s=1.3", f"{HBM}=0.8"])
@@ -242,7 +242,7 @@ def test_scaling_a_blank_expert_imbalance_scales_the_published_default():
     from dse import catalog
     from dse.perf import score_chunked
     from dse.perf.imbalance import published_imbalance
-    from dse.space import load_space
+    from dse.build.space import load_space
     space = load_space(str(ROOT / "spaces" / "questions" / "rack-goodput.toml"))
     ids = np.arange(space.size)
     vals = space.values_at(ids)
@@ -291,8 +291,8 @@ def test_reoptimize_keeps_the_base_runs_local_search(tmp_path, capsys, trials, n
     the manifest's local keys carried over (the polish rescaled to the new trials); the new
     run's trials from ``local_after`` on are the surrogate's proposals (short) or grid
     neighbours (one step along one parameter) of designs it scored before them (polished)."""
-    from dse.search.optuna_strategy import POLISH_SHARE
-    from dse.space import load_space
+    from dse.search.optuna.strategy import POLISH_SHARE
+    from dse.build.space import load_space
     sp = tmp_path / "small.toml"
     sp.write_text(SMALL)
     d = tmp_path / "base"
@@ -326,7 +326,7 @@ def test_reoptimize_keeps_the_base_runs_local_search(tmp_path, capsys, trials, n
     late = range(max(m["local_after"], warm), len(coords))
     assert len(late) >= 2
     if short:
-        from dse.search import surrogate
+        from dse.search.optuna import surrogate
         told = {}
         for f in (run / "scores").glob("batch-*.trials.json"):
             told.update({int(k): v for k, v in json.loads(f.read_text()).items()})
@@ -355,7 +355,7 @@ def test_whatif_sets_a_draft_model_and_matches_evaluating_the_design(run, tmp_pa
     assert main(["whatif", str(run), *DRAFT_SETS, "--out", str(out), "--quiet",
                  "--bands", "0"]) == 0
     front = pd.read_csv(out / "front.csv")
-    from dse.evaluate import evaluate_flat
+    from dse.scoring.evaluate import evaluate_flat
     base = {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "workload.isl": 2048,
             "workload.osl": 256, "layout.pp": 1, "layout.ep": 1, "layout.dp": 1}
     space_row = pd.read_csv(run / "front.csv").set_index("design_id")
@@ -405,8 +405,8 @@ def test_whatif_states_the_kv_dtype_before_and_after(run, tmp_path, capsys):
     new = pd.read_csv(out / "front.csv")
     assert list(new.columns)[-2:] == ["design_id", "kv_dtype"] and (new["kv_dtype"] == "fp8").all()
     # the bf16-weight designs now hold an fp8 cache: cheaper (more fit), never costlier
-    from dse.space import load_space
-    from dse.whatif import _objective_table
+    from dse.build.space import load_space
+    from dse.results.whatif import _objective_table
     space = load_space(str(QUICK))
     ids = front["design_id"].to_numpy()
     before = _objective_table(space, ids)
@@ -430,8 +430,8 @@ def test_whatif_rate_replaces_each_designs_concurrency_and_says_so(run, tmp_path
     md = (out / "whatif.md").read_text()
     assert "each design's concurrency follows from the rate" in md
     # the page's numbers are the rate's: the same as evaluating the design with the rate alone
-    from dse.space import load_space
-    from dse.whatif import _objective_table
+    from dse.build.space import load_space
+    from dse.results.whatif import _objective_table
     space = load_space(str(QUICK))
     ids = pd.read_csv(run / "front.csv")["design_id"].to_numpy()
     a = _objective_table(space, ids, {"workload.request_rate_per_s": ("set", 0.5)})

@@ -12,7 +12,7 @@ from importlib import resources
 from pydantic import ValidationError
 
 from dse.errors import InputError, suggest
-from dse.specs import Accelerator, Efficiency, Model, Topology
+from dse.catalog.specs import Accelerator, Efficiency, Model, Topology
 
 KINDS = ("accelerators", "topologies", "models")
 
@@ -120,12 +120,12 @@ __all__ = ["KINDS", "ValidationError", "accelerators", "find", "lookup", "models
 @lru_cache(maxsize=1)
 def kernel_params() -> dict[tuple[str, str], dict]:
     """Fitted per-op kernel parameters, {(accelerator id, runtime): {key: value}}, merged over
-    ``kernels/*.toml`` (written by ``python -m dse.kernels --fit --write``); each entry's
+    ``kernels/*.toml`` (written by ``python -m dse.calibration.kernels --fit --write``); each entry's
     ``fitted_on`` is a dict {op file: what it was fitted on or transferred from}, and
     ``uncertainty`` (where written) {family: {params, log_sd, log_corr, rule}}: the covariance
-    of the log parameters (dse/kernels/common.py); ``backend`` (where written) {kernel backend:
+    of the log parameters (dse/calibration/kernels/common.py); ``backend`` (where written) {kernel backend:
     {key: value, "fitted_on": {op file: text}}}: the parameters ``serving.moe_backend`` selects
-    in place of the entry's own (dse/kernels/moe.py)."""
+    in place of the entry's own (dse/calibration/kernels/moe.py)."""
     out: dict[tuple[str, str], dict] = {}
     folder = resources.files(__package__).joinpath("kernels")
     for f in sorted(folder.iterdir(), key=lambda x: x.name):

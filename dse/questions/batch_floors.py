@@ -24,8 +24,8 @@ from __future__ import annotations
 import pandas as pd
 
 from dse.perf import OPS, score
-from dse.questions import Answer, Context, Lead
-from dse.questions._common import (
+from dse.questions.answer import Answer, Context, Lead
+from dse.questions.common import (
     admissible,
     describe,
     layout_curve,

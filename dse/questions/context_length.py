@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from dse.perf import OPS
-from dse.questions import Answer, Context, Lead
-from dse.questions._common import (
+from dse.questions.answer import Answer, Context, Lead
+from dse.questions.common import (
     admissible,
     layout_text,
     md_frame,

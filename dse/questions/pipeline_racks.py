@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.questions import Answer, Context, Lead
-from dse.questions._common import (admissible, md_frame, op_times, param_values, pyplot,
+from dse.questions.answer import Answer, Context, Lead
+from dse.questions.common import (admissible, md_frame, op_times, param_values, pyplot,
                                    save, slo_text)
 
 PP = "layout.pp"
@@ -157,7 +157,7 @@ def answer(ctx: Context) -> Answer:
     if lats:
         ref_lat = float(lats[0])
     else:
-        from dse.build import resolve
+        from dse.build.designs import resolve
         ref_lat = float(resolve(pd.DataFrame([ctx.space.base]))[LAT].iloc[0])
     df = full[full[LAT] == ref_lat] if lats else full
     ok = ok_full[df.index.to_numpy()]

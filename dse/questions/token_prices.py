@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.questions import Answer, Context, Lead
-from dse.questions._common import (
+from dse.questions.answer import Answer, Context, Lead
+from dse.questions.common import (
     admissible,
     describe,
     layout_curve,

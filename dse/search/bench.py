@@ -30,10 +30,11 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from dse import pareto, runs  # noqa: E402
-from dse.search import optuna_strategy  # noqa: E402
+from dse import pareto  # noqa: E402
+from dse.search import store
+from dse.search.optuna import strategy as optuna_strategy
 from dse.search.driver import run_space  # noqa: E402
-from dse.space import load_space  # noqa: E402
+from dse.build.space import load_space  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,7 +67,7 @@ def bench_exhaustive():
     t0, c0 = time.perf_counter(), time.process_time()
     d = _run(space, "exhaustive")
     dt, dc = time.perf_counter() - t0, time.process_time() - c0
-    st = runs.status(d)
+    st = store.status(d)
     print(f"exhaustive: {st['designs_scored']:,} designs in {dt:.2f} s wall, {dc:.2f} s CPU = "
           f"{st['designs_scored'] / dt:,.0f} designs/s wall, {st['designs_scored'] / dc:,.0f} per "
           f"CPU-second, including the Pareto archive and the Parquet score tables (front "
@@ -121,7 +122,7 @@ def _quality(space, runs_spec, seeds) -> None:
         for seed in range(seeds):
             d = _run(space, strategy, sampler=sampler, trials=trials, population=pop, seed=seed)
             f = pd.read_csv(d / "front.csv")
-            n = runs.status(d)["designs_scored"]
+            n = store.status(d)["designs_scored"]
             shares.append(pareto.hypervolume(pareto.objective_matrix(f, space.objectives), ref,
                                              scale) / hv_exact if len(f) else 0.0)
         print(f"  {name:<14} {n:6,} designs scored ({n / space.size:5.1%} of the space): "
@@ -161,7 +162,7 @@ def bench_shipped(seeds: int = 5, names=None, quick: bool = False) -> None:
         shares, scored, t0 = [], 0, time.perf_counter()
         for seed in range(seeds):
             d = _run(space, "optuna", trials=trials, seed=seed)
-            scored = max(scored, runs.status(d)["designs_scored"])
+            scored = max(scored, store.status(d)["designs_scored"])
             fr = pd.read_csv(d / "front.csv")
             shares.append(pareto.hypervolume(pareto.objective_matrix(fr, space.objectives), ref,
                                              scale) / hv if len(fr) else 0.0)
@@ -197,16 +198,16 @@ def bench_optuna_rate(trials: int):
     trials past the space's size would be repeats told back, not trials scored."""
     space = big_space()
     window = min(10_000, trials)
-    d = runs.new_run_dir(space.name, str(Path(tempfile.mkdtemp()) / "rate"))
-    m = runs.create(d, space, "optuna", 0, {"sampler": "nsga2", "population": 100,
+    d = store.new_run_dir(space.name, str(Path(tempfile.mkdtemp()) / "rate"))
+    m = store.create(d, space, "optuna", 0, {"sampler": "nsga2", "population": 100,
                                              "study_name": d.name, "trials": trials,
                                              "segment_trials": optuna_strategy.SEGMENT_TRIALS})
     rates, cpu_rates = [], []
-    while runs.status(d)["trials_completed"] < trials:
+    while store.status(d)["trials_completed"] < trials:
         t0, c0 = time.perf_counter(), time.process_time()
-        before = runs.status(d)["trials_completed"]
+        before = store.status(d)["trials_completed"]
         optuna_strategy.run(space, d, m, max_trials=window, budget_s=None, progress=False)
-        n = runs.status(d)["trials_completed"] - before
+        n = store.status(d)["trials_completed"] - before
         if n == 0:        # the space is spent (or the run stopped): nothing more to time
             break
         rates.append(n / (time.perf_counter() - t0))

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dse import pareto, runs
+from dse import pareto
+from dse.search import store
 from dse.errors import InputError
 
 WAIT = "wait"              # propose(): others hold the remaining work; look again shortly
@@ -53,7 +54,7 @@ class Strategy:
         self.storage_url, self.joining = storage_url, joining
         self.front = None
         self.hv = None
-        self.elapsed0 = float(runs.read_progress(d).get("elapsed_s", 0.0))
+        self.elapsed0 = float(store.read_progress(d).get("elapsed_s", 0.0))
         self.t0 = time.monotonic()
 
     # -- the loop's steps (each strategy defines them)
@@ -91,8 +92,8 @@ class Strategy:
         import pandas as pd
         self.hypervolume()
         front = self.front if self.front is not None else pd.DataFrame()
-        runs.write_front(self.d, front, self.space.objectives, [p.path for p in self.space.parameters])
-        runs.write_json(self.d / "progress.json", {
+        store.write_front(self.d, front, self.space.objectives, [p.path for p in self.space.parameters])
+        store.write_json(self.d / "progress.json", {
             "state": state, **self.counters(), "elapsed_s": self.elapsed0 + self.elapsed(),
             "front_size": len(front), "hypervolume": self.hv, **extra})
 
@@ -105,7 +106,7 @@ def drive(s: Strategy, progress: bool = True) -> dict:
     if s.budget_s is not None and s.max_trials is None:
         # a budget and no count of trials to do now: the bar (and its ETA) follows the budget
         bar = {"total": round(s.budget_s), "unit": "s", "desc": bar.get("desc"), "by_time": True}
-    with runs.Working(s.d, progress, **bar) as work:
+    with store.Working(s.d, progress, **bar) as work:
         try:
             s.save("running")
             while not work.stop:
@@ -128,7 +129,7 @@ def drive(s: Strategy, progress: bool = True) -> dict:
         except BaseException:
             s.save("failed" if not work.stop else "stopped")
             raise
-    return runs.status(s.d)
+    return store.status(s.d)
 
 
 def _reference_words(s: Strategy) -> str | None:
@@ -136,12 +137,13 @@ def _reference_words(s: Strategy) -> str | None:
     ref = s.manifest.get("reference")
     if not ref:
         return None
-    from dse.terminal import reference_words
+    from dse.results.terminal import reference_words
     return reference_words(s.space.objectives, ref)
 
 
 def strategy_class(manifest: dict):
-    from dse.search import exhaustive, optuna_strategy, shards
+    from dse.search import exhaustive, shards
+    from dse.search.optuna import strategy as optuna_strategy
     if manifest["strategy"] == "exhaustive":
         return shards.Shards if manifest.get("storage") else exhaustive.Exhaustive
     if manifest["strategy"] in ("optuna", "nested"):
@@ -165,7 +167,7 @@ def search(space, d: Path, manifest: dict, *, max_trials=None, budget_s=None, st
 def points(space, strategy: str) -> int:
     """What one trial of the strategy proposes, counted: designs (optuna), hardware/model
     points (nested)."""
-    from dse.search.optuna_strategy import split_parameters
+    from dse.search.optuna.strategy import split_parameters
     outer, _ = split_parameters(space, strategy == "nested")
     return int(np.prod([space.shape[i] for i in outer])) if outer else 1
 
@@ -180,7 +182,7 @@ def plan(space, strategy: str | None, trials: int | None, budget_s: float | None
     design, or every point of a nested run) enumerates it: the exact front at a fraction of the
     cost of asking Optuna for each design. With a budget and no trials, a run goes on until the
     budget or the space is spent."""
-    from dse.search import optuna_strategy
+    from dse.search.optuna import strategy as optuna_strategy
     strategy = strategy or ("exhaustive" if space.size <= EXHAUSTIVE_MAX else "optuna")
     if strategy not in STRATEGY_NAMES:
         raise InputError(f"unknown strategy {strategy!r}", hint="one of " + ", ".join(STRATEGY_NAMES))
@@ -213,14 +215,14 @@ def plan(space, strategy: str | None, trials: int | None, budget_s: float | None
 
 
 def _resume(d: Path):
-    from dse.space import load_space
-    m = runs.load_manifest(d)
-    runs.check_version(m, d)
-    st = runs.status(d)       # refuses corrupt durable files; rebuilds derived ones
+    from dse.build.space import load_space
+    m = store.load_manifest(d)
+    store.check_version(m, d)
+    st = store.status(d)       # refuses corrupt durable files; rebuilds derived ones
     if st["state"] == "running":
         raise InputError("the run is still running", file=str(d),
                          hint="stop it first, or join it with `dse worker`")
-    snap = runs.space_snapshot(d, m)
+    snap = store.space_snapshot(d, m)
     space = load_space(str(snap if snap.is_file() else m["space_file"]))
     if space.digest != m["space_digest"]:
         raise InputError("the run's copy of its space file changed since the run started",
@@ -235,14 +237,14 @@ def _resume(d: Path):
 
 
 def _join(d: Path):
-    from dse.space import load_space
-    m = runs.load_manifest(d)
-    runs.check_version(m, d)
+    from dse.build.space import load_space
+    m = store.load_manifest(d)
+    store.check_version(m, d)
     if m["strategy"] == "exhaustive" and not m.get("storage"):
         raise InputError("exhaustive runs without --storage take no workers", file=str(d),
                          hint="workers join optuna and nested runs, and exhaustive runs "
                               "started with --storage URL")
-    return load_space(str(runs.space_snapshot(d, m))), m
+    return load_space(str(store.space_snapshot(d, m))), m
 
 
 def _spawn_workers(d: Path, n: int) -> list:
@@ -272,8 +274,9 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
     RDB when the run folder is only its local copy. ``own_copy``: the run's snapshot of its
     space file is its space file (the given one is temporary: ``dse whatif --reoptimize``).
     """
-    from dse.space import Space, load_space
-    from dse.search import exhaustive, optuna_strategy
+    from dse.build.space import Space, load_space
+    from dse.search import exhaustive
+    from dse.search.optuna import strategy as optuna_strategy
     if trials is not None and trials < 1:
         raise InputError(f"--trials {trials} must be >= 1")
     if workers < 1:
@@ -305,10 +308,10 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
     if storage:
         # the RDB's schema is made before the manifest exists: workers that join as soon as
         # they see it never race the run to create Optuna's tables
-        from dse.search.study import storage_for
+        from dse.search.optuna.study import storage_for
         storage_for(None, storage)
     existed = run_dir is not None and Path(run_dir).is_dir()
-    d = runs.new_run_dir(space.name, None if run_dir is None else str(run_dir))
+    d = store.new_run_dir(space.name, None if run_dir is None else str(run_dir))
     ext = {"chunk_designs": chunk_designs or exhaustive.CHUNK_DESIGNS, **(extra or {})}
     if p["strategy"] == "exhaustive":
         if storage:               # chunks as trials of a shared study
@@ -327,13 +330,13 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
             ext["warm_start"] = [int(i) for i in warm_start]
         max_trials = None
     try:
-        m = runs.create(d, space, p["strategy"], seed, ext)
+        m = store.create(d, space, p["strategy"], seed, ext)
         if own_copy:
-            m["space_file"] = str(runs.space_snapshot(d, m))
-            runs.write_json(d / "manifest.json", m)
-        space = load_space(str(runs.space_snapshot(d, m)))   # the run reads its own copy
+            m["space_file"] = str(store.space_snapshot(d, m))
+            store.write_json(d / "manifest.json", m)
+        space = load_space(str(store.space_snapshot(d, m)))   # the run reads its own copy
     except BaseException:
-        runs.discard(d, existed)
+        store.discard(d, existed)
         raise
     procs = []
     try:
@@ -344,10 +347,10 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
             procs = _spawn_workers(d, workers - 1)
         search(space, d, m, max_trials=max_trials, budget_s=budget_s, storage_url=storage,
                progress=progress)
-    except runs.Interrupted:
+    except store.Interrupted:
         raise                        # stopped: resumable
     except BaseException:
-        runs.discard(d, existed)     # a start that failed before computing anything
+        store.discard(d, existed)     # a start that failed before computing anything
         raise
     finally:
         _reap(procs)
@@ -365,7 +368,7 @@ def _reap(procs) -> None:
             pr.wait()
     if procs:
         d = Path(procs[0].args[-2])
-        m = runs.load_manifest(d)
+        m = store.load_manifest(d)
         if not m.get("storage"):
-            runs.write_front(d, runs.front_from_tables(d, m), m["objectives"], m["parameters"])
-            runs.status(d)             # progress.json rebuilt from the durable files
+            store.write_front(d, store.front_from_tables(d, m), m["objectives"], m["parameters"])
+            store.status(d)             # progress.json rebuilt from the durable files

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse import pareto, runs
+from dse import pareto
+from dse.search import store
 from dse.perf import score_chunked
 from dse.search.driver import Strategy, drive
 
@@ -57,10 +58,10 @@ class Exhaustive(Strategy):
         d, space = self.d, self.space
         self.chunk = int(self.manifest.get("chunk_designs", CHUNK_DESIGNS))
         self.n_chunks = -(-space.size // self.chunk)
-        runs.remove_stale_tmp(d)                         # a chunk a killed process was writing
+        store.remove_stale_tmp(d)                         # a chunk a killed process was writing
         self.done = {int(f.stem.split("-")[1]) for f in (d / "scores").glob("chunk-*.parquet")}
         # the front from the durable score tables (a corrupt one is refused, naming it)
-        self.front = pareto.front_of([runs.read_table(_chunk_file(d, i)) for i in sorted(self.done)],
+        self.front = pareto.front_of([store.read_table(_chunk_file(d, i)) for i in sorted(self.done)],
                                      space.objectives)
         self.designs = sum(min((i + 1) * self.chunk, space.size) - i * self.chunk for i in self.done)
         todo = [i for i in range(self.n_chunks) if i not in self.done]
@@ -84,14 +85,14 @@ class Exhaustive(Strategy):
     def store(self, i, scored) -> None:
         table = scored[0]
         # the chunk is done once its table is on disk (written whole, then renamed)
-        runs.atomic_save(_chunk_file(self.d, i), lambda p: table.to_parquet(p, index=False))
+        store.atomic_save(_chunk_file(self.d, i), lambda p: table.to_parquet(p, index=False))
 
     def tell(self, i, scored) -> int:
         table, n = scored
         self.done.add(i)
         self.designs += n
         self.front = pareto.front_of([self.front, table], self.space.objectives)
-        runs.fix_reference(self.manifest, self.d,
+        store.fix_reference(self.manifest, self.d,
                            pareto.objective_matrix(self.front, self.space.objectives)
                            if len(self.front) else [])
         return n

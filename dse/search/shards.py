@@ -27,11 +27,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse import pareto, runs
-from dse.search import exhaustive, segments
+from dse import pareto
+from dse.search import store
+from dse.search import exhaustive
+from dse.search.optuna import segments
 from dse.search.driver import WAIT, Strategy, drive
-from dse.search.segments import Silent, state_counts
-from dse.search.study import (HEARTBEAT_S, TrialIds, finished_elsewhere, front_payload,
+from dse.search.optuna.segments import Silent, state_counts
+from dse.search.optuna.study import (HEARTBEAT_S, TrialIds, finished_elsewhere, front_payload,
                               payload_frame, storage_for, told_already, with_retry)
 
 ENQUEUED = "chunks_enqueued"     # study user attr: every chunk has had a trial enqueued
@@ -157,13 +159,13 @@ class Shards(Strategy):
         if not self.joining:
             if "space_toml" not in with_retry(lambda: study.user_attrs):
                 with_retry(study.set_user_attr, "space_toml", Path(space.file).read_text())
-                with_retry(study.set_user_attr, "inputs", runs.inputs_payload(d, m))
+                with_retry(study.set_user_attr, "inputs", store.inputs_payload(d, m))
                 with_retry(study.set_user_attr, "manifest", json.dumps(m, default=str))
             if not with_retry(lambda: study.user_attrs.get(ENQUEUED)):
                 _enqueue(study, with_retry(_missing, study, self.n_chunks))   # a resume: the rest
                 with_retry(study.set_user_attr, ENQUEUED, True)
-        runs.remove_stale_tmp(d)      # a killed process's: the pid is in the name (workers share)
-        self.front = pareto.front_of([runs.read_table(f) for f in
+        store.remove_stale_tmp(d)      # a killed process's: the pid is in the name (workers share)
+        self.front = pareto.front_of([store.read_table(f) for f in
                                       sorted((d / "scores").glob("chunk-*.parquet"))],
                                      space.objectives)
         self.silent = Silent()
@@ -231,7 +233,7 @@ class Shards(Strategy):
 
     def store(self, tid, scored) -> None:
         _, i, table, _ = scored
-        runs.atomic_save(exhaustive._chunk_file(self.d, i), lambda p: table.to_parquet(p, index=False))
+        store.atomic_save(exhaustive._chunk_file(self.d, i), lambda p: table.to_parquet(p, index=False))
 
     def tell(self, tid, scored) -> int:
         trial, i, table, n = scored
@@ -248,7 +250,7 @@ class Shards(Strategy):
         self.mine += 1
         self.counts["COMPLETE"] += 1
         self.front = pareto.front_of([self.front, table], self.space.objectives)
-        runs.fix_reference(self.manifest, self.d,
+        store.fix_reference(self.manifest, self.d,
                            pareto.objective_matrix(self.front, self.space.objectives)
                            if len(self.front) else [])
         return 1
@@ -262,7 +264,7 @@ class Shards(Strategy):
                                              states=(TrialState.FAIL,)))
         self.front = with_retry(front_from_shards, study, self.space)
         if len(self.front):
-            runs.fix_reference(self.manifest, self.d,
+            store.fix_reference(self.manifest, self.d,
                                pareto.objective_matrix(self.front, self.space.objectives))
         self.final = (len(done), sum(_designs(self.space, self.chunk, i) for i in done))
         self.save("finished" if len(done) == self.n_chunks else "stopped")

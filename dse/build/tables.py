@@ -1,0 +1,151 @@
+"""The catalog as integer-coded numpy tables, built once per process.
+
+Each kind of entry (accelerator, topology, model) is numbered in catalog order: an entry's
+*code* is its position in ``Tables.ids[kind]``. Every numeric field is one float64 array over
+the entries of its kind (``Tables.columns["accelerator.hbm_bw_bytes_per_s"][codes]`` gives the
+value of every design at once; NaN where an entry lacks the field, e.g. a dtype the chip has no
+native support for). The fitted kernel parameters (dse/catalog/kernels/*.toml) are one array
+``Tables.kernel[accelerator, runtime, key]``; a chip with no entry for a runtime takes, per key,
+the mean of every entry that has it (none is missing today: the fit writes every chip), and the
+extra runtime slot ``-1`` (an unknown runtime) holds those means too. A named MoE kernel
+backend (``serving.moe_backend``) overlays its own parameters,
+``Tables.backend_kernel[accelerator, runtime, backend, key]`` (NaN: the key is auto's).
+
+The tables are rebuilt when the catalog's cached entries are (``dse.calibration.fit`` and
+``dse.calibration.calibrate`` clear them after writing a fit), so they never serve stale numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dse import catalog
+from dse.spec import fields
+from dse.catalog.specs import DTYPES
+
+ACC_FIELDS = ("hbm_capacity_bytes", "hbm_bw_bytes_per_s", "tdp_w", "scaleup_link_bw_bytes_per_s",
+              "scaleup_domain_chips", "scaleout_link_bw_bytes_per_s")
+EFF_FIELDS = ("hbm_fraction", "scaleup_fraction", "scaleout_fraction", "layer_overhead_s",
+              "step_overhead_s", "network_overlap_fraction")
+MODEL_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings", "mlp_gated",
+                "num_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+                "shared_expert_intermediate_size", "first_k_dense_replace", "moe_layer_step",
+                "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                "sliding_window", "num_local_attention_layers", "num_nextn_predict_layers")
+TOPO_FIELDS = ("rack_chips", "scaleup_base_latency_s", "scaleup_hop_latency_s",
+               "scaleout_latency_s", "scaleout_oversubscription")
+KIND_OF = {"accelerator": "accelerators", "topology": "topologies", "model": "models"}
+
+
+def _float(v) -> float:
+    return np.nan if v is None else float(v)
+
+
+def _accelerator_row(a) -> dict[str, float]:
+    r = {f"accelerator.{f}": _float(getattr(a, f)) for f in ACC_FIELDS}
+    for d in DTYPES:
+        r[f"accelerator.peak_flops_per_s.{d}"] = _float(getattr(a.peak_flops_per_s, d))
+    r["accelerator.price_usd_per_hour"] = _float(a.price.usd_per_hour)
+    r["accelerator.capex_usd"] = _float(a.price.capex_usd)
+    r["accelerator.all_in_power_w"] = _float(a.price.all_in_power_w)
+    for f in EFF_FIELDS:
+        r[f"accelerator.efficiency.{f}"] = _float(getattr(a.efficiency, f))
+    return r
+
+
+def _topology_row(t) -> dict[str, float]:
+    return {**{f"topology.{f}": _float(getattr(t, f)) for f in TOPO_FIELDS},
+            "topology.domain_chips": _float(t.domain_chips)}
+
+
+def _model_row(m) -> dict[str, float]:
+    return {f"model.{f}": _float(getattr(m, f)) for f in MODEL_FIELDS}
+
+
+def _stack(rows: list[dict]) -> dict[str, np.ndarray]:
+    return {k: np.array([r[k] for r in rows], dtype=np.float64) for k in rows[0]}
+
+
+@dataclass(frozen=True, eq=False)
+class Tables:
+    ids: dict              # kind -> tuple of ids (an entry's code is its position)
+    index: dict            # kind -> {id: code}
+    columns: dict          # dotted path -> float64 array over the entries of its kind
+    default_topology: np.ndarray   # accelerator code -> its default topology's id (object)
+    runtimes: tuple        # serving.runtime choices (a runtime's code is its position)
+    kernel_keys: tuple     # catalog.kernel_keys()
+    kernel: np.ndarray     # float64 [accelerator, runtime (+1: unknown), key]
+    moe_backends: tuple    # serving.moe_backend choices ("auto" first: no override)
+    backend_kernel: np.ndarray   # float64 [accelerator, runtime (+1), backend, key]; NaN: auto's
+    built_from: tuple      # the catalog objects these tables were built from
+
+    def paths(self, kind: str) -> list[str]:
+        """The numeric columns of one kind ("accelerator", "topology", "model"), in order."""
+        return [p for p in self.columns if p.startswith(kind + ".")]
+
+
+def _build() -> Tables:
+    accs, topos, mods = catalog.accelerators(), catalog.topologies(), catalog.models()
+    params = catalog.kernel_params()
+    ids = {"accelerator": tuple(accs), "topology": tuple(topos), "model": tuple(mods)}
+    index = {k: {e: i for i, e in enumerate(v)} for k, v in ids.items()}
+    columns = {**_stack([_accelerator_row(a) for a in accs.values()]),
+               **_stack([_topology_row(t) for t in topos.values()]),
+               **_stack([_model_row(m) for m in mods.values()])}
+    default_topology = np.array([a.default_topology for a in accs.values()], dtype=object)
+    runtimes = tuple(fields.REGISTRY["serving.runtime"].choices)
+    keys = catalog.kernel_keys()
+    # the mean over every (chip, runtime) entry that has the key: a missing entry's value
+    mean = np.array([np.mean([v[k] for v in params.values() if k in v]) for k in keys])
+    kernel = np.empty((len(accs), len(runtimes) + 1, len(keys)))
+    for a, acc_id in enumerate(ids["accelerator"]):
+        for r, rt in enumerate(runtimes):
+            entry = params.get((acc_id, rt), {})
+            kernel[a, r] = [entry.get(k, m) for k, m in zip(keys, mean)]
+        kernel[a, -1] = mean
+    backends = tuple(fields.REGISTRY["serving.moe_backend"].choices)
+    over = np.full((len(accs), len(runtimes) + 1, len(backends), len(keys)), np.nan)
+    kpos = {k: j for j, k in enumerate(keys)}
+    for a, acc_id in enumerate(ids["accelerator"]):
+        for r, rt in enumerate(runtimes):
+            for b, sec in params.get((acc_id, rt), {}).get("backend", {}).items():
+                if b not in backends:
+                    continue
+                for k, v in sec.items():
+                    if k in kpos:
+                        over[a, r, backends.index(b), kpos[k]] = v
+    return Tables(ids, index, columns, default_topology, runtimes, keys, kernel, backends, over,
+                  (accs, topos, mods, params))
+
+
+def backend_available(T: "Tables") -> np.ndarray:
+    """bool [runtime (+1), backend]: some chip has fitted or transferred parameters of that
+    MoE backend for that runtime (auto, backend 0, always)."""
+    avail = np.isfinite(T.backend_kernel).any(axis=(0, 3))
+    avail[:, 0] = True
+    return avail
+
+
+def backend_runtimes(T: "Tables") -> dict[str, set[str]]:
+    """{moe backend: runtimes with any fitted or transferred parameters for it}."""
+    avail = backend_available(T)
+    return {name: {rt for r, rt in enumerate(T.runtimes) if avail[r, b]}
+            for b, name in enumerate(T.moe_backends) if avail[:len(T.runtimes), b].any()}
+
+
+_TABLES: Tables | None = None
+
+
+def tables() -> Tables:
+    """The catalog's tables, built on first use and whenever the catalog was reloaded."""
+    global _TABLES
+    now = (catalog.accelerators(), catalog.topologies(), catalog.models(), catalog.kernel_params())
+    if _TABLES is None or any(a is not b for a, b in zip(_TABLES.built_from, now)):
+        _TABLES = _build()
+    return _TABLES
+
+
+__all__ = ["ACC_FIELDS", "EFF_FIELDS", "KIND_OF", "MODEL_FIELDS", "TOPO_FIELDS", "Tables", "tables"]

@@ -1,0 +1,222 @@
+"""End-to-end remainder of the model, fitted on ../shared/calibration after the kernel fit.
+
+The per-op efficiencies come from the kernel fits (``python -m dse.calibration.kernels``, the catalog's
+``kernels/*.toml``). What end-to-end serving adds on top of the kernels, and what no kernel
+table measures, is a fixed time per layer (norms, residuals, rotary embedding, activation
+kernels). That one number is fitted here by least squares in log space, **shared by every
+chip** (it describes the runtime, not the silicon), so it transfers to chips the calibration set
+never saw; the other end-to-end factors stay at their physical priors (``FIXED``).
+
+A fixed time per step (scheduler, sampling, host-device synchronisation) was fitted too until
+2026-12: with the all-reduce selection rule and the logits all-gather it came out at 12.6 us
+(3.0 us before), and held at 0 the calibration figures are the same to three digits (offline
+1.0958 vs 1.0959, online TPOT 1.1157 vs 1.1157, TTFT 1.1029 vs 1.1027), so it is not fitted:
+``step_overhead_s`` stays a catalog field, written as 0 (``FIXED``).
+
+Cross-validation refits the number without one chip (leave-one-chip-out) or without one
+model family (leave-one-family-out) and predicts the cases left out.
+
+Uncertainty (``bootstrap``, written to efficiency.toml's ``[uncertainty.end_to_end]`` table in
+the kernel tables' format: ``params``, ``log_sd``, ``log_corr``, ``rule``; read it with
+``uncertainty()``): the covariance of the log parameters over ``BOOT_N`` refits on cases drawn
+with replacement within each (source, hardware) group (seeded, warm-started at the fit), which
+keeps the groups' weights and carries whatever the residuals share within a group (one chip's
+kernel error moves all its cases together). A parameter that every resample puts at the same
+bound gets the sd of a uniform draw within its log bounds (``dse.calibration.kernels.common.bounded_cov``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+from dse import catalog
+from dse.build.designs import EFF_FIELDS
+from dse.calibration.calibrate import joined, weights
+from dse.scoring.predict import Prepared, finish, prepare
+
+# (name, prior, lower, upper)
+PARAMS = (
+    ("layer_overhead_s", 10e-6, 1e-8, 5e-4),
+)
+# end-to-end factors kept at their physical priors: the share of HBM bandwidth the traffic
+# outside GEMMs and attention reaches (embedding rows), of the scale-up and scale-out links a
+# pipeline hand-off or a KV transfer reaches, no overlap of collectives with compute (as
+# TensorRT-LLM v0.14-v0.17 ran them: on the compute stream), and no fixed time per step (module
+# docstring: redundant with the per-layer time)
+FIXED = {"hbm_fraction": 0.8, "scaleup_fraction": 0.8, "scaleout_fraction": 0.75,
+         "step_overhead_s": 0.0, "network_overlap_fraction": 0.0}
+
+
+def _batch_with(prep: Prepared, theta: np.ndarray):
+    return prep.batch.replace(step_overhead_s=FIXED["step_overhead_s"],
+                              **{name: v for (name, *_), v in zip(PARAMS, theta)})
+
+
+def _residuals(prep: Prepared, cases: pd.DataFrame, truth: pd.DataFrame, theta) -> pd.DataFrame:
+    pred = finish(prep, _batch_with(prep, theta))
+    return joined(pred, cases, truth)
+
+
+BOOT_N = 24
+BOOT_SEED = 0
+
+
+def fit(cases: pd.DataFrame, truth: pd.DataFrame, keep=None, verbose: bool = True,
+        prep: Prepared | None = None, counts=None, start: dict | None = None,
+        max_nfev: int = 60) -> dict:
+    """The end-to-end number(s) of ``PARAMS`` fitted on the cases where ``keep`` (a boolean per case, all
+    by default), every (source, metric, hardware) group weighted equally within its source;
+    ``counts``: how many times each case is drawn (a bootstrap resample; 1 by default);
+    ``start``: starting values (the priors by default)."""
+    prep = prep or prepare(cases, file="cases.csv")
+    keep = np.ones(len(cases), bool) if keep is None else np.asarray(keep)
+    keep = keep & fittable(cases)
+    if counts is not None:
+        keep = keep & (np.asarray(counts) > 0)
+    keep_ids = set(cases["case_id"][keep])
+    base = truth[truth["case_id"].isin(keep_ids)].merge(
+        cases[["case_id", "hardware", "model"]], on="case_id")
+    w = np.sqrt(weights(base.assign(pred=1.0)))
+    if counts is not None:
+        mult = pd.Series(np.asarray(counts, float), index=cases["case_id"])
+        w = w * np.sqrt(base["case_id"].map(mult).to_numpy(float))
+    w = w / w.mean()
+    lo = np.log([p[2] for p in PARAMS])
+    hi = np.log([p[3] for p in PARAMS])
+    x0 = np.log([(start or {}).get(p[0], p[1]) for p in PARAMS])
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+
+    def resid(x):
+        j = _residuals(prep, cases, truth, np.exp(x))
+        j = base[["case_id", "metric"]].merge(j, on=["case_id", "metric"], how="left")
+        r = np.log(j["pred"].to_numpy(float) / j["value"].to_numpy(float))
+        return w * np.where(np.isfinite(r), r, 3.0)
+
+    # a robust loss: a few cases far off (a chip or model whose kernels the tables describe
+    # poorly) must not pull the numbers every other chip shares
+    sol = least_squares(resid, x0, bounds=(lo, hi), diff_step=0.05, max_nfev=max_nfev,
+                        loss="soft_l1", f_scale=0.1)
+    theta = {p[0]: float(v) for p, v in zip(PARAMS, np.exp(sol.x))}
+    if verbose:
+        print("  ".join(f"{k}={v:.4g}" for k, v in theta.items() if not k.startswith("_"))
+              + f"  ({len(base)} values, {sol.nfev} evaluations)")
+    return theta
+
+
+def bootstrap(cases: pd.DataFrame, truth: pd.DataFrame, theta: dict, n: int = BOOT_N,
+              seed: int = BOOT_SEED, prep: Prepared | None = None, verbose: bool = True) -> dict:
+    """The fit's uncertainty (module docstring): ``{"params", "log_sd", "log_corr", "rule"}``
+    from ``n`` case resamples within each (source, hardware) group, refitted from ``theta``."""
+    from dse.calibration.kernels.common import bounded_cov, uncertainty
+    prep = prep or prepare(cases, file="cases.csv")
+    rng = np.random.default_rng(seed)
+    groups = cases.groupby([cases["source"].astype(str), cases["hardware"].astype(str)]).indices
+    draws = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        counts = np.zeros(len(cases), int)
+        for idx in groups.values():
+            np.add.at(counts, rng.choice(idx, size=len(idx), replace=True), 1)
+        th = fit(cases, truth, verbose=False, prep=prep, counts=counts, start=theta, max_nfev=25)
+        draws.append(np.log([th[p[0]] for p in PARAMS]))
+        if verbose:
+            el = time.perf_counter() - t0
+            print(f"\r  bootstrap {i + 1}/{n}  {(i + 1) / el:.2f} refits/s  "
+                  f"ETA {el / (i + 1) * (n - i - 1):.0f} s", end="", flush=True)
+    if verbose:
+        print()
+    x = np.array(draws)
+    lo = np.log([p[2] for p in PARAMS])
+    hi = np.log([p[3] for p in PARAMS])
+    cov = bounded_cov(np.atleast_2d(np.cov(x, rowvar=False)), lo, hi)
+    rule = (f"bootstrap: {n} refits on cases resampled within each (source, hardware) group "
+            f"(seed {seed}); a parameter the resamples do not move gets its bounds' uniform sd")
+    return uncertainty([p[0] for p in PARAMS], cov, rule)
+
+
+def uncertainty(path: Path | None = None) -> dict | None:
+    """The end-to-end parameters' uncertainty as written by ``--fit --write`` (efficiency.toml's
+    ``[uncertainty.end_to_end]``: params, log_sd, log_corr, rule), or None."""
+    import tomllib
+    path = path or Path(catalog.__file__).with_name("efficiency.toml")
+    with open(path, "rb") as fh:
+        return tomllib.load(fh).get("uncertainty", {}).get("end_to_end")
+
+
+def fittable(cases: pd.DataFrame) -> np.ndarray:
+    """Cases whose inputs are known: online-serving rows at an infinite request rate carry no
+    concurrency (their concurrency was bounded by the 500 requests sent, not by the runtime),
+    so they are reported but not fitted."""
+    conc = pd.to_numeric(cases.get("concurrency"), errors="coerce")
+    online = cases["source"].astype(str).str.contains("ONLINE") if "source" in cases else False
+    return ~(np.asarray(online) & conc.isna().to_numpy())
+
+
+def cross_validate(cases: pd.DataFrame, truth: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Refit without each group of ``by`` ("hardware" or "family") and predict that group."""
+    prep = prepare(cases, file="cases.csv")
+    key = cases["hardware"] if by == "hardware" else cases["model"].map(model_family)
+    parts = []
+    for g in sorted(key.unique()):
+        out = (key == g).to_numpy()
+        theta = fit(cases, truth, keep=~out, verbose=False, prep=prep)
+        j = _residuals(prep, cases, truth, np.array([theta[p[0]] for p in PARAMS]))
+        parts.append(j[j["case_id"].isin(set(cases["case_id"][out]))].assign(held_out=g))
+    return pd.concat(parts, ignore_index=True)
+
+
+def model_family(model_id: str) -> str:
+    """The family a catalog model belongs to (its id up to the first dash)."""
+    return str(model_id).split("-")[0]
+
+
+def tables(theta: dict, cases: pd.DataFrame, unc: dict | None = None) -> dict:
+    """efficiency.toml's tables: ``default`` (the fitted and fixed numbers) and, with ``unc``
+    (``bootstrap``), ``uncertainty`` {"end_to_end": unc}."""
+    today = _dt.date.today().isoformat()
+    hws = ", ".join(sorted(cases["hardware"].unique()))
+    n = int(fittable(cases).sum())
+    sd = "" if not unc else "; log-space sd " + ", ".join(
+        f"{k} {s:.3f}" for k, s in zip(unc["params"], unc["log_sd"])) + " (bootstrap)"
+    out = {"default": {**{p[0]: theta[p[0]] for p in PARAMS}, **FIXED,
+                       "fitted_on": (
+                           f"{n} of {len(cases)} cases of ../shared/calibration ({hws}; "
+                           "TensorRT-LLM; the online rows at an infinite request rate are not "
+                           "fitted), on top of the kernel fits, shared by every chip"
+                           + sd + f"; fitted {today}")}}
+    if unc:
+        out["uncertainty"] = {"end_to_end": unc}
+    return out
+
+
+def write_efficiency(tables: dict, path: Path | None = None) -> Path:
+    path = path or Path(catalog.__file__).with_name("efficiency.toml")
+    lines = ["# End-to-end remainder of the serving model (dse.calibration.fit): what end-to-end serving adds",
+             "# to the fitted kernels (dse/catalog/kernels) -- a fixed time per layer (none per step),",
+             "# fitted on ../shared/calibration and shared by every chip -- and the factors kept at",
+             "# their physical priors. Written by `python -m dse.calibration.calibrate --fit --write`; do not",
+             "# edit by hand. A chip may get its own table; `default` applies to the others.", ""]
+    for k in ["default"] + sorted(k for k in tables if k not in ("default", "uncertainty")):
+        lines.append(f"[{k}]")
+        for f in (*EFF_FIELDS, "fitted_on"):
+            if f in tables[k]:
+                v = tables[k][f]
+                lines.append(f'{f} = "{v}"' if isinstance(v, str) else f"{f} = {v:.6g}")
+        lines.append("")
+    for fam, u in tables.get("uncertainty", {}).items():
+        lines += [f"# uncertainty of the fitted numbers: {u['rule']}",
+                  f"[uncertainty.{fam}]",
+                  "params = [" + ", ".join(f'"{n}"' for n in u["params"]) + "]",
+                  "log_sd = [" + ", ".join(f"{x:.4g}" for x in u["log_sd"]) + "]",
+                  "log_corr = [" + ", ".join("[" + ", ".join(f"{x:.3g}" for x in row) + "]"
+                                             for row in u["log_corr"]) + "]",
+                  f'rule = "{u["rule"]}"', ""]
+    path.write_text("\n".join(lines))
+    catalog.accelerators.cache_clear()    # the builder's tables rebuild with the cache
+    return path

@@ -1,0 +1,208 @@
+"""``dse report DIR``: the Pareto report of a run.
+
+Writes ``OUT/index.html`` (self-contained: interactive plots with plotly.js inlined, opens
+offline), ``OUT/front.csv``, ``OUT/summary.md`` and PNG figures. Every number comes from the
+run's stored scores or from re-scoring its front designs with the same model (the per-op
+breakdown and the bound of each phase).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dse import pareto
+from dse.search import store
+from dse.errors import InputError
+from dse.perf import BOUNDS, OPS, bound_shares, op_bound, score
+from dse.build.space import load_space
+
+MAX_BREAKDOWNS = 40
+EXACT_DESIGNS = 100_000     # a space this small is re-scored whole for the cloud and the ranks
+SAMPLE_DESIGNS = 20_000     # else a seeded sample of this many designs
+CLOUD_POINTS = 4_000        # non-front designs drawn behind the front (faint)
+SHOWN_METRICS = ("ttft_s", "tpot_s", "usd_per_mtok_output", "output_tokens_per_s_per_chip",
+                 "num_chips")
+
+
+def knee(front: pd.DataFrame, objectives) -> int:
+    """Row of the front closest to the ideal point, objectives scaled to [0, 1] on the front
+    (on a log scale for an objective whose front values are positive and span over 10x, as
+    costs and speeds on a batch sweep do: else the knee sits wherever the range is widest)."""
+    F = np.column_stack([np.log(np.abs(v)) * np.sign(v) if _log_axis(v) else v
+                         for v in pareto.objective_matrix(front, objectives).T])
+    lo, hi = F.min(axis=0), F.max(axis=0)
+    Z = (F - lo) / np.where(hi > lo, hi - lo, 1.0)
+    return int(np.argmin(np.sqrt((Z ** 2).sum(axis=1))))
+
+
+def _log_axis(v: np.ndarray) -> bool:
+    a = np.abs(v)
+    return bool(len(v) and (np.all(v > 0) or np.all(v < 0)) and a.max() / a.min() > 10)
+
+
+def bound_why(shares, bound: str) -> str:
+    """Why a design's decode bound is what it is, in words: the decode step's op time by what
+    bounds each op (``dse.perf.bound_shares``)."""
+    tot = float(sum(shares)) or 1.0
+    split = ", ".join(f"{v / tot:.0%} {n}" for n, v in zip(BOUNDS, shares))
+    return f"{split} of the decode step's op time" + (
+        "; the batch fills the HBM" if bound == "capacity" else "")
+
+
+def _breakdowns(space, ids: np.ndarray) -> list[dict]:
+    b, _ = space.batch(ids)
+    m, steps = score(b.expanded(), breakdown=True)
+    out = []
+    shares = bound_shares(steps.decode)
+    kv = space.kv_dtypes(ids)
+    for i in range(len(ids)):
+        phases = {}
+        for name in ("decode", "mixed", "prefill"):
+            st = getattr(steps, name)
+            cls = op_bound(st.compute_s[:, i], st.memory_s[:, i], st.network_s[:, i])
+            rows = []
+            for j, op in enumerate(OPS):
+                c, mem, net, t = (float(a[j, i]) for a in (st.compute_s, st.memory_s, st.network_s,
+                                                             st.op_s))
+                if t > 0:
+                    rows.append((op, c, mem, net, t, BOUNDS[int(cls[j])]))
+            phases[name] = (rows, float(st.overhead_s[i]), float(st.total_s[i]))
+        bound = BOUNDS[int(m["bound"][i])]
+        out.append({"phases": phases, "bound": bound, "kv_dtype": str(kv[i]),
+                    "bound_why": bound_why([float(s[i]) for s in shares], bound),
+                    "metrics": {k: float(v[i]) for k, v in m.items() if v.dtype.kind == "f"}})
+    return out
+
+
+def _front(d: Path, m: dict, space) -> tuple[pd.DataFrame, str]:
+    """The front the report shows and how it was checked. A local run's front is computed from
+    its score tables and front.csv is verified against it (rewritten when it disagrees: a
+    truncated or stale file); a shared run's front.csv was assembled from the storage."""
+    front_csv = d / "front.csv"
+    if m.get("storage"):
+        if not front_csv.is_file() or store.read_front(d) is None:
+            raise InputError("the run has no readable front.csv", file=str(front_csv),
+                             hint="`dse run --resume` rebuilds it from the shared storage")
+        return space.legacy(store.read_front(d)), "front.csv as assembled from the shared storage"
+    n = len(list((d / "scores").glob("*.parquet")))
+    if n == 0:
+        raise InputError("the run has no score tables yet", file=str(d), hint="run or resume it first")
+    fr = space.legacy(store.front_from_tables(d, m))
+    params = space.columns
+    old = store.read_front(d)
+    old = space.legacy(old) if old is not None else None
+    have = set(old["design_id"].astype(np.int64)) if old is not None else None
+    want = set(fr["design_id"].astype(np.int64)) if len(fr) else set()
+    if have == want:
+        return old, f"computed from the run's {n} score tables; front.csv verified against them"
+    else:
+        what = ("unreadable" if old is None else
+                f"{len(have & want)} of the {len(want)} front designs and {len(have - want)} others")
+        print(f"dse: warning: {front_csv} was wrong ({what}): rebuilt from the score tables",
+              file=sys.stderr)
+        if store._lock_owner(d) is None:
+            store.write_front(d, fr, m["objectives"], params)
+        check = (f"computed from the run's {n} score tables; front.csv disagreed ({what}) "
+                 "and was rebuilt")
+    cols = list(dict.fromkeys([o.metric for o in space.objectives] + params)) + ["design_id"]
+    return (fr[cols] if len(fr) else pd.DataFrame(columns=cols)).reset_index(drop=True), check
+
+
+def population(space, d: Path, front: pd.DataFrame, m: dict) -> tuple[pd.DataFrame, str]:
+    """The scored designs the report draws behind the front and ranks per accelerator, and what
+    they are: every design of the space re-scored with the run's model when it has at most
+    ``EXACT_DESIGNS`` designs, else a seeded uniform sample of ``SAMPLE_DESIGNS`` of them, plus
+    the designs the run stored (an optuna run's trials). Admissible designs only (feasible and
+    within the constraints); at most ``SAMPLE_DESIGNS`` of the stored ones (bounded memory)."""
+    objs, cons = space.objectives, space.constraints
+    if space.size <= EXACT_DESIGNS:
+        ids, what = np.arange(space.size, dtype=np.int64), f"all {space.size:,} designs of the space"
+    else:
+        rng = np.random.default_rng(0)
+        ids = np.unique(rng.integers(0, space.size, SAMPLE_DESIGNS, dtype=np.int64))
+        what = f"a seeded sample of {len(ids):,} of the space's {space.size:,} designs"
+    frames = []
+    for lo in range(0, len(ids), 16384):
+        part = ids[lo:lo + 16384]
+        b, _ = space.batch(part)
+        sc = score(b.expanded())
+        ok = pareto.admissible(sc, objs, cons)
+        f = pd.DataFrame({"design_id": part[ok]})
+        for col, v in space.values_at(part[ok]).items():
+            f[col] = v
+        for name in dict.fromkeys([o.metric for o in objs] + list(SHOWN_METRICS)):
+            f[name] = np.asarray(sc[name], dtype=np.float64)[ok]
+        frames.append(f)
+    if m["strategy"] != "exhaustive":          # the trials the run scored, bounded
+        files = sorted((d / "scores").glob("*.parquet"))
+        per = max(1, SAMPLE_DESIGNS // max(len(files), 1))
+        for fl in files:
+            t = space.legacy(pd.read_parquet(fl))
+            t = t[t["_admissible"]] if "_admissible" in t else t
+            frames.append(t.sample(per, random_state=0) if len(t) > per else t)
+        if files:
+            what += " and the designs the run scored"
+    pop = pd.concat([f for f in frames if len(f)], ignore_index=True) if frames else pd.DataFrame()
+    if len(pop):
+        pop = pop.drop_duplicates("design_id").reset_index(drop=True)
+    return pop, what
+
+
+def cloud(pop: pd.DataFrame, front: pd.DataFrame, n: int = CLOUD_POINTS) -> pd.DataFrame:
+    """The non-front designs drawn as a faint cloud: at most ``n``, a seeded sample."""
+    if not len(pop):
+        return pop
+    rest = pop[~pop["design_id"].isin(set(front["design_id"].astype(np.int64)))]
+    return rest.sample(n, random_state=0) if len(rest) > n else rest
+
+
+def best_per(pop: pd.DataFrame, front: pd.DataFrame, objectives, column: str) -> pd.DataFrame:
+    """For each value of ``column`` (the accelerator): the best of each objective over ``pop``
+    and the front (admissible designs), its design id, and how many of its designs are on the
+    front."""
+    both = pd.concat([front, pop], ignore_index=True).drop_duplicates("design_id")
+    rows = []
+    for key, g in both.groupby(column, sort=True):
+        row = {column: key, "designs on the front": int((front[column] == key).sum())}
+        for ob in objectives:
+            i = g[ob.metric].idxmin() if ob.direction == "minimize" else g[ob.metric].idxmax()
+            row[ob.metric] = float(g.loc[i, ob.metric])
+            row[f"{ob.metric} design_id"] = int(g.loc[i, "design_id"])
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    first = objectives[0]
+    return out.sort_values(first.metric, ascending=first.direction == "minimize",
+                           ignore_index=True) if len(out) else out
+
+
+def make_report(run_dir: str, out: str | None = None) -> Path:
+    from dse.results import report_page
+    d = Path(run_dir)
+    m = store.load_manifest(d)
+    snapshot = store.space_snapshot(d, m)
+    space = load_space(str(snapshot if snapshot.is_file() else m["space_file"]))
+    front, check = _front(d, m, space)
+    o = Path(out) if out else d / "report"
+    o.mkdir(parents=True, exist_ok=True)
+    store.write_front(o, front, space.objectives, space.columns)
+    objs = space.objectives
+    st = {**store.status(d), "front_check": check, "reference": m.get("reference")}
+    if len(front) == 0:
+        report_page.empty(o, space)
+        return o
+    front = front.reset_index(drop=True)
+    ids = front["design_id"].to_numpy(dtype=np.int64)
+    k = knee(front, objs)
+    pop, what = population(space, d, front, m)
+    bg = cloud(pop, front)
+    accel = "accelerator.id" if "accelerator.id" in front.columns else None
+    per_accel = best_per(pop, front, objs, accel) if accel else None
+    # re-score the front designs for their per-op breakdown
+    shown = np.unique(np.r_[ids[k], ids[:MAX_BREAKDOWNS]])
+    bds = dict(zip(shown.tolist(), _breakdowns(space, shown)))
+    report_page.write(o, space, st, front, bg, k, bds, per_accel, what)
+    return o

@@ -1,0 +1,389 @@
+"""``dse predict``: score the serving instances of a case file (contracts/predict-cases.md).
+
+Blank layout columns are filled with the best valid layout for ``num_chips`` and a blank
+concurrency with the one that maximises output tokens/s within memory: candidates are expanded
+into one table, scored in one call, and the best row per case is kept.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from dse.spec import validate
+from dse.build.designs import kv_dtype_of, resolve, to_batch
+from dse.errors import InputError, suggest
+from dse.spec.fields import REGISTRY
+from dse.perf import Batch, score_chunked
+from dse.perf.serve import BOUNDS, reason_text
+from dse.perf.serve import KNEE_FRACTION as _KNEE  # the batch that fills the HBM (decode_bound)
+
+REQUIRED = ("case_id", "model", "hardware", "num_chips", "weight_dtype", "isl", "osl")
+# the serving mechanisms' columns (issue 11): short names of their fields, blank = the field's
+# default (every mechanism off, the expert imbalance from the published routing model)
+MECHANISMS = {"spec_tokens": "serving.spec_tokens", "spec_acceptance": "serving.spec_acceptance",
+              "spec_method": "serving.spec_method", "spec_draft_model": "serving.spec_draft_model",
+              "expert_imbalance": "serving.expert_imbalance",
+              "redundant_experts": "serving.redundant_experts",
+              "request_rate_per_s": "workload.request_rate_per_s",
+              "ttft_slo_s": "workload.ttft_slo_s", "tpot_slo_s": "workload.tpot_slo_s",
+              "isl_cv": "workload.isl_cv", "osl_cv": "workload.osl_cv",
+              "kv_offload": "serving.kv_offload", "prefix_tokens": "workload.prefix_tokens",
+              "cached_conversations": "workload.cached_conversations",
+              "expert_dtype": "model.expert_dtype", "attention_dtype": "model.attention_dtype"}
+OPTIONAL = ("topology", "tp", "pp", "ep", "dp", "kv_dtype", "concurrency", "prefix_hit_fraction",
+            "phase", "runtime", "dense_mlp", *MECHANISMS)
+RENAME = {"model": "model.id", "hardware": "accelerator.id", "topology": "topology.id",
+          "weight_dtype": "model.weight_dtype", "kv_dtype": "model.kv_dtype",
+          "isl": "workload.isl", "osl": "workload.osl", "concurrency": "workload.concurrency",
+          "prefix_hit_fraction": "workload.prefix_hit_fraction", "phase": "workload.phase",
+          "tp": "layout.tp", "pp": "layout.pp", "ep": "layout.ep", "dp": "layout.dp",
+          "runtime": "serving.runtime", "dense_mlp": "layout.dense_mlp", **MECHANISMS}
+# every case column's field (the registry's): numeric ones are checked as they are read, string
+# ones (ids, choices) when the design is resolved
+FIELD_OF = {"num_chips": "layout.num_chips", **RENAME}
+NUMERIC = {c: p for c, p in FIELD_OF.items() if REGISTRY[p].numeric}
+LAYOUT = ("layout.tp", "layout.pp", "layout.ep", "layout.dp")
+OUTPUT = ("case_id", "concurrency", "ttft_s", "tpot_s", "output_tokens_per_s_per_chip",
+          "input_tokens_per_s_per_chip", "bound", "feasible", "reason")
+EXTRA = ("tp", "pp", "ep", "dp", "usd_per_mtok_output", "usd_per_mtok_input",
+         "max_concurrent_sequences", "kv_dtype")   # kv_dtype: the KV cache's element type used
+# the mechanisms' outputs, written only when some case turns the mechanism on (else all NaN)
+MECHANISM_OUTPUT = ("ttft_p90_s", "ttft_p99_s", "tpot_p90_s", "goodput_requests_per_s_per_chip",
+                    "saturation_requests_per_s_per_instance", "spec_expected_tokens",
+                    "kv_offloaded_fraction", "prefix_cache_evicted_fraction")
+# blank concurrency: fractions of the memory-limited maximum that are tried (log-spaced)
+CONCURRENCY_STEPS = 2.0 ** (-np.arange(0, 48) / 4.0)
+# ... and the smallest concurrency within this share of the best throughput is kept: past the
+# knee a server gains almost nothing and only lengthens every token
+KNEE_FRACTION = _KNEE
+
+
+def read_cases(path: str) -> pd.DataFrame:
+    if os.path.isdir(path):
+        raise InputError("is a directory, not a case file", file=path,
+                         hint="give the path of a case CSV")
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+    except FileNotFoundError:
+        raise InputError("file not found", file=path, hint="give the path of a case CSV") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
+        raise InputError(f"not a readable CSV ({str(e).splitlines()[0]})", file=path) from None
+    except OSError as e:
+        raise InputError(f"cannot read the file ({e.strerror or type(e).__name__})", file=path,
+                         hint="give the path of a readable case CSV") from None
+    validate.typo_columns(df.columns, (*REQUIRED, *OPTIONAL), file=path)
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise InputError(f"missing required column {missing[0]!r}", file=path,
+                         hint=suggest(missing[0], df.columns, "columns present") if len(df.columns)
+                         else "the header row is empty")
+    if len(df) == 0:
+        raise InputError("no cases: the file has a header but no rows", file=path,
+                         hint="add one row per serving instance (contracts/predict-cases.md)")
+    for c in REQUIRED:
+        blank = df[c].isna()
+        if blank.any():
+            i = int(np.flatnonzero(blank.to_numpy())[0])
+            raise InputError(f"required column {c!r} is blank", file=path, where=f"row {i + 2}")
+    dup = df["case_id"].duplicated()
+    if dup.any():
+        i = int(np.flatnonzero(dup.to_numpy())[0])
+        raise InputError(f"duplicate case_id {df['case_id'].iloc[i]!r}", file=path,
+                         where=f"row {i + 2}", hint="case ids must be unique")
+    names = None
+    for c, field_path in NUMERIC.items():
+        if c not in df.columns:
+            continue
+        if names is None:
+            names = [f"row {i + 2} (case_id {k}), column {{c}}" for i, k in enumerate(df["case_id"])]
+        where = [n.replace("{c}", c) for n in names]
+        v = validate.parse_column(field_path, df[c], file=path, names=where, name=c)
+        bad = v.notna().to_numpy() & validate.range_bad(field_path, v.to_numpy())
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(f"{c} = {df[c].iloc[i]!r} is not valid", file=path, where=where[i],
+                             hint=REGISTRY[field_path].valid())
+    return df
+
+
+@functools.lru_cache(maxsize=64)
+def _divisors(n: int) -> tuple[int, ...]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return tuple(sorted({*small, *(n // d for d in small)}))
+
+
+@functools.lru_cache(maxsize=64)
+def _layouts(num_chips: int) -> pd.DataFrame:
+    """Every (tp, pp, ep, dp) with tp*pp*dp = num_chips and ep dividing tp*dp."""
+    rows = []
+    for tp in _divisors(num_chips):
+        for pp in _divisors(num_chips // tp):
+            dp = num_chips // tp // pp
+            rows.extend((tp, pp, ep, dp) for ep in _divisors(tp * dp))
+    return pd.DataFrame(rows, columns=list(LAYOUT), dtype=float)
+
+
+def _where(cases: pd.DataFrame, i: int, offset: int) -> str:
+    return f"row {i + offset + 2} (case_id {cases['case_id'].iloc[i]})"
+
+
+def _expand_layouts(cases: pd.DataFrame, file: str, offset: int = 0) -> pd.DataFrame:
+    """One row per (case, candidate layout) agreeing with the layout columns the case gives."""
+    chips = pd.to_numeric(cases["num_chips"]).astype(int)
+    given = {c: pd.to_numeric(cases[c.split(".")[1]], errors="coerce")
+             if c.split(".")[1] in cases.columns else pd.Series(np.nan, index=cases.index)
+             for c in LAYOUT}
+    full = np.logical_and.reduce([given[c].notna().to_numpy() for c in LAYOUT])
+    parts = [cases[full].assign(**{c: given[c][full] for c in LAYOUT}, _case=np.flatnonzero(full))]
+    rest = cases[~full].assign(_case=np.flatnonzero(~full), _chips=chips[~full])
+    for c in LAYOUT:
+        rest[c + "_given"] = given[c][~full]
+    for n, grp in rest.groupby("_chips"):
+        cand = _layouts(int(n))
+        m = grp.drop(columns=[c for c in LAYOUT if c in grp.columns]).merge(cand, how="cross")
+        keep = np.ones(len(m), bool)
+        for c in LAYOUT:
+            g = m[c + "_given"].to_numpy()
+            keep &= np.isnan(g) | (g == m[c].to_numpy())
+        parts.append(m[keep])
+    out = pd.concat(parts, ignore_index=True)
+    missing = np.setdiff1d(np.arange(len(cases)), out["_case"].unique())
+    if len(missing):
+        i = int(missing[0])
+        raise InputError(f"no layout with the given tp/pp/ep/dp uses exactly num_chips = "
+                         f"{chips.iloc[i]} chips", file=file, where=_where(cases, i, offset),
+                         hint="tp*pp*dp must equal num_chips and ep must divide tp*dp")
+    return out.drop(columns=[c for c in out.columns if c.endswith("_given") or c == "_chips"])
+
+
+def _check_explicit(cases, resolved, full_rows, file, offset=0):
+    """Layouts the user wrote out must be valid: they name the row instead of guessing."""
+    L = {c: resolved[c].to_numpy(dtype=float) for c in LAYOUT}
+    chips = pd.to_numeric(cases["num_chips"]).to_numpy(dtype=float)[resolved["_case"].to_numpy()]
+    heads = resolved["model.num_attention_heads"].to_numpy(dtype=float)
+    experts = resolved["model.num_experts"].to_numpy(dtype=float)
+    checks = [
+        (L["layout.tp"] * L["layout.pp"] * L["layout.dp"] != chips,
+         "tp*pp*dp = {v} chips but num_chips = {n}", "make tp*pp*dp equal num_chips"),
+        (np.mod(heads, L["layout.tp"]) != 0, "tp = {tp} does not divide the model's {h} heads",
+         "use a tp that divides num_attention_heads"),
+        (np.mod(L["layout.tp"] * L["layout.dp"], L["layout.ep"]) != 0, "ep = {ep} does not divide tp*dp",
+         "ep must divide tp*dp"),
+        ((experts == 0) & (L["layout.ep"] != 1), "ep = {ep} on a dense model", "use ep = 1"),
+        ((experts > 0) & (L["layout.ep"] > experts),
+         "ep = {ep} exceeds the model's {e} experts", "use ep <= num_experts"),
+    ]
+    for bad, msg, hint in checks:
+        bad = bad & full_rows
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            i = int(resolved["_case"].iloc[j])
+            text = msg.format(v=int(L["layout.tp"][j] * L["layout.pp"][j] * L["layout.dp"][j]),
+                              n=int(chips[j]), tp=int(L["layout.tp"][j]), h=int(heads[j]),
+                              ep=int(L["layout.ep"][j]), e=int(experts[j]))
+            raise InputError(text, file=file, where=_where(cases, i, offset), hint=hint)
+
+
+def _check_rate_or_concurrency(cases, file, offset=0) -> None:
+    """A case (or design) gives its load one way: a fixed ``concurrency``, or a
+    ``request_rate_per_s`` whose concurrency follows from the step times (Little's law,
+    dse/perf/queueing.py). Both given would silently drop the concurrency: refused."""
+    if "concurrency" not in cases.columns:
+        return
+    rate = next((c for c in ("request_rate_per_s", "workload.request_rate_per_s")
+                 if c in cases.columns), None)
+    if rate is None:
+        return
+    r = pd.to_numeric(cases[rate], errors="coerce").fillna(0.0).to_numpy(float)
+    c = pd.to_numeric(cases["concurrency"], errors="coerce")
+    bad = (r > 0) & c.notna().to_numpy()
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        conc = "workload.concurrency" if rate.startswith("workload.") else "concurrency"
+        raise InputError(f"{conc} = {c.iloc[i]:g} and {rate} = {r[i]:g} are both given: the "
+                         "rate sets the concurrency (Little's law on the model's step times)",
+                         file=file, where=_where(cases, i, offset) + ", column concurrency",
+                         hint=f"leave {conc} blank to serve the rate, or {rate} blank "
+                         "(or 0) for a fixed concurrency")
+
+
+def _design_table(cases: pd.DataFrame) -> pd.DataFrame:
+    cols = {RENAME[c]: cases[c] for c in RENAME if c in cases.columns and c not in ("tp", "pp", "ep", "dp")}
+    t = pd.DataFrame(cols)
+    for c in LAYOUT:
+        t[c] = cases[c].to_numpy()
+    for c in cases.columns:   # dotted overrides (design files, what-ifs) pass straight through
+        if "." in c and c not in t.columns:
+            t[c] = cases[c].to_numpy()
+    t["case_id"] = cases["case_id"].to_numpy()
+    t["_case"] = cases["_case"].to_numpy()
+    if "workload.phase" in t.columns:
+        t["workload.phase"] = t["workload.phase"].fillna("both").replace({"": "both"})
+    return t
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Every candidate row of a case table, ready to score (the layout and concurrency grid)."""
+
+    cases: pd.DataFrame
+    resolved: pd.DataFrame
+    batch: Batch
+    auto: np.ndarray   # per row: its case has a blank concurrency
+
+
+def prepare(cases: pd.DataFrame, file: str = "cases", offset: int = 0) -> Prepared:
+    """Expand a case table into candidate rows: layouts for blank tp/pp/ep/dp, concurrencies
+    for a blank concurrency (fractions of the memory-limited maximum)."""
+    cases = cases.reset_index(drop=True)
+    _check_rate_or_concurrency(cases, file, offset)
+    expanded = _expand_layouts(cases, file, offset)
+    full_case = np.zeros(len(cases), bool)
+    given = [c for c in ("tp", "pp", "ep", "dp") if c in cases.columns]
+    if len(given) == 4:
+        full_case = cases[given].notna().all(axis=1).to_numpy()
+    table = _design_table(expanded)
+    if "workload.concurrency" not in table:
+        table["workload.concurrency"] = np.nan
+    auto_c = table["workload.concurrency"].isna().to_numpy()
+    table["workload.concurrency"] = pd.to_numeric(table["workload.concurrency"],
+                                                  errors="coerce").fillna(1.0)
+    case_rows = table["_case"].to_numpy()
+    ids = cases["case_id"].astype(str).to_numpy(dtype=object)
+    names = [f"row {i + offset + 2} (case_id {c})" for i, c in enumerate(ids)]
+    aliases = {v: k for k, v in RENAME.items()}
+    resolved = resolve(table.drop(columns=["_case", "case_id"]), file=file,
+                       row_names=[names[i] for i in case_rows], aliases=aliases)
+    resolved["_case"] = table["_case"].to_numpy()
+    _check_explicit(cases, resolved, full_case[table["_case"].to_numpy()], file, offset)
+    batch = to_batch(resolved)
+    if auto_c.any():
+        probe = score_chunked(batch.take(np.flatnonzero(auto_c)))
+        cmax = np.maximum(probe["max_concurrent_sequences"], 1.0)
+        idx_auto = np.flatnonzero(auto_c)
+        grid = np.maximum(np.floor(cmax[:, None] * CONCURRENCY_STEPS[None, :]), 1.0)
+        rows = np.concatenate([np.flatnonzero(~auto_c), np.repeat(idx_auto, grid.shape[1])])
+        conc = np.concatenate([batch.concurrency[~auto_c], grid.ravel()])
+        auto_c = np.concatenate([np.zeros((~auto_c).sum(), bool), np.ones(grid.size, bool)])
+        batch = batch.take(rows).replace(concurrency=conc)
+        resolved = resolved.iloc[rows].reset_index(drop=True)
+    return Prepared(cases, resolved, batch, auto_c)
+
+
+def finish(prep: Prepared, batch: Batch | None = None) -> pd.DataFrame:
+    """Score the prepared rows (optionally with a modified batch) and keep the best per case."""
+    s = score_chunked(prep.batch if batch is None else batch)
+    return _select(prep.cases, prep.resolved, s, prep.auto)
+
+
+CASES_PER_CHUNK = 50_000
+ROWS_PER_CHUNK = 200_000     # candidate rows (layouts x concurrencies) scored at once
+
+
+def case_weights(cases: pd.DataFrame) -> np.ndarray:
+    """Candidate rows each case expands to, at most: its layouts (1 when tp/pp/ep/dp are all
+    given) times the concurrency grid when its concurrency is blank."""
+    full = np.ones(len(cases), bool)
+    for c in ("tp", "pp", "ep", "dp"):
+        full &= cases[c].notna().to_numpy() if c in cases.columns else False
+    chips = pd.to_numeric(cases["num_chips"], errors="coerce").fillna(1).astype(np.int64)
+    per = {int(n): len(_layouts(int(n))) for n in np.unique(chips[~full])}
+    w = np.where(full, 1, chips.map(lambda n: per.get(int(n), 1)).to_numpy())
+    if "concurrency" in cases.columns:
+        blank = cases["concurrency"].isna().to_numpy()
+    else:
+        blank = np.ones(len(cases), bool)
+    return w * np.where(blank, len(CONCURRENCY_STEPS), 1)
+
+
+def chunks(cases: pd.DataFrame) -> list[tuple[int, int]]:
+    """(start, stop) of case chunks of at most ROWS_PER_CHUNK candidate rows (and
+    CASES_PER_CHUNK cases; a single case bigger than that is a chunk of its own)."""
+    ends = np.cumsum(case_weights(cases))
+    out, start, done = [], 0, 0
+    while start < len(cases):
+        stop = int(np.searchsorted(ends, done + ROWS_PER_CHUNK, side="right"))
+        stop = min(max(stop, start + 1), start + CASES_PER_CHUNK)
+        out.append((start, stop))
+        done, start = int(ends[stop - 1]), stop
+    return out or [(0, 0)]
+
+
+def predict_frame(cases: pd.DataFrame, file: str = "cases") -> pd.DataFrame:
+    """Predictions for a case table (the CSV's columns, as strings or numbers).
+
+    Cases are taken in chunks of bounded candidate rows, so that memory stays bounded
+    whatever the file's size and however many layouts and concurrencies dse chooses from.
+    """
+    cases = cases.reset_index(drop=True)
+    parts = [finish(prepare(cases.iloc[a:b], file, offset=a)) for a, b in chunks(cases)]
+    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+
+
+def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
+    case = resolved["_case"].to_numpy()
+    phase = resolved["workload.phase"].to_numpy()
+    goal = np.where(phase == "prefill", s["input_tokens_per_s_per_chip"],
+                    s["output_tokens_per_s_per_chip"])
+    goal = np.where(s["feasible"], goal, -1.0 / (1.0 + s["hbm_used_fraction"]))
+    best_goal = pd.Series(goal).groupby(case).transform("max").to_numpy()
+    auto = auto_rows
+    eligible = np.where(auto, goal >= KNEE_FRACTION * best_goal, goal >= best_goal)
+    eligible &= s["feasible"] | (best_goal < 0)
+    conc = np.where(auto, s["concurrency"], 0.0)
+    order = np.lexsort((-goal, conc, ~eligible, case))
+    first = np.ones(len(order), bool)
+    first[1:] = case[order][1:] != case[order][:-1]
+    best = order[first]
+    out = pd.DataFrame({"case_id": cases["case_id"].to_numpy()[case[best]]})
+    out["concurrency"] = s["concurrency"][best].astype(int)
+    for m in ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "input_tokens_per_s_per_chip"):
+        out[m] = s[m][best]
+    out["bound"] = np.array(BOUNDS, dtype=object)[s["bound"][best].astype(int)]  # perf.decode_bound
+    out["feasible"] = s["feasible"][best]
+    out["reason"] = [reason_text(r, m) for r, m in zip(s["reason"][best],
+                                                        s["max_concurrent_sequences"][best])]
+    for c in ("tp", "pp", "ep", "dp"):
+        out[c] = resolved[f"layout.{c}"].to_numpy()[best].astype(int)
+    for m in ("usd_per_mtok_output", "usd_per_mtok_input", "max_concurrent_sequences"):
+        out[m] = s[m][best]
+    # the KV dtype used, stated (a blank kv_dtype follows the weights: contracts/predict-cases.md)
+    out["kv_dtype"] = kv_dtype_of(_column(resolved, "model.weight_dtype")[best],
+                                  _column(resolved, "model.kv_dtype")[best])
+    for m in MECHANISM_OUTPUT:
+        if m in s and np.isfinite(s[m][best]).any():
+            out[m] = s[m][best]
+    out["_order"] = case[best]
+    return out.sort_values("_order").drop(columns="_order").reset_index(drop=True)
+
+
+def _column(table: pd.DataFrame, path: str) -> np.ndarray:
+    """A string column of the resolved rows, blank where the table lacks it."""
+    return table[path].to_numpy(dtype=object) if path in table.columns else \
+        np.full(len(table), "", dtype=object)
+
+
+def predict_file(path: str, out_path: str) -> pd.DataFrame:
+    folder = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(folder):
+        raise InputError("the output folder does not exist", file=out_path,
+                         hint="create it or write the predictions elsewhere")
+    cases = read_cases(path)
+    pred = predict_frame(cases, file=path)
+    tmp = out_path + ".tmp"
+    write_csv(pred, tmp)
+    os.replace(tmp, out_path)   # atomic: a failed run never leaves a half-written file
+    return pred
+
+
+def write_csv(frame: pd.DataFrame, path: str) -> None:
+    """CSV at full float precision, NaN as an empty field (pyarrow: ~15x faster than pandas)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    pacsv.write_csv(table, path, pacsv.WriteOptions(quoting_style="needed"))

@@ -1,0 +1,666 @@
+"""Run folders: manifest, input snapshot, score tables, the front and progress, all atomic.
+
+    runs/<id>/manifest.json        dse version, command, inputs and their hashes, strategy, seed
+    runs/<id>/inputs/              a copy of the space file
+    runs/<id>/scores/*.parquet     per work item: the admissible, non-dominated scored designs
+    runs/<id>/front.csv            the current front (objectives, parameters, design_id)
+    runs/<id>/progress.json        state and counters (what `dse status` prints)
+    runs/<id>/optuna.journal       the Optuna study of a local optuna/nested run (durable)
+    runs/<id>/quarantine/          durable files `dse repair` found corrupt, moved aside
+
+Durable files (score tables, their trials.json, the journal, the manifest) hold what was
+computed; derived files (front.csv, progress.json and their counters) are rebuilt from them by
+`dse status`, `dse run --resume` and `dse repair` whenever they are missing, corrupt or disagree.
+A corrupt durable file is refused (exit 2, naming it) until `dse repair DIR` moves it aside and
+re-queues its work.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from dse.version import __version__
+from dse.errors import InputError
+
+STATES = ("running", "stopped", "finished", "failed")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")   # per process: workers share folders
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)      # no temporary file left by a failed write
+        raise
+
+
+def atomic_save(path: Path, write) -> None:
+    """``write(tmp)`` then rename over ``path``; the temporary file never outlives a failure."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def remove_stale_tmp(d: Path) -> None:
+    """Temporary files of processes that are gone (the pid is in the name: workers share
+    folders, a live one's file is left alone)."""
+    for sub in (Path(d), Path(d) / "scores"):
+        for f in sub.glob("*.tmp"):
+            pid = f.suffixes[-2][1:] if len(f.suffixes) >= 2 else ""
+            if not (pid.isdigit() and pid_alive(int(pid))):
+                f.unlink(missing_ok=True)
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def new_run_dir(space_name: str, out: str | None) -> Path:
+    """A new, empty run folder (created). A run that then fails or is refused before it has
+    computed anything removes it again (``discard``)."""
+    if out:
+        d = Path(out)
+        if d.exists() and any(d.iterdir()):
+            raise InputError("the run folder exists and is not empty", file=str(d),
+                             hint="choose another --out, or continue it with `dse run --resume`")
+    else:
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", space_name)
+        d = Path("runs") / f"{stamp}-{safe}"
+        n = 1
+        while d.exists():
+            n += 1
+            d = Path("runs") / f"{stamp}-{safe}-{n}"
+    (d / "scores").mkdir(parents=True, exist_ok=True)
+    (d / "inputs").mkdir(exist_ok=True)
+    return d
+
+
+def discard(d: Path, existed: bool = False) -> None:
+    """Remove a run folder that holds no computed result (a failed or refused start); one that
+    existed before (an empty --out) is emptied, not removed."""
+    d = Path(d)
+    if not d.is_dir() or any((d / "scores").glob("*.parquet")):
+        return
+    if existed:
+        for f in d.iterdir():
+            shutil.rmtree(f) if f.is_dir() else f.unlink()
+    else:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def snapshot_inputs(space_file: str, d: Path) -> list[str]:
+    """Copy the space file and the objectives file it names into the run folder, laid out so
+    that the copy's relative reference resolves to the copy (``inputs/<space>``,
+    ``objectives/<file>`` or ``inputs/<sub>/<file>``). Returns the copies' paths in the run."""
+    from dse.spec.design import read_toml
+    from dse.build.space import objectives_file
+    src = Path(space_file)
+    shutil.copy2(src, d / "inputs" / src.name)
+    out = [f"inputs/{src.name}"]
+    spec = read_toml(str(src)).get("objectives")
+    if isinstance(spec, str):
+        path = objectives_file(spec, str(src), src.parent)
+        target = (Path(d) / "inputs" / os.path.relpath(path, src.parent.resolve())).resolve()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+        out.append(os.path.relpath(target, Path(d).resolve()))
+    return out
+
+
+def inputs_payload(d: Path, m: dict) -> str:
+    """The run's input snapshot as JSON {path in the run folder: text}, for remote workers."""
+    files = m.get("inputs") or [f"inputs/{Path(m['space_file']).name}"]
+    return json.dumps({f: (Path(d) / f).read_text() for f in files if (Path(d) / f).is_file()})
+
+
+def write_inputs(d: Path, payload: str) -> None:
+    root = Path(d).resolve()
+    for rel, text in json.loads(payload).items():
+        target = (root / rel).resolve()
+        if root not in target.parents:
+            raise InputError(f"an input path {rel!r} leaves the run folder", file=str(d))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+
+def space_snapshot(d: Path, m: dict) -> Path:
+    """The run's own copy of its space file (what resume, workers and reports read)."""
+    return Path(d).resolve() / "inputs" / Path(m["space_file"]).name
+
+
+def create(d: Path, space, strategy: str, seed: int, extra: dict) -> dict:
+    inputs = snapshot_inputs(space.file, d)
+    manifest = {
+        "dse_version": __version__, "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join(["dse", *sys.argv[1:]]), "python": sys.version.split()[0],
+        "space_file": str(Path(space.file).resolve()), "space_digest": space.digest,
+        "space_name": space.name, "question": space.question, "strategy": strategy, "seed": seed,
+        "size": space.size, "parameters": space.columns,
+        "objectives": [o.to_dict() for o in space.objectives],
+        "constraints": [{"metric": c.metric, "max": c.max, "min": c.min} for c in space.constraints],
+        "inputs": inputs,
+        **extra,
+    }
+    write_json(d / "manifest.json", manifest)
+    return manifest
+
+
+def load_manifest(d: Path) -> dict:
+    f = Path(d) / "manifest.json"
+    if not Path(d).is_dir():
+        raise InputError("run folder not found", file=str(d), hint="give the folder `dse run` printed")
+    if not f.is_file():
+        raise InputError("not a run folder (no manifest.json)", file=str(d),
+                         hint="give the folder `dse run` printed")
+    try:
+        m = json.loads(f.read_text())
+        _ = m["dse_version"], m["strategy"], m["objectives"], m["space_file"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise InputError(f"corrupt manifest ({type(e).__name__}: {e})", file=str(f),
+                         hint="the run cannot be read; start a new one") from None
+    return m
+
+
+def check_version(m: dict, d: Path) -> None:
+    if m["dse_version"].split(".")[:2] != __version__.split(".")[:2]:
+        raise InputError(f"the run was made by dse {m['dse_version']}, this is dse {__version__}",
+                         file=str(d), hint="resume it with that version, or start a new run")
+
+
+def read_progress(d: Path) -> dict:
+    """progress.json, or {} when it is missing or corrupt (it is derived: rebuilt from the
+    durable files by whoever writes it next)."""
+    f = Path(d) / "progress.json"
+    try:
+        p = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return {}
+    return p if isinstance(p, dict) else {}
+
+
+def write_front(d: Path, front: pd.DataFrame, objectives, parameters) -> None:
+    """front.csv: objectives, parameter columns, design_id. A parameter named by its path whose
+    table column is ``<path>.scale`` (a scale factor) is written under that column."""
+    from dse.spec.fields import scale_column
+    parameters = [scale_column(c) if c not in front and scale_column(c) in front else c
+                  for c in parameters]
+    cols = [o["name"] if isinstance(o, dict) else o.metric for o in objectives] + list(parameters)
+    cols = list(dict.fromkeys(cols)) + ["design_id"]
+    out = front[cols] if len(front) else pd.DataFrame(columns=cols)
+    atomic_save(Path(d) / "front.csv", lambda p: out.to_csv(p, index=False))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    except OSError:
+        return False
+    return True
+
+
+REPAIR_HINT = "`dse repair DIR` moves it to DIR/quarantine/ and re-queues its work"
+
+
+def corrupt(f: Path, what: str, e: Exception | None = None) -> InputError:
+    why = f" ({type(e).__name__}: {str(e).splitlines()[0][:100]})" if e is not None and str(e) else ""
+    return InputError(f"corrupt {what}{why}", file=str(f),
+                      hint=REPAIR_HINT.replace("DIR", str(Path(f).parent.parent)
+                                               if Path(f).parent.name == "scores"
+                                               else str(Path(f).parent)))
+
+
+def read_table(f: Path) -> pd.DataFrame:
+    """A score table; a file that is not a whole Parquet table is refused, naming it."""
+    try:
+        t = pd.read_parquet(f)
+    except FileNotFoundError:
+        raise
+    except Exception as e:       # pyarrow raises several types for a broken file
+        raise corrupt(f, "score table", e) from None
+    if "design_id" not in t:
+        raise corrupt(f, "score table (no design_id column)")
+    return t
+
+
+def check_table(f: Path) -> None:
+    """Cheap check (the Parquet footer) that a score table is whole."""
+    import pyarrow.parquet as pq
+    try:
+        pq.ParquetFile(f).metadata
+    except FileNotFoundError:
+        raise
+    except Exception as e:
+        raise corrupt(f, "score table", e) from None
+
+
+def read_trials(f: Path) -> dict:
+    """A batch's trials.json: {trial number: {values, constraints}}, refused when corrupt."""
+    try:
+        t = json.loads(Path(f).read_text())
+        if not isinstance(t, dict):
+            raise ValueError("not an object")
+        for k, v in t.items():
+            int(k)
+            if not (isinstance(v, dict) and isinstance(v["values"], list)
+                    and isinstance(v["constraints"], list)):
+                raise ValueError(f"trial {k} has no values/constraints")
+    except FileNotFoundError:
+        raise
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise corrupt(Path(f), "trials file", e) from None
+    return t
+
+
+def worker_name() -> str:
+    """The process that scores a batch, as its trial file records it: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+UNRECORDED = "unrecorded"     # trials of batches written before the worker was recorded
+
+
+def _chunk_designs(m: dict, i: int) -> int:
+    chunk, size = int(m.get("chunk_designs", 65536)), int(m.get("size") or 0)
+    return max(min((i + 1) * chunk, size) - i * chunk, 0)
+
+
+def durable(d: Path, m: dict, check: bool = True) -> dict | None:
+    """Counters from the durable files of a local run (None for a shared-storage run, whose
+    counters live in the storage): trials completed, designs scored, trials total."""
+    d = Path(d)
+    if m.get("storage"):
+        return None
+    if m["strategy"] == "exhaustive":
+        files = sorted((d / "scores").glob("chunk-*.parquet"))
+        if check:
+            for f in files:
+                check_table(f)
+        done = [int(f.stem.split("-")[1]) for f in files]
+        n_chunks = -(-int(m.get("size") or 0) // int(m.get("chunk_designs", 65536)))
+        return {"trials_completed": len(done), "designs_scored": sum(_chunk_designs(m, i) for i in done),
+                "trials_total": n_chunks}
+    n, by_worker = 0, {}
+    for f in sorted((d / "scores").glob("batch-*.trials.json")):
+        if not f.with_name(f.name.replace(".trials.json", ".parquet")).is_file():
+            continue
+        if check:
+            check_table(f.with_name(f.name.replace(".trials.json", ".parquet")))
+        t = read_trials(f)
+        n += len(t)
+        for r in t.values():        # the same files as the total: the counts add up to it
+            w = str(r.get("worker", UNRECORDED))
+            by_worker[w] = by_worker.get(w, 0) + 1
+    per = m.get("designs_per_trial")
+    return {"trials_completed": n, "designs_scored": n * int(per) if per else None,
+            "trials_total": int(m.get("trials", 0)),
+            "trials_by_worker": dict(sorted(by_worker.items()))}
+
+
+def front_from_tables(d: Path, m: dict) -> pd.DataFrame:
+    """The run's front computed from its score tables (every table read, corrupt ones refused)."""
+    from dse import pareto
+    from dse.build.space import Objective
+    objectives = [Objective(o["name"], o["direction"]) for o in m["objectives"]]
+    frames = []
+    for f in sorted((Path(d) / "scores").glob("*.parquet")):
+        if f.name.startswith("batch-") and not f.with_suffix(".trials.json").is_file():
+            continue                       # an incomplete batch: its trials are asked again
+        t = read_table(f)
+        if "_admissible" in t:
+            t = t[t["_admissible"].astype(bool)]
+        frames.append(t)
+    # a run folder resumed across the scale-column rule: its old tables name <path>.scale <path>
+    from dse.spec.fields import legacy_columns, scale_column
+    scaled = {c[:-len(".scale")] for t in frames for c in t.columns if c.endswith(".scale")}
+    frames = [legacy_columns(t, [p for p in scaled if scale_column(p) not in t.columns])
+              for t in frames] if scaled else frames
+    return pareto.front_of(frames, objectives)
+
+
+def read_front(d: Path) -> pd.DataFrame | None:
+    """front.csv, or None when it is missing or unreadable."""
+    try:
+        f = pd.read_csv(Path(d) / "front.csv")
+    except (OSError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError,
+            UnicodeDecodeError):
+        return None
+    return f if "design_id" in f else None
+
+
+def _lock_owner(d: Path) -> int | None:
+    try:
+        pid = int((Path(d) / "lock").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
+def status(d: Path, heal: bool = True) -> dict:
+    """The run's state and counters. Counters of a local run are taken from its durable files
+    (they agree with what is stored, also after kill -9); with ``heal``, a missing, corrupt or
+    disagreeing progress.json or front.csv is rebuilt from them (when no process is at work)."""
+    d = Path(d)
+    m = load_manifest(d)
+    p = read_progress(d)
+    state = p.get("state", "stopped") if p.get("state") in STATES else "stopped"
+    alive = _lock_owner(d) is not None
+    if state == "running" and not alive:
+        state = "stopped"   # killed: the work it finished is on disk
+    counts = durable(d, m)
+    front = read_front(d)
+    front_size = len(front) if front is not None else None
+    rebuild_front = counts is not None and (
+        front is None or not p or front_size != p.get("front_size"))
+    if rebuild_front:
+        fr = front_from_tables(d, m)
+        front_size = len(fr)
+        if heal and not alive:
+            write_front(d, fr, m["objectives"], m["parameters"])
+    if counts is not None:
+        if counts["designs_scored"] is None:
+            counts["designs_scored"] = int(p.get("designs_scored", 0))
+        if state == "finished" and counts["trials_completed"] < counts["trials_total"]:
+            state = "stopped"       # work was re-queued (dse repair): not finished any more
+        if state in ("stopped", "failed") and counts["trials_total"] and \
+                counts["trials_completed"] >= counts["trials_total"]:
+            state = "finished"
+    else:
+        counts = {k: p.get(k) for k in ("trials_completed", "designs_scored", "trials_total")}
+    out = {
+        "state": state, "trials_completed": int(counts["trials_completed"] or 0),
+        "trials_failed": int(p.get("trials_failed", 0)),
+        "designs_scored": int(counts["designs_scored"] or 0),
+        "elapsed_s": float(p.get("elapsed_s", 0.0)), "front_size": int(front_size or 0),
+        "objectives": m["objectives"], "strategy": m["strategy"], "space_size": m.get("size"),
+        "trials_total": counts["trials_total"], "hypervolume": p.get("hypervolume"),
+        "run_dir": str(d),
+    }
+    if counts.get("trials_by_worker"):
+        out["trials_by_worker"] = counts["trials_by_worker"]   # host:pid -> trials; sum = total
+    if heal and not alive and m.get("storage") is None and (
+            not p or rebuild_front or any(p.get(k) != out[k] for k in
+                                          ("state", "trials_completed", "designs_scored",
+                                           "front_size"))):
+        write_json(d / "progress.json", {k: out[k] for k in (
+            "state", "trials_completed", "trials_failed", "trials_total", "designs_scored",
+            "elapsed_s", "front_size", "hypervolume")})
+    return out
+
+
+def _quarantine(d: Path, f: Path) -> Path:
+    q = Path(d) / "quarantine"
+    (q / f.parent.relative_to(d)).mkdir(parents=True, exist_ok=True)
+    target = q / f.relative_to(d)
+    if target.exists():
+        target = target.with_name(f"{target.name}.{int(time.time())}")
+    os.replace(f, target)
+    return target
+
+
+def repair(d: Path) -> list[str]:
+    """Quarantine a run's corrupt durable files (moved to DIR/quarantine/), so that their work
+    is done again on `dse run --resume`, and rebuild its derived files. Returns what was done,
+    one line each."""
+    d = Path(d)
+    m = load_manifest(d)
+    if _lock_owner(d) is not None:
+        raise InputError("the run is running", file=str(d), hint="stop it first")
+    done = []
+    remove_stale_tmp(d)
+    for f in sorted((d / "scores").glob("*.parquet")):
+        tf = f.with_suffix(".trials.json")
+        try:
+            read_table(f)
+            if f.name.startswith("batch-") and tf.is_file():
+                read_trials(tf)
+            continue
+        except InputError as e:
+            why = e.message
+        for g in (f, tf):
+            if g.is_file():
+                _quarantine(d, g)
+        what = ("its designs are scored again" if f.name.startswith("chunk-")
+                else "its trials are asked again")
+        done.append(f"quarantined {f.relative_to(d)}{' and ' + tf.name if tf.exists() or f.name.startswith('batch-') else ''}"
+                    f" ({why}): {what} by `dse run --resume`")
+    for tf in sorted((d / "scores").glob("batch-*.trials.json")):    # without a table
+        if not tf.with_name(tf.name.replace(".trials.json", ".parquet")).is_file():
+            _quarantine(d, tf)
+            done.append(f"quarantined {tf.relative_to(d)} (no score table): its trials are asked again")
+    j = d / "optuna.journal"
+    if j.is_file() and m["strategy"] in ("optuna", "nested") and not m.get("storage"):
+        try:
+            open_journal(d)          # replays every record: a broken one is refused
+        except InputError as e:
+            moved = _quarantine(d, j)
+            segs = [int(f.stem.split("-")[1]) for f in (d / "scores").glob("batch-*.parquet")]
+            m["segment"] = max([int(m.get("segment", 0)), *segs]) + 1
+            m["failed_before"] = int(m.get("failed_before", 0))
+            write_json(d / "manifest.json", m)
+            done.append(f"quarantined optuna.journal to {moved.relative_to(d)} ({e.message}): "
+                        f"the run continues in a new study segment {m['segment']}, warm-started "
+                        "from its front; every scored trial is kept")
+    (d / "front.csv").unlink(missing_ok=True)    # derived: rebuilt now from the durable files
+    st = status(d)
+    done.append(f"rebuilt front.csv and progress.json: {st['trials_completed']:,} trials, "
+                f"{st['designs_scored']:,} designs, front of {st['front_size']}; state {st['state']}")
+    if not done[:-1]:
+        done.insert(0, "no corrupt file found")
+    return done
+
+
+# --- the journal of a local optuna/nested run -----------------------------------------------
+
+LOCK_WAIT_S = 120.0     # the longest a process waits for the journal's lock before giving up
+LOCK_REPORT_S = 10.0    # ... and when it says what it is waiting for
+
+
+class JournalLock:
+    """The journal's lock for Optuna's JournalFileBackend (its ``lock_obj``): an ``flock`` on
+    ``<journal>.flock``, which the kernel releases when its holder exits, kill -9 included, so
+    a lock is never left behind. The holder writes its pid and host into the file, so a wait
+    (bounded: LOCK_WAIT_S) says whom it waits for."""
+
+    def __init__(self, journal: Path, wait_s: float = LOCK_WAIT_S):
+        self.path, self.wait_s, self.fd = str(journal) + ".flock", wait_s, None
+
+    def owner(self) -> str:
+        try:
+            return Path(self.path).read_text().strip() or "unknown"
+        except OSError:
+            return "unknown"
+
+    def acquire(self) -> bool:
+        import fcntl
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        t0, delay, told = time.monotonic(), 0.0005, False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - t0
+                if waited >= self.wait_s:
+                    os.close(fd)
+                    raise InputError(f"the journal has been locked for {waited:.0f} s by "
+                                     f"{self.owner()}", file=self.path,
+                                     hint="that process is stuck: stop it, then resume") from None
+                if waited >= LOCK_REPORT_S and not told:
+                    print(f"dse: warning: waiting for the journal lock {self.path} held by "
+                          f"{self.owner()} (giving up after {self.wait_s:.0f} s)", file=sys.stderr)
+                    told = True
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        me = f"pid {os.getpid()} on {socket.gethostname()}\n".encode()
+        if os.pread(fd, len(me) + 1, 0) != me:
+            # written only when another process held it last: a truncate and write on every
+            # acquisition (each journal record takes one) cost ~3 ms each on a slow disk, ~40%
+            # of a long optuna run's wall time (python -m dse.search.bench's rate check)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, me, 0)
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)             # closing the descriptor releases the flock
+
+
+def recover_journal(f: Path) -> int:
+    """A journal cut mid-record (a process killed while appending) is cut back to its last
+    whole record, under the lock, before anything is appended after it; the cut bytes go to
+    ``quarantine/``. Returns the bytes cut."""
+    f = Path(f)
+    if not f.is_file() or f.stat().st_size == 0:
+        return 0
+    lock = JournalLock(f)
+    lock.acquire()
+    try:
+        with open(f, "rb+") as fh:
+            size = fh.seek(0, 2)
+            pos, tail = size, b""
+            while pos > 0:
+                step = min(65536, pos)
+                fh.seek(pos - step)
+                block = fh.read(step)
+                k = block.rfind(b"\n")
+                if k >= 0:
+                    tail = block[k + 1:] + tail
+                    pos = pos - step + k + 1
+                    break
+                tail = block + tail
+                pos -= step
+            else:
+                pos = 0
+            if not tail:
+                return 0
+            q = f.parent / "quarantine"
+            q.mkdir(exist_ok=True)
+            (q / f"{f.name}.cut-{int(time.time())}").write_bytes(tail)
+            fh.truncate(pos)
+            fh.flush()
+            os.fsync(fh.fileno())
+    finally:
+        lock.release()
+    print(f"dse: warning: {f} ended in a partial record ({len(tail)} bytes, a process killed "
+          "while writing): cut back to its last whole record", file=sys.stderr)
+    return len(tail)
+
+
+def open_journal(d: Path):
+    """The Optuna storage of a local run: its journal (absolute path, so any cwd resumes it),
+    recovered to its last whole record, locked by ``JournalLock``."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    f = Path(d).resolve() / "optuna.journal"
+    old = Path(str(f) + ".lock")      # Optuna's symlink lock, left by older dse runs
+    if old.is_symlink() or old.exists():
+        old.unlink(missing_ok=True)
+    recover_journal(f)
+    try:
+        return JournalStorage(JournalFileBackend(str(f), lock_obj=JournalLock(f)))
+    except (ValueError, KeyError, TypeError) as e:   # a record in the middle is broken
+        raise corrupt(f, "journal", e) from None
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT/SIGTERM after its work item at hand: resumable; exit 128 + signal."""
+
+    def __init__(self, signum: int, d: Path):
+        self.signum, self.d = signum, d
+        super().__init__(f"interrupted: the run is stopped and resumable "
+                         f"(dse run --resume {d})")
+
+
+class Working:
+    """A run at work: its lock file (pid and host, so `dse status` can tell a killed run), Ctrl-C
+    and SIGTERM turned into a request to stop after the work item at hand (then ``Interrupted``
+    is raised: exit 130 or 143, the run resumable), and a progress bar with rate, ETA, front
+    size and hypervolume."""
+
+    def __init__(self, d: Path, progress: bool, by_time: bool = False, **bar):
+        self.d, self.progress, self.bar_args, self.stop, self.bar = Path(d), progress, bar, False, None
+        self.signum, self.by_time = None, by_time
+        self._said_reference = False
+
+    def _on_signal(self, signum, frame):
+        self.stop = True
+        self.signum = signum
+
+    def __enter__(self) -> "Working":
+        import signal
+        self._old = [signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)]
+        self._mine = _lock_owner(self.d) is None       # a worker sharing the folder: not its lock
+        if self._mine:
+            atomic_write(self.d / "lock", f"{os.getpid()} {socket.gethostname()}\n")
+        if self.progress:
+            from tqdm import tqdm
+            self.bar = tqdm(dynamic_ncols=True, mininterval=0.5, **self.bar_args)
+        return self
+
+    def update(self, n: int, front_size: int, hv, elapsed: float | None = None,
+               done: int | None = None, reference: str | None = None) -> None:
+        """``n`` more work items done; a bar ``by_time`` (a run with a budget) shows the
+        budget's seconds spent instead, and the work done as a figure. ``reference``: the
+        hypervolume's reference point in words, printed above the bar once it is set (the bar's
+        ``hv`` is measured against it)."""
+        if not self.bar:
+            return
+        if reference and not self._said_reference:
+            self.bar.write(f"hv: the front's hypervolume, {reference}", file=sys.stderr)
+            self._said_reference = True
+        post = {"front": front_size, "hv": f"{hv:.4g}" if hv is not None else "-"}
+        if self.by_time and elapsed is not None:
+            self.bar.update(max(min(round(elapsed), self.bar.total) - self.bar.n, 0))
+            if done is not None:
+                post = {"done": f"{done:,}", **post}
+        else:
+            self.bar.update(n)
+        self.bar.set_postfix(post)
+
+    def __exit__(self, *exc) -> None:
+        import signal
+        if self.bar:
+            self.bar.close()
+        for s, h in zip((signal.SIGINT, signal.SIGTERM), self._old):
+            signal.signal(s, h)
+        if self._mine:
+            try:
+                (self.d / "lock").unlink()
+            except FileNotFoundError:
+                pass
+        if self.signum is not None and (not exc or exc[0] is None):
+            raise Interrupted(self.signum, self.d)
+
+
+def fix_reference(manifest: dict, d: Path, F) -> dict:
+    """The run's hypervolume reference point and scale, set once from its first front and
+    stored in the manifest so that every later figure (and a comparison) uses the same one."""
+    if manifest.get("reference") is None and len(F):
+        from dse import pareto
+        point, scale = pareto.reference(F)
+        manifest["reference"] = {"point": point.tolist(), "scale": scale.tolist()}
+        write_json(Path(d) / "manifest.json", manifest)
+    return manifest.get("reference")

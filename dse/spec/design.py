@@ -1,0 +1,113 @@
+"""Design files: one serving design as TOML sections of dotted spec paths.
+
+    [accelerator]            # catalog id plus any field to override
+    id = "h100-sxm"
+    hbm_bw_bytes_per_s = 4.0e12
+    [topology]               # optional; default: the accelerator's system
+    id = "hgx-8"
+    [model]
+    id = "llama-3.1-70b"
+    weight_dtype = "fp8"
+    [layout]                 # tp/pp/ep/dp; give num_chips and leave some out to let dse choose
+    tp = 4
+    [workload]               # leave concurrency out for the offline maximum
+    isl = 2048
+    osl = 256
+    concurrency = 64
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from dse.spec import fields
+from dse.spec import validate
+from dse.errors import InputError, suggest
+
+SECTIONS = ("accelerator", "topology", "model", "layout", "workload", "serving", "cost")
+
+
+def flatten(doc: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in doc.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def read_toml(path: str) -> dict:
+    p = Path(path)
+    if not p.exists():
+        raise InputError("file not found", file=path, hint="give the path of a TOML file")
+    if not p.is_file():
+        raise InputError("not a regular file", file=path, hint="give the path of a TOML file")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"not valid TOML ({e})", file=path) from None
+    except UnicodeDecodeError:
+        raise InputError("not a text file", file=path) from None
+
+
+def load_design(path: str) -> dict:
+    """The design as {dotted path: value}, every key checked against the settable paths."""
+    return check_design(read_toml(path), path)
+
+
+def check_design(doc: dict, path: str = "design") -> dict:
+    """A design given as sections (``{"accelerator": {"id": ...}}``) or dotted paths
+    (``{"accelerator.id": ...}``), or both, as {dotted path: value}, every key and value checked;
+    ``path`` names it in errors."""
+    doc = {k: v for k, v in doc.items()}
+    dotted = {k: doc.pop(k) for k in list(doc) if "." in k and not isinstance(doc[k], dict)}
+    for sec in doc:
+        if sec not in SECTIONS:
+            what = f"unknown section [{sec}]" if isinstance(doc[sec], dict) else \
+                f"unknown top-level key {sec!r} (a design has only sections)"
+            raise InputError(what, file=path, hint=suggest(sec, SECTIONS, "sections"))
+    flat = {**flatten(doc), **dotted}
+    valid = set(fields.paths(resolved_only=False))
+    for key, v in flat.items():
+        if key not in valid:
+            raise InputError(f"unknown key {key!r}", file=path, hint=suggest(key, valid, "valid keys"))
+        flat[key] = validate.check_value(key, v, file=path)
+    for need in ("accelerator.id", "model.id"):
+        if need not in flat:
+            raise InputError(f"missing {need}", file=path,
+                             hint=f"add [{need.split('.')[0]}] id = \"...\" (see `dse catalog list`)")
+    from dse import catalog
+    for key, kind in (("accelerator.id", "accelerators"), ("model.id", "models"),
+                      ("topology.id", "topologies")):
+        if key in flat:
+            catalog.lookup(kind, flat[key], file=path, where=key)
+    return flat
+
+
+def design_case(flat: dict) -> dict:
+    """The design as one row of a predict case table (plus its other dotted overrides)."""
+    row = {"case_id": "design", "hardware": flat["accelerator.id"], "model": flat["model.id"],
+           "weight_dtype": flat.get("model.weight_dtype", "bf16"),
+           "isl": flat.get("workload.isl", 1024), "osl": flat.get("workload.osl", 256)}
+    lay = {k: flat[f"layout.{k}"] for k in ("tp", "pp", "ep", "dp") if f"layout.{k}" in flat}
+    if "layout.num_chips" in flat:
+        row["num_chips"] = flat["layout.num_chips"]
+    else:
+        row["num_chips"] = (lay.get("tp", 1) * lay.get("pp", 1) * lay.get("dp", 1))
+        for k in ("tp", "pp", "dp"):
+            lay.setdefault(k, 1)
+        lay.setdefault("ep", 1)
+    row.update(lay)
+    mapping = {"topology.id": "topology", "model.kv_dtype": "kv_dtype",
+               "workload.concurrency": "concurrency", "workload.prefix_hit_fraction":
+               "prefix_hit_fraction", "workload.phase": "phase"}
+    for k, col in mapping.items():
+        if k in flat:
+            row[col] = flat[k]
+    skip = {"accelerator.id", "model.id", "model.weight_dtype", "workload.isl", "workload.osl",
+            "layout.num_chips", *mapping, *(f"layout.{k}" for k in ("tp", "pp", "ep", "dp"))}
+    row.update({k: v for k, v in flat.items() if k not in skip})
+    return row
