@@ -27,8 +27,22 @@ _API = ("Bands", "Evaluation", "Run", "compare", "evaluate", "load_space", "open
         "predict", "resume", "run", "score", "score_bands", "whatif", "work")
 
 if TYPE_CHECKING:
-    from dse.api import (Bands, Evaluation, Run, compare, evaluate, load_space, open_run,
-                         predict, resume, run, score, score_bands, whatif, work)
+    from dse.api import (
+        Bands,
+        Evaluation,
+        Run,
+        compare,
+        evaluate,
+        load_space,
+        open_run,
+        predict,
+        resume,
+        run,
+        score,
+        score_bands,
+        whatif,
+        work,
+    )
     from dse.errors import InputError
 
 

@@ -30,7 +30,30 @@ from typing import Any, Literal, Mapping
 import numpy as np
 import pandas as pd
 
+from dse.build.designs import resolve, to_batch
+from dse.build.space import Space
+from dse.build.space import load_space as _load
 from dse.errors import InputError, suggest
+from dse.perf import BOUNDS, score_chunked
+from dse.perf.serve import reason_text
+from dse.results import reader
+from dse.results.compare import compare_runs
+from dse.results.report import make_report
+from dse.results.whatif import run_whatif
+from dse.scoring.bands import (
+    DEFAULT_SAMPLES,
+    check_samples,
+    draw,
+    frame_samples,
+    summary,
+)
+from dse.scoring.evaluate import evaluate_file, evaluate_flat
+from dse.scoring.predict import predict_file, predict_frame, read_cases, write_csv
+from dse.search import driver
+from dse.search.driver import run_space
+from dse.spec.design import check_design
+from dse.spec.fields import REGISTRY
+from dse.units import seconds
 
 PathLike = str | Path
 
@@ -57,8 +80,6 @@ def evaluate(design: PathLike | Mapping[str, Any]) -> Evaluation:
     (``{"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "layout.tp": 4}``) or of
     sections (``{"accelerator": {"id": "h100-sxm"}, ...}``). A layout left out (``layout.num_chips``
     without tp/pp/ep/dp) and a concurrency left out are chosen as ``dse eval`` chooses them."""
-    from dse.spec.design import check_design
-    from dse.scoring.evaluate import evaluate_file, evaluate_flat
     if isinstance(design, Mapping):
         res = evaluate_flat(check_design(dict(design), "design"), file="design")
     else:
@@ -82,10 +103,6 @@ def score(frame: pd.DataFrame, base: Mapping[str, Any] | None = None) -> pd.Data
     Returns a copy of ``frame`` with every metric added (``bound`` as compute, memory, network
     or capacity; ``reason`` as text, empty when feasible). A column that is not a settable path
     raises InputError naming it with the closest valid paths."""
-    from dse.build.designs import resolve, to_batch
-    from dse.spec.fields import REGISTRY
-    from dse.perf import BOUNDS, score_chunked
-    from dse.perf.serve import reason_text
     if not isinstance(frame, pd.DataFrame):
         raise InputError(f"dse.score takes a DataFrame, not a {type(frame).__name__}",
                          hint="one row per design, one dotted path per column")
@@ -139,17 +156,14 @@ class Bands:
     note: str                      # what the samples cover and what is held exact
 
     def median(self, metric: str) -> np.ndarray:
-        from dse.scoring.bands import summary
         return summary(self.samples[metric])[0]
 
     def band(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
         """(5th, 95th percentile) of every design."""
-        from dse.scoring.bands import summary
         return summary(self.samples[metric])[1:]
 
     def table(self, metrics=None) -> pd.DataFrame:
         """One row per design: ``<metric>`` (median), ``<metric>_lo``, ``<metric>_hi``."""
-        from dse.scoring.bands import summary
         out = {}
         for m in metrics or self.samples:
             med, lo, hi = summary(self.samples[m])
@@ -162,8 +176,6 @@ def score_bands(frame: pd.DataFrame, n: int | None = None, seed: int = 0,
     """``score`` under ``n`` samples of the fitted parameters (default ``dse.scoring.bands.
     DEFAULT_SAMPLES``), all samples x designs in one scorer call: each catalog entry (chip,
     runtime) gets one draw per sample, shared by every design that uses it (``dse.scoring.bands``)."""
-    from dse.scoring.bands import DEFAULT_SAMPLES, draw, frame_samples
-    from dse.build.designs import resolve
     n = DEFAULT_SAMPLES if n is None else int(n)
     if n < 1:
         raise InputError(f"bands {n}: needs at least one sample", hint="e.g. 64; 0 is `score`")
@@ -184,11 +196,9 @@ def predict(cases: PathLike | pd.DataFrame, out: PathLike | None = None) -> pd.D
     """``dse predict``: the predictions of a case table (a CSV path, or a DataFrame with the
     CSV's columns, ``contracts/predict-cases.md``), blank layouts and concurrencies chosen;
     ``out``: also write them as a CSV (atomically)."""
-    from dse.scoring.predict import predict_file, predict_frame, read_cases
     if isinstance(cases, pd.DataFrame):
         pred = predict_frame(cases, file="cases")
         if out is not None:
-            from dse.scoring.predict import write_csv
             write_csv(pred, str(out))
         return pred
     if out is not None:
@@ -206,7 +216,6 @@ def load_space(space: PathLike | Mapping[str, Any]):
     structure (``{"accelerator": {"id": ...}, "model": {...}, "parameters": {"layout.tp":
     [1, 2, 4]}, "objectives": {"tpot_s": "minimize"}}``). A dict is written as a TOML file in a
     scratch folder first, so a run of it keeps its own copy like any run."""
-    from dse.build.space import Space, load_space as _load
     if isinstance(space, Space):
         return space
     if isinstance(space, Mapping):
@@ -264,105 +273,19 @@ def to_toml(doc: Mapping[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------ runs
 
-class Run:
-    """A run folder: its manifest, space, front, score tables and status."""
-
-    def __init__(self, path: PathLike):
-        from dse.search import store
-        self.path = Path(path)
-        self.manifest: dict = store.load_manifest(self.path)
-
-    def __repr__(self) -> str:
-        return f"Run({str(self.path)!r})"
-
-    def __fspath__(self) -> str:
-        return str(self.path)
-
-    @property
-    def space(self):
-        """The run's space, from its own copy of the space file."""
-        from dse.search import store
-        from dse.build.space import load_space as _load
-        snap = store.space_snapshot(self.path, self.manifest)
-        return _load(str(snap if snap.is_file() else self.manifest["space_file"]))
-
-    @property
-    def status(self) -> dict:
-        """State and counters: the object ``dse status DIR --json`` prints (a missing or stale
-        front.csv/progress.json is rebuilt from the score tables, as the command does)."""
-        from dse.search import store
-        return json.loads(json.dumps(store.status(self.path)))
-
-    def _scaled(self) -> list[str]:
-        from dse.results.compare import scaled_paths
-        return scaled_paths(self.path, self.manifest)
-
-    @property
-    def front(self) -> pd.DataFrame:
-        """front.csv: objectives, parameter columns (``<path>.scale`` for scale factors) and
-        design_id of every design on the run's Pareto front."""
-        from dse.search import store
-        from dse.spec.fields import legacy_columns
-        front = store.read_front(self.path)
-        if front is None:
-            self.status          # rebuilds a missing or corrupt front.csv from the score tables
-            front = store.read_front(self.path)
-        if front is None:
-            raise InputError("the run has no front.csv yet", file=str(self.path),
-                             hint="run or resume it first")
-        return legacy_columns(front, self._scaled())
-
-    @property
-    def scores(self) -> pd.DataFrame:
-        """Every stored score table of the run, concatenated: design_id, parameter columns and
-        the metrics the run keeps (the designs its strategy scored; corrupt tables refused)."""
-        from dse.search import store
-        from dse.spec.fields import legacy_columns
-        frames = [legacy_columns(store.read_table(f), self._scaled())
-                  for f in sorted((self.path / "scores").glob("*.parquet"))]
-        frames = [f for f in frames if len(f)]
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-    def resume(self, *, trials: int | None = None, budget: float | str | None = None,
-               workers: int = 1, storage_retry: float | str | None = None,
-               progress: bool = False) -> "Run":
-        """Continue this run (``dse.resume``); returns it, its manifest read again."""
-        resume(self, trials=trials, budget=budget, workers=workers, storage_retry=storage_retry,
-               progress=progress)
-        self.manifest = Run(self.path).manifest
-        return self
+class Run(reader.Run):
+    """A run folder (``dse.results.reader.Run``: manifest, space, front, score tables, status,
+    ``resume``), with its report."""
 
     def report(self, out: PathLike | None = None) -> Path:
         """``dse report``: the Pareto report's folder."""
-        from dse.results.report import make_report
         return make_report(str(self.path), None if out is None else str(out))
 
 
-def open_run(path: PathLike | Run) -> Run:
+def open_run(path: PathLike | reader.Run) -> Run:
     """A run folder (what ``dse run`` printed last) as a Run."""
-    return path if isinstance(path, Run) else Run(path)
-
-
-def _seconds(budget: float | str | None, what: str = "budget") -> float | None:
-    """A budget in seconds: a number >= 0, or a duration such as "90s", "45m", "8h"."""
-    if budget is None:
-        return None
-    if isinstance(budget, (int, float)) and not isinstance(budget, bool):
-        if not (math.isfinite(budget) and budget >= 0):
-            raise InputError(f"{what} {budget!r} must be a number of seconds >= 0",
-                             hint="or a duration such as 90s, 45m, 8h")
-        return float(budget)
-    from dse.cli import parse_duration
-    return parse_duration(str(budget), what)
-
-
-def _storage_retry(storage_retry: float | str | None) -> None:
-    """How long storage calls are retried while the database is unreachable (``--storage-retry``;
-    None keeps ``$DSE_STORAGE_RETRY``, else 300 s)."""
-    if storage_retry is None:
-        return
-    from dse.search.optuna import study
-    study.set_storage_retry(_seconds(storage_retry, "storage_retry"))
+    return path if isinstance(path, Run) else Run(path if not isinstance(path, reader.Run)
+                                                  else path.path)
 
 
 Strategy = Literal["auto", "exhaustive", "optuna", "nested"]
@@ -402,13 +325,11 @@ def run(space: PathLike | Mapping[str, Any], strategy: Strategy | None = "auto",
 
     Raises ``InputError`` for bad settings (nothing is left behind); a run stopped by a signal
     raises ``KeyboardInterrupt`` and stays resumable (``dse.resume``)."""
-    from dse.search.driver import run_space
-    from dse.build.space import Space
     sp = space if isinstance(space, Space) else load_space(space)
-    _storage_retry(storage_retry)
+    reader.set_storage_retry(storage_retry)
     d = run_space(sp.file, None if out is None else str(out),
                   strategy=None if strategy in (None, "auto") else strategy, trials=trials,
-                  budget_s=_seconds(budget), workers=workers, seed=seed, storage=storage,
+                  budget_s=seconds(budget), workers=workers, seed=seed, storage=storage,
                   population=population, sampler=sampler, progress=progress,
                   chunk_designs=chunk_designs, segment_trials=segment_trials)
     return Run(d)
@@ -421,11 +342,8 @@ def resume(path: PathLike | Run, *, trials: int | None = None, budget: float | s
     copy of the space file, nothing lost and nothing counted twice. ``trials``: exhaustive:
     chunks to do now; optuna/nested: trials to add to the run's total (default: finish the
     run); ``budget``: wall time of this call; ``workers``: processes working together."""
-    from dse.search.driver import run_space
-    _storage_retry(storage_retry)
-    d = run_space(run_dir=str(open_run(path).path), resume=True, trials=trials,
-                  budget_s=_seconds(budget), workers=workers, progress=progress)
-    return Run(d)
+    return open_run(path).resume(trials=trials, budget=budget, workers=workers,
+                                 storage_retry=storage_retry, progress=progress)
 
 
 def work(run: PathLike | Run | None = None, *, storage: str | None = None,
@@ -439,57 +357,17 @@ def work(run: PathLike | Run | None = None, *, storage: str | None = None,
     works in a local folder ``out`` (default ``runs/<study>``) that it fills with the run's
     inputs and manifest as the run stored them in the study. ``trials``: trials (exhaustive:
     chunks) this worker does at most; ``budget``: its wall time (seconds or a duration)."""
-    from dse.search import driver
-    _storage_retry(storage_retry)
+    reader.set_storage_retry(storage_retry)
     if run is not None:
         d, url = open_run(run).path, None
     else:
         if not (storage and study):
             raise InputError("give a run folder, or a storage URL and a study name",
                              hint="dse.work(run_dir) or dse.work(storage=URL, study=NAME)")
-        d, url = _worker_folder(storage, study, out), storage
-    d = driver.run_space(run_dir=d, join=True, trials=trials, budget_s=_seconds(budget),
+        d, url = driver.worker_folder(storage, study, out), storage
+    d = driver.run_space(run_dir=d, join=True, trials=trials, budget_s=seconds(budget),
                          storage_url=url, progress=progress)
     return Run(d)
-
-
-def _worker_folder(storage_url: str, study_name: str, out: PathLike | None) -> Path:
-    """A worker's local run folder for a study in a shared storage: the run's inputs and
-    manifest, as the run stored them in the study."""
-    import optuna
-
-    from dse.search import store
-    from dse.search.optuna.study import storage_for, with_retry
-    storage = storage_for(None, storage_url)
-    try:
-        study = with_retry(optuna.load_study, study_name=study_name, storage=storage)
-    except KeyError:
-        raise InputError(f"no study {study_name!r} in the storage", file=storage_url,
-                         hint="the study name is the run folder's name") from None
-    attrs = with_retry(lambda: study.user_attrs)
-    if "manifest" not in attrs:
-        raise InputError(f"the study {study_name!r} is not a dse run", file=storage_url,
-                         hint="the study name is the run folder's name")
-    m = json.loads(attrs["manifest"])
-    d = Path(out) if out else Path("runs") / study_name
-    existed = d.is_dir()
-    try:
-        (d / "scores").mkdir(parents=True, exist_ok=True)
-        (d / "inputs").mkdir(exist_ok=True)
-        space_path = store.space_snapshot(d, m)
-        if "inputs" in attrs:       # the run's snapshot: space file and objectives file
-            store.write_inputs(d, attrs["inputs"])
-        else:
-            space_path.write_text(attrs["space_toml"])
-        m["space_file"] = str(space_path)
-        store.write_json(d / "manifest.json", m)
-        from dse.build.space import load_space
-        load_space(str(space_path))
-    except BaseException:
-        if not existed:
-            store.discard(d)
-        raise
-    return d
 
 
 # ------------------------------------------------------------------------------ analyses
@@ -500,8 +378,6 @@ def compare(a: PathLike | Run, b: PathLike | Run, *, bands: int | None = None, s
     vanished; ``.write(out)`` writes ``dse compare``'s files. ``bands``: parameter samples
     (default ``dse.scoring.bands.DEFAULT_SAMPLES``, 0: none) for each objective's best designs'
     90% bands and the probability that A's beats B's (``.bands``)."""
-    from dse.scoring.bands import check_samples
-    from dse.results.compare import compare_runs
     return compare_runs(str(open_run(a).path), str(open_run(b).path), check_samples(bands),
                         seed)
 
@@ -519,10 +395,9 @@ def whatif(run: PathLike | Run, set: Mapping[str, Any] | list[str] | None = None
     ``.sensitivities``, ``.bands``). ``reoptimize``: also search the space again with the change.
     ``bands``: parameter samples for each change's 90% band (default
     ``dse.scoring.bands.DEFAULT_SAMPLES``, 0: none; ``seed``)."""
-    from dse.results.whatif import run_whatif
     r = open_run(run)
     return run_whatif(str(r.path), set, scale, None if out is None else str(out),
-                      reoptimize=reoptimize, trials=trials, budget_s=_seconds(budget),
+                      reoptimize=reoptimize, trials=trials, budget_s=seconds(budget),
                       progress=progress, bands=bands, seed=seed)
 
 

@@ -43,7 +43,10 @@ import pandas as pd  # noqa: E402
 
 from dse import catalog  # noqa: E402
 from dse.build.designs import resolve, to_batch  # noqa: E402
+from dse.build.resolved import Resolved
+from dse.build.space import load_space
 from dse.perf import score, score_chunked  # noqa: E402
+from dse.scoring.predict import predict_file
 
 
 def random_designs(n: int, seed: int = 0) -> pd.DataFrame:
@@ -85,7 +88,6 @@ def _search_path(res, n: int, chunk: int) -> tuple[float, float, float]:
 
 
 def bench_scorer(n: int) -> None:
-    from dse.build.resolved import Resolved
     base = random_designs(min(n, 200_000))
     res = Resolved(resolve(base))
     batch = to_batch(res.compact(np.arange(len(res))))
@@ -220,7 +222,6 @@ def _timed(fn):
 
 def bench_builder(label: str, text: str, limit: int | None = None, passes: int = 3) -> None:
     """Build (and score) every design of a space in chunks, as the exhaustive search does."""
-    from dse.build.space import load_space
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "space.toml")
         with open(path, "w") as f:
@@ -264,7 +265,6 @@ def bench_resolve(n: int) -> None:
 
 
 def bench_predict(n: int) -> None:
-    from dse.scoring.predict import predict_file
     d = random_designs(n, seed=1)
     d["layout.tp"] = 8
     chips = d["layout.tp"] * d["layout.pp"] * d["layout.dp"]

@@ -7,8 +7,9 @@ import json
 import os
 import sys
 
-from dse.version import __version__
 from dse.errors import InputError, StorageUnavailable
+from dse.units import parse_duration
+from dse.version import __version__
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,15 +90,6 @@ def _predict(a) -> int:
     return 0
 
 
-def parse_duration(text: str, what: str = "--budget") -> float:
-    """'90s', '45m', '8h', '1d' or plain seconds -> seconds."""
-    import re
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(text))
-    if not m:
-        raise InputError(f"{what} {text!r} is not a duration", hint="e.g. 90s, 45m, 8h")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-
-
 def _validate(a) -> int:
     from dse.build.space import describe, load_space
     print(describe(load_space(a.space)))
@@ -160,9 +152,9 @@ def _ran(r) -> int:
 
 def _front_table(d, m) -> None:
     """The front's best design of each objective and its knee, with units (dse.results.terminal)."""
-    from dse.search import store
-    from dse.results import terminal
     from dse.build.space import Objective
+    from dse.results import terminal
+    from dse.search import store
     front = store.read_front(d)
     if front is None or not len(front):
         return
@@ -170,8 +162,7 @@ def _front_table(d, m) -> None:
     params = [p for p in front.columns if p not in {o.metric for o in objs} | {"design_id"}]
     kv = None
     try:                 # the KV dtype each design runs (a blank one follows the weights)
-        from dse.build.space import load_space
-        kv = load_space(str(store.space_snapshot(d, m))).kv_dtypes(
+        kv = store.space_of(d, m).kv_dtypes(
             front["design_id"].to_numpy(dtype="int64"))
     except (InputError, OSError, KeyError, ValueError):
         kv = None
@@ -307,8 +298,8 @@ def _status(a) -> int:
     else:
         from pathlib import Path
 
-        from dse.search import store
         from dse.results import terminal
+        from dse.search import store
         for line in terminal.status_lines(st, store.load_manifest(Path(a.dir))):
             print(line)
     return 0

@@ -69,3 +69,27 @@ def hypervolume(F: np.ndarray, ref: np.ndarray, scale: np.ndarray) -> float:
     if not inside.any():
         return 0.0
     return float(moocore.hypervolume(Fs[inside], ref=r))
+
+
+LOG_AXIS_RATIO = 10.0   # the one axis rule: a log scale where values span more than this
+
+
+def log_axis(values) -> bool:
+    """Whether values are best seen on a log scale: all of one sign (NaNs ignored) and spanning
+    over ``LOG_AXIS_RATIO`` (costs and speeds over a batch sweep do). The knee scales such an
+    objective by its log, and every figure draws it on a log axis."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    a = np.abs(v)
+    return bool(len(v) and (np.all(v > 0) or np.all(v < 0)) and a.max() / a.min() > LOG_AXIS_RATIO)
+
+
+def knee(front: pd.DataFrame, objectives) -> int:
+    """Row of the front closest to the ideal point, objectives scaled to [0, 1] on the front
+    (on a log scale for an objective whose front values span over 10x, ``log_axis``, as costs
+    and speeds on a batch sweep do: else the knee sits wherever the range is widest)."""
+    F = np.column_stack([np.log(np.abs(v)) * np.sign(v) if log_axis(v) else v
+                         for v in objective_matrix(front, objectives).T])
+    lo, hi = F.min(axis=0), F.max(axis=0)
+    Z = (F - lo) / np.where(hi > lo, hi - lo, 1.0)
+    return int(np.argmin(np.sqrt((Z ** 2).sum(axis=1))))

@@ -19,15 +19,13 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.spec import fields
 from dse.build import mechanisms
-from dse.catalog import topology
-from dse.spec import validate
-from dse.errors import InputError, suggest
-from dse.perf import Batch
-from dse.perf import kernel_comm
 from dse.build.designs import allreduce_rule_columns  # noqa: E402  (wired in after the freeze)
+from dse.catalog import topology
 from dse.catalog.specs import COMPUTE_FALLBACK, DTYPE_BYTES, DTYPES
+from dse.errors import InputError, suggest
+from dse.perf import Batch, kernel_comm
+from dse.spec import fields, validate
 
 ACC_FIELDS = ("hbm_capacity_bytes", "hbm_bw_bytes_per_s", "tdp_w", "scaleup_link_bw_bytes_per_s",
               "scaleup_domain_chips", "scaleout_link_bw_bytes_per_s")
@@ -540,7 +538,9 @@ def to_batch(out, compact: bool = False) -> Batch:
     n_moe = np.where(n_exp > 0, np.floor((L - f("model.first_k_dense_replace")) / step), 0.0)
     topo = topology_columns(out)
     components = component_factors(out)
-    from dse.build.designs import scaleup_tier_units   # ported 2026-12-02 (multi-rack domain cost)
+    from dse.build.designs import (
+        scaleup_tier_units,  # ported 2026-12-02 (multi-rack domain cost)
+    )
     tier = scaleup_tier_units(out)
     # hook: per-op precision (dse.build.mechanisms): the experts' and attention's own dtypes
     prec = precision_columns(out, wbytes, matmul, fam, peak)

@@ -29,13 +29,22 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from legacy_build import (
+    DERIVED,
+    DIRECT_FIELDS,
+    FEEDERS,
+    STRING_PATHS,
+    derive_system,
+    resolve,
+    settable_paths,
+    to_batch,
+)
 
-from legacy_build import DERIVED, DIRECT_FIELDS, FEEDERS, STRING_PATHS, derive_system, resolve, settable_paths, to_batch
+from dse.errors import InputError, suggest
+from dse.perf import METRICS, Batch
 from dse.spec import validate
 from dse.spec.design import SECTIONS, flatten, read_toml
-from dse.errors import InputError, suggest
 from dse.spec.fields import LIMITS, REGISTRY
-from dse.perf import METRICS, Batch
 
 NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))
 DIRECTIONS = ("minimize", "maximize")

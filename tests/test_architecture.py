@@ -1,4 +1,5 @@
-"""Architecture contracts: dse.perf is pure numpy, every command uses the same model."""
+"""Architecture contracts: the layers as folders with imports that only go down, dse.perf pure
+numpy, every command on the same model."""
 
 from __future__ import annotations
 
@@ -7,6 +8,31 @@ import subprocess
 import sys
 
 from helpers import ROOT
+
+# The layers, bottom to top. A module may import modules of its own layer (without a circle) and
+# of the layers below it, never of a layer above (checked with ``ast``: module-level imports and
+# imports inside functions alike).
+LAYERS = (
+    ("ground", ("dse.errors", "dse.units", "dse.version", "dse.pareto")),   # ground imports ground only
+    ("model", ("dse.perf",)),                   # the numpy model
+    ("catalog", ("dse.catalog",)),              # data with sources, the pydantic specs, topologies
+    ("spec", ("dse.spec",)),                    # what a user writes: fields, validation, files
+    ("build", ("dse.build",)),                  # documents + catalog -> Batch
+    ("scoring", ("dse.scoring",)),              # predict, evaluate, bands
+    ("calibration", ("dse.calibration",)),      # the fits (only tools import it)
+    ("search", ("dse.search",)),                # the run store, the loop, the driver, strategies
+    ("results", ("dse.results",)),              # the run reader, report, pages, compare, what-if
+    ("api", ("dse.api",)),                      # the Python API
+    ("questions", ("dse.questions",)),          # the worked questions (on the API)
+    ("interface", ("dse.cli", "dse.bench", "dse.__main__", "dse")),
+)
+# imports of dse modules inside functions: only where start-up time needs them, with the reason
+LAZY = {
+    "dse": "``import dse.perf`` stays numpy-only: the package's API is imported on first use",
+    "dse.cli": "``dse --help``, ``--version`` and usage errors answer without importing pandas, "
+               "the catalog or optuna: each command imports what it runs",
+}
+TOP_LEVEL_MAX = 10          # modules at the top of dse/ (the rest live in their layer's folder)
 
 PERF = ROOT / "dse" / "perf"
 FORBIDDEN_IMPORTS = {"pandas", "optuna", "networkx", "scipy", "os", "io", "pathlib", "json",
@@ -57,9 +83,10 @@ def test_scorer_has_no_loop_over_rows():
 
 def test_eval_and_predict_agree(tmp_path):
     # one model, one oracle: the design file and the equivalent case row give the same numbers
+    import pandas as pd
+
     from dse.scoring.evaluate import evaluate_file
     from dse.scoring.predict import predict_frame
-    import pandas as pd
     res = evaluate_file(str(ROOT / "examples" / "llama70b-h100.toml"))
     case = pd.DataFrame([{"case_id": "x", "model": "llama-3.1-70b", "hardware": "h100-sxm",
                           "num_chips": 4, "tp": 4, "pp": 1, "ep": 1, "dp": 1, "weight_dtype": "fp8",
@@ -135,3 +162,133 @@ def test_dse_uses_no_private_optuna_internals():
                 found.append(f"{rel}: {needle} (not in OPTUNA_CONVENTIONS)")
     assert not found, "\n".join(found)
     assert conventions == OPTUNA_CONVENTIONS            # every entry still needed
+
+
+# --- the layers -------------------------------------------------------------------------------
+
+def _modules() -> dict:
+    out = {}
+    for p in sorted((ROOT / "dse").rglob("*.py")):
+        rel = p.relative_to(ROOT).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        out[name] = p
+    return out
+
+
+def _imports(name: str, path, modules: dict):
+    """(line, imported dse module, inside a function) of every import of a dse module."""
+    tree = ast.parse(path.read_text())
+    parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+
+    def in_function(node):
+        while node in parents:
+            node = parents[node]
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return True
+        return False
+
+    def resolve(mod):
+        while mod not in modules and "." in mod:
+            mod = mod.rsplit(".", 1)[0]
+        return mod
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(pkg[:len(pkg) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                       for a in node.names]
+        else:
+            continue
+        for tgt in targets:
+            if tgt.split(".")[0] == "dse":
+                yield node.lineno, resolve(tgt), in_function(node)
+
+
+def _layer(module: str) -> int:
+    best, rank = -1, None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for pre in prefixes:
+            if (module == pre or module.startswith(pre + ".")) and len(pre) > best:
+                best, rank = len(pre), i
+    return rank
+
+
+def test_layer_contract():
+    """Every module sits in a layer; imports only go down (or stay in the layer); no import
+    circle; imports inside functions only where LAZY says why; at most TOP_LEVEL_MAX modules at
+    the top of dse/."""
+    import networkx as nx
+    modules = _modules()
+    bad, graph = [], nx.DiGraph()
+    for name, path in modules.items():
+        mine = _layer(name)
+        if mine is None:
+            bad.append(f"{name}: in no layer of LAYERS")
+            continue
+        graph.add_node(name)
+        for line, tgt, lazy in _imports(name, path, modules):
+            if tgt == name:
+                continue
+            graph.add_edge(name, tgt)
+            where = f"{path.relative_to(ROOT)}:{line}"
+            if _layer(tgt) is not None and _layer(tgt) > mine:
+                bad.append(f"{where}: {name} ({LAYERS[mine][0]}) imports {tgt} "
+                           f"({LAYERS[_layer(tgt)][0]}), a layer above")
+            if lazy and name not in LAZY:
+                bad.append(f"{where}: {name} imports {tgt} inside a function (move it to the top "
+                           "of the module, or give LAZY the start-up reason)")
+    for cycle in nx.simple_cycles(graph):
+        bad.append("import circle: " + " -> ".join(cycle + cycle[:1]))
+        if len(bad) > 40:
+            break
+    top = [n for n in modules if n.count(".") == 1 and not (ROOT / "dse" / n.split(".")[1]).is_dir()]
+    if len(top) > TOP_LEVEL_MAX:
+        bad.append(f"{len(top)} modules at the top of dse/ (at most {TOP_LEVEL_MAX}): {sorted(top)}")
+    assert not bad, "\n".join(dict.fromkeys(bad))
+
+
+def test_ground_imports_ground_only():
+    """errors, units, version and pareto import nothing of dse but each other (units: errors)."""
+    modules = _modules()
+    for name in LAYERS[0][1]:
+        for line, tgt, _ in _imports(name, modules[name], modules):
+            assert _layer(tgt) == 0, f"{name}:{line} imports {tgt}"
+
+
+def test_no_cross_module_private_names():
+    """No module uses another dse module's private name (``from dse.x import _y``, ``x._y``)."""
+    bad = []
+    for path in sorted((ROOT / "dse").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        mods = set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("dse"):
+                for a in n.names:
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        bad.append(f"{path.relative_to(ROOT)}:{n.lineno}: from {n.module} "
+                                   f"import {a.name}")
+                    mods.add(a.asname or a.name)
+            elif isinstance(n, ast.Import):
+                mods |= {a.asname or a.name.split(".")[0] for a in n.names
+                         if a.name.startswith("dse")}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute) and n.attr.startswith("_") and \
+                    not n.attr.startswith("__") and isinstance(n.value, ast.Name) and \
+                    n.value.id in mods:
+                bad.append(f"{path.relative_to(ROOT)}:{n.lineno}: {ast.unparse(n)}")
+    assert not bad, "\n".join(dict.fromkeys(bad))
+
+
+def test_layer_contract_catches_an_upward_import(tmp_path, monkeypatch):
+    """The check fails on an upward import (a model module importing the search)."""
+    fake = tmp_path / "step.py"
+    fake.write_text("def f():\n    from dse.search import store\n")
+    modules = {**_modules(), "dse.perf.step": fake}
+    found = [(tgt, lazy) for _, tgt, lazy in _imports("dse.perf.step", fake, modules)]
+    assert found == [("dse.search.store", True)]
+    assert _layer("dse.search.store") > _layer("dse.perf.step")

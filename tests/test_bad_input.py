@@ -10,9 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from helpers import CASE_COLUMNS, run_cli, run_subprocess, write_cases  # noqa: F401
-
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,10 +11,10 @@ import pytest
 from helpers import ROOT
 
 import dse
-from dse.scoring import bands as B
 from dse.build import tables
 from dse.build.designs import resolve
 from dse.cli import main
+from dse.scoring import bands as B
 from dse.spec.fields import label
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
@@ -170,14 +170,13 @@ def test_one_draw_per_catalog_entry_shared_by_its_designs():
 
 
 def test_samples_times_designs_in_one_scorer_call(monkeypatch):
-    import dse.perf
     calls = []
-    real = dse.perf.score_chunked
+    real = B.score_chunked
 
     def counting(b, *a, **kw):
         calls.append(len(kw["rows"]) if kw.get("rows") is not None else len(b))
         return real(b, *a, **kw)
-    monkeypatch.setattr(dse.perf, "score_chunked", counting)
+    monkeypatch.setattr(B, "score_chunked", counting)
     frame = _designs()
     res = resolve(frame)
     s = B.frame_samples(res, B.draw(32, 0), metrics=("tpot_s",))
@@ -284,8 +283,8 @@ def test_bad_bands_exit_2(run, tmp_path, capsys):
 # ------------------------------------------------------------------ answers
 
 def test_sample_view_vectorized_and_per_sample_paths_agree(monkeypatch):
-    from dse.questions import sampled
     from dse.build.space import load_space
+    from dse.questions import sampled
     space = load_space(str(QUICK))
     vals = space.values_at(np.arange(0, space.size, 7))
     shared = sampled.Sampled(B.draw(4, 0))
@@ -377,7 +376,7 @@ def test_group_draws_are_the_full_draws_with_the_other_groups_held():
 
 
 def _lead_answer():
-    from dse.questions.answer import Answer, Lead
+    from dse.questions.context import Answer, Lead
     return Answer("- x", numbers={"m": {"cost": 2.0, "design": 7}, "change": -1.0},
                   lead=(Lead("m.cost", "Price", "$/Mtok", pick="m.design", pick_label="design"),
                         Lead("change", "Cost change", "%", versus=0.0)))
@@ -530,7 +529,7 @@ def _together_module(T, groups):
     together: 1 + (sum of the GEMM log factors) x (sum of the attention ones)."""
     from types import SimpleNamespace
 
-    from dse.questions.answer import Answer, Lead
+    from dse.questions.context import Answer, Lead
     kpos = {k: j for j, k in enumerate(T.kernel_keys)}
     idx = {g: sorted({kpos[p] for f in B.families() if f.group == g for p in f.params
                       if p in kpos}) for g in groups}
@@ -545,9 +544,9 @@ def _together_module(T, groups):
 
 
 def test_answer_attribution_names_the_groups_that_move_it_together(monkeypatch):
-    from dse.questions.answer import Context
-    from dse.questions import sampled
     from dse.build.space import load_space
+    from dse.questions import sampled
+    from dse.questions.context import Context
     space = load_space(str(QUICK))
     groups = B.draw_groups(1, 0)[0]
     mod = _together_module(tables.tables(), groups)

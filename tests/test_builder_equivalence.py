@@ -17,19 +17,19 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "tests"))
 
 import legacy_build  # noqa: E402
 import legacy_space  # noqa: E402
+
 from dse import catalog  # noqa: E402
 from dse.build import designs as build
 from dse.build import tables
-from dse.perf import score  # noqa: E402
 from dse.build.space import load_space  # noqa: E402
 from dse.catalog.specs import DTYPES  # noqa: E402
+from dse.perf import score  # noqa: E402
 
 N = 3000
 

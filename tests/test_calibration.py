@@ -1,7 +1,7 @@
 """The model against the published measurements in ../shared/calibration (regression guard).
 
 One group is held to its own, looser bound, for a reason outside the model's physics: the
-online rows at an infinite request rate carry no concurrency (``dse.calibration.fit.fittable``; 500
+online rows at an infinite request rate carry no concurrency (``dse.calibration.cases.fittable``; 500
 requests were sent, so their concurrency was set by the burst, which a case cannot say).
 Multi-GPU L40S, which used to be a second such group (its aiconfigurator all-reduce tables come
 from a box without PCIe peer-to-peer), is held to the common bound since the comm fit's
@@ -23,8 +23,8 @@ pytestmark = pytest.mark.skipif(not (CAL / "cases.csv").exists(),
 
 @pytest.fixture(scope="module")
 def report():
-    from dse.calibration.calibrate import joined, load
     from dse.calibration.calibrate import report as make_report
+    from dse.calibration.cases import joined, load
     from dse.scoring.predict import predict_frame
     cases, truth = load(CAL)
     j = joined(predict_frame(cases), cases, truth)

@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
-import dse
 from helpers import CASE_COLUMNS, run_cli, run_subprocess, write_cases  # noqa: F401
 
+import dse
 from dse.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

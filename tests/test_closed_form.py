@@ -226,8 +226,9 @@ def test_dense_mlp_replicated_is_split_when_there_is_no_attention_dp():
 @pytest.mark.parametrize("runtime,expected", [("trtllm", "replicated"), ("sglang", "split"),
                                               ("vllm", "replicated")])
 def test_dense_mlp_auto_follows_the_runtime(runtime, expected):
-    from dse.build.designs import resolve
     import pandas as pd
+
+    from dse.build.designs import resolve
     base = {"accelerator.id": "gb200", "model.id": "deepseek-v3", "layout.dp": 8, "layout.ep": 8,
             "serving.runtime": runtime}
     r = resolve(pd.DataFrame([base]))

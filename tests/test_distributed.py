@@ -38,9 +38,10 @@ def _dse(*args, **kw):
 
 def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp_path, database):
     import optuna
+
     from dse import pareto
-    from dse.search.optuna.strategy import front_from_study
     from dse.build.space import load_space
+    from dse.search.optuna.study import front_from_study
 
     total = 240
     run_dir = tmp_path / "run"
@@ -86,6 +87,7 @@ def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp
 
 def _segment_studies(database, base):
     import optuna
+
     from dse.search.optuna import segments
     storage = optuna.storages.RDBStorage(database)
     ks = sorted(segments.study_ids(storage, base))
@@ -96,8 +98,8 @@ def _segment_studies(database, base):
 def test_shared_study_rotates_segments_and_counts_every_trial_once(tmp_path, database):
     """Three processes on one PostgreSQL study with segments of 40 trials: they all switch to
     the newest segment, the totals add up over the segments, the front is over all of them."""
-    from dse.search.optuna.strategy import front_from_study
     from dse.build.space import load_space
+    from dse.search.optuna.study import front_from_study
 
     total, pop = 200, 8
     run_dir = tmp_path / "run"
@@ -142,8 +144,9 @@ def test_exhaustive_shards_on_workers_survive_a_killed_worker_and_match_a_local_
     them, one worker is killed mid-run; every chunk is completed (counted once), its front equals
     a plain local exhaustive run's."""
     import optuna
-    from dse.search import shards
+
     from dse.build.space import load_space
+    from dse.search import shards
 
     run_dir = tmp_path / "run"
     runner = _dse("run", str(QUICK), "--strategy", "exhaustive", "--chunk-designs", "4",
@@ -193,7 +196,6 @@ def test_nested_run_with_workers_assembles_its_front_from_every_trial(tmp_path, 
 
     from dse import pareto
     from dse.build.space import load_space
-
     from dse.search.bench import CHIP_SPACE
     space_file = tmp_path / "nested.toml"
     space_file.write_text(CHIP_SPACE)

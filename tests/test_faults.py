@@ -45,8 +45,8 @@ def _in_process(capsys, monkeypatch):
     _INPROC.update(capsys=capsys, monkeypatch=monkeypatch)
     yield
     _INPROC.clear()
-    from dse.search.optuna import strategy as optuna_strategy
-    optuna_strategy.set_storage_retry(None)
+    from dse.search.optuna import study
+    study.set_storage_retry(None)
 
 
 def dse(*args, cwd, timeout=RESUME_TIMEOUT_S, sub=False):
@@ -398,7 +398,7 @@ def test_a_worker_killed_before_its_first_heartbeat_leaves_no_hang(space_dir, da
     (d / "manifest.json").write_text(json.dumps(m))
     # a dead worker's trials: asked (RUNNING), never a heartbeat
     study = optuna.load_study(study_name="p", storage=database)
-    from dse.search.optuna.strategy import distributions
+    from dse.search.optuna.study import distributions
     space = load_space(str(cwd / "spaces" / "s.toml"))
     for _ in range(5):
         study.ask(distributions(space))

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not (CAL / "cases.csv").exists(),
 @pytest.fixture(scope="module")
 def small():
     """A few H100 and A100 offline cases (fast to refit)."""
-    from dse.calibration.calibrate import load
+    from dse.calibration.cases import load
     from dse.scoring.predict import prepare
     cases, truth = load(CAL)
     pick = cases[cases["source"].eq("TRTLLM-V017")

@@ -292,8 +292,8 @@ def test_fit_recovers_known_parameters():
 
 
 def test_catalog_has_every_accelerator_and_runtime():
-    from dse.catalog import accelerators
     from dse.calibration.kernels.attention import PARAMS, key
+    from dse.catalog import accelerators
     path = common.CATALOG_DIR / "attention.toml"
     doc = tomllib.loads(path.read_text())
     for chip in accelerators():
@@ -310,8 +310,8 @@ def test_catalog_parameters_predict_a_measured_table():
     pytest.importorskip("aiconfigurator_core")
     import pandas as pd
 
-    from dse.catalog import accelerators
     from dse.calibration.kernels import attention, data
+    from dse.catalog import accelerators
     doc = tomllib.loads((common.CATALOG_DIR / "attention.toml").read_text())
     d = data.load("mla", "generation_mla_perf", chips=["h200-sxm"], runtimes=["trtllm"])
     d = d[d["kv_cache_dtype"].map(data.dtype) == "bf16"].copy()
@@ -350,6 +350,7 @@ def test_multistart_fit_recovers_from_the_seeded_starts():
 
 def test_fast_held_out_matches_the_common_rule():
     import pandas as pd
+
     from dse.calibration.kernels import attention
     rng = np.random.default_rng(0)
     d = pd.DataFrame({"batch_size": rng.integers(1, 512, 500), "isl": rng.integers(1, 9000, 500),
@@ -360,8 +361,8 @@ def test_fast_held_out_matches_the_common_rule():
 
 
 def test_missing_runtime_takes_that_runtimes_chips_first():
-    from dse.catalog import accelerators
     from dse.calibration.kernels import attention
+    from dse.catalog import accelerators
     accs = accelerators()
     op, params = "mla_decode", attention.MLA_DECODE_PARAMS
     own = {p.name: p.x0 for p in params}

@@ -147,7 +147,7 @@ def test_synthetic_fit_recovers_parameters():
     pytest.importorskip("scipy")
     pytest.importorskip("pandas")
     from dse.calibration.kernels import common
-    from dse.calibration.kernels.comm import NCCL_PARAMS, CUSTOM_PARAMS
+    from dse.calibration.kernels.comm import CUSTOM_PARAMS, NCCL_PARAMS
     g = np.repeat([2.0, 4.0, 8.0], 22)
     b = np.tile(2.0 * 2.0 ** np.arange(8, 30), 3)
     true = dict(NCCL, ar_nccl_fraction_per_doubling=1.15)
@@ -195,8 +195,8 @@ def test_fit_report_on_measured_tables():
 
 
 def test_missing_runtime_takes_that_runtimes_chips_first():
-    from dse.catalog import accelerators
     from dse.calibration.kernels import comm
+    from dse.catalog import accelerators
     accs = accelerators()
     nccl = {c: dict(NCCL) for c in ("h100-sxm", "h200-sxm", "b200")}
     own = dict(ar_custom_latency_s=3e-6, ar_custom_latency_per_log2_s=3e-7,
@@ -247,6 +247,7 @@ def _nccl_frame(chip, busbw_by_g):
 def test_host_staged_rule_flags_a_collapse_the_topology_does_not_explain():
     pytest.importorskip("pandas")
     import pandas as pd
+
     from dse.calibration.kernels import comm
     # an L40S-like box: P2P pairs at 20 GB/s, 4 and 8 GPUs staged through the host
     bad = _nccl_frame("l40s", {2: 20e9, 4: 5.1e9, 8: 1.45e9})
@@ -359,8 +360,8 @@ def test_alltoall_latency_donors_share_the_fabric():
     """The all-to-all latencies transfer from chips on the same default topology (an HGX
     board's from HGX boards, an NVL72 rack's from NVL72 racks), the general rule when none."""
     pytest.importorskip("pandas")
-    from dse.catalog import accelerators
     from dse.calibration.kernels.comm import same_fabric
+    from dse.catalog import accelerators
     accs = accelerators()
     measured = ["b200", "b300", "gb200", "gb300", "h100-sxm", "h200-sxm"]
     assert same_fabric("b200", measured, accs) == ["b300", "h100-sxm", "h200-sxm"]

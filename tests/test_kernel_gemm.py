@@ -119,8 +119,9 @@ def test_monotone_in_rows_and_vectorized():
 
 
 def test_fit_recovers_known_parameters():
-    from dse.calibration.kernels import common, gemm
     import pandas as pd
+
+    from dse.calibration.kernels import common, gemm
     acc = SimpleNamespace(peak_flops_per_s=SimpleNamespace(bf16=989e12), hbm_bw_bytes_per_s=3.35e12)
     ms = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
     ns = [16, 128, 512, 1024, 4096, 8192, 16384]
@@ -138,8 +139,8 @@ def test_fit_recovers_known_parameters():
 
 
 def test_catalog_has_every_accelerator_and_runtime():
-    from dse.catalog import accelerators
     from dse.calibration.kernels import common, gemm
+    from dse.catalog import accelerators
     path = common.CATALOG_DIR / "gemm.toml"
     doc = tomllib.loads(path.read_text())
     for chip, acc in accelerators().items():
@@ -159,8 +160,8 @@ def test_catalog_has_every_accelerator_and_runtime():
 
 def test_fit_on_measured_tables_meets_a_loose_bound():
     pytest.importorskip("aiconfigurator_core")
-    from dse.catalog import accelerators
     from dse.calibration.kernels import common, gemm
+    from dse.catalog import accelerators
     d = gemm.load(chips=["h100-sxm"], runtimes=["trtllm"])
     g = d[d.family == "bf16"]
     acc = accelerators()["h100-sxm"]

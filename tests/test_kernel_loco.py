@@ -28,8 +28,8 @@ def _frame(chips, n=30):
 def test_attention_loco_ignores_transferred_entries(monkeypatch):
     """A transferred catalog entry (h200-nvl: no table) holding exactly h100-sxm's parameters
     would pull h100-sxm's LOCO towards exact; its donors must be the measured chips only."""
-    from dse.catalog import accelerators
     from dse.calibration.kernels import attention
+    from dse.catalog import accelerators
     accs = accelerators()
     op = "attn_prefill"
     names = [p.name for p in attention.PARAMS[op]]
@@ -90,8 +90,8 @@ def test_gemm_loco_ignores_unsupported_donor(monkeypatch):
 def test_comm_loco_ignores_entries_derived_from_the_chip():
     """comm.entry_for(exclude=X): H800's NCCL entry (transferred from X and others, plus its
     one fitted fraction) is no donor of X."""
-    from dse.catalog import accelerators
     from dse.calibration.kernels import comm
+    from dse.catalog import accelerators
     accs = accelerators()
     base = {p.name: p.x0 for p in comm.NCCL_PARAMS}
     y = {k: v * 2.0 for k, v in base.items()}

@@ -108,6 +108,7 @@ def test_wave_floor_and_remote_entries_by_hand():
 def test_nongated_shapes_from_the_model_configs():
     pytest.importorskip("aiconfigurator_core")
     import pandas as pd
+
     from dse.calibration.kernels import moe
     ng = moe.nongated_shapes()
     # Nemotron-3 Nano (2688 x 1856, 128 experts top-6) and Super (latent 1024, 2688, 512 top-22)
@@ -191,6 +192,7 @@ def test_monotone_in_tokens_and_vectorized():
 
 def test_fit_recovers_known_parameters():
     import pandas as pd
+
     from dse.calibration.kernels import common, moe
     acc = SimpleNamespace(peak_flops_per_s=SimpleNamespace(bf16=989e12), hbm_bw_bytes_per_s=3.35e12)
     g = np.array(np.meshgrid([1, 4, 16, 64, 256, 1024, 4096, 16384], [2048, 7168],
@@ -210,8 +212,8 @@ def test_fit_recovers_known_parameters():
 
 
 def test_catalog_has_every_accelerator_and_runtime():
-    from dse.catalog import accelerators
     from dse.calibration.kernels import common, moe
+    from dse.catalog import accelerators
     doc = tomllib.loads((common.CATALOG_DIR / "moe.toml").read_text())
     for chip, acc in accelerators().items():
         for rt in ("trtllm", "sglang", "vllm"):
@@ -229,8 +231,8 @@ def test_catalog_has_every_accelerator_and_runtime():
 
 def test_fit_on_measured_tables_meets_a_loose_bound():
     pytest.importorskip("aiconfigurator_core")
-    from dse.catalog import accelerators
     from dse.calibration.kernels import common, moe
+    from dse.catalog import accelerators
     d = moe.load(chips=["h200-sxm"], runtimes=["trtllm"])
     g = d[d.family == "bf16"]
     acc = accelerators()["h200-sxm"]
@@ -258,6 +260,7 @@ def test_catalog_carries_parameter_uncertainty():
     (symmetric, unit diagonal); transferred families are at least as uncertain as the
     leave-one-chip-out error their rule names."""
     import re
+
     from dse.calibration.kernels import common
     doc = tomllib.loads((common.CATALOG_DIR / "moe.toml").read_text())
     seen = {"fitted": 0, "transferred": 0}

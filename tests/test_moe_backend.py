@@ -11,11 +11,11 @@ import pytest
 import dse
 from dse import catalog
 from dse.build import tables
-from dse.spec import fields
 from dse.build.designs import resolve, to_batch
-from dse.errors import InputError
 from dse.calibration.kernels import common, moe
+from dse.errors import InputError
 from dse.perf import score
+from dse.spec import fields
 
 BASE = {"accelerator.id": "b200", "model.id": "qwen3-235b-a22b", "serving.runtime": "sglang",
         "workload.concurrency": 64.0}

@@ -15,8 +15,8 @@ import pytest
 from helpers import API_SPACE, ROOT
 
 from dse import pareto
-from dse.cli import main
 from dse.build.space import load_space
+from dse.cli import main
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
 
@@ -166,8 +166,9 @@ def test_nested_local_search_enqueues_untried_grid_neighbours_of_the_front():
     import optuna
 
     from dse.search.bench import CHIP_SPACE, _space
-    from dse.search.optuna.strategy import distributions, enqueue_neighbours, split_parameters
-    from dse.search.optuna.study import coords_of
+    from dse.search.optuna.enqueue import enqueue_neighbours
+    from dse.search.optuna.strategy import split_parameters
+    from dse.search.optuna.study import coords_of, distributions
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = _space(CHIP_SPACE)
     outer, _ = split_parameters(space, True)
@@ -193,8 +194,8 @@ def test_nested_local_search_enqueues_untried_grid_neighbours_of_the_front():
 
 
 def test_short_runs_plan_a_local_search_and_longer_ones_tpe():
-    from dse.search.optuna import strategy as o
     from dse.search.driver import plan
+    from dse.search.optuna import strategy as o
     space = load_space(str(QUICK))
     p = plan(space, "optuna", o.SHORT_RUN_TRIALS, None, None, None, None)
     assert p["sampler"] == "random" and p["population"] == 1 and p["local_share"] == 1.0
@@ -238,8 +239,8 @@ def test_a_short_run_asks_the_surrogate_for_each_trial_after_its_start(tmp_path,
     pos = list(range(len(space.parameters)))
     # the first 8: the pairs-covering start of the run's seed, in its order
     assert m["local_start"] == "pairs"
-    from dse.search.optuna.study import _ordered
-    start = surrogate.start_designs(space.shape, [_ordered(p) for p in space.parameters], 8, 1)
+    from dse.search.optuna.study import is_ordered
+    start = surrogate.start_designs(space.shape, [is_ordered(p) for p in space.parameters], 8, 1)
     assert [r["key"] for r in order[:8]] == [int(np.ravel_multi_index(c, space.shape))
                                              for c in start]
     for n in range(m["local_after"], 24):
@@ -268,7 +269,8 @@ def test_the_polish_tries_two_step_neighbours_after_the_one_step_ones():
     neighbours are dominated or inadmissible)."""
     import optuna
 
-    from dse.search.optuna.strategy import distributions, enqueue_neighbours
+    from dse.search.optuna.enqueue import enqueue_neighbours
+    from dse.search.optuna.study import distributions
     from dse.search.optuna.study import coords_of
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(str(QUICK))

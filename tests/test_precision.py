@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from helpers import ROOT, batch, one
 
-from dse.scoring.evaluate import evaluate_file, evaluate_flat
 from dse.perf import OPS, score
+from dse.scoring.evaluate import evaluate_file, evaluate_flat
 
 MOE, PROJ = OPS.index("moe_routed"), OPS.index("attn_proj")
 DSV3 = {"accelerator.id": "gb200", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",

@@ -10,9 +10,9 @@ import shutil
 import numpy as np
 import pytest
 
+from dse.build.space import load_space
 from dse.perf import score
 from dse.questions.answer import QUESTIONS_DIR, answer_space
-from dse.build.space import load_space
 
 
 def rescore(name: str, design_id: int) -> dict:

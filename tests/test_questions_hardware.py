@@ -8,9 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dse.perf import OPS, score
-from dse.questions.answer import QUESTIONS_DIR, Context
 from dse.build.space import load_space
+from dse.perf import OPS, score
+from dse.questions.answer import QUESTIONS_DIR
+from dse.questions.context import Context
 
 KV = OPS.index("attn_core")
 

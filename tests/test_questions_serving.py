@@ -108,9 +108,9 @@ def test_first_lines_lead_with_the_headline_number(answered, name):
 def test_fast_mode_mtp_gives_the_price_and_speed_with_and_without_speculation(answered):
     import numpy as np
 
+    from dse.build.space import load_space
     from dse.perf import score, spec
     from dse.questions.answer import QUESTIONS_DIR
-    from dse.build.space import load_space
     out, n = answered("fast-mode-mtp")
     s = n["speculation"]
     fast = n["fast"]

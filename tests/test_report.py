@@ -104,8 +104,8 @@ def _check_rendered(dom: str, plots: bool = True) -> None:
 
 def test_report_states_the_kv_dtype_of_the_front_and_the_knee(tmp_path, capsys):
     # issue 11: the KV cache's element type is stated, not left to follow the weights silently
-    from dse.results.report import knee
     from dse.build.space import load_space
+    from dse.pareto import knee
     run = tmp_path / "run"
     assert main(["run", str(QUICK), "--out", str(run), "--quiet"]) == 0
     assert main(["report", str(run)]) == 0

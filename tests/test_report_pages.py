@@ -12,10 +12,10 @@ import pytest
 from helpers import ROOT
 
 from dse.cli import main
-from dse.spec.fields import METRIC_INFO, label
-from dse.results.pages import markdown_html
 from dse.perf import METRICS, bound_shares, decode_bound, op_bound, score
 from dse.perf.serve import instances_per_rack
+from dse.results.pages import markdown_html
+from dse.spec.fields import METRIC_INFO, label
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
 
@@ -183,9 +183,9 @@ def test_plain_terminal_text_has_no_markdown_markers():
 def test_every_png_is_saved_at_print_resolution(tmp_path):
     import struct
 
-    from dse.results import pages
-    from dse.questions.answer import Context
     from dse.questions.common import pyplot, save
+    from dse.questions.context import Context
+    from dse.results import pages
     # every savefig of the pages and the questions passes the one constant
     calls = [(f, ln) for f in (ROOT / "dse").rglob("*.py") for ln in f.read_text().splitlines()
              if ".savefig(" in ln]

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from helpers import ROOT, SMALL_SPACE, brute_front
 
-from dse.cli import main
 from dse.build.space import load_space
+from dse.cli import main
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
-from dse.search import store
-from dse.search.optuna import strategy as o
-from dse.search.driver import run_space
-from dse.search.replay import Scored, replay
 from dse.build.space import load_space
+from dse.search import store
+from dse.search.driver import run_space
+from dse.search.optuna import strategy as o
+from dse.search.replay import Scored, replay
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
 

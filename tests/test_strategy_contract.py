@@ -18,10 +18,10 @@ import pytest
 from helpers import ROOT
 
 from dse import pareto
-from dse.search import store
-from dse.cli import main
-from dse.search.bench import CHIP_SPACE
 from dse.build.space import load_space
+from dse.cli import main
+from dse.search import store
+from dse.search.bench import CHIP_SPACE
 
 DENSE = ROOT / "spaces" / "dense-70b-nodes.toml"
 QUICK = ROOT / "spaces" / "quickstart.toml"
@@ -53,8 +53,7 @@ def run_args(tmp_path, strategy) -> list[str]:
 def _short_grace(monkeypatch):
     """A chunk a killed process left running is failed and retried once its heartbeat is
     3 s stale here (10 s in use): the resume does not wait out the grace period."""
-    from dse.search.optuna import segments
-    from dse.search.optuna import study
+    from dse.search.optuna import segments, study
     monkeypatch.setattr(segments, "GRACE_S", 3)
     monkeypatch.setattr(study, "GRACE_S", 3)
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
+from dse.build.space import load_space
 from dse.search.optuna import surrogate as S
 from dse.search.replay import Scored, replay
-from dse.build.space import load_space
 
 QUICK = ROOT / "spaces" / "quickstart.toml"
 

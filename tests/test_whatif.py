@@ -158,8 +158,8 @@ def test_derived_space_scores_what_the_rescoring_scores(small, tmp_path):
     """Set on a searched parameter, scale of a searched parameter, of a base value and of a
     catalog value (per design: the accelerator id is searched): the derived space file scores
     each old design exactly as Space.batch_from_values(vals, overrides) does."""
-    from dse.results import reoptimize
     from dse.build.space import load_space
+    from dse.results import reoptimize
     from dse.results.whatif import _objective_table, parse_overrides
     space = load_space(str(small["space"]))
     ov = parse_overrides(["layout.tp=4"], ["workload.concurrency=2", "workload.isl=0.5",
@@ -240,9 +240,9 @@ def test_scaling_a_blank_expert_imbalance_scales_the_published_default():
     # issue 11: a blank serving.expert_imbalance is the published routing model of the row's
     # EP size; --scale multiplies that default (it did nothing: NaN x 1.2 stayed blank)
     from dse import catalog
+    from dse.build.space import load_space
     from dse.perf import score_chunked
     from dse.perf.imbalance import published_imbalance
-    from dse.build.space import load_space
     space = load_space(str(ROOT / "spaces" / "questions" / "rack-goodput.toml"))
     ids = np.arange(space.size)
     vals = space.values_at(ids)
@@ -291,8 +291,8 @@ def test_reoptimize_keeps_the_base_runs_local_search(tmp_path, capsys, trials, n
     the manifest's local keys carried over (the polish rescaled to the new trials); the new
     run's trials from ``local_after`` on are the surrogate's proposals (short) or grid
     neighbours (one step along one parameter) of designs it scored before them (polished)."""
-    from dse.search.optuna.strategy import POLISH_SHARE
     from dse.build.space import load_space
+    from dse.search.optuna.strategy import POLISH_SHARE
     sp = tmp_path / "small.toml"
     sp.write_text(SMALL)
     d = tmp_path / "base"

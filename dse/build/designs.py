@@ -32,6 +32,7 @@ from dse.errors import InputError, suggest
 from dse.perf import Batch
 from dse.perf import kernel_comm
 from dse.catalog.specs import DTYPES
+from dse.catalog.specs import DTYPE_BYTES
 
 # settable paths that are not read from a catalog entry, with their defaults (dse/spec/fields.py);
 # the serving runtime's from dse/catalog/serving.toml (sources there)
@@ -275,7 +276,6 @@ def kv_dtype_of(weight_dtype, kv_dtype) -> np.ndarray:
 def kv_dtype_text(values) -> str:
     """The KV cache's element types of some designs in words: ``fp8 (1 B per element)``, or
     ``bf16 (2 B per element, 3 of 5 designs), fp8 (1 B per element, 2 of 5 designs)``."""
-    from dse.catalog.specs import DTYPE_BYTES
     values = np.asarray(values, dtype=object).ravel()
     kinds = pd.Series(values).value_counts().sort_index()      # by name: a stable line
     return ", ".join(f"{k} ({DTYPE_BYTES.get(k, float('nan')):g} B per element"

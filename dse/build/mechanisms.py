@@ -18,6 +18,7 @@ from dse import catalog
 from dse.build.select import BYTES, compute_peak, encode, lookup
 from dse.errors import InputError, suggest
 from dse.catalog.specs import DTYPES
+from dse.perf.imbalance import published_imbalance
 
 SPEC_METHODS = {"mtp": 0.0, "draft": 1.0}
 # settable paths that are exactly one scorer field used only after the step model's per-design
@@ -188,7 +189,6 @@ def scale_base(table, path: str) -> np.ndarray:
     cur = np.asarray(table[path], dtype=float)
     if path != "serving.expert_imbalance" or not np.isnan(cur).any():
         return cur
-    from dse.perf.imbalance import published_imbalance
     f = lambda c, d=0.0: np.asarray(_col(table, c, d), dtype=float)  # noqa: E731
     pub = published_imbalance(f("layout.ep", 1.0), f("model.num_experts"),
                               catalog.expert_load_cv())

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
@@ -28,16 +29,14 @@ import pandas as pd
 
 from dse.build.designs import DERIVED, DIRECT_FIELDS, FEEDERS, STRING_PATHS, derive_system, kv_dtype_of, resolve, settable_paths, to_batch
 from dse.spec import validate
-from dse.spec.design import SECTIONS, flatten, read_toml
+from dse.spec.design import DIRECTIONS, NUMERIC_METRICS, SECTIONS, SPACE_KEYS, flatten, read_toml
 from dse.errors import InputError, suggest
 from dse.spec.fields import LIMITS, REGISTRY, legacy_columns, scale_column
 from dse.build.mechanisms import scale_base
-from dse.perf import METRICS, Batch
+from dse.perf import Batch
 from dse.build.resolved import Resolved
+from dse.build.mechanisms import RATE_PATHS
 
-NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))
-DIRECTIONS = ("minimize", "maximize")
-TOP_KEYS = ("question", "name", "parameters", "objectives", "constraints", "answer", *SECTIONS)
 STRING_VALUED = STRING_PATHS
 
 
@@ -134,6 +133,21 @@ class Space:
                 return np.asarray(vals[path], dtype=object)
             return np.full(n, self.base.get(path) or "", dtype=object)
         return kv_dtype_of(col("model.weight_dtype"), col("model.kv_dtype"))
+
+    def with_strings(self, vals: dict, overrides: dict | None):
+        """String overrides (catalog ids, choices) written into the space and the designs'
+        values: (the space with them in its base design, the values, the numeric overrides
+        left)."""
+        strings = {p: v for p, (op, v) in (overrides or {}).items() if isinstance(v, str)}
+        if not strings:
+            return self, vals, overrides
+        n = len(next(iter(vals.values()))) if vals else 1
+        vals = dict(vals)
+        for p in self.parameters:
+            if p.path in strings:
+                vals[p.column] = np.full(n, strings[p.path], dtype=object)
+        derived = dataclasses.replace(self, base={**self.base, **strings})
+        return derived, vals, {p: x for p, x in overrides.items() if p not in strings}
 
     def legacy(self, frame: pd.DataFrame) -> pd.DataFrame:
         """A table of an old run folder with its scale-factor columns renamed ``<path>.scale``."""
@@ -485,8 +499,8 @@ def _constraints(spec, file: str):
 def load_space(path: str) -> Space:
     doc = read_toml(path)
     for k in doc:
-        if k not in TOP_KEYS:
-            raise InputError(f"unknown key {k!r}", file=path, hint=suggest(k, TOP_KEYS, "top-level keys"))
+        if k not in SPACE_KEYS:
+            raise InputError(f"unknown key {k!r}", file=path, hint=suggest(k, SPACE_KEYS, "top-level keys"))
     base = flatten({k: v for k, v in doc.items() if k in SECTIONS})
     valid = set(settable_paths())
     for key in base:
@@ -590,7 +604,6 @@ def _check_phase_rate(space: Space) -> None:
     (``mechanisms.check_rate``, which refuses a rate on a prefill-only or decode-only instance
     row by row): the per-parameter check above pairs each parameter's values with the others'
     first values only, so a swept phase beside a swept rate would let some rows through."""
-    from dse.build.mechanisms import RATE_PATHS
     params = {p.path: p for p in space.parameters if not p.scale}
     values = lambda path, default: (list(params[path].values) if path in params  # noqa: E731
                                     else [space.base.get(path, default)])

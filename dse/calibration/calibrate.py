@@ -12,60 +12,15 @@ case weighted so that every (source, hardware) pair counts equally within a sour
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from dse.calibration.cases import joined, load, weights
+from dse.calibration.fit import bootstrap, cross_validate, fit, tables, write_efficiency
 from dse.errors import InputError
-
-METRICS = ("output_tokens_per_s_per_chip", "ttft_s", "tpot_s", "input_tokens_per_s_per_chip")
-
-
-def default_dir() -> Path:
-    """``../shared/calibration`` next to the checkout, or $DSE_CALIBRATION_DIR."""
-    env = os.environ.get("DSE_CALIBRATION_DIR")
-    if env:
-        return Path(env)
-    here = Path(__file__).resolve().parents[2]
-    for base in (here, Path.cwd()):
-        cand = base.parent / "shared" / "calibration"
-        if cand.is_dir():
-            return cand
-    raise InputError("calibration folder not found", where="../shared/calibration",
-                     hint="set DSE_CALIBRATION_DIR to the folder with cases.csv and truth.csv")
-
-
-def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    folder = Path(folder) if folder else default_dir()
-    from dse.scoring.predict import read_cases
-    cases = read_cases(str(folder / "cases.csv"))
-    truth = pd.read_csv(folder / "truth.csv")
-    return cases, truth
-
-
-def joined(pred: pd.DataFrame, cases: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
-    """One row per (case, metric) with prediction, truth and the case's source and hardware."""
-    t = truth.merge(cases[["case_id", "hardware", "model"]], on="case_id")
-    long = pred.melt(id_vars="case_id", value_vars=[m for m in METRICS if m in pred.columns],
-                     var_name="metric", value_name="pred")
-    j = t.merge(long, on=["case_id", "metric"], how="left")
-    j["factor"] = np.exp(np.abs(np.log(j["pred"].astype(float) / j["value"].astype(float))))
-    # online rows at an infinite request rate carry no concurrency (dse.calibration.fit.fittable): their own
-    # group in every report, never mixed into the rows whose inputs are known
-    from dse.calibration.fit import fittable
-    ok = pd.Series(fittable(cases), index=cases.index).groupby(cases["case_id"]).first()
-    unknown = ~j["case_id"].map(ok).fillna(True).astype(bool)
-    j.loc[unknown, "source"] = j.loc[unknown, "source"] + " (max rate, no concurrency)"
-    return j
-
-
-def weights(j: pd.DataFrame) -> np.ndarray:
-    """Each (source, metric, hardware) group gets equal total weight within its (source, metric)."""
-    n = j.groupby(["source", "metric", "hardware"])["case_id"].transform("count")
-    return 1.0 / n.to_numpy(dtype=float)
+from dse.scoring.predict import predict_frame
 
 
 def report(j: pd.DataFrame, by=("source", "metric")) -> pd.DataFrame:
@@ -96,7 +51,6 @@ def main(argv=None) -> int:
     try:
         cases, truth = load(a.dir)
         if a.fit:
-            from dse.calibration.fit import bootstrap, fit, tables, write_efficiency
             theta = fit(cases, truth)
             if a.write:
                 unc = bootstrap(cases, truth, theta)
@@ -104,7 +58,6 @@ def main(argv=None) -> int:
                                                                         unc["log_sd"])))
                 write_efficiency(tables(theta, cases, unc))
                 print("wrote dse/catalog/efficiency.toml")
-        from dse.scoring.predict import predict_frame
         pred = predict_frame(cases, file="cases.csv")
         j = joined(pred, cases, truth)
     except InputError as e:
@@ -119,7 +72,6 @@ def main(argv=None) -> int:
         print(report(j, ("source", "metric", "hardware")).to_string(
             index=False, float_format=lambda v: f"{v:.3f}"))
     if a.cv:
-        from dse.calibration.fit import cross_validate
         for by, what in (("hardware", "leave one chip out"), ("family", "leave one model family out")):
             print()
             print(f"Cross-validated ({what}: the end-to-end numbers refitted without it)")

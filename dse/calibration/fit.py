@@ -37,7 +37,8 @@ from scipy.optimize import least_squares
 
 from dse import catalog
 from dse.build.designs import EFF_FIELDS
-from dse.calibration.calibrate import joined, weights
+from dse.calibration.cases import fittable, joined, weights
+from dse.calibration.kernels import common as kernel_fits
 from dse.scoring.predict import Prepared, finish, prepare
 
 # (name, prior, lower, upper)
@@ -113,7 +114,6 @@ def bootstrap(cases: pd.DataFrame, truth: pd.DataFrame, theta: dict, n: int = BO
               seed: int = BOOT_SEED, prep: Prepared | None = None, verbose: bool = True) -> dict:
     """The fit's uncertainty (module docstring): ``{"params", "log_sd", "log_corr", "rule"}``
     from ``n`` case resamples within each (source, hardware) group, refitted from ``theta``."""
-    from dse.calibration.kernels.common import bounded_cov, uncertainty
     prep = prep or prepare(cases, file="cases.csv")
     rng = np.random.default_rng(seed)
     groups = cases.groupby([cases["source"].astype(str), cases["hardware"].astype(str)]).indices
@@ -134,10 +134,10 @@ def bootstrap(cases: pd.DataFrame, truth: pd.DataFrame, theta: dict, n: int = BO
     x = np.array(draws)
     lo = np.log([p[2] for p in PARAMS])
     hi = np.log([p[3] for p in PARAMS])
-    cov = bounded_cov(np.atleast_2d(np.cov(x, rowvar=False)), lo, hi)
+    cov = kernel_fits.bounded_cov(np.atleast_2d(np.cov(x, rowvar=False)), lo, hi)
     rule = (f"bootstrap: {n} refits on cases resampled within each (source, hardware) group "
             f"(seed {seed}); a parameter the resamples do not move gets its bounds' uniform sd")
-    return uncertainty([p[0] for p in PARAMS], cov, rule)
+    return kernel_fits.uncertainty([p[0] for p in PARAMS], cov, rule)
 
 
 def uncertainty(path: Path | None = None) -> dict | None:
@@ -147,15 +147,6 @@ def uncertainty(path: Path | None = None) -> dict | None:
     path = path or Path(catalog.__file__).with_name("efficiency.toml")
     with open(path, "rb") as fh:
         return tomllib.load(fh).get("uncertainty", {}).get("end_to_end")
-
-
-def fittable(cases: pd.DataFrame) -> np.ndarray:
-    """Cases whose inputs are known: online-serving rows at an infinite request rate carry no
-    concurrency (their concurrency was bounded by the 500 requests sent, not by the runtime),
-    so they are reported but not fitted."""
-    conc = pd.to_numeric(cases.get("concurrency"), errors="coerce")
-    online = cases["source"].astype(str).str.contains("ONLINE") if "source" in cases else False
-    return ~(np.asarray(online) & conc.isna().to_numpy())
 
 
 def cross_validate(cases: pd.DataFrame, truth: pd.DataFrame, by: str) -> pd.DataFrame:

@@ -11,8 +11,8 @@ from importlib import resources
 
 from pydantic import ValidationError
 
-from dse.errors import InputError, suggest
 from dse.catalog.specs import Accelerator, Efficiency, Model, Topology
+from dse.errors import InputError, suggest
 
 KINDS = ("accelerators", "topologies", "models")
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 DTYPES = ("bf16", "fp16", "fp8", "fp4", "int8", "int4")
 # bytes per element, block scales included (NVFP4: one fp8 scale per 16; int4: per 128-group)
@@ -86,12 +93,6 @@ class Accelerator(Frozen):
     efficiency: Efficiency
     sources: tuple[str, ...] = ()
     notes: str = ""
-
-    def compute_dtype(self, weight_dtype: str) -> str:
-        for d in COMPUTE_FALLBACK[weight_dtype]:
-            if getattr(self.peak_flops_per_s, d) is not None:
-                return d
-        return "bf16"
 
 
 TopologyKind = Literal["switched", "full_mesh", "torus", "pcie_tree"]

@@ -5,8 +5,17 @@ Every function takes arrays with one row per candidate design and never loops ov
 """
 
 from dse.perf.batch import FIELDS, Batch
-from dse.perf.serve import (BOUNDS, KNEE_FRACTION, METRICS, OPS, REASONS, Breakdown,
-                            decode_bound, score, score_chunked)
+from dse.perf.serve import (
+                            BOUNDS,
+                            KNEE_FRACTION,
+                            METRICS,
+                            OPS,
+                            REASONS,
+                            Breakdown,
+                            decode_bound,
+                            score,
+                            score_chunked,
+)
 from dse.perf.step import bound_shares, op_bound
 
 __all__ = ["BOUNDS", "Batch", "Breakdown", "FIELDS", "KNEE_FRACTION", "METRICS", "OPS", "REASONS",

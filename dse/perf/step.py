@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.perf import arch, imbalance
+from dse.perf import arch, imbalance, kernel_comm
 from dse.perf.batch import Batch
-from dse.perf import kernel_comm
 from dse.perf.network import kernel_allreduce, kernel_alltoall, p2p_coef
 
 OPS = ("attn_proj", "attn_core", "mlp_dense", "moe_routed", "moe_shared", "router", "logits",

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from dse.errors import InputError
-from dse.results.pages import plain
 from dse.questions.answer import QUESTIONS_DIR, answer_space, first_lines
+from dse.results.pages import plain
 
 
 def main(argv=None) -> int:

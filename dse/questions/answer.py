@@ -19,98 +19,25 @@ from __future__ import annotations
 import importlib
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
+from dse.api import open_run
+from dse.build.space import load_space
 from dse.errors import InputError, suggest
+from dse.questions import sampled
+from dse.questions.context import Answer, Context
+from dse.questions.sampled import lead_markdown, markdown
 from dse.results.pages import markdown_html
-from dse.perf import score_chunked
+from dse.results.report import make_report
+from dse.scoring.bands import check_samples
+from dse.search.driver import run_space
 
 QUESTIONS_DIR = Path(__file__).resolve().parents[2] / "spaces" / "questions"
 
 
-@dataclass(frozen=True)
-class Lead:
-    """The number an answer leads with: its first lines give it with its 90% band, whether the
-    ranking or sign it states is resolved, and what would change it (``sampled.leads``).
-
-    ``key``: a flattened key of ``Answer.numbers`` (``"fast.design_id"``); ``unit``: ``x``
-    (a multiple), ``%`` (a value already in percent), ``share`` (a fraction shown as percent),
-    ``$/Mtok`` or any unit written after the number; ``pick``: the flattened key of the choice
-    the number belongs to (a design id, the best domain): the ranking is resolved when the same
-    choice wins in the samples; ``versus``: the value whose side the answer states (0 for a
-    change, 1 for a ratio): the sign is resolved when the band stays on one side of it."""
-
-    key: str
-    label: str
-    unit: str = ""
-    pick: str = ""
-    pick_label: str = "pick"
-    versus: float | None = None
-
-
-@dataclass
-class Answer:
-    headline: str                                   # Markdown: the answer, in numbers
-    details: str = ""                               # Markdown: method, tables, caveats
-    numbers: dict = field(default_factory=dict)     # the headline figures (JSON-able)
-    figures: list = field(default_factory=list)     # file names written under ctx.out
-    lead: tuple = ()                                # Lead(s): the numbers the first lines give
-
-
-@dataclass
-class Context:
-    space: object                 # dse.build.space.Space
-    run_dir: Path
-    out: Path
-    params: dict
-    front: pd.DataFrame           # the run's front.csv
-    sample: object = None         # under bands: the parameter sample it scores with (dse.questions.sampled)
-
-    def values(self, index=None) -> pd.DataFrame:
-        """Parameter values of designs of the space (all of them by default), with design_id."""
-        idx = np.arange(self.space.size, dtype=np.int64) if index is None else \
-            np.asarray(index, dtype=np.int64)
-        df = pd.DataFrame(self.space.values_at(idx))
-        df.insert(0, "design_id", idx)
-        return df
-
-    def score(self, index=None, overrides: dict | None = None, values: dict | None = None) \
-            -> pd.DataFrame:
-        """Every metric of designs of the space (by flat index, all by default, or by explicit
-        parameter ``values``), optionally under ``overrides`` {path: ("set"|"scale", v)}, joined
-        to their parameter values. Float64, the same scorer as every command."""
-        if values is None:
-            df = self.values(index)
-            vals = {p.path: df[p.column].to_numpy() for p in self.space.parameters}
-        else:
-            df = pd.DataFrame(values)
-            vals = {k: np.asarray(v) for k, v in values.items()}
-        b, _ = self.space.batch_from_values(vals, overrides)
-        s = self.sample.score(self.space, vals, overrides) if self.sample is not None \
-            else score_chunked(b)
-        for k, v in s.items():
-            df[k] = np.broadcast_to(v, len(df)) if np.ndim(v) else v
-        df["rack_chips"] = np.broadcast_to(np.asarray(b.rack_chips, dtype=float), len(df))
-        return df.reset_index(drop=True)
-
-    def batch(self, values: dict, overrides: dict | None = None):
-        """The scorer's Batch (one row per design) of designs given by parameter ``values``,
-        under the context's parameter sample when answering with bands (per-op breakdowns)."""
-        vals = {k: np.asarray(v) for k, v in values.items()}
-        if self.sample is not None:
-            return self.sample.batch(self.space, vals, overrides)
-        b, _ = self.space.batch_from_values(vals, overrides)
-        return b
-
-    def param(self, key: str, default=None):
-        return self.params.get(key, default)
-
-    def figure_path(self, name: str) -> Path:
-        return self.out / name
+SUPPORT = ("answer", "common", "context", "sampled")     # modules of dse/questions that are not analyses
 
 
 def analysis_module(name: str, file: str = ""):
@@ -127,9 +54,6 @@ def analysis_module(name: str, file: str = ""):
     return m
 
 
-SUPPORT = ("answer", "common", "sampled")     # modules of dse/questions that are not analyses
-
-
 def available() -> list[str]:
     here = Path(__file__).parent
     return sorted(p.stem.replace("_", "-") for p in here.glob("*.py")
@@ -141,11 +65,7 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
     """Run the space, write its report and its answer; returns the report folder.
     ``bands``: parameter samples the analysis is re-run under for its numbers' 90% bands
     (default ``dse.scoring.bands.DEFAULT_SAMPLES``, 0: none; ``dse/questions/sampled.py``)."""
-    from dse.scoring.bands import check_samples
-    from dse.results.report import make_report
     bands = check_samples(bands)
-    from dse.search.driver import run_space
-    from dse.build.space import load_space
     space = load_space(space_path)
     spec = dict(space.answer or {})
     if "analysis" not in spec:
@@ -155,14 +75,12 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
     if space.size > 10**7:
         raise InputError(f"the space has {space.size:,} designs", file=space_path,
                          hint="a worked question should enumerate in minutes: <= 10^7 designs")
-    from dse.api import open_run
     d = run_space(space, run_dir, strategy="exhaustive", progress=progress)
     o = Path(out) if out else Path("reports") / space.name
     previous = _previous(o)
     make_report(str(d), str(o))
     front = open_run(d).front
     ans = mod.answer(Context(space, d, o, spec, front))
-    from dse.questions import sampled
     band, values, attr = None, None, None
     if bands:
         def make(f, tmp, sample):
@@ -265,7 +183,6 @@ def moved(previous: dict | None, ans: Answer, limit: int = 12) -> str:
 
 def _write(o: Path, space, ans: Answer, d: Path, previous: dict | None = None,
            band: dict | None = None, lead: list | None = None) -> None:
-    from dse.questions.sampled import lead_markdown, markdown
     q = space.question.strip()
     cmd = f"dse answer {_rel(space.file)}"
     band_md = markdown(band) if band is not None else ""

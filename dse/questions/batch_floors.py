@@ -24,7 +24,6 @@ from __future__ import annotations
 import pandas as pd
 
 from dse.perf import OPS, score
-from dse.questions.answer import Answer, Context, Lead
 from dse.questions.common import (
     admissible,
     describe,
@@ -34,6 +33,7 @@ from dse.questions.common import (
     pyplot,
     save,
 )
+from dse.questions.context import Answer, Context, Lead
 
 COST = "usd_per_mtok_output"
 BATCH = "workload.concurrency"

@@ -19,7 +19,8 @@ import pandas as pd
 
 from dse import pareto
 from dse.perf import OPS, score
-from dse.questions.answer import Context
+from dse.questions.context import Context
+from dse.results.pages import PNG_DPI
 
 BATCH = "workload.concurrency"
 _SHORT = {"layout.tp": "tp", "layout.pp": "pp", "layout.dp": "dp", "layout.ep": "ep",
@@ -150,7 +151,6 @@ def save(fig, ctx: Context, name: str) -> str:
     """Lay out ``fig``, write it to ``ctx.figure_path(name)``, close it; returns ``name``."""
     ctx.out.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    from dse.results.pages import PNG_DPI
     fig.savefig(ctx.figure_path(name), dpi=PNG_DPI)
     pyplot().close(fig)
     return name

@@ -20,7 +20,6 @@ import numpy as np
 import pandas as pd
 
 from dse.perf import OPS
-from dse.questions.answer import Answer, Context, Lead
 from dse.questions.common import (
     admissible,
     layout_text,
@@ -31,6 +30,7 @@ from dse.questions.common import (
     save,
     slo_text,
 )
+from dse.questions.context import Answer, Context, Lead
 
 ISL = "workload.isl"
 OSL = "workload.osl"

@@ -27,9 +27,17 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.questions.answer import Answer, Context, Lead
-from dse.questions.common import (admissible, md_frame, op_times, param_values, pyplot,
-                                   save, slo_text)
+from dse.build.designs import resolve
+from dse.questions.common import (
+    admissible,
+    md_frame,
+    op_times,
+    param_values,
+    pyplot,
+    save,
+    slo_text,
+)
+from dse.questions.context import Answer, Context, Lead
 
 DOMAIN = "topology.scaleup.domain_chips"
 DP = "layout.dp"
@@ -152,7 +160,6 @@ def tie_lines(tie: dict, price: float) -> list[str]:
 def system(ctx: Context) -> tuple[int, float]:
     """The space's rack size (chips) and the second tier's capex per chip at the catalog price,
     from its base design resolved against the catalog."""
-    from dse.build.designs import resolve
     base = {**{p.path: p.values[0] for p in ctx.space.parameters}, **ctx.space.base}
     t = resolve(pd.DataFrame([base]))
     units = float(t["topology.scaleup.link_bw_bytes_per_s"].iloc[0]) * 8 / 800e9

@@ -24,8 +24,8 @@ import pandas as pd
 
 from dse import catalog
 from dse.perf.imbalance import published_imbalance
-from dse.questions.answer import Answer, Context, Lead
 from dse.questions.common import admissible, describe, md_table, pyplot, save
+from dse.questions.context import Answer, Context, Lead
 
 COST = "usd_per_mtok_output"
 IMB, RED = "serving.expert_imbalance", "serving.redundant_experts"

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from dse import pareto
-from dse.questions.answer import Answer, Context, Lead
 from dse.questions.common import admissible, describe, md_table, pyplot, save
+from dse.questions.context import Answer, Context, Lead
 
 COST = "usd_per_mtok_output"
 SPEED = "output_tokens_per_s_per_user"

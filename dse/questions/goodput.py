@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dse.questions.answer import Answer, Context, Lead
 from dse.questions.common import admissible, describe, md_table
+from dse.questions.context import Answer, Context, Lead
 
 GOOD = "goodput_requests_per_s_per_chip"
 

@@ -17,9 +17,11 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog, pareto
-from dse.perf import BOUNDS
-from dse.questions.answer import Answer, Context, Lead
+from dse.build.designs import resolve, to_batch
+from dse.build.space import Constraint
+from dse.perf import BOUNDS, score
 from dse.questions.common import layout_text, md_frame, pyplot, save
+from dse.questions.context import Answer, Context, Lead
 
 COST = "usd_per_mtok_output"
 THRU = "output_tokens_per_s_per_chip"
@@ -41,7 +43,6 @@ def design_text(row) -> str:
 
 def scenarios(ctx: Context) -> list[tuple[str, tuple]]:
     """Service levels: (label, constraints) -- the space's, a tighter TPOT, no TPOT limit."""
-    from dse.build.space import Constraint
     base = tuple(ctx.space.constraints)
     others = tuple(c for c in base if c.metric != "tpot_s")
     tpot = next((c.max for c in base if c.metric == "tpot_s" and c.max is not None), None)
@@ -68,8 +69,6 @@ def component_premium_pct(ctx: Context, path: str | None, factor: float) -> floa
     the % change of the base chip's $/chip-hour when ``path`` is scaled by ``factor``."""
     if path is None:
         return 0.0
-    from dse.build.designs import resolve, to_batch
-    from dse.perf import score
     row = {**ctx.space.base, "cost.capex_model": "components"}
     res = resolve(pd.DataFrame([row, row]))
     res.loc[1, path] = float(res.loc[1, path]) * float(factor)

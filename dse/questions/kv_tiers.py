@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 from dse.build.designs import kv_dtype_text
-from dse.questions.answer import Answer, Context, Lead
-from dse.questions.common import admissible, md_table, pyplot, save
+from dse.questions.common import admissible, md_table, param_values, pyplot, save
+from dse.questions.context import Answer, Context, Lead
 
 COST = "usd_per_request"
 PER_TOKEN = "usd_per_mtok_request"          # $ per million request tokens (prompt + answer)
@@ -50,7 +50,6 @@ def _fills_at(ctx: Context, rows: pd.DataFrame) -> float | None:
     """The prompt length at which the waiting conversations' reusable prefixes fill the tier
     by themselves (the HBM the batch leaves free adds a little): tier bytes per chip x chips /
     (cached_conversations x prefix hit x KV bytes per token); None without a tier."""
-    from dse.questions.common import param_values
     r = rows.iloc[:1]
     b = ctx.batch(param_values(ctx, r))
     tier = float(np.ravel(b.tier_bytes)[0]) * float(r["num_chips"].iloc[0])

@@ -26,9 +26,17 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.questions.answer import Answer, Context, Lead
-from dse.questions.common import (admissible, md_frame, op_times, param_values, pyplot,
-                                   save, slo_text)
+from dse.build.designs import resolve
+from dse.questions.common import (
+    admissible,
+    md_frame,
+    op_times,
+    param_values,
+    pyplot,
+    save,
+    slo_text,
+)
+from dse.questions.context import Answer, Context, Lead
 
 PP = "layout.pp"
 BW = "topology.scaleout.link_bw_bytes_per_s"
@@ -157,7 +165,6 @@ def answer(ctx: Context) -> Answer:
     if lats:
         ref_lat = float(lats[0])
     else:
-        from dse.build.designs import resolve
         ref_lat = float(resolve(pd.DataFrame([ctx.space.base]))[LAT].iloc[0])
     df = full[full[LAT] == ref_lat] if lats else full
     ok = ok_full[df.index.to_numpy()]

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.questions.answer import Answer, Context, Lead
 from dse.questions.common import admissible, md_frame, pyplot, save, slo_text
+from dse.questions.context import Answer, Context, Lead
 from dse.questions.ep_domain import TIER, system, tie_lines, tier_price_to_tie
 
 DOMAIN = "topology.scaleup.domain_chips"

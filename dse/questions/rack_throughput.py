@@ -19,8 +19,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from dse.questions.answer import Answer, Context, Lead
 from dse.questions.common import admissible, describe, md_table, pyplot, save
+from dse.questions.context import Answer, Context, Lead
 
 SPEED = "output_tokens_per_s_per_user"
 GROUP = ("model.id", "accelerator.id")

@@ -22,7 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from dse.build.designs import to_batch
+from dse.questions.common import fmt
 from dse.scoring import bands as B
+from dse.scoring.bands import GROUP_NAMES
 
 VECTOR_ROWS = 1 << 18      # samples x designs scored in one call (about 80 MB of metrics)
 CACHE_CALLS = 16           # distinct vectorized calls kept while the samples run
@@ -71,9 +74,7 @@ class SampleView:
 
     def batch(self, space, vals: dict, overrides=None):
         """The scorer Batch of the designs under this sample (for per-op breakdowns)."""
-        from dse.build.designs import to_batch
-        from dse.results.whatif import with_strings
-        sp, vals, ov = with_strings(space, vals, overrides)
+        sp, vals, ov = space.with_strings(vals, overrides)
         _, rows, direct, table = sp.batch_from_values(vals, ov, parts=True)
         m = int(np.max(rows)) + 1 if len(rows) else 1
         b = to_batch(B.stack(table, m, self.shared.draws.only(self.k)), compact=True)
@@ -152,7 +153,6 @@ def summarize(nominal: dict, values: dict, n: int, seed: int, note: str) -> dict
 
 
 def _num(v, digits: int = 3) -> str:
-    from dse.questions.common import fmt
     return fmt(v, digits)
 
 
@@ -296,7 +296,6 @@ def value_text(v, unit: str = "", digits: int = 3) -> str:
     """A lead number with its unit: ``3.01x``, ``-9.5%``, ``85.4%`` (a share), ``$0.317/Mtok``,
     ``136 requests/s per rack``; ``digits`` significant digits (percentages: ``digits - 2``
     decimals)."""
-    from dse.questions.common import fmt
     if v is None or not np.isfinite(v):
         return "-"
     if unit == "x":
@@ -429,7 +428,6 @@ def _together(x: dict) -> str:
 
 
 def _changes(x: dict) -> str:
-    from dse.scoring.bands import GROUP_NAMES
     if "groups" not in x:
         return ""
     moving = [(g, b) for g, b in x["groups"].items() if b["spread"] > 0 or b["pick_changes"]]

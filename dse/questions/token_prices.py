@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.questions.answer import Answer, Context, Lead
 from dse.questions.common import (
     admissible,
     describe,
@@ -29,6 +28,7 @@ from dse.questions.common import (
     pyplot,
     save,
 )
+from dse.questions.context import Answer, Context, Lead
 
 OUT, IN = "usd_per_mtok_output", "usd_per_mtok_input"
 SPEED = "output_tokens_per_s_per_user"

@@ -17,11 +17,31 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dse.scoring.bands import (GROUP_NAMES, GROUP_SAMPLES, NOT_RESOLVED, RESOLVED_SHARE, band_strings,
-                       draw, draw_groups, draw_sets, greedy_unions, needs, needs_met,
-                       needs_words, p_better, pct, pick_resolved, ranking_words,
-                       sign_resolved, sign_words, space_samples, summary, text,
-                       together_words)
+from dse.results.reader import open_run
+from dse.scoring.bands import (
+    GROUP_NAMES,
+    GROUP_SAMPLES,
+    NOT_RESOLVED,
+    RESOLVED_SHARE,
+    band_strings,
+    draw,
+    draw_groups,
+    draw_sets,
+    greedy_unions,
+    needs,
+    needs_met,
+    needs_words,
+    p_better,
+    pct,
+    pick_resolved,
+    ranking_words,
+    sign_resolved,
+    sign_words,
+    space_samples,
+    summary,
+    text,
+    together_words,
+)
 from dse.spec.fields import label
 
 
@@ -196,7 +216,6 @@ def whatif_lines(band: dict) -> list[str]:
 
 def _best_samples(run_dir, front: pd.DataFrame, metric: str, direction: str, d) -> tuple:
     """The best design of a run's front for ``metric`` and its values under the samples."""
-    from dse.api import open_run
     col = pd.to_numeric(front[metric], errors="coerce")
     i = col.idxmin() if direction == "minimize" else col.idxmax()
     did = int(front.loc[i, "design_id"])

@@ -15,11 +15,14 @@ import numpy as np
 import pandas as pd
 
 from dse import pareto
-from dse.search import store
+from dse.build.designs import kv_dtype_text
 from dse.errors import InputError
-from dse.spec.fields import label, legacy_columns, objective_label
-from dse.build.space import Objective
-
+from dse.results import pages
+from dse.results.bands_report import compare_bands, compare_headline, compare_lines
+from dse.results.reader import Run
+from dse.search import store
+from dse.spec.design import read_toml
+from dse.spec.fields import label, objective_label
 
 RTOL = 1e-6   # the runs score in float32 (relative error ~1e-7): ties within it count as ties
 
@@ -37,28 +40,16 @@ def coverage(A: np.ndarray, B: np.ndarray, rtol: float = RTOL) -> float:
 
 
 def _load(d: Path):
-    m = store.load_manifest(d)
-    f = d / "front.csv"
+    """A run's manifest, objectives and front (refused when front.csv is missing or corrupt)."""
+    run = Run(d)
+    f = store.front_file(d)
     if not f.is_file():
         raise InputError("the run has no front.csv yet", file=str(d), hint="run or resume it first")
-    objs = tuple(Objective(o["name"], o["direction"]) for o in m["objectives"])
     front = store.read_front(d)
     if front is None:
         raise InputError("corrupt front.csv", file=str(f),
                          hint="`dse status DIR` rebuilds it from the score tables")
-    return m, objs, legacy_columns(front, scaled_paths(d, m))
-
-
-def scaled_paths(d: Path, m: dict) -> list[str]:
-    """The paths a run's space gives as scale factors (read from its copy of the space file),
-    to name their columns ``<path>.scale`` in an old run folder's tables."""
-    from dse.spec.design import read_toml
-    snap = store.space_snapshot(d, m)
-    try:
-        params = read_toml(str(snap)).get("parameters") or {}
-    except InputError:
-        return []
-    return [p for p, spec in params.items() if isinstance(spec, dict) and "scale" in spec]
+    return run.manifest, run.objectives, run.legacy(front)
 
 
 def _signature(front: pd.DataFrame, params: list[str]) -> list[str]:
@@ -94,7 +85,6 @@ class Comparison:
         ref = "; ".join(f"{label(x.metric)} {(p if x.direction == 'minimize' else -p):.4g} "
                         f"(scale {sc:.4g})"
                         for x, p, sc in zip(self.objectives, self.reference, self.scale))
-        from dse.results.bands_report import compare_headline
         out = [f"# {self.name_a} (A) vs {self.name_b} (B)", "", *compare_headline(self), ""]
         out += [f"**Warning:** {w}" for w in self.warnings] + ([""] if self.warnings else [])
         if self.kv_dtypes:
@@ -114,7 +104,6 @@ class Comparison:
             a, b = self.best[x.metric]
             out.append(f"| {x.direction} {label(x.metric)} | {a:.6g} | {b:.6g} |")
         if self.bands:
-            from dse.results.bands_report import compare_lines
             out += ["", *compare_lines(self.bands)]
         out += ["", f"Designs on B's front but not A's (appeared): {len(self.appeared)}", "",
                 *[f"- `{s}`" for s in self.appeared[:30]], "",
@@ -139,7 +128,6 @@ class Comparison:
 def _workload(d: Path, m: dict) -> dict:
     """What a run serves: its space's base workload and model, and the values of the parameters
     over them (read from its copy of the space file)."""
-    from dse.spec.design import read_toml
     try:
         t = read_toml(str(store.space_snapshot(d, m)))
     except InputError:
@@ -214,7 +202,6 @@ def compare_runs(dir_a: str, dir_b: str, bands: int = 0, seed: int = 0) -> Compa
     if bands and len(fa) and len(fb):
         import dataclasses
 
-        from dse.results.bands_report import compare_bands
         c = dataclasses.replace(c, bands=compare_bands(c, da, db, bands, seed))
     return c
 
@@ -222,12 +209,10 @@ def compare_runs(dir_a: str, dir_b: str, bands: int = 0, seed: int = 0) -> Compa
 def _kv_dtypes(*runs_) -> tuple:
     """Each run's front designs' KV cache element types in words (``build.kv_dtype_text``),
     from its space snapshot; () when a run's snapshot cannot be read (an old run folder)."""
-    from dse.build.designs import kv_dtype_text
-    from dse.build.space import load_space
     out = []
     for d, m, front in runs_:
         try:
-            space = load_space(str(store.space_snapshot(d, m)))
+            space = store.space_of(d, m)
             ids = front["design_id"].to_numpy(np.int64)
             out.append(kv_dtype_text(space.kv_dtypes(ids)) if len(ids) else "none (empty front)")
         except (InputError, OSError, KeyError, ValueError):
@@ -235,23 +220,16 @@ def _kv_dtypes(*runs_) -> tuple:
     return tuple(out)
 
 
-def make_compare(dir_a: str, dir_b: str, out: str | None = None, bands: int = 0,
-                 seed: int = 0) -> Path:
-    c = compare_runs(dir_a, dir_b, bands, seed)
-    return c.write(out or Path("runs") / f"compare-{Path(dir_a).name}-vs-{Path(dir_b).name}")
-
-
 def _plots(o: Path, c: Comparison, lines):
     import base64
 
     import plotly.graph_objects as go
 
-    from dse.results import pages
     objs, fa, fb, union = c.objectives, c.front_a, c.front_b, c.union
     xo, yo = objs[0], objs[1] if len(objs) > 1 else objs[0]
     x, y = xo.metric, yo.metric
     both = pd.concat([fa[[x, y]], fb[[x, y]]]).astype(float)
-    logs = [bool(len(v) and (v > 0).all() and v.max() / v.min() > 50) for v in (both[x], both[y])]
+    logs = [pareto.log_axis(v) for v in (both[x], both[y])]
     fig = go.Figure()
     for name, f, color in (("A", fa, "#1f77b4"), ("B", fb, "#d62728")):
         fig.add_trace(go.Scatter(x=f[x], y=f[y], mode="markers", name=f"front {name}",

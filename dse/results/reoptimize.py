@@ -44,11 +44,13 @@ import numpy as np
 import pandas as pd
 
 from dse import pareto
-from dse.search import store
 from dse.build.designs import DERIVED, FEEDERS
+from dse.build.space import STRING_VALUED, Space, load_space
 from dse.errors import InputError
 from dse.perf import score_chunked
-from dse.build.space import STRING_VALUED, Space, load_space
+from dse.search import driver, store
+from dse.search.optuna import strategy as optuna_strategy
+from dse.search.optuna.strategy import make_sampler
 
 STRATEGIES = ("exhaustive", "optuna", "nested")
 
@@ -205,7 +207,6 @@ def check(d: Path, m: dict, o: Path) -> Path:
         raise InputError(f"unknown strategy {m['strategy']!r} in the manifest",
                          file=str(d / "manifest.json"), hint="one of " + ", ".join(STRATEGIES))
     if m["strategy"] in ("optuna", "nested"):
-        from dse.search.optuna.strategy import make_sampler
         make_sampler(m.get("sampler", "nsga2"), 0, int(m.get("population", 32)))  # e.g. gp: torch
     nd = o / "run"
     if nd.exists() and (not nd.is_dir() or any(nd.iterdir())):
@@ -229,8 +230,6 @@ def prepare(space: Space, overrides: dict, note: str, tmp: Path) -> tuple[Space,
 def run_new(m: dict, base_dir: Path, new_space: Space, nd: Path, old_front_ids: np.ndarray, *,
             trials: int | None, budget_s: float | None, progress: bool) -> tuple[Space, dict]:
     """Create the new run folder from the derived space and search it (``driver.run_space``)."""
-    from dse.search import driver
-    from dse.search.optuna import strategy as optuna_strategy
     strategy = m["strategy"]
     extra = {"whatif": {"base_run": str(Path(base_dir).resolve()),
                         "base_space_digest": m.get("space_digest")}}
@@ -255,7 +254,7 @@ def run_new(m: dict, base_dir: Path, new_space: Space, nd: Path, old_front_ids: 
                          segment_trials=m.get("segment_trials"), extra=extra,
                          own_copy=True)
     manifest = store.load_manifest(d)
-    return load_space(str(store.space_snapshot(d, manifest))), manifest
+    return store.space_of(d, manifest), manifest
 
 
 def compare_fronts(space: Space, original: pd.DataFrame, old_rescored: pd.DataFrame,
@@ -300,7 +299,7 @@ def reoptimize(d: Path, m: dict, space: Space, front: pd.DataFrame, prepared, o:
         raise
     elapsed = time.monotonic() - t0
     st = store.status(nd)
-    new_front = pd.read_csv(nd / "front.csv")
+    new_front = store.read_front(nd)
     rescored = score_ids(space_n, np.unique(old_ids))
     adm = rescored[rescored["_admissible"].to_numpy()]
     old_front = (adm[pareto.nondominated(pareto.objective_matrix(adm, space_n.objectives))]

@@ -15,33 +15,17 @@ import numpy as np
 import pandas as pd
 
 from dse import pareto
-from dse.search import store
 from dse.errors import InputError
 from dse.perf import BOUNDS, OPS, bound_shares, op_bound, score
-from dse.build.space import load_space
+from dse.results import report_page
+from dse.results.reader import Run
+from dse.search import store
 
-MAX_BREAKDOWNS = 40
 EXACT_DESIGNS = 100_000     # a space this small is re-scored whole for the cloud and the ranks
 SAMPLE_DESIGNS = 20_000     # else a seeded sample of this many designs
 CLOUD_POINTS = 4_000        # non-front designs drawn behind the front (faint)
 SHOWN_METRICS = ("ttft_s", "tpot_s", "usd_per_mtok_output", "output_tokens_per_s_per_chip",
                  "num_chips")
-
-
-def knee(front: pd.DataFrame, objectives) -> int:
-    """Row of the front closest to the ideal point, objectives scaled to [0, 1] on the front
-    (on a log scale for an objective whose front values are positive and span over 10x, as
-    costs and speeds on a batch sweep do: else the knee sits wherever the range is widest)."""
-    F = np.column_stack([np.log(np.abs(v)) * np.sign(v) if _log_axis(v) else v
-                         for v in pareto.objective_matrix(front, objectives).T])
-    lo, hi = F.min(axis=0), F.max(axis=0)
-    Z = (F - lo) / np.where(hi > lo, hi - lo, 1.0)
-    return int(np.argmin(np.sqrt((Z ** 2).sum(axis=1))))
-
-
-def _log_axis(v: np.ndarray) -> bool:
-    a = np.abs(v)
-    return bool(len(v) and (np.all(v > 0) or np.all(v < 0)) and a.max() / a.min() > 10)
 
 
 def bound_why(shares, bound: str) -> str:
@@ -82,13 +66,13 @@ def _front(d: Path, m: dict, space) -> tuple[pd.DataFrame, str]:
     """The front the report shows and how it was checked. A local run's front is computed from
     its score tables and front.csv is verified against it (rewritten when it disagrees: a
     truncated or stale file); a shared run's front.csv was assembled from the storage."""
-    front_csv = d / "front.csv"
+    front_csv = store.front_file(d)
     if m.get("storage"):
         if not front_csv.is_file() or store.read_front(d) is None:
             raise InputError("the run has no readable front.csv", file=str(front_csv),
                              hint="`dse run --resume` rebuilds it from the shared storage")
         return space.legacy(store.read_front(d)), "front.csv as assembled from the shared storage"
-    n = len(list((d / "scores").glob("*.parquet")))
+    n = len(store.score_tables(d))
     if n == 0:
         raise InputError("the run has no score tables yet", file=str(d), hint="run or resume it first")
     fr = space.legacy(store.front_from_tables(d, m))
@@ -104,7 +88,7 @@ def _front(d: Path, m: dict, space) -> tuple[pd.DataFrame, str]:
                 f"{len(have & want)} of the {len(want)} front designs and {len(have - want)} others")
         print(f"dse: warning: {front_csv} was wrong ({what}): rebuilt from the score tables",
               file=sys.stderr)
-        if store._lock_owner(d) is None:
+        if store.lock_owner(d) is None:
             store.write_front(d, fr, m["objectives"], params)
         check = (f"computed from the run's {n} score tables; front.csv disagreed ({what}) "
                  "and was rebuilt")
@@ -138,10 +122,10 @@ def population(space, d: Path, front: pd.DataFrame, m: dict) -> tuple[pd.DataFra
             f[name] = np.asarray(sc[name], dtype=np.float64)[ok]
         frames.append(f)
     if m["strategy"] != "exhaustive":          # the trials the run scored, bounded
-        files = sorted((d / "scores").glob("*.parquet"))
+        files = store.score_tables(d)
         per = max(1, SAMPLE_DESIGNS // max(len(files), 1))
         for fl in files:
-            t = space.legacy(pd.read_parquet(fl))
+            t = space.legacy(store.read_table(fl))
             t = t[t["_admissible"]] if "_admissible" in t else t
             frames.append(t.sample(per, random_state=0) if len(t) > per else t)
         if files:
@@ -180,11 +164,8 @@ def best_per(pop: pd.DataFrame, front: pd.DataFrame, objectives, column: str) ->
 
 
 def make_report(run_dir: str, out: str | None = None) -> Path:
-    from dse.results import report_page
-    d = Path(run_dir)
-    m = store.load_manifest(d)
-    snapshot = store.space_snapshot(d, m)
-    space = load_space(str(snapshot if snapshot.is_file() else m["space_file"]))
+    run = Run(run_dir)
+    d, m, space = run.path, run.manifest, run.space
     front, check = _front(d, m, space)
     o = Path(out) if out else d / "report"
     o.mkdir(parents=True, exist_ok=True)
@@ -196,13 +177,13 @@ def make_report(run_dir: str, out: str | None = None) -> Path:
         return o
     front = front.reset_index(drop=True)
     ids = front["design_id"].to_numpy(dtype=np.int64)
-    k = knee(front, objs)
+    k = pareto.knee(front, objs)
     pop, what = population(space, d, front, m)
     bg = cloud(pop, front)
     accel = "accelerator.id" if "accelerator.id" in front.columns else None
     per_accel = best_per(pop, front, objs, accel) if accel else None
     # re-score the front designs for their per-op breakdown
-    shown = np.unique(np.r_[ids[k], ids[:MAX_BREAKDOWNS]])
+    shown = np.unique(np.r_[ids[k], ids[:report_page.MAX_BREAKDOWNS]])
     bds = dict(zip(shown.tolist(), _breakdowns(space, shown)))
     report_page.write(o, space, st, front, bg, k, bds, per_accel, what)
     return o

@@ -13,11 +13,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.results import pages
 from dse.build.designs import kv_dtype_text
-from dse.spec.fields import label, objective_label
+from dse.pareto import log_axis
+from dse.results import pages
+from dse.spec.fields import label, metric_unit, objective_label
 
 PLOT_FONT = dict(size=13)
+MAX_BREAKDOWNS = 40        # front designs (besides the knee) whose per-op breakdown is shown
 
 
 def empty(o: Path, space) -> None:
@@ -41,7 +43,6 @@ def _ratio(x, ref) -> str:
 
 def _val(metric: str, v) -> str:
     """A metric's value with its unit: ``0.0159 s``."""
-    from dse.spec.fields import metric_unit
     u = metric_unit(metric)
     return f"{_fmt(v)} {u}".strip()
 
@@ -129,11 +130,6 @@ def summary_lines(space, st, front, k, kb, per_accel, what) -> list[str]:
     return lines
 
 
-def _log(v) -> bool:
-    v = pd.Series(v, dtype=float).dropna()
-    return bool(len(v) and (v > 0).all() and v.max() / v.min() > 50)
-
-
 def png(front, bg, path: Path, x, y, color=None, knee_row=None) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -153,7 +149,7 @@ def png(front, bg, path: Path, x, y, color=None, knee_row=None) -> None:
         cb.set_label(objective_label(color.metric, color.direction), size=pages.FONT_PT - 1)
     for o, setter, scale in ((x, ax.set_xlabel, ax.set_xscale), (y, ax.set_ylabel, ax.set_yscale)):
         setter(objective_label(o.metric, o.direction))
-        if _log(pd.concat([front[o.metric], bg[o.metric]]) if len(bg) else front[o.metric]):
+        if log_axis(pd.concat([front[o.metric], bg[o.metric]]) if len(bg) else front[o.metric]):
             scale("log")
     pages.style_axes(ax)
     ax.legend(loc="best", fontsize=pages.FONT_PT - 2)
@@ -202,7 +198,7 @@ def _main_plot(space, front, bg, k):
                              name="knee", marker=dict(size=18, symbol="star", color="#ff7f0e")))
 
     def axis_type(v):
-        return "log" if _log(pd.concat([front[v], bg[v]]) if len(bg) else front[v]) else "linear"
+        return "log" if log_axis(pd.concat([front[v], bg[v]]) if len(bg) else front[v]) else "linear"
 
     fig.update_layout(title=f"{label(x)} vs {label(y)}" + (f", colour: {label(co.metric)}"
                                                             if co else ""),
@@ -274,7 +270,6 @@ def _details(bds) -> str:
 
 
 def _html(o, space, lines, front, bg, k, bds, pngs, per_accel):
-    from dse.results.report import MAX_BREAKDOWNS
     objs = space.objectives
     summary = pages.markdown_html("\n".join(lines[1:]))     # the title is the page's h1
     pair_html = _pairs_plot(objs, front) if len(objs) > 2 else ""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dse.pareto import knee
+from dse.search.loop import reference_words
 from dse.spec.fields import label
 
 
@@ -33,7 +35,6 @@ def front_lines(front: pd.DataFrame, objectives, params: list[str], kv=None) -> 
     """The front's best design of each objective and its knee, ranked by the first objective:
     one row each, the objectives with units, then the design's parameters, and the KV cache's
     element type of each (``kv``: aligned with ``front``, ``Space.kv_dtypes``) when given."""
-    from dse.results.report import knee
     if front is None or not len(front):
         return []
     front = front.reset_index(drop=True)
@@ -56,16 +57,6 @@ def front_lines(front: pd.DataFrame, objectives, params: list[str], kv=None) -> 
                                                       for ob in objectives] + [ps]
                     + ([] if kv is None else [str(np.asarray(kv)[i])]))
     return _table(headers, rows)
-
-
-def reference_words(objectives, reference: dict | None) -> str:
-    if not reference:
-        return "no reference point yet"
-    return "reference point " + ", ".join(
-        f"{label(o['name'] if isinstance(o, dict) else o.metric)} "
-        f"{(p if (o['direction'] if isinstance(o, dict) else o.direction) == 'minimize' else -p):.4g}"
-        for o, p in zip(objectives, reference["point"])) + "; each objective divided by " \
-        "its range on the first front (" + ", ".join(f"{s:.4g}" for s in reference["scale"]) + ")"
 
 
 def completed_words(st: dict, unit: str) -> str:

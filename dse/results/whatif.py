@@ -26,14 +26,19 @@ import numpy as np
 import pandas as pd
 
 from dse import pareto
+from dse.build.designs import kv_dtype_text as say
+from dse.build.designs import resolve, settable_paths
+from dse.build.mechanisms import check as check_mechanisms
+from dse.build.mechanisms import scale_base
+from dse.errors import InputError, suggest
+from dse.perf import score
+from dse.results import pages
+from dse.results import reoptimize as reopt
+from dse.results.bands_report import whatif_bands, whatif_headline, whatif_lines
+from dse.scoring.bands import check_samples
 from dse.search import store
 from dse.spec import validate
-from dse.build.designs import settable_paths
-from dse.errors import InputError, suggest
-from dse.spec.fields import REGISTRY
-from dse.build.mechanisms import check as check_mechanisms, scale_base
-from dse.perf import score
-from dse.build.space import load_space
+from dse.spec.fields import REGISTRY, label, objective_label
 
 SENSITIVITY = ("accelerator.peak_flops_per_s", "accelerator.hbm_bw_bytes_per_s",
                "accelerator.hbm_capacity_bytes", "topology.scaleup.link_bw_bytes_per_s",
@@ -92,26 +97,9 @@ def describe_overrides(overrides: dict) -> str:
                      for p, (op, v) in overrides.items())
 
 
-def with_strings(space, vals: dict, overrides: dict | None):
-    """String overrides (catalog ids, choices) written into the space and the designs' values:
-    (the space with them in its base design, the values, the numeric overrides left)."""
-    strings = {p: v for p, (op, v) in (overrides or {}).items() if isinstance(v, str)}
-    if not strings:
-        return space, vals, overrides
-    import dataclasses
-    n = len(next(iter(vals.values()))) if vals else 1
-    vals = dict(vals)
-    for p in space.parameters:
-        if p.path in strings:
-            vals[p.column] = np.full(n, strings[p.path], dtype=object)
-    derived = dataclasses.replace(space, base={**space.base, **strings})
-    return derived, vals, {p: x for p, x in overrides.items() if p not in strings}
-
-
 def check_overrides(space, overrides: dict) -> None:
     """The overrides applied to the space's base design (each parameter at its first value)
     must still give a valid design: ranges after scaling, and the consistency rules."""
-    from dse.build.designs import resolve
     row = {**space.base, **{p.path: p.values[0] for p in space.parameters if not p.scale}}
     row.update({p: v for p, (op, v) in overrides.items() if isinstance(v, str)})
     try:
@@ -151,7 +139,7 @@ def check_overrides(space, overrides: dict) -> None:
 
 
 def _objective_table(space, ids, overrides=None) -> pd.DataFrame:
-    sp, vals, overrides = with_strings(space, space.values_at(ids), overrides)
+    sp, vals, overrides = space.with_strings(space.values_at(ids), overrides)
     b, _ = sp.batch_from_values(vals, overrides)
     s = score(b)
     df = pd.DataFrame({o.metric: s[o.metric].astype(float) for o in space.objectives})
@@ -159,20 +147,8 @@ def _objective_table(space, ids, overrides=None) -> pd.DataFrame:
     return df
 
 
-def _run_space(d: Path, m: dict):
-    """The run's space: its snapshot in ``inputs/``, else the file it was started from."""
-    snapshot = d / "inputs" / Path(m["space_file"]).name
-    if snapshot.is_file():
-        try:
-            return load_space(str(snapshot))
-        except InputError:
-            if not Path(m["space_file"]).is_file():   # e.g. objectives in a file next to it
-                raise
-    return load_space(str(m["space_file"]))
-
-
 def _read_front(d: Path, space) -> pd.DataFrame:
-    f = d / "front.csv"
+    f = store.front_file(d)
     if not f.is_file():
         raise InputError("the run has no front.csv yet", file=str(d), hint="run or resume it first")
     try:
@@ -209,15 +185,6 @@ class WhatIf:
     # median change over the front, its 90% band, sign resolved or not, what would change it
 
 
-def make_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
-                reoptimize: bool = False, trials: int | None = None,
-                budget_s: float | None = None, progress: bool = False,
-                bands: int | None = None, seed: int = 0) -> Path:
-    """``dse whatif``: the output folder."""
-    return run_whatif(run_dir, sets, scales, out, reoptimize=reoptimize, trials=trials,
-                      budget_s=budget_s, progress=progress, bands=bands, seed=seed).path
-
-
 def run_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
                reoptimize: bool = False, trials: int | None = None,
                budget_s: float | None = None, progress: bool = False,
@@ -225,11 +192,10 @@ def run_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
     """Re-score a run's front under ``sets`` / ``scales`` (``parse_overrides``), write the page
     into ``out`` (default DIR/whatif) and return what it found. ``bands``: parameter samples
     for the changes' 90% bands (default ``dse.scoring.bands.DEFAULT_SAMPLES``, 0: none; ``seed``)."""
-    from dse.scoring.bands import check_samples
     bands = check_samples(bands)
     d = Path(run_dir)
     m = store.load_manifest(d)
-    space = _run_space(d, m)
+    space = store.space_of(d, m)
     front = _read_front(d, space)
     overrides = parse_overrides(sets, scales)
     check_overrides(space, overrides)
@@ -238,7 +204,6 @@ def run_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
     if reoptimize:
         import tempfile
 
-        from dse.results import reoptimize as reopt
         if trials is not None and trials < 1:
             raise InputError(f"--trials {trials} must be >= 1")
         reopt.check(d, m, o)
@@ -263,7 +228,6 @@ def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress
         moved[f"{ob.metric}_change"] = after[ob.metric] / before[ob.metric] - 1.0
     band = None
     if n_bands:
-        from dse.results.bands_report import whatif_bands
         band = whatif_bands(space, ids, overrides, n_bands, seed)
         moved = pd.concat([moved, band.pop("columns").set_axis(moved.index)], axis=1)
     ok = after["feasible"].to_numpy()
@@ -271,20 +235,18 @@ def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress
     new_front = moved[ok][pareto.nondominated(F)] if ok.any() else moved.iloc[:0]
     res = None
     if prepared is not None:
-        from dse.results import reoptimize as reopt
         o.mkdir(parents=True, exist_ok=True)
         res = reopt.reoptimize(d, m, space, front, prepared, o, trials=trials,
                                budget_s=budget_s, progress=progress)
-        shutil.copyfile(res["run_dir"] / "front.csv", o / "front.csv")
-        _state_kv_dtype(o / "front.csv", res["space"])
+        shutil.copyfile(store.front_file(res["run_dir"]), store.front_file(o))
+        _state_kv_dtype(store.front_file(o), res["space"])
     else:
         o.mkdir(parents=True, exist_ok=True)
         store.write_front(o, new_front, space.objectives, space.columns)
-        _state_kv_dtype(o / "front.csv", space, overrides)
+        _state_kv_dtype(store.front_file(o), space, overrides)
     sens = sensitivities(space, ids)
     _write(o, space, overrides, moved, new_front, ok, sens, res, band)
-    from dse.results.bands_report import whatif_headline
-    return WhatIf(o, overrides, moved, pd.read_csv(o / "front.csv"), sens, res, band,
+    return WhatIf(o, overrides, moved, pd.read_csv(store.front_file(o)), sens, res, band,
                   tuple(whatif_headline(space, moved, band)))
 
 
@@ -299,7 +261,6 @@ def _state_kv_dtype(f: Path, space, overrides=None) -> None:
 
 def kv_line(before: np.ndarray, after: np.ndarray) -> str:
     """The what-if page's line on the KV cache's element type over the front, before and after."""
-    from dse.build.designs import kv_dtype_text as say
     if len(after) == 0:
         return "- KV cache element type: no front design"
     if (np.asarray(before) == np.asarray(after)).all():
@@ -333,7 +294,6 @@ def _n(k: int, word: str) -> str:
 def _reference(objs, res: dict) -> str:
     """The hypervolume's reference point (minimisation form in ``res``) in each objective's
     unit, and the scale."""
-    from dse.spec.fields import label
     if "reference" not in res:
         return "reference point not recorded"
     return "reference point " + ", ".join(
@@ -383,8 +343,6 @@ def _reopt_plot(o: Path, res: dict, space) -> Path:
     import matplotlib.pyplot as plt
     objs = space.objectives
     pairs = [(0, 1)] + ([(0, 2)] if len(objs) > 2 else []) if len(objs) > 1 else []
-    from dse.results import pages
-    from dse.spec.fields import objective_label
     fig, axes = plt.subplots(1, max(1, len(pairs)), figsize=(6 * max(1, len(pairs)), 4.5),
                              dpi=pages.PNG_DPI, squeeze=False)
     for ax, (i, j) in zip(axes[0], pairs or [(0, 0)]):
@@ -401,7 +359,7 @@ def _reopt_plot(o: Path, res: dict, space) -> Path:
         for k, setter in ((i, ax.set_xscale), (j, ax.set_yscale)):
             v = np.concatenate([np.asarray(df[objs[k].metric], float) for df in
                                 (res["original"], res["old_front"], res["new_front"]) if len(df)])
-            if len(v) and (v > 0).all() and v.max() / v.min() > 20:
+            if pareto.log_axis(v):
                 setter("log")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
@@ -414,8 +372,6 @@ def _reopt_plot(o: Path, res: dict, space) -> Path:
 
 
 def _write(o, space, overrides, moved, new_front, ok, sens, res=None, band=None):
-    from dse.results import pages
-    from dse.spec.fields import label
     lines = [f"# What if: {space.name}", "",
              "Overrides: " + describe_overrides(overrides), "",
              f"- front designs re-scored: {len(moved)}; still feasible: {int(ok.sum())}; "
@@ -426,10 +382,8 @@ def _write(o, space, overrides, moved, new_front, ok, sens, res=None, band=None)
         lines.append("- workload.request_rate_per_s is set: each design's concurrency follows "
                      "from the rate (Little's law on its step times) and replaces its "
                      "workload.concurrency")
-    from dse.results.bands_report import whatif_headline
     lines += whatif_headline(space, moved, band)
     if band is not None:
-        from dse.results.bands_report import whatif_lines
         lines += whatif_lines(band)
         import json
         (o / "bands.json").write_text(json.dumps(band, indent=2) + "\n")

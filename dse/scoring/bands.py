@@ -39,8 +39,11 @@ import pandas as pd
 
 from dse import catalog
 from dse.build import tables
+from dse.build.designs import to_batch
 from dse.build.select import KERNEL, encode
 from dse.build.tables import EFF_FIELDS
+from dse.errors import InputError
+from dse.perf import score_chunked
 
 DEFAULT_SAMPLES = 64          # `--bands N`'s default; 0 turns bands off
 GROUP_SAMPLES = 8             # samples per group for "what would change it" (draw_groups)
@@ -90,7 +93,6 @@ def _family(group, entry, name, u) -> Family:
     corr = np.asarray(u.get("log_corr", np.eye(len(params))), float)
     if sd.shape != (len(params),) or corr.shape != (len(params),) * 2 \
             or not np.isfinite(sd).all() or (sd < 0).any():
-        from dse.errors import InputError
         raise InputError(f"uncertainty.{name} of {'/'.join(entry)}: log_sd/log_corr do not "
                          f"match its {len(params)} params", file=f"dse/catalog/{group}",
                          hint="rewrite it with the fit that writes it")
@@ -186,7 +188,6 @@ def check_samples(n) -> int:
     """``--bands N``: None gives DEFAULT_SAMPLES; 0 turns bands off; else a whole number >= 2."""
     if n is None:
         return DEFAULT_SAMPLES
-    from dse.errors import InputError
     if isinstance(n, bool) or not float(n) == int(n) or int(n) < 0 or int(n) == 1:
         raise InputError(f"--bands {n}: needs a whole number of samples >= 2, or 0",
                          hint=f"e.g. --bands {DEFAULT_SAMPLES}; --bands 0 turns bands off")
@@ -358,8 +359,6 @@ def score_table(table, m: int, draws: Draws, rows: np.ndarray | None = None,
     ``draws.n x designs`` rows: {metric: array (samples, designs)}. ``table``: the resolved
     columns of ``m`` distinct rows; ``rows``/``direct``: each design's row among them and the
     fields written straight into the Batch (``Space.batch_parts``); default one design per row."""
-    from dse.build.designs import to_batch
-    from dse.perf import score_chunked
     rows = np.arange(m) if rows is None else np.asarray(rows, np.int64)
     n, N = len(rows), draws.n
     b = to_batch(stack(table, m, draws), compact=True)
@@ -374,8 +373,7 @@ def space_samples(space, values: dict, draws: Draws, overrides: dict | None = No
                   metrics: tuple | None = None) -> dict:
     """``score_table`` for designs of a space given by parameter ``values`` ({path: values},
     as ``Space.batch_from_values``), under what-if ``overrides`` {path: (op, value)}."""
-    from dse.results.whatif import with_strings
-    sp, vals, ov = with_strings(space, values, overrides)
+    sp, vals, ov = space.with_strings(values, overrides)
     _, rows, direct, table = sp.batch_from_values(vals, ov, parts=True)
     m = int(np.max(rows)) + 1 if len(rows) else 1
     return score_table(table, m, draws, rows, direct, metrics)

@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 
 from dse.build.designs import effective_dtypes, resolve, to_batch
-from dse.spec.design import design_case, load_design
 from dse.errors import InputError
 from dse.perf import BOUNDS, OPS, op_bound, score
 from dse.perf.serve import reason_text
 from dse.scoring.predict import FIELD_OF, predict_frame
+from dse.spec.design import design_case, load_design
 
 STEPS = (("decode", "decode-only step (what limits decoding)"),
          ("mixed", "step that carries prompt tokens (steady state)"),

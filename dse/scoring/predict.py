@@ -14,13 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dse.spec import validate
 from dse.build.designs import kv_dtype_of, resolve, to_batch
 from dse.errors import InputError, suggest
-from dse.spec.fields import REGISTRY
 from dse.perf import Batch, score_chunked
 from dse.perf.serve import BOUNDS, reason_text
-from dse.perf.serve import KNEE_FRACTION as _KNEE  # the batch that fills the HBM (decode_bound)
+from dse.perf.serve import (
+    KNEE_FRACTION as _KNEE,  # the batch that fills the HBM (decode_bound)
+)
+from dse.spec import validate
+from dse.spec.fields import REGISTRY
 
 REQUIRED = ("case_id", "model", "hardware", "num_chips", "weight_dtype", "isl", "osl")
 # the serving mechanisms' columns (issue 11): short names of their fields, blank = the field's
@@ -48,10 +50,6 @@ RENAME = {"model": "model.id", "hardware": "accelerator.id", "topology": "topolo
 FIELD_OF = {"num_chips": "layout.num_chips", **RENAME}
 NUMERIC = {c: p for c, p in FIELD_OF.items() if REGISTRY[p].numeric}
 LAYOUT = ("layout.tp", "layout.pp", "layout.ep", "layout.dp")
-OUTPUT = ("case_id", "concurrency", "ttft_s", "tpot_s", "output_tokens_per_s_per_chip",
-          "input_tokens_per_s_per_chip", "bound", "feasible", "reason")
-EXTRA = ("tp", "pp", "ep", "dp", "usd_per_mtok_output", "usd_per_mtok_input",
-         "max_concurrent_sequences", "kv_dtype")   # kv_dtype: the KV cache's element type used
 # the mechanisms' outputs, written only when some case turns the mechanism on (else all NaN)
 MECHANISM_OUTPUT = ("ttft_p90_s", "ttft_p99_s", "tpot_p90_s", "goodput_requests_per_s_per_chip",
                     "saturation_requests_per_s_per_instance", "spec_expected_tokens",

@@ -28,13 +28,15 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
 
 from dse import pareto  # noqa: E402
-from dse.search import store
-from dse.search.optuna import strategy as optuna_strategy
-from dse.search.driver import run_space  # noqa: E402
 from dse.build.space import load_space  # noqa: E402
+from dse.search import store
+from dse.search.driver import (
+    plan,
+    run_space,  # noqa: E402
+)
+from dse.search.optuna import strategy as optuna_strategy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,7 +112,7 @@ ttft_s = { max = 5.0 }
 def _quality(space, runs_spec, seeds) -> None:
     """Hypervolume each strategy reaches with its budget, as a share of the exact front's
     (one reference point for all); mean and worst over seeds."""
-    exact = pd.read_csv(_run(space, "exhaustive") / "front.csv")
+    exact = store.read_front(_run(space, "exhaustive"))
     ref, scale = pareto.reference(pareto.objective_matrix(exact, space.objectives))
     hv_exact = pareto.hypervolume(pareto.objective_matrix(exact, space.objectives), ref, scale)
     outer, _ = optuna_strategy.split_parameters(space, True)
@@ -121,7 +123,7 @@ def _quality(space, runs_spec, seeds) -> None:
         shares, n = [], 0
         for seed in range(seeds):
             d = _run(space, strategy, sampler=sampler, trials=trials, population=pop, seed=seed)
-            f = pd.read_csv(d / "front.csv")
+            f = store.read_front(d)
             n = store.status(d)["designs_scored"]
             shares.append(pareto.hypervolume(pareto.objective_matrix(f, space.objectives), ref,
                                              scale) / hv_exact if len(f) else 0.0)
@@ -138,7 +140,6 @@ def bench_shipped(seeds: int = 5, names=None, quick: bool = False) -> None:
     with its default sampler and population and 5% of the space's designs as trials, as a
     share of the exact front's, mean and worst over seeds (target >= 0.98 both). Every design
     the run scored counts: the share of the space scored is printed."""
-    from dse.search.driver import plan
     print(f"optuna defaults with 5% of the evaluations, {seeds} seeds (TPE at population "
           f"{optuna_strategy.DEFAULT_POPULATION['optuna']}, its first max(2, trials/50) <= 10 "
           f"trials random; NSGA-II at population {optuna_strategy.LONG_RUN[1]} beyond "
@@ -155,7 +156,7 @@ def bench_shipped(seeds: int = 5, names=None, quick: bool = False) -> None:
             continue
         trials = max(int(0.05 * space.size), 1)
         p = plan(space, "optuna", trials, None, None, None, None)
-        exact = pd.read_csv(_run(space, "exhaustive") / "front.csv")
+        exact = store.read_front(_run(space, "exhaustive"))
         Fe = pareto.objective_matrix(exact, space.objectives)
         ref, scale = pareto.reference(Fe)
         hv = pareto.hypervolume(Fe, ref, scale)
@@ -163,7 +164,7 @@ def bench_shipped(seeds: int = 5, names=None, quick: bool = False) -> None:
         for seed in range(seeds):
             d = _run(space, "optuna", trials=trials, seed=seed)
             scored = max(scored, store.status(d)["designs_scored"])
-            fr = pd.read_csv(d / "front.csv")
+            fr = store.read_front(d)
             shares.append(pareto.hypervolume(pareto.objective_matrix(fr, space.objectives), ref,
                                              scale) / hv if len(fr) else 0.0)
         how = (f"{p['sampler']} population {p['population']}, polish "

@@ -4,150 +4,41 @@ driven by one loop: propose -> score -> store -> tell.
     run_space(space, run_dir, strategy=..., trials=..., budget_s=..., ...) -> the run folder
 
 is the one entry point (``dse run``, ``dse worker``, ``dse whatif --reoptimize``, ``dse answer``,
-the benchmarks and the Python API all call it). A strategy is a small object (``Strategy``):
-
-- ``propose()``: the next work item (a chunk of the space, a batch of asked trials, a shard
-  pulled from a shared study), ``WAIT`` while other workers hold the rest, or None when done;
-- ``score(item)``: one vectorized call of the model;
-- ``store(item, scored)``: the item's Parquet score table (and trials file), written whole then
-  renamed, so the item is done once it is on disk (resume after kill -9 loses nothing and counts
-  nothing twice);
-- ``tell(item, scored)``: Optuna told, the running Pareto archive merged; returns items done.
-
-The strategies: ``exhaustive`` (chunks of the space; ``shards``: the same chunks as trials of a
+the benchmarks and the Python API all call it); the loop itself and the ``Strategy`` a strategy
+implements are ``dse.search.loop``. The strategies: ``exhaustive`` (chunks of the space; ``shards``: the same chunks as trials of a
 shared RDB study, pulled by many workers), ``optuna`` (Optuna's samplers propose whole designs,
 asked and told in batches, a design already scored is told back at no cost) and ``nested``
 (Optuna proposes hardware/model points, every layout and batch under each is enumerated); long
-optuna runs rotate their study into segments (``segments.py``, ``optuna_strategy.rotate``).
+optuna runs rotate their study into segments (``optuna/segments.py``, ``OptunaRun.rotate``).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from dse import pareto
-from dse.search import store
+from dse.build.space import Space, load_space
 from dse.errors import InputError
+from dse.search import exhaustive, shards, store
+from dse.search.loop import drive
+from dse.search.optuna import strategy as optuna_strategy
+from dse.search.optuna.run import OptunaRun
+from dse.search.optuna.study import storage_for, with_retry
 
-WAIT = "wait"              # propose(): others hold the remaining work; look again shortly
 EXHAUSTIVE_MAX = 10**8     # default strategy: exhaustive up to this many designs
 DEFAULT_TRIALS = 10_000    # optuna/nested trials when neither --trials nor --budget is given
 STRATEGY_NAMES = ("exhaustive", "optuna", "nested")
 
 
-class Strategy:
-    """The strategy side of the loop, and what every strategy shares: the run folder, its
-    front, hypervolume, elapsed time and the writes of front.csv and progress.json."""
-
-    unit = "trial"
-    wait_s = 1.0
-
-    def __init__(self, space, d: Path, manifest: dict, *, max_trials=None, budget_s=None,
-                 storage_url=None, joining=False):
-        self.space, self.d, self.manifest = space, Path(d), manifest
-        self.max_trials, self.budget_s = max_trials, budget_s
-        self.storage_url, self.joining = storage_url, joining
-        self.front = None
-        self.hv = None
-        self.elapsed0 = float(store.read_progress(d).get("elapsed_s", 0.0))
-        self.t0 = time.monotonic()
-
-    # -- the loop's steps (each strategy defines them)
-    def open(self) -> None: ...
-    def propose(self): ...
-    def score(self, item): ...
-    def store(self, item, scored) -> None: ...
-    def tell(self, item, scored) -> int: ...
-    def finish(self) -> None: ...
-    def bar(self) -> dict: ...
-    def counters(self) -> dict: ...
-
-    def after(self) -> None:
-        self.save("running")
-
-    # -- shared bookkeeping
-    def merge(self, table) -> None:
-        import pandas as pd
-        ok = table[table["_admissible"]] if "_admissible" in table else table
-        if len(ok):
-            self.front = pareto.front_of([self.front if self.front is not None else pd.DataFrame(),
-                                          ok], self.space.objectives)
-
-    def hypervolume(self):
-        ref = self.manifest.get("reference")
-        if ref is not None and self.front is not None and len(self.front):
-            self.hv = pareto.hypervolume(pareto.objective_matrix(self.front, self.space.objectives),
-                                         np.array(ref["point"]), np.array(ref["scale"]))
-        return self.hv
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
-    def save(self, state: str, **extra) -> None:
-        import pandas as pd
-        self.hypervolume()
-        front = self.front if self.front is not None else pd.DataFrame()
-        store.write_front(self.d, front, self.space.objectives, [p.path for p in self.space.parameters])
-        store.write_json(self.d / "progress.json", {
-            "state": state, **self.counters(), "elapsed_s": self.elapsed0 + self.elapsed(),
-            "front_size": len(front), "hypervolume": self.hv, **extra})
-
-
-def drive(s: Strategy, progress: bool = True) -> dict:
-    """The one loop: propose -> score -> store -> tell, until the strategy has nothing left,
-    the budget is spent, or a signal asks to stop (after the item at hand: resumable)."""
-    s.open()
-    bar = s.bar()
-    if s.budget_s is not None and s.max_trials is None:
-        # a budget and no count of trials to do now: the bar (and its ETA) follows the budget
-        bar = {"total": round(s.budget_s), "unit": "s", "desc": bar.get("desc"), "by_time": True}
-    with store.Working(s.d, progress, **bar) as work:
-        try:
-            s.save("running")
-            while not work.stop:
-                if s.budget_s is not None and s.elapsed() >= s.budget_s:
-                    break
-                item = s.propose()
-                if item is None:
-                    break
-                if item is WAIT:
-                    time.sleep(s.wait_s)
-                    continue
-                scored = s.score(item)
-                s.store(item, scored)
-                n = s.tell(item, scored)
-                s.after()
-                work.update(n, len(s.front) if s.front is not None else 0, s.hv,
-                            elapsed=s.elapsed(), done=s.counters().get("trials_completed"),
-                            reference=_reference_words(s))
-            s.finish()
-        except BaseException:
-            s.save("failed" if not work.stop else "stopped")
-            raise
-    return store.status(s.d)
-
-
-def _reference_words(s: Strategy) -> str | None:
-    """The run's hypervolume reference point in words, once it is set (the bar's ``hv``)."""
-    ref = s.manifest.get("reference")
-    if not ref:
-        return None
-    from dse.results.terminal import reference_words
-    return reference_words(s.space.objectives, ref)
-
-
 def strategy_class(manifest: dict):
-    from dse.search import exhaustive, shards
-    from dse.search.optuna import strategy as optuna_strategy
     if manifest["strategy"] == "exhaustive":
         return shards.Shards if manifest.get("storage") else exhaustive.Exhaustive
     if manifest["strategy"] in ("optuna", "nested"):
-        return optuna_strategy.OptunaRun
+        return OptunaRun
     raise InputError(f"unknown strategy {manifest['strategy']!r} in the manifest",
                      hint="one of " + ", ".join(STRATEGY_NAMES))
 
@@ -167,8 +58,7 @@ def search(space, d: Path, manifest: dict, *, max_trials=None, budget_s=None, st
 def points(space, strategy: str) -> int:
     """What one trial of the strategy proposes, counted: designs (optuna), hardware/model
     points (nested)."""
-    from dse.search.optuna.strategy import split_parameters
-    outer, _ = split_parameters(space, strategy == "nested")
+    outer, _ = optuna_strategy.split_parameters(space, strategy == "nested")
     return int(np.prod([space.shape[i] for i in outer])) if outer else 1
 
 
@@ -182,7 +72,6 @@ def plan(space, strategy: str | None, trials: int | None, budget_s: float | None
     design, or every point of a nested run) enumerates it: the exact front at a fraction of the
     cost of asking Optuna for each design. With a budget and no trials, a run goes on until the
     budget or the space is spent."""
-    from dse.search.optuna import strategy as optuna_strategy
     strategy = strategy or ("exhaustive" if space.size <= EXHAUSTIVE_MAX else "optuna")
     if strategy not in STRATEGY_NAMES:
         raise InputError(f"unknown strategy {strategy!r}", hint="one of " + ", ".join(STRATEGY_NAMES))
@@ -215,7 +104,6 @@ def plan(space, strategy: str | None, trials: int | None, budget_s: float | None
 
 
 def _resume(d: Path):
-    from dse.build.space import load_space
     m = store.load_manifest(d)
     store.check_version(m, d)
     st = store.status(d)       # refuses corrupt durable files; rebuilds derived ones
@@ -223,7 +111,7 @@ def _resume(d: Path):
         raise InputError("the run is still running", file=str(d),
                          hint="stop it first, or join it with `dse worker`")
     snap = store.space_snapshot(d, m)
-    space = load_space(str(snap if snap.is_file() else m["space_file"]))
+    space = store.space_of(d, m)
     if space.digest != m["space_digest"]:
         raise InputError("the run's copy of its space file changed since the run started",
                          file=space.file, hint="start a new run for the new space")
@@ -237,14 +125,13 @@ def _resume(d: Path):
 
 
 def _join(d: Path):
-    from dse.build.space import load_space
     m = store.load_manifest(d)
     store.check_version(m, d)
     if m["strategy"] == "exhaustive" and not m.get("storage"):
         raise InputError("exhaustive runs without --storage take no workers", file=str(d),
                          hint="workers join optuna and nested runs, and exhaustive runs "
                               "started with --storage URL")
-    return load_space(str(store.space_snapshot(d, m))), m
+    return store.space_of(d, m), m
 
 
 def _spawn_workers(d: Path, n: int) -> list:
@@ -274,9 +161,6 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
     RDB when the run folder is only its local copy. ``own_copy``: the run's snapshot of its
     space file is its space file (the given one is temporary: ``dse whatif --reoptimize``).
     """
-    from dse.build.space import Space, load_space
-    from dse.search import exhaustive
-    from dse.search.optuna import strategy as optuna_strategy
     if trials is not None and trials < 1:
         raise InputError(f"--trials {trials} must be >= 1")
     if workers < 1:
@@ -308,7 +192,6 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
     if storage:
         # the RDB's schema is made before the manifest exists: workers that join as soon as
         # they see it never race the run to create Optuna's tables
-        from dse.search.optuna.study import storage_for
         storage_for(None, storage)
     existed = run_dir is not None and Path(run_dir).is_dir()
     d = store.new_run_dir(space.name, None if run_dir is None else str(run_dir))
@@ -333,8 +216,8 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
         m = store.create(d, space, p["strategy"], seed, ext)
         if own_copy:
             m["space_file"] = str(store.space_snapshot(d, m))
-            store.write_json(d / "manifest.json", m)
-        space = load_space(str(store.space_snapshot(d, m)))   # the run reads its own copy
+            store.write_manifest(d, m)
+        space = store.space_of(d, m)      # the run reads its own copy
     except BaseException:
         store.discard(d, existed)
         raise
@@ -372,3 +255,38 @@ def _reap(procs) -> None:
         if not m.get("storage"):
             store.write_front(d, store.front_from_tables(d, m), m["objectives"], m["parameters"])
             store.status(d)             # progress.json rebuilt from the durable files
+
+
+def worker_folder(storage_url: str, study_name: str, out: str | Path | None) -> Path:
+    """A worker's local run folder for a study in a shared storage: the run's inputs and
+    manifest, as the run stored them in the study."""
+    import optuna  # (start-up: optuna only when a worker joins a shared study)
+
+    storage = storage_for(None, storage_url)
+    try:
+        study = with_retry(optuna.load_study, study_name=study_name, storage=storage)
+    except KeyError:
+        raise InputError(f"no study {study_name!r} in the storage", file=storage_url,
+                         hint="the study name is the run folder's name") from None
+    attrs = with_retry(lambda: study.user_attrs)
+    if "manifest" not in attrs:
+        raise InputError(f"the study {study_name!r} is not a dse run", file=storage_url,
+                         hint="the study name is the run folder's name")
+    m = json.loads(attrs["manifest"])
+    d = Path(out) if out else Path("runs") / study_name
+    existed = d.is_dir()
+    try:
+        store.make_folders(d)
+        space_path = store.space_snapshot(d, m)
+        if "inputs" in attrs:       # the run's snapshot: space file and objectives file
+            store.write_inputs(d, attrs["inputs"])
+        else:
+            space_path.write_text(attrs["space_toml"])
+        m["space_file"] = str(space_path)
+        store.write_manifest(d, m)
+        load_space(str(space_path))
+    except BaseException:
+        if not existed:
+            store.discard(d)
+        raise
+    return d

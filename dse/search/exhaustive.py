@@ -15,18 +15,12 @@ import numpy as np
 import pandas as pd
 
 from dse import pareto
-from dse.search import store
 from dse.perf import score_chunked
-from dse.search.driver import Strategy, drive
+from dse.search import store
+from dse.search.loop import Strategy, drive
 
 CHUNK_DESIGNS = 65536
 SAVE_EVERY_S = 1.0     # front.csv and progress.json are rewritten at most this often (and at the end)
-KEEP_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "output_tokens_per_s_per_rack",
-                "usd_per_mtok_output", "usd_per_mtok_input", "num_chips", "bound")
-
-
-def _chunk_file(d: Path, i: int) -> Path:
-    return d / "scores" / f"chunk-{i:08d}.parquet"
 
 
 def score_chunk(space, i: int, chunk: int) -> tuple[pd.DataFrame, int]:
@@ -36,14 +30,14 @@ def score_chunk(space, i: int, chunk: int) -> tuple[pd.DataFrame, int]:
     distinct, rows, direct, _ = space.batch_parts(idx, dtype=np.float32)   # no conversion
     names = {o.metric for o in space.objectives} | {c.metric for c in space.constraints}
     s = score_chunked(distinct, dtype=np.float32, rows=rows, direct=direct,
-                      metrics=sorted(names | set(KEEP_METRICS) | {"feasible"}))
+                      metrics=sorted(names | set(store.KEEP_METRICS) | {"feasible"}))
     ok = pareto.admissible(s, space.objectives, space.constraints)
     F = pareto.objective_matrix(s, space.objectives)[ok]
     keep = np.flatnonzero(ok)[pareto.nondominated(F)]
     table = pd.DataFrame({"design_id": idx[keep]})
     for p, v in space.values_at(idx[keep]).items():
         table[p] = v
-    for m in sorted(names | set(KEEP_METRICS)):
+    for m in sorted(names | set(store.KEEP_METRICS)):
         v = s[m][keep]
         table[m] = v.astype(np.float64) if v.dtype.kind == "f" else v
     return table, hi - lo
@@ -59,9 +53,9 @@ class Exhaustive(Strategy):
         self.chunk = int(self.manifest.get("chunk_designs", CHUNK_DESIGNS))
         self.n_chunks = -(-space.size // self.chunk)
         store.remove_stale_tmp(d)                         # a chunk a killed process was writing
-        self.done = {int(f.stem.split("-")[1]) for f in (d / "scores").glob("chunk-*.parquet")}
+        self.done = store.chunk_ids(d)
         # the front from the durable score tables (a corrupt one is refused, naming it)
-        self.front = pareto.front_of([store.read_table(_chunk_file(d, i)) for i in sorted(self.done)],
+        self.front = pareto.front_of([store.read_table(store.chunk_file(d, i)) for i in sorted(self.done)],
                                      space.objectives)
         self.designs = sum(min((i + 1) * self.chunk, space.size) - i * self.chunk for i in self.done)
         todo = [i for i in range(self.n_chunks) if i not in self.done]
@@ -85,7 +79,7 @@ class Exhaustive(Strategy):
     def store(self, i, scored) -> None:
         table = scored[0]
         # the chunk is done once its table is on disk (written whole, then renamed)
-        store.atomic_save(_chunk_file(self.d, i), lambda p: table.to_parquet(p, index=False))
+        store.atomic_save(store.chunk_file(self.d, i), lambda p: table.to_parquet(p, index=False))
 
     def tell(self, i, scored) -> int:
         table, n = scored

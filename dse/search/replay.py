@@ -28,13 +28,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from dse import pareto  # noqa: E402
+from dse.build.space import load_space  # noqa: E402
 from dse.perf import score_chunked  # noqa: E402
-from dse.search.optuna import strategy as o
 from dse.search.driver import plan  # noqa: E402
+from dse.search.optuna import strategy as o
 from dse.search.optuna import surrogate
 from dse.search.optuna.enqueue import enqueue_neighbours, unscored_points  # noqa: E402
 from dse.search.optuna.study import distributions, params_of, point_key  # noqa: E402
-from dse.build.space import load_space  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

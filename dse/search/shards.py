@@ -17,24 +17,29 @@ whose first worker was only slow) counts once, by chunk index.
 from __future__ import annotations
 
 import json
-import os
 import random
 import threading
 import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from dse import pareto
-from dse.search import store
-from dse.search import exhaustive
+from dse.search import exhaustive, store
+from dse.search.loop import WAIT, Strategy, drive
 from dse.search.optuna import segments
-from dse.search.driver import WAIT, Strategy, drive
 from dse.search.optuna.segments import Silent, state_counts
-from dse.search.optuna.study import (HEARTBEAT_S, TrialIds, finished_elsewhere, front_payload,
-                              payload_frame, storage_for, told_already, with_retry)
+from dse.search.optuna.study import (
+    HEARTBEAT_S,
+    TrialIds,
+    finished_elsewhere,
+    front_payload,
+    payload_frame,
+    storage_for,
+    told_already,
+    with_retry,
+)
 
 ENQUEUED = "chunks_enqueued"     # study user attr: every chunk has had a trial enqueued
 
@@ -165,8 +170,7 @@ class Shards(Strategy):
                 _enqueue(study, with_retry(_missing, study, self.n_chunks))   # a resume: the rest
                 with_retry(study.set_user_attr, ENQUEUED, True)
         store.remove_stale_tmp(d)      # a killed process's: the pid is in the name (workers share)
-        self.front = pareto.front_of([store.read_table(f) for f in
-                                      sorted((d / "scores").glob("chunk-*.parquet"))],
+        self.front = pareto.front_of([store.read_table(f) for f in store.score_tables(d, "chunk")],
                                      space.objectives)
         self.silent = Silent()
         self.counts = {"COMPLETE": 0, "FAIL": 0}
@@ -233,7 +237,7 @@ class Shards(Strategy):
 
     def store(self, tid, scored) -> None:
         _, i, table, _ = scored
-        store.atomic_save(exhaustive._chunk_file(self.d, i), lambda p: table.to_parquet(p, index=False))
+        store.atomic_save(store.chunk_file(self.d, i), lambda p: table.to_parquet(p, index=False))
 
     def tell(self, tid, scored) -> int:
         trial, i, table, n = scored

@@ -29,10 +29,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from dse.version import __version__
+from dse import pareto
+from dse.build.space import Objective, load_space, objectives_file
 from dse.errors import InputError
+from dse.spec.design import read_toml
+from dse.spec.fields import legacy_columns, scale_column
+from dse.version import __version__
 
 STATES = ("running", "stopped", "finished", "failed")
+# the metrics every score table keeps besides the run's objectives and constraints (what the
+# report, comparisons, what-ifs and the short runs' surrogate read back)
+KEEP_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "output_tokens_per_s_per_rack",
+                "usd_per_mtok_output", "usd_per_mtok_input", "num_chips", "bound", "feasible",
+                "hbm_used_fraction")
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -73,6 +82,20 @@ def write_json(path: Path, obj) -> None:
     atomic_write(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def make_folders(d: Path) -> None:
+    """A run folder's subfolders (its score tables, its input snapshot)."""
+    (Path(d) / "scores").mkdir(parents=True, exist_ok=True)
+    (Path(d) / "inputs").mkdir(exist_ok=True)
+
+
+def write_manifest(d: Path, m: dict) -> None:
+    write_json(Path(d) / "manifest.json", m)
+
+
+def write_progress(d: Path, progress: dict) -> None:
+    write_json(Path(d) / "progress.json", progress)
+
+
 def new_run_dir(space_name: str, out: str | None) -> Path:
     """A new, empty run folder (created). A run that then fails or is refused before it has
     computed anything removes it again (``discard``)."""
@@ -89,8 +112,7 @@ def new_run_dir(space_name: str, out: str | None) -> Path:
         while d.exists():
             n += 1
             d = Path("runs") / f"{stamp}-{safe}-{n}"
-    (d / "scores").mkdir(parents=True, exist_ok=True)
-    (d / "inputs").mkdir(exist_ok=True)
+    make_folders(d)
     return d
 
 
@@ -111,8 +133,6 @@ def snapshot_inputs(space_file: str, d: Path) -> list[str]:
     """Copy the space file and the objectives file it names into the run folder, laid out so
     that the copy's relative reference resolves to the copy (``inputs/<space>``,
     ``objectives/<file>`` or ``inputs/<sub>/<file>``). Returns the copies' paths in the run."""
-    from dse.spec.design import read_toml
-    from dse.build.space import objectives_file
     src = Path(space_file)
     shutil.copy2(src, d / "inputs" / src.name)
     out = [f"inputs/{src.name}"]
@@ -147,6 +167,84 @@ def space_snapshot(d: Path, m: dict) -> Path:
     return Path(d).resolve() / "inputs" / Path(m["space_file"]).name
 
 
+def space_of(d: Path, m: dict | None = None):
+    """The run's space, loaded from its own copy of the space file (the original file when a
+    run folder from before the copies has none, or its copy cannot be read and the original
+    still can): the one loader of a run's space, what resume, workers, reports, what-ifs,
+    comparisons and the terminal read."""
+    m = load_manifest(d) if m is None else m
+    snap = space_snapshot(d, m)
+    if snap.is_file():
+        try:
+            return load_space(str(snap))
+        except InputError:
+            if not Path(m["space_file"]).is_file():   # e.g. objectives in a file next to it
+                raise
+    return load_space(str(m["space_file"]))
+
+
+def scaled_paths(d: Path, m: dict) -> list[str]:
+    """The paths a run's space gives as scale factors (read from its copy of the space file),
+    to name their columns ``<path>.scale`` in an old run folder's tables."""
+    try:
+        params = read_toml(str(space_snapshot(d, m))).get("parameters") or {}
+    except InputError:
+        return []
+    return [p for p, spec in params.items() if isinstance(spec, dict) and "scale" in spec]
+
+
+def chunk_file(d: Path, i: int) -> Path:
+    """The score table of the exhaustive strategy's chunk ``i``."""
+    return Path(d) / "scores" / f"chunk-{i:08d}.parquet"
+
+
+def chunk_ids(d: Path) -> set[int]:
+    """The exhaustive strategy's chunks whose score tables are on disk."""
+    return {int(f.stem.split("-")[1]) for f in score_tables(d, "chunk")}
+
+
+def batch_files(d: Path, segment: int, first: int) -> tuple[Path, Path]:
+    """The score table and trials file of the optuna strategy's batch starting at trial
+    ``first`` of study segment ``segment``."""
+    stem = Path(d) / "scores" / f"batch-{segment:03d}-{first:09d}"
+    return stem.with_suffix(".parquet"), stem.with_suffix(".trials.json")
+
+
+def complete_batches(d: Path, clean: bool = True) -> tuple[pd.DataFrame, dict]:
+    """Designs and per-trial results of every complete batch; a batch whose trial file is missing
+    (the process died while writing it) is removed, its trials are asked again. ``clean=False``
+    (a worker joining a run folder others may be writing): incomplete batches are only skipped."""
+    frames, told = [], {}
+    for f in score_tables(d, "batch"):
+        tf = f.with_suffix(".trials.json")
+        if not tf.is_file():
+            if clean:
+                f.unlink()
+            continue
+        frames.append(read_table(f))     # a corrupt table or trials file: refused, named
+        segment = int(f.stem.split("-")[1])
+        told.update({(segment, int(k)): v for k, v in read_trials(tf).items()})
+    if clean:
+        remove_stale_tmp(d)
+    return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), told
+
+
+def front_file(d: Path) -> Path:
+    """A run's (or a report's, a what-if's) front.csv."""
+    return Path(d) / "front.csv"
+
+
+def journal_file(d: Path) -> Path:
+    """The Optuna journal of a local optuna/nested run (absolute: any cwd resumes it)."""
+    return Path(d).resolve() / "optuna.journal"
+
+
+def score_tables(d: Path, kind: str = "*") -> list[Path]:
+    """The run's score tables, sorted: every one (``kind="*"``), the exhaustive strategy's
+    chunks (``"chunk"``) or the optuna strategy's batches (``"batch"``)."""
+    return sorted((Path(d) / "scores").glob(f"{kind}-*.parquet" if kind != "*" else "*.parquet"))
+
+
 def create(d: Path, space, strategy: str, seed: int, extra: dict) -> dict:
     inputs = snapshot_inputs(space.file, d)
     manifest = {
@@ -160,7 +258,7 @@ def create(d: Path, space, strategy: str, seed: int, extra: dict) -> dict:
         "inputs": inputs,
         **extra,
     }
-    write_json(d / "manifest.json", manifest)
+    write_manifest(d, manifest)
     return manifest
 
 
@@ -200,7 +298,6 @@ def read_progress(d: Path) -> dict:
 def write_front(d: Path, front: pd.DataFrame, objectives, parameters) -> None:
     """front.csv: objectives, parameter columns, design_id. A parameter named by its path whose
     table column is ``<path>.scale`` (a scale factor) is written under that column."""
-    from dse.spec.fields import scale_column
     parameters = [scale_column(c) if c not in front and scale_column(c) in front else c
                   for c in parameters]
     cols = [o["name"] if isinstance(o, dict) else o.metric for o in objectives] + list(parameters)
@@ -319,8 +416,6 @@ def durable(d: Path, m: dict, check: bool = True) -> dict | None:
 
 def front_from_tables(d: Path, m: dict) -> pd.DataFrame:
     """The run's front computed from its score tables (every table read, corrupt ones refused)."""
-    from dse import pareto
-    from dse.build.space import Objective
     objectives = [Objective(o["name"], o["direction"]) for o in m["objectives"]]
     frames = []
     for f in sorted((Path(d) / "scores").glob("*.parquet")):
@@ -331,7 +426,6 @@ def front_from_tables(d: Path, m: dict) -> pd.DataFrame:
             t = t[t["_admissible"].astype(bool)]
         frames.append(t)
     # a run folder resumed across the scale-column rule: its old tables name <path>.scale <path>
-    from dse.spec.fields import legacy_columns, scale_column
     scaled = {c[:-len(".scale")] for t in frames for c in t.columns if c.endswith(".scale")}
     frames = [legacy_columns(t, [p for p in scaled if scale_column(p) not in t.columns])
               for t in frames] if scaled else frames
@@ -348,7 +442,7 @@ def read_front(d: Path) -> pd.DataFrame | None:
     return f if "design_id" in f else None
 
 
-def _lock_owner(d: Path) -> int | None:
+def lock_owner(d: Path) -> int | None:
     try:
         pid = int((Path(d) / "lock").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -364,7 +458,7 @@ def status(d: Path, heal: bool = True) -> dict:
     m = load_manifest(d)
     p = read_progress(d)
     state = p.get("state", "stopped") if p.get("state") in STATES else "stopped"
-    alive = _lock_owner(d) is not None
+    alive = lock_owner(d) is not None
     if state == "running" and not alive:
         state = "stopped"   # killed: the work it finished is on disk
     counts = durable(d, m)
@@ -402,7 +496,7 @@ def status(d: Path, heal: bool = True) -> dict:
             not p or rebuild_front or any(p.get(k) != out[k] for k in
                                           ("state", "trials_completed", "designs_scored",
                                            "front_size"))):
-        write_json(d / "progress.json", {k: out[k] for k in (
+        write_progress(d, {k: out[k] for k in (
             "state", "trials_completed", "trials_failed", "trials_total", "designs_scored",
             "elapsed_s", "front_size", "hypervolume")})
     return out
@@ -424,7 +518,7 @@ def repair(d: Path) -> list[str]:
     one line each."""
     d = Path(d)
     m = load_manifest(d)
-    if _lock_owner(d) is not None:
+    if lock_owner(d) is not None:
         raise InputError("the run is running", file=str(d), hint="stop it first")
     done = []
     remove_stale_tmp(d)
@@ -457,7 +551,7 @@ def repair(d: Path) -> list[str]:
             segs = [int(f.stem.split("-")[1]) for f in (d / "scores").glob("batch-*.parquet")]
             m["segment"] = max([int(m.get("segment", 0)), *segs]) + 1
             m["failed_before"] = int(m.get("failed_before", 0))
-            write_json(d / "manifest.json", m)
+            write_manifest(d, m)
             done.append(f"quarantined optuna.journal to {moved.relative_to(d)} ({e.message}): "
                         f"the run continues in a new study segment {m['segment']}, warm-started "
                         "from its front; every scored trial is kept")
@@ -612,7 +706,7 @@ class Working:
     def __enter__(self) -> "Working":
         import signal
         self._old = [signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)]
-        self._mine = _lock_owner(self.d) is None       # a worker sharing the folder: not its lock
+        self._mine = lock_owner(self.d) is None       # a worker sharing the folder: not its lock
         if self._mine:
             atomic_write(self.d / "lock", f"{os.getpid()} {socket.gethostname()}\n")
         if self.progress:
@@ -659,8 +753,7 @@ def fix_reference(manifest: dict, d: Path, F) -> dict:
     """The run's hypervolume reference point and scale, set once from its first front and
     stored in the manifest so that every later figure (and a comparison) uses the same one."""
     if manifest.get("reference") is None and len(F):
-        from dse import pareto
         point, scale = pareto.reference(F)
         manifest["reference"] = {"point": point.tolist(), "scale": scale.tolist()}
-        write_json(Path(d) / "manifest.json", manifest)
+        write_manifest(Path(d), manifest)
     return manifest.get("reference")

@@ -21,11 +21,17 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from dse.spec import fields
-from dse.spec import validate
+from dse import catalog
 from dse.errors import InputError, suggest
+from dse.perf import METRICS
+from dse.spec import fields, validate
 
 SECTIONS = ("accelerator", "topology", "model", "layout", "workload", "serving", "cost")
+# a space file: the sections of a base design and these top-level keys; objectives and
+# constraints name numeric metrics of the scorer
+SPACE_KEYS = ("question", "name", "parameters", "objectives", "constraints", "answer", *SECTIONS)
+NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))
+DIRECTIONS = ("minimize", "maximize")
 
 
 def flatten(doc: dict, prefix: str = "") -> dict:
@@ -79,7 +85,6 @@ def check_design(doc: dict, path: str = "design") -> dict:
         if need not in flat:
             raise InputError(f"missing {need}", file=path,
                              hint=f"add [{need.split('.')[0]}] id = \"...\" (see `dse catalog list`)")
-    from dse import catalog
     for key, kind in (("accelerator.id", "accelerators"), ("model.id", "models"),
                       ("topology.id", "topologies")):
         if key in flat:

@@ -5,9 +5,8 @@
 
 from __future__ import annotations
 
-from dse.spec.design import SECTIONS
+from dse.spec.design import DIRECTIONS, NUMERIC_METRICS, SECTIONS
 from dse.spec.fields import CATALOG, LIMITS, REGISTRY, Field
-from dse.build.space import DIRECTIONS, NUMERIC_METRICS
 
 
 def field_schema(f: Field) -> dict:

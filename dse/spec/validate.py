@@ -20,6 +20,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from dse import catalog
 from dse.errors import InputError, suggest
 from dse.spec.fields import LIMITS, REGISTRY, Field
 
@@ -106,7 +107,6 @@ def parse_text(path: str, text: str, *, file=None, where=None, name=None):
         return check_value(path, v, file=file, where=where, name=name)
     v = check_value(path, t, file=file, where=where, name=name)
     if f.kind == "id" and not (v == "" and f.blank):
-        from dse import catalog
         kind = catalog_kind(path)
         ids = catalog.table(kind)
         if v not in ids:
@@ -281,7 +281,6 @@ def _domain_limits(out, file, where) -> None:
     """A full mesh has an edge per pair of chips: its domain has a smaller cap."""
     if "topology.id" not in out.keys() or "topology.scaleup.domain_chips" not in out.keys():
         return
-    from dse import catalog
     topos = catalog.topologies()
     mesh = [t for t, spec in topos.items() if spec.kind == "full_mesh"]
     ids = pd.Series(np.asarray(out["topology.id"], dtype=object).ravel()).astype(str)

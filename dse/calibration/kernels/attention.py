@@ -66,6 +66,7 @@ import numpy as np
 import pandas as pd
 
 from dse.calibration.kernels import common, data
+from dse.catalog import accelerators
 from dse.perf import kernel_attention as ka
 
 NAME = "attention"
@@ -332,7 +333,6 @@ def _report_row(op, chip, runtime, dtype, g, vals, accs, suffix=""):
 def fit_all(ops=tuple(OPS), accs=None):
     """Fit every (op, chip, runtime, dtype): returns (frames {op: rows}, fits {(op, chip, runtime,
     dtype): Fit}, meta {(op, chip, runtime): (version, kernel_source)})."""
-    from dse.catalog import accelerators
     accs = accs or accelerators()
     frames, fits, meta = {}, {}, {}
     for op in ops:
@@ -472,7 +472,6 @@ def _entry_values(op, chip, rt, dt, values, frames, meta, accs, pkg, table):
 
 
 def main(fit: bool = False, write: bool = False, loco: bool = False) -> pd.DataFrame:
-    from dse.catalog import accelerators
     accs = accelerators()
     frames, fits, meta = fit_all(accs=accs) if fit else (
         {op: _prepare(op) for op in OPS}, {}, {})

@@ -85,6 +85,7 @@ import numpy as np
 import pandas as pd
 
 from dse.calibration.kernels import common, data
+from dse.catalog import accelerators, topologies
 from dse.perf import kernel_comm as kc
 
 NAME = "comm"
@@ -159,7 +160,6 @@ aiconfigurator-core's collective tables and the DeepEP/NCCL rows of
 
 
 def _accs():
-    from dse.catalog import accelerators
     return accelerators()
 
 
@@ -435,7 +435,6 @@ def host_staged(nccl: pd.DataFrame) -> dict[str, list[float]]:
 def fabric_donors(chip: str, measured, accs) -> list[str]:
     """The measured chips whose default topology is of the same kind as ``chip``'s (the
     group-size terms are a property of the fabric), else the general transfer neighbours."""
-    from dse.catalog import topologies
     topo = topologies()
 
     def kind(c):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dse.calibration.cases import default_dir
 from dse.errors import InputError
 
 # aiconfigurator system folder -> dse accelerator id (systems dse has no catalog entry for,
@@ -131,6 +132,5 @@ def dtype(name) -> str:
 
 def shared_measurements(folder: Path | None = None) -> pd.DataFrame:
     """The kernel and collective rows of ``../shared/calibration/kernel_comm_measurements.csv``."""
-    from dse.calibration.calibrate import default_dir
     folder = Path(folder) if folder else default_dir()
     return pd.read_csv(folder / "kernel_comm_measurements.csv")

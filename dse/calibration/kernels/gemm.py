@@ -43,7 +43,9 @@ import datetime as _dt
 import numpy as np
 import pandas as pd
 
-from dse.calibration.kernels import common
+from dse.calibration.kernels import common, data
+from dse.calibration.kernels.data import RUNTIMES
+from dse.catalog import accelerators
 from dse.perf.kernel_gemm import gemm_s
 
 NAME = "gemm"
@@ -85,7 +87,6 @@ def supported(acc, fam: str) -> bool:
 def load(**kw) -> pd.DataFrame:
     """The fitted rows (``kw``: data.load's chips= / runtimes= filters) with ``family`` and
     ``held_out``."""
-    from dse.calibration.kernels import data
     d = data.load(*TABLE, **kw)
     d = d[d["gemm_dtype"].isin(FAMILIES)].copy()
     d["family"] = d["gemm_dtype"].map(FAMILIES)
@@ -154,8 +155,6 @@ def _bias(pred, true) -> float:
 def run(mod, fit: bool, write: bool, loco: bool) -> pd.DataFrame:
     """Fit ``mod`` (gemm or moe: NAME, load, predict, family_params, supported, FIT_ROWS,
     HEADER, SOURCE_TABLE) per (chip, runtime, family), report, transfer, write."""
-    from dse.catalog import accelerators
-    from dse.calibration.kernels import data
     accs = accelerators()
     d = mod.load()
     groups = {key: g for key, g in d.groupby(["chip", "runtime", "family"])}
@@ -423,7 +422,6 @@ def _read_covariances(name: str) -> dict:
 
 
 def common_runtimes():
-    from dse.calibration.kernels.data import RUNTIMES
     return RUNTIMES
 
 

@@ -103,7 +103,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dse.calibration.kernels import common
+from dse.calibration.kernels import common, data
 from dse.calibration.kernels import gemm as _g
 from dse.perf.kernel_gemm import grouped_gemm_s
 
@@ -214,7 +214,6 @@ def load(**kw) -> pd.DataFrame:
     mildest imbalance), each divided by the median power_law_1.01 / balanced ratio of the same
     runtime and family (else of any runtime) per num_tokens bucket on the chips that measured
     both (1.00-1.07 median, up to ~1.2 at >= 4096 tokens)."""
-    from dse.calibration.kernels import data
     chips, runtimes = kw.pop("chips", None), kw.pop("runtimes", None)
     d = data.load(*TABLE, latest=False, **kw)
     d = d[d["distribution"].isin(["balanced", FALLBACK_DISTRIBUTION])
@@ -257,7 +256,6 @@ def nongated_shapes() -> set[tuple[int, int, int, int]]:
     whose experts are not gated (``mlp_hidden_act`` relu2: Nemotron-3 Nano/Super/Ultra), with
     hidden both the model width and its MoE latent width (``moe_latent_size``)."""
     import json
-    from dse.calibration.kernels import data
     out = set()
     for f in sorted((data.root().parent.parent / "model_configs").glob("*_config.json")):
         c = json.loads(f.read_text())

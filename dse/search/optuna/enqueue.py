@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from dse import pareto
-from dse.search.optuna.study import _ordered, coords_of, params_of
+from dse.search.optuna.study import coords_of, is_ordered, params_of
 
 
 def enqueue_designs(study, ids, space, outer) -> int:
@@ -68,7 +68,7 @@ def enqueue_neighbours(study, space, outer, front: pd.DataFrame, k: int, ref: di
         moves = []
         for d, i in enumerate(outer):
             p = space.parameters[i]
-            steps = (-1, 1) if adjacent or _ordered(p) else range(-len(p.values) + 1, len(p.values))
+            steps = (-1, 1) if adjacent or is_ordered(p) else range(-len(p.values) + 1, len(p.values))
             moves += [point[:d] + (point[d] + s,) + point[d + 1:] for s in steps
                       if s and 0 <= point[d] + s < len(p.values)]
         for q in rng.permutation(len(moves)):

@@ -11,7 +11,6 @@ the study holds ``segment_trials`` trials.
 from __future__ import annotations
 
 import json
-import time
 import warnings
 from pathlib import Path
 
@@ -19,16 +18,36 @@ import numpy as np
 import pandas as pd
 
 from dse import pareto
-from dse.search import store
 from dse.perf import score_chunked
+from dse.search import store
+from dse.search.loop import WAIT, Strategy
+from dse.search.optuna import segments, surrogate
 from dse.search.optuna import strategy as o
-from dse.search.optuna import segments
-from dse.search.driver import WAIT, Strategy
-from dse.search.optuna.enqueue import unscored_points
-from dse.search.optuna.study import (HEARTBEAT_S, Heartbeat, TrialIds, coords_of, describe,
-                              distributions, finished_elsewhere, params_of, point_key, front_from_payloads,
-                              front_from_study, front_payload, set_constraints, set_real_values,
-                              storage_for, told_already, with_retry)
+from dse.search.optuna.enqueue import (
+    enqueue_designs,
+    enqueue_neighbours,
+    requeue_lost,
+    unscored_points,
+)
+from dse.search.optuna.study import (
+    HEARTBEAT_S,
+    Heartbeat,
+    TrialIds,
+    coords_of,
+    describe,
+    distributions,
+    finished_elsewhere,
+    front_from_payloads,
+    front_from_study,
+    front_payload,
+    params_of,
+    point_key,
+    set_constraints,
+    set_real_values,
+    storage_for,
+    told_already,
+    with_retry,
+)
 
 
 class OptunaRun(Strategy):
@@ -65,13 +84,13 @@ class OptunaRun(Strategy):
             enqueue_designs_(self.study, m["warm_start"], space, self.outer)
         if m.get("designs_per_trial") != self.per_trial and not self.joining:
             m["designs_per_trial"] = self.per_trial
-            store.write_json(d / "manifest.json", m)
+            store.write_manifest(d, m)
         self.seg_cap = int(m.get("segment_trials", o.SEGMENT_TRIALS))
         self.total = int(m.get("trials", 1000))
         self.segs = self._segments() if self.shared else None
         if self.shared:
             self.study, self.segment = self.segs.study(), self.segs.newest
-        stored, self.told = o.complete_batches(d, clean=not self.joining)
+        stored, self.told = store.complete_batches(d, clean=not self.joining)
         self.known = {int(r["key"]): r for r in self.told.values() if "key" in r}
         if not (self.joining or self.shared):
             self._recover_running()
@@ -95,13 +114,13 @@ class OptunaRun(Strategy):
         import optuna
         m = self.manifest
         try:
-            study = with_retry(optuna.create_study, study_name=o._segment_name(m, self.segment),
+            study = with_retry(optuna.create_study, study_name=o.segment_name(m, self.segment),
                                storage=self.storage, sampler=self._sampler(self.segment),
                                directions=self.directions, load_if_exists=True)
         except (ValueError, KeyError, TypeError) as e:
             if self.shared:
                 raise
-            raise store.corrupt(self.d.resolve() / "optuna.journal", "journal", e) from None
+            raise store.corrupt(store.journal_file(self.d), "journal", e) from None
         if not self.joining:
             describe(study, self.space, self.nested, self.cons_names)
         if self.shared and "space_toml" not in with_retry(lambda: study.user_attrs):
@@ -117,7 +136,7 @@ class OptunaRun(Strategy):
         def load(k, newest):
             smp = (self._sampler(k) if newest
                    else optuna.samplers.RandomSampler(seed=m.get("seed", 0) + k))
-            return optuna.load_study(study_name=o._segment_name(m, k), storage=self.storage,
+            return optuna.load_study(study_name=o.segment_name(m, k), storage=self.storage,
                                      sampler=smp)
 
         def warm(new, previous):     # at most the trials the run has left: none left waiting
@@ -315,7 +334,7 @@ class OptunaRun(Strategy):
         for p, v in space.values_at(ids[keep]).items():
             table[p] = v
         metrics = ({ob.metric for ob in space.objectives} | {c.metric for c in space.constraints}
-                   | set(o.KEEP_METRICS))
+                   | set(store.KEEP_METRICS))
         for m in sorted(metrics):
             v = s[m][keep]
             table[m] = v.astype(np.float64) if v.dtype.kind == "f" else v
@@ -323,7 +342,7 @@ class OptunaRun(Strategy):
         return {"table": table, "results": results, "designs": len(ids)}
 
     def store(self, item, scored) -> None:
-        designs_f, trials_f = o._files(self.d, item["segment"], item["trials"][0].number)
+        designs_f, trials_f = store.batch_files(self.d, item["segment"], item["trials"][0].number)
         table, results = scored["table"], scored["results"]
         store.atomic_save(designs_f, lambda p: table.to_parquet(p, index=False))
         store.atomic_save(trials_f, lambda p: p.write_text(json.dumps(results)))  # batch complete
@@ -373,8 +392,8 @@ class OptunaRun(Strategy):
             self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
         self.segment += 1
         m["segment"] = self.segment
-        store.write_json(self.d / "manifest.json", m)
-        self.study = optuna.create_study(study_name=o._segment_name(m, self.segment),
+        store.write_manifest(self.d, m)
+        self.study = optuna.create_study(study_name=o.segment_name(m, self.segment),
                                          storage=self.storage, sampler=self._sampler(self.segment),
                                          directions=self.directions, load_if_exists=True)
         describe(self.study, self.space, self.nested, self.cons_names)
@@ -397,17 +416,17 @@ class OptunaRun(Strategy):
         if self.spent and not self.shared and self.done_trials < self.total:
             # every design (point) is scored: the run is done with fewer trials than asked
             self.manifest.update(trials=self.done_trials, spent=True)
-            store.write_json(self.d / "manifest.json", self.manifest)
+            store.write_manifest(self.d, self.manifest)
             self.total = self.done_trials
         self.save("finished" if self.done_trials >= self.total else "stopped")
 
 
 def enqueue_designs_(study, ids, space, outer) -> int:
-    return o.enqueue_designs(study, ids, space, outer)
+    return enqueue_designs(study, ids, space, outer)
 
 
 def enqueue_neighbours_(run: OptunaRun, k: int) -> int:
-    return o.enqueue_neighbours(run.study, run.space, run.outer, run.front, k,
+    return enqueue_neighbours(run.study, run.space, run.outer, run.front, k,
                                 run.manifest.get("reference"), seed=run.done_trials,
                                 adjacent=bool(run.manifest.get("local_adjacent", False)),
                                 margin=run.manifest.get("local_margin"),
@@ -423,7 +442,6 @@ def enqueue_start_(run: OptunaRun, k: int) -> int:
     count towards the start."""
     from optuna.trial import TrialState
 
-    from dse.search.optuna import surrogate
     if with_retry(run.study.get_trials, deepcopy=False, states=(TrialState.WAITING,)):
         return 0
     start = surrogate.start_points(run.space, run.outer, int(run.manifest.get("local_after", 0)),
@@ -436,7 +454,6 @@ def enqueue_start_(run: OptunaRun, k: int) -> int:
 
 def enqueue_modelled_(run: OptunaRun, k: int) -> int:
     """A short run's next ``k`` trials from the additive surrogate of what it scored."""
-    from dse.search.optuna import surrogate
     if not run.known or k <= 0:
         return 0
     keys = list(run.known)
@@ -450,5 +467,5 @@ def enqueue_modelled_(run: OptunaRun, k: int) -> int:
 
 
 def requeue_lost_(run: OptunaRun) -> None:
-    o.requeue_lost(run.study, run.segment, run.told, run.front, run.space, run.outer,
+    requeue_lost(run.study, run.segment, run.told, run.front, run.space, run.outer,
                    run.population, set(run.known), run.key)

@@ -20,27 +20,12 @@ written (nothing is lost), else failed so the sampler asks again (nothing counte
 
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-
 import numpy as np
-import pandas as pd
 
-from dse import pareto
-from dse.search import store
 from dse.errors import InputError
-from dse.perf import score_chunked
 from dse.search.optuna import segments
-from dse.search.driver import WAIT, Strategy, drive
-from dse.search.optuna.enqueue import (LOCAL_SHARE, enqueue_designs, enqueue_neighbours,
-                                requeue_lost, unscored_points)
-from dse.search.optuna.study import (HEARTBEAT_S, GRACE_S, STORAGE_RETRY_S, Heartbeat,  # noqa: F401
-                              TrialIds, coords_of, describe, distributions, finished_elsewhere,
-                              front_from_payloads, front_from_study, front_payload, grid_index,
-                              payload_frame, set_constraints, set_storage_retry, storage_for,
-                              told_already, with_retry)
-from dse.errors import StorageUnavailable  # noqa: F401  (re-exported for callers)
+from dse.search.optuna.enqueue import LOCAL_SHARE
+from dse.search.optuna.study import finished_elsewhere, with_retry
 
 SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc", "gp")
 # Defaults by measurement (python -m dse.search.bench, README "Speed and quality"): with 5% of
@@ -113,9 +98,6 @@ TPE_MAX_TRIALS = 2_000
 LONG_RUN = ("nsga2", 32)      # optuna runs of more than TPE_MAX_TRIALS trials
 # share of each batch spent on untried grid neighbours of the front (local search)
 DEFAULT_LOCAL_SHARE = {"optuna": 0.0, "nested": LOCAL_SHARE}
-KEEP_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "output_tokens_per_s_per_rack",
-                "usd_per_mtok_output", "usd_per_mtok_input", "num_chips", "bound", "feasible",
-                "hbm_used_fraction")
 BIG = 1e30
 SEGMENT_TRIALS = 10_000   # a study's history is capped: then a new one, warm-started from the front
 REPEATS_PER_TRIAL = 4     # proposals of scored designs told back per trial before drawing unscored
@@ -223,32 +205,8 @@ def constraint_names(space, nested: bool) -> list[str]:
 
 # --- score tables of batches ------------------------------------------------------------------
 
-def _files(d: Path, segment: int, first: int) -> tuple[Path, Path]:
-    stem = d / "scores" / f"batch-{segment:03d}-{first:09d}"
-    return stem.with_suffix(".parquet"), stem.with_suffix(".trials.json")
-
-
-def _segment_name(manifest: dict, segment: int) -> str:
+def segment_name(manifest: dict, segment: int) -> str:
     return manifest["study_name"] if segment == 0 else f"{manifest['study_name']}-s{segment}"
-
-
-def complete_batches(d: Path, clean: bool = True) -> tuple[pd.DataFrame, dict]:
-    """Designs and per-trial results of every complete batch; a batch whose trial file is missing
-    (the process died while writing it) is removed, its trials are asked again. ``clean=False``
-    (a worker joining a run folder others may be writing): incomplete batches are only skipped."""
-    frames, told = [], {}
-    for f in sorted((d / "scores").glob("batch-*.parquet")):
-        tf = f.with_suffix(".trials.json")
-        if not tf.is_file():
-            if clean:
-                f.unlink()
-            continue
-        frames.append(store.read_table(f))     # a corrupt table or trials file: refused, named
-        segment = int(f.stem.split("-")[1])
-        told.update({(segment, int(k)): v for k, v in store.read_trials(tf).items()})
-    if clean:
-        store.remove_stale_tmp(d)
-    return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), told
 
 
 def admit(trials, ask, segs, segment, total, storage):
@@ -279,25 +237,3 @@ def admit(trials, ask, segs, segment, total, storage):
                 if not finished_elsewhere(e):
                     raise
     return keep
-
-
-from dse.search.optuna.run import OptunaRun  # noqa: E402  (the strategy; uses the above)
-
-
-def run(space, d: Path, manifest: dict, *, max_trials: int | None, budget_s: float | None,
-        storage_url: str | None = None, progress: bool = True, joining: bool = False) -> dict:
-    """Ask, score and tell batches until the run's trials are done (or the budget is spent).
-
-    ``joining``: this process is a worker joining a study others may be working on, so it
-    never fails trials it finds running (dead workers' trials are failed by heartbeat instead).
-    """
-    return drive(OptunaRun(space, d, manifest, max_trials=max_trials, budget_s=budget_s,
-                           storage_url=storage_url, joining=joining), progress)
-
-
-__all__ = ["OptunaRun", "run", "make_sampler", "tpe_startup", "split_parameters", "distributions", "grid_index",
-           "enqueue_designs", "enqueue_neighbours", "front_from_study", "front_from_payloads",
-           "front_payload", "payload_frame", "storage_for", "with_retry", "set_storage_retry",
-           "told_already", "finished_elsewhere", "Heartbeat", "LOCAL_SHARE", "WAIT", "Strategy",
-           "coords_of", "describe", "set_constraints", "TrialIds", "requeue_lost",
-           "unscored_points", "time", "json"]

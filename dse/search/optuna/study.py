@@ -31,7 +31,9 @@ import pandas as pd
 
 from dse import pareto
 from dse.errors import StorageUnavailable
+from dse.search import store
 from dse.search.optuna import segments
+from dse.units import parse_duration
 
 HEARTBEAT_S = 2      # a worker records each running trial's heartbeat this often
 GRACE_S = segments.GRACE_S   # a trial silent this long belongs to a dead worker: failed, retried
@@ -53,7 +55,6 @@ def storage_for(d, url: str | None):
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
                     max_retry=3))
         return with_retry(connect)
-    from dse.search import store
     return store.open_journal(d)
 
 
@@ -69,7 +70,6 @@ def _retry_window() -> float:
     text = os.environ.get("DSE_STORAGE_RETRY", "")
     if not text:
         return 300.0
-    from dse.cli import parse_duration
     return parse_duration(text, "DSE_STORAGE_RETRY")
 
 
@@ -166,7 +166,7 @@ class Heartbeat:
 
 # --- parameters: real values where Optuna can hold them --------------------------------------
 
-def _ordered(p) -> bool:
+def is_ordered(p) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p.values)
 
 
@@ -207,18 +207,21 @@ def encoding(space) -> dict[str, Param]:
     """{parameter path: Param}: the same grid as the exhaustive strategy (designs have the same
     ids whatever strategy scored them), each parameter as close to its real value as Optuna's
     distributions allow."""
-    from optuna.distributions import (CategoricalDistribution, FloatDistribution,
-                                      IntDistribution)
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
     cache = space.__dict__.setdefault("_optuna_encoding", {})
     if cache:
         return cache
     for p in space.parameters:
         vals = tuple(p.values)
-        step = _equal_steps(vals) if _ordered(p) else None
+        step = _equal_steps(vals) if is_ordered(p) else None
         # a scale factor is named as such (``accelerator.hbm_bw_bytes_per_s.scale``): never
         # stored under the name of the field, whose unit (bytes/s) it does not have
         name, old = p.column, (p.path if p.scale else "")
-        if not _ordered(p) or len(vals) == 1:
+        if not is_ordered(p) or len(vals) == 1:
             cache[p.path] = Param(name, CategoricalDistribution(list(vals)), True, vals, old)
         elif step is not None and all(isinstance(v, int) for v in vals):
             cache[p.path] = Param(name, IntDistribution(vals[0], vals[-1], step=int(step)),

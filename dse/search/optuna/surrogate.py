@@ -39,7 +39,7 @@ import numpy as np
 from scipy.stats import norm
 
 from dse import pareto
-from dse.search.optuna.study import _ordered
+from dse.search.optuna.study import is_ordered
 
 LEVEL = 3.0        # prior precision of a categorical parameter's weights (ordered: 5% of it)
 EVIDENCE = True    # each metric's curvature prior and residual: the grids' of largest evidence
@@ -145,7 +145,7 @@ def value_features(space, outer) -> dict[int, np.ndarray]:
     out = {}
     for j, i in enumerate(outer):
         p, n = space.parameters[i], int(space.shape[i])
-        if _ordered(p) or n < 3:
+        if is_ordered(p) or n < 3:
             continue
         coords = np.zeros((n, len(space.shape)), np.int64)
         coords[:, i] = np.arange(n)
@@ -246,7 +246,7 @@ def start_designs(shape, ordered, n: int, seed: int) -> list[tuple]:
 def start_points(space, outer, n: int, seed: int) -> list[tuple]:
     """``start_designs`` on a space's outer grid (what a short run and its replay enqueue)."""
     return start_designs(tuple(space.shape[i] for i in outer),
-                         [_ordered(space.parameters[i]) for i in outer], n, seed)
+                         [is_ordered(space.parameters[i]) for i in outer], n, seed)
 
 
 def candidates(shape, ordered, known: np.ndarray, front: np.ndarray, rng) -> np.ndarray:
@@ -289,7 +289,7 @@ def propose(space, outer, keys, values, cons, k: int = 1, seed: int = 0) -> list
     +-BIG); ``cons``: their constraint values (<= 0 satisfied; the first column is
     feasibility). Several points at once are the best ``k`` of one model."""
     shape = tuple(space.shape[i] for i in outer)
-    ordered = [_ordered(space.parameters[i]) for i in outer]
+    ordered = [is_ordered(space.parameters[i]) for i in outer]
     keys = np.asarray(keys, np.int64)
     if k <= 0 or not outer or not len(keys):
         return []
