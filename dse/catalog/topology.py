@@ -117,7 +117,9 @@ def _group_numbers(graph: nx.Graph, group: list) -> tuple[float, float, float]:
         flow.add_edge("SRC", c, capacity=float("inf"))
     for c in group[half:]:
         flow.add_edge(c, "SNK", capacity=float("inf"))
-    bisection = nx.maximum_flow_value(flow, "SRC", "SNK")
+    # (rounded to 12 digits: the preflow-push algorithm visits nodes in an order that follows
+    # Python's string hashing, so the last bits of its sum change from process to process)
+    bisection = float(f"{nx.maximum_flow_value(flow, 'SRC', 'SNK'):.12g}")
     ar = min(local, 2.0 * bisection, 1.0)
     a2a = min(local, 4.0 * bisection / len(group), 1.0)
     rng = np.random.default_rng(0)
