@@ -120,13 +120,12 @@ NO_EFFECT = {
                                                                      "cross",
 }
 BOOLEAN = {"model.mlp_gated", "model.tie_word_embeddings"}
-SKIP_PREFIX = ("reference.",)
 
 
 def _numeric_paths():
     out = []
     for p in settable_paths():
-        if p in STRING_PATHS or p in NO_EFFECT or p.startswith(SKIP_PREFIX):
+        if p in STRING_PATHS or p in NO_EFFECT:
             continue
         if p.endswith(".id"):
             continue

@@ -53,7 +53,6 @@ COMPONENT_SPECS = {"hbm_capacity": "accelerator.hbm_capacity_bytes",
                    "scaleup": "topology.scaleup.link_bw_bytes_per_s",
                    "scaleout": "topology.scaleout.link_bw_bytes_per_s",
                    **{f"compute.{d}": f"accelerator.peak_flops_per_s.{d}" for d in DTYPES}}
-REFERENCE = "reference."    # prefix of the catalog values a resolved table keeps
 
 
 def settable_paths() -> list[str]:
@@ -117,11 +116,7 @@ def resolve(table: pd.DataFrame, *, file: str | None = None, row_names: list[str
     cols["accelerator.id"] = acc_ids.to_numpy()
     cols["topology.id"] = topo_ids.to_numpy()
     cols["model.id"] = model_ids.to_numpy()
-    cat = {c: cols[c] for c in FEEDERS}
-    derive_system(cat)                            # what the catalog chip has (cost model)
-    ref = {REFERENCE + p: np.asarray(cat.get(p, cols.get(p)), dtype=float)
-           for p in COMPONENT_SPECS.values()}
-    out = pd.DataFrame({**cols, **DEFAULTS, **ref}, index=pd.RangeIndex(n))
+    out = pd.DataFrame({**cols, **DEFAULTS}, index=pd.RangeIndex(n))
     src = table.reset_index(drop=True)
     for col in src.columns:
         if "." not in col or col in ("accelerator.id", "topology.id", "model.id"):
@@ -283,6 +278,19 @@ def kv_dtype_text(values) -> str:
                      for k, c in kinds.items())
 
 
+def catalog_specs(out) -> dict[str, np.ndarray]:
+    """What the catalog system of each design has, for the specs the component cost model
+    prices (``COMPONENT_SPECS``): the chip's own values and the links derived from the chip and
+    its topology (``derive_system``), read from the ids, whatever the design overrides."""
+    T = tables.tables()
+    a = encode(out["accelerator.id"], T.ids["accelerator"])
+    t = encode(out["topology.id"], T.ids["topology"])
+    cat = {p: T.columns[p][t if p.startswith("topology.") else a] for p in FEEDERS}
+    derive_system(cat)
+    return {p: np.asarray(cat[p] if p in cat else T.columns[p][a], dtype=float)
+            for p in COMPONENT_SPECS.values()}
+
+
 def component_factors(out) -> dict[str, np.ndarray]:
     """Factors on the catalog capex and power: 1 with cost.capex_model = "catalog"; with
     "components", fixed + sum of each component's share x its spec / the catalog chip's spec
@@ -291,7 +299,8 @@ def component_factors(out) -> dict[str, np.ndarray]:
     on = encode(out["cost.capex_model"], CAPEX_MODELS) == 1
     if not np.any(on):
         return {"capex": np.ones(1), "power": np.ones(1)}
-    ratio = {k: f(p) / f(REFERENCE + p) for k, p in COMPONENT_SPECS.items()}
+    cat = catalog_specs(out)
+    ratio = {k: f(p) / cat[p] for k, p in COMPONENT_SPECS.items()}
     compute = [ratio.pop(k) for k in list(ratio) if k.startswith("compute.")]
     ratio["compute"] = functools.reduce(np.maximum, (np.where(np.isfinite(r), r, 0.0)
                                                      for r in compute))
@@ -431,7 +440,7 @@ def to_batch(out, compact: bool = False, dtype=np.float64) -> Batch:
 
 __all__ = ["A2A_KERNELS", "ACC_FIELDS", "ATTN_DECODE_KEYS", "ATTN_PREFILL_KEYS", "CAPEX_MODELS",
            "COMPONENT_SPECS", "DEFAULTS", "DENSE_MLP", "DERIVED", "DIRECT_FIELDS", "EFF_FIELDS",
-           "FEEDERS", "GEMM_KEYS", "KERNEL", "MODEL_FIELDS", "MOE_KEYS", "PHASES", "REFERENCE",
+           "FEEDERS", "GEMM_KEYS", "KERNEL", "MODEL_FIELDS", "MOE_KEYS", "PHASES",
            "SERVING_MODES", "STRING_PATHS", "TOPO_FIELDS", "component_factors", "derive_system",
            "effective_dtypes", "kernel_columns", "lookup", "resolve", "runtime_defaults",
            "settable_paths", "to_batch"]
