@@ -221,6 +221,30 @@ def derive_system(out: pd.DataFrame, keep: set = frozenset()) -> None:
             f("accelerator.scaleout_link_bw_bytes_per_s") / f("topology.scaleout_oversubscription"))
 
 
+def apply_numbers(table, numbers: list, overrides: dict | None, explicit: set):
+    """What a space's designs set after their catalog resolution, applied in place to their
+    resolved (possibly compact) table and returned: ``numbers`` [(path, "value" | "scale",
+    one value or factor per design)] in the space's parameter order, then what-if
+    ``overrides`` {path: ("set" | "scale", x)}. A factor multiplies the resolved value
+    (``mechanisms.scale_base``: a blank default scales what it stands for); the system's derived
+    numbers follow a moved feeder (``derive_system``) unless ``explicit`` paths set them."""
+    moved = False
+    for path, op, v in numbers:
+        if op == "scale":
+            table[path] = mechanisms.scale_base(table, path) * np.asarray(v, float)
+            moved |= path in FEEDERS
+        else:
+            table[path] = np.asarray(v, dtype=float)
+    for path, (op, value) in (overrides or {}).items():
+        cur = np.asarray(table[path], dtype=float)
+        table[path] = np.full_like(cur, value) if op == "set" else \
+            mechanisms.scale_base(table, path) * value
+        moved |= path in FEEDERS
+    if moved:
+        derive_system(table, keep=(explicit | set(overrides or {})) & set(DERIVED))
+    return table
+
+
 def _merge(base, override: pd.Series, col: str, file, names, alias) -> pd.Series:
     if col in STRING_PATHS:
         given = override.notna().to_numpy()

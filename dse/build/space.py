@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.build.designs import DERIVED, DIRECT_FIELDS, FEEDERS, STRING_PATHS, derive_system, kv_dtype_of, resolve, settable_paths, to_batch
+from dse.build.designs import (DIRECT_FIELDS, FEEDERS, STRING_PATHS, apply_numbers, kv_dtype_of,
+                               resolve, settable_paths, to_batch)
 from dse.spec import validate
 from dse.spec.design import DIRECTIONS, NUMERIC_METRICS, SECTIONS, SPACE_KEYS, flatten, read_toml
 from dse.errors import InputError, suggest
 from dse.spec.fields import LIMITS, REGISTRY, legacy_columns, scale_column
-from dse.build.mechanisms import scale_base
 from dse.perf import Batch
 from dse.build.resolved import Resolved
 from dse.build.mechanisms import RATE_PATHS
@@ -281,23 +281,9 @@ class Space:
         table = res.compact(inverse)
         explicit = {p.path for p in self.parameters if not p.scale and p.path in vals} \
             | set(self.base)
-        for p in self.parameters:
-            if p in structural or p.path not in vals:
-                continue
-            if p.scale:      # a blank defaulted field scales its default (mechanisms.scale_base)
-                table[p.path] = scale_base(table, p.path) * np.asarray(vals[p.path], float)
-            else:
-                table[p.path] = (np.asarray(vals[p.path], dtype=float)
-                                 if p.path not in STRING_VALUED else vals[p.path])
-        scaled_feeders = any(p.path in FEEDERS for p in self.parameters
-                             if p.scale and p.path in vals)
-        for path, (op, value) in (overrides or {}).items():   # what-ifs: ("set"|"scale", x)
-            cur = np.asarray(table[path], dtype=float)
-            table[path] = np.full_like(cur, value) if op == "set" else \
-                scale_base(table, path) * value
-            scaled_feeders |= path in FEEDERS
-        if scaled_feeders:
-            derive_system(table, keep=(explicit | {k for k in (overrides or {})}) & set(DERIVED))
+        numbers = [(p.path, "scale" if p.scale else "value", vals[p.path])
+                   for p in self.parameters if p not in structural and p.path in vals]
+        apply_numbers(table, numbers, overrides, explicit)
         return to_batch(table, compact=True, dtype=dtype), table
 
 
