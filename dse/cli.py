@@ -305,29 +305,8 @@ def _status(a) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="dse", description="Design-space optimizer for LLM serving hardware and models.")
-    p.add_argument("--version", action="version", version=f"dse {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    c = sub.add_parser("catalog", help="list or show catalog entries")
-    csub = c.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    cl = csub.add_parser("list", help="catalog ids with a one-line summary")
-    cl.add_argument("kind", nargs="?", choices=["accelerators", "topologies", "models"])
-    cs = csub.add_parser("show", help="every field of one entry, with units and sources")
-    cs.add_argument("id")
-    c.set_defaults(func=_catalog)
-
-    e = sub.add_parser("eval", help="score one design file: per-op breakdown and every metric")
-    e.add_argument("design", help="design TOML file")
-    e.add_argument("--json", action="store_true", help="print one JSON object")
-    e.set_defaults(func=_eval)
-
-    pr = sub.add_parser("predict", help="score the cases of a CSV (contracts/predict-cases.md)")
-    pr.add_argument("cases", help="case CSV")
-    pr.add_argument("--out", required=True, help="predictions CSV to write")
-    pr.set_defaults(func=_predict)
-
+def _run_commands(sub) -> None:
+    """Sub-commands of the search: validate, run, worker."""
     v = sub.add_parser("validate", help="check a space file; print its parameters and size")
     v.add_argument("space")
     v.set_defaults(func=_validate)
@@ -386,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: $DSE_STORAGE_RETRY, else 300s)")
     w.set_defaults(func=_worker)
 
+
+def _run_readers(sub) -> None:
+    """Sub-commands of what a run gives: report, compare, whatif, answer."""
     rp = sub.add_parser("report", help="the Pareto report of a run (HTML, PNG, CSV, Markdown)")
     rp.add_argument("dir")
     rp.add_argument("--out", help="output folder (default DIR/report)")
@@ -429,10 +411,34 @@ def build_parser() -> argparse.ArgumentParser:
                       "median and 90%% band")
     an.set_defaults(func=_answer)
 
+
+def _design_commands(sub) -> None:
+    """Sub-commands of one design or a case table, and the catalog: catalog, eval, predict, schema."""
+    c = sub.add_parser("catalog", help="list or show catalog entries")
+    csub = c.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    cl = csub.add_parser("list", help="catalog ids with a one-line summary")
+    cl.add_argument("kind", nargs="?", choices=["accelerators", "topologies", "models"])
+    cs = csub.add_parser("show", help="every field of one entry, with units and sources")
+    cs.add_argument("id")
+    c.set_defaults(func=_catalog)
+
+    e = sub.add_parser("eval", help="score one design file: per-op breakdown and every metric")
+    e.add_argument("design", help="design TOML file")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.set_defaults(func=_eval)
+
+    pr = sub.add_parser("predict", help="score the cases of a CSV (contracts/predict-cases.md)")
+    pr.add_argument("cases", help="case CSV")
+    pr.add_argument("--out", required=True, help="predictions CSV to write")
+    pr.set_defaults(func=_predict)
+
     sc = sub.add_parser("schema", help="JSON Schema of space or design files, for editors")
     sc.add_argument("kind", choices=["space", "design"])
     sc.set_defaults(func=_schema)
 
+
+def _run_care(sub) -> None:
+    """Sub-commands of a run's upkeep: repair, dashboard, status."""
     rr = sub.add_parser("repair", help="move a run's corrupt files to DIR/quarantine/, re-queue "
                         "their work and rebuild front.csv and progress.json")
     rr.add_argument("dir")
@@ -449,6 +455,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("dir")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_status)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="dse", description="Design-space optimizer for LLM serving hardware and models.")
+    p.add_argument("--version", action="version", version=f"dse {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in (_design_commands, _run_commands, _run_readers, _run_care):
+        add(sub)
     return p
 
 
