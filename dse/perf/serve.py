@@ -12,7 +12,7 @@ the steps that carry this request's prefill chunks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -245,7 +245,7 @@ def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None, q=Non
         ctx_tokens = lengths.decode_context_tokens(b) * lengths.straggler(b, c)
     dec_ctx = arch.context_layers(b, ctx_tokens)
     # the local layers' share, where their decode runs another kernel form (step.dec_local)
-    loc = dict(dec_local=arch.local_context_layers(b, ctx_tokens)) if k.dec_win_on else {}
+    loc = dict(dec_local=arch.local_context_layers(b, ctx_tokens)) if k.attn_core.win_on else {}
     pairs = arch.prefill_pairs_layers(b, new, prior)
     zero = np.zeros_like(c)
     decoding, chunk, avg, carried, share = load
@@ -378,9 +378,8 @@ def _served_disaggregated(b: Batch, breakdown: bool):
 
 def _pick(mask, a, b):
     if isinstance(a, StepTimes):
-        return StepTimes(*(np.where(mask, x, y) for x, y in zip(
-            (a.compute_s, a.memory_s, a.network_s, a.op_s, a.overhead_s, a.total_s),
-            (b.compute_s, b.memory_s, b.network_s, b.op_s, b.overhead_s, b.total_s))))
+        return StepTimes(*(np.where(mask, getattr(a, f.name), getattr(b, f.name))
+                           for f in fields(StepTimes)))
     return np.where(mask, a, b)
 
 
