@@ -301,3 +301,22 @@ def test_the_hot_path_returns_no_work_table():
     assert isinstance(m, dict) and "flops" not in m
     st = score(b, breakdown=True)[1].decode
     assert st.flops.shape == st.hbm_bytes.shape == st.net_bytes.shape == (len(OPS), 1)
+
+
+def test_gathered_coefficients_give_the_same_work_table():
+    # the search scores gathered per-design coefficients (score_chunked(rows=...)), which
+    # leave the work-only terms out: a breakdown from them rebuilds the same table
+    from dse.perf.step import Coefficients
+    distinct = batch([design(**{"layout.tp": tp, "workload.concurrency": 16})
+                      for tp in (1, 2, 4)] + [design(model="mixtral-8x7b", **{
+                          "layout.tp": 2, "layout.dp": 4, "layout.ep": 8})])
+    rows = np.array([3, 0, 2, 2, 1, 3])
+    sub = distinct.take(rows)
+    k = Coefficients(distinct).gather(rows, sub)
+    direct = score(sub, breakdown=True)[1]
+    gathered = score(sub, breakdown=True, coefficients=k)[1]
+    for name in ("decode", "mixed", "prefill"):
+        a, b = getattr(direct, name), getattr(gathered, name)
+        for col in ("flops", "hbm_bytes", "net_bytes", "op_s"):
+            np.testing.assert_array_equal(getattr(a, col), getattr(b, col))
+    assert np.all(direct.decode.flops[MOE, [0, 5]] > 0)

@@ -148,20 +148,42 @@ class AllReduces:
         return out
 
 
+WORK = {"work": True}
+
+
+def work_field():
+    """A field of an op's terms that only its ``work`` (the work table) and the construction
+    read: ``Coefficients.gather`` (the search's path, which asks for no breakdown) leaves it
+    out, and a breakdown from gathered coefficients rebuilds the terms from its batch."""
+    return dataclasses.field(metadata=WORK)
+
+
+_TIME_FIELDS: dict = {}
+
+
+def _time_fields(cls) -> tuple:
+    """The fields of an op's terms class that its ``time`` may read (not ``work_field``s)."""
+    if cls not in _TIME_FIELDS:
+        _TIME_FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls)
+                                  if not f.metadata.get("work"))
+    return _TIME_FIELDS[cls]
+
+
 def take(v, rows):
     """Rows ``rows`` of a per-design term (array, form tuple, dict, op terms): ``Coefficients``
     of a gathered batch. Length-1 (compact) and scalar terms stay as they are; ``(branch,
     design)`` arrays are taken along the design axis."""
-    if v is None or isinstance(v, (bool, int, float)):
-        return v
-    if isinstance(v, tuple):
-        return tuple(take(x, rows) for x in v)
-    if isinstance(v, dict):
-        return {k: take(x, rows) for k, x in v.items()}
-    if isinstance(v, Batch):
-        return v
-    if dataclasses.is_dataclass(v):
-        return type(v)(**{f.name: take(getattr(v, f.name), rows) for f in dataclasses.fields(v)})
+    if type(v) is not np.ndarray:
+        if v is None or isinstance(v, (bool, int, float, Batch)):
+            return v
+        if isinstance(v, tuple):
+            return tuple(take(x, rows) for x in v)
+        if isinstance(v, dict):
+            return {k: take(x, rows) for k, x in v.items()}
+        if dataclasses.is_dataclass(v):          # an op's terms: its time's fields
+            out = object.__new__(type(v))
+            out.__dict__.update({k: take(v.__dict__[k], rows) for k in _time_fields(type(v))})
+            return out
     a = np.asarray(v)
     if a.ndim == 2:                    # (branch, design)
         return a if a.shape[1] == 1 else a[:, rows]

@@ -38,25 +38,26 @@ from dse.perf import arch
 from dse.perf.basis import Basis, Load
 from dse.perf.batch import Batch
 from dse.perf.forms import (AllReduces, affine, allreduce_bytes, fastest, floor1, gemm_form, iadd,
-                            per_unit)
+                            per_unit, work_field)
 
 
 @dataclass(frozen=True)
 class AttnProj:
     """The attention projections of one stage (per chip)."""
 
-    params: np.ndarray        # projection weights per chip per layer (elements)
-    layers: np.ndarray        # layers on this stage
-    weight_bytes: np.ndarray  # weights streamed per micro-batch: params x layers x dtype bytes
     c: np.ndarray             # compute s = c (rows + h) + w  (gemm_form)
     w: np.ndarray
     aff: tuple                # the same as (slope, intercept) in rows
     mem_s: np.ndarray         # weight_bytes / GEMM HBM rate
     net: tuple                # tp all-reduce, a per_unit form in rows
     net_on: bool              # tp > 1 on some row
-    group: np.ndarray         # tp
-    message: np.ndarray       # all-reduce bytes per row per layer: hidden x activation bytes
-    gemms: np.ndarray         # GEMM launches per step
+    # the work (``work``; ``work_field``s are left out of ``Coefficients.gather``)
+    params: np.ndarray = work_field()        # projection weights per chip per layer (elements)
+    layers: np.ndarray = work_field()        # layers on this stage
+    weight_bytes: np.ndarray = work_field()  # streamed per micro-batch: params x layers x bytes
+    group: np.ndarray = work_field()         # tp
+    message: np.ndarray = work_field()       # all-reduce bytes per row per layer: hidden x act
+    gemms: np.ndarray = work_field()         # GEMM launches per step
 
     def time(self, s: Load):
         c = s.masked(self.c * (s.rows + s.h) + self.w if s.tbo_on else affine(self.aff, s.rows))
@@ -109,26 +110,17 @@ class AttnCore:
     # decode compute: c_dec = dec_flops x q_pad / (attention peak x fraction), per (decode
     # token, context token summed over the layers); the local layers' kernel form differs by
     # c_dec_win on their context
-    dec_flops: np.ndarray      # 2 heads/tp (d_qk + d_v) / dp / pp
     c_dec: np.ndarray
     c_dec_win: np.ndarray | None
     win_on: bool
     # prefill compute: c_pre x pairs, per prompt on the busiest rank
-    heads: np.ndarray          # query heads per chip
-    pre_dims: np.ndarray       # d_qk + d_v of the prefill form
-    stage: np.ndarray
     c_pre: np.ndarray
     pre_half_tokens: np.ndarray
     pre_half_rows: np.ndarray
-    # KV bytes per token and layer on this chip, and the reads and writes as times
-    kv_tok: np.ndarray
-    n_layers: np.ndarray
-    dp: np.ndarray
-    pp: np.ndarray
+    # the KV reads and writes and each decode token's Q and O, as times
     kv_dec_stage: np.ndarray   # s per (sequence, context token summed over the layers)
     kv_pre_stage: np.ndarray   # s per token written (or prefix token read), all stage layers
-    qo_bytes: np.ndarray       # each decode token's Q read and O written, all stage layers
-    qo_dec_rank: np.ndarray    # the same as s per decode token of the instance
+    qo_dec_rank: np.ndarray    # s per decode token of the instance (its Q read, O written)
     dec_half: np.ndarray
     dec_half_on: bool
     dec_split_layers: np.ndarray
@@ -137,6 +129,16 @@ class AttnCore:
     x_pre_seq: np.ndarray
     x_dec: np.ndarray
     x_pre: np.ndarray
+    # the work (``work``; left out of ``Coefficients.gather``)
+    dec_flops: np.ndarray = work_field()   # 2 heads/tp (d_qk + d_v) / dp / pp
+    heads: np.ndarray = work_field()       # query heads per chip
+    pre_dims: np.ndarray = work_field()    # d_qk + d_v of the prefill form
+    stage: np.ndarray = work_field()
+    kv_tok: np.ndarray = work_field()      # KV bytes per token and layer on this chip
+    n_layers: np.ndarray = work_field()
+    dp: np.ndarray = work_field()
+    pp: np.ndarray = work_field()
+    qo_bytes: np.ndarray = work_field()    # a decode token's Q and O bytes, all stage layers
 
     def context(self, dec_ctx, dec_local=None) -> DecodeContext:
         """The decode terms at context ``dec_ctx`` (``arch.context_layers``; ``dec_local``: its
@@ -240,8 +242,10 @@ def _window_terms(b: Batch, c: Basis, heads, kv_heads, dec_flops, c_dec, items):
                                            b.attn_decode_window_group_max_heads))
     c_win = c_w - c_dec
     on = bool(np.any((c_win != 0.0) & (b.n_local_layers > 0)))
-    x_win = b.n_local_layers * c.stage * (items_w - items) * b.attn_decode_per_seq_kv_head_s
-    return on, c_win, x_win
+    if not on:
+        return False, c_win, None
+    return True, c_win, b.n_local_layers * c.stage * (items_w - items) \
+        * b.attn_decode_per_seq_kv_head_s
 
 
 def _prefill_core(b: Batch, c: Basis, heads) -> dict:

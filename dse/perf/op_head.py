@@ -24,7 +24,7 @@ from dse.perf import arch
 from dse.perf.basis import Basis, Load
 from dse.perf.batch import Batch
 from dse.perf.forms import (AllReduces, affine, allgather_bytes, fastest, floor1, gemm_form,
-                            per_unit)
+                            per_unit, work_field)
 from dse.perf.network import p2p_coef
 
 
@@ -32,11 +32,7 @@ from dse.perf.network import p2p_coef
 class Head:
     """Embedding lookup and output head (per chip)."""
 
-    params: np.ndarray        # vocab x hidden (elements)
-    tp: np.ndarray
     dp: np.ndarray
-    head_bytes: np.ndarray    # the head's weights on this chip: params x dtype bytes / tp
-    embed_bytes: np.ndarray   # one embedding row per step token on its dp rank: hidden x act / dp
     c: np.ndarray             # compute s = c (logits rows / dp + h) + w  (gemm_form)
     w: np.ndarray
     aff: tuple                # the same as (slope, intercept) in logits rows
@@ -44,7 +40,12 @@ class Head:
     embed_s: np.ndarray       # embed_bytes / HBM rate, per step token
     net: tuple                # the logits all-gather, a per_unit form in rows per dp rank
     net_on: bool              # tp > 1 on some row
-    logits_bytes: np.ndarray  # the gathered logits per row: vocab x activation bytes
+    # the work (``work``; left out of ``Coefficients.gather``)
+    params: np.ndarray = work_field()        # vocab x hidden (elements)
+    tp: np.ndarray = work_field()
+    head_bytes: np.ndarray = work_field()    # the head's weights on this chip
+    embed_bytes: np.ndarray = work_field()   # an embedding row per step token, per dp rank
+    logits_bytes: np.ndarray = work_field()  # the gathered logits per row: vocab x act bytes
 
     def time(self, s: Load):
         rows = s.logits_rows
@@ -86,13 +87,14 @@ class Pipeline:
     """The hand-off of the step's activations to the next stage (per chip)."""
 
     on: bool                  # pp > 1 on some row
-    has_pp: np.ndarray        # 1.0 where pp > 1
     lat: np.ndarray           # s per step (0 where pp = 1)
     per_token: np.ndarray     # s per step token: its bytes on this chip / link rate
-    d: np.ndarray
-    ab: np.ndarray
-    dp: np.ndarray
-    tp: np.ndarray
+    # the work (``work``; left out of ``Coefficients.gather``)
+    has_pp: np.ndarray = work_field()     # 1.0 where pp > 1
+    d: np.ndarray = work_field()
+    ab: np.ndarray = work_field()
+    dp: np.ndarray = work_field()
+    tp: np.ndarray = work_field()
 
     def time(self, s: Load):
         return None, None, (self.lat + self.per_token * s.tok if self.on else None), None

@@ -41,7 +41,7 @@ from dse.perf import arch, kernel_comm
 from dse.perf.basis import Basis, Load
 from dse.perf.batch import Batch
 from dse.perf.forms import (AllReduces, affine, allreduce_bytes, fastest, floor1, gemm_form, log1m,
-                            per_unit)
+                            per_unit, work_field)
 from dse.perf.network import kernel_alltoall
 
 
@@ -49,19 +49,20 @@ from dse.perf.network import kernel_alltoall
 class DenseMlp:
     """The dense layers' MLP of one stage (per chip)."""
 
-    params: np.ndarray          # dense MLP weights per layer (whole model, elements)
-    group: np.ndarray           # g: chips one dense MLP is split over
-    layers: np.ndarray          # dense layers on this stage
     rows_per_token: np.ndarray  # g / (tp dp): rows per chip per step token
-    weight_bytes: np.ndarray    # params x layers x dtype bytes / g
     c: np.ndarray               # compute s = c (tok rows_per_token + h) + w
     w: np.ndarray
     aff: tuple                  # the same as (slope, intercept) in tokens
     mem_s: np.ndarray           # weight_bytes / GEMM HBM rate
     net: tuple                  # the all-reduce, a per_unit form in tokens
-    net_group: np.ndarray
-    message: np.ndarray         # all-reduce bytes per token per layer
-    gemms: np.ndarray           # GEMM launches per step
+    # the work (``work``; left out of ``Coefficients.gather``)
+    params: np.ndarray = work_field()        # dense MLP weights per layer (whole model)
+    group: np.ndarray = work_field()         # g: chips one dense MLP is split over
+    layers: np.ndarray = work_field()        # dense layers on this stage
+    weight_bytes: np.ndarray = work_field()  # params x layers x dtype bytes / g
+    net_group: np.ndarray = work_field()     # the all-reduce's group
+    message: np.ndarray = work_field()       # its bytes per token per layer
+    gemms: np.ndarray = work_field()         # GEMM launches per step
 
     def time(self, s: Load):
         c = s.masked(self.c * (s.tok * self.rows_per_token + s.h) + self.w if s.tbo_on
@@ -103,33 +104,36 @@ def dense_mlp_terms(b: Batch, c: Basis, allreduce: AllReduces) -> DenseMlp:
 class MoeRouted:
     """The routed experts of one stage (per chip), their EP all-to-all and all-reduce."""
 
-    top_k: np.ndarray
-    expert_params: np.ndarray   # one expert's weights (elements)
-    layers: np.ndarray          # MoE layers on this stage
-    ffn_g: np.ndarray
     log_miss: np.ndarray        # log(1 - k/E): a token's chance to miss one expert
-    flops_tok: np.ndarray       # 2 k expert_params layers / (tp dp): FLOPs per routed token
     c: np.ndarray               # compute s per routed token: flops_tok x shape / rate
     expert_pad: np.ndarray      # padded rows per touched expert, in routed-token units
     expert_wave: np.ndarray     # one wave of tiles, in routed-token units
     remote_rows: np.ndarray     # remote entries a kernel still computes, per token
-    expert_bytes: np.ndarray    # every expert slot's weights on this chip (bytes)
-    m: np.ndarray               # s to read them all (x the touched share)
-    d: np.ndarray
-    permute_bytes: np.ndarray   # HBM bytes per token per hidden element per layer
+    m: np.ndarray               # s to read every expert slot on the chip (x the touched share)
     x_tok: np.ndarray           # the permute bytes as s per routed token
     x: np.ndarray               # fixed s per step (per-layer latency)
     a2a: dict | None            # {kind: (latency_s, s per routed token)}; None: ep = 1
-    a2a_sent: dict | None       # {kind: (scale-up, scale-out) bytes per token per elem byte}
-    dispatch_bytes: np.ndarray  # element bytes of the dispatch (fp8 with its scales, bf16)
-    is_moe: np.ndarray          # MoE layers on this stage, 0 for a dense model
     ll_decode: np.ndarray       # 1.0: decode-only steps run the low-latency kernels
     ll_mixed: np.ndarray        # 1.0: prompt-carrying steps run the low-latency kernels
-    tbo: np.ndarray             # two-batch overlap
-    a2a_overlap: np.ndarray     # share of the all-to-all hidden under the step's compute
     net: tuple                  # the all-reduce over an expert's shards, per_unit in tokens
-    net_group: np.ndarray
-    message: np.ndarray         # its bytes per token per layer
+    # the work (``work``; left out of ``Coefficients.gather``)
+    top_k: np.ndarray = work_field()
+    expert_params: np.ndarray = work_field()   # one expert's weights (elements)
+    layers: np.ndarray = work_field()          # MoE layers on this stage
+    ffn_g: np.ndarray = work_field()
+    flops_tok: np.ndarray = work_field()       # 2 k expert_params layers / (tp dp) per token
+    expert_bytes: np.ndarray = work_field()    # every expert slot's weights on this chip
+    d: np.ndarray = work_field()
+    permute_bytes: np.ndarray = work_field()   # HBM bytes per token per hidden element, layer
+    a2a_sent: dict | None = work_field()       # {kind: (scale-up, scale-out) B per token per
+    #                                            element byte} (kernel_comm.alltoall_bytes)
+    dispatch_bytes: np.ndarray = work_field()  # dispatch element bytes (fp8 + scales, bf16)
+    is_moe: np.ndarray = work_field()          # MoE layers on this stage, 0 for a dense model
+    net_group: np.ndarray = work_field()       # the all-reduce's group: tp dp / ep
+    message: np.ndarray = work_field()         # its bytes per token per layer
+    # (read once by Coefficients)
+    tbo: np.ndarray = work_field()             # two-batch overlap
+    a2a_overlap: np.ndarray = work_field()     # share of the all-to-all hidden under compute
 
     def routed_tokens(self, s: Load, imb):
         """The busiest EP rank's routed tokens, in step tokens (``imb``: dse.perf.imbalance)."""
@@ -266,13 +270,14 @@ class TokenGemm:
     """An op of GEMMs every chip of the tp*dp group runs on every step token, its weights split
     over the group (the shared experts, the router), one stage, per chip."""
 
-    params: np.ndarray          # weights of the stage's layers (whole model, elements)
-    group: np.ndarray           # tp * dp
-    weight_bytes: np.ndarray    # params x dtype bytes / group
     c: np.ndarray               # compute s = c (tok + h) + w
     w: np.ndarray
     aff: tuple                  # the same as (slope, intercept) in tokens
     mem_s: np.ndarray           # weight_bytes / GEMM HBM rate
+    # the work (``work``; left out of ``Coefficients.gather``)
+    params: np.ndarray = work_field()        # weights of the stage's layers (whole model)
+    group: np.ndarray = work_field()         # tp * dp
+    weight_bytes: np.ndarray = work_field()  # params x dtype bytes / group
 
     def time(self, s: Load):
         c = s.masked(self.c * (s.tok + s.h) + self.w if s.tbo_on else affine(self.aff, s.tok))

@@ -102,6 +102,7 @@ class Coefficients:
         c = basis(b)
         allreduce = AllReduces(b)
         self.batch, self.dp, self.h, self.layers_stage = b, c.dp, c.h, c.layers
+        self.gathered = False                  # (gather: the ops' work fields left out)
         self.attn_proj = attn_proj_terms(b, c, allreduce)
         self.attn_core = attn_core_terms(b, c)
         launches = self.attn_proj.gemms
@@ -135,11 +136,12 @@ class Coefficients:
 
     def gather(self, rows: np.ndarray, batch: Batch) -> "Coefficients":
         """The coefficients of ``batch``, whose designs are this one's rows ``rows`` (they do
-        not depend on the batch, lengths or runtime caps: computed once per distinct design)."""
+        not depend on the batch, lengths or runtime caps: computed once per distinct design).
+        Only the terms the times read are gathered (``forms.work_field``)."""
         out = object.__new__(Coefficients)
         for name, v in self.__dict__.items():
             out.__dict__[name] = take(v, rows)
-        out.batch = batch
+        out.batch, out.gathered = batch, True
         return out
 
 
@@ -308,5 +310,6 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
         return out
     total, ops = out
     shape = np.shape(total)
+    work = op_work(Coefficients(k.batch) if k.gathered else k, s, dec_ctx)
     return StepTimes(*_table(ops, shape), np.broadcast_to(overhead, shape), total,
-                     *_table(op_work(k, s, dec_ctx), shape))
+                     *_table(work, shape))
