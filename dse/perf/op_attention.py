@@ -173,10 +173,13 @@ class AttnCore:
         return c, m, None, x
 
     def work(self, s: Load, dec_ctx):
+        """Decode: every decode token against its context, its sequence's KV read, its Q and
+        O; every new token's KV written; prefill: the causal pairs of the prompts on the
+        busiest rank and their cached prefix's KV read."""
+        kv_stage = self.kv_tok * self.n_layers / self.pp       # one token's KV, stage layers
         flops = self.dec_flops * dec_ctx * s.dec
-        kv_stage = self.kv_tok * self.n_layers / self.pp       # one token's KV on this stage
-        hbm = (self.kv_tok / self.dp / self.pp * dec_ctx * s.seqs + self.qo_bytes / self.dp * s.dec
-               + kv_stage * s.rows)
+        kv_read = self.kv_tok / self.dp / self.pp * dec_ctx * s.seqs
+        hbm = kv_read + self.qo_bytes / self.dp * s.dec + kv_stage * s.rows
         if s.has_pre:
             flops = flops + 2.0 * self.heads * self.pre_dims * self.stage * s.reqs * s.pairs
             hbm = hbm + kv_stage * (s.reqs * s.prior)

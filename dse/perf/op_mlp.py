@@ -117,11 +117,9 @@ class MoeRouted:
     ll_mixed: np.ndarray        # 1.0: prompt-carrying steps run the low-latency kernels
     net: tuple                  # the all-reduce over an expert's shards, per_unit in tokens
     # the work (``work``; left out of ``Coefficients.gather``)
-    top_k: np.ndarray = work_field()
-    expert_params: np.ndarray = work_field()   # one expert's weights (elements)
+    flops_tok: np.ndarray = work_field()       # 2 k expert weights layers / (tp dp) per token
     layers: np.ndarray = work_field()          # MoE layers on this stage
     ffn_g: np.ndarray = work_field()
-    flops_tok: np.ndarray = work_field()       # 2 k expert_params layers / (tp dp) per token
     expert_bytes: np.ndarray = work_field()    # every expert slot's weights on this chip
     d: np.ndarray = work_field()
     permute_bytes: np.ndarray = work_field()   # HBM bytes per token per hidden element, layer
@@ -161,8 +159,10 @@ class MoeRouted:
         return (c, m, fastest(self.net, s.tok), x), a2a
 
     def work(self, s: Load, imb):
+        """The busiest EP rank's routed tokens through their experts, the touched experts'
+        weights and the permute bytes, the tokens' dispatch and combine and the all-reduce."""
         rt = self.routed_tokens(s, imb)
-        flops = 2.0 * self.top_k * self.expert_params * self.layers / self.ffn_g * rt
+        flops = self.flops_tok * rt
         hbm = s.twice(self.expert_bytes * self.touched(s)) \
             + self.layers * self.d * self.permute_bytes * rt
         net = allreduce_bytes(self.net_group, s.tok * self.message) * self.is_moe
@@ -205,7 +205,7 @@ def moe_terms(b: Batch, c: Basis, allreduce: AllReduces, layers) -> MoeRouted:
     message = np.minimum(dest, ep) / ep * d * c.ab
     mode = b.a2a_mode                       # 0 auto, 1 low-latency, 2 normal
     return MoeRouted(
-        top_k=k, layers=layers, ffn_g=ffn_g, log_miss=log1m(np.minimum(k / e, 1.0 - 1e-12)),
+        layers=layers, ffn_g=ffn_g, log_miss=log1m(np.minimum(k / e, 1.0 - 1e-12)),
         **gemm, d=d, permute_bytes=permute,
         x_tok=layers * d / b.hbm_bw_bytes_per_s * permute,
         x=layers * b.moe_latency_s * arch.flag(b.n_experts > 0, d),
@@ -232,7 +232,7 @@ def _grouped_gemm(b: Batch, c: Basis, layers, e, k, ep, width) -> dict:
     slow = 1.0 + arch.flag(b.mlp_mats < 2.5, c.d) * (b.moe_nongated_slowdown - 1.0)
     on = arch.flag(k > 0, k)
     return dict(
-        expert_params=p_exp, flops_tok=flops_tok, c=cm * slow,
+        flops_tok=flops_tok, c=cm * slow,
         expert_pad=b.moe_half_rows * e / np.maximum(k, 1e-12) * on,
         expert_wave=b.moe_wave_elements / width * ep / np.maximum(k, 1e-12) * on,
         remote_rows=b.moe_remote_fraction * np.maximum(ep - 1.0, 0.0),
