@@ -47,7 +47,7 @@ def kernel_allreduce(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
     seconds_per_byte[n_branch, n])``, ``t = min over branches``; under a runtime's selection
     rule (``ar_oneshot_below_*_bytes`` > 0) also ``(below_bytes, penalty_s)``: one-shot below
     ``below_bytes``, NCCL above (``penalty_s`` 1e30 on the rule's rows, 0 elsewhere; the step's
-    ``_fastest``); with the rule on every row, the three branches NCCL LL, NCCL Simple and
+    ``forms.fastest``); with the rule on every row, the three branches NCCL LL, NCCL Simple and
     one-shot and ``below_bytes`` alone (two-shot is never selected).
     The link is the chip's scale-up bandwidth times the group's share on the design's topology graph relative to its
     share on the system the kernels were measured on (``*_bw_rel``); the topology's
@@ -64,7 +64,7 @@ def kernel_allreduce(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
         return lat, spb
     # the runtime's selection by message size (kernel_comm.allreduce_rule): two-shot off (an
     # added latency, once per design), one-shot below the threshold and NCCL above (the step's
-    # _fastest); a group across domains has no custom kernel and runs NCCL at every size
+    # forms.fastest); a group across domains has no custom kernel and runs NCCL at every size
     below, rule = kernel_comm.allreduce_rule(g, b.ar_oneshot_below_2_bytes,
                                              b.ar_oneshot_below_4_bytes, b.ar_oneshot_below_bytes)
     shape = np.broadcast_shapes(lat.shape[1:], below.shape)   # (a compact batch's length-1 rows)
@@ -74,7 +74,7 @@ def kernel_allreduce(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
     below = np.where(lat[2] >= 1e30, 0.0, np.broadcast_to(below, shape))
     if bool(np.all(rule > 0.0)):
         # every row under the rule (one runtime with thresholds, the usual batch): two-shot is
-        # never taken, so the step selects between one-shot and NCCL alone (``_fastest``'s
+        # never taken, so the step selects between one-shot and NCCL alone (``forms.fastest``'s
         # three-entry form: no penalty, no two-shot branch evaluated per step)
         return lat[:3], spb[:3], below
     lat[3] += 1e30 * rule
@@ -82,11 +82,13 @@ def kernel_allreduce(b: Batch, g: np.ndarray, bw_fraction: np.ndarray):
 
 
 def kernel_alltoall(b: Batch, ep: np.ndarray, dispatch_bytes, combine_bytes,
-                    kinds=("ll", "normal")) -> dict:
+                    kinds=("ll", "normal"), sent: dict | None = None) -> dict:
     """EP dispatch plus combine with the fitted kernels (per-rank and per-node deduplication for
     the normal kernels): ``{kind: (latency_s, seconds_per_token)}`` for the tokens one chip
     sends. The bytes per token are computed once for both phases (they differ only in element
-    bytes), what the kinds share once for all of them."""
+    bytes), what the kinds share once for all of them. ``sent``: a dict that receives, per
+    kind, the ``(scale-up, scale-out)`` bytes one token sends per element byte in one phase
+    (``kernel_comm.alltoall_bytes``), what the per-byte costs are charged on."""
     ranks = np.minimum(ep, b.domain_chips)
     ep_ = np.maximum(ep, 1.0)
     spans = flag(ep_ / np.minimum(ranks, ep_) > 1.0, ep_)
@@ -100,6 +102,8 @@ def kernel_alltoall(b: Batch, ep: np.ndarray, dispatch_bytes, combine_bytes,
     for kind in kinds:
         up, across = kernel_comm.alltoall_bytes(1.0, b.hidden, b.top_k, experts, ep, ranks, 1.0,
                                                 kind)
+        if sent is not None:
+            sent[kind] = (up, across)
         # the kernels' issue rate per token and element byte (kernel_comm.alltoall_rate_s):
         # normal per message, ll per expert
         if kind == "ll":

@@ -141,26 +141,14 @@ def serve(b, evaluate, breakdown: bool = False):
     m["ttft_p90_s"] = np.where(by_rate, ttft + w90, ttft)
     m["ttft_p99_s"] = np.where(by_rate, ttft + w99, ttft)
     m["tpot_p90_s"] = np.where(by_rate, tp90, m["tpot_s"])
-    m["requests_per_s_per_instance"] = lam_op
-    m["saturation_requests_per_s_per_instance"] = lam_sat
-    over = by_rate & (lam > lam_sat * (1.0 + 1e-6))
-    m["reason"] = m["reason"] | np.where(over & queue, 128, 0)
-    m["feasible"] = m["reason"] == 0
-    # goodput: the largest concurrency whose p90s meet the SLOs, at its own rate
+    _rate_metrics(m, by_rate, lam, lam_op, lam_sat, queue)
     slo_t, slo_p = b.ttft_slo_s, b.tpot_slo_s
 
     def worst(c):
         mc, q90, _, _, tpc = percentiles(c, rate(evaluate(c, False), c))
-        a = np.where(slo_t > 0, (mc["ttft_s"] + q90) / np.where(slo_t > 0, slo_t, 1.0), 0.0)
-        p = np.where(slo_p > 0, tpc / np.where(slo_p > 0, slo_p, 1.0), 0.0)
-        return np.maximum(a, p)
+        return np.maximum(_over_slo(mc["ttft_s"] + q90, slo_t), _over_slo(tpc, slo_p))
 
-    has_slo = (slo_t > 0) | (slo_p > 0)
-    if np.any(has_slo):
-        c_good = bisect_increasing(worst, 1.0, np.ones(n), c_sat)
-        good = np.where(worst(c_good) <= 1.0, rate(evaluate(c_good, False), c_good), 0.0)
-        m["goodput_requests_per_s_per_chip"] = np.where(has_slo, np.minimum(good, lam_sat),
-                                                        np.nan) / m["num_chips"]
+    _goodput(m, n, slo_t, slo_p, worst, lambda c: rate(evaluate(c, False), c), c_sat, lam_sat)
     nan = np.full(n, np.nan)
     for k in NEW_METRICS:
         m[k] = np.where(queue, np.broadcast_to(m.get(k, nan), (n,)), nan)
@@ -169,8 +157,47 @@ def serve(b, evaluate, breakdown: bool = False):
     return (m, res[1]) if breakdown else m
 
 
+def _over_slo(value, slo):
+    """``value / slo`` where an SLO is given, else 0."""
+    return np.where(slo > 0, value / np.where(slo > 0, slo, 1.0), 0.0)
+
+
+def _rate_metrics(m: dict, by_rate, lam, lam_op, lam_sat, queue) -> None:
+    """The request rate served and the saturation rate; a rate above saturation is infeasible
+    (reason 128) on the rows that queue."""
+    m["requests_per_s_per_instance"] = lam_op
+    m["saturation_requests_per_s_per_instance"] = lam_sat
+    over = by_rate & (lam > lam_sat * (1.0 + 1e-6))
+    m["reason"] = m["reason"] | np.where(over & queue, 128, 0)
+    m["feasible"] = m["reason"] == 0
+
+
+def _goodput(m: dict, n: int, slo_t, slo_p, worst, rate_at, c_max, lam_sat) -> None:
+    """Goodput where an SLO is given: the largest concurrency (up to ``c_max``) whose p90s meet
+    the SLOs (``worst(c) <= 1``), at its own rate ``rate_at(c)``, at most the saturation rate,
+    per chip."""
+    has_slo = (slo_t > 0) | (slo_p > 0)
+    if not np.any(has_slo):
+        return
+    c_good = bisect_increasing(worst, 1.0, np.ones(n), c_max)
+    good = np.where(worst(c_good) <= 1.0, rate_at(c_good), 0.0)
+    m["goodput_requests_per_s_per_chip"] = np.where(has_slo, np.minimum(good, lam_sat),
+                                                    np.nan) / m["num_chips"]
+
+
 NEW_METRICS = ("ttft_queue_wait_s", "ttft_p90_s", "ttft_p99_s", "tpot_p90_s", "requests_per_s_per_instance",
                "saturation_requests_per_s_per_instance", "goodput_requests_per_s_per_chip")
+
+
+def _prefill_ratio(b, evaluate, cap):
+    """Prefill chips per decode chip: as given, or (blank) the ratio that keeps the decodes fed
+    at the decode pool's saturation ``cap``."""
+    given = np.broadcast_to(b.prefill_chip_ratio, (len(b),))
+    if not np.any(given <= 0):
+        return given
+    sat = evaluate(cap, given, False)
+    chips_d = b.tp * b.pp * b.dp
+    return np.where(given > 0, given, sat["num_chips"] / chips_d - 1.0)
 
 
 def serve_disaggregated(b, evaluate, breakdown: bool = False):
@@ -196,13 +223,7 @@ def serve_disaggregated(b, evaluate, breakdown: bool = False):
     lam = np.broadcast_to(b.request_rate_per_s, (n,))
     base = evaluate(np.maximum(b.concurrency, 1.0), b.prefill_chip_ratio, False)
     cap = np.maximum(base["max_concurrent_sequences"], 1.0)
-    given = np.broadcast_to(b.prefill_chip_ratio, (n,))
-    if np.any(given <= 0):
-        sat = evaluate(cap, given, False)
-        chips_d = b.tp * b.pp * b.dp
-        ratio = np.where(given > 0, given, sat["num_chips"] / chips_d - 1.0)
-    else:
-        ratio = given
+    ratio = _prefill_ratio(b, evaluate, cap)
 
     def dec_rate(m, c):
         return c / (osl * m["tpot_s"])
@@ -235,25 +256,16 @@ def serve_disaggregated(b, evaluate, breakdown: bool = False):
     m["ttft_p90_s"] = np.where(by_rate, p90, np.nan)
     m["ttft_p99_s"] = np.where(by_rate, p99, np.nan)
     m["tpot_p90_s"] = np.where(by_rate, tp90, np.nan)
-    m["requests_per_s_per_instance"] = lam_op
-    m["saturation_requests_per_s_per_instance"] = lam_sat
-    over = by_rate & (lam > lam_sat * (1.0 + 1e-6))
-    m["reason"] = m["reason"] | np.where(over, 128, 0)
-    m["feasible"] = m["reason"] == 0
+    _rate_metrics(m, by_rate, lam, lam_op, lam_sat, True)
     slo_t, slo_p = b.ttft_slo_s, b.tpot_slo_s
-    has_slo = (slo_t > 0) | (slo_p > 0)
-    if np.any(has_slo):
-        def worst(c):
-            mc = evaluate(c, ratio, False)
-            _, q90, _, _, tpc = percentiles(mc, c, dec_rate(mc, c))
-            a = np.where(slo_t > 0, q90 / np.where(slo_t > 0, slo_t, 1.0), 0.0)
-            p = np.where(slo_p > 0, tpc / np.where(slo_p > 0, slo_p, 1.0), 0.0)
-            return np.maximum(a, p)
-        c_good = bisect_increasing(worst, 1.0, np.ones(n), cap)
-        mg = evaluate(c_good, ratio, False)
-        good = np.where(worst(c_good) <= 1.0, dec_rate(mg, c_good), 0.0)
-        m["goodput_requests_per_s_per_chip"] = np.where(
-            has_slo, np.minimum(good, lam_sat), np.nan) / m["num_chips"]
+
+    def worst(c):
+        mc = evaluate(c, ratio, False)
+        _, q90, _, _, tpc = percentiles(mc, c, dec_rate(mc, c))
+        return np.maximum(_over_slo(q90, slo_t), _over_slo(tpc, slo_p))
+
+    _goodput(m, n, slo_t, slo_p, worst, lambda c: dec_rate(evaluate(c, ratio, False), c), cap,
+             lam_sat)
     m["concurrency"] = np.where(by_rate, c_op, m["concurrency"])
     for k in ("_prefill_pass_s", "_kv_transfer_s", "_prefill_instances"):
         m.pop(k, None)

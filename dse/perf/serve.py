@@ -7,18 +7,23 @@ sequence gets one token per ``pp`` stage steps: pipelining saves weight capacity
 Steady state (phase 0): every step carries one decode token per sequence and, on average,
 ``concurrency * isl_new / osl`` prefill tokens (chunked prefill), so throughput counts the
 prefill work and the TPOT is the mixed step. TTFT is the wait for the running step to end plus
-the steps that carry this request's prefill chunks.
+the steps that carry this request's prefill chunks. The steps themselves (decode-only,
+prompt-carrying, the TTFT chunk step) and TTFT are ``dse.perf.phases``; this module adds the
+memory fit, feasibility, throughput, cost, the fleet and the disaggregated and queueing
+compositions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from dse.perf import arch, kvtier, lengths, quality, queueing, spec
 from dse.perf.batch import Batch
-from dse.perf.step import OPS, Coefficients, StepTimes, bound_shares, step
+from dse.perf.phases import (Breakdown, PromptLoad, add, new_tokens, prompt_load, sequences,
+                             steps, times, ttft)
+from dse.perf.step import OPS, Coefficients, StepTimes
 
 BOUNDS = ("compute", "memory", "network", "capacity")
 KNEE_FRACTION = 0.97    # a batch within 3% of the memory-limited maximum fills the HBM
@@ -88,20 +93,6 @@ METRICS = (
 HOURS_PER_YEAR = 8766.0
 
 
-@dataclass(frozen=True)
-class Breakdown:
-    """Times of the decode-only step, the prompt-carrying step and the TTFT prefill step
-    (per-op StepTimes when a breakdown is asked for, else the step times alone)."""
-
-    decode: StepTimes | np.ndarray
-    mixed: StepTimes | np.ndarray
-    prefill: StepTimes | np.ndarray
-
-    def total(self, name: str) -> np.ndarray:
-        v = getattr(self, name)
-        return v.total_s if isinstance(v, StepTimes) else v
-
-
 def _memory(b: Batch):
     """Per-chip weights, KV per sequence, activations, and the largest concurrency that fits."""
     tp, dp, pp = b.tp, b.dp, b.pp
@@ -120,7 +111,7 @@ def _memory(b: Batch):
                              + b.n_moe_layers * arch.expert_slots(b) * arch.expert_params(b)
                              / ffn_g * (b.expert_weight_bytes - b.weight_bytes)) / pp
     both, pre_only, dec_only = arch.phases(b)
-    ctx = b.isl + _times(1.0 - pre_only, b.osl)
+    ctx = b.isl + times(1.0 - pre_only, b.osl)
     if lengths.on(b):                    # hook: length distributions (dse.perf.lengths)
         ctx = lengths.fit_context_tokens(b, 1.0 - pre_only, np.maximum(b.concurrency, 1.0))
     tiers = kvtier.on(b)
@@ -134,7 +125,7 @@ def _memory(b: Batch):
     # activations scale with a scheduler's (dp rank's) tokens per step, up to max_num_tokens
     tokens_per_seq = arch.blend(pre_only, b.isl, 1.0 + b.isl / b.osl) / dp
     act_per_token = b.hidden * 2.0 * 8.0 + b.vocab / tp * 4.0
-    c = _sequences(b)
+    c = sequences(b)
     act = np.minimum(b.max_num_tokens, c * tokens_per_seq) * act_per_token
     room = b.hbm_capacity_bytes - b.runtime_reserve_bytes - weights
     if tiers:                            # hook: the shared prefix's one copy (dse.perf.kvtier)
@@ -146,36 +137,6 @@ def _memory(b: Batch):
     above = (room - b.max_num_tokens * act_per_token) / kv_cost
     max_c = np.floor(np.maximum(arch.blend(arch.flag(below <= knee, room), below, above), 0.0))
     return weights, kv_seq, act, max_c
-
-
-def _sequences(b: Batch):
-    """Sequences in flight, at least one (once per batch: never modify it in place)."""
-    return b.memo("sequences", lambda: np.maximum(b.concurrency, 1.0))
-
-
-def _new_tokens(b: Batch):
-    """Uncached prompt tokens per request (once per batch: never modify it in place)."""
-    return b.memo("new_tokens", lambda: b.isl * (1.0 - b.prefix_hit_fraction))
-
-
-def _times(f, x):
-    """``f * x`` for a phase flag ``f`` (``arch.phases``): ``x`` itself or 0.0 when ``f`` is the
-    Python number 1.0 or 0.0 (no arithmetic; never modify the result in place)."""
-    if isinstance(f, float):
-        if f == 1.0:
-            return x
-        if f == 0.0:
-            return 0.0
-    return f * x
-
-
-def _add(a, x):
-    """``a + x``, ``x`` (or ``a``) itself when the other is the Python number 0.0."""
-    if isinstance(a, float) and a == 0.0:
-        return x
-    if isinstance(x, float) and x == 0.0:
-        return a
-    return a + x
 
 
 def _indivisible(a: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -210,84 +171,6 @@ def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
     if b.has_on("moe_kernel_missing"):   # a named MoE backend the runtime has no kernels for
         out |= np.where((b.moe_kernel_missing > 0) & moe, 256, 0)
     return out
-
-
-def _prefill_load(b: Batch, per_step=None):
-    """Prefill tokens per step on average, the tokens of a step that carries a prompt, and the
-    share of steps that carry one (prompts arrive whole or in chunks of ``max_num_tokens``).
-    ``per_step``: output tokens per sequence per step (speculative decoding), default 1."""
-    c = _sequences(b)
-    both, pre_only, dec_only = arch.phases(b)
-    new = _new_tokens(b)
-    decoding = _times(1.0 - pre_only, c)
-    # a scheduler (dp rank) fills its max_num_tokens with its decodes first, then prompt tokens
-    chunk = np.minimum(new, np.maximum(b.max_num_tokens - decoding / b.dp, 1.0))
-    prompts = c * new
-    per_answer = prompts / b.osl
-    if per_step is not None:             # hook: dse.perf.spec (answers finish sooner)
-        per_answer = per_answer * per_step
-    avg = _add(_times(both, per_answer), _times(pre_only, prompts))
-    carried = _add(avg, _times(both, np.maximum(chunk - avg, 0.0)))
-    share = np.minimum(avg / np.maximum(carried, 1e-30), 1.0)
-    return decoding, chunk, avg, carried, share
-
-
-def _steps(b: Batch, breakdown: bool, load, k: Coefficients | None = None, q=None):
-    """The three steps, the decode step's compute, memory and network sums, and (speculative
-    decoding, ``q`` = draft tokens + 1 per sequence per step) the draft time per step."""
-    k = Coefficients(b) if k is None else k
-    c = _sequences(b)
-    pp = b.pp
-    new = _new_tokens(b)
-    prior = b.isl - new
-    ctx_tokens = b.isl + 0.5 * b.osl
-    if lengths.on(b):                    # hook: length distributions (dse.perf.lengths)
-        ctx_tokens = lengths.decode_context_tokens(b) * lengths.straggler(b, c)
-    dec_ctx = arch.context_layers(b, ctx_tokens)
-    # the local layers' share, where their decode runs another kernel form (step.dec_local)
-    loc = dict(dec_local=arch.local_context_layers(b, ctx_tokens)) if k.dec_win_on else {}
-    pairs = arch.prefill_pairs_layers(b, new, prior)
-    zero = np.zeros_like(c)
-    decoding, chunk, avg, carried, share = load
-    dq = decoding if q is None else decoding * q      # hook: dse.perf.spec (verify k+1 tokens)
-    dp = b.dp
-    # the busiest attention-DP rank of a prompt-carrying step: an even share of the prompt
-    # tokens when every rank has a whole chunk, else one rank holds a whole chunk
-    rank_mean = carried / dp
-    if lengths.on(b):                    # hook: the busiest rank's prompt tokens (dse.perf.lengths)
-        rank_mean = np.minimum(rank_mean * lengths.prefill_straggler(
-            b, carried / np.maximum(new, 1.0) / dp), carried)
-    rank_carried = np.maximum(rank_mean, np.minimum(chunk, carried))
-    # decode-only step: what limits decoding, and the decode share of the cost
-    decode = step(k, dq / pp, zero, dec_ctx, new, prior, pairs, dq / pp,
-                  breakdown, True, decode_step=True, seq_tokens=q, **loc)
-    if breakdown:
-        sums = (decode.compute_s.sum(0), decode.memory_s.sum(0), decode.network_s.sum(0),
-                bound_shares(decode))
-    else:
-        decode, *sums = decode
-    # a step that carries prompt tokens (a whole prompt or chunk, or the average load if larger);
-    # with a prefill-only instance it is the batch of C prompts
-    done = _times(1.0 - arch.phases(b)[2], carried) / np.maximum(new, 1.0)
-    mixed = step(k, dq / pp, carried / pp, dec_ctx, new, prior, pairs,
-                 (dq + done) / pp, breakdown, pre_rank=rank_carried / pp, seq_tokens=q, **loc)
-    # a step that carries one of this request's prefill chunks next to the other running
-    # decodes: the chunk sits on one attention-DP rank, and the n chunks of a prompt attend to
-    # the cached prefix and to the earlier chunks (on average half the uncached prompt)
-    others = _times(1.0 - arch.phases(b)[1], np.maximum(c - 1.0, 0.0))
-    n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
-    chunk_pairs = pairs / n_chunks
-    chunk_prior = prior + 0.5 * np.maximum(new - chunk, 0.0)
-    oq = others if q is None else others * q
-    prefill = step(k, oq / pp, chunk, dec_ctx, chunk, chunk_prior, chunk_pairs,
-                   oq / pp + 1.0, breakdown, pre_rank=chunk, seq_tokens=q, **loc)
-    if q is None:
-        return Breakdown(decode, mixed, prefill), sums, None
-    # hook: dse.perf.spec -- the k draft steps of every pass, priced from a 1-token decode step
-    one = step(k, decoding / pp, zero, dec_ctx, new, prior, pairs, decoding / pp,
-               decode_step=True, **loc)
-    ctx = b.isl + 0.5 * b.osl
-    return Breakdown(decode, mixed, prefill), sums, spec.draft_s(b, k, decoding / pp, one, ctx)
 
 
 def score(b: Batch, breakdown: bool = False, coefficients: Coefficients | None = None):
@@ -378,9 +261,8 @@ def _served_disaggregated(b: Batch, breakdown: bool):
 
 def _pick(mask, a, b):
     if isinstance(a, StepTimes):
-        return StepTimes(*(np.where(mask, x, y) for x, y in zip(
-            (a.compute_s, a.memory_s, a.network_s, a.op_s, a.overhead_s, a.total_s),
-            (b.compute_s, b.memory_s, b.network_s, b.op_s, b.overhead_s, b.total_s))))
+        return StepTimes(*(np.where(mask, getattr(a, f.name), getattr(b, f.name))
+                           for f in fields(StepTimes)))
     return np.where(mask, a, b)
 
 
@@ -445,67 +327,72 @@ def _disaggregated(b: Batch, breakdown: bool, queue: bool = False):
 
 def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
               queue: bool = False):
-    """One instance under continuous batching (or a prefill-only / decode-only instance).
+    """One instance under continuous batching (or a prefill-only / decode-only instance): its
+    memory fit, its steps (``dse.perf.phases``), throughput, TTFT and TPOT, and cost.
     ``queue``: also the time one prompt holds the prefill budget (dse.perf.queueing)."""
-    c = _sequences(b)
-    chips = b.tp * b.pp * b.dp
+    c = sequences(b)
     weights, kv_seq, act, max_c = _memory(b)
     bits = _invalid_bits(b, weights, act, max_c)
-    cache, b0 = kvtier.cache_on(b), b
-    if cache:                            # hook: the prefix cache in HBM and the tier (dse.perf.kvtier)
-        in_hbm, in_tier = kvtier.cache_split(b, kvtier.free_kv_bytes(b, weights, kv_seq, act, c))
-        tier_tokens = kvtier.hit_tokens(b) * in_tier
-        b = b.replace(prefix_hit_fraction=b.prefix_hit_fraction * (in_hbm + in_tier))  # evicted: recomputed
+    b0, tier = b, None
+    if kvtier.cache_on(b):               # hook: the prefix cache in HBM and the tier (dse.perf.kvtier)
+        b, tier = _tier_split(b, weights, kv_seq, act, c)
     # hook: speculative decoding / MTP (dse.perf.spec): verification steps of k+1 tokens per
     # sequence plus the k draft steps, yielding tok_step tokens per sequence on average
     on_spec = b.has_on("spec_tokens")
     tok_step = spec.tokens_per_step(b) if on_spec else 1.0
-    load = _prefill_load(b, tok_step if on_spec else None)
-    q = b.spec_tokens + 1.0 if on_spec else None
-    steps, (tc, tm, tn, shares), draft = _steps(b, breakdown, load, k, q)
-    pp = b.pp
-    decoding, chunk, avg, carried, share = load
-    t_decode = steps.total("decode")
-    # mean step: steps that carry prompt tokens and steps that only decode, in proportion
-    t_mixed = share * steps.total("mixed") + (1.0 - share) * t_decode
-    t_prefill = steps.total("prefill")
+    load = prompt_load(b, tok_step if on_spec else None)
+    st, (tc, tm, tn, shares), draft = steps(b, breakdown, load, k,
+                                            b.spec_tokens + 1.0 if on_spec else None)
+    t_decode, t_mixed, t_prefill = _mean_steps(st, load, draft)
+    ttft_extra = 0.0
+    if tier is not None:                 # hook: prefix hits held in the tier (dse.perf.kvtier)
+        t_mixed, ttft_extra, tier = _tier_fetch(b, tier, load, t_mixed, t_prefill)
+    metrics = _rates(b, c, tok_step, load, t_decode, t_mixed, t_prefill, ttft_extra)
+    metrics.update(_fit_metrics(b, c, weights, kv_seq, act, max_c, bits))
+    metrics.update({"decode_compute_s": tc, "decode_memory_s": tm, "decode_network_s": tn,
+                    "bound": decode_bound(shares, bits, c, max_c, b.max_batch_size * b.dp)})
+    if tier is not None:                 # where the waiting conversations' prefixes are
+        metrics["kv_offloaded_fraction"] = tier.in_tier
+        metrics["prefix_cache_evicted_fraction"] = np.maximum(1.0 - tier.in_hbm - tier.in_tier,
+                                                              0.0)
+    if queue:                            # hook: dse.perf.queueing (S of the M/D/1 prefill queue)
+        metrics["_prefill_service_s"] = b.pp * new_tokens(b) / np.maximum(load.chunk, 1.0) \
+            * t_prefill
+    n = len(b)
+    for key, v in metrics.items():   # a compact batch's shared columns give length-1 metrics
+        if np.shape(v) != (n,):
+            metrics[key] = np.broadcast_to(v, (n,)).copy()
+    if tier is not None and np.any(~tier.fetched & (tier.tokens > 0)):
+        return _tier_recomputed(b0, tier, metrics, st, breakdown, k, queue)
+    return (metrics, st) if breakdown else metrics
+
+
+def _mean_steps(st: Breakdown, load: PromptLoad, draft):
+    """The decode-only step, the mean step (steps that carry prompt tokens and steps that only
+    decode, in proportion) and the TTFT chunk step, each with its draft steps (dse.perf.spec)."""
+    t_decode = st.total("decode")
+    t_mixed = load.share * st.total("mixed") + (1.0 - load.share) * t_decode
+    t_prefill = st.total("prefill")
     if draft is not None:
         t_decode = t_decode + draft
         t_mixed = t_mixed + draft
         t_prefill = t_prefill + draft
+    return t_decode, t_mixed, t_prefill
+
+
+def _rates(b: Batch, c, tok_step, load: PromptLoad, t_decode, t_mixed, t_prefill,
+           ttft_extra) -> dict:
+    """Throughput, latency and cost: a pass (pp mean steps) gives every sequence ``tok_step``
+    tokens; what a phase does not produce is NaN, never a number that looks real (the masks
+    are applied only where some row has such a phase: most batches have none)."""
     both, pre_only, dec_only = arch.phases(b)
-    new = _new_tokens(b)
-    ttft_extra = 0.0
-    if cache:                            # hook: prefix hits held in the tier (dse.perf.kvtier)
-        hit, fetched = kvtier.tier_hit(b, tier_tokens, t_prefill / np.maximum(chunk, 1.0))
-        per_step = avg / np.maximum(new, 1.0) * hit      # the requests one step admits
-        t_mixed = np.where(fetched, np.maximum(t_mixed, per_step), t_mixed + per_step)
-        ttft_extra = pp * hit
-
-    pass_s = pp * t_mixed                      # one token for every sequence
+    chips = b.tp * b.pp * b.dp
+    pass_s = b.pp * t_mixed                     # one token for every sequence
     out_inst = c * tok_step / pass_s            # tokens/s of the instance (first tokens when prefill)
-    in_inst = _times(1.0 - dec_only, out_inst) * arch.blend(pre_only, b.isl, b.isl / b.osl)
-    # TTFT: wait for the running step, the steps carrying this prompt's chunks, and the step
-    # that returns the first token (it is streamed with the next iteration)
-    n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
-    wait = 0.5 * pass_s * (1.0 - 1.0 / c)
-    ttft = arch.blend(pre_only, pass_s, wait + pp * n_chunks * t_prefill + pass_s + ttft_extra)
-    if lengths.on(b):                    # hook: a p90-length prompt's TTFT (dse.perf.lengths)
-        longer = np.maximum(lengths.isl_quantile(b) - b.isl, 0.0) * (1.0 - b.prefix_hit_fraction)
-        ttft_long = ttft + arch.blend(pre_only, pass_s * longer / np.maximum(new, 1.0),
-                                      pp * t_prefill * longer / np.maximum(chunk, 1.0))
-
-    # cost: ownership (capex written off + power) or rental; split between decode and prefill
-    own = b.capex_usd / (b.amortization_years * HOURS_PER_YEAR) \
-        + b.power_w * b.pue * b.electricity_usd_per_kwh / 1000.0
-    usd_chip_h = arch.blend(arch.flag(b.use_rental > 0, own), b.rental_usd_per_hour, own)
-    usd_inst_s = usd_chip_h * chips / 3600.0
-    decode_share = _add(dec_only, _times(both, np.minimum(t_decode / t_mixed, 1.0)))
-    usd_mtok_out = usd_inst_s * decode_share / out_inst * 1e6
-    usd_mtok_in = usd_inst_s * (1.0 - decode_share) / np.maximum(in_inst, 1e-30) * 1e6
-    joules_out = b.power_w * b.pue * chips * decode_share / out_inst
-    # what a phase does not produce is NaN, never a number that looks real (the masks are
-    # applied only where some row has such a phase: most batches have none)
+    in_inst = times(1.0 - dec_only, out_inst) * arch.blend(pre_only, b.isl, b.isl / b.osl)
+    t_first, t_first_long = ttft(b, pass_s, t_prefill, load.chunk, ttft_extra)
+    usd_chip_h, usd_mtok_out, usd_mtok_in, joules_out = _cost(b, chips, t_decode, t_mixed,
+                                                              out_inst, in_inst)
     tpot = pass_s / tok_step
     no_decode = b.phase == 1
     if np.any(no_decode):
@@ -513,24 +400,43 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
                                           (tpot, usd_mtok_out, joules_out))
     no_prefill = b.phase == 2
     if np.any(no_prefill):
-        ttft, usd_mtok_in = (np.where(no_prefill, np.nan, v) for v in (ttft, usd_mtok_in))
-
-    bound = decode_bound(shares, bits, c, max_c, b.max_batch_size * b.dp)
-
+        t_first, usd_mtok_in = (np.where(no_prefill, np.nan, v) for v in (t_first, usd_mtok_in))
     per_chip_out = out_inst / chips
-    metrics = {
-        "ttft_s": ttft,
-        "tpot_s": tpot,
-        "step_s": t_mixed,
-        "output_tokens_per_s_per_user": 1.0 / tpot,
-        "output_tokens_per_s_per_chip": per_chip_out,
-        "input_tokens_per_s_per_chip": in_inst / chips,
-        "output_tokens_per_s_per_instance": out_inst,
-        "output_tokens_per_s_per_rack": per_chip_out * b.rack_chips,   # whole instances: _fleet
-        "usd_per_chip_hour": usd_chip_h,
-        "usd_per_mtok_output": usd_mtok_out,
-        "usd_per_mtok_input": usd_mtok_in,
-        "joules_per_output_token": joules_out,
+    m = {"ttft_s": t_first, "tpot_s": tpot, "step_s": t_mixed,
+         "output_tokens_per_s_per_user": 1.0 / tpot,
+         "output_tokens_per_s_per_chip": per_chip_out,
+         "input_tokens_per_s_per_chip": in_inst / chips,
+         "output_tokens_per_s_per_instance": out_inst,
+         "output_tokens_per_s_per_rack": per_chip_out * b.rack_chips,   # whole instances: _fleet
+         "usd_per_chip_hour": usd_chip_h, "usd_per_mtok_output": usd_mtok_out,
+         "usd_per_mtok_input": usd_mtok_in, "joules_per_output_token": joules_out,
+         "num_chips": chips}
+    if b.has_on("spec_tokens"):
+        m["spec_expected_tokens"] = tok_step
+    if t_first_long is not None:
+        m["ttft_p90_length_s"] = np.where(b.phase == 2, np.nan, t_first_long)
+    return m
+
+
+def _cost(b: Batch, chips, t_decode, t_mixed, out_inst, in_inst):
+    """Ownership (capex written off + power) or rental per chip-hour, split between output
+    and input tokens by the decode-only step's share of the mean step; energy per output
+    token: ``(usd_per_chip_hour, usd_per_mtok_output, usd_per_mtok_input, joules)``."""
+    both, pre_only, dec_only = arch.phases(b)
+    own = b.capex_usd / (b.amortization_years * HOURS_PER_YEAR) \
+        + b.power_w * b.pue * b.electricity_usd_per_kwh / 1000.0
+    usd_chip_h = arch.blend(arch.flag(b.use_rental > 0, own), b.rental_usd_per_hour, own)
+    usd_inst_s = usd_chip_h * chips / 3600.0
+    decode_share = add(dec_only, times(both, np.minimum(t_decode / t_mixed, 1.0)))
+    usd_mtok_out = usd_inst_s * decode_share / out_inst * 1e6
+    usd_mtok_in = usd_inst_s * (1.0 - decode_share) / np.maximum(in_inst, 1e-30) * 1e6
+    joules_out = b.power_w * b.pue * chips * decode_share / out_inst
+    return usd_chip_h, usd_mtok_out, usd_mtok_in, joules_out
+
+
+def _fit_metrics(b: Batch, c, weights, kv_seq, act, max_c, bits) -> dict:
+    """What the memory fit and the model give (``_memory``, ``_invalid_bits``)."""
+    return {
         "max_concurrent_sequences": np.minimum(max_c, b.max_batch_size * b.dp),
         "weights_bytes_per_chip": weights,
         "kv_bytes_per_chip": kv_seq * c / b.dp,
@@ -541,40 +447,54 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
         "total_params": arch.total_params(b),
         "active_params": arch.active_params(b),
         "dense_equivalent_params": quality.dense_equivalent_params(b),
-        "num_chips": chips,
         "concurrency": c,
-        "decode_compute_s": tc,
-        "decode_memory_s": tm,
-        "decode_network_s": tn,
-        "bound": bound,
         "feasible": bits == 0,
         "reason": bits,
     }
-    if on_spec:
-        metrics["spec_expected_tokens"] = tok_step
-    if lengths.on(b):
-        metrics["ttft_p90_length_s"] = np.where(b.phase == 2, np.nan, ttft_long)
-    if cache:                            # where the waiting conversations' prefixes are
-        metrics["kv_offloaded_fraction"] = in_tier
-        metrics["prefix_cache_evicted_fraction"] = np.maximum(1.0 - in_hbm - in_tier, 0.0)
-    if queue:                            # hook: dse.perf.queueing (S of the M/D/1 prefill queue)
-        metrics["_prefill_service_s"] = pp * new / np.maximum(chunk, 1.0) * t_prefill
-    n = len(b)
-    for key, v in metrics.items():   # a compact batch's shared columns give length-1 metrics
-        if np.shape(v) != (n,):
-            metrics[key] = np.broadcast_to(v, (n,)).copy()
-    if cache and np.any(~fetched & (tier_tokens > 0)):
-        # hook: where recomputing beats the link, the runtime does not keep hits in the tier: those
-        # rows score as without it (their tier's hits evicted and recomputed as prompt tokens)
-        keep = np.broadcast_to(fetched | (tier_tokens <= 0), (n,))
-        alt = _instance(b0.replace(tier_bytes=np.where(keep, b0.tier_bytes, 0.0)), breakdown, k,
-                        queue)
-        alt_m = alt[0] if breakdown else alt
-        metrics = {key: np.where(keep, v, alt_m[key]) for key, v in metrics.items()}
-        if breakdown:
-            steps = Breakdown(*(_pick(keep, getattr(steps, f), getattr(alt[1], f))
+
+
+@dataclass(frozen=True)
+class _Tier:
+    """The prefix cache's split (dse.perf.kvtier): shares of the waiting conversations'
+    reusable prefixes in HBM and in the tier, the tier's hit tokens, and (after
+    ``_tier_fetch``) where fetching them beats recomputing."""
+
+    in_hbm: np.ndarray
+    in_tier: np.ndarray
+    tokens: np.ndarray
+    fetched: np.ndarray | None = None
+
+
+def _tier_split(b: Batch, weights, kv_seq, act, c):
+    """hook: the batch whose prompts recompute the evicted hits, and the split."""
+    in_hbm, in_tier = kvtier.cache_split(b, kvtier.free_kv_bytes(b, weights, kv_seq, act, c))
+    tier = _Tier(in_hbm, in_tier, kvtier.hit_tokens(b) * in_tier)
+    # evicted: recomputed
+    return b.replace(prefix_hit_fraction=b.prefix_hit_fraction * (in_hbm + in_tier)), tier
+
+
+def _tier_fetch(b: Batch, tier: _Tier, load: PromptLoad, t_mixed, t_prefill):
+    """hook: prefix hits held in the tier: the mean step with the fetches of the requests one
+    step admits (under the step where the fetch overlaps), the TTFT's fetch steps."""
+    hit, fetched = kvtier.tier_hit(b, tier.tokens, t_prefill / np.maximum(load.chunk, 1.0))
+    per_step = load.avg / np.maximum(new_tokens(b), 1.0) * hit      # the requests one step admits
+    t_mixed = np.where(fetched, np.maximum(t_mixed, per_step), t_mixed + per_step)
+    return t_mixed, b.pp * hit, _Tier(tier.in_hbm, tier.in_tier, tier.tokens, fetched)
+
+
+def _tier_recomputed(b0: Batch, tier: _Tier, metrics, st, breakdown, k, queue):
+    """hook: where recomputing beats the link, the runtime does not keep hits in the tier: those
+    rows score as without it (their tier's hits evicted and recomputed as prompt tokens)."""
+    n = len(b0)
+    keep = np.broadcast_to(tier.fetched | (tier.tokens <= 0), (n,))
+    alt = _instance(b0.replace(tier_bytes=np.where(keep, b0.tier_bytes, 0.0)), breakdown, k,
+                    queue)
+    alt_m = alt[0] if breakdown else alt
+    metrics = {key: np.where(keep, v, alt_m[key]) for key, v in metrics.items()}
+    if not breakdown:
+        return metrics
+    return metrics, Breakdown(*(_pick(keep, getattr(st, f), getattr(alt[1], f))
                                 for f in ("decode", "mixed", "prefill")))
-    return (metrics, steps) if breakdown else metrics
 
 
 def score_chunked(b: Batch, chunk_rows: int = 32768, dtype=np.float64,

@@ -49,8 +49,9 @@ def tokens_per_step(b: Batch) -> np.ndarray:
 
 def head_s(k, rows) -> np.ndarray:
     """The output head of ``rows`` tokens (whole instance) on one chip (the draft's logits)."""
-    c = k.c_head * (rows / k.dp + k.h) + k.w_head
-    return np.maximum(c, k.m_head + k.m_embed * rows)
+    head = k.head
+    c = head.c * (rows / k.dp + k.h) + head.w
+    return np.maximum(c, head.mem_s + head.embed_s * rows)
 
 
 def draft_s(b: Batch, k, rows, decode_s, ctx) -> np.ndarray:

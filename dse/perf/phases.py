@@ -1,0 +1,216 @@
+"""The steps an instance runs, and what a request waits for.
+
+Continuous batching (``dse.perf.serve``): ``concurrency`` sequences in flight on ``tp * pp *
+dp`` chips, split into ``pp`` micro-batches that keep every stage busy. Three stage steps
+(``dse.perf.step.step``, per micro-batch) price it:
+
+decode     every running sequence's next token (``spec_tokens + 1`` with speculation): reads
+           every weight once and every sequence's KV cache; what limits decoding (its
+           compute, memory and network sums and the bound shares of its ops)
+prompt     the same decodes plus the prompt tokens of the step that carries them: a whole
+           prompt or chunk of ``max_num_tokens`` (or the average load, if larger) on the
+           busiest attention data-parallel rank, attending to its cached prefix
+ttft       the step that carries one of this request's chunks next to the other running
+           decodes; a prompt's chunks attend to the cached prefix and the earlier chunks
+
+The mean step mixes the prompt and decode steps in the share of steps that carry prompt
+tokens (``prompt_load``). TTFT (``ttft``) is the wait for the running step, the steps that carry
+the request's chunks and the step that returns its first token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dse.perf import arch, lengths, spec
+from dse.perf.batch import Batch
+from dse.perf.step import Coefficients, StepTimes, bound_shares, step
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Times of the decode-only step, the prompt-carrying step and the TTFT prefill step
+    (per-op StepTimes when a breakdown is asked for, else the step times alone)."""
+
+    decode: StepTimes | np.ndarray
+    mixed: StepTimes | np.ndarray
+    prefill: StepTimes | np.ndarray
+
+    def total(self, name: str) -> np.ndarray:
+        v = getattr(self, name)
+        return v.total_s if isinstance(v, StepTimes) else v
+
+
+def sequences(b: Batch):
+    """Sequences in flight, at least one (once per batch: never modify it in place)."""
+    return b.memo("sequences", lambda: np.maximum(b.concurrency, 1.0))
+
+
+def new_tokens(b: Batch):
+    """Uncached prompt tokens per request (once per batch: never modify it in place)."""
+    return b.memo("new_tokens", lambda: b.isl * (1.0 - b.prefix_hit_fraction))
+
+
+def times(f, x):
+    """``f * x`` for a phase flag ``f`` (``arch.phases``): ``x`` itself or 0.0 when ``f`` is the
+    Python number 1.0 or 0.0 (no arithmetic; never modify the result in place)."""
+    if isinstance(f, float):
+        if f == 1.0:
+            return x
+        if f == 0.0:
+            return 0.0
+    return f * x
+
+
+def add(a, x):
+    """``a + x``, ``x`` (or ``a``) itself when the other is the Python number 0.0."""
+    if isinstance(a, float) and a == 0.0:
+        return x
+    if isinstance(x, float) and x == 0.0:
+        return a
+    return a + x
+
+
+@dataclass(frozen=True)
+class PromptLoad:
+    """Tokens per step of one instance (whole instance, all micro-batches)."""
+
+    decoding: np.ndarray   # decode tokens (one per running sequence; 0 prefill-only)
+    chunk: np.ndarray      # a prompt's tokens per step: a whole prompt or a scheduler's chunk
+    avg: np.ndarray        # prompt tokens per step on average
+    carried: np.ndarray    # prompt tokens of a step that carries some
+    share: np.ndarray      # the share of steps that carry prompt tokens
+
+
+def prompt_load(b: Batch, per_step=None) -> PromptLoad:
+    """Prefill tokens per step on average, the tokens of a step that carries a prompt, and the
+    share of steps that carry one (prompts arrive whole or in chunks of ``max_num_tokens``).
+    ``per_step``: output tokens per sequence per step (speculative decoding), default 1."""
+    c = sequences(b)
+    both, pre_only, dec_only = arch.phases(b)
+    new = new_tokens(b)
+    decoding = times(1.0 - pre_only, c)
+    # a scheduler (dp rank) fills its max_num_tokens with its decodes first, then prompt tokens
+    chunk = np.minimum(new, np.maximum(b.max_num_tokens - decoding / b.dp, 1.0))
+    prompts = c * new
+    per_answer = prompts / b.osl
+    if per_step is not None:             # hook: dse.perf.spec (answers finish sooner)
+        per_answer = per_answer * per_step
+    avg = add(times(both, per_answer), times(pre_only, prompts))
+    carried = add(avg, times(both, np.maximum(chunk - avg, 0.0)))
+    share = np.minimum(avg / np.maximum(carried, 1e-30), 1.0)
+    return PromptLoad(decoding, chunk, avg, carried, share)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the steps of one call share: the decode context summed over the layers (and its
+    local layers' share where their kernel differs), a prompt's uncached tokens, its cached
+    prefix and its causal pairs summed over the layers."""
+
+    dec_ctx: np.ndarray
+    loc: dict
+    new: np.ndarray
+    prior: np.ndarray
+    pairs: np.ndarray
+    zero: np.ndarray
+
+
+def context(b: Batch, k: Coefficients) -> Context:
+    """A decode attends to the prompt and half the answer on average (a length distribution's
+    straggler the longer: dse.perf.lengths); a prompt's new tokens follow its cached ones."""
+    c = sequences(b)
+    new = new_tokens(b)
+    prior = b.isl - new
+    ctx_tokens = b.isl + 0.5 * b.osl
+    if lengths.on(b):                    # hook: length distributions (dse.perf.lengths)
+        ctx_tokens = lengths.decode_context_tokens(b) * lengths.straggler(b, c)
+    # the local layers' share, where their decode runs another kernel form (step.dec_local)
+    loc = dict(dec_local=arch.local_context_layers(b, ctx_tokens)) if k.attn_core.win_on else {}
+    return Context(arch.context_layers(b, ctx_tokens), loc, new, prior,
+                   arch.prefill_pairs_layers(b, new, prior), np.zeros_like(c))
+
+
+def decode_step(b: Batch, k: Coefficients, x: Context, dq, breakdown: bool, q=None):
+    """The decode-only step of one micro-batch: its ``dq / pp`` decode tokens (``q`` per
+    sequence with speculation) read the weights and their sequences' KV, and each returns a
+    token; what limits decoding and the decode share of the cost. Returns the step and its
+    ``(compute, memory, network, bound shares)`` sums."""
+    pp = b.pp
+    out = step(k, dq / pp, x.zero, x.dec_ctx, x.new, x.prior, x.pairs, dq / pp,
+               breakdown, True, decode_step=True, seq_tokens=q, **x.loc)
+    if not breakdown:
+        return out[0], out[1:]
+    return out, (out.compute_s.sum(0), out.memory_s.sum(0), out.network_s.sum(0),
+                 bound_shares(out))
+
+
+def prompt_step(b: Batch, k: Coefficients, x: Context, dq, load: PromptLoad, breakdown: bool,
+                q=None):
+    """A step that carries prompt tokens (a whole prompt or chunk, or the average load if
+    larger) next to the decodes; with a prefill-only instance the batch of C prompts. The
+    busiest attention-DP rank holds an even share of the prompt tokens when every rank has a
+    whole chunk, else a whole chunk; the prompts that finish return their first token."""
+    pp, dp, carried = b.pp, b.dp, load.carried
+    rank_mean = carried / dp
+    if lengths.on(b):                    # hook: the busiest rank's prompt tokens (dse.perf.lengths)
+        rank_mean = np.minimum(rank_mean * lengths.prefill_straggler(
+            b, carried / np.maximum(x.new, 1.0) / dp), carried)
+    rank_carried = np.maximum(rank_mean, np.minimum(load.chunk, carried))
+    done = times(1.0 - arch.phases(b)[2], carried) / np.maximum(x.new, 1.0)
+    return step(k, dq / pp, carried / pp, x.dec_ctx, x.new, x.prior, x.pairs,
+                (dq + done) / pp, breakdown, pre_rank=rank_carried / pp, seq_tokens=q, **x.loc)
+
+
+def ttft_step(b: Batch, k: Coefficients, x: Context, load: PromptLoad, breakdown: bool, q=None):
+    """A step that carries one of this request's prefill chunks next to the other running
+    decodes: the chunk sits on one attention-DP rank, and the n chunks of a prompt attend to
+    the cached prefix and to the earlier chunks (on average half the uncached prompt)."""
+    pp, chunk = b.pp, load.chunk
+    others = times(1.0 - arch.phases(b)[1], np.maximum(sequences(b) - 1.0, 0.0))
+    n_chunks = np.ceil(x.new / np.maximum(chunk, 1.0))
+    chunk_pairs = x.pairs / n_chunks
+    chunk_prior = x.prior + 0.5 * np.maximum(x.new - chunk, 0.0)
+    oq = others if q is None else others * q
+    return step(k, oq / pp, chunk, x.dec_ctx, chunk, chunk_prior, chunk_pairs,
+                oq / pp + 1.0, breakdown, pre_rank=chunk, seq_tokens=q, **x.loc)
+
+
+def steps(b: Batch, breakdown: bool, load: PromptLoad, k: Coefficients | None = None, q=None):
+    """The three steps (``Breakdown``), the decode step's compute, memory and network sums and
+    bound shares, and (speculative decoding, ``q`` = draft tokens + 1 per sequence per step)
+    the draft time per step."""
+    k = Coefficients(b) if k is None else k
+    x = context(b, k)
+    decoding = load.decoding
+    dq = decoding if q is None else decoding * q      # hook: dse.perf.spec (verify k+1 tokens)
+    decode, sums = decode_step(b, k, x, dq, breakdown, q)
+    out = Breakdown(decode, prompt_step(b, k, x, dq, load, breakdown, q),
+                    ttft_step(b, k, x, load, breakdown, q))
+    if q is None:
+        return out, sums, None
+    # hook: dse.perf.spec -- the k draft steps of every pass, priced from a 1-token decode step
+    pp = b.pp
+    one = step(k, decoding / pp, x.zero, x.dec_ctx, x.new, x.prior, x.pairs, decoding / pp,
+               decode_step=True, **x.loc)
+    return out, sums, spec.draft_s(b, k, decoding / pp, one, b.isl + 0.5 * b.osl)
+
+
+def ttft(b: Batch, pass_s, t_prefill, chunk, extra=0.0):
+    """Time to first token: the wait for the running step (half a pass, ``pass_s`` = pp mean
+    steps), the pp stage steps of each of the prompt's chunks (``t_prefill``), and the step
+    that returns the first token (it is streamed with the next iteration); ``extra``: the tier
+    fetch's steps (dse.perf.kvtier). A prefill-only instance: one pass of its batch of prompts.
+    Also a p90-length prompt's (dse.perf.lengths; None without length distributions)."""
+    both, pre_only, dec_only = arch.phases(b)
+    pp, new = b.pp, new_tokens(b)
+    n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
+    wait = 0.5 * pass_s * (1.0 - 1.0 / sequences(b))
+    t = arch.blend(pre_only, pass_s, wait + pp * n_chunks * t_prefill + pass_s + extra)
+    if not lengths.on(b):
+        return t, None
+    longer = np.maximum(lengths.isl_quantile(b) - b.isl, 0.0) * (1.0 - b.prefix_hit_fraction)
+    return t, t + arch.blend(pre_only, pass_s * longer / np.maximum(new, 1.0),
+                             pp * t_prefill * longer / np.maximum(chunk, 1.0))
