@@ -15,7 +15,7 @@ from helpers import batch, design
 
 from dse import catalog
 from dse.bench import random_designs
-from dse.build import resolve, to_batch
+from dse.build.designs import resolve, to_batch
 from dse.perf import OPS, score
 
 PROJ, CORE, DENSE, MOE, SHARED, ROUTER, LOGITS, PIPE = (OPS.index(o) for o in OPS)

@@ -107,9 +107,9 @@ FIELDS: dict[str, str] = {
 }
 
 
-# fitted per-op kernel parameters (dse/catalog/kernels/*.toml, python -m dse.kernels): the
+# fitted per-op kernel parameters (dse/catalog/kernels/*.toml, python -m dse.calibration.kernels): the
 # collectives' as they are (dse.perf.kernel_comm), the others selected per design for its
-# compute dtype and attention kind (dse.build.kernel_fields; formulas in dse.perf.kernel_gemm
+# compute dtype and attention kind (dse.build.designs.kernel_fields; formulas in dse.perf.kernel_gemm
 # and dse.perf.kernel_attention)
 FIELDS.update({k: "collective kernel parameter (dse.perf.kernel_comm)" for k in kernel_comm.KEYS})
 FIELDS.update({

@@ -3,7 +3,7 @@
 One attention layer on one chip (heads already divided by tensor parallelism). Every function is
 elementwise numpy over arrays (or scalars) and has no per-hardware branch: a chip enters only
 through its peaks (``peak_flops_per_s``, ``hbm_bw_bytes_per_s``) and its fitted parameters
-(``dse/catalog/kernels/attention.toml``, written by ``python -m dse.kernels --fit --write
+(``dse/catalog/kernels/attention.toml``, written by ``python -m dse.calibration.kernels --fit --write
 --only attention``).
 
 Prefill (context) attention, GQA/MHA or expanded MLA::

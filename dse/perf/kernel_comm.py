@@ -1,4 +1,4 @@
-"""Collective kernel cost models fitted on measured collective tables (``dse.kernels.comm``).
+"""Collective kernel cost models fitted on measured collective tables (``dse.calibration.kernels.comm``).
 
 Pure numpy, vectorized over designs, no per-hardware branches. Every branch is affine in the
 bytes moved, ``t = latency_s + seconds_per_byte * bytes``; where a runtime picks the fastest of

@@ -3,7 +3,7 @@
 Pure numpy, vectorized over designs (every argument broadcasts), no per-hardware branches: the
 hardware enters only through its peak FLOP/s, HBM bandwidth and the fitted per-chip, per-runtime,
 per-dtype constants of ``dse/catalog/kernels/{gemm,moe}.toml`` (fitted by ``python -m
-dse.kernels --fit --write`` on aiconfigurator-core's measured kernel tables).
+dse.calibration.kernels --fit --write`` on aiconfigurator-core's measured kernel tables).
 
 Dense GEMM ``Y[m, n] = X[m, k] @ W[k, n]`` (m = rows = tokens, n = output features, k = input
 features)::

@@ -37,8 +37,17 @@ import numpy as np
 from dse.perf import arch
 from dse.perf.basis import Basis, Load
 from dse.perf.batch import Batch
-from dse.perf.forms import (AllReduces, affine, allreduce_bytes, fastest, floor1, gemm_form, iadd,
-                            per_unit, work_field)
+from dse.perf.forms import (
+    AllReduces,
+    affine,
+    allreduce_bytes,
+    fastest,
+    floor1,
+    gemm_form,
+    iadd,
+    per_unit,
+    work_field,
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,7 @@ def attn_proj_terms(b: Batch, c: Basis, allreduce: AllReduces) -> AttnProj:
     tokens: q/k/v read the hidden state, o writes it, and the tp group all-reduces o's output
     every layer (the runtime's fastest kernel for the busiest rank's rows). The projections
     run in their own dtype (``attn_weight_bytes``, ``attn_matmul_flops_per_s``:
-    dse.mechanisms)."""
+    dse.build.mechanisms)."""
     d, L = c.d, c.layers
     p_attn = arch.attn_params_per_layer(b) / c.tp
     o_k = b.n_heads * arch.blend(c.mla, b.v_head, b.head_dim) / c.tp

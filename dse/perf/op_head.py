@@ -23,8 +23,16 @@ import numpy as np
 from dse.perf import arch
 from dse.perf.basis import Basis, Load
 from dse.perf.batch import Batch
-from dse.perf.forms import (AllReduces, affine, allgather_bytes, fastest, floor1, gemm_form,
-                            per_unit, work_field)
+from dse.perf.forms import (
+    AllReduces,
+    affine,
+    allgather_bytes,
+    fastest,
+    floor1,
+    gemm_form,
+    per_unit,
+    work_field,
+)
 from dse.perf.network import p2p_coef
 
 

@@ -40,8 +40,17 @@ import numpy as np
 from dse.perf import arch, kernel_comm
 from dse.perf.basis import Basis, Load
 from dse.perf.batch import Batch
-from dse.perf.forms import (AllReduces, affine, allreduce_bytes, fastest, floor1, gemm_form, log1m,
-                            per_unit, work_field)
+from dse.perf.forms import (
+    AllReduces,
+    affine,
+    allreduce_bytes,
+    fastest,
+    floor1,
+    gemm_form,
+    log1m,
+    per_unit,
+    work_field,
+)
 from dse.perf.network import kernel_alltoall
 
 

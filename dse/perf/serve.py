@@ -21,8 +21,17 @@ import numpy as np
 
 from dse.perf import arch, kvtier, lengths, quality, queueing, spec
 from dse.perf.batch import Batch
-from dse.perf.phases import (Breakdown, PromptLoad, add, new_tokens, prompt_load, sequences,
-                             steps, times, ttft)
+from dse.perf.phases import (
+    Breakdown,
+    PromptLoad,
+    add,
+    new_tokens,
+    prompt_load,
+    sequences,
+    steps,
+    times,
+    ttft,
+)
 from dse.perf.step import OPS, Coefficients, StepTimes
 
 BOUNDS = ("compute", "memory", "network", "capacity")

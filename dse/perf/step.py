@@ -92,7 +92,7 @@ class Coefficients:
     (None where no row of the batch has the op).
 
     Each op's compute and memory times follow the fitted kernel models (dse/catalog/kernels,
-    ``python -m dse.kernels``): dense GEMMs (``kernel_gemm.gemm_s``), the routed experts'
+    ``python -m dse.calibration.kernels``): dense GEMMs (``kernel_gemm.gemm_s``), the routed experts'
     grouped GEMMs (``kernel_gemm.grouped_gemm_s``), attention (``kernel_attention``) and the
     collectives (``kernel_comm``); additive terms are kernel latencies, per-sequence and
     per-routed-token costs. (A batch without dense layers, without MoE layers or with tp = 1
