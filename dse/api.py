@@ -40,6 +40,7 @@ from dse.results import reader
 from dse.results.compare import compare_runs
 from dse.results.report import make_report
 from dse.results.whatif import run_whatif
+from dse.scoring import breakdown
 from dse.scoring.bands import (
     DEFAULT_SAMPLES,
     check_samples,
@@ -65,7 +66,8 @@ class Evaluation:
     """One design scored: ``dse eval``'s numbers."""
 
     metrics: dict[str, Any]        # every metric (SI units); bound, feasible and reason as text
-    breakdown: pd.DataFrame        # per op of each step: compute_s, memory_s, network_s, time_s
+    breakdown: pd.DataFrame        # per op of each step: times (compute_s, memory_s, network_s,
+    #                                time_s), bound, and work per chip (flops, hbm_bytes, net_bytes)
     design: dict[str, Any]         # the resolved design: every settable path's value
     chosen: dict[str, Any]         # the layout and concurrency (chosen by dse when not given)
     result: dict = field(repr=False, default_factory=dict)   # ``dse eval --json``'s object
@@ -85,10 +87,9 @@ def evaluate(design: PathLike | Mapping[str, Any]) -> Evaluation:
     else:
         res = evaluate_file(str(design))
     rows = [{"step": step, **op} for step, b in res["breakdown"].items() for op in b["ops"]]
-    rows += [{"step": step, "op": "overhead", "compute_s": 0.0, "memory_s": 0.0,
-              "network_s": 0.0, "time_s": b["overhead_s"], "bound": ""}
-             for step, b in res["breakdown"].items()]
-    cols = ["step", "op", "compute_s", "memory_s", "network_s", "time_s", "bound"]
+    rows += [{"step": step, "op": "overhead", **{q: 0.0 for q in breakdown.QUANTITIES},
+              "time_s": b["overhead_s"], "bound": ""} for step, b in res["breakdown"].items()]
+    cols = ["step", "op", *breakdown.QUANTITIES, "bound"]
     return Evaluation(dict(res["metrics"]), pd.DataFrame(rows, columns=cols), dict(res["design"]),
                       dict(res["chosen"]), res)
 

@@ -2,8 +2,9 @@
 
 Writes ``OUT/index.html`` (self-contained: interactive plots with plotly.js inlined, opens
 offline), ``OUT/front.csv``, ``OUT/summary.md`` and PNG figures. Every number comes from the
-run's stored scores or from re-scoring its front designs with the same model (the per-op
-breakdown and the bound of each phase).
+run's stored scores, from the per-op breakdown the run kept of its front designs (scored with
+the same model when it stopped; scored now for a run that was interrupted) or from scoring
+designs of its space again for the cloud behind the front.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import pandas as pd
 
 from dse import pareto
 from dse.errors import InputError
-from dse.perf import BOUNDS, OPS, bound_shares, op_bound, score
+from dse.perf import OPS, score
 from dse.results import report_page
 from dse.results.reader import Run
+from dse.scoring import breakdown
 from dse.search import store
 
 EXACT_DESIGNS = 100_000     # a space this small is re-scored whole for the cloud and the ranks
@@ -28,38 +30,30 @@ SHOWN_METRICS = ("ttft_s", "tpot_s", "usd_per_mtok_output", "output_tokens_per_s
                  "num_chips")
 
 
-def bound_why(shares, bound: str) -> str:
-    """Why a design's decode bound is what it is, in words: the decode step's op time by what
-    bounds each op (``dse.perf.bound_shares``)."""
-    tot = float(sum(shares)) or 1.0
-    split = ", ".join(f"{v / tot:.0%} {n}" for n, v in zip(BOUNDS, shares))
-    return f"{split} of the decode step's op time" + (
-        "; the batch fills the HBM" if bound == "capacity" else "")
-
-
-def _breakdowns(space, ids: np.ndarray) -> list[dict]:
-    b, _ = space.batch(ids)
-    m, steps = score(b.expanded(), breakdown=True)
-    out = []
-    shares = bound_shares(steps.decode)
-    kv = space.kv_dtypes(ids)
-    for i in range(len(ids)):
+def breakdowns(d: Path, space, ids: np.ndarray) -> tuple[dict, str]:
+    """The per-op breakdown of designs ``ids`` of the run's front, as the report draws them
+    ({design_id: {"phases", "bound", "bound_why", "kv_dtype", "metrics"}}), and where it came
+    from: the one the run kept when it stopped (``store.read_breakdown``), else the designs
+    scored now with the same model (an interrupted run, a run folder from before it kept one)."""
+    kept = store.read_breakdown(d)
+    if kept is not None and set(ids.tolist()) <= set(kept["design_id"].tolist()):
+        table, source = kept.set_index("design_id").loc[ids].reset_index(), "kept by the run"
+    else:
+        table, source = breakdown.of_designs(space, ids), "scored for this report"
+    out = {}
+    for _, r in table.iterrows():
         phases = {}
-        for name in ("decode", "mixed", "prefill"):
-            st = getattr(steps, name)
-            cls = op_bound(st.compute_s[:, i], st.memory_s[:, i], st.network_s[:, i])
-            rows = []
-            for j, op in enumerate(OPS):
-                c, mem, net, t = (float(a[j, i]) for a in (st.compute_s, st.memory_s, st.network_s,
-                                                             st.op_s))
-                if t > 0:
-                    rows.append((op, c, mem, net, t, BOUNDS[int(cls[j])]))
-            phases[name] = (rows, float(st.overhead_s[i]), float(st.total_s[i]))
-        bound = BOUNDS[int(m["bound"][i])]
-        out.append({"phases": phases, "bound": bound, "kv_dtype": str(kv[i]),
-                    "bound_why": bound_why([float(s[i]) for s in shares], bound),
-                    "metrics": {k: float(v[i]) for k, v in m.items() if v.dtype.kind == "f"}})
-    return out
+        for step, _title in breakdown.STEPS:
+            rows = [(op, *(float(r[f"{step}.{op}.{q}"]) for q in breakdown.TIMES),
+                     r[f"{step}.{op}.bound"], *(float(r[f"{step}.{op}.{q}"]) for q in breakdown.WORK))
+                    for op in OPS if r[f"{step}.{op}.time_s"] > 0]
+            phases[step] = (rows, float(r[f"{step}.overhead_s"]), float(r[f"{step}.total_s"]))
+        out[int(r["design_id"])] = {
+            "phases": phases, "bound": r["bound"], "kv_dtype": str(r["kv_dtype"]),
+            "bound_why": breakdown.bound_why(r),
+            "metrics": {k: float(r[k]) for k in table.columns
+                        if "." not in k and k not in ("design_id", "kv_dtype", "bound")}}
+    return out, source
 
 
 def _front(d: Path, m: dict, space) -> tuple[pd.DataFrame, str]:
@@ -182,8 +176,8 @@ def make_report(run_dir: str, out: str | None = None) -> Path:
     bg = cloud(pop, front)
     accel = "accelerator.id" if "accelerator.id" in front.columns else None
     per_accel = best_per(pop, front, objs, accel) if accel else None
-    # re-score the front designs for their per-op breakdown
+    # the per-op breakdown of the knee and the first front designs, as the run kept it
     shown = np.unique(np.r_[ids[k], ids[:report_page.MAX_BREAKDOWNS]])
-    bds = dict(zip(shown.tolist(), _breakdowns(space, shown)))
+    bds, _ = breakdowns(d, space, shown)
     report_page.write(o, space, st, front, bg, k, bds, per_accel, what)
     return o

@@ -258,12 +258,14 @@ def _details(bds) -> str:
                             ("prefill", "TTFT prefill step")):
             rows, overhead, total = bd["phases"][name]
             body = "".join(f"<tr><td>{op}</td><td>{c*1e3:.3f}</td><td>{m*1e3:.3f}</td>"
-                           f"<td>{n*1e3:.3f}</td><td>{t*1e3:.3f}</td><td>{b}</td></tr>"
-                           for op, c, m, n, t, b in rows)
+                           f"<td>{n*1e3:.3f}</td><td>{t*1e3:.3f}</td><td>{b}</td>"
+                           f"<td>{fl / 1e9:.4g}</td><td>{hb / 1e6:.4g}</td><td>{nb / 1e6:.4g}</td>"
+                           "</tr>" for op, c, m, n, t, b, fl, hb, nb in rows)
             parts.append(f"<p>{title}: {total*1e3:.3f} ms (overhead {overhead*1e3:.3f} ms)</p>"
                          "<div class='tablewrap'><table><tr><th>op</th><th>compute [ms]</th>"
                          "<th>memory [ms]</th><th>network [ms]</th><th>time [ms]</th>"
-                         f"<th>bound</th></tr>{body}</table></div>")
+                         "<th>bound</th><th>work [GFLOP]</th><th>HBM [MB]</th><th>network [MB]</th>"
+                         f"</tr>{body}</table></div>")
         parts.append("</details>")
         details.append("".join(parts))
     return "".join(details)
@@ -283,5 +285,7 @@ def _html(o, space, lines, front, bg, k, bds, pngs, per_accel):
             f"{_main_plot(space, front, bg, k)}{pair_html}{_par_plot(space, front)}{accel}"
             f"<h2>Front ({len(front)} designs)</h2>{pages.table(front, labels)}"
             f"<h2>Per-design breakdown (knee and the first {MAX_BREAKDOWNS} front designs)</h2>"
-            f"{_details(bds)}<h2>Figures</h2>{imgs}")
+            "<p>Per chip, one stage step of one micro-batch: work is the op's arithmetic (a "
+            "multiply-add = 2 FLOPs), HBM the bytes its memory terms stream, network the bytes "
+            f"its collectives send.</p>{_details(bds)}<h2>Figures</h2>{imgs}")
     (o / "index.html").write_text(pages.page(space.name, body))

@@ -8,20 +8,16 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
 import pandas as pd
 
 from dse.build.designs import effective_dtypes, resolve, to_batch
 from dse.errors import InputError
-from dse.perf import BOUNDS, OPS, op_bound, score
+from dse.perf import score
 from dse.perf.serve import reason_text
+from dse.scoring import breakdown
+from dse.scoring.breakdown import STEPS
 from dse.scoring.predict import FIELD_OF, predict_frame
 from dse.spec.design import design_case, load_design
-
-STEPS = (("decode", "decode-only step (what limits decoding)"),
-         ("mixed", "step that carries prompt tokens (steady state)"),
-         ("prefill", "step that carries this request's first prefill chunk (TTFT)"))
-
 
 # a design's dotted keys under the case-table column names it is scored with
 CASE_KEYS = FIELD_OF
@@ -57,19 +53,15 @@ def evaluate_flat(flat: dict, file: str = "design") -> dict:
         else:
             x = float(x)
             out_metrics[k] = None if math.isnan(x) or math.isinf(x) else x
-    breakdown = {}
+    per_op = breakdown.long(breakdown.wide(metrics, steps))
+    table_ops = {}
     for name, _ in STEPS:
-        st = getattr(steps, name)
-        ops = []
-        for i, op in enumerate(OPS):
-            c, m, n, t = (float(a[i, 0]) for a in (st.compute_s, st.memory_s, st.network_s, st.op_s))
-            if t == 0 and c == 0 and m == 0 and n == 0:
-                continue
-            bound = BOUNDS[int(op_bound(np.float64(c), np.float64(m), np.float64(n)))]
-            ops.append({"op": op, "compute_s": c, "memory_s": m, "network_s": n, "time_s": t,
-                        "bound": bound})
-        breakdown[name] = {"ops": ops, "overhead_s": float(st.overhead_s[0]),
-                           "total_s": float(st.total_s[0])}
+        rows = per_op[(per_op["step"] == name) & (per_op["op"] != "overhead")]
+        table_ops[name] = {
+            "ops": [{"op": r.op, **{q: float(getattr(r, q)) for q in breakdown.QUANTITIES},
+                     "bound": r.bound} for r in rows.itertuples()],
+            "overhead_s": float(getattr(steps, name).overhead_s[0]),
+            "total_s": float(getattr(steps, name).total_s[0])}
     design = {}
     for k, v in table.iloc[0].items():
         v = v.item() if hasattr(v, "item") else v
@@ -78,7 +70,7 @@ def evaluate_flat(flat: dict, file: str = "design") -> dict:
         if not k.startswith("accelerator.default"):
             design[k] = v
     design.update(effective_dtypes(design))    # the KV, expert and attention dtypes, stated
-    return {"design": design, "metrics": out_metrics, "breakdown": breakdown,
+    return {"design": design, "metrics": out_metrics, "breakdown": table_ops,
             "chosen": {"layout": {k: int(chosen[k]) for k in ("tp", "pp", "ep", "dp")},
                        "concurrency": int(chosen["concurrency"]),
                        "concurrency_given": "workload.concurrency" in flat}}
@@ -138,11 +130,17 @@ def render_text(res: dict, path: str) -> str:
         lines.append("")
         lines.append(f"{title}: {b['total_s'] * 1e3:.3f} ms per stage")
         lines.append(f"  {'op':<11}{'compute ms':>11}{'memory ms':>11}{'network ms':>11}"
-                     f"{'time ms':>11}  bound")
+                     f"{'time ms':>11}  {'bound':<8}{'GFLOP':>10}{'HBM MB':>10}{'net MB':>10}")
         for op in b["ops"]:
             lines.append(f"  {op['op']:<11}{_fmt_s(op['compute_s']):>11}{_fmt_s(op['memory_s']):>11}"
-                         f"{_fmt_s(op['network_s']):>11}{_fmt_s(op['time_s']):>11}  {op['bound']}")
+                         f"{_fmt_s(op['network_s']):>11}{_fmt_s(op['time_s']):>11}  "
+                         f"{op['bound']:<8}{op['flops'] / 1e9:>10.4g}{op['hbm_bytes'] / 1e6:>10.4g}"
+                         f"{op['net_bytes'] / 1e6:>10.4g}")
         lines.append(f"  {'overhead':<11}{'':>11}{'':>11}{'':>11}{_fmt_s(b['overhead_s']):>11}")
+    lines.append("")
+    lines.append("(per chip, one stage step of one micro-batch: FLOPs of the op's arithmetic, a "
+                 "multiply-add = 2; HBM MB the bytes its memory terms stream; net MB the bytes "
+                 "its collectives send)")
     lines.append("")
     lines.append("metrics:")
     for k, v in m.items():

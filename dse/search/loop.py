@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from dse import pareto
+from dse.scoring import breakdown
 from dse.search import store
 from dse.spec.fields import label
 
@@ -74,6 +75,13 @@ class Strategy:
                                          np.array(ref["point"]), np.array(ref["scale"]))
         return self.hv
 
+    def keep_breakdown(self) -> None:
+        """The per-op breakdown of the front's designs, kept in the run for its report
+        (``dse.scoring.breakdown``): written when the loop ends without an error."""
+        if self.front is not None and "design_id" in self.front:
+            ids = np.sort(self.front["design_id"].to_numpy(dtype=np.int64))
+            store.write_breakdown(self.d, breakdown.of_designs(self.space, ids))
+
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
@@ -114,6 +122,7 @@ def drive(s: Strategy, progress: bool = True) -> dict:
                             elapsed=s.elapsed(), done=s.counters().get("trials_completed"),
                             reference=_reference_words(s))
             s.finish()
+            s.keep_breakdown()
         except BaseException:
             s.save("failed" if not work.stop else "stopped")
             raise

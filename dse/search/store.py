@@ -5,6 +5,7 @@
     runs/<id>/scores/*.parquet     per work item: the admissible, non-dominated scored designs
     runs/<id>/front.csv            the current front (objectives, parameters, design_id)
     runs/<id>/progress.json        state and counters (what `dse status` prints)
+    runs/<id>/front_breakdown.parquet  the front designs' per-op breakdown (dse.scoring.breakdown)
     runs/<id>/optuna.journal       the Optuna study of a local optuna/nested run (durable)
     runs/<id>/quarantine/          durable files `dse repair` found corrupt, moved aside
 
@@ -232,6 +233,24 @@ def complete_batches(d: Path, clean: bool = True) -> tuple[pd.DataFrame, dict]:
 def front_file(d: Path) -> Path:
     """A run's (or a report's, a what-if's) front.csv."""
     return Path(d) / "front.csv"
+
+
+def breakdown_file(d: Path) -> Path:
+    """The per-op breakdown of a run's front designs (derived: rewritten when a run stops)."""
+    return Path(d) / "front_breakdown.parquet"
+
+
+def write_breakdown(d: Path, table: pd.DataFrame) -> None:
+    atomic_save(breakdown_file(d), lambda p: table.to_parquet(p, index=False))
+
+
+def read_breakdown(d: Path) -> pd.DataFrame | None:
+    """front_breakdown.parquet, or None when it is missing or unreadable (it is derived)."""
+    try:
+        t = pd.read_parquet(breakdown_file(d))
+    except Exception:           # missing, partial or corrupt: the reader recomputes it
+        return None
+    return t if "design_id" in t else None
 
 
 def journal_file(d: Path) -> Path:
