@@ -183,9 +183,10 @@ def _figure_crossover(ctx: Context, s: Picks) -> str:
 
 
 def answer(ctx: Context) -> Answer:
+    # the cheapest design per prompt length, with and without the SLO, and its KV split
     s = _select(ctx, int(ctx.param("short_context_tokens", 8192)),
                 int(ctx.param("long_context_tokens", 131072)))
-    numbers = _numbers(ctx, s)
+    numbers = _numbers(s)               # the price steps from the short to the long prompt
     details = _details(ctx, s)
     figs = [_figure_cost(ctx, s), _figure_ops(ctx, s), _figure_crossover(ctx, s)]
     ctx.out.mkdir(parents=True, exist_ok=True)
@@ -215,7 +216,7 @@ def _select(ctx: Context, short: int, long: int) -> Picks:
     return s
 
 
-def _numbers(ctx: Context, s: Picks) -> dict:
+def _numbers(s: Picks) -> dict:
     sh, lg, fs, flg, first, first_free = s.s, s.lg, s.fs, s.flg, s.first, s.first_free
     numbers = {
         "short_context_tokens": s.short, "long_context_tokens": s.long,

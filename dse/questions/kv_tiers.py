@@ -110,20 +110,12 @@ def answer(ctx: Context) -> Answer:
         return Answer("- no admissible design")
     s.best = best_per(s.df, KEYS, COST)      # per (accelerator, prompt length, offload)
     s.kv_dtypes = ctx.space.kv_dtypes(s.best["design_id"].to_numpy(np.int64))
+    # per accelerator: the wall by context, what each tier is worth, where it pays and fills
     s.accs = {acc: _accelerator(ctx, s.best, acc)
               for acc in dict.fromkeys(s.best["accelerator.id"])}
-    numbers = {"tier_worth": {k: max(ws) if ws else None for k, ws in _worths(s).items()},
-               "tiers": {acc: a.stories for acc, a in s.accs.items()},
-               "usd_per_mtok_request": {f"{acc}/{int(isl)}": {m: a.per_token[m][i] for m in MODES}
-                                        for acc, a in s.accs.items()
-                                        for i, isl in enumerate(a.contexts)},
-               "kv_dtype": kv_dtype_text(s.kv_dtypes)}
     fig = _figure(ctx, s)
-    lead = tuple(Lead(f"tier_worth.{acc}/{int(a.contexts[-1])}", f"{acc}: a KV tier at "
-                      f"{int(a.contexts[-1]):,}-token prompts (cost per request without / with "
-                      "it)", "x", versus=1.0) for acc, a in s.accs.items())
     return Answer("\n".join(_accelerator_line(s, acc, a) for acc, a in s.accs.items()),
-                  _details(ctx, s), numbers, [fig], lead)
+                  _details(ctx, s), _numbers(s), [fig], _lead(s))
 
 
 def _priced(ctx: Context) -> pd.DataFrame:
@@ -163,10 +155,24 @@ def _accelerator(ctx: Context, best: pd.DataFrame, acc: str) -> Picks:
     return a
 
 
-def _worths(s: Picks) -> dict:
-    """Per ``accelerator/context``: the worths of its tiers (those with designs)."""
-    return {f"{acc}/{int(isl)}": [w[i] for w in a.worth.values() if w[i] is not None]
-            for acc, a in s.accs.items() for i, isl in enumerate(a.contexts)}
+def _numbers(s: Picks) -> dict:
+    """Per ``accelerator/context``: the best tier's worth and the $/Mtok of each mode; each
+    tier's story."""
+    worth, per_token = {}, {}
+    for acc, a in s.accs.items():
+        for i, isl in enumerate(a.contexts):
+            ws = [w[i] for w in a.worth.values() if w[i] is not None]
+            worth[f"{acc}/{int(isl)}"] = max(ws) if ws else None
+            per_token[f"{acc}/{int(isl)}"] = {m: a.per_token[m][i] for m in MODES}
+    return {"tier_worth": worth, "tiers": {acc: a.stories for acc, a in s.accs.items()},
+            "usd_per_mtok_request": per_token, "kv_dtype": kv_dtype_text(s.kv_dtypes)}
+
+
+def _lead(s: Picks) -> tuple:
+    """Each accelerator's tier worth at its longest context."""
+    return tuple(Lead(f"tier_worth.{acc}/{int(a.contexts[-1])}", f"{acc}: a KV tier at "
+                      f"{int(a.contexts[-1]):,}-token prompts (cost per request without / with "
+                      "it)", "x", versus=1.0) for acc, a in s.accs.items())
 
 
 def _accelerator_line(s: Picks, acc: str, a: Picks) -> str:

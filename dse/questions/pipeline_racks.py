@@ -157,11 +157,14 @@ def answer(ctx: Context) -> Answer:
     s = _at_first_latency(ctx, float(ctx.param("hop_share_max", 0.10)))
     s.ref_bw = catalog_bw_bytes_per_s(ctx)
     s.worst, s.best, s.cheapest = _picks(s)
+    # the scale-out bandwidth below which the hop passes the share, and the batch above which
     s.bw_worst = bandwidth_for_share(ctx, s.worst, s.share)
     s.bw_cheap = bandwidth_for_share(ctx, s.cheapest, s.share)
     s.limits = _max_batch_under(s.f, s.share)
+    # what the link is worth: the best cost at the slowest bandwidth against the catalog's
     s.lo_bw = float(s.f[BW].min())
     s.slow_pct, s.pp_pct, s.jump = _link_worth(s)
+    # and where the space sweeps the hop latency, the same over it
     s.sweep, s.lat_cheap = _sweep(ctx, s) if len(s.lats) > 1 else (pd.DataFrame(), None)
     return Answer(_headline(ctx, s), _details(ctx, s), _numbers(s), [_figure(ctx, s)],
                   _lead(s))
