@@ -25,13 +25,16 @@ import pandas as pd
 
 from dse.perf import OPS, score
 from dse.questions.common import (
-    admissible,
+    admissible_designs,
     describe,
+    dress,
     layout_curve,
+    layout_pairs,
+    limits_text,
     md_table,
     param_values,
-    pyplot,
     save,
+    subplots,
 )
 from dse.questions.context import Answer, Context, Lead
 
@@ -86,29 +89,24 @@ def summarize(ctx: Context, df: pd.DataFrame, within: float) -> dict:
 
 
 def _figure(ctx: Context, res: list[dict]) -> str:
-    plt = pyplot()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (a1, a2) = subplots(1, 2, figsize=(12, 4.8))
     for i, r in enumerate(res):
         col = f"C{i}"
         c = r["curve"]
-        lay = ", ".join(f"{k.split('.')[1]}={int(r['floor'][k])}" for k in LAYOUT)
+        lay = layout_pairs(r["floor"], LAYOUT)
         a1.plot(c[BATCH], c["tpot_s"] * 1e3, "-", c=col, label=f"{r['model']} ({lay})")
         a1.axhline(r["lat"]["latency_floor_s"] * 1e3, c=col, ls=":", lw=1)
         a2.plot(c[BATCH], c[COST], "-", c=col, label=f"{r['model']} ({lay})")
         a2.axhline(r["floor"][COST], c=col, ls=":", lw=1)
         a2.scatter([r["opt"][BATCH]], [r["opt"][COST]], c=col, s=50, zorder=5, edgecolors="k")
         a2.axvline(r["spec"]["formula_batch"], c=col, ls="--", lw=1)
-    a1.set_title("TPOT vs batch (dotted: weights per chip / HBM bandwidth)", fontsize=9)
-    a1.set_ylabel("TPOT (ms)")
-    a2.set_title(f"$/Mtok output vs batch (dotted: floor; dot: within {100 * ctx.param('within_fraction', 0.1):g}%"
-                 "; dashed: formula B*)", fontsize=9)
-    a2.set_ylabel("$ per million output tokens")
-    for a in (a1, a2):
-        a.set_xscale("log")
-        a.set_yscale("log")
-        a.set_xlabel("batch (concurrent sequences per instance)")
-        a.grid(alpha=0.3, which="both")
-        a.legend(fontsize=7)
+    x = "batch (concurrent sequences per instance)"
+    dress(a1, x, "TPOT (ms)", "TPOT vs batch (dotted: weights per chip / HBM bandwidth)",
+          xlog=10, ylog=10, legend=7, title_size=9)
+    dress(a2, x, "$ per million output tokens",
+          f"$/Mtok output vs batch (dotted: floor; dot: within "
+          f"{100 * ctx.param('within_fraction', 0.1):g}%; dashed: formula B*)",
+          xlog=10, ylog=10, legend=7, title_size=9)
     return save(fig, ctx, "batch-floors.png")
 
 
@@ -152,13 +150,22 @@ def _moe_caveat(res: list[dict]) -> str:
 
 def answer(ctx: Context) -> Answer:
     within = float(ctx.param("within_fraction", 0.10))
-    df = ctx.score()
-    df = df[admissible(ctx, df)].reset_index(drop=True)
-    models = list(dict.fromkeys(df["model.id"]))
-    res = [summarize(ctx, df[df["model.id"] == m], within) for m in models]
-    res.sort(key=lambda r: r["spec"]["sparsity"])
+    df = admissible_designs(ctx)
+    res = [summarize(ctx, df[df["model.id"] == m], within) for m in dict.fromkeys(df["model.id"])]
+    res.sort(key=lambda r: r["spec"]["sparsity"])            # dense first, the sparsest last
     figs = [_figure(ctx, res)]
     dense, sparse = res[0], res[-1]
+    numbers = {"within_fraction": within, "models": {r["model"]: _number(r) for r in res},
+               "dense_model": dense["model"], "sparse_model": sparse["model"],
+               "sparse_over_dense_optimal_batch": float(sparse["opt"][BATCH] / dense["opt"][BATCH])}
+    lead = tuple(Lead(f"models.{r['model']}.optimal_batch", f"{r['model']}: cost within "
+                      f"{within:.0%} of its floor from batch", "sequences",
+                      pick=f"models.{r['model']}.optimal_design_id", pick_label="design")
+                 for r in res)
+    return Answer(_headline(res, within), _details(ctx, df, res, within), numbers, figs, lead)
+
+
+def _headline(res: list[dict], within: float) -> str:
     head = []
     for r in res:
         s, f, o = r["spec"], r["floor"], r["opt"]
@@ -171,15 +178,19 @@ def answer(ctx: Context) -> Answer:
             f"{'; a small MoE batch reads only the experts it touches' if s['sparsity'] > 1.5 else ''}"
             f") vs smallest TPOT {r['fastest']['tpot_s'] * 1e3:.1f} ms on the same "
             f"{int(f['num_chips'])} chips; the cost floor is {r['floor_limit']}-limited.")
+    dense, sparse = res[0], res[-1]
     head.append(f"- The sparse model's optimal batch is {sparse['opt'][BATCH] / dense['opt'][BATCH]:.1f}x"
                 f" the dense one's ({sparse['model']} vs {dense['model']}); the formula predicts "
                 f"{sparse['spec']['formula_batch'] / dense['spec']['formula_batch']:.1f}x.")
+    return "\n".join(head)
+
+
+def _table(res: list[dict], within: float) -> str:
     rows = []
     for r in res:
         s, f = r["spec"], r["floor"]
         pt = r["per_token_s"]
-        rows.append([r["model"], f"{s['sparsity']:.1f}",
-                     ", ".join(f"{k.split('.')[1]}={int(f[k])}" for k in LAYOUT),
+        rows.append([r["model"], f"{s['sparsity']:.1f}", layout_pairs(f, LAYOUT),
                      f[COST], int(f[BATCH]), int(r["opt"][BATCH]),
                      "-" if r["balance"] is None else int(r["balance"][BATCH]),
                      s["formula_batch"], s["formula_batch_eff"],
@@ -187,16 +198,17 @@ def answer(ctx: Context) -> Answer:
                      r["fastest_any"]["tpot_s"] * 1e3,
                      " / ".join(f"{pt[k] * 1e6:.2f}" for k in ("compute_s", "weights_s", "kv_s",
                                                                "network_s"))])
-    table = md_table(["model", "total/active", "floor layout", "cost floor $/Mtok", "floor batch",
-                      f"optimal batch (<= +{within:.0%})", "first compute-bound batch",
-                      "formula B*", "B* with efficiencies", "latency floor ms",
-                      "min TPOT ms (layout)", "min TPOT ms (any layout)",
-                      "floor us/token: compute / weights / KV / network"], rows)
-    method = []
-    for r in res:
-        s = r["spec"]
-        method.append(
-            f"- {r['model']}: floor {describe(r['floor'], ('tpot_s', 'bound'))}; optimal batch "
+    return md_table(["model", "total/active", "floor layout", "cost floor $/Mtok", "floor batch",
+                     f"optimal batch (<= +{within:.0%})", "first compute-bound batch",
+                     "formula B*", "B* with efficiencies", "latency floor ms",
+                     "min TPOT ms (layout)", "min TPOT ms (any layout)",
+                     "floor us/token: compute / weights / KV / network"], rows)
+
+
+def _method(r: dict) -> str:
+    """One model's designs and the formula's inputs."""
+    s = r["spec"]
+    return (f"- {r['model']}: floor {describe(r['floor'], ('tpot_s', 'bound'))}; optimal batch "
             f"{describe(r['opt'], (COST,))}; smallest TPOT on that layout "
             f"{describe(r['fastest'], ('tpot_s',))}, on any layout "
             f"{describe(r['fastest_any'], ('tpot_s',))}. Formula inputs: peak "
@@ -204,10 +216,13 @@ def answer(ctx: Context) -> Answer:
             f"{s['weight_bytes']:g} byte/weight, {s['total_params']:.4g} total / "
             f"{s['active_params']:.4g} active params; latency floor = "
             f"{r['lat']['weights_bytes_per_chip']:.4g} B per chip / HBM bandwidth.")
-    details = f"""## Method
+
+
+def _details(ctx: Context, df: pd.DataFrame, res: list[dict], within: float) -> str:
+    return f"""## Method
 
 - {len(df):,} admissible designs of {ctx.space.size:,} (feasible, one instance within one \
-rack: {', '.join(f'{c.metric} <= {c.max:g}' for c in ctx.space.constraints if c.max is not None)}), \
+rack: {limits_text(ctx)}), \
 scored in float64.
 - Cost floor: the model's cheapest design ($/Mtok output, decode share of the cost). Curves: \
 that design's layout over every batch. Optimal batch: the smallest batch on the curve with \
@@ -222,17 +237,9 @@ per-layer and per-step overheads, collectives and, for an MoE at small batch, re
 experts the step touches (so it can go below the all-weights floor).
 - First compute-bound batch: the smallest batch on the curve whose decode step has compute \
 time above memory and network time (the scorer's `bound`).
-{chr(10).join(method)}
+{chr(10).join(_method(r) for r in res)}
 {_moe_caveat(res)}
 ## Table
 
-{table}
+{_table(res, within)}
 """
-    numbers = {"within_fraction": within, "models": {r["model"]: _number(r) for r in res},
-               "dense_model": dense["model"], "sparse_model": sparse["model"],
-               "sparse_over_dense_optimal_batch": float(sparse["opt"][BATCH] / dense["opt"][BATCH])}
-    lead = tuple(Lead(f"models.{r['model']}.optimal_batch", f"{r['model']}: cost within "
-                      f"{within:.0%} of its floor from batch", "sequences",
-                      pick=f"models.{r['model']}.optimal_design_id", pick_label="design")
-                 for r in res)
-    return Answer("\n".join(head), details, numbers, figs, lead)

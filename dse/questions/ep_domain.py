@@ -29,13 +29,17 @@ import pandas as pd
 from dse import catalog
 from dse.build.designs import resolve
 from dse.questions.common import (
+    Picks,
     admissible,
+    best_per,
+    dress,
+    in_units,
     md_frame,
     op_times,
     param_values,
-    pyplot,
     save,
     slo_text,
+    subplots,
 )
 from dse.questions.context import Answer, Context, Lead
 
@@ -80,9 +84,7 @@ def tier_price_to_tie(cheap: pd.DataFrame, cheap_free: pd.DataFrame, rack_chips:
 
 def _best(df: pd.DataFrame, ok: np.ndarray, metric: str) -> pd.DataFrame:
     """Per (domain, placement): the row with the lowest ``metric`` among ``ok`` rows."""
-    sub = df[ok & (df["placement"] != "other")]
-    idx = sub.groupby([DOMAIN, "placement"])[metric].idxmin()
-    return df.loc[idx.to_numpy()].reset_index(drop=True)
+    return best_per(df, [DOMAIN, "placement"], metric, ok & (df["placement"] != "other"))
 
 
 def _with_network(ctx: Context, rows: pd.DataFrame) -> pd.DataFrame:
@@ -120,10 +122,9 @@ def equal_chip_pairs(ctx: Context, df: pd.DataFrame, ok: np.ndarray) -> pd.DataF
 
 
 def _figure(ctx: Context, table: pd.DataFrame, fast: pd.DataFrame, slo: str) -> str:
-    plt = pyplot()
     domains = sorted(table[DOMAIN].unique())
     x = np.arange(len(domains))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, axes = subplots(1, 2, figsize=(11, 4.5))
     for ax, data, metric, scale, label in (
             (axes[0], table, "usd_per_mtok_output", 1.0, f"best $ per Mtok output ({slo})"),
             (axes[1], fast, "tpot_s", 1e3, "lowest TPOT of a feasible design (ms)")):
@@ -132,10 +133,7 @@ def _figure(ctx: Context, table: pd.DataFrame, fast: pd.DataFrame, slo: str) -> 
             ax.bar(x + (j - 0.5) * 0.4, v.to_numpy() * scale, 0.4,
                    label=f"{place} ({'ep over 1 domain' if place == 'inside' else '2 domains'})")
         ax.set_xticks(x, [str(int(d)) for d in domains])
-        ax.set_xlabel("scale-up domain (chips)")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8)
+        dress(ax, "scale-up domain (chips)", label, grid="y")
     fig.suptitle("DeepSeek-V3 expert parallelism: one domain vs two")
     return save(fig, ctx, "ep-inside-vs-across.png")
 
@@ -167,117 +165,155 @@ def system(ctx: Context) -> tuple[int, float]:
             units * float(t["cost.scaleup_tier_usd_per_800g"].iloc[0]))
 
 
+def tier_price() -> float:
+    """The second switch tier's catalog price, USD per 800 Gb/s of scale-up bandwidth."""
+    return float(catalog.cost_model()["scaleup_tier"]["usd_per_800g"])
+
+
+def score_tier_free(ctx: Context) -> pd.DataFrame:
+    """Every design of the space scored with the second tier free (its price and power 0): the
+    domain's cost held constant."""
+    return ctx.score(overrides={TIER[0]: ("set", 0.0), TIER[1]: ("set", 0.0)})
+
+
 def answer(ctx: Context) -> Answer:
-    df = ctx.score()
-    df["placement"] = placement(df)
-    ok = admissible(ctx, df)
-    free = ctx.score(overrides={TIER[0]: ("set", 0.0), TIER[1]: ("set", 0.0)})
-    free["placement"] = df["placement"]
-    ok_free = admissible(ctx, free)
-    slo = slo_text(ctx)
-    cheap = _with_network(ctx, _best(df, ok, "usd_per_mtok_output"))
-    cheap_free = _best(free, ok_free, "usd_per_mtok_output")
-    fast = _best(df, df["feasible"].to_numpy(bool), "tpot_s")
-    pairs = equal_chip_pairs(ctx, df, ok)
-    rack, tier_chip = system(ctx)
-    price = float(catalog.cost_model()["scaleup_tier"]["usd_per_800g"])
-    tie = tier_price_to_tie(cheap, cheap_free, rack, price)
-    shown = [int(d) for d in ctx.param("headline_domains", sorted(cheap[DOMAIN].unique()))]
-    c = cheap.set_index([DOMAIN, "placement"])
-    f = fast.set_index([DOMAIN, "placement"])
-    cf = cheap_free.set_index([DOMAIN, "placement"])
-    numbers = {"slo": slo, "rack_chips": rack, "tier_usd_per_800g": price,
-               "tier_usd_per_chip": tier_chip, "domains": {}, **tie}
-    lines = []
+    s = _select(ctx)
+    numbers = _numbers(ctx, s)
+    return Answer(_headline(s, numbers), _details(ctx, s), numbers,
+                  [_figure(ctx, s.cheap, s.fast, s.slo)], LEAD)
+
+
+def _select(ctx: Context) -> Picks:
+    """Per domain and placement: the cheapest design under the SLO (``cheap``, with its network
+    times), the same with the tier free (``cheap_free``) and the fastest feasible one
+    (``fast``); the equal-chip pairs; the tie prices; the cheapest inside design of all."""
+    s = Picks(df=ctx.score(), slo=slo_text(ctx), price=tier_price())
+    s.df["placement"] = placement(s.df)
+    s.ok = admissible(ctx, s.df)
+    free = score_tier_free(ctx)
+    free["placement"] = s.df["placement"]
+    s.cheap = _with_network(ctx, _best(s.df, s.ok, "usd_per_mtok_output"))
+    s.cheap_free = _best(free, admissible(ctx, free), "usd_per_mtok_output")
+    s.fast = _best(s.df, s.df["feasible"].to_numpy(bool), "tpot_s")
+    s.pairs = equal_chip_pairs(ctx, s.df, s.ok)
+    s.rack, s.tier_chip = system(ctx)
+    s.tie = tier_price_to_tie(s.cheap, s.cheap_free, s.rack, s.price)
+    s.best_in, s.best_free = _cheapest_inside(s.cheap), _cheapest_inside(s.cheap_free)
+    return s
+
+
+def _cheapest_inside(table: pd.DataFrame) -> pd.Series:
+    ins = table[table["placement"] == "inside"]
+    return ins.loc[ins["usd_per_mtok_output"].idxmin()]
+
+
+def _numbers(ctx: Context, s: Picks) -> dict:
+    numbers = {"slo": s.slo, "rack_chips": s.rack, "tier_usd_per_800g": s.price,
+               "tier_usd_per_chip": s.tier_chip, "domains": {}, **s.tie}
+    shown = [int(d) for d in ctx.param("headline_domains", sorted(s.cheap[DOMAIN].unique()))]
+    c = s.cheap.set_index([DOMAIN, "placement"])
+    f = s.fast.set_index([DOMAIN, "placement"])
+    cf = s.cheap_free.set_index([DOMAIN, "placement"])
     for d in shown:
-        n = {}
-        for place in PLACES:
-            if (d, place) in c.index:
-                r = c.loc[(d, place)]
-                n[place] = {"usd_per_mtok_output": float(r["usd_per_mtok_output"]),
-                            "tpot_s": float(r["tpot_s"]), "ep": int(r[EP]), "batch": int(r[BATCH]),
-                            "instance_chips": int(r[DP]),
-                            "instances_per_domain": int(d // r[DP]) if place == "inside" else 0,
-                            "design_id": int(r["design_id"]),
-                            "output_tokens_per_s_per_chip": float(r["output_tokens_per_s_per_chip"]),
-                            "min_tpot_s": float(f.loc[(d, place), "tpot_s"]),
-                            "usd_per_mtok_output_tier_free": float(
-                                cf.loc[(d, place), "usd_per_mtok_output"])
-                            if (d, place) in cf.index else None}
-        numbers["domains"][str(d)] = n
-        if "inside" in n and "across" in n:
-            i, a = n["inside"], n["across"]
-            host = (f"{i['instances_per_domain']} instances of {i['instance_chips']} chips"
-                    if i["instances_per_domain"] > 1 else f"one instance of {i['instance_chips']} chips")
-            lines.append(
-                f"- **domain {d}:** inside **${i['usd_per_mtok_output']:.3f}/Mtok** at "
-                f"{i['tpot_s'] * 1e3:.0f} ms TPOT ({host}, ep={i['ep']}, batch {i['batch']}); "
-                f"across two domains **${a['usd_per_mtok_output']:.3f}/Mtok** at "
-                f"{a['tpot_s'] * 1e3:.0f} ms ({2 * d} chips, ep={a['ep']}, batch {a['batch']}): "
-                f"across costs **{a['usd_per_mtok_output'] / i['usd_per_mtok_output']:.1f}x**; "
-                f"lowest TPOT {i['min_tpot_s'] * 1e3:.1f} ms inside vs "
-                f"{a['min_tpot_s'] * 1e3:.1f} ms across.")
-    ins = cheap[cheap["placement"] == "inside"]
-    best_in = ins.loc[ins["usd_per_mtok_output"].idxmin()]
-    ins_free = cheap_free[cheap_free["placement"] == "inside"]
-    best_free = ins_free.loc[ins_free["usd_per_mtok_output"].idxmin()]
+        numbers["domains"][str(d)] = {place: _domain_numbers(d, place, c.loc[(d, place)], f, cf)
+                                      for place in PLACES if (d, place) in c.index}
+    best_in, best_free = s.best_in, s.best_free
     numbers["cheapest_inside_domain"] = int(best_in[DOMAIN])
     numbers["cheapest_inside_usd_per_mtok_output"] = float(best_in["usd_per_mtok_output"])
     numbers["cheapest_inside_instance_chips"] = int(best_in[DP])
     numbers["cheapest_inside_domain_tier_free"] = int(best_free[DOMAIN])
     numbers["cheapest_inside_instance_chips_tier_free"] = int(best_free[DP])
     numbers["cheapest_inside_usd_per_mtok_output_tier_free"] = float(best_free["usd_per_mtok_output"])
-    numbers["equal_chip_pairs"] = pairs.to_dict(orient="records")
+    numbers["equal_chip_pairs"] = s.pairs.to_dict(orient="records")
+    return numbers
+
+
+def _domain_numbers(d: int, place: str, r: pd.Series, f: pd.DataFrame, cf: pd.DataFrame) -> dict:
+    """One domain size and placement's cheapest design (``r``), lowest TPOT (from ``f``) and
+    cheapest with the tier free (from ``cf``)."""
+    return {"usd_per_mtok_output": float(r["usd_per_mtok_output"]),
+            "tpot_s": float(r["tpot_s"]), "ep": int(r[EP]), "batch": int(r[BATCH]),
+            "instance_chips": int(r[DP]),
+            "instances_per_domain": int(d // r[DP]) if place == "inside" else 0,
+            "design_id": int(r["design_id"]),
+            "output_tokens_per_s_per_chip": float(r["output_tokens_per_s_per_chip"]),
+            "min_tpot_s": float(f.loc[(d, place), "tpot_s"]),
+            "usd_per_mtok_output_tier_free": float(cf.loc[(d, place), "usd_per_mtok_output"])
+            if (d, place) in cf.index else None}
+
+
+def _headline(s: Picks, numbers: dict) -> str:
+    best_in, best_free, cheap_free = s.best_in, s.best_free, s.cheap_free
     same = cheap_free[(cheap_free["placement"] == "inside")
                       & (cheap_free["usd_per_mtok_output"]
                          <= best_free["usd_per_mtok_output"] * (1 + 1e-9))]
     head = [
-        f"Under {slo}, DeepSeek-V3 FP8 on GB200-class chips, a domain hosting as many instances as "
-        "fit (cheapest design per domain size and placement, over every instance size, EP degree "
-        "and batch):", "",
+        f"Under {s.slo}, DeepSeek-V3 FP8 on GB200-class chips, a domain hosting as many instances "
+        "as fit (cheapest design per domain size and placement, over every instance size, EP "
+        "degree and batch):", "",
         f"- **The cheapest domain is {int(best_in[DOMAIN])} chips** "
         f"(${best_in['usd_per_mtok_output']:.3f}/Mtok, instances of {int(best_in[DP])} chips, "
-        f"ep={int(best_in[EP])}), with a domain beyond one rack ({rack} chips) paying a second "
-        f"switch tier of ${tier_chip:,.0f} per chip (${price:,.0f} per 800 Gb/s: leaf and spine "
-        "ports and optics, a sourced estimate in `dse/catalog/cost_model.toml`).",
+        f"ep={int(best_in[EP])}), with a domain beyond one rack ({s.rack} chips) paying a second "
+        f"switch tier of ${s.tier_chip:,.0f} per chip (${s.price:,.0f} per 800 Gb/s: leaf and "
+        "spine ports and optics, a sourced estimate in `dse/catalog/cost_model.toml`).",
         f"- **With the domain's cost held constant** (tier price 0) the cheapest instance is "
         f"{int(best_free[DP])} chips (${best_free['usd_per_mtok_output']:.3f}/Mtok), which every "
         f"domain of {', '.join(str(int(x)) for x in sorted(same[DOMAIN].unique()))} chips hosts "
         "equally well: the domain size no longer decides, only whether the best instance fits in it "
         "(an earlier version made one instance fill the domain and held its cost constant)."]
-    head += tie_lines(tie, price)
-    head += lines
-    if len(pairs):
+    head += tie_lines(s.tie, s.price)
+    head += [_domain_line(int(d), n) for d, n in numbers["domains"].items()
+             if "inside" in n and "across" in n]
+    if len(s.pairs):
+        pairs = s.pairs
         worst = pairs.loc[pairs["tpot_ratio"].idxmax()]
         head.append(
             f"- **At equal chips** the same layout and batch is slower across two domains: "
             f"TPOT x{pairs['tpot_ratio'].min():.2f} to x{pairs['tpot_ratio'].max():.2f} "
             f"(worst at {int(worst['chips'])} chips: {worst['tpot_inside_ms']:.0f} -> "
             f"{worst['tpot_across_ms']:.0f} ms).")
-    inside = cheap[cheap["placement"] == "inside"].sort_values(DOMAIN)
-    big = inside.iloc[-1]
+    big = s.cheap[s.cheap["placement"] == "inside"].sort_values(DOMAIN).iloc[-1]
     head.append(
         f"- What would change it: the second tier's price (above), and instances larger than one "
         f"rack getting cheaper per token. At {int(big[DOMAIN])} chips the cheapest decode step "
         f"spends {big['a2a_network_ms']:.1f} ms in the expert all-to-all and "
         f"{big['dense_allreduce_ms']:.1f} ms in the dense all-reduce.")
+    return "\n".join(head)
+
+
+def _domain_line(d: int, n: dict) -> str:
+    """One domain size: inside against across, in words."""
+    i, a = n["inside"], n["across"]
+    host = (f"{i['instances_per_domain']} instances of {i['instance_chips']} chips"
+            if i["instances_per_domain"] > 1 else f"one instance of {i['instance_chips']} chips")
+    return (f"- **domain {d}:** inside **${i['usd_per_mtok_output']:.3f}/Mtok** at "
+            f"{i['tpot_s'] * 1e3:.0f} ms TPOT ({host}, ep={i['ep']}, batch {i['batch']}); "
+            f"across two domains **${a['usd_per_mtok_output']:.3f}/Mtok** at "
+            f"{a['tpot_s'] * 1e3:.0f} ms ({2 * d} chips, ep={a['ep']}, batch {a['batch']}): "
+            f"across costs **{a['usd_per_mtok_output'] / i['usd_per_mtok_output']:.1f}x**; "
+            f"lowest TPOT {i['min_tpot_s'] * 1e3:.1f} ms inside vs "
+            f"{a['min_tpot_s'] * 1e3:.1f} ms across.")
+
+
+TABLE_UNITS = {"tpot_s": ("tpot_ms", 1e3), DP: ("instance chips (dp)", None)}
+
+
+def _details(ctx: Context, s: Picks) -> str:
+    slo, cheap = s.slo, s.cheap
     dense_col = ["layout.dense_mlp"] if "layout.dense_mlp" in cheap else []
-    t = cheap[[DOMAIN, "placement", "design_id", DP, EP, *dense_col, BATCH, "usd_per_mtok_output",
-               "tpot_s", "ttft_s", "output_tokens_per_s_per_chip", "usd_per_chip_hour",
-               "decode_step_ms", "a2a_network_ms", "dense_allreduce_ms"]].copy()
-    t["tpot_s"] *= 1e3
-    t = t.rename(columns={"tpot_s": "tpot_ms", DP: "instance chips (dp)"})
-    tf = cheap_free[[DOMAIN, "placement", "design_id", DP, EP, BATCH, "usd_per_mtok_output",
-                     "usd_per_chip_hour"]].rename(columns={DP: "instance chips (dp)"})
-    ft = fast[[DOMAIN, "placement", "design_id", DP, EP, BATCH, "tpot_s",
-               "usd_per_mtok_output"]].copy()
-    ft["tpot_s"] *= 1e3
-    ft = ft.rename(columns={"tpot_s": "tpot_ms", DP: "instance chips (dp)"})
-    details = "\n".join([
+    t = in_units(cheap[[DOMAIN, "placement", "design_id", DP, EP, *dense_col, BATCH,
+                        "usd_per_mtok_output", "tpot_s", "ttft_s", "output_tokens_per_s_per_chip",
+                        "usd_per_chip_hour", "decode_step_ms", "a2a_network_ms",
+                        "dense_allreduce_ms"]], TABLE_UNITS)
+    tf = s.cheap_free[[DOMAIN, "placement", "design_id", DP, EP, BATCH, "usd_per_mtok_output",
+                       "usd_per_chip_hour"]].rename(columns={DP: "instance chips (dp)"})
+    ft = in_units(s.fast[[DOMAIN, "placement", "design_id", DP, EP, BATCH, "tpot_s",
+                          "usd_per_mtok_output"]], TABLE_UNITS)
+    return "\n".join([
         "## Method", "",
-        f"- `{ctx.space.file}`: {len(df):,} designs scored; a design is *inside* when its "
+        f"- `{ctx.space.file}`: {len(s.df):,} designs scored; a design is *inside* when its "
         "instance (`layout.dp` chips, tp = 1) fits in one domain a whole number of times and "
-        f"*across* when it is twice the domain; {int(ok.sum()):,} designs meet {slo}. EP degrees "
+        f"*across* when it is twice the domain; {int(s.ok.sum()):,} designs meet {slo}. EP degrees "
         "above DeepSeek-V3's 256 experts are infeasible in dse.",
         "- Domain cost: a domain larger than the rack (and than the catalog system's own domain) "
         "adds `cost.scaleup_tier_usd_per_800g` x the chip's scale-up bandwidth in 800 Gb/s units "
@@ -297,19 +333,22 @@ def answer(ctx: Context) -> Answer:
         "### The same with the domain's cost held constant (tier price 0)", "", md_frame(tf), "",
         "### Lowest TPOT per domain and placement (feasible, no SLO)", "", md_frame(ft), "",
         "### Equal chips: one domain vs two, same layout and batch", "",
-        md_frame(pairs) if len(pairs) else "(no pair)", "",
-        "## Caveats (model)", "",
-        "- The tier price is an Ethernet-class estimate (switch ports and 800G optics); NVLink "
-        "switch silicon and copper backplanes (as Rubin's NVL576 plans) may cost less. Domains "
-        "within one rack cost the catalog system's price whatever their size (a smaller domain "
-        "in the same rack saves nothing).",
-        "- The dense MLP layers (DeepSeek-V3's first 3) are either split over the whole tp x dp "
-        "instance or replicated on every attention-DP rank (`layout.dense_mlp`); the space "
-        "searches both.",
-        "- The expert all-to-all always runs over the whole tp x dp group, even when "
-        "ep < tp x dp.",
+        md_frame(s.pairs) if len(s.pairs) else "(no pair)", "",
+        *CAVEATS,
     ])
-    fig = _figure(ctx, cheap, fast, slo)
-    lead = (Lead("cheapest_inside_usd_per_mtok_output", "Price at the cheapest domain", "$/Mtok",
-                 pick="cheapest_inside_domain", pick_label="domain (chips)"),)
-    return Answer("\n".join(head), details, numbers, [fig], lead)
+
+
+CAVEATS = [
+    "## Caveats (model)", "",
+    "- The tier price is an Ethernet-class estimate (switch ports and 800G optics); NVLink "
+    "switch silicon and copper backplanes (as Rubin's NVL576 plans) may cost less. Domains "
+    "within one rack cost the catalog system's price whatever their size (a smaller domain "
+    "in the same rack saves nothing).",
+    "- The dense MLP layers (DeepSeek-V3's first 3) are either split over the whole tp x dp "
+    "instance or replicated on every attention-DP rank (`layout.dense_mlp`); the space "
+    "searches both.",
+    "- The expert all-to-all always runs over the whole tp x dp group, even when "
+    "ep < tp x dp.",
+]
+LEAD = (Lead("cheapest_inside_usd_per_mtok_output", "Price at the cheapest domain", "$/Mtok",
+             pick="cheapest_inside_domain", pick_label="domain (chips)"),)

@@ -24,7 +24,18 @@ import pandas as pd
 
 from dse import catalog
 from dse.perf.imbalance import published_imbalance
-from dse.questions.common import admissible, describe, md_table, pyplot, save
+from dse.questions.common import (
+    Picks,
+    admissible_designs,
+    best_per,
+    describe,
+    dress,
+    limits_text,
+    md_table,
+    save,
+    space_text,
+    subplots,
+)
 from dse.questions.context import Answer, Context, Lead
 
 COST = "usd_per_mtok_output"
@@ -50,106 +61,88 @@ def _slots(red: np.ndarray, experts: float, ep: float) -> np.ndarray:
     return np.ceil((experts + np.asarray(red, float)) / ep) * ep
 
 
-def _figure(ctx, curves: dict, published_slots: int, best: dict, imb_pub: float) -> str:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, c in curves.items():
+def _figure(ctx: Context, s: Picks) -> str:
+    fig, ax = subplots(figsize=(7, 4.5))
+    for label in s.order:
+        c = s.cheapest.loc[label][COST].sort_index()
         line, = ax.plot(c.index, c.to_numpy(), "-", lw=1.5 if label == PUBLISHED else 1,
-                        label=(f"published routing model ({imb_pub:.2f})" if label == PUBLISHED
+                        label=(f"published routing model ({s.imb_pub:.2f})" if label == PUBLISHED
                                else f"imbalance {label} (assumed)"))
-        r = best[label]
+        r = s.per[label]["best_slots"]
         ax.scatter([r], [c.loc[r]], s=40, color=line.get_color(), zorder=5)
-    ax.axvline(published_slots, c="k", ls=":", lw=1,
-               label=f"published default: {published_slots} redundant experts")
-    ax.set_xlabel("redundant expert slots per EP group (serving.redundant_experts)")
-    ax.set_ylabel("$ per million output tokens (cheapest admissible)")
-    ax.set_title("EPLB redundant experts: price vs slot count (dots: optimum)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.axvline(s.pub_r, c="k", ls=":", lw=1,
+               label=f"published default: {s.pub_r} redundant experts")
+    dress(ax, "redundant expert slots per EP group (serving.redundant_experts)",
+          "$ per million output tokens (cheapest admissible)",
+          "EPLB redundant experts: price vs slot count (dots: optimum)", grid="major")
     return save(fig, ctx, "eplb-slots.png")
 
 
 def answer(ctx: Context) -> Answer:
-    pub_r = int(ctx.param("published_redundant_experts", 32))
-    source = str(ctx.param("published_source", ""))
+    s = Picks(pub_r=int(ctx.param("published_redundant_experts", 32)),
+              source=str(ctx.param("published_source", "")))
     df = ctx.score()
     if IMB not in df or RED not in df:
         return Answer("- the space must sweep serving.expert_imbalance and "
                       "serving.redundant_experts")
-    base = ctx.space.base
-    model = catalog.models()[str(base.get("model.id"))]
-    experts, ep = float(model.num_experts), float(base.get("layout.ep", 1))
-    imb_pub = float(published_imbalance(ep, experts, catalog.expert_load_cv()))
+    model = catalog.models()[str(ctx.space.base.get("model.id"))]
+    s.experts, s.ep = float(model.num_experts), float(ctx.space.base.get("layout.ep", 1))
+    s.imb_pub = float(published_imbalance(s.ep, s.experts, catalog.expert_load_cv()))
+    s.df = _with_published(ctx, df, s.imb_pub)
+    if s.df.empty:
+        return Answer("- no admissible design")
+    # the cheapest design per imbalance and slot count; the imbalances in order, published last
+    s.cheapest = best_per(s.df, [IMB, RED], COST).set_index([IMB, RED])
+    order = [k for k in dict.fromkeys(s.df[IMB]) if k != PUBLISHED] + [PUBLISHED]
+    s.order = [k for k in order if k in s.cheapest.index.get_level_values(0)]
+    s.per = {key: _per_imbalance(s, key) for key in s.order}
+    s.top = max((k for k in s.order if k != PUBLISHED), key=float)
+    fig = _figure(ctx, s)
+    return Answer(_headline(s), _details(ctx, s), _numbers(s), [fig], _lead(s))
+
+
+def _with_published(ctx: Context, df: pd.DataFrame, imb_pub: float) -> pd.DataFrame:
+    """The admissible designs of the space, imbalances as text, and again at the published
+    routing model's imbalance (``PUBLISHED``)."""
     pub = _published_rows(ctx, imb_pub)
     pub[IMB] = PUBLISHED
     df = pd.concat([df.assign(**{IMB: df[IMB].map(lambda v: f"{v:g}")}), pub],
                    ignore_index=True)
-    df = df[admissible(ctx, df)].reset_index(drop=True)
-    if df.empty:
-        return Answer("- no admissible design")
-    cheapest = df.loc[df.groupby([IMB, RED])[COST].idxmin()].set_index([IMB, RED])
-    order = [k for k in dict.fromkeys(df[IMB]) if k != PUBLISHED] + [PUBLISHED]
-    order = [k for k in order if k in cheapest.index.get_level_values(0)]
-    curves, best, per, rows = {}, {}, {}, []
-    for key in order:
-        sub = cheapest.loc[key]
-        curve = sub[COST].sort_index()
-        curves[key] = curve
-        r_best = int(curve.idxmin())           # the first (fewest slots) at the lowest price
-        best[key] = r_best
-        at = {name: (sub.loc[r] if r in sub.index else None)
-              for name, r in (("none", 0), ("published", pub_r), ("best", r_best))}
-        none, p, b = at["none"], at["published"], at["best"]
+    return admissible_designs(ctx, df)
 
-        def price(r):
-            return None if r is None else float(r[COST])
 
-        def hbm(r):
-            return None if r is None or none is None else float(
-                (r["weights_bytes_per_chip"] - none["weights_bytes_per_chip"]) / 1e9)
-        per[key] = {
-            "imbalance": imb_pub if key == PUBLISHED else float(key),
-            "usd_per_mtok_no_slots": price(none), "usd_per_mtok_published_slots": price(p),
-            "usd_per_mtok_best": price(b), "best_slots": r_best,
-            "best_replicas_per_layer": int(_slots(r_best, experts, ep) - experts),
-            "cut_best": None if none is None else price(none) / price(b),
-            "cut_published": None if none is None or p is None else price(none) / price(p),
-            "best_vs_published": None if p is None else price(p) / price(b),
-            "extra_hbm_gb_per_chip_best": hbm(b),
-        }
-        n = per[key]
-        rows.append([("published routing model " if key == PUBLISHED else "")
-                     + f"{n['imbalance']:.3g}",
-                     "-" if none is None else f"${n['usd_per_mtok_no_slots']:.3f}",
-                     "-" if p is None else f"${n['usd_per_mtok_published_slots']:.3f}",
-                     f"{r_best} ({n['best_replicas_per_layer']} replicas)",
-                     f"${n['usd_per_mtok_best']:.3f}",
-                     "-" if n["cut_best"] is None else f"{n['cut_best']:.3f}x",
-                     "-" if n["best_vs_published"] is None else f"{n['best_vs_published']:.3f}x",
-                     "-" if n["extra_hbm_gb_per_chip_best"] is None
-                     else f"{n['extra_hbm_gb_per_chip_best']:.2f}", b["tpot_s"] * 1e3,
-                     f"{int(b['workload.concurrency']):,}"])
-    table = md_table(["imbalance (max/mean)", "$/Mtok, no slots",
-                      f"$/Mtok, {pub_r} slots (published default)", "optimal slots",
-                      "$/Mtok at the optimum", "optimum vs no slots",
-                      f"optimum vs {pub_r} slots", "extra HBM per chip GB (optimum)",
-                      "TPOT ms (optimum)", "batch (optimum)"], rows)
-    reds = np.array(sorted(df[RED].unique()), dtype=float)
-    levels = pd.DataFrame({"r": reds, "slots": _slots(reds, experts, ep)})
-    level_rows = []
-    for slots, g in levels.groupby("slots"):
-        level_rows.append([f"{int(g['r'].min())}..{int(g['r'].max())}", f"{int(slots):,}",
-                           f"{int(slots / ep)}", f"{int(slots - experts)}"])
-    levels_table = md_table(["redundant_experts", "expert slots per layer", "per EP rank",
-                             "replicas of hot experts"], level_rows)
-    fig = _figure(ctx, curves, pub_r, best, imb_pub)
-    top = max((k for k in order if k != PUBLISHED), key=float)
-    t, pd_ = per[top], per.get(PUBLISHED)
+def _per_imbalance(s: Picks, key: str) -> dict:
+    """One imbalance: the price without slots, at the published default and at the optimum
+    (the fewest slots at the lowest price), and the optimum's extra HBM per chip."""
+    sub = s.cheapest.loc[key]
+    r_best = int(sub[COST].sort_index().idxmin())      # the first (fewest slots) at the lowest price
+    none, p, b = (sub.loc[r] if r in sub.index else None for r in (0, s.pub_r, r_best))
+
+    def price(r):
+        return None if r is None else float(r[COST])
+
+    def hbm(r):
+        return None if r is None or none is None else float(
+            (r["weights_bytes_per_chip"] - none["weights_bytes_per_chip"]) / 1e9)
+    return {
+        "imbalance": s.imb_pub if key == PUBLISHED else float(key),
+        "usd_per_mtok_no_slots": price(none), "usd_per_mtok_published_slots": price(p),
+        "usd_per_mtok_best": price(b), "best_slots": r_best,
+        "best_replicas_per_layer": int(_slots(r_best, s.experts, s.ep) - s.experts),
+        "cut_best": None if none is None else price(none) / price(b),
+        "cut_published": None if none is None or p is None else price(none) / price(p),
+        "best_vs_published": None if p is None else price(p) / price(b),
+        "extra_hbm_gb_per_chip_best": hbm(b),
+    }
+
+
+def _headline(s: Picks) -> str:
+    t, pd_, pub_r, ep, experts = s.per[s.top], s.per.get(PUBLISHED), s.pub_r, s.ep, s.experts
     head = []
     if pd_ is not None:
         head.append(
             f"- At the published routing model's imbalance for EP {ep:g} over {experts:g} "
-            f"experts ({imb_pub:.2f} max/mean), the cheapest is **{pd_['best_slots']} redundant "
+            f"experts ({s.imb_pub:.2f} max/mean), the cheapest is **{pd_['best_slots']} redundant "
             f"slots** ({pd_['best_replicas_per_layer']} replicas per layer): "
             f"${pd_['usd_per_mtok_best']:.3f}/Mtok output, {pd_['cut_best']:.3f}x cheaper than "
             f"no slots (${pd_['usd_per_mtok_no_slots']:.3f})"
@@ -166,52 +159,102 @@ def answer(ctx: Context) -> Answer:
            f"; {pub_r} slots (the published default) give ${t['usd_per_mtok_published_slots']:.3f}")
         + ".")
     head.append(f"- Published default: {pub_r} redundant experts"
-                + (f" ({source})" if source else "") + f". At EP {ep:g}, {experts:g} experts "
+                + (f" ({s.source})" if s.source else "") + f". At EP {ep:g}, {experts:g} experts "
                 f"already leave {int(_slots(0, experts, ep) - experts)} spare slots per layer "
                 f"(ceil({experts:g}/{ep:g}) = {int(_slots(0, experts, ep) / ep)} per rank) that "
                 "hold replicas, and slots come a whole one per rank at a time: see the levels "
                 "below.")
-    bal = per.get("1")
+    bal = s.per.get("1")
     if bal is not None:
         head.append(f"- Perfect balance would cost ${bal['usd_per_mtok_best']:.3f}/Mtok: "
                     f"imbalance {t['imbalance']:g} without slots costs "
                     f"{t['usd_per_mtok_no_slots'] / bal['usd_per_mtok_best']:.2f}x that, at its "
                     f"optimum {t['usd_per_mtok_best'] / bal['usd_per_mtok_best']:.2f}x.")
-    hi = cheapest.loc[(top, t["best_slots"])]
-    details = f"""## Method
+    return "\n".join(head)
 
-- Space: {ctx.space.size:,} designs ({', '.join(p.path for p in ctx.space.parameters)}), and \
-the same designs again at the published routing model's imbalance {imb_pub:.3f} \
+
+def _prices_table(s: Picks) -> str:
+    """Per imbalance: the price without slots, at the published default and at the optimum."""
+    rows = []
+    for key in s.order:
+        n = s.per[key]
+        b = s.cheapest.loc[(key, n["best_slots"])]
+        rows.append([("published routing model " if key == PUBLISHED else "")
+                     + f"{n['imbalance']:.3g}",
+                     "-" if n["usd_per_mtok_no_slots"] is None
+                     else f"${n['usd_per_mtok_no_slots']:.3f}",
+                     "-" if n["usd_per_mtok_published_slots"] is None
+                     else f"${n['usd_per_mtok_published_slots']:.3f}",
+                     f"{n['best_slots']} ({n['best_replicas_per_layer']} replicas)",
+                     f"${n['usd_per_mtok_best']:.3f}",
+                     "-" if n["cut_best"] is None else f"{n['cut_best']:.3f}x",
+                     "-" if n["best_vs_published"] is None else f"{n['best_vs_published']:.3f}x",
+                     "-" if n["extra_hbm_gb_per_chip_best"] is None
+                     else f"{n['extra_hbm_gb_per_chip_best']:.2f}", b["tpot_s"] * 1e3,
+                     f"{int(b['workload.concurrency']):,}"])
+    return md_table(["imbalance (max/mean)", "$/Mtok, no slots",
+                     f"$/Mtok, {s.pub_r} slots (published default)", "optimal slots",
+                     "$/Mtok at the optimum", "optimum vs no slots",
+                     f"optimum vs {s.pub_r} slots", "extra HBM per chip GB (optimum)",
+                     "TPOT ms (optimum)", "batch (optimum)"], rows)
+
+
+def _levels_table(s: Picks) -> str:
+    """The expert slots per layer each swept count of redundant experts gives."""
+    reds = np.array(sorted(s.df[RED].unique()), dtype=float)
+    levels = pd.DataFrame({"r": reds, "slots": _slots(reds, s.experts, s.ep)})
+    rows = [[f"{int(g['r'].min())}..{int(g['r'].max())}", f"{int(slots):,}",
+             f"{int(slots / s.ep)}", f"{int(slots - s.experts)}"]
+            for slots, g in levels.groupby("slots")]
+    return md_table(["redundant_experts", "expert slots per layer", "per EP rank",
+                     "replicas of hot experts"], rows)
+
+
+def _details(ctx: Context, s: Picks) -> str:
+    t, pub_r, ep, experts = s.per[s.top], s.pub_r, s.ep, s.experts
+    hi = s.cheapest.loc[(s.top, t["best_slots"])]
+    return f"""## Method
+
+- Space: {space_text(ctx)}, and \
+the same designs again at the published routing model's imbalance {s.imb_pub:.3f} \
 (`1 + z(ep) cv sqrt(ep / E)`, cv = {catalog.expert_load_cv():g} from \
-dse/catalog/serving.toml [expert_routing]); {len(df):,} admissible (feasible, \
-{', '.join(f'{c.metric} <= {c.max:g}' for c in ctx.space.constraints if c.max is not None) or 'no constraint'}).
+dse/catalog/serving.toml [expert_routing]); {len(s.df):,} admissible (feasible, \
+{limits_text(ctx, "no constraint")}).
 - Per (imbalance, redundant slots): the cheapest admissible design; per imbalance the \
 optimum is the fewest slots at the lowest price. The swept imbalances are assumptions of the \
 question; the slots' effect is the model's stated rule (a replica splits one hot expert's load \
 in two), not a measurement.
-- Published default slot count: {pub_r} redundant experts ({source or 'see the space file'}).
+- Published default slot count: {pub_r} redundant experts ({s.source or 'see the space file'}).
 - Cheapest design at imbalance {t['imbalance']:g} with its optimal slots: {describe(hi)}.
 
 ## Price without slots, at the published default and at the optimum
 
-{table}
+{_prices_table(s)}
 
 ## Expert slots the swept counts give (EP {ep:g}, {experts:g} experts)
 
 Every EP rank holds the same whole number of slots per layer, so `serving.redundant_experts` \
 rounds up to a multiple of {ep:g} slots per layer:
 
-{levels_table}
+{_levels_table(s)}
 """
-    numbers = {"published_redundant_experts": pub_r, "published_imbalance": imb_pub,
-               "by_imbalance": per, "top_imbalance": float(t["imbalance"]),
-               "slots_at_top_imbalance": int(t["best_slots"]),
-               "price_cut_at_top_imbalance": float(t["cut_best"])}
-    lead = ((Lead(f"by_imbalance.{PUBLISHED}.cut_best", "Price cut by the best redundant slots "
-                  f"at the published routing imbalance {imb_pub:.2f} (EP {ep:g})", "x",
-                  pick=f"by_imbalance.{PUBLISHED}.best_slots", pick_label="slot count",
-                  versus=1.0),) if pd_ is not None else
-            (Lead("price_cut_at_top_imbalance", f"Price cut by the best redundant slots at "
-                  f"imbalance {t['imbalance']:g}", "x", pick="slots_at_top_imbalance",
-                  pick_label="slot count", versus=1.0),))
-    return Answer("\n".join(head), details, numbers, [fig], lead)
+
+
+def _numbers(s: Picks) -> dict:
+    t = s.per[s.top]
+    return {"published_redundant_experts": s.pub_r, "published_imbalance": s.imb_pub,
+            "by_imbalance": s.per, "top_imbalance": float(t["imbalance"]),
+            "slots_at_top_imbalance": int(t["best_slots"]),
+            "price_cut_at_top_imbalance": float(t["cut_best"])}
+
+
+def _lead(s: Picks) -> tuple:
+    if PUBLISHED in s.per:
+        return (Lead(f"by_imbalance.{PUBLISHED}.cut_best", "Price cut by the best redundant "
+                     f"slots at the published routing imbalance {s.imb_pub:.2f} (EP {s.ep:g})",
+                     "x", pick=f"by_imbalance.{PUBLISHED}.best_slots", pick_label="slot count",
+                     versus=1.0),)
+    t = s.per[s.top]
+    return (Lead("price_cut_at_top_imbalance", f"Price cut by the best redundant slots at "
+                 f"imbalance {t['imbalance']:g}", "x", pick="slots_at_top_imbalance",
+                 pick_label="slot count", versus=1.0),)

@@ -20,7 +20,7 @@ from dse import catalog, pareto
 from dse.build.designs import resolve, to_batch
 from dse.build.space import Constraint
 from dse.perf import BOUNDS, score
-from dse.questions.common import layout_text, md_frame, pyplot, save
+from dse.questions.common import dress, layout_text, md_frame, save, subplots
 from dse.questions.context import Answer, Context, Lead
 
 COST = "usd_per_mtok_output"
@@ -108,12 +108,11 @@ def value_table(ctx: Context) -> pd.DataFrame:
 
 
 def _figure(ctx: Context, tab: pd.DataFrame) -> str:
-    plt = pyplot()
     ups = [u for u in tab["upgrade"].unique() if u != "baseline"]
     slos = list(tab["slo"].unique())
     x = np.arange(len(ups))
     w = 0.8 / len(slos)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, axes = subplots(1, 2, figsize=(11, 4.5))
     for ax, col, title in ((axes[0], "cost_change_pct", "best $ per Mtok output, % change"),
                            (axes[1], "throughput_change_pct", "best tokens/s per chip, % change")):
         for j, slo in enumerate(slos):
@@ -122,9 +121,7 @@ def _figure(ctx: Context, tab: pd.DataFrame) -> str:
             ax.bar_label(bars, fmt="%.1f", fontsize=7)
         ax.axhline(0, color="k", lw=0.8)
         ax.set_xticks(x, ups, fontsize=8)
-        ax.set_title(title)
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=7)
+        dress(ax, title=title, grid="y", legend=7)
     fig.suptitle("value of each upgrade, whole space re-optimized (same chip price)")
     return save(fig, ctx, "upgrade-value.png")
 
@@ -136,26 +133,43 @@ def answer(ctx: Context) -> Answer:
     head = []
     for slo in slos:
         t = tab[tab["slo"] == slo].set_index("upgrade")
-        b = t.loc["baseline"]
-        parts = []
-        for name, r in t.drop(index="baseline").iterrows():
-            won = ("same design" if r["cheapest_design_id"] == b["cheapest_design_id"]
-                   else r["cheapest_layout"])
-            parts.append(f"{name} **{r['cost_change_pct']:+.1f}%** cost "
-                         f"(worth {r['break_even_price_premium_pct']:+.1f}% per chip-hour, priced "
-                         f"{r['component_price_premium_pct']:+.1f}% by the component cost model: "
-                         f"net {r['net_cost_change_pct']:+.1f}%; {won}), "
-                         f"{r['throughput_change_pct']:+.1f}% tokens/s/chip")
-        head.append(f"- **{slo}:** baseline **${b['usd_per_mtok_output']:.4f}/Mtok** "
-                    f"({b['cheapest_layout']}, {b['tokens_per_s_per_chip']:.0f} best tokens/s/chip); "
-                    + "; ".join(parts) + ".")
-        numbers[slo] = {name: {"cost_change_pct": float(r["cost_change_pct"]),
-                               "net_cost_change_pct": float(r["net_cost_change_pct"]),
-                               "component_price_premium_pct": float(r["component_price_premium_pct"]),
-                               "throughput_change_pct": float(r["throughput_change_pct"]),
-                               "usd_per_mtok_output": float(r["usd_per_mtok_output"])}
-                        for name, r in t.iterrows()}
+        head.append(_slo_line(slo, t))
+        numbers[slo] = {name: {k: float(r[k]) for k in SLO_NUMBERS} for name, r in t.iterrows()}
     base = tab[tab["upgrade"] == "baseline"]
+    head.append(_why_line(ctx, base))
+    numbers["baseline_hbm_used_fraction_max"] = float(base["cheapest_hbm_used_fraction"].max())
+    fig = _figure(ctx, tab)
+    tab.to_csv(ctx.out / "upgrade-value.csv", index=False)
+    first = tab[(tab["slo"] == slos[0]) & (tab["upgrade"] != "baseline")]["upgrade"] \
+        if slos else []
+    lead = tuple(Lead(f"{slos[0]}.{u}.cost_change_pct", f"{u} at {slos[0]}: cost per token",
+                      "%", versus=0.0) for u in first)
+    return Answer("\n".join(head), _details(ctx, tab), numbers, [fig], lead)
+
+
+SLO_NUMBERS = ("cost_change_pct", "net_cost_change_pct", "component_price_premium_pct",
+               "throughput_change_pct", "usd_per_mtok_output")
+
+
+def _slo_line(slo: str, t: pd.DataFrame) -> str:
+    """One service level: the baseline and what each upgrade changes, in words."""
+    b = t.loc["baseline"]
+    parts = []
+    for name, r in t.drop(index="baseline").iterrows():
+        won = ("same design" if r["cheapest_design_id"] == b["cheapest_design_id"]
+               else r["cheapest_layout"])
+        parts.append(f"{name} **{r['cost_change_pct']:+.1f}%** cost "
+                     f"(worth {r['break_even_price_premium_pct']:+.1f}% per chip-hour, priced "
+                     f"{r['component_price_premium_pct']:+.1f}% by the component cost model: "
+                     f"net {r['net_cost_change_pct']:+.1f}%; {won}), "
+                     f"{r['throughput_change_pct']:+.1f}% tokens/s/chip")
+    return (f"- **{slo}:** baseline **${b['usd_per_mtok_output']:.4f}/Mtok** "
+            f"({b['cheapest_layout']}, {b['tokens_per_s_per_chip']:.0f} best tokens/s/chip); "
+            + "; ".join(parts) + ".")
+
+
+def _why_line(ctx: Context, base: pd.DataFrame) -> str:
+    """What limits the cheapest baseline designs' batch."""
     rt = catalog.serving_defaults()["runtime"]
     searched = {p.path: p.values for p in ctx.space.parameters}
     cap = (f"the space searches a runtime cap of "
@@ -163,7 +177,7 @@ def answer(ctx: Context) -> Answer:
            if "serving.max_batch_size" in searched else
            f"the runtime caps it at {catalog.runtime_defaults()[rt]['max_batch_size']}")
     bounds = sorted({BOUNDS[int(b)] for b in base["cheapest_bound"]})
-    head.append(
+    return (
         f"- **Why:** the cheapest baseline designs are {'/'.join(bounds)}-bound in decode, use "
         f"{100 * base['cheapest_hbm_used_fraction'].min():.0f}-"
         f"{100 * base['cheapest_hbm_used_fraction'].max():.0f}% of HBM, and run "
@@ -172,15 +186,19 @@ def answer(ctx: Context) -> Answer:
         "by the TPOT limit (prompt work and all-to-all in every step) or by the runtime cap, not "
         "by HBM capacity; faster NVLink shortens the expert all-to-all and the dense all-reduce, "
         "so a larger batch and a larger expert-parallel group fit under the same TPOT.")
-    numbers["baseline_hbm_used_fraction_max"] = float(base["cheapest_hbm_used_fraction"].max())
-    cols = ["slo", "upgrade", "usd_per_mtok_output", "cost_change_pct",
-            "break_even_price_premium_pct", "component_price_premium_pct", "net_cost_change_pct",
-            "cheapest_design_id", "cheapest_layout",
-            "cheapest_tpot_ms", "cheapest_bound", "cheapest_hbm_used_fraction",
-            "cheapest_batch_per_dp_rank", "tokens_per_s_per_chip",
-            "throughput_change_pct", "fastest_design_id", "fastest_layout"]
+
+
+TABLE = ["slo", "upgrade", "usd_per_mtok_output", "cost_change_pct",
+         "break_even_price_premium_pct", "component_price_premium_pct", "net_cost_change_pct",
+         "cheapest_design_id", "cheapest_layout",
+         "cheapest_tpot_ms", "cheapest_bound", "cheapest_hbm_used_fraction",
+         "cheapest_batch_per_dp_rank", "tokens_per_s_per_chip",
+         "throughput_change_pct", "fastest_design_id", "fastest_layout"]
+
+
+def _details(ctx: Context, tab: pd.DataFrame) -> str:
     ups = "; ".join(f"{n}: `{p}` x{f:g}" for n, p, f in ctx.param("upgrades", []))
-    details = "\n".join([
+    return "\n".join([
         "## Method", "",
         f"- `{ctx.space.file}`: all {ctx.space.size:,} designs scored at the baseline and under "
         f"each upgrade ({ups}) with `ctx.score(overrides=...)`; the chip price is unchanged.",
@@ -195,12 +213,5 @@ def answer(ctx: Context) -> Answer:
         "`cost_before / cost_after - 1`.",
         "- Batch sizes are a grid (the space's `workload.concurrency`), so a change smaller "
         "than one grid step of the batch can show as 0%.",
-        "", "### Best designs under each upgrade", "", md_frame(tab[cols]), "",
+        "", "### Best designs under each upgrade", "", md_frame(tab[TABLE]), "",
     ])
-    fig = _figure(ctx, tab)
-    tab.to_csv(ctx.out / "upgrade-value.csv", index=False)
-    first = tab[(tab["slo"] == slos[0]) & (tab["upgrade"] != "baseline")]["upgrade"] \
-        if slos else []
-    lead = tuple(Lead(f"{slos[0]}.{u}.cost_change_pct", f"{u} at {slos[0]}: cost per token",
-                      "%", versus=0.0) for u in first)
-    return Answer("\n".join(head), details, numbers, [fig], lead)

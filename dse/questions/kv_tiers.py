@@ -23,7 +23,19 @@ import numpy as np
 import pandas as pd
 
 from dse.build.designs import kv_dtype_text
-from dse.questions.common import admissible, md_table, param_values, pyplot, save
+from dse.questions.common import (
+    Picks,
+    admissible_designs,
+    best_per,
+    dress,
+    limits_text,
+    md_table,
+    param_values,
+    pyplot,
+    save,
+    space_text,
+    subplots,
+)
 from dse.questions.context import Answer, Context, Lead
 
 COST = "usd_per_request"
@@ -58,131 +70,173 @@ def _fills_at(ctx: Context, rows: pd.DataFrame) -> float | None:
     return None if tier <= 0 or per <= 0 else tier / per
 
 
-def _figure(ctx, wall: pd.DataFrame, stories: dict) -> str:
-    plt = pyplot()
+MODES = ("none", *TIERS)
+LABEL = {"none": "no tier (HBM only)", "host": "host-memory tier", "ssd": "NVMe tier"}
+NAME = {"host": "host memory", "ssd": "NVMe"}
+TITLE = {"host": "Host memory", "ssd": "NVMe"}
+
+
+def _figure(ctx: Context, s: Picks) -> str:
+    wall, stories = s.best, {acc: a.stories for acc, a in s.accs.items()}
     accs = list(dict.fromkeys(wall["accelerator.id"]))
-    fig, axes = plt.subplots(1, len(accs), figsize=(6.2 * len(accs), 4.6),
-                             squeeze=False)
+    fig, axes = subplots(1, len(accs), figsize=(6.2 * len(accs), 4.6), squeeze=False)
     styles = {"none": ("k", "-"), "host": ("#1f77b4", "--"), "ssd": ("#d62728", ":")}
     for ax, acc in zip(axes[0], accs):
         sub = wall[wall["accelerator.id"] == acc]
         for mode, (color, ls) in styles.items():
-            s = sub[sub["serving.kv_offload"] == mode].sort_values("workload.isl")
-            if s.empty:
+            c = sub[sub["serving.kv_offload"] == mode].sort_values("workload.isl")
+            if c.empty:
                 continue
-            label = {"none": "no tier (HBM only)", "host": "host-memory tier",
-                     "ssd": "NVMe tier"}[mode]
+            label = LABEL[mode]
             st = stories.get(acc, {}).get(mode)
             if st and st["stops_helping"] is None and st["fills_at_tokens"] is not None:
                 label += f" (fills at {st['fills_at_tokens']:,.0f} tokens: beyond the sweep)"
-            ax.plot(s["workload.isl"], s[PER_TOKEN], ls, color=color, marker="o", ms=3,
+            ax.plot(c["workload.isl"], c[PER_TOKEN], ls, color=color, marker="o", ms=3,
                     label=label)
             if st and st["stops_helping"] is not None:
                 x = st["stops_helping"]
-                y = float(s.loc[s["workload.isl"] == x, PER_TOKEN].iloc[0])
+                y = float(c.loc[c["workload.isl"] == x, PER_TOKEN].iloc[0])
                 ax.scatter([x], [y], s=90, marker="x", color=color, zorder=5,
                            label=f"{label} full: stops helping ({x:,} tokens)")
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v / 1024:g}k"))
-        ax.set_yscale("log")
-        ax.set_xlabel("prompt tokens (context)")
-        ax.set_ylabel("$ per million request tokens (cheapest admissible)")
-        ax.set_title(f"{acc}: the memory wall")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
+        dress(ax, "prompt tokens (context)", "$ per million request tokens (cheapest admissible)",
+              f"{acc}: the memory wall", xlog=2, ylog=10, legend=7)
+        ax.xaxis.set_major_formatter(pyplot().FuncFormatter(lambda v, _: f"{v / 1024:g}k"))
     return save(fig, ctx, "kv-tiers-wall.png")
 
 
 def answer(ctx: Context) -> Answer:
+    s = Picks(df=_priced(ctx))
+    if s.df.empty:
+        return Answer("- no admissible design")
+    s.best = best_per(s.df, KEYS, COST)      # per (accelerator, prompt length, offload)
+    s.kv_dtypes = ctx.space.kv_dtypes(s.best["design_id"].to_numpy(np.int64))
+    # per accelerator: the wall by context, what each tier is worth, where it pays and fills
+    s.accs = {acc: _accelerator(ctx, s.best, acc)
+              for acc in dict.fromkeys(s.best["accelerator.id"])}
+    fig = _figure(ctx, s)
+    return Answer("\n".join(_accelerator_line(s, acc, a) for acc, a in s.accs.items()),
+                  _details(ctx, s), _numbers(s), [fig], _lead(s))
+
+
+def _priced(ctx: Context) -> pd.DataFrame:
+    """The admissible designs with their $ per request and per million request tokens."""
     df = ctx.score()
     for k in KEYS:
         if k not in df:
             df[k] = ctx.space.base.get(k, "none")
-    df = df[admissible(ctx, df)].reset_index(drop=True)
+    df = admissible_designs(ctx, df)
     tokens = {k: df[k] if k in df else float(ctx.space.base.get(k))
               for k in ("workload.isl", "workload.osl")}
     df[COST] = (df["usd_per_mtok_input"] * tokens["workload.isl"]
                 + df["usd_per_mtok_output"] * tokens["workload.osl"]) / 1e6
     df[PER_TOKEN] = df[COST] / (tokens["workload.isl"] + tokens["workload.osl"]) * 1e6
-    if df.empty:
-        return Answer("- no admissible design")
-    best = df.loc[df.groupby(KEYS)[COST].idxmin()].reset_index(drop=True)
-    kv_dtypes = ctx.space.kv_dtypes(best["design_id"].to_numpy(np.int64))
-    rows, lines, worth, stories, per_token, contexts_max = [], [], {}, {}, {}, {}
-    for acc in dict.fromkeys(best["accelerator.id"]):
-        sub = best[best["accelerator.id"] == acc].set_index(["workload.isl",
-                                                             "serving.kv_offload"])
-        contexts = sorted(sub.index.get_level_values(0).unique())
-        contexts_max[acc] = int(contexts[-1])
-        cols = {m: [] for m in ("none", *TIERS)}
-        evicted = {m: [] for m in ("none", *TIERS)}
-        pts = {m: [] for m in ("none", *TIERS)}
-        for isl in contexts:
-            for m in cols:
-                r = sub.loc[(isl, m)] if (isl, m) in sub.index else None
-                cols[m].append(None if r is None else float(r[COST]))
-                pts[m].append(None if r is None else float(r[PER_TOKEN]))
-                evicted[m].append(None if r is None else float(np.nan_to_num(
-                    r.get("prefix_cache_evicted_fraction", 0.0))))
-        tier_worth = {m: [None if n is None or t is None else n / t
-                          for n, t in zip(cols["none"], cols[m])] for m in TIERS}
-        stories[acc] = {m: _tier_story(contexts, tier_worth[m], evicted[m], _fills_at(
-            ctx, best[(best["accelerator.id"] == acc) & (best["serving.kv_offload"] == m)]))
-            for m in TIERS if any(v is not None for v in cols[m])}
-        for i, isl in enumerate(contexts):
-            ws = [w[i] for w in tier_worth.values() if w[i] is not None]
-            worth[f"{acc}/{int(isl)}"] = max(ws) if ws else None
-            per_token[f"{acc}/{int(isl)}"] = {m: pts[m][i] for m in cols}
-            pt = per_token[f"{acc}/{int(isl)}"]
-            rows.append([acc, f"{int(isl):,}"]
-                        + ["infeasible" if pt[m] is None else f"${pt[m]:.3f}" for m in cols]
-                        + ["-" if tier_worth[m][i] is None else f"{tier_worth[m][i]:.2f}x"
-                           for m in TIERS]
-                        + ["-" if evicted[m][i] is None else f"{evicted[m][i]:.0%}"
-                           for m in cols])
-        kvt = float(df[df["accelerator.id"] == acc]["kv_bytes_per_token"].iloc[0])
-        parts = []
-        for m, st in stories[acc].items():
-            name = {"host": "Host memory", "ssd": "NVMe"}[m]
-            if st["pays_from"] is None:
-                parts.append(f"{name} never pays here")
-                continue
-            fills = "" if st["fills_at_tokens"] is None else \
-                f"; by its bytes alone it fills at {st['fills_at_tokens']:,.0f}-token prompts"
-            parts.append(
-                f"{name} pays from {st['pays_from']:,}-token prompts and peaks at "
-                f"{st['peak_worth']:.2f}x at {st['peak_context']:,}; "
-                + (f"it stops helping from {st['stops_helping']:,} tokens (full: the waiting "
-                   f"prefixes outgrow it, {st['worth_at_longest']:.2f}x at {contexts[-1]:,})"
-                   if st["stops_helping"] is not None else
-                   f"it holds every waiting prefix up to {contexts[-1]:,} tokens "
-                   f"({st['worth_at_longest']:.2f}x there)") + fills)
-        kv = kv_dtype_text(kv_dtypes[(best["accelerator.id"] == acc).to_numpy()])
-        lines.append(f"- **{acc}**: {kvt / 1e3:,.0f} kB of KV per token, "
-                     f"{kvt * 200_000 / 1e9:,.1f} GB for a 200k-token context; KV cache: {kv}. "
-                     + ". ".join(parts) + ".")
-    table = md_table(["accelerator", "prompt tokens", "$/Mtok, no tier", "$/Mtok, host tier",
-                      "$/Mtok, NVMe tier", "host worth", "NVMe worth",
-                      "prefixes evicted, no tier", "evicted, host", "evicted, NVMe"], rows)
-    srows = [[acc, {"host": "host memory", "ssd": "NVMe"}[m],
-              "never" if st["pays_from"] is None else f"{st['pays_from']:,}",
-              "-" if st["peak_worth"] is None else f"{st['peak_worth']:.2f}x at "
-              f"{st['peak_context']:,}",
-              f"beyond {contexts_max[acc]:,}" if st["stops_helping"] is None
-              else f"{st['stops_helping']:,}",
-              "-" if st["fills_at_tokens"] is None else f"{st['fills_at_tokens']:,.0f}",
-              "-" if st["worth_at_longest"] is None else f"{st['worth_at_longest']:.2f}x"]
-             for acc, by in stories.items() for m, st in by.items()]
-    stable = md_table(["accelerator", "tier", "pays from (prompt tokens)", "peak worth",
-                       "stops helping: full from (prompt tokens)",
-                       "fills by its bytes alone at (prompt tokens)",
-                       "worth at the longest context"], srows)
-    wall = best.copy()
-    fig = _figure(ctx, wall, stories)
-    details = f"""## Method
+    return df
 
-- Space: {ctx.space.size:,} designs ({', '.join(p.path for p in ctx.space.parameters)}); \
-{len(df):,} admissible ({', '.join(f'{c.metric} <= {c.max:g}' for c in ctx.space.constraints if c.max is not None) or 'no constraint'}).
+
+def _accelerator(ctx: Context, best: pd.DataFrame, acc: str) -> Picks:
+    """One accelerator's wall: per offload mode and context (sorted) the cheapest design's $ per
+    request (``cost``), per million request tokens and share of prefixes evicted; each tier's
+    worth per context and its story (where it pays, is full, peaks)."""
+    sub = best[best["accelerator.id"] == acc].set_index(["workload.isl", "serving.kv_offload"])
+    a = Picks(contexts=sorted(sub.index.get_level_values(0).unique()))
+    a.cost, a.per_token, a.evicted = ({m: [] for m in MODES} for _ in range(3))
+    for isl in a.contexts:
+        for m in MODES:
+            r = sub.loc[(isl, m)] if (isl, m) in sub.index else None
+            a.cost[m].append(None if r is None else float(r[COST]))
+            a.per_token[m].append(None if r is None else float(r[PER_TOKEN]))
+            a.evicted[m].append(None if r is None else float(np.nan_to_num(
+                r.get("prefix_cache_evicted_fraction", 0.0))))
+    a.worth = {m: [None if n is None or t is None else n / t
+                   for n, t in zip(a.cost["none"], a.cost[m])] for m in TIERS}
+    a.stories = {m: _tier_story(a.contexts, a.worth[m], a.evicted[m], _fills_at(
+        ctx, best[(best["accelerator.id"] == acc) & (best["serving.kv_offload"] == m)]))
+        for m in TIERS if any(v is not None for v in a.cost[m])}
+    return a
+
+
+def _numbers(s: Picks) -> dict:
+    """Per ``accelerator/context``: the best tier's worth and the $/Mtok of each mode; each
+    tier's story."""
+    worth, per_token = {}, {}
+    for acc, a in s.accs.items():
+        for i, isl in enumerate(a.contexts):
+            ws = [w[i] for w in a.worth.values() if w[i] is not None]
+            worth[f"{acc}/{int(isl)}"] = max(ws) if ws else None
+            per_token[f"{acc}/{int(isl)}"] = {m: a.per_token[m][i] for m in MODES}
+    return {"tier_worth": worth, "tiers": {acc: a.stories for acc, a in s.accs.items()},
+            "usd_per_mtok_request": per_token, "kv_dtype": kv_dtype_text(s.kv_dtypes)}
+
+
+def _lead(s: Picks) -> tuple:
+    """Each accelerator's tier worth at its longest context."""
+    return tuple(Lead(f"tier_worth.{acc}/{int(a.contexts[-1])}", f"{acc}: a KV tier at "
+                      f"{int(a.contexts[-1]):,}-token prompts (cost per request without / with "
+                      "it)", "x", versus=1.0) for acc, a in s.accs.items())
+
+
+def _accelerator_line(s: Picks, acc: str, a: Picks) -> str:
+    """One accelerator's KV bytes and where each tier pays and stops helping, in words."""
+    kvt = float(s.df[s.df["accelerator.id"] == acc]["kv_bytes_per_token"].iloc[0])
+    longest, parts = a.contexts[-1], []
+    for m, st in a.stories.items():
+        name = TITLE[m]
+        if st["pays_from"] is None:
+            parts.append(f"{name} never pays here")
+            continue
+        fills = "" if st["fills_at_tokens"] is None else \
+            f"; by its bytes alone it fills at {st['fills_at_tokens']:,.0f}-token prompts"
+        parts.append(
+            f"{name} pays from {st['pays_from']:,}-token prompts and peaks at "
+            f"{st['peak_worth']:.2f}x at {st['peak_context']:,}; "
+            + (f"it stops helping from {st['stops_helping']:,} tokens (full: the waiting "
+               f"prefixes outgrow it, {st['worth_at_longest']:.2f}x at {longest:,})"
+               if st["stops_helping"] is not None else
+               f"it holds every waiting prefix up to {longest:,} tokens "
+               f"({st['worth_at_longest']:.2f}x there)") + fills)
+    kv = kv_dtype_text(s.kv_dtypes[(s.best["accelerator.id"] == acc).to_numpy()])
+    return (f"- **{acc}**: {kvt / 1e3:,.0f} kB of KV per token, "
+            f"{kvt * 200_000 / 1e9:,.1f} GB for a 200k-token context; KV cache: {kv}. "
+            + ". ".join(parts) + ".")
+
+
+def _wall_table(s: Picks) -> str:
+    rows = []
+    for acc, a in s.accs.items():
+        for i, isl in enumerate(a.contexts):
+            rows.append([acc, f"{int(isl):,}"]
+                        + ["infeasible" if a.per_token[m][i] is None
+                           else f"${a.per_token[m][i]:.3f}" for m in MODES]
+                        + ["-" if a.worth[m][i] is None else f"{a.worth[m][i]:.2f}x"
+                           for m in TIERS]
+                        + ["-" if a.evicted[m][i] is None else f"{a.evicted[m][i]:.0%}"
+                           for m in MODES])
+    return md_table(["accelerator", "prompt tokens", "$/Mtok, no tier", "$/Mtok, host tier",
+                     "$/Mtok, NVMe tier", "host worth", "NVMe worth",
+                     "prefixes evicted, no tier", "evicted, host", "evicted, NVMe"], rows)
+
+
+def _story_table(s: Picks) -> str:
+    rows = [[acc, NAME[m],
+             "never" if st["pays_from"] is None else f"{st['pays_from']:,}",
+             "-" if st["peak_worth"] is None else f"{st['peak_worth']:.2f}x at "
+             f"{st['peak_context']:,}",
+             f"beyond {int(a.contexts[-1]):,}" if st["stops_helping"] is None
+             else f"{st['stops_helping']:,}",
+             "-" if st["fills_at_tokens"] is None else f"{st['fills_at_tokens']:,.0f}",
+             "-" if st["worth_at_longest"] is None else f"{st['worth_at_longest']:.2f}x"]
+            for acc, a in s.accs.items() for m, st in a.stories.items()]
+    return md_table(["accelerator", "tier", "pays from (prompt tokens)", "peak worth",
+                     "stops helping: full from (prompt tokens)",
+                     "fills by its bytes alone at (prompt tokens)",
+                     "worth at the longest context"], rows)
+
+
+def _details(ctx: Context, s: Picks) -> str:
+    return f"""## Method
+
+- Space: {space_text(ctx)}; \
+{len(s.df):,} admissible ({limits_text(ctx, "no constraint")}).
 - Per (accelerator, prompt length, offload): the cheapest admissible design by $ per request \
 (input tokens x $/Mtok input + output tokens x $/Mtok output); cost per token = $ per \
 request / (prompt + answer tokens), per million. "worth" = cost without a tier / with it (>1: \
@@ -194,7 +248,7 @@ toward 1. "fills by its bytes alone" = tier bytes per chip x chips / (cached con
 prefix hit x KV bytes per token): the same wall from the catalog's figures, without the HBM \
 the batch leaves free. Host memory, NVMe and their links \
 per chip: `dse/catalog/memory_tiers.toml` (Grace LPDDR over NVLink-C2C on GB200, host DRAM \
-over PCIe Gen5 on H200; one NVMe data drive per GPU). KV cache: {kv_dtype_text(kv_dtypes)}.
+over PCIe Gen5 on H200; one NVMe data drive per GPU). KV cache: {kv_dtype_text(s.kv_dtypes)}.
 - The physics (`dse/perf/kvtier.py`), as vLLM's KV offloading / LMCache, SGLang HiCache and \
 Dynamo KVBM use a second tier: the running batch's KV stays in HBM (a tier buys no \
 concurrency, and no decode step streams KV over the host link); the prefix cache must keep \
@@ -208,18 +262,9 @@ outgrow the tier too.
 
 ## Where each tier pays, fills and stops helping
 
-{stable}
+{_story_table(s)}
 
 ## The memory wall: cost per token by context
 
-{table}
+{_wall_table(s)}
 """
-    longest = {}
-    for key in worth:
-        acc, isl = key.rsplit("/", 1)
-        longest[acc] = max(longest.get(acc, 0), int(isl))
-    lead = tuple(Lead(f"tier_worth.{a}/{i}", f"{a}: a KV tier at {i:,}-token prompts (cost per "
-                      "request without / with it)", "x", versus=1.0) for a, i in longest.items())
-    numbers = {"tier_worth": worth, "tiers": stories, "usd_per_mtok_request": per_token,
-               "kv_dtype": kv_dtype_text(kv_dtypes)}
-    return Answer("\n".join(lines), details, numbers, [fig], lead)

@@ -28,13 +28,17 @@ import pandas as pd
 from dse import catalog
 from dse.build.designs import resolve
 from dse.questions.common import (
+    Picks,
     admissible,
+    best_per,
+    dress,
+    in_units,
     md_frame,
     op_times,
     param_values,
-    pyplot,
     save,
     slo_text,
+    subplots,
 )
 from dse.questions.context import Answer, Context, Lead
 
@@ -120,32 +124,24 @@ def _max_batch_under(f: pd.DataFrame, share: float) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _figure(ctx: Context, f: pd.DataFrame, best: pd.DataFrame, share: float) -> str:
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+def _figure(ctx: Context, s: Picks) -> str:
+    f, best, share = s.f, s.best, s.share
+    fig, axes = subplots(1, 2, figsize=(11, 4.5))
     deep = f[PP].max()
     ax = axes[0]
     for bw, g in f[f[PP] == deep].groupby(BW):
         g = g.sort_values(BATCH)
         ax.plot(g[BATCH], 100 * g["hop_share"], "o-", ms=3, label=f"{bw * 8 / 1e9:g} Gb/s")
     ax.axhline(100 * share, color="k", ls="--", lw=0.8, label=f"{100 * share:g}%")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("batch (concurrent sequences)")
-    ax.set_ylabel("pipeline hop, % of the stage step")
-    ax.set_title(f"pp={int(deep)}: hop share vs batch, per scale-out bandwidth")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    dress(ax, "batch (concurrent sequences)", "pipeline hop, % of the stage step",
+          f"pp={int(deep)}: hop share vs batch, per scale-out bandwidth", xlog=2, ylog=10,
+          legend=7)
     ax = axes[1]
     for pp, g in best.groupby(PP):
         g = g.sort_values(BW)
         ax.plot(g[BW] * 8 / 1e9, g["usd_per_mtok_output"], "o-", label=f"pp={int(pp)}")
-    ax.set_xscale("log")
-    ax.set_xlabel("scale-out bandwidth per GPU (Gb/s)")
-    ax.set_ylabel("best $ per Mtok output under the SLO")
-    ax.set_title("cheapest design per pipeline depth")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    dress(ax, "scale-out bandwidth per GPU (Gb/s)", "best $ per Mtok output under the SLO",
+          "cheapest design per pipeline depth", xlog=10, legend=7)
     return save(fig, ctx, "pipeline-hop.png")
 
 
@@ -158,129 +154,189 @@ def catalog_bw_bytes_per_s(ctx: Context) -> float:
 
 
 def answer(ctx: Context) -> Answer:
-    share = float(ctx.param("hop_share_max", 0.10))
-    full = ctx.score()
-    ok_full = admissible(ctx, full)
-    lats = sorted(full[LAT].unique()) if LAT in full else []
-    if lats:
-        ref_lat = float(lats[0])
+    s = _at_first_latency(ctx, float(ctx.param("hop_share_max", 0.10)))
+    s.ref_bw = catalog_bw_bytes_per_s(ctx)
+    s.worst, s.best, s.cheapest = _picks(s)
+    # the scale-out bandwidth below which the hop passes the share, and the batch above which
+    s.bw_worst = bandwidth_for_share(ctx, s.worst, s.share)
+    s.bw_cheap = bandwidth_for_share(ctx, s.cheapest, s.share)
+    s.limits = _max_batch_under(s.f, s.share)
+    # what the link is worth: the best cost at the slowest bandwidth against the catalog's
+    s.lo_bw = float(s.f[BW].min())
+    s.slow_pct, s.pp_pct, s.jump = _link_worth(s)
+    # and where the space sweeps the hop latency, the same over it
+    s.sweep, s.lat_cheap = _sweep(ctx, s) if len(s.lats) > 1 else (pd.DataFrame(), None)
+    return Answer(_headline(ctx, s), _details(ctx, s), _numbers(s), [_figure(ctx, s)],
+                  _lead(s))
+
+
+def _at_first_latency(ctx: Context, share: float) -> Picks:
+    """The space scored, and its designs at the first (or the base design's) hop latency: all
+    of them (``df``, ``ok`` the admissible ones), the feasible ones with their hop times
+    (``f``) and the admissible ones among those (``sub``)."""
+    s = Picks(share=share, full=ctx.score())
+    s.ok_full = admissible(ctx, s.full)
+    s.lats = sorted(s.full[LAT].unique()) if LAT in s.full else []
+    if s.lats:
+        s.ref_lat = float(s.lats[0])
     else:
-        ref_lat = float(resolve(pd.DataFrame([ctx.space.base]))[LAT].iloc[0])
-    df = full[full[LAT] == ref_lat] if lats else full
-    ok = ok_full[df.index.to_numpy()]
-    df = df.reset_index(drop=True)
-    slo = slo_text(ctx)
-    f = df[df["feasible"]].copy()
-    f = f.join(hop_times(ctx, f))
-    deep_pp = int(f[PP].max())
-    worst = f.loc[f[f[PP] == deep_pp]["hop_share"].idxmax()]
-    bw_worst = bandwidth_for_share(ctx, worst, share)
-    sub = f[ok[f.index]]
-    best = sub.loc[sub.groupby([PP, BW])["usd_per_mtok_output"].idxmin()].reset_index(drop=True)
-    ref_bw = catalog_bw_bytes_per_s(ctx)
-    at_ref = best[np.isclose(best[BW], ref_bw)]
-    cheapest = at_ref.loc[at_ref["usd_per_mtok_output"].idxmin()]
-    bw_cheap = bandwidth_for_share(ctx, cheapest, share)
-    limits = _max_batch_under(f, share)
-    net_bound = int((f["bound"] == 2).sum())
-    lo_bw = float(f[BW].min())
+        s.ref_lat = float(resolve(pd.DataFrame([ctx.space.base]))[LAT].iloc[0])
+    df = s.full[s.full[LAT] == s.ref_lat] if s.lats else s.full
+    s.ok = s.ok_full[df.index.to_numpy()]
+    s.df = df.reset_index(drop=True)
+    f = s.df[s.df["feasible"]].copy()
+    s.f = f.join(hop_times(ctx, f))
+    s.sub = s.f[s.ok[s.f.index]]
+    return s
+
+
+def _picks(s: Picks):
+    """The most exposed design (the largest hop share of the deepest pipeline), the cheapest
+    design under the SLO per depth and bandwidth, and the cheapest of those at the catalog's
+    bandwidth."""
+    f = s.f
+    worst = f.loc[f[f[PP] == int(f[PP].max())]["hop_share"].idxmax()]
+    best = best_per(s.sub, [PP, BW], "usd_per_mtok_output")
+    at_ref = best[np.isclose(best[BW], s.ref_bw)]
+    return worst, best, at_ref.loc[at_ref["usd_per_mtok_output"].idxmin()]
+
+
+def _link_worth(s: Picks):
+    """The best cost under the SLO at the slowest link against the catalog's bandwidth (%),
+    the same per depth, and the depth that changes most (its designs by bandwidth)."""
+    best, lo_bw, at = s.best, s.lo_bw, s.cheapest[BW]
     per_bw = best.groupby(BW)["usd_per_mtok_output"].min()
-    slow_pct = float(100 * (per_bw.loc[lo_bw] / per_bw.loc[cheapest[BW]] - 1))
+    slow_pct = float(100 * (per_bw.loc[lo_bw] / per_bw.loc[at] - 1))
     per_pp = best.pivot_table(index=PP, columns=BW, values="usd_per_mtok_output")
-    pp_pct = 100 * (per_pp[lo_bw] / per_pp[cheapest[BW]] - 1)
-    jump_pp = int(pp_pct.idxmax())
-    jump = best[best[PP] == jump_pp].set_index(BW)
-    no_pp1 = int((df[PP] == 1).sum()) > 0 and not bool(df.loc[df[PP] == 1, "feasible"].any())
-    gb = lambda v: v * 8 / 1e9
+    pp_pct = 100 * (per_pp[lo_bw] / per_pp[at] - 1)
+    return slow_pct, pp_pct, best[best[PP] == int(pp_pct.idxmax())].set_index(BW)
+
+
+def _sweep(ctx: Context, s: Picks):
+    """Over every hop latency of the space: the cheapest design under the SLO per latency, and
+    the latency at which the cheapest design's hop reaches the share."""
+    fa = s.full[s.full["feasible"]].copy()
+    fa = fa.join(hop_times(ctx, fa))
+    return (latency_sweep(ctx, fa, s.ok_full, s.share),
+            latency_for_share(ctx, s.cheapest, s.share))
+
+
+def _numbers(s: Picks) -> dict:
+    f, worst, cheapest = s.f, s.worst, s.cheapest
     numbers = {
-        "hop_share_max": share,
+        "hop_share_max": s.share,
         "max_hop_share_feasible": float(f["hop_share"].max()),
-        "max_hop_share_under_slo": float(sub["hop_share"].max()),
+        "max_hop_share_under_slo": float(s.sub["hop_share"].max()),
         "worst_design_id": int(worst["design_id"]), "worst_pp": int(worst[PP]),
         "worst_batch": int(worst[BATCH]), "worst_bw_bytes_per_s": float(worst[BW]),
-        "bw_for_share_worst_bytes_per_s": bw_worst,
+        "bw_for_share_worst_bytes_per_s": s.bw_worst,
         "cheapest_design_id": int(cheapest["design_id"]), "cheapest_pp": int(cheapest[PP]),
         "cheapest_batch": int(cheapest[BATCH]),
         "cheapest_usd_per_mtok_output": float(cheapest["usd_per_mtok_output"]),
         "cheapest_hop_share": float(cheapest["hop_share"]),
-        "bw_for_share_cheapest_bytes_per_s": bw_cheap,
-        "network_bound_designs": net_bound, "feasible_designs": len(f),
-        "reference_bw_bytes_per_s": ref_bw, "slowest_bw_bytes_per_s": lo_bw,
-        "best_cost_increase_at_slowest_bw_pct": slow_pct,
-        "max_cost_increase_one_pp_at_slowest_bw_pct": float(pp_pct.max()),
-        "pp1_infeasible": no_pp1,
+        "bw_for_share_cheapest_bytes_per_s": s.bw_cheap,
+        "network_bound_designs": int((f["bound"] == 2).sum()), "feasible_designs": len(f),
+        "reference_bw_bytes_per_s": s.ref_bw, "slowest_bw_bytes_per_s": s.lo_bw,
+        "best_cost_increase_at_slowest_bw_pct": s.slow_pct,
+        "max_cost_increase_one_pp_at_slowest_bw_pct": float(s.pp_pct.max()),
+        "pp1_infeasible": _pp1_infeasible(s.df),
     }
-    low = limits[np.isclose(limits["scaleout_gbit_per_s"], gb(lo_bw))]
-    over = low[low["max_batch_hop_under"] < low["max_feasible_batch"]]
-    if over.empty:
-        batch_text = (f"even at the slowest link ({gb(lo_bw):g} Gb/s) it stays under "
-                      f"{100 * share:g}% at every feasible batch (at most "
-                      f"{100 * low['hop_share_at_max_batch'].max():.1f}%, at the largest batch "
-                      f"of the deepest pipeline).")
-    else:
-        batch_text = (f"at the slowest link ({gb(lo_bw):g} Gb/s) it passes {100 * share:g}% above "
-                      + ", ".join(f"batch {int(r['max_batch_hop_under'])} (pp={int(r['pp'])})"
-                                  for _, r in over.iterrows()) + ".")
+    if len(s.lats) > 1:
+        numbers["latency_sweep"] = s.sweep.to_dict(orient="records")
+        numbers["latency_for_share_cheapest_s"] = s.lat_cheap
+    return numbers
+
+
+def _pp1_infeasible(df: pd.DataFrame) -> bool:
+    return int((df[PP] == 1).sum()) > 0 and not bool(df.loc[df[PP] == 1, "feasible"].any())
+
+
+def _gb(v):
+    return v * 8 / 1e9
+
+
+def _headline(ctx: Context, s: Picks) -> str:
+    f, share, worst, cheapest, lo_bw = s.f, s.share, s.worst, s.cheapest, s.lo_bw
     stage = int(ctx.space.base.get("layout.tp", 1)) * int(ctx.space.base.get("layout.dp", 1))
     model = ctx.space.base.get("model.id", "the model")
     head = [
-        f"- **At {ref_lat * 1e6:g} us per hop** ({model}): over all {len(f):,} feasible designs "
-        f"(pp up to {deep_pp} stages of {stage} chips, batch up to "
-        f"{int(f[BATCH].max())}, {gb(lo_bw):g} to {gb(f[BW].max()):g} Gb/s per GPU) the "
+        f"- **At {s.ref_lat * 1e6:g} us per hop** ({model}): over all {len(f):,} feasible designs "
+        f"(pp up to {int(f[PP].max())} stages of {stage} chips, batch up to "
+        f"{int(f[BATCH].max())}, {_gb(lo_bw):g} to {_gb(f[BW].max()):g} Gb/s per GPU) the "
         f"stage-to-stage hop is at most **{100 * f['hop_share'].max():.1f}%** of the stage "
-        f"step ({100 * sub['hop_share'].max():.1f}% among designs meeting {slo}); "
-        f"{net_bound} designs are network-bound.",
+        f"step ({100 * s.sub['hop_share'].max():.1f}% among designs meeting {slo_text(ctx)}); "
+        f"{int((f['bound'] == 2).sum())} designs are network-bound.",
         f"- **Bandwidth threshold:** the hop reaches {100 * share:g}% of the step only below "
-        f"**{gb(bw_worst):.1f} Gb/s per GPU** for the most exposed design (pp={int(worst[PP])}, "
-        f"batch {int(worst[BATCH])}), and below **{gb(bw_cheap):.1f} Gb/s** for the cheapest "
-        f"design under the SLO at the catalog's {gb(ref_bw):g} Gb/s (pp={int(cheapest[PP])}, "
+        f"**{_gb(s.bw_worst):.1f} Gb/s per GPU** for the most exposed design (pp={int(worst[PP])}, "
+        f"batch {int(worst[BATCH])}), and below **{_gb(s.bw_cheap):.1f} Gb/s** for the cheapest "
+        f"design under the SLO at the catalog's {_gb(s.ref_bw):g} Gb/s (pp={int(cheapest[PP])}, "
         f"batch {int(cheapest[BATCH])}, ${cheapest['usd_per_mtok_output']:.2f}/Mtok output; "
         f"its hop is {100 * cheapest['hop_share']:.2f}% of the step).",
         "- **Batch threshold:** the hop's share grows with the batch (a fixed latency plus "
-        "bytes per token); " + batch_text,
-        f"- **What the link is worth:** the best cost under the SLO is "
-        f"**{slow_pct:+.1f}%** at {gb(lo_bw):g} Gb/s vs {gb(ref_bw):g} Gb/s. For a fixed depth "
-        f"the change can be larger (pp={jump_pp}: {pp_pct.max():+.0f}%, "
-        f"${jump.loc[lo_bw, 'usd_per_mtok_output']:.2f} vs "
-        f"${jump.loc[cheapest[BW], 'usd_per_mtok_output']:.2f})"
-        + (f" when the hop's few percent push the TPOT over the SLO at one batch and the next "
-           f"smaller batch of the grid ({int(jump.loc[lo_bw, BATCH])} instead of "
-           f"{int(jump.loc[cheapest[BW], BATCH])}) is used."
-           if int(jump.loc[lo_bw, BATCH]) != int(jump.loc[cheapest[BW], BATCH]) else ".")
-        + (" Pipelining is needed only for capacity (pp=1 does not fit) and buys no "
-                    "speed: a token passes every stage in turn." if no_pp1 else ""),
+        "bytes per token); " + _batch_text(s),
+        _link_line(s),
     ]
-    sweep = pd.DataFrame()
-    if len(lats) > 1:
-        fa = full[full["feasible"]].copy()
-        fa = fa.join(hop_times(ctx, fa))
-        sweep = latency_sweep(ctx, fa, ok_full, share)
-        lat_cheap = latency_for_share(ctx, cheapest, share)
-        first, last = sweep.iloc[0], sweep.iloc[-1]
-        numbers["latency_sweep"] = sweep.to_dict(orient="records")
-        numbers["latency_for_share_cheapest_s"] = lat_cheap
-        head.append(
-            f"- **Hop latency {lats[0] * 1e6:g} us to {lats[-1] * 1e3:g} ms** (a rack-to-rack hop "
-            f"through NIC, top-of-rack and data-centre switches: 'a few milliseconds, but it "
-            f"could be off by an order of magnitude', `podcast.md`): the best cost under the SLO "
-            f"goes ${first['usd_per_mtok_output']:.3f} -> ${last['usd_per_mtok_output']:.3f}/Mtok "
-            f"({100 * (last['usd_per_mtok_output'] / first['usd_per_mtok_output'] - 1):+.0f}%; "
-            f"pp={int(first['pp'])} -> pp={int(last['pp'])}, batch {int(first['batch'])} -> "
-            f"{int(last['batch'])}); the cheapest design's hop reaches {100 * share:g}% of its "
-            f"step at **{lat_cheap * 1e3:.2f} ms** per hop; at {lats[-1] * 1e3:g} ms "
-            f"{int(last['designs_over_share']):,} feasible designs have the hop above "
-            f"{100 * share:g}% (largest share {100 * last['max_hop_share_feasible']:.0f}%).")
-    bt = best[[PP, BW, "design_id", BATCH, "usd_per_mtok_output", "tpot_s", "ttft_s",
-               "hop_s", "stage_step_s", "hop_share"]].copy()
-    bt[BW] = bt[BW] * 8 / 1e9
-    bt["tpot_s"] *= 1e3
-    bt["hop_s"] *= 1e6
-    bt["stage_step_s"] *= 1e3
-    bt = bt.rename(columns={BW: "scaleout_gbit_per_s", "tpot_s": "tpot_ms", "hop_s": "hop_us",
-                            "stage_step_s": "stage_step_ms"})
-    details = "\n".join([
+    if len(s.lats) > 1:
+        head.append(_sweep_line(s))
+    return "\n".join(head)
+
+
+def _batch_text(s: Picks) -> str:
+    """Whether the hop passes the share at the slowest link, and above which batch."""
+    share, lo_bw = s.share, s.lo_bw
+    low = s.limits[np.isclose(s.limits["scaleout_gbit_per_s"], _gb(lo_bw))]
+    over = low[low["max_batch_hop_under"] < low["max_feasible_batch"]]
+    if over.empty:
+        return (f"even at the slowest link ({_gb(lo_bw):g} Gb/s) it stays under "
+                f"{100 * share:g}% at every feasible batch (at most "
+                f"{100 * low['hop_share_at_max_batch'].max():.1f}%, at the largest batch "
+                f"of the deepest pipeline).")
+    return (f"at the slowest link ({_gb(lo_bw):g} Gb/s) it passes {100 * share:g}% above "
+            + ", ".join(f"batch {int(r['max_batch_hop_under'])} (pp={int(r['pp'])})"
+                        for _, r in over.iterrows()) + ".")
+
+
+def _link_line(s: Picks) -> str:
+    """What the scale-out link is worth: the best cost at the slowest link, overall and for
+    the depth that changes most."""
+    lo_bw, at, jump = s.lo_bw, s.cheapest[BW], s.jump
+    return (f"- **What the link is worth:** the best cost under the SLO is "
+            f"**{s.slow_pct:+.1f}%** at {_gb(lo_bw):g} Gb/s vs {_gb(s.ref_bw):g} Gb/s. For a "
+            f"fixed depth the change can be larger (pp={int(s.pp_pct.idxmax())}: "
+            f"{s.pp_pct.max():+.0f}%, ${jump.loc[lo_bw, 'usd_per_mtok_output']:.2f} vs "
+            f"${jump.loc[at, 'usd_per_mtok_output']:.2f})"
+            + (f" when the hop's few percent push the TPOT over the SLO at one batch and the next "
+               f"smaller batch of the grid ({int(jump.loc[lo_bw, BATCH])} instead of "
+               f"{int(jump.loc[at, BATCH])}) is used."
+               if int(jump.loc[lo_bw, BATCH]) != int(jump.loc[at, BATCH]) else ".")
+            + (" Pipelining is needed only for capacity (pp=1 does not fit) and buys no "
+               "speed: a token passes every stage in turn." if _pp1_infeasible(s.df) else ""))
+
+
+def _sweep_line(s: Picks) -> str:
+    lats, share, first, last = s.lats, s.share, s.sweep.iloc[0], s.sweep.iloc[-1]
+    return (
+        f"- **Hop latency {lats[0] * 1e6:g} us to {lats[-1] * 1e3:g} ms** (a rack-to-rack hop "
+        f"through NIC, top-of-rack and data-centre switches: 'a few milliseconds, but it "
+        f"could be off by an order of magnitude', `podcast.md`): the best cost under the SLO "
+        f"goes ${first['usd_per_mtok_output']:.3f} -> ${last['usd_per_mtok_output']:.3f}/Mtok "
+        f"({100 * (last['usd_per_mtok_output'] / first['usd_per_mtok_output'] - 1):+.0f}%; "
+        f"pp={int(first['pp'])} -> pp={int(last['pp'])}, batch {int(first['batch'])} -> "
+        f"{int(last['batch'])}); the cheapest design's hop reaches {100 * share:g}% of its "
+        f"step at **{s.lat_cheap * 1e3:.2f} ms** per hop; at {lats[-1] * 1e3:g} ms "
+        f"{int(last['designs_over_share']):,} feasible designs have the hop above "
+        f"{100 * share:g}% (largest share {100 * last['max_hop_share_feasible']:.0f}%).")
+
+
+def _details(ctx: Context, s: Picks) -> str:
+    slo, share = slo_text(ctx), s.share
+    bt = in_units(s.best[[PP, BW, "design_id", BATCH, "usd_per_mtok_output", "tpot_s", "ttft_s",
+                          "hop_s", "stage_step_s", "hop_share"]],
+                  {BW: ("scaleout_gbit_per_s", _gb), "tpot_s": ("tpot_ms", 1e3),
+                   "hop_s": ("hop_us", 1e6), "stage_step_s": ("stage_step_ms", 1e3)})
+    return "\n".join([
         "## Method", "",
-        f"- `{ctx.space.file}`: {len(df):,} designs, {len(f):,} feasible, {int(ok.sum()):,} "
+        f"- `{ctx.space.file}`: {len(s.df):,} designs, {len(s.f):,} feasible, {int(s.ok.sum()):,} "
         f"meet {slo}.",
         "- Hop share: the `pipeline` op of the per-op breakdown (`dse.perf.score(breakdown=True)`)"
         " of the decode-only and the prompt-carrying stage steps, weighted as the scorer weighs "
@@ -288,34 +344,40 @@ def answer(ctx: Context) -> Answer:
         f"- Bandwidth thresholds: the design is re-scored at its bandwidth and twice it "
         f"(`ctx.score(values=...)`); the hop is `a + c / bw` and the rest of the step is "
         f"unchanged, so the bandwidth at which hop = {100 * share:g}% of the step is solved "
-        f"exactly. Most exposed design: design {int(worst['design_id'])}; cheapest under the "
-        f"SLO: design {int(cheapest['design_id'])}.",
+        f"exactly. Most exposed design: design {int(s.worst['design_id'])}; cheapest under the "
+        f"SLO: design {int(s.cheapest['design_id'])}.",
         "", f"### Cheapest design per pipeline depth and bandwidth ({slo})", "", md_frame(bt), "",
         f"### Largest batch with the hop under {100 * share:g}% of the step "
-        f"({ref_lat * 1e6:g} us per hop)", "",
-        md_frame(limits), "",
-        *(["### Per hop latency: the cheapest design under the SLO", "", md_frame(sweep), ""]
-          if len(sweep) else []),
-        "## What dse does not model (pipelines across nodes and racks)", "",
-        "- The hand-off is added to the stage step, never overlapped with the next "
-        "micro-batch's compute (the `pipeline` op has no compute or memory time, so "
-        "`network_overlap_fraction` cannot hide it): the shares above are upper bounds.",
-        "- One flag decides the tier of every hop: if the whole instance (tp x dp x pp) is larger "
-        "than the scale-up domain, every stage boundary pays the scale-out link, even the ones "
-        "inside a domain (e.g. tp=2, pp=8 on 8-GPU nodes: 1 boundary of 7 really leaves a node). "
-        "Where each stage is exactly one domain (tp x dp = the domain) this is exact.",
-        "- There is one scale-out tier: a hop between nodes of the same rack and a hop between "
-        "racks cost the same (`rack_chips` only scales the per-rack throughput), so 'across "
-        "racks' means 'across scale-up domains'.",
-        "- The number of micro-batches is fixed at pp (batch / pp sequences each), so the "
-        "micro-batch size is not a free parameter; the pipeline bubble of a finite number of "
-        "micro-batches and the receiving side's all-gather of the tp slices are not modelled.",
+        f"({s.ref_lat * 1e6:g} us per hop)", "",
+        md_frame(s.limits), "",
+        *(["### Per hop latency: the cheapest design under the SLO", "", md_frame(s.sweep), ""]
+          if len(s.sweep) else []),
+        *NOT_MODELLED,
     ])
-    fig = _figure(ctx, f, best, share)
-    lead = (Lead("max_hop_share_feasible", f"Largest hop share of the stage step at "
-                 f"{ref_lat * 1e6:g} us per hop", "share", pick="worst_design_id",
+
+
+NOT_MODELLED = [
+    "## What dse does not model (pipelines across nodes and racks)", "",
+    "- The hand-off is added to the stage step, never overlapped with the next "
+    "micro-batch's compute (the `pipeline` op has no compute or memory time, so "
+    "`network_overlap_fraction` cannot hide it): the shares above are upper bounds.",
+    "- One flag decides the tier of every hop: if the whole instance (tp x dp x pp) is larger "
+    "than the scale-up domain, every stage boundary pays the scale-out link, even the ones "
+    "inside a domain (e.g. tp=2, pp=8 on 8-GPU nodes: 1 boundary of 7 really leaves a node). "
+    "Where each stage is exactly one domain (tp x dp = the domain) this is exact.",
+    "- There is one scale-out tier: a hop between nodes of the same rack and a hop between "
+    "racks cost the same (`rack_chips` only scales the per-rack throughput), so 'across "
+    "racks' means 'across scale-up domains'.",
+    "- The number of micro-batches is fixed at pp (batch / pp sequences each), so the "
+    "micro-batch size is not a free parameter; the pipeline bubble of a finite number of "
+    "micro-batches and the receiving side's all-gather of the tp slices are not modelled.",
+]
+
+
+def _lead(s: Picks) -> tuple:
+    return (Lead("max_hop_share_feasible", f"Largest hop share of the stage step at "
+                 f"{s.ref_lat * 1e6:g} us per hop", "share", pick="worst_design_id",
                  pick_label="most exposed design"),
             Lead("best_cost_increase_at_slowest_bw_pct", f"Best cost under the SLO at "
-                 f"{gb(lo_bw):g} Gb/s vs {gb(ref_bw):g} Gb/s", "%", pick="cheapest_design_id",
+                 f"{_gb(s.lo_bw):g} Gb/s vs {_gb(s.ref_bw):g} Gb/s", "%", pick="cheapest_design_id",
                  pick_label="cheapest design", versus=0.0))
-    return Answer("\n".join(head), details, numbers, [fig], lead)

@@ -19,10 +19,22 @@ import math
 import numpy as np
 import pandas as pd
 
-from dse.questions.common import admissible, describe, md_table, pyplot, save
+from dse.questions.common import (
+    Picks,
+    admissible_designs,
+    describe,
+    dress,
+    layout_pairs,
+    limits_text,
+    md_table,
+    save,
+    subplots,
+)
 from dse.questions.context import Answer, Context, Lead
 
 SPEED = "output_tokens_per_s_per_user"
+BATCH = "workload.concurrency"
+LAYOUT = ("layout.tp", "layout.dp", "layout.ep")
 GROUP = ("model.id", "accelerator.id")
 
 
@@ -56,9 +68,8 @@ def groups(df: pd.DataFrame):
         yield " on ".join(k) if isinstance(k, tuple) else str(k), g
 
 
-def _figure(ctx, df, picks: dict, slo: float) -> str:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+def _figure(ctx: Context, df: pd.DataFrame, picks: dict, slo: float) -> str:
+    fig, ax = subplots(figsize=(7.5, 5))
     for i, (name, g) in enumerate(groups(df)):
         xs = np.sort(g[SPEED].unique())
         grid = np.geomspace(max(xs.min(), 1.0), xs.max(), 120)
@@ -69,13 +80,8 @@ def _figure(ctx, df, picks: dict, slo: float) -> str:
             ax.scatter([p[SPEED]], [p["rack_tokens_per_s"]], c=f"C{i}", s=60, edgecolors="k",
                        zorder=5)
     ax.axvline(slo, c="k", ls=":", lw=1, label=f"SLO {slo:g} tokens/s/user")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("output tokens/s per user (at least)")
-    ax.set_ylabel("output tokens/s per rack (whole instances)")
-    ax.set_title("most a rack serves at a given interactivity")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    dress(ax, "output tokens/s per user (at least)", "output tokens/s per rack (whole instances)",
+          "most a rack serves at a given interactivity", xlog=10, ylog=10)
     return save(fig, ctx, "rack-throughput.png")
 
 
@@ -83,58 +89,78 @@ def _pick_numbers(p, f) -> dict:
     return {"design_id": int(p["design_id"]), "rack_output_tokens_per_s": float(p["rack_tokens_per_s"]),
             "output_tokens_per_s_per_rack_metric": float(p["output_tokens_per_s_per_rack"]),
             "instances_per_rack": int(p["instances_per_rack"]), "num_chips": int(p["num_chips"]),
-            "batch": int(p["workload.concurrency"]), "tp": int(p["layout.tp"]),
+            "batch": int(p[BATCH]), "tp": int(p["layout.tp"]),
             "dp": int(p["layout.dp"]), "ep": int(p["layout.ep"]),
             "output_tokens_per_s_per_user": float(p[SPEED]), "ttft_s": float(p["ttft_s"]),
             "usd_per_mtok_output": float(p["usd_per_mtok_output"]), **f}
 
 
 def answer(ctx: Context) -> Answer:
-    slo = float(ctx.param("slo_tokens_per_s_per_user", 20.0))
-    demand = float(ctx.param("demand_output_tokens_per_s", 1e8))
-    slos = [float(x) for x in ctx.param("slos", [10.0, 20.0, 50.0, 100.0])]
-    df = ctx.score()
-    df = with_rack_columns(df[admissible(ctx, df)].reset_index(drop=True))
-    picks = {name: best_rack(g, slo) for name, g in groups(df)}
-    figs = [_figure(ctx, df, picks, slo)]
-    head, method, numbers = [], [], {}
-    for name, p in picks.items():
+    s = Picks(slo=float(ctx.param("slo_tokens_per_s_per_user", 20.0)),
+              demand=float(ctx.param("demand_output_tokens_per_s", 1e8)),
+              slos=[float(x) for x in ctx.param("slos", [10.0, 20.0, 50.0, 100.0])])
+    s.df = with_rack_columns(admissible_designs(ctx))
+    s.picks = {name: best_rack(g, s.slo) for name, g in groups(s.df)}
+    figs = [_figure(ctx, s.df, s.picks, s.slo)]
+    s.fleets = {name: fleet(p, s.demand) for name, p in s.picks.items() if p is not None}
+    numbers = {name: _pick_numbers(s.picks[name], f) for name, f in s.fleets.items()}
+    lead = tuple(Lead(f"picks.{n}.rack_output_tokens_per_s", f"{n}: one rack at >= {s.slo:g} "
+                      "tokens/s/user", "output tokens/s", pick=f"picks.{n}.design_id",
+                      pick_label="design") for n in numbers)
+    return Answer(_headline(s), _details(ctx, s), {"slo_tokens_per_s_per_user": s.slo,
+                                                   "demand_output_tokens_per_s": s.demand,
+                                                   "picks": numbers}, figs, lead)
+
+
+def _headline(s: Picks) -> str:
+    head = []
+    for name, p in s.picks.items():
         if p is None:
-            head.append(f"- {name}: no admissible design streams {slo:g} tokens/s/user")
+            head.append(f"- {name}: no admissible design streams {s.slo:g} tokens/s/user")
             continue
-        f = fleet(p, demand)
-        numbers[name] = _pick_numbers(p, f)
+        f = s.fleets[name]
         head.append(
             f"- **{name}**: one rack serves **{p['rack_tokens_per_s']:,.0f} output tokens/s** at "
-            f">= {slo:g} tokens/s/user ({p[SPEED]:.1f}, TTFT {p['ttft_s']:.2f} s): "
+            f">= {s.slo:g} tokens/s/user ({p[SPEED]:.1f}, TTFT {p['ttft_s']:.2f} s): "
             f"{int(p['instances_per_rack'])} x {int(p['num_chips'])}-chip instance(s) at batch "
-            f"{int(p['workload.concurrency']):,}. {demand:.0e} output tokens/s needs "
+            f"{int(p[BATCH]):,}. {s.demand:.0e} output tokens/s needs "
             f"**{f['racks']:,} racks**, ${f['usd_per_mtok_output_all_in']:.3f}/Mtok output all-in "
             f"(${p['usd_per_mtok_output']:.3f}/Mtok decode share).")
-        method.append(f"- {name}: {describe(p, (SPEED, 'ttft_s', 'output_tokens_per_s_per_instance', 'usd_per_chip_hour'))}; "
-                      f"{int(p['instances_per_rack'])} whole instance(s) per {int(p['rack_chips'])}-chip rack; "
-                      f"fleet {f['racks']:,} racks, ${f['usd_per_hour']:,.0f}/hour.")
-    rows = []
-    for name, g in groups(df):
-        for s in slos:
-            p = best_rack(g, s)
-            if p is None:
-                rows.append([name, f"{s:g}", "-", "-", "-", "-", "-"])
-                continue
-            f = fleet(p, demand)
-            rows.append([name, f"{s:g}", p["rack_tokens_per_s"],
-                         (f"{int(p['instances_per_rack'])} x {int(p['num_chips'])} chips, batch "
-                          f"{int(p['workload.concurrency']):,} (tp={int(p['layout.tp'])}, "
-                          f"dp={int(p['layout.dp'])}, ep={int(p['layout.ep'])})"),
-                         f"{f['racks']:,}", f["usd_per_mtok_output_all_in"], p["usd_per_mtok_output"]])
-    table = md_table(["model on rack", "SLO tok/s/user", "rack output tok/s", "design",
-                      f"racks for {demand:.0e} tok/s", "$/Mtok output all-in",
-                      "$/Mtok output (decode share)"], rows)
-    details = f"""## Method
+    return "\n".join(head)
 
-- {len(df):,} admissible designs of {ctx.space.size:,} (feasible; \
-{', '.join(f'{c.metric} <= {c.max:g}' for c in ctx.space.constraints if c.max is not None)}), \
-scored in float64. SLO: `{SPEED}` >= {slo:g} (`slo_tokens_per_s_per_user` in [answer]).
+
+def _slos_table(s: Picks) -> str:
+    """Per model and rack and per SLO of ``slos``: the best rack, its racks and costs."""
+    rows = []
+    for name, g in groups(s.df):
+        for slo in s.slos:
+            p = best_rack(g, slo)
+            if p is None:
+                rows.append([name, f"{slo:g}", "-", "-", "-", "-", "-"])
+                continue
+            f = fleet(p, s.demand)
+            rows.append([name, f"{slo:g}", p["rack_tokens_per_s"],
+                         (f"{int(p['instances_per_rack'])} x {int(p['num_chips'])} chips, batch "
+                          f"{int(p[BATCH]):,} ({layout_pairs(p, LAYOUT)})"),
+                         f"{f['racks']:,}", f["usd_per_mtok_output_all_in"], p["usd_per_mtok_output"]])
+    return md_table(["model on rack", "SLO tok/s/user", "rack output tok/s", "design",
+                     f"racks for {s.demand:.0e} tok/s", "$/Mtok output all-in",
+                     "$/Mtok output (decode share)"], rows)
+
+
+def _details(ctx: Context, s: Picks) -> str:
+    cols = (SPEED, "ttft_s", "output_tokens_per_s_per_instance", "usd_per_chip_hour")
+    method = [f"- {name}: {describe(p, cols)}; "
+              f"{int(p['instances_per_rack'])} whole instance(s) per {int(p['rack_chips'])}-chip "
+              f"rack; fleet {s.fleets[name]['racks']:,} racks, "
+              f"${s.fleets[name]['usd_per_hour']:,.0f}/hour."
+              for name, p in s.picks.items() if p is not None]
+    demand = s.demand
+    return f"""## Method
+
+- {len(s.df):,} admissible designs of {ctx.space.size:,} (feasible; \
+{limits_text(ctx)}), \
+scored in float64. SLO: `{SPEED}` >= {s.slo:g} (`slo_tokens_per_s_per_user` in [answer]).
 - Rack tokens/s = floor(rack chips / instance chips) x `output_tokens_per_s_per_instance` (whole \
 instances; the scorer's `output_tokens_per_s_per_rack` = per-chip rate x rack chips also counts \
 a fraction of an instance when the instance size does not divide the rack). Racks = \
@@ -149,11 +175,5 @@ share column is the scorer's `usd_per_mtok_output` of the same design.
 
 ## Racks and cost at other SLOs
 
-{table}
+{_slos_table(s)}
 """
-    lead = tuple(Lead(f"picks.{n}.rack_output_tokens_per_s", f"{n}: one rack at >= {slo:g} "
-                      "tokens/s/user", "output tokens/s", pick=f"picks.{n}.design_id",
-                      pick_label="design") for n in numbers)
-    return Answer("\n".join(head), details,
-                  {"slo_tokens_per_s_per_user": slo, "demand_output_tokens_per_s": demand,
-                   "picks": numbers}, figs, lead)
