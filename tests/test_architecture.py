@@ -292,3 +292,19 @@ def test_layer_contract_catches_an_upward_import(tmp_path, monkeypatch):
     found = [(tgt, lazy) for _, tgt, lazy in _imports("dse.perf.step", fake, modules)]
     assert found == [("dse.search.store", True)]
     assert _layer("dse.search.store") > _layer("dse.perf.step")
+
+
+MAX_FUNCTION_LINES = 120
+
+
+def test_no_function_over_120_lines():
+    """Modules small enough to read in one sitting start with functions that are: none in dse/
+    is longer than MAX_FUNCTION_LINES lines (docstring included)."""
+    long = []
+    for path in sorted((ROOT / "dse").rglob("*.py")):
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = n.end_lineno - n.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{n.lineno}: {n.name} has {size} lines")
+    assert not long, "\n".join(long)
