@@ -205,7 +205,7 @@ def check(d: Path, m: dict, o: Path) -> Path:
                          hint="let it finish or stop it, then re-optimize from its front")
     if m["strategy"] not in STRATEGIES:
         raise InputError(f"unknown strategy {m['strategy']!r} in the manifest",
-                         file=str(d / "manifest.json"), hint="one of " + ", ".join(STRATEGIES))
+                         file=str(store.manifest_file(d)), hint="one of " + ", ".join(STRATEGIES))
     if m["strategy"] in ("optuna", "nested"):
         make_sampler(m.get("sampler", "nsga2"), 0, int(m.get("population", 32)))  # e.g. gp: torch
     nd = o / "run"

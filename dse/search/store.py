@@ -89,8 +89,12 @@ def make_folders(d: Path) -> None:
     (Path(d) / "inputs").mkdir(exist_ok=True)
 
 
+def manifest_file(d: Path) -> Path:
+    return Path(d) / "manifest.json"
+
+
 def write_manifest(d: Path, m: dict) -> None:
-    write_json(Path(d) / "manifest.json", m)
+    write_json(manifest_file(d), m)
 
 
 def write_progress(d: Path, progress: dict) -> None:
@@ -282,7 +286,7 @@ def create(d: Path, space, strategy: str, seed: int, extra: dict) -> dict:
 
 
 def load_manifest(d: Path) -> dict:
-    f = Path(d) / "manifest.json"
+    f = manifest_file(d)
     if not Path(d).is_dir():
         raise InputError("run folder not found", file=str(d), hint="give the folder `dse run` printed")
     if not f.is_file():
