@@ -19,8 +19,6 @@ FLOP/s, USD); a scale-factor parameter's column is ``<path>.scale`` (``dse.spec.
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -52,7 +50,7 @@ from dse.scoring.evaluate import evaluate_file, evaluate_flat
 from dse.scoring.predict import predict_file, predict_frame, read_cases, write_csv
 from dse.search import driver
 from dse.search.driver import run_space
-from dse.spec.design import check_design
+from dse.spec.design import check_design, to_toml
 from dse.spec.fields import REGISTRY
 from dse.units import seconds
 
@@ -233,43 +231,6 @@ def load_space(space: PathLike | Mapping[str, Any]):
         f.write_text(text)
         return _load(str(f))
     return _load(str(space))
-
-
-def _toml_key(k: str) -> str:
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
-
-
-def _toml_value(v) -> str:
-    if isinstance(v, (bool, np.bool_)):
-        return "true" if v else "false"
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    if isinstance(v, (float, np.floating)):
-        v = float(v)
-        if not math.isfinite(v):
-            raise InputError(f"{v} is not a finite number", file="space", hint="TOML values")
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple, np.ndarray)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, Mapping):
-        return "{ " + ", ".join(f"{_toml_key(str(k))} = {_toml_value(x)}"
-                                for k, x in v.items()) + " }"
-    raise InputError(f"{v!r} ({type(v).__name__}) cannot be written in a space file",
-                     file="space", hint="strings, numbers, booleans, lists and tables")
-
-
-def to_toml(doc: Mapping[str, Any]) -> str:
-    """A space or design dict as TOML text (top-level values, then one table per section)."""
-    top = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in doc.items()
-           if not isinstance(v, Mapping)]
-    tables = []
-    for k, v in doc.items():
-        if isinstance(v, Mapping):
-            tables += ["", f"[{_toml_key(k)}]",
-                       *(f"{_toml_key(str(kk))} = {_toml_value(vv)}" for kk, vv in v.items())]
-    return "\n".join(top + tables) + "\n"
 
 
 # ------------------------------------------------------------------------------ runs

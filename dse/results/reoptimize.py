@@ -35,7 +35,6 @@ an RDB ``--storage`` (its workers are not enlisted). The base run is only read.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +50,7 @@ from dse.perf import score_chunked
 from dse.search import driver, store
 from dse.search.optuna import strategy as optuna_strategy
 from dse.search.optuna.strategy import make_sampler
+from dse.spec.design import toml_key, toml_value
 
 STRATEGIES = ("exhaustive", "optuna", "nested")
 
@@ -65,34 +65,9 @@ class Derived:
 
 # ---------------------------------------------------------------------------------- TOML out
 
-_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def _key(k: str, dotted: bool) -> str:
-    if dotted:
-        return ".".join(p if _BARE.match(p) else json.dumps(p) for p in k.split("."))
-    return k if _BARE.match(k) else json.dumps(k)
-
-
-def _val(v) -> str:
-    if isinstance(v, (bool, np.bool_)):
-        return "true" if v else "false"
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    if isinstance(v, (float, np.floating)):
-        v = float(v)
-        if np.isnan(v):
-            return "nan"
-        if np.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_val(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_key(k, False)} = {_val(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {v!r} to TOML")
+def toml_value_any(v) -> str:
+    """A derived space's value: what the base space held, NaN and infinities included."""
+    return toml_value(v, finite=False)
 
 
 def _num(x: float):
@@ -103,22 +78,22 @@ def _num(x: float):
 
 def space_toml(name: str, question: str, base: dict, params: list[tuple[str, object]],
                objectives, constraints) -> str:
-    lines = [f"name = {_val(name)}", f"question = {_val(question)}", ""]
+    lines = [f"name = {toml_value_any(name)}", f"question = {toml_value_any(question)}", ""]
     sections: dict[str, list[str]] = {}
     for k, v in base.items():
         sec, rest = k.split(".", 1)
-        sections.setdefault(sec, []).append(f"{_key(rest, True)} = {_val(v)}")
+        sections.setdefault(sec, []).append(f"{toml_key(rest, True)} = {toml_value_any(v)}")
     for sec, body in sections.items():
         lines += [f"[{sec}]", *body, ""]
     lines.append("[parameters]")
-    lines += [f"{json.dumps(p)} = {_val(v)}" for p, v in params]
-    lines += ["", "[objectives]"] + [f"{_key(o.metric, False)} = {_val(o.direction)}"
+    lines += [f"{json.dumps(p)} = {toml_value_any(v)}" for p, v in params]
+    lines += ["", "[objectives]"] + [f"{toml_key(o.metric, False)} = {toml_value_any(o.direction)}"
                                      for o in objectives]
     if constraints:
         lines += ["", "[constraints]"]
         for c in constraints:
             b = {k: v for k, v in (("max", c.max), ("min", c.min)) if v is not None}
-            lines.append(f"{_key(c.metric, False)} = {_val(b)}")
+            lines.append(f"{toml_key(c.metric, False)} = {toml_value_any(b)}")
     return "\n".join(lines) + "\n"
 
 

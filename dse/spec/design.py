@@ -18,8 +18,15 @@
 
 from __future__ import annotations
 
+import json
+import math
+import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from dse import catalog
 from dse.errors import InputError, suggest
@@ -116,3 +123,52 @@ def design_case(flat: dict) -> dict:
             "layout.num_chips", *mapping, *(f"layout.{k}" for k in ("tp", "pp", "ep", "dp"))}
     row.update({k: v for k, v in flat.items() if k not in skip})
     return row
+
+
+# --- writing TOML (a space or design given as a dict, a derived space) ----------------------
+
+BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def toml_key(k: str, dotted: bool = False) -> str:
+    """A key as TOML writes it: bare when it can be, else quoted (each part of a dotted key)."""
+    if dotted:
+        return ".".join(p if BARE_KEY.match(p) else json.dumps(p) for p in k.split("."))
+    return k if BARE_KEY.match(k) else json.dumps(k)
+
+
+def toml_value(v, finite: bool = True) -> str:
+    """A value as TOML writes it (numpy scalars and arrays too). ``finite``: a NaN or infinity
+    is refused (a space a person gave as a dict); else written as TOML's ``nan``/``inf``."""
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        if not math.isfinite(v):
+            if finite:
+                raise InputError(f"{v} is not a finite number", file="space", hint="TOML values")
+            return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return "[" + ", ".join(toml_value(x, finite) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{ " + ", ".join(f"{toml_key(str(k))} = {toml_value(x, finite)}"
+                                for k, x in v.items()) + " }"
+    raise InputError(f"{v!r} ({type(v).__name__}) cannot be written in a space file",
+                     file="space", hint="strings, numbers, booleans, lists and tables")
+
+
+def to_toml(doc: Mapping[str, Any]) -> str:
+    """A space or design dict as TOML text (top-level values, then one table per section)."""
+    top = [f"{toml_key(k)} = {toml_value(v)}" for k, v in doc.items()
+           if not isinstance(v, Mapping)]
+    tables = []
+    for k, v in doc.items():
+        if isinstance(v, Mapping):
+            tables += ["", f"[{toml_key(k)}]",
+                       *(f"{toml_key(str(kk))} = {toml_value(vv)}" for kk, vv in v.items())]
+    return "\n".join(top + tables) + "\n"
