@@ -94,7 +94,8 @@ TESTS = [*sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_p
     "tests/test_disaggregated.py",
     # the serving mechanisms (issue 11), each with its own hand-worked cases
     "tests/test_spec.py", "tests/test_imbalance.py", "tests/test_kvtier.py",
-    "tests/test_lengths.py", "tests/test_queueing.py", "tests/test_precision.py",
+    "tests/test_lengths.py", "tests/test_queueing.py", "tests/test_queueing_disaggregated.py",
+    "tests/test_precision.py",
     "tests/test_cost_model.py", "tests/test_kernel_comm.py", "tests/test_properties.py"]
 SLOW = ["tests/test_properties.py::test_chunked_scoring_equals_one_call",
         "tests/test_properties.py::test_scoring_a_batch_equals_scoring_each_row",
@@ -997,7 +998,8 @@ def operator_summary(mutants: list, rows: dict) -> dict:
 
 
 def write_operator_table(path: Path, mutants: list, rows: dict, argv: list, population: int,
-                         files: list, fast: bool, broken: list, n_designs: int) -> None:
+                         files: list, fast: bool, broken: list, n_designs: int,
+                         state: Path | None = None) -> None:
     c = operator_summary(mutants, rows)
     live = len(mutants) - c["unreachable"] - c["equivalent"] - c["invalid"] - c["not run"]
     sample = (f"a seeded sample of {len(mutants)} of the {population} mutants"
@@ -1017,6 +1019,9 @@ def write_operator_table(path: Path, mutants: list, rows: dict, argv: list, popu
              f"equivalent, {c['invalid']} invalid; of the {live} others {c['caught']} caught by "
              f"a physics test, {c['golden only']} only by the goldens, {c['not caught']} by "
              "nothing" + (f"; {c['not run']} not run" if c["not run"] else "") + ".**", ""]
+    if state:
+        lines += [f"Results from `--state {state}`, kept by the resumed runs of this check "
+                  "(each mutant ran once, against the tests present then).", ""]
     if broken:
         lines += ["Left out (failing without a mutation): " + ", ".join(broken), ""]
     lines += ["| file | mutants | unreachable | equivalent | physics test | goldens only | "
@@ -1162,7 +1167,7 @@ def main_operators(a, argv) -> int:
     if a.out:
         n_designs = sum(len(f) for f in sample_frames().values())
         write_operator_table(Path(a.out), sel, rows, argv, len(population), files, a.fast,
-                             sorted(broken), n_designs)
+                             sorted(broken), n_designs, state)
     return 1 if c["golden only"] or c["not caught"] or lost else 0
 
 
