@@ -126,3 +126,22 @@ def test_two_batch_overlap_pads_every_gemm_twice_and_reads_the_head_twice():
     head = OPS.index("logits")
     assert tbo.memory_s[head][0] - pad.memory_s[head][0] == pytest.approx(
         129280 * 7168 * 1.0 / 8e12, rel=1e-9)
+
+
+def test_output_never_pays_more_than_the_instance():
+    """With the auto EP kernels a decode-only step runs the low-latency all-to-all and a step
+    carrying prompt tokens the normal one. Where the low-latency kernels are the slow ones
+    (1 ms a call against 10 us) the decode-only step outlasts the mean step: its share of the
+    cost is capped at the whole, so output tokens pay for the instance and input tokens for
+    nothing."""
+    d = design("gb200", "deepseek-v3", **{
+        "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 8, "layout.ep": 8,
+        "workload.isl": 128, "workload.osl": 512, "workload.concurrency": 512,
+        "topology.id": "nvl72", "cost.mode": "rental"})
+    slow_ll = {f"a2a_ll_{p}_latency_s": 1e-3 for p in ("dispatch", "combine")}
+    b, m, dec = _decode(d, **slow_ll)
+    assert dec.total_s[0] > m["step_s"][0]
+    usd_s = m["usd_per_chip_hour"][0] * 8 / 3600.0
+    out_rate = m["output_tokens_per_s_per_instance"][0]
+    assert m["usd_per_mtok_output"][0] == pytest.approx(usd_s / out_rate * 1e6, rel=1e-12)
+    assert m["usd_per_mtok_input"][0] == 0.0

@@ -94,28 +94,33 @@ def test_ttft_waits_half_a_pass_for_the_other_sequences(pp, c):
         assert m["ttft_s"] == pytest.approx(22e-3, rel=0.01)
 
 
-def test_output_tokens_pay_the_decode_steps_input_tokens_the_rest():
-    """The instance's $/s is split by time: output tokens pay for the decode-only step's share
-    of the mean step (T_DECODE / T_MEAN = 0.212), input tokens for the rest, the prompts' extra
-    time. 64 / T_MEAN output tokens/s and 4x as many input tokens/s (1024 per 256)."""
+@pytest.mark.parametrize("pp", [1, 2])
+def test_output_tokens_pay_the_decode_steps_input_tokens_the_rest(pp):
+    """The instance's $/s (its pp chips') is split by time: output tokens pay for the
+    decode-only step's share of the mean step (T_DECODE / T_MEAN = 0.212 at pp = 1), input
+    tokens for the rest, the prompts' extra time. 64 tokens per pass of pp mean stage steps,
+    and 4x as many input tokens/s (1024 per 256)."""
     m, _, b = _compute_only(_llama8b(**{"workload.isl": ISL, "workload.osl": OSL,
-                                        "workload.concurrency": C}))
-    usd_s = m["usd_per_chip_hour"] / 3600.0            # one chip
-    out_rate = C / T_MEAN
+                                        "workload.concurrency": C, "layout.pp": pp}))
+    usd_s = m["usd_per_chip_hour"] * pp / 3600.0       # the instance's chips
+    t_dec = _stage_s(C / pp, C / pp, pp)
+    t_mean = SHARE * _stage_s((C + ISL) / pp, (C + 1) / pp, pp) + (1 - SHARE) * t_dec
+    out_rate = C / (pp * t_mean)                        # the instance's
     in_rate = out_rate * ISL / OSL
-    decode_share = T_DECODE / T_MEAN
-    assert decode_share == pytest.approx(0.2119, abs=1e-4)
-    assert m["output_tokens_per_s_per_chip"] == pytest.approx(out_rate, rel=1e-9)
-    assert m["input_tokens_per_s_per_chip"] == pytest.approx(in_rate, rel=1e-9)
+    decode_share = t_dec / t_mean
+    if pp == 1:
+        assert decode_share == pytest.approx(0.2119, abs=1e-4)
+    assert m["output_tokens_per_s_per_chip"] == pytest.approx(out_rate / pp, rel=1e-9)
+    assert m["input_tokens_per_s_per_chip"] == pytest.approx(in_rate / pp, rel=1e-9)
     assert m["usd_per_mtok_output"] == pytest.approx(usd_s * decode_share / out_rate * 1e6,
                                                      rel=1e-9)
     assert m["usd_per_mtok_input"] == pytest.approx(usd_s * (1 - decode_share) / in_rate * 1e6,
                                                     rel=1e-9)
     # the two together pay for the instance; an output token's energy is the decode share of
-    # the chip's (wall) power
+    # the chips' (wall) power
     assert m["usd_per_mtok_output"] * out_rate + m["usd_per_mtok_input"] * in_rate \
         == pytest.approx(usd_s * 1e6, rel=1e-9)
-    watts = b.power_w[0] * b.pue[0]
+    watts = b.power_w[0] * b.pue[0] * pp
     assert m["joules_per_output_token"] == pytest.approx(watts * decode_share / out_rate,
                                                          rel=1e-9)
 

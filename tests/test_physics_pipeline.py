@@ -39,17 +39,18 @@ def test_decode_reads_one_stages_kv_per_micro_batch():
     4 x 4097 x 16 layers of K and V (8 KV heads x 128 x 2 B each, twice), writes the 4 new
     tokens' K and V in its 16 layers, and reads each token's query and writes its output
     (32 heads x (128 + 128) x 2 B per layer), all at 3.35 TB/s. Without pipelining (pp = 1)
-    the step carries all 8 sequences through all 32 layers: four times one stage's bytes."""
-    for pp in (1, 2):
+    the step carries all 8 sequences through all 32 layers: four times one stage's bytes. With
+    two attention data-parallel ranks instead, each rank's chip reads the KV of its own 4."""
+    for pp, dp in ((1, 1), (2, 1), (1, 2)):
         d = _llama8b(**{"workload.isl": 4096, "workload.osl": 2, "workload.concurrency": 8,
-                        "workload.phase": "decode", "layout.pp": pp})
+                        "workload.phase": "decode", "layout.pp": pp, "layout.dp": dp})
         dec = _decode_step(d, hbm_bw_bytes_per_s=3.35e12)
-        seqs, layers = 8 / pp, 32 / pp
+        seqs, layers = 8 / pp / dp, 32 / pp
         kv_read = seqs * 4097 * layers * KV_TOKEN_LAYER
         kv_write = seqs * layers * KV_TOKEN_LAYER
         q_and_o = seqs * layers * 32 * (128 + 128) * 2
         expected = (kv_read + kv_write + q_and_o) / 3.35e12
-        assert dec.memory_s[CORE][0] == pytest.approx(expected, rel=1e-9), pp
+        assert dec.memory_s[CORE][0] == pytest.approx(expected, rel=1e-9), (pp, dp)
     # one stage of two reads a quarter of the whole batch's KV: 4 x 4097 x 16 x 4 KiB = 1.07 GB
     assert 4 * 4097 * 16 * KV_TOKEN_LAYER == 1_074_003_968
 
