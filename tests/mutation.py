@@ -875,6 +875,7 @@ def _operators_loop(session):
     goldens = [it for it in session.items if it.nodeid.startswith(GOLDENS)]
     broken: set = set()
     recent: list = []                   # tests that caught a mutant lately, latest first
+    _track_batches()                    # (before the sample: its memoised values are dropped too)
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         batches = {k: to_batch(resolve(f)) for k, f in sample_frames().items()}
