@@ -60,3 +60,8 @@ if os.environ.get("DSE_MUTATE"):
     from mutation import set_mutation
     _name, _factor = os.environ["DSE_MUTATE"].split("=")
     set_mutation(_name, float(_factor))
+if os.environ.get("DSE_MUTATE_OP"):
+    # ``DSE_MUTATE_OP=id``: the scorer runs with that operator mutant of its formulas
+    # (``python tests/mutation.py --operators --list`` prints the ids)
+    from mutation import apply_mutant, mutant_by_id
+    apply_mutant(mutant_by_id(os.environ["DSE_MUTATE_OP"]))

@@ -28,20 +28,64 @@ full run, without ``--fast``, is the check that they catch nothing the others mi
 ``--jobs N`` splits the fields over N sessions. ``--out FILE`` writes the table (field ->
 catching test) with the date and the command; when FILE exists, each field first tries the test
 that caught it there. ``--state FILE`` keeps every result as it comes (a killed run resumes).
+
+Operator mode: does changing the *shape* of a formula fail a physics test?
+
+    python tests/mutation.py --operators --fast --jobs 2 --out tests/MUTATION_OPERATORS.md \
+        [--files serve.py step.py] [--kinds op,drop] [--limit N --seed S] [--state FILE]
+    python tests/mutation.py --operators --list [--match TEXT]     # the mutants and their ids
+
+The sites are found on the syntax tree of every ``dse/perf/*.py`` (not ``batch.py``, the struct
+of arrays, nor ``__init__.py``), whatever its functions are called: the bodies of its functions
+and methods and its module-level numeric constants, not docstrings, annotations, default
+values, decorators, class bodies, indices and slices, f-strings, asserts and raises, nor the
+arguments of shape, dtype and bookkeeping calls (``_SKIP_ARGS``). Kinds (``KINDS``): ``op`` an
+operator swapped (``+ -``, ``* /``, ``& |``, also augmented), ``drop`` a term of a sum, the
+subtrahend, the divisor, a factor of a product of two non-constants or one side of a
+``max``/``min`` dropped (an augmented assignment dropped), ``minmax`` ``maximum <-> minimum``
+(``max <-> min``), ``cmp`` a comparison's boundary or direction flipped (``< -> <=, >`` ...),
+``round`` ``ceil``/``floor`` dropped, ``const`` a number times 1.2 (not 0, nor guards below 1e-5
+or above 1e20), ``sign`` a unary minus dropped. A mutant's id hashes its file, kind, texts and
+occurrence, not its line, so a table stays readable across edits.
+
+Mechanism: one pytest session per job compiles the mutated module (``ast``) and puts the code
+object of the function holding the site (its outermost ``def``) into the live function
+(``__code__``), so every reference to it, imported or not, runs the mutant; a module-level
+constant is rebound wherever it was imported. Nothing on disk changes; the undo puts the code
+back, and memoised per-batch values are dropped both ways. Each mutant first scores a design
+sample reaching every mechanism (``sample_frames``, 2,025 designs: every metric, the per-op
+breakdown and the float32 chunked scoring): a site on a line that scoring the sample never runs
+is *unreachable*, a mutant that changes no number is *equivalent*; neither counts against the
+tests. The others run the physics tests (the test that caught the mutant in ``--out``'s previous
+table first, then those that caught the latest mutants, then ``TESTS``) until one fails; a failure
+counts only if the test passes unmutated; a mutant no physics test catches runs
+``tests/test_goldens.py``, telling "goldens only" from "nothing". A test or the sample's scoring
+over ``--test-timeout`` seconds counts as failing. ``--limit N`` runs a seeded random sample
+(a larger N with the same ``--seed`` extends a smaller one); ``--state FILE`` as above.
+``DSE_MUTATE_OP=id python -m pytest tests/test_x.py`` runs any tests under one mutant.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
+import hashlib
 import json
 import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import types
+import warnings
 import weakref
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 # fastest-catching first (one closed form per term), the slow invariant properties last
@@ -50,7 +94,8 @@ TESTS = [*sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_p
     "tests/test_disaggregated.py",
     # the serving mechanisms (issue 11), each with its own hand-worked cases
     "tests/test_spec.py", "tests/test_imbalance.py", "tests/test_kvtier.py",
-    "tests/test_lengths.py", "tests/test_queueing.py", "tests/test_precision.py",
+    "tests/test_lengths.py", "tests/test_queueing.py", "tests/test_queueing_disaggregated.py",
+    "tests/test_precision.py",
     "tests/test_cost_model.py", "tests/test_kernel_comm.py", "tests/test_properties.py"]
 SLOW = ["tests/test_properties.py::test_chunked_scoring_equals_one_call",
         "tests/test_properties.py::test_scoring_a_batch_equals_scoring_each_row",
@@ -60,6 +105,7 @@ SLOW = ["tests/test_properties.py::test_chunked_scoring_equals_one_call",
         "tests/test_properties.py::test_times_are_positive_and_finite_where_defined",
         "tests/test_properties.py::test_more_flops_never_slow_a_step",
         "tests/test_kernel_comm.py::test_fit_report_on_measured_tables"]
+GOLDENS = "tests/test_goldens.py"
 # layout, workload and switches: inputs a test sets itself, not terms of the model
 NOT_PHYSICS = {"tp", "pp", "ep", "dp", "prefill_tp", "prefill_pp", "prefill_ep", "prefill_dp",
                "disaggregated", "phase", "isl", "osl", "concurrency", "prefill_concurrency",
@@ -105,12 +151,25 @@ def set_mutation(name: str | None, factor: float = 1.0) -> None:
 _failed: list = []
 
 
+def pytest_configure(config):
+    # a mutant's failing examples are not kept for later runs (tests/test_properties.py)
+    try:
+        from hypothesis import settings
+    except ImportError:
+        return
+    settings.register_profile("dse-mutation", database=None)
+    settings.load_profile("dse-mutation")
+
+
 def pytest_runtest_logreport(report):
     if report.failed:
         _failed.append(report.nodeid)
 
 
 def pytest_runtestloop(session):
+    if os.environ.get("DSE_MUTATE_MODE") == "operators":
+        _operators_loop(session)
+        return True
     fields = os.environ["DSE_MUTATE_FIELDS"].split(",")
     factor = float(os.environ["DSE_MUTATE_FACTOR"])
     out = Path(os.environ["DSE_MUTATE_OUT"])
@@ -210,7 +269,30 @@ def main(argv=None) -> int:
                     "run again, new results are added (a killed run resumes)")
     ap.add_argument("--no-run", action="store_true",
                     help="only write --out from --state (fields without a result: 'not run')")
+    op = ap.add_argument_group("operator mode (--operators)")
+    op.add_argument("--operators", action="store_true",
+                    help="mutate the formulas of dse/perf/*.py (operators, terms, min/max, "
+                    "comparisons, constants) instead of scaling fields")
+    op.add_argument("--files", nargs="+", metavar="FILE",
+                    help="perf modules to mutate (e.g. serve.py step.py; default: all but "
+                    + ", ".join(sorted(OP_SKIP_FILES)) + ")")
+    op.add_argument("--kinds", help="comma-separated mutation kinds (default: all of "
+                    + ",".join(KINDS) + ")")
+    op.add_argument("--limit", type=int, help="a seeded random sample of this many mutants")
+    op.add_argument("--seed", type=int, default=0, help="the sample's seed (a larger --limit "
+                    "with the same seed adds mutants to the smaller sample)")
+    op.add_argument("--match", nargs="+", metavar="TEXT",
+                    help="only mutants whose 'file:line function original => mutant id' "
+                    "contains one of these")
+    op.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    op.add_argument("--test-timeout", type=float, default=120.0,
+                    help="seconds a test (or the sample's scoring) may run under a mutant "
+                    "before it counts as failing")
     a = ap.parse_args(argv)
+    if a.operators:
+        if a.fields:
+            ap.error("--operators takes no field names (use --files, --kinds, --match)")
+        return main_operators(a, argv)
     unknown = [f for f in a.fields if f not in FIELDS]
     if unknown:
         print(f"mutation.py: unknown field(s) {', '.join(unknown)}; see dse/perf/batch.py "
@@ -271,6 +353,827 @@ def main(argv=None) -> int:
     if a.out:
         write_table(Path(a.out), rows, names, argv, a.factor, a.fast, sorted(broken), state)
     return 1 if missed or lost else 0
+# --- operator mode: mutations of the model's formulas ---------------------------------------
+#
+# ``--operators``: every mutation site of the perf modules' formulas, found on their syntax tree
+# (nothing here names a function or a line of them), is compiled into the live function's code
+# object in the pytest session, its scores on a broad design sample compared with the unmutated
+# ones, and, where they differ, the physics tests run until one fails.
+
+PERF = ROOT / "dse" / "perf"
+# the struct of arrays and the package's re-exports: bookkeeping, not formulas
+OP_SKIP_FILES = {"__init__.py", "batch.py"}
+KINDS = ("op", "drop", "minmax", "cmp", "round", "const", "sign")
+# calls whose arguments (all: None, or these positions) are shapes, dtypes, keys or Python
+# bookkeeping, never a term of the model
+_SKIP_ARGS = {
+    "range": None, "len": None, "enumerate": None, "zip": None, "isinstance": None,
+    "getattr": None, "hasattr": None, "setattr": None, "print": None, "int": None, "str": None,
+    "repr": None, 
+    "zeros": None, "ones": None, "empty": None, "full": None, "arange": None, "reshape": None,
+    "astype": None, "view": None, "stack": None, "shape": None, "ndim": None, "result_type": None,
+    "dtype": None, "finfo": None, "iinfo": None, "item": None, "empty_like": None,
+    "zeros_like": None, "ones_like": None, "full_like": None, "format": None, "join": None,
+    "append": None, "index": None, "get": None, "setdefault": None, "pop": None,
+    "bit_length": None, "array_equal": None, "broadcast_shapes": None, "take": None,
+    "gather": None, "copy": None, "memo": {0}, "broadcast_to": {1}, "atleast_1d": None,
+    "asarray": {1}, "as_floating": None, "KeyError": None, "ValueError": None,
+}
+_SKIP_KEYWORDS = {"dtype", "axis", "out", "shape", "copy", "chunk_rows", "key"}
+_MINMAX = {"maximum": "minimum", "minimum": "maximum", "max": "min", "min": "max",
+           "fmax": "fmin", "fmin": "fmax"}
+_ROUND = {"ceil", "floor", "round", "rint", "trunc"}
+_BINOP = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.BitAnd: "&",
+          ast.BitOr: "|"}
+_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
+         ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd}
+_CMP = {ast.Lt: (ast.LtE, ast.Gt), ast.LtE: (ast.Lt, ast.GtE), ast.Gt: (ast.GtE, ast.Lt),
+        ast.GtE: (ast.Gt, ast.LtE)}
+CONST_FACTOR = 1.2
+
+
+def _call_name(node: ast.Call) -> str:
+    f = node.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def _number(node) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+
+
+def _text(node, limit: int | None = None) -> str:
+    s = ast.unparse(node)
+    return s if limit is None or len(s) <= limit else s[:limit - 3] + "..."
+
+
+class _Sites(ast.NodeVisitor):
+    """Walks one module's tree: for each node a mutation may change, its mutants as
+    ``(kind, replacement)`` (a node, or ``ast.Pass()`` for a dropped augmented assignment).
+    Sites: the bodies of functions and methods, and module-level ``NAME = number`` constants;
+    not docstrings, annotations, default values, decorators, class bodies, subscripts and
+    slices, f-strings, asserts and raises, or the arguments of shape, dtype and bookkeeping
+    calls (``_SKIP_ARGS``)."""
+
+    def __init__(self):
+        self.found = []          # (node, kind, replacement, top-level function qualname)
+        self.scope: list = []    # enclosing class/function names
+        self.top: str | None = None
+        self.live = False
+
+    # -- context -------------------------------------------------------------------------
+    def visit_Module(self, node):
+        for stmt in node.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)):
+                self.visit(stmt)
+            elif (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                  and isinstance(stmt.targets[0], ast.Name) and self._numeric(stmt.value)):
+                self.top, self.live = f"<module>:{stmt.targets[0].id}", True
+                self.visit(stmt.value)
+                self.live = False
+
+    @staticmethod
+    def _numeric(expr) -> bool:
+        return all(isinstance(n, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator,
+                                  ast.unaryop, ast.expr_context)) for n in ast.walk(expr)) \
+            and any(_number(n) for n in ast.walk(expr))
+
+    def visit_ClassDef(self, node):
+        self.scope.append(node.name)
+        for stmt in node.body:             # methods only: a class body's fields are not formulas
+            if isinstance(stmt, ast.FunctionDef):
+                self.visit(stmt)
+        self.scope.pop()
+
+    def visit_FunctionDef(self, node):
+        self.scope.append(node.name)
+        outer = self.top is None or not self.live
+        if outer:
+            self.top, self.live = ".".join(self.scope), True
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]                # the docstring
+        for stmt in body:
+            self.visit(stmt)
+        if outer:
+            self.top, self.live = None, False
+        self.scope.pop()
+
+    def visit_Lambda(self, node):
+        self.visit(node.body)              # (its argument defaults are not formulas)
+
+    def visit_Subscript(self, node):
+        self.visit(node.value)             # an index is bookkeeping
+
+    def visit_Slice(self, node):
+        pass
+
+    def visit_JoinedStr(self, node):
+        pass
+
+    def visit_Assert(self, node):
+        pass
+
+    def visit_Raise(self, node):
+        pass
+
+    def visit_AnnAssign(self, node):
+        if node.value is not None:
+            self.visit(node.value)
+
+    def visit_Call(self, node):
+        name = _call_name(node)
+        skip = _SKIP_ARGS.get(name, ())
+        if skip is None:
+            return
+        self._call_mutants(node, name)
+        self.visit(node.func)
+        for i, a in enumerate(node.args):
+            if i not in skip:
+                self.visit(a)
+        for kw in node.keywords:
+            if kw.arg not in _SKIP_KEYWORDS:
+                self.visit(kw.value)
+
+    # -- mutants -------------------------------------------------------------------------
+    def _add(self, node, kind, new):
+        if self.live:
+            self.found.append((node, kind, new, self.top))
+
+    def _call_mutants(self, node, name):
+        if name in _MINMAX and len(node.args) == 2 and not node.keywords:
+            func = node.func
+            new_func = (ast.Attribute(value=func.value, attr=_MINMAX[name], ctx=ast.Load())
+                        if isinstance(func, ast.Attribute) else ast.Name(_MINMAX[name], ast.Load()))
+            self._add(node, "minmax", ast.Call(func=new_func, args=node.args, keywords=[]))
+            for a in node.args:            # one side of the max (min) dropped
+                self._add(node, "drop", a)
+        elif name in _ROUND and len(node.args) == 1 and not node.keywords:
+            self._add(node, "round", node.args[0])
+
+    def visit_BinOp(self, node):
+        op = type(node.op)
+        if op in _SWAP and not any(isinstance(x, ast.Constant) and isinstance(x.value, str)
+                                   for x in (node.left, node.right)):
+            self._add(node, "op", ast.BinOp(left=node.left, op=_SWAP[op](), right=node.right))
+            if op is ast.Add:              # a term of a sum dropped
+                self._add(node, "drop", node.left)
+                self._add(node, "drop", node.right)
+            elif op in (ast.Sub, ast.Div):   # the subtrahend / the divisor dropped
+                self._add(node, "drop", node.left)
+            elif op is ast.Mult and not (_number(node.left) or _number(node.right)):
+                self._add(node, "drop", node.left)     # a factor dropped (a constant
+                self._add(node, "drop", node.right)    # factor: "const")
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node):
+        op = type(node.op)
+        if op in _SWAP and not isinstance(node.value, (ast.JoinedStr, ast.Constant)):
+            self._add(node, "op", ast.AugAssign(target=node.target, op=_SWAP[op](),
+                                                value=node.value))
+            if op in (ast.Add, ast.Sub, ast.Mult, ast.Div):
+                self._add(node, "drop", ast.Pass())
+        self.visit(node.value)
+
+    def visit_UnaryOp(self, node):
+        if isinstance(node.op, ast.USub) and not _number(node.operand):
+            self._add(node, "sign", node.operand)
+        self.generic_visit(node)
+
+    def visit_Compare(self, node):
+        if len(node.ops) == 1 and type(node.ops[0]) in _CMP and not any(
+                isinstance(x, ast.Constant) and isinstance(x.value, str)
+                for x in (node.left, *node.comparators)):
+            for op in _CMP[type(node.ops[0])]:
+                self._add(node, "cmp", ast.Compare(left=node.left, ops=[op()],
+                                                   comparators=node.comparators))
+        self.generic_visit(node)
+
+    def visit_Constant(self, node):
+        v = node.value
+        if type(v) in (int, float) and v != 0 and 1e-5 <= abs(v) <= 1e20:
+            self._add(node, "const", ast.Constant(v * CONST_FACTOR))
+
+
+def _loc(node) -> tuple:
+    return (type(node).__name__, node.lineno, node.col_offset, node.end_lineno,
+            node.end_col_offset)
+
+
+def enumerate_mutants(files=None, kinds=KINDS) -> list[dict]:
+    """Every mutant of the perf modules (``files``: their names, default all but
+    ``OP_SKIP_FILES``): dicts with ``id`` (stable over edits elsewhere in the file: the file,
+    kind, texts and occurrence), ``file``, ``line``, ``func``, ``kind``, ``orig``, ``mutated``,
+    ``loc`` and ``variant`` (which of the node's mutants)."""
+    paths = sorted(PERF.glob("*.py"))
+    names = [p.name for p in paths if p.name not in OP_SKIP_FILES] if not files else list(files)
+    out = []
+    for name in names:
+        path = PERF / name
+        if not path.exists():
+            raise FileNotFoundError(f"no module {name} in dse/perf")
+        v = _Sites()
+        v.visit(ast.parse(path.read_text(), filename=str(path)))
+        seen: dict = {}
+        variant: dict = {}
+        for node, kind, new, top in v.found:
+            loc = _loc(node)
+            variant[loc] = variant.get(loc, -1) + 1
+            if kind not in kinds:
+                continue
+            orig = _text(node)
+            mutated = "(statement dropped)" if isinstance(new, ast.Pass) else _text(new)
+            if orig == mutated:
+                continue
+            if isinstance(new, ast.AugAssign) or isinstance(new, ast.Pass):
+                orig = _text(node).strip()
+            base = f"{name}|{kind}|{orig}|{mutated}"
+            seen[base] = seen.get(base, -1) + 1
+            key = f"{base}|{seen[base]}"
+            out.append({"id": hashlib.sha1(key.encode()).hexdigest()[:10], "file": name,
+                        "line": node.lineno, "func": top, "kind": kind, "orig": orig,
+                        "mutated": mutated, "loc": loc, "variant": variant[loc]})
+    return out
+
+
+class _Replace(ast.NodeTransformer):
+    """Replaces one node (by identity) of a tree."""
+
+    def __init__(self, target, new):
+        self.target, self.new = target, new
+
+    def visit(self, node):
+        return self.new if node is self.target else super().visit(node)
+
+
+def mutated_code(m: dict):
+    """The module's tree and code object with mutant ``m`` applied."""
+    path = PERF / m["file"]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    v = _Sites()
+    v.visit(tree)                      # the same walk as the enumeration: the same order
+    own = [f for f in v.found if _loc(f[0]) == tuple(m["loc"])]
+    if len(own) <= m["variant"]:
+        raise LookupError(f"site {m['id']} ({m['file']}:{m['line']}) not found")
+    node, _, new, _ = own[m["variant"]]
+    tree = ast.fix_missing_locations(_Replace(node, new).visit(tree))
+    return tree, compile(tree, str(path), "exec")
+
+
+def mutant_by_id(mid: str) -> dict:
+    """The mutant of that id (``--list`` prints them)."""
+    for m in enumerate_mutants():
+        if m["id"] == mid:
+            return m
+    raise KeyError(f"no mutant {mid} in dse/perf (python tests/mutation.py --operators --list)")
+
+
+def _live_functions(mod) -> dict:
+    """{code qualname: function object} of a module's functions and its classes' methods
+    (decorated ones through ``__wrapped__``)."""
+    out = {}
+
+    def add(f):
+        while f is not None:
+            if isinstance(f, (staticmethod, classmethod)):
+                f = f.__func__
+            code = getattr(f, "__code__", None)
+            if code is not None and code.co_filename == mod.__file__:
+                out.setdefault(code.co_qualname, f)
+            f = getattr(f, "__wrapped__", None)
+
+    for v in list(vars(mod).values()):
+        if isinstance(v, type) and v.__module__ == mod.__name__:
+            for a in vars(v).values():
+                if isinstance(a, property):
+                    for f in (a.fget, a.fset):
+                        add(f)
+                else:
+                    add(a)
+        else:
+            add(v)
+    return out
+
+
+def _find_code(code, qualname):
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            if c.co_qualname == qualname:
+                return c
+            found = _find_code(c, qualname)
+            if found is not None:
+                return found
+    return None
+
+
+def apply_mutant(m: dict):
+    """Puts mutant ``m`` into the live modules: the code object of the function that holds the
+    site (the outermost def: nested functions and lambdas are its constants) is replaced in
+    place, so every reference to the function (``from ... import``) runs the mutant; a
+    module-level constant is rebound in every ``dse`` module that imported it, and the defaults
+    that name it are re-evaluated. Returns the undo."""
+    import importlib
+
+    mod = importlib.import_module(f"dse.perf.{m['file'][:-3]}")
+    tree, code = mutated_code(m)
+    func = m["func"]
+    if not func.startswith("<module>:"):
+        f = _live_functions(mod).get(func)
+        new = _find_code(code, func)
+        if f is None or new is None:
+            raise LookupError(f"function {func} of {m['file']} not found")
+        old = f.__code__
+        f.__code__ = new
+
+        def undo():
+            f.__code__ = old
+        return undo
+    # a module-level constant: its mutated value, rebound wherever it was imported and in
+    # the defaults of its module's functions that hold it
+    name = func.split(":", 1)[1]
+    assign = next(s for s in tree.body if isinstance(s, ast.Assign)
+                  and isinstance(s.targets[0], ast.Name) and s.targets[0].id == name)
+    old = vars(mod)[name]
+    value = eval(compile(ast.Expression(assign.value), str(PERF / m["file"]), "eval"),
+                 vars(mod))
+    undo_list = []
+    for other in [x for k, x in list(sys.modules.items()) if k == "dse" or k.startswith("dse.")]:
+        if vars(other).get(name, None) is old:
+            setattr(other, name, value)
+            undo_list.append((other, name, old))
+    for f in _live_functions(mod).values():
+        d = f.__defaults__
+        if d and any(x is old for x in d):
+            f.__defaults__ = tuple(value if x is old else x for x in d)
+            undo_list.append((f, "__defaults__", d))
+
+    def undo():
+        for obj, attr, v in undo_list:
+            setattr(obj, attr, v)
+    return undo
+
+
+# --- operator mode: the design sample that judges equivalence ---------------------------------
+
+def sample_frames(n: int = 1200, seed: int = 0) -> dict:
+    """Designs (dotted columns) that reach every mechanism of the scorer: the mixed designs of
+    tests/test_builder_equivalence.py (every accelerator and model, dtypes, runtimes,
+    topologies, layouts, phases, cost modes, overrides, per-op dtypes, expert imbalance,
+    prompt-length spread, a KV tier) and, on a share of their continuous-batching rows, prefix
+    hits with output-length spread, a fleet demand and small prefill chunks; the KV offload
+    tiers; request rates and SLOs; disaggregated pools (also at a rate); speculative decoding
+    (MTP, a draft model)."""
+    from dse import catalog
+    from test_builder_equivalence import mixed_designs
+    rng = np.random.default_rng(seed)
+    base = mixed_designs(n, seed)
+    frames = {"mixed": base}
+    both = base[base["workload.phase"] == "both"].reset_index(drop=True)
+
+    def pick(k):
+        return both.iloc[rng.choice(len(both), min(k, len(both)), replace=False)] \
+            .reset_index(drop=True).copy()
+    k = max(n // 8, 20)
+    f = pick(k)
+    f["workload.prefix_hit_fraction"] = rng.choice([0.0, 0.3, 0.8], len(f))
+    f["workload.osl_cv"] = rng.choice([0.0, 0.5, 1.2], len(f))
+    f["workload.demand_output_tokens_per_s"] = rng.choice([0.0, 1e4, 1e6], len(f))
+    f["serving.max_num_tokens"] = rng.choice([512, 2048, 8192], len(f))
+    frames["prefix, lengths, demand"] = f
+    f = pick(k)
+    f["serving.kv_offload"] = rng.choice(["host", "ssd"], len(f))
+    f["workload.prefix_hit_fraction"] = rng.choice([0.3, 0.7], len(f))
+    f["workload.cached_conversations"] = rng.choice([16, 256, 4096], len(f))
+    frames["kv tier"] = f
+    f = pick(k // 2).drop(columns=["workload.concurrency"])
+    f["workload.request_rate_per_s"] = rng.choice([0.2, 2.0, 20.0], len(f))
+    f["workload.ttft_slo_s"] = rng.choice([0.0, 0.5, 3.0], len(f))
+    f["workload.tpot_slo_s"] = rng.choice([0.0, 0.03, 0.2], len(f))
+    frames["rate"] = f
+    f = pick(k // 2)
+    f["workload.ttft_slo_s"] = rng.choice([0.5, 3.0], len(f))
+    f["workload.tpot_slo_s"] = rng.choice([0.0, 0.05], len(f))
+    frames["slo"] = f
+    f = pick(k)
+    f["serving.mode"] = "disaggregated"
+    f["layout.prefill_tp"] = rng.choice([1, 2, 4, 8], len(f))
+    f["layout.prefill_dp"] = rng.choice([1, 2], len(f))
+    f["layout.prefill_ep"] = np.where(f["layout.ep"] > 1,
+                                      f["layout.prefill_tp"] * f["layout.prefill_dp"], 1)
+    f["workload.prefill_concurrency"] = rng.choice([1, 4, 16], len(f))
+    f["serving.prefill_chip_ratio"] = rng.choice([0.0, 0.0, 0.5, 2.0], len(f))
+    frames["disaggregated"] = f
+    g = f.iloc[: k // 2].drop(columns=["workload.concurrency"]).copy()
+    g["workload.request_rate_per_s"] = rng.choice([0.5, 5.0], len(g))
+    g["workload.ttft_slo_s"] = rng.choice([0.0, 2.0], len(g))
+    frames["disaggregated at a rate"] = g
+    f = pick(k)
+    mtp = f["model.id"].map(lambda m: catalog.models()[m].num_nextn_predict_layers > 0)
+    f["serving.spec_tokens"] = rng.choice([1, 2, 3], len(f))
+    f["serving.spec_method"] = np.where(mtp, "mtp", "draft")
+    f["serving.spec_draft_model"] = np.where(mtp, "", "llama-3.1-8b")
+    f["serving.spec_acceptance"] = np.where(rng.random(len(f)) < 0.5,
+                                            rng.uniform(0.5, 0.9, len(f)), np.nan)
+    frames["speculative decoding"] = f
+    return frames
+
+
+def _group_scores(name: str, b) -> dict:
+    """Everything the scorer returns for one group of the sample: every metric, the per-op
+    breakdown, and (the mixed designs) the float32 chunked scoring of the search."""
+    from dse.perf import score
+    from dse.perf.serve import score_chunked
+    out = {}
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m, bd = score(b, breakdown=True)
+        for k, v in m.items():
+            out[k] = np.asarray(v)
+        for step_name in ("decode", "mixed", "prefill"):
+            st = getattr(bd, step_name)
+            for f in ("compute_s", "memory_s", "network_s", "op_s", "overhead_s", "total_s"):
+                out[(step_name, f)] = np.asarray(getattr(st, f))
+        if name == "mixed":
+            for k, v in score_chunked(b, chunk_rows=len(b) // 3 + 1, dtype=np.float32).items():
+                out[("float32", k)] = np.asarray(v)
+    return out
+
+
+def _scores(batches: dict) -> dict:
+    return {name: _group_scores(name, b) for name, b in batches.items()}
+
+
+def _same(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k, x in a.items():
+        y = b[k]
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        if not np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"):
+            return False
+    return True
+
+
+def _unchanged(base: dict, batches: dict) -> bool:
+    """Every group of the sample scores as ``base`` (stops at the first group that does not)."""
+    return all(_same(base[name], _group_scores(name, b)) for name, b in batches.items())
+
+
+def _executed_lines(batches: dict) -> set:
+    """(file name, line) of the perf modules that scoring the sample executes."""
+    perf = str(PERF.resolve())
+    lines: set = set()
+
+    def local(frame, event, arg):
+        if event == "line":
+            lines.add((Path(frame.f_code.co_filename).name, frame.f_lineno))
+        return local
+
+    def glob(frame, event, arg):
+        if str(Path(frame.f_code.co_filename).resolve().parent) == perf:
+            lines.add((Path(frame.f_code.co_filename).name, frame.f_lineno))
+            return local
+        return None
+
+    sys.settrace(glob)
+    try:
+        _scores(batches)
+    finally:
+        sys.settrace(None)
+    return lines
+
+
+def _track_batches():
+    """Every Batch built from now on is tracked (``_State.batches``), so that a mutant's run can
+    drop their memoised values (set_mutation installs the hook; no field is mutated)."""
+    set_mutation(None)
+
+
+def _clear_memos():
+    for b in list(_State.batches):
+        b.__dict__["_memo"].clear()
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(seconds):
+    def handler(signum, frame):
+        raise _Timeout(f"over {seconds} s")
+    signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
+def _operators_loop(session):
+    from dse.build.designs import resolve, to_batch
+    mutants = json.loads(Path(os.environ["DSE_MUTATE_MUTANTS"]).read_text())
+    out = Path(os.environ["DSE_MUTATE_OUT"])
+    hints = json.loads(os.environ.get("DSE_MUTATE_HINTS", "{}"))
+    limit_s = float(os.environ.get("DSE_MUTATE_TEST_TIMEOUT", "120"))
+    items = [it for it in session.items if not it.nodeid.startswith(GOLDENS)]
+    goldens = [it for it in session.items if it.nodeid.startswith(GOLDENS)]
+    broken: set = set()
+    recent: list = []                   # tests that caught a mutant lately, latest first
+    _track_batches()                    # (before the sample: its memoised values are dropped too)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batches = {k: to_batch(resolve(f)) for k, f in sample_frames().items()}
+    base = _scores(batches)
+    reached = _executed_lines(batches)
+
+    def failed(item, nxt) -> bool:
+        _failed.clear()
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt)
+        return bool(_failed)
+
+    def first_failure(candidates, m):
+        """The first of ``candidates`` that fails under the mutant and passes without it."""
+        undo = apply_mutant(m)
+        _clear_memos()
+        try:
+            for i, item in enumerate(candidates):
+                if item.nodeid in broken:
+                    continue
+                _alarm(limit_s)
+                try:
+                    bad = failed(item, candidates[i + 1] if i + 1 < len(candidates) else None)
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                if not bad:
+                    continue
+                session._setupstate.teardown_exact(None)
+                undo()
+                _clear_memos()
+                ok = not failed(item, None)
+                if ok:
+                    return item.nodeid
+                broken.add(item.nodeid)
+                undo = apply_mutant(m)
+                _clear_memos()
+            return None
+        finally:
+            undo()
+            _clear_memos()
+            session._setupstate.teardown_exact(None)
+
+    for m in mutants:
+        t0 = time.process_time()
+        rec = {"id": m["id"], "caught": None, "golden": None, "status": None, "note": ""}
+        t_eq = 0.0
+        lines = set(range(m["loc"][1], m["loc"][3] + 1))
+        if not any((m["file"], ln) in reached for ln in lines):
+            rec["status"] = "unreachable"
+        else:
+            try:
+                undo = apply_mutant(m)
+            except Exception as e:             # noqa: BLE001 (a mutant Python refuses)
+                rec.update(status="invalid", note=f"{type(e).__name__}: {e}"[:200])
+                undo = None
+            if undo is not None:
+                _clear_memos()
+                try:
+                    _alarm(limit_s)
+                    same = _unchanged(base, batches)
+                except Exception as e:         # noqa: BLE001 (the mutant breaks the scorer)
+                    same, rec["note"] = False, f"scorer raises {type(e).__name__}"
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    undo()
+                    _clear_memos()
+                    t_eq = time.process_time() - t0
+                if same:
+                    rec["status"] = "equivalent"
+                else:
+                    # the test that caught it last time, those that caught the latest mutants,
+                    # then the list (fastest-catching first)
+                    first = [hints.get(m["id"]), *recent]
+                    order = sorted(items, key=lambda it: (first.index(it.nodeid)
+                                                          if it.nodeid in first else len(first)))
+                    rec["caught"] = first_failure(order, m)
+                    if rec["caught"]:
+                        rec["status"] = "caught"
+                        if rec["caught"] in recent:
+                            recent.remove(rec["caught"])
+                        recent.insert(0, rec["caught"])
+                        del recent[30:]
+                    else:
+                        rec["golden"] = first_failure(goldens, m)
+                        rec["status"] = "golden only" if rec["golden"] else "not caught"
+        rec["broken"] = sorted(broken)
+        rec["cpu_s"] = time.process_time() - t0
+        rec["eq_cpu_s"] = t_eq
+        with out.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+def _cell(s: str, limit: int = 90) -> str:
+    s = s if len(s) <= limit else s[:limit - 3] + "..."
+    return "`" + s.replace("|", "\\|") + "`"
+
+
+def _split_row(line: str) -> list:
+    cells = re.split(r"(?<!\\)\|", line.strip().strip("|"))
+    return [c.strip() for c in cells]
+
+
+def read_operator_table(path: Path) -> dict:
+    """{mutant id: catching physics test} of a table ``--operators --out`` wrote."""
+    out = {}
+    for line in path.read_text().splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = _split_row(line)
+        if len(cells) == 6 and cells[5].startswith("tests/"):
+            out[cells[0].strip("`")] = cells[5].split()[0]
+    return out
+
+
+def operator_summary(mutants: list, rows: dict) -> dict:
+    count = {s: 0 for s in ("unreachable", "equivalent", "invalid", "caught", "golden only",
+                            "not caught", "not run")}
+    for m in mutants:
+        r = rows.get(m["id"])
+        count[r["status"] if r else "not run"] += 1
+    return count
+
+
+def write_operator_table(path: Path, mutants: list, rows: dict, argv: list, population: int,
+                         files: list, fast: bool, broken: list, n_designs: int,
+                         state: Path | None = None) -> None:
+    c = operator_summary(mutants, rows)
+    live = len(mutants) - c["unreachable"] - c["equivalent"] - c["invalid"] - c["not run"]
+    sample = (f"a seeded sample of {len(mutants)} of the {population} mutants"
+              if len(mutants) < population else f"all {population} mutants")
+    lines = ["# Mutation check of the physics tests: the model's formulas", "",
+             f"Generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by",
+             "", "    python tests/mutation.py " + shlex.join(argv), "",
+             f"Operator and term mutations of `dse/perf/` ({', '.join(files)}): {sample} "
+             f"(kinds: {', '.join(sorted({m['kind'] for m in mutants}))}). A mutant that no "
+             f"scored number changes on the sample ({n_designs} designs reaching every "
+             "mechanism: `sample_frames`) is equivalent (or, on a line that scoring the sample "
+             "never runs, unreachable) and is not counted against the tests; each other one "
+             "runs the physics tests (not the goldens) until one fails"
+             + (" (`--fast`: the slow invariant properties left out)" if fast else "")
+             + ", and those it passes run `tests/test_goldens.py`.", "",
+             f"**{len(mutants)} mutants: {c['unreachable']} unreachable, {c['equivalent']} "
+             f"equivalent, {c['invalid']} invalid; of the {live} others {c['caught']} caught by "
+             f"a physics test, {c['golden only']} only by the goldens, {c['not caught']} by "
+             "nothing" + (f"; {c['not run']} not run" if c["not run"] else "") + ".**", ""]
+    if state:
+        lines += [f"Results from `--state {state}`, kept by the resumed runs of this check "
+                  "(each mutant ran once, against the tests present then).", ""]
+    if broken:
+        lines += ["Left out (failing without a mutation): " + ", ".join(broken), ""]
+    lines += ["| file | mutants | unreachable | equivalent | physics test | goldens only | "
+              "nothing |", "|---|---|---|---|---|---|---|"]
+    for f in files:
+        ms = [m for m in mutants if m["file"] == f]
+        if ms:
+            k = operator_summary(ms, rows)
+            lines.append(f"| {f} | {len(ms)} | {k['unreachable']} | {k['equivalent']} | "
+                         f"{k['caught']} | {k['golden only']} | {k['not caught']} |")
+    head = ["| id | site | kind | original | mutant | result |", "|---|---|---|---|---|---|"]
+
+    def row(m):
+        r = rows.get(m["id"])
+        if r is None:
+            res = "not run"
+        elif r["status"] == "caught":
+            res = r["caught"]
+        elif r["status"] == "golden only":
+            res = "goldens only: " + r["golden"]
+        elif r["status"] == "not caught":
+            res = "**NOT CAUGHT**"
+        else:
+            res = r["status"] + (f" ({r['note']})" if r.get("note") else "")
+        if r and r["status"] == "caught" and r.get("note"):
+            res += f" ({r['note']})"
+        return (f"| `{m['id']}` | {m['file']}:{m['line']} {m['func']} | {m['kind']} | "
+                f"{_cell(m['orig'])} | {_cell(m['mutated'])} | {res} |")
+
+    for title, status in (("Not caught by a physics test", ("golden only", "not caught")),
+                          ("Caught by a physics test", ("caught",)),
+                          ("Equivalent, unreachable or invalid",
+                           ("equivalent", "unreachable", "invalid")),
+                          ("Not run", (None,))):
+        sel = [m for m in mutants if (rows[m["id"]]["status"] if m["id"] in rows else None)
+               in status]
+        if sel:
+            lines += ["", f"## {title} ({len(sel)})", "", *head, *map(row, sel)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _start_operators(mutants, fast, out, hints, timeout_s):
+    tmp = out.with_suffix(".mutants.json")
+    tmp.write_text(json.dumps(mutants))
+    env = dict(os.environ, DSE_MUTATE_MODE="operators", DSE_MUTATE_MUTANTS=str(tmp),
+               DSE_MUTATE_HINTS=json.dumps({m["id"]: hints[m["id"]] for m in mutants
+                                            if m["id"] in hints}),
+               DSE_MUTATE_OUT=str(out), DSE_MUTATE_TEST_TIMEOUT=str(timeout_s),
+               OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "tests"),
+                                                        os.environ.get("PYTHONPATH")])))
+    env.pop("DSE_MUTATE", None)
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutation",
+            *TESTS, GOLDENS]
+    if fast:
+        args += [f"--deselect={t}" for t in SLOW]
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def main_operators(a, argv) -> int:
+    files = a.files or sorted(p.name for p in PERF.glob("*.py") if p.name not in OP_SKIP_FILES)
+    kinds = tuple(a.kinds.split(",")) if a.kinds else KINDS
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        print(f"mutation.py: unknown kind(s) {', '.join(bad)}; kinds: {', '.join(KINDS)}",
+              file=sys.stderr)
+        return 2
+    try:
+        population = enumerate_mutants(files, kinds)
+    except FileNotFoundError as e:
+        print(f"mutation.py: {e}", file=sys.stderr)
+        return 2
+    sel = population
+    if a.match:
+        sel = [m for m in sel if any(s in f"{m['file']}:{m['line']} {m['func']} {m['orig']} "
+                                     f"=> {m['mutated']} {m['id']}" for s in a.match)]
+        population = sel
+    if a.limit and a.limit < len(sel):
+        perm = np.random.default_rng(a.seed).permutation(len(sel))
+        keep = set(perm[:a.limit].tolist())
+        sel = [m for i, m in enumerate(sel) if i in keep]
+    if a.list:
+        for m in sel:
+            print(f"{m['id']} {m['file']}:{m['line']} {m['func']} [{m['kind']}] {m['orig']}  =>  "
+                  f"{m['mutated']}")
+        print(f"{len(sel)} of {len(population)} mutants")
+        return 0
+    rows, broken = {}, set()
+    state = Path(a.state) if a.state else None
+    if state and state.exists():
+        for line in state.read_text().splitlines():
+            r = json.loads(line)
+            if "id" in r:
+                rows[r["id"]] = r
+                broken.update(r.get("broken", []))
+    todo = [] if a.no_run else [m for m in sel if m["id"] not in rows]
+    jobs = max(1, min(a.jobs, len(todo)))
+    tmp = Path(tempfile.mkdtemp(prefix="dse-mutation-"))
+    outs = [tmp / f"job{j}.jsonl" for j in range(jobs)]
+    hints = read_operator_table(Path(a.out)) if a.out and Path(a.out).exists() else {}
+    procs = [_start_operators(todo[j::jobs], a.fast, outs[j], hints, a.test_timeout)
+             for j in range(jobs)] if todo else []
+    by_id = {m["id"]: m for m in sel}
+    seen, t0 = 0, time.perf_counter()
+    while True:
+        done = all(p.poll() is not None for p in procs)
+        for o in outs:
+            for line in (o.read_text().splitlines() if o.exists() else []):
+                r = json.loads(line)
+                if r["id"] in rows:
+                    continue
+                rows[r["id"]] = r
+                broken.update(r["broken"])
+                if state:
+                    with state.open("a") as f:
+                        f.write(json.dumps(r) + "\n")
+                seen += 1
+                m = by_id[r["id"]]
+                rate = (time.perf_counter() - t0) / seen
+                res = {"caught": f"caught by {r['caught']}",
+                       "golden only": f"caught only by {r['golden']}",
+                       "not caught": "NOT CAUGHT"}.get(r["status"], r["status"])
+                print(f"[{seen}/{len(todo)}, {rate:.1f} s each, ETA "
+                      f"{rate * (len(todo) - seen) / 60:.0f} min] {m['file']}:{m['line']} "
+                      f"{_text_short(m['orig'])} => {_text_short(m['mutated'])}: {res} "
+                      f"({r['cpu_s']:.1f} CPU-s)", flush=True)
+        if done:
+            break
+        time.sleep(2)
+    lost = [m for m in sel if m["id"] not in rows]
+    if lost and not a.no_run:
+        errs = "; ".join((p.stderr.read() or "").strip().splitlines()[-1:][0]
+                         if p.stderr else "" for p in procs)
+        print(f"mutation.py: a pytest session ended early ({errs}); {len(lost)} not run",
+              file=sys.stderr)
+    c = operator_summary(sel, rows)
+    print(f"{len(sel)} mutants: {c['unreachable']} unreachable, {c['equivalent']} equivalent, "
+          f"{c['invalid']} invalid, {c['caught']} caught by a physics test, {c['golden only']} "
+          f"only by the goldens, {c['not caught']} by nothing, {c['not run']} not run")
+    if broken:
+        print("left out (failing without a mutation): " + ", ".join(sorted(broken)))
+    if a.out:
+        n_designs = sum(len(f) for f in sample_frames().values())
+        write_operator_table(Path(a.out), sel, rows, argv, len(population), files, a.fast,
+                             sorted(broken), n_designs, state)
+    return 1 if c["golden only"] or c["not caught"] or lost else 0
+
+
+def _text_short(s: str, limit: int = 60) -> str:
+    return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
 if __name__ == "__main__":

@@ -194,6 +194,11 @@ def test_fleet_for_a_demand_in_whole_instances_and_racks():
     assert big["racks_for_demand"] == big["instances_for_demand"] * 2      # 128 chips: 2 racks
     none = one({**d, "workload.demand_output_tokens_per_s": 0})
     assert math.isnan(none["racks_for_demand"]) and math.isnan(none["usd_per_hour_for_demand"])
+    # ... also next to a row that has one (the batch computes the fleet for both)
+    both = score(batch([d, {**d, "workload.demand_output_tokens_per_s": 0}]))
+    assert both["instances_for_demand"][0] == inst
+    assert all(math.isnan(both[k][1]) for k in ("instances_for_demand", "racks_for_demand",
+                                                 "usd_per_hour_for_demand"))
 
 
 def test_dense_mlp_replicated_per_attention_dp_rank():
@@ -237,3 +242,20 @@ def test_dense_mlp_auto_follows_the_runtime(runtime, expected):
     assert r["serving.max_batch_size"].iloc[0] == caps[runtime]
     assert resolve(pd.DataFrame([{**base, "serving.max_batch_size": 64}]))[
         "serving.max_batch_size"].iloc[0] == 64
+
+
+def test_layouts_the_experts_cannot_take_are_infeasible():
+    """Reason 2 (expert parallelism): ep must divide tp x dp (3 does not divide 8), be at most
+    the experts (Mixtral has 8: ep = 16 over tp 8 x dp 2 is too many) and be 1 for a dense model
+    (Llama, ep = 2); each condition alone makes a row infeasible. The smallest valid layout,
+    one chip serving one sequence, is feasible."""
+    rows = [design(model="mixtral-8x7b", **{"layout.tp": 8, "layout.ep": 8}),
+            design(model="mixtral-8x7b", **{"layout.tp": 8, "layout.ep": 8}),
+            design(model="mixtral-8x7b", **{"layout.tp": 8, "layout.dp": 2, "layout.ep": 16}),
+            design(model="llama-3.1-8b", **{"layout.tp": 2}),
+            design(model="llama-3.1-8b", **{"workload.concurrency": 1})]
+    b = batch(rows)
+    b = b.replace(ep=np.array([8.0, 3.0, 16.0, 2.0, 1.0]))
+    m = score(b)
+    assert [int(r) & 2 for r in m["reason"]] == [0, 2, 2, 2, 0]
+    assert int(m["reason"][0]) == 0 and int(m["reason"][4]) == 0

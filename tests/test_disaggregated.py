@@ -126,3 +126,33 @@ def test_bad_disaggregation_values_are_input_errors():
         batch(_disagg(**{"layout.prefill_tp": -1}))
     with pytest.raises(InputError, match="serving.prefill_chip_ratio"):
         batch(_disagg(**{"serving.prefill_chip_ratio": -0.5}))
+
+
+@pytest.mark.parametrize("domain, link, frac, lat", [(72, "scaleup", 0.8, 1e-6),
+                                                     (32, "scaleout", 0.5, 5e-6)])
+def test_kv_transfer_by_hand_from_the_smaller_instance(domain, link, frac, lat):
+    """A decode instance of tp 1 x pp 2 x dp 8 = 16 chips fed by prefill instances of tp 2 x
+    pp 2 x dp 8 = 32 chips. A prompt's KV, 2048 tokens x 61 layers x (512 latent + 64 rope) x
+    1 B (fp8 KV) = 71,958,528 B, moves with every chip of the smaller instance (16) sending its
+    shard at once: inside a 72-chip domain over scale-up at its achievable fraction (0.8), in a
+    32-chip domain (16 + 32 chips do not fit) over the scale-out NICs (0.5), after one latency.
+    TTFT = 1.5 prefill passes (half a pass of waiting, the pass) + that transfer. An output
+    token's energy is the decode pool's: a decode chip's wall power over the output tokens/s
+    one decode chip serves (the prefill chips' energy goes with the input tokens)."""
+    d = _disagg(**{"layout.pp": 2, "layout.dp": 8, "layout.ep": 8, "layout.prefill_tp": 2,
+                   "layout.prefill_pp": 2, "layout.prefill_dp": 8, "layout.prefill_ep": 16,
+                   "model.kv_dtype": "fp8", "workload.concurrency": 256})
+    pins = {"domain_chips": float(domain), f"{link}_bw_bytes_per_s": 800e9,
+            f"{link}_fraction": frac, f"{link}_latency_s": lat}
+    b = batch(d, ideal=True).replace(**pins)
+    m = {k: v[0] for k, v in score(b).items()}
+    pre = one(design(**{**DSV3, "workload.phase": "prefill", "layout.tp": 2, "layout.pp": 2,
+                        "layout.dp": 8, "layout.ep": 16, "model.kv_dtype": "fp8",
+                        "workload.concurrency": 4}), ideal=True, **pins)
+    kv = 2048 * 61 * (512 + 64) * 1.0
+    assert kv == 71_958_528
+    assert m["ttft_s"] - 1.5 * pre["ttft_s"] == pytest.approx(lat + kv / (800e9 * frac * 16),
+                                                              rel=1e-6)
+    per_decode_chip = m["output_tokens_per_s_per_chip"] * m["num_chips"] / 16
+    assert m["joules_per_output_token"] == pytest.approx(
+        b.power_w[0] * b.pue[0] / per_decode_chip, rel=1e-9)

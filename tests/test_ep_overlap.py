@@ -86,3 +86,62 @@ def test_scaleout_oversubscription_slows_an_ep_group_across_domains():
     lat = 58 * 30e-6
     out1, out2 = d1.network_s[MOE][0] - lat, d2.network_s[MOE][0] - lat
     assert out2 == pytest.approx(2 * out1, rel=1e-6)     # the NIC term sets the time
+
+
+def test_overlap_hides_the_alltoall_only_under_the_steps_own_busy_time():
+    """With slow all-to-all kernels (1 ms per dispatch and combine call) the EP all-to-all of 8
+    decoding sequences outlasts the step's compute and memory time: full overlap hides only as
+    much of it as there is busy time to hide under (the per-op max of compute and memory)."""
+    d = design("gb200", "deepseek-v3", **{
+        "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 8, "layout.ep": 8,
+        "workload.isl": 1, "workload.osl": 2, "workload.concurrency": 8,
+        "workload.phase": "decode", "topology.id": "nvl72"})
+    slow = {f"a2a_{k}_{p}_latency_s": 1e-3 for k in ("ll", "normal")
+            for p in ("dispatch", "combine")}
+    b0, m0, dec0 = _decode(d, **slow)
+    b1, m1, dec1 = _decode(d, alltoall_overlap_fraction=1.0, **slow)
+    busy = np.maximum(dec0.compute_s, dec0.memory_s).sum(0)[0]
+    assert dec0.network_s[MOE][0] > busy > 0
+    assert dec1.total_s[0] == pytest.approx(dec0.total_s[0] - busy, rel=1e-9)
+
+
+def test_two_batch_overlap_pads_every_gemm_twice_and_reads_the_head_twice():
+    """Two-batch overlap runs the step as two micro-batches: every GEMM pads its rows up by
+    gemm_half_rows (64) twice, so each GEMM op's compute rises by exactly one more padding,
+    the padding that 64 half rows cost without it (against 0); and the output head's weights,
+    129280 x 7168 x 1 B (fp8) on each chip, are read twice, at 8 TB/s."""
+    d = design("gb200", "deepseek-v3", **{
+        "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 8, "layout.ep": 8,
+        "workload.isl": 1, "workload.osl": 2, "workload.concurrency": 512,
+        "workload.phase": "decode", "topology.id": "nvl72"})
+    pins = {"hbm_bw_bytes_per_s": 8e12}
+    _, _, flat = _decode(d, gemm_half_rows=0.0, **pins)
+    _, _, pad = _decode(d, gemm_half_rows=64.0, **pins)
+    _, _, tbo = _decode(d, gemm_half_rows=64.0, two_batch_overlap=1.0, **pins)
+    for op in ("attn_proj", "mlp_dense", "moe_shared", "router", "logits"):
+        i = OPS.index(op)
+        once = pad.compute_s[i][0] - flat.compute_s[i][0]
+        assert once > 0, op
+        assert tbo.compute_s[i][0] - pad.compute_s[i][0] == pytest.approx(once, rel=1e-9), op
+    head = OPS.index("logits")
+    assert tbo.memory_s[head][0] - pad.memory_s[head][0] == pytest.approx(
+        129280 * 7168 * 1.0 / 8e12, rel=1e-9)
+
+
+def test_output_never_pays_more_than_the_instance():
+    """With the auto EP kernels a decode-only step runs the low-latency all-to-all and a step
+    carrying prompt tokens the normal one. Where the low-latency kernels are the slow ones
+    (1 ms a call against 10 us) the decode-only step outlasts the mean step: its share of the
+    cost is capped at the whole, so output tokens pay for the instance and input tokens for
+    nothing."""
+    d = design("gb200", "deepseek-v3", **{
+        "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 8, "layout.ep": 8,
+        "workload.isl": 128, "workload.osl": 512, "workload.concurrency": 512,
+        "topology.id": "nvl72", "cost.mode": "rental"})
+    slow_ll = {f"a2a_ll_{p}_latency_s": 1e-3 for p in ("dispatch", "combine")}
+    b, m, dec = _decode(d, **slow_ll)
+    assert dec.total_s[0] > m["step_s"][0]
+    usd_s = m["usd_per_chip_hour"][0] * 8 / 3600.0
+    out_rate = m["output_tokens_per_s_per_instance"][0]
+    assert m["usd_per_mtok_output"][0] == pytest.approx(usd_s / out_rate * 1e6, rel=1e-12)
+    assert m["usd_per_mtok_input"][0] == 0.0

@@ -85,3 +85,63 @@ def test_an_offload_tier_holds_the_prefix_cache_not_running_sequences():
     per_conv = 32 * 2 * 8 * 128 * 2 * 512
     assert m["max_concurrent_sequences"][0] == 206
     assert m["kv_offloaded_fraction"][0] == pytest.approx(10e9 / (10000 * per_conv), rel=1e-9)
+
+
+# Mixtral-8x7B (config.json): 32 layers, all MoE, hidden 4096, 32 heads and 8 KV heads of dim
+# 128, 8 routed experts of width 14336 (gated), no shared expert, vocab 32000, untied
+MIX_ATTN = 4096 * 32 * 128 * 2 + 4096 * 8 * 128 * 2    # 41,943,040 per layer
+MIX_EXPERT = 3 * 4096 * 14336                          # 176,160,768 per expert
+MIX_ROUTER = 4096 * 8                                  # 32,768 per layer
+
+
+def _mixtral(**kw):
+    return design(model="mixtral-8x7b", **{
+        "model.weight_dtype": "bf16", "model.kv_dtype": "bf16", "layout.tp": 2, "layout.dp": 2,
+        "layout.ep": 4, "layout.pp": 2, "accelerator.hbm_capacity_bytes": 80e9,
+        "serving.runtime_reserve_bytes": 2e9, "serving.kv_memory_fraction": 0.9,
+        "serving.max_num_tokens": 8192, "serving.max_batch_size": 100000,
+        "workload.isl": 1024, "workload.osl": 1024, "workload.concurrency": 64, **kw})
+
+
+@pytest.mark.parametrize("attn, experts, cap", [("", "", 8192), ("fp8", "fp8", 8192),
+                                               ("", "", 256)])
+def test_moe_weights_and_sequences_per_chip_with_tp_dp_and_pp_by_hand(attn, experts, cap):
+    """Mixtral at tp = 2, dp = 2 (ep = 4), pp = 2 on 8 chips. A chip holds its stage's 16
+    layers: the attention projections split over tp (41.9M / 2), the experts and the router
+    over the tp x dp = 4 chips of the FFN group ((8 x 176.2M + 32,768) / 4), and one of the two
+    embedding tables (the first stage the input one, the last the output head), split over tp:
+    32000 x 4096 / 2. With per-op dtypes the projections (``model.attention_dtype``) and the
+    routed experts (``model.expert_dtype``) take 1 B per weight instead of 2, the router and
+    the embeddings not. Sequences: 80 GB - 2 GB reserve - the weights, over each sequence's
+    KV (16 layers x 2048 tokens x K, V of 8 / tp = 4 heads x 128 x 2 B, on one of the dp = 2
+    ranks, at 0.9 of the free HBM) plus its activations: (1 + 1024/1024) tokens per step over
+    dp = 2 ranks, 4096 x 2 x 8 + 32000 / tp x 4 B each. With a 256-token step cap
+    (``max_num_tokens``) the activations stop growing at 256 sequences (one token each per
+    rank): past it each sequence costs only its KV, in the room the 256 tokens' activations
+    leave."""
+    a_b = 1.0 if attn else 2.0
+    e_b = 1.0 if experts else 2.0
+    m = score(batch(_mixtral(**{"model.attention_dtype": attn, "model.expert_dtype": experts,
+                                "serving.max_num_tokens": cap})))
+    weights = 16 * (MIX_ATTN / 2 * a_b + 8 * MIX_EXPERT / 4 * e_b + MIX_ROUTER / 4 * 2.0) \
+        + 32000 * 4096 / 2 * 2.0
+    if not attn:
+        assert weights == 12_076_711_936
+    assert m["weights_bytes_per_chip"][0] == pytest.approx(weights, rel=1e-12)
+    kv_seq = 16 * 2048 * 2 * 4 * 128 * 2                # 67,108,864 B per sequence per stage
+    tokens = (1 + 1024 / 1024) / 2
+    act = tokens * (4096 * 2 * 8 + 32000 / 2 * 4)
+    act_token = 4096 * 2 * 8 + 32000 / 2 * 4          # 129,536 B
+    room = 80e9 - 2e9 - weights
+    if cap == 256:                                     # past the knee at 256 / 1 sequences
+        expected = np.floor((room - 256 * act_token) / (kv_seq / 2 / 0.9))
+        assert expected == 1767
+    else:
+        expected = np.floor(room / (kv_seq / 2 / 0.9 + act))
+        if not attn:
+            assert expected == 1762
+    assert m["max_concurrent_sequences"][0] == expected
+    assert m["kv_bytes_per_chip"][0] == pytest.approx(kv_seq * 64 / 2, rel=1e-12)
+    # 64 sequences in flight: their activations (64 x 1 token, below the cap) and KV
+    used = weights + min(cap, 64 * tokens) * act_token + 2e9 + kv_seq * 64 / 2
+    assert m["hbm_used_fraction"][0] == pytest.approx(used / 80e9, rel=1e-12)

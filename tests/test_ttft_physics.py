@@ -65,3 +65,21 @@ def test_a_busy_rank_sets_the_prompt_carrying_step():
     rows = 8 + 1024
     flops = 2.0 * arch.attn_params_per_layer(b)[0] * 61 * rows
     assert steps.mixed.compute_s[PROJ][0] == pytest.approx(flops / H100_BF16, rel=1e-6)
+
+
+@pytest.mark.parametrize("max_tokens, chunk, prior", [(8192, 2048, 2048), (1025, 1024, 2560)])
+def test_a_prompt_chunk_reads_its_cached_prefix_and_writes_its_own_kv(max_tokens, chunk, prior):
+    """Llama-3.1-8B, one request with a 4096-token prompt of which half hits the prefix cache:
+    the step that carries its chunk writes the chunk's K and V and reads those of the tokens
+    before it, the cached 2048 and (chunked in two of 1024, the running sequence's decode taking
+    one token of the 1025) on average half of the uncached other chunk: 2048 + 512. Per token
+    per layer 2 x 8 KV heads x 128 x 2 B, 32 layers, at 3.35 TB/s."""
+    d = design("h100-sxm", "llama-3.1-8b", **{
+        "model.weight_dtype": "bf16", "model.kv_dtype": "bf16", "layout.tp": 1,
+        "workload.isl": 4096, "workload.osl": 2, "workload.concurrency": 1,
+        "workload.prefix_hit_fraction": 0.5, "serving.max_num_tokens": max_tokens})
+    b = batch(d, ideal=True).replace(hbm_bw_bytes_per_s=3.35e12)
+    _, steps = score(b, breakdown=True)
+    kv = 2 * 8 * 128 * 2 * 32
+    assert steps.prefill.memory_s[CORE][0] == pytest.approx(kv * (chunk + prior) / 3.35e12,
+                                                            rel=1e-9)

@@ -1,0 +1,182 @@
+"""How the step times compose into the serving metrics, worked by hand: the TTFT's wait for the
+running pass and the split of the instance's cost between output and input tokens.
+
+Llama-3.1-8B (config.json): 32 layers, hidden 4096, 32 heads and 8 KV heads of dim 128, MLP
+width 14336 (gated), vocab 128256, untied embeddings; bf16 weights and KV, one chip per stage.
+The tests make every step compute-only (HBM, attention and the pipeline hand-off at 1e30 B/s and
+FLOP/s, GEMMs at 1e15 FLOP/s, speed-of-light efficiencies otherwise: a step costs 2 FLOPs per
+weight per row of each GEMM), so each step's time is a sum of token counts worked below. Each
+of these formulas changed by 20% or by a one-line change of its shape (the wait's half pass or
+its 1 - 1/C, the output's or the input's share of the cost) fails a test here
+(``tests/mutation.py --operators``); before these tests only the goldens caught them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import batch, design
+
+from dse.perf import score
+
+ATTN = 4096 * 32 * 128 * 2 + 4096 * 8 * 128 * 2     # q, o + k, v per layer: 41,943,040
+MLP = 3 * 4096 * 14336                              # 176,160,768
+BODY = 32 * (ATTN + MLP)                            # the layers' weights: 6,979,321,856
+HEAD = 128256 * 4096                                # the output head: 525,336,576
+FLOPS = 1e15
+
+
+def _llama8b(**kw):
+    return design(model="llama-3.1-8b", **{
+        "model.weight_dtype": "bf16", "model.kv_dtype": "bf16", "layout.tp": 1,
+        "serving.max_num_tokens": 8192, "serving.max_batch_size": 100000,
+        "cost.mode": "rental", **kw})
+
+
+def _compute_only(d):
+    """The design's metrics and per-step breakdown with every step compute-only: GEMMs at
+    1e15 FLOP/s; HBM, attention and the pipeline hand-off infinitely fast (1e30, no
+    latency)."""
+    b = batch(d, ideal=True).replace(
+        matmul_flops_per_s=FLOPS, attn_matmul_flops_per_s=FLOPS, attn_flops_per_s=1e30,
+        hbm_bw_bytes_per_s=1e30, scaleup_bw_bytes_per_s=1e30, scaleup_latency_s=0.0,
+        scaleout_bw_bytes_per_s=1e30, scaleout_latency_s=0.0)
+    m, steps = score(b, breakdown=True)
+    return {k: v[0] for k, v in m.items()}, steps, b
+
+
+def _stage_s(rows, logits_rows, pp=1):
+    """A compute-only stage step: 2 FLOPs per weight of the stage's 32 / pp layers per row, and
+    2 per output-head weight per row the head computes (the sequences that emit a token; the
+    head is not split over the stages: the step of the last one sets the pace)."""
+    return 2.0 * (BODY / pp * rows + HEAD * logits_rows) / FLOPS
+
+
+# 64 sequences decoding, 1024-token prompts (no prefix hits), 256-token answers: on average
+# 64 x 1024 / 256 = 256 prompt tokens per step, carried as one whole 1024-token prompt (below the
+# 8192 - 64 tokens the decodes leave) in a quarter of the steps
+C, ISL, OSL = 64, 1024, 256
+T_DECODE = _stage_s(C, C)                        # a decode-only step: 64 rows, 64 logits
+T_PROMPT = _stage_s(C + ISL, C + 1)              # ... and one with a whole prompt (+1 logit)
+SHARE = (C * ISL / OSL) / ISL                    # 0.25 of the steps carry a prompt
+T_MEAN = SHARE * T_PROMPT + (1 - SHARE) * T_DECODE
+
+
+def test_mean_step_is_the_prompt_carrying_share_of_steps():
+    """The precondition of the two tests below: decode-only steps take 64 rows through every
+    GEMM, a prompt-carrying step 64 + 1024 rows (and one more logit, the prompt's first
+    token), and a quarter of the steps carry a prompt: 0.25 x 15.0 ms + 0.75 x 0.96 ms."""
+    m, steps, _ = _compute_only(_llama8b(**{"workload.isl": ISL, "workload.osl": OSL,
+                                            "workload.concurrency": C}))
+    assert steps.decode.total_s[0] == pytest.approx(T_DECODE, rel=1e-9)
+    assert steps.mixed.total_s[0] == pytest.approx(T_PROMPT, rel=1e-9)
+    assert m["step_s"] == pytest.approx(T_MEAN, rel=1e-9)
+    assert m["tpot_s"] == pytest.approx(T_MEAN, rel=1e-9)
+
+
+@pytest.mark.parametrize("pp, c", [(1, C), (2, C), (1, 1)])
+def test_ttft_waits_half_a_pass_for_the_other_sequences(pp, c):
+    """TTFT = the wait for the running pass (half of it on average, and only behind another
+    sequence: 0.5 x pass x (1 - 1/C)) + the step that carries this prompt's one chunk next to
+    the other sequences' decodes, on every stage + the pass that returns the first token. A
+    pass is pp stage steps of a micro-batch of C / pp sequences; with one sequence there is
+    nothing to wait for."""
+    m, _, _ = _compute_only(_llama8b(**{"workload.isl": ISL, "workload.osl": OSL,
+                                        "workload.concurrency": c, "layout.pp": pp}))
+    share = (c * ISL / OSL) / ISL                   # the steps that carry a prompt
+    t_mean = share * _stage_s((c + ISL) / pp, (c + 1) / pp, pp) \
+        + (1 - share) * _stage_s(c / pp, c / pp, pp)
+    chunk_step = _stage_s((c - 1) / pp + ISL, (c - 1) / pp + 1, pp)
+    pass_s = pp * t_mean
+    wait = 0.5 * pass_s * (1 - 1 / c)
+    assert m["ttft_s"] == pytest.approx(wait + pp * chunk_step + pass_s, rel=1e-9)
+    if (pp, c) == (1, C):      # the wait: 0.5 x 4.5 ms x 63/64 = 2.2 ms of a 22 ms TTFT
+        assert wait == pytest.approx(2.2e-3, rel=0.02)
+        assert m["ttft_s"] == pytest.approx(22e-3, rel=0.01)
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_output_tokens_pay_the_decode_steps_input_tokens_the_rest(pp):
+    """The instance's $/s (its pp chips') is split by time: output tokens pay for the
+    decode-only step's share of the mean step (T_DECODE / T_MEAN = 0.212 at pp = 1), input
+    tokens for the rest, the prompts' extra time. 64 tokens per pass of pp mean stage steps,
+    and 4x as many input tokens/s (1024 per 256)."""
+    m, _, b = _compute_only(_llama8b(**{"workload.isl": ISL, "workload.osl": OSL,
+                                        "workload.concurrency": C, "layout.pp": pp}))
+    usd_s = m["usd_per_chip_hour"] * pp / 3600.0       # the instance's chips
+    t_dec = _stage_s(C / pp, C / pp, pp)
+    t_mean = SHARE * _stage_s((C + ISL) / pp, (C + 1) / pp, pp) + (1 - SHARE) * t_dec
+    out_rate = C / (pp * t_mean)                        # the instance's
+    in_rate = out_rate * ISL / OSL
+    decode_share = t_dec / t_mean
+    if pp == 1:
+        assert decode_share == pytest.approx(0.2119, abs=1e-4)
+    assert m["output_tokens_per_s_per_chip"] == pytest.approx(out_rate / pp, rel=1e-9)
+    assert m["input_tokens_per_s_per_chip"] == pytest.approx(in_rate / pp, rel=1e-9)
+    assert m["usd_per_mtok_output"] == pytest.approx(usd_s * decode_share / out_rate * 1e6,
+                                                     rel=1e-9)
+    assert m["usd_per_mtok_input"] == pytest.approx(usd_s * (1 - decode_share) / in_rate * 1e6,
+                                                    rel=1e-9)
+    # the two together pay for the instance; an output token's energy is the decode share of
+    # the chips' (wall) power
+    assert m["usd_per_mtok_output"] * out_rate + m["usd_per_mtok_input"] * in_rate \
+        == pytest.approx(usd_s * 1e6, rel=1e-9)
+    watts = b.power_w[0] * b.pue[0] * pp
+    assert m["joules_per_output_token"] == pytest.approx(watts * decode_share / out_rate,
+                                                         rel=1e-9)
+
+
+@pytest.mark.parametrize("pp, rate", [(1, 50.0), (2, 60.0)])
+def test_prefill_queue_serves_a_prompt_in_pp_stage_steps(pp, rate):
+    """At a request rate, prompts queue for the steps' prompt budget (M/D/1, dse.perf.queueing):
+    one prompt holds it for its one chunk's step on each of the pp stages, S = pp x the
+    chunk-carrying step at the concurrency the rate sets (C, from Little's law), and waits
+    on average rho S / (2 (1 - rho)) at rho = rate x S. The p90 TPOT is the mean step's at the
+    Poisson p90 of the batch, C + 1.2816 sqrt(C) sequences (8.2 + 3.7 at pp = 1)."""
+    m, _, _ = _compute_only(_llama8b(**{"workload.isl": ISL, "workload.osl": OSL,
+                                        "workload.request_rate_per_s": rate, "layout.pp": pp}))
+    c = m["concurrency"]
+    assert c > 1.5                                     # set by the rate, not the floor of 1
+    s = pp * _stage_s((c - 1) / pp + ISL, (c - 1) / pp + 1, pp)
+    rho = rate * s
+    assert 0.2 < rho < 0.9
+    assert m["ttft_queue_wait_s"] == pytest.approx(rho * s / (2 * (1 - rho)), rel=1e-9)
+    if pp == 2:        # (its p90 batch lies past the saturation's, where it is capped)
+        return
+    c90 = c + 1.2815515655446004 * c ** 0.5
+    share = (c90 * ISL / OSL) / ISL
+    t90 = share * _stage_s((c90 + ISL) / pp, (c90 + 1) / pp, pp) \
+        + (1 - share) * _stage_s(c90 / pp, c90 / pp, pp)
+    assert m["tpot_p90_s"] == pytest.approx(pp * t90, rel=1e-9)
+
+
+def test_decode_bound_is_the_resource_bounding_the_most_op_time():
+    """What bounds a decode step (``bound``: compute 0, memory 1, network 2) is the resource
+    that bounds the largest share of its op time, each op bound by the largest of its compute,
+    memory and network times (ties: memory over compute, network only when strictly largest),
+    worked here from the per-op breakdown for Llama-3.1-70B at tp = 4 and Mixtral at ep = 8
+    over batches from 1 to 4096 sequences (HBM large enough that no batch fills it): the
+    scorer's own sums (``decode_*_s``) and bound must agree at every batch."""
+    import numpy as np
+    cs = [1, 4, 16, 64, 128, 192, 256, 320, 384, 512, 768, 1024, 2048, 4096]
+    rows = [design("h100-sxm", model, **{
+        "model.weight_dtype": "bf16", "layout.tp": tp, "layout.ep": ep,
+        "workload.phase": "decode", "workload.isl": 2048, "workload.osl": 256,
+        "workload.concurrency": c, "accelerator.hbm_capacity_bytes": 1e13,
+        "serving.max_batch_size": 100000})
+        for model, tp, ep in (("llama-3.1-70b", 4, 1), ("mixtral-8x7b", 8, 8)) for c in cs]
+    b = batch(rows)
+    fast = score(b)
+    _, steps = score(b, breakdown=True)
+    dec = steps.decode
+    c, mem, net, t = dec.compute_s, dec.memory_s, dec.network_s, dec.op_s
+    is_net = (net > c) & (net > mem)
+    is_mem = (mem > c) & (mem >= net) & ~is_net
+    shares = np.stack([(t * (~is_net & ~is_mem)).sum(0), (t * is_mem).sum(0),
+                       (t * is_net).sum(0)])
+    sc, sm, sn = shares
+    expected = np.where((sn > sc) & (sn > sm), 2, np.where((sm > sc) & (sm >= sn), 1, 0))
+    assert set(expected) == {0, 1, 2}                 # every resource bounds some batch
+    np.testing.assert_array_equal(fast["bound"], expected)
+    np.testing.assert_allclose(fast["decode_compute_s"], c.sum(0), rtol=1e-12)
+    np.testing.assert_allclose(fast["decode_memory_s"], mem.sum(0), rtol=1e-12)
+    np.testing.assert_allclose(fast["decode_network_s"], net.sum(0), rtol=1e-12)
