@@ -91,7 +91,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # fastest-catching first (one closed form per term), the slow invariant properties last
 TESTS = [*sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_physics_*.py")),
     "tests/test_closed_form.py", "tests/test_ep_overlap.py", "tests/test_ttft_physics.py",
-    "tests/test_disaggregated.py",
+    "tests/test_disaggregated.py", "tests/test_perf_work.py",
     # the serving mechanisms (issue 11), each with its own hand-worked cases
     "tests/test_spec.py", "tests/test_imbalance.py", "tests/test_kvtier.py",
     "tests/test_lengths.py", "tests/test_queueing.py", "tests/test_queueing_disaggregated.py",
@@ -790,7 +790,8 @@ def _group_scores(name: str, b) -> dict:
             out[k] = np.asarray(v)
         for step_name in ("decode", "mixed", "prefill"):
             st = getattr(bd, step_name)
-            for f in ("compute_s", "memory_s", "network_s", "op_s", "overhead_s", "total_s"):
+            for f in ("compute_s", "memory_s", "network_s", "op_s", "overhead_s", "total_s",
+                      "flops", "hbm_bytes", "net_bytes"):
                 out[(step_name, f)] = np.asarray(getattr(st, f))
         if name == "mixed":
             for k, v in score_chunked(b, chunk_rows=len(b) // 3 + 1, dtype=np.float32).items():
