@@ -207,19 +207,26 @@ def pytest_runtestloop(session):
 
 # --- the driver ------------------------------------------------------------------------------
 
-def _start(fields, factor, fast, out, hints):
-    env = dict(os.environ, DSE_MUTATE_FIELDS=",".join(fields), DSE_MUTATE_FACTOR=str(factor),
-               DSE_MUTATE_HINTS=json.dumps({f: hints[f] for f in fields if f in hints}),
-               DSE_MUTATE_OUT=str(out), OMP_NUM_THREADS="1",
+def _pytest_worker(env_vars: dict, tests: list, fast: bool) -> subprocess.Popen:
+    """A pytest session with this plugin loaded (``-p mutation``) over ``tests``, told what to
+    mutate by ``env_vars`` (``--fast``: the slow invariant properties left out)."""
+    env = dict(os.environ, **env_vars, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "tests"),
                                                         os.environ.get("PYTHONPATH")])))
     env.pop("DSE_MUTATE", None)
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutation",
-            *TESTS]
+            *tests]
     if fast:
         args += [f"--deselect={t}" for t in SLOW]
     return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
+
+
+def _start(fields, factor, fast, out, hints):
+    return _pytest_worker({
+        "DSE_MUTATE_FIELDS": ",".join(fields), "DSE_MUTATE_FACTOR": str(factor),
+        "DSE_MUTATE_HINTS": json.dumps({f: hints[f] for f in fields if f in hints}),
+        "DSE_MUTATE_OUT": str(out)}, TESTS, fast)
 
 
 def write_table(path: Path, rows: dict, names: list, argv: list, factor: float, fast: bool,
@@ -1068,20 +1075,11 @@ def write_operator_table(path: Path, mutants: list, rows: dict, argv: list, popu
 def _start_operators(mutants, fast, out, hints, timeout_s):
     tmp = out.with_suffix(".mutants.json")
     tmp.write_text(json.dumps(mutants))
-    env = dict(os.environ, DSE_MUTATE_MODE="operators", DSE_MUTATE_MUTANTS=str(tmp),
-               DSE_MUTATE_HINTS=json.dumps({m["id"]: hints[m["id"]] for m in mutants
-                                            if m["id"] in hints}),
-               DSE_MUTATE_OUT=str(out), DSE_MUTATE_TEST_TIMEOUT=str(timeout_s),
-               OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "tests"),
-                                                        os.environ.get("PYTHONPATH")])))
-    env.pop("DSE_MUTATE", None)
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutation",
-            *TESTS, GOLDENS]
-    if fast:
-        args += [f"--deselect={t}" for t in SLOW]
-    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    return _pytest_worker({
+        "DSE_MUTATE_MODE": "operators", "DSE_MUTATE_MUTANTS": str(tmp),
+        "DSE_MUTATE_HINTS": json.dumps({m["id"]: hints[m["id"]] for m in mutants
+                                     if m["id"] in hints}),
+        "DSE_MUTATE_OUT": str(out), "DSE_MUTATE_TEST_TIMEOUT": str(timeout_s)}, [*TESTS, GOLDENS], fast)
 
 
 def main_operators(a, argv) -> int:
