@@ -35,8 +35,9 @@ MODELS = ("llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "lla
           "qwen3-235b-a22b", "gpt-oss-120b", "kimi-k2", "palm-540b")
 
 # contracts/predict-cases.md, "Output columns", in order (reason goes with feasible)
-OUTPUT_COLUMNS = ["case_id", "concurrency", "ttft_s", "tpot_s", "output_tokens_per_s_per_chip",
-                  "input_tokens_per_s_per_chip", "bound", "feasible", "reason"]
+OUTPUT_COLUMNS = ["case_id", "concurrency", "ttft_s", "ttft_unloaded_s", "tpot_s",
+                  "output_tokens_per_s_per_chip", "input_tokens_per_s_per_chip", "bound",
+                  "feasible", "reason"]
 BOUNDS = {"compute", "memory", "network", "capacity"}
 OPS = ("attn_proj", "attn_core", "mlp_dense", "logits")
 

@@ -88,10 +88,87 @@ def test_ttft_waits_half_a_pass_for_the_other_sequences(pp, c):
     chunk_step = _stage_s((c - 1) / pp + ISL, (c - 1) / pp + 1, pp)
     pass_s = pp * t_mean
     wait = 0.5 * pass_s * (1 - 1 / c)
-    assert m["ttft_s"] == pytest.approx(wait + pp * chunk_step + pass_s, rel=1e-9)
+    assert m["ttft_unloaded_s"] == pytest.approx(wait + pp * chunk_step + pass_s, rel=1e-9)
     if (pp, c) == (1, C):      # the wait: 0.5 x 4.5 ms x 63/64 = 2.2 ms of a 22 ms TTFT
         assert wait == pytest.approx(2.2e-3, rel=0.02)
-        assert m["ttft_s"] == pytest.approx(22e-3, rel=0.01)
+        assert m["ttft_unloaded_s"] == pytest.approx(22e-3, rel=0.01)
+    if c == 1:                 # one request in flight: nobody else's prompt to wait for
+        assert m["ttft_s"] == pytest.approx(m["ttft_unloaded_s"], rel=1e-12)
+
+
+T_CHUNK = _stage_s(C - 1 + ISL, C)               # this prompt's step next to 63 decodes
+# S: one prompt's 1024 tokens at the rate of a step full of prompt tokens (the budget the
+# decodes leave, 8192 - 64), the step affine between the decode-only and the chunk step
+S_PROMPT = ISL * (T_DECODE / (8192 - C) + (T_CHUNK - T_DECODE) / ISL)
+
+
+def _closed_loop(unloaded, n_requests):
+    """The closed-loop mean TTFT of C = 64 requests on one scheduler, worked from its parts."""
+    others = C - 1
+    burst = 0.5 * others * S_PROMPT                      # the first 64 arrive together
+    cycle = unloaded + (OSL - 1) * T_MEAN                # a user's TTFT and its other tokens
+    a = cycle - others * S_PROMPT
+    steady = others * S_PROMPT ** 2 / (a + (a * a + 2 * others * S_PROMPT ** 2) ** 0.5)
+    # the steady wait solves W = rho S / (2 (1 - rho)) at rho = 63 S / (cycle + W) (M/D/1)
+    rho = others * S_PROMPT / (cycle + steady)
+    assert steady == pytest.approx(rho * S_PROMPT / (2 * (1 - rho)), rel=1e-9)
+    first = min(C / n_requests, 1.0)
+    return unloaded + first * burst + (1 - first) * steady, burst, steady, rho
+
+
+@pytest.mark.parametrize("n_requests", [0, 64, 6400])
+def test_closed_loop_ttft_adds_the_burst_and_the_steady_queue(n_requests):
+    """``ttft_s`` is the mean a closed-loop benchmark measures: 64 in flight, ``num_requests``
+    sent (0: 10 x 64, as InferenceX). The first 64 arrive at once and wait on average for half
+    of the other 63 prompts (0.5 x 63 x S); the later ones for the prompts the other 63 users
+    sent meanwhile (M/D/1 at the load the loop sets). S = 1024 x (0.96 ms / 8128 + (15.2 -
+    0.96) ms / 1024) = 14.4 ms; burst 454 ms; steady 22 ms at rho 0.76: 22 + 0.1 x 454 + 0.9 x
+    22 = 87.4 ms in all with 640 requests."""
+    m, _, _ = _compute_only(_llama8b(**{"workload.isl": ISL, "workload.osl": OSL,
+                                        "workload.concurrency": C,
+                                        "workload.num_requests": n_requests}))
+    expected, burst, steady, rho = _closed_loop(m["ttft_unloaded_s"], n_requests or 10 * C)
+    assert m["ttft_s"] == pytest.approx(expected, rel=1e-9)
+    if n_requests == 0:
+        assert S_PROMPT == pytest.approx(14.4e-3, rel=0.01)
+        assert burst == pytest.approx(0.454, rel=0.01)
+        assert steady == pytest.approx(22.3e-3, rel=0.01)
+        assert rho == pytest.approx(0.756, abs=0.002)
+        assert m["ttft_s"] == pytest.approx(87.4e-3, rel=0.01)
+    if n_requests == 64:       # the burst alone
+        assert m["ttft_s"] == pytest.approx(m["ttft_unloaded_s"] + burst, rel=1e-9)
+
+
+def test_closed_loop_wait_is_bounded_by_the_other_prompts():
+    """However heavy the load (long prompts, short answers: the others' prompts alone exceed a
+    user's cycle), a request never waits longer than for every other user's prompt: the steady
+    wait stays below (m - 1) S, and the mean TTFT grows with the load."""
+    ttfts = []
+    for isl in (1024, 4096, 8000):
+        m, _, _ = _compute_only(_llama8b(**{"workload.isl": isl, "workload.osl": 16,
+                                            "workload.concurrency": C,
+                                            "workload.num_requests": 100000}))
+        t_dec = _stage_s(C, C)
+        s = isl * (t_dec / (8192 - C) + (_stage_s(C - 1 + isl, C) - t_dec) / isl)
+        wait = m["ttft_s"] - m["ttft_unloaded_s"]
+        assert 0.0 < wait < (C - 1) * s
+        ttfts.append(m["ttft_s"])
+    assert ttfts == sorted(ttfts)
+
+
+@pytest.mark.parametrize("isl, n_chunks", [(8128, 1), (8129, 2)])
+def test_a_prompt_past_the_budget_runs_in_even_chunks(isl, n_chunks):
+    """The budget is what 64 decodes leave of 8,192 tokens: 8,128. A prompt of 8,128 tokens is
+    one chunk; one token more makes two chunks of 4,064.5 tokens each (its chunks share the
+    tokens), not a full chunk and a one-token one, nor two full ones."""
+    m, steps, _ = _compute_only(_llama8b(**{"workload.isl": isl, "workload.osl": OSL,
+                                            "workload.concurrency": C}))
+    per_chunk = isl / n_chunks
+    chunk_step = _stage_s(C - 1 + per_chunk, C)
+    assert steps.prefill.total_s[0] == pytest.approx(chunk_step, rel=1e-9)
+    pass_s = m["tpot_s"]
+    expected = 0.5 * pass_s * (1 - 1 / C) + n_chunks * chunk_step + pass_s
+    assert m["ttft_unloaded_s"] == pytest.approx(expected, rel=1e-9)
 
 
 @pytest.mark.parametrize("pp", [1, 2])
@@ -128,15 +205,18 @@ def test_output_tokens_pay_the_decode_steps_input_tokens_the_rest(pp):
 @pytest.mark.parametrize("pp, rate", [(1, 50.0), (2, 60.0)])
 def test_prefill_queue_serves_a_prompt_in_pp_stage_steps(pp, rate):
     """At a request rate, prompts queue for the steps' prompt budget (M/D/1, dse.perf.queueing):
-    one prompt holds it for its one chunk's step on each of the pp stages, S = pp x the
-    chunk-carrying step at the concurrency the rate sets (C, from Little's law), and waits
+    one prompt holds it for S = pp x its tokens at the rate of a full-budget step (the step
+    affine between the decode-only and the chunk-carrying step) at the concurrency the rate
+    sets (C, from Little's law), and waits
     on average rho S / (2 (1 - rho)) at rho = rate x S. The p90 TPOT is the mean step's at the
     Poisson p90 of the batch, C + 1.2816 sqrt(C) sequences (8.2 + 3.7 at pp = 1)."""
     m, _, _ = _compute_only(_llama8b(**{"workload.isl": ISL, "workload.osl": OSL,
                                         "workload.request_rate_per_s": rate, "layout.pp": pp}))
     c = m["concurrency"]
     assert c > 1.5                                     # set by the rate, not the floor of 1
-    s = pp * _stage_s((c - 1) / pp + ISL, (c - 1) / pp + 1, pp)
+    t_dec = _stage_s(c / pp, c / pp, pp)
+    t_chunk = _stage_s((c - 1) / pp + ISL, (c - 1) / pp + 1, pp)
+    s = pp * ISL * (t_dec / (8192 - c) + (t_chunk - t_dec) / ISL)
     rho = rate * s
     assert 0.2 < rho < 0.9
     assert m["ttft_queue_wait_s"] == pytest.approx(rho * s / (2 * (1 - rho)), rel=1e-9)

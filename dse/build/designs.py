@@ -180,6 +180,9 @@ def moe_kernel_missing(out) -> np.ndarray:
     return np.where(ok, 0.0, 1.0)
 
 
+HOST_TIMES = ("serving.request_overhead_s", "serving.seq_overhead_s")
+
+
 def runtime_defaults(out) -> None:
     """Fill what a design left to its runtime: the max batch per scheduler, and the dense MLP
     of an MoE under attention data parallelism ("auto")."""
@@ -189,6 +192,12 @@ def runtime_defaults(out) -> None:
         if "serving.max_batch_size" in out.columns else pd.Series(np.nan, index=out.index)
     own = lookup(rt, {r: float(v["max_batch_size"]) for r, v in table.items()})
     out["serving.max_batch_size"] = np.where(np.isnan(cap.to_numpy(dtype=float)), own, cap)
+    for path in HOST_TIMES:        # the runtime's fitted host times (efficiency.toml [runtimes])
+        key = path.split(".")[1]
+        given = pd.to_numeric(out[path], errors="coerce").to_numpy(dtype=float) \
+            if path in out.columns else np.full(len(out), np.nan)
+        own = lookup(rt, {r: float(v.get(key, 0.0)) for r, v in table.items()}, 0.0)
+        out[path] = np.where(np.isnan(given), own, given)
     dm = out["layout.dense_mlp"].astype(object)
     auto = (dm == "auto") | dm.isna()
     if auto.any():

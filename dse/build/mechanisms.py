@@ -28,7 +28,10 @@ DIRECT = {"workload.request_rate_per_s": "request_rate_per_s",
           "workload.isl_cv": "isl_cv", "workload.osl_cv": "osl_cv",
           "serving.spec_tokens": "spec_tokens", "serving.spec_acceptance": "spec_acceptance",
           "serving.expert_imbalance": "expert_imbalance",
-          "workload.cached_conversations": "cached_conversations"}
+          "workload.cached_conversations": "cached_conversations",
+          "workload.num_requests": "num_requests",
+          "serving.request_overhead_s": "request_overhead_s",
+          "serving.seq_overhead_s": "seq_overhead_s"}
 
 
 def _col(out, path, default):
@@ -164,6 +167,9 @@ def batch_columns(out, kv_bytes: np.ndarray) -> dict[str, np.ndarray]:
         "expert_load_cv": np.array([catalog.expert_load_cv()]),
         "redundant_experts": f("serving.redundant_experts"),
         "isl_cv": f("workload.isl_cv"), "osl_cv": f("workload.osl_cv"),
+        "num_requests": f("workload.num_requests"),
+        "request_overhead_s": f("serving.request_overhead_s"),
+        "seq_overhead_s": f("serving.seq_overhead_s"),
         **tier_columns(out, f),
     }
 

@@ -72,8 +72,14 @@ def expert_load_cv() -> float:
 
 @lru_cache(maxsize=1)
 def runtime_defaults() -> dict[str, dict]:
-    """Per-runtime defaults (serving.toml [runtimes.*]): max_batch_size, dense_mlp."""
-    return dict(_load("serving.toml")["runtimes"])
+    """Per-runtime defaults (serving.toml [runtimes.*]: max_batch_size, dense_mlp, the
+    all-reduce rule), with the end-to-end numbers fitted per runtime (efficiency.toml
+    [runtimes.*]: request_overhead_s, seq_overhead_s; dse.calibration.fit)."""
+    out = {k: dict(v) for k, v in _load("serving.toml")["runtimes"].items()}
+    for rt, fitted in _load("efficiency.toml").get("runtimes", {}).items():
+        if rt in out:
+            out[rt].update({k: v for k, v in fitted.items() if k != "fitted_on"})
+    return out
 
 
 @lru_cache(maxsize=None)

@@ -178,6 +178,10 @@ OPTIONAL: dict[str, float | str] = {
     "draft_params": 0.0, "draft_layers": 0.0, "draft_kv_bytes_per_token": 0.0,
     # request-rate serving, percentiles and goodput (dse.perf.queueing)
     "request_rate_per_s": 0.0, "ttft_slo_s": 0.0, "tpot_slo_s": 0.0,
+    # closed-loop TTFT (dse.perf.phases): requests sent in all (0: 10 x concurrency)
+    "num_requests": 0.0,
+    # the runtime's host times (dse.perf.phases, dse.perf.step): per request, per sequence-step
+    "request_overhead_s": 0.0, "seq_overhead_s": 0.0,
     # expert load imbalance and redundant experts (dse.perf.imbalance)
     "expert_imbalance": 1.0, "redundant_experts": 0.0, "expert_load_cv": 0.0,
     # request lengths as distributions (dse.perf.lengths)
@@ -220,6 +224,10 @@ FIELDS.update({
     "draft_layers": "layers of the draft model",
     "draft_kv_bytes_per_token": "KV-cache bytes one token adds to the draft model (all layers)",
     "request_rate_per_s": "requests/s arriving at one instance (0: fixed concurrency)",
+    "num_requests": "requests a closed-loop benchmark sends in all (0: 10 x concurrency)",
+    "request_overhead_s": "front-end time per request, in both TTFTs",
+    "seq_overhead_s": "scheduler host time per running sequence per step (per attention-DP "
+                      "rank)",
     "ttft_slo_s": "p90 TTFT a request must meet (0: no SLO)",
     "tpot_slo_s": "p90 TPOT a request must meet (0: no SLO)",
     "expert_imbalance": "routed tokens on the busiest EP rank over the mean (1: balanced, "

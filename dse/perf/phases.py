@@ -14,8 +14,10 @@ ttft       the step that carries one of this request's chunks next to the other 
            decodes; a prompt's chunks attend to the cached prefix and the earlier chunks
 
 The mean step mixes the prompt and decode steps in the share of steps that carry prompt
-tokens (``prompt_load``). TTFT (``ttft``) is the wait for the running step, the steps that carry
-the request's chunks and the step that returns its first token.
+tokens (``prompt_load``). The unloaded TTFT (``ttft``) is the wait for the running step, the
+steps that carry the request's chunks, the step that returns its first token and the runtime's
+front end; the closed-loop TTFT a benchmark measures (``ttft_closed_loop``) adds the wait for the
+other requests' prompts, at the start-up burst and in steady state.
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ class PromptLoad:
     avg: np.ndarray        # prompt tokens per step on average
     carried: np.ndarray    # prompt tokens of a step that carries some
     share: np.ndarray      # the share of steps that carry prompt tokens
+    budget: np.ndarray     # prompt tokens a scheduler's step takes (its decodes come first)
+    n_chunks: np.ndarray   # steps one prompt is chunked into
+    per_chunk: np.ndarray  # a prompt's tokens per chunk (its chunks share them evenly)
 
 
 def prompt_load(b: Batch, per_step=None) -> PromptLoad:
@@ -92,8 +97,11 @@ def prompt_load(b: Batch, per_step=None) -> PromptLoad:
     both, pre_only, dec_only = arch.phases(b)
     new = new_tokens(b)
     decoding = times(1.0 - pre_only, c)
-    # a scheduler (dp rank) fills its max_num_tokens with its decodes first, then prompt tokens
-    chunk = np.minimum(new, np.maximum(b.max_num_tokens - decoding / b.dp, 1.0))
+    # a scheduler (dp rank) fills its max_num_tokens with its decodes first, then prompt tokens;
+    # a prompt longer than that budget runs in n steps of new / n tokens each
+    budget = np.maximum(b.max_num_tokens - decoding / b.dp, 1.0)
+    chunk = np.minimum(new, budget)
+    n_chunks = np.maximum(np.ceil(new / budget), 1.0)
     prompts = c * new
     per_answer = prompts / b.osl
     if per_step is not None:             # hook: dse.perf.spec (answers finish sooner)
@@ -101,7 +109,7 @@ def prompt_load(b: Batch, per_step=None) -> PromptLoad:
     avg = add(times(both, per_answer), times(pre_only, prompts))
     carried = add(avg, times(both, np.maximum(chunk - avg, 0.0)))
     share = np.minimum(avg / np.maximum(carried, 1e-30), 1.0)
-    return PromptLoad(decoding, chunk, avg, carried, share)
+    return PromptLoad(decoding, chunk, avg, carried, share, budget, n_chunks, new / n_chunks)
 
 
 @dataclass(frozen=True)
@@ -168,10 +176,9 @@ def ttft_step(b: Batch, k: Coefficients, x: Context, load: PromptLoad, breakdown
     """A step that carries one of this request's prefill chunks next to the other running
     decodes: the chunk sits on one attention-DP rank, and the n chunks of a prompt attend to
     the cached prefix and to the earlier chunks (on average half the uncached prompt)."""
-    pp, chunk = b.pp, load.chunk
+    pp, chunk = b.pp, load.per_chunk
     others = times(1.0 - arch.phases(b)[1], np.maximum(sequences(b) - 1.0, 0.0))
-    n_chunks = np.ceil(x.new / np.maximum(chunk, 1.0))
-    chunk_pairs = x.pairs / n_chunks
+    chunk_pairs = x.pairs / load.n_chunks
     chunk_prior = x.prior + 0.5 * np.maximum(x.new - chunk, 0.0)
     oq = others if q is None else others * q
     return step(k, oq / pp, chunk, x.dec_ctx, chunk, chunk_prior, chunk_pairs,
@@ -198,19 +205,64 @@ def steps(b: Batch, breakdown: bool, load: PromptLoad, k: Coefficients | None = 
     return out, sums, spec.draft_s(b, k, decoding / pp, one, b.isl + 0.5 * b.osl)
 
 
-def ttft(b: Batch, pass_s, t_prefill, chunk, extra=0.0):
-    """Time to first token: the wait for the running step (half a pass, ``pass_s`` = pp mean
-    steps), the pp stage steps of each of the prompt's chunks (``t_prefill``), and the step
-    that returns the first token (it is streamed with the next iteration); ``extra``: the tier
-    fetch's steps (dse.perf.kvtier). A prefill-only instance: one pass of its batch of prompts.
-    Also a p90-length prompt's (dse.perf.lengths; None without length distributions)."""
+def ttft(b: Batch, pass_s, t_prefill, load: PromptLoad, extra=0.0):
+    """Time to first token of a request that finds no other prompt waiting (``ttft_unloaded_s``):
+    the wait for the running step (half a pass, ``pass_s`` = pp mean steps), the pp stage steps
+    of each of the prompt's chunks (``t_prefill``), the step that returns the first token (it
+    is streamed with the next iteration) and the runtime's front end (``request_overhead_s``);
+    ``extra``: the tier fetch's steps (dse.perf.kvtier). A prefill-only instance: one pass of
+    its batch of prompts. Also a p90-length prompt's (dse.perf.lengths; None without length
+    distributions)."""
     both, pre_only, dec_only = arch.phases(b)
-    pp, new = b.pp, new_tokens(b)
-    n_chunks = np.ceil(new / np.maximum(chunk, 1.0))
+    pp = b.pp
     wait = 0.5 * pass_s * (1.0 - 1.0 / sequences(b))
-    t = arch.blend(pre_only, pass_s, wait + pp * n_chunks * t_prefill + pass_s + extra)
+    t = arch.blend(pre_only, pass_s, wait + pp * load.n_chunks * t_prefill + pass_s + extra)
+    if b.has_on("request_overhead_s"):
+        t = t + b.request_overhead_s
     if not lengths.on(b):
         return t, None
     longer = np.maximum(lengths.isl_quantile(b) - b.isl, 0.0) * (1.0 - b.prefix_hit_fraction)
-    return t, t + arch.blend(pre_only, pass_s * longer / np.maximum(new, 1.0),
-                             pp * t_prefill * longer / np.maximum(chunk, 1.0))
+    return t, t + arch.blend(pre_only, pass_s * longer / np.maximum(new_tokens(b), 1.0),
+                             pp * t_prefill * longer / np.maximum(load.per_chunk, 1.0))
+
+
+def prompt_service_s(b: Batch, t_decode, t_prefill, load: PromptLoad):
+    """How long one prompt holds its scheduler's prompt budget, S: its new tokens at the rate of
+    a step full of prompt tokens, the step time affine in its prompt tokens between the
+    decode-only step (``t_decode``, none) and the TTFT chunk step (``t_prefill``, ``per_chunk``
+    of them): ``S = pp * new * (t_decode / budget + (t_prefill - t_decode) / per_chunk)``. A
+    prompt shorter than the budget shares its step with the next ones."""
+    new = new_tokens(b)
+    slope = np.maximum(t_prefill - t_decode, 0.0) / np.maximum(load.per_chunk, 1.0)
+    return b.pp * new * (t_decode / load.budget + slope)
+
+
+def ttft_closed_loop(b: Batch, unloaded, service_s, cycle_s):
+    """The mean TTFT of a closed-loop benchmark (``ttft_s``, ../shared/contracts/predict-cases.md):
+    ``num_requests`` requests (0: 10 x concurrency, as InferenceX sends), ``C`` in flight at any
+    time, all ``C`` submitted at once at the start and a new one each time one finishes. Each
+    scheduler (attention-DP rank) takes ``m = C / dp`` of them and its prompts queue for its
+    prompt budget, each holding it ``S`` (``service_s``, ``prompt_service_s``):
+
+    burst   the first C requests arrive together: one waits on average for half of the other
+            ``m - 1`` prompts, ``0.5 (m - 1) S``
+    steady  a request waits for the prompts the other ``m - 1`` users sent meanwhile, an M/D/1
+            queue at the load the closed loop sets: those users return every ``cycle + W``
+            (``cycle_s``: the unloaded TTFT plus the answer's other tokens), so
+            ``rho = (m - 1) S / (cycle + W)`` and ``W = rho S / (2 (1 - rho))``, solved for W:
+            ``W = (m - 1) S^2 / (a + sqrt(a^2 + 2 (m - 1) S^2))``, ``a = cycle - (m - 1) S``
+            (finite at any load, 0 with one request in flight)
+
+    The mean weighs the burst by ``C / N`` of the requests. A prefill-only instance: the
+    unloaded TTFT (one pass of its batch of prompts)."""
+    c = sequences(b)
+    others = np.maximum(c / b.dp - 1.0, 0.0)
+    k = others * service_s * service_s
+    a = cycle_s - others * service_s
+    steady = k / np.maximum(a + np.sqrt(a * a + 2.0 * k), 1e-30)
+    burst = 0.5 * others * service_s
+    n = np.where(b.num_requests > 0, b.num_requests, 10.0 * c) if b.has_on("num_requests") \
+        else 10.0 * c
+    first = np.minimum(c / np.maximum(n, 1.0), 1.0)
+    wait = first * burst + (1.0 - first) * steady
+    return unloaded + times(1.0 - arch.phases(b)[1], wait)

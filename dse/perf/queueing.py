@@ -103,8 +103,8 @@ def serve(b, evaluate, breakdown: bool = False):
     base = evaluate(np.maximum(b.concurrency, 1.0), False)
     cap = np.maximum(base["max_concurrent_sequences"], 1.0)
 
-    def rate(m, c):
-        return c / (m["ttft_s"] + osl * m["tpot_s"])
+    def rate(m, c):       # (the request's own TTFT: the queue wait is what is solved for)
+        return c / (m["ttft_unloaded_s"] + osl * m["tpot_s"])
 
     def rho(c):
         m = evaluate(c, False)
@@ -135,18 +135,20 @@ def serve(b, evaluate, breakdown: bool = False):
     # everything that arrives is served: lambda x osl output tokens/s (the steady-state model
     # counts a token per sequence per step, also for those still in their prefill)
     _serve_rate(m, by_rate, lam * osl)
-    ttft = m["ttft_s"]
-    m["ttft_s"] = np.where(by_rate, ttft + wmean, ttft)
-    m["ttft_queue_wait_s"] = np.where(by_rate, wmean, 0.0)
-    m["ttft_p90_s"] = np.where(by_rate, ttft + w90, ttft)
-    m["ttft_p99_s"] = np.where(by_rate, ttft + w99, ttft)
+    # at a rate: the request's own TTFT plus the Poisson queue's wait; at a fixed concurrency
+    # the closed loop's mean (dse.perf.phases.ttft_closed_loop) and its unloaded TTFT as the tails
+    own, loop = m["ttft_unloaded_s"], m["ttft_s"]
+    m["ttft_s"] = np.where(by_rate, own + wmean, loop)
+    m["ttft_queue_wait_s"] = np.where(by_rate, wmean, loop - own)
+    m["ttft_p90_s"] = np.where(by_rate, own + w90, loop)
+    m["ttft_p99_s"] = np.where(by_rate, own + w99, loop)
     m["tpot_p90_s"] = np.where(by_rate, tp90, m["tpot_s"])
     _rate_metrics(m, by_rate, lam, lam_op, lam_sat, queue)
     slo_t, slo_p = b.ttft_slo_s, b.tpot_slo_s
 
     def worst(c):
         mc, q90, _, _, tpc = percentiles(c, rate(evaluate(c, False), c))
-        return np.maximum(_over_slo(mc["ttft_s"] + q90, slo_t), _over_slo(tpc, slo_p))
+        return np.maximum(_over_slo(mc["ttft_unloaded_s"] + q90, slo_t), _over_slo(tpc, slo_p))
 
     _goodput(m, n, slo_t, slo_p, worst, lambda c: rate(evaluate(c, False), c), c_sat, lam_sat)
     nan = np.full(n, np.nan)
@@ -242,9 +244,11 @@ def serve_disaggregated(b, evaluate, breakdown: bool = False):
     m = dict(res[0] if breakdown else res)
     lam_op = np.where(by_rate, lam, dec_rate(m, c_op))
 
+    ro = b.request_overhead_s if b.has_on("request_overhead_s") else 0.0
+
     def percentiles(mc, c, lam_c):
         r, s = prefill_queue(mc, lam_c)
-        own = mc["_prefill_pass_s"] + mc["_kv_transfer_s"]
+        own = mc["_prefill_pass_s"] + mc["_kv_transfer_s"] + ro
         tp = evaluate(np.minimum(poisson_p90(c), cap), ratio, False)["tpot_s"]
         return (own + md1_mean_wait_s(r, s), own + md1_wait_quantile_s(0.9, r, s),
                 own + md1_wait_quantile_s(0.99, r, s), md1_mean_wait_s(r, s), tp)

@@ -30,7 +30,9 @@ from dse.perf.phases import (
     sequences,
     steps,
     times,
+    prompt_service_s,
     ttft,
+    ttft_closed_loop,
 )
 from dse.perf.step import OPS, Coefficients, StepTimes
 
@@ -77,7 +79,7 @@ REASONS = {
     256: "serving.moe_backend has no fitted MoE kernels for this serving.runtime",
 }
 METRICS = (
-    "ttft_s", "tpot_s", "step_s", "output_tokens_per_s_per_user",
+    "ttft_s", "ttft_unloaded_s", "tpot_s", "step_s", "output_tokens_per_s_per_user",
     "output_tokens_per_s_per_chip", "input_tokens_per_s_per_chip", "output_tokens_per_s_per_instance",
     "output_tokens_per_s_per_rack", "usd_per_chip_hour", "usd_per_mtok_output", "usd_per_mtok_input",
     "joules_per_output_token", "max_concurrent_sequences", "weights_bytes_per_chip",
@@ -309,12 +311,14 @@ def _disaggregated(b: Batch, breakdown: bool, queue: bool = False):
                     b.scaleout_bw_bytes_per_s * b.scaleout_fraction)
     lat = np.where(one_domain, b.scaleup_latency_s, b.scaleout_latency_s)
     kv_s = lat + arch.kv_bytes_per_token(b) * b.isl / (link * np.minimum(chips_d, chips_p))
-    ttft = 1.5 * pm["ttft_s"] + kv_s
+    # the prompt waits half a prefill pass, runs one and moves its KV; the front end once
+    ro = b.request_overhead_s if b.has_on("request_overhead_s") else 0.0
+    ttft = 1.5 * (pm["ttft_unloaded_s"] - ro) + kv_s + ro
     usd_s = dm["usd_per_chip_hour"] / 3600.0
     bits = dm["reason"] | pm["reason"]
     m = dict(dm)
     m.update({
-        "ttft_s": ttft,
+        "ttft_s": ttft, "ttft_unloaded_s": ttft,
         "output_tokens_per_s_per_chip": out_chip,
         "input_tokens_per_s_per_chip": in_chip,
         "output_tokens_per_s_per_instance": req * osl * chips_d,
@@ -327,7 +331,7 @@ def _disaggregated(b: Batch, breakdown: bool, queue: bool = False):
         "reason": bits,
     })
     if queue:                            # hook: dse.perf.queueing (the prefill pool's queue)
-        m.update({"_prefill_pass_s": pm["ttft_s"], "_kv_transfer_s": kv_s,
+        m.update({"_prefill_pass_s": pm["ttft_unloaded_s"] - ro, "_kv_transfer_s": kv_s,
                   "_prefill_instances": ratio * chips_d / chips_p})
     if not breakdown:
         return m
@@ -365,8 +369,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
         metrics["prefix_cache_evicted_fraction"] = np.maximum(1.0 - tier.in_hbm - tier.in_tier,
                                                               0.0)
     if queue:                            # hook: dse.perf.queueing (S of the M/D/1 prefill queue)
-        metrics["_prefill_service_s"] = b.pp * new_tokens(b) / np.maximum(load.chunk, 1.0) \
-            * t_prefill
+        metrics["_prefill_service_s"] = prompt_service_s(b, t_decode, t_prefill, load)
     n = len(b)
     for key, v in metrics.items():   # a compact batch's shared columns give length-1 metrics
         if np.shape(v) != (n,):
@@ -399,19 +402,22 @@ def _rates(b: Batch, c, tok_step, load: PromptLoad, t_decode, t_mixed, t_prefill
     pass_s = b.pp * t_mixed                     # one token for every sequence
     out_inst = c * tok_step / pass_s            # tokens/s of the instance (first tokens when prefill)
     in_inst = times(1.0 - dec_only, out_inst) * arch.blend(pre_only, b.isl, b.isl / b.osl)
-    t_first, t_first_long = ttft(b, pass_s, t_prefill, load.chunk, ttft_extra)
+    t_first, t_first_long = ttft(b, pass_s, t_prefill, load, ttft_extra)
+    tpot = pass_s / tok_step
+    t_loop = ttft_closed_loop(b, t_first, prompt_service_s(b, t_decode, t_prefill, load),
+                              t_first + np.maximum(b.osl - 1.0, 0.0) * tpot)
     usd_chip_h, usd_mtok_out, usd_mtok_in, joules_out = _cost(b, chips, t_decode, t_mixed,
                                                               out_inst, in_inst)
-    tpot = pass_s / tok_step
     no_decode = b.phase == 1
     if np.any(no_decode):
         tpot, usd_mtok_out, joules_out = (np.where(no_decode, np.nan, v) for v in
                                           (tpot, usd_mtok_out, joules_out))
     no_prefill = b.phase == 2
     if np.any(no_prefill):
-        t_first, usd_mtok_in = (np.where(no_prefill, np.nan, v) for v in (t_first, usd_mtok_in))
+        t_first, t_loop, usd_mtok_in = (np.where(no_prefill, np.nan, v)
+                                        for v in (t_first, t_loop, usd_mtok_in))
     per_chip_out = out_inst / chips
-    m = {"ttft_s": t_first, "tpot_s": tpot, "step_s": t_mixed,
+    m = {"ttft_s": t_loop, "ttft_unloaded_s": t_first, "tpot_s": tpot, "step_s": t_mixed,
          "output_tokens_per_s_per_user": 1.0 / tpot,
          "output_tokens_per_s_per_chip": per_chip_out,
          "input_tokens_per_s_per_chip": in_inst / chips,
@@ -422,8 +428,8 @@ def _rates(b: Batch, c, tok_step, load: PromptLoad, t_decode, t_mixed, t_prefill
          "num_chips": chips}
     if b.has_on("spec_tokens"):
         m["spec_expected_tokens"] = tok_step
-    if t_first_long is not None:
-        m["ttft_p90_length_s"] = np.where(b.phase == 2, np.nan, t_first_long)
+    if t_first_long is not None:         # the same queue, the longer prompt's own extra steps
+        m["ttft_p90_length_s"] = np.where(b.phase == 2, np.nan, t_first_long - t_first + t_loop)
     return m
 
 

@@ -22,8 +22,8 @@ pipeline   the activation hand-off to the next pipeline stage (``op_head.pipelin
 An op's time is ``max(compute, memory) + additive``, plus its network time (serialised, or a
 ``network_overlap_fraction`` of it hidden); the EP all-to-all is the routed experts' network
 time, a share of it hidden under the step's compute and memory time; the step adds a fixed
-overhead (per-layer and per-step time, GEMM launches). Almost every time is affine in the
-step's tokens (a matmul pads small row counts up by ``gemm_half_rows``; a collective has a
+overhead (per-layer and per-step time, GEMM launches, host time per sequence). Almost every
+time is affine in the step's tokens (a matmul pads small row counts up by ``gemm_half_rows``; a collective has a
 latency and a per-byte cost: ``dse.perf.forms``), so ``Coefficients`` computes the per-design
 constants once and ``step`` evaluates any token mix cheaply.
 
@@ -305,6 +305,9 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     parts, a2a = op_times(k, s, dec_ctx, dec_local)
     # the GEMMs' launch latencies are fixed time of the step (overhead)
     overhead = k.overhead + s.masked(s.twice(k.x_gemm))
+    b = k.batch
+    if b.has_on("seq_overhead_s"):       # the scheduler's host time per running sequence
+        overhead = overhead + b.seq_overhead_s * s.seqs / b.dp
     out = _compose(k, parts, a2a, overhead, breakdown, sums)
     if not breakdown:
         return out

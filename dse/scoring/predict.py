@@ -36,7 +36,8 @@ MECHANISMS = {"spec_tokens": "serving.spec_tokens", "spec_acceptance": "serving.
               "isl_cv": "workload.isl_cv", "osl_cv": "workload.osl_cv",
               "kv_offload": "serving.kv_offload", "prefix_tokens": "workload.prefix_tokens",
               "cached_conversations": "workload.cached_conversations",
-              "expert_dtype": "model.expert_dtype", "attention_dtype": "model.attention_dtype"}
+              "expert_dtype": "model.expert_dtype", "attention_dtype": "model.attention_dtype",
+              "num_requests": "workload.num_requests"}
 OPTIONAL = ("topology", "tp", "pp", "ep", "dp", "kv_dtype", "concurrency", "prefix_hit_fraction",
             "phase", "runtime", "dense_mlp", *MECHANISMS)
 RENAME = {"model": "model.id", "hardware": "accelerator.id", "topology": "topology.id",
@@ -340,7 +341,8 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
     best = order[first]
     out = pd.DataFrame({"case_id": cases["case_id"].to_numpy()[case[best]]})
     out["concurrency"] = s["concurrency"][best].astype(int)
-    for m in ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "input_tokens_per_s_per_chip"):
+    for m in ("ttft_s", "ttft_unloaded_s", "tpot_s", "output_tokens_per_s_per_chip",
+              "input_tokens_per_s_per_chip"):
         out[m] = s[m][best]
     out["bound"] = np.array(BOUNDS, dtype=object)[s["bound"][best].astype(int)]  # perf.decode_bound
     out["feasible"] = s["feasible"][best]

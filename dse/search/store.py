@@ -40,9 +40,9 @@ from dse.version import __version__
 STATES = ("running", "stopped", "finished", "failed")
 # the metrics every score table keeps besides the run's objectives and constraints (what the
 # report, comparisons, what-ifs and the short runs' surrogate read back)
-KEEP_METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "output_tokens_per_s_per_rack",
-                "usd_per_mtok_output", "usd_per_mtok_input", "num_chips", "bound", "feasible",
-                "hbm_used_fraction")
+KEEP_METRICS = ("ttft_s", "ttft_unloaded_s", "tpot_s", "output_tokens_per_s_per_chip",
+                "output_tokens_per_s_per_rack", "usd_per_mtok_output", "usd_per_mtok_input",
+                "num_chips", "bound", "feasible", "hbm_used_fraction")
 
 
 def atomic_write(path: Path, text: str) -> None:

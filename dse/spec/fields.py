@@ -263,6 +263,10 @@ FIELDS: tuple[Field, ...] = (
         "design's concurrency with the rate's; refused on a prefill-only or decode-only "
         "instance (workload.phase), whose rate the other pool sets", 0.0, open_=False,
         zero="fixed concurrency (workload.concurrency)"),
+    count("workload.num_requests", "requests", "requests a closed-loop benchmark sends in all "
+          "(workload.concurrency in flight at any time, all submitted at once at the start): "
+          "ttft_s is their mean, the start-up burst included (dse/perf/phases.py)", 0, low=0,
+          zero="10 x workload.concurrency, as InferenceX runs its benchmark"),
     num("workload.ttft_slo_s", "s", "p90 TTFT a request must meet: goodput is the highest "
         "request rate at which it and the TPOT SLO hold", 0.0, open_=False, zero="no TTFT SLO"),
     num("workload.tpot_slo_s", "s", "p90 TPOT a request must meet (goodput)", 0.0, open_=False,
@@ -322,6 +326,14 @@ FIELDS: tuple[Field, ...] = (
     count("serving.max_batch_size", "sequences", "sequences one scheduler (attention-DP rank) "
           "keeps in flight at most; blank = the runtime's default (serving.toml [runtimes])"),
     count("serving.max_num_tokens", "tokens", "tokens per step (the prefill chunk)"),
+    num("serving.request_overhead_s", "s", "front-end time per request in both TTFTs (HTTP, "
+        "tokenization, API-server and engine hand-offs, streaming the first token); blank = the "
+        "runtime's, fitted end to end (efficiency.toml [runtimes])", open_=False,
+        zero="none (an in-process benchmark)"),
+    num("serving.seq_overhead_s", "s", "scheduler host time per running sequence per step "
+        "(batch bookkeeping, sampling, detokenization) on each attention-DP rank; blank = the "
+        "runtime's, fitted end to end (efficiency.toml [runtimes])", open_=False,
+        zero="none"),
     frac("serving.kv_memory_fraction", "share of free HBM the KV cache gets", open_=True),
     num("serving.runtime_reserve_bytes", "bytes", "HBM the runtime holds per chip", open_=False),
     # -- cost --
@@ -384,6 +396,7 @@ def defaults() -> dict[str, object]:
 # that each of ``dse.perf.METRICS`` has an entry.
 METRIC_INFO = {
     "ttft_s": ("TTFT", "s"),
+    "ttft_unloaded_s": ("TTFT unloaded", "s"),
     "tpot_s": ("TPOT", "s"),
     "step_s": ("mean step time", "s"),
     "output_tokens_per_s_per_user": ("output speed per user", "tokens/s"),
