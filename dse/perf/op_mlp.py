@@ -21,7 +21,9 @@ moe_routed experts over ep ranks, each tp*dp/ep-way sharded (grouped GEMMs,
            (``kernel_comm.alltoall_bytes``: low-latency kernels one row per (token, expert),
            normal ones deduplicated per rank and node), once per MoE layer; plus the
            all-reduce over an expert's tp*dp/ep shards of the tokens on the chip
-moe_shared shared experts, split over tp*dp: 2 x weights / (tp dp) x tok FLOPs, their weights
+moe_shared shared experts where the dense MLP runs (``arch.shared_group``: g = tp*dp, or tp
+           replicated per attention-DP rank): 2 x weights / (tp dp) x tok FLOPs, their
+           weights / g read
 router     the [tok, hidden] x [hidden, experts] GEMM, split over tp*dp
 
 Times: compute is each GEMM's FLOPs over the matmul peak x a fitted fraction with its shape
@@ -89,7 +91,7 @@ def dense_mlp_terms(b: Batch, c: Basis, allreduce: AllReduces) -> DenseMlp:
     replicated, each attention-dp rank's tp group (its own tokens); compute per chip is the
     same, the weights read and the all-reduce differ."""
     rep = b.dense_replicated
-    g = c.ffn_g + rep * (c.tp - c.ffn_g)
+    g = arch.dense_group(b)
     layers = b.n_dense_layers * c.stage
     f_chip = b.ffn_dense / g
     cd, wd = gemm_form(b, ((floor1((b.mlp_mats - 1.0) * f_chip), c.d1), (c.d1, floor1(f_chip))),
@@ -276,40 +278,50 @@ def _ep_alltoall(b: Batch, c: Basis, ep, is_moe, a2a_on: bool) -> dict:
 
 @dataclass(frozen=True)
 class TokenGemm:
-    """An op of GEMMs every chip of the tp*dp group runs on every step token, its weights split
-    over the group (the shared experts, the router), one stage, per chip."""
+    """An op of GEMMs over a group of g chips, its weights split over the group, one stage, per
+    chip: the tp*dp group, every chip running every step token (the router, split shared
+    experts), or each attention-DP rank's tp group, running the rank's tokens (replicated
+    shared experts): ``rows_per_token = g / (tp dp)`` rows per chip per step token."""
 
-    c: np.ndarray               # compute s = c (tok + h) + w
+    rows_per_token: np.ndarray  # g / (tp dp): rows per chip per step token
+    c: np.ndarray               # compute s = c (tok rows_per_token + h) + w
     w: np.ndarray
     aff: tuple                  # the same as (slope, intercept) in tokens
     mem_s: np.ndarray           # weight_bytes / GEMM HBM rate
     # the work (``work``; left out of ``Coefficients.gather``)
     params: np.ndarray = work_field()        # weights of the stage's layers (whole model)
-    group: np.ndarray = work_field()         # tp * dp
+    group: np.ndarray = work_field()         # g
     weight_bytes: np.ndarray = work_field()  # params x dtype bytes / group
 
     def time(self, s: Load):
-        c = s.masked(self.c * (s.tok + s.h) + self.w if s.tbo_on else affine(self.aff, s.tok))
+        c = s.masked(self.c * (s.tok * self.rows_per_token + s.h) + self.w if s.tbo_on
+                     else affine(self.aff, s.tok))
         return c, s.twice(self.mem_s), None, None
 
     def work(self, s: Load):
-        return 2.0 * self.params / self.group * s.tok, s.twice(self.weight_bytes), 0.0
+        return (2.0 * self.params / self.group * (s.tok * self.rows_per_token),
+                s.twice(self.weight_bytes), 0.0)
 
 
-def _token_gemm(c: Basis, params, cg, wg) -> TokenGemm:
-    weight_bytes = params * c.wb / c.ffn_g
-    return TokenGemm(params=params, group=c.ffn_g, weight_bytes=weight_bytes, c=cg, w=wg,
-                     aff=(cg, cg * c.h + wg), mem_s=weight_bytes / c.g_hbm)
+def _token_gemm(c: Basis, params, cg, wg, g) -> TokenGemm:
+    weight_bytes = params * c.wb / g
+    rows = g / c.ffn_g
+    return TokenGemm(params=params, group=g, rows_per_token=rows, weight_bytes=weight_bytes,
+                     c=cg, w=wg, aff=(cg * rows, cg * c.h + wg), mem_s=weight_bytes / c.g_hbm)
 
 
 def shared_expert_terms(b: Batch, c: Basis, layers, has_sh) -> TokenGemm:
-    """The shared experts of the stage's MoE ``layers``, their width split over tp*dp. (A model
+    """The shared experts of the stage's MoE ``layers`` where the dense MLP runs
+    (``arch.shared_group``): their width split over the tp*dp group, every chip running every
+    token, or replicated on each attention-DP rank, tp-sharded, running the rank's tokens.
+    FLOPs per chip are the same either way; the weights read are 1/g of them. (A model
     without shared experts, ``has_sh`` 0, runs no shared-expert GEMM: without the flag the
     width-0 GEMMs, clamped to width 1, cost one GEMM's shape penalty per layer.)"""
-    sh_chip = b.n_shared * b.ffn_shared / c.ffn_g
+    g = arch.shared_group(b)
+    sh_chip = b.n_shared * b.ffn_shared / g
     cs, ws = gemm_form(b, ((floor1((b.mlp_mats - 1.0) * sh_chip), c.d1), (c.d1, floor1(sh_chip))),
                        layers, c.inv_eff)
-    return _token_gemm(c, arch.shared_params_per_layer(b) * layers, has_sh * cs, has_sh * ws)
+    return _token_gemm(c, arch.shared_params_per_layer(b) * layers, has_sh * cs, has_sh * ws, g)
 
 
 def router_terms(b: Batch, c: Basis, layers) -> TokenGemm:
@@ -320,4 +332,4 @@ def router_terms(b: Batch, c: Basis, layers) -> TokenGemm:
     wide GEMM (which grow as 1 / width: 70 us per layer for Mixtral's width 8 on H200 FP8).
     Each chip routes its share of the tokens. ``layers``: MoE layers on this stage."""
     cr = layers * c.d * b.n_experts * c.inv_eff / c.ffn_g
-    return _token_gemm(c, c.d * b.n_experts * layers, cr, 0.0 * c.d)
+    return _token_gemm(c, c.d * b.n_experts * layers, cr, 0.0 * c.d, c.ffn_g)
