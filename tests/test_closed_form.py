@@ -204,7 +204,8 @@ def test_fleet_for_a_demand_in_whole_instances_and_racks():
 def test_dense_mlp_replicated_per_attention_dp_rank():
     """DeepSeek-V3's 3 dense MLP layers on 64 chips (tp=1, dp=64): split over the 64 chips they
     need an all-reduce of every token over the group; replicated on each rank they need none,
-    and each chip holds and reads all their weights instead of 1/64."""
+    and each chip holds and reads all their weights instead of 1/64 (and the 58 MoE layers'
+    shared experts, which sit where the dense MLP does)."""
     from dse.perf import OPS, score
     j = OPS.index("mlp_dense")
     base = {"topology.id": "nvl72", "model.weight_dtype": "fp8", "layout.ep": 64,
@@ -213,8 +214,9 @@ def test_dense_mlp_replicated_per_attention_dp_rank():
     rep = batch(design("gb200", "deepseek-v3", **base, **{"layout.dense_mlp": "replicated"}))
     (ms, ss), (mr, sr) = score(split, breakdown=True), score(rep, breakdown=True)
     p_dense = 3 * 3 * 7168 * 18432 * 1.0                       # 3 layers, gated, fp8 bytes
+    p_shared = 58 * 3 * 7168 * 2048 * 1.0                      # one shared expert a MoE layer
     assert mr["weights_bytes_per_chip"][0] - ms["weights_bytes_per_chip"][0] == \
-        pytest.approx(p_dense * (1 - 1 / 64), rel=1e-9)
+        pytest.approx((p_dense + p_shared) * (1 - 1 / 64), rel=1e-9)
     assert sr.decode.network_s[j, 0] == 0.0 < ss.decode.network_s[j, 0]
     hbm = split.hbm_bw_bytes_per_s[0] * split.gemm_hbm_fraction[0]   # the GEMM weight stream
     assert sr.decode.memory_s[j, 0] == pytest.approx(p_dense / hbm, rel=1e-9)

@@ -250,9 +250,52 @@ def test_deepseek_mla_shared_experts_and_fp8_dispatch():
     assert st.flops[SHARED, 0] == pytest.approx(2 * 3 * d * 2048 * 58 / 8 * tok, rel=1e-9)
     assert st.flops[ROUTER, 0] == pytest.approx(2 * d * 256 * 58 / 8 * tok, rel=1e-9)
     assert st.flops[DENSE, 0] == pytest.approx(2 * 3 * d * 18432 / 8 * 3 * tok, rel=1e-9)
-    # fp8 dispatch with its scales, bf16 combine, 8 x 7/8 rows per token off the rank
-    a2a = tok / 8 * 8 * 7 / 8 * d * (FP8_DISPATCH + 2) * 58
+    # tp = 8 without attention DP: every chip holds every token, so no all-to-all; the MoE
+    # output (tok x 7168 x 2 B) is all-reduced over the 8 chips once per MoE layer
+    assert st.net_bytes[MOE, 0] == pytest.approx(2 * 7 / 8 * tok * d * 2 * 58, rel=1e-9)
+
+
+def test_attention_dp_pays_the_all_to_all_next_to_a_tp_ep_row():
+    # DeepSeek-V3 in fp8 on 8 H200s, tp = 1, dp = 8, ep = 8 (each rank its own 64 of 512
+    # tokens) and, in the same batch, Mixtral on 4 H100s, tp = 4, ep = 4, dp = 1
+    d = 7168
+    dsv3 = design("h200-sxm", "deepseek-v3", **{
+        "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 8, "layout.ep": 8,
+        "workload.concurrency": 512, "workload.isl": 1000, "workload.osl": 200,
+        "workload.phase": "decode"})
+    b = batch([dsv3, _mixtral_tp4(4)], ideal=True).replace(expert_imbalance=1.0)
+    st = score(b, breakdown=True)[1].decode
+    # the DP row: fp8 dispatch with its scales, bf16 combine, 8 x 7/8 rows per token off the
+    # rank (low-latency kernels in a decode step), no expert all-reduce (one chip per expert)
+    a2a = 512 / 8 * 8 * 7 / 8 * d * (FP8_DISPATCH + 2) * 58
     assert st.net_bytes[MOE, 0] == pytest.approx(a2a, rel=1e-9)
+    assert st.network_s[MOE, 0] >= a2a / 450e9                # at least over the full link
+    # the TP+EP row: its all-reduce only (test_expert_parallelism_without_attention_dp)
+    assert st.net_bytes[MOE, 1] == pytest.approx(2 * 3 / 4 * 256 * 4096 * 2 * 32, rel=1e-9)
+    assert st.network_s[MOE, 1] == pytest.approx(st.net_bytes[MOE, 1] / 450e9, rel=1e-9)
+
+
+def _mixtral_tp4(ep: int) -> dict:
+    return design(model="mixtral-8x7b", **{
+        "model.weight_dtype": "bf16", "layout.tp": 4, "layout.ep": ep, "workload.concurrency": 256,
+        "workload.isl": 1000, "workload.osl": 200, "workload.phase": "decode"})
+
+
+def test_expert_parallelism_without_attention_dp_sends_no_all_to_all():
+    # Mixtral in bf16 on tp = 4, dp = 1 (TensorRT-LLM's and vLLM's TP+EP): every chip holds
+    # all 256 tokens after the attention all-reduce, runs its own experts' rows of them and
+    # all-reduces the full output (256 x 4096 x 2 B) over the 4 chips once per layer, whatever
+    # ep: ep = 2 (two experts of four a chip, each 2-way sharded) and ep = 4 send the same
+    # bytes as ep = 1, in the same time, and compute the same FLOPs (2 x top-2 x expert
+    # weights / 4 per token)
+    b = batch([_mixtral_tp4(ep) for ep in (1, 2, 4)], ideal=True).replace(expert_imbalance=1.0)
+    st = score(b, breakdown=True)[1].decode
+    net = 2 * 3 / 4 * 256 * 4096 * 2 * 32
+    flops = 2 * 2 * MIX_EXPERT * 32 / 4 * 256
+    for row in range(3):
+        assert st.net_bytes[MOE, row] == pytest.approx(net, rel=1e-9)
+        assert st.network_s[MOE, row] == pytest.approx(net / 450e9, rel=1e-9)
+        assert st.flops[MOE, row] == pytest.approx(flops, rel=1e-9)
 
 
 def test_doubling_the_batch_doubles_the_token_work_not_the_weights():

@@ -103,6 +103,27 @@ def dense_mlp_params(b: Batch) -> np.ndarray:
 
 
 @_memoised
+def dense_group(b: Batch) -> np.ndarray:
+    """Chips one dense MLP's weights are split over: the tp*dp group (``dense_replicated`` 0:
+    every chip runs every token through its slice, as SGLang's default
+    ``--moe-dense-tp-size``) or, replicated, each attention-DP rank's tp group (1: each rank
+    runs its own tokens, as TensorRT-LLM and vLLM do); tp where dp = 1 either way."""
+    ffn_g = b.tp * b.dp
+    return ffn_g + b.dense_replicated * (b.tp - ffn_g)
+
+
+def shared_group(b: Batch) -> np.ndarray:
+    """Chips one shared expert's weights are split over: the dense MLP's group
+    (``dense_group``). TensorRT-LLM and vLLM replicate the shared experts on every
+    attention-DP rank, tensor-parallel over its tp group, as they do the dense MLP
+    (TensorRT-LLM ``modeling_deepseekv3.py``: the shared experts' tp size is 1 under attention
+    DP; vLLM: every non-expert layer per DP rank); SGLang splits them over the tp*dp group
+    like its dense MLP. The runtimes' ``dense_mlp`` defaults (dse/catalog/serving.toml) set
+    both."""
+    return dense_group(b)
+
+
+@_memoised
 def embedding_params(b: Batch) -> np.ndarray:
     """Input embedding plus output head (one table when tied)."""
     return b.vocab * b.hidden * (2.0 - b.tied)

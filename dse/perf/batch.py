@@ -70,8 +70,8 @@ FIELDS: dict[str, str] = {
     "pp": "pipeline stages",
     "ep": "expert parallel degree (divides tp*dp)",
     "dp": "attention data parallel degree",
-    "dense_replicated": "1: dense MLP layers replicated per attention-dp rank (tp-sharded), "
-                        "0: split over the tp*dp group",
+    "dense_replicated": "1: dense MLP layers and shared experts replicated per attention-dp "
+                        "rank (tp-sharded), 0: split over the tp*dp group",
     # --- disaggregated serving: a prefill pool feeding the decode instances above ---
     "disaggregated": "1: prefill and decode run on separate pools, 0: aggregated",
     "prefill_tp": "tensor parallel degree of a prefill instance",

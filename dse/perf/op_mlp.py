@@ -16,12 +16,16 @@ moe_routed experts over ep ranks, each tp*dp/ep-way sharded (grouped GEMMs,
            rank's routed tokens (tok x ``expert_imbalance``)
     HBM    the touched experts' weights on this chip (1 - (1 - k/E)^tok of them), plus the
            permute, quantize and layer in/out bytes per routed row and per token
-    net    EP dispatch (fp8 + scales, or bf16) and combine (bf16) of the tokens this chip
-           holds, tok' / (tp dp) x the bytes a token sends to other ranks and nodes
-           (``kernel_comm.alltoall_bytes``: low-latency kernels one row per (token, expert),
-           normal ones deduplicated per rank and node), once per MoE layer; plus the
-           all-reduce over an expert's tp*dp/ep shards of the tokens on the chip
-moe_shared shared experts, split over tp*dp: 2 x weights / (tp dp) x tok FLOPs, their weights
+    net    with attention DP (dp > 1): EP dispatch (fp8 + scales, or bf16) and combine
+           (bf16) of the tokens this chip holds, tok' / (tp dp) x the bytes a token sends to
+           other ranks and nodes (``kernel_comm.alltoall_bytes``: low-latency kernels one row
+           per (token, expert), normal ones deduplicated per rank and node), once per MoE
+           layer; plus the all-reduce over an expert's tp*dp/ep shards of the tokens on the
+           chip. dp = 1: every chip holds every token, so no all-to-all; the all-reduce of the
+           full output (tok x hidden x activation bytes) over the tp group, as at ep = 1
+moe_shared shared experts where the dense MLP runs (``arch.shared_group``: g = tp*dp, or tp
+           replicated per attention-DP rank): 2 x weights / (tp dp) x tok FLOPs, their
+           weights / g read
 router     the [tok, hidden] x [hidden, experts] GEMM, split over tp*dp
 
 Times: compute is each GEMM's FLOPs over the matmul peak x a fitted fraction with its shape
@@ -89,7 +93,7 @@ def dense_mlp_terms(b: Batch, c: Basis, allreduce: AllReduces) -> DenseMlp:
     replicated, each attention-dp rank's tp group (its own tokens); compute per chip is the
     same, the weights read and the all-reduce differ."""
     rep = b.dense_replicated
-    g = c.ffn_g + rep * (c.tp - c.ffn_g)
+    g = arch.dense_group(b)
     layers = b.n_dense_layers * c.stage
     f_chip = b.ffn_dense / g
     cd, wd = gemm_form(b, ((floor1((b.mlp_mats - 1.0) * f_chip), c.d1), (c.d1, floor1(f_chip))),
@@ -121,7 +125,8 @@ class MoeRouted:
     m: np.ndarray               # s to read every expert slot on the chip (x the touched share)
     x_tok: np.ndarray           # the permute bytes as s per routed token
     x: np.ndarray               # fixed s per step (per-layer latency)
-    a2a: dict | None            # {kind: (latency_s, s per routed token)}; None: ep = 1
+    a2a: dict | None            # {kind: (latency_s, s per routed token)}; None: no row
+    #                             with ep > 1 and dp > 1
     ll_decode: np.ndarray       # 1.0: decode-only steps run the low-latency kernels
     ll_mixed: np.ndarray        # 1.0: prompt-carrying steps run the low-latency kernels
     net: tuple                  # the all-reduce over an expert's shards, per_unit in tokens
@@ -136,7 +141,9 @@ class MoeRouted:
     #                                            element byte} (kernel_comm.alltoall_bytes)
     dispatch_bytes: np.ndarray = work_field()  # dispatch element bytes (fp8 + scales, bf16)
     is_moe: np.ndarray = work_field()          # MoE layers on this stage, 0 for a dense model
-    net_group: np.ndarray = work_field()       # the all-reduce's group: tp dp / ep
+    a2a_layers: np.ndarray = work_field()      # is_moe where dp > 1 (the all-to-all runs)
+    net_group: np.ndarray = work_field()       # the all-reduce's group: tp dp / ep (tp
+    #                                            where dp = 1)
     message: np.ndarray = work_field()         # its bytes per token per layer
     # (read once by Coefficients)
     tbo: np.ndarray = work_field()             # two-batch overlap
@@ -180,7 +187,7 @@ class MoeRouted:
                     for kind, (up, out) in self.a2a_sent.items()}
             per_token = arch.blend(self.ll_decode if s.decode_step else self.ll_mixed,
                                    sent["ll"], sent["normal"])
-            net = net + rt / self.ffn_g * per_token * self.is_moe
+            net = net + rt / self.ffn_g * per_token * self.a2a_layers
         return flops, hbm, net
 
 
@@ -197,28 +204,36 @@ def moe_terms(b: Batch, c: Basis, allreduce: AllReduces, layers) -> MoeRouted:
     """Routed experts over ep ranks, each expert tp*dp/ep-way sharded: grouped GEMMs
     (kernel_gemm.grouped_gemm_s) of rows tok*k/ep per chip, moe_half_rows padded per touched
     expert, expert width inter/moe_tp with its edge waste; the EP dispatch and combine; the
-    all-reduce over an expert's shards. ``layers``: MoE layers on this stage."""
+    all-reduce over an expert's shards. ``layers``: MoE layers on this stage.
+
+    Tokens spread over attention-DP ranks (dp > 1): a chip's kernel sees the tokens routed to
+    its rank, which the all-to-all brings. dp = 1 (TensorRT-LLM's and vLLM's TP+EP): every chip
+    already holds every token after the attention all-reduce, runs its own experts' rows of
+    all of them, and one all-reduce of the full output over the tp group replaces the dispatch
+    and combine (no all-to-all, as at ep = 1)."""
     e = np.maximum(b.n_experts, 1.0)
     k = np.minimum(b.top_k, e)
     ep = b.ep
     ffn_g, d = c.ffn_g, c.d
     width = np.maximum(b.ffn_expert * ep / ffn_g, 1.0)
     gemm = _grouped_gemm(b, c, layers, e, k, ep, width)
-    a2a_on = bool(np.any(ep > 1.0))
-    dest = _ranks_visited(k, ep, a2a_on)
+    dest = _ranks_visited(k, ep, bool(np.any(ep > 1.0)))
+    spread = arch.flag(c.dp > 1.0, d)       # tokens spread over ranks: the all-to-all runs
+    # the share of the step's tokens a chip's kernel sees: those that visit its rank, or all
+    seen = arch.blend(spread, np.minimum(dest, ep) / ep, arch.flag(k > 0, k))
     # permute/unpermute bytes per routed row, layer in/out bytes per token on the chip
-    permute = (k / ep * b.moe_token_bytes
-               + np.minimum(dest, ep) / ep * (b.moe_batch_bytes + k * b.moe_route_bytes))
+    permute = k / ep * b.moe_token_bytes + seen * (b.moe_batch_bytes + k * b.moe_route_bytes)
     is_moe = arch.flag(b.n_experts > 0, layers) * layers
-    moe_tp = arch.blend(arch.flag(b.n_experts > 0, d), ffn_g / ep, c.tp)
-    message = np.minimum(dest, ep) / ep * d * c.ab
+    a2a_layers = is_moe * spread
+    moe_tp = arch.blend(arch.flag(b.n_experts > 0, d), arch.blend(spread, ffn_g / ep, c.tp), c.tp)
+    message = seen * d * c.ab
     mode = b.a2a_mode                       # 0 auto, 1 low-latency, 2 normal
     return MoeRouted(
         layers=layers, ffn_g=ffn_g, log_miss=log1m(np.minimum(k / e, 1.0 - 1e-12)),
         **gemm, d=d, permute_bytes=permute,
         x_tok=layers * d / b.hbm_bw_bytes_per_s * permute,
         x=layers * b.moe_latency_s * arch.flag(b.n_experts > 0, d),
-        **_ep_alltoall(b, c, ep, is_moe, a2a_on), is_moe=is_moe,
+        **_ep_alltoall(b, c, ep, a2a_layers), is_moe=is_moe, a2a_layers=a2a_layers,
         ll_decode=arch.flag(mode < 1.5, mode), ll_mixed=arch.flag(np.abs(mode - 1.0) < 0.5, mode),
         tbo=b.two_batch_overlap * arch.flag(b.n_experts > 0, d),
         a2a_overlap=b.alltoall_overlap_fraction,
@@ -248,68 +263,80 @@ def _grouped_gemm(b: Batch, c: Basis, layers, e, k, ep, width) -> dict:
         expert_bytes=expert_bytes, m=mm * slow)
 
 
-def _ranks_visited(k, ep, a2a_on: bool):
+def _ranks_visited(k, ep, routed_on: bool):
     """Distinct ep ranks a token visits: ep (1 - (1 - 1/ep)^k), via one log and one exp (1
-    where ep = 1 everywhere, ``a2a_on`` False: every token stays on its rank)."""
-    if a2a_on:
+    where ep = 1 everywhere, ``routed_on`` False: every token stays on its rank)."""
+    if routed_on:
         x = np.minimum(np.maximum(1.0 / ep, 0.0), 0.5)      # (ep <= 1: blended out)
         return arch.blend(arch.flag(ep > 1.0, ep), ep * (1.0 - np.exp(k * log1m(x))),
                           arch.flag(k > 0, k))
     return arch.flag(k > 0, k)
 
 
-def _ep_alltoall(b: Batch, c: Basis, ep, is_moe, a2a_on: bool) -> dict:
+def _ep_alltoall(b: Batch, c: Basis, ep, a2a_layers) -> dict:
     """EP dispatch (fp8 with fp8/fp4 weights, else bf16) and combine (bf16) of the tokens a chip
     holds (tok / (tp*dp)), with the fitted low-latency and normal kernels (per-rank and
     per-node deduplication in the normal ones); the step picks the kind. A dispatch below 16
     bits carries one fp32 scale per 128 elements on top of its dispatch_bytes (fp8: 1 + 4/128
-    B). No row with ep > 1: no all-to-all, the step skips it."""
+    B). ``a2a_layers``: the all-to-all's calls per step (MoE layers where dp > 1 and ep > 1, 0
+    elsewhere). No row with ep > 1 and dp > 1: no all-to-all, the step skips it."""
     disp = b.dispatch_bytes + arch.flag(b.dispatch_bytes < 2.0, c.d) \
         * (kernel_comm.FP8_ELEM_BYTES - 1.0)
-    if not a2a_on:
+    if not bool(np.any((ep > 1.0) & (c.dp > 1.0))):
         return dict(a2a=None, a2a_sent=None, dispatch_bytes=disp)
     sent = {}
     kinds = kernel_alltoall(b, ep, disp, kernel_comm.BF16_ELEM_BYTES, sent=sent)
-    a2a = {kind: (is_moe * lat, is_moe * spt / c.ffn_g) for kind, (lat, spt) in kinds.items()}
+    a2a = {kind: (a2a_layers * lat, a2a_layers * spt / c.ffn_g)
+           for kind, (lat, spt) in kinds.items()}
     return dict(a2a=a2a, a2a_sent=sent, dispatch_bytes=disp)
 
 
 @dataclass(frozen=True)
 class TokenGemm:
-    """An op of GEMMs every chip of the tp*dp group runs on every step token, its weights split
-    over the group (the shared experts, the router), one stage, per chip."""
+    """An op of GEMMs over a group of g chips, its weights split over the group, one stage, per
+    chip: the tp*dp group, every chip running every step token (the router, split shared
+    experts), or each attention-DP rank's tp group, running the rank's tokens (replicated
+    shared experts): ``rows_per_token = g / (tp dp)`` rows per chip per step token."""
 
-    c: np.ndarray               # compute s = c (tok + h) + w
+    rows_per_token: np.ndarray  # g / (tp dp): rows per chip per step token
+    c: np.ndarray               # compute s = c (tok rows_per_token + h) + w
     w: np.ndarray
     aff: tuple                  # the same as (slope, intercept) in tokens
     mem_s: np.ndarray           # weight_bytes / GEMM HBM rate
     # the work (``work``; left out of ``Coefficients.gather``)
     params: np.ndarray = work_field()        # weights of the stage's layers (whole model)
-    group: np.ndarray = work_field()         # tp * dp
+    group: np.ndarray = work_field()         # g
     weight_bytes: np.ndarray = work_field()  # params x dtype bytes / group
 
     def time(self, s: Load):
-        c = s.masked(self.c * (s.tok + s.h) + self.w if s.tbo_on else affine(self.aff, s.tok))
+        c = s.masked(self.c * (s.tok * self.rows_per_token + s.h) + self.w if s.tbo_on
+                     else affine(self.aff, s.tok))
         return c, s.twice(self.mem_s), None, None
 
     def work(self, s: Load):
-        return 2.0 * self.params / self.group * s.tok, s.twice(self.weight_bytes), 0.0
+        return (2.0 * self.params / self.group * (s.tok * self.rows_per_token),
+                s.twice(self.weight_bytes), 0.0)
 
 
-def _token_gemm(c: Basis, params, cg, wg) -> TokenGemm:
-    weight_bytes = params * c.wb / c.ffn_g
-    return TokenGemm(params=params, group=c.ffn_g, weight_bytes=weight_bytes, c=cg, w=wg,
-                     aff=(cg, cg * c.h + wg), mem_s=weight_bytes / c.g_hbm)
+def _token_gemm(c: Basis, params, cg, wg, g) -> TokenGemm:
+    weight_bytes = params * c.wb / g
+    rows = g / c.ffn_g
+    return TokenGemm(params=params, group=g, rows_per_token=rows, weight_bytes=weight_bytes,
+                     c=cg, w=wg, aff=(cg * rows, cg * c.h + wg), mem_s=weight_bytes / c.g_hbm)
 
 
 def shared_expert_terms(b: Batch, c: Basis, layers, has_sh) -> TokenGemm:
-    """The shared experts of the stage's MoE ``layers``, their width split over tp*dp. (A model
+    """The shared experts of the stage's MoE ``layers`` where the dense MLP runs
+    (``arch.shared_group``): their width split over the tp*dp group, every chip running every
+    token, or replicated on each attention-DP rank, tp-sharded, running the rank's tokens.
+    FLOPs per chip are the same either way; the weights read are 1/g of them. (A model
     without shared experts, ``has_sh`` 0, runs no shared-expert GEMM: without the flag the
     width-0 GEMMs, clamped to width 1, cost one GEMM's shape penalty per layer.)"""
-    sh_chip = b.n_shared * b.ffn_shared / c.ffn_g
+    g = arch.shared_group(b)
+    sh_chip = b.n_shared * b.ffn_shared / g
     cs, ws = gemm_form(b, ((floor1((b.mlp_mats - 1.0) * sh_chip), c.d1), (c.d1, floor1(sh_chip))),
                        layers, c.inv_eff)
-    return _token_gemm(c, arch.shared_params_per_layer(b) * layers, has_sh * cs, has_sh * ws)
+    return _token_gemm(c, arch.shared_params_per_layer(b) * layers, has_sh * cs, has_sh * ws, g)
 
 
 def router_terms(b: Batch, c: Basis, layers) -> TokenGemm:
@@ -320,4 +347,4 @@ def router_terms(b: Batch, c: Basis, layers) -> TokenGemm:
     wide GEMM (which grow as 1 / width: 70 us per layer for Mixtral's width 8 on H200 FP8).
     Each chip routes its share of the tokens. ``layers``: MoE layers on this stage."""
     cr = layers * c.d * b.n_experts * c.inv_eff / c.ffn_g
-    return _token_gemm(c, c.d * b.n_experts * layers, cr, 0.0 * c.d)
+    return _token_gemm(c, c.d * b.n_experts * layers, cr, 0.0 * c.d, c.ffn_g)

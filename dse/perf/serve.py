@@ -108,12 +108,13 @@ def _memory(b: Batch):
     """Per-chip weights, KV per sequence, activations, and the largest concurrency that fits."""
     tp, dp, pp = b.tp, b.dp, b.pp
     ffn_g = tp * dp
-    moe = b.n_moe_layers * (arch.expert_slots(b) * arch.expert_params(b)
-                            + arch.shared_params_per_layer(b) + b.hidden * b.n_experts)
+    moe = b.n_moe_layers * (arch.expert_slots(b) * arch.expert_params(b) + b.hidden * b.n_experts)
+    # the shared experts sit where the dense MLP does (split over tp*dp, or tp per DP rank)
+    shared = b.n_moe_layers * arch.shared_params_per_layer(b) / arch.shared_group(b)
     emb_tables = (2.0 - b.tied) / np.minimum(pp, 2.0)
-    dense_g = ffn_g + b.dense_replicated * (tp - ffn_g)     # chips one dense MLP is split over
     weights = (b.n_layers * arch.attn_params_per_layer(b) / tp
-               + b.n_dense_layers * arch.dense_mlp_params(b) / dense_g + moe / ffn_g) / pp \
+               + b.n_dense_layers * arch.dense_mlp_params(b) / arch.dense_group(b)
+               + moe / ffn_g + shared) / pp \
         + emb_tables * b.vocab * b.hidden / tp
     weights = weights * b.weight_bytes
     if b.has_on("attn_weight_bytes") or b.has_on("expert_weight_bytes"):   # hook: per-op dtypes

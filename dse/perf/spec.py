@@ -78,14 +78,15 @@ def draft_s(b: Batch, k, rows, decode_s, ctx) -> np.ndarray:
 
 def extra_weights_bytes(b: Batch) -> np.ndarray:
     """HBM per chip for the drafter's weights: the MTP module(s) (one MoE or dense layer and
-    the 2d x d projection, sharded like the model's layers, on the last stage) or the draft
-    model (tp-sharded, one copy per attention-DP rank)."""
+    the 2d x d projection, sharded like the model's layers, its shared experts like theirs
+    (``arch.shared_group``), on the last stage) or the draft model (tp-sharded, one copy per
+    attention-DP rank)."""
     ffn_g = b.tp * b.dp
     moe = arch.flag(b.n_experts > 0, b.hidden)
-    dense_g = ffn_g + b.dense_replicated * (b.tp - ffn_g)
     ffn = arch.blend(moe, (arch.expert_slots(b) * arch.expert_params(b)
-                           + arch.shared_params_per_layer(b) + b.hidden * b.n_experts) / ffn_g,
-                     arch.dense_mlp_params(b) / dense_g)
+                           + b.hidden * b.n_experts) / ffn_g
+                     + arch.shared_params_per_layer(b) / arch.shared_group(b),
+                     arch.dense_mlp_params(b) / arch.dense_group(b))
     layer = arch.attn_params_per_layer(b) / b.tp + ffn + 2.0 * b.hidden * b.hidden / b.tp
     mtp = b.spec_mtp_layers * layer * b.weight_bytes
     model = b.draft_params * b.weight_bytes / b.tp

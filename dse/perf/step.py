@@ -45,7 +45,8 @@ hbm_bytes  what the memory-time terms stream from HBM: weights read (the touched
 net_bytes  bytes one chip sends in the op's collectives: all-reduces at the ring's
            ``2 (g - 1) / g`` of the message (nccl-tests' bus bytes), the logits all-gather at
            ``(g - 1) / g`` of the gathered logits, the EP dispatch plus combine of the tokens
-           the chip holds (the bytes to other ranks and nodes), the pipeline hand-off of the
+           the chip holds (the bytes to other ranks and nodes; with attention DP only: at
+           dp = 1 every chip holds every token), the pipeline hand-off of the
            chip's share of the activations. The time takes the fitted kernels (latencies,
            the runtime's branch), not bytes over a link.
 

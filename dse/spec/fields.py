@@ -230,9 +230,10 @@ FIELDS: tuple[Field, ...] = (
     count("layout.pp", "stages", "pipeline-parallel degree", 1, limit="chips per instance"),
     count("layout.ep", "chips", "expert-parallel degree", 1, limit="chips per instance"),
     count("layout.dp", "chips", "attention data-parallel degree", 1, limit="chips per instance"),
-    enum("layout.dense_mlp", ("auto", "split", "replicated"), "auto", "dense MLP layers of an "
-         "MoE: split over the tp x dp group, replicated on every attention-DP rank, or auto: what "
-         "serving.runtime does (dse/catalog/serving.toml [runtimes])"),
+    enum("layout.dense_mlp", ("auto", "split", "replicated"), "auto", "dense MLP layers (and "
+         "shared experts) of an MoE: split over the tp x dp group, replicated on every "
+         "attention-DP rank, or auto: what serving.runtime does (dse/catalog/serving.toml "
+         "[runtimes])"),
     *(count(f"layout.prefill_{k}", "chips", f"prefill pool's {k} (disaggregated)", 0, low=0,
             limit="chips per instance", zero="the decode layout's value")
       for k in ("tp", "pp", "ep", "dp")),
