@@ -1,4 +1,6 @@
-"""The end-to-end refit (dse.calibration.fit): resample weights, warm starts and the written uncertainty."""
+"""The end-to-end refit (dse.calibration.fit): resample weights, warm starts, the written
+uncertainty, the cross-validation groups and per-runtime parameters. The tests on the data skip
+without ../shared/calibration; those on synthetic cases always run."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import pytest
 from helpers import SHARED
 
 CAL = SHARED / "calibration"
-pytestmark = pytest.mark.skipif(not (CAL / "cases.csv").exists(),
+needs_data = pytest.mark.skipif(not (CAL / "cases.csv").exists(),
                                 reason="../shared/calibration is not next to the checkout")
 
 
@@ -24,6 +26,7 @@ def small():
     return pick, truth, prepare(pick, file="cases.csv")
 
 
+@needs_data
 def test_counts_are_case_multiplicities(small):
     from dse.calibration.fit import fit
     cases, truth, prep = small
@@ -41,6 +44,7 @@ def test_counts_are_case_multiplicities(small):
         assert zero[k] == pytest.approx(out[k], rel=1e-6)
 
 
+@needs_data
 def test_bootstrap_gives_a_finite_covariance(small):
     from dse.calibration.fit import PARAMS, bootstrap, fit
     cases, truth, prep = small
@@ -71,3 +75,95 @@ def test_written_uncertainty_matches_the_catalog_numbers():
     eff = catalog.accelerators()["h100-sxm"].efficiency
     assert "bootstrap" in eff.fitted_on
     assert eff.step_overhead_s == 0.0                 # not fitted: fixed at 0 (dse.calibration.fit.FIXED)
+
+
+def _two_runtimes():
+    """One Llama-3.1-8B case on H100 per runtime, layout and concurrency given (one row each)."""
+    import pandas as pd
+
+    from dse.scoring.predict import prepare
+    row = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "num_chips": "1", "tp": "1",
+           "pp": "1", "ep": "1", "dp": "1", "weight_dtype": "fp8", "isl": "1024", "osl": "128",
+           "concurrency": "8"}
+    cases = pd.DataFrame([{**row, "case_id": rt, "runtime": rt}
+                          for rt in ("trtllm", "vllm", "sglang")])
+    return prepare(cases, file="cases.csv")
+
+
+def test_a_per_runtime_parameter_applies_to_its_runtime_only():
+    from dse.calibration.fit import FIXED, _batch_with
+    prep = _two_runtimes()
+    rt = dict(zip(prep.cases["case_id"].to_numpy()[prep.resolved["_case"].to_numpy()],
+                  range(len(prep.resolved))))
+    assert len(rt) == 3 == len(prep.batch)
+    catalog_value = float(np.broadcast_to(prep.batch.layer_overhead_s, (3,))[rt["trtllm"]])
+    b = _batch_with(prep, {"layer_overhead_s.vllm": 1e-3})
+    assert b.layer_overhead_s[rt["vllm"]] == pytest.approx(1e-3, rel=1e-6)
+    assert b.layer_overhead_s[rt["trtllm"]] == pytest.approx(catalog_value, rel=1e-6)
+    assert b.layer_overhead_s[rt["sglang"]] == pytest.approx(catalog_value, rel=1e-6)
+    assert catalog_value != pytest.approx(1e-3)
+    # a plain name applies to every row, the runtime's own name over it
+    b = _batch_with(prep, {"layer_overhead_s": 2e-5, "layer_overhead_s.vllm": 1e-3})
+    assert b.layer_overhead_s[rt["vllm"]] == pytest.approx(1e-3, rel=1e-6)
+    assert b.layer_overhead_s[rt["trtllm"]] == pytest.approx(2e-5, rel=1e-6)
+    assert b.layer_overhead_s[rt["sglang"]] == pytest.approx(2e-5, rel=1e-6)
+    assert np.all(b.step_overhead_s == FIXED["step_overhead_s"])
+
+
+def test_held_out_runtime_gets_the_other_runtimes_geometric_mean():
+    from dse.calibration.fit import _held_out_runtime
+    theta = {"layer_overhead_s": 1e-5, "request_overhead_s.trtllm": 1e-3,
+             "request_overhead_s.sglang": 4e-3, "request_overhead_s.vllm": 0.5,
+             "x.vllm": 7.0, "x.trtllm": 3.0}
+    out = _held_out_runtime(theta, "vllm")
+    assert out["request_overhead_s.vllm"] == pytest.approx(2e-3, rel=1e-12)   # sqrt(1e-3 * 4e-3)
+    assert out["x.vllm"] == pytest.approx(3.0, rel=1e-12)
+    for k in ("layer_overhead_s", "request_overhead_s.trtllm", "request_overhead_s.sglang",
+              "x.trtllm"):
+        assert out[k] == theta[k]
+    assert theta["request_overhead_s.vllm"] == 0.5                            # not modified
+    # a runtime with no parameter of its own, or one no other runtime has: unchanged
+    assert _held_out_runtime(theta, "tensorrt") == theta
+    assert _held_out_runtime({"y.vllm": 2.0}, "vllm") == {"y.vllm": 2.0}
+    # with today's PARAMS (no per-runtime name) it changes nothing
+    assert _held_out_runtime({"layer_overhead_s": 1e-5}, "vllm") == {"layer_overhead_s": 1e-5}
+
+
+def test_concurrency_decades():
+    import pandas as pd
+
+    from dse.calibration.fit import holdout_key
+    cases = pd.DataFrame({"concurrency": ["9", "10", "999", "1000", np.nan, np.nan, "1"],
+                          "workload.request_rate_per_s": [np.nan] * 5 + [16.0, np.nan],
+                          "derived_concurrency": [np.nan] * 5 + ["205", np.nan]})
+    assert holdout_key(cases, "decade").tolist() == [
+        "1-9", "10-99", "100-999", "1000+", "offline", "100-999", "1-9"]
+
+
+def test_holdout_keys():
+    import pandas as pd
+
+    from dse.calibration.fit import holdout_key
+    from dse.errors import InputError
+    cases = pd.DataFrame({"hardware": ["h100-sxm", "h200-sxm"],
+                          "model": ["llama-3.1-70b", "deepseek-v3"],
+                          "runtime": ["vllm", np.nan]})
+    assert holdout_key(cases, "model").tolist() == ["llama-3.1-70b", "deepseek-v3"]
+    assert holdout_key(cases, "family").tolist() == ["llama", "deepseek"]
+    assert holdout_key(cases, "hardware").tolist() == ["h100-sxm", "h200-sxm"]
+    assert holdout_key(cases, "runtime").tolist() == ["vllm", "trtllm"]   # blank: the default
+    with pytest.raises(InputError):
+        holdout_key(cases, "chip")
+
+
+def test_source_inputs_fill_blanks_only():
+    import pandas as pd
+
+    from dse.calibration.cases import SOURCE_INPUTS, apply_source_inputs
+    assert SOURCE_INPUTS == {}            # filled by the change that adds the fields
+    cases = pd.DataFrame({"case_id": ["a", "b", "c"], "source": ["S", "S", "T"],
+                          "serving.x": [np.nan, 3.0, np.nan]})
+    out = apply_source_inputs(cases, {"S": {"serving.x": 1.5, "serving.y": "on"}})
+    assert out["serving.x"].tolist()[:2] == [1.5, 3.0] and pd.isna(out["serving.x"].iloc[2])
+    assert out["serving.y"].tolist()[:2] == ["on", "on"] and pd.isna(out["serving.y"].iloc[2])
+    assert cases["serving.x"].isna().sum() == 2          # the input frame is not modified

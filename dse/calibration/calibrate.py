@@ -6,7 +6,14 @@ case weighted so that every (source, hardware) pair counts equally within a sour
     python -m dse.calibration.calibrate              # error report of the current catalog
     python -m dse.calibration.calibrate --fit        # refit the per-layer and per-step times (dse.calibration.fit), report
     python -m dse.calibration.calibrate --fit --write  # ... and write dse/catalog/efficiency.toml
+    python -m dse.calibration.calibrate --fit --write --boot 48  # ... with 48 bootstrap refits
     python -m dse.calibration.calibrate --cv         # ... and the leave-one-chip / one-family-out errors
+    python -m dse.calibration.calibrate --cv model runtime decade   # ... leave one model / runtime /
+                                                     # concurrency decade out
+    python -m dse.calibration.calibrate --by-kind    # ... error by runtime x model kind x metric
+
+The sets read, the open-loop rows and the groups reported apart (online rows at an infinite rate,
+queue-suspect TTFTs): dse.calibration.cases.
 """
 
 from __future__ import annotations
@@ -17,8 +24,18 @@ import sys
 import numpy as np
 import pandas as pd
 
-from dse.calibration.cases import joined, load, weights
-from dse.calibration.fit import bootstrap, cross_validate, fit, tables, write_efficiency
+from dse import catalog
+from dse.calibration.cases import NO_CONCURRENCY, QUEUE_SUSPECT, joined, load, weights
+from dse.calibration.fit import (
+    BOOT_N,
+    CV_BY,
+    bootstrap,
+    cross_validate,
+    fit,
+    holdout_key,
+    tables,
+    write_efficiency,
+)
 from dse.errors import InputError
 from dse.scoring.predict import predict_frame
 
@@ -37,6 +54,37 @@ def report(j: pd.DataFrame, by=("source", "metric")) -> pd.DataFrame:
     return out.reset_index()
 
 
+CV_DEFAULT = ("hardware", "family")
+CV_WHAT = {"hardware": "leave one chip out", "family": "leave one model family out",
+           "model": "leave one model out", "runtime": "leave one runtime out",
+           "decade": "leave one concurrency decade out"}
+
+
+def model_kind(model_id: str) -> str:
+    """"mla" for a model with MLA attention (a KV low-rank projection), else "moe" for one with
+    routed experts, else "dense" (the catalog model's fields)."""
+    m = catalog.models().get(str(model_id))
+    if m is None:
+        return "unknown"
+    if m.kv_lora_rank > 0:
+        return "mla"
+    return "moe" if m.num_experts > 0 else "dense"
+
+
+def by_kind(j: pd.DataFrame, cases: pd.DataFrame) -> pd.DataFrame:
+    """The error by runtime x model kind x metric, over the rows that are fitted (the groups
+    reported apart, online rows at an infinite rate and queue-suspect TTFTs, left out)."""
+    rt = pd.Series(holdout_key(cases, "runtime").to_numpy(), index=cases["case_id"])
+    apart = j["source"].str.endswith(NO_CONCURRENCY) | j["source"].str.endswith(QUEUE_SUSPECT)
+    j = j[~apart].assign(runtime=lambda x: x["case_id"].map(rt),
+                         kind=lambda x: x["model"].map(model_kind))
+    return report(j, ("runtime", "kind", "metric"))
+
+
+def _table(r: pd.DataFrame) -> str:
+    return r.to_string(index=False, float_format=lambda v: f"{v:.3f}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dse.calibration.calibrate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,16 +92,30 @@ def main(argv=None) -> int:
     p.add_argument("--fit", action="store_true", help="fit the efficiency factors first")
     p.add_argument("--write", action="store_true", help="write dse/catalog/efficiency.toml")
     p.add_argument("--by-hardware", action="store_true", help="also break the error down by hardware")
-    p.add_argument("--cv", action="store_true",
-                   help="also cross-validate the end-to-end fit: refit without each chip, and "
-                        "without each model family, and predict the cases left out")
+    p.add_argument("--by-kind", action="store_true",
+                   help="also break the error down by runtime x model kind (mla, moe, dense) x "
+                        "metric")
+    p.add_argument("--cv", nargs="*", choices=CV_BY, metavar="BY",
+                   help="also cross-validate the end-to-end fit: refit without each group of "
+                        "BY (" + ", ".join(CV_BY) + "; bare: " + " ".join(CV_DEFAULT)
+                        + ") and predict the cases left out")
+    p.add_argument("--boot", type=int, metavar="N",
+                   help=f"bootstrap refits for the uncertainty --fit --write writes "
+                        f"(default {BOOT_N})")
     a = p.parse_args(argv)
+    if a.boot is not None and not (a.fit and a.write):
+        print("error: --boot sizes the uncertainty that --fit --write writes: give both",
+              file=sys.stderr)
+        return 2
+    if a.boot is not None and a.boot < 2:
+        print(f"error: --boot {a.boot}: a covariance needs at least 2 refits", file=sys.stderr)
+        return 2
     try:
         cases, truth = load(a.dir)
         if a.fit:
             theta = fit(cases, truth)
             if a.write:
-                unc = bootstrap(cases, truth, theta)
+                unc = bootstrap(cases, truth, theta, n=a.boot or BOOT_N)
                 print("  ".join(f"{k}: log sd {s:.3f}" for k, s in zip(unc["params"],
                                                                         unc["log_sd"])))
                 write_efficiency(tables(theta, cases, unc))
@@ -66,17 +128,19 @@ def main(argv=None) -> int:
     pd.set_option("display.width", 200)
     print("Error factor = geometric mean of max(pred/true, true/pred); bias = geometric mean of "
           "pred/true")
-    print(report(j).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(_table(report(j)))
     if a.by_hardware:
         print()
-        print(report(j, ("source", "metric", "hardware")).to_string(
-            index=False, float_format=lambda v: f"{v:.3f}"))
-    if a.cv:
-        for by, what in (("hardware", "leave one chip out"), ("family", "leave one model family out")):
-            print()
-            print(f"Cross-validated ({what}: the end-to-end numbers refitted without it)")
-            print(report(cross_validate(cases, truth, by), ("source", "metric", "held_out"))
-                  .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print(_table(report(j, ("source", "metric", "hardware"))))
+    if a.by_kind:
+        print()
+        print("By runtime x model kind (the fitted rows: online rows at an infinite rate and "
+              "queue-suspect TTFTs left out)")
+        print(_table(by_kind(j, cases)))
+    for by in (a.cv or CV_DEFAULT) if a.cv is not None else ():
+        print()
+        print(f"Cross-validated ({CV_WHAT[by]}: the end-to-end numbers refitted without it)")
+        print(_table(report(cross_validate(cases, truth, by), ("source", "metric", "held_out"))))
     return 0
 
 

@@ -2,7 +2,30 @@
 truths) and the model's error on it: the geometric mean over cases of ``max(pred/true,
 true/pred)``, each case weighted so that every (source, hardware) pair counts equally within a
 source. Read by the end-to-end fit (``fit``), its report (``calibrate``) and the kernel data
-layer (``kernels.data``, for the folder)."""
+layer (``kernels.data``, for the folder).
+
+Two serving sets are read (``SETS``) and concatenated: ``cases.csv``/``truth.csv`` (the
+TensorRT-LLM v0.17 offline and v0.14 online tables) and ``silicon_hopper_cases.csv``/
+``silicon_hopper_truth.csv`` (source ``AIC-SILICON``: the Hopper rows of aiconfigurator-core's
+silicon sample; skipped when absent). ``silicon_sample.csv`` itself is never read (the folder's
+README: its other rows are held out).
+
+At load, two kinds of inputs the case files do not state as columns are added:
+
+- ``OPEN_LOOP``: sources measured at a fixed Poisson request rate (TensorRT-LLM v0.14 online:
+  ``QPS=2`` or ``QPS=16`` in each row's ``note``). Their rows get the dotted column
+  ``workload.request_rate_per_s`` (dse's request-rate path, dse/perf/queueing.py), and their
+  Little's-law concurrency moves to ``derived_concurrency`` (a case gives a rate or a
+  concurrency, not both: contracts/predict-cases.md). A row whose rate cannot be read (``QPS=INF``,
+  500 requests at once) keeps its columns.
+- ``SOURCE_INPUTS``: ``{source: {dotted_column: value}}``, an input every case of a source shares
+  (e.g. a runtime version's fixed per-request time); a case that gives the column itself keeps
+  its own value.
+
+Truths whose ``quality_flag`` says ``queue_suspect`` (a closed-loop TTFT that looks dominated by
+queueing) are reported in their own group (``joined``: source + ``QUEUE_SUSPECT``) and never
+fitted (``fit``).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +39,17 @@ from dse.errors import InputError
 from dse.scoring.predict import read_cases
 
 METRICS = ("output_tokens_per_s_per_chip", "ttft_s", "tpot_s", "input_tokens_per_s_per_chip")
+# (cases file, truth file, required): the serving sets, concatenated in this order
+SETS = (("cases.csv", "truth.csv", True),
+        ("silicon_hopper_cases.csv", "silicon_hopper_truth.csv", False))
+RATE = "workload.request_rate_per_s"
+# source -> the pattern of its note that gives the Poisson request rate (requests/s)
+OPEN_LOOP = {"TRTLLM-ONLINE": r"QPS=([0-9]+(?:\.[0-9]*)?)(?![0-9A-Za-z.])"}
+# source -> {dotted column: value}, applied where a case leaves the column blank; filled by the
+# end-to-end parameters that describe a source's runtime version rather than the model
+SOURCE_INPUTS: dict[str, dict[str, float | str]] = {}
+QUEUE_SUSPECT = " (queue suspect)"
+NO_CONCURRENCY = " (max rate, no concurrency)"
 
 
 def default_dir() -> Path:
@@ -33,10 +67,81 @@ def default_dir() -> Path:
 
 
 def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every serving set of the folder (``SETS``) as one cases frame and one truth frame, with
+    the open-loop rates (``OPEN_LOOP``) and the sources' inputs (``SOURCE_INPUTS``) applied."""
     folder = Path(folder) if folder else default_dir()
-    cases = read_cases(str(folder / "cases.csv"))
-    truth = pd.read_csv(folder / "truth.csv")
-    return cases, truth
+    parts_c, parts_t = [], []
+    for cases_file, truth_file, required in SETS:
+        if not required and not (folder / cases_file).exists():
+            continue
+        parts_c.append(read_cases(str(folder / cases_file)))
+        try:
+            parts_t.append(pd.read_csv(folder / truth_file))
+        except FileNotFoundError:
+            raise InputError("file not found", file=str(folder / truth_file),
+                             hint=f"the truths of {cases_file}") from None
+    cases = pd.concat(parts_c, ignore_index=True)
+    dup = cases["case_id"].duplicated()
+    if dup.any():
+        raise InputError(f"case_id {cases['case_id'][dup].iloc[0]!r} is in two case files",
+                         file=str(folder), hint="case ids must be unique across the sets")
+    cases = apply_source_inputs(apply_open_loop(cases))
+    return cases, pd.concat(parts_t, ignore_index=True)
+
+
+def open_loop_rate(cases: pd.DataFrame) -> np.ndarray:
+    """The Poisson request rate (requests/s) each case of an ``OPEN_LOOP`` source was measured
+    at, read from its note; NaN for the others and where no finite positive rate is stated."""
+    rate = pd.Series(np.nan, index=cases.index)
+    if "note" not in cases or "source" not in cases:
+        return rate.to_numpy()
+    for source, pattern in OPEN_LOOP.items():
+        rows = cases["source"].astype(str).eq(source)
+        got = cases.loc[rows, "note"].astype(str).str.extract(pattern, expand=False)
+        rate[rows] = pd.to_numeric(got, errors="coerce")
+    r = rate.to_numpy(float)
+    return np.where(np.isfinite(r) & (r > 0), r, np.nan)
+
+
+def apply_open_loop(cases: pd.DataFrame) -> pd.DataFrame:
+    """``cases`` with the ``OPEN_LOOP`` rows scored at their request rate: ``RATE`` set, their
+    concurrency moved to ``derived_concurrency`` (a rate and a concurrency are not both given)."""
+    rate = open_loop_rate(cases)
+    on = np.isfinite(rate)
+    if not on.any():
+        return cases
+    cases = cases.copy()
+    conc = cases["concurrency"] if "concurrency" in cases else pd.Series(np.nan, index=cases.index)
+    cases["derived_concurrency"] = conc.where(on)
+    cases["concurrency"] = conc.where(~on)
+    given = pd.to_numeric(cases[RATE], errors="coerce") if RATE in cases else \
+        pd.Series(np.nan, index=cases.index)
+    cases[RATE] = given.where(given.notna(), pd.Series(rate, index=cases.index))
+    return cases
+
+
+def apply_source_inputs(cases: pd.DataFrame, inputs: dict | None = None) -> pd.DataFrame:
+    """``cases`` with each source's ``SOURCE_INPUTS`` (or ``inputs``) written where blank."""
+    inputs = SOURCE_INPUTS if inputs is None else inputs
+    if not inputs:
+        return cases
+    cases = cases.copy()
+    src = cases["source"].astype(str)
+    for source, cols in inputs.items():
+        rows = src.eq(source)
+        for col, value in cols.items():
+            if col not in cases:
+                cases[col] = pd.Series(np.nan, index=cases.index, dtype=object)
+            cases[col] = cases[col].astype(object)
+            cases.loc[rows & cases[col].isna(), col] = value
+    return cases
+
+
+def queue_suspect(truth: pd.DataFrame) -> np.ndarray:
+    """Truth rows whose ``quality_flag`` marks a TTFT dominated by queueing (not fitted)."""
+    if "quality_flag" not in truth:
+        return np.zeros(len(truth), bool)
+    return truth["quality_flag"].fillna("").astype(str).str.contains("queue_suspect").to_numpy()
 
 
 def joined(pred: pd.DataFrame, cases: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
@@ -50,7 +155,10 @@ def joined(pred: pd.DataFrame, cases: pd.DataFrame, truth: pd.DataFrame) -> pd.D
     # group in every report, never mixed into the rows whose inputs are known
     ok = pd.Series(fittable(cases), index=cases.index).groupby(cases["case_id"]).first()
     unknown = ~j["case_id"].map(ok).fillna(True).astype(bool)
-    j.loc[unknown, "source"] = j.loc[unknown, "source"] + " (max rate, no concurrency)"
+    j.loc[unknown, "source"] = j.loc[unknown, "source"] + NO_CONCURRENCY
+    # TTFTs that look dominated by queueing: their own group too (never fitted)
+    qs = queue_suspect(j)
+    j.loc[qs, "source"] = j.loc[qs, "source"] + QUEUE_SUSPECT
     return j
 
 
@@ -63,7 +171,9 @@ def weights(j: pd.DataFrame) -> np.ndarray:
 def fittable(cases: pd.DataFrame) -> np.ndarray:
     """Cases whose inputs are known: online-serving rows at an infinite request rate carry no
     concurrency (their concurrency was bounded by the 500 requests sent, not by the runtime),
-    so they are reported but not fitted."""
-    conc = pd.to_numeric(cases.get("concurrency"), errors="coerce")
+    so they are reported but not fitted. A row at a request rate (``RATE``) is known."""
+    blank = pd.Series(np.nan, index=cases.index)
+    conc = pd.to_numeric(cases.get("concurrency", blank), errors="coerce")
+    rate = pd.to_numeric(cases.get(RATE, blank), errors="coerce").fillna(0.0)
     online = cases["source"].astype(str).str.contains("ONLINE") if "source" in cases else False
-    return ~(np.asarray(online) & conc.isna().to_numpy())
+    return ~(np.asarray(online) & conc.isna().to_numpy() & (rate <= 0).to_numpy())

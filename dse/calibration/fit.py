@@ -13,8 +13,15 @@ A fixed time per step (scheduler, sampling, host-device synchronisation) was fit
 1.0958 vs 1.0959, online TPOT 1.1157 vs 1.1157, TTFT 1.1029 vs 1.1027), so it is not fitted:
 ``step_overhead_s`` stays a catalog field, written as 0 (``FIXED``).
 
-Cross-validation refits the number without one chip (leave-one-chip-out) or without one
-model family (leave-one-family-out) and predicts the cases left out.
+Cross-validation (``cross_validate``) refits the numbers without one group of cases and predicts
+the cases left out: one chip, one model family, one model, one runtime or one concurrency decade
+(``holdout_key``). Parameters may be per runtime, named ``"<field>.<runtime>"``
+(``_batch_with`` writes them on that runtime's rows only); left out, a runtime's own parameters
+get the other runtimes' geometric mean (``_held_out_runtime``).
+
+Not fitted: the online rows at an infinite request rate (no concurrency,
+``dse.calibration.cases.fittable``) and the TTFTs flagged ``queue_suspect``
+(``dse.calibration.cases.queue_suspect``).
 
 Uncertainty (``bootstrap``, written to efficiency.toml's ``[uncertainty.end_to_end]`` table in
 the kernel tables' format: ``params``, ``log_sd``, ``log_corr``, ``rule``; read it with
@@ -37,9 +44,11 @@ from scipy.optimize import least_squares
 
 from dse import catalog
 from dse.build.designs import EFF_FIELDS
-from dse.calibration.cases import fittable, joined, weights
+from dse.calibration.cases import RATE, fittable, joined, queue_suspect, weights
 from dse.calibration.kernels import common as kernel_fits
+from dse.errors import InputError
 from dse.scoring.predict import Prepared, finish, prepare
+from dse.spec.fields import REGISTRY
 
 # (name, prior, lower, upper)
 PARAMS = (
@@ -54,9 +63,26 @@ FIXED = {"hbm_fraction": 0.8, "scaleup_fraction": 0.8, "scaleout_fraction": 0.75
          "step_overhead_s": 0.0, "network_overlap_fraction": 0.0}
 
 
-def _batch_with(prep: Prepared, theta: np.ndarray):
-    return prep.batch.replace(step_overhead_s=FIXED["step_overhead_s"],
-                              **{name: v for (name, *_), v in zip(PARAMS, theta)})
+def _batch_with(prep: Prepared, theta: dict):
+    """The prepared batch with the end-to-end numbers ``theta`` written in: a plain name
+    (``layer_overhead_s``) on every row, a per-runtime name ``"<field>.<runtime>"``
+    (``layer_overhead_s.vllm``) on the rows that run that runtime (over the plain name's value,
+    or the batch's own where ``theta`` has no plain one)."""
+    cols = {"step_overhead_s": FIXED["step_overhead_s"]}
+    cols.update({k: v for k, v in theta.items() if "." not in k})
+    per_runtime = {k: v for k, v in theta.items() if "." in k}
+    if per_runtime:
+        runtime = _row_runtimes(prep)
+        for name, v in per_runtime.items():
+            field, rt = name.split(".", 1)
+            base = cols[field] if field in cols else getattr(prep.batch, field)
+            cols[field] = np.where(runtime == rt, v, np.broadcast_to(base, runtime.shape))
+    return prep.batch.replace(**cols)
+
+
+def _row_runtimes(prep: Prepared) -> np.ndarray:
+    """The serving runtime of each of the prepared batch's rows (in its row order)."""
+    return prep.resolved["serving.runtime"].astype(str).to_numpy()
 
 
 def _residuals(prep: Prepared, cases: pd.DataFrame, truth: pd.DataFrame, theta) -> pd.DataFrame:
@@ -68,6 +94,19 @@ BOOT_N = 24
 BOOT_SEED = 0
 
 
+def fit_base(cases: pd.DataFrame, truth: pd.DataFrame, keep=None, counts=None) -> pd.DataFrame:
+    """The truths ``fit`` fits (with the case's hardware and model): those of the cases where
+    ``keep`` (all by default) that are ``fittable`` and drawn (``counts`` > 0), less the TTFTs
+    dominated by queueing (``quality_flag`` queue_suspect: reported, never fitted)."""
+    keep = np.ones(len(cases), bool) if keep is None else np.asarray(keep)
+    keep = keep & fittable(cases)
+    if counts is not None:
+        keep = keep & (np.asarray(counts) > 0)
+    keep_ids = set(cases["case_id"][keep])
+    return truth[truth["case_id"].isin(keep_ids) & ~queue_suspect(truth)].merge(
+        cases[["case_id", "hardware", "model"]], on="case_id")
+
+
 def fit(cases: pd.DataFrame, truth: pd.DataFrame, keep=None, verbose: bool = True,
         prep: Prepared | None = None, counts=None, start: dict | None = None,
         max_nfev: int = 60) -> dict:
@@ -76,25 +115,20 @@ def fit(cases: pd.DataFrame, truth: pd.DataFrame, keep=None, verbose: bool = Tru
     ``counts``: how many times each case is drawn (a bootstrap resample; 1 by default);
     ``start``: starting values (the priors by default)."""
     prep = prep or prepare(cases, file="cases.csv")
-    keep = np.ones(len(cases), bool) if keep is None else np.asarray(keep)
-    keep = keep & fittable(cases)
-    if counts is not None:
-        keep = keep & (np.asarray(counts) > 0)
-    keep_ids = set(cases["case_id"][keep])
-    base = truth[truth["case_id"].isin(keep_ids)].merge(
-        cases[["case_id", "hardware", "model"]], on="case_id")
+    base = fit_base(cases, truth, keep, counts)
     w = np.sqrt(weights(base.assign(pred=1.0)))
     if counts is not None:
         mult = pd.Series(np.asarray(counts, float), index=cases["case_id"])
         w = w * np.sqrt(base["case_id"].map(mult).to_numpy(float))
     w = w / w.mean()
+    names = [p[0] for p in PARAMS]
     lo = np.log([p[2] for p in PARAMS])
     hi = np.log([p[3] for p in PARAMS])
     x0 = np.log([(start or {}).get(p[0], p[1]) for p in PARAMS])
     x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
 
     def resid(x):
-        j = _residuals(prep, cases, truth, np.exp(x))
+        j = _residuals(prep, cases, truth, dict(zip(names, np.exp(x))))
         j = base[["case_id", "metric"]].merge(j, on=["case_id", "metric"], how="left")
         r = np.log(j["pred"].to_numpy(float) / j["value"].to_numpy(float))
         return w * np.where(np.isfinite(r), r, 3.0)
@@ -149,17 +183,90 @@ def uncertainty(path: Path | None = None) -> dict | None:
         return tomllib.load(fh).get("uncertainty", {}).get("end_to_end")
 
 
+CV_BY = ("hardware", "family", "model", "runtime", "decade")
+
+
 def cross_validate(cases: pd.DataFrame, truth: pd.DataFrame, by: str) -> pd.DataFrame:
-    """Refit without each group of ``by`` ("hardware" or "family") and predict that group."""
+    """Refit without each group of ``by`` (``CV_BY``: "hardware", "family", "model", "runtime"
+    or "decade", ``holdout_key``) and predict that group; ``held_out`` names it. Without a
+    runtime, its own per-runtime parameters (``"<name>.<runtime>"``) have nothing to fit them:
+    they get the other runtimes' geometric mean (``_held_out_runtime``)."""
     prep = prepare(cases, file="cases.csv")
-    key = cases["hardware"] if by == "hardware" else cases["model"].map(model_family)
+    key = holdout_key(cases, by)
     parts = []
     for g in sorted(key.unique()):
         out = (key == g).to_numpy()
         theta = fit(cases, truth, keep=~out, verbose=False, prep=prep)
-        j = _residuals(prep, cases, truth, np.array([theta[p[0]] for p in PARAMS]))
+        if by == "runtime":
+            theta = _held_out_runtime(theta, g)
+        j = _residuals(prep, cases, truth, theta)
         parts.append(j[j["case_id"].isin(set(cases["case_id"][out]))].assign(held_out=g))
     return pd.concat(parts, ignore_index=True)
+
+
+def holdout_key(cases: pd.DataFrame, by: str) -> pd.Series:
+    """The group of each case that ``cross_validate`` leaves out together: its ``hardware``, its
+    model ``family``, its ``model`` (catalog id), its ``runtime`` (blank: the catalog's default)
+    or its concurrency ``decade`` ("1-9", "10-99", "100-999", "1000+"; "offline" for a blank
+    concurrency; a row at a request rate by its derived concurrency, else "open-loop")."""
+    if by == "hardware":
+        return cases["hardware"].astype(str)
+    if by == "family":
+        return cases["model"].map(model_family)
+    if by == "model":
+        return cases["model"].astype(str)
+    if by == "runtime":
+        default = str(REGISTRY["serving.runtime"].default)
+        rt = cases["runtime"] if "runtime" in cases else pd.Series(np.nan, index=cases.index)
+        return rt.fillna(default).astype(str).replace("", default)
+    if by == "decade":
+        return pd.Series([concurrency_decade(c, r) for c, r in zip(
+            _numeric(cases, "concurrency"), _open_loop_concurrency(cases))], index=cases.index)
+    raise InputError(f"unknown cross-validation grouping {by!r}",
+                     hint="one of " + ", ".join(CV_BY))
+
+
+def _numeric(cases: pd.DataFrame, col: str) -> np.ndarray:
+    blank = pd.Series(np.nan, index=cases.index)
+    return pd.to_numeric(cases.get(col, blank), errors="coerce").to_numpy(float)
+
+
+def _open_loop_concurrency(cases: pd.DataFrame) -> np.ndarray:
+    """Per case: NaN unless it is served at a request rate; then its derived (Little's-law)
+    concurrency where the case file gave one, else 0."""
+    rate = np.nan_to_num(_numeric(cases, RATE))
+    derived = np.nan_to_num(_numeric(cases, "derived_concurrency"))
+    return np.where(rate > 0, derived, np.nan)
+
+
+def concurrency_decade(concurrency: float, open_loop: float = np.nan) -> str:
+    """"1-9", "10-99", "100-999" or "1000+" for a concurrency; "offline" when it is blank
+    (NaN), unless the case runs at a request rate (``open_loop``: its derived concurrency, or 0
+    where none is known: "open-loop")."""
+    c = concurrency if np.isfinite(concurrency) else open_loop
+    if not np.isfinite(c):
+        return "offline"
+    if c < 1:
+        return "open-loop"
+    if c < 10:
+        return "1-9"
+    if c < 100:
+        return "10-99"
+    return "100-999" if c < 1000 else "1000+"
+
+
+def _held_out_runtime(theta: dict, runtime: str) -> dict:
+    """``theta`` with each ``"<name>.<runtime>"`` of the held-out ``runtime`` replaced by the
+    geometric mean of ``"<name>.<other>"`` over the other runtimes (kept where there is none)."""
+    out = dict(theta)
+    for key in theta:
+        name, _, rt = key.rpartition(".")
+        if not name or rt != runtime:
+            continue
+        others = [v for k, v in theta.items() if k != key and k.rpartition(".")[0] == name]
+        if others:
+            out[key] = float(np.exp(np.mean(np.log(others))))
+    return out
 
 
 def model_family(model_id: str) -> str:
@@ -172,14 +279,16 @@ def tables(theta: dict, cases: pd.DataFrame, unc: dict | None = None) -> dict:
     (``bootstrap``), ``uncertainty`` {"end_to_end": unc}."""
     today = _dt.date.today().isoformat()
     hws = ", ".join(sorted(cases["hardware"].unique()))
+    runtimes = ", ".join(sorted(holdout_key(cases, "runtime").unique()))
     n = int(fittable(cases).sum())
     sd = "" if not unc else "; log-space sd " + ", ".join(
         f"{k} {s:.3f}" for k, s in zip(unc["params"], unc["log_sd"])) + " (bootstrap)"
     out = {"default": {**{p[0]: theta[p[0]] for p in PARAMS}, **FIXED,
                        "fitted_on": (
                            f"{n} of {len(cases)} cases of ../shared/calibration ({hws}; "
-                           "TensorRT-LLM; the online rows at an infinite request rate are not "
-                           "fitted), on top of the kernel fits, shared by every chip"
+                           f"{runtimes}; the online rows at an infinite request rate and the "
+                           "queue-suspect TTFTs are not fitted), on top of the kernel fits, "
+                           "shared by every chip"
                            + sd + f"; fitted {today}")}}
     if unc:
         out["uncertainty"] = {"end_to_end": unc}
