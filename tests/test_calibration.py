@@ -7,17 +7,13 @@ Multi-GPU L40S, which used to be a second such group (its aiconfigurator all-red
 from a box without PCIe peer-to-peer), is held to the common bound since the comm fit's
 host-staged rule (``dse.calibration.kernels.comm.host_staged``).
 
-The figures asserted are those of the sets they were written for (``TRTLLM``: the v0.17 offline
-and v0.14 online tables of cases.csv). The Hopper set (``silicon_hopper_*``, source
-AIC-SILICON) is loaded too and must get finite predictions, but its error figures are reported
-(``python -m dse.calibration.calibrate``), not asserted: the model is ~1.4x off on its TPOT and
-~3x on its TTFT.
-
-The online rows at a finite request rate are scored open-loop (``dse.calibration.cases.OPEN_LOOP``:
-M/D/1 queueing for the prefill at the stated QPS). Their TTFT is a second known limit: near the
-model's saturation rate the queue wait grows without bound, and the H100 Llama-3.1-70B TP4
-467/256 row at QPS 16 (measured 0.175 s) is predicted ~10x too long (1.28 over the group,
-bias 1.27, on the first open-loop scoring).
+The figures asserted per source are those of the sets they were written for (``TRTLLM``: the
+v0.17 offline and v0.14 online tables of cases.csv; the online rows at a finite request rate are
+scored open-loop, ``dse.calibration.cases.OPEN_LOOP``: M/D/1 queueing for the prefill at the
+stated QPS). The Hopper set (``silicon_hopper_*``, source AIC-SILICON: three runtimes, MLA,
+fine-grained MoE, closed-loop TTFT) is held to regression bounds at the figures of its first
+composition fit (issue 28), +5%: the issue's targets (TPOT <= 1.15, TTFT <= 1.35) are not met
+yet.
 """
 
 from __future__ import annotations
@@ -30,7 +26,6 @@ TARGET = 1.25   # geometric mean of max(pred/true, true/pred), per source and me
 CAL = SHARED / "calibration"
 KNOWN = "(max rate, no concurrency)"
 TRTLLM = ("TRTLLM-V017", "TRTLLM-ONLINE")     # the sets the figures below were written for
-OPEN_LOOP_TTFT = ("TRTLLM-ONLINE", "ttft_s")  # known limit (module docstring)
 
 pytestmark = pytest.mark.skipif(not (CAL / "cases.csv").exists(),
                                 reason="../shared/calibration is not next to the checkout")
@@ -49,10 +44,6 @@ def report():
     return j, make_report(j[~j["pcie_multi"]]), everything
 
 
-def _open_loop_ttft(r):
-    return (r["source"] == OPEN_LOOP_TTFT[0]) & (r["metric"] == OPEN_LOOP_TTFT[1])
-
-
 def test_every_truth_row_gets_a_finite_prediction(report):
     *_, everything = report        # the Hopper set too
     assert everything["source"].str.startswith("AIC-SILICON").sum() == 1811
@@ -62,15 +53,15 @@ def test_every_truth_row_gets_a_finite_prediction(report):
 
 def test_error_within_target_for_every_source_and_metric(report):
     _, r, _ = report
-    r = r[~r["source"].str.contains(KNOWN, regex=False) & ~_open_loop_ttft(r)]
-    assert len(r) == 2           # V017 output tokens/s, online TPOT
+    r = r[~r["source"].str.contains(KNOWN, regex=False)]
+    assert len(r) == 3           # V017 output tokens/s, online TPOT and TTFT
     bad = r[r["error_factor"] > TARGET]
     assert bad.empty, "\n" + bad.to_string()
 
 
 def test_no_systematic_bias(report):
     _, r, _ = report
-    r = r[~r["source"].str.contains(KNOWN, regex=False) & ~_open_loop_ttft(r)]
+    r = r[~r["source"].str.contains(KNOWN, regex=False)]
     assert ((r["bias"] > 1 / 1.25) & (r["bias"] < 1.25)).all(), "\n" + r.to_string()
 
 
@@ -79,7 +70,6 @@ def test_error_within_target_for_every_calibrated_accelerator(report):
     j, _, _ = report
     j = j[~j["pcie_multi"] & ~j["source"].str.contains(KNOWN, regex=False)]
     r = make_report(j, ("source", "metric", "hardware"))
-    r = r[~_open_loop_ttft(r)]
     assert (r["error_factor"] <= 1.35).all(), "\n" + r.to_string()
 
 
@@ -88,9 +78,19 @@ def test_known_limits_stay_within_their_measured_bounds(report):
     _, r, _ = report
     known = r[r["source"].str.contains(KNOWN, regex=False)]
     assert len(known) == 2 and (known["error_factor"] <= 2.1).all(), "\n" + known.to_string()
-    # the open-loop TTFT (module docstring): 1.28 when first scored open-loop, +10%
-    ttft = r[_open_loop_ttft(r)]
-    assert len(ttft) == 1 and ttft["error_factor"].iloc[0] <= 1.41, "\n" + ttft.to_string()
+
+
+# the Hopper set's figures at the first composition fit (2026-12-05), +5% (module docstring)
+HOPPER_BOUNDS = {"tpot_s": 1.25, "ttft_s": 1.43}
+
+
+def test_the_hopper_set_stays_within_its_regression_bounds(report):
+    from dse.calibration.calibrate import report as make_report
+    *_, everything = report
+    r = make_report(everything[everything["source"] == "AIC-SILICON"])
+    got = dict(zip(r["metric"], r["error_factor"]))
+    assert set(got) == set(HOPPER_BOUNDS)
+    assert all(got[m] <= b for m, b in HOPPER_BOUNDS.items()), "\n" + r.to_string()
 
 
 def test_multi_gpu_l40s_within_target(report):

@@ -7,7 +7,8 @@ value of every design at once; NaN where an entry lacks the field, e.g. a dtype 
 native support for). The fitted kernel parameters (dse/catalog/kernels/*.toml) are one array
 ``Tables.kernel[accelerator, runtime, key]``; a chip with no entry for a runtime takes, per key,
 the mean of every entry that has it (none is missing today: the fit writes every chip), and the
-extra runtime slot ``-1`` (an unknown runtime) holds those means too. A named MoE kernel
+extra runtime slot ``-1`` (an unknown runtime) holds those means too; a GEMM's fixed time is the
+smallest any runtime's table fits on the chip (``_served_gemm_latency``). A named MoE kernel
 backend (``serving.moe_backend``) overlays its own parameters,
 ``Tables.backend_kernel[accelerator, runtime, backend, key]`` (NaN: the key is auto's).
 
@@ -106,6 +107,8 @@ def _build() -> Tables:
             entry = params.get((acc_id, rt), {})
             kernel[a, r] = [entry.get(k, m) for k, m in zip(keys, mean)]
         kernel[a, -1] = mean
+    _served_gemm_latency(kernel, keys, [[(acc_id, rt) in params for rt in runtimes]
+                                        for acc_id in ids["accelerator"]])
     backends = tuple(fields.REGISTRY["serving.moe_backend"].choices)
     over = np.full((len(accs), len(runtimes) + 1, len(backends), len(keys)), np.nan)
     kpos = {k: j for j, k in enumerate(keys)}
@@ -119,6 +122,25 @@ def _build() -> Tables:
                         over[a, r, backends.index(b), kpos[k]] = v
     return Tables(ids, index, columns, default_topology, runtimes, keys, kernel, backends, over,
                   (accs, topos, mods, params))
+
+
+def _served_gemm_latency(kernel: np.ndarray, keys, have) -> None:
+    """A serving step's GEMMs pay the kernel's own fixed time: per chip and GEMM family, every
+    runtime takes the smallest fitted ``gemm_<family>_latency_s`` of the runtimes measured on
+    that chip (in place). A runtime's table may time a GEMM through its Python op wrapper and
+    activation quantization (vLLM's block-fp8 table fits 82-194 us per call where SGLang's runs
+    the same DeepGEMM/CUTLASS kernels in 4-6 us; TensorRT-LLM's fp8 table includes dynamic
+    activation scaling, 12-15 us): under CUDA graphs and fused quantization a step does not pay
+    that. The kernel fits and their report keep their own values."""
+    have = np.asarray(have, bool)                       # [accelerator, runtime]
+    n_rt = have.shape[1]
+    for j, k in enumerate(keys):
+        if not (k.startswith("gemm_") and k.endswith("_latency_s")):
+            continue
+        vals = np.where(have, kernel[:, :n_rt, j], np.inf)
+        best = vals.min(axis=1)
+        ok = np.isfinite(best)
+        kernel[ok, :n_rt, j] = best[ok, None]
 
 
 def backend_available(T: "Tables") -> np.ndarray:

@@ -51,8 +51,18 @@ from dse.scoring.predict import Prepared, finish, prepare
 from dse.spec.fields import REGISTRY
 
 # (name, prior, lower, upper)
+RUNTIMES = ("trtllm", "sglang", "vllm")
 PARAMS = (
+    # fixed time per layer per step on every chip and runtime: norms, residuals, rotary
+    # embedding, activation kernels, the launches no kernel table times
     ("layer_overhead_s", 10e-6, 1e-8, 5e-4),
+    # the runtime's front end per request, in both TTFTs: HTTP, tokenization, the API server's
+    # and engine's hand-offs, streaming the first token (0 where a source measured in-process:
+    # cases.SOURCE_INPUTS)
+    *((f"request_overhead_s.{rt}", 0.05, 1e-4, 2.0) for rt in RUNTIMES),
+    # the scheduler's host time per running sequence per step (batch bookkeeping, sampling,
+    # detokenization), on each attention-DP rank
+    *((f"seq_overhead_s.{rt}", 3e-6, 1e-9, 2e-4) for rt in RUNTIMES),
 )
 # end-to-end factors kept at their physical priors: the share of HBM bandwidth the traffic
 # outside GEMMs and attention reaches (embedding rows), of the scale-up and scale-out links a
@@ -75,9 +85,22 @@ def _batch_with(prep: Prepared, theta: dict):
         runtime = _row_runtimes(prep)
         for name, v in per_runtime.items():
             field, rt = name.split(".", 1)
-            base = cols[field] if field in cols else getattr(prep.batch, field)
-            cols[field] = np.where(runtime == rt, v, np.broadcast_to(base, runtime.shape))
+            base = np.broadcast_to(cols[field] if field in cols else getattr(prep.batch, field),
+                                   runtime.shape)
+            # a case that gives the number itself (a source's input) keeps it
+            mine = (runtime == rt) & ~_given(prep, field)
+            cols[field] = np.where(mine, v, base)
     return prep.batch.replace(**cols)
+
+
+def _given(prep: Prepared, field: str) -> np.ndarray:
+    """Per prepared row: its case gives the setting behind batch field ``field`` itself (a
+    dotted column such as ``serving.request_overhead_s``, or a source's input)."""
+    cols = [c for c in prep.cases.columns if c.endswith("." + field)]
+    if not cols or "_case" not in prep.resolved:
+        return np.zeros(len(prep.resolved), bool)
+    given = pd.to_numeric(prep.cases[cols[0]], errors="coerce").notna().to_numpy()
+    return given[prep.resolved["_case"].to_numpy(int)]
 
 
 def _row_runtimes(prep: Prepared) -> np.ndarray:
@@ -283,13 +306,20 @@ def tables(theta: dict, cases: pd.DataFrame, unc: dict | None = None) -> dict:
     n = int(fittable(cases).sum())
     sd = "" if not unc else "; log-space sd " + ", ".join(
         f"{k} {s:.3f}" for k, s in zip(unc["params"], unc["log_sd"])) + " (bootstrap)"
-    out = {"default": {**{p[0]: theta[p[0]] for p in PARAMS}, **FIXED,
+    per_rt: dict = {}
+    for name, v in theta.items():
+        if "." in name and name in {p[0] for p in PARAMS}:
+            field, rt = name.split(".", 1)
+            per_rt.setdefault(rt, {})[field] = v
+    out = {"default": {**{p[0]: theta[p[0]] for p in PARAMS if "." not in p[0]}, **FIXED,
                        "fitted_on": (
                            f"{n} of {len(cases)} cases of ../shared/calibration ({hws}; "
                            f"{runtimes}; the online rows at an infinite request rate and the "
                            "queue-suspect TTFTs are not fitted), on top of the kernel fits, "
                            "shared by every chip"
                            + sd + f"; fitted {today}")}}
+    if per_rt:
+        out["runtimes"] = per_rt
     if unc:
         out["uncertainty"] = {"end_to_end": unc}
     return out
@@ -302,12 +332,21 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
              "# fitted on ../shared/calibration and shared by every chip -- and the factors kept at",
              "# their physical priors. Written by `python -m dse.calibration.calibrate --fit --write`; do not",
              "# edit by hand. A chip may get its own table; `default` applies to the others.", ""]
-    for k in ["default"] + sorted(k for k in tables if k not in ("default", "uncertainty")):
+    for k in ["default"] + sorted(k for k in tables
+                                  if k not in ("default", "uncertainty", "runtimes")):
         lines.append(f"[{k}]")
         for f in (*EFF_FIELDS, "fitted_on"):
             if f in tables[k]:
                 v = tables[k][f]
                 lines.append(f'{f} = "{v}"' if isinstance(v, str) else f"{f} = {v:.6g}")
+        lines.append("")
+    if tables.get("runtimes"):
+        lines += ["# the runtimes' host times (serving.request_overhead_s: the front end per request;",
+                  "# serving.seq_overhead_s: the scheduler per running sequence per step), fitted with",
+                  "# the default table above; a design's own [serving] value wins"]
+    for rt, vals in sorted(tables.get("runtimes", {}).items()):
+        lines.append(f"[runtimes.{rt}]")
+        lines += [f"{f} = {v:.6g}" for f, v in sorted(vals.items())]
         lines.append("")
     for fam, u in tables.get("uncertainty", {}).items():
         lines += [f"# uncertainty of the fitted numbers: {u['rule']}",
@@ -319,4 +358,5 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
                   f'rule = "{u["rule"]}"', ""]
     path.write_text("\n".join(lines))
     catalog.accelerators.cache_clear()    # the builder's tables rebuild with the cache
+    catalog.runtime_defaults.cache_clear()
     return path
