@@ -234,16 +234,18 @@ def test_decode_bound_is_the_resource_bounding_the_most_op_time():
     that bounds the largest share of its op time, each op bound by the largest of its compute,
     memory and network times (ties: memory over compute, network only when strictly largest),
     worked here from the per-op breakdown for Llama-3.1-70B at tp = 4 and Mixtral at ep = 8
-    over batches from 1 to 4096 sequences (HBM large enough that no batch fills it): the
+    over batches from 1 to 4096 sequences (HBM large enough that no batch fills it; Mixtral
+    with attention data parallelism, tp 1 x dp 8, so its experts' all-to-all runs): the
     scorer's own sums (``decode_*_s``) and bound must agree at every batch."""
     import numpy as np
     cs = [1, 4, 16, 64, 128, 192, 256, 320, 384, 512, 768, 1024, 2048, 4096]
     rows = [design("h100-sxm", model, **{
-        "model.weight_dtype": "bf16", "layout.tp": tp, "layout.ep": ep,
+        "model.weight_dtype": "bf16", "layout.tp": tp, "layout.ep": ep, "layout.dp": dp,
         "workload.phase": "decode", "workload.isl": 2048, "workload.osl": 256,
         "workload.concurrency": c, "accelerator.hbm_capacity_bytes": 1e13,
         "serving.max_batch_size": 100000})
-        for model, tp, ep in (("llama-3.1-70b", 4, 1), ("mixtral-8x7b", 8, 8)) for c in cs]
+        for model, tp, ep, dp in (("llama-3.1-70b", 4, 1, 1), ("mixtral-8x7b", 1, 8, 8))
+        for c in cs]
     b = batch(rows)
     fast = score(b)
     _, steps = score(b, breakdown=True)

@@ -90,7 +90,11 @@ def test_ep_domain(answered):
     assert set(n["domains"]) == {"8", "72", "144", "576"}
     for d, v in n["domains"].items():
         inside, across = v["inside"], v["across"]
-        assert across["usd_per_mtok_output"] > inside["usd_per_mtok_output"], d
+        # from one rack up, spanning two domains costs more; two 8-chip domains can cost less
+        # than one: 8 chips cannot prefill the batch their decodes want within the 5 s TTFT
+        # (closed loop), 16 can (the equal-chip pairs below are the like-for-like comparison)
+        if int(d) >= 72:
+            assert across["usd_per_mtok_output"] > inside["usd_per_mtok_output"], d
         m = rescore("ep-domain", inside["design_id"])
         assert m["usd_per_mtok_output"] == pytest.approx(inside["usd_per_mtok_output"])
         # several instances per domain: the instance divides the domain
@@ -206,8 +210,15 @@ def test_hardware_value(answered):
     # an upgrade at the same price never makes the best design dearer or slower
     assert (rows["cost_change_pct"] <= 1e-9).all()
     assert (rows["throughput_change_pct"] >= -1e-9).all()
+    # under a TPOT limit the expert all-to-all sits on the critical path: more scale-up
+    # bandwidth buys a cheaper design; without one the cheapest design is compute-bound with its
+    # all-to-all hidden under two-batch overlap, and the bandwidth is worth nothing there
     up = rows[rows["upgrade"] == "2x scale-up bandwidth"]
-    assert (up["cost_change_pct"] < 0).all()
+    limited = up["slo"] != "no TPOT limit"
+    assert limited.sum() == 2 and (up[limited]["cost_change_pct"] < 0).all()
+    free = rows[(rows["slo"] == "no TPOT limit") & (rows["upgrade"] == "baseline")].iloc[0]
+    if free["cheapest_bound"] == 0 and "overlap=tbo" in free["cheapest_layout"]:
+        assert (up[~limited]["cost_change_pct"] == 0).all()
     for _, r in rows[rows["upgrade"] == "baseline"].iterrows():
         m = rescore("hardware-value", r["cheapest_design_id"])
         assert m["usd_per_mtok_output"] == pytest.approx(r["usd_per_mtok_output"])

@@ -14,6 +14,9 @@ DSV3 = dict(acc="gb200", model="deepseek-v3", **{
     "topology.id": "nvl72", "model.weight_dtype": "fp8", "layout.tp": 1, "layout.ep": 32,
     "layout.dp": 32, "layout.prefill_ep": 8, "layout.prefill_dp": 8, "workload.isl": 2048,
     "workload.osl": 1024, "workload.concurrency": 2048, "workload.prefill_concurrency": 4,
+    # (no front end: the worked TTFTs below are the pools' own; tests/test_served_overheads.py
+    # adds it)
+    "serving.request_overhead_s": 0.0,
     "serving.mode": "disaggregated", "serving.expert_imbalance": 1.0})
 
 

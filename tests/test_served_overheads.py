@@ -55,3 +55,17 @@ def test_a_blank_host_time_is_the_runtimes_fitted_one():
     b = batch(design(model="llama-3.1-8b", **{**L8, "serving.request_overhead_s": 0.0,
                                               "serving.seq_overhead_s": 3e-6}))
     assert b.request_overhead_s[0] == 0.0 and b.seq_overhead_s[0] == 3e-6
+
+
+def test_a_disaggregated_ttft_pays_the_front_end_once():
+    """A disaggregated request passes the front end once, not once per pool: 1.5 prefill passes +
+    the KV move + the front end's 0.25 s."""
+    d = design("gb200", "deepseek-v3", **{
+        "topology.id": "nvl72", "model.weight_dtype": "fp8", "layout.tp": 1, "layout.ep": 32,
+        "layout.dp": 32, "layout.prefill_ep": 8, "layout.prefill_dp": 8, "workload.isl": 2048,
+        "workload.osl": 1024, "workload.concurrency": 2048, "workload.prefill_concurrency": 4,
+        "serving.mode": "disaggregated"})
+    base = one(d, request_overhead_s=0.0)
+    more = one(d, request_overhead_s=0.25)
+    assert more["ttft_s"] - base["ttft_s"] == pytest.approx(0.25, rel=1e-9)
+    assert more["ttft_unloaded_s"] == more["ttft_s"]

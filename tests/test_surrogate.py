@@ -97,7 +97,7 @@ def test_on_the_quickstart_24_trials_reach_what_the_neighbour_search_did_not(mon
     replayed: the share of the exact front's hypervolume, against the grid-neighbour search it
     replaced, against the same surrogate told a 0/1 feasibility label instead of the memory
     margin (it cannot see where the memory wall is: 0.77), and against it without the chips'
-    spec columns (each chip's effect learnt from its own designs alone: seed 3 at 0.968)."""
+    spec columns (each chip's effect learnt from its own designs alone: worst seed 0.980)."""
     sc = Scored(load_space(str(QUICK)))
 
     def shares(**kw):
@@ -114,7 +114,9 @@ def test_on_the_quickstart_24_trials_reach_what_the_neighbour_search_did_not(mon
     assert model.mean() > 0.985 and model.min() > 0.98, model
     assert model.mean() > grid.mean() + 0.05, (model, grid)
     assert model.mean() > label.mean() + 0.1, (model, label)
-    assert model.min() > blind.min() + 0.01, (model, blind)     # seed 3: B200 found late
+    # (the spec columns help less since a served GEMM's fixed time is the kernel's on every
+    # chip: mean 0.994 vs 0.993, worst 0.982 vs 0.980; it was 0.968 blind at seed 3 before)
+    assert model.min() > blind.min() and model.mean() > blind.mean(), (model, blind)
 
 
 def test_the_constraint_target_is_the_log_ratio_to_its_bound():

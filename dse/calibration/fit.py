@@ -2,10 +2,21 @@
 
 The per-op efficiencies come from the kernel fits (``python -m dse.calibration.kernels``, the catalog's
 ``kernels/*.toml``). What end-to-end serving adds on top of the kernels, and what no kernel
-table measures, is a fixed time per layer (norms, residuals, rotary embedding, activation
-kernels). That one number is fitted here by least squares in log space, **shared by every
-chip** (it describes the runtime, not the silicon), so it transfers to chips the calibration set
-never saw; the other end-to-end factors stay at their physical priors (``FIXED``).
+table measures, are three host and glue times (``PARAMS``), fitted here by least squares in log
+space on the TensorRT-LLM tables and the Hopper set (three runtimes, closed-loop TTFT):
+
+- a fixed time per layer per step (norms, residuals, rotary embedding, activation kernels),
+  **shared by every chip and runtime**;
+- per runtime, the front end's time per request in both TTFTs (HTTP, tokenization, the API
+  server's and engine's hand-offs, streaming: ``serving.request_overhead_s``; 0 where a source
+  measured in-process, ``dse.calibration.cases.SOURCE_INPUTS``);
+- per runtime, the scheduler's host time per running sequence per step
+  (``serving.seq_overhead_s``: batch bookkeeping, sampling, detokenization).
+
+None is per chip (they describe the runtime, not the silicon), so they transfer to chips the
+calibration set never saw; the other end-to-end factors stay at their physical priors
+(``FIXED``). The per-runtime numbers are written to efficiency.toml's ``[runtimes.*]`` tables
+(``catalog.runtime_defaults`` merges them; a design's own value wins).
 
 A fixed time per step (scheduler, sampling, host-device synchronisation) was fitted too until
 2026-12: with the all-reduce selection rule and the logits all-gather it came out at 12.6 us
@@ -329,9 +340,11 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
     path = path or Path(catalog.__file__).with_name("efficiency.toml")
     lines = ["# End-to-end remainder of the serving model (dse.calibration.fit): what end-to-end serving adds",
              "# to the fitted kernels (dse/catalog/kernels) -- a fixed time per layer (none per step),",
-             "# fitted on ../shared/calibration and shared by every chip -- and the factors kept at",
-             "# their physical priors. Written by `python -m dse.calibration.calibrate --fit --write`; do not",
-             "# edit by hand. A chip may get its own table; `default` applies to the others.", ""]
+             "# shared by every chip, and per runtime the front end's time per request and the",
+             "# scheduler's per running sequence, fitted on ../shared/calibration -- and the factors",
+             "# kept at their physical priors. Written by `python -m dse.calibration.calibrate --fit",
+             "# --write`; do not edit by hand. A chip may get its own table; `default` applies to the",
+             "# others.", ""]
     for k in ["default"] + sorted(k for k in tables
                                   if k not in ("default", "uncertainty", "runtimes")):
         lines.append(f"[{k}]")
