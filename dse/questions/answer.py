@@ -109,17 +109,19 @@ def first_lines(out) -> str:
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-03 (fifth pass): the kernel fits separate the benchmarks' warm L2 cache (each "
-    "chip's L2 size from its spec sheet; a call re-run on the same buffers keeps a working set "
-    "below it in the cache) from the cold-cache rates the scorer uses, and cap those at the "
-    "DRAM peak, where some fits had reached 1.2-1.5x it: decode attention, GEMM weight streams "
-    "and expert weight reads are slower on A100, L40S and RTX PRO 6000 (A100 TensorRT-LLM's "
-    "decode KV stream 1.49 -> 1.00 of the peak, L40S GEMMs 1.2 -> 0.74) and within a few "
-    "percent on Hopper and Blackwell; sliding-window layers decode per query head on "
-    "FlashAttention-2 (vLLM on L40S and RTX PRO 6000); the per-layer time is refitted "
-    "(45.5 -> 40.7 us). Before it (fourth pass): the routed experts' grouped GEMMs pay one "
-    "wave of output tiles per call and a kernel run over every routed entry computes a fitted "
-    "share of the entries held by other chips.")
+    "2026-12-05 (sixth pass, issue 28: how ops compose into a serving step, fitted end to end on "
+    "916 measured Hopper deployments of three runtimes): ttft_s is the closed-loop benchmark's "
+    "mean (the start-up burst and the steady wait for the other users' prompts, from the "
+    "prompt budget per step); a prompt past the budget runs in even chunks; each runtime's "
+    "front end per request (TensorRT-LLM 121 ms, SGLang 331 ms, vLLM 22 ms) is in both TTFTs "
+    "and its scheduler's time per running sequence in every step (2.8 us, 23 us, ~0); the "
+    "per-layer time is refitted with them (40.7 -> 26.9 us); a served GEMM's fixed time is the "
+    "smallest any runtime's table fits on the chip; shared experts run where the dense MLP "
+    "runs (replicated per attention-DP rank under TensorRT-LLM and vLLM); expert parallelism "
+    "without attention data parallelism sends no all-to-all (one all-reduce of the experts' "
+    "outputs). TTFT limits (ttft_s) now bind where a batch's prompts queue for the budget. "
+    "Before it (fifth pass): the kernel fits separate the benchmarks' warm L2 cache from the "
+    "cold-cache rates the scorer uses.")
 
 
 def _previous(o: Path) -> dict | None:
