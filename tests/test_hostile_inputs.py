@@ -1,0 +1,52 @@
+"""Hostile inputs (issue 27, point 4): each is refused with one line naming the file and the key,
+exit code 2 and no traceback, or (CSV cells a spreadsheet would evaluate) neutralised."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import SMALL_SPACE, run_cli
+
+from test_bad_input import assert_one_line_error
+
+
+def validate_space(capsys, tmp_path, text, name="space.toml"):
+    """``dse validate`` on TEXT written to NAME: (exit code, stdout, stderr, the path)."""
+    path = tmp_path / name
+    path.write_text(text)
+    rc, out, err = run_cli(capsys, "validate", path)
+    return rc, out, err, path
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. constraint bounds
+
+
+@pytest.mark.parametrize("key", ["max", "min"])
+@pytest.mark.parametrize("value, words", [("nan", "not a finite number"),
+                                          ("inf", "not a finite number"),
+                                          ("-inf", "not a finite number"),
+                                          ("-1", "negative"), ("-0.5", "negative"),
+                                          ("true", "not a number"), ('"2"', "not a number")])
+def test_constraint_bound_not_finite_or_negative(capsys, tmp_path, key, value, words):
+    text = SMALL_SPACE.replace("ttft_s = { max = 2.0 }", f"ttft_s = {{ {key} = {value} }}")
+    rc, _, err, path = validate_space(capsys, tmp_path, text)
+    line = assert_one_line_error(rc, err, file=path)
+    assert f"constraints.ttft_s.{key}" in line and words in line
+    assert ">= 0" in line  # says what is valid
+
+
+def test_constraint_bound_in_an_objectives_file_names_that_file(capsys, tmp_path):
+    (tmp_path / "obj.toml").write_text('[objectives]\ntpot_s = "minimize"\n'
+                                       "[constraints]\nusd_per_mtok_output = { max = nan }\n")
+    head = SMALL_SPACE.split("[objectives]")[0]
+    rc, _, err, _ = validate_space(capsys, tmp_path, 'objectives = "obj.toml"\n' + head)
+    line = assert_one_line_error(rc, err, file=tmp_path / "obj.toml")
+    assert "constraints.usd_per_mtok_output.max" in line
+
+
+@pytest.mark.parametrize("bound", ["{ max = 0 }", "{ min = 0.0, max = 3 }", "{ min = 1e-9 }"])
+def test_constraint_bound_zero_or_positive_is_accepted(capsys, tmp_path, bound):
+    rc, out, err, _ = validate_space(
+        capsys, tmp_path, SMALL_SPACE.replace("{ max = 2.0 }", bound))
+    assert rc == 0, err
+    assert "constraints: ttft_s" in out
