@@ -50,3 +50,42 @@ def test_constraint_bound_zero_or_positive_is_accepted(capsys, tmp_path, bound):
         capsys, tmp_path, SMALL_SPACE.replace("{ max = 2.0 }", bound))
     assert rc == 0, err
     assert "constraints: ttft_s" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. deeply nested TOML
+
+DEEP = {
+    "arrays": "name = " + "[" * 1200 + "]" * 1200 + "\n",
+    "inline tables": "name = " + "{ a = " * 1200 + "1" + " }" * 1200 + "\n",
+    "table headers": "[model." + ".".join(["a"] * 1200) + "]\nx = 1\n",
+    "dotted keys": "model." + ".".join(["a"] * 1200) + " = 1\n",
+    "33 levels": "[model." + ".".join(["a"] * 32) + "]\nx = 1\n",
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "eval"])
+@pytest.mark.parametrize("kind", sorted(DEEP))
+def test_deeply_nested_toml_is_refused(capsys, tmp_path, command, kind):
+    path = tmp_path / "deep.toml"
+    path.write_text(DEEP[kind])
+    rc, _, err = run_cli(capsys, command, path)
+    line = assert_one_line_error(rc, err, file=path)
+    assert "nested" in line and "at most 32 levels" in line
+    assert "RecursionError" not in line
+
+
+def test_deeply_nested_objectives_file_is_refused(capsys, tmp_path):
+    (tmp_path / "obj.toml").write_text(DEEP["arrays"])
+    head = SMALL_SPACE.split("[objectives]")[0]
+    rc, _, err, _ = validate_space(capsys, tmp_path, 'objectives = "obj.toml"\n' + head)
+    assert "nested" in assert_one_line_error(rc, err, file=tmp_path / "obj.toml")
+
+
+def test_nesting_up_to_the_limit_is_read(capsys, tmp_path):
+    # 32 levels get past the reader, to the check of the keys
+    path = tmp_path / "deep.toml"
+    path.write_text("[model." + ".".join(["a"] * 31) + "]\nx = 1\n")
+    rc, _, err = run_cli(capsys, "eval", path)
+    line = assert_one_line_error(rc, err, file=path)
+    assert "nested" not in line and "unknown key" in line
