@@ -89,3 +89,24 @@ def test_nesting_up_to_the_limit_is_read(capsys, tmp_path):
     rc, _, err = run_cli(capsys, "eval", path)
     line = assert_one_line_error(rc, err, file=path)
     assert "nested" not in line and "unknown key" in line
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. an unknown id in a space's base design is named under its own key
+
+FIXED_ACC = SMALL_SPACE.replace('"accelerator.id" = ["h100-sxm", "h200-sxm", "a100-sxm-80g"]\n', "")
+
+
+@pytest.mark.parametrize("text, key, bad", [
+    (FIXED_ACC.replace('id = "h100-sxm"', 'id = "h100-sxmm"'), "accelerator.id", "h100-sxmm"),
+    (FIXED_ACC.replace('id = "llama-3.1-8b"', 'id = "llama-3.1-8bb"'), "model.id", "llama-3.1-8bb"),
+    (FIXED_ACC.replace("[model]", '[topology]\nid = "hgx-88"\n[model]'), "topology.id", "hgx-88"),
+    # swept by a parameter: the base value is still a typo, and named as such
+    (SMALL_SPACE.replace('id = "h100-sxm"', 'id = "h100-sxmm"'), "accelerator.id", "h100-sxmm"),
+])
+def test_unknown_base_id_names_its_key(capsys, tmp_path, text, key, bad):
+    rc, _, err, path = validate_space(capsys, tmp_path, text)
+    line = assert_one_line_error(rc, err, file=path)
+    assert f"{path}: {key}: unknown" in line and repr(bad) in line
+    assert "parameters." not in line
+    assert "did you mean" in line

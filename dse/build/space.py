@@ -29,6 +29,7 @@ import pandas as pd
 
 from dse.build.designs import (DIRECT_FIELDS, FEEDERS, STRING_PATHS, apply_numbers, kv_dtype_of,
                                resolve, settable_paths, to_batch)
+from dse import catalog
 from dse.spec import validate
 from dse.spec.design import DIRECTIONS, NUMERIC_METRICS, SECTIONS, SPACE_KEYS, flatten, read_toml
 from dse.errors import InputError, suggest
@@ -507,6 +508,8 @@ def load_space(path: str) -> Space:
         if key not in valid:
             raise InputError(f"unknown key {key!r}", file=path, hint=suggest(key, valid, "valid keys"))
         base[key] = validate.check_value(key, base[key], file=path)
+        if REGISTRY[key].kind == "id" and base[key] != "":   # named here, not under a parameter
+            catalog.lookup(validate.catalog_kind(key), base[key], file=path, where=key)
     params = []
     for p, spec in (doc.get("parameters") or {}).items():
         if p not in valid:
