@@ -110,3 +110,21 @@ def test_unknown_base_id_names_its_key(capsys, tmp_path, text, key, bad):
     assert f"{path}: {key}: unknown" in line and repr(bad) in line
     assert "parameters." not in line
     assert "did you mean" in line
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. a population (or segment) of no trials
+
+
+@pytest.mark.parametrize("flag, value", [("--population", 0), ("--population", -4),
+                                         ("--segment-trials", 0)])
+@pytest.mark.parametrize("strategy", ["exhaustive", "optuna"])
+def test_run_with_no_trials_per_batch_is_refused(capsys, tmp_path, flag, value, strategy):
+    space = tmp_path / "space.toml"
+    space.write_text(SMALL_SPACE)
+    out = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "run", space, "--strategy", strategy, flag, value,
+                         "--out", out, "--quiet")
+    line = assert_one_line_error(rc, err)
+    assert f"{flag} {value} must be >= 1" in line
+    assert not out.exists(), "a refused run leaves no run folder"
