@@ -3,8 +3,9 @@ exit code 2 and no traceback, or (CSV cells a spreadsheet would evaluate) neutra
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
-from helpers import SMALL_SPACE, run_cli
+from helpers import CASE_COLUMNS, SHARED, SMALL_SPACE, run_cli, write_cases
 
 from test_bad_input import assert_one_line_error
 
@@ -128,3 +129,49 @@ def test_run_with_no_trials_per_batch_is_refused(capsys, tmp_path, flag, value, 
     line = assert_one_line_error(rc, err)
     assert f"{flag} {value} must be >= 1" in line
     assert not out.exists(), "a refused run leaves no run folder"
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. a case column named like a field's last part
+
+
+def predict_with(capsys, tmp_path, column, value):
+    from test_bad_input import GOOD
+    cases = write_cases(tmp_path / "cases.csv", [{**GOOD, column: value}],
+                        [*CASE_COLUMNS, column])
+    out = tmp_path / "predictions.csv"
+    rc, _, err = run_cli(capsys, "predict", cases, "--out", out)
+    return rc, err, cases, out
+
+
+@pytest.mark.parametrize("column, meant", [
+    ("hbm_bw_bytes_per_s", "'accelerator.hbm_bw_bytes_per_s'"),
+    ("max_num_tokens", "'serving.max_num_tokens'"),
+    ("tdp_w", "'accelerator.tdp_w'"),
+    ("max_num_token", "'serving.max_num_tokens'"),           # one edit from it
+    ("link_bw_bytes_per_s", "'topology.scaleout.link_bw_bytes_per_s' or "
+                            "'topology.scaleup.link_bw_bytes_per_s'"),
+])
+def test_case_column_named_like_a_field_is_refused(capsys, tmp_path, column, meant):
+    rc, err, cases, out = predict_with(capsys, tmp_path, column, "8192")
+    line = assert_one_line_error(rc, err, file=cases)
+    assert f"column {column}" in line and f"rename it to {meant}" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("column", ["accelerator.hbm_bw_bytes_per_s", "my_remark", "source",
+                                    "citation", "note", "split", "mode", "derived_inputs"])
+def test_dotted_and_extra_case_columns_are_accepted(capsys, tmp_path, column):
+    value = "4.0e12" if "." in column else "aggregated"
+    rc, err, _, out = predict_with(capsys, tmp_path, column, value)
+    assert rc == 0, err
+    assert len(pd.read_csv(out)) == 1
+
+
+@pytest.mark.parametrize("name", ["cases.csv", "silicon_hopper_cases.csv"])
+def test_calibration_case_files_still_predict(tmp_path, name):
+    path = SHARED / "calibration" / name
+    if not path.exists():
+        pytest.skip(f"{path} is not here")
+    from dse.scoring.predict import read_cases
+    assert len(read_cases(str(path))) > 0     # every column of theirs is accepted

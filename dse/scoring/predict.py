@@ -40,6 +40,11 @@ MECHANISMS = {"spec_tokens": "serving.spec_tokens", "spec_acceptance": "serving.
               "num_requests": "workload.num_requests"}
 OPTIONAL = ("topology", "tp", "pp", "ep", "dp", "kv_dtype", "concurrency", "prefix_hit_fraction",
             "phase", "runtime", "dense_mlp", *MECHANISMS)
+# columns the calibration case files carry for the record and dse never reads; named here
+# because ``mode`` (the measured deployment, "aggregated") is also the last part of
+# serving.mode and cost.mode, which any other such column is refused for
+ANNOTATIONS = ("source", "citation", "note", "split", "mode", "derived_inputs", "backend",
+               "backend_version", "snapshot", "mtp_check", "length_dist")
 RENAME = {"model": "model.id", "hardware": "accelerator.id", "topology": "topology.id",
           "weight_dtype": "model.weight_dtype", "kv_dtype": "model.kv_dtype",
           "isl": "workload.isl", "osl": "workload.osl", "concurrency": "workload.concurrency",
@@ -76,6 +81,7 @@ def read_cases(path: str) -> pd.DataFrame:
         raise InputError(f"cannot read the file ({e.strerror or type(e).__name__})", file=path,
                          hint="give the path of a readable case CSV") from None
     validate.typo_columns(df.columns, (*REQUIRED, *OPTIONAL), file=path)
+    validate.field_part_columns(df.columns, (*REQUIRED, *OPTIONAL, *ANNOTATIONS), file=path)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise InputError(f"missing required column {missing[0]!r}", file=path,
