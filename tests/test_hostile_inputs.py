@@ -175,3 +175,45 @@ def test_calibration_case_files_still_predict(tmp_path, name):
         pytest.skip(f"{path} is not here")
     from dse.scoring.predict import read_cases
     assert len(read_cases(str(path))) > 0     # every column of theirs is accepted
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. CSV injection: text cells a spreadsheet would evaluate
+
+HOSTILE_IDS = ['=HYPERLINK("http://x","y")', "+1+1", "-2+3", "@SUM(A1)", "\tx", "\rx"]
+
+
+def test_predictions_neutralise_formula_case_ids(capsys, tmp_path):
+    from test_bad_input import GOOD
+    ids = [*HOSTILE_IDS, "-7", "plain"]
+    cases = write_cases(tmp_path / "cases.csv", [{**GOOD, "case_id": i} for i in ids])
+    out = tmp_path / "predictions.csv"
+    rc, _, err = run_cli(capsys, "predict", cases, "--out", out)
+    assert rc == 0, err
+    pred = pd.read_csv(out, dtype={"case_id": str}, keep_default_na=False)
+    assert list(pred["case_id"]) == ["'" + i for i in HOSTILE_IDS] + ["-7", "plain"]
+    assert pred["ttft_s"].dtype == float and (pred["ttft_s"] > 0).all()
+
+
+def test_spreadsheet_safe_touches_text_cells_only():
+    from dse.spec.csvsafe import spreadsheet_safe
+    df = pd.DataFrame({"id": ["=1+2", "-1", "-x", "ok", None],
+                       "n": [-1.0, -2.5, 3.0, 4.0, 5.0],
+                       "mixed": [-1, "@x", 2.5, "'=done", float("nan")]})
+    out = spreadsheet_safe(df)
+    assert list(out["id"][:4]) == ["'=1+2", "-1", "'-x", "ok"] and pd.isna(out["id"][4])
+    assert out["n"].tolist() == [-1.0, -2.5, 3.0, 4.0, 5.0] and out["n"].dtype == float
+    assert out["mixed"].tolist()[:4] == [-1, "'@x", 2.5, "'=done"]   # once only
+    assert df["id"][0] == "=1+2", "the caller's frame is left alone"
+    clean = pd.DataFrame({"a": [1, 2], "b": ["x", "y"]})
+    assert spreadsheet_safe(clean) is clean
+
+
+def test_front_csv_neutralises_text_cells(tmp_path):
+    from dse.search import store
+    front = pd.DataFrame({"tpot_s": [0.01, -0.0], "accelerator.id": ["=evil()", "h100-sxm"],
+                          "design_id": [3, 4]})
+    store.write_front(tmp_path, front, [{"name": "tpot_s"}], ["accelerator.id"])
+    back = pd.read_csv(tmp_path / "front.csv")
+    assert back["accelerator.id"].tolist() == ["'=evil()", "h100-sxm"]
+    assert back["tpot_s"].tolist() == [0.01, -0.0] and back["design_id"].tolist() == [3, 4]

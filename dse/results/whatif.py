@@ -38,6 +38,7 @@ from dse.results.bands_report import whatif_bands, whatif_headline, whatif_lines
 from dse.scoring.bands import check_samples
 from dse.search import store
 from dse.spec import validate
+from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.fields import REGISTRY, label, objective_label
 
 SENSITIVITY = ("accelerator.peak_flops_per_s", "accelerator.hbm_bw_bytes_per_s",
@@ -256,7 +257,7 @@ def _state_kv_dtype(f: Path, space, overrides=None) -> None:
     df = pd.read_csv(f)
     df["kv_dtype"] = space.kv_dtypes(df["design_id"].to_numpy(np.int64), overrides) \
         if len(df) else pd.Series(dtype=object)
-    store.atomic_save(f, lambda p: df.to_csv(p, index=False))
+    store.atomic_save(f, lambda p: spreadsheet_safe(df).to_csv(p, index=False))
 
 
 def kv_line(before: np.ndarray, after: np.ndarray) -> str:

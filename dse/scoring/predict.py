@@ -22,6 +22,7 @@ from dse.perf.serve import (
     KNEE_FRACTION as _KNEE,  # the batch that fills the HBM (decode_bound)
 )
 from dse.spec import validate
+from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.fields import REGISTRY
 
 REQUIRED = ("case_id", "model", "hardware", "num_chips", "weight_dtype", "isl", "osl")
@@ -388,8 +389,9 @@ def predict_file(path: str, out_path: str) -> pd.DataFrame:
 
 
 def write_csv(frame: pd.DataFrame, path: str) -> None:
-    """CSV at full float precision, NaN as an empty field (pyarrow: ~15x faster than pandas)."""
+    """CSV at full float precision, NaN as an empty field (pyarrow: ~15x faster than pandas),
+    text cells a spreadsheet would evaluate neutralised (``spreadsheet_safe``)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
-    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = pa.Table.from_pandas(spreadsheet_safe(frame), preserve_index=False)
     pacsv.write_csv(table, path, pacsv.WriteOptions(quoting_style="needed"))
