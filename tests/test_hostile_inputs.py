@@ -217,3 +217,50 @@ def test_front_csv_neutralises_text_cells(tmp_path):
     back = pd.read_csv(tmp_path / "front.csv")
     assert back["accelerator.id"].tolist() == ["'=evil()", "h100-sxm"]
     assert back["tpot_s"].tolist() == [0.01, -0.0] and back["design_id"].tolist() == [3, 4]
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. a what-if whose change leaves no design of the front valid
+
+WHATIF_SPACE = """
+name = "w"
+[accelerator]
+id = "h100-sxm"
+[model]
+id = "llama-3.1-8b"
+[parameters]
+"layout.tp" = [1, 2, 4]
+"workload.concurrency" = [1, 8, 64]
+[objectives]
+usd_per_mtok_output = "minimize"
+tpot_s = "minimize"
+"""
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("whatif")
+    (d / "space.toml").write_text(WHATIF_SPACE)
+    from dse.cli import main
+    assert main(["run", str(d / "space.toml"), "--out", str(d / "run"), "--quiet"]) == 0
+    return d / "run"
+
+
+def test_whatif_that_leaves_no_valid_design_is_refused(capsys, tmp_path, small_run):
+    n = len(pd.read_csv(small_run / "front.csv"))
+    out = tmp_path / "wi"
+    rc, _, err = run_cli(capsys, "whatif", small_run, "--set", "layout.tp=3", "--out", out)
+    line = assert_one_line_error(rc, err, file=small_run)
+    assert "--set layout.tp=3" in line
+    assert f"none of the front's {n} designs valid" in line
+    assert f"tp does not divide num_attention_heads ({n} of {n})" in line   # dse.perf.REASONS
+    assert not out.exists(), "nothing is written"
+
+
+def test_whatif_where_no_design_fits_is_an_answer(capsys, tmp_path, small_run):
+    # a change that only makes the designs not fit: a legitimate answer, written
+    out = tmp_path / "wi"
+    rc, _, err = run_cli(capsys, "whatif", small_run, "--scale",
+                         "accelerator.hbm_capacity_bytes=0.01", "--out", out, "--bands", 0)
+    assert rc == 0, err
+    assert "still feasible: 0" in (out / "whatif.md").read_text()
