@@ -6,8 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 from helpers import CASE_COLUMNS, SHARED, SMALL_SPACE, run_cli, write_cases
-
-from test_bad_input import assert_one_line_error
+from test_bad_input import GOOD, assert_one_line_error
 
 
 def validate_space(capsys, tmp_path, text, name="space.toml"):
@@ -136,7 +135,6 @@ def test_run_with_no_trials_per_batch_is_refused(capsys, tmp_path, flag, value, 
 
 
 def predict_with(capsys, tmp_path, column, value):
-    from test_bad_input import GOOD
     cases = write_cases(tmp_path / "cases.csv", [{**GOOD, column: value}],
                         [*CASE_COLUMNS, column])
     out = tmp_path / "predictions.csv"
@@ -149,8 +147,8 @@ def predict_with(capsys, tmp_path, column, value):
     ("max_num_tokens", "'serving.max_num_tokens'"),
     ("tdp_w", "'accelerator.tdp_w'"),
     ("max_num_token", "'serving.max_num_tokens'"),           # one edit from it
-    ("link_bw_bytes_per_s", "'topology.scaleout.link_bw_bytes_per_s' or "
-                            "'topology.scaleup.link_bw_bytes_per_s'"),
+    ("link_bw_bytes_per_s", ("'topology.scaleout.link_bw_bytes_per_s' or "
+                             "'topology.scaleup.link_bw_bytes_per_s'")),
 ])
 def test_case_column_named_like_a_field_is_refused(capsys, tmp_path, column, meant):
     rc, err, cases, out = predict_with(capsys, tmp_path, column, "8192")
@@ -184,7 +182,6 @@ HOSTILE_IDS = ['=HYPERLINK("http://x","y")', "+1+1", "-2+3", "@SUM(A1)", "\tx", 
 
 
 def test_predictions_neutralise_formula_case_ids(capsys, tmp_path):
-    from test_bad_input import GOOD
     ids = [*HOSTILE_IDS, "-7", "plain"]
     cases = write_cases(tmp_path / "cases.csv", [{**GOOD, "case_id": i} for i in ids])
     out = tmp_path / "predictions.csv"
