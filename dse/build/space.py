@@ -29,6 +29,7 @@ import pandas as pd
 
 from dse.build.designs import (DIRECT_FIELDS, FEEDERS, STRING_PATHS, apply_numbers, kv_dtype_of,
                                resolve, settable_paths, to_batch)
+from dse import catalog
 from dse.spec import validate
 from dse.spec.design import DIRECTIONS, NUMERIC_METRICS, SECTIONS, SPACE_KEYS, flatten, read_toml
 from dse.errors import InputError, suggest
@@ -475,11 +476,25 @@ def _constraints(spec, file: str):
         if not isinstance(c, dict) or not c or set(c) - {"max", "min"}:
             raise InputError(f"{c!r} is not a bound", file=file, where=where,
                              hint="{ max = x } and/or { min = x }")
-        for v in c.values():
-            if not isinstance(v, (int, float)):
-                raise InputError(f"bound {v!r} is not a number", file=file, where=where)
+        for k, v in c.items():
+            _bound(metric, v, file, f"{where}.{k}")
         out.append(Constraint(metric, c.get("max"), c.get("min")))
     return tuple(out)
+
+
+def _bound(metric: str, v, file: str, where: str) -> None:
+    """A constraint bound: a finite number >= 0 (every metric ``dse.perf.score`` returns -- a
+    time, a cost, a rate, a count, a size, a fraction -- is never negative, so a negative bound
+    is a slip: as a max it leaves no design, as a min it binds nothing; NaN would leave none)."""
+    valid = "a finite number >= 0, e.g. { max = 2.0 }"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        shown = str(v).lower() if isinstance(v, bool) else repr(v)
+        raise InputError(f"bound {shown} is not a number", file=file, where=where, hint=valid)
+    if not math.isfinite(v):
+        raise InputError(f"bound {v} is not a finite number", file=file, where=where, hint=valid)
+    if v < 0:
+        raise InputError(f"bound {v:g} is negative, and {metric} never is", file=file,
+                         where=where, hint=valid)
 
 
 def load_space(path: str) -> Space:
@@ -493,6 +508,8 @@ def load_space(path: str) -> Space:
         if key not in valid:
             raise InputError(f"unknown key {key!r}", file=path, hint=suggest(key, valid, "valid keys"))
         base[key] = validate.check_value(key, base[key], file=path)
+        if REGISTRY[key].kind == "id" and base[key] != "":   # named here, not under a parameter
+            catalog.lookup(validate.catalog_kind(key), base[key], file=path, where=key)
     params = []
     for p, spec in (doc.get("parameters") or {}).items():
         if p not in valid:

@@ -35,6 +35,7 @@ from dse.questions.common import (
     subplots,
 )
 from dse.questions.context import Answer, Context, Lead
+from dse.spec.csvsafe import spreadsheet_safe
 
 ISL = "workload.isl"
 OSL = "workload.osl"
@@ -190,7 +191,8 @@ def answer(ctx: Context) -> Answer:
     details = _details(ctx, s)
     figs = [_figure_cost(ctx, s), _figure_ops(ctx, s), _figure_crossover(ctx, s)]
     ctx.out.mkdir(parents=True, exist_ok=True)
-    in_units(s.best[COLS], MS).to_csv(ctx.out / "best-per-context.csv", index=False)
+    spreadsheet_safe(in_units(s.best[COLS], MS)).to_csv(ctx.out / "best-per-context.csv",
+                                                        index=False)
     return Answer(_headline(ctx, s, numbers), details, numbers, figs, _lead(numbers))
 
 

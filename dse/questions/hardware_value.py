@@ -22,6 +22,7 @@ from dse.build.space import Constraint
 from dse.perf import BOUNDS, score
 from dse.questions.common import dress, layout_text, md_frame, save, subplots
 from dse.questions.context import Answer, Context, Lead
+from dse.spec.csvsafe import spreadsheet_safe
 
 COST = "usd_per_mtok_output"
 THRU = "output_tokens_per_s_per_chip"
@@ -139,7 +140,7 @@ def answer(ctx: Context) -> Answer:
     head.append(_why_line(ctx, base))
     numbers["baseline_hbm_used_fraction_max"] = float(base["cheapest_hbm_used_fraction"].max())
     fig = _figure(ctx, tab)
-    tab.to_csv(ctx.out / "upgrade-value.csv", index=False)
+    spreadsheet_safe(tab).to_csv(ctx.out / "upgrade-value.csv", index=False)
     first = tab[(tab["slo"] == slos[0]) & (tab["upgrade"] != "baseline")]["upgrade"] \
         if slos else []
     lead = tuple(Lead(f"{slos[0]}.{u}.cost_change_pct", f"{u} at {slos[0]}: cost per token",

@@ -21,6 +21,7 @@ from dse.results import pages
 from dse.results.bands_report import compare_bands, compare_headline, compare_lines
 from dse.results.reader import Run
 from dse.search import store
+from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.design import read_toml
 from dse.spec.fields import label, objective_label
 
@@ -115,7 +116,7 @@ class Comparison:
         """Write index.html, compare.md, union_front.csv and fronts.png into ``out``."""
         o = Path(out)
         o.mkdir(parents=True, exist_ok=True)
-        self.union.to_csv(o / "union_front.csv", index=False)
+        spreadsheet_safe(self.union).to_csv(o / "union_front.csv", index=False)
         if self.bands:
             import json
             (o / "bands.json").write_text(json.dumps(self.bands, indent=2) + "\n")

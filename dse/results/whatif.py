@@ -31,13 +31,14 @@ from dse.build.designs import resolve, settable_paths
 from dse.build.mechanisms import check as check_mechanisms
 from dse.build.mechanisms import scale_base
 from dse.errors import InputError, suggest
-from dse.perf import score
+from dse.perf import REASONS, score
 from dse.results import pages
 from dse.results import reoptimize as reopt
 from dse.results.bands_report import whatif_bands, whatif_headline, whatif_lines
 from dse.scoring.bands import check_samples
 from dse.search import store
 from dse.spec import validate
+from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.fields import REGISTRY, label, objective_label
 
 SENSITIVITY = ("accelerator.peak_flops_per_s", "accelerator.hbm_bw_bytes_per_s",
@@ -144,7 +145,31 @@ def _objective_table(space, ids, overrides=None) -> pd.DataFrame:
     s = score(b)
     df = pd.DataFrame({o.metric: s[o.metric].astype(float) for o in space.objectives})
     df["feasible"] = pareto.admissible(s, space.objectives, space.constraints)
+    df["reason"] = s["reason"].astype(np.int64)
     return df
+
+
+# reasons a design is not a design at all (a layout the model cannot take, a value out of its
+# domain, a backend without kernels), as against one that does not fit, is over its batch or
+# rate caps, or misses a constraint: those are answers a what-if gives
+INVALID = (1, 2, 4, 64, 256)
+
+
+def _refuse_invalid(d: Path, after: pd.DataFrame, overrides: dict) -> None:
+    """A what-if whose change leaves every design of the front invalid (``INVALID``): one line
+    with the change, how many designs and why, before anything is written."""
+    bits = after["reason"].to_numpy(dtype=np.int64)
+    if len(bits) == 0 or not ((bits & sum(INVALID)) != 0).all():
+        return
+    n = len(bits)
+    why = "; ".join(f"{REASONS[b]} ({int(((bits & b) != 0).sum())} of {n})" for b in INVALID
+                    if ((bits & b) != 0).any())
+    flags = " ".join(f"--{op} {p}={v if isinstance(v, str) else format(v, 'g')}"
+                     for p, (op, v) in overrides.items())
+    raise InputError(f"the change leaves none of the front's {n} designs valid: {why}",
+                     file=str(d), where=flags, hint="choose a value the model and the layouts "
+                     "allow; a change that only makes designs not fit or miss a constraint is "
+                     "an answer, and is written")
 
 
 def _read_front(d: Path, space) -> pd.DataFrame:
@@ -219,6 +244,8 @@ def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress
     ids = front["design_id"].to_numpy(dtype=np.int64)
     before = _objective_table(space, ids)
     after = _objective_table(space, ids, overrides)
+    if prepared is None:       # a re-optimization searches the whole space under the change
+        _refuse_invalid(d, after, overrides)
     moved = front.copy()
     moved["kv_dtype_before"], moved["kv_dtype"] = space.kv_dtypes(ids), \
         space.kv_dtypes(ids, overrides)
@@ -256,7 +283,7 @@ def _state_kv_dtype(f: Path, space, overrides=None) -> None:
     df = pd.read_csv(f)
     df["kv_dtype"] = space.kv_dtypes(df["design_id"].to_numpy(np.int64), overrides) \
         if len(df) else pd.Series(dtype=object)
-    store.atomic_save(f, lambda p: df.to_csv(p, index=False))
+    store.atomic_save(f, lambda p: spreadsheet_safe(df).to_csv(p, index=False))
 
 
 def kv_line(before: np.ndarray, after: np.ndarray) -> str:

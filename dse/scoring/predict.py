@@ -22,6 +22,7 @@ from dse.perf.serve import (
     KNEE_FRACTION as _KNEE,  # the batch that fills the HBM (decode_bound)
 )
 from dse.spec import validate
+from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.fields import REGISTRY
 
 REQUIRED = ("case_id", "model", "hardware", "num_chips", "weight_dtype", "isl", "osl")
@@ -40,6 +41,11 @@ MECHANISMS = {"spec_tokens": "serving.spec_tokens", "spec_acceptance": "serving.
               "num_requests": "workload.num_requests"}
 OPTIONAL = ("topology", "tp", "pp", "ep", "dp", "kv_dtype", "concurrency", "prefix_hit_fraction",
             "phase", "runtime", "dense_mlp", *MECHANISMS)
+# columns the calibration case files carry for the record and dse never reads; named here
+# because ``mode`` (the measured deployment, "aggregated") is also the last part of
+# serving.mode and cost.mode, which any other such column is refused for
+ANNOTATIONS = ("source", "citation", "note", "split", "mode", "derived_inputs", "backend",
+               "backend_version", "snapshot", "mtp_check", "length_dist")
 RENAME = {"model": "model.id", "hardware": "accelerator.id", "topology": "topology.id",
           "weight_dtype": "model.weight_dtype", "kv_dtype": "model.kv_dtype",
           "isl": "workload.isl", "osl": "workload.osl", "concurrency": "workload.concurrency",
@@ -76,6 +82,7 @@ def read_cases(path: str) -> pd.DataFrame:
         raise InputError(f"cannot read the file ({e.strerror or type(e).__name__})", file=path,
                          hint="give the path of a readable case CSV") from None
     validate.typo_columns(df.columns, (*REQUIRED, *OPTIONAL), file=path)
+    validate.field_part_columns(df.columns, (*REQUIRED, *OPTIONAL, *ANNOTATIONS), file=path)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise InputError(f"missing required column {missing[0]!r}", file=path,
@@ -382,8 +389,9 @@ def predict_file(path: str, out_path: str) -> pd.DataFrame:
 
 
 def write_csv(frame: pd.DataFrame, path: str) -> None:
-    """CSV at full float precision, NaN as an empty field (pyarrow: ~15x faster than pandas)."""
+    """CSV at full float precision, NaN as an empty field (pyarrow: ~15x faster than pandas),
+    text cells a spreadsheet would evaluate neutralised (``spreadsheet_safe``)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
-    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = pa.Table.from_pandas(spreadsheet_safe(frame), preserve_index=False)
     pacsv.write_csv(table, path, pacsv.WriteOptions(quoting_style="needed"))

@@ -165,6 +165,9 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
         raise InputError(f"--trials {trials} must be >= 1")
     if workers < 1:
         raise InputError(f"--workers {workers} must be >= 1")
+    for flag, n in (("--population", population), ("--segment-trials", segment_trials)):
+        if n is not None and n < 1:
+            raise InputError(f"{flag} {n} must be >= 1", hint=f"leave {flag} out for the default")
     if budget_s is not None and not (np.isfinite(budget_s) and budget_s >= 0):
         raise InputError(f"--budget {budget_s} is not a duration", hint="e.g. 90s, 8h")
     if resume or join:

@@ -33,6 +33,7 @@ import pandas as pd
 from dse import pareto
 from dse.build.space import Objective, load_space, objectives_file
 from dse.errors import InputError
+from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.design import read_toml
 from dse.spec.fields import legacy_columns, scale_column
 from dse.version import __version__
@@ -326,7 +327,7 @@ def write_front(d: Path, front: pd.DataFrame, objectives, parameters) -> None:
     cols = [o["name"] if isinstance(o, dict) else o.metric for o in objectives] + list(parameters)
     cols = list(dict.fromkeys(cols)) + ["design_id"]
     out = front[cols] if len(front) else pd.DataFrame(columns=cols)
-    atomic_save(Path(d) / "front.csv", lambda p: out.to_csv(p, index=False))
+    atomic_save(Path(d) / "front.csv", lambda p: spreadsheet_safe(out).to_csv(p, index=False))
 
 
 def pid_alive(pid: int) -> bool:

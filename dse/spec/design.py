@@ -58,12 +58,31 @@ def read_toml(path: str) -> dict:
         raise InputError("file not found", file=path, hint="give the path of a TOML file")
     if not p.is_file():
         raise InputError("not a regular file", file=path, hint="give the path of a TOML file")
+    limit = fields.LIMITS["TOML nesting depth"]
     try:
-        return tomllib.loads(p.read_text())
+        doc = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"not valid TOML ({e})", file=path) from None
     except UnicodeDecodeError:
         raise InputError("not a text file", file=path) from None
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        raise InputError("tables or arrays nested too deeply to read", file=path,
+                         hint=f"at most {limit} levels; limit: TOML nesting depth") from None
+    if _depth(doc) > limit:
+        raise InputError(f"tables or arrays nested more than {limit} levels deep", file=path,
+                         hint=f"at most {limit} levels; limit: TOML nesting depth")
+    return doc
+
+
+def _depth(doc) -> int:
+    """How deeply tables and arrays nest in a parsed TOML document (without recursion)."""
+    deepest, todo = 0, [(doc, 0)]
+    while todo:
+        node, d = todo.pop()
+        deepest = max(deepest, d)
+        children = node.values() if isinstance(node, dict) else node
+        todo.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
 
 
 def load_design(path: str) -> dict:

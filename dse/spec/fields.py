@@ -27,6 +27,7 @@ LIMITS = {
     "full-mesh domain chips": 512,       # ... and a full mesh an edge per pair of chips
     "values per parameter": 100_000,     # each is checked and kept in memory
     "designs per space": 10**18,         # design ids are 64-bit integers
+    "TOML nesting depth": 32,            # tables and arrays in a file (the readers recurse)
 }
 
 

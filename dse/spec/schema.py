@@ -67,7 +67,8 @@ def design_schema() -> dict:
 
 def space_schema() -> dict:
     bound = {"type": "object", "additionalProperties": False, "minProperties": 1,
-             "properties": {"max": {"type": "number"}, "min": {"type": "number"}}}
+             "properties": {"max": {"type": "number", "minimum": 0},
+                            "min": {"type": "number", "minimum": 0}}}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema", "title": "dse space file",
         "type": "object", "additionalProperties": False,

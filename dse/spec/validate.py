@@ -7,7 +7,9 @@
   refusing the values that are not numbers of that field;
 - ``check_table``: every field of a resolved design table (catalog values and overrides), then
   the consistency rules between fields (``CONSISTENCY``);
-- ``typo_columns``: a case file's column that is one edit away from a known one.
+- ``typo_columns``: a case file's column that is one edit away from a known one;
+- ``field_part_columns``: a case file's column named like a field's last part (or one edit
+  from it), which would be ignored: it names the dotted path meant.
 
 Every failure is an ``InputError``: one line naming the file, the key (or row and column) and
 what is valid; the CLI exits 2.
@@ -323,6 +325,28 @@ def typo_columns(columns, known, *, file=None) -> None:
             raise InputError(f"unknown column {c!r} looks like a typo of {near[0]!r}", file=file,
                              where=f"header, column {c}", hint=f"rename it to {near[0]!r}; an extra column "
                              "needs a name that is not one edit from a known one")
+
+
+def field_part_columns(columns, allowed, *, file=None) -> None:
+    """Refuse a column that is not ``allowed`` but is named like a field's last dotted part
+    (``hbm_bw_bytes_per_s``), or six or more characters one edit from one: a case file sets a
+    field by its dotted path (``accelerator.hbm_bw_bytes_per_s``), so the column would be
+    silently ignored as an extra one."""
+    allowed = set(allowed)
+    parts: dict[str, list[str]] = {}
+    for path in REGISTRY:
+        parts.setdefault(path.rsplit(".", 1)[-1], []).append(path)
+    for c in map(str, columns):
+        if c in allowed or "." in c:
+            continue
+        meant = parts.get(c) or [p for k, ps in parts.items() if len(c) >= 6
+                                 and osa_distance_is_one(c, k) for p in ps]
+        if meant:
+            shown = " or ".join(repr(p) for p in sorted(meant)[:3])
+            raise InputError(f"column {c!r} would be ignored: a field is set by its dotted "
+                             "path", file=file, where=f"header, column {c}",
+                             hint=f"rename it to {shown}; an extra column needs a name that "
+                             "is not a field's")
 
 
 def range_bad(path: str, values: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from dse.errors import InputError
+from dse.spec.csvsafe import spreadsheet_safe
 
 # op-class modules of dse.calibration.kernels; each has NAME and main(fit, write, loco) -> DataFrame with
 # the columns of REPORT_COLUMNS
@@ -82,7 +83,7 @@ def write_report(rep: pd.DataFrame, folder: str) -> None:
     from pathlib import Path
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    rep.to_csv(out / "report.csv", index=False)
+    spreadsheet_safe(rep).to_csv(out / "report.csv", index=False)
     lines = ["# Per-op error of the kernel models (`python -m dse.calibration.kernels --loco --out ...`)", "",
              "Error = geometric mean of max(pred/true, true/pred) over a group's measured kernel",
              "times (aiconfigurator-core's tables; the DeepEP/NCCL rows of",
