@@ -217,13 +217,18 @@ def ttft(b: Batch, pass_s, t_prefill, load: PromptLoad, extra=0.0):
     pp = b.pp
     wait = 0.5 * pass_s * (1.0 - 1.0 / sequences(b))
     t = arch.blend(pre_only, pass_s, wait + pp * load.n_chunks * t_prefill + pass_s + extra)
-    if b.has_on("request_overhead_s"):
-        t = t + b.request_overhead_s
+    t = add(t, front_end_s(b))
     if not lengths.on(b):
         return t, None
     longer = np.maximum(lengths.isl_quantile(b) - b.isl, 0.0) * (1.0 - b.prefix_hit_fraction)
     return t, t + arch.blend(pre_only, pass_s * longer / np.maximum(new_tokens(b), 1.0),
                              pp * t_prefill * longer / np.maximum(load.per_chunk, 1.0))
+
+
+def front_end_s(b: Batch):
+    """The runtime's front-end time per request (``request_overhead_s``; 0.0 when no row sets
+    one): once in every TTFT, whichever pools a request passes."""
+    return b.request_overhead_s if b.has_on("request_overhead_s") else 0.0
 
 
 def prompt_service_s(b: Batch, t_decode, t_prefill, load: PromptLoad):

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dse.perf.phases import front_end_s
+
 Z90 = 1.2815515655446004        # standard normal 90% quantile
 ITERS = 24                      # bisection steps on log C: relative precision ~ 1e-6 of the range
 
@@ -244,7 +246,7 @@ def serve_disaggregated(b, evaluate, breakdown: bool = False):
     m = dict(res[0] if breakdown else res)
     lam_op = np.where(by_rate, lam, dec_rate(m, c_op))
 
-    ro = b.request_overhead_s if b.has_on("request_overhead_s") else 0.0
+    ro = front_end_s(b)
 
     def percentiles(mc, c, lam_c):
         r, s = prefill_queue(mc, lam_c)

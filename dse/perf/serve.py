@@ -25,6 +25,7 @@ from dse.perf.phases import (
     Breakdown,
     PromptLoad,
     add,
+    front_end_s,
     new_tokens,
     prompt_load,
     sequences,
@@ -313,7 +314,7 @@ def _disaggregated(b: Batch, breakdown: bool, queue: bool = False):
     lat = np.where(one_domain, b.scaleup_latency_s, b.scaleout_latency_s)
     kv_s = lat + arch.kv_bytes_per_token(b) * b.isl / (link * np.minimum(chips_d, chips_p))
     # the prompt waits half a prefill pass, runs one and moves its KV; the front end once
-    ro = b.request_overhead_s if b.has_on("request_overhead_s") else 0.0
+    ro = front_end_s(b)
     ttft = 1.5 * (pm["ttft_unloaded_s"] - ro) + kv_s + ro
     usd_s = dm["usd_per_chip_hour"] / 3600.0
     bits = dm["reason"] | pm["reason"]
@@ -361,7 +362,8 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     ttft_extra = 0.0
     if tier is not None:                 # hook: prefix hits held in the tier (dse.perf.kvtier)
         t_mixed, ttft_extra, tier = _tier_fetch(b, tier, load, t_mixed, t_prefill)
-    metrics = _rates(b, c, tok_step, load, t_decode, t_mixed, t_prefill, ttft_extra)
+    service = prompt_service_s(b, t_decode, t_prefill, load)    # S: a prompt's hold on the budget
+    metrics = _rates(b, c, tok_step, load, t_decode, t_mixed, t_prefill, ttft_extra, service)
     metrics.update(_fit_metrics(b, c, weights, kv_seq, act, max_c, bits))
     metrics.update({"decode_compute_s": tc, "decode_memory_s": tm, "decode_network_s": tn,
                     "bound": decode_bound(shares, bits, c, max_c, b.max_batch_size * b.dp)})
@@ -370,7 +372,7 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
         metrics["prefix_cache_evicted_fraction"] = np.maximum(1.0 - tier.in_hbm - tier.in_tier,
                                                               0.0)
     if queue:                            # hook: dse.perf.queueing (S of the M/D/1 prefill queue)
-        metrics["_prefill_service_s"] = prompt_service_s(b, t_decode, t_prefill, load)
+        metrics["_prefill_service_s"] = service
     n = len(b)
     for key, v in metrics.items():   # a compact batch's shared columns give length-1 metrics
         if np.shape(v) != (n,):
@@ -394,7 +396,7 @@ def _mean_steps(st: Breakdown, load: PromptLoad, draft):
 
 
 def _rates(b: Batch, c, tok_step, load: PromptLoad, t_decode, t_mixed, t_prefill,
-           ttft_extra) -> dict:
+           ttft_extra, service) -> dict:
     """Throughput, latency and cost: a pass (pp mean steps) gives every sequence ``tok_step``
     tokens; what a phase does not produce is NaN, never a number that looks real (the masks
     are applied only where some row has such a phase: most batches have none)."""
@@ -405,7 +407,7 @@ def _rates(b: Batch, c, tok_step, load: PromptLoad, t_decode, t_mixed, t_prefill
     in_inst = times(1.0 - dec_only, out_inst) * arch.blend(pre_only, b.isl, b.isl / b.osl)
     t_first, t_first_long = ttft(b, pass_s, t_prefill, load, ttft_extra)
     tpot = pass_s / tok_step
-    t_loop = ttft_closed_loop(b, t_first, prompt_service_s(b, t_decode, t_prefill, load),
+    t_loop = ttft_closed_loop(b, t_first, service,
                               t_first + np.maximum(b.osl - 1.0, 0.0) * tpot)
     usd_chip_h, usd_mtok_out, usd_mtok_in, joules_out = _cost(b, chips, t_decode, t_mixed,
                                                               out_inst, in_inst)
