@@ -130,6 +130,26 @@ def test_end_to_end_overhead_uncertainty_moves_every_chip_that_shares_its_table(
     assert np.log(t).std() > 0.01
 
 
+def test_a_runtimes_front_end_uncertainty_moves_its_own_designs_only():
+    """The end-to-end fit's per-runtime host times are sampled per runtime: TensorRT-LLM's
+    front end (log sd 0.3) spreads a TensorRT-LLM design's unloaded TTFT by the front end's
+    share of it, and leaves an SGLang design's exact."""
+    fam = B.Family("e2e", ("default",), "e2e", ("request_overhead_s.trtllm",), np.array([0.3]),
+                   np.eye(1), "test")
+    d = B.draw(2000, seed=0, fams=[fam])
+    T = tables.tables()
+    j = B.HOST_TIMES.index("serving.request_overhead_s")
+    assert np.log(d.host[:, T.runtimes.index("trtllm"), j]).std() == pytest.approx(0.3, rel=0.05)
+    assert (d.host[:, T.runtimes.index("sglang"), :] == 1.0).all()
+    frame = pd.concat([_frame(8), _frame(8).assign(**{"serving.runtime": ["sglang"]})])
+    frame = frame.drop(columns="workload.phase").assign(**{"serving.request_overhead_s": 0.2})
+    t = B.frame_samples(resolve(frame), B.draw(400, 0, [fam]),
+                        ("ttft_unloaded_s",))["ttft_unloaded_s"]
+    own = t[:, 0] - np.median(t[:, 0]) + 0.2          # the front end's samples, recovered
+    assert np.log(own).std() == pytest.approx(0.3, rel=0.1)
+    assert np.ptp(t[:, 1]) == 0.0
+
+
 # ------------------------------------------------------------------ shared draws, bands off, one call
 
 def _designs():

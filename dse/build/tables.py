@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dse import catalog
+from dse.perf import kernel_attention
 from dse.spec import fields
 from dse.catalog.specs import DTYPES
 
@@ -107,8 +108,9 @@ def _build() -> Tables:
             entry = params.get((acc_id, rt), {})
             kernel[a, r] = [entry.get(k, m) for k, m in zip(keys, mean)]
         kernel[a, -1] = mean
-    _served_gemm_latency(kernel, keys, [[(acc_id, rt) in params for rt in runtimes]
-                                        for acc_id in ids["accelerator"]])
+    have = [[(acc_id, rt) in params for rt in runtimes] for acc_id in ids["accelerator"]]
+    _served_gemm_latency(kernel, keys, have)
+    _served_mla(kernel, keys, have, columns)
     backends = tuple(fields.REGISTRY["serving.moe_backend"].choices)
     over = np.full((len(accs), len(runtimes) + 1, len(backends), len(keys)), np.nan)
     kpos = {k: j for j, k in enumerate(keys)}
@@ -141,6 +143,65 @@ def _served_gemm_latency(kernel: np.ndarray, keys, have) -> None:
         best = vals.min(axis=1)
         ok = np.isfinite(best)
         kernel[ok, :n_rt, j] = best[ok, None]
+
+
+# MLA kernel families and the parameters each passes to its kernel function (dse.perf)
+MLA_FAMILIES = {"mla_prefill": "prefill", "mla_prefill_kv_fp8": "prefill",
+                "mla_decode": "decode", "mla_decode_kv_fp8": "decode"}
+_PREFILL_ARGS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction", "per_seq_s",
+                 "per_seq_head_s")
+_DECODE_ARGS = ("hbm_fraction", "compute_fraction", "group_min_heads", "latency_s", "per_seq_s",
+                "half_items")
+# The reference shapes a served MLA kernel is ranked on: DeepSeek-V3's attention (128 heads)
+# split over 1-8 ranks; decode: batches of 1-512 at 1k-16k context; prefill: 1-8 prompts of
+# 512-8k tokens
+_HEADS = np.array([16.0, 32.0, 64.0, 128.0])
+_DEC_BATCH, _DEC_CTX = np.array([1.0, 8.0, 64.0, 512.0]), np.array([1024.0, 4096.0, 16384.0])
+_PRE_BATCH, _PRE_TOKENS = np.array([1.0, 2.0, 8.0]), np.array([512.0, 2048.0, 8192.0])
+
+
+def _mla_times(kind: str, fam: str, p: dict, peak: float, bw: float) -> np.ndarray:
+    """One runtime's fitted MLA kernel on the reference shapes (seconds)."""
+    if kind == "prefill":
+        h, b, s = np.meshgrid(_HEADS, _PRE_BATCH, _PRE_TOKENS, indexing="ij")
+        return kernel_attention.mla_prefill_attention_s(b, s, 0.0, h, 2.0, peak, bw, **p)
+    h, b, c = np.meshgrid(_HEADS, _DEC_BATCH, _DEC_CTX, indexing="ij")
+    kvb = 1.0 if fam.endswith("kv_fp8") else 2.0
+    return kernel_attention.mla_decode_attention_s(b, c, h, kvb, peak, bw, **p)
+
+
+def _served_mla(kernel: np.ndarray, keys, have, columns) -> None:
+    """A serving step runs the fastest MLA kernel the chip's tables show (in place): per chip
+    and MLA family (prefill and decode, bf16 or fp8 cache) every runtime takes the parameter
+    set of the runtime whose fitted kernel is fastest on the reference shapes (geometric mean
+    time). The runtimes share the MLA kernel libraries (FlashMLA, FlashInfer, TensorRT-LLM's
+    generation kernels: SGLang runs ``trtllm_mla`` on Blackwell and matches TensorRT-LLM's table
+    there), while a table can time a slower backend than the one served: SGLang's Hopper tables
+    (``flash_attention`` backend) reach 0.19 of peak in prefill where TensorRT-LLM's reach 0.66,
+    and 0.12-0.13 on the fp8-cache decode MMAs (0.70). The kernel fits and their report keep
+    their own values; the served choice is checked on the Hopper serving set's MLA rows."""
+    have = np.asarray(have, bool)                       # [accelerator, runtime]
+    n_rt = have.shape[1]
+    pos = {k: j for j, k in enumerate(keys)}
+    peak_bf16 = columns["accelerator.peak_flops_per_s.bf16"]
+    peak_fp8 = columns["accelerator.peak_flops_per_s.fp8"]
+    bw = columns["accelerator.hbm_bw_bytes_per_s"]
+    for fam, kind in MLA_FAMILIES.items():
+        args = _PREFILL_ARGS if kind == "prefill" else _DECODE_ARGS
+        cols = [pos[f"{fam}_{a}"] for a in args if f"{fam}_{a}" in pos]
+        names = [a for a in args if f"{fam}_{a}" in pos]
+        for a in range(kernel.shape[0]):
+            peak = peak_fp8[a] if fam == "mla_decode_kv_fp8" and np.isfinite(peak_fp8[a]) \
+                else peak_bf16[a]
+            if not (np.isfinite(peak) and np.isfinite(bw[a])):
+                continue
+            score = np.full(n_rt, np.inf)
+            for r in np.flatnonzero(have[a]):
+                p = dict(zip(names, kernel[a, r, cols]))
+                score[r] = np.exp(np.mean(np.log(_mla_times(kind, fam, p, peak, bw[a]))))
+            if np.isfinite(score).any():
+                served = kernel[a, :n_rt]                   # a view: assigned in place
+                served[:, cols] = kernel[a, int(np.argmin(score)), cols]
 
 
 def backend_available(T: "Tables") -> np.ndarray:

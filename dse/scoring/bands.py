@@ -12,7 +12,8 @@ under the same parameters and their difference is banded, not their sum of noise
 ``score_table`` scores ``n`` samples x designs in ONE scorer call: the designs' resolved
 columns are repeated ``n`` times (sample-major rows ``k * m + i``) with the kernel parameter
 columns (``accelerator.kernel.<key>``) and the end-to-end ones
-(``accelerator.efficiency.{layer,step}_overhead_s``) multiplied by the sample's factors; the
+(``accelerator.efficiency.{layer,step}_overhead_s``, the runtime's host times
+``serving.{request,seq}_overhead_s``) multiplied by the sample's factors; the
 family selection (dtype, attention kind, fallbacks) then happens in ``dse.build.designs.to_batch`` as
 for any design. Reports give each metric's median and 90% band (5th..95th percentile).
 
@@ -39,7 +40,7 @@ import pandas as pd
 
 from dse import catalog
 from dse.build import tables
-from dse.build.designs import to_batch
+from dse.build.designs import HOST_TIMES, to_batch
 from dse.build.select import KERNEL, encode
 from dse.build.tables import EFF_FIELDS
 from dse.errors import InputError
@@ -58,7 +59,7 @@ EFF = "accelerator.efficiency."
 MAX_LOG_SD = 1.0
 GROUPS = ("gemm", "moe", "attention", "comm", "e2e")
 GROUP_NAMES = {"gemm": "GEMM", "moe": "MoE grouped-GEMM", "attention": "attention",
-               "comm": "collective", "e2e": "end-to-end overhead (layer/step)"}
+               "comm": "collective", "e2e": "end-to-end overhead (layer, front end, scheduler)"}
 CATALOG = Path(catalog.__file__).resolve().parent
 
 
@@ -162,18 +163,22 @@ def coverage_note(fams=None) -> str:
 @dataclass(frozen=True)
 class Draws:
     """``n`` parameter samples as factors on the catalog values: ``kernel[k, accelerator,
-    runtime (+1: unknown), key]`` (``tables.Tables.kernel``'s axes) and
-    ``eff[k, accelerator, field]`` (EFF_FIELDS)."""
+    runtime (+1: unknown), key]`` (``tables.Tables.kernel``'s axes),
+    ``eff[k, accelerator, field]`` (EFF_FIELDS) and ``host[k, runtime (+1), time]`` (the
+    runtime's host times, HOST_TIMES: ``request_overhead_s.<runtime>``, ``seq_overhead_s.<runtime>``
+    of the end-to-end fit)."""
 
     n: int
     seed: int
     kernel: np.ndarray
     eff: np.ndarray
     note: str
+    host: np.ndarray
 
     def only(self, k: int) -> "Draws":
         """Sample ``k`` alone (the same numbers as in the whole draw)."""
-        return Draws(1, self.seed, self.kernel[k:k + 1], self.eff[k:k + 1], self.note)
+        return Draws(1, self.seed, self.kernel[k:k + 1], self.eff[k:k + 1], self.note,
+                     self.host[k:k + 1])
 
 
 def log_draws(fam: Family, n: int, seed: int) -> np.ndarray:
@@ -220,10 +225,11 @@ def draw_sets(n: int, seed: int = 0, sets=None, fams=None) -> tuple[tuple, Draws
     if unknown:
         raise ValueError(f"unknown parameter groups {sorted(unknown)} (known: {GROUPS})")
     parts = [_draw(n, seed, tuple(f for f in fams if f.group in s)) for s in sets]
-    kernel, eff = (np.concatenate([getattr(p, a) for p in parts]) for a in ("kernel", "eff"))
-    kernel.setflags(write=False)
-    eff.setflags(write=False)
-    return sets, Draws(n * len(sets), int(seed), kernel, eff, coverage_note(fams))
+    kernel, eff, host = (np.concatenate([getattr(p, a) for p in parts])
+                         for a in ("kernel", "eff", "host"))
+    for v in (kernel, eff, host):
+        v.setflags(write=False)
+    return sets, Draws(n * len(sets), int(seed), kernel, eff, coverage_note(fams), host)
 
 
 def draw_groups(n: int, seed: int = 0, fams=None) -> tuple[tuple[str, ...], Draws]:
@@ -289,6 +295,9 @@ def _draw(n: int, seed: int, fams: tuple) -> Draws:
     T = tables.tables()
     kernel = np.ones((n, *T.kernel.shape))
     eff = np.ones((n, len(T.ids["accelerator"]), len(EFF_FIELDS)))
+    host = np.ones((n, len(T.runtimes) + 1, len(HOST_TIMES)))
+    hpos = {f"{h.split('.')[1]}.{rt}": (r, i) for i, h in enumerate(HOST_TIMES)
+            for r, rt in enumerate(T.runtimes)}
     kpos = {k: j for j, k in enumerate(T.kernel_keys)}
     rpos = {r: j for j, r in enumerate(T.runtimes)}
     epos = {k: j for j, k in enumerate(EFF_FIELDS)}
@@ -301,6 +310,8 @@ def _draw(n: int, seed: int, fams: tuple) -> Draws:
             for j, p in enumerate(fam.params):
                 if p in epos and accs:
                     eff[:, accs, epos[p]] *= z[:, j:j + 1]
+                elif p in hpos and fam.entry[0] == "default":
+                    host[:, hpos[p][0], hpos[p][1]] *= z[:, j]
             continue
         a = T.index["accelerator"].get(fam.entry[0])
         r = rpos.get(fam.entry[1])
@@ -309,9 +320,9 @@ def _draw(n: int, seed: int, fams: tuple) -> Draws:
         for j, p in enumerate(fam.params):
             if p in kpos:
                 kernel[:, a, r, kpos[p]] *= z[:, j]
-    kernel.setflags(write=False)          # cached and shared: read-only
-    eff.setflags(write=False)
-    return Draws(n, int(seed), kernel, eff, coverage_note(fams))
+    for v in (kernel, eff, host):         # cached and shared: read-only
+        v.setflags(write=False)
+    return Draws(n, int(seed), kernel, eff, coverage_note(fams), host)
 
 
 def _rows(v, m: int) -> np.ndarray:
@@ -339,10 +350,12 @@ def stack(table, m: int, draws: Draws) -> dict:
     r = _rows(encode(table["serving.runtime"], T.runtimes), m)   # -1: the unknown slot
     kpos = {KERNEL + k: j for j, k in enumerate(T.kernel_keys)}
     epos = {EFF + k: j for j, k in enumerate(EFF_FIELDS)}
+    hpos = {h: j for j, h in enumerate(HOST_TIMES)}
     out = {}
     for c in cols:
-        if c in kpos or c in epos:
-            f = draws.kernel[:, a, r, kpos[c]] if c in kpos else draws.eff[:, a, epos[c]]
+        if c in kpos or c in epos or c in hpos:
+            f = (draws.kernel[:, a, r, kpos[c]] if c in kpos else draws.eff[:, a, epos[c]]
+                 if c in epos else draws.host[:, r, hpos[c]])
             if not np.any(f != 1.0):
                 out[c] = _tile(table[c], draws.n)
                 continue
