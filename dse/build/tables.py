@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from dse import catalog
+from dse.catalog.specs import DTYPES
 from dse.perf import kernel_attention
 from dse.spec import fields
-from dse.catalog.specs import DTYPES
 
 ACC_FIELDS = ("hbm_capacity_bytes", "hbm_bw_bytes_per_s", "tdp_w", "scaleup_link_bw_bytes_per_s",
               "scaleup_domain_chips", "scaleout_link_bw_bytes_per_s")
