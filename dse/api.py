@@ -230,7 +230,8 @@ def load_space(space: PathLike | Mapping[str, Any]):
         f = Path(_SCRATCH.name) / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}.toml"
         f.write_text(text)
         return _load(str(f))
-    return _load(str(space))
+    from dse.bundled import space_path
+    return _load(space_path(str(space)))
 
 
 # ------------------------------------------------------------------------------ runs

@@ -92,7 +92,8 @@ def _predict(a) -> int:
 
 def _validate(a) -> int:
     from dse.build.space import describe, load_space
-    print(describe(load_space(a.space)))
+    from dse.bundled import space_path
+    print(describe(load_space(space_path(a.space))))
     return 0
 
 
@@ -106,7 +107,9 @@ def _run(a) -> int:
     else:
         if not a.space:
             raise InputError("give a space file, or --resume DIR")
-        r = api.run(a.space, a.strategy, trials=a.trials, budget=budget, out=a.out, seed=a.seed,
+        from dse.bundled import space_path
+        r = api.run(space_path(a.space), a.strategy, trials=a.trials, budget=budget, out=a.out,
+                    seed=a.seed,
                     workers=a.workers, sampler=a.sampler, population=a.population,
                     storage=a.storage, chunk_designs=a.chunk_designs,
                     segment_trials=a.segment_trials, storage_retry=retry, progress=not a.quiet)
@@ -258,9 +261,11 @@ def _whatif(a) -> int:
 
 
 def _answer(a) -> int:
+    from dse.bundled import space_path
     from dse.questions.answer import answer_space, first_lines
     from dse.results.pages import plain
-    out = answer_space(a.space, a.out, a.run_dir, progress=not a.quiet, bands=a.bands)
+    out = answer_space(space_path(a.space), a.out, a.run_dir, progress=not a.quiet,
+                       bands=a.bands)
     print(plain(first_lines(out)))
     print(f"wrote {out / 'README.md'} (the answer), {out / 'index.html'} and figures")
     print(out)
@@ -305,14 +310,18 @@ def _status(a) -> int:
     return 0
 
 
+SPACE_HELP = ("a space file, or the name of a shipped example space (quickstart, moe-codesign, "
+              "...: dse.bundled)")
+
+
 def _run_commands(sub) -> None:
     """Sub-commands of the search: validate, run, worker."""
     v = sub.add_parser("validate", help="check a space file; print its parameters and size")
-    v.add_argument("space")
+    v.add_argument("space", help=SPACE_HELP)
     v.set_defaults(func=_validate)
 
     r = sub.add_parser("run", help="search a space; the last line printed is the run folder")
-    r.add_argument("space", nargs="?")
+    r.add_argument("space", nargs="?", help=SPACE_HELP)
     r.add_argument("--strategy", choices=["exhaustive", "optuna", "nested"],
                    help="exhaustive: every design, exact front (default up to 10^8 designs); "
                         "optuna: Optuna's samplers, asked and told in batches; nested: the "
@@ -403,7 +412,8 @@ def _run_readers(sub) -> None:
     wi.set_defaults(func=_whatif)
 
     an = sub.add_parser("answer", help="a worked question: run its space, report, answer in numbers")
-    an.add_argument("space", help="a space file with an [answer] table (spaces/questions/)")
+    an.add_argument("space", help="a space file with an [answer] table (spaces/questions/), or "
+                    "a shipped question's name (fast-mode)")
     an.add_argument("--out", help="report folder (default reports/<space name>)")
     an.add_argument("--run-dir", help="run folder (default runs/<time>-<space name>)")
     an.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -457,9 +467,19 @@ def _run_care(sub) -> None:
     st.set_defaults(func=_status)
 
 
+def _installed_version() -> str:
+    """The version in the installed package's metadata (distribution ``dse-llm``); from a
+    checkout that is not installed, the source's ``dse.version.__version__``."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("dse-llm")
+    except PackageNotFoundError:
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dse", description="Design-space optimizer for LLM serving hardware and models.")
-    p.add_argument("--version", action="version", version=f"dse {__version__}")
+    p.add_argument("--version", action="version", version=f"dse {_installed_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in (_design_commands, _run_commands, _run_readers, _run_care):
         add(sub)
