@@ -193,7 +193,7 @@ def score_bands(frame: pd.DataFrame, n: int | None = None, seed: int = 0,
 
 def predict(cases: PathLike | pd.DataFrame, out: PathLike | None = None) -> pd.DataFrame:
     """``dse predict``: the predictions of a case table (a CSV path, or a DataFrame with the
-    CSV's columns, ``contracts/predict-cases.md``), blank layouts and concurrencies chosen;
+    CSV's columns, ``docs/predict-format.md``), blank layouts and concurrencies chosen;
     ``out``: also write them as a CSV (atomically)."""
     if isinstance(cases, pd.DataFrame):
         pred = predict_frame(cases, file="cases")

@@ -437,7 +437,7 @@ def _design_commands(sub) -> None:
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=_eval)
 
-    pr = sub.add_parser("predict", help="score the cases of a CSV (contracts/predict-cases.md)")
+    pr = sub.add_parser("predict", help="score the cases of a CSV (docs/predict-format.md)")
     pr.add_argument("cases", help="case CSV")
     pr.add_argument("--out", required=True, help="predictions CSV to write")
     pr.set_defaults(func=_predict)
