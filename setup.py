@@ -1,6 +1,6 @@
 """Packaging hook: the wheel carries the repository's example spaces (``spaces/``) as package
 data under ``dse/_spaces/``, so ``dse run quickstart`` works from an installed wheel
-(``dse.bundled``). Everything else is declared in pyproject.toml."""
+(``dse.spec.bundled``). Everything else is declared in pyproject.toml."""
 
 import shutil
 from pathlib import Path

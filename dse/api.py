@@ -50,6 +50,7 @@ from dse.scoring.evaluate import evaluate_file, evaluate_flat
 from dse.scoring.predict import predict_file, predict_frame, read_cases, write_csv
 from dse.search import driver
 from dse.search.driver import run_space
+from dse.spec.bundled import space_path
 from dse.spec.design import check_design, to_toml
 from dse.spec.fields import REGISTRY
 from dse.units import seconds
@@ -230,7 +231,6 @@ def load_space(space: PathLike | Mapping[str, Any]):
         f = Path(_SCRATCH.name) / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}.toml"
         f.write_text(text)
         return _load(str(f))
-    from dse.bundled import space_path
     return _load(space_path(str(space)))
 
 

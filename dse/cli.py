@@ -13,7 +13,31 @@ from dse.version import __version__
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line and exit code 2, like every other bad input."""
+    """Usage errors as one line and exit code 2, like every other bad input. Each parser keeps
+    its ``arguments`` (the actions added, in order) and its sub-``commands`` (name -> (parser,
+    help)), which the generated CLI reference reads (``python -m dse.docs``)."""
+
+    def __init__(self, *args, **kwargs):
+        self.arguments: list[argparse.Action] = []
+        self.commands: dict[str, tuple[argparse.ArgumentParser, str]] = {}
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        self.arguments.append(action)
+        return action
+
+    def add_subparsers(self, **kwargs):
+        action = super().add_subparsers(**kwargs)
+        add, commands = action.add_parser, self.commands
+
+        def add_parser(name, **kw):
+            parser = add(name, **kw)
+            commands[name] = (parser, kw.get("help", ""))
+            return parser
+
+        action.add_parser = add_parser
+        return action
 
     def error(self, message):
         raise InputError(f"{message} (see `{self.prog} --help`)")
@@ -92,7 +116,7 @@ def _predict(a) -> int:
 
 def _validate(a) -> int:
     from dse.build.space import describe, load_space
-    from dse.bundled import space_path
+    from dse.spec.bundled import space_path
     print(describe(load_space(space_path(a.space))))
     return 0
 
@@ -107,7 +131,7 @@ def _run(a) -> int:
     else:
         if not a.space:
             raise InputError("give a space file, or --resume DIR")
-        from dse.bundled import space_path
+        from dse.spec.bundled import space_path
         r = api.run(space_path(a.space), a.strategy, trials=a.trials, budget=budget, out=a.out,
                     seed=a.seed,
                     workers=a.workers, sampler=a.sampler, population=a.population,
@@ -261,9 +285,9 @@ def _whatif(a) -> int:
 
 
 def _answer(a) -> int:
-    from dse.bundled import space_path
     from dse.questions.answer import answer_space, first_lines
     from dse.results.pages import plain
+    from dse.spec.bundled import space_path
     out = answer_space(space_path(a.space), a.out, a.run_dir, progress=not a.quiet,
                        bands=a.bands)
     print(plain(first_lines(out)))
@@ -311,7 +335,7 @@ def _status(a) -> int:
 
 
 SPACE_HELP = ("a space file, or the name of a shipped example space (quickstart, moe-codesign, "
-              "...: dse.bundled)")
+              "...: dse.spec.bundled)")
 
 
 def _run_commands(sub) -> None:

@@ -13,7 +13,8 @@ import sys
 import pytest
 from helpers import ROOT
 
-from dse import bundled, docs
+from dse import docs
+from dse.spec import bundled
 
 LINK = re.compile(r"(?:\]\(|<img src=\")(?!https?:|mailto:|#)([^)\"\s#]+)(#[^)\"\s]*)?")
 
@@ -80,7 +81,7 @@ def test_local_links_resolve():
     the pages work on the repository host as plain Markdown (mkdocs --strict checks the site)."""
     missing = []
     for f in docs.markdown_files():
-        text = re.sub(r"```.*?```", "", f.read_text(), flags=re.S)
+        text = re.sub(r"```.*?```", "", f.read_text(), flags=re.DOTALL)
         for m in LINK.finditer(text):
             if not (f.parent / m[1]).exists():
                 missing.append(f"{f.relative_to(ROOT)}: {m[1]}")
@@ -88,7 +89,7 @@ def test_local_links_resolve():
 
 
 def test_every_docs_page_is_in_the_site_nav():
-    nav = set(re.findall(r":\s+(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M))
+    nav = set(re.findall(r":\s+(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.MULTILINE))
     pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
     assert pages == nav
 

@@ -14,7 +14,7 @@ from helpers import ROOT
 def _blocks(lang: str) -> list[str]:
     text = (ROOT / "README.md").read_text()
     section = text.split("## A worked example", 1)[1].split("\n## ", 1)[0]
-    return re.findall(rf"```{lang}\n(.*?)```", section, re.S)
+    return re.findall(rf"```{lang}\n(.*?)```", section, re.DOTALL)
 
 
 def test_the_worked_example_runs_as_pasted(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_PKG = Path(__file__).resolve().parent
+_PKG = Path(__file__).resolve().parents[1]     # the dse package
 
 
 def spaces_dir() -> Path:
