@@ -13,10 +13,11 @@ Three kinds of generated text, in ``README.md`` and ``docs/**/*.md``:
 - **Numbers** in prose, ``<!-- num SOURCE:PATH FORMAT -->1.188<!-- /num -->``: the value at
   ``PATH`` (keys separated by ``/``) of ``SOURCE``, printed with the Python format spec
   ``FORMAT`` (``.3f``, ``,d``, ``.0%``; ``s``: the text as it is; ``M1``: in millions, one
-  decimal). Sources (``SOURCES``): ``answer/NAME``
+  decimal; ``*1e6:.1f``: times 10^6, then ``.1f``). Sources (``SOURCES``): ``answer/NAME``
   (``reports/NAME/answer.json``), ``kernels`` (per op class, from ``reports/kernels/report.csv``),
   ``e2e`` (the first table of ``reports/end-to-end/README.md``), ``bench``
-  (``reports/bench/bench.json``, ``python -m dse.bench --json``).
+  (``reports/bench/bench.json``, ``python -m dse.bench --json``), ``efficiency`` (the fitted
+  end-to-end times, ``dse/catalog/efficiency.toml``).
 
 HTML comments are invisible on the repository host and on the mkdocs site alike, so every page
 reads as plain Markdown. ``tests/test_docs_numbers.py`` fails when a number or a generated part
@@ -70,10 +71,13 @@ def _source(root: Path, name: str):
         return end_to_end(root / "reports" / "end-to-end" / "README.md")
     if name == "bench":
         return json.loads(_read(root / "reports" / "bench" / "bench.json"))
-    raise DocsError(f"unknown source {name!r} (answer/NAME, kernels, e2e, bench)")
+    if name == "efficiency":                     # the fitted end-to-end times the model uses
+        import tomllib
+        return tomllib.loads(_read(root / "dse" / "catalog" / "efficiency.toml"))
+    raise DocsError(f"unknown source {name!r} ({', '.join(SOURCES)})")
 
 
-SOURCES = ("answer/NAME", "kernels", "e2e", "bench")
+SOURCES = ("answer/NAME", "kernels", "e2e", "bench", "efficiency")
 
 
 def _read(path: Path) -> str:
@@ -156,6 +160,9 @@ def number(spec: str, fmt: str, root: Path | None = None) -> str:
         return str(v)
     if fmt.startswith("M"):                       # millions: M1 = one decimal
         return f"{v / 1e6:.{int(fmt[1:] or 1)}f}"
+    if fmt.startswith("*"):                       # scaled: *1e6:.1f = in millionths (us)
+        factor, _, fmt = fmt[1:].partition(":")
+        v = v * float(factor)
     if isinstance(v, float) and fmt.endswith("d"):
         v = round(v)
     return format(v, fmt)
@@ -171,7 +178,7 @@ def _fmt(x, digits=3) -> str:
 
 OP_NAMES = {
     "gemm": "dense GEMM", "moe": "MoE grouped GEMM", "moe/auto": "MoE grouped GEMM, one joint fit "
-    "per group (`auto`)", "attn_prefill": "prefill attention", "attn_decode": "decode attention",
+    "over a group's backends", "attn_prefill": "prefill attention", "attn_decode": "decode attention",
     "mla_prefill": "MLA prefill", "mla_decode": "MLA decode",
     "allreduce_nccl": "NCCL all-reduce", "allreduce_custom": "custom all-reduce",
     "alltoall_ll_dispatch": "EP low-latency dispatch", "alltoall_ll_combine":

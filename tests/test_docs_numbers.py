@@ -125,3 +125,12 @@ def test_version_from_the_package(argv):
     r = subprocess.run([sys.executable, "-m", "dse", *argv], capture_output=True, text=True,
                        check=False)
     assert r.returncode == 0 and r.stdout.strip() == f"dse {__version__}"
+
+
+def test_no_quoted_number_starts_a_line():
+    """A line that starts with an HTML comment starts an HTML block (CommonMark, GitHub and
+    Python-Markdown alike), which would cut its paragraph in two."""
+    bad = [f"{f.relative_to(ROOT)}:{i}" for f in docs.markdown_files()
+           for i, ln in enumerate(f.read_text().splitlines(), 1)
+           if ln.lstrip().startswith("<!-- num")]
+    assert bad == []
