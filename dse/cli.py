@@ -453,7 +453,7 @@ def _design_commands(sub) -> None:
     cl = csub.add_parser("list", help="catalog ids with a one-line summary")
     cl.add_argument("kind", nargs="?", choices=["accelerators", "topologies", "models"])
     cs = csub.add_parser("show", help="every field of one entry, with units and sources")
-    cs.add_argument("id")
+    cs.add_argument("id", help="a catalog id: an accelerator, topology or model (dse catalog list)")
     c.set_defaults(func=_catalog)
 
     e = sub.add_parser("eval", help="score one design file: per-op breakdown and every metric")
