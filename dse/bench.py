@@ -373,6 +373,7 @@ def _write_json(path: str, argv, load: float, rss: float) -> None:
     doc = {"measured": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
            "command": " ".join(["python -m dse.bench", *args]), "commit": commit,
            "machine": {"cpu": cpu, "cores": os.cpu_count(), "load": round(load, 2),
+                       "load_end": round(os.getloadavg()[0], 2),
                        "python": platform.python_version(), "numpy": np.__version__},
            "threads": 1, "peak_memory_mb": round(rss), "results": RESULTS}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

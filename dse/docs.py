@@ -232,8 +232,10 @@ def block_bench(root: Path) -> str:
         rows.append(f"| {r['what']} | {r['n']:,} | {r['rate']} |")
     m = s.get("machine", {})
     rows.append("")
+    load = f"load {m.get('load', '?')} at the start" + (
+        f", {m['load_end']} at the end" if "load_end" in m else "")
     rows.append(f"Measured {s.get('measured', '?')} on {m.get('cpu', '?')} "
-                f"({m.get('cores', '?')} cores, load {m.get('load', '?')} at the start), "
+                f"({m.get('cores', '?')} cores, {load}), "
                 f"commit `{s.get('commit', '?')}`, `{s.get('command', 'python -m dse.bench')}`; "
                 f"peak memory {s.get('peak_memory_mb', 0):,.0f} MB.")
     return "\n".join(rows) + "\n"
