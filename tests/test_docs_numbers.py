@@ -14,6 +14,7 @@ import pytest
 from helpers import ROOT
 
 from dse import docs
+from dse.errors import InputError
 from dse.spec import bundled
 
 LINK = re.compile(r"(?:\]\(|<img src=\")(?!https?:|mailto:|#)([^)\"\s#]+)(#[^)\"\s]*)?")
@@ -112,7 +113,10 @@ def test_shipped_spaces_run_by_name(tmp_path):
     assert bundled.space_path("fast-mode").endswith("questions/fast-mode.toml")
     assert {"quickstart", "annotated", "fast-mode"} <= set(bundled.names())
     assert bundled.space_path("spaces/other.toml") == "spaces/other.toml"   # a path: as given
-    assert bundled.space_path("no-such-space") == "no-such-space"
+    with pytest.raises(InputError, match="did you mean 'quickstart'"):
+        bundled.space_path("quickstrat")
+    with pytest.raises(InputError, match="shipped spaces: "):
+        bundled.space_path("no-such-space.toml")
     r = subprocess.run([sys.executable, "-m", "dse", "validate", "annotated"], cwd=tmp_path,
                        capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr

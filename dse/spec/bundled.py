@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dse.errors import InputError, suggest
+
 _PKG = Path(__file__).resolve().parents[1]     # the dse package
 
 
@@ -29,15 +31,18 @@ def names() -> list[str]:
 
 
 def space_path(arg: str) -> str:
-    """``arg`` itself when it names an existing file (or anything but a bare name); else the
-    shipped space of that name, ``quickstart`` or ``quickstart.toml``; else ``arg`` unchanged, so
-    the loader's own error names it."""
+    """``arg`` itself when it names an existing file (or is a path, not a bare name: the
+    loader's own error names a missing one); else the shipped space of that name, ``quickstart``
+    or ``quickstart.toml``. A bare name that is neither is refused naming the closest shipped
+    spaces."""
     p = Path(arg)
-    if p.exists() or len(p.parts) > 1:
+    if p.exists() or len(p.parts) != 1:
         return arg
     stem = p.name.removesuffix(".toml")
     d = spaces_dir()
     for cand in (d / f"{stem}.toml", d / "questions" / f"{stem}.toml"):
         if cand.is_file():
             return str(cand)
-    return arg
+    raise InputError("file not found", file=arg,
+                     hint="give the path of a space file, or a shipped space's name: "
+                          + suggest(stem, names(), "shipped spaces"))
