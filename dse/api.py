@@ -50,6 +50,7 @@ from dse.scoring.evaluate import evaluate_file, evaluate_flat
 from dse.scoring.predict import predict_file, predict_frame, read_cases, write_csv
 from dse.search import driver
 from dse.search.driver import run_space
+from dse.spec.bundled import space_path
 from dse.spec.design import check_design, to_toml
 from dse.spec.fields import REGISTRY
 from dse.units import seconds
@@ -193,7 +194,7 @@ def score_bands(frame: pd.DataFrame, n: int | None = None, seed: int = 0,
 
 def predict(cases: PathLike | pd.DataFrame, out: PathLike | None = None) -> pd.DataFrame:
     """``dse predict``: the predictions of a case table (a CSV path, or a DataFrame with the
-    CSV's columns, ``contracts/predict-cases.md``), blank layouts and concurrencies chosen;
+    CSV's columns, ``docs/predict-format.md``), blank layouts and concurrencies chosen;
     ``out``: also write them as a CSV (atomically)."""
     if isinstance(cases, pd.DataFrame):
         pred = predict_frame(cases, file="cases")
@@ -230,7 +231,7 @@ def load_space(space: PathLike | Mapping[str, Any]):
         f = Path(_SCRATCH.name) / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}.toml"
         f.write_text(text)
         return _load(str(f))
-    return _load(str(space))
+    return _load(space_path(str(space)))
 
 
 # ------------------------------------------------------------------------------ runs

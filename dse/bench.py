@@ -48,6 +48,13 @@ from dse.build.space import load_space
 from dse.perf import score, score_chunked  # noqa: E402
 from dse.scoring.predict import predict_file
 
+# every figure printed, for ``--json`` (reports/bench/bench.json: the docs' speed page reads it)
+RESULTS: list[dict] = []
+
+
+def _record(key: str, what: str, n: int, rate: str, **numbers) -> None:
+    RESULTS.append({"key": key, "what": what, "n": int(n), "rate": rate, **numbers})
+
 
 def random_designs(n: int, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
@@ -110,13 +117,21 @@ def bench_scorer(n: int) -> None:
           f"CPU-s = {n / (build + score_s):,.0f} designs per CPU-second on one core, built and "
           f"scored (build {n / build:,.0f}/CPU-s, score {n / score_s:,.0f}/CPU-s; decode, "
           f"prompt and TTFT steps, memory fit, cost; {feas:.0%} feasible)")
+    _record("search_path",
+            "scorer on the search's path: random catalog designs (every accelerator, model, "
+            "dtype and layout mixed in each chunk), built in float32 from their resolved rows "
+            "and scored", n, f"{n / (build + score_s) / 1e6:.2f} M designs per CPU-second (build "
+            f"{n / build / 1e6:.2f} M, score {n / score_s / 1e6:.2f} M)",
+            per_cpu_s=n / (build + score_s), build_per_cpu_s=n / build,
+            score_per_cpu_s=n / score_s, feasible=feas)
     # the scorer alone: on the batch held in float32 (as the builder now emits it), on the
     # float64 batch converted chunk by chunk (what a float64 caller pays), and in float64
     batch32 = batch.astype(np.float32)
-    runs = ((np.float32, "float32, alone, on the batch held in float32", batch32),
-            (np.float32, "float32 from the float64 batch, converted chunk by chunk", batch),
-            (np.float64, "float64, as eval and predict use it", batch))
-    for dtype, label, held in runs:
+    runs = ((np.float32, "float32, alone, on the batch held in float32", batch32, "float32"),
+            (np.float32, "float32 from the float64 batch, converted chunk by chunk", batch,
+             "float32_from_float64"),
+            (np.float64, "float64, as eval and predict use it", batch, "float64"))
+    for dtype, label, held, key in runs:
         best = np.inf
         for _ in range(3):
             t0 = time.process_time()       # CPU time: the machines here are shared
@@ -126,6 +141,8 @@ def bench_scorer(n: int) -> None:
         del out
         print(f"scorer ({label}): {n:,} designs in {best:.3f} CPU-s = {n / best:,.0f} designs "
               f"per CPU-second on one core ({feas:.0%} feasible)")
+        _record(key, f"scorer, {label}", n, f"{n / best / 1e6:.2f} M designs per CPU-second",
+                per_cpu_s=n / best, feasible=feas)
     bench_mechanisms(batch32, batch)
 
 
@@ -151,6 +168,10 @@ def bench_mechanisms(batch, batch64) -> None:
     print(f"scorer with speculative decoding, expert imbalance, length distributions, a KV "
           f"tier, a shared prefix and fp4 experts on (float32): {n / best:,.0f} designs per "
           f"CPU-second")
+    _record("mechanisms",
+            "scorer with every serving mechanism on (speculative decoding, expert imbalance, "
+            "length distributions, a KV tier, a shared prefix, fp4 experts; float32)", n,
+            f"{n / best / 1e6:.2f} M designs per CPU-second", per_cpu_s=n / best)
     m = min(n, 20_000)
     q = batch64.take(slice(0, m)).replace(**MECHANISMS, **QUEUEING)
     t0 = time.process_time()
@@ -159,6 +180,10 @@ def bench_mechanisms(batch, batch64) -> None:
     good = float(np.mean(np.isfinite(out["goodput_requests_per_s_per_chip"])))
     print(f"scorer at a request rate with p90 SLOs (queueing, percentiles, goodput; float64): "
           f"{m / dt:,.0f} designs per CPU-second ({good:.0%} with a goodput)")
+    _record("queueing",
+            "scorer at a request rate with p90 SLOs (queueing, percentiles and goodput: ~100 "
+            "scorings per design; float64)", m, f"{m / dt:,.0f} designs per CPU-second",
+            per_cpu_s=m / dt)
 
 
 CATALOG_GRID = """name = "bench-catalog-grid"
@@ -220,7 +245,8 @@ def _timed(fn):
     return out, time.perf_counter() - t0, time.process_time() - c0
 
 
-def bench_builder(label: str, text: str, limit: int | None = None, passes: int = 3) -> None:
+def bench_builder(label: str, text: str, limit: int | None = None, passes: int = 3,
+                  key: str = "builder") -> None:
     """Build (and score) every design of a space in chunks, as the exhaustive search does."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "space.toml")
@@ -250,6 +276,12 @@ def bench_builder(label: str, text: str, limit: int | None = None, passes: int =
           f"score {rate(best[2])} ({rate(best[3])}), build+score {rate(best[0] + best[2])} "
           f"({rate(best[1] + best[3])}); first pass build {rate(first[0])}, build+score "
           f"{rate(first[0] + first[2])}")
+    cpu = lambda t: f"{n / t / 1e6:.2f} M"  # noqa: E731
+    _record(key, f"builder + scorer, {label}, as the search builds it (chunks of {CHUNK:,}, "
+            "float32)", n,
+            f"build {cpu(best[1])}, score {cpu(best[3])}, both {cpu(best[1] + best[3])} "
+            "designs per CPU-second", per_cpu_s=n / (best[1] + best[3]),
+            build_per_cpu_s=n / best[1], score_per_cpu_s=n / best[3])
 
 
 def bench_resolve(n: int) -> None:
@@ -262,6 +294,10 @@ def bench_resolve(n: int) -> None:
     print(f"builder, validated DataFrame path (resolve + to_batch, as predict and eval use it): "
           f"{n:,} random designs in {best:.3f} s = {n / best:,.0f} designs/s "
           f"({n / best_cpu:,.0f} per CPU-second)")
+    _record("resolve",
+            "validated DataFrame path of `dse predict` / `dse eval` (resolve + to_batch, every "
+            "column checked)", n, f"{n / best_cpu / 1e6:.2f} M designs per CPU-second",
+            per_cpu_s=n / best_cpu)
 
 
 def bench_predict(n: int) -> None:
@@ -285,6 +321,8 @@ def bench_predict(n: int) -> None:
         dt = time.perf_counter() - t0
     print(f"predict: {n:,} cases with fixed layouts and concurrency, CSV to CSV, in {dt:.2f} s "
           f"end to end (target < 10 s)")
+    _record("predict", "`dse predict`, cases with fixed layouts, CSV to CSV end to end", n,
+            f"{dt:.1f} s wall", wall_s=dt)
 
 
 def main(argv=None) -> int:
@@ -293,10 +331,14 @@ def main(argv=None) -> int:
     p.add_argument("--designs", type=float, default=1e6, help="designs for the scorer benchmark")
     p.add_argument("--cases", type=float, default=2e5, help="cases for the predict benchmark (0: skip)")
     p.add_argument("--only", choices=("builder", "scorer", "predict"), help="run one benchmark")
+    p.add_argument("--json", metavar="PATH", help="also write the figures, the machine and the "
+                   "commit as JSON (reports/bench/bench.json: `python -m dse.docs` quotes it)")
     a = p.parse_args(argv)
+    load = os.getloadavg()[0]
     if a.only in (None, "builder"):
-        bench_builder("(a) catalog grid", CATALOG_GRID)
-        bench_builder("(b) hypothetical-chip sweep, every design a distinct chip", CHIP_SWEEP)
+        bench_builder("(a) catalog grid", CATALOG_GRID, key="builder_catalog_grid")
+        bench_builder("(b) hypothetical-chip sweep, every design a distinct chip", CHIP_SWEEP,
+                      key="builder_chip_sweep")
         bench_resolve(100_000)
     if a.only in (None, "scorer"):
         bench_scorer(int(a.designs))
@@ -304,7 +346,41 @@ def main(argv=None) -> int:
         bench_predict(int(a.cases))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak memory: {rss:,.0f} MB")
+    if a.json:
+        _write_json(a.json, argv, load, rss)
     return 0
+
+
+def _write_json(path: str, argv, load: float, rss: float) -> None:
+    import datetime as dt
+    import json
+    import platform
+    import subprocess
+    import sys
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=os.path.dirname(__file__),
+                                check=False).stdout.strip()
+    except OSError:
+        commit = ""
+    args = list(sys.argv[1:] if argv is None else argv)
+    doc = {"measured": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+           "command": " ".join(["python -m dse.bench", *args]), "commit": commit,
+           "machine": {"cpu": cpu, "cores": os.cpu_count(), "load": round(load, 2),
+                       "load_end": round(os.getloadavg()[0], 2),
+                       "python": platform.python_version(), "numpy": np.__version__},
+           "threads": 1, "peak_memory_mb": round(rss), "results": RESULTS}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

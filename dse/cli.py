@@ -13,7 +13,31 @@ from dse.version import __version__
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line and exit code 2, like every other bad input."""
+    """Usage errors as one line and exit code 2, like every other bad input. Each parser keeps
+    its ``arguments`` (the actions added, in order) and its sub-``commands`` (name -> (parser,
+    help)), which the generated CLI reference reads (``python -m dse.docs``)."""
+
+    def __init__(self, *args, **kwargs):
+        self.arguments: list[argparse.Action] = []
+        self.commands: dict[str, tuple[argparse.ArgumentParser, str]] = {}
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        self.arguments.append(action)
+        return action
+
+    def add_subparsers(self, **kwargs):
+        action = super().add_subparsers(**kwargs)
+        add, commands = action.add_parser, self.commands
+
+        def add_parser(name, **kw):
+            parser = add(name, **kw)
+            commands[name] = (parser, kw.get("help", ""))
+            return parser
+
+        action.add_parser = add_parser
+        return action
 
     def error(self, message):
         raise InputError(f"{message} (see `{self.prog} --help`)")
@@ -92,7 +116,8 @@ def _predict(a) -> int:
 
 def _validate(a) -> int:
     from dse.build.space import describe, load_space
-    print(describe(load_space(a.space)))
+    from dse.spec.bundled import space_path
+    print(describe(load_space(space_path(a.space))))
     return 0
 
 
@@ -106,7 +131,9 @@ def _run(a) -> int:
     else:
         if not a.space:
             raise InputError("give a space file, or --resume DIR")
-        r = api.run(a.space, a.strategy, trials=a.trials, budget=budget, out=a.out, seed=a.seed,
+        from dse.spec.bundled import space_path
+        r = api.run(space_path(a.space), a.strategy, trials=a.trials, budget=budget, out=a.out,
+                    seed=a.seed,
                     workers=a.workers, sampler=a.sampler, population=a.population,
                     storage=a.storage, chunk_designs=a.chunk_designs,
                     segment_trials=a.segment_trials, storage_retry=retry, progress=not a.quiet)
@@ -260,7 +287,9 @@ def _whatif(a) -> int:
 def _answer(a) -> int:
     from dse.questions.answer import answer_space, first_lines
     from dse.results.pages import plain
-    out = answer_space(a.space, a.out, a.run_dir, progress=not a.quiet, bands=a.bands)
+    from dse.spec.bundled import space_path
+    out = answer_space(space_path(a.space), a.out, a.run_dir, progress=not a.quiet,
+                       bands=a.bands)
     print(plain(first_lines(out)))
     print(f"wrote {out / 'README.md'} (the answer), {out / 'index.html'} and figures")
     print(out)
@@ -305,14 +334,18 @@ def _status(a) -> int:
     return 0
 
 
+SPACE_HELP = ("a space file, or the name of a shipped example space (quickstart, moe-codesign, "
+              "...: dse.spec.bundled)")
+
+
 def _run_commands(sub) -> None:
     """Sub-commands of the search: validate, run, worker."""
     v = sub.add_parser("validate", help="check a space file; print its parameters and size")
-    v.add_argument("space")
+    v.add_argument("space", help=SPACE_HELP)
     v.set_defaults(func=_validate)
 
     r = sub.add_parser("run", help="search a space; the last line printed is the run folder")
-    r.add_argument("space", nargs="?")
+    r.add_argument("space", nargs="?", help=SPACE_HELP)
     r.add_argument("--strategy", choices=["exhaustive", "optuna", "nested"],
                    help="exhaustive: every design, exact front (default up to 10^8 designs); "
                         "optuna: Optuna's samplers, asked and told in batches; nested: the "
@@ -403,7 +436,8 @@ def _run_readers(sub) -> None:
     wi.set_defaults(func=_whatif)
 
     an = sub.add_parser("answer", help="a worked question: run its space, report, answer in numbers")
-    an.add_argument("space", help="a space file with an [answer] table (spaces/questions/)")
+    an.add_argument("space", help="a space file with an [answer] table (spaces/questions/), or "
+                    "a shipped question's name (fast-mode)")
     an.add_argument("--out", help="report folder (default reports/<space name>)")
     an.add_argument("--run-dir", help="run folder (default runs/<time>-<space name>)")
     an.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -419,7 +453,7 @@ def _design_commands(sub) -> None:
     cl = csub.add_parser("list", help="catalog ids with a one-line summary")
     cl.add_argument("kind", nargs="?", choices=["accelerators", "topologies", "models"])
     cs = csub.add_parser("show", help="every field of one entry, with units and sources")
-    cs.add_argument("id")
+    cs.add_argument("id", help="a catalog id: an accelerator, topology or model (dse catalog list)")
     c.set_defaults(func=_catalog)
 
     e = sub.add_parser("eval", help="score one design file: per-op breakdown and every metric")
@@ -427,7 +461,7 @@ def _design_commands(sub) -> None:
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=_eval)
 
-    pr = sub.add_parser("predict", help="score the cases of a CSV (contracts/predict-cases.md)")
+    pr = sub.add_parser("predict", help="score the cases of a CSV (docs/predict-format.md)")
     pr.add_argument("cases", help="case CSV")
     pr.add_argument("--out", required=True, help="predictions CSV to write")
     pr.set_defaults(func=_predict)
@@ -457,9 +491,19 @@ def _run_care(sub) -> None:
     st.set_defaults(func=_status)
 
 
+def _installed_version() -> str:
+    """The version in the installed package's metadata (distribution ``dse-llm``); from a
+    checkout that is not installed, the source's ``dse.version.__version__``."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("dse-llm")
+    except PackageNotFoundError:
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dse", description="Design-space optimizer for LLM serving hardware and models.")
-    p.add_argument("--version", action="version", version=f"dse {__version__}")
+    p.add_argument("--version", action="version", version=f"dse {_installed_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in (_design_commands, _run_commands, _run_readers, _run_care):
         add(sub)
