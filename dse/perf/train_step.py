@@ -39,6 +39,7 @@ from dse.perf.train_time import (
     elementwise_s,
     ep_comm_s,
     layer_gemms_s,
+    moe_permute_s,
     pp_comm_s,
     tp_comm_s,
 )
@@ -67,7 +68,7 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     fwd = g["attn"][0] + mlp_f + attn
     bwd = g["attn"][1] + mlp_b + attn * b.attention_bwd_ratio
     rerun = np.where(b.recompute == 2, fwd, np.where(b.recompute == 1, attn, 0.0))
-    elem = elementwise_s(b) * (3.0 + (b.recompute == 2))
+    elem = (elementwise_s(b) + moe_share * moe_permute_s(b)) * (3.0 + (b.recompute == 2))
     tp = tp_comm_s(b) * (2.0 + (b.recompute == 2))
     ep = ep_comm_s(b) * (2.0 + (b.recompute == 2)) * moe_share
     cp = hide(2.0 * cp_comm_s(b) * (1.0 + b.attention_bwd_ratio) / 2.0,

@@ -11,10 +11,12 @@ split ``cp`` ways; its backward costs ``attention_bwd_ratio`` forwards.
 
 Elementwise HBM traffic per token and layer (bytes, forward; the backward moves twice it):
 norms 8h, residual adds 12h, RoPE 4(q + kv), the MLP activation 2(E f) (read E - 1 inputs of
-width f, write one), and with fp8/fp4 GEMMs the casts of every GEMM input (read 2, write 1 plus
-a transposed 1: 4 bytes an element) -- sharded by ``tp`` inside the tensor-parallel region and,
-with sequence parallelism, outside it too.
+width f, write one), and with fp8/fp4 GEMMs 1 byte per GEMM-input element (the transposed
+fp8 copy the weight-gradient GEMM reads; the cast itself is fused in the norm or activation that
+produces the input) -- sharded by ``tp`` inside the tensor-parallel region and, with sequence
+parallelism, outside it too.
 """
+
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from dse.perf.kernel_gemm import gemm_s
 from dse.perf.train_batch import TrainBatch
 
 ACT_BYTES = 2.0          # bf16 activations, attention and communication
-CAST_BYTES = 4.0         # HBM bytes per element of an fp8/fp4 cast (read 2, write 1 + transpose)
+CAST_BYTES = 1.0         # HBM bytes per GEMM-input element of an fp8/fp4 cast (module docstring)
 GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
              "latency_s")
 AR_KEYS = ("ar_nccl_latency_s", "ar_nccl_latency_per_log2_s", "ar_nccl_ll_fraction",
@@ -59,19 +61,24 @@ def layer_gemms_s(b: TrainBatch) -> dict:
     qkv = linear_s(b, t, (q + 2.0 * kv) / tp, h)
     out = linear_s(b, t, h, q / tp)
     attn = (qkv[0] + out[0], qkv[1] + out[1])
-    up = linear_s(b, t, (b.mlp_mats - 1.0) * b.ffn / tp, h)
-    down = linear_s(b, t, h, b.ffn / tp)
-    # routed experts (expert tensor parallelism 1): the chip's experts on its routed rows
+    # routed experts (expert tensor parallelism 1): the chip's experts on its routed rows;
+    # a dense model's (and a model without shared experts') terms are masked to 0
     local = np.maximum(b.experts / b.ep, 1.0)
-    rows = t / np.where(b.sequence_parallel > 0, tp, 1.0) * b.topk / local
-    e_up = linear_s(b, rows, (b.mlp_mats - 1.0) * b.expert_ffn, h)
-    e_down = linear_s(b, rows, h, b.expert_ffn)
-    sh_up = linear_s(b, t, (b.mlp_mats - 1.0) * b.shared_ffn / tp, h)
-    sh_down = linear_s(b, t, h, np.maximum(b.shared_ffn, 1.0) / tp)
+    rows = np.maximum(t / np.where(b.sequence_parallel > 0, tp, 1.0) * b.topk / local, 1.0)
+    f_e = np.maximum(b.expert_ffn, 1.0)
+    f_sh = np.maximum(b.shared_ffn, 1.0)
+    e_up = linear_s(b, rows, (b.mlp_mats - 1.0) * f_e, h)
+    e_down = linear_s(b, rows, h, f_e)
+    sh_up = linear_s(b, t, (b.mlp_mats - 1.0) * f_sh / tp, h)
+    sh_down = linear_s(b, t, h, f_sh / tp)
+    has_moe = b.moe_layers > 0
     has_sh = b.shared_ffn > 0
     router = linear_s(b, t, np.maximum(b.experts, 1.0), h)
-    moe = tuple(local * (e_up[i] + e_down[i]) + has_sh * (sh_up[i] + sh_down[i]) + router[i]
-                for i in (0, 1))
+    moe = tuple(has_moe * (local * (e_up[i] + e_down[i]) + has_sh * (sh_up[i] + sh_down[i])
+                           + router[i]) for i in (0, 1))
+    f = np.maximum(b.ffn, 1.0)
+    up = linear_s(b, t, (b.mlp_mats - 1.0) * f / tp, h)
+    down = linear_s(b, t, h, f / tp)
     logits = linear_s(b, t, b.vocab / tp, h)
     return {"attn": attn, "dense_mlp": (up[0] + down[0], up[1] + down[1]), "moe_mlp": moe,
             "logits": logits}
@@ -108,6 +115,15 @@ def elementwise_s(b: TrainBatch) -> np.ndarray:
     sp = b.sequence_parallel > 0
     per_token = np.where(sp, outside / b.tp, outside) + (inside + cast) / b.tp
     return tokens_per_chip(b) * per_token / (b.hbm_bw_bytes_per_s * b.hbm_fraction)
+
+
+def moe_permute_s(b: TrainBatch) -> np.ndarray:
+    """Forward seconds of one MoE layer's token permutation on one chip: ``moe_token_bytes``
+    (the grouped-GEMM kernel fit's HBM bytes per routed row and hidden element: permute,
+    unpermute, quantize) over the chip's routed rows; the backward moves twice it."""
+    rows = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.topk
+    return np.where(b.moe_layers > 0, rows * b.hidden_size * b.kernel["moe_token_bytes"]
+                    / b.hbm_bw_bytes_per_s, 0.0)
 
 
 def group_tier(b: TrainBatch, stride) -> tuple[np.ndarray, np.ndarray]:
