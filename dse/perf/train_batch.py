@@ -36,8 +36,9 @@ class TrainBatch:
     experts, topk, expert_ffn, shared_ffn (total shared-expert width), q_lora_rank,
     kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim (MLA; 0 = GQA/MHA),
     mtp_layers, tied (1 = tied embeddings).
-    Chip: peak_flops_per_s (the precision's dense peak; 0 = not native), peak_bf16_flops_per_s
-    (attention core), hbm_bw_bytes_per_s, hbm_capacity_bytes, scaleup_bw_bytes_per_s,
+    Chip: peak_flops_per_s (the dense peak the linear layers run at: the precision's, or the
+    best the chip has when it has no native support), precision_native (1/0; MFU is quoted
+    against ``peak_flops_per_s`` only where 1), peak_bf16_flops_per_s (attention core), hbm_bw_bytes_per_s, hbm_capacity_bytes, scaleup_bw_bytes_per_s,
     scaleout_bw_bytes_per_s (per chip, per direction), domain_chips (scale-up domain),
     hbm_fraction; ``kernel``: the fitted kernel parameters by name (``gemm_*`` of the
     precision's family, ``attn_prefill_*``, ``ar_nccl_*``, ``a2a_*``), arrays or scalars.
@@ -69,6 +70,7 @@ class TrainBatch:
     mtp_layers: np.ndarray
     tied: np.ndarray
     peak_flops_per_s: np.ndarray
+    precision_native: np.ndarray
     peak_bf16_flops_per_s: np.ndarray
     hbm_bw_bytes_per_s: np.ndarray
     hbm_capacity_bytes: np.ndarray

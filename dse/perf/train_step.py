@@ -17,8 +17,10 @@ Per micro-batch on the slowest stage (the last: it adds the logits)::
     step   = m t_mb + bubble + exposed data-parallel collectives + optimizer step
 
 A collective that can run under compute is exposed by ``hide(t, window)``: what does not fit in
-the window, plus ``1 - overlap_fraction`` of what does. TP and EP collectives sit on the
-critical path (exposed whole); ring-attention hops hide under the attention core, pipeline
+the window, plus ``1 - overlap_fraction`` of what does. TP collectives hide under the layer's
+GEMMs (Megatron-Core's TP communication overlap splits them into chunks pipelined with the
+GEMMs; without it, ``overlap_fraction`` of them is what the fit finds hidden); EP all-to-alls
+sit on the critical path (exposed whole); ring-attention hops hide under the attention core, pipeline
 sends under the micro-batch, the gradient reduction (ZeRO 0-2) under the last micro-batch's
 backward and the parameter all-gather under the first's forward; ZeRO-3 gathers and reduces
 every micro-batch, under that micro-batch. The optimizer step streams 30 bytes per parameter
@@ -39,7 +41,6 @@ from dse.perf.train_time import (
     elementwise_s,
     ep_comm_s,
     layer_gemms_s,
-    moe_permute_s,
     pp_comm_s,
     tp_comm_s,
 )
@@ -68,8 +69,10 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     fwd = g["attn"][0] + mlp_f + attn
     bwd = g["attn"][1] + mlp_b + attn * b.attention_bwd_ratio
     rerun = np.where(b.recompute == 2, fwd, np.where(b.recompute == 1, attn, 0.0))
-    elem = (elementwise_s(b) + moe_share * moe_permute_s(b)) * (3.0 + (b.recompute == 2))
-    tp = tp_comm_s(b) * (2.0 + (b.recompute == 2))
+    elem = elementwise_s(b) * (3.0 + (b.recompute == 2))
+    tp = hide(tp_comm_s(b) * (2.0 + (b.recompute == 2)),
+              (g["attn"][0] + mlp_f) * (1.0 + (b.recompute == 2)) + g["attn"][1] + mlp_b,
+              b.overlap_fraction)
     ep = ep_comm_s(b) * (2.0 + (b.recompute == 2)) * moe_share
     cp = hide(2.0 * cp_comm_s(b) * (1.0 + b.attention_bwd_ratio) / 2.0,
               attn * (1.0 + b.attention_bwd_ratio), b.overlap_fraction)
@@ -122,7 +125,7 @@ def score_train(b: TrainBatch) -> dict:
     step = m * t_mb + bubble + dp_exposed + optimizer
     chips = b.tp * b.pp * b.dp * b.cp
     flops = megatron_flops(b)
-    peak = np.where(b.peak_flops_per_s > 0, b.peak_flops_per_s, np.nan)
+    peak = np.where(b.precision_native > 0, b.peak_flops_per_s, np.nan)
     out = {"step_time_s": step, "compute_s": m * parts["compute_s"],
            "memory_s": m * parts["memory_s"] + optimizer,
            "network_exposed_s": m * mb_net + dp_exposed,
@@ -134,7 +137,7 @@ def score_train(b: TrainBatch) -> dict:
     out["hfu"] = (flops + recompute_flops(b)) / step / chips / peak
     out.update(mem)
     fits = mem["memory_per_chip_bytes"] <= b.hbm_capacity_bytes
-    native = b.peak_flops_per_s > 0
+    native = b.precision_native > 0
     out["feasible"] = fits & native
     out["reason"] = np.where(~native, 2, np.where(~fits, 1, 0))
     shares = np.stack([out["compute_s"], out["memory_s"], out["network_exposed_s"], bubble])

@@ -5,7 +5,8 @@ Every linear layer ``Y[m, n] = X[m, k] W[k, n]`` costs three GEMMs of the servin
 (``kernel_gemm.gemm_s``, the chip's fitted constants for the precision's family): forward
 ``(m, n, k)``, data gradient ``(m, k, n)`` and weight gradient ``(k, n, m)``; the training fit
 scales the fitted large-GEMM fraction by ``compute_fraction_scale``. Routed experts run the
-same three GEMMs per local expert on its share of the routed rows. The attention core is the
+serving grouped-GEMM model (``kernel_gemm.grouped_gemm_s``, the fitted ``moe_*`` constants),
+backward twice the forward. The attention core is the
 prefill kernel (``kernel_attention.prefill_attention_s``, bf16) over the whole causal sequence,
 split ``cp`` ways; its backward costs ``attention_bwd_ratio`` forwards.
 
@@ -24,13 +25,16 @@ import numpy as np
 
 from dse.perf.kernel_attention import prefill_attention_s
 from dse.perf.kernel_comm import allreduce_s, alltoall_s
-from dse.perf.kernel_gemm import gemm_s
+from dse.perf.kernel_gemm import gemm_s, grouped_gemm_s
 from dse.perf.train_batch import TrainBatch
 
 ACT_BYTES = 2.0          # bf16 activations, attention and communication
 CAST_BYTES = 1.0         # HBM bytes per GEMM-input element of an fp8/fp4 cast (module docstring)
 GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
              "latency_s")
+MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s",
+            "hidden_half", "batch_bytes", "route_bytes", "nongated_slowdown", "wave_elements",
+            "remote_fraction")
 AR_KEYS = ("ar_nccl_latency_s", "ar_nccl_latency_per_log2_s", "ar_nccl_ll_fraction",
            "ar_nccl_bulk_latency_s", "ar_nccl_fraction", "ar_nccl_fraction_per_doubling")
 
@@ -61,21 +65,18 @@ def layer_gemms_s(b: TrainBatch) -> dict:
     qkv = linear_s(b, t, (q + 2.0 * kv) / tp, h)
     out = linear_s(b, t, h, q / tp)
     attn = (qkv[0] + out[0], qkv[1] + out[1])
-    # routed experts (expert tensor parallelism 1): the chip's experts on its routed rows;
-    # a dense model's (and a model without shared experts') terms are masked to 0
-    local = np.maximum(b.experts / b.ep, 1.0)
-    rows = np.maximum(t / np.where(b.sequence_parallel > 0, tp, 1.0) * b.topk / local, 1.0)
-    f_e = np.maximum(b.expert_ffn, 1.0)
+    # routed experts (expert tensor parallelism 1): the serving grouped-GEMM model of the
+    # chip's experts over the ep group's tokens (forward), twice it backward (data and weight
+    # gradients); its token term is the permutation traffic
+    e_fwd = moe_experts_s(b)
     f_sh = np.maximum(b.shared_ffn, 1.0)
-    e_up = linear_s(b, rows, (b.mlp_mats - 1.0) * f_e, h)
-    e_down = linear_s(b, rows, h, f_e)
     sh_up = linear_s(b, t, (b.mlp_mats - 1.0) * f_sh / tp, h)
     sh_down = linear_s(b, t, h, f_sh / tp)
     has_moe = b.moe_layers > 0
     has_sh = b.shared_ffn > 0
     router = linear_s(b, t, np.maximum(b.experts, 1.0), h)
-    moe = tuple(has_moe * (local * (e_up[i] + e_down[i]) + has_sh * (sh_up[i] + sh_down[i])
-                           + router[i]) for i in (0, 1))
+    moe = tuple(has_moe * (e_fwd * (1.0 + i) + has_sh * (sh_up[i] + sh_down[i]) + router[i])
+                for i in (0, 1))
     f = np.maximum(b.ffn, 1.0)
     up = linear_s(b, t, (b.mlp_mats - 1.0) * f / tp, h)
     down = linear_s(b, t, h, f / tp)
@@ -117,13 +118,19 @@ def elementwise_s(b: TrainBatch) -> np.ndarray:
     return tokens_per_chip(b) * per_token / (b.hbm_bw_bytes_per_s * b.hbm_fraction)
 
 
-def moe_permute_s(b: TrainBatch) -> np.ndarray:
-    """Forward seconds of one MoE layer's token permutation on one chip: ``moe_token_bytes``
-    (the grouped-GEMM kernel fit's HBM bytes per routed row and hidden element: permute,
-    unpermute, quantize) over the chip's routed rows; the backward moves twice it."""
-    rows = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.topk
-    return np.where(b.moe_layers > 0, rows * b.hidden_size * b.kernel["moe_token_bytes"]
-                    / b.hbm_bw_bytes_per_s, 0.0)
+def moe_experts_s(b: TrainBatch) -> np.ndarray:
+    """Forward seconds of one MoE layer's routed experts on one chip:
+    ``kernel_gemm.grouped_gemm_s`` (the chip's fitted grouped-GEMM constants for the
+    precision's family, ``moe_*``; the large-GEMM fraction times ``compute_fraction_scale``)
+    over the ``ep`` ranks' tokens, balanced routing."""
+    kp = b.kernel
+    p = {k: kp["moe_" + k] for k in MOE_KEYS}
+    p["fraction"] = p["fraction"] * b.compute_fraction_scale
+    tokens = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.ep
+    out = grouped_gemm_s(tokens, b.hidden_size, np.maximum(b.expert_ffn, 1.0), b.topk,
+                         np.maximum(b.experts, 1.0), 1.0, b.ep, b.operand_bytes,
+                         b.peak_flops_per_s, b.hbm_bw_bytes_per_s, matrices=b.mlp_mats, **p)
+    return np.where(b.moe_layers > 0, out, 0.0)
 
 
 def group_tier(b: TrainBatch, stride) -> tuple[np.ndarray, np.ndarray]:
