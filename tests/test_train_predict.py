@@ -155,3 +155,19 @@ def test_missing_required_column_and_subprocess_exit_code(tmp_path):
     r = run_subprocess("predict", "--train", cases, "--out", tmp_path / "p.csv")
     assert r.returncode == 2 and "seq_len" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(not TRAIN_CASES.exists(), reason="shared/calibration not next to checkout")
+def test_flop_convention_matches_megatron_bridge_published_tflops():
+    """Megatron-Bridge 25.11 publishes "model TFLOP/s/GPU" with Megatron's count next to its
+    tokens/s: dse's F per token times the measured tokens/s reproduces it (gpt-oss-120b
+    excepted: the contract counts its sliding-window layers as full causal layers)."""
+    cases = pd.read_csv(TRAIN_CASES, dtype=str, keep_default_na=False, na_values=[""])
+    truth = pd.read_csv(SHARED / "calibration" / "training_truth.csv")
+    mb = truth[(truth["source"] == "MB2511") & ~truth["case_id"].str.contains("gpt-oss")]
+    p = predict_train(cases[cases["case_id"].isin(mb["case_id"])]).set_index("case_id")
+    for _, t in mb.iterrows():
+        published = float(re.search(r"=(\d+)", t["also_published"]).group(1))
+        per_token = p.loc[t["case_id"], "model_tflops_per_chip"] / p.loc[
+            t["case_id"], "tokens_per_s_per_chip"]
+        assert per_token * t["value"] == pytest.approx(published, abs=0.6), t["case_id"]  # rounded

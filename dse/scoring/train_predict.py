@@ -170,7 +170,8 @@ def select(cases: pd.DataFrame, layouts: pd.DataFrame, s: dict) -> pd.DataFrame:
 
 def predict_train_frame(cases: pd.DataFrame, file: str = "cases") -> pd.DataFrame:
     """Predictions of a training case table (the CSV's columns, as strings or numbers)."""
-    cases = cases.reset_index(drop=True).astype(object).where(cases.notna(), np.nan)
+    cases = cases.reset_index(drop=True).astype(object)
+    cases = cases.where(cases.notna(), np.nan)
     cases = cases.map(lambda x: x if isinstance(x, float) else (str(x).strip() or np.nan))
     check_columns(cases, file)
     p = parse(cases, file)
