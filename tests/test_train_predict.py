@@ -170,4 +170,4 @@ def test_flop_convention_matches_megatron_bridge_published_tflops():
         published = float(re.search(r"=(\d+)", t["also_published"]).group(1))
         per_token = p.loc[t["case_id"], "model_tflops_per_chip"] / p.loc[
             t["case_id"], "tokens_per_s_per_chip"]
-        assert per_token * t["value"] == pytest.approx(published, abs=0.6), t["case_id"]  # rounded
+        assert per_token * t["value"] == pytest.approx(published, abs=1.0), t["case_id"]  # rounded
