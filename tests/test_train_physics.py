@@ -46,7 +46,7 @@ def batch(model=DENSE, **over) -> TrainBatch:
              "peak_bf16_flops_per_s": PEAK, "hbm_bw_bytes_per_s": HBM, "hbm_capacity_bytes": 80e9,
              "scaleup_bw_bytes_per_s": 400e9, "scaleout_bw_bytes_per_s": 50e9, "domain_chips": 8,
              "hbm_fraction": 1.0, "tp": 1, "pp": 1, "dp": 1, "ep": 1, "cp": 1, "vp": 1, "micro_batch_seqs": 1,
-             "zero_stage": 0, "recompute": 0, "schedule": 0, "sequence_parallel": 0, "global_batch_seqs": 8,
+             "zero_stage": 0, "recompute": 0, "recompute_layer_fraction": 1.0, "schedule": 0, "sequence_parallel": 0, "global_batch_seqs": 8,
              "seq_len": 2048, "precision": 0, "compute_fraction_scale": 1.0, "overlap_fraction": 1.0,
              "layer_overhead_s": 0.0, "reserve_bytes": 0.0, "fragmentation_fraction": 0.0,
              "attention_bwd_ratio": 2.0}
@@ -242,3 +242,15 @@ def test_memory_infeasible_and_precision_flags():
     s = score_train(batch(precision_native=0))
     assert int(np.ravel(s["reason"])[0]) == 2
     assert np.isnan(s["mfu"]) and np.isfinite(s["step_time_s"])
+
+
+def test_full_recompute_on_a_share_of_the_layers_interpolates():
+    """Megatron's block method: ``recompute_layer_fraction`` of the layers keep only their
+    input and rerun their forward; the rest keep everything."""
+    b = batch(recompute=2, recompute_layer_fraction=0.5, sequence_parallel=1)
+    none, full = b.replace(recompute=0), b.replace(recompute_layer_fraction=1.0)
+    assert float(layer_activation_bytes(b)) == pytest.approx(
+        0.5 * float(layer_activation_bytes(none)) + 0.5 * float(layer_activation_bytes(full)))
+    t = {k: score_train(x)["compute_s"] for k, x in (("h", b), ("0", none), ("1", full))}
+    assert t["h"] == pytest.approx(0.5 * (t["0"] + t["1"]))
+    assert recompute_flops(b) == pytest.approx(0.5 * recompute_flops(full))

@@ -43,7 +43,8 @@ class TrainBatch:
     hbm_fraction; ``kernel``: the fitted kernel parameters by name (``gemm_*`` of the
     precision's family, ``attn_prefill_*``, ``ar_nccl_*``, ``a2a_*``), arrays or scalars.
     Layout: tp, pp, dp, ep, cp, vp, micro_batch_seqs, zero_stage (0-3), recompute (code of
-    RECOMPUTE), schedule (code of SCHEDULES), sequence_parallel (0/1).
+    RECOMPUTE), recompute_layer_fraction (with ``full``: the share of the layers recomputed,
+    Megatron's ``--recompute-method block --recompute-num-layers``; 1 = every layer), schedule (code of SCHEDULES), sequence_parallel (0/1).
     Job: global_batch_seqs, seq_len (tokens), precision (code of PRECISIONS).
     Training parameters (dse/catalog/training.toml): compute_fraction_scale, overlap_fraction,
     layer_overhead_s, reserve_bytes, fragmentation_fraction, attention_bwd_ratio.
@@ -87,6 +88,7 @@ class TrainBatch:
     micro_batch_seqs: np.ndarray
     zero_stage: np.ndarray
     recompute: np.ndarray
+    recompute_layer_fraction: np.ndarray
     schedule: np.ndarray
     sequence_parallel: np.ndarray
     global_batch_seqs: np.ndarray
@@ -121,6 +123,11 @@ class TrainBatch:
     @property
     def operand_bytes(self) -> np.ndarray:
         return np.asarray(OPERAND_BYTES)[self.precision.astype(int)]
+
+    @property
+    def full_share(self) -> np.ndarray:
+        """Share of the layers whose forward is rerun whole (0 unless recompute is full)."""
+        return np.where(self.recompute == 2, self.recompute_layer_fraction, 0.0)
 
     @property
     def micro_batches(self) -> np.ndarray:

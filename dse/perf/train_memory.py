@@ -15,7 +15,8 @@ tensor parallelism ``t``; generalised from the paper's GPT block to GQA and gate
     norms:     4h
     MHA, f = 4h, E = 2: 34 sbh + 5 a s^2 b, as in the paper's equation (1).
     sequence parallel: all of it / t;  no SP: 10 sbh stays whole, the rest / t  (eq. 2 and 4)
-    selective recompute: the score term dropped;  full: only the layer input, 2 sbh (/t with SP)
+    selective recompute: the score term dropped;  full: only the layer input, 2 sbh (/t with SP),
+    in the share ``recompute_layer_fraction`` of the layers (the others keep everything)
 
 The first pipeline stage holds ``min(p, micro-batches)`` micro-batches in flight under 1F1B,
 times ``1 + (p - 1) / (p v)`` when interleaved (the paper's section 4.2.3).
@@ -94,9 +95,11 @@ def layer_activation_bytes(b: TrainBatch, flash=1.0) -> np.ndarray:
     sp = b.sequence_parallel > 0
     per_token = np.where(sp, (whole + split) / t, whole + split / t)
     r = b.recompute
-    act = tokens * np.where(r == 2, 2.0 * h / np.where(sp, t, 1.0),
-                            per_token + np.where(r == 0, scores / t, 0.0))
-    return act
+    none = per_token + scores / t
+    full = 2.0 * h / np.where(sp, t, 1.0)
+    f = b.recompute_layer_fraction
+    return tokens * np.where(r == 2, f * full + (1.0 - f) * none,
+                             np.where(r == 1, per_token, none))
 
 
 def in_flight(b: TrainBatch) -> np.ndarray:

@@ -6,7 +6,8 @@ Per micro-batch on the slowest stage (the last: it adds the logits)::
     t_mb = sum over its L / p layers of  [fwd + bwd GEMMs + attention fwd (1 + bwd ratio)
                                           + elementwise fwd x 3 + exposed TP/EP collectives
                                           + layer_overhead_s]
-           + the recompute policy's rerun forward (full: every layer's; selective: attention's)
+           + the recompute policy's rerun forward (full: every recomputed layer's; selective:
+             the attention core's)
            + the logits' GEMMs + exposed pipeline sends and ring-attention exchanges
 
     bubble = (p - 1) t_mb             1F1B: the fraction (p - 1) / (m + p - 1) of the step
@@ -68,12 +69,13 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     attn = attention_core_s(b)
     fwd = g["attn"][0] + mlp_f + attn
     bwd = g["attn"][1] + mlp_b + attn * b.attention_bwd_ratio
-    rerun = np.where(b.recompute == 2, fwd, np.where(b.recompute == 1, attn, 0.0))
-    elem = elementwise_s(b) * (3.0 + (b.recompute == 2))
-    tp = hide(tp_comm_s(b) * (2.0 + (b.recompute == 2)),
-              (g["attn"][0] + mlp_f) * (1.0 + (b.recompute == 2)) + g["attn"][1] + mlp_b,
+    full = b.full_share
+    rerun = full * fwd + (b.recompute == 1) * attn
+    elem = elementwise_s(b) * (3.0 + full)
+    tp = hide(tp_comm_s(b) * (2.0 + full),
+              (g["attn"][0] + mlp_f) * (1.0 + full) + g["attn"][1] + mlp_b,
               b.overlap_fraction)
-    ep = ep_comm_s(b) * (2.0 + (b.recompute == 2)) * moe_share
+    ep = ep_comm_s(b) * (2.0 + full) * moe_share
     cp = hide(2.0 * cp_comm_s(b) * (1.0 + b.attention_bwd_ratio) / 2.0,
               attn * (1.0 + b.attention_bwd_ratio), b.overlap_fraction)
     compute = stage * (fwd + bwd + rerun) + g["logits"][0] + g["logits"][1]

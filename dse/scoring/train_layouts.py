@@ -5,7 +5,8 @@ A blank is filled from the valid values: tp a divisor of the chips that divides 
 stays inside the scale-up domain; pp at most the layers; cp dividing the sequence into whole
 halves per rank (load-balanced causal split); dp what is left; ep a divisor of ``tp cp dp``
 that divides the experts (1 for a dense model); micro-batches of 1 to 8 sequences that divide
-the data-parallel share of the batch; every recompute policy; vp 1, or 2 to 8 virtual stages
+the data-parallel share of the batch; every recompute policy (full also on a quarter, half or
+three quarters of the layers); vp 1, or 2 to 8 virtual stages
 when the schedule is interleaved; ZeRO stage 1.
 """
 
@@ -20,8 +21,10 @@ import pandas as pd
 from dse.errors import InputError
 from dse.scoring.train_cases import where
 
-COLUMNS = ("tp", "pp", "dp", "ep", "cp", "vp", "micro_batch_seqs", "recompute", "zero_stage",
-           "schedule", "sequence_parallel")
+COLUMNS = ("tp", "pp", "dp", "ep", "cp", "vp", "micro_batch_seqs", "recompute",
+           "recompute_layer_fraction", "zero_stage", "schedule", "sequence_parallel")
+# a blank recompute: none, selective, or full on a share of the layers (Megatron's block method)
+RECOMPUTE_CHOICES = ((0, 1.0), (1, 1.0), (2, 0.25), (2, 0.5), (2, 0.75), (2, 1.0))
 MICRO_BATCHES = (1, 2, 4, 8)
 VIRTUAL = (2, 3, 4, 5, 6, 8)
 
@@ -49,7 +52,7 @@ def case_layouts(i: int, p: dict, r: dict) -> list[tuple]:
     seq = p["seq_len"][i]
     gbs = p["global_batch_seqs"][i]
     sched_given = int(p["pipeline_schedule"][i])
-    rc = options(p["recompute"][i] if p["recompute"][i] >= 0 else np.nan, (0, 1, 2))
+    rc = ((int(p["recompute"][i]), 1.0),) if p["recompute"][i] >= 0 else RECOMPUTE_CHOICES
     zero = int(p["zero_stage"][i]) if p["zero_stage"][i] >= 0 else 1
     out = []
     tps = [t for t in divisors(n) if heads % t == 0 and t <= r["domain_chips"]]
@@ -73,7 +76,7 @@ def case_layouts(i: int, p: dict, r: dict) -> list[tuple]:
                 for ep, mb, vp, rec in itertools.product(
                         options(g["ep"], eps), options(g["micro_batch_seqs"], mbs),
                         options(g["vp"], vps), rc):
-                    out.append((tp, pp, dp, ep, cp, vp, mb, rec, zero, sched, sp))
+                    out.append((tp, pp, dp, ep, cp, vp, mb, *rec, zero, sched, sp))
     return out
 
 

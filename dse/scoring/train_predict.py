@@ -59,7 +59,7 @@ PARAMS = ("compute_fraction_scale", "overlap_fraction", "layer_overhead_s", "res
 OUTPUT = ("case_id", "tp", "pp", "dp", "ep", "cp", "vp", "micro_batch_seqs", "recompute",
           "zero_stage", "step_time_s", "tokens_per_s_per_chip", "model_tflops_per_chip", "mfu",
           "hfu", "memory_per_chip_bytes", "bound", "feasible", "reason")
-BREAKDOWN = ("pipeline_schedule", "sequence_parallel", "compute_s", "memory_s",
+BREAKDOWN = ("pipeline_schedule", "sequence_parallel", "recompute_layer_fraction", "compute_s", "memory_s",
              "network_exposed_s", "network_total_s", "bubble_s", "optimizer_s",
              "weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
              "buffers_bytes")
@@ -133,7 +133,7 @@ def build(resolved: list[dict], layouts: pd.DataFrame, jobs: dict) -> TrainBatch
     kernel = {k: np.array([r["kernel"][k] for r in resolved], float)[idx]
               for k in resolved[0]["kernel"]}
     for k in ("tp", "pp", "dp", "ep", "cp", "vp", "micro_batch_seqs", "zero_stage",
-              "recompute", "schedule", "sequence_parallel"):
+              "recompute", "recompute_layer_fraction", "schedule", "sequence_parallel"):
         fields[k] = layouts[k].to_numpy(float)
     for k in ("global_batch_seqs", "seq_len", "precision", "mtp_layers"):
         fields[k] = np.asarray(jobs[k], float)[idx]
@@ -163,7 +163,10 @@ def select(cases: pd.DataFrame, layouts: pd.DataFrame, s: dict) -> pd.DataFrame:
     out["pipeline_schedule"] = np.array(SCHEDULES, dtype=object)[
         layouts["schedule"].to_numpy()[best]]
     out["sequence_parallel"] = layouts["sequence_parallel"].to_numpy()[best] > 0
-    for k in BREAKDOWN[2:]:
+    out["recompute_layer_fraction"] = np.where(out["recompute"] == "full",
+                                               layouts["recompute_layer_fraction"].to_numpy()[best],
+                                               0.0)
+    for k in BREAKDOWN[3:]:
         out[k] = s[k][best]
     return out[list(OUTPUT) + list(BREAKDOWN)]
 
