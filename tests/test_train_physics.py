@@ -45,7 +45,7 @@ def batch(model=DENSE, **over) -> TrainBatch:
              "v_head_dim": 0, "mtp_layers": 0, "tied": 0, "peak_flops_per_s": PEAK, "precision_native": 1,
              "peak_bf16_flops_per_s": PEAK, "hbm_bw_bytes_per_s": HBM, "hbm_capacity_bytes": 80e9,
              "scaleup_bw_bytes_per_s": 400e9, "scaleout_bw_bytes_per_s": 50e9, "domain_chips": 8,
-             "hbm_fraction": 1.0, "tp": 1, "pp": 1, "dp": 1, "ep": 1, "cp": 1, "vp": 1, "micro_batch_seqs": 1,
+             "hbm_fraction": 1.0, "usd_per_hour": 2.0, "all_in_power_w": 1500.0, "tp": 1, "pp": 1, "dp": 1, "ep": 1, "cp": 1, "vp": 1, "micro_batch_seqs": 1,
              "zero_stage": 0, "recompute": 0, "recompute_layer_fraction": 1.0, "schedule": 0, "sequence_parallel": 0, "global_batch_seqs": 8,
              "seq_len": 2048, "precision": 0, "compute_fraction_scale": 1.0, "overlap_fraction": 1.0,
              "layer_overhead_s": 0.0, "reserve_bytes": 0.0, "fragmentation_fraction": 0.0,
@@ -254,3 +254,11 @@ def test_full_recompute_on_a_share_of_the_layers_interpolates():
     t = {k: score_train(x)["compute_s"] for k, x in (("h", b), ("0", none), ("1", full))}
     assert t["h"] == pytest.approx(0.5 * (t["0"] + t["1"]))
     assert recompute_flops(b) == pytest.approx(0.5 * recompute_flops(full))
+
+
+def test_cost_and_energy_per_token():
+    s = score_train(batch(dp=8))
+    tps = s["tokens_per_s_per_chip"]
+    assert s["chip_hours_per_trillion_tokens"] == pytest.approx(1e12 / tps / 3600)
+    assert s["usd_per_trillion_tokens"] == pytest.approx(2.0 * 1e12 / tps / 3600)
+    assert s["energy_j_per_token"] == pytest.approx(1500.0 / tps)

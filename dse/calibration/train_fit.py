@@ -66,6 +66,20 @@ def per_source(j: pd.DataFrame) -> pd.Series:
     return np.exp(j.groupby("source")["log_err"].mean())
 
 
+def roofline(j: pd.DataFrame) -> tuple[float, float]:
+    """The hand roofline next to dse: every step at one MFU (``F / (chips peak mfu)``, F the
+    contract's count, peak the precision's), that MFU fitted (the geometric mean over the
+    truths); returns (MFU, error factor)."""
+    flops_chip = j["model_tflops_per_chip"] * 1e12 * j["step_time_s"]    # F / chips (FLOPs)
+    peak = j["model_tflops_per_chip"] * 1e12 / j["mfu"]
+    step_at_peak = flops_chip / peak
+    true_step = np.where(j["metric"] == "step_time_s", j["value"],
+                         j["tokens_per_s_per_chip"] * j["step_time_s"] / j["value"])
+    u = float(np.exp(np.mean(np.log(step_at_peak / true_step))))
+    r = j.assign(log_err=np.abs(np.log(step_at_peak / u / true_step)))
+    return u, error_factor(r)
+
+
 def fit(cases: pd.DataFrame, truth: pd.DataFrame, start: dict | None = None) -> dict:
     """The ``FITTED`` values minimising the error factor on these cases (Nelder-Mead on the
     parameters mapped to their bounds by a logistic)."""
@@ -128,6 +142,8 @@ def main(argv=None) -> int:
     print("in sample, per source:")
     print(per_source(j).round(3).to_string())
     print(f"in sample, sources weighted equally: {error_factor(j):.3f}")
+    u, ef = roofline(j)
+    print(f"hand roofline (F / peak at one fitted MFU = {u:.3f}): error factor {ef:.3f}")
     if a.loso:
         lo = leave_one_source_out(cases, truth, params)
         print("leave one source out (each source with the others' fit):")

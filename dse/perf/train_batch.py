@@ -40,7 +40,7 @@ class TrainBatch:
     best the chip has when it has no native support), precision_native (1/0; MFU is quoted
     against ``peak_flops_per_s`` only where 1), peak_bf16_flops_per_s (attention core), hbm_bw_bytes_per_s, hbm_capacity_bytes, scaleup_bw_bytes_per_s,
     scaleout_bw_bytes_per_s (per chip, per direction), domain_chips (scale-up domain),
-    hbm_fraction; ``kernel``: the fitted kernel parameters by name (``gemm_*`` of the
+    hbm_fraction, usd_per_hour (per chip), all_in_power_w (per chip, facility power); ``kernel``: the fitted kernel parameters by name (``gemm_*`` of the
     precision's family, ``attn_prefill_*``, ``ar_nccl_*``, ``a2a_*``), arrays or scalars.
     Layout: tp, pp, dp, ep, cp, vp, micro_batch_seqs, zero_stage (0-3), recompute (code of
     RECOMPUTE), recompute_layer_fraction (with ``full``: the share of the layers recomputed,
@@ -79,6 +79,8 @@ class TrainBatch:
     scaleout_bw_bytes_per_s: np.ndarray
     domain_chips: np.ndarray
     hbm_fraction: np.ndarray
+    usd_per_hour: np.ndarray
+    all_in_power_w: np.ndarray
     tp: np.ndarray
     pp: np.ndarray
     dp: np.ndarray

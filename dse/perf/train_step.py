@@ -50,7 +50,8 @@ OPTIMIZER_BYTES_PER_PARAM = 30.0
 GRAD_REDUCE_BYTES = 2.0           # bf16 gradients on the wire, bf16 parameters gathered
 METRICS = ("step_time_s", "compute_s", "memory_s", "network_exposed_s", "network_total_s",
            "bubble_s", "optimizer_s", "tokens_per_s_per_chip", "model_tflops_per_chip", "mfu",
-           "hfu", "memory_per_chip_bytes", "feasible", "reason", "bound")
+           "hfu", "memory_per_chip_bytes", "chip_hours_per_trillion_tokens",
+           "usd_per_trillion_tokens", "energy_j_per_token", "feasible", "reason", "bound")
 
 
 def hide(t_s, window_s, overlap_fraction):
@@ -135,6 +136,9 @@ def score_train(b: TrainBatch) -> dict:
            "bubble_s": bubble, "optimizer_s": optimizer,
            "tokens_per_s_per_chip": b.global_batch_seqs * b.seq_len / step / chips,
            "model_tflops_per_chip": flops / step / chips / 1e12}
+    out["chip_hours_per_trillion_tokens"] = 1e12 / out["tokens_per_s_per_chip"] / 3600.0
+    out["usd_per_trillion_tokens"] = out["chip_hours_per_trillion_tokens"] * b.usd_per_hour
+    out["energy_j_per_token"] = b.all_in_power_w / out["tokens_per_s_per_chip"]
     out["mfu"] = flops / step / chips / peak
     out["hfu"] = (flops + recompute_flops(b)) / step / chips / peak
     out.update(mem)

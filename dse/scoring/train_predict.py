@@ -62,7 +62,8 @@ OUTPUT = ("case_id", "tp", "pp", "dp", "ep", "cp", "vp", "micro_batch_seqs", "re
 BREAKDOWN = ("pipeline_schedule", "sequence_parallel", "recompute_layer_fraction", "compute_s", "memory_s",
              "network_exposed_s", "network_total_s", "bubble_s", "optimizer_s",
              "weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
-             "buffers_bytes")
+             "buffers_bytes", "chip_hours_per_trillion_tokens", "usd_per_trillion_tokens",
+             "energy_j_per_token")
 
 
 def kernel_of(acc_id: str, precision: str) -> dict:
@@ -108,7 +109,8 @@ def resolve_case(df: pd.DataFrame, i: int, p: dict, file: str, offset: int = 0) 
          "scaleout_bw_bytes_per_s": acc.scaleout_link_bw_bytes_per_s
          / topo.scaleout_oversubscription,
          "domain_chips": float(topo.domain_chips or acc.scaleup_domain_chips),
-         "hbm_fraction": acc.efficiency.hbm_fraction, "kernel": kernel_of(acc.id, prec)}
+         "hbm_fraction": acc.efficiency.hbm_fraction, "usd_per_hour": acc.price.usd_per_hour,
+         "all_in_power_w": acc.price.all_in_power_w, "kernel": kernel_of(acc.id, prec)}
     params = tcat.train_parameters()
     c.update({k: float(params[k]) for k in PARAMS})
     for col, name in OVERRIDES.items():
