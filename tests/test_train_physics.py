@@ -262,3 +262,14 @@ def test_cost_and_energy_per_token():
     assert s["chip_hours_per_trillion_tokens"] == pytest.approx(1e12 / tps / 3600)
     assert s["usd_per_trillion_tokens"] == pytest.approx(2.0 * 1e12 / tps / 3600)
     assert s["energy_j_per_token"] == pytest.approx(1500.0 / tps)
+
+
+def test_mtp_modules_add_a_layer_and_a_logits_layer_each():
+    b = batch(global_batch_seqs=1)
+    g = layer_gemms_s(b)
+    base = score_train(b)["compute_s"]
+    one = score_train(b.replace(mtp_layers=1))["compute_s"]
+    from dse.perf.train_time import attention_core_s
+    layer = g["attn"][0] + g["attn"][1] + g["dense_mlp"][0] + g["dense_mlp"][1] \
+        + 3 * attention_core_s(b)
+    assert one - base == pytest.approx(layer + g["logits"][0] + g["logits"][1])

@@ -8,7 +8,8 @@ Per micro-batch on the slowest stage (the last: it adds the logits)::
                                           + layer_overhead_s]
            + the recompute policy's rerun forward (full: every recomputed layer's; selective:
              the attention core's)
-           + the logits' GEMMs + exposed pipeline sends and ring-attention exchanges
+           + the logits' GEMMs (and each MTP module's layer and logits)
+           + exposed pipeline sends and ring-attention exchanges
 
     bubble = (p - 1) t_mb             1F1B: the fraction (p - 1) / (m + p - 1) of the step
            = (p - 1) / v t_mb         interleaved: (p - 1) / (v m + p - 1)
@@ -79,7 +80,10 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     ep = ep_comm_s(b) * (2.0 + full) * moe_share
     cp = hide(2.0 * cp_comm_s(b) * (1.0 + b.attention_bwd_ratio) / 2.0,
               attn * (1.0 + b.attention_bwd_ratio), b.overlap_fraction)
-    compute = stage * (fwd + bwd + rerun) + g["logits"][0] + g["logits"][1]
+    # the last stage also runs the MTP modules: a layer and a logits layer each
+    heads_out = (1.0 + b.mtp_layers) * (g["logits"][0] + g["logits"][1])
+    stage = stage + b.mtp_layers
+    compute = stage * (fwd + bwd + rerun) + heads_out
     layers = stage * (elem + b.layer_overhead_s)
     net = stage * (tp + ep + cp)
     pp = hide(pp_comm_s(b), compute, b.overlap_fraction)
