@@ -144,15 +144,17 @@ def main(argv=None) -> int:
     print(f"in sample, sources weighted equally: {error_factor(j):.3f}")
     u, ef = roofline(j)
     print(f"hand roofline (F / peak at one fitted MFU = {u:.3f}): error factor {ef:.3f}")
+    loso = ""
     if a.loso:
         lo = leave_one_source_out(cases, truth, params)
         print("leave one source out (each source with the others' fit):")
         print(lo.round(3).to_string())
+        loso = "; left out: " + ", ".join(f"{k} {v:.3f}" for k, v in lo.items())
     if a.write:
-        n = len(truth)
-        note = (f"{n} truths of ../shared/calibration/training_* ({', '.join(sorted(truth['source'].unique()))}), "
-                f"error factor {error_factor(j):.3f} in sample; fitted {date.today().isoformat()} "
-                "by python -m dse.calibration.train_fit --fit --write")
+        sources = ", ".join(sorted(truth["source"].unique()))
+        note = (f"{len(truth)} truths of ../shared/calibration/training_* ({sources}), error "
+                f"factor {error_factor(j):.3f} in sample{loso}; fitted "
+                f"{date.today().isoformat()} by python -m dse.calibration.train_fit --fit --write")
         print("wrote", write(params, note))
     return 0
 
