@@ -273,3 +273,17 @@ def test_mtp_modules_add_a_layer_and_a_logits_layer_each():
     layer = g["attn"][0] + g["attn"][1] + g["dense_mlp"][0] + g["dense_mlp"][1] \
         + 3 * attention_core_s(b)
     assert one - base == pytest.approx(layer + g["logits"][0] + g["logits"][1])
+
+
+def test_mla_projections_at_roofline_match_the_mla_flop_count():
+    """DeepSeek-style MLA: the projections' FLOPs at roofline are the weight part of the
+    contract's A (MLA), i.e. everything but the score terms (and the +1 norm columns)."""
+    mla = {**MOE, "heads": 16, "kv_heads": 16, "head_dim": 192, "q_lora_rank": 512,
+           "kv_lora_rank": 256, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+           "v_head_dim": 128}
+    b = batch(mla, global_batch_seqs=1)
+    g = layer_gemms_s(b)
+    h, nh, rq, rkv = 1024, 16, 512, 256
+    flops = 2 * 2048 * (rq * (h + nh * 192) + rkv * (h + nh * 256) + h * 64 + nh * 128 * h)
+    assert g["attn"][0] * PEAK == pytest.approx(flops)
+    assert g["attn"][1] == pytest.approx(2 * g["attn"][0])

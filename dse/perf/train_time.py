@@ -64,7 +64,9 @@ def layer_gemms_s(b: TrainBatch) -> dict:
     kv = b.kv_heads * b.head_dim
     qkv = linear_s(b, t, (q + 2.0 * kv) / tp, h)
     out = linear_s(b, t, h, q / tp)
-    attn = (qkv[0] + out[0], qkv[1] + out[1])
+    gqa = (qkv[0] + out[0], qkv[1] + out[1])
+    mla = mla_gemms_s(b, t)
+    attn = tuple(np.where(b.kv_lora_rank > 0, mla[i], gqa[i]) for i in (0, 1))
     # routed experts (expert tensor parallelism 1): the serving grouped-GEMM model of the
     # chip's experts over the ep group's tokens (forward), twice it backward (data and weight
     # gradients); its token term is the permutation traffic
@@ -83,6 +85,27 @@ def layer_gemms_s(b: TrainBatch) -> dict:
     logits = linear_s(b, t, b.vocab / tp, h)
     return {"attn": attn, "dense_mlp": (up[0] + down[0], up[1] + down[1]), "moe_mlp": moe,
             "logits": logits}
+
+
+def mla_gemms_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of one MLA layer's projections on one chip: the down
+    projections (replicated over tp) ``h -> r_q`` and ``h -> r_kv + d_rope``, the up projections
+    ``r_q -> n_h (d_nope + d_rope)`` and ``r_kv -> n_h (d_nope + d_v)`` and the output
+    ``n_h d_v -> h`` (heads split ``tp`` ways); without ``q_lora_rank`` the query is one
+    ``h -> n_h (d_nope + d_rope)`` projection."""
+    h, tp, nh = b.hidden_size, b.tp, b.heads
+    rq = np.maximum(b.q_lora_rank, 1.0)
+    rkv = np.maximum(b.kv_lora_rank, 1.0)
+    dqk = np.maximum(b.qk_nope_head_dim + b.qk_rope_head_dim, 1.0)
+    dv = np.maximum(b.v_head_dim, 1.0)
+    parts = [linear_s(b, t, rkv + b.qk_rope_head_dim, h),
+             linear_s(b, t, nh * (b.qk_nope_head_dim + dv) / tp, rkv),
+             linear_s(b, t, h, nh * dv / tp)]
+    q_lora = [linear_s(b, t, rq, h), linear_s(b, t, nh * dqk / tp, rq)]
+    q_full = linear_s(b, t, nh * dqk / tp, h)
+    lora = b.q_lora_rank > 0
+    return tuple(sum(p[i] for p in parts)
+                 + np.where(lora, q_lora[0][i] + q_lora[1][i], q_full[i]) for i in (0, 1))
 
 
 def attention_core_s(b: TrainBatch) -> np.ndarray:
