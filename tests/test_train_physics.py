@@ -287,3 +287,17 @@ def test_mla_projections_at_roofline_match_the_mla_flop_count():
     flops = 2 * 2048 * (rq * (h + nh * 192) + rkv * (h + nh * 256) + h * 64 + nh * 128 * h)
     assert g["attn"][0] * PEAK == pytest.approx(flops)
     assert g["attn"][1] == pytest.approx(2 * g["attn"][0])
+
+
+def test_ring_attention_hops_inside_and_across_the_domain():
+    """cp - 1 hops of the chip's K and V chunk; NVLink while tp x cp fits in the domain, the
+    NIC beyond it; pipeline sends likewise by the chips the pipeline spans."""
+    from dse.perf.train_time import cp_comm_s, pp_comm_s
+    b = batch(cp=4, tp=2, global_batch_seqs=1)
+    chunk = 2048 / 4 * 2 * 16 * 64 / 2 * 2                    # tokens x 2 kv x bf16, tp 2
+    assert float(cp_comm_s(b)) == pytest.approx(3 * chunk / 400e9)
+    assert float(cp_comm_s(b.replace(tp=4))) == pytest.approx(3 * 2 * chunk / 4 / 50e9)
+    p = b.replace(cp=1, tp=1, pp=4, dp=2)                     # spans 8 chips: inside
+    msg = 2048 * 1024 * 2
+    assert float(pp_comm_s(p)) == pytest.approx(2 * msg / 400e9)
+    assert float(pp_comm_s(p.replace(dp=4))) == pytest.approx(2 * msg / 50e9)

@@ -202,10 +202,11 @@ def ep_comm_s(b: TrainBatch) -> np.ndarray:
     return np.where((b.ep > 1) & (b.moe_layers > 0), out, 0.0)
 
 
-def p2p_s(b: TrainBatch, message_bytes, stride) -> np.ndarray:
-    """One point-to-point send of ``message_bytes`` to a rank ``stride`` chips away: on the
-    scale-up link inside a domain, else the NIC."""
-    bw = np.where(stride < b.domain_chips, b.scaleup_bw_bytes_per_s, b.scaleout_bw_bytes_per_s)
+def p2p_s(b: TrainBatch, message_bytes, span) -> np.ndarray:
+    """One point-to-point send of ``message_bytes`` between neighbours of a ring or pipeline
+    that spans ``span`` chips: on the scale-up link while it fits in one domain, else the NIC
+    (its slowest hop sets the pace)."""
+    bw = np.where(span <= b.domain_chips, b.scaleup_bw_bytes_per_s, b.scaleout_bw_bytes_per_s)
     return message_bytes / (bw * b.kernel["ar_nccl_fraction"]) + b.kernel["ar_nccl_latency_s"]
 
 
@@ -213,7 +214,7 @@ def cp_comm_s(b: TrainBatch) -> np.ndarray:
     """Seconds of one layer's ring-attention K/V exchange, forward: ``cp - 1`` hops of the
     chip's K and V chunk (the backward also returns their gradients: twice)."""
     msg = tokens_per_chip(b) * 2.0 * b.kv_heads * b.head_dim / b.tp * ACT_BYTES
-    return np.where(b.cp > 1, (b.cp - 1.0) * p2p_s(b, msg, b.tp), 0.0)
+    return np.where(b.cp > 1, (b.cp - 1.0) * p2p_s(b, msg, b.tp * b.cp), 0.0)
 
 
 def pp_comm_s(b: TrainBatch) -> np.ndarray:
@@ -221,5 +222,5 @@ def pp_comm_s(b: TrainBatch) -> np.ndarray:
     forward and their gradient back, once per virtual stage."""
     msg = tokens_per_chip(b) * b.hidden_size * ACT_BYTES / np.where(
         b.sequence_parallel > 0, b.tp, 1.0)
-    stride = b.tp * b.cp * b.dp
-    return np.where(b.pp > 1, 2.0 * b.vp * p2p_s(b, msg, stride), 0.0)
+    span = b.tp * b.cp * b.dp * b.pp
+    return np.where(b.pp > 1, 2.0 * b.vp * p2p_s(b, msg, span), 0.0)
