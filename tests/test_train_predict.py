@@ -127,6 +127,10 @@ BAD = [
     ({"ep": 2}, "column ep"),
     ({"micro_batch_seqs": 3}, "column micro_batch_seqs"),
     ({"zero_stage": 5}, "column zero_stage"),
+    ({"vp": 2}, "column vp"),
+    ({"vp": 2, "pp": 2, "dp": 4, "pipeline_schedule": "1f1b"}, "column vp"),
+    ({"topology": "nvl73"}, "column topology"),
+    ({"sequence_parallel": "maybe"}, "column sequence_parallel"),
 ]
 
 

@@ -111,6 +111,15 @@ def check_explicit(df: pd.DataFrame, i: int, p: dict, r: dict, file: str) -> Non
             raise InputError(f"ep = {int(v['ep'])} does not divide tp x cp x dp = "
                              f"{int(np.prod(group))}", file=file, where=where(df, i, "ep"),
                              hint="experts are sharded over ranks of the tp x cp x dp group")
+    vp = p["vp"][i]
+    if np.isfinite(vp) and vp > 1:
+        if np.isfinite(v["pp"]) and v["pp"] == 1:
+            raise InputError(f"vp = {int(vp)} with pp = 1: virtual stages interleave a pipeline",
+                             file=file, where=where(df, i, "vp"), hint="leave vp blank or 1")
+        if p["pipeline_schedule"][i] == 0:
+            raise InputError(f"vp = {int(vp)} with pipeline_schedule = 1f1b", file=file,
+                             where=where(df, i, "vp"),
+                             hint="use pipeline_schedule = interleaved (or leave it blank)")
     if np.isfinite(v["dp"]) and np.isfinite(v["micro_batch_seqs"]):
         share = p["global_batch_seqs"][i] / (v["dp"] * v["micro_batch_seqs"])
         if share % 1:
