@@ -132,6 +132,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fit", action="store_true", help="refit the parameters")
     ap.add_argument("--loso", action="store_true", help="also leave one source out (slow)")
     ap.add_argument("--write", action="store_true", help="store the fit in training.toml")
+    ap.add_argument("--per-case", metavar="CSV", help="also write every truth with its prediction")
     a = ap.parse_args(argv)
     cases, truth = load(a.dir)
     params = {k: tcat.train_parameters()[k] for k in FITTED}
@@ -139,6 +140,10 @@ def main(argv=None) -> int:
         params = fit(cases, truth)
     j = joined(cases, truth, params)
     print("parameters:", params)
+    if a.per_case:
+        cols = ["case_id", "source", "metric", "value", "pred", "log_err", "recompute",
+                "recompute_layer_fraction", "step_time_s", "mfu", "memory_per_chip_bytes", "bound"]
+        j[cols].to_csv(a.per_case, index=False)
     print("in sample, per source:")
     print(per_source(j).round(3).to_string())
     print(f"in sample, sources weighted equally: {error_factor(j):.3f}")
