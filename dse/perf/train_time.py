@@ -65,11 +65,28 @@ def layer_gemms_s(b: TrainBatch) -> dict:
     qkv = linear_s(b, t, (q + 2.0 * kv) / tp, h)
     out = linear_s(b, t, h, q / tp)
     gqa = (qkv[0] + out[0], qkv[1] + out[1])
-    mla = mla_gemms_s(b, t)
-    attn = tuple(np.where(b.kv_lora_rank > 0, mla[i], gqa[i]) for i in (0, 1))
-    # routed experts (expert tensor parallelism 1): the serving grouped-GEMM model of the
-    # chip's experts over the ep group's tokens (forward), twice it backward (data and weight
-    # gradients); its token term is the permutation traffic
+    # (a term no row needs is skipped whole: a batch of dense GQA models pays no MLA or MoE)
+    attn = gqa
+    if np.any(b.kv_lora_rank > 0):
+        mla = mla_gemms_s(b, t)
+        attn = tuple(np.where(b.kv_lora_rank > 0, mla[i], gqa[i]) for i in (0, 1))
+    moe = (0.0, 0.0)
+    if np.any(b.moe_layers > 0):
+        moe = moe_layer_s(b, t)
+    f = np.maximum(b.ffn, 1.0)
+    up = linear_s(b, t, (b.mlp_mats - 1.0) * f / tp, h)
+    down = linear_s(b, t, h, f / tp)
+    logits = linear_s(b, t, b.vocab / tp, h)
+    return {"attn": attn, "dense_mlp": (up[0] + down[0], up[1] + down[1]), "moe_mlp": moe,
+            "logits": logits}
+
+
+def moe_layer_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of one MoE layer's GEMMs on one chip: the routed experts
+    (expert tensor parallelism 1: the serving grouped-GEMM model of the chip's experts over
+    the ep group's tokens, backward twice the forward; its token term is the permutation
+    traffic), the shared experts (split ``tp`` ways) and the router."""
+    h, tp = b.hidden_size, b.tp
     e_fwd = moe_experts_s(b)
     f_sh = np.maximum(b.shared_ffn, 1.0)
     sh_up = linear_s(b, t, (b.mlp_mats - 1.0) * f_sh / tp, h)
@@ -77,14 +94,8 @@ def layer_gemms_s(b: TrainBatch) -> dict:
     has_moe = b.moe_layers > 0
     has_sh = b.shared_ffn > 0
     router = linear_s(b, t, np.maximum(b.experts, 1.0), h)
-    moe = tuple(has_moe * (e_fwd * (1.0 + i) + has_sh * (sh_up[i] + sh_down[i]) + router[i])
-                for i in (0, 1))
-    f = np.maximum(b.ffn, 1.0)
-    up = linear_s(b, t, (b.mlp_mats - 1.0) * f / tp, h)
-    down = linear_s(b, t, h, f / tp)
-    logits = linear_s(b, t, b.vocab / tp, h)
-    return {"attn": attn, "dense_mlp": (up[0] + down[0], up[1] + down[1]), "moe_mlp": moe,
-            "logits": logits}
+    return tuple(has_moe * (e_fwd * (1.0 + i) + has_sh * (sh_up[i] + sh_down[i]) + router[i])
+                 for i in (0, 1))
 
 
 def mla_gemms_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
