@@ -144,11 +144,11 @@ def test_model_state_per_zero_stage():
     assert n == pytest.approx(L * (4 * h * h + 2 * h + 2 * h * f) + 2 * V * h)
     per = {z: state_bytes(b.replace(zero_stage=z)) for z in range(4)}
     assert per[0]["weights_bytes"] == pytest.approx(2 * n)
-    assert per[0]["grads_bytes"] == pytest.approx(4 * n)
+    assert per[0]["grads_bytes"] == pytest.approx(2 * n)
     assert per[0]["optimizer_bytes"] == pytest.approx(12 * n)
     assert per[1]["optimizer_bytes"] == pytest.approx(12 * n / d)
-    assert per[1]["grads_bytes"] == pytest.approx(4 * n)
-    assert per[2]["grads_bytes"] == pytest.approx(4 * n / d)
+    assert per[1]["grads_bytes"] == pytest.approx(2 * n)
+    assert per[2]["grads_bytes"] == pytest.approx(2 * n / d)
     assert per[2]["weights_bytes"] == pytest.approx(2 * n)
     gathered = 2 * n / L                           # two layers' weights in flight
     assert per[3]["weights_bytes"] == pytest.approx(2 * n / d + 2 * gathered)

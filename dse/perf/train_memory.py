@@ -2,9 +2,10 @@
 recompute policy (Korthikanti et al. 2022, arXiv:2205.05198, section 4), buffers.
 
 Model state per parameter held (bytes): bf16 weights 2 (+1 for an fp8 copy when the linear
-layers run fp8/fp4), fp32 main gradients 4, Adam fp32 master weights + two moments 12. ZeRO
-stage 1 shards the optimizer over the data-parallel group, 2 also the gradients, 3 also the
-weights (plus two layers' gathered weights in flight).
+layers run fp8/fp4), bf16 gradient buffers 2 (Megatron-Core's default: grad_reduce_in_fp32
+off), Adam fp32 master weights + two moments 12. ZeRO stage 1 shards the optimizer over the
+data-parallel group, 2 also the gradients, 3 also the weights (plus two layers' gathered
+weights in flight).
 
 Activations of one layer and micro-batch (bytes, ``sbh`` = micro-batch tokens x hidden; with
 tensor parallelism ``t``; generalised from the paper's GPT block to GQA and gated MLPs)::
@@ -30,7 +31,7 @@ from dse.perf.train_batch import TrainBatch
 
 WEIGHT_BYTES = 2.0       # bf16 weights
 FP8_COPY_BYTES = 1.0     # the low-precision copy of each weight the fp8/fp4 GEMMs read
-GRAD_BYTES = 4.0         # fp32 main gradients
+GRAD_BYTES = 2.0         # bf16 gradient buffers (Megatron-Core DDP: grad_reduce_in_fp32 = False)
 OPTIMIZER_BYTES = 12.0   # fp32 master weights + Adam's two moments
 LOGITS_BYTES = 4.0       # fp32 logits of the last stage's micro-batch
 
