@@ -159,7 +159,8 @@ def main(argv=None) -> int:
         sources = ", ".join(sorted(truth["source"].unique()))
         note = (f"{len(truth)} truths of ../shared/calibration/training_* ({sources}), error "
                 f"factor {error_factor(j):.3f} in sample{loso}; fitted "
-                f"{date.today().isoformat()} by python -m dse.calibration.train_fit --fit --write")
+                f"{date.today().isoformat()} by python -m dse.calibration.train_fit "
+                f"{'--fit ' if a.fit else ''}{'--loso ' if a.loso else ''}--write")
         print("wrote", write(params, note))
     return 0
 
