@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import numpy as np
 import pandas as pd
@@ -208,7 +207,6 @@ def predict(cases: PathLike | pd.DataFrame, out: PathLike | None = None) -> pd.D
     return predict_frame(read_cases(str(cases)), file=str(cases))
 
 
-
 def predict_train(cases: PathLike | pd.DataFrame, out: PathLike | None = None) -> pd.DataFrame:
     """``dse predict --train``: the predictions of a training case table (a CSV path, or a
     DataFrame with the CSV's columns, ``contracts/train-cases.md``), blank layouts chosen;
@@ -221,6 +219,7 @@ def predict_train(cases: PathLike | pd.DataFrame, out: PathLike | None = None) -
     if out is not None:
         return predict_train_file(str(cases), str(out))
     return predict_train_frame(read_train_cases(str(cases)), file=str(cases))
+
 
 # ------------------------------------------------------------------------------ spaces
 
@@ -381,4 +380,5 @@ def whatif(run: PathLike | Run, set: Mapping[str, Any] | list[str] | None = None
 
 
 __all__ = ["Bands", "Evaluation", "InputError", "Run", "compare", "evaluate", "load_space",
-           "open_run", "predict", "predict_train", "resume", "run", "score", "score_bands", "to_toml", "whatif"]
+           "open_run", "predict", "predict_train", "resume", "run", "score", "score_bands",
+           "to_toml", "whatif"]
