@@ -301,3 +301,15 @@ def test_ring_attention_hops_inside_and_across_the_domain():
     msg = 2048 * 1024 * 2
     assert float(pp_comm_s(p)) == pytest.approx(2 * msg / 400e9)
     assert float(pp_comm_s(p.replace(dp=4))) == pytest.approx(2 * msg / 50e9)
+
+
+def test_expert_all_to_all_inside_and_across_the_domain():
+    """Dispatch + combine of the chip's tokens (bf16), every token to every rank when top-k =
+    experts: inside one domain of 8, 7 copies at the scale-up bandwidth; over two domains the
+    copy to the other domain (deduplicated per node) rides the NIC, which sets the pace."""
+    from dse.perf.train_time import ep_comm_s
+    b = batch({**MOE, "experts": 16, "topk": 16}, ep=8, dp=8, global_batch_seqs=8)
+    row = 2048 * 1024 * 2
+    assert float(ep_comm_s(b)) == pytest.approx(2 * 7 * row / 400e9)
+    wide = b.replace(ep=16, dp=16, global_batch_seqs=16)
+    assert float(ep_comm_s(wide)) == pytest.approx(2 * max(7 * row / 400e9, row / 50e9))
