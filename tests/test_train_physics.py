@@ -313,3 +313,19 @@ def test_expert_all_to_all_inside_and_across_the_domain():
     assert float(ep_comm_s(b)) == pytest.approx(2 * 7 * row / 400e9)
     wide = b.replace(ep=16, dp=16, global_batch_seqs=16)
     assert float(ep_comm_s(wide)) == pytest.approx(2 * max(7 * row / 400e9, row / 50e9))
+
+
+def test_data_parallel_collectives_per_zero_stage():
+    """ZeRO 0-2: one gradient all-reduce (or reduce-scatter + all-gather, the same bytes) of
+    the chip's bf16 gradients per step; ZeRO-3: two parameter all-gathers and one gradient
+    reduce-scatter per micro-batch (1.5 all-reduces); over 2 domains the NIC carries
+    2 (n - 1) / n / 8 of the buffer per chip."""
+    from dse.perf.train_step import dp_comm_s
+    n = 1e9
+    ar = 2 * 7 / 8 * 2 * n / 400e9
+    step, per_mb = dp_comm_s(batch(dp=8, zero_stage=1), n)
+    assert float(step) == pytest.approx(ar) and float(per_mb) == 0
+    step, per_mb = dp_comm_s(batch(dp=8, zero_stage=3), n)
+    assert float(step) == 0 and float(per_mb) == pytest.approx(1.5 * ar)
+    step, _ = dp_comm_s(batch(dp=16, zero_stage=0), n)
+    assert float(step) == pytest.approx(ar + 2 * 1 / 2 / 8 * 2 * n / 50e9)
