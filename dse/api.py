@@ -48,6 +48,8 @@ from dse.scoring.bands import (
 )
 from dse.scoring.evaluate import evaluate_file, evaluate_flat
 from dse.scoring.predict import predict_file, predict_frame, read_cases, write_csv
+from dse.scoring.train_cases import read_train_cases
+from dse.scoring.train_predict import predict_train_file, predict_train_frame
 from dse.search import driver
 from dse.search.driver import run_space
 from dse.spec.bundled import space_path
@@ -204,6 +206,20 @@ def predict(cases: PathLike | pd.DataFrame, out: PathLike | None = None) -> pd.D
     if out is not None:
         return predict_file(str(cases), str(out))
     return predict_frame(read_cases(str(cases)), file=str(cases))
+
+
+def predict_train(cases: PathLike | pd.DataFrame, out: PathLike | None = None) -> pd.DataFrame:
+    """``dse predict --train``: the predictions of a training case table (a CSV path, or a
+    DataFrame with the CSV's columns, ``contracts/train-cases.md``), blank layouts chosen;
+    ``out``: also write them as a CSV (atomically)."""
+    if isinstance(cases, pd.DataFrame):
+        pred = predict_train_frame(cases, file="cases")
+        if out is not None:
+            write_csv(pred, str(out))
+        return pred
+    if out is not None:
+        return predict_train_file(str(cases), str(out))
+    return predict_train_frame(read_train_cases(str(cases)), file=str(cases))
 
 
 # ------------------------------------------------------------------------------ spaces
@@ -365,4 +381,5 @@ def whatif(run: PathLike | Run, set: Mapping[str, Any] | list[str] | None = None
 
 
 __all__ = ["Bands", "Evaluation", "InputError", "Run", "compare", "evaluate", "load_space",
-           "open_run", "predict", "resume", "run", "score", "score_bands", "to_toml", "whatif"]
+           "open_run", "predict", "predict_train", "resume", "run", "score", "score_bands",
+           "to_toml", "whatif"]

@@ -105,11 +105,11 @@ def _eval(a) -> int:
 
 
 def _predict(a) -> int:
-    from dse.api import predict
+    from dse.api import predict, predict_train
     if os.path.abspath(a.out) == os.path.abspath(a.cases):
         raise InputError("--out would overwrite the case file", file=a.out,
                          hint="write predictions to another path")
-    pred = predict(a.cases, a.out)
+    pred = (predict_train if a.train else predict)(a.cases, a.out)
     print(f"wrote {len(pred)} predictions to {a.out}")
     return 0
 
@@ -464,6 +464,8 @@ def _design_commands(sub) -> None:
     pr = sub.add_parser("predict", help="score the cases of a CSV (docs/predict-format.md)")
     pr.add_argument("cases", help="case CSV")
     pr.add_argument("--out", required=True, help="predictions CSV to write")
+    pr.add_argument("--train", action="store_true",
+                    help="the cases are training jobs (contracts/train-cases.md)")
     pr.set_defaults(func=_predict)
 
     sc = sub.add_parser("schema", help="JSON Schema of space or design files, for editors")

@@ -1,0 +1,169 @@
+"""Fit and report the training model on the public training set (``training_*`` of
+``../shared/calibration``; contracts/train-cases.md): as few training-specific parameters as
+possible, fitted on every source at once, with the in-sample and the leave-one-source-out
+error factors.
+
+Error factor = geometric mean of ``max(pred/true, true/pred)``, per source and metric, sources
+weighted equally (the calibration README). The parameters (``FITTED``) are those of
+``[training]`` in dse/catalog/training.toml; ``--write`` stores the fitted values there with
+what they were fitted on.
+
+    python -m dse.calibration.train_fit                 # report with the catalog's values
+    python -m dse.calibration.train_fit --fit [--write] # refit (and store), report, LOSO
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import date
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import minimize
+
+from dse.calibration.cases import default_dir
+from dse.catalog import training as tcat
+from dse.scoring.train_predict import predict_train_frame
+
+# fitted parameter: (lower, upper) bound
+FITTED = {"compute_fraction_scale": (0.3, 1.5), "overlap_fraction": (0.0, 1.0),
+          "layer_overhead_s": (0.0, 5e-3)}
+METRIC_COLUMN = {"step_time_s": "step_time_s", "tokens_per_s_per_chip": "tokens_per_s_per_chip",
+                 "model_tflops_per_chip": "model_tflops_per_chip", "mfu": "mfu",
+                 "memory_per_chip_bytes": "memory_per_chip_bytes"}
+
+
+def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    folder = Path(folder or default_dir())
+    cases = pd.read_csv(folder / "training_cases.csv", dtype=str, keep_default_na=False,
+                        na_values=[""])
+    truth = pd.read_csv(folder / "training_truth.csv")
+    return cases, truth
+
+
+def joined(cases: pd.DataFrame, truth: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
+    """Truths with the prediction of their metric (``pred``) and ``log_err`` = |log(pred/true)|."""
+    c = cases.copy()
+    for k, v in (params or {}).items():
+        c[f"train.{k}"] = str(v)
+    pred = predict_train_frame(c, file="training_cases.csv")
+    j = truth.merge(pred, on="case_id", how="left")
+    j["pred"] = [row[METRIC_COLUMN[m]] for m, (_, row) in zip(j["metric"], j.iterrows())]
+    j["log_err"] = np.abs(np.log(j["pred"].astype(float) / j["value"].astype(float)))
+    return j
+
+
+def error_factor(j: pd.DataFrame) -> float:
+    """exp(mean over (source, metric) groups of the mean |log(pred/true)|)."""
+    per = j.groupby(["source", "metric"])["log_err"].mean()
+    return float(np.exp(per.mean()))
+
+
+def per_source(j: pd.DataFrame) -> pd.Series:
+    return np.exp(j.groupby("source")["log_err"].mean())
+
+
+def roofline(j: pd.DataFrame) -> tuple[float, float]:
+    """The hand roofline next to dse: every step at one MFU (``F / (chips peak mfu)``, F the
+    contract's count, peak the precision's), that MFU fitted (the geometric mean over the
+    truths); returns (MFU, error factor)."""
+    flops_chip = j["model_tflops_per_chip"] * 1e12 * j["step_time_s"]    # F / chips (FLOPs)
+    peak = j["model_tflops_per_chip"] * 1e12 / j["mfu"]
+    step_at_peak = flops_chip / peak
+    true_step = np.where(j["metric"] == "step_time_s", j["value"],
+                         j["tokens_per_s_per_chip"] * j["step_time_s"] / j["value"])
+    u = float(np.exp(np.mean(np.log(step_at_peak / true_step))))
+    r = j.assign(log_err=np.abs(np.log(step_at_peak / u / true_step)))
+    return u, error_factor(r)
+
+
+def fit(cases: pd.DataFrame, truth: pd.DataFrame, start: dict | None = None) -> dict:
+    """The ``FITTED`` values minimising the error factor on these cases (Nelder-Mead on the
+    parameters mapped to their bounds by a logistic)."""
+    names = list(FITTED)
+    lo = np.array([FITTED[n][0] for n in names])
+    hi = np.array([FITTED[n][1] for n in names])
+    start = start or {n: tcat.train_parameters()[n] for n in names}
+    x0v = np.clip((np.array([start[n] for n in names]) - lo) / (hi - lo), 1e-3, 1 - 1e-3)
+
+    def values(z):
+        return dict(zip(names, lo + (hi - lo) / (1.0 + np.exp(-z))))
+
+    def cost(z):
+        return np.log(error_factor(joined(cases, truth, values(z))))
+
+    res = minimize(cost, np.log(x0v / (1 - x0v)), method="Nelder-Mead",
+                   options={"xatol": 1e-3, "fatol": 1e-5, "maxiter": 300})
+    return {k: float(f"{v:.6g}") for k, v in values(res.x).items()}
+
+
+def leave_one_source_out(cases: pd.DataFrame, truth: pd.DataFrame, start: dict) -> pd.Series:
+    """Per source: its error factor predicted with parameters fitted on the other sources."""
+    out = {}
+    for src in sorted(truth["source"].unique()):
+        keep = truth["source"] != src
+        ids = set(truth.loc[keep, "case_id"])
+        p = fit(cases[cases["case_id"].isin(ids)], truth[keep], start)
+        held = truth[~keep]
+        j = joined(cases[cases["case_id"].isin(set(held["case_id"]))], held, p)
+        out[src] = error_factor(j)
+    return pd.Series(out)
+
+
+def write(params: dict, fitted_on: str) -> Path:
+    """Store fitted values in dse/catalog/training.toml's [training] table (in place)."""
+    path = Path(str(resources.files("dse.catalog").joinpath("training.toml")))
+    text = path.read_text()
+    for k, v in params.items():
+        text = re.sub(rf"(?m)^{k} = .*$", f"{k} = {v!r}", text, count=1)
+    text = re.sub(r'(?m)^fitted_on = .*$', f"fitted_on = {fitted_on!r}".replace("'", '"'),
+                  text, count=1)
+    path.write_text(text)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dse.calibration.train_fit", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", help="calibration folder (default ../shared/calibration)")
+    ap.add_argument("--fit", action="store_true", help="refit the parameters")
+    ap.add_argument("--loso", action="store_true", help="also leave one source out (slow)")
+    ap.add_argument("--write", action="store_true", help="store the fit in training.toml")
+    ap.add_argument("--per-case", metavar="CSV", help="also write every truth with its prediction")
+    a = ap.parse_args(argv)
+    cases, truth = load(a.dir)
+    params = {k: tcat.train_parameters()[k] for k in FITTED}
+    if a.fit:
+        params = fit(cases, truth)
+    j = joined(cases, truth, params)
+    print("parameters:", params)
+    if a.per_case:
+        cols = ["case_id", "source", "metric", "value", "pred", "log_err", "recompute",
+                "recompute_layer_fraction", "step_time_s", "mfu", "memory_per_chip_bytes", "bound"]
+        j[cols].to_csv(a.per_case, index=False)
+    print("in sample, per source:")
+    print(per_source(j).round(3).to_string())
+    print(f"in sample, sources weighted equally: {error_factor(j):.3f}")
+    u, ef = roofline(j)
+    print(f"hand roofline (F / peak at one fitted MFU = {u:.3f}): error factor {ef:.3f}")
+    loso = ""
+    if a.loso:
+        lo = leave_one_source_out(cases, truth, params)
+        print("leave one source out (each source with the others' fit):")
+        print(lo.round(3).to_string())
+        loso = "; left out: " + ", ".join(f"{k} {v:.3f}" for k, v in lo.items())
+    if a.write:
+        sources = ", ".join(sorted(truth["source"].unique()))
+        note = (f"{len(truth)} truths of ../shared/calibration/training_* ({sources}), error "
+                f"factor {error_factor(j):.3f} in sample{loso}; fitted "
+                f"{date.today().isoformat()} by python -m dse.calibration.train_fit "
+                f"{'--fit ' if a.fit else ''}{'--loso ' if a.loso else ''}--write")
+        print("wrote", write(params, note))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""The training model's input: one frozen struct-of-arrays, one row per training design.
+
+A design is a model, an accelerator and its system, a parallel layout (tp, pp, dp, ep, cp, vp,
+micro-batch, ZeRO stage, recompute, pipeline schedule, sequence parallelism) and a job (global
+batch, sequence length, precision). Every numeric field is a float array (or a scalar that
+broadcasts); choices are small integer codes into the tuples below. Pure numpy, no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+# precision of the transformer's linear layers (contracts/train-cases.md)
+PRECISIONS = ("bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4")
+# the dense peak each precision's MFU is quoted against, and the GEMM kernel fit it runs on
+PEAK_DTYPE = ("bf16", "fp16", "fp8", "fp8", "fp8", "fp4")
+GEMM_FAMILY = ("bf16", "bf16", "fp8", "fp8_block", "fp8_block", "fp4")
+# bytes per GEMM operand element, scales included (fp8_block: one fp32 scale per 128; MXFP8:
+# one e8m0 per 32; NVFP4: one fp8 per 16 on 4-bit values)
+OPERAND_BYTES = (2.0, 2.0, 1.0, 1.0 + 4.0 / 128.0, 1.0 + 1.0 / 32.0, 0.5 + 1.0 / 16.0)
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe")
+BOUNDS = ("compute", "memory", "network", "bubble")
+REASONS = ("", "does not fit in memory", "no native support for the precision")
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """Training designs as arrays (one row each). Model fields use Hugging Face names.
+
+    Model: hidden_size, num_layers (transformer layers), moe_layers (of them MoE), heads,
+    kv_heads, head_dim (elements), ffn (dense FFN width), mlp_mats (3 gated, 2 not), vocab,
+    experts, topk, expert_ffn, shared_ffn (total shared-expert width), q_lora_rank,
+    kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim (MLA; 0 = GQA/MHA),
+    mtp_layers, tied (1 = tied embeddings).
+    Chip: peak_flops_per_s (the dense peak the linear layers run at: the precision's, or the
+    best the chip has when it has no native support), precision_native (1/0; MFU is quoted
+    against ``peak_flops_per_s`` only where 1), peak_bf16_flops_per_s (attention core), hbm_bw_bytes_per_s, hbm_capacity_bytes, scaleup_bw_bytes_per_s,
+    scaleout_bw_bytes_per_s (per chip, per direction), domain_chips (scale-up domain),
+    hbm_fraction, usd_per_hour (per chip), all_in_power_w (per chip, facility power); ``kernel``: the fitted kernel parameters by name (``gemm_*`` of the
+    precision's family, ``attn_prefill_*``, ``ar_nccl_*``, ``a2a_*``), arrays or scalars.
+    Layout: tp, pp, dp, ep, cp, vp, micro_batch_seqs, zero_stage (0-3), recompute (code of
+    RECOMPUTE), recompute_layer_fraction (with ``full``: the share of the layers recomputed,
+    Megatron's ``--recompute-method block --recompute-num-layers``; 1 = every layer), schedule (code of SCHEDULES), sequence_parallel (0/1).
+    Job: global_batch_seqs, seq_len (tokens), precision (code of PRECISIONS).
+    Training parameters (dse/catalog/training.toml): compute_fraction_scale, overlap_fraction,
+    layer_overhead_s, reserve_bytes, fragmentation_fraction, attention_bwd_ratio.
+    """
+
+    hidden_size: np.ndarray
+    num_layers: np.ndarray
+    moe_layers: np.ndarray
+    heads: np.ndarray
+    kv_heads: np.ndarray
+    head_dim: np.ndarray
+    ffn: np.ndarray
+    mlp_mats: np.ndarray
+    vocab: np.ndarray
+    experts: np.ndarray
+    topk: np.ndarray
+    expert_ffn: np.ndarray
+    shared_ffn: np.ndarray
+    q_lora_rank: np.ndarray
+    kv_lora_rank: np.ndarray
+    qk_nope_head_dim: np.ndarray
+    qk_rope_head_dim: np.ndarray
+    v_head_dim: np.ndarray
+    mtp_layers: np.ndarray
+    tied: np.ndarray
+    peak_flops_per_s: np.ndarray
+    precision_native: np.ndarray
+    peak_bf16_flops_per_s: np.ndarray
+    hbm_bw_bytes_per_s: np.ndarray
+    hbm_capacity_bytes: np.ndarray
+    scaleup_bw_bytes_per_s: np.ndarray
+    scaleout_bw_bytes_per_s: np.ndarray
+    domain_chips: np.ndarray
+    hbm_fraction: np.ndarray
+    usd_per_hour: np.ndarray
+    all_in_power_w: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    ep: np.ndarray
+    cp: np.ndarray
+    vp: np.ndarray
+    micro_batch_seqs: np.ndarray
+    zero_stage: np.ndarray
+    recompute: np.ndarray
+    recompute_layer_fraction: np.ndarray
+    schedule: np.ndarray
+    sequence_parallel: np.ndarray
+    global_batch_seqs: np.ndarray
+    seq_len: np.ndarray
+    precision: np.ndarray
+    compute_fraction_scale: np.ndarray
+    overlap_fraction: np.ndarray
+    layer_overhead_s: np.ndarray
+    reserve_bytes: np.ndarray
+    fragmentation_fraction: np.ndarray
+    attention_bwd_ratio: np.ndarray
+    kernel: dict
+
+    @classmethod
+    def of(cls, **fields) -> TrainBatch:
+        """Every field as a float array (``kernel`` values too)."""
+        kernel = {k: np.asarray(v, float) for k, v in fields.pop("kernel").items()}
+        return cls(kernel=kernel, **{k: np.asarray(v, float) for k, v in fields.items()})
+
+    def replace(self, **fields) -> TrainBatch:
+        return dataclasses.replace(self, **{k: v if k == "kernel" else np.asarray(v, float)
+                                            for k, v in fields.items()})
+
+    def take(self, rows) -> TrainBatch:
+        """The designs ``rows`` (scalars stay scalars)."""
+        def pick(v):
+            return v if np.ndim(v) == 0 else v[rows]
+        out = {f.name: pick(getattr(self, f.name)) for f in dataclasses.fields(self)
+               if f.name != "kernel"}
+        return TrainBatch(kernel={k: pick(v) for k, v in self.kernel.items()}, **out)
+
+    @property
+    def operand_bytes(self) -> np.ndarray:
+        return np.asarray(OPERAND_BYTES)[self.precision.astype(int)]
+
+    @property
+    def full_share(self) -> np.ndarray:
+        """Share of the layers whose forward is rerun whole (0 unless recompute is full)."""
+        return np.where(self.recompute == 2, self.recompute_layer_fraction, 0.0)
+
+    @property
+    def micro_batches(self) -> np.ndarray:
+        """Micro-batches per step per data-parallel rank: ``B / (dp mb)``."""
+        return self.global_batch_seqs / (self.dp * self.micro_batch_seqs)

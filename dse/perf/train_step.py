@@ -1,0 +1,158 @@
+"""One optimizer step of a training design, composed from the per-micro-batch times
+(``train_time``), the pipeline schedule's bubble and the data-parallel collectives.
+
+Per micro-batch on the slowest stage (the last: it adds the logits)::
+
+    t_mb = sum over its L / p layers of  [fwd + bwd GEMMs + attention fwd (1 + bwd ratio)
+                                          + elementwise fwd x 3 + exposed TP/EP collectives
+                                          + layer_overhead_s]
+           + the recompute policy's rerun forward (full: every recomputed layer's; selective:
+             the attention core's)
+           + the logits' GEMMs (and each MTP module's layer and logits)
+           + exposed pipeline sends and ring-attention exchanges
+
+    bubble = (p - 1) t_mb             1F1B: the fraction (p - 1) / (m + p - 1) of the step
+           = (p - 1) / v t_mb         interleaved: (p - 1) / (v m + p - 1)
+           = (p - 1) / 3 t_mb         zero bubble (ZB-H1, Qi et al. 2023: a third of 1F1B's)
+           = (p / 2 - 1) / 3 t_mb     DualPipe ((PP/2 - 1)(F&B + B - 3W), DeepSeek-V3 Table 2,
+                                      with F = B = W = t_mb / 3)
+    step   = m t_mb + bubble + exposed data-parallel collectives + optimizer step
+
+A collective that can run under compute is exposed by ``hide(t, window)``: what does not fit in
+the window, plus ``1 - overlap_fraction`` of what does. TP collectives hide under the layer's
+GEMMs (Megatron-Core's TP communication overlap splits them into chunks pipelined with the
+GEMMs; without it, ``overlap_fraction`` of them is what the fit finds hidden); EP all-to-alls
+sit on the critical path (exposed whole); ring-attention hops hide under the attention core, pipeline
+sends under the micro-batch, the gradient reduction (ZeRO 0-2) under the last micro-batch's
+backward and the parameter all-gather under the first's forward; ZeRO-3 gathers and reduces
+every micro-batch, under that micro-batch. The optimizer step streams 30 bytes per parameter
+held (fp32 weight, gradient and two moments read and written, the bf16 copy written).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dse.perf.train_batch import BOUNDS, PRECISIONS, REASONS, TrainBatch
+from dse.perf.train_flops import megatron_flops, recompute_flops
+from dse.perf.train_memory import memory_bytes
+from dse.perf.train_time import (
+    allreduce_time_s,
+    attention_core_s,
+    cp_comm_s,
+    elementwise_s,
+    ep_comm_s,
+    layer_gemms_s,
+    pp_comm_s,
+    tp_comm_s,
+)
+
+OPTIMIZER_BYTES_PER_PARAM = 30.0
+GRAD_REDUCE_BYTES = 2.0           # bf16 gradients on the wire, bf16 parameters gathered
+METRICS = ("step_time_s", "compute_s", "memory_s", "network_exposed_s", "network_total_s",
+           "bubble_s", "optimizer_s", "tokens_per_s_per_chip", "model_tflops_per_chip", "mfu",
+           "hfu", "memory_per_chip_bytes", "chip_hours_per_trillion_tokens",
+           "usd_per_trillion_tokens", "energy_j_per_token", "feasible", "reason", "bound")
+
+
+def hide(t_s, window_s, overlap_fraction):
+    """Exposed seconds of a collective of ``t_s`` that may run under ``window_s`` of compute."""
+    inside = np.minimum(t_s, window_s)
+    return t_s - inside + (1.0 - overlap_fraction) * inside
+
+
+def micro_batch_parts(b: TrainBatch) -> dict:
+    """Seconds of one micro-batch on the slowest stage, by part (module docstring)."""
+    g = layer_gemms_s(b)
+    stage = b.num_layers / b.pp
+    moe_share = b.moe_layers / np.maximum(b.num_layers, 1.0)
+    mlp_f = moe_share * g["moe_mlp"][0] + (1.0 - moe_share) * g["dense_mlp"][0]
+    mlp_b = moe_share * g["moe_mlp"][1] + (1.0 - moe_share) * g["dense_mlp"][1]
+    attn = attention_core_s(b)
+    fwd = g["attn"][0] + mlp_f + attn
+    bwd = g["attn"][1] + mlp_b + attn * b.attention_bwd_ratio
+    full = b.full_share
+    rerun = full * fwd + (b.recompute == 1) * attn
+    elem = elementwise_s(b) * (3.0 + full)
+    tp = hide(tp_comm_s(b) * (2.0 + full),
+              (g["attn"][0] + mlp_f) * (1.0 + full) + g["attn"][1] + mlp_b,
+              b.overlap_fraction)
+    ep = ep_comm_s(b) * (2.0 + full) * moe_share
+    cp = hide(2.0 * cp_comm_s(b) * (1.0 + b.attention_bwd_ratio) / 2.0,
+              attn * (1.0 + b.attention_bwd_ratio), b.overlap_fraction)
+    # the last stage also runs the MTP modules: a layer and a logits layer each
+    heads_out = (1.0 + b.mtp_layers) * (g["logits"][0] + g["logits"][1])
+    stage = stage + b.mtp_layers
+    compute = stage * (fwd + bwd + rerun) + heads_out
+    layers = stage * (elem + b.layer_overhead_s)
+    net = stage * (tp + ep + cp)
+    pp = hide(pp_comm_s(b), compute, b.overlap_fraction)
+    return {"compute_s": compute, "memory_s": layers, "network_exposed_s": net + pp,
+            "network_total_s": stage * (tp + ep + 2.0 * cp_comm_s(b)) + pp_comm_s(b),
+            "forward_s": stage * fwd, "backward_s": stage * bwd}
+
+
+def bubble_fraction_of_mb(b: TrainBatch) -> np.ndarray:
+    """Idle time of a stage per step in micro-batch times, by schedule (module docstring)."""
+    p, v = b.pp, b.vp
+    s = b.schedule
+    return np.where(s == 1, (p - 1.0) / v,
+                    np.where(s == 2, (p - 1.0) / 3.0,
+                             np.where(s == 3, np.maximum(p / 2.0 - 1.0, 0.0) / 3.0, p - 1.0)))
+
+
+def dp_comm_s(b: TrainBatch, params_per_chip) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds per step, seconds per micro-batch) of the data-parallel collectives: ZeRO 0-2 one
+    gradient reduction (+ parameter all-gather from stage 1) per step; ZeRO-3 two parameter
+    all-gathers and one gradient reduce-scatter per micro-batch."""
+    group = b.dp * b.cp
+    msg = params_per_chip * GRAD_REDUCE_BYTES
+    ar = allreduce_time_s(b, msg, group, b.tp)        # = reduce-scatter + all-gather
+    z3 = b.zero_stage >= 3
+    step = np.where(group > 1, np.where(z3, 0.0, ar), 0.0)
+    per_mb = np.where((group > 1) & z3, 1.5 * ar, 0.0)
+    return step, per_mb
+
+
+def score_train(b: TrainBatch) -> dict:
+    """Every training metric of every design (``METRICS``), arrays of one row per design."""
+    parts = micro_batch_parts(b)
+    mem = memory_bytes(b)
+    m = b.micro_batches
+    z_step, z_mb = dp_comm_s(b, mem["params_per_chip"])
+    mb_compute = parts["compute_s"] + parts["memory_s"]
+    mb_net = parts["network_exposed_s"] + hide(z_mb, mb_compute, b.overlap_fraction)
+    t_mb = mb_compute + mb_net
+    bubble = bubble_fraction_of_mb(b) * t_mb
+    window = parts["backward_s"] + parts["forward_s"]
+    dp_exposed = hide(z_step, window, b.overlap_fraction)
+    dp_share = np.where(b.zero_stage >= 1, b.dp * b.cp, 1.0)
+    optimizer = (OPTIMIZER_BYTES_PER_PARAM * mem["params_per_chip"] / dp_share
+                 / (b.hbm_bw_bytes_per_s * b.hbm_fraction))
+    step = m * t_mb + bubble + dp_exposed + optimizer
+    chips = b.tp * b.pp * b.dp * b.cp
+    flops = megatron_flops(b)
+    peak = np.where(b.precision_native > 0, b.peak_flops_per_s, np.nan)
+    out = {"step_time_s": step, "compute_s": m * parts["compute_s"],
+           "memory_s": m * parts["memory_s"] + optimizer,
+           "network_exposed_s": m * mb_net + dp_exposed,
+           "network_total_s": m * (parts["network_total_s"] + z_mb) + z_step,
+           "bubble_s": bubble, "optimizer_s": optimizer,
+           "tokens_per_s_per_chip": b.global_batch_seqs * b.seq_len / step / chips,
+           "model_tflops_per_chip": flops / step / chips / 1e12}
+    out["chip_hours_per_trillion_tokens"] = 1e12 / out["tokens_per_s_per_chip"] / 3600.0
+    out["usd_per_trillion_tokens"] = out["chip_hours_per_trillion_tokens"] * b.usd_per_hour
+    out["energy_j_per_token"] = b.all_in_power_w / out["tokens_per_s_per_chip"]
+    out["mfu"] = flops / step / chips / peak
+    out["hfu"] = (flops + recompute_flops(b)) / step / chips / peak
+    out.update(mem)
+    fits = mem["memory_per_chip_bytes"] <= b.hbm_capacity_bytes
+    native = b.precision_native > 0
+    out["feasible"] = fits & native
+    out["reason"] = np.where(~native, 2, np.where(~fits, 1, 0))
+    shares = np.stack([out["compute_s"], out["memory_s"], out["network_exposed_s"], bubble])
+    out["bound"] = np.argmax(shares, axis=0)
+    return out
+
+
+__all__ = ["BOUNDS", "METRICS", "PRECISIONS", "REASONS", "score_train"]

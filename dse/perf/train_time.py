@@ -1,0 +1,237 @@
+"""Times of one micro-batch on one chip of the slowest pipeline stage: the forward and backward
+GEMMs, the attention core, the HBM-bound elementwise work, and the collectives.
+
+Every linear layer ``Y[m, n] = X[m, k] W[k, n]`` costs three GEMMs of the serving kernel model
+(``kernel_gemm.gemm_s``, the chip's fitted constants for the precision's family): forward
+``(m, n, k)``, data gradient ``(m, k, n)`` and weight gradient ``(k, n, m)``; the training fit
+scales the fitted large-GEMM fraction by ``compute_fraction_scale``. Routed experts run the
+serving grouped-GEMM model (``kernel_gemm.grouped_gemm_s``, the fitted ``moe_*`` constants),
+backward twice the forward. The attention core is the
+prefill kernel (``kernel_attention.prefill_attention_s``, bf16) over the whole causal sequence,
+split ``cp`` ways; its backward costs ``attention_bwd_ratio`` forwards.
+
+Elementwise HBM traffic per token and layer (bytes, forward; the backward moves twice it):
+norms 8h, residual adds 12h, RoPE 4(q + kv), the MLP activation 2(E f) (read E - 1 inputs of
+width f, write one), and with fp8/fp4 GEMMs 1 byte per GEMM-input element (the transposed
+fp8 copy the weight-gradient GEMM reads; the cast itself is fused in the norm or activation that
+produces the input) -- sharded by ``tp`` inside the tensor-parallel region and, with sequence
+parallelism, outside it too.
+"""
+
+
+from __future__ import annotations
+
+import numpy as np
+
+from dse.perf.kernel_attention import prefill_attention_s
+from dse.perf.kernel_comm import allreduce_s, alltoall_s
+from dse.perf.kernel_gemm import gemm_s, grouped_gemm_s
+from dse.perf.train_batch import TrainBatch
+
+ACT_BYTES = 2.0          # bf16 activations, attention and communication
+CAST_BYTES = 1.0         # HBM bytes per GEMM-input element of an fp8/fp4 cast (module docstring)
+GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
+             "latency_s")
+MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s",
+            "hidden_half", "batch_bytes", "route_bytes", "nongated_slowdown", "wave_elements",
+            "remote_fraction")
+AR_KEYS = ("ar_nccl_latency_s", "ar_nccl_latency_per_log2_s", "ar_nccl_ll_fraction",
+           "ar_nccl_bulk_latency_s", "ar_nccl_fraction", "ar_nccl_fraction_per_doubling")
+
+
+def linear_s(b: TrainBatch, m, n, k) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of one linear layer ``[m, k] x [k, n]`` on one chip."""
+    kp = b.kernel
+    p = {key: kp["gemm_" + key] for key in GEMM_KEYS}
+    p["fraction"] = p["fraction"] * b.compute_fraction_scale
+    wb = b.operand_bytes
+    peak, bw = b.peak_flops_per_s, b.hbm_bw_bytes_per_s
+    fwd = gemm_s(m, n, k, wb, peak, bw, **p)
+    bwd = gemm_s(m, k, n, wb, peak, bw, **p) + gemm_s(k, n, m, wb, peak, bw, **p)
+    return fwd, bwd
+
+
+def tokens_per_chip(b: TrainBatch) -> np.ndarray:
+    """Tokens of one micro-batch on one chip (the sequence split ``cp`` ways)."""
+    return b.micro_batch_seqs * b.seq_len / b.cp
+
+
+def layer_gemms_s(b: TrainBatch) -> dict:
+    """(forward, backward) seconds of one dense and one MoE layer's GEMMs, and the logits'."""
+    t = tokens_per_chip(b)
+    h, tp = b.hidden_size, b.tp
+    q = b.heads * b.head_dim
+    kv = b.kv_heads * b.head_dim
+    qkv = linear_s(b, t, (q + 2.0 * kv) / tp, h)
+    out = linear_s(b, t, h, q / tp)
+    gqa = (qkv[0] + out[0], qkv[1] + out[1])
+    # (a term no row needs is skipped whole: a batch of dense GQA models pays no MLA or MoE)
+    attn = gqa
+    if np.any(b.kv_lora_rank > 0):
+        mla = mla_gemms_s(b, t)
+        attn = tuple(np.where(b.kv_lora_rank > 0, mla[i], gqa[i]) for i in (0, 1))
+    moe = (0.0, 0.0)
+    if np.any(b.moe_layers > 0):
+        moe = moe_layer_s(b, t)
+    f = np.maximum(b.ffn, 1.0)
+    up = linear_s(b, t, (b.mlp_mats - 1.0) * f / tp, h)
+    down = linear_s(b, t, h, f / tp)
+    logits = linear_s(b, t, b.vocab / tp, h)
+    return {"attn": attn, "dense_mlp": (up[0] + down[0], up[1] + down[1]), "moe_mlp": moe,
+            "logits": logits}
+
+
+def moe_layer_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of one MoE layer's GEMMs on one chip: the routed experts
+    (expert tensor parallelism 1: the serving grouped-GEMM model of the chip's experts over
+    the ep group's tokens, backward twice the forward; its token term is the permutation
+    traffic), the shared experts (split ``tp`` ways) and the router."""
+    h, tp = b.hidden_size, b.tp
+    e_fwd = moe_experts_s(b)
+    f_sh = np.maximum(b.shared_ffn, 1.0)
+    sh_up = linear_s(b, t, (b.mlp_mats - 1.0) * f_sh / tp, h)
+    sh_down = linear_s(b, t, h, f_sh / tp)
+    has_moe = b.moe_layers > 0
+    has_sh = b.shared_ffn > 0
+    router = linear_s(b, t, np.maximum(b.experts, 1.0), h)
+    return tuple(has_moe * (e_fwd * (1.0 + i) + has_sh * (sh_up[i] + sh_down[i]) + router[i])
+                 for i in (0, 1))
+
+
+def mla_gemms_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of one MLA layer's projections on one chip: the down
+    projections (replicated over tp) ``h -> r_q`` and ``h -> r_kv + d_rope``, the up projections
+    ``r_q -> n_h (d_nope + d_rope)`` and ``r_kv -> n_h (d_nope + d_v)`` and the output
+    ``n_h d_v -> h`` (heads split ``tp`` ways); without ``q_lora_rank`` the query is one
+    ``h -> n_h (d_nope + d_rope)`` projection."""
+    h, tp, nh = b.hidden_size, b.tp, b.heads
+    rq = np.maximum(b.q_lora_rank, 1.0)
+    rkv = np.maximum(b.kv_lora_rank, 1.0)
+    dqk = np.maximum(b.qk_nope_head_dim + b.qk_rope_head_dim, 1.0)
+    dv = np.maximum(b.v_head_dim, 1.0)
+    parts = [linear_s(b, t, rkv + b.qk_rope_head_dim, h),
+             linear_s(b, t, nh * (b.qk_nope_head_dim + dv) / tp, rkv),
+             linear_s(b, t, h, nh * dv / tp)]
+    q_lora = [linear_s(b, t, rq, h), linear_s(b, t, nh * dqk / tp, rq)]
+    q_full = linear_s(b, t, nh * dqk / tp, h)
+    lora = b.q_lora_rank > 0
+    return tuple(sum(p[i] for p in parts)
+                 + np.where(lora, q_lora[0][i] + q_lora[1][i], q_full[i]) for i in (0, 1))
+
+
+def attention_core_s(b: TrainBatch) -> np.ndarray:
+    """Forward seconds of one layer's attention core on one chip (bf16 flash attention over the
+    causal sequence; context parallelism splits the work ``cp`` ways, load-balanced)."""
+    kp = b.kernel
+    names = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction", "dim_half",
+             "per_seq_s", "per_seq_head_s")
+    p = {n: kp["attn_prefill_" + n] for n in names}
+    p["fraction"] = p["fraction"] * b.compute_fraction_scale
+    d_qk = np.where(b.kv_lora_rank > 0, b.qk_nope_head_dim + b.qk_rope_head_dim, b.head_dim)
+    d_v = np.where(b.kv_lora_rank > 0, b.v_head_dim, b.head_dim)
+    kvh = np.where(b.kv_lora_rank > 0, b.heads, b.kv_heads)
+    full = prefill_attention_s(b.micro_batch_seqs, b.seq_len, 0.0, b.heads / b.tp,
+                               np.maximum(kvh / b.tp, 1.0), d_qk, d_v, 0.0, ACT_BYTES,
+                               b.peak_bf16_flops_per_s, b.hbm_bw_bytes_per_s, **p)
+    return full / b.cp
+
+
+def elementwise_s(b: TrainBatch) -> np.ndarray:
+    """Forward seconds of one layer's HBM-bound elementwise work on one chip (module
+    docstring); the backward takes twice it."""
+    h = b.hidden_size
+    q = b.heads * b.head_dim
+    kv = b.kv_heads * b.head_dim
+    f = np.where(b.moe_layers > 0, b.expert_ffn * b.topk + b.shared_ffn, b.ffn)
+    outside = 20.0 * h                                  # norms and residual adds
+    inside = 4.0 * (q + kv) + 2.0 * b.mlp_mats * f
+    low = b.operand_bytes < 2.0
+    cast = CAST_BYTES * (2.0 * h + q + f) * low
+    sp = b.sequence_parallel > 0
+    per_token = np.where(sp, outside / b.tp, outside) + (inside + cast) / b.tp
+    return tokens_per_chip(b) * per_token / (b.hbm_bw_bytes_per_s * b.hbm_fraction)
+
+
+def moe_experts_s(b: TrainBatch) -> np.ndarray:
+    """Forward seconds of one MoE layer's routed experts on one chip:
+    ``kernel_gemm.grouped_gemm_s`` (the chip's fitted grouped-GEMM constants for the
+    precision's family, ``moe_*``; the large-GEMM fraction times ``compute_fraction_scale``)
+    over the ``ep`` ranks' tokens, balanced routing."""
+    kp = b.kernel
+    p = {k: kp["moe_" + k] for k in MOE_KEYS}
+    p["fraction"] = p["fraction"] * b.compute_fraction_scale
+    tokens = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.ep
+    out = grouped_gemm_s(tokens, b.hidden_size, np.maximum(b.expert_ffn, 1.0), b.topk,
+                         np.maximum(b.experts, 1.0), 1.0, b.ep, b.operand_bytes,
+                         b.peak_flops_per_s, b.hbm_bw_bytes_per_s, matrices=b.mlp_mats, **p)
+    return np.where(b.moe_layers > 0, out, 0.0)
+
+
+def group_tier(b: TrainBatch, stride) -> tuple[np.ndarray, np.ndarray]:
+    """(ranks of a group with rank stride ``stride`` inside one scale-up domain, bandwidth per
+    chip of the links the group's ring crosses): the scale-up links while the whole group fits
+    in the domain, else the scale-out NIC."""
+    inside = np.maximum(np.floor(b.domain_chips / np.maximum(stride, 1.0)), 1.0)
+    return inside, b.scaleup_bw_bytes_per_s
+
+
+def allreduce_time_s(b: TrainBatch, message_bytes, group, stride) -> np.ndarray:
+    """One NCCL all-reduce of ``message_bytes`` over ``group`` ranks at rank stride ``stride``
+    (a group wider than its ranks in one domain pays the scale-out NICs for the rest)."""
+    inside, bw = group_tier(b, stride)
+    kp = b.kernel
+    p = {k: kp[k] for k in AR_KEYS}
+    return allreduce_s(message_bytes, group, bw, domain_chips=inside,
+                       scaleout_bw_bytes_per_s=b.scaleout_bw_bytes_per_s, custom=False,
+                       a2a_scaleout_latency_s=kp["a2a_scaleout_latency_s"],
+                       a2a_scaleout_fraction=kp["a2a_scaleout_fraction"], **p)
+
+
+def tp_comm_s(b: TrainBatch) -> np.ndarray:
+    """Seconds of one layer's tensor-parallel collectives, forward (two all-reduces of the
+    layer's activations; with sequence parallelism two all-gathers and two reduce-scatters,
+    the same bytes). Zero at tp = 1."""
+    msg = tokens_per_chip(b) * b.hidden_size * ACT_BYTES
+    return np.where(b.tp > 1, 2.0 * allreduce_time_s(b, msg, b.tp, 1.0), 0.0)
+
+
+def ep_comm_s(b: TrainBatch) -> np.ndarray:
+    """Seconds of one MoE layer's expert-parallel dispatch + combine, forward (bf16 tokens;
+    the group's ranks are consecutive chips, so it leaves the domain beyond ``domain_chips``)."""
+    kp = b.kernel
+    tokens = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0)
+    rpn = np.minimum(b.domain_chips, b.ep)
+    out = 0.0
+    for phase in ("dispatch", "combine"):
+        out = out + alltoall_s(tokens, b.hidden_size, b.topk, np.maximum(b.experts, 1.0), b.ep,
+                               rpn, ACT_BYTES, b.scaleup_bw_bytes_per_s,
+                               b.scaleout_bw_bytes_per_s,
+                               latency_s=kp[f"a2a_normal_{phase}_latency_s"],
+                               fraction=kp[f"a2a_normal_{phase}_fraction"],
+                               a2a_scaleout_latency_s=kp["a2a_scaleout_latency_s"],
+                               a2a_scaleout_fraction=kp["a2a_scaleout_fraction"])
+    return np.where((b.ep > 1) & (b.moe_layers > 0), out, 0.0)
+
+
+def p2p_s(b: TrainBatch, message_bytes, span) -> np.ndarray:
+    """One point-to-point send of ``message_bytes`` between neighbours of a ring or pipeline
+    that spans ``span`` chips: on the scale-up link while it fits in one domain, else the NIC
+    (its slowest hop sets the pace)."""
+    bw = np.where(span <= b.domain_chips, b.scaleup_bw_bytes_per_s, b.scaleout_bw_bytes_per_s)
+    return message_bytes / (bw * b.kernel["ar_nccl_fraction"]) + b.kernel["ar_nccl_latency_s"]
+
+
+def cp_comm_s(b: TrainBatch) -> np.ndarray:
+    """Seconds of one layer's ring-attention K/V exchange, forward: ``cp - 1`` hops of the
+    chip's K and V chunk (the backward also returns their gradients: twice)."""
+    msg = tokens_per_chip(b) * 2.0 * b.kv_heads * b.head_dim / b.tp * ACT_BYTES
+    return np.where(b.cp > 1, (b.cp - 1.0) * p2p_s(b, msg, b.tp * b.cp), 0.0)
+
+
+def pp_comm_s(b: TrainBatch) -> np.ndarray:
+    """Seconds of one micro-batch's pipeline sends on one stage: the activations out in the
+    forward and their gradient back, once per virtual stage."""
+    msg = tokens_per_chip(b) * b.hidden_size * ACT_BYTES / np.where(
+        b.sequence_parallel > 0, b.tp, 1.0)
+    span = b.tp * b.cp * b.dp * b.pp
+    return np.where(b.pp > 1, 2.0 * b.vp * p2p_s(b, msg, span), 0.0)
