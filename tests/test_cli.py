@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -133,12 +134,28 @@ def test_catalog_show_fields_units_and_source(capsys):
     assert rc == 0, err
     assert "h100-sxm" in out.splitlines()[0]
     fields = {line.split()[0]: line for line in out.splitlines()[1:] if line.strip()}
-    for key, unit in (("hbm_capacity_bytes", "bytes"), ("hbm_bw_bytes_per_s", "bytes/s"),
-                      ("tdp_w", "W"), ("price.usd_per_hour", "USD/h")):
+    # values in readable units: SI prefixes, memory also in GiB (the "80GB" of the name), money
+    for key, shown in (("hbm_capacity_bytes", "85.5 GB (79.6 GiB)"),
+                       ("hbm_bw_bytes_per_s", "3.35 TB/s"), ("tdp_w", "700 W"),
+                       ("price.usd_per_hour", "$1.30/h"), ("peak_flops_per_s.bf16", "989 TFLOP/s"),
+                       ("efficiency.layer_overhead_s", " us")):
         assert key in fields, f"{key} not shown"
-        assert fields[key].split()[-1] == unit, fields[key]
+        assert fields[key].rstrip().endswith(shown) or shown in fields[key], fields[key]
     assert "source_url" in fields
     assert "https://" in fields["source_url"]
+    # no None, no raw exponent: a missing peak rate says so
+    assert "None" not in out and not re.search(r"\d e\+\d|\de\+\d\d (bytes|FLOP)", out), out
+    assert "not supported" in fields["peak_flops_per_s.fp4"]
+
+
+def test_catalog_show_names_the_kind_in_the_singular(capsys):
+    rc, out, err = run_cli(capsys, "catalog", "show", "nvl72")
+    assert rc == 0, err
+    assert out.splitlines()[0] == "topology nvl72"
+    assert "None" not in out and "e-07" not in out        # latencies in ns/us
+    rc, out, err = run_cli(capsys, "catalog", "list", "accelerators")
+    line = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == "h100-sxm")
+    assert "85.5 GB (79.6 GiB)" in line, line
 
 
 def test_catalog_show_peak_flops_have_units(capsys):
