@@ -85,7 +85,7 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
         raise InputError(f"the space has {space.size:,} designs", file=space_path,
                          hint="a worked question should enumerate in minutes: <= 10^7 designs")
     d = run_space(space, run_dir, strategy="exhaustive", progress=progress)
-    o = Path(out) if out else (PUBLISHED if publish else UNPUBLISHED) / space.name
+    o = answer_dir(space.name, out, publish)
     previous = _previous(o)
     make_report(str(d), str(o))
     front = open_run(d).front
@@ -104,6 +104,12 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
     lead = sampled.leads(ans, values, attr)
     _write(o, space, ans, d, previous, band, lead, publish=publish)
     return o
+
+
+def answer_dir(name: str, out: str | None = None, publish: bool = False) -> Path:
+    """Where an answer is written: ``out``, else ``reports/<name>`` when published (tracked in
+    git; ``python -m dse.questions``, ``dse answer --publish``), else ``runs/answers/<name>``."""
+    return Path(out) if out else (PUBLISHED if publish else UNPUBLISHED) / name
 
 
 def first_lines(out) -> str:

@@ -15,7 +15,6 @@ between samples are said in words: "not resolved by the model".
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from dse.build.designs import to_batch
 from dse.questions.common import fmt
 from dse.scoring import bands as B
 from dse.scoring.bands import GROUP_NAMES
+from dse.search.progress import Ticker
 from dse.spec.fields import label, metric_unit
 
 VECTOR_ROWS = 1 << 18      # samples x designs scored in one call (about 80 MB of metrics)
@@ -110,6 +110,7 @@ def sampled_answers(mod, make_context, space, front, n: int, seed: int = 0,
         fronts = B.space_samples(space, space.values_at(ids), d, None, metrics)
     values: dict = {}
     t0 = time.perf_counter()
+    tick = Ticker()                  # a terminal: one line rewritten; a log: a line every 5 s
     with tempfile.TemporaryDirectory(prefix="dse-bands-") as tmp:
         for k in range(n):
             f = front.copy()
@@ -123,11 +124,10 @@ def sampled_answers(mod, make_context, space, front, n: int, seed: int = 0,
             if progress:
                 el = time.perf_counter() - t0
                 rate = (k + 1) / el if el > 0 else float("inf")
-                sys.stderr.write(f"\r{what}: sample {k + 1}/{n}, {rate:.2f} samples/s, "
-                                 f"ETA {(n - k - 1) / rate:.0f} s ")
-                sys.stderr.flush()
+                tick.say(f"{what}: sample {k + 1}/{n}, {rate:.2f} samples/s, "
+                         f"ETA {(n - k - 1) / rate:.0f} s ", final=k + 1 == n)
     if progress:
-        sys.stderr.write("\n")
+        tick.close()
     return {"draws": d, "values": values}
 
 
