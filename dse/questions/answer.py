@@ -11,8 +11,9 @@ regenerates) and then the analysis's answer: ``OUT/README.md`` (the question, th
 numbers, then the method and tables), ``OUT/answer.json`` (the headline numbers, rounded to
 ``DIGITS`` significant digits: what the model resolves, so that a regeneration on the same model
 rewrites the same file) and the analysis's figures; the question and the answer are also put at
-the top of ``OUT/index.html`` (its uncertainty bands collapsed) and ``OUT/summary.md``. Every number comes from the model: the run's
-front, or designs of the same space scored again (``ctx.score``) with the same scorer.
+the top of ``OUT/index.html`` (its uncertainty bands collapsed) and ``OUT/summary.md``. Every
+number comes from the model: the run's front, or designs of the same space scored again
+(``ctx.score``) with the same scorer.
 
 An analysis module defines ``answer(ctx: Context) -> Answer``.
 """

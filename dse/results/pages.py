@@ -79,9 +79,10 @@ MISSING_JS = (
     "<div id='plotly-missing' class='warning' style='display:none'><strong>The interactive plots "
     "are not drawn:</strong> this page loads the plotting library from <code>{src}</code> (one "
     "copy shared by the pages written beside each other; nothing is loaded from the network), "
-    "and it is not there. Copy that file along with the page (the same relative path), or write "
-    "the page again (<code>dse report</code>, <code>dse answer</code>, <code>dse compare</code>),"
-    " which puts it there. The PNG figures show the same fronts.</div>")
+    "and it is not there. Copy that file along with the page (the same relative path; the PNG "
+    "files beside the page too), or write the page again (<code>dse report</code>, <code>dse "
+    "answer</code>, <code>dse compare</code>), which puts it there. The PNG figures show the "
+    "same fronts.</div>")
 _MISSING_CHECK = ("<script>window.addEventListener('load',function(){if(typeof Plotly==="
                   "'undefined'){var e=document.getElementById('plotly-missing');"
                   "if(e)e.style.display='block';}});</script>")

@@ -167,7 +167,7 @@ def write(o: Path, space, st, front, bg, k, bds, per_accel, what) -> None:
     main = (objs[0], objs[1] if len(objs) > 1 else objs[0], objs[2] if len(objs) > 2 else None)
     png(front, bg, o / "front.png", *main, knee_row=front.iloc[k])
     pngs.append("front.png")
-    for a, b in itertools.combinations(objs, 2):
+    for a, b in itertools.combinations(objs, 2) if len(objs) > 2 else ():   # two: front.png
         name = f"pair-{a.metric}-{b.metric}.png"
         png(front, bg, o / name, a, b, knee_row=front.iloc[k])
         pngs.append(name)
