@@ -291,6 +291,7 @@ def _pair_png(o: Path, c: Comparison, xo, yo, name: str) -> str:
     ax.legend(fontsize=pages.FONT_PT - 2)
     f.tight_layout()
     f.savefig(o / name, dpi=pages.PNG_DPI)
+    pages.compact_png(o / name)
     plt.close(f)
     return name
 

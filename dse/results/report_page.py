@@ -155,6 +155,7 @@ def png(front, bg, path: Path, x, y, color=None, knee_row=None) -> None:
     ax.legend(loc="best", fontsize=pages.FONT_PT - 2)
     fig.tight_layout()
     fig.savefig(path, dpi=pages.PNG_DPI)
+    pages.compact_png(path)
     plt.close(fig)
 
 
