@@ -109,7 +109,10 @@ def test_answer_page_puts_the_question_first_and_folds_the_bands():
     ("baseline.output_tokens_per_s_per_rack", "baseline: output tokens per rack [tokens/s]"),
     ("cost_optimum.design_id", "cost optimum: design"),
     ("fast.ttft_s", "fast: TTFT [s]"),
-    ("best_domain_chips", "best domain chips"),
+    ("best_domain_chips", "best domain [chips]"),
+    ("goodput_requests_per_s_per_rack", "goodput requests per rack [requests/s]"),
+    ("usd_per_mtok_at_goodput", "price at goodput [$/Mtok]"),
+    ("hop_share_max", "hop share max"),
 ])
 def test_band_lines_name_numbers_in_words_with_units(key, name):
     from dse.questions.sampled import markdown, number_name

@@ -70,9 +70,11 @@ def available() -> list[str]:
 
 def answer_space(space_path: str, out: str | None = None, run_dir: str | None = None,
                  progress: bool = False, bands: int | None = None, seed: int = 0,
-                 publish: bool = False) -> Path:
+                 publish: bool = False, digits: int | None = DIGITS) -> Path:
     """Run the space, write its report and its answer; returns the report folder: ``out``, else
     ``reports/<space name>`` when ``publish``, else ``runs/answers/<space name>``.
+    ``digits``: significant digits of answer.json's figures (None: full precision, for the tests
+    that recompute them from the model).
     ``bands``: parameter samples the analysis is re-run under for its numbers' 90% bands
     (default ``dse.scoring.bands.DEFAULT_SAMPLES``, 0: none; ``dse/questions/sampled.py``)."""
     bands = check_samples(bands)
@@ -91,7 +93,7 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
     make_report(str(d), str(o))
     front = open_run(d).front
     ans = mod.answer(Context(space, d, o, spec, front))
-    ans.numbers = resolved(ans.numbers)      # what answer.json keeps, the leads and bands quote
+    ans.numbers = resolved(ans.numbers, digits)   # what answer.json keeps, leads and bands quote
     band, values, attr = None, None, None
     if bands:
         def make(f, tmp, sample):
@@ -103,7 +105,7 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
             attr = sampled.attribution(mod, make, space, front, bands, seed, progress, ans,
                                       values)
     lead = sampled.leads(ans, values, attr)
-    _write(o, space, ans, d, previous, band, lead, publish=publish)
+    _write(o, space, ans, d, previous, band, lead, publish=publish, digits=digits)
     return o
 
 
@@ -141,11 +143,13 @@ MODEL_CHANGE = (
     "cold-cache rates the scorer uses.")
 
 
-def resolved(v, digits: int = DIGITS):
+def resolved(v, digits: int | None = DIGITS):
     """``v`` (numbers, dicts and lists of them) with every float rounded to ``digits``
     significant digits, what the model resolves (its parameters are fitted to a few percent):
     a regeneration on the same model writes the same digits. A float with an integer value
-    (a count, a design id) is kept exact."""
+    (a count, a design id) is kept exact; ``digits`` None keeps every float as it is."""
+    if digits is None:
+        return v
     if isinstance(v, dict):
         return {k: resolved(x, digits) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -220,7 +224,8 @@ def moved(previous: dict | None, ans: Answer, limit: int = 12) -> str:
 
 
 def _write(o: Path, space, ans: Answer, d: Path, previous: dict | None = None,
-           band: dict | None = None, lead: list | None = None, publish: bool = False) -> None:
+           band: dict | None = None, lead: list | None = None, publish: bool = False,
+           digits: int | None = DIGITS) -> None:
     """README.md (the question, the answer with its lead numbers and bands, what moved, the
     details, the figures), answer.json, and the question and answer at the top of summary.md and
     index.html (the bands collapsed there)."""
@@ -244,7 +249,7 @@ def _write(o: Path, space, ans: Answer, d: Path, previous: dict | None = None,
            **({"bands": band} if band is not None else {}),
            **({"moved_from": previous} if previous else {})}
     (o / "answer.json").write_text(json.dumps(resolved(json.loads(json.dumps(
-        doc, default=_json_default))), indent=2) + "\n")
+        doc, default=_json_default)), digits), indent=2) + "\n")
     summary = o / "summary.md"
     if summary.is_file():
         summary.write_text(f"## Answer\n\n{top}\n\n" + folded

@@ -169,6 +169,27 @@ _WORDS = {"design_id": "design", "batch": "batch [sequences]", "tp": "tensor par
           "pp": "pipeline stages (pp)", "multiple": "multiple [x]"}
 
 
+# a rate or price inside a name (``goodput_requests_per_s_per_rack``): its words and unit
+_RATES = (("usd_per_mtok", "price", "$/Mtok"), ("requests_per_s", "requests", "requests/s"),
+          ("tokens_per_s", "tokens", "tokens/s"), ("bytes_per_s", "bytes", "bytes/s"),
+          ("usd_per_hour", "price", "$/h"))
+# ... else a unit at its end (``ttft_s``, ``capacity_bytes``)
+_SUFFIXES = (("_s", "s"), ("_bytes", "bytes"), ("_usd", "$"), ("_fraction", "fraction"),
+             ("_share", "fraction"), ("_w", "W"), ("_chips", "chips"), ("_tokens", "tokens"))
+
+
+def _with_unit(name: str) -> str:
+    """``goodput_requests_per_s_per_rack`` -> ``goodput requests per rack [requests/s]``,
+    ``usd_per_mtok_at_goodput`` -> ``price at goodput [$/Mtok]``."""
+    for part, words, unit in _RATES:
+        if part in name:
+            return f"{name.replace(part, words).replace('_', ' ').strip()} [{unit}]"
+    for suf, unit in _SUFFIXES:
+        if name.endswith(suf) and len(name) > len(suf):
+            return f"{name[:-len(suf)].replace('_', ' ')} [{unit}]"
+    return name.replace("_", " ")
+
+
 def number_name(key: str) -> str:
     """An answer number's key (``fast.usd_per_mtok_output``) in words with its unit:
     ``fast: output cost [$/Mtok]``; a metric is named by ``dse.spec.fields.label``, any other
@@ -180,7 +201,7 @@ def number_name(key: str) -> str:
     elif metric_unit(last) or label(last) != last:
         name = label(last)
     else:
-        name = last.replace("_", " ")
+        name = _with_unit(last)
     head = " ".join(p.replace("_", " ") for p in parts[:-1])
     return f"{head}: {name}" if head else name
 
