@@ -72,13 +72,20 @@ def _si(v: float, unit: str) -> str:
     return f"{v:,.4g} {unit}"
 
 
+# what a field left blank means, where it means more than "not given"
+MISSING = {"domain_chips": "the accelerator's scale-up domain (its scaleup_domain_chips)",
+           "microbench": "not measured",
+           "l2_cache_bytes": "not given (the kernel fits assume no warm L2 cache)"}
+
+
 def catalog_value(v, unit: str, key: str = "") -> str:
     """A catalog field's value in words with its unit: SI prefixes for bytes, bytes/s and
     FLOP/s (memory also in GiB), seconds in s/ms/us/ns, money with $, counts with thousands
     separators; a missing value says so (no ``None``)."""
     if v is None:
-        return ("not supported (no peak rate for this type)" if "peak_flops_per_s" in key
-                else "not given")
+        if "peak_flops_per_s" in key:
+            return "not supported (no peak rate for this type)"
+        return MISSING.get(key, "not given")
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, (list, tuple)):
