@@ -47,7 +47,7 @@ from dse.scoring.bands import (
     summary,
 )
 from dse.scoring.evaluate import evaluate_file, evaluate_flat
-from dse.scoring.predict import predict_file, predict_frame, read_cases, write_csv
+from dse.scoring.predict import csv_frame, predict_file, predict_frame, read_cases, write_csv
 from dse.scoring.train_cases import read_train_cases
 from dse.scoring.train_predict import predict_train_file, predict_train_frame
 from dse.search import driver
@@ -196,12 +196,13 @@ def score_bands(frame: pd.DataFrame, n: int | None = None, seed: int = 0,
 
 def predict(cases: PathLike | pd.DataFrame, out: PathLike | None = None) -> pd.DataFrame:
     """``dse predict``: the predictions of a case table (a CSV path, or a DataFrame with the
-    CSV's columns, ``docs/predict-format.md``), blank layouts and concurrencies chosen;
-    ``out``: also write them as a CSV (atomically)."""
+    CSV's columns, ``docs/predict-format.md``), blank layouts and concurrencies chosen, at
+    full precision; ``out``: also write them as a CSV (atomically; 4 significant digits, the
+    metrics of infeasible rows blank: ``dse.scoring.predict.csv_frame``)."""
     if isinstance(cases, pd.DataFrame):
         pred = predict_frame(cases, file="cases")
         if out is not None:
-            write_csv(pred, str(out))
+            write_csv(csv_frame(pred), str(out))
         return pred
     if out is not None:
         return predict_file(str(cases), str(out))

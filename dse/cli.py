@@ -43,6 +43,9 @@ class _Parser(argparse.ArgumentParser):
         raise InputError(f"{message} (see `{self.prog} --help`)")
 
 
+SINGULAR = {"accelerators": "accelerator", "topologies": "topology", "models": "model"}
+
+
 def _catalog(a) -> int:
     from dse import catalog
     if a.action == "list":
@@ -54,16 +57,21 @@ def _catalog(a) -> int:
                 print(f"  {k:<20} {_summary(kind, e)}")
         return 0
     kind, entry = catalog.find(a.id)
-    print(f"{kind[:-1]} {a.id}")
-    for k, v in _rows(entry.model_dump(exclude={"id"}), section=kind[:-1]):
+    print(f"{SINGULAR.get(kind, kind)} {a.id}")
+    for k, v in _rows(entry.model_dump(exclude={"id"}), section=SINGULAR.get(kind, kind)):
         print(f"  {k:<44} {v}")
     return 0
+
+
+def _memory(n: float) -> str:
+    """``85.5 GB (79.6 GiB)``: a chip's marketed "80GB" is binary gigabytes."""
+    return f"{n / 1e9:,.1f} GB ({n / 2**30:,.1f} GiB)"
 
 
 def _summary(kind, e) -> str:
     if kind == "accelerators":
         return (f"{e.name}: {e.peak_flops_per_s.bf16 / 1e12:,.0f} TFLOP/s bf16, "
-                f"{e.hbm_capacity_bytes / 1e9:,.0f} GB at {e.hbm_bw_bytes_per_s / 1e12:.2f} TB/s, "
+                f"{_memory(e.hbm_capacity_bytes)} at {e.hbm_bw_bytes_per_s / 1e12:.2f} TB/s, "
                 f"scale-up {e.scaleup_domain_chips} x {e.scaleup_link_bw_bytes_per_s / 1e9:,.0f} GB/s")
     if kind == "topologies":
         dom = e.domain_chips or "accelerator's"
@@ -74,7 +82,56 @@ def _summary(kind, e) -> str:
 
 
 UNIT_HINTS = (("_bytes_per_s", "bytes/s"), ("_flops_per_s", "FLOP/s"), ("_bytes", "bytes"),
-              ("_usd", "USD"), ("usd_per_hour", "USD/h"), ("_w", "W"), ("_s", "s"))
+              ("_params", "parameters"), ("usd_per_hour", "USD/h"), ("_usd", "USD"), ("_w", "W"),
+              ("_s", "s"))
+# a value in these units is written with an SI prefix: 3.35e12 bytes/s -> 3.35 TB/s
+_SI = {"bytes/s": "B/s", "FLOP/s": "FLOP/s", "bytes": "B"}
+_PREFIX = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def _si(v: float, unit: str) -> str:
+    for f, p in _PREFIX:
+        if abs(v) >= f:
+            return f"{v / f:,.4g} {p}{unit}"
+    return f"{v:,.4g} {unit}"
+
+
+# what a field left blank means, where it means more than "not given"
+MISSING = {"domain_chips": "the accelerator's scale-up domain (its scaleup_domain_chips)",
+           "microbench": "not measured",
+           "l2_cache_bytes": "not given (the kernel fits assume no warm L2 cache)"}
+
+
+def catalog_value(v, unit: str, key: str = "") -> str:
+    """A catalog field's value in words with its unit: SI prefixes for bytes, bytes/s and
+    FLOP/s (memory also in GiB), seconds in s/ms/us/ns, money with $, counts with thousands
+    separators; a missing value says so (no ``None``)."""
+    if v is None:
+        if "peak_flops_per_s" in key:
+            return "not supported (no peak rate for this type)"
+        return MISSING.get(key, "not given")
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (list, tuple)):
+        return "; ".join(map(str, v)) if v else "none"
+    if not isinstance(v, (int, float)):
+        return str(v) if str(v) else "none"
+    if unit == "bytes" and v >= 2**30:
+        return _memory(v)
+    if unit in _SI:
+        return _si(float(v), _SI[unit])
+    if unit == "s" and v:
+        a = abs(v)
+        return (f"{v:.4g} s" if a >= 1 else f"{v * 1e3:.4g} ms" if a >= 1e-3
+                else f"{v * 1e6:.4g} us" if a >= 1e-6 else f"{v * 1e9:.4g} ns")
+    if unit == "USD":
+        return f"${v:,.6g}"
+    if unit == "USD/h":
+        return f"${v:,.2f}/h"
+    if unit == "parameters" and v >= 1e6:
+        return f"{v / 1e9:,.4g}B parameters" if v >= 1e9 else f"{v / 1e6:,.4g}M parameters"
+    text = f"{int(v):,}" if float(v).is_integer() and abs(v) < 1e15 else f"{v:.6g}"
+    return f"{text} {unit}".strip()
 
 
 def _rows(d: dict, prefix="", section=""):
@@ -89,11 +146,7 @@ def _rows(d: dict, prefix="", section=""):
         unit = f.unit if f is not None and f.unit not in ("", "fraction", "ratio") else \
             "FLOP/s" if ".peak_flops_per_s." in f".{key}" or key.startswith("peak_flops_per_s") \
             else next((u for suf, u in UNIT_HINTS if key.endswith(suf)), "")
-        if isinstance(v, float):
-            v = f"{v:.6g}"
-        elif isinstance(v, (list, tuple)):
-            v = "; ".join(map(str, v))
-        yield key, f"{v} {unit}".strip()
+        yield key, catalog_value(v, unit, key)
 
 
 def _eval(a) -> int:
@@ -256,6 +309,8 @@ def _compare(a) -> int:
     from dse.results.bands_report import compare_headline, compare_lines
     from dse.results.pages import plain
     print(plain("\n".join(compare_headline(c))))    # first: each best with its band
+    for line in c.terminal_lines():                 # hypervolumes, reference point, coverage
+        print(line)
     if c.bands:
         print(plain("\n".join(compare_lines(c.bands)).strip()))
     print(f"wrote {out / 'index.html'}, {out / 'compare.md'}, {out / 'union_front.csv'}")
@@ -289,7 +344,7 @@ def _answer(a) -> int:
     from dse.results.pages import plain
     from dse.spec.bundled import space_path
     out = answer_space(space_path(a.space), a.out, a.run_dir, progress=not a.quiet,
-                       bands=a.bands)
+                       bands=a.bands, publish=a.publish)
     print(plain(first_lines(out)))
     print(f"wrote {out / 'README.md'} (the answer), {out / 'index.html'} and figures")
     print(out)
@@ -438,7 +493,11 @@ def _run_readers(sub) -> None:
     an = sub.add_parser("answer", help="a worked question: run its space, report, answer in numbers")
     an.add_argument("space", help="a space file with an [answer] table (spaces/questions/), or "
                     "a shipped question's name (fast-mode)")
-    an.add_argument("--out", help="report folder (default reports/<space name>)")
+    an.add_argument("--out", help="report folder (default runs/answers/<space name>; with "
+                                  "--publish reports/<space name>)")
+    an.add_argument("--publish", action="store_true",
+                    help="write into reports/<space name>, the published answers (tracked in git; "
+                         "their pages share reports/_static/plotly.min.js)")
     an.add_argument("--run-dir", help="run folder (default runs/<time>-<space name>)")
     an.add_argument("--quiet", action="store_true", help="no progress bar")
     _bands_option(an, "the analysis re-run under parameter samples: each [answer] number's "

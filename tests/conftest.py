@@ -17,7 +17,9 @@ def _no_debug(monkeypatch):
 
 @pytest.fixture(scope="session")
 def answered(tmp_path_factory):
-    """Answer each worked question once per test session: {name: (report folder, numbers)}."""
+    """Answer each worked question once per test session: {name: (report folder, numbers)},
+    its numbers at full precision (``digits=None``: the tests recompute them from the model;
+    answer.json's rounding to 4 digits is tested in test_bands and test_readable_output)."""
     import json
 
     from dse.questions.answer import QUESTIONS_DIR, answer_space
@@ -27,7 +29,8 @@ def answered(tmp_path_factory):
         if name not in cache:
             tmp = tmp_path_factory.mktemp(name)
             out = answer_space(str(QUESTIONS_DIR / f"{name}.toml"), out=str(tmp / "report"),
-                               run_dir=str(tmp / "run"), bands=0)   # bands: tests/test_bands.py
+                               run_dir=str(tmp / "run"), bands=0,   # bands: tests/test_bands.py
+                               digits=None)
             cache[name] = (out, json.loads((out / "answer.json").read_text())["numbers"])
         return cache[name]
     return get

@@ -347,6 +347,27 @@ def test_answer_numbers_get_bands(tmp_path, capsys):
     assert ("the ranking is resolved" in first) == (lead["pick_share"] >= 0.95)
     readme = (out / "README.md").read_text()
     assert readme.split("## Answer\n\n", 1)[1].startswith(first)
+    # the page: the question first, then the answer, its bands collapsed and named in words
+    page = (out / "index.html").read_text()
+    assert page.index("<strong>Question.</strong>") < page.index("<h2>Answer</h2>") \
+        < page.index("<details class='bands'><summary>") < page.index("Pareto report")
+    folded = page.split("<details class='bands'>")[1].split("</details>")[0]
+    assert not any(f"<code>{k}</code>" in folded for k in nums)          # no internal keys
+    assert "goodput requests per rack [requests/s]" in folded                # in words, units
+    # one shared plotly.js beside the page's folder, not inlined; figures by file name
+    assert "src='../_static/plotly.min.js'" in page and len(page) < 1_000_000
+    assert (tmp_path / "_static" / "plotly.min.js").stat().st_size > 1_000_000
+    assert "base64" not in page
+    # answer.json: every figure at 4 significant digits (counts and ids exact)
+    def floats(v):
+        if isinstance(v, dict):
+            return [x for u in v.values() for x in floats(u)]
+        if isinstance(v, list):
+            return [x for u in v for x in floats(u)]
+        return [v] if isinstance(v, float) else []
+    got = floats(doc)
+    assert got and all(not np.isfinite(v) or v.is_integer() or v == float(f"{v:.3e}")
+                       for v in got)
 
 
 def test_end_to_end_log_sd_is_read_when_the_catalog_has_it(tmp_path, monkeypatch):
@@ -422,7 +443,10 @@ def test_first_lines_give_the_band_the_resolution_and_what_changes_it():
     assert list(a["groups"]) == ["moe", "gemm"]               # the widest first
     assert a["groups"]["moe"]["pick_changes"] == pytest.approx(0.25)
     text = sampled.lead_markdown(items, None).splitlines()
-    assert text[0].startswith("- **Price: $2/Mtok**, 90% band $")
+    # the lead figure is the samples' median, the nominal beside it
+    assert text[0].startswith("- **Price: $2/Mtok**, the median of 10 parameter samples, "
+                              "90% band $")
+    assert "(the model at its fitted parameters: $2/Mtok)" in text[0]
     assert (f"which design wins is {B.NOT_RESOLVED}: design 7 is picked in 60% of the samples, "
             "9 in 40%;") in text[0]
     assert "what would change it: the MoE grouped-GEMM parameters" in text[0]

@@ -26,8 +26,16 @@ def test_compare_exhaustive_with_a_partial_optuna_run(tmp_path, capsys):
     main(["run", str(QUICK), "--out", str(ex), "--quiet"])
     main(["run", str(QUICK), "--strategy", "optuna", "--sampler", "random", "--trials", "60",
           "--out", str(op), "--quiet"])
+    capsys.readouterr()
     assert main(["compare", str(ex), str(op), "--out", str(tmp_path / "cmp")]) == 0
     out = tmp_path / "cmp"
+    # the terminal names each hypervolume, the reference point they share and the coverage
+    printed = capsys.readouterr().out
+    hv = next(ln for ln in printed.splitlines() if ln.startswith("hypervolume"))
+    assert " A " in hv and ", B " in hv
+    ref = next(ln for ln in printed.splitlines() if ln.startswith("reference point: "))
+    assert "output cost [$/Mtok]" in ref and "(scale " in ref
+    assert "A covers 100.0% of B's front" in printed
     md = (out / "compare.md").read_text()
     assert "hypervolume" in md and "coverage" in md
     union = pd.read_csv(out / "union_front.csv")
@@ -36,8 +44,15 @@ def test_compare_exhaustive_with_a_partial_optuna_run(tmp_path, capsys):
     assert len(union) == len(exact) and set(union["run"]) <= {"A", "B"}
     # A covers all of B (B's designs are in the same space) and the page renders offline
     assert "| coverage of the other front (share it weakly dominates) | 1.000 |" in md
-    assert "<script" in (out / "index.html").read_text()
+    page = (out / "index.html").read_text()
+    assert "<script" in page
     assert (out / "fronts.png").read_bytes()[:4] == b"\x89PNG"
+    # every objective pair is plotted (the quickstart's three objectives: three pairs, each also
+    # a PNG), and the page loads the one shared plotly.js (not inlined) from beside its folder
+    assert page.count("Plotly.newPlot") == 3 and "Every objective pair (3)" in page
+    assert len(list(out.glob("fronts*.png"))) == 3
+    assert "src='../_static/plotly.min.js'" in page and len(page) < 1_000_000
+    assert (tmp_path / "_static" / "plotly.min.js").is_file()
     # each front's KV cache element type is stated: the quickstart's KV follows the weights
     # (the exact front is all fp8; the partial random run's mixes both)
     def stated(front):

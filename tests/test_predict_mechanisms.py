@@ -27,7 +27,20 @@ def _predict(tmp_path, rows):
     so, se = io.StringIO(), io.StringIO()
     with redirect_stdout(so), redirect_stderr(se):
         rc = main(["predict", str(cases), "--out", str(out)])
-    return rc, se.getvalue(), (pd.read_csv(out).set_index("case_id") if rc == 0 else None)
+    if rc != 0:
+        return rc, se.getvalue(), None
+    # the CSV gives 4 significant digits: the numbers compared are the library's, at full
+    # precision, and the CSV is checked to be them as written
+    from dse.scoring.predict import csv_frame, predict_frame, read_cases
+    full = predict_frame(read_cases(str(cases)))
+    written = pd.read_csv(out)
+    want = csv_frame(full)
+    assert list(written.columns) == list(want.columns)
+    for c in want.columns:
+        if pd.api.types.is_float_dtype(want[c]):
+            pd.testing.assert_series_equal(written[c].astype(float), want[c], check_names=False,
+                                           rtol=1e-12)
+    return rc, se.getvalue(), full.set_index("case_id")
 
 
 def test_mechanism_columns_score_as_the_design_fields(tmp_path):

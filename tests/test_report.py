@@ -1,7 +1,8 @@
-"""dse report: a self-contained page, figures, the front and a summary from a run folder."""
+"""dse report: a page (with one shared plotly.js beside its folder), figures, the front and a summary from a run folder."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -23,8 +24,16 @@ def test_report_of_the_quickstart_run(tmp_path, capsys):
     front = pd.read_csv(out / "front.csv")
     assert front.equals(pd.read_csv(run / "front.csv"))
     page = (out / "index.html").read_text()
-    assert "<script" in page and "plotly" in page.lower()          # interactive, inlined
-    assert "src=\"http" not in page                               # nothing fetched: opens offline
+    assert "<script" in page and "plotly" in page.lower()          # interactive
+    assert "src=\"http" not in page and "src='http" not in page     # nothing fetched: opens offline
+    # plotly.js is not inlined: one shared copy beside the report's folder, loaded relatively;
+    # the figures are the PNG files beside the page, by name
+    shared = run / "_static" / "plotly.min.js"
+    assert "<script src='../_static/plotly.min.js'" in page and shared.stat().st_size > 3e6
+    assert len(page) < 1_000_000 and "base64" not in page
+    assert "src='front.png'" in page
+    # a page copied alone says which file it misses and how to get it
+    assert "id='plotly-missing'" in page and "Copy that file along with the page" in page
     assert page.count("<tr>") >= len(front)                       # the front's table
     assert "decode bound" in page and "TTFT prefill step" in page  # per-design breakdown
     summary = (out / "summary.md").read_text()
@@ -79,6 +88,15 @@ def test_report_renders_in_headless_chromium(tmp_path, capsys):
                            text=True, timeout=120)
         assert d.returncode == 0, d.stderr[-2000:]
         _check_rendered(d.stdout, plots=other.parent.name == "cmp")
+    # the note on a missing plotly.js stays hidden while the shared copy loads, and shows on a
+    # page copied alone
+    assert re.search(r'id="plotly-missing"[^>]*style="display:\s*none', dom.stdout)
+    alone = tmp_path / "alone" / "report"
+    alone.mkdir(parents=True)
+    shutil.copy(page, alone / "index.html")
+    d = subprocess.run([CHROMIUM, *flags, "--dump-dom", (alone / "index.html").as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert re.search(r'id="plotly-missing"[^>]*style="display:\s*block', d.stdout)
     shot = run / "report" / "screenshot.png"
     r = subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}",
                         page.as_uri()], capture_output=True, text=True, timeout=120)
@@ -88,7 +106,6 @@ def test_report_renders_in_headless_chromium(tmp_path, capsys):
 def _check_rendered(dom: str, plots: bool = True) -> None:
     """What a reader sees: the layout check ran and found no table wider than the page, no
     literal Markdown marker in the text, and every plot axis title carries a unit."""
-    import re
     assert 'data-layout-checked="1"' in dom
     assert "overflows" not in re.sub(r"<(script|style)\b.*?</\1>", "", dom, flags=re.S)
     text = re.sub(r"<(script|style|svg)\b.*?</\1>", "", dom, flags=re.S)

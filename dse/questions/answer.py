@@ -4,18 +4,23 @@
     analysis = "fast-mode"      # the module dse/questions/fast_mode.py
     speedup = 2.5               # anything else is passed to the analysis as ``ctx.params``
 
-``dse answer SPACE [--out OUT]`` runs the space (exhaustive when it fits, like ``dse run``), writes
-the Pareto report into ``OUT`` (default ``reports/<space name>``) and then the analysis's answer:
-``OUT/README.md`` (the answer in numbers at the top, then the method and tables),
-``OUT/answer.json`` (the headline numbers) and the analysis's figures; the answer is also put at
-the top of ``OUT/index.html`` and ``OUT/summary.md``. Every number comes from the model: the run's
-front, or designs of the same space scored again (``ctx.score``) with the same scorer.
+``dse answer SPACE [--out OUT] [--publish]`` runs the space (exhaustive when it fits, like
+``dse run``), writes the Pareto report into ``OUT`` (default ``runs/answers/<space name>``;
+``--publish``: ``reports/<space name>``, the published answers that ``python -m dse.questions``
+regenerates) and then the analysis's answer: ``OUT/README.md`` (the question, then the answer in
+numbers, then the method and tables), ``OUT/answer.json`` (the headline numbers, rounded to
+``DIGITS`` significant digits: what the model resolves, so that a regeneration on the same model
+rewrites the same file) and the analysis's figures; the question and the answer are also put at
+the top of ``OUT/index.html`` (its uncertainty bands collapsed) and ``OUT/summary.md``. Every
+number comes from the model: the run's front, or designs of the same space scored again
+(``ctx.score``) with the same scorer.
 
 An analysis module defines ``answer(ctx: Context) -> Answer``.
 """
 
 from __future__ import annotations
 
+import html
 import importlib
 import json
 import re
@@ -29,12 +34,15 @@ from dse.errors import InputError, suggest
 from dse.questions import sampled
 from dse.questions.context import Answer, Context
 from dse.questions.sampled import lead_markdown, markdown
-from dse.results.pages import markdown_html
+from dse.results.pages import figure_file, markdown_html
 from dse.results.report import make_report
 from dse.scoring.bands import check_samples
 from dse.search.driver import run_space
 
 QUESTIONS_DIR = Path(__file__).resolve().parents[2] / "spaces" / "questions"
+PUBLISHED = Path("reports")              # --publish: reports/<space name>
+UNPUBLISHED = Path("runs") / "answers"   # else: runs/answers/<space name> (not tracked)
+DIGITS = 4                               # significant digits of answer.json's figures
 
 
 SUPPORT = ("answer", "common", "context", "sampled")     # modules of dse/questions that are not analyses
@@ -61,8 +69,12 @@ def available() -> list[str]:
 
 
 def answer_space(space_path: str, out: str | None = None, run_dir: str | None = None,
-                 progress: bool = False, bands: int | None = None, seed: int = 0) -> Path:
-    """Run the space, write its report and its answer; returns the report folder.
+                 progress: bool = False, bands: int | None = None, seed: int = 0,
+                 publish: bool = False, digits: int | None = DIGITS) -> Path:
+    """Run the space, write its report and its answer; returns the report folder: ``out``, else
+    ``reports/<space name>`` when ``publish``, else ``runs/answers/<space name>``.
+    ``digits``: significant digits of answer.json's figures (None: full precision, for the tests
+    that recompute them from the model).
     ``bands``: parameter samples the analysis is re-run under for its numbers' 90% bands
     (default ``dse.scoring.bands.DEFAULT_SAMPLES``, 0: none; ``dse/questions/sampled.py``)."""
     bands = check_samples(bands)
@@ -76,11 +88,12 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
         raise InputError(f"the space has {space.size:,} designs", file=space_path,
                          hint="a worked question should enumerate in minutes: <= 10^7 designs")
     d = run_space(space, run_dir, strategy="exhaustive", progress=progress)
-    o = Path(out) if out else Path("reports") / space.name
+    o = answer_dir(space.name, out, publish)
     previous = _previous(o)
     make_report(str(d), str(o))
     front = open_run(d).front
     ans = mod.answer(Context(space, d, o, spec, front))
+    ans.numbers = resolved(ans.numbers, digits)   # what answer.json keeps, leads and bands quote
     band, values, attr = None, None, None
     if bands:
         def make(f, tmp, sample):
@@ -92,8 +105,14 @@ def answer_space(space_path: str, out: str | None = None, run_dir: str | None = 
             attr = sampled.attribution(mod, make, space, front, bands, seed, progress, ans,
                                       values)
     lead = sampled.leads(ans, values, attr)
-    _write(o, space, ans, d, previous, band, lead)
+    _write(o, space, ans, d, previous, band, lead, publish=publish, digits=digits)
     return o
+
+
+def answer_dir(name: str, out: str | None = None, publish: bool = False) -> Path:
+    """Where an answer is written: ``out``, else ``reports/<name>`` when published (tracked in
+    git; ``python -m dse.questions``, ``dse answer --publish``), else ``runs/answers/<name>``."""
+    return Path(out) if out else (PUBLISHED if publish else UNPUBLISHED) / name
 
 
 def first_lines(out) -> str:
@@ -122,6 +141,27 @@ MODEL_CHANGE = (
     "outputs). TTFT limits (ttft_s) now bind where a batch's prompts queue for the budget. "
     "Before it (fifth pass): the kernel fits separate the benchmarks' warm L2 cache from the "
     "cold-cache rates the scorer uses.")
+
+
+def resolved(v, digits: int | None = DIGITS):
+    """``v`` (numbers, dicts and lists of them) with every float rounded to ``digits``
+    significant digits, what the model resolves (its parameters are fitted to a few percent):
+    a regeneration on the same model writes the same digits. A float with an integer value
+    (a count, a design id) is kept exact; ``digits`` None keeps every float as it is."""
+    if digits is None:
+        return v
+    if isinstance(v, dict):
+        return {k: resolved(x, digits) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [resolved(x, digits) for x in v]
+    if isinstance(v, (float, np.floating)) and not isinstance(v, bool):
+        v = float(v)
+        if not np.isfinite(v) or v.is_integer():
+            return v
+        return float(f"{v:.{digits - 1}e}")
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
 
 
 def _previous(o: Path) -> dict | None:
@@ -184,51 +224,66 @@ def moved(previous: dict | None, ans: Answer, limit: int = 12) -> str:
 
 
 def _write(o: Path, space, ans: Answer, d: Path, previous: dict | None = None,
-           band: dict | None = None, lead: list | None = None) -> None:
+           band: dict | None = None, lead: list | None = None, publish: bool = False,
+           digits: int | None = DIGITS) -> None:
+    """README.md (the question, the answer with its lead numbers and bands, what moved, the
+    details, the figures), answer.json, and the question and answer at the top of summary.md and
+    index.html (the bands collapsed there)."""
     q = space.question.strip()
-    cmd = f"dse answer {_rel(space.file)}"
+    cmd = f"dse answer {_rel(space.file)}" + (" --publish" if publish else "")
     band_md = markdown(band) if band is not None else ""
     first = lead_markdown(lead or [], band)
     top = (first + "\n\n" if first else "") + ans.headline.strip()
-    md = (f"# {space.name}\n\n**Question.** {q}\n\n## Answer\n\n{top}\n\n"
-          + (band_md + "\n" if band_md else "")
+    folded = (f"<details>\n<summary>{band_summary(band)}</summary>\n\n{band_md}\n</details>\n\n"
+              if band_md else "")
+    md = (f"# {space.name}\n\n**Question.** {q}\n\n## Answer\n\n{top}\n\n" + folded
           + moved(previous, ans)
           + (f"{ans.details.strip()}\n\n" if ans.details.strip() else "")
           + "".join(f"![{f}]({f})\n\n" for f in ans.figures)
           + f"Regenerate: `{cmd}`. The Pareto report of the run is in `index.html` and "
             f"`summary.md`; its front in `front.csv`.\n")
     (o / "README.md").write_text(md)
-    (o / "answer.json").write_text(json.dumps(
-        {"space": _rel(space.file), "analysis": space.answer.get("analysis"),
-         "question": q, "first_lines": first, "lead": lead or [],
-         "headline": ans.headline.strip(), "numbers": ans.numbers,
-         **({"bands": band} if band is not None else {}),
-         **({"moved_from": previous} if previous else {})},
-        indent=2, default=_json_default) + "\n")
+    doc = {"space": _rel(space.file), "analysis": space.answer.get("analysis"),
+           "question": q, "first_lines": first, "lead": lead or [],
+           "headline": ans.headline.strip(), "numbers": ans.numbers,
+           **({"bands": band} if band is not None else {}),
+           **({"moved_from": previous} if previous else {})}
+    (o / "answer.json").write_text(json.dumps(resolved(json.loads(json.dumps(
+        doc, default=_json_default)), digits), indent=2) + "\n")
     summary = o / "summary.md"
     if summary.is_file():
-        summary.write_text(f"## Answer\n\n{top}\n\n"
-                           + (band_md + "\n" if band_md else "")
+        summary.write_text(f"## Answer\n\n{top}\n\n" + folded
                            + "(details: README.md)\n\n" + summary.read_text())
     page = o / "index.html"
     if page.is_file():
-        text = page.read_text()
-        block = ("<section id='answer' style='border:2px solid #2a6;padding:0.6em 1em;margin:1em 0'>"
-                 f"<h2>Answer</h2><div>{markdown_html(top)}"
-                 "</div>" + (f"<div class='bands'>{markdown_html(band_md)}</div>"
-                             if band_md else "")
-                 + "".join(f"<img src='data:image/png;base64,{_b64(o / f)}' "
-                           "class='figure'>" for f in ans.figures
-                                    if f.endswith(".png") and (o / f).is_file())
-                 + "</section>")
-        i = text.find("<body>")
-        text = text[:i + 6] + block + text[i + 6:] if i >= 0 else block + text
-        page.write_text(text)
+        page.write_text(answer_page(page.read_text(), q, top, band, band_md,
+                                    [f for f in ans.figures if f.endswith(".png")
+                                     and (o / f).is_file()]))
 
 
-def _b64(path: Path) -> str:
-    import base64
-    return base64.b64encode(path.read_bytes()).decode()
+def band_summary(band: dict) -> str:
+    """The one line a collapsed band block shows."""
+    return (f"Uncertainty bands of the answer's {len(band['numbers'])} numbers "
+            f"({band['samples']} parameter samples): click to open")
+
+
+def answer_page(text: str, question: str, top: str, band: dict | None, band_md: str,
+                figures: list[str]) -> str:
+    """The report page ``text`` with the question and then the answer (its lead numbers and
+    headline, the bands collapsed, the figures beside the page by name) right under its title;
+    the Pareto report of the run follows under its own heading."""
+    block = (f"<p class='question'><strong>Question.</strong> {html.escape(question)}</p>"
+             "<section id='answer' style='border:2px solid #2a6;padding:0.6em 1em;margin:1em 0'>"
+             f"<h2>Answer</h2><div>{markdown_html(top)}</div>"
+             + (f"<details class='bands'><summary>{html.escape(band_summary(band))}</summary>"
+                f"{markdown_html(band_md)}</details>" if band_md else "")
+             + "".join(figure_file(f) for f in figures)
+             + "</section><h2>The run's Pareto report</h2>")
+    i = text.find("</h1>")
+    if i >= 0:
+        return text[:i + 5] + block + text[i + 5:]
+    i = text.find("<body>")
+    return text[:i + 6] + block + text[i + 6:] if i >= 0 else block + text
 
 
 def _rel(path: str) -> str:

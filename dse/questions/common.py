@@ -35,7 +35,7 @@ import pandas as pd
 from dse import pareto
 from dse.perf import OPS, score
 from dse.questions.context import Context
-from dse.results.pages import PNG_DPI
+from dse.results.pages import PNG_DPI, compact_png
 
 BATCH = "workload.concurrency"
 _SHORT = {"layout.tp": "tp", "layout.pp": "pp", "layout.dp": "dp", "layout.ep": "ep",
@@ -247,5 +247,6 @@ def save(fig, ctx: Context, name: str) -> str:
     ctx.out.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(ctx.figure_path(name), dpi=PNG_DPI)
+    compact_png(ctx.figure_path(name))
     pyplot().close(fig)
     return name

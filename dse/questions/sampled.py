@@ -15,7 +15,6 @@ between samples are said in words: "not resolved by the model".
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +25,8 @@ from dse.build.designs import to_batch
 from dse.questions.common import fmt
 from dse.scoring import bands as B
 from dse.scoring.bands import GROUP_NAMES
+from dse.search.progress import Ticker
+from dse.spec.fields import label, metric_unit
 
 VECTOR_ROWS = 1 << 18      # samples x designs scored in one call (about 80 MB of metrics)
 CACHE_CALLS = 16           # distinct vectorized calls kept while the samples run
@@ -109,6 +110,7 @@ def sampled_answers(mod, make_context, space, front, n: int, seed: int = 0,
         fronts = B.space_samples(space, space.values_at(ids), d, None, metrics)
     values: dict = {}
     t0 = time.perf_counter()
+    tick = Ticker()                  # a terminal: one line rewritten; a log: a line every 5 s
     with tempfile.TemporaryDirectory(prefix="dse-bands-") as tmp:
         for k in range(n):
             f = front.copy()
@@ -122,11 +124,10 @@ def sampled_answers(mod, make_context, space, front, n: int, seed: int = 0,
             if progress:
                 el = time.perf_counter() - t0
                 rate = (k + 1) / el if el > 0 else float("inf")
-                sys.stderr.write(f"\r{what}: sample {k + 1}/{n}, {rate:.2f} samples/s, "
-                                 f"ETA {(n - k - 1) / rate:.0f} s ")
-                sys.stderr.flush()
+                tick.say(f"{what}: sample {k + 1}/{n}, {rate:.2f} samples/s, "
+                         f"ETA {(n - k - 1) / rate:.0f} s ", final=k + 1 == n)
     if progress:
-        sys.stderr.write("\n")
+        tick.close()
     return {"draws": d, "values": values}
 
 
@@ -162,21 +163,67 @@ def _moves(b: dict) -> bool:
     return len(b["shares"]) > 1
 
 
+# the last part of an answer number's key, in words (a metric's name and unit: dse.spec.fields)
+_WORDS = {"design_id": "design", "batch": "batch [sequences]", "tp": "tensor parallel (tp)",
+          "dp": "attention data parallel (dp)", "ep": "expert parallel (ep)",
+          "pp": "pipeline stages (pp)", "multiple": "multiple [x]"}
+
+
+# a rate or price inside a name (``goodput_requests_per_s_per_rack``): its words and unit
+_RATES = (("usd_per_mtok", "price", "$/Mtok"), ("requests_per_s", "requests", "requests/s"),
+          ("tokens_per_s", "tokens", "tokens/s"), ("bytes_per_s", "bytes", "bytes/s"),
+          ("usd_per_hour", "price", "$/h"))
+# ... else a unit at its end (``ttft_s``, ``capacity_bytes``)
+_SUFFIXES = (("_s", "s"), ("_bytes", "bytes"), ("_usd", "$"), ("_fraction", "fraction"),
+             ("_share", "fraction"), ("_w", "W"), ("_chips", "chips"), ("_tokens", "tokens"))
+
+
+def _with_unit(name: str) -> str:
+    """``goodput_requests_per_s_per_rack`` -> ``goodput requests per rack [requests/s]``,
+    ``usd_per_mtok_at_goodput`` -> ``price at goodput [$/Mtok]``."""
+    for part, words, unit in _RATES:
+        if part in name:
+            return f"{name.replace(part, words).replace('_', ' ').strip()} [{unit}]"
+    for suf, unit in _SUFFIXES:
+        if name.endswith(suf) and len(name) > len(suf):
+            return f"{name[:-len(suf)].replace('_', ' ')} [{unit}]"
+    return name.replace("_", " ")
+
+
+def number_name(key: str) -> str:
+    """An answer number's key (``fast.usd_per_mtok_output``) in words with its unit:
+    ``fast: output cost [$/Mtok]``; a metric is named by ``dse.spec.fields.label``, any other
+    part with its underscores as spaces."""
+    parts = key.split(".")
+    last = parts[-1]
+    if last in _WORDS:
+        name = _WORDS[last]
+    elif metric_unit(last) or label(last) != last:
+        name = label(last)
+    else:
+        name = _with_unit(last)
+    head = " ".join(p.replace("_", " ") for p in parts[:-1])
+    return f"{head}: {name}" if head else name
+
+
 def markdown(band: dict, limit: int = 24) -> str:
     """The answer's band block: the numbers not resolved by the model first, then the others
     that move under the samples (``limit`` lines at most), then a count of those that do not
-    move (prices, caps, counts the fitted parameters do not touch)."""
+    move (prices, caps, counts the fitted parameters do not touch). Each number is named in
+    words with its unit (``number_name``; answer.json keeps the keys)."""
     lines = [f"**Uncertainty bands** ({band['samples']} parameter samples, seed {band['seed']}; "
-             f"median [5th..95th percentile]; {band['note']}):", ""]
+             f"each number: the model at its fitted parameters, then the samples' median "
+             f"[5th..95th percentile]; {band['note']}):", ""]
     items = list(band["numbers"].items())
     moving = [kv for kv in items if _moves(kv[1])]
     moving.sort(key=lambda kv: not kv[1]["words"])      # stable: unresolved first
     for key, b in moving[:limit]:
         if "median" in b:
-            line = (f"- `{key}`: {_num(b['nominal'])}; under the samples "
+            line = (f"- {number_name(key)}: {_num(b['nominal'])}; under the samples "
                     f"{B.text(b['median'], b['lo'], b['hi'], _num, 3)}")
         else:
-            line = f"- `{key}`: {b['nominal']}; " + B.shares_words(b["shares"], b["nominal"], "")
+            line = (f"- {number_name(key)}: {b['nominal']}; "
+                    + B.shares_words(b["shares"], b["nominal"], ""))
         if b["words"]:
             line += f" — {b['words']}"
         lines.append(line)
@@ -445,6 +492,13 @@ def _changes(x: dict) -> str:
     return "what would change it: " + ", then ".join(said) + _together(x)
 
 
+WHY_MEDIAN = (
+    "- Quote the median with its band: the model at its fitted parameters is one draw of the "
+    "parameters, and it sits off the band's centre where the answer bends with them (a ratio, "
+    "a best design that switches, a limit that starts to bind); the median is the middle of "
+    "what the fits allow.")
+
+
 def lead_markdown(items: list[dict], band: dict | None) -> str:
     """The answer's first lines: each lead number with its 90% band, whether its ranking or
     sign is resolved, and what would change it; with bands off, the numbers and that they are
@@ -460,16 +514,21 @@ def lead_markdown(items: list[dict], band: dict | None) -> str:
             continue
         med, span = band_text(x["median"], x["lo"], x["hi"], x["unit"])
         still = x["lo"] == x["hi"]
-        parts = [f"- **{x['label']}: {v}**, 90% band {span}"
-                 f" (median {med}, "
-                 f"{x['samples']} parameter samples)"
-                 + ("; the fitted parameters do not move it" if still else "")]
+        if still:
+            parts = [f"- **{x['label']}: {v}** ({x['samples']} parameter samples); the fitted "
+                     "parameters do not move it"]
+        else:
+            parts = [f"- **{x['label']}: {med}**, the median of {x['samples']} parameter "
+                     f"samples, 90% band {span} (the model at its fitted parameters: {v})"]
         parts += _resolution(x)
         if not still:
             c = _changes(x)
             if c:
                 parts.append(c)
         lines.append("; ".join(parts) + ".")
+    if any("median" in x and x["lo"] != x["hi"] and value_text(x["median"], x["unit"]) !=
+           value_text(x["nominal"], x["unit"]) for x in items):
+        lines.append(WHY_MEDIAN)
     if band is not None:
         n = sum(1 for b in band["numbers"].values() if b.get("words"))
         total = len(band["numbers"])

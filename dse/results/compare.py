@@ -8,6 +8,7 @@ the best of each objective, the designs that appeared or vanished, and overlaid 
 from __future__ import annotations
 
 import html
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,12 +81,30 @@ class Comparison:
     bands: dict | None = None      # with bands: the best designs' bands, P(A better) (bands.json)
     kv_dtypes: tuple = ()          # the KV cache's element types on A's and B's fronts, in words
 
+    def reference_text(self) -> str:
+        """The hypervolume's reference point: each objective's value (in its unit) and scale."""
+        return "; ".join(f"{label(x.metric)} {(p if x.direction == 'minimize' else -p):.4g} "
+                         f"(scale {sc:.4g})"
+                         for x, p, sc in zip(self.objectives, self.reference, self.scale))
+
+    def terminal_lines(self) -> list[str]:
+        """What ``dse compare`` prints after the headline: each front's hypervolume on the one
+        reference point (named), the coverage each way, the union front's split."""
+        u = self.union
+        return [f"hypervolume (one reference point for both runs, each objective divided by its "
+                f"scale): A {self.hypervolume_a:.6g}, B {self.hypervolume_b:.6g}"
+                + (f" (B/A {self.hypervolume_b / self.hypervolume_a:.4g})"
+                   if self.hypervolume_a > 0 else ""),
+                f"reference point: {self.reference_text()}",
+                f"coverage (share of the other front it weakly dominates): A covers "
+                f"{self.coverage_a:.1%} of B's front, B covers {self.coverage_b:.1%} of A's",
+                f"fronts: A {len(self.front_a)} designs, B {len(self.front_b)}; union front "
+                f"{len(u)}: {(u['run'] == 'A').sum()} from A, {(u['run'] == 'B').sum()} from B"]
+
     def lines(self) -> list[str]:
         """compare.md, as lines."""
         u = self.union
-        ref = "; ".join(f"{label(x.metric)} {(p if x.direction == 'minimize' else -p):.4g} "
-                        f"(scale {sc:.4g})"
-                        for x, p, sc in zip(self.objectives, self.reference, self.scale))
+        ref = self.reference_text()
         out = [f"# {self.name_a} (A) vs {self.name_b} (B)", "", *compare_headline(self), ""]
         out += [f"**Warning:** {w}" for w in self.warnings] + ([""] if self.warnings else [])
         if self.kv_dtypes:
@@ -113,7 +132,8 @@ class Comparison:
         return out
 
     def write(self, out: str | Path) -> Path:
-        """Write index.html, compare.md, union_front.csv and fronts.png into ``out``."""
+        """Write index.html, compare.md, union_front.csv and the PNG of every objective pair
+        (fronts.png, fronts-X-Y.png) into ``out``."""
         o = Path(out)
         o.mkdir(parents=True, exist_ok=True)
         spreadsheet_safe(self.union).to_csv(o / "union_front.csv", index=False)
@@ -221,54 +241,77 @@ def _kv_dtypes(*runs_) -> tuple:
     return tuple(out)
 
 
-def _plots(o: Path, c: Comparison, lines):
-    import base64
+def pairs(objectives) -> list[tuple]:
+    """Every pair of objectives once (one objective: itself against itself)."""
+    objs = list(objectives)
+    return list(itertools.combinations(objs, 2)) if len(objs) > 1 else [(objs[0], objs[0])]
 
+
+def _pair_plot(c: Comparison, xo, yo) -> str:
+    """One objective pair of both fronts and the union front, interactive (the page loads the
+    shared plotly.js)."""
     import plotly.graph_objects as go
-
-    objs, fa, fb, union = c.objectives, c.front_a, c.front_b, c.union
-    xo, yo = objs[0], objs[1] if len(objs) > 1 else objs[0]
     x, y = xo.metric, yo.metric
-    both = pd.concat([fa[[x, y]], fb[[x, y]]]).astype(float)
-    logs = [pareto.log_axis(v) for v in (both[x], both[y])]
+    both = pd.concat([c.front_a[[x]].rename(columns={x: "x"}).assign(y=c.front_a[y]),
+                      c.front_b[[x]].rename(columns={x: "x"}).assign(y=c.front_b[y])]).astype(float)
+    logs = [pareto.log_axis(v) for v in (both["x"], both["y"])]
     fig = go.Figure()
-    for name, f, color in (("A", fa, "#1f77b4"), ("B", fb, "#d62728")):
+    for name, f, color in (("A", c.front_a, "#1f77b4"), ("B", c.front_b, "#d62728")):
         fig.add_trace(go.Scatter(x=f[x], y=f[y], mode="markers", name=f"front {name}",
                                  marker=dict(size=9, color=color, opacity=0.7)))
-    fig.add_trace(go.Scatter(x=union[x], y=union[y], mode="markers", name="union front",
+    fig.add_trace(go.Scatter(x=c.union[x], y=c.union[y], mode="markers", name="union front",
                              marker=dict(size=15, symbol="circle-open", color="black")))
-    fig.update_layout(title=f"{label(x)} vs {label(y)}", xaxis_title=objective_label(x, xo.direction),
-                      yaxis_title=objective_label(y, yo.direction), height=560,
+    fig.update_layout(title=f"{label(x)} vs {label(y)}",
+                      xaxis_title=objective_label(x, xo.direction),
+                      yaxis_title=objective_label(y, yo.direction), height=520,
                       template="plotly_white", font=dict(size=13),
                       xaxis_type="log" if logs[0] else "linear",
                       yaxis_type="log" if logs[1] else "linear",
                       margin=dict(l=90, r=40, t=70, b=80))
-    body = fig.to_html(full_html=False, include_plotlyjs="inline", default_width="100%")
+    return fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%")
+
+
+def _pair_png(o: Path, c: Comparison, xo, yo, name: str) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    x, y = xo.metric, yo.metric
     f, ax = plt.subplots(figsize=pages.FIG_IN, dpi=pages.PNG_DPI)
-    ax.scatter(fa[x], fa[y], label=f"A: {c.name_a}", alpha=0.7)
-    ax.scatter(fb[x], fb[y], label=f"B: {c.name_b}", alpha=0.7)
-    ax.scatter(union[x], union[y], facecolors="none", edgecolors="black", s=80, label="union front")
+    ax.scatter(c.front_a[x], c.front_a[y], label=f"A: {c.name_a}", alpha=0.7)
+    ax.scatter(c.front_b[x], c.front_b[y], label=f"B: {c.name_b}", alpha=0.7)
+    ax.scatter(c.union[x], c.union[y], facecolors="none", edgecolors="black", s=80,
+               label="union front")
     ax.set_xlabel(objective_label(x, xo.direction))
     ax.set_ylabel(objective_label(y, yo.direction))
-    if logs[0]:
-        ax.set_xscale("log")
-    if logs[1]:
-        ax.set_yscale("log")
+    for v, setter in ((pd.concat([c.front_a[x], c.front_b[x]]), ax.set_xscale),
+                      (pd.concat([c.front_a[y], c.front_b[y]]), ax.set_yscale)):
+        if pareto.log_axis(v.astype(float)):
+            setter("log")
     pages.style_axes(ax)
     ax.legend(fontsize=pages.FONT_PT - 2)
     f.tight_layout()
-    f.savefig(o / "fronts.png", dpi=pages.PNG_DPI)
+    f.savefig(o / name, dpi=pages.PNG_DPI)
+    pages.compact_png(o / name)
     plt.close(f)
+    return name
+
+
+def _plots(o: Path, c: Comparison, lines):
+    """index.html: the summary, every objective pair of the two fronts (interactive, and as
+    PNGs beside the page: ``fronts.png`` for the first pair, ``fronts-X-Y.png`` for the
+    others), the union front."""
+    plots, pngs = [], []
+    for k, (xo, yo) in enumerate(pairs(c.objectives)):
+        plots.append(_pair_plot(c, xo, yo))
+        name = "fronts.png" if k == 0 else f"fronts-{xo.metric}-{yo.metric}.png"
+        pngs.append(_pair_png(o, c, xo, yo, name))
     warn = "".join(f"<div class='warning'><strong>Warning:</strong> {html.escape(w)}</div>"
                    for w in c.warnings)
     text = [ln for ln in lines[1:] if not ln.startswith("**Warning:**")]
-    png = pages.figure(base64.b64encode((o / "fronts.png").read_bytes()).decode(), "fronts.png")
-    labels = {k: label(k) for k in union.columns}
+    labels = {k: label(k) for k in c.union.columns}
     page = (f"<h1>{html.escape(c.name_a)} (A) vs {html.escape(c.name_b)} (B)</h1>{warn}"
-            f"<div class='summary'>{pages.markdown_html(chr(10).join(text))}</div>{body}"
-            f"<h2>Union front ({len(union)} designs)</h2>{pages.table(union, labels)}"
-            f"<h2>Figure</h2>{png}")
-    (o / "index.html").write_text(pages.page(f"compare {c.name_a} vs {c.name_b}", page))
+            f"<div class='summary'>{pages.markdown_html(chr(10).join(text))}</div>"
+            f"<h2>Every objective pair ({len(plots)})</h2>{''.join(plots)}"
+            f"<h2>Union front ({len(c.union)} designs)</h2>{pages.table(c.union, labels)}"
+            f"<h2>Figures</h2>{''.join(pages.figure_file(n) for n in pngs)}")
+    (o / "index.html").write_text(pages.plot_page(o, f"compare {c.name_a} vs {c.name_b}", page))

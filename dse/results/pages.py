@@ -6,12 +6,23 @@ style sheet, tables that fit the page, and the figures' sizes.
 `` `code` ``, links and images); anything else stays text. It is small enough to read, and it
 never lets a literal ``**`` or ``##`` through to the page (a well-kept library would also do,
 but none is installed with dse's dependencies and the subset is fixed by what dse writes).
+
+**plotly.js, one copy per tree of pages.** A page with interactive plots does not inline the
+plotting library (4.8 MB): ``plotly_head(page_dir)`` writes it once to
+``<page_dir>/../_static/plotly.min.js`` (``STATIC``: beside the page's folder, so every page
+written next to it shares it: ``reports/_static/`` for the published answers, ``DIR/_static/``
+for ``dse report DIR``, ``runs/_static/`` for ``dse compare``'s default folder,
+``runs/answers/_static/`` for ``dse answer``'s) and the page loads it by a relative
+``<script src>``. Nothing is loaded from the network. A page copied without that file says so at
+its top (``MISSING_JS``): which file to copy beside it and how to write it again; its PNG
+figures (files beside the page, by name) still show the fronts.
 """
 
 from __future__ import annotations
 
 import html
 import re
+from pathlib import Path
 
 PNG_DPI = 200            # print resolution for every PNG figure (7 in wide: 1400 px)
 FIG_IN = (7.0, 4.6)      # a figure's size, drawn at page width
@@ -30,7 +41,7 @@ th{background:#f4f6f8;font-weight:600;text-align:center;overflow-wrap:break-word
 td:first-child,th:first-child{text-align:left}
 .warning{border-left:4px solid #d9822b;background:#fff6ea;padding:.5em 1em;margin:1em 0}
 .summary{border-left:4px solid #4a7bd0;background:#f7f9fd;padding:.2em 1.2em;margin:1em 0}
-img.figure{width:100%;max-width:900px;height:auto;display:block;margin:.8em 0}
+img.figure{width:100%;max-width:100%;height:auto;display:block;margin:.8em 0}
 .overflows{outline:2px dashed #d33}
 """
 
@@ -40,11 +51,64 @@ CHECK_JS = """<script>window.addEventListener('load',function(){document.querySe
 document.body.setAttribute('data-layout-checked','1')});</script>"""
 
 
+STATIC = "_static"               # the shared scripts' folder, beside the pages' folders
+PLOTLY_JS = "plotly.min.js"
+
+
+def plotly_file(page_dir: Path) -> Path:
+    """Where the pages written in ``page_dir`` (and in its sibling folders) find plotly.js."""
+    return Path(page_dir).resolve().parent / STATIC / PLOTLY_JS
+
+
+def write_plotly(page_dir: Path) -> Path:
+    """The shared plotly.js of ``page_dir``'s pages, written when it is missing or differs from
+    the installed plotly's (a page and the library it is drawn for always agree)."""
+    from plotly.offline import get_plotlyjs
+    f = plotly_file(page_dir)
+    js = get_plotlyjs().encode()
+    if not f.is_file() or f.stat().st_size != len(js) or f.read_bytes() != js:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(".tmp")
+        tmp.write_bytes(js)
+        tmp.replace(f)
+    return f
+
+
+# said at the top of a page whose plotly.js is missing (a page copied alone)
+MISSING_JS = (
+    "<div id='plotly-missing' class='warning' style='display:none'><strong>The interactive plots "
+    "are not drawn:</strong> this page loads the plotting library from <code>{src}</code> (one "
+    "copy shared by the pages written beside each other; nothing is loaded from the network), "
+    "and it is not there. Copy that file along with the page (the same relative path; the PNG "
+    "files beside the page too), or write the page again (<code>dse report</code>, <code>dse "
+    "answer</code>, <code>dse compare</code>), which puts it there. The PNG figures show the "
+    "same fronts.</div>")
+_MISSING_CHECK = ("<script>window.addEventListener('load',function(){if(typeof Plotly==="
+                  "'undefined'){var e=document.getElementById('plotly-missing');"
+                  "if(e)e.style.display='block';}});</script>")
+
+
+def plotly_head(page_dir: Path) -> tuple[str, str]:
+    """(the ``<head>`` script tag that loads the shared plotly.js, the note shown at the top of
+    the body when it is missing), writing the shared copy (``write_plotly``)."""
+    write_plotly(page_dir)
+    src = f"../{STATIC}/{PLOTLY_JS}"
+    return (f"<script src='{src}' charset='utf-8'></script>{_MISSING_CHECK}",
+            MISSING_JS.format(src=html.escape(src)))
+
+
 def page(title: str, body: str, head: str = "") -> str:
     """A whole page: dse's style, ``body`` inside ``<body>``."""
     return (f"<!doctype html><html><head><meta charset='utf-8'><meta name='viewport' "
             f"content='width=device-width'><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style>{head}</head>\n<body>\n{body}\n{CHECK_JS}</body></html>")
+
+
+def plot_page(page_dir: Path, title: str, body: str) -> str:
+    """A page with interactive plots (``to_html(include_plotlyjs=False)``): the shared
+    plotly.js loaded in its head, a visible note at the top when that file is missing."""
+    head, missing = plotly_head(page_dir)
+    return page(title, missing + body, head)
 
 
 def table(frame, labels: dict | None = None, digits: int = 4, classes: str = "") -> str:
@@ -70,6 +134,23 @@ def _cell(v, digits: int) -> str:
 
 def figure(png_b64: str, alt: str) -> str:
     return f"<img class='figure' alt='{html.escape(alt)}' src='data:image/png;base64,{png_b64}'>"
+
+
+def figure_file(name: str, alt: str | None = None) -> str:
+    """A PNG beside the page, by its file name (not inlined: the page stays small)."""
+    return (f"<img class='figure' alt='{html.escape(alt or name)}' "
+            f"src='{html.escape(name)}'>")
+
+
+def compact_png(path) -> None:
+    """Rewrite a saved figure as a 256-colour palette PNG (no dithering): a chart's flat colours
+    and anti-aliased edges fit in it, and the file is 2-3 times smaller (the published reports
+    keep their PNGs in git). Same pixels' size; every figure dse writes goes through it."""
+    from PIL import Image
+    with Image.open(path) as im:
+        im.load()
+    im.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT,
+                               dither=Image.Dither.NONE).save(path, optimize=True)
 
 
 def style_axes(ax) -> None:

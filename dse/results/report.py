@@ -1,7 +1,8 @@
 """``dse report DIR``: the Pareto report of a run.
 
-Writes ``OUT/index.html`` (self-contained: interactive plots with plotly.js inlined, opens
-offline), ``OUT/front.csv``, ``OUT/summary.md`` and PNG figures. Every number comes from the
+Writes ``OUT/index.html`` (interactive plots drawn with one shared copy of plotly.js,
+``OUT/../_static/plotly.min.js``, written with it: ``dse.results.pages``; opens offline; its PNG
+figures are the files beside it), ``OUT/front.csv``, ``OUT/summary.md`` and PNG figures. Every number comes from the
 run's stored scores, from the per-op breakdown the run kept of its front designs (scored with
 the same model when it stopped; scored now for a run that was interrupted) or from scoring
 designs of its space again for the cloud behind the front.

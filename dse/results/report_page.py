@@ -1,11 +1,11 @@
 """The files of ``dse report``: ``summary.md`` (Markdown), ``index.html`` (the summary rendered,
-interactive plots, tables) and PNG figures at print resolution. Every metric is labelled with its
+interactive plots drawn with the shared plotly.js of ``dse.results.pages.plotly_head``, tables,
+the PNG figures beside it by name) and PNG figures at print resolution. Every metric is labelled with its
 name and unit by ``dse.spec.fields.label``; the numbers come from ``dse.results.report``.
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import itertools
 from pathlib import Path
@@ -155,6 +155,7 @@ def png(front, bg, path: Path, x, y, color=None, knee_row=None) -> None:
     ax.legend(loc="best", fontsize=pages.FONT_PT - 2)
     fig.tight_layout()
     fig.savefig(path, dpi=pages.PNG_DPI)
+    pages.compact_png(path)
     plt.close(fig)
 
 
@@ -167,7 +168,7 @@ def write(o: Path, space, st, front, bg, k, bds, per_accel, what) -> None:
     main = (objs[0], objs[1] if len(objs) > 1 else objs[0], objs[2] if len(objs) > 2 else None)
     png(front, bg, o / "front.png", *main, knee_row=front.iloc[k])
     pngs.append("front.png")
-    for a, b in itertools.combinations(objs, 2):
+    for a, b in itertools.combinations(objs, 2) if len(objs) > 2 else ():   # two: front.png
         name = f"pair-{a.metric}-{b.metric}.png"
         png(front, bg, o / name, a, b, knee_row=front.iloc[k])
         pngs.append(name)
@@ -208,7 +209,7 @@ def _main_plot(space, front, bg, k):
                       template="plotly_white", font=PLOT_FONT,
                       margin=dict(l=90, r=40, t=70, b=90),
                       legend=dict(orientation="h", y=-0.2))
-    return fig.to_html(full_html=False, include_plotlyjs="inline", div_id="front-plot",
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id="front-plot",
                        default_width="100%")
 
 
@@ -280,7 +281,7 @@ def _html(o, space, lines, front, bg, k, bds, pngs, per_accel):
     if per_accel is not None and len(per_accel):
         accel = ("<h2>Best per accelerator</h2>" +
                  pages.table(per_accel, {c: label(c) for c in per_accel.columns}))
-    imgs = "".join(pages.figure(base64.b64encode((o / n).read_bytes()).decode(), n) for n in pngs)
+    imgs = "".join(pages.figure_file(n) for n in pngs)
     body = (f"<h1>{html.escape(space.name)}</h1><div class='summary'>{summary}</div>"
             f"{_main_plot(space, front, bg, k)}{pair_html}{_par_plot(space, front)}{accel}"
             f"<h2>Front ({len(front)} designs)</h2>{pages.table(front, labels)}"
@@ -288,4 +289,4 @@ def _html(o, space, lines, front, bg, k, bds, pngs, per_accel):
             "<p>Per chip, one stage step of one micro-batch: work is the op's arithmetic (a "
             "multiply-add = 2 FLOPs), HBM the bytes its memory terms stream, network the bytes "
             f"its collectives send.</p>{_details(bds)}<h2>Figures</h2>{imgs}")
-    (o / "index.html").write_text(pages.page(space.name, body))
+    (o / "index.html").write_text(pages.plot_page(o, space.name, body))

@@ -8,7 +8,7 @@ import pandas as pd
 
 from dse.pareto import knee
 from dse.search.loop import reference_words
-from dse.spec.fields import label
+from dse.spec.fields import SCALE_SUFFIX, is_scale_column, label
 
 
 def _fmt(v) -> str:
@@ -26,7 +26,11 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _short(path: str) -> str:
-    """``accelerator.id`` -> ``accelerator``, ``layout.tp`` -> ``tp``."""
+    """``accelerator.id`` -> ``accelerator``, ``layout.tp`` -> ``tp``; a scale-factor column
+    keeps its path (``accelerator.hbm_bw_bytes_per_s.scale``: several knobs scale, each is
+    named)."""
+    if is_scale_column(path) or path.endswith(SCALE_SUFFIX):
+        return path
     parts = path.split(".")
     return parts[-2] if parts[-1] == "id" and len(parts) > 1 else parts[-1]
 

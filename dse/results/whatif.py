@@ -394,6 +394,7 @@ def _reopt_plot(o: Path, res: dict, space) -> Path:
     fig.tight_layout()
     f = o / "reoptimized.png"
     fig.savefig(f, dpi=pages.PNG_DPI)
+    pages.compact_png(f)
     plt.close(fig)
     return f
 
@@ -436,6 +437,7 @@ def _write(o, space, overrides, moved, new_front, ok, sens, res=None, band=None)
     pages.style_axes(ax)
     fig.tight_layout()
     fig.savefig(o / "tornado.png", dpi=pages.PNG_DPI)
+    pages.compact_png(o / "tornado.png")
     plt.close(fig)
     import base64
 

@@ -3,6 +3,10 @@
 Blank layout columns are filled with the best valid layout for ``num_chips`` and a blank
 concurrency with the one that maximises output tokens/s within memory: candidates are expanded
 into one table, scored in one call, and the best row per case is kept.
+
+The CSV it writes (``csv_frame``) gives every figure to 4 significant digits and leaves the
+metrics of an infeasible row blank; ``predict_frame`` (the API, the calibration) keeps the full
+float64 values.
 """
 
 from __future__ import annotations
@@ -375,6 +379,42 @@ def _column(table: pd.DataFrame, path: str) -> np.ndarray:
         np.full(len(table), "", dtype=object)
 
 
+CSV_DIGITS = 4       # significant digits of the predictions CSV (what the model resolves)
+# the metrics a predictions CSV leaves blank on an infeasible row (no such server runs: its
+# figures would be read as predictions); the row keeps its layout, bound, reason and memory
+BLANK_WHEN_INFEASIBLE = ("ttft_s", "ttft_unloaded_s", "tpot_s", "output_tokens_per_s_per_chip",
+                         "input_tokens_per_s_per_chip", "usd_per_mtok_output",
+                         "usd_per_mtok_input", *MECHANISM_OUTPUT)
+
+
+def round_significant(x, digits: int = CSV_DIGITS) -> np.ndarray:
+    """``x`` rounded to ``digits`` significant digits, as the nearest double to the decimal
+    (a CSV writes it back as that decimal); zero, NaN and infinities unchanged."""
+    x = np.array(x, dtype=float)
+    ok = np.isfinite(x) & (x != 0)
+    v = x[ok]
+    e = np.floor(np.log10(np.abs(v))).astype(int) - (digits - 1)
+    p = 10.0 ** np.abs(e)
+    x[ok] = np.where(e >= 0, np.round(v / p) * p, np.round(v * p) / p)
+    return x
+
+
+def csv_frame(pred: pd.DataFrame, digits: int = CSV_DIGITS) -> pd.DataFrame:
+    """Predictions as the CSV gives them: metrics blank on infeasible rows
+    (``BLANK_WHEN_INFEASIBLE``), floats at ``digits`` significant digits. The frame
+    ``predict_frame`` returns (and the calibration fits on) keeps full precision."""
+    out = pred.copy()
+    if "feasible" in out:
+        bad = ~out["feasible"].astype(bool).to_numpy()
+        for c in BLANK_WHEN_INFEASIBLE:
+            if c in out and bad.any():
+                out[c] = np.where(bad, np.nan, out[c].to_numpy(dtype=float))
+    for c in out.columns:
+        if pd.api.types.is_float_dtype(out[c]):
+            out[c] = round_significant(out[c].to_numpy(), digits)
+    return out
+
+
 def predict_file(path: str, out_path: str) -> pd.DataFrame:
     folder = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(folder):
@@ -383,7 +423,7 @@ def predict_file(path: str, out_path: str) -> pd.DataFrame:
     cases = read_cases(path)
     pred = predict_frame(cases, file=path)
     tmp = out_path + ".tmp"
-    write_csv(pred, tmp)
+    write_csv(csv_frame(pred), tmp)
     os.replace(tmp, out_path)   # atomic: a failed run never leaves a half-written file
     return pred
 

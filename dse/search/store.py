@@ -33,6 +33,7 @@ import pandas as pd
 from dse import pareto
 from dse.build.space import Objective, load_space, objectives_file
 from dse.errors import InputError
+from dse.search.progress import bar as progress_bar
 from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.design import read_toml
 from dse.spec.fields import legacy_columns, scale_column
@@ -716,7 +717,8 @@ class Working:
     """A run at work: its lock file (pid and host, so `dse status` can tell a killed run), Ctrl-C
     and SIGTERM turned into a request to stop after the work item at hand (then ``Interrupted``
     is raised: exit 130 or 143, the run resumable), and a progress bar with rate, ETA, front
-    size and hypervolume."""
+    size and hypervolume (``dse.search.progress.bar``: plain lines every few seconds when
+    stderr is not a terminal)."""
 
     def __init__(self, d: Path, progress: bool, by_time: bool = False, **bar):
         self.d, self.progress, self.bar_args, self.stop, self.bar = Path(d), progress, bar, False, None
@@ -734,8 +736,7 @@ class Working:
         if self._mine:
             atomic_write(self.d / "lock", f"{os.getpid()} {socket.gethostname()}\n")
         if self.progress:
-            from tqdm import tqdm
-            self.bar = tqdm(dynamic_ncols=True, mininterval=0.5, **self.bar_args)
+            self.bar = progress_bar(**self.bar_args)
         return self
 
     def update(self, n: int, front_size: int, hv, elapsed: float | None = None,
@@ -750,13 +751,13 @@ class Working:
             self.bar.write(f"hv: the front's hypervolume, {reference}", file=sys.stderr)
             self._said_reference = True
         post = {"front": front_size, "hv": f"{hv:.4g}" if hv is not None else "-"}
+        if self.by_time and elapsed is not None and done is not None:
+            post = {"done": f"{done:,}", **post}
+        self.bar.set_postfix(post, refresh=False)      # shown by the update (a log: one line)
         if self.by_time and elapsed is not None:
             self.bar.update(max(min(round(elapsed), self.bar.total) - self.bar.n, 0))
-            if done is not None:
-                post = {"done": f"{done:,}", **post}
         else:
             self.bar.update(n)
-        self.bar.set_postfix(post)
 
     def __exit__(self, *exc) -> None:
         import signal
