@@ -172,12 +172,16 @@ def _check_explicit(cases, resolved, full_rows, file, offset=0):
     L = {c: resolved[c].to_numpy(dtype=float) for c in LAYOUT}
     chips = pd.to_numeric(cases["num_chips"]).to_numpy(dtype=float)[resolved["_case"].to_numpy()]
     heads = resolved["model.num_attention_heads"].to_numpy(dtype=float)
+    # 2D weight-stationary tp (layout.tp_x) splits the heads over tp / tp_x chips
+    tpx = resolved["layout.tp_x"].to_numpy(dtype=float) if "layout.tp_x" in resolved else 1.0
     experts = resolved["model.num_experts"].to_numpy(dtype=float)
     checks = [
         (L["layout.tp"] * L["layout.pp"] * L["layout.dp"] != chips,
          "tp*pp*dp = {v} chips but num_chips = {n}", "make tp*pp*dp equal num_chips"),
-        (np.mod(heads, L["layout.tp"]) != 0, "tp = {tp} does not divide the model's {h} heads",
-         "use a tp that divides num_attention_heads"),
+        (np.mod(heads, L["layout.tp"] / tpx) != 0,
+         "tp = {tp} does not divide the model's {h} heads",
+         ("use a tp that divides num_attention_heads (or, with layout.tp_x, whose tp / tp_x "
+          "does)")),
         (np.mod(L["layout.tp"] * L["layout.dp"], L["layout.ep"]) != 0, "ep = {ep} does not divide tp*dp",
          "ep must divide tp*dp"),
         ((experts == 0) & (L["layout.ep"] != 1), "ep = {ep} on a dense model", "use ep = 1"),
