@@ -59,17 +59,23 @@ def test_2d_collectives_run_on_each_axis_links():
     (scaleup_fraction) plus one ring latency each, per layer."""
     b = batch(_small(**DECODE, **{"layout.tp": 64, "layout.tp_x": 4,
                                   "workload.concurrency": 64}))
-    assert b.tp_x_bw_fraction[0] == pytest.approx(2 / 6, rel=1e-12)
+    # the groups sit as compact blocks of the 16 x 16 x 16 pod (dse.catalog.topology): X = 4 a
+    # 2 x 2 block (2 in-group links per chip), YZ = 16 a 4 x 2 x 2 block (1.5 + 1 + 1 links per
+    # chip: the 4-chip line has no wraparound); a ring collective's latency is twice the
+    # group's mean hops at 1 us per hop (TPU ICI): 4/3 in the 2 x 2 block, 2.4 in the 4 x 2 x 2
+    # one (1.25 + 0.5 + 0.5 over all pairs, x 256/240 over distinct ones)
+    x_share, yz_share, x_lat, yz_lat = 2 / 6, 3.5 / 6, 2 * 1e-6 * 4 / 3, 2 * 1e-6 * 2.4
+    assert (b.tp_x_bw_fraction[0], b.tp_yz_bw_fraction[0]) == pytest.approx((x_share, yz_share))
+    assert (b.tp_x_latency_s[0], b.tp_yz_latency_s[0]) == pytest.approx((x_lat, yz_lat))
     _, steps = score(b, breakdown=True)
     rows, e, f, layers = 64.0, 1024.0, 4096.0, 8.0
     yz_bytes = 2 * rows * e * 2 / 4 * 15 / 16
     x_bytes = 2 * rows * f * 2 / 16 * 3 / 4
-    bw = 270e9 * b.scaleup_fraction[0]
-    want = layers * (yz_bytes / (bw * b.tp_yz_bw_fraction[0]) + x_bytes / (bw * 2 / 6)
-                     + 2 * (b.tp_yz_latency_s[0] + b.tp_x_latency_s[0]))
+    bw = 270e9 * 0.8                                   # ICI per chip x scaleup_fraction
+    assert b.scaleup_fraction[0] == 0.8
+    want = layers * (yz_bytes / (bw * yz_share) + x_bytes / (bw * x_share)
+                     + 2 * (yz_lat + x_lat))
     assert steps.decode.network_s[2, 0] == pytest.approx(want, rel=1e-9)
-    # the latency is twice the group's mean hops at 1 us per hop (TPU ICI): 2 x 2 block 4/3
-    assert b.tp_x_latency_s[0] == pytest.approx(2 * 1e-6 * 4 / 3, rel=1e-9)
 
 
 def test_2d_layout_lifts_the_heads_rule_to_tp_over_x():
@@ -96,6 +102,15 @@ def test_kv_split_by_sequence_stores_multiquery_kv_once():
     assert m["kv_bytes_per_chip"][0] == pytest.approx(heads / 16, rel=1e-12)
     want = 64 * 8 * 16 * 128 * 2 * 15 / 256
     assert steps.decode.net_bytes[1, 0] == pytest.approx(want, rel=1e-12)   # attn_core
+    # its time: the bytes over the tp group's all-to-all share of the links, and two ring
+    # latencies of the 16-chip group per layer (1D: no X axis)
+    # (the 16 chips a 4 x 2 x 2 block: an all-to-all's share 4 x bisection / 16, the cut
+    # across the 4-long axis 4 links of 1/6 each: 1/6; latency 2 x 2.4 hops x 1 us)
+    b = batch({**d, "layout.kv_sharding": "batch"})
+    assert b.tp_x_latency_s[0] == 0.0
+    assert b.tp_a2a_bw_fraction[0] == pytest.approx(1 / 6, rel=1e-12)
+    assert steps.decode.network_s[1, 0] == pytest.approx(
+        want / (270e9 * 0.8 / 6) + 8 * 2 * (2 * 1e-6 * 2.4), rel=1e-9)
 
 
 def test_tpu_gemm_runs_its_rows_without_gpu_tile_padding():
