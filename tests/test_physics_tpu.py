@@ -11,11 +11,13 @@ a term changed by 20% fails the test that pins it (exact comparisons).
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from helpers import batch, design
 
 from dse.errors import InputError
 from dse.perf import score, tp2d
+from dse.scoring.predict import predict_frame
 
 DECODE = {"workload.isl": 1, "workload.osl": 2, "workload.phase": "decode"}
 # a small dense model for hand arithmetic: d_model E = 1024, d_ff F = 4 E, non-gated (the
@@ -139,3 +141,37 @@ def test_tpu_step_carries_no_gpu_launch_or_layer_overhead():
     fixed = 8 * gpu.layer_overhead_s[0] + 33 * gpu.gemm_latency_s[0]   # 4 GEMMs/layer + head
     assert sg.decode.overhead_s[0] == pytest.approx(fixed + gpu.seq_overhead_s[0] * 8, rel=1e-9)
     assert fixed > 100e-6
+
+
+def test_1d_tp_on_tpu_all_reduces_over_the_ici_links():
+    """TPU ICI collectives are DMAs over the torus links (topology.link_collectives), not GPU
+    kernels: a 1D tp = 8 block all-reduces as a ring over its group's links, ``2 d (tp - 1) /
+    tp`` elements per row, two ring latencies per layer. The 8 chips are a 2 x 2 x 2 block of
+    the pod: 3 of 6 links per chip, mean hops 1.5 x 8/7 over distinct pairs."""
+    b = batch(_small(**DECODE, **{"layout.tp": 8, "workload.concurrency": 32}))
+    assert b.link_collectives[0] == 1.0
+    share, lat = 3 / 6, 2 * 1e-6 * 1.5 * 8 / 7
+    assert (b.tp_yz_bw_fraction[0], b.tp_yz_latency_s[0]) == pytest.approx((share, lat))
+    _, steps = score(b, breakdown=True)
+    nbytes = 2 * 1024 * 2 * 7 / 8 * 32                 # per layer
+    want = 8 * (nbytes / (270e9 * 0.8 * share) + 2 * lat)
+    assert steps.decode.network_s[2, 0] == pytest.approx(want, rel=1e-9)   # mlp_dense
+    assert steps.decode.net_bytes[2, 0] == pytest.approx(8 * nbytes, rel=1e-12)
+    # the same design on H100 NVLink runs the fitted all-reduce kernels instead
+    gpu = batch({**_small(**DECODE, **{"layout.tp": 8, "workload.concurrency": 32}),
+                 "accelerator.id": "h100-sxm"})
+    assert not gpu.has_on("link_collectives")
+
+
+def test_predict_searches_the_2d_layouts_only_where_collectives_run_on_links():
+    """A blank layout on 64 TPU v4 for a dense multiquery model: predict also tries the 2D
+    meshes and the KV split by sequence, and keeps the fastest; on GPUs the search is the
+    (tp, pp, ep, dp) one and writes no tp_x column."""
+    row = {"case_id": "t", "model": "palm-540b", "hardware": "tpu-v4", "num_chips": "64",
+           "weight_dtype": "bf16", "isl": "2048", "osl": "64", "concurrency": "64",
+           "phase": "decode"}
+    out = predict_frame(pd.DataFrame([row]))
+    assert out["tp_x"][0] > 1 and out["kv_sharding"][0] == "batch" and out["tp"][0] == 64
+    gpu = predict_frame(pd.DataFrame([{**row, "model": "llama-3.1-70b", "hardware": "h100-sxm",
+                                       "num_chips": "8"}]))
+    assert "tp_x" not in gpu.columns

@@ -379,15 +379,18 @@ AR_RULE_FIELDS = ("ar_oneshot_below_2_bytes", "ar_oneshot_below_4_bytes",
 
 
 def tp2d_columns(out, topo) -> dict:
-    """2D weight-stationary tp and the KV cache split by sequence (dse.perf.tp2d): the layout
-    fields and their axis groups' shares of the topology (none where no row uses them)."""
+    """2D weight-stationary tp, the KV cache split by sequence and collectives on the links
+    (dse.perf.tp2d): the layout fields, the topology's switch and the tp group's axis groups'
+    shares of the topology (none where no row uses them)."""
     f = lambda c: np.asarray(out[c], dtype=float)  # noqa: E731
     tpx = f("layout.tp_x") if "layout.tp_x" in out else np.ones(1)
     kv = lookup(out["layout.kv_sharding"], {"batch": 1.0}, 0.0).astype(float) \
         if "layout.kv_sharding" in out else np.zeros(1)
-    if not (np.any(tpx != 1.0) or np.any(kv != 0.0)):
+    link = f("topology.link_collectives") if "topology.link_collectives" in out else np.zeros(1)
+    if not (np.any(tpx != 1.0) or np.any(kv != 0.0) or np.any(link != 0.0)):
         return {}
-    return {"tp_x": tpx, "kv_batch": kv, "tp_x_bw_fraction": topo["tp_x"],
+    return {"tp_x": tpx, "kv_batch": kv, "link_collectives": link,
+            "tp_x_bw_fraction": topo["tp_x"],
             "tp_yz_bw_fraction": topo["tp_yz"], "tp_a2a_bw_fraction": topo["tp_a2a"],
             "tp_x_latency_s": topo["tp_x_latency"], "tp_yz_latency_s": topo["tp_yz_latency"]}
 

@@ -215,7 +215,7 @@ OPTIONAL: dict[str, float | str] = {
     # a named MoE kernel backend the row's runtime has no fitted kernels for: infeasible
     "moe_kernel_missing": 0.0,
     # 2D weight-stationary tp and the KV cache split by sequence (dse.perf.tp2d): 1D, by heads
-    "tp_x": 1.0, "kv_batch": 0.0, "tp_x_bw_fraction": 1.0, "tp_yz_bw_fraction": 1.0,
+    "tp_x": 1.0, "kv_batch": 0.0, "link_collectives": 0.0, "tp_x_bw_fraction": 1.0, "tp_yz_bw_fraction": 1.0,
     "tp_a2a_bw_fraction": 1.0, "tp_x_latency_s": 0.0, "tp_yz_latency_s": 0.0,
 }
 FIELDS.update({
@@ -251,6 +251,8 @@ FIELDS.update({
     "attn_matmul_flops_per_s": "peak FLOP/s of the attention projections' compute dtype",
     "expert_matmul_flops_per_s": "peak FLOP/s of the routed experts' compute dtype",
     "tp_x": "X of the 2D weight-stationary tp mesh X x (tp / X) (1: 1D tp, all-reduces)",
+    "link_collectives": "1: the tp group's collectives run on the links (TPU ICI), modelled "
+                        "from the topology graph (dse.perf.tp2d), not the fitted kernels",
     "kv_batch": "1: the tp group splits the KV cache by sequence (all-to-all of queries and "
                 "attention outputs), 0: by KV heads",
     "tp_x_bw_fraction": "fraction of scale-up bandwidth a collective over the X axis group "

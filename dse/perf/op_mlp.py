@@ -115,10 +115,11 @@ def dense_mlp_terms(b: Batch, c: Basis, allreduce: AllReduces) -> DenseMlp:
     f = allreduce(net_group, arch.blend(
         some_dense, b.ffn_bw_rel + rep * (b.tp_bw_rel - b.ffn_bw_rel), b.tp_bw_rel))
     message = c.d * c.ab * g / c.ffn_g
-    # 2D weight-stationary rows (dse.perf.tp2d; dense models, dp = 1: the group is tp): the
-    # gated MLP's up and gate projections in, its down projection out; their all-reduce is off
+    # 2D weight-stationary rows and collectives on the links (dse.perf.tp2d; where the group
+    # is the tp group): the gated MLP's up and gate projections in, its down projection out;
+    # their all-reduce is off
     net2d, one_d, bytes2d = tp2d.block_terms(b, layers, c.d, (b.mlp_mats - 1.0) * b.ffn_dense,
-                                       b.ffn_dense)
+                                             b.ffn_dense, arch.flag(net_group == c.tp, c.d))
     if net2d is not None:                  # (per row of the tp group: rows per token)
         net2d = (net2d[0] * rows, net2d[1])
     return DenseMlp(params=params, group=g, layers=layers, rows_per_token=rows,

@@ -30,6 +30,12 @@ of a chip's 6 links) times the achieved fraction ``scaleup_fraction``, plus one 
 (``tp_*_latency_s``: about twice the group's mean hops times the hop latency) per collective.
 The matmuls are unchanged: every chip holds 1 / tp of each matrix and runs every row.
 
+A topology whose collectives run on the links themselves (``topology.link_collectives``: the
+TPU's ICI, where a collective is a ring of DMAs per torus axis, not a kernel) takes the same
+link model for 1D rows too: X = 1, YZ = tp, the ring all-reduce's ``2 d (tp - 1) / tp``
+elements per row over the tp group's links, two ring latencies per block; elsewhere 1D rows
+keep the collective kernels fitted on GPUs (NCCL and custom all-reduce).
+
 The KV cache split by sequence (``layout.kv_sharding = "batch"``, the paper's multiquery
 layout): each chip of the tp group holds every KV head of 1 / tp of the sequences and runs their
 attention, so a model with fewer KV heads than tp (multiquery attention) stores and reads its KV
@@ -50,8 +56,9 @@ from dse.perf.batch import Batch
 
 
 def on(b: Batch) -> bool:
-    """Some row runs 2D weight-stationary tp (``tp_x > 1``)."""
-    return b.has_on("tp_x")
+    """Some row runs 2D weight-stationary tp (``tp_x > 1``) or has its tp group's collectives
+    on the links (``link_collectives``)."""
+    return b.has_on("tp_x") or b.has_on("link_collectives")
 
 
 def kv_on(b: Batch) -> bool:
@@ -75,12 +82,21 @@ def block_bytes_per_row(d, w_in, w_out, x, yz, act_bytes):
     return yz_bytes, x_bytes
 
 
-def block_form(b: Batch, layers, d, w_in, w_out):
-    """A block's 2D collectives over ``layers`` layers as ``(latency_s, seconds_per_row)``:
-    time ``latency_s + seconds_per_row x rows``; 0 on 1D rows (their all-reduce is the
-    kernels')."""
+def links_on(b: Batch, x, where=1.0):
+    """1.0 where a block's tp collectives are modelled from the links: 2D rows, and 1D rows
+    whose topology runs collectives on the links (``where``: 0 where the block's group is not
+    the tp group: a dense MLP split over tp x dp keeps the kernels' all-reduce)."""
+    return np.maximum(flag(x > 1.0, x), b.link_collectives * where)
+
+
+def block_form(b: Batch, layers, d, w_in, w_out, where=1.0):
+    """A block's tp collectives from the links over ``layers`` layers as ``(latency_s,
+    seconds_per_row)``: time ``latency_s + seconds_per_row x rows``; 0 on rows whose
+    all-reduce is the kernels' (1D rows off the links; ``links_on``). A 1D row (X = 1) on the
+    links all-gathers and reduce-scatters over its tp group alone: the ring all-reduce,
+    ``2 d (tp - 1) / tp`` elements per row."""
     x, yz = mesh(b)
-    on2 = flag(x > 1.0, x)
+    on2 = links_on(b, x, where)
     yz_bytes, x_bytes = block_bytes_per_row(d, w_in, w_out, x, yz, b.act_bytes)
     bw_s = b.scaleup_bw_bytes_per_s * b.scaleup_fraction
     s_per_row = on2 * layers * (yz_bytes / (bw_s * b.tp_yz_bw_fraction)
@@ -90,16 +106,17 @@ def block_form(b: Batch, layers, d, w_in, w_out):
     return lat_s, s_per_row
 
 
-def block_terms(b: Batch, layers, d, w_in, w_out):
-    """A tp-sharded block's 2D collectives as a step term ``(seconds_per_row, latency_s)``
-    (None where no row has tp_x > 1), 1.0 where the block all-reduces instead (1D rows), and
-    the 2D collectives' bytes per row over ``layers`` (the work table)."""
+def block_terms(b: Batch, layers, d, w_in, w_out, where=1.0):
+    """A tp-sharded block's collectives from the links as a step term ``(seconds_per_row,
+    latency_s)`` (None where no row has them: ``on``), 1.0 where the block all-reduces with
+    the kernels instead, and the link collectives' bytes per row over ``layers`` (the work
+    table). ``where``: see ``links_on``."""
     if not on(b):
         return None, 1.0, 0.0
     x, yz = mesh(b)
-    one_d = flag(x <= 1.0, x)
+    one_d = 1.0 - links_on(b, x, where)
     yz_bytes, x_bytes = block_bytes_per_row(d, w_in, w_out, x, yz, b.act_bytes)
-    lat_s, s_per_row = block_form(b, layers, d, w_in, w_out)
+    lat_s, s_per_row = block_form(b, layers, d, w_in, w_out, where)
     return (s_per_row, lat_s), one_d, (1.0 - one_d) * layers * (yz_bytes + x_bytes)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dse import catalog
 from dse.build.designs import kv_dtype_of, resolve, to_batch
 from dse.errors import InputError, suggest
 from dse.perf import Batch, score_chunked
@@ -40,7 +41,7 @@ MECHANISMS = {"spec_tokens": "serving.spec_tokens", "spec_acceptance": "serving.
               "expert_dtype": "model.expert_dtype", "attention_dtype": "model.attention_dtype",
               "num_requests": "workload.num_requests"}
 OPTIONAL = ("topology", "tp", "pp", "ep", "dp", "kv_dtype", "concurrency", "prefix_hit_fraction",
-            "phase", "runtime", "dense_mlp", *MECHANISMS)
+            "phase", "runtime", "dense_mlp", "tp_x", "kv_sharding", *MECHANISMS)
 # columns the calibration case files carry for the record and dse never reads; named here
 # because ``mode`` (the measured deployment, "aggregated") is also the last part of
 # serving.mode and cost.mode, which any other such column is refused for
@@ -51,7 +52,10 @@ RENAME = {"model": "model.id", "hardware": "accelerator.id", "topology": "topolo
           "isl": "workload.isl", "osl": "workload.osl", "concurrency": "workload.concurrency",
           "prefix_hit_fraction": "workload.prefix_hit_fraction", "phase": "workload.phase",
           "tp": "layout.tp", "pp": "layout.pp", "ep": "layout.ep", "dp": "layout.dp",
-          "runtime": "serving.runtime", "dense_mlp": "layout.dense_mlp", **MECHANISMS}
+          "runtime": "serving.runtime", "dense_mlp": "layout.dense_mlp",
+          # 2D weight-stationary tp and the KV split by sequence (dse.perf.tp2d): given, or
+          # searched with a blank layout where collectives run on the links (_link_layouts)
+          "tp_x": "layout.tp_x", "kv_sharding": "layout.kv_sharding", **MECHANISMS}
 # every case column's field (the registry's): numeric ones are checked as they are read, string
 # ones (ids, choices) when the design is resolved
 FIELD_OF = {"num_chips": "layout.num_chips", **RENAME}
@@ -134,6 +138,48 @@ def _layouts(num_chips: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(LAYOUT), dtype=float)
 
 
+def _on_links(m: pd.DataFrame) -> np.ndarray:
+    """Per candidate row: a dense model on a topology whose collectives run on the links
+    (``topology.link_collectives``, the accelerator's default system where none is given), at
+    dp = 1 and ep = 1: the rows the 2D weight-stationary layouts are searched for."""
+    topos, accs, models = catalog.topologies(), catalog.accelerators(), catalog.models()
+    tid = m["topology"] if "topology" in m.columns else pd.Series(np.nan, index=m.index)
+    acc = m["hardware"].map(lambda a: accs[a].default_topology if a in accs else "")
+    tid = tid.where(tid.notna() & (tid.astype(str).str.strip() != ""), acc)
+    links = tid.map(lambda t: bool(t in topos and topos[t].link_collectives)).to_numpy(bool)
+    dense = m["model"].map(lambda x: x in models and not models[x].num_experts).to_numpy(bool)
+    return links & dense & (m["layout.dp"].to_numpy() == 1) & (m["layout.ep"].to_numpy() == 1)
+
+
+def _link_layouts(m: pd.DataFrame) -> pd.DataFrame:
+    """Candidate layouts searched on top of (tp, pp, ep, dp) where the tp group's collectives
+    run on the links (``_on_links``) and the case leaves ``tp_x`` and ``kv_sharding`` blank:
+    2D weight-stationary meshes X x (tp / X) for the divisors 1 < X <= sqrt(tp) (the paper's
+    optimum sqrt(tp d_model / d_ff) is below sqrt(tp) for every d_ff > d_model), each with the
+    KV cache split by heads or by sequence (dse.perf.tp2d). Elsewhere tp_x stays 1: on GPUs
+    the 1D all-reduce is the fitted kernels', which the link model is not comparable with."""
+    if not len(m):
+        return m
+    blank = np.ones(len(m), bool)
+    for c in ("tp_x", "kv_sharding"):
+        if c in m.columns:
+            blank &= m[c].isna().to_numpy() | (m[c].astype(str).str.strip() == "").to_numpy()
+    on = blank & _on_links(m)
+    if not on.any():
+        return m
+    extra = []
+    base = m[on]
+    tp = base["layout.tp"].to_numpy()
+    for x in sorted({int(d) for t in np.unique(tp) for d in _divisors(int(t))}):
+        for kv in ("heads", "batch"):
+            if x == 1 and kv == "heads":
+                continue
+            ok = (np.mod(tp, x) == 0) & (x * x <= tp)
+            if ok.any():
+                extra.append(base[ok].assign(tp_x=float(x), kv_sharding=kv))
+    return pd.concat([m, *extra], ignore_index=True) if extra else m
+
+
 def _where(cases: pd.DataFrame, i: int, offset: int) -> str:
     return f"row {i + offset + 2} (case_id {cases['case_id'].iloc[i]})"
 
@@ -156,7 +202,7 @@ def _expand_layouts(cases: pd.DataFrame, file: str, offset: int = 0) -> pd.DataF
         for c in LAYOUT:
             g = m[c + "_given"].to_numpy()
             keep &= np.isnan(g) | (g == m[c].to_numpy())
-        parts.append(m[keep])
+        parts.append(_link_layouts(m[keep]))
     out = pd.concat(parts, ignore_index=True)
     missing = np.setdiff1d(np.arange(len(cases)), out["_case"].unique())
     if len(missing):
@@ -369,6 +415,12 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
     for m in MECHANISM_OUTPUT:
         if m in s and np.isfinite(s[m][best]).any():
             out[m] = s[m][best]
+    # the 2D weight-stationary mesh and the KV split (dse.perf.tp2d), where some case uses them
+    if "layout.tp_x" in resolved.columns:
+        tpx = pd.to_numeric(resolved["layout.tp_x"]).to_numpy(float)[best]
+        kv = _column(resolved, "layout.kv_sharding")[best]
+        if (tpx != 1).any() or (kv == "batch").any():
+            out["tp_x"], out["kv_sharding"] = tpx.astype(int), kv
     out["_order"] = case[best]
     return out.sort_values("_order").drop(columns="_order").reset_index(drop=True)
 

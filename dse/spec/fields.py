@@ -171,6 +171,9 @@ FIELDS: tuple[Field, ...] = (
     num("topology.scaleout_latency_s", "s", "scale-out latency", open_=False),
     num("topology.scaleout_oversubscription", "ratio", "scale-out fabric oversubscription",
         low=1.0, open_=False),
+    flag("topology.link_collectives", "the tp group's collectives run on the links themselves "
+         "(TPU ICI: rings of DMAs per torus axis), modelled from the topology graph's links "
+         "(dse/perf/tp2d.py) instead of the collective kernels fitted on GPUs"),
     count("topology.scaleup.domain_chips", "chips", "chips in the scale-up domain (derived: the "
           "topology's domain, else the accelerator's)", limit="scale-up domain chips"),
     num("topology.scaleup.link_bw_bytes_per_s", "bytes/s",
