@@ -175,3 +175,6 @@ def test_predict_searches_the_2d_layouts_only_where_collectives_run_on_links():
     gpu = predict_frame(pd.DataFrame([{**row, "model": "llama-3.1-70b", "hardware": "h100-sxm",
                                        "num_chips": "8"}]))
     assert "tp_x" not in gpu.columns
+    # a given mesh with a blank KV split: the split is searched, the mesh kept
+    out = predict_frame(pd.DataFrame([{**row, "tp_x": "4"}]))
+    assert out["tp_x"][0] == 4 and out["tp"][0] % 4 == 0 and out["dp"][0] == 1

@@ -153,28 +153,36 @@ def _on_links(m: pd.DataFrame) -> np.ndarray:
 
 def _link_layouts(m: pd.DataFrame) -> pd.DataFrame:
     """Candidate layouts searched on top of (tp, pp, ep, dp) where the tp group's collectives
-    run on the links (``_on_links``) and the case leaves ``tp_x`` and ``kv_sharding`` blank:
-    2D weight-stationary meshes X x (tp / X) for the divisors 1 < X <= sqrt(tp) (the paper's
-    optimum sqrt(tp d_model / d_ff) is below sqrt(tp) for every d_ff > d_model), each with the
-    KV cache split by heads or by sequence (dse.perf.tp2d). Elsewhere tp_x stays 1: on GPUs
-    the 1D all-reduce is the fitted kernels', which the link model is not comparable with."""
+    run on the links (``_on_links``), for what the case leaves blank: 2D weight-stationary
+    meshes X x (tp / X) for the divisors 1 < X <= sqrt(tp) (the paper's optimum
+    sqrt(tp d_model / d_ff) is below sqrt(tp) for every d_ff > d_model) and the KV cache split
+    by heads or by sequence (dse.perf.tp2d). Elsewhere they stay as given (1D, by heads when
+    blank): on GPUs the 1D all-reduce is the fitted kernels', which the link model is not
+    comparable with."""
     if not len(m):
         return m
-    blank = np.ones(len(m), bool)
-    for c in ("tp_x", "kv_sharding"):
-        if c in m.columns:
-            blank &= m[c].isna().to_numpy() | (m[c].astype(str).str.strip() == "").to_numpy()
-    on = blank & _on_links(m)
+    x_given = pd.to_numeric(m["tp_x"], errors="coerce").to_numpy(float) if "tp_x" in m.columns \
+        else np.full(len(m), np.nan)
+    if "tp_x" in m.columns:         # a given mesh keeps the candidates it fits (dp = ep = 1)
+        fits = (np.mod(m["layout.tp"].to_numpy(), np.where(x_given > 1, x_given, 1)) == 0) \
+            & (m["layout.dp"].to_numpy() == 1) & (m["layout.ep"].to_numpy() == 1)
+        keep = ~(x_given > 1) | fits
+        m, x_given = m[keep], x_given[keep]
+    kv_given = m["kv_sharding"].astype(object).where(m["kv_sharding"].notna(), "") \
+        .astype(str).str.strip().to_numpy() if "kv_sharding" in m.columns \
+        else np.full(len(m), "", dtype=object)
+    x_blank, kv_blank = np.isnan(x_given), kv_given == ""
+    on = (x_blank | kv_blank) & _on_links(m)
     if not on.any():
         return m
+    base, tp = m[on], m["layout.tp"].to_numpy()[on]
+    xb, xg, kb, kg = x_blank[on], np.where(x_blank, 1.0, x_given)[on], kv_blank[on], \
+        np.where(kv_blank, "heads", kv_given)[on]
     extra = []
-    base = m[on]
-    tp = base["layout.tp"].to_numpy()
     for x in sorted({int(d) for t in np.unique(tp) for d in _divisors(int(t))}):
+        x_ok = np.where(xb, (np.mod(tp, x) == 0) & (x * x <= tp), xg == x)
         for kv in ("heads", "batch"):
-            if x == 1 and kv == "heads":
-                continue
-            ok = (np.mod(tp, x) == 0) & (x * x <= tp)
+            ok = x_ok & (kb | (kg == kv)) & ~((xg == x) & (kg == kv))   # (the row itself)
             if ok.any():
                 extra.append(base[ok].assign(tp_x=float(x), kv_sharding=kv))
     return pd.concat([m, *extra], ignore_index=True) if extra else m
