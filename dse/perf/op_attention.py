@@ -60,8 +60,9 @@ class AttnProj:
     mem_s: np.ndarray         # weight_bytes / GEMM HBM rate
     net: tuple                # tp all-reduce, a per_unit form in rows
     net_on: bool              # tp > 1 on some row
-    net2d: tuple | None       # 2D weight-stationary collectives (dse.perf.tp2d): (s per row,
-    #                           s per step); None: no row has tp_x > 1
+    net2d: tuple | None       # tp collectives on the links (2D weight-stationary, or a
+    #                           topology's link_collectives: dse.perf.tp2d): (s per row, s per
+    #                           step); None: no row has them
     # the work (``work``; ``work_field``s are left out of ``Coefficients.gather``)
     params: np.ndarray = work_field()        # projection weights per chip per layer (elements)
     layers: np.ndarray = work_field()        # layers on this stage
@@ -69,8 +70,8 @@ class AttnProj:
     group: np.ndarray = work_field()         # tp
     message: np.ndarray = work_field()       # all-reduce bytes per row per layer: hidden x act
     gemms: np.ndarray = work_field()         # GEMM launches per step
-    one_d: np.ndarray = work_field()         # 1.0 where the tp group all-reduces (1D tp)
-    bytes2d: np.ndarray = work_field()       # 2D collectives' bytes per row, stage layers
+    one_d: np.ndarray = work_field()         # 1.0 where the kernels' all-reduce runs
+    bytes2d: np.ndarray = work_field()       # link collectives' bytes per row, stage layers
 
     def time(self, s: Load):
         c = s.masked(self.c * (s.rows + s.h) + self.w if s.tbo_on else affine(self.aff, s.rows))
@@ -100,8 +101,9 @@ def attn_proj_terms(b: Batch, c: Basis, allreduce: AllReduces) -> AttnProj:
     cp, wp = gemm_form(b, ((floor1(p_in / d), c.d1), (c.d1, floor1(o_k))), L, inv_attn)
     weight_bytes = p_attn * L * b.attn_weight_bytes
     message = d * c.ab
-    # 2D weight-stationary rows (dse.perf.tp2d): the inner widths in (q, k, v) and out (o's
-    # input), whole model; their all-reduce is off
+    # tp collectives on the links (dse.perf.tp2d: 2D weight-stationary, or 1D on a topology
+    # with link_collectives): the inner widths in (q, k, v) and out (o's input), whole model;
+    # the kernels' all-reduce is off there
     net2d, one_d, bytes2d = tp2d.block_terms(b, L, d, p_in * c.tp / c.d1, o_k * c.tp)
     return AttnProj(
         params=p_attn, layers=L, weight_bytes=weight_bytes, c=cp, w=wp, aff=(cp, cp * c.h + wp),
@@ -109,7 +111,6 @@ def attn_proj_terms(b: Batch, c: Basis, allreduce: AllReduces) -> AttnProj:
         net=per_unit(allreduce(c.tp, b.tp_bw_rel), L * one_d, L * one_d, message),
         net_on=c.tp_ar, net2d=net2d, group=c.tp, message=message,
         gemms=L * arch.blend(c.mla, 4.0, 2.0), one_d=one_d, bytes2d=bytes2d)
-
 
 
 @dataclass(frozen=True)

@@ -68,8 +68,8 @@ class DenseMlp:
     aff: tuple                  # the same as (slope, intercept) in tokens
     mem_s: np.ndarray           # weight_bytes / GEMM HBM rate
     net: tuple                  # the all-reduce, a per_unit form in tokens
-    net2d: tuple | None         # 2D weight-stationary collectives (dse.perf.tp2d): (s per
-    #                             token, s per step); None: no row has tp_x > 1
+    net2d: tuple | None         # tp collectives on the links (dse.perf.tp2d): (s per token,
+    #                             s per step); None: no row has them
     # the work (``work``; left out of ``Coefficients.gather``)
     params: np.ndarray = work_field()        # dense MLP weights per layer (whole model)
     group: np.ndarray = work_field()         # g: chips one dense MLP is split over
@@ -78,8 +78,8 @@ class DenseMlp:
     net_group: np.ndarray = work_field()     # the all-reduce's group
     message: np.ndarray = work_field()       # its bytes per token per layer
     gemms: np.ndarray = work_field()         # GEMM launches per step
-    one_d: np.ndarray = work_field()         # 1.0 where the group all-reduces (1D tp)
-    bytes2d: np.ndarray = work_field()       # 2D collectives' bytes per token, stage layers
+    one_d: np.ndarray = work_field()         # 1.0 where the kernels' all-reduce runs
+    bytes2d: np.ndarray = work_field()       # link collectives' bytes per token, stage layers
 
     def time(self, s: Load):
         c = s.masked(self.c * (s.tok * self.rows_per_token + s.h) + self.w if s.tbo_on
