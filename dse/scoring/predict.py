@@ -143,11 +143,17 @@ def _on_links(m: pd.DataFrame) -> np.ndarray:
     (``topology.link_collectives``, the accelerator's default system where none is given), at
     dp = 1 and ep = 1: the rows the 2D weight-stationary layouts are searched for."""
     topos, accs, models = catalog.topologies(), catalog.accelerators(), catalog.models()
-    tid = m["topology"] if "topology" in m.columns else pd.Series(np.nan, index=m.index)
-    acc = m["hardware"].map(lambda a: accs[a].default_topology if a in accs else "")
-    tid = tid.where(tid.notna() & (tid.astype(str).str.strip() != ""), acc)
-    links = tid.map(lambda t: bool(t in topos and topos[t].link_collectives)).to_numpy(bool)
-    dense = m["model"].map(lambda x: x in models and not models[x].num_experts).to_numpy(bool)
+    link_topo = {t: bool(v.link_collectives) for t, v in topos.items()}
+    # (dict lookups over the distinct values: the usual GPU-only table costs two maps)
+    acc = m["hardware"].map({a: v.default_topology for a, v in accs.items()})
+    if "topology" in m.columns:
+        tid = m["topology"]
+        acc = tid.where(tid.notna() & (tid.astype(str).str.strip() != ""), acc)
+    links = acc.map(link_topo).eq(True).to_numpy(bool)
+    if not links.any():
+        return links
+    dense = m["model"].map({k: not v.num_experts for k, v in models.items()}) \
+        .eq(True).to_numpy(bool)
     return links & dense & (m["layout.dp"].to_numpy() == 1) & (m["layout.ep"].to_numpy() == 1)
 
 
