@@ -110,7 +110,8 @@ GOLDENS = "tests/test_goldens.py"
 NOT_PHYSICS = {"tp", "pp", "ep", "dp", "prefill_tp", "prefill_pp", "prefill_ep", "prefill_dp",
                "disaggregated", "phase", "isl", "osl", "concurrency", "prefill_concurrency",
                "demand_output_tokens_per_s", "use_rental", "a2a_mode", "two_batch_overlap",
-               "dense_replicated", "tied", "prefill_chip_ratio", "spec_draft", "moe_kernel_missing"}
+               "dense_replicated", "tied", "prefill_chip_ratio", "spec_draft", "moe_kernel_missing",
+               "tp_x", "kv_batch", "link_collectives"}
 
 
 # --- the mutation itself ---------------------------------------------------------------------

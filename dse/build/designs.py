@@ -378,6 +378,23 @@ AR_RULE_FIELDS = ("ar_oneshot_below_2_bytes", "ar_oneshot_below_4_bytes",
                   "ar_oneshot_below_bytes")
 
 
+def tp2d_columns(out, topo) -> dict:
+    """2D weight-stationary tp, the KV cache split by sequence and collectives on the links
+    (dse.perf.tp2d): the layout fields, the topology's switch and the tp group's axis groups'
+    shares of the topology (none where no row uses them)."""
+    f = lambda c: np.asarray(out[c], dtype=float)  # noqa: E731
+    tpx = f("layout.tp_x") if "layout.tp_x" in out else np.ones(1)
+    kv = lookup(out["layout.kv_sharding"], {"batch": 1.0}, 0.0).astype(float) \
+        if "layout.kv_sharding" in out else np.zeros(1)
+    link = f("topology.link_collectives") if "topology.link_collectives" in out else np.zeros(1)
+    if not (np.any(tpx != 1.0) or np.any(kv != 0.0) or np.any(link != 0.0)):
+        return {}
+    return {"tp_x": tpx, "kv_batch": kv, "link_collectives": link,
+            "tp_x_bw_fraction": topo["tp_x"],
+            "tp_yz_bw_fraction": topo["tp_yz"], "tp_a2a_bw_fraction": topo["tp_a2a"],
+            "tp_x_latency_s": topo["tp_x_latency"], "tp_yz_latency_s": topo["tp_yz_latency"]}
+
+
 def allreduce_rule_columns(out) -> dict:
     """The runtime's all-reduce selection by message size (serving.toml [runtimes.*]
     allreduce_oneshot_below_bytes; 0 where a runtime has none: the fastest branch)."""
@@ -443,6 +460,7 @@ def to_batch(out, compact: bool = False, dtype=np.float64) -> Batch:
         "alltoall_overlap_fraction": f("serving.alltoall_overlap_fraction"),
         "tp": f("layout.tp"), "pp": f("layout.pp"), "ep": f("layout.ep"), "dp": f("layout.dp"),
         "dense_replicated": lookup(out["layout.dense_mlp"], DENSE_MLP).astype(float),
+        **tp2d_columns(out, topo),
         "disaggregated": lookup(out["serving.mode"], SERVING_MODES).astype(float),
         **{f"prefill_{k}": np.where(f(f"layout.prefill_{k}") > 0, f(f"layout.prefill_{k}"),
                                     f(f"layout.{k}")) for k in ("tp", "pp", "ep", "dp")},

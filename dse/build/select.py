@@ -230,6 +230,8 @@ def topology_columns(out) -> dict[str, np.ndarray]:
     names = list(topos)
     tp = _f(out, "layout.tp")
     ffn = tp * _f(out, "layout.dp")
+    # 2D weight-stationary tp (layout.tp_x): its X and tp / X axes' own groups (1: 1D)
+    tpx = _f(out, "layout.tp_x") if "layout.tp_x" in out else np.ones(1)
     dom = _f(out, "topology.scaleup.domain_chips")
     tid = encode(out["topology.id"], names)
     # the system the collective kernels were measured on: the accelerator's default topology
@@ -238,13 +240,17 @@ def topology_columns(out) -> dict[str, np.ndarray]:
     base_lat = _f(out, "topology.scaleup_base_latency_s")
     hop_lat = _f(out, "topology.scaleup_hop_latency_s")
     n = int(np.broadcast_shapes(tp.shape, ffn.shape, dom.shape, tid.shape, ref.shape,
-                                base_lat.shape, hop_lat.shape)[0])
-    (t, d, r, tp_u, ffn_u), inv = _distinct([tid, dom, ref, tp, ffn], n)
-    m = max(len(a) for a in (t, d, r, tp_u, ffn_u))
-    t, d, r, tp_u, ffn_u = (np.broadcast_to(a, (m,)) for a in (t, d, r, tp_u, ffn_u))
+                                base_lat.shape, hop_lat.shape, tpx.shape)[0])
+    (t, d, r, tp_u, ffn_u, x_u), inv = _distinct([tid, dom, ref, tp, ffn, tpx], n)
+    m = max(len(a) for a in (t, d, r, tp_u, ffn_u, x_u))
+    t, d, r, tp_u, ffn_u, x_u = (np.broadcast_to(a, (m,)) for a in (t, d, r, tp_u, ffn_u, x_u))
+    yz_u = np.maximum(tp_u / np.maximum(x_u, 1.0), 1.0)
     g = np.maximum(ffn_u, tp_u)
-    num = {k: np.ones(m) for k in ("tp", "ffn", "a2a", "tp_rel", "ffn_rel", "a2a_rel")}
+    num = {k: np.ones(m) for k in ("tp", "ffn", "a2a", "tp_rel", "ffn_rel", "a2a_rel",
+                                   "tp_x", "tp_yz", "tp_a2a")}
     num["hops"] = np.zeros(m)
+    for k in ("tp_x_hops", "tp_yz_hops"):
+        num[k] = np.zeros(m)
     _, td = np.unique(np.stack([t, d]), axis=1, return_inverse=True)
     _, tdr = np.unique(np.stack([t, d, r]), axis=1, return_inverse=True)
     td, tdr = td.reshape(-1), tdr.reshape(-1)
@@ -259,6 +265,13 @@ def topology_columns(out) -> dict[str, np.ndarray]:
         num["ffn"][idx] = red.at(g_ffn, "ar_fraction")
         num["a2a"][idx] = red.at(g_ffn, "a2a_fraction")
         num["hops"][idx] = red.at(np.maximum(g_ffn, 2.0), "hops")
+        # the absolute shares (no measured kernels stand behind the 2D layout's collectives)
+        num["tp_a2a"][idx] = red.at(g_tp, "a2a_fraction")
+        for axis, size in (("tp_x", x_u[idx]), ("tp_yz", yz_u[idx])):
+            size = np.minimum(size, dd)
+            num[axis][idx] = red.at(size, "ar_fraction")
+            num[axis + "_hops"][idx] = np.where(size > 1, red.at(np.maximum(size, 2.0), "hops"),
+                                                0.0)
         # the fitted collective kernels already carry the bandwidth share of the system they
         # were measured on: they see this topology's share relative to that one's
         if rr_ >= 0 and rr_ != tt:
@@ -269,6 +282,11 @@ def topology_columns(out) -> dict[str, np.ndarray]:
     cols = {k: v[inv] for k, v in num.items() if k != "hops"}
     hops = num["hops"][inv]
     cols["latency"] = base_lat + hop_lat * hops
+    # one ring collective over an axis group: about twice its mean hops of steps (a
+    # bidirectional ring over N chips of one axis takes N / 2: topologies.md section 3)
+    for axis in ("tp_x", "tp_yz"):
+        h = cols.pop(axis + "_hops")
+        cols[axis + "_latency"] = np.where(h > 0, base_lat + 2.0 * hop_lat * h, 0.0)
     # -1 (no such topology) indexes the last entry, as the scorer always has
     ref_base = np.array([topos[x].scaleup_base_latency_s for x in names])[ref]
     ref_hop = np.array([topos[x].scaleup_hop_latency_s for x in names])[ref]

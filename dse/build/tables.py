@@ -38,7 +38,7 @@ MODEL_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_
                 "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                 "sliding_window", "num_local_attention_layers", "num_nextn_predict_layers")
 TOPO_FIELDS = ("rack_chips", "scaleup_base_latency_s", "scaleup_hop_latency_s",
-               "scaleout_latency_s", "scaleout_oversubscription")
+               "scaleout_latency_s", "scaleout_oversubscription", "link_collectives")
 KIND_OF = {"accelerator": "accelerators", "topology": "topologies", "model": "models"}
 
 

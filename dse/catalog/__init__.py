@@ -22,17 +22,29 @@ def _load(name: str) -> dict:
         return tomllib.load(f)
 
 
-def _efficiency(acc_id: str, table: dict) -> Efficiency:
+def _efficiency(acc_id: str, table: dict, own: dict | None = None) -> Efficiency:
     """The end-to-end remainder of the model (efficiency.toml): a chip's own entry, else the
-    default fitted on every calibrated chip (the per-op efficiencies are the kernel fits)."""
-    return Efficiency(**table.get(acc_id, table["default"]))
+    default fitted on every calibrated chip (the per-op efficiencies are the kernel fits);
+    ``own``: the chip's ``[<chip>.efficiency]`` table in accelerators.toml, fields that its
+    architecture sets (with their source in its ``sources``) over the fitted ones."""
+    base = dict(table.get(acc_id, table["default"]))
+    if own:
+        base.update(own)
+        base["fitted_on"] = (f"{base.get('fitted_on', '')}; {', '.join(sorted(own))} from the "
+                             "chip's own catalog entry (accelerators.toml, its architecture)")
+    return Efficiency(**base)
 
 
 @lru_cache(maxsize=1)
 def accelerators() -> dict[str, Accelerator]:
     raw = _load("accelerators.toml")
     eff = _load("efficiency.toml")
-    return {k: Accelerator(id=k, efficiency=_efficiency(k, eff), **v) for k, v in raw.items()}
+    out = {}
+    for k, v in raw.items():
+        v = dict(v)
+        own = v.pop("efficiency", None)
+        out[k] = Accelerator(id=k, efficiency=_efficiency(k, eff, own), **v)
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -133,6 +145,7 @@ def kernel_params() -> dict[tuple[str, str], dict]:
     {key: value, "fitted_on": {op file: text}}}: the parameters ``serving.moe_backend`` selects
     in place of the entry's own (dse/calibration/kernels/moe.py)."""
     out: dict[tuple[str, str], dict] = {}
+    derived: dict[str, dict] = {}
     folder = resources.files(__package__).joinpath("kernels")
     for f in sorted(folder.iterdir(), key=lambda x: x.name):
         if not f.name.endswith(".toml"):
@@ -140,6 +153,9 @@ def kernel_params() -> dict[tuple[str, str], dict]:
         doc = tomllib.loads(f.read_text())
         for chip, runtimes in doc.items():
             for rt, vals in runtimes.items():
+                if rt == ARCHITECTURE_RUNTIME:      # derived from the architecture: applied below
+                    derived[chip] = {**vals, "file": f.name[:-5]}
+                    continue
                 d = out.setdefault((chip, rt), {"fitted_on": {}})
                 for k, v in vals.items():
                     if k == "fitted_on":
@@ -156,7 +172,31 @@ def kernel_params() -> dict[tuple[str, str], dict]:
                                     into[bk] = float(bv)
                     else:
                         d[k] = float(v)
+    _apply_derived(out, derived)
     return out
+
+
+# ``[<chip>.all]`` in kernels/architecture.toml: parameters derived from the chip's architecture
+ARCHITECTURE_RUNTIME = "all"
+
+
+def _apply_derived(out: dict, derived: dict) -> None:
+    """Overlay each chip's architecture-derived parameters (kernels/architecture.toml
+    ``[<chip>.all]``) on every runtime's entry of that chip, key by key (in place): they replace
+    what the fit transferred from other chips; the transferred uncertainty families that hold a
+    replaced key are dropped (the derived values carry none)."""
+    runtimes = sorted({rt for _, rt in out})
+    for chip, vals in derived.items():
+        keys = {k: float(v) for k, v in vals.items() if k not in ("derived_from", "file")}
+        for rt in runtimes:
+            d = out.setdefault((chip, rt), {"fitted_on": {}})
+            d.update(keys)
+            d["fitted_on"][vals["file"]] = "derived from the architecture: " + str(
+                vals.get("derived_from", ""))
+            unc = d.get("uncertainty")
+            if unc:
+                d["uncertainty"] = {f: u for f, u in unc.items()
+                                    if not set(u.get("params", ())) & set(keys)}
 
 
 # kernel parameters only the fits use (a benchmark's warm L2, ``kernel_gemm.warm_l2_factor``:

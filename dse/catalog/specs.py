@@ -115,6 +115,10 @@ class Topology(Frozen):
     scaleup_base_latency_s: float = Field(ge=0)
     scaleup_hop_latency_s: float = Field(ge=0)
     scaleout_latency_s: float = Field(ge=0)
+    # collectives run on the links themselves (TPU ICI: DMA engines, no collective kernels):
+    # the tp group's are modelled from the topology graph's links (dse.perf.tp2d), not from the
+    # collective kernels fitted on GPUs
+    link_collectives: bool = False
     scaleout_oversubscription: float = Field(default=1.0, ge=1)
     sources: tuple[str, ...] = ()
     notes: str = ""

@@ -166,10 +166,14 @@ def kv_shard_fraction(b: Batch) -> np.ndarray:
     """Fraction of a layer's KV that one chip of a tp group holds.
 
     GQA heads split over tp, but a chip always keeps at least one KV head; MLA's latent is
-    replicated on every tp rank (that is why MLA models use attention data parallelism).
+    replicated on every tp rank (that is why MLA models use attention data parallelism). Split
+    by sequence (``layout.kv_sharding = "batch"``): 1 / tp, whatever the heads.
     """
     gqa = np.maximum(b.n_kv_heads / b.tp, 1.0) / b.n_kv_heads
-    return blend(is_mla(b), 1.0, gqa)
+    frac = blend(is_mla(b), 1.0, gqa)
+    if b.has_on("kv_batch"):    # split by sequence over tp instead (dse.perf.tp2d)
+        frac = blend(b.kv_batch, 1.0 / b.tp, frac)
+    return frac
 
 
 def attn_dims(b: Batch, decode: bool) -> np.ndarray:

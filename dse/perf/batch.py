@@ -214,6 +214,9 @@ OPTIONAL: dict[str, float | str] = {
     "moe_wave_elements": 0.0, "moe_remote_fraction": 0.0,
     # a named MoE kernel backend the row's runtime has no fitted kernels for: infeasible
     "moe_kernel_missing": 0.0,
+    # 2D weight-stationary tp and the KV cache split by sequence (dse.perf.tp2d): 1D, by heads
+    "tp_x": 1.0, "kv_batch": 0.0, "link_collectives": 0.0, "tp_x_bw_fraction": 1.0, "tp_yz_bw_fraction": 1.0,
+    "tp_a2a_bw_fraction": 1.0, "tp_x_latency_s": 0.0, "tp_yz_latency_s": 0.0,
 }
 FIELDS.update({
     "spec_tokens": "draft tokens proposed per sequence per step (0: no speculative decoding)",
@@ -247,6 +250,19 @@ FIELDS.update({
     "expert_weight_bytes": "bytes per weight element of the routed experts",
     "attn_matmul_flops_per_s": "peak FLOP/s of the attention projections' compute dtype",
     "expert_matmul_flops_per_s": "peak FLOP/s of the routed experts' compute dtype",
+    "tp_x": "X of the 2D weight-stationary tp mesh X x (tp / X) (1: 1D tp, all-reduces)",
+    "link_collectives": "1: the tp group's collectives run on the links (TPU ICI), modelled "
+                        "from the topology graph (dse.perf.tp2d), not the fitted kernels",
+    "kv_batch": "1: the tp group splits the KV cache by sequence (all-to-all of queries and "
+                "attention outputs), 0: by KV heads",
+    "tp_x_bw_fraction": "fraction of scale-up bandwidth a collective over the X axis group "
+                        "of the 2D tp mesh can use (the topology graph)",
+    "tp_yz_bw_fraction": "the same for the tp / X axis group",
+    "tp_a2a_bw_fraction": "fraction of scale-up bandwidth an all-to-all over the tp group can "
+                          "use (the topology graph)",
+    "tp_x_latency_s": "latency of one ring collective over the X axis group (hops x hop "
+                      "latency)",
+    "tp_yz_latency_s": "the same over the tp / X axis group",
 })
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.perf import arch
+from dse.perf import arch, tp2d
 from dse.perf.basis import Basis, Load
 from dse.perf.batch import Batch
 from dse.perf.forms import (
@@ -60,6 +60,9 @@ class AttnProj:
     mem_s: np.ndarray         # weight_bytes / GEMM HBM rate
     net: tuple                # tp all-reduce, a per_unit form in rows
     net_on: bool              # tp > 1 on some row
+    net2d: tuple | None       # tp collectives on the links (2D weight-stationary, or a
+    #                           topology's link_collectives: dse.perf.tp2d): (s per row, s per
+    #                           step); None: no row has them
     # the work (``work``; ``work_field``s are left out of ``Coefficients.gather``)
     params: np.ndarray = work_field()        # projection weights per chip per layer (elements)
     layers: np.ndarray = work_field()        # layers on this stage
@@ -67,15 +70,20 @@ class AttnProj:
     group: np.ndarray = work_field()         # tp
     message: np.ndarray = work_field()       # all-reduce bytes per row per layer: hidden x act
     gemms: np.ndarray = work_field()         # GEMM launches per step
+    one_d: np.ndarray = work_field()         # 1.0 where the kernels' all-reduce runs
+    bytes2d: np.ndarray = work_field()       # link collectives' bytes per row, stage layers
 
     def time(self, s: Load):
         c = s.masked(self.c * (s.rows + s.h) + self.w if s.tbo_on else affine(self.aff, s.rows))
         n = fastest(self.net, s.rows) if self.net_on else None
+        if self.net2d is not None:
+            n = iadd(n, affine(self.net2d, s.rows))
         return c, s.twice(self.mem_s), n, None
 
     def work(self, s: Load):
         return (2.0 * self.params * self.layers * s.rows, s.twice(self.weight_bytes),
-                allreduce_bytes(self.group, s.rows * self.message) * self.layers)
+                allreduce_bytes(self.group, s.rows * self.message) * self.layers * self.one_d
+                + self.bytes2d * s.rows)
 
 
 def attn_proj_terms(b: Batch, c: Basis, allreduce: AllReduces) -> AttnProj:
@@ -93,12 +101,16 @@ def attn_proj_terms(b: Batch, c: Basis, allreduce: AllReduces) -> AttnProj:
     cp, wp = gemm_form(b, ((floor1(p_in / d), c.d1), (c.d1, floor1(o_k))), L, inv_attn)
     weight_bytes = p_attn * L * b.attn_weight_bytes
     message = d * c.ab
+    # tp collectives on the links (dse.perf.tp2d: 2D weight-stationary, or 1D on a topology
+    # with link_collectives): the inner widths in (q, k, v) and out (o's input), whole model;
+    # the kernels' all-reduce is off there
+    net2d, one_d, bytes2d = tp2d.block_terms(b, L, d, p_in * c.tp / c.d1, o_k * c.tp)
     return AttnProj(
         params=p_attn, layers=L, weight_bytes=weight_bytes, c=cp, w=wp, aff=(cp, cp * c.h + wp),
         mem_s=weight_bytes / c.g_hbm,
-        net=per_unit(allreduce(c.tp, b.tp_bw_rel), L, L, message),
-        net_on=c.tp_ar, group=c.tp, message=message,
-        gemms=L * arch.blend(c.mla, 4.0, 2.0))
+        net=per_unit(allreduce(c.tp, b.tp_bw_rel), L * one_d, L * one_d, message),
+        net_on=c.tp_ar, net2d=net2d, group=c.tp, message=message,
+        gemms=L * arch.blend(c.mla, 4.0, 2.0), one_d=one_d, bytes2d=bytes2d)
 
 
 @dataclass(frozen=True)
@@ -138,7 +150,11 @@ class AttnCore:
     x_pre_seq: np.ndarray
     x_dec: np.ndarray
     x_pre: np.ndarray
+    # the KV split by sequence (dse.perf.tp2d): the queries' and outputs' all-to-all, (s per
+    # row, s per step); None: no row splits it so
+    a2a: tuple | None
     # the work (``work``; left out of ``Coefficients.gather``)
+    a2a_bytes: np.ndarray | float = work_field()   # its bytes per row, stage layers
     dec_flops: np.ndarray = work_field()   # 2 heads/tp (d_qk + d_v) / dp / pp
     heads: np.ndarray = work_field()       # query heads per chip
     pre_dims: np.ndarray = work_field()    # d_qk + d_v of the prefill form
@@ -179,7 +195,7 @@ class AttnCore:
             x = iadd(x, self.x_pre_seq * reqs)
             lat = iadd(lat, self.x_pre * arch.flag(s.pre > 0, s.tok))
         x = iadd(x, s.twice(lat))
-        return c, m, None, x
+        return c, m, None if self.a2a is None else affine(self.a2a, s.rows), x
 
     def work(self, s: Load, dec_ctx):
         """Decode: every decode token against its context, its sequence's KV read, its Q and
@@ -192,7 +208,7 @@ class AttnCore:
         if s.has_pre:
             flops = flops + 2.0 * self.heads * self.pre_dims * self.stage * s.reqs * s.pairs
             hbm = hbm + kv_stage * (s.reqs * s.prior)
-        return flops, hbm, 0.0
+        return flops, hbm, self.a2a_bytes * s.rows
 
 
 def attn_core_terms(b: Batch, c: Basis) -> AttnCore:
@@ -202,8 +218,13 @@ def attn_core_terms(b: Batch, c: Basis) -> AttnCore:
     kv_heads = arch.blend(c.mla, 1.0, np.maximum(b.n_kv_heads / c.tp, 1.0))
     dec_dims = arch.attn_dims(b, True)
     dec_flops = 2.0 * heads * dec_dims / c.dp * c.stage
-    c_dec, items = _decode_core(b, heads, kv_heads, dec_flops, b.attn_decode_group_max_heads)
-    win_on, c_win, x_win = _window_terms(b, c, heads, kv_heads, dec_flops, c_dec, items)
+    # the KV split by sequence (dse.perf.tp2d): a chip runs every head of 1 / tp of the
+    # sequences, so a sequence's query groups and work items are the model's own
+    kvb, seq_share, a2a, a2a_bytes = _kv_batch_terms(b, c, dec_dims)
+    heads_q = arch.blend(kvb, b.n_heads, heads)
+    kv_q = arch.blend(kvb, arch.blend(c.mla, 1.0, np.maximum(b.n_kv_heads, 1.0)), kv_heads)
+    c_dec, items = _decode_core(b, heads_q, kv_q, dec_flops, b.attn_decode_group_max_heads)
+    win_on, c_win, x_win = _window_terms(b, c, heads_q, kv_q, dec_flops, c_dec, items)
     kv_tok = arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
     dec_rate = b.hbm_bw_bytes_per_s * b.attn_decode_hbm_fraction
     # each decode query token's query read and output written once per layer
@@ -214,10 +235,12 @@ def attn_core_terms(b: Batch, c: Basis) -> AttnCore:
     # sequences' worth of reads per call as half_items / kv_heads, fading as split-KV splits a
     # longer context over more CTAs: 1 + ctx / split_tokens per layer (dec_ctx sums the layers'
     # contexts: their mean, split_tokens x n_layers)
-    dec_half = b.attn_decode_half_items / kv_heads
+    # (split by sequence: in units of a sequence's 1 / tp share of the KV read)
+    dec_half = b.attn_decode_half_items / kv_q / seq_share
     x_seq = c.layers * (b.attn_decode_per_seq_s + items * b.attn_decode_per_seq_kv_head_s)
     if win_on:                                       # local layers' own work items
         x_seq = x_seq + x_win
+    x_seq = x_seq * seq_share                        # a chip's share of the sequences
     pre = _prefill_core(b, c, heads)
     return AttnCore(
         dec_flops=dec_flops, c_dec=c_dec, c_dec_win=c_win, win_on=win_on, heads=heads,
@@ -226,7 +249,20 @@ def attn_core_terms(b: Batch, c: Basis) -> AttnCore:
         qo_bytes=qo_bytes, qo_dec_rank=qo_bytes / dec_rate / c.dp, dec_half=dec_half,
         dec_half_on=bool(np.any(dec_half)),
         dec_split_layers=b.attn_decode_split_tokens * b.n_layers, x_seq_rank=x_seq / c.dp,
-        x_dec=c.layers * b.attn_decode_latency_s, x_pre=c.layers * b.attn_prefill_latency_s)
+        x_dec=c.layers * b.attn_decode_latency_s, x_pre=c.layers * b.attn_prefill_latency_s,
+        a2a=a2a, a2a_bytes=a2a_bytes)
+
+
+def _kv_batch_terms(b: Batch, c: Basis, dims):
+    """The KV split by sequence over tp (dse.perf.tp2d): its 0/1 flag, the share of the
+    sequences one chip runs (1 / tp there, else 1), the all-to-all as ``(s per row, s per
+    step)`` (None: no row splits it so) and its bytes per row over the stage's layers."""
+    if not tp2d.kv_on(b):
+        return 0.0, 1.0, None, 0.0
+    kvb = b.kv_batch
+    lat_s, s_per_row = tp2d.kv_alltoall_form(b, c.layers, dims)
+    nbytes = tp2d.kv_alltoall_bytes_per_row(b.n_heads, dims, c.tp, c.ab) * c.layers * kvb
+    return kvb, arch.blend(kvb, 1.0 / c.tp, 1.0), (s_per_row, lat_s), nbytes
 
 
 def _decode_core(b: Batch, heads, kv_heads, dec_flops, group_max):

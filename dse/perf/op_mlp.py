@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.perf import arch, kernel_comm
+from dse.perf import arch, kernel_comm, tp2d
 from dse.perf.basis import Basis, Load
 from dse.perf.batch import Batch
 from dse.perf.forms import (
@@ -68,6 +68,8 @@ class DenseMlp:
     aff: tuple                  # the same as (slope, intercept) in tokens
     mem_s: np.ndarray           # weight_bytes / GEMM HBM rate
     net: tuple                  # the all-reduce, a per_unit form in tokens
+    net2d: tuple | None         # tp collectives on the links (dse.perf.tp2d): (s per token,
+    #                             s per step); None: no row has them
     # the work (``work``; left out of ``Coefficients.gather``)
     params: np.ndarray = work_field()        # dense MLP weights per layer (whole model)
     group: np.ndarray = work_field()         # g: chips one dense MLP is split over
@@ -76,16 +78,22 @@ class DenseMlp:
     net_group: np.ndarray = work_field()     # the all-reduce's group
     message: np.ndarray = work_field()       # its bytes per token per layer
     gemms: np.ndarray = work_field()         # GEMM launches per step
+    one_d: np.ndarray = work_field()         # 1.0 where the kernels' all-reduce runs
+    bytes2d: np.ndarray = work_field()       # link collectives' bytes per token, stage layers
 
     def time(self, s: Load):
         c = s.masked(self.c * (s.tok * self.rows_per_token + s.h) + self.w if s.tbo_on
                      else affine(self.aff, s.tok))
-        return c, s.twice(self.mem_s), fastest(self.net, s.tok), None
+        n = fastest(self.net, s.tok)
+        if self.net2d is not None:
+            n = n + affine(self.net2d, s.tok)
+        return c, s.twice(self.mem_s), n, None
 
     def work(self, s: Load):
         flops = 2.0 * self.params / self.group * self.layers * (s.tok * self.rows_per_token)
         return (flops, s.twice(self.weight_bytes),
-                allreduce_bytes(self.net_group, s.tok * self.message) * self.layers)
+                allreduce_bytes(self.net_group, s.tok * self.message) * self.layers * self.one_d
+                + self.bytes2d * s.tok)
 
 
 def dense_mlp_terms(b: Batch, c: Basis, allreduce: AllReduces) -> DenseMlp:
@@ -107,10 +115,19 @@ def dense_mlp_terms(b: Batch, c: Basis, allreduce: AllReduces) -> DenseMlp:
     f = allreduce(net_group, arch.blend(
         some_dense, b.ffn_bw_rel + rep * (b.tp_bw_rel - b.ffn_bw_rel), b.tp_bw_rel))
     message = c.d * c.ab * g / c.ffn_g
+    # 2D weight-stationary rows and collectives on the links (dse.perf.tp2d; where the group
+    # is the tp group): the gated MLP's up and gate projections in, its down projection out;
+    # their all-reduce is off
+    net2d, one_d, bytes2d = tp2d.block_terms(b, layers, c.d, (b.mlp_mats - 1.0) * b.ffn_dense,
+                                             b.ffn_dense, arch.flag(net_group == c.tp, c.d))
+    if net2d is not None:                  # (per row of the tp group: rows per token)
+        net2d = (net2d[0] * rows, net2d[1])
     return DenseMlp(params=params, group=g, layers=layers, rows_per_token=rows,
                     weight_bytes=weight_bytes, c=cd, w=wd, aff=(cd * rows, cd * c.h + wd),
-                    mem_s=weight_bytes / c.g_hbm, net=per_unit(f, layers, layers, message),
-                    net_group=net_group, message=message, gemms=2.0 * layers)
+                    mem_s=weight_bytes / c.g_hbm,
+                    net=per_unit(f, layers * one_d, layers * one_d, message), net2d=net2d,
+                    net_group=net_group, message=message, gemms=2.0 * layers, one_d=one_d,
+                    bytes2d=bytes2d * rows)
 
 
 @dataclass(frozen=True)

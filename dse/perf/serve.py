@@ -170,7 +170,10 @@ def _invalid_bits(b: Batch, weights, act, max_c) -> np.ndarray:
     positive &= (b.n_layers >= 1) & (b.hidden > 0) & (b.n_heads > 0) & (b.n_kv_heads > 0) \
         & (b.n_dense_layers >= 0) & (b.n_moe_layers >= 0) & (b.vocab > 0) \
         & ((b.n_experts <= 0) | ((b.top_k >= 1) & (b.top_k <= b.n_experts) & (b.ffn_expert > 0)))
-    conds = ((_indivisible(b.n_heads, b.tp), 1), (bad_ep, 2), (b.pp > b.n_layers, 4),
+    # 2D weight-stationary tp splits the heads over tp / tp_x chips (dse.perf.tp2d)
+    bad_tp = _indivisible(b.n_heads, b.tp / b.tp_x) | _indivisible(b.tp, b.tp_x) \
+        if b.has_on("tp_x") else _indivisible(b.n_heads, b.tp)
+    conds = ((bad_tp, 1), (bad_ep, 2), (b.pp > b.n_layers, 4),
              (weights + act + b.runtime_reserve_bytes > b.hbm_capacity_bytes, 8),
              (b.concurrency > max_c, 16), (b.concurrency > b.max_batch_size * b.dp, 32),
              (~positive, 64))

@@ -103,12 +103,16 @@ def _family(group, entry, name, u) -> Family:
 @lru_cache(maxsize=1)
 def _families_cached(stamp) -> tuple[Family, ...]:
     out = []
+    # a family whose parameters a chip's architecture now sets (kernels/architecture.toml) no
+    # longer describes them: catalog.kernel_params drops it, and so do the bands
+    kept = {e: set(v.get("uncertainty", {})) for e, v in catalog.kernel_params().items()}
     for f in sorted((CATALOG / "kernels").glob("*.toml")):
         doc = tomllib.loads(f.read_text())
         for chip, runtimes in doc.items():
             for rt, vals in runtimes.items():
                 for name, u in (vals.get("uncertainty") or {}).items():
-                    out.append(_family(f.stem, (chip, rt), name, u))
+                    if name in kept.get((chip, rt), {name}):
+                        out.append(_family(f.stem, (chip, rt), name, u))
     eff = tomllib.loads((CATALOG / "efficiency.toml").read_text())
     # a top-level [uncertainty.<name>] (as dse.calibration.fit writes it) belongs to the shared default
     for name, u in (eff.pop("uncertainty", None) or {}).items():

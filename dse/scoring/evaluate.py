@@ -38,6 +38,10 @@ def evaluate_flat(flat: dict, file: str = "design") -> dict:
     row.pop("layout.num_chips", None)
     for k in ("tp", "pp", "ep", "dp"):
         row[f"layout.{k}"] = int(chosen[k])
+    # the 2D weight-stationary mesh and KV split the layout search chose (dse.perf.tp2d)
+    if "tp_x" in chosen.index:
+        row["layout.tp_x"] = int(chosen["tp_x"])
+        row["layout.kv_sharding"] = str(chosen["kv_sharding"])
     row["workload.concurrency"] = int(chosen["concurrency"])
     table = resolve(pd.DataFrame([row]), file=file)
     metrics, steps = score(to_batch(table), breakdown=True)
@@ -116,7 +120,10 @@ def render_text(res: dict, path: str) -> str:
     dts += f", {d.get('model.kv_dtype')} KV cache"
     lines = [f"design {path}: {d['model.id']} ({dts}) on {int(m['num_chips'])} x "
              f"{d['accelerator.id']} ({d['topology.id']}), tp={lay['tp']} pp={lay['pp']} "
-             f"ep={lay['ep']} dp={lay['dp']}, isl={int(d['workload.isl'])} "
+             f"ep={lay['ep']} dp={lay['dp']}"
+             + (f" tp_x={int(d['layout.tp_x'])}" if (d.get("layout.tp_x") or 1) != 1 else "")
+             + (" kv_sharding=batch" if d.get("layout.kv_sharding") == "batch" else "")
+             + f", isl={int(d['workload.isl'])} "
              f"osl={int(d['workload.osl'])}, concurrency="
              f"{(m.get('concurrency') or 0) if (d.get('workload.request_rate_per_s') or 0) > 0 else ch['concurrency']:,.0f}"
              + (" (from the request rate, Little's law)"

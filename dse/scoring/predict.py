@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dse import catalog
 from dse.build.designs import kv_dtype_of, resolve, to_batch
 from dse.errors import InputError, suggest
 from dse.perf import Batch, score_chunked
@@ -44,7 +45,7 @@ MECHANISMS = {"spec_tokens": "serving.spec_tokens", "spec_acceptance": "serving.
               "expert_dtype": "model.expert_dtype", "attention_dtype": "model.attention_dtype",
               "num_requests": "workload.num_requests"}
 OPTIONAL = ("topology", "tp", "pp", "ep", "dp", "kv_dtype", "concurrency", "prefix_hit_fraction",
-            "phase", "runtime", "dense_mlp", *MECHANISMS)
+            "phase", "runtime", "dense_mlp", "tp_x", "kv_sharding", *MECHANISMS)
 # columns the calibration case files carry for the record and dse never reads; named here
 # because ``mode`` (the measured deployment, "aggregated") is also the last part of
 # serving.mode and cost.mode, which any other such column is refused for
@@ -55,7 +56,10 @@ RENAME = {"model": "model.id", "hardware": "accelerator.id", "topology": "topolo
           "isl": "workload.isl", "osl": "workload.osl", "concurrency": "workload.concurrency",
           "prefix_hit_fraction": "workload.prefix_hit_fraction", "phase": "workload.phase",
           "tp": "layout.tp", "pp": "layout.pp", "ep": "layout.ep", "dp": "layout.dp",
-          "runtime": "serving.runtime", "dense_mlp": "layout.dense_mlp", **MECHANISMS}
+          "runtime": "serving.runtime", "dense_mlp": "layout.dense_mlp",
+          # 2D weight-stationary tp and the KV split by sequence (dse.perf.tp2d): given, or
+          # searched with a blank layout where collectives run on the links (_link_layouts)
+          "tp_x": "layout.tp_x", "kv_sharding": "layout.kv_sharding", **MECHANISMS}
 # every case column's field (the registry's): numeric ones are checked as they are read, string
 # ones (ids, choices) when the design is resolved
 FIELD_OF = {"num_chips": "layout.num_chips", **RENAME}
@@ -138,6 +142,62 @@ def _layouts(num_chips: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(LAYOUT), dtype=float)
 
 
+def _on_links(m: pd.DataFrame) -> np.ndarray:
+    """Per candidate row: a dense model on a topology whose collectives run on the links
+    (``topology.link_collectives``, the accelerator's default system where none is given), at
+    dp = 1 and ep = 1: the rows the 2D weight-stationary layouts are searched for."""
+    topos, accs, models = catalog.topologies(), catalog.accelerators(), catalog.models()
+    link_topo = {t: bool(v.link_collectives) for t, v in topos.items()}
+    # (dict lookups over the distinct values: the usual GPU-only table costs two maps)
+    acc = m["hardware"].map({a: v.default_topology for a, v in accs.items()})
+    if "topology" in m.columns:
+        tid = m["topology"]
+        acc = tid.where(tid.notna() & (tid.astype(str).str.strip() != ""), acc)
+    links = acc.map(link_topo).eq(True).to_numpy(bool)
+    if not links.any():
+        return links
+    dense = m["model"].map({k: not v.num_experts for k, v in models.items()}) \
+        .eq(True).to_numpy(bool)
+    return links & dense & (m["layout.dp"].to_numpy() == 1) & (m["layout.ep"].to_numpy() == 1)
+
+
+def _link_layouts(m: pd.DataFrame) -> pd.DataFrame:
+    """Candidate layouts searched on top of (tp, pp, ep, dp) where the tp group's collectives
+    run on the links (``_on_links``), for what the case leaves blank: 2D weight-stationary
+    meshes X x (tp / X) for the divisors 1 < X <= sqrt(tp) (the paper's optimum
+    sqrt(tp d_model / d_ff) is below sqrt(tp) for every d_ff > d_model) and the KV cache split
+    by heads or by sequence (dse.perf.tp2d). Elsewhere they stay as given (1D, by heads when
+    blank): on GPUs the 1D all-reduce is the fitted kernels', which the link model is not
+    comparable with."""
+    if not len(m):
+        return m
+    x_given = pd.to_numeric(m["tp_x"], errors="coerce").to_numpy(float) if "tp_x" in m.columns \
+        else np.full(len(m), np.nan)
+    if "tp_x" in m.columns:         # a given mesh keeps the candidates it fits (dp = ep = 1)
+        fits = (np.mod(m["layout.tp"].to_numpy(), np.where(x_given > 1, x_given, 1)) == 0) \
+            & (m["layout.dp"].to_numpy() == 1) & (m["layout.ep"].to_numpy() == 1)
+        keep = ~(x_given > 1) | fits
+        m, x_given = m[keep], x_given[keep]
+    kv_given = m["kv_sharding"].astype(object).where(m["kv_sharding"].notna(), "") \
+        .astype(str).str.strip().to_numpy() if "kv_sharding" in m.columns \
+        else np.full(len(m), "", dtype=object)
+    x_blank, kv_blank = np.isnan(x_given), kv_given == ""
+    on = (x_blank | kv_blank) & _on_links(m)
+    if not on.any():
+        return m
+    base, tp = m[on], m["layout.tp"].to_numpy()[on]
+    xb, xg, kb, kg = x_blank[on], np.where(x_blank, 1.0, x_given)[on], kv_blank[on], \
+        np.where(kv_blank, "heads", kv_given)[on]
+    extra = []
+    for x in sorted({int(d) for t in np.unique(tp) for d in _divisors(int(t))}):
+        x_ok = np.where(xb, (np.mod(tp, x) == 0) & (x * x <= tp), xg == x)
+        for kv in ("heads", "batch"):
+            ok = x_ok & (kb | (kg == kv)) & ~((xg == x) & (kg == kv))   # (the row itself)
+            if ok.any():
+                extra.append(base[ok].assign(tp_x=float(x), kv_sharding=kv))
+    return pd.concat([m, *extra], ignore_index=True) if extra else m
+
+
 def _where(cases: pd.DataFrame, i: int, offset: int) -> str:
     return f"row {i + offset + 2} (case_id {cases['case_id'].iloc[i]})"
 
@@ -160,7 +220,7 @@ def _expand_layouts(cases: pd.DataFrame, file: str, offset: int = 0) -> pd.DataF
         for c in LAYOUT:
             g = m[c + "_given"].to_numpy()
             keep &= np.isnan(g) | (g == m[c].to_numpy())
-        parts.append(m[keep])
+        parts.append(_link_layouts(m[keep]))
     out = pd.concat(parts, ignore_index=True)
     missing = np.setdiff1d(np.arange(len(cases)), out["_case"].unique())
     if len(missing):
@@ -176,12 +236,16 @@ def _check_explicit(cases, resolved, full_rows, file, offset=0):
     L = {c: resolved[c].to_numpy(dtype=float) for c in LAYOUT}
     chips = pd.to_numeric(cases["num_chips"]).to_numpy(dtype=float)[resolved["_case"].to_numpy()]
     heads = resolved["model.num_attention_heads"].to_numpy(dtype=float)
+    # 2D weight-stationary tp (layout.tp_x) splits the heads over tp / tp_x chips
+    tpx = resolved["layout.tp_x"].to_numpy(dtype=float) if "layout.tp_x" in resolved else 1.0
     experts = resolved["model.num_experts"].to_numpy(dtype=float)
     checks = [
         (L["layout.tp"] * L["layout.pp"] * L["layout.dp"] != chips,
          "tp*pp*dp = {v} chips but num_chips = {n}", "make tp*pp*dp equal num_chips"),
-        (np.mod(heads, L["layout.tp"]) != 0, "tp = {tp} does not divide the model's {h} heads",
-         "use a tp that divides num_attention_heads"),
+        (np.mod(heads, L["layout.tp"] / tpx) != 0,
+         "tp = {tp} does not divide the model's {h} heads",
+         ("use a tp that divides num_attention_heads (or, with layout.tp_x, whose tp / tp_x "
+          "does)")),
         (np.mod(L["layout.tp"] * L["layout.dp"], L["layout.ep"]) != 0, "ep = {ep} does not divide tp*dp",
          "ep must divide tp*dp"),
         ((experts == 0) & (L["layout.ep"] != 1), "ep = {ep} on a dense model", "use ep = 1"),
@@ -369,6 +433,12 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
     for m in MECHANISM_OUTPUT:
         if m in s and np.isfinite(s[m][best]).any():
             out[m] = s[m][best]
+    # the 2D weight-stationary mesh and the KV split (dse.perf.tp2d), where some case uses them
+    if "layout.tp_x" in resolved.columns:
+        tpx = pd.to_numeric(resolved["layout.tp_x"]).to_numpy(float)[best]
+        kv = _column(resolved, "layout.kv_sharding")[best]
+        if (tpx != 1).any() or (kv == "batch").any():
+            out["tp_x"], out["kv_sharding"] = tpx.astype(int), kv
     out["_order"] = case[best]
     return out.sort_values("_order").drop(columns="_order").reset_index(drop=True)
 

@@ -171,6 +171,9 @@ FIELDS: tuple[Field, ...] = (
     num("topology.scaleout_latency_s", "s", "scale-out latency", open_=False),
     num("topology.scaleout_oversubscription", "ratio", "scale-out fabric oversubscription",
         low=1.0, open_=False),
+    flag("topology.link_collectives", "the tp group's collectives run on the links themselves "
+         "(TPU ICI: rings of DMAs per torus axis), modelled from the topology graph's links "
+         "(dse/perf/tp2d.py) instead of the collective kernels fitted on GPUs"),
     count("topology.scaleup.domain_chips", "chips", "chips in the scale-up domain (derived: the "
           "topology's domain, else the accelerator's)", limit="scale-up domain chips"),
     num("topology.scaleup.link_bw_bytes_per_s", "bytes/s",
@@ -231,6 +234,20 @@ FIELDS: tuple[Field, ...] = (
     count("layout.pp", "stages", "pipeline-parallel degree", 1, limit="chips per instance"),
     count("layout.ep", "chips", "expert-parallel degree", 1, limit="chips per instance"),
     count("layout.dp", "chips", "attention data-parallel degree", 1, limit="chips per instance"),
+    count("layout.tp_x", "chips", "2D weight-stationary tensor parallelism (Pope et al. 2022, "
+          "\"Efficiently Scaling Transformer Inference\", section 3.2.2): the tp group as an X x "
+          "(tp / X) mesh of chips, X = this value: every weight matrix split over both axes "
+          "(d_model over X, the heads / d_ff over tp / X), each block's input all-gathered and "
+          "its output reduce-scattered over tp / X (d_model / X wide), its inner activations "
+          "reduce-scattered and all-gathered over X, on each axis's own torus links "
+          "(dse/perf/tp2d.py); tp / X must divide the heads. Dense models with dp = 1. "
+          "1 = 1D (one all-reduce of every block's output over tp: the runtime's kernels)", 1,
+          limit="chips per instance"),
+    enum("layout.kv_sharding", ("heads", "batch"), "heads", "how the tp group splits the KV "
+         "cache: by KV heads (a chip keeps at least one: fewer KV heads than tp are "
+         "replicated), or by sequences (Pope et al. 2022's multiquery layout: each chip holds "
+         "every KV head of 1/tp of the sequences and runs their attention; the queries and "
+         "attention outputs move by an all-to-all over tp, dse/perf/tp2d.py)"),
     enum("layout.dense_mlp", ("auto", "split", "replicated"), "auto", "dense MLP layers (and "
          "shared experts) of an MoE: split over the tp x dp group, replicated on every "
          "attention-DP rank, or auto: what serving.runtime does (dse/catalog/serving.toml "

@@ -212,6 +212,7 @@ def _rules(g):
     local = g("model.num_local_attention_layers")
     chips = g("layout.tp") * g("layout.pp") * g("layout.dp")
     lim = LIMITS["chips per instance"]
+    tpx = np.nan_to_num(g("layout.tp_x"), nan=1.0)
     return [
         (nkv > nh, "model.num_key_value_heads = {model.num_key_value_heads} exceeds num_attention_heads "
          "= {model.num_attention_heads}", "KV heads are at most the attention heads"),
@@ -243,6 +244,16 @@ def _rules(g):
          "qk_rope_head_dim and v_head_dim >= 1", "the MLA head dimensions"),
         (chips > lim, "tp*pp*dp = {chips:.0f} chips per instance", f"at most {lim:,}; "
          "limit: chips per instance"),
+        (np.mod(g("layout.tp"), tpx) != 0,
+         ("layout.tp_x = {layout.tp_x} does not divide layout.tp = {layout.tp}"),
+         "the 2D weight-stationary mesh is tp_x x (tp / tp_x) chips"),
+        ((tpx > 1) & ((E > 0) | (g("layout.dp") > 1)),
+         ("layout.tp_x = {layout.tp_x} (2D weight-stationary tp) with num_experts = "
+          "{model.num_experts}, dp = {layout.dp}"),
+         "2D weight-stationary tp is modelled for dense models with dp = 1; use layout.tp_x = 1"),
+        ((tpx > 1) & (g("layout.prefill_tp") > 0) & (np.mod(g("layout.prefill_tp"), tpx) != 0),
+         "layout.tp_x = {layout.tp_x} does not divide layout.prefill_tp = {layout.prefill_tp}",
+         "the prefill pool runs the same 2D mesh: give a prefill_tp that tp_x divides"),
     ]
 
 
