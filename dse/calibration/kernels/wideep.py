@@ -22,9 +22,22 @@ hidden / width / experts / top-k, tp 1, attention DP = ep, the row's ep, balance
 no two-batch overlap) and the scorer's own routed-expert op (``dse.perf.op_mlp.moe_terms``)
 is evaluated at a step of ``num_tokens`` tokens of the whole instance (decode tokens for
 the generation rows, prompt tokens for the context rows): its per-layer ``max(compute,
-memory) + additive`` is the kernel time compared with the measured latency. The error factor
-is the geometric mean of ``max(pred/true, true/pred)``, the bias the geometric mean of
-``pred/true`` (> 1: the model too slow).
+memory) + additive`` is the kernel time compared with the measured latency (TensorRT-LLM's rows
+at rank 0's own tokens: ``expert_imbalance`` = ``rank0_num_tokens`` over its balanced share).
+The error factor is the geometric mean of ``max(pred/true, true/pred)``, the bias the geometric
+mean of ``pred/true`` (> 1: the model too slow).
+
+What the SGLang context rows measure is not a serving step's: their benchmark hands a rank all
+``num_tokens`` tokens of the group (most without a local entry; DeepEP hands it about its rows'
+worth) and times the un-graphed call with a device synchronize before its end event (a
+0.2-0.5 ms floor on every chip and ep). The scorer, which hands a rank its own tokens, sits
+below them, more so at wide ep; the fit (``fit``) reproduces them with that routing and a
+fit-only host time.
+
+``--fit [--write]``: SGLang's DeepEP expert kernel (DeepGEMM) per chip on both SGLang tables,
+written to ``dse/catalog/kernels/moe_wideep.toml`` as ``["<chip>".sglang.backend.deepgemm]``
+(the scorer's choice for SGLang designs with attention DP and ep > 1, serving.toml
+``wide_ep_moe_backend``).
 """
 
 from __future__ import annotations
@@ -39,8 +52,8 @@ from dse.build.designs import resolve, to_batch
 from dse.calibration.kernels import common, data
 from dse.calibration.kernels.gemm import PEAK_DTYPE, WEIGHT_BYTES
 from dse.catalog import accelerators, kernel_params
-from dse.perf.kernel_gemm import grouped_gemm_s
 from dse.perf.basis import load as step_load
+from dse.perf.kernel_gemm import grouped_gemm_s
 from dse.perf.step import Coefficients
 
 SGLANG_TABLES = ("wideep_context_moe_perf", "wideep_generation_moe_perf")
@@ -219,8 +232,10 @@ def fit(chips=None) -> dict:
         auto = kernel_params()[(chip, "sglang")]
         fixed = {k: auto[f"moe_{FAMILY}_{k}"] for k in FROM_AUTO} | FLOOR
         params = tuple(common.Param(n, x0, lo, hi, kind) for n, x0, lo, hi, kind in FREE)
-        f = common.least_squares_fit(lambda v, g=g: _kernel_s(g, accs[chip], {**fixed, **v}),
-                                     (*params, HOST), g["latency_s"].to_numpy(float),
+        def predict(v, g=g, acc=accs[chip], fixed=fixed):
+            return _kernel_s(g, acc, {**fixed, **v})
+
+        f = common.least_squares_fit(predict, (*params, HOST), g["latency_s"].to_numpy(float),
                                      max_nfev=400, loss="soft_l1", f_scale=0.05)
         vals = {**fixed, **f.values}
         pred = _kernel_s(g, accs[chip], vals)
@@ -255,8 +270,8 @@ def write(fitted: dict, path=None):
 
     path = path or common.CATALOG_DIR / f"{CATALOG}.toml"
     lines = [f"# {ln}" if ln else "#" for ln in HEADER.splitlines()]
-    lines += [f"# Written by `python -m dse.calibration.kernels.wideep --fit --write` on "
-              f"{_dt.date.today().isoformat()}; do not edit by hand.", ""]
+    lines += [(f"# Written by `python -m dse.calibration.kernels.wideep --fit --write` on "
+               f"{_dt.date.today().isoformat()}; do not edit by hand."), ""]
     for chip, (vals, note) in sorted(fitted.items()):
         lines += [f'["{chip}".sglang.backend.{BACKEND}]', f'fitted_on = "{note}"']
         lines += [f"{k} = {float(v):.6g}" for k, v in vals.items()] + [""]
