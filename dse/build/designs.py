@@ -187,7 +187,10 @@ def wide_ep_kernel_columns(out, T, a, r) -> pd.DataFrame:
     if "serving.moe_backend" in out.columns:
         bk = np.where(encode(out["serving.moe_backend"].fillna("auto"), T.moe_backends) > 0,
                       -1, bk)
-    keys = [i for i, k in enumerate(T.kernel_keys) if k.startswith("moe_")]
+    named = sorted({int(c) for c in code if c >= 0})
+    # (only the keys some chip has for those backends: fp8_block's today)
+    keys = [i for i, k in enumerate(T.kernel_keys) if k.startswith("moe_")
+            and named and np.isfinite(T.backend_kernel[:, :, named, i]).any()]
     vals = np.full((len(out), len(keys)), np.nan)
     on = bk >= 0
     if on.any():
