@@ -82,22 +82,30 @@ def test_routed_experts_grouped_gemm_by_hand():
 
 def test_grouped_gemm_wave_floor_and_remote_entries_by_hand():
     """The same DeepSeek-V3 decode step on a kernel that pays one wave of 3e5 output elements
-    per call and computes the entries routed to the 7 other chips at 0.05 of a local row
-    (``moe_wave_elements``, ``moe_remote_fraction``): per chip and layer the 512 x 8 / 8 local
-    rows gain 512 x 8 x 7 / 8 x 0.05 remote rows and 3e5 / 2048 rows of the 2048-wide expert's
-    wave."""
-    d = design("gb200", "deepseek-v3", **{
-        "model.weight_dtype": "fp8", "layout.tp": 1, "layout.dp": 8, "layout.ep": 8,
-        "workload.isl": 1, "workload.osl": 2, "workload.concurrency": 512,
-        "workload.phase": "decode", "topology.id": "nvl72", "serving.expert_imbalance": 1.0})
-    pin = {**MOE_PIN, "moe_wave_elements": 3e5, "moe_remote_fraction": 0.05}
-    dec = score(batch(d, ideal=True).replace(**pin), breakdown=True)[1].decode
+    per call and computes the non-local entries it is handed at 0.05 of a local row
+    (``moe_wave_elements``, ``moe_remote_fraction``), plus 3e5 / 2048 rows of the 2048-wide
+    expert's wave per chip and layer on top of its 512 x 8 / 8 local rows.
+
+    Attention DP (dp = ep = 8): the all-to-all hands each chip only the tokens routed to it,
+    each with its 8 routed entries: a token visits 8 (1 - (7/8)^8) = 5.251 of the 8 ranks, so a
+    chip receives 512 x 5.251 / 8 tokens, 512 x 5.251 entries, of which 512 are its own:
+    512 x 4.251 x 0.05 remote rows. TP+EP (tp = ep = 8, dp = 1): every chip runs every token,
+    512 x 8 entries, 512 x 7 of them remote: 512 x 7 x 0.05 remote rows."""
     p = 3 * 7168 * 2048
     touched = 1 - (1 - 8 / 256) ** 512
-    rows = 512 + 512 * 7 * 0.05 + 16 * 256 / 8 * touched + 3e5 / 2048
+    dest = 8 * (1 - (7 / 8) ** 8)
     shape = 1 + 512 / 2048 + 1024 / 7168
-    compute = 58 * 2 * 8 * p / 8 * shape / (2e15 * 0.4) * rows
-    assert dec.compute_s[MOE][0] == pytest.approx(compute, rel=1e-9)
+    pin = {**MOE_PIN, "moe_wave_elements": 3e5, "moe_remote_fraction": 0.05}
+    for tp, dp, remote in ((1, 8, 512 * (dest - 1) * 0.05), (8, 1, 512 * 7 * 0.05)):
+        d = design("gb200", "deepseek-v3", **{
+            "model.weight_dtype": "fp8", "layout.tp": tp, "layout.dp": dp, "layout.ep": 8,
+            "workload.isl": 1, "workload.osl": 2, "workload.concurrency": 512,
+            "workload.phase": "decode", "topology.id": "nvl72",
+            "serving.expert_imbalance": 1.0})
+        dec = score(batch(d, ideal=True).replace(**pin), breakdown=True)[1].decode
+        rows = 512 + remote + 16 * 256 / 8 * touched + 3e5 / 2048
+        compute = 58 * 2 * 8 * p / 8 * shape / (2e15 * 0.4) * rows
+        assert dec.compute_s[MOE][0] == pytest.approx(compute, rel=1e-9)
 
 
 def test_non_gated_experts_run_their_own_kernel_by_hand():

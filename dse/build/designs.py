@@ -157,12 +157,84 @@ def kernel_columns(out: pd.DataFrame) -> pd.DataFrame:
             vals = vals.copy()
             vals[named] = np.where(np.isnan(over), vals[named], over)
     new = pd.DataFrame(vals, columns=[KERNEL + k for k in T.kernel_keys], index=out.index)
+    wide = wide_ep_kernel_columns(out, T, a, r)
     for col in new.columns:
         if col in out.columns:
             given = pd.to_numeric(out[col], errors="coerce").to_numpy(dtype=float)
             new[col] = np.where(np.isnan(given), new[col].to_numpy(), given)
-    return pd.concat([out.drop(columns=[c for c in new.columns if c in out.columns]), new],
+            w = WIDE_EP + col[len(KERNEL):]
+            if w in wide.columns:       # a parameter the design sets holds under wide EP too
+                wide[w] = np.where(np.isnan(given), wide[w].to_numpy(), given)
+    return pd.concat([out.drop(columns=[c for c in new.columns if c in out.columns]), new, wide],
                      axis=1)
+
+
+WIDE_EP = "accelerator.kernel_wide_ep."   # the MoE parameters of the runtime's wide-EP kernel
+
+
+def wide_ep_kernel_columns(out, T, a, r) -> pd.DataFrame:
+    """The MoE parameters of the expert kernel a row's runtime runs under wide EP (attention
+    DP with ep > 1: the all-to-all hands each rank its rows), where the design leaves
+    ``serving.moe_backend`` on auto and the runtime names one (serving.toml [runtimes.*]
+    ``wide_ep_moe_backend``: SGLang's DeepEP path runs DeepGEMM) with fitted parameters for the
+    chip (dse/catalog/kernels/moe_wideep.toml); NaN elsewhere. ``to_batch`` takes them for the
+    rows whose layout is wide EP (``wide_ep_moe_fields``); a layout is numeric in a space, so
+    the choice is the batch's, not the resolution's."""
+    names = {rt: v.get("wide_ep_moe_backend") for rt, v in catalog.runtime_defaults().items()}
+    code = np.array([T.moe_backends.index(names[rt]) if names.get(rt) in T.moe_backends
+                     else -1 for rt in T.runtimes] + [-1])
+    bk = code[r]
+    if "serving.moe_backend" in out.columns:
+        bk = np.where(encode(out["serving.moe_backend"].fillna("auto"), T.moe_backends) > 0,
+                      -1, bk)
+    named = sorted({int(c) for c in code if c >= 0})
+    # (only the keys some chip has for those backends: fp8_block's today)
+    keys = [i for i, k in enumerate(T.kernel_keys) if k.startswith("moe_")
+            and named and np.isfinite(T.backend_kernel[:, :, named, i]).any()]
+    vals = np.full((len(out), len(keys)), np.nan)
+    on = bk >= 0
+    if on.any():
+        vals[on] = T.backend_kernel[a[on], r[on], bk[on]][:, keys]
+    return pd.DataFrame(vals, columns=[WIDE_EP + T.kernel_keys[i] for i in keys],
+                        index=out.index)
+
+
+class _Overlay:
+    """A resolved table (a DataFrame or a dict of columns) with some columns replaced."""
+
+    def __init__(self, out, over: dict):
+        self.out, self.over = out, over
+
+    def __getitem__(self, c):
+        return self.over[c] if c in self.over else self.out[c]
+
+    def __contains__(self, c):
+        return c in self.over or c in self.out
+
+
+def wide_ep_moe_fields(out, cols: dict, kernel_args: tuple) -> None:
+    """Rows with attention DP and ep > 1 (wide EP) take the MoE fields of their runtime's
+    wide-EP kernel where the table has them (``wide_ep_kernel_columns``; the others keep
+    their own); ``kernel_args``: ``select.kernel_fields``'s arguments after the table."""
+    keys = [c[len(WIDE_EP):] for c in out if str(c).startswith(WIDE_EP)]
+    if not keys:
+        return
+    def f(c):
+        return np.asarray(out[c], dtype=float)
+
+    wide = (f("layout.dp") > 1.0) & (f("layout.ep") > 1.0)
+    over = {}
+    for k in keys:
+        w = f(WIDE_EP + k)
+        if np.all(np.isnan(w)):
+            continue
+        over[KERNEL + k] = np.where(np.isnan(w), f(KERNEL + k), w)
+    if not over or not wide.any():
+        return
+    alt = kernel_fields(_Overlay(out, over), *kernel_args)
+    for k, v in alt.items():
+        if k.startswith("moe_"):
+            cols[k] = np.where(wide, v, cols[k])
 
 
 def moe_kernel_missing(out) -> np.ndarray:
@@ -423,6 +495,7 @@ def to_batch(out, compact: bool = False, dtype=np.float64) -> Batch:
     tier = scaleup_tier_units(out)
     # hook: per-op precision (dse.build.mechanisms): the experts' and attention's own dtypes
     prec = mechanisms.precision_columns(out, wbytes, matmul, fam, peak)
+    kernel_args = (fam, kv_fp8, peak, f("model.kv_lora_rank") > 0, prec.pop("moe_family"))
     cols = {
         "n_layers": L, "hidden": f("model.hidden_size"), "n_heads": f("model.num_attention_heads"),
         "n_kv_heads": f("model.num_key_value_heads"), "head_dim": f("model.head_dim"),
@@ -443,8 +516,7 @@ def to_batch(out, compact: bool = False, dtype=np.float64) -> Batch:
         "hbm_capacity_bytes": f("accelerator.hbm_capacity_bytes"),
         **{k: f(f"accelerator.efficiency.{k}") for k in EFF_FIELDS},
         **{k: f(KERNEL + k) for k in kernel_comm.KEYS},
-        **kernel_fields(out, fam, kv_fp8, peak, f("model.kv_lora_rank") > 0,
-                        prec.pop("moe_family")),
+        **kernel_fields(out, *kernel_args),
         "domain_chips": f("topology.scaleup.domain_chips"),
         "scaleup_bw_bytes_per_s": f("topology.scaleup.link_bw_bytes_per_s"),
         "scaleup_latency_s": topo["latency"],
@@ -486,6 +558,7 @@ def to_batch(out, compact: bool = False, dtype=np.float64) -> Batch:
         **prec,
         **allreduce_rule_columns(out),
     }
+    wide_ep_moe_fields(out, cols, kernel_args)     # the runtime's wide-EP expert kernel
     return Batch.from_columns(cols, compact=compact, dtype=dtype)
 
 

@@ -16,7 +16,9 @@ features)::
 MoE layer (gated MLP: w1 and w3 fused [hidden -> 2 w], then w2 [w -> hidden], w = inter / moe_tp;
 ``matrices`` = 3; a non-gated MLP such as Nemotron-3's relu2 experts: up [hidden -> w], down, 2),
 balanced routing of ``tokens`` tokens to ``topk`` of ``experts`` experts, experts split over
-``moe_ep`` chips::
+``moe_ep`` chips (``tokens``: those the chip's kernel is handed, the whole batch on a single-GPU
+benchmark or under TP+EP, the tokens dispatched to the chip under wide EP with attention DP,
+whose remote entries and bytes are then the received tokens'; ``dse.perf.op_mlp``)::
 
     local     = experts / moe_ep                                 # experts on this chip
     rows      = tokens * topk / moe_ep                           # routed rows on this chip
@@ -121,7 +123,11 @@ def grouped_gemm_s(tokens, hidden, inter, topk, experts, moe_tp, moe_ep, weight_
                    remote_fraction=0.0, l2_bytes=0.0, l2_speedup=1.0):
     """Time (s) of one MoE layer's expert GEMMs on one chip (balanced routing).
 
-    tokens: tokens entering the layer (all ranks' tokens: each rank sees them routed).
+    tokens: tokens entering the chip's kernel: the whole batch where every chip runs every
+        token (a single-GPU benchmark, TP+EP), the tokens the all-to-all dispatches to the
+        chip under attention data parallelism (wide EP: each with its top-k list, so
+        ``tokens topk - rows`` are then its received tokens' remote entries, not the batch's;
+        ``touched`` must then be passed, as it follows the whole batch's routing).
     hidden: model width (elements); inter: one expert's intermediate width (elements), split
         ``moe_tp`` ways, so the local expert width is ``w = inter / moe_tp``.
     topk: experts per token; experts: routed experts in the layer; moe_ep: chips the experts

@@ -33,6 +33,20 @@ factors (``forms.gemm_form``; the grouped GEMMs' tile padding per touched expert
 width and hidden edges, remote entries); memory is the weight bytes over HBM x a fitted
 fraction; network the fitted collective kernels (``kernel_comm``); the permute bytes and a
 fixed time per MoE layer are additive.
+
+Which tokens a chip's grouped GEMM sees (``moe_terms``): the kernel terms were fitted on
+single-GPU tables that run every token of the batch through one chip's kernel, the entries of
+other chips' experts masked (``moe_remote_fraction`` of a local row each, and
+``moe_batch_bytes`` / ``moe_route_bytes`` per token and routed entry of the batch). Under TP+EP
+(dp = 1) that is what runs: every chip holds every token. Under attention DP (dp > 1) the
+all-to-all hands a chip only the tokens routed to it, each with its top-k list (DeepEP,
+TensorRT-LLM's WideEP): tok x dest / ep tokens (``dest`` the ranks a token visits,
+ep (1 - (1 - 1/ep)^k)) whose tok x k / ep x dest entries include the chip's own rows. Its
+remote entries are then rows x (dest - 1), at most k - 1 per own row, and its per-token and
+per-entry bytes those of its dispatched tokens: at a given rows per chip and experts per
+chip the kernel time no longer grows with ep (dest tends to k; the whole-batch forms grew as
+ep). Checked against aiconfigurator-core's wide-EP MoE tables
+(``python -m dse.calibration.kernels.wideep``).
 """
 
 from __future__ import annotations
@@ -138,7 +152,9 @@ class MoeRouted:
     c: np.ndarray               # compute s per routed token: flops_tok x shape / rate
     expert_pad: np.ndarray      # padded rows per touched expert, in routed-token units
     expert_wave: np.ndarray     # one wave of tiles, in routed-token units
-    remote_rows: np.ndarray     # remote entries a kernel still computes, per token
+    row_load: np.ndarray        # rows a kernel computes per routed row: 1 + the remote
+    #                             entries of the tokens dispatched to it (dp > 1), per own row
+    remote_rows: np.ndarray     # remote entries a kernel still computes, per step token (dp = 1)
     m: np.ndarray               # s to read every expert slot on the chip (x the touched share)
     x_tok: np.ndarray           # the permute bytes as s per routed token
     x: np.ndarray               # fixed s per step (per-layer latency)
@@ -180,7 +196,7 @@ class MoeRouted:
         """(compute, memory, network, additive) and the all-to-all (None: ep = 1)."""
         touched = self.touched(s)
         rt = self.routed_tokens(s, imb)
-        c = s.masked(self.c * (rt + s.tok * self.remote_rows               # tiles per expert used
+        c = s.masked(self.c * (rt * self.row_load + s.tok * self.remote_rows   # tiles per expert used
                                + s.twice(self.expert_pad * touched + self.expert_wave)))
         m = s.twice(self.m * touched)
         x = s.masked(self.x_tok * rt + s.twice(self.x))
@@ -224,7 +240,8 @@ def moe_terms(b: Batch, c: Basis, allreduce: AllReduces, layers) -> MoeRouted:
     all-reduce over an expert's shards. ``layers``: MoE layers on this stage.
 
     Tokens spread over attention-DP ranks (dp > 1): a chip's kernel sees the tokens routed to
-    its rank, which the all-to-all brings. dp = 1 (TensorRT-LLM's and vLLM's TP+EP): every chip
+    its rank, which the all-to-all brings, with their remote entries and bytes (module
+    docstring), not the whole batch's. dp = 1 (TensorRT-LLM's and vLLM's TP+EP): every chip
     already holds every token after the attention all-reduce, runs its own experts' rows of
     all of them, and one all-reduce of the full output over the tp group replaces the dispatch
     and combine (no all-to-all, as at ep = 1)."""
@@ -233,11 +250,11 @@ def moe_terms(b: Batch, c: Basis, allreduce: AllReduces, layers) -> MoeRouted:
     ep = b.ep
     ffn_g, d = c.ffn_g, c.d
     width = np.maximum(b.ffn_expert * ep / ffn_g, 1.0)
-    gemm = _grouped_gemm(b, c, layers, e, k, ep, width)
     dest = _ranks_visited(k, ep, bool(np.any(ep > 1.0)))
     spread = arch.flag(c.dp > 1.0, d)       # tokens spread over ranks: the all-to-all runs
     # the share of the step's tokens a chip's kernel sees: those that visit its rank, or all
     seen = arch.blend(spread, np.minimum(dest, ep) / ep, arch.flag(k > 0, k))
+    gemm = _grouped_gemm(b, c, layers, e, k, ep, width, spread, dest)
     # permute/unpermute bytes per routed row, layer in/out bytes per token on the chip
     permute = k / ep * b.moe_token_bytes + seen * (b.moe_batch_bytes + k * b.moe_route_bytes)
     is_moe = arch.flag(b.n_experts > 0, layers) * layers
@@ -258,11 +275,15 @@ def moe_terms(b: Batch, c: Basis, allreduce: AllReduces, layers) -> MoeRouted:
         message=message)
 
 
-def _grouped_gemm(b: Batch, c: Basis, layers, e, k, ep, width) -> dict:
+def _grouped_gemm(b: Batch, c: Basis, layers, e, k, ep, width, spread, dest) -> dict:
     """The routed experts' grouped GEMMs: FLOPs and compute per routed token, padding per
     touched expert and one wave of tiles per call (wave_elements of output, in routed-row units
     of ``c``: rows per chip = tok k / ep), the entries routed to other chips that a kernel run
-    over every entry still computes (remote_fraction of a local row's), and the weights."""
+    over every entry it is handed still computes (remote_fraction of a local row's), and the
+    weights. The entries it is handed (module docstring): every token's with dp = 1
+    (``remote_rows``: tok k (ep - 1) / ep of them, per step token), the dispatched tokens'
+    under attention DP (``spread``; ``row_load``: dest - 1 per own row, ``dest`` the ranks a
+    token visits)."""
     p_exp = arch.expert_params(b)
     flops_tok = 2.0 * k * p_exp * layers / c.ffn_g
     cm = (flops_tok * (1.0 + b.moe_width_half / width + b.moe_hidden_half / c.d)
@@ -276,7 +297,8 @@ def _grouped_gemm(b: Batch, c: Basis, layers, e, k, ep, width) -> dict:
         flops_tok=flops_tok, c=cm * slow,
         expert_pad=b.moe_half_rows * e / np.maximum(k, 1e-12) * on,
         expert_wave=b.moe_wave_elements / width * ep / np.maximum(k, 1e-12) * on,
-        remote_rows=b.moe_remote_fraction * np.maximum(ep - 1.0, 0.0),
+        row_load=1.0 + spread * b.moe_remote_fraction * np.maximum(dest - 1.0, 0.0),
+        remote_rows=(1.0 - spread) * b.moe_remote_fraction * np.maximum(ep - 1.0, 0.0),
         expert_bytes=expert_bytes, m=mm * slow)
 
 

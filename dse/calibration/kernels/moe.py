@@ -49,7 +49,10 @@ the batch with an expert map, launching and skipping or zero-filling remote expe
 (fitted 0 to 0.24 per group; RTX PRO 6000's TensorRT-LLM fp8_block kernel at 1, every entry
 computed; SGLang's Triton fused MoE on Blackwell was predicted at 0.12-0.5x its measured time
 at ep 256, its time barely falling with ep, but it shares its group, and so one value, with
-FlashInfer's TensorRT-LLM MoE, which computes its own rows only: 0.004 there). The wave floor
+FlashInfer's TensorRT-LLM MoE, which computes its own rows only: 0.004 there; the scorer
+charges these entries only where a chip's kernel is handed them: every token's under TP+EP,
+the dispatched tokens' under wide EP, ``dse.perf.op_mlp``, checked against the wide-EP tables
+by ``wideep.py``). The wave floor
 takes over part of the fixed time per layer (``latency_s`` 64 -> 0.1 us on A100 TensorRT-LLM
 bf16, unchanged on most Blackwell TensorRT-LLM groups, where the floor fits at ~0).
 Held-out median 1.150 -> 1.146, worst 1.451 -> 1.368, share <= 1.15 49% -> 57%;
