@@ -164,14 +164,16 @@ def test_queue_suspect_truths_are_reported_apart_and_never_fitted(report):
     from dse.calibration.fit import fit_base
     cases, truth = load(CAL)
     flagged = queue_suspect(truth)
-    assert flagged.sum() == 50
+    # 50 flagged TTFTs, and the TPOTs of the same 50 cases (their running batch is unknown)
+    assert flagged.sum() == 100
     base = fit_base(cases, truth)
     pairs = set(zip(truth["case_id"][flagged], truth["metric"][flagged]))
-    assert {m for _, m in pairs} == {"ttft_s"}
+    assert {m for _, m in pairs} == {"ttft_s", "tpot_s"}
+    assert len({c for c, _ in pairs}) == 50
     assert not any(k in pairs for k in zip(base["case_id"], base["metric"]))
     assert not base["quality_flag"].fillna("").str.contains("queue_suspect").any()
     # every other truth of a fittable case is fitted
-    assert len(base) == len(truth) - 50 - 24      # less the 24 truths of the QPS=INF rows
+    assert len(base) == len(truth) - 100 - 24     # less the 24 truths of the QPS=INF rows
     *_, everything = report
     apart = everything[everything["source"].str.endswith(QUEUE_SUSPECT)]
-    assert len(apart) == 50 and set(apart["source"]) == {"AIC-SILICON" + QUEUE_SUSPECT}
+    assert len(apart) == 100 and set(apart["source"]) == {"AIC-SILICON" + QUEUE_SUSPECT}

@@ -22,9 +22,9 @@ At load, two kinds of inputs the case files do not state as columns are added:
   (e.g. a runtime version's fixed per-request time); a case that gives the column itself keeps
   its own value.
 
-Truths whose ``quality_flag`` says ``queue_suspect`` (a closed-loop TTFT that looks dominated by
-queueing) are reported in their own group (``joined``: source + ``QUEUE_SUSPECT``) and never
-fitted (``fit``).
+Truths of the cases whose ``quality_flag`` says ``queue_suspect`` (a closed-loop TTFT that looks
+dominated by queueing; the case's TPOT too: its running batch is unknown) are reported in their
+own group (``joined``: source + ``QUEUE_SUSPECT``) and never fitted (``fit``).
 """
 
 from __future__ import annotations
@@ -143,10 +143,15 @@ def apply_source_inputs(cases: pd.DataFrame, inputs: dict | None = None) -> pd.D
 
 
 def queue_suspect(truth: pd.DataFrame) -> np.ndarray:
-    """Truth rows whose ``quality_flag`` marks a TTFT dominated by queueing (not fitted)."""
+    """Truth rows of the cases whose ``quality_flag`` marks a TTFT dominated by queueing (not
+    fitted): every metric of such a case, its TPOT too. When requests wait in a queue the
+    runtime is not running ``concurrency`` sequences, so the batch its TPOT was measured at is
+    unknown (gpt-oss-120b on H100 under vLLM at concurrency 512: TTFTs of 20-460 s beside TPOTs
+    of 4-27 ms, the step of a far smaller batch)."""
     if "quality_flag" not in truth:
         return np.zeros(len(truth), bool)
-    return truth["quality_flag"].fillna("").astype(str).str.contains("queue_suspect").to_numpy()
+    flagged = truth["quality_flag"].fillna("").astype(str).str.contains("queue_suspect")
+    return truth["case_id"].isin(set(truth.loc[flagged, "case_id"])).to_numpy()
 
 
 def joined(pred: pd.DataFrame, cases: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
