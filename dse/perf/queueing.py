@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from dse.perf.phases import front_end_s
+from dse.perf.roots import Probe, largest_ok
 
 Z90 = 1.2815515655446004        # standard normal 90% quantile
 ITERS = 24                      # bisection steps on log C: relative precision ~ 1e-6 of the range
@@ -94,7 +95,7 @@ def _serve_rate(m: dict, by_rate, out_tokens_per_s) -> None:
         m[k] = m[k] / f
 
 
-def serve(b, evaluate, breakdown: bool = False):
+def serve_bisection(b, evaluate, breakdown: bool = False):
     """The instance at its request rate (rows with ``request_rate_per_s > 0``; the others at
     their concurrency), with percentiles and goodput. ``evaluate(C, breakdown)`` scores the
     instance at concurrency ``C`` (its metrics carry ``_prefill_service_s``, S above).
@@ -159,6 +160,140 @@ def serve(b, evaluate, breakdown: bool = False):
     m["concurrency"] = np.where(queue, c_op, m["concurrency"])
     m.pop("_prefill_service_s", None)
     return (m, res[1]) if breakdown else m
+
+
+SATURATED = 1.0 - 1e-6          # the prefill queue's load at saturation
+
+
+def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
+    """``serve_bisection``'s numbers (within its resolution), its four bisections (saturation,
+    the rate's concurrency, and goodput's TPOT and TTFT bounds) found by ``roots.largest_ok``
+    on the queue's quantities alone: ``times(rows)`` (``rows`` None: all) gives a function
+    of those rows' concurrency returning ``(ttft_unloaded_s, tpot_s, _prefill_service_s)`` as
+    ``evaluate`` gives them (dse.perf.serve: in float32), ``cap`` the
+    ``max_concurrent_sequences`` of ``evaluate(max(concurrency, 1))``. ``evaluate`` scores the
+    instance once, at its concurrency. Without ``times``: ``serve_bisection``."""
+    if times is None:
+        return serve_bisection(b, evaluate, breakdown)
+    n = len(b)
+    lam = np.broadcast_to(b.request_rate_per_s, (n,))
+    queue = np.broadcast_to((b.phase == 0) & (b.disaggregated == 0), (n,))
+    by_rate = (lam > 0) & queue
+    osl = np.broadcast_to(b.osl, (n,)).astype(np.float64)
+    point = _points(Probe(times, n), osl)
+    rows = np.arange(n)
+    one = point(rows, np.ones(n))
+    cap = np.maximum(np.broadcast_to(cap, (n,)), 1.0)
+    # saturation: the largest concurrency that fits and keeps the prefill queue stable
+    c_sat, sat = largest_ok(_test(point, "rho", SATURATED, queue), np.ones(n), cap,
+                            _at(one, "rho", SATURATED, queue),
+                            _at(point(rows, cap), "rho", SATURATED, queue))
+    lam_sat = sat["rate"]
+    c_op, _ = largest_ok(_test(point, "rate", lam, by_rate), np.ones(n), c_sat,
+                         _at(one, "rate", lam, by_rate), _at(sat, "rate", lam, by_rate))
+    c_op = np.where(by_rate, c_op, b.concurrency)
+    res = evaluate(c_op, breakdown)
+    m = dict(res[0] if breakdown else res)
+    lam_op = np.where(by_rate, lam, _rate(m, c_op, osl))
+    s_op = m["_prefill_service_s"]
+    r_op = lam_op * s_op
+    tp90 = np.asarray(m["tpot_s"], dtype=np.float64)
+    if np.any(by_rate):
+        idx = np.flatnonzero(by_rate)
+        tp90 = tp90.copy()
+        tp90[idx] = point(idx, np.minimum(poisson_p90(c_op[idx]), c_sat[idx]))["tpot"]
+    w90, w99 = md1_wait_quantile_s(0.9, r_op, s_op), md1_wait_quantile_s(0.99, r_op, s_op)
+    wmean = md1_mean_wait_s(r_op, s_op)
+    _serve_rate(m, by_rate, lam * osl)
+    own, loop = m["ttft_unloaded_s"], m["ttft_s"]
+    m["ttft_s"] = np.where(by_rate, own + wmean, loop)
+    m["ttft_queue_wait_s"] = np.where(by_rate, wmean, loop - own)
+    m["ttft_p90_s"] = np.where(by_rate, own + w90, loop)
+    m["ttft_p99_s"] = np.where(by_rate, own + w99, loop)
+    m["tpot_p90_s"] = np.where(by_rate, tp90, m["tpot_s"])
+    _rate_metrics(m, by_rate, lam, lam_op, lam_sat, queue)
+    _goodput_roots(m, b, point, queue, one, c_sat, sat, lam_sat)
+    nan = np.full(n, np.nan)
+    for k in NEW_METRICS:
+        m[k] = np.where(queue, np.broadcast_to(m.get(k, nan), (n,)), nan)
+    m["concurrency"] = np.where(queue, c_op, m["concurrency"])
+    m.pop("_prefill_service_s", None)
+    return (m, res[1]) if breakdown else m
+
+
+def _rate(m, c, osl):
+    """Little's law: the requests/s an instance at concurrency ``c`` serves (the request's own
+    TTFT: the queue's wait is what is solved for)."""
+    return c / (m["ttft_unloaded_s"] + osl * m["tpot_s"])
+
+
+def _points(probe, osl):
+    """``point(idx, c)``: the queue's quantities of rows ``idx`` at concurrency ``c``."""
+    def point(idx, c):
+        ttft, tpot, s = (np.asarray(v, dtype=np.float64) for v in probe(idx, c))
+        rate = c / (ttft + osl[idx] * tpot)
+        return {"idx": idx, "ttft": ttft, "tpot": tpot, "s": s, "rate": rate, "rho": rate * s}
+    return point
+
+
+def _at(p, key, target, on, extra=None):
+    """``(residual, passes, p)`` of a root's test ``p[key] <= target`` at the points ``p`` (rows
+    not ``on``: fail, nothing to solve)."""
+    v = p[key] if extra is None else extra(p)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(v / target), (v <= target) & on, p
+
+
+def _test(point, key, target, on, extra=None):
+    """``largest_ok``'s ``fn`` for the test ``point[key] <= target``."""
+    target = np.broadcast_to(target, np.shape(on))
+    return lambda idx, c: _at(point(idx, c), key, target[idx], on[idx], extra)
+
+
+def _goodput_roots(m: dict, b, point, queue, one, c_sat, sat, lam_sat) -> None:
+    """Goodput where an SLO is given, as ``_goodput`` finds it: the largest concurrency up to
+    ``c_sat`` whose p90 TPOT (the TPOT at the batch's Poisson p90, at most ``c_sat``) and p90
+    TTFT meet the SLOs, at its own rate. The TPOT's bound is a root in the batch ``x``
+    (``tpot(x) <= slo``, then the concurrency whose p90 is ``x``), the TTFT's a root in C up to
+    that bound (``one``, ``sat``: the queue's quantities at C = 1 and at ``c_sat``)."""
+    n = len(c_sat)
+    slo_t = np.broadcast_to(b.ttft_slo_s, (n,))
+    slo_p = np.broadcast_to(b.tpot_slo_s, (n,))
+    has_slo = ((slo_t > 0) | (slo_p > 0)) & queue
+    if not np.any(has_slo):
+        return
+    ones = np.ones(n)
+    on_p = has_slo & (slo_p > 0)
+    x_p, _ = largest_ok(_test(point, "tpot", slo_p, on_p), ones, c_sat,
+                        _at(one, "tpot", slo_p, on_p), _at(sat, "tpot", slo_p, on_p))
+    # where the TPOT SLO fails at saturation, C passes while its p90 batch is at most x_p
+    c_p = np.where(on_p & ~(sat["tpot"] <= slo_p), poisson_p90_inverse(x_p), np.inf)
+    fits_p = c_p >= 1.0
+    top = np.where(fits_p, np.minimum(c_sat, c_p), 1.0)
+    at_top = sat
+    new = np.flatnonzero(has_slo & fits_p & (c_p < c_sat))
+    if len(new):
+        at_top = {k: v.copy() for k, v in sat.items()}
+        for k, v in point(new, c_p[new]).items():
+            at_top[k][new] = v
+    on_t = has_slo & (slo_t > 0)
+    slo = np.where(on_t, slo_t, 1.0)
+
+    def p90_ttft(p, on):        # the request's own TTFT and the p90 of its prefill queue wait
+        return np.where(on, p["ttft"] + md1_wait_quantile_s(0.9, p["rho"], p["s"]), 0.0)
+    lo = _at(one, "ttft", slo, has_slo & fits_p, lambda p: p90_ttft(p, on_t))
+    hi = _at(at_top, "ttft", slo, has_slo & fits_p, lambda p: p90_ttft(p, on_t))
+    test = _test(point, "ttft", slo, has_slo, lambda p: p90_ttft(p, on_t[p["idx"]]))
+    _, at_good = largest_ok(test, ones, top, lo, hi)
+    good = np.where(lo[1], at_good["rate"], 0.0)
+    m["goodput_requests_per_s_per_chip"] = np.where(has_slo, np.minimum(good, lam_sat),
+                                                    np.nan) / m["num_chips"]
+
+
+def poisson_p90_inverse(x) -> np.ndarray:
+    """The mean ``c`` whose ``poisson_p90`` is ``x``: ``sqrt(c) = (sqrt(z^2 + 4 x) - z) / 2``."""
+    r = 0.5 * (np.sqrt(Z90 * Z90 + 4.0 * np.asarray(x, dtype=float)) - Z90)
+    return r * r
 
 
 def _over_slo(value, slo):

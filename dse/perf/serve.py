@@ -261,7 +261,8 @@ def _served(b: Batch, breakdown: bool, k: Coefficients | None):
         return _instance(b, breakdown, k)
     k = Coefficients(b) if k is None else k
     return queueing.serve(
-        b, lambda c, bd: _instance(b.replace(concurrency=c), bd, k, queue=True), breakdown)
+        b, lambda c, bd: _instance(b.replace(concurrency=c), bd, k, queue=True), breakdown,
+        _queue_probe(b, k), _queue_cap(b))
 
 
 def _served_disaggregated(b: Batch, breakdown: bool):
@@ -380,6 +381,63 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     if tier is not None and np.any(~tier.fetched & (tier.tokens > 0)):
         return _tier_recomputed(b0, tier, metrics, st, breakdown, k, queue)
     return (metrics, st) if breakdown else metrics
+
+
+def _queue_cap(b: Batch):
+    """``max_concurrent_sequences`` of the instance at its concurrency (dse.perf.queueing)."""
+    bc = b.replace(concurrency=np.maximum(b.concurrency, 1.0))
+    return np.minimum(_memory(bc)[3], b.max_batch_size * b.dp)
+
+
+def _queue_probe(b: Batch, k: Coefficients):
+    """``at(rows)``: ``_queue_times`` of rows ``rows`` (None: all) as a function of their
+    concurrency, in float32 (dse.perf.queueing's root finding; its float64 answer is scored
+    once), the concurrency-free memos of the batch kept between calls."""
+    b32 = b.astype(np.float32)
+    k32 = k if b32 is b or all(v.dtype == np.float32 for v in b.columns.values()) \
+        else Coefficients(b32)
+
+    def at(rows):
+        sub = b32 if rows is None else b32.take(rows)
+        ks = k32 if rows is None else Coefficients(sub)
+        memo = sub.__dict__["_memo"]
+
+        def times(c):
+            bc = sub.replace(concurrency=c)
+            bc.__dict__["_memo"].update(memo)
+            out = _queue_times(bc, ks)
+            memo.update(bc.__dict__["_memo"])
+            memo.pop("sequences", None)          # (the one memo that depends on concurrency)
+            return out
+        return times
+    return at
+
+
+def _queue_times(b: Batch, k: Coefficients):
+    """hook: what dse.perf.queueing's root finding reads of ``_instance(b, queue=True)``, the
+    same numbers: ``(ttft_unloaded_s, tpot_s, _prefill_service_s)``, none of the fit, cost or
+    bound metrics (it runs ~10 times per design)."""
+    c = sequences(b)
+    b0, tier = b, None
+    if kvtier.cache_on(b):               # hook: as _instance (dse.perf.kvtier)
+        weights, kv_seq, act, _ = _memory(b)
+        b, tier = _tier_split(b, weights, kv_seq, act, c)
+    on_spec = b.has_on("spec_tokens")
+    tok_step = spec.tokens_per_step(b) if on_spec else 1.0
+    load = prompt_load(b, tok_step if on_spec else None)
+    st, _, draft = steps(b, False, load, k, b.spec_tokens + 1.0 if on_spec else None)
+    t_decode, t_mixed, t_prefill = _mean_steps(st, load, draft)
+    ttft_extra = 0.0
+    if tier is not None:
+        t_mixed, ttft_extra, tier = _tier_fetch(b, tier, load, t_mixed, t_prefill)
+    pass_s = b.pp * t_mixed
+    out = (ttft(b, pass_s, t_prefill, load, ttft_extra)[0], pass_s / tok_step,
+           prompt_service_s(b, t_decode, t_prefill, load))
+    if tier is not None and np.any(~tier.fetched & (tier.tokens > 0)):    # as _tier_recomputed
+        keep = tier.fetched | (tier.tokens <= 0)
+        alt = _queue_times(b0.replace(tier_bytes=np.where(keep, b0.tier_bytes, 0.0)), k)
+        out = tuple(np.where(keep, v, a) for v, a in zip(out, alt))
+    return out
 
 
 def _mean_steps(st: Breakdown, load: PromptLoad, draft):
