@@ -166,13 +166,13 @@ SATURATED = 1.0 - 1e-6          # the prefill queue's load at saturation
 
 
 def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
-    """``serve_bisection``'s numbers (within its resolution), its four bisections (saturation,
-    the rate's concurrency, and goodput's TPOT and TTFT bounds) found by ``roots.largest_ok``
-    on the queue's quantities alone: ``times(rows)`` (``rows`` None: all) gives a function
-    of those rows' concurrency returning ``(ttft_unloaded_s, tpot_s, _prefill_service_s)`` as
-    ``evaluate`` gives them (dse.perf.serve: in float32), ``cap`` the
-    ``max_concurrent_sequences`` of ``evaluate(max(concurrency, 1))``. ``evaluate`` scores the
-    instance once, at its concurrency. Without ``times``: ``serve_bisection``."""
+    """``serve_bisection``'s numbers (to its resolution), its three bisections (saturation, the
+    rate's concurrency, goodput) found by ``roots.largest_ok`` on the queue's quantities alone:
+    ``times(rows)`` (``rows`` None: all) gives a function of those rows' concurrency returning
+    ``(ttft_unloaded_s, tpot_s, _prefill_service_s)`` as ``evaluate`` gives them
+    (dse.perf.serve: in float32), ``cap`` the ``max_concurrent_sequences`` of
+    ``evaluate(max(concurrency, 1))``; ``evaluate`` scores the instance once, at the
+    concurrency found. Without ``times``: ``serve_bisection``."""
     if times is None:
         return serve_bisection(b, evaluate, breakdown)
     n = len(b)
@@ -181,26 +181,24 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
     by_rate = (lam > 0) & queue
     osl = np.broadcast_to(b.osl, (n,)).astype(np.float64)
     point = _points(Probe(times, n), osl)
-    rows = np.arange(n)
-    one = point(rows, np.ones(n))
+    rows, ones = np.arange(n), np.ones(n)
+    one = point(rows, ones)
     cap = np.maximum(np.broadcast_to(cap, (n,)), 1.0)
     # saturation: the largest concurrency that fits and keeps the prefill queue stable
-    c_sat, sat = largest_ok(_test(point, "rho", SATURATED, queue), np.ones(n), cap,
-                            _at(one, "rho", SATURATED, queue),
-                            _at(point(rows, cap), "rho", SATURATED, queue))
+    c_sat, sat = largest_ok(_test(point, "rho", SATURATED), ones, cap, _at(one, "rho", SATURATED),
+                            _at(point(rows, cap), "rho", SATURATED), queue)
     lam_sat = sat["rate"]
-    c_op, _ = largest_ok(_test(point, "rate", lam, by_rate), np.ones(n), c_sat,
-                         _at(one, "rate", lam, by_rate), _at(sat, "rate", lam, by_rate))
+    c_op, _ = largest_ok(_test(point, "rate", lam), ones, c_sat, _at(one, "rate", lam),
+                         _at(sat, "rate", lam), by_rate)
     c_op = np.where(by_rate, c_op, b.concurrency)
     res = evaluate(c_op, breakdown)
     m = dict(res[0] if breakdown else res)
     lam_op = np.where(by_rate, lam, _rate(m, c_op, osl))
     s_op = m["_prefill_service_s"]
     r_op = lam_op * s_op
-    tp90 = np.asarray(m["tpot_s"], dtype=np.float64)
-    if np.any(by_rate):
-        idx = np.flatnonzero(by_rate)
-        tp90 = tp90.copy()
+    tp90 = np.array(m["tpot_s"], dtype=np.float64)
+    idx = np.flatnonzero(by_rate)
+    if len(idx):
         tp90[idx] = point(idx, np.minimum(poisson_p90(c_op[idx]), c_sat[idx]))["tpot"]
     w90, w99 = md1_wait_quantile_s(0.9, r_op, s_op), md1_wait_quantile_s(0.99, r_op, s_op)
     wmean = md1_mean_wait_s(r_op, s_op)
@@ -212,7 +210,7 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
     m["ttft_p99_s"] = np.where(by_rate, own + w99, loop)
     m["tpot_p90_s"] = np.where(by_rate, tp90, m["tpot_s"])
     _rate_metrics(m, by_rate, lam, lam_op, lam_sat, queue)
-    _goodput_roots(m, b, point, queue, one, c_sat, sat, lam_sat)
+    _goodput_roots(m, b, Probe(times, n), point, queue, one, c_sat, sat, lam_sat)
     nan = np.full(n, np.nan)
     for k in NEW_METRICS:
         m[k] = np.where(queue, np.broadcast_to(m.get(k, nan), (n,)), nan)
@@ -231,69 +229,69 @@ def _points(probe, osl):
     """``point(idx, c)``: the queue's quantities of rows ``idx`` at concurrency ``c``."""
     def point(idx, c):
         ttft, tpot, s = (np.asarray(v, dtype=np.float64) for v in probe(idx, c))
-        rate = c / (ttft + osl[idx] * tpot)
-        return {"idx": idx, "ttft": ttft, "tpot": tpot, "s": s, "rate": rate, "rho": rate * s}
+        r = ttft + osl[idx] * tpot                  # the time a request stays in the batch
+        rate = c / r
+        return {"c": c, "r": r, "ttft": ttft, "tpot": tpot, "s": s, "rate": rate,
+                "rho": rate * s}
     return point
 
 
-def _at(p, key, target, on, extra=None):
-    """``(residual, passes, p)`` of a root's test ``p[key] <= target`` at the points ``p`` (rows
-    not ``on``: fail, nothing to solve)."""
-    v = p[key] if extra is None else extra(p)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log(v / target), (v <= target) & on, p
+def _at(p, key, target):
+    """``(residual, passes, p)`` of the test ``p[key] <= target`` at the points ``p``; the
+    residual about affine in C: ``c S - target R`` for the load, ``c - target R`` for the
+    rate (``R`` the time a request stays, ``S`` its prefill service time)."""
+    if key == "rho":
+        r = p["c"] * p["s"] - target * p["r"]
+    else:
+        r = p["c"] - target * p["r"]
+    return r, p[key] <= target, p
 
 
-def _test(point, key, target, on, extra=None):
+def _test(point, key, target):
     """``largest_ok``'s ``fn`` for the test ``point[key] <= target``."""
-    target = np.broadcast_to(target, np.shape(on))
-    return lambda idx, c: _at(point(idx, c), key, target[idx], on[idx], extra)
+    target = np.asarray(target)
+    if target.ndim:
+        return lambda idx, c: _at(point(idx, c), key, target[idx])
+    return lambda idx, c: _at(point(idx, c), key, target)
 
 
-def _goodput_roots(m: dict, b, point, queue, one, c_sat, sat, lam_sat) -> None:
+def _goodput_roots(m: dict, b, probe, point, queue, one, c_sat, sat, lam_sat) -> None:
     """Goodput where an SLO is given, as ``_goodput`` finds it: the largest concurrency up to
-    ``c_sat`` whose p90 TPOT (the TPOT at the batch's Poisson p90, at most ``c_sat``) and p90
-    TTFT meet the SLOs, at its own rate. The TPOT's bound is a root in the batch ``x``
-    (``tpot(x) <= slo``, then the concurrency whose p90 is ``x``), the TTFT's a root in C up to
-    that bound (``one``, ``sat``: the queue's quantities at C = 1 and at ``c_sat``)."""
+    ``c_sat`` whose p90 TTFT (the request's own TTFT and its prefill queue's p90 wait) and p90
+    TPOT (the TPOT at the batch's Poisson p90, at most ``c_sat``) meet the SLOs, at its own
+    rate (``one``, ``sat``: the queue's quantities at C = 1 and at ``c_sat``; ``probe``: the
+    p90 batch's TPOT)."""
     n = len(c_sat)
     slo_t = np.broadcast_to(b.ttft_slo_s, (n,))
     slo_p = np.broadcast_to(b.tpot_slo_s, (n,))
     has_slo = ((slo_t > 0) | (slo_p > 0)) & queue
     if not np.any(has_slo):
         return
-    ones = np.ones(n)
-    on_p = has_slo & (slo_p > 0)
-    x_p, _ = largest_ok(_test(point, "tpot", slo_p, on_p), ones, c_sat,
-                        _at(one, "tpot", slo_p, on_p), _at(sat, "tpot", slo_p, on_p))
-    # where the TPOT SLO fails at saturation, C passes while its p90 batch is at most x_p
-    c_p = np.where(on_p & ~(sat["tpot"] <= slo_p), poisson_p90_inverse(x_p), np.inf)
-    fits_p = c_p >= 1.0
-    top = np.where(fits_p, np.minimum(c_sat, c_p), 1.0)
-    at_top = sat
-    new = np.flatnonzero(has_slo & fits_p & (c_p < c_sat))
-    if len(new):
-        at_top = {k: v.copy() for k, v in sat.items()}
-        for k, v in point(new, c_p[new]).items():
-            at_top[k][new] = v
-    on_t = has_slo & (slo_t > 0)
-    slo = np.where(on_t, slo_t, 1.0)
+    on_t, on_p = slo_t > 0, slo_p > 0
+    st, sp = np.where(on_t, slo_t, 1.0), np.where(on_p, slo_p, 1.0)
 
-    def p90_ttft(p, on):        # the request's own TTFT and the p90 of its prefill queue wait
-        return np.where(on, p["ttft"] + md1_wait_quantile_s(0.9, p["rho"], p["s"]), 0.0)
-    lo = _at(one, "ttft", slo, has_slo & fits_p, lambda p: p90_ttft(p, on_t))
-    hi = _at(at_top, "ttft", slo, has_slo & fits_p, lambda p: p90_ttft(p, on_t))
-    test = _test(point, "ttft", slo, has_slo, lambda p: p90_ttft(p, on_t[p["idx"]]))
-    _, at_good = largest_ok(test, ones, top, lo, hi)
-    good = np.where(lo[1], at_good["rate"], 0.0)
-    m["goodput_requests_per_s_per_chip"] = np.where(has_slo, np.minimum(good, lam_sat),
+    def test(idx, p, tpot90):
+        q = md1_wait_quantile_s(0.9, p["rho"], p["s"])
+        over_t = np.where(on_t[idx], (p["ttft"] + q) / st[idx], 0.0)
+        over_p = np.where(on_p[idx], tpot90 / sp[idx], 0.0)
+        with np.errstate(invalid="ignore"):
+            # (the TTFT's residual times 1 - rho: finite as the queue saturates)
+            g_t = np.where(on_t[idx], np.where(p["rho"] < 1.0, (over_t - 1.0) * (1.0 - p["rho"]),
+                                               np.inf), -np.inf)
+        g = np.maximum(g_t, np.where(on_p[idx], over_p - 1.0, -np.inf))
+        ok = np.maximum(over_t, over_p) <= 1.0
+        return g, ok, {"rate": p["rate"], "ok": ok}
+
+    def fn(idx, c):
+        tp = probe(idx, np.minimum(poisson_p90(c), c_sat[idx]))[1]
+        return test(idx, point(idx, c), np.asarray(tp, dtype=np.float64))
+    rows = np.arange(n)
+    lo_tp = np.asarray(probe(rows, np.minimum(poisson_p90(1.0), c_sat))[1], dtype=np.float64)
+    _, good = largest_ok(fn, np.ones(n), c_sat, test(rows, one, lo_tp),
+                         test(rows, sat, sat["tpot"]), has_slo)
+    rate = np.where(good["ok"], good["rate"], 0.0)
+    m["goodput_requests_per_s_per_chip"] = np.where(has_slo, np.minimum(rate, lam_sat),
                                                     np.nan) / m["num_chips"]
-
-
-def poisson_p90_inverse(x) -> np.ndarray:
-    """The mean ``c`` whose ``poisson_p90`` is ``x``: ``sqrt(c) = (sqrt(z^2 + 4 x) - z) / 2``."""
-    r = 0.5 * (np.sqrt(Z90 * Z90 + 4.0 * np.asarray(x, dtype=float)) - Z90)
-    return r * r
 
 
 def _over_slo(value, slo):

@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 RESOLUTION = 2.0 ** -24        # the bisection's: 24 halvings of the log C range
+NOISE = 4e-6                   # and at least this (log C): float32 times place a root to ~1e-6
+PREFIX = int(__import__("os").environ.get("DSE_PREFIX", "4"))                     # bisection steps first (where the predicate is not monotone)
 MAX_STEPS = 60                 # a bound only: a bisection step at least every other step
 SHRINK = 0.5                   # take the rows still solved once fewer than this share of those held
 
@@ -56,50 +58,80 @@ def _pick(ok, yes: dict, no: dict) -> dict:
     return {k: np.where(ok, yes[k], no[k]) for k in no}
 
 
-def largest_ok(fn, lo, hi, lo_out, hi_out):
-    """Per row, the largest C in ``[lo, hi]`` that passes, as ``queueing.bisect_increasing``
-    finds it: ``lo`` where ``lo`` fails, ``hi`` less the resolution where ``hi`` passes.
+def _put(out: dict, idx, got: dict, sel=None) -> None:
+    for k, v in got.items():
+        out[k][idx] = v if sel is None else v[sel]
+
+
+def largest_ok(fn, lo, hi, lo_out, hi_out, on):
+    """Per row (``on``; the others: ``lo``), the largest C in ``[lo, hi]`` that passes, as
+    ``queueing.bisect_increasing`` finds it: its first ``PREFIX`` bisection steps (the same
+    points: where the predicate is not monotone, the same crossing), then a bracketed secant
+    in the bracket they leave; ``lo`` where that bracket's lower end is ``lo`` and ``lo``
+    fails, ``hi`` less the bisection's resolution where its upper end is ``hi`` and passes.
 
     ``fn(idx, c)`` -> ``(residual, ok, out)`` for the rows ``idx`` at ``c``: ``ok`` the
-    predicate (NaN fails, as in the bisection), ``residual`` increasing in C and about 0 at the
-    root (inf or NaN: no slope, a bisection step), ``out`` a dict of arrays; ``lo_out``,
-    ``hi_out`` the same triple at ``lo`` and ``hi``. Returns C and ``out`` at C (at ``hi`` where
-    ``hi`` passes)."""
-    a0, b0 = np.log(lo), np.log(np.maximum(hi, lo))
-    tol = (b0 - a0) * RESOLUTION
-    fails_lo = ~lo_out[1]
-    ok_hi = hi_out[1] & ~fails_lo
-    c = np.where(fails_lo, lo, np.exp(b0 - tol))
-    out = _pick(fails_lo, lo_out[2], hi_out[2])
-    idx = np.flatnonzero(~fails_lo & ~ok_hi & (b0 - a0 > tol))
-    a, b, tol = a0[idx], b0[idx], tol[idx]
-    x1, f1, x2, f2 = a, lo_out[0][idx], b, hi_out[0][idx]
-    at_a = {k: v[idx] for k, v in lo_out[2].items()}
+    predicate (NaN fails, as in the bisection), ``residual`` increasing in C, about affine and
+    0 at the root (inf or NaN: no slope, a bisection step), ``out`` a dict of arrays;
+    ``lo_out``, ``hi_out`` the same triple at ``lo`` and ``hi``. Returns C and ``out`` at C."""
+    lo = np.asarray(lo, dtype=np.float64)
+    hi = np.maximum(hi, lo)
+    a, b = np.log(lo), np.log(hi)
+    res = (b - a) * RESOLUTION
+    f_a, f_b = lo_out[0].copy(), hi_out[0].copy()
+    ok_a, ok_b = ~lo_out[1], hi_out[1].copy()       # (lo "passes" once a point above it does)
+    at_a, at_b = ({k: v.copy() for k, v in o[2].items()} for o in (lo_out, hi_out))
+    idx = np.flatnonzero(on & (res > 0))
+    for _ in range(PREFIX):                          # the bisection's own first steps
+        m = 0.5 * (a[idx] + b[idx])
+        f, ok, got = fn(idx, np.exp(m))
+        up, dn = idx[ok], idx[~ok]
+        a[up], f_a[up], ok_a[up] = m[ok], f[ok], False
+        b[dn], f_b[dn], ok_b[dn] = m[~ok], f[~ok], False
+        _put(at_a, up, got, ok)
+        _put(at_b, dn, got, ~ok)
+    # the bracket's ends that are still lo (failing) or hi (passing) settle the row
+    at_lo = ~on | (res <= 0) | ok_a
+    at_hi = ~at_lo & ok_b
+    c = np.where(at_lo, lo, np.where(at_hi, hi * np.exp(-res), np.exp(a)))
+    out = _pick(at_hi, at_b, at_a)
+    idx = np.flatnonzero(~at_lo & ~at_hi)
+    _secant(fn, idx, np.exp(a[idx]), np.exp(b[idx]), f_a[idx], f_b[idx],
+            np.maximum(res[idx], NOISE), c, out)
+    return c, out
+
+
+def _secant(fn, idx, a, b, f_a, f_b, tol, c, out) -> None:
+    """Dekker's method in the brackets ``[a, b]`` (``a`` passes, ``b`` fails) of the rows
+    ``idx`` to ``log(b / a) <= tol``: ``c[idx]`` = the lower end, ``out`` the values there."""
+    x1, f1, x2, f2 = a, f_a, b, f_b
+    at_a = {k: v[idx] for k, v in out.items()}
     last = prev = 2.0 * (b - a)            # the last two steps (the first secant step is free)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for _ in range(MAX_STEPS):
             if len(idx) == 0:
-                break
+                return
             s = x2 - f2 * (x2 - x1) / (f2 - f1)
             bad = ~np.isfinite(s) | (s <= a) | (s >= b) | (np.abs(s - x2) > 0.5 * prev)
-            s = np.where(bad, 0.5 * (a + b), s)
-            s = np.minimum(np.maximum(s, a + 0.5 * tol), b - 0.5 * tol)
+            s = np.where(bad, np.sqrt(a * b), s)
+            # converged (a step under the tolerance): a step of half of it past the last point,
+            # to the other side, closes the bracket
+            step = x2 * (0.5 * tol)
+            close = np.abs(s - x2) < step
+            s = np.where(close, np.where(x2 == a, x2 + step, x2 - step), s)
+            s = np.minimum(np.maximum(s, a * np.exp(0.5 * tol)), b * np.exp(-0.5 * tol))
             last, prev = np.where(bad, b - a, np.abs(s - x2)), last
-            f, ok, got = fn(idx, np.exp(s))
+            f, ok, got = fn(idx, s)
             a, b = np.where(ok, s, a), np.where(ok, b, s)
             at_a = _pick(ok, got, at_a)
             x1, f1, x2, f2 = x2, f2, s, f
-            done = b - a <= tol
+            done = np.log(b / a) <= tol
             if np.any(done):
-                c[idx[done]] = np.exp(a[done])
-                for k, v in at_a.items():
-                    out[k][idx[done]] = v[done]
+                c[idx[done]] = a[done]
+                _put(out, idx[done], at_a, done)
                 keep = ~done
                 idx, a, b, tol, x1, f1, x2, f2, last, prev = (v[keep] for v in (
                     idx, a, b, tol, x1, f1, x2, f2, last, prev))
                 at_a = {k: v[keep] for k, v in at_a.items()}
-    if len(idx):                           # (not reached: MAX_STEPS bounds a bisection)
-        c[idx] = np.exp(a)
-        for k, v in at_a.items():
-            out[k][idx] = v
-    return c, out
+    c[idx] = a                             # (not reached: MAX_STEPS bounds a bisection)
+    _put(out, idx, at_a)
