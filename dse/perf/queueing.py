@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from dse.perf.phases import front_end_s
-from dse.perf.roots import Probe, largest_ok
+from dse.perf.roots import Probe, Root, solve
 
 Z90 = 1.2815515655446004        # standard normal 90% quantile
 ITERS = 24                      # bisection steps on log C: relative precision ~ 1e-6 of the range
@@ -166,13 +166,13 @@ SATURATED = 1.0 - 1e-6          # the prefill queue's load at saturation
 
 
 def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
-    """``serve_bisection``'s numbers (to its resolution), its three bisections (saturation, the
-    rate's concurrency, goodput) found by ``roots.largest_ok`` on the queue's quantities alone:
-    ``times(rows)`` (``rows`` None: all) gives a function of those rows' concurrency returning
-    ``(ttft_unloaded_s, tpot_s, _prefill_service_s)`` as ``evaluate`` gives them
-    (dse.perf.serve: in float32), ``cap`` the ``max_concurrent_sequences`` of
-    ``evaluate(max(concurrency, 1))``; ``evaluate`` scores the instance once, at the
-    concurrency found. Without ``times``: ``serve_bisection``."""
+    """``serve_bisection``'s numbers (to its resolution; dse.perf.roots says where a quantity
+    that is not monotone may give another crossing), its bisections found by
+    ``roots.solve`` on the queue's quantities alone: ``times(rows)`` (``rows`` None: all) gives
+    a function of those rows' concurrency returning ``(ttft_unloaded_s, tpot_s,
+    _prefill_service_s)`` as ``evaluate`` gives them (dse.perf.serve: in float32), ``cap`` the
+    ``max_concurrent_sequences`` of ``evaluate(max(concurrency, 1))``; ``evaluate`` scores the
+    instance once, at the concurrency found. Without ``times``: ``serve_bisection``."""
     if times is None:
         return serve_bisection(b, evaluate, breakdown)
     n = len(b)
@@ -180,26 +180,28 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
     queue = np.broadcast_to((b.phase == 0) & (b.disaggregated == 0), (n,))
     by_rate = (lam > 0) & queue
     osl = np.broadcast_to(b.osl, (n,)).astype(np.float64)
-    point = _points(Probe(times, n), osl)
-    rows, ones = np.arange(n), np.ones(n)
-    one = point(rows, ones)
+    probe, rows, ones = Probe(times, n), np.arange(n), np.ones(n)
     cap = np.maximum(np.broadcast_to(cap, (n,)), 1.0)
+    one, top = (_point(osl, rows, c, v) for c, v in zip(
+        (ones, cap), probe([(rows, ones), (rows, cap)])))
     # saturation: the largest concurrency that fits and keeps the prefill queue stable
-    c_sat, sat = largest_ok(_test(point, "rho", SATURATED), ones, cap, _at(one, "rho", SATURATED),
-                            _at(point(rows, cap), "rho", SATURATED), queue)
-    lam_sat = sat["rate"]
-    c_op, _ = largest_ok(_test(point, "rate", lam), ones, c_sat, _at(one, "rate", lam),
-                         _at(sat, "rate", lam), by_rate)
-    c_op = np.where(by_rate, c_op, b.concurrency)
+    sat = Root(_test(osl, "rho", SATURATED), ones, cap, _at(one, "rho", SATURATED),
+               _at(top, "rho", SATURATED), queue)
+    solve(probe, [sat])
+    c_sat, at_sat = sat.c, sat.out
+    lam_sat = at_sat["rate"]
+    op = Root(_test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
+              _at(at_sat, "rate", lam), by_rate)
+    good = _goodput_roots(b, osl, queue, one, c_sat, at_sat)
+    solve(probe, [op] + good)
+    c_op = np.where(by_rate, op.c, b.concurrency)
     res = evaluate(c_op, breakdown)
     m = dict(res[0] if breakdown else res)
     lam_op = np.where(by_rate, lam, _rate(m, c_op, osl))
     s_op = m["_prefill_service_s"]
     r_op = lam_op * s_op
     tp90 = np.array(m["tpot_s"], dtype=np.float64)
-    idx = np.flatnonzero(by_rate)
-    if len(idx):
-        tp90[idx] = point(idx, np.minimum(poisson_p90(c_op[idx]), c_sat[idx]))["tpot"]
+    at_p = _finish_goodput(m, b, probe, good, by_rate, c_op, c_sat, tp90, osl, lam_sat)
     w90, w99 = md1_wait_quantile_s(0.9, r_op, s_op), md1_wait_quantile_s(0.99, r_op, s_op)
     wmean = md1_mean_wait_s(r_op, s_op)
     _serve_rate(m, by_rate, lam * osl)
@@ -210,7 +212,8 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
     m["ttft_p99_s"] = np.where(by_rate, own + w99, loop)
     m["tpot_p90_s"] = np.where(by_rate, tp90, m["tpot_s"])
     _rate_metrics(m, by_rate, lam, lam_op, lam_sat, queue)
-    _goodput_roots(m, b, Probe(times, n), point, queue, one, c_sat, sat, lam_sat)
+    if at_p is not None:
+        m["goodput_requests_per_s_per_chip"] = at_p / m["num_chips"]
     nan = np.full(n, np.nan)
     for k in NEW_METRICS:
         m[k] = np.where(queue, np.broadcast_to(m.get(k, nan), (n,)), nan)
@@ -225,73 +228,98 @@ def _rate(m, c, osl):
     return c / (m["ttft_unloaded_s"] + osl * m["tpot_s"])
 
 
-def _points(probe, osl):
-    """``point(idx, c)``: the queue's quantities of rows ``idx`` at concurrency ``c``."""
-    def point(idx, c):
-        ttft, tpot, s = (np.asarray(v, dtype=np.float64) for v in probe(idx, c))
-        r = ttft + osl[idx] * tpot                  # the time a request stays in the batch
-        rate = c / r
-        return {"c": c, "r": r, "ttft": ttft, "tpot": tpot, "s": s, "rate": rate,
-                "rho": rate * s}
-    return point
+def _point(osl, idx, c, vals) -> dict:
+    """The queue's quantities of rows ``idx`` at concurrency ``c`` from the probe's values."""
+    ttft, tpot, s = (np.asarray(v, dtype=np.float64) for v in vals)
+    r = ttft + osl[idx] * tpot                      # the time a request stays in the batch
+    rate = c / r
+    return {"c": c, "r": r, "ttft": ttft, "tpot": tpot, "s": s, "rate": rate, "rho": rate * s}
 
 
 def _at(p, key, target):
     """``(residual, passes, p)`` of the test ``p[key] <= target`` at the points ``p``; the
     residual about affine in C: ``c S - target R`` for the load, ``c - target R`` for the
-    rate (``R`` the time a request stays, ``S`` its prefill service time)."""
+    rate (``R`` the time a request stays, ``S`` its prefill service time), ``tpot - target``
+    for the TPOT."""
     if key == "rho":
         r = p["c"] * p["s"] - target * p["r"]
-    else:
+    elif key == "rate":
         r = p["c"] - target * p["r"]
+    else:
+        r = p[key] - target
     return r, p[key] <= target, p
 
 
-def _test(point, key, target):
-    """``largest_ok``'s ``fn`` for the test ``point[key] <= target``."""
+def _test(osl, key, target):
+    """``Root``'s test ``point[key] <= target``."""
     target = np.asarray(target)
-    if target.ndim:
-        return lambda idx, c: _at(point(idx, c), key, target[idx])
-    return lambda idx, c: _at(point(idx, c), key, target)
+    return lambda idx, c, vals: _at(_point(osl, idx, c, vals), key,
+                                    target[idx] if target.ndim else target)
 
 
-def _goodput_roots(m: dict, b, probe, point, queue, one, c_sat, sat, lam_sat) -> None:
-    """Goodput where an SLO is given, as ``_goodput`` finds it: the largest concurrency up to
-    ``c_sat`` whose p90 TTFT (the request's own TTFT and its prefill queue's p90 wait) and p90
-    TPOT (the TPOT at the batch's Poisson p90, at most ``c_sat``) meet the SLOs, at its own
-    rate (``one``, ``sat``: the queue's quantities at C = 1 and at ``c_sat``; ``probe``: the
-    p90 batch's TPOT)."""
+def _goodput_roots(b, osl, queue, one, c_sat, sat) -> list:
+    """Goodput's two bounds where an SLO is given, as ``_goodput``'s bisection on both p90s
+    finds their smaller: the batch ``x`` whose TPOT meets the TPOT SLO (the p90 TPOT is the
+    TPOT at the batch's Poisson p90, at most ``c_sat``) and the concurrency whose p90 TTFT
+    (the request's own and its prefill queue's p90 wait) meets the TTFT SLO, up to ``c_sat``
+    (``one``, ``sat``: the queue's quantities at C = 1 and at ``c_sat``)."""
     n = len(c_sat)
     slo_t = np.broadcast_to(b.ttft_slo_s, (n,))
     slo_p = np.broadcast_to(b.tpot_slo_s, (n,))
     has_slo = ((slo_t > 0) | (slo_p > 0)) & queue
     if not np.any(has_slo):
-        return
-    on_t, on_p = slo_t > 0, slo_p > 0
-    st, sp = np.where(on_t, slo_t, 1.0), np.where(on_p, slo_p, 1.0)
+        return []
+    on_t, on_p = has_slo & (slo_t > 0), has_slo & (slo_p > 0)
+    st = np.where(on_t, slo_t, 1.0)
 
-    def test(idx, p, tpot90):
-        q = md1_wait_quantile_s(0.9, p["rho"], p["s"])
-        over_t = np.where(on_t[idx], (p["ttft"] + q) / st[idx], 0.0)
-        over_p = np.where(on_p[idx], tpot90 / sp[idx], 0.0)
+    def at(idx, p):
+        over = (p["ttft"] + md1_wait_quantile_s(0.9, p["rho"], p["s"])) / st[idx]
+        ok = over <= 1.0
         with np.errstate(invalid="ignore"):
-            # (the TTFT's residual times 1 - rho: finite as the queue saturates)
-            g_t = np.where(on_t[idx], np.where(p["rho"] < 1.0, (over_t - 1.0) * (1.0 - p["rho"]),
-                                               np.inf), -np.inf)
-        g = np.maximum(g_t, np.where(on_p[idx], over_p - 1.0, -np.inf))
-        ok = np.maximum(over_t, over_p) <= 1.0
+            # (times 1 - rho: finite as the queue saturates)
+            g = np.where(p["rho"] < 1.0, (over - 1.0) * (1.0 - p["rho"]), np.inf)
         return g, ok, {"rate": p["rate"], "ok": ok}
+    ones, rows = np.ones(n), np.arange(n)
+    ttft = Root(lambda idx, c, vals: at(idx, _point(osl, idx, c, vals)), ones, c_sat,
+                at(rows, one), at(rows, sat), on_t)
+    tpot = Root(_test(osl, "tpot", slo_p), ones, c_sat, _at(one, "tpot", slo_p),
+                _at(sat, "tpot", slo_p), on_p)
+    ttft.has_slo, ttft.on, tpot.binds = has_slo, on_t, on_p & ~(sat["tpot"] <= slo_p)
+    ttft.sat_rate = sat["rate"]
+    return [ttft, tpot]
 
-    def fn(idx, c):
-        tp = probe(idx, np.minimum(poisson_p90(c), c_sat[idx]))[1]
-        return test(idx, point(idx, c), np.asarray(tp, dtype=np.float64))
-    rows = np.arange(n)
-    lo_tp = np.asarray(probe(rows, np.minimum(poisson_p90(1.0), c_sat))[1], dtype=np.float64)
-    _, good = largest_ok(fn, np.ones(n), c_sat, test(rows, one, lo_tp),
-                         test(rows, sat, sat["tpot"]), has_slo)
-    rate = np.where(good["ok"], good["rate"], 0.0)
-    m["goodput_requests_per_s_per_chip"] = np.where(has_slo, np.minimum(rate, lam_sat),
-                                                    np.nan) / m["num_chips"]
+
+def _finish_goodput(m, b, probe, good, by_rate, c_op, c_sat, tp90, osl, lam_sat):
+    """The p90 TPOT at the operating point (into ``tp90``) and the goodput (requests/s per
+    instance, NaN without an SLO; None: no row has one) from ``_goodput_roots``' bounds: the
+    smaller of the TTFT's and the concurrency whose p90 batch is the TPOT's, at its own rate."""
+    op = np.flatnonzero(by_rate)
+    asks = [(op, np.minimum(poisson_p90(c_op[op]), c_sat[op]))]
+    if good:
+        ttft, tpot = good
+        on_t = ttft.on
+        c_t = np.where(on_t, ttft.c, np.inf)
+        ok_t = np.where(on_t, ttft.out["ok"], True)
+        rate_t = np.where(on_t, ttft.out["rate"], ttft.sat_rate)
+        c_p = np.where(tpot.binds, poisson_p90_inverse(tpot.c), np.inf)
+        ok = ttft.has_slo & ok_t & (c_p >= 1.0)
+        at_p = np.flatnonzero(ok & (c_p < np.minimum(c_t, c_sat)))
+        asks.append((at_p, c_p[at_p]))
+    got = probe([a for a in asks if len(a[0])]) if any(len(a[0]) for a in asks) else []
+    if len(op):
+        tp90[op] = np.asarray(got[0][1], dtype=np.float64)
+    if not good:
+        return None
+    rate = rate_t.copy()
+    if len(at_p):
+        rate[at_p] = _point(osl, at_p, c_p[at_p], got[-1])["rate"]
+    return np.where(ttft.has_slo, np.minimum(np.where(ok, rate, 0.0), lam_sat), np.nan)
+
+
+def poisson_p90_inverse(x) -> np.ndarray:
+    """The mean ``c`` whose ``poisson_p90`` is ``x``: ``sqrt(c) = (sqrt(z^2 + 4 x) - z) / 2``."""
+    r = 0.5 * (np.sqrt(Z90 * Z90 + 4.0 * np.asarray(x, dtype=float)) - Z90)
+    return r * r
 
 
 def _over_slo(value, slo):

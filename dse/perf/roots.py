@@ -1,19 +1,23 @@
 """The request-rate path's root finding (dse.perf.queueing): per row, the largest concurrency at
-which an increasing quantity stays at or under a target, found as ``bisect_increasing`` finds it
-but in a few evaluations instead of 24.
+which an increasing quantity stays at or under its target, as ``queueing.bisect_increasing``
+finds it, in a few evaluations of the queue's quantities instead of 24 of the whole model.
 
-``largest_ok`` is a bracketed secant on log C (Dekker's method): each step interpolates the
-residual (``log(quantity / target)``, nearly linear in log C: step times are affine in the
-batch between their kinks) through the last two points, falls back to the bracket's midpoint
-where that lands outside the bracket or shrinks less than a bisection would, and keeps at least
-half the bisection's resolution from either end, so the last step closes the bracket. The side
-of every point is the predicate the bisection tests (``ok``), so the answer is the bracket's
-lower end, a point that passes, within the bisection's resolution ``(log hi - log lo) / 2^24``
-of the largest such point: the same concurrency as the bisection where the quantity is
-increasing (at a jump of the quantity, e.g. one more prefill chunk, both land just below it).
+``Root`` is one such problem over the rows: a bracketed secant (Dekker's method) on a residual
+about affine in C (step times are affine in the batch between their kinks), falling back to
+the bracket's geometric midpoint where the secant lands outside it or shrinks less than a
+bisection would, and stepping half the tolerance past a converged point to close the bracket.
+Every point's side is the predicate the bisection tests, so the answer is a point that passes
+within the tolerance of the smallest that fails above it: the bisection's answer (to its
+resolution, or ``NOISE``) where the quantity is increasing, at a jump of it (one more prefill
+chunk) the same point just below the jump. Where the quantity is not monotone (a KV tier's
+fetch-or-recompute switch, a prefill chunk's jump) the bisection's answer is whichever crossing
+its midpoints lead to, and this may be another. The last few rows of a problem finish by
+``SECTIONS`` points per bracket at once (a jump: the secant stalls there).
 
-``Probe`` evaluates the rows still being solved on a batch of only those rows once they are
-fewer than half the rows it holds (taking the rows costs about as much as two evaluations).
+``solve`` steps several problems together: each step is one call of ``Probe``, which scores the
+rows asked about at all the concurrencies asked (a concurrency of shape (points, rows): one
+pass of the model), on a batch of only those rows once they are fewer than ``SHRINK`` of the
+rows it holds (taking the rows costs about two evaluations).
 """
 
 from __future__ import annotations
@@ -21,37 +25,42 @@ from __future__ import annotations
 import numpy as np
 
 RESOLUTION = 2.0 ** -24        # the bisection's: 24 halvings of the log C range
-NOISE = 4e-6                   # and at least this (log C): float32 times place a root to ~1e-6
-PREFIX = int(__import__("os").environ.get("DSE_PREFIX", "4"))                     # bisection steps first (where the predicate is not monotone)
+NOISE = 1e-6                   # and at least this (log C): float32 times place a root to ~1e-6
+SHRINK = 0.5                   # take the rows asked once fewer than this share of those held
+TAIL_ROWS = 256                # a problem's rows left that finish by sections
+SECTIONS = 15                  # points per bracket and step there (16-fold narrower)
 MAX_STEPS = 60                 # a bound only: a bisection step at least every other step
-SHRINK = 0.5                   # take the rows still solved once fewer than this share of those held
 
 
 class Probe:
-    """``at(rows)`` (``rows`` None: every row) -> a function of the concurrency of those rows,
-    returning a tuple of arrays; called with sorted rows ``idx`` and their concurrency ``c``.
-    It evaluates on a batch of the rows asked about once they are fewer than ``SHRINK`` of the
-    rows it holds (or not among them)."""
+    """``at(rows)`` (``rows`` None: every row) -> a function of those rows' concurrency (shape
+    (rows,) or (points, rows)) returning a tuple of arrays. ``probe(asks)``, ``asks`` a list of
+    ``(idx, c)`` (sorted rows, their concurrency), scores them all in one call and returns a
+    tuple of arrays per ask."""
 
     def __init__(self, at, n: int):
         self.at, self.n = at, n
         self.every = at(None)
         self.rows, self.fn = None, self.every
 
-    def __call__(self, idx: np.ndarray, c: np.ndarray) -> tuple:
-        pos = idx
+    def __call__(self, asks: list) -> list:
+        idxs = [i for i, _ in asks]
+        union = idxs[0] if len(asks) == 1 else np.unique(np.concatenate(idxs))
         if self.rows is not None:
-            pos = np.minimum(np.searchsorted(self.rows, idx), len(self.rows) - 1)
-            if not np.array_equal(self.rows[pos], idx):       # not among the rows held
-                self.rows, self.fn, pos = None, self.every, idx
+            pos = np.minimum(np.searchsorted(self.rows, union), len(self.rows) - 1)
+            if not np.array_equal(self.rows[pos], union):      # not among the rows held
+                self.rows, self.fn = None, self.every
         held = self.n if self.rows is None else len(self.rows)
-        if len(idx) < SHRINK * held:
-            self.rows, self.fn, held, pos = idx, self.at(idx), len(idx), None
-        if len(idx) == held:
-            return self.fn(c)
-        cc = np.ones(held)                 # (the rows not asked about: any concurrency)
-        cc[pos] = c
-        return tuple(v[pos] for v in self.fn(cc))
+        if len(union) < SHRINK * held:
+            self.rows, self.fn, held = union, self.at(union), len(union)
+        if len(asks) == 1 and len(idxs[0]) == held:
+            return [tuple(np.broadcast_to(v, (held,)) for v in self.fn(asks[0][1]))]
+        where = idxs if self.rows is None else [np.searchsorted(self.rows, i) for i in idxs]
+        cc = np.ones((len(asks), held))       # (the rows not asked about: any concurrency)
+        for j, (p, (_, c)) in enumerate(zip(where, asks)):
+            cc[j, p] = c
+        out = [np.broadcast_to(v, cc.shape) for v in self.fn(cc)]
+        return [tuple(v[j, p] for v in out) for j, p in enumerate(where)]
 
 
 def _pick(ok, yes: dict, no: dict) -> dict:
@@ -63,75 +72,109 @@ def _put(out: dict, idx, got: dict, sel=None) -> None:
         out[k][idx] = v if sel is None else v[sel]
 
 
-def largest_ok(fn, lo, hi, lo_out, hi_out, on):
+class Root:
     """Per row (``on``; the others: ``lo``), the largest C in ``[lo, hi]`` that passes, as
-    ``queueing.bisect_increasing`` finds it: its first ``PREFIX`` bisection steps (the same
-    points: where the predicate is not monotone, the same crossing), then a bracketed secant
-    in the bracket they leave; ``lo`` where that bracket's lower end is ``lo`` and ``lo``
-    fails, ``hi`` less the bisection's resolution where its upper end is ``hi`` and passes.
+    ``queueing.bisect_increasing`` finds it: ``lo`` where ``lo`` fails, ``hi`` less the
+    bisection's resolution where ``hi`` passes, else found by ``solve`` (``c``, and ``out``
+    the values there).
 
-    ``fn(idx, c)`` -> ``(residual, ok, out)`` for the rows ``idx`` at ``c``: ``ok`` the
-    predicate (NaN fails, as in the bisection), ``residual`` increasing in C, about affine and
-    0 at the root (inf or NaN: no slope, a bisection step), ``out`` a dict of arrays;
-    ``lo_out``, ``hi_out`` the same triple at ``lo`` and ``hi``. Returns C and ``out`` at C."""
-    lo = np.asarray(lo, dtype=np.float64)
-    hi = np.maximum(hi, lo)
-    a, b = np.log(lo), np.log(hi)
-    res = (b - a) * RESOLUTION
-    f_a, f_b = lo_out[0].copy(), hi_out[0].copy()
-    ok_a, ok_b = ~lo_out[1], hi_out[1].copy()       # (lo "passes" once a point above it does)
-    at_a, at_b = ({k: v.copy() for k, v in o[2].items()} for o in (lo_out, hi_out))
-    idx = np.flatnonzero(on & (res > 0))
-    for _ in range(PREFIX):                          # the bisection's own first steps
-        m = 0.5 * (a[idx] + b[idx])
-        f, ok, got = fn(idx, np.exp(m))
-        up, dn = idx[ok], idx[~ok]
-        a[up], f_a[up], ok_a[up] = m[ok], f[ok], False
-        b[dn], f_b[dn], ok_b[dn] = m[~ok], f[~ok], False
-        _put(at_a, up, got, ok)
-        _put(at_b, dn, got, ~ok)
-    # the bracket's ends that are still lo (failing) or hi (passing) settle the row
-    at_lo = ~on | (res <= 0) | ok_a
-    at_hi = ~at_lo & ok_b
-    c = np.where(at_lo, lo, np.where(at_hi, hi * np.exp(-res), np.exp(a)))
-    out = _pick(at_hi, at_b, at_a)
-    idx = np.flatnonzero(~at_lo & ~at_hi)
-    _secant(fn, idx, np.exp(a[idx]), np.exp(b[idx]), f_a[idx], f_b[idx],
-            np.maximum(res[idx], NOISE), c, out)
-    return c, out
+    ``test(idx, c, vals)`` -> ``(residual, ok, out)`` for the rows ``idx`` at ``c`` from the
+    probe's values ``vals`` there: ``ok`` the predicate (NaN fails, as in the bisection),
+    ``residual`` increasing in C, about affine, 0 at the root (inf or NaN: a bisection step),
+    ``out`` a dict of arrays; ``lo_out``, ``hi_out`` the same triple at ``lo`` and ``hi``."""
 
+    def __init__(self, test, lo, hi, lo_out, hi_out, on):
+        self.test = test
+        lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), np.shape(on))
+        hi = np.maximum(hi, lo)
+        res = np.log(hi / lo) * RESOLUTION
+        fails_lo = ~lo_out[1] | ~on | (res <= 0)
+        at_hi = hi_out[1] & ~fails_lo
+        self.c = np.where(fails_lo, lo, hi * np.exp(-res))
+        self.out = _pick(at_hi, hi_out[2], lo_out[2])
+        idx = np.flatnonzero(~fails_lo & ~at_hi)
+        self.idx, self.a, self.b = idx, lo[idx], hi[idx]
+        self.tol = np.maximum(res[idx], NOISE)
+        self.x1, self.f1, self.x2, self.f2 = self.a, lo_out[0][idx], self.b, hi_out[0][idx]
+        self.at_a = {k: v[idx] for k, v in self.out.items()}
+        self.last = self.prev = 2.0 * (self.b - self.a)   # (the first secant step is free)
+        self.s = self.pts = None
 
-def _secant(fn, idx, a, b, f_a, f_b, tol, c, out) -> None:
-    """Dekker's method in the brackets ``[a, b]`` (``a`` passes, ``b`` fails) of the rows
-    ``idx`` to ``log(b / a) <= tol``: ``c[idx]`` = the lower end, ``out`` the values there."""
-    x1, f1, x2, f2 = a, f_a, b, f_b
-    at_a = {k: v[idx] for k, v in out.items()}
-    last = prev = 2.0 * (b - a)            # the last two steps (the first secant step is free)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for _ in range(MAX_STEPS):
-            if len(idx) == 0:
-                return
+    def active(self) -> bool:
+        return len(self.idx) > 0
+
+    def asks(self) -> list:
+        if len(self.idx) <= TAIL_ROWS:                # sections: the points of each bracket
+            g = np.arange(1, SECTIONS + 1) / (SECTIONS + 1.0)
+            self.pts = self.a[None, :] * (self.b / self.a)[None, :] ** g[:, None]
+            return [(self.idx, p) for p in self.pts]
+        a, b, x1, f1, x2, f2 = self.a, self.b, self.x1, self.f1, self.x2, self.f2
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             s = x2 - f2 * (x2 - x1) / (f2 - f1)
-            bad = ~np.isfinite(s) | (s <= a) | (s >= b) | (np.abs(s - x2) > 0.5 * prev)
-            s = np.where(bad, np.sqrt(a * b), s)
-            # converged (a step under the tolerance): a step of half of it past the last point,
-            # to the other side, closes the bracket
-            step = x2 * (0.5 * tol)
-            close = np.abs(s - x2) < step
-            s = np.where(close, np.where(x2 == a, x2 + step, x2 - step), s)
-            s = np.minimum(np.maximum(s, a * np.exp(0.5 * tol)), b * np.exp(-0.5 * tol))
-            last, prev = np.where(bad, b - a, np.abs(s - x2)), last
-            f, ok, got = fn(idx, s)
-            a, b = np.where(ok, s, a), np.where(ok, b, s)
-            at_a = _pick(ok, got, at_a)
-            x1, f1, x2, f2 = x2, f2, s, f
-            done = np.log(b / a) <= tol
-            if np.any(done):
-                c[idx[done]] = a[done]
-                _put(out, idx[done], at_a, done)
-                keep = ~done
-                idx, a, b, tol, x1, f1, x2, f2, last, prev = (v[keep] for v in (
-                    idx, a, b, tol, x1, f1, x2, f2, last, prev))
-                at_a = {k: v[keep] for k, v in at_a.items()}
-    c[idx] = a                             # (not reached: MAX_STEPS bounds a bisection)
-    _put(out, idx, at_a)
+            bad = ~np.isfinite(s) | (s <= a) | (s >= b) | (np.abs(s - x2) > 0.5 * self.prev)
+        s = np.where(bad, np.sqrt(a * b), s)
+        # converged (a step under the tolerance): a step of half of it past the last point,
+        # to the other side, closes the bracket
+        step = x2 * (0.5 * self.tol)
+        close = np.abs(s - x2) < step
+        s = np.where(close, np.where(x2 == a, x2 + step, x2 - step), s)
+        s = np.minimum(np.maximum(s, a * np.exp(0.5 * self.tol)), b * np.exp(-0.5 * self.tol))
+        self.last, self.prev = np.where(bad, b - a, np.abs(s - x2)), self.last
+        # a point that passes after a secant step under a quarter of the tolerance: done
+        self.s, self.tiny = s, ~bad & ~close & (self.last < 0.5 * step)
+        return [(self.idx, s)]
+
+    def update(self, got: list) -> None:
+        if self.pts is not None:
+            return self._sections(got)
+        f, ok, at_s = self.test(self.idx, self.s, got[0])
+        self.a, self.b = np.where(ok, self.s, self.a), np.where(ok, self.b, self.s)
+        self.at_a = _pick(ok, at_s, self.at_a)
+        self.x1, self.f1, self.x2, self.f2 = self.x2, self.f2, self.s, f
+        self._settle(np.log(self.b / self.a) <= self.tol)
+
+    def _sections(self, got: list) -> None:
+        """The bracket from the first of its points that fails (and the point before it)."""
+        m, pts = len(self.idx), self.pts
+        tests = [self.test(self.idx, p, v) for p, v in zip(pts, got)]
+        ok = np.stack([t[1] for t in tests])                  # (SECTIONS, rows)
+        first = np.where(ok.all(0), SECTIONS, np.argmin(ok, 0))
+        rows, before = np.arange(m), np.maximum(first - 1, 0)
+        moved = first > 0
+        self.a = np.where(moved, pts[before, rows], self.a)
+        self.b = np.where(first < SECTIONS, pts[np.minimum(first, SECTIONS - 1), rows], self.b)
+        self.at_a = {k: np.where(moved, np.stack([t[2][k] for t in tests])[before, rows], v)
+                     for k, v in self.at_a.items()}
+        self.pts = None
+        self._settle(np.log(self.b / self.a) <= self.tol)
+
+    def _settle(self, done) -> None:
+        if not np.any(done):
+            return
+        self.c[self.idx[done]] = self.a[done]
+        _put(self.out, self.idx[done], self.at_a, done)
+        keep = ~done
+        for name in ("idx", "a", "b", "tol", "x1", "f1", "x2", "f2", "last", "prev"):
+            setattr(self, name, getattr(self, name)[keep])
+        self.at_a = {k: v[keep] for k, v in self.at_a.items()}
+
+
+def solve(probe: Probe, roots: list) -> None:
+    """Step the problems ``roots`` together, one probe call per step, until every row is
+    settled (``MAX_STEPS`` bounds it: a bisection step at least every other step)."""
+    for _ in range(MAX_STEPS):
+        live = [r for r in roots if r.active()]
+        if not live:
+            return
+        asks, spans = [], []
+        for r in live:
+            a = r.asks()
+            spans.append((r, len(asks), len(asks) + len(a)))
+            asks += a
+        got = probe(asks)
+        for r, i, j in spans:
+            r.update(got[i:j])
+    for r in roots:                  # (not reached)
+        if r.active():
+            r.c[r.idx] = r.a
+            _put(r.out, r.idx, r.at_a)
