@@ -52,9 +52,13 @@ def md1_decay(rho) -> np.ndarray:
     # both starts lie right of the root (f >= 0; e^x >= 1 + x + x^2/2 bounds the first), where
     # Newton's steps on the convex f decrease monotonically to it
     x = np.minimum(2.0 * (1.0 - r) / r, 2.0 * np.log(1.0 / r) + 1.0)
-    for _ in range(40):
+    for i in range(40):
         e = np.exp(x)
-        x = x - (r * (e - 1.0) - x) / (r * e - 1.0)
+        step = (r * (e - 1.0) - x) / (r * e - 1.0)
+        x = x - step
+        # (converged to rounding: the steps left change x by less than 1e-14 of it)
+        if i % 4 == 3 and not np.any(np.abs(step) > 1e-14 * np.abs(x)):
+            break
     return x
 
 
@@ -185,15 +189,15 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
     one, top = (_point(osl, rows, c, v) for c, v in zip(
         (ones, cap), probe([(rows, ones), (rows, cap)])))
     # saturation: the largest concurrency that fits and keeps the prefill queue stable
-    sat = Root(_test(osl, "rho", SATURATED), ones, cap, _at(one, "rho", SATURATED),
-               _at(top, "rho", SATURATED), queue)
-    solve(probe, [sat])
+    sat = Root(probe, _test(osl, "rho", SATURATED), ones, cap, _at(one, "rho", SATURATED),
+               _at(top, "rho", SATURATED), queue, SATURATED / one["rho"])
+    solve([sat])
     c_sat, at_sat = sat.c, sat.out
     lam_sat = at_sat["rate"]
-    op = Root(_test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
-              _at(at_sat, "rate", lam), by_rate)
-    good = _goodput_roots(b, osl, queue, one, c_sat, at_sat)
-    solve(probe, [op] + good)
+    op = Root(Probe(times, n), _test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
+              _at(at_sat, "rate", lam), by_rate, lam * one["r"])
+    good = _goodput_roots(b, times, osl, queue, one, c_sat, at_sat)
+    solve([op] + good)
     c_op = np.where(by_rate, op.c, b.concurrency)
     res = evaluate(c_op, breakdown)
     m = dict(res[0] if breakdown else res)
@@ -257,7 +261,7 @@ def _test(osl, key, target):
                                     target[idx] if target.ndim else target)
 
 
-def _goodput_roots(b, osl, queue, one, c_sat, sat) -> list:
+def _goodput_roots(b, times, osl, queue, one, c_sat, sat) -> list:
     """Goodput's two bounds where an SLO is given, as ``_goodput``'s bisection on both p90s
     finds their smaller: the batch ``x`` whose TPOT meets the TPOT SLO (the p90 TPOT is the
     TPOT at the batch's Poisson p90, at most ``c_sat``) and the concurrency whose p90 TTFT
@@ -280,9 +284,9 @@ def _goodput_roots(b, osl, queue, one, c_sat, sat) -> list:
             g = np.where(p["rho"] < 1.0, (over - 1.0) * (1.0 - p["rho"]), np.inf)
         return g, ok, {"rate": p["rate"], "ok": ok}
     ones, rows = np.ones(n), np.arange(n)
-    ttft = Root(lambda idx, c, vals: at(idx, _point(osl, idx, c, vals)), ones, c_sat,
+    ttft = Root(Probe(times, n), lambda idx, c, vals: at(idx, _point(osl, idx, c, vals)), ones, c_sat,
                 at(rows, one), at(rows, sat), on_t)
-    tpot = Root(_test(osl, "tpot", slo_p), ones, c_sat, _at(one, "tpot", slo_p),
+    tpot = Root(Probe(times, n), _test(osl, "tpot", slo_p), ones, c_sat, _at(one, "tpot", slo_p),
                 _at(sat, "tpot", slo_p), on_p)
     ttft.has_slo, ttft.on, tpot.binds = has_slo, on_t, on_p & ~(sat["tpot"] <= slo_p)
     ttft.sat_rate = sat["rate"]

@@ -14,10 +14,10 @@ fetch-or-recompute switch, a prefill chunk's jump) the bisection's answer is whi
 its midpoints lead to, and this may be another. The last few rows of a problem finish by
 ``SECTIONS`` points per bracket at once (a jump: the secant stalls there).
 
-``solve`` steps several problems together: each step is one call of ``Probe``, which scores the
-rows asked about at all the concurrencies asked (a concurrency of shape (points, rows): one
-pass of the model), on a batch of only those rows once they are fewer than ``SHRINK`` of the
-rows it holds (taking the rows costs about two evaluations).
+``solve`` steps several problems together, each with its own ``Probe``, which scores the rows
+asked about at all the concurrencies asked (a concurrency of shape (points, rows): one pass of
+the model), on a batch of only those rows once they are fewer than ``SHRINK`` of the rows it
+holds (taking the rows costs about two evaluations).
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ class Root:
     ``residual`` increasing in C, about affine, 0 at the root (inf or NaN: a bisection step),
     ``out`` a dict of arrays; ``lo_out``, ``hi_out`` the same triple at ``lo`` and ``hi``."""
 
-    def __init__(self, test, lo, hi, lo_out, hi_out, on):
-        self.test = test
+    def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None):
+        self.probe, self.test = probe, test
         lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), np.shape(on))
         hi = np.maximum(hi, lo)
         res = np.log(hi / lo) * RESOLUTION
@@ -99,6 +99,10 @@ class Root:
         self.at_a = {k: v[idx] for k, v in self.out.items()}
         self.last = self.prev = 2.0 * (self.b - self.a)   # (the first secant step is free)
         self.s = self.pts = None
+        # a first point from the physics (the caller's guess), then secants from lo through it
+        self.guess = None if guess is None else np.broadcast_to(guess, np.shape(on))[idx]
+        if self.guess is not None:
+            self.x1, self.f1, self.x2, self.f2 = self.x2, self.f2, self.x1, self.f1
 
     def active(self) -> bool:
         return len(self.idx) > 0
@@ -111,6 +115,8 @@ class Root:
         a, b, x1, f1, x2, f2 = self.a, self.b, self.x1, self.f1, self.x2, self.f2
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             s = x2 - f2 * (x2 - x1) / (f2 - f1)
+            if self.guess is not None:
+                s, self.guess = self.guess, None
             bad = ~np.isfinite(s) | (s <= a) | (s >= b) | (np.abs(s - x2) > 0.5 * self.prev)
         s = np.where(bad, np.sqrt(a * b), s)
         # converged (a step under the tolerance): a step of half of it past the last point,
@@ -154,26 +160,23 @@ class Root:
         self.c[self.idx[done]] = self.a[done]
         _put(self.out, self.idx[done], self.at_a, done)
         keep = ~done
+        if self.guess is not None:
+            self.guess = self.guess[keep]
         for name in ("idx", "a", "b", "tol", "x1", "f1", "x2", "f2", "last", "prev"):
             setattr(self, name, getattr(self, name)[keep])
         self.at_a = {k: v[keep] for k, v in self.at_a.items()}
 
 
-def solve(probe: Probe, roots: list) -> None:
-    """Step the problems ``roots`` together, one probe call per step, until every row is
-    settled (``MAX_STEPS`` bounds it: a bisection step at least every other step)."""
+def solve(roots: list) -> None:
+    """Step the problems ``roots`` (each with its own ``Probe``, ``root.probe``: the rows each
+    holds are its own) until every row is settled (``MAX_STEPS`` bounds it: a bisection step at
+    least every other step)."""
     for _ in range(MAX_STEPS):
         live = [r for r in roots if r.active()]
         if not live:
             return
-        asks, spans = [], []
         for r in live:
-            a = r.asks()
-            spans.append((r, len(asks), len(asks) + len(a)))
-            asks += a
-        got = probe(asks)
-        for r, i, j in spans:
-            r.update(got[i:j])
+            r.update(r.probe(r.asks()))
     for r in roots:                  # (not reached)
         if r.active():
             r.c[r.idx] = r.a
