@@ -17,7 +17,8 @@ its midpoints lead to, and this may be another. The last few rows of a problem f
 ``solve`` steps several problems together, each with its own ``Probe``, which scores the rows
 asked about at all the concurrencies asked (a concurrency of shape (points, rows): one pass of
 the model), on a batch of only those rows once they are fewer than ``SHRINK`` of the rows it
-holds (taking the rows costs about two evaluations).
+holds and the others more than ``TAKE_ROWS`` (a batch and its coefficients cost about two
+evaluations of their rows and a fixed time).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 RESOLUTION = 2.0 ** -24        # the bisection's: 24 halvings of the log C range
 NOISE = 1e-6                   # and at least this (log C): float32 times place a root to ~1e-6
 SHRINK = 0.5                   # take the rows asked once fewer than this share of those held
+TAKE_ROWS = 2048               # and the rows scored in vain more than this (a take's fixed time)
 TAIL_ROWS = 256                # a problem's rows left that finish by sections
 SECTIONS = 15                  # points per bracket and step there (16-fold narrower)
 MAX_STEPS = 60                 # a bound only: a bisection step at least every other step
@@ -51,7 +53,8 @@ class Probe:
             if not np.array_equal(self.rows[pos], union):      # not among the rows held
                 self.rows, self.fn = None, self.every
         held = self.n if self.rows is None else len(self.rows)
-        if len(union) < SHRINK * held:
+        # take the rows asked where scoring the others too would cost more than taking them
+        if len(union) < SHRINK * held and len(asks) * (held - len(union)) > TAKE_ROWS:
             self.rows, self.fn, held = union, self.at(union), len(union)
         if len(asks) == 1 and len(idxs[0]) == held:
             return [tuple(np.broadcast_to(v, (held,)) for v in self.fn(asks[0][1]))]
@@ -142,14 +145,15 @@ class Root:
     def _sections(self, got: list) -> None:
         """The bracket from the first of its points that fails (and the point before it)."""
         m, pts = len(self.idx), self.pts
-        tests = [self.test(self.idx, p, v) for p, v in zip(pts, got)]
-        ok = np.stack([t[1] for t in tests])                  # (SECTIONS, rows)
+        vals = tuple(np.concatenate([np.asarray(g[i]) for g in got]) for i in range(len(got[0])))
+        _, ok, at = self.test(np.tile(self.idx, SECTIONS), pts.ravel(), vals)
+        ok = ok.reshape(SECTIONS, m)
         first = np.where(ok.all(0), SECTIONS, np.argmin(ok, 0))
         rows, before = np.arange(m), np.maximum(first - 1, 0)
         moved = first > 0
         self.a = np.where(moved, pts[before, rows], self.a)
         self.b = np.where(first < SECTIONS, pts[np.minimum(first, SECTIONS - 1), rows], self.b)
-        self.at_a = {k: np.where(moved, np.stack([t[2][k] for t in tests])[before, rows], v)
+        self.at_a = {k: np.where(moved, at[k].reshape(SECTIONS, m)[before, rows], v)
                      for k, v in self.at_a.items()}
         self.pts = None
         self._settle(np.log(self.b / self.a) <= self.tol)

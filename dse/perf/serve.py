@@ -105,8 +105,9 @@ METRICS = (
 HOURS_PER_YEAR = 8766.0
 
 
-def _memory(b: Batch):
-    """Per-chip weights, KV per sequence, activations, and the largest concurrency that fits."""
+def _weights(b: Batch):
+    """Per-chip weight bytes (the drafter's too): no concurrency in them, so ``_memory``
+    computes them once per batch (dse.perf.queueing scores a batch at many concurrencies)."""
     tp, dp, pp = b.tp, b.dp, b.pp
     ffn_g = tp * dp
     moe = b.n_moe_layers * (arch.expert_slots(b) * arch.expert_params(b) + b.hidden * b.n_experts)
@@ -123,6 +124,15 @@ def _memory(b: Batch):
                              * (b.attn_weight_bytes - b.weight_bytes)
                              + b.n_moe_layers * arch.expert_slots(b) * arch.expert_params(b)
                              / ffn_g * (b.expert_weight_bytes - b.weight_bytes)) / pp
+    if b.has_on("spec_tokens"):          # hook: the drafter's weights (dse.perf.spec)
+        weights = weights + spec.extra_weights_bytes(b)
+    return weights
+
+
+def _memory(b: Batch):
+    """Per-chip weights, KV per sequence, activations, and the largest concurrency that fits."""
+    tp, dp, pp = b.tp, b.dp, b.pp
+    weights = b.memo("weights_bytes_per_chip", lambda: _weights(b))
     both, pre_only, dec_only = arch.phases(b)
     ctx = b.isl + times(1.0 - pre_only, b.osl)
     if lengths.on(b):                    # hook: length distributions (dse.perf.lengths)
@@ -132,8 +142,7 @@ def _memory(b: Batch):
         ctx = ctx - kvtier.shared_prefix_tokens(b)
     kv_seq = (arch.context_layers(b, ctx) / pp * arch.kv_elems_per_token_layer(b)
               * arch.kv_shard_fraction(b) * b.kv_bytes)
-    if b.has_on("spec_tokens"):          # hook: the drafter's weights and KV (dse.perf.spec)
-        weights = weights + spec.extra_weights_bytes(b)
+    if b.has_on("spec_tokens"):          # hook: the drafter's KV (dse.perf.spec)
         kv_seq = kv_seq + spec.extra_kv_seq_bytes(b, ctx)
     # activations scale with a scheduler's (dp rank's) tokens per step, up to max_num_tokens
     tokens_per_seq = arch.blend(pre_only, b.isl, 1.0 + b.isl / b.osl) / dp
@@ -422,6 +431,9 @@ def _queue_times(b: Batch, k: Coefficients):
     if kvtier.cache_on(b):               # hook: as _instance (dse.perf.kvtier)
         weights, kv_seq, act, _ = _memory(b)
         b, tier = _tier_split(b, weights, kv_seq, act, c)
+        # (the memos that do not read the prefix hits: only the uncached tokens do)
+        b.__dict__["_memo"].update({key: v for key, v in b0.__dict__["_memo"].items()
+                                    if key != "new_tokens"})
     on_spec = b.has_on("spec_tokens")
     tok_step = spec.tokens_per_step(b) if on_spec else 1.0
     load = prompt_load(b, tok_step if on_spec else None)
