@@ -5,7 +5,7 @@ Requests arrive as a Poisson stream of ``request_rate_per_s`` at one instance. T
 - **Concurrency from the rate** (Little's law on the model's own step times): a request stays
   ``R(C) = ttft(C) + osl * tpot(C)`` in the batch, so an instance at concurrency ``C`` serves
   ``lambda(C) = C / R(C)`` requests/s. ``lambda(C)`` rises with ``C`` (batching amortizes the
-  weights), so the ``C`` of a rate is found by bisection; the most the instance serves,
+  weights), so the ``C`` of a rate is a root (below); the most the instance serves,
   ``lambda(C_max)`` at the largest concurrency that fits (memory, max_batch_size), is its
   saturation rate. A rate above it is infeasible.
 - **Queueing for the prefill**: prompts go FIFO through the steps' prompt-token budget (chunked
@@ -21,10 +21,22 @@ Requests arrive as a Poisson stream of ``request_rate_per_s`` at one instance. T
   ``C + 1.2816 sqrt(C)``; ``tpot_p90_s`` is the TPOT at that batch (capped at C_max), a
   per-step (conservative) percentile of what a request's mean TPOT sees.
 - **Goodput**: the highest rate at which p90 TTFT <= ``ttft_slo_s`` and p90 TPOT <=
-  ``tpot_slo_s`` (an SLO of 0 is no constraint), found by bisection on ``C`` (both percentiles
-  rise with it), never above the saturation rate.
+  ``tpot_slo_s`` (an SLO of 0 is no constraint), a root in ``C`` (both percentiles rise with
+  it), never above the saturation rate.
 
 Pure numpy; ``evaluate(C)`` (dse.perf.serve) scores the instance at concurrency ``C``.
+
+**How the roots are found.** ``serve_bisection`` is the definition: 24 bisection steps on log C
+for each of the three roots (saturation, the rate's concurrency, goodput), every step the whole
+model (~130 evaluations a design). ``serve`` finds the same roots (dse.perf.roots: a bracketed
+secant, the same predicates) on the three quantities the queue reads (``serve._queue_times``:
+the unloaded TTFT, the TPOT and S, in float32, several concurrencies in one pass), ~10
+evaluations of them a design, and scores the whole model once, at the concurrency found (in the
+batch's precision). Where a quantity rises with C the answers agree to the bisection's
+resolution (relative 1e-6 on the concurrencies, 1e-4 on every metric); where it does not (a KV
+tier's fetch-or-recompute switch, one more prefill chunk: ~0.5% of random catalog designs) the
+bisection's answer is whichever crossing its midpoints reach, and ``serve``'s may be another
+(tests/test_queueing_roots.py).
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ class Root:
     def _sections(self, got: list) -> None:
         """The bracket from the first of its points that fails (and the point before it)."""
         m, pts = len(self.idx), self.pts
-        vals = tuple(np.concatenate([np.asarray(g[i]) for g in got]) for i in range(len(got[0])))
+        vals = tuple(np.concatenate([np.asarray(v) for v in column]) for column in zip(*got))
         _, ok, at = self.test(np.tile(self.idx, SECTIONS), pts.ravel(), vals)
         ok = ok.reshape(SECTIONS, m)
         first = np.where(ok.all(0), SECTIONS, np.argmin(ok, 0))
