@@ -202,12 +202,12 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
         (ones, cap), probe([(rows, ones), (rows, cap)])))
     # saturation: the largest concurrency that fits and keeps the prefill queue stable
     sat = Root(probe, _test(osl, "rho", SATURATED), ones, cap, _at(one, "rho", SATURATED),
-               _at(top, "rho", SATURATED), queue, SATURATED / one["rho"])
+               _at(top, "rho", SATURATED), queue, _guesses(one["rho"], top["rho"], cap, SATURATED))
     solve([sat])
     c_sat, at_sat = sat.c, sat.out
     lam_sat = at_sat["rate"]
     op = Root(Probe(times, n), _test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
-              _at(at_sat, "rate", lam), by_rate, lam * one["r"])
+              _at(at_sat, "rate", lam), by_rate, _guesses(one["rate"], at_sat["rate"], c_sat, lam))
     good = _goodput_roots(b, times, osl, queue, one, c_sat, at_sat)
     solve([op] + good)
     c_op = np.where(by_rate, op.c, b.concurrency)
@@ -236,6 +236,15 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
     m["concurrency"] = np.where(queue, c_op, m["concurrency"])
     m.pop("_prefill_service_s", None)
     return (m, res[1]) if breakdown else m
+
+
+def _guesses(at_one, at_top, top, target):
+    """Two first points for a root of ``v(C) = target`` from ``v`` at 1 and at ``top``: where
+    it would be were ``v`` proportional to C (below the root where ``v`` grows less than C)
+    and where a power law through both ends puts it (above it where ``v`` flattens)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        power = np.log(at_top / at_one) / np.log(top)
+        return target / at_one, np.exp(np.log(target / at_one) / power)
 
 
 def _rate(m, c, osl):

@@ -12,7 +12,7 @@ resolution, or ``NOISE``) where the quantity is increasing, at a jump of it (one
 chunk) the same point just below the jump. Where the quantity is not monotone (a KV tier's
 fetch-or-recompute switch, a prefill chunk's jump) the bisection's answer is whichever crossing
 its midpoints lead to, and this may be another. The last few rows of a problem finish by
-``SECTIONS`` points per bracket at once (a jump: the secant stalls there).
+at least ``SECTIONS`` points per bracket at once (a jump: the secant stalls there).
 
 ``solve`` steps several problems together, each with its own ``Probe``, which scores the rows
 asked about at all the concurrencies asked (a concurrency of shape (points, rows): one pass of
@@ -26,11 +26,12 @@ from __future__ import annotations
 import numpy as np
 
 RESOLUTION = 2.0 ** -24        # the bisection's: 24 halvings of the log C range
-NOISE = 1e-6                   # and at least this (log C): float32 times place a root to ~1e-6
+NOISE = 2e-6                   # and at least this (log C): float32 times place a root to ~1e-6
 SHRINK = 0.5                   # take the rows asked once fewer than this share of those held
 TAKE_ROWS = 2048               # and the rows scored in vain more than this (a take's fixed time)
 TAIL_ROWS = 256                # a problem's rows left that finish by sections
-SECTIONS = 15                  # points per bracket and step there (16-fold narrower)
+SECTIONS = 15                  # points per bracket and step there (16-fold narrower) at least,
+SECTION_ROWS = 4096            # and up to this many points in all per step (fewer rows: more)
 MAX_STEPS = 60                 # a bound only: a bisection step at least every other step
 
 
@@ -102,24 +103,28 @@ class Root:
         self.at_a = {k: v[idx] for k, v in self.out.items()}
         self.last = self.prev = 2.0 * (self.b - self.a)   # (the first secant step is free)
         self.s = self.pts = None
-        # a first point from the physics (the caller's guess), then secants from lo through it
-        self.guess = None if guess is None else np.broadcast_to(guess, np.shape(on))[idx]
-        if self.guess is not None:
-            self.x1, self.f1, self.x2, self.f2 = self.x2, self.f2, self.x1, self.f1
+        # two first points from the physics (the caller's guesses, a lower and an upper one),
+        # then secants through them
+        self.guess = None if guess is None else \
+            tuple(np.broadcast_to(g, np.shape(on))[idx] for g in guess)
 
     def active(self) -> bool:
         return len(self.idx) > 0
 
     def asks(self) -> list:
         if len(self.idx) <= TAIL_ROWS:                # sections: the points of each bracket
-            g = np.arange(1, SECTIONS + 1) / (SECTIONS + 1.0)
+            k = max(SECTIONS, min(SECTION_ROWS // len(self.idx), 255))
+            g = np.arange(1, k + 1) / (k + 1.0)
             self.pts = self.a[None, :] * (self.b / self.a)[None, :] ** g[:, None]
             return [(self.idx, p) for p in self.pts]
         a, b, x1, f1, x2, f2 = self.a, self.b, self.x1, self.f1, self.x2, self.f2
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             s = x2 - f2 * (x2 - x1) / (f2 - f1)
-            if self.guess is not None:
-                s, self.guess = self.guess, None
+            if self.guess is not None:             # the caller's two first points
+                lo_s = np.minimum(np.maximum(self.guess[0], a * np.exp(self.tol)), b)
+                hi_s = np.maximum(np.minimum(self.guess[1], b * np.exp(-self.tol)), a)
+                self.s, self.guess = (np.minimum(lo_s, hi_s), np.maximum(lo_s, hi_s)), None
+                return [(self.idx, self.s[0]), (self.idx, self.s[1])]
             bad = ~np.isfinite(s) | (s <= a) | (s >= b) | (np.abs(s - x2) > 0.5 * self.prev)
         s = np.where(bad, np.sqrt(a * b), s)
         # converged (a step under the tolerance): a step of half of it past the last point,
@@ -136,6 +141,14 @@ class Root:
     def update(self, got: list) -> None:
         if self.pts is not None:
             return self._sections(got)
+        if isinstance(self.s, tuple):                  # the two first points
+            for s, g in zip(self.s, got):
+                f, ok, at_s = self.test(self.idx, s, g)
+                ok, fail = ok & (s > self.a), ~ok & (s < self.b)
+                self.a, self.b = np.where(ok, s, self.a), np.where(fail, s, self.b)
+                self.at_a = _pick(ok, at_s, self.at_a)
+                self.x1, self.f1, self.x2, self.f2 = self.x2, self.f2, s, f
+            return self._settle(np.log(self.b / self.a) <= self.tol)
         f, ok, at_s = self.test(self.idx, self.s, got[0])
         self.a, self.b = np.where(ok, self.s, self.a), np.where(ok, self.b, self.s)
         self.at_a = _pick(ok, at_s, self.at_a)
@@ -146,15 +159,16 @@ class Root:
         """The bracket from the first of its points that fails (and the point before it)."""
         m, pts = len(self.idx), self.pts
         vals = tuple(np.concatenate([np.asarray(v) for v in column]) for column in zip(*got))
-        _, ok, at = self.test(np.tile(self.idx, SECTIONS), pts.ravel(), vals)
-        ok = ok.reshape(SECTIONS, m)
-        first = np.where(ok.all(0), SECTIONS, np.argmin(ok, 0))
+        k = len(pts)
+        _, ok, at = self.test(np.tile(self.idx, k), pts.ravel(), vals)
+        ok = ok.reshape(k, m)
+        first = np.where(ok.all(0), k, np.argmin(ok, 0))
         rows, before = np.arange(m), np.maximum(first - 1, 0)
         moved = first > 0
         self.a = np.where(moved, pts[before, rows], self.a)
-        self.b = np.where(first < SECTIONS, pts[np.minimum(first, SECTIONS - 1), rows], self.b)
-        self.at_a = {k: np.where(moved, at[k].reshape(SECTIONS, m)[before, rows], v)
-                     for k, v in self.at_a.items()}
+        self.b = np.where(first < k, pts[np.minimum(first, k - 1), rows], self.b)
+        self.at_a = {key: np.where(moved, at[key].reshape(k, m)[before, rows], v)
+                     for key, v in self.at_a.items()}
         self.pts = None
         self._settle(np.log(self.b / self.a) <= self.tol)
 
@@ -164,8 +178,6 @@ class Root:
         self.c[self.idx[done]] = self.a[done]
         _put(self.out, self.idx[done], self.at_a, done)
         keep = ~done
-        if self.guess is not None:
-            self.guess = self.guess[keep]
         for name in ("idx", "a", "b", "tol", "x1", "f1", "x2", "f2", "last", "prev"):
             setattr(self, name, getattr(self, name)[keep])
         self.at_a = {k: v[keep] for k, v in self.at_a.items()}
