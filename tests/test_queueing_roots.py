@@ -52,7 +52,7 @@ def _rows():
 def _both(b):
     fast = score(b)
     orig = queueing.serve
-    queueing.serve = lambda bb, ev, bd=False, times=None, cap=None: \
+    queueing.serve = lambda bb, ev, bd=False, *fast: \
         queueing.serve_bisection(bb, ev, bd)
     try:
         ref = score(b)

@@ -181,14 +181,16 @@ def serve_bisection(b, evaluate, breakdown: bool = False):
 SATURATED = 1.0 - 1e-6          # the prefill queue's load at saturation
 
 
-def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
+def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None):
     """``serve_bisection``'s numbers (to its resolution; dse.perf.roots says where a quantity
     that is not monotone may give another crossing), its bisections found by
     ``roots.solve`` on the queue's quantities alone: ``times(rows)`` (``rows`` None: all) gives
     a function of those rows' concurrency returning ``(ttft_unloaded_s, tpot_s,
     _prefill_service_s)`` as ``evaluate`` gives them (dse.perf.serve: in float32), ``cap`` the
-    ``max_concurrent_sequences`` of ``evaluate(max(concurrency, 1))``; ``evaluate`` scores the
-    instance once, at the concurrency found. Without ``times``: ``serve_bisection``."""
+    ``max_concurrent_sequences`` of ``evaluate(max(concurrency, 1))``, ``exact`` as ``times`` in
+    the batch's precision (the p90 TPOT and the goodput at the TPOT's bound it reports);
+    ``evaluate`` scores the instance once, at the concurrency found. Without ``times``:
+    ``serve_bisection``."""
     if times is None:
         return serve_bisection(b, evaluate, breakdown)
     n = len(b)
@@ -217,7 +219,8 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
     s_op = m["_prefill_service_s"]
     r_op = lam_op * s_op
     tp90 = np.array(m["tpot_s"], dtype=np.float64)
-    at_p = _finish_goodput(m, b, probe, good, by_rate, c_op, c_sat, tp90, osl, lam_sat)
+    at_p = _finish_goodput(m, b, Probe(exact or times, n), good, by_rate, c_op, c_sat, tp90,
+                           osl, lam_sat)
     w90, w99 = md1_wait_quantile_s(0.9, r_op, s_op), md1_wait_quantile_s(0.99, r_op, s_op)
     wmean = md1_mean_wait_s(r_op, s_op)
     _serve_rate(m, by_rate, lam * osl)

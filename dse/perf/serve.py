@@ -271,7 +271,7 @@ def _served(b: Batch, breakdown: bool, k: Coefficients | None):
     k = Coefficients(b) if k is None else k
     return queueing.serve(
         b, lambda c, bd: _instance(b.replace(concurrency=c), bd, k, queue=True), breakdown,
-        _queue_probe(b, k), _queue_cap(b))
+        _queue_probe(b, k, np.float32), _queue_cap(b), _queue_probe(b, k, None))
 
 
 def _served_disaggregated(b: Batch, breakdown: bool):
@@ -398,12 +398,12 @@ def _queue_cap(b: Batch):
     return np.minimum(_memory(bc)[3], b.max_batch_size * b.dp)
 
 
-def _queue_probe(b: Batch, k: Coefficients):
+def _queue_probe(b: Batch, k: Coefficients, dtype):
     """``at(rows)``: ``_queue_times`` of rows ``rows`` (None: all) as a function of their
-    concurrency, in float32 (dse.perf.queueing's root finding; its float64 answer is scored
-    once), the concurrency-free memos of the batch kept between calls."""
-    b32 = b.astype(np.float32)
-    k32 = k if b32 is b or all(v.dtype == np.float32 for v in b.columns.values()) \
+    concurrency, in ``dtype`` (float32: dse.perf.queueing's root finding; None: the batch's
+    own, for what it reports), the concurrency-free memos of the batch kept between calls."""
+    b32 = b if dtype is None else b.astype(dtype)
+    k32 = k if all(v.dtype == b32.n_layers.dtype for v in b.columns.values()) \
         else Coefficients(b32)
 
     def at(rows):
