@@ -99,12 +99,15 @@ def test_several_concurrencies_in_one_pass_are_each_ones_own():
 
 def _solve_like_bisection(fn, lo, hi):
     n = len(lo)
-    probe = roots.Probe(lambda rows: (lambda c: (fn(c if rows is None else c, rows),)), n)
+    probe = roots.Probe(lambda rows: (lambda c: (fn(c, rows),)), n)
 
     def test(idx, c, vals):
         v = vals[0]
         return v, v <= 0.0, {"v": v}
-    at = lambda c: (fn(c, None), fn(c, None) <= 0.0, {"v": fn(c, None)})  # noqa: E731
+
+    def at(c):
+        v = fn(c, None)
+        return v, v <= 0.0, {"v": v}
     r = roots.Root(probe, test, lo, hi, at(lo), at(hi), np.ones(n, bool))
     roots.solve([r])
     return r.c
