@@ -66,8 +66,10 @@ def test_mechanism_columns_score_as_the_design_fields(tmp_path):
     assert p.loc["mtp", "spec_expected_tokens"] == pytest.approx(1.7, rel=1e-12)   # 1 + a
     d = one({**DESIGN, "workload.request_rate_per_s": 20.0, "workload.ttft_slo_s": 2.0,
              "workload.tpot_slo_s": 0.05})
+    # (the request rate's roots are found on float32 times to ~2e-6 of the concurrency, so a
+    # design's rate metrics may move by ~1e-6 with the other designs of its batch)
     for m in ("ttft_p90_s", "tpot_p90_s", "goodput_requests_per_s_per_chip"):
-        assert p.loc["rate", m] == pytest.approx(d[m], rel=1e-9), m
+        assert p.loc["rate", m] == pytest.approx(d[m], rel=1e-5), m
 
 
 def test_mechanism_outputs_are_absent_when_no_case_uses_them(tmp_path):
@@ -103,7 +105,8 @@ def test_a_case_with_both_a_rate_and_a_concurrency_is_refused(tmp_path):
     assert rc == 0, err
     d = one({**DESIGN, "workload.request_rate_per_s": 20.0})
     assert p.loc["x", "concurrency"] == int(d["concurrency"])
-    assert p.loc["x", "tpot_s"] == pytest.approx(d["tpot_s"], rel=1e-9)
+    # (the rate's concurrency is a root found on float32 times, to ~2e-6: see above)
+    assert p.loc["x", "tpot_s"] == pytest.approx(d["tpot_s"], rel=1e-5)
 
 
 def test_a_rate_on_a_single_phase_case_is_refused(tmp_path):

@@ -458,7 +458,9 @@ def test_whatif_rate_replaces_each_designs_concurrency_and_says_so(run, tmp_path
              "layout.tp": int(vals["layout.tp"][i]), "workload.isl": 2048, "workload.osl": 256,
              "workload.request_rate_per_s": 0.5}
         m = one(d)
-        assert a["tpot_s"][i] == pytest.approx(m["tpot_s"], rel=1e-9)
+        # (the rate's concurrency is a root found on float32 times, to ~2e-6: a design's
+        # numbers at a rate may move by ~1e-6 with the other designs of its batch)
+        assert a["tpot_s"][i] == pytest.approx(m["tpot_s"], rel=1e-5)
 
 
 def test_a_concurrency_whatif_on_a_rate_run_is_refused(tmp_path, capsys):

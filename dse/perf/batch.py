@@ -280,7 +280,10 @@ class Batch:
 
     def __post_init__(self):
         object.__setattr__(self, "_memo", {})
-        object.__setattr__(self, "_n", max((len(v) for v in self.columns.values()), default=0))
+        # (rows are the last axis: dse.perf.queueing scores the same designs at several
+        # concurrencies in one call, a concurrency of shape (points, rows))
+        object.__setattr__(self, "_n", max((np.shape(v)[-1] for v in self.columns.values()),
+                                           default=0))
 
     def memo(self, key: str, fn):
         m = self.__dict__["_memo"]
@@ -372,7 +375,8 @@ class Batch:
         for k, v in updates.items():
             if k not in FIELDS:
                 raise KeyError(k)
-            cols[k] = np.broadcast_to(np.asarray(v, dtype=dtype), (len(self),)).copy()
+            v = np.asarray(v, dtype=dtype)
+            cols[k] = np.broadcast_to(v, np.broadcast_shapes(v.shape, (len(self),))).copy()
         return Batch(cols)
 
 

@@ -5,7 +5,7 @@ Requests arrive as a Poisson stream of ``request_rate_per_s`` at one instance. T
 - **Concurrency from the rate** (Little's law on the model's own step times): a request stays
   ``R(C) = ttft(C) + osl * tpot(C)`` in the batch, so an instance at concurrency ``C`` serves
   ``lambda(C) = C / R(C)`` requests/s. ``lambda(C)`` rises with ``C`` (batching amortizes the
-  weights), so the ``C`` of a rate is found by bisection; the most the instance serves,
+  weights), so the ``C`` of a rate is a root (below); the most the instance serves,
   ``lambda(C_max)`` at the largest concurrency that fits (memory, max_batch_size), is its
   saturation rate. A rate above it is infeasible.
 - **Queueing for the prefill**: prompts go FIFO through the steps' prompt-token budget (chunked
@@ -21,10 +21,22 @@ Requests arrive as a Poisson stream of ``request_rate_per_s`` at one instance. T
   ``C + 1.2816 sqrt(C)``; ``tpot_p90_s`` is the TPOT at that batch (capped at C_max), a
   per-step (conservative) percentile of what a request's mean TPOT sees.
 - **Goodput**: the highest rate at which p90 TTFT <= ``ttft_slo_s`` and p90 TPOT <=
-  ``tpot_slo_s`` (an SLO of 0 is no constraint), found by bisection on ``C`` (both percentiles
-  rise with it), never above the saturation rate.
+  ``tpot_slo_s`` (an SLO of 0 is no constraint), a root in ``C`` (both percentiles rise with
+  it), never above the saturation rate.
 
 Pure numpy; ``evaluate(C)`` (dse.perf.serve) scores the instance at concurrency ``C``.
+
+**How the roots are found.** ``serve_bisection`` is the definition: 24 bisection steps on log C
+for each of the three roots (saturation, the rate's concurrency, goodput), every step the whole
+model (~130 evaluations a design). ``serve`` finds the same roots (dse.perf.roots: a bracketed
+secant, the same predicates) on the three quantities the queue reads (``serve._queue_times``:
+the unloaded TTFT, the TPOT and S, in float32, several concurrencies in one pass), ~10
+evaluations of them a design, and scores the whole model once, at the concurrency found (in the
+batch's precision). Where a quantity rises with C the answers agree to the bisection's
+resolution (relative 1e-6 on the concurrencies, 1e-4 on every metric); where it does not (a KV
+tier's fetch-or-recompute switch, one more prefill chunk: ~0.5% of random catalog designs) the
+bisection's answer is whichever crossing its midpoints reach, and ``serve``'s may be another
+(tests/test_queueing_roots.py).
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from dse.perf.phases import front_end_s
+from dse.perf.roots import Probe, Root, solve
 
 Z90 = 1.2815515655446004        # standard normal 90% quantile
 ITERS = 24                      # bisection steps on log C: relative precision ~ 1e-6 of the range
@@ -51,9 +64,13 @@ def md1_decay(rho) -> np.ndarray:
     # both starts lie right of the root (f >= 0; e^x >= 1 + x + x^2/2 bounds the first), where
     # Newton's steps on the convex f decrease monotonically to it
     x = np.minimum(2.0 * (1.0 - r) / r, 2.0 * np.log(1.0 / r) + 1.0)
-    for _ in range(40):
+    for i in range(40):
         e = np.exp(x)
-        x = x - (r * (e - 1.0) - x) / (r * e - 1.0)
+        step = (r * (e - 1.0) - x) / (r * e - 1.0)
+        x = x - step
+        # (converged to rounding: the steps left change x by less than 1e-14 of it)
+        if i % 4 == 3 and not np.any(np.abs(step) > 1e-14 * np.abs(x)):
+            break
     return x
 
 
@@ -94,7 +111,7 @@ def _serve_rate(m: dict, by_rate, out_tokens_per_s) -> None:
         m[k] = m[k] / f
 
 
-def serve(b, evaluate, breakdown: bool = False):
+def serve_bisection(b, evaluate, breakdown: bool = False):
     """The instance at its request rate (rows with ``request_rate_per_s > 0``; the others at
     their concurrency), with percentiles and goodput. ``evaluate(C, breakdown)`` scores the
     instance at concurrency ``C`` (its metrics carry ``_prefill_service_s``, S above).
@@ -159,6 +176,178 @@ def serve(b, evaluate, breakdown: bool = False):
     m["concurrency"] = np.where(queue, c_op, m["concurrency"])
     m.pop("_prefill_service_s", None)
     return (m, res[1]) if breakdown else m
+
+
+SATURATED = 1.0 - 1e-6          # the prefill queue's load at saturation
+
+
+def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None):
+    """``serve_bisection``'s numbers (to its resolution; dse.perf.roots says where a quantity
+    that is not monotone may give another crossing), its bisections found by
+    ``roots.solve`` on the queue's quantities alone: ``times(rows)`` (``rows`` None: all) gives
+    a function of those rows' concurrency returning ``(ttft_unloaded_s, tpot_s,
+    _prefill_service_s)`` as ``evaluate`` gives them (dse.perf.serve: in float32), ``cap`` the
+    ``max_concurrent_sequences`` of ``evaluate(max(concurrency, 1))``, ``exact`` as ``times`` in
+    the batch's precision (the p90 TPOT and the goodput at the TPOT's bound it reports);
+    ``evaluate`` scores the instance once, at the concurrency found. Without ``times``:
+    ``serve_bisection``."""
+    if times is None:
+        return serve_bisection(b, evaluate, breakdown)
+    n = len(b)
+    lam = np.broadcast_to(b.request_rate_per_s, (n,))
+    queue = np.broadcast_to((b.phase == 0) & (b.disaggregated == 0), (n,))
+    by_rate = (lam > 0) & queue
+    osl = np.broadcast_to(b.osl, (n,)).astype(np.float64)
+    probe, rows, ones = Probe(times, n), np.arange(n), np.ones(n)
+    cap = np.maximum(np.broadcast_to(cap, (n,)), 1.0)
+    one, top = (_point(osl, rows, c, v) for c, v in zip(
+        (ones, cap), probe([(rows, ones), (rows, cap)])))
+    # saturation: the largest concurrency that fits and keeps the prefill queue stable
+    sat = Root(probe, _test(osl, "rho", SATURATED), ones, cap, _at(one, "rho", SATURATED),
+               _at(top, "rho", SATURATED), queue, _guesses(one["rho"], top["rho"], cap, SATURATED))
+    solve([sat])
+    c_sat, at_sat = sat.c, sat.out
+    lam_sat = at_sat["rate"]
+    op = Root(Probe(times, n), _test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
+              _at(at_sat, "rate", lam), by_rate, _guesses(one["rate"], at_sat["rate"], c_sat, lam))
+    good = _goodput_roots(b, times, osl, queue, one, c_sat, at_sat)
+    solve([op] + good)
+    c_op = np.where(by_rate, op.c, b.concurrency)
+    res = evaluate(c_op, breakdown)
+    m = dict(res[0] if breakdown else res)
+    lam_op = np.where(by_rate, lam, _rate(m, c_op, osl))
+    s_op = m["_prefill_service_s"]
+    r_op = lam_op * s_op
+    tp90 = np.array(m["tpot_s"], dtype=np.float64)
+    at_p = _finish_goodput(m, b, Probe(exact or times, n), good, by_rate, c_op, c_sat, tp90,
+                           osl, lam_sat)
+    w90, w99 = md1_wait_quantile_s(0.9, r_op, s_op), md1_wait_quantile_s(0.99, r_op, s_op)
+    wmean = md1_mean_wait_s(r_op, s_op)
+    _serve_rate(m, by_rate, lam * osl)
+    own, loop = m["ttft_unloaded_s"], m["ttft_s"]
+    m["ttft_s"] = np.where(by_rate, own + wmean, loop)
+    m["ttft_queue_wait_s"] = np.where(by_rate, wmean, loop - own)
+    m["ttft_p90_s"] = np.where(by_rate, own + w90, loop)
+    m["ttft_p99_s"] = np.where(by_rate, own + w99, loop)
+    m["tpot_p90_s"] = np.where(by_rate, tp90, m["tpot_s"])
+    _rate_metrics(m, by_rate, lam, lam_op, lam_sat, queue)
+    if at_p is not None:
+        m["goodput_requests_per_s_per_chip"] = at_p / m["num_chips"]
+    nan = np.full(n, np.nan)
+    for k in NEW_METRICS:
+        m[k] = np.where(queue, np.broadcast_to(m.get(k, nan), (n,)), nan)
+    m["concurrency"] = np.where(queue, c_op, m["concurrency"])
+    m.pop("_prefill_service_s", None)
+    return (m, res[1]) if breakdown else m
+
+
+def _guesses(at_one, at_top, top, target):
+    """Two first points for a root of ``v(C) = target`` from ``v`` at 1 and at ``top``: where
+    it would be were ``v`` proportional to C (below the root where ``v`` grows less than C)
+    and where a power law through both ends puts it (above it where ``v`` flattens)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        power = np.log(at_top / at_one) / np.log(top)
+        return target / at_one, np.exp(np.log(target / at_one) / power)
+
+
+def _rate(m, c, osl):
+    """Little's law: the requests/s an instance at concurrency ``c`` serves (the request's own
+    TTFT: the queue's wait is what is solved for)."""
+    return c / (m["ttft_unloaded_s"] + osl * m["tpot_s"])
+
+
+def _point(osl, idx, c, vals) -> dict:
+    """The queue's quantities of rows ``idx`` at concurrency ``c`` from the probe's values."""
+    ttft, tpot, s = (np.asarray(v, dtype=np.float64) for v in vals)
+    r = ttft + osl[idx] * tpot                      # the time a request stays in the batch
+    rate = c / r
+    return {"c": c, "r": r, "ttft": ttft, "tpot": tpot, "s": s, "rate": rate, "rho": rate * s}
+
+
+def _at(p, key, target):
+    """``(residual, passes, p)`` of the test ``p[key] <= target`` at the points ``p``; the
+    residual about affine in C: ``c S - target R`` for the load, ``c - target R`` for the
+    rate (``R`` the time a request stays, ``S`` its prefill service time), ``tpot - target``
+    for the TPOT."""
+    if key == "rho":
+        r = p["c"] * p["s"] - target * p["r"]
+    elif key == "rate":
+        r = p["c"] - target * p["r"]
+    else:
+        r = p[key] - target
+    return r, p[key] <= target, p
+
+
+def _test(osl, key, target):
+    """``Root``'s test ``point[key] <= target``."""
+    target = np.asarray(target)
+    return lambda idx, c, vals: _at(_point(osl, idx, c, vals), key,
+                                    target[idx] if target.ndim else target)
+
+
+def _goodput_roots(b, times, osl, queue, one, c_sat, sat) -> list:
+    """Goodput's two bounds where an SLO is given, as ``_goodput``'s bisection on both p90s
+    finds their smaller: the batch ``x`` whose TPOT meets the TPOT SLO (the p90 TPOT is the
+    TPOT at the batch's Poisson p90, at most ``c_sat``) and the concurrency whose p90 TTFT
+    (the request's own and its prefill queue's p90 wait) meets the TTFT SLO, up to ``c_sat``
+    (``one``, ``sat``: the queue's quantities at C = 1 and at ``c_sat``)."""
+    n = len(c_sat)
+    slo_t = np.broadcast_to(b.ttft_slo_s, (n,))
+    slo_p = np.broadcast_to(b.tpot_slo_s, (n,))
+    has_slo = ((slo_t > 0) | (slo_p > 0)) & queue
+    if not np.any(has_slo):
+        return []
+    on_t, on_p = has_slo & (slo_t > 0), has_slo & (slo_p > 0)
+    st = np.where(on_t, slo_t, 1.0)
+
+    def at(idx, p):
+        over = (p["ttft"] + md1_wait_quantile_s(0.9, p["rho"], p["s"])) / st[idx]
+        ok = over <= 1.0
+        with np.errstate(invalid="ignore"):
+            # (times 1 - rho: finite as the queue saturates)
+            g = np.where(p["rho"] < 1.0, (over - 1.0) * (1.0 - p["rho"]), np.inf)
+        return g, ok, {"rate": p["rate"], "ok": ok}
+    ones, rows = np.ones(n), np.arange(n)
+    ttft = Root(Probe(times, n), lambda idx, c, vals: at(idx, _point(osl, idx, c, vals)), ones, c_sat,
+                at(rows, one), at(rows, sat), on_t)
+    tpot = Root(Probe(times, n), _test(osl, "tpot", slo_p), ones, c_sat, _at(one, "tpot", slo_p),
+                _at(sat, "tpot", slo_p), on_p)
+    ttft.has_slo, ttft.on, tpot.binds = has_slo, on_t, on_p & ~(sat["tpot"] <= slo_p)
+    ttft.sat_rate = sat["rate"]
+    return [ttft, tpot]
+
+
+def _finish_goodput(m, b, probe, good, by_rate, c_op, c_sat, tp90, osl, lam_sat):
+    """The p90 TPOT at the operating point (into ``tp90``) and the goodput (requests/s per
+    instance, NaN without an SLO; None: no row has one) from ``_goodput_roots``' bounds: the
+    smaller of the TTFT's and the concurrency whose p90 batch is the TPOT's, at its own rate."""
+    op = np.flatnonzero(by_rate)
+    asks = [(op, np.minimum(poisson_p90(c_op[op]), c_sat[op]))]
+    if good:
+        ttft, tpot = good
+        on_t = ttft.on
+        c_t = np.where(on_t, ttft.c, np.inf)
+        ok_t = np.where(on_t, ttft.out["ok"], True)
+        rate_t = np.where(on_t, ttft.out["rate"], ttft.sat_rate)
+        c_p = np.where(tpot.binds, poisson_p90_inverse(tpot.c), np.inf)
+        ok = ttft.has_slo & ok_t & (c_p >= 1.0)
+        at_p = np.flatnonzero(ok & (c_p < np.minimum(c_t, c_sat)))
+        asks.append((at_p, c_p[at_p]))
+    got = probe([a for a in asks if len(a[0])]) if any(len(a[0]) for a in asks) else []
+    if len(op):
+        tp90[op] = np.asarray(got[0][1], dtype=np.float64)
+    if not good:
+        return None
+    rate = rate_t.copy()
+    if len(at_p):
+        rate[at_p] = _point(osl, at_p, c_p[at_p], got[-1])["rate"]
+    return np.where(ttft.has_slo, np.minimum(np.where(ok, rate, 0.0), lam_sat), np.nan)
+
+
+def poisson_p90_inverse(x) -> np.ndarray:
+    """The mean ``c`` whose ``poisson_p90`` is ``x``: ``sqrt(c) = (sqrt(z^2 + 4 x) - z) / 2``."""
+    r = 0.5 * (np.sqrt(Z90 * Z90 + 4.0 * np.asarray(x, dtype=float)) - Z90)
+    return r * r
 
 
 def _over_slo(value, slo):

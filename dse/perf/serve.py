@@ -105,8 +105,9 @@ METRICS = (
 HOURS_PER_YEAR = 8766.0
 
 
-def _memory(b: Batch):
-    """Per-chip weights, KV per sequence, activations, and the largest concurrency that fits."""
+def _weights(b: Batch):
+    """Per-chip weight bytes (the drafter's too): no concurrency in them, so ``_memory``
+    computes them once per batch (dse.perf.queueing scores a batch at many concurrencies)."""
     tp, dp, pp = b.tp, b.dp, b.pp
     ffn_g = tp * dp
     moe = b.n_moe_layers * (arch.expert_slots(b) * arch.expert_params(b) + b.hidden * b.n_experts)
@@ -123,6 +124,15 @@ def _memory(b: Batch):
                              * (b.attn_weight_bytes - b.weight_bytes)
                              + b.n_moe_layers * arch.expert_slots(b) * arch.expert_params(b)
                              / ffn_g * (b.expert_weight_bytes - b.weight_bytes)) / pp
+    if b.has_on("spec_tokens"):          # hook: the drafter's weights (dse.perf.spec)
+        weights = weights + spec.extra_weights_bytes(b)
+    return weights
+
+
+def _memory(b: Batch):
+    """Per-chip weights, KV per sequence, activations, and the largest concurrency that fits."""
+    tp, dp, pp = b.tp, b.dp, b.pp
+    weights = b.memo("weights_bytes_per_chip", lambda: _weights(b))
     both, pre_only, dec_only = arch.phases(b)
     ctx = b.isl + times(1.0 - pre_only, b.osl)
     if lengths.on(b):                    # hook: length distributions (dse.perf.lengths)
@@ -132,8 +142,7 @@ def _memory(b: Batch):
         ctx = ctx - kvtier.shared_prefix_tokens(b)
     kv_seq = (arch.context_layers(b, ctx) / pp * arch.kv_elems_per_token_layer(b)
               * arch.kv_shard_fraction(b) * b.kv_bytes)
-    if b.has_on("spec_tokens"):          # hook: the drafter's weights and KV (dse.perf.spec)
-        weights = weights + spec.extra_weights_bytes(b)
+    if b.has_on("spec_tokens"):          # hook: the drafter's KV (dse.perf.spec)
         kv_seq = kv_seq + spec.extra_kv_seq_bytes(b, ctx)
     # activations scale with a scheduler's (dp rank's) tokens per step, up to max_num_tokens
     tokens_per_seq = arch.blend(pre_only, b.isl, 1.0 + b.isl / b.osl) / dp
@@ -264,7 +273,8 @@ def _served(b: Batch, breakdown: bool, k: Coefficients | None):
         return _instance(b, breakdown, k)
     k = Coefficients(b) if k is None else k
     return queueing.serve(
-        b, lambda c, bd: _instance(b.replace(concurrency=c), bd, k, queue=True), breakdown)
+        b, lambda c, bd: _instance(b.replace(concurrency=c), bd, k, queue=True), breakdown,
+        _queue_probe(b, k, np.float32), _queue_cap(b), _queue_probe(b, k, None))
 
 
 def _served_disaggregated(b: Batch, breakdown: bool):
@@ -383,6 +393,66 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     if tier is not None and np.any(~tier.fetched & (tier.tokens > 0)):
         return _tier_recomputed(b0, tier, metrics, st, breakdown, k, queue)
     return (metrics, st) if breakdown else metrics
+
+
+def _queue_cap(b: Batch):
+    """``max_concurrent_sequences`` of the instance at its concurrency (dse.perf.queueing)."""
+    bc = b.replace(concurrency=np.maximum(b.concurrency, 1.0))
+    return np.minimum(_memory(bc)[3], b.max_batch_size * b.dp)
+
+
+def _queue_probe(b: Batch, k: Coefficients, dtype):
+    """``at(rows)``: ``_queue_times`` of rows ``rows`` (None: all) as a function of their
+    concurrency, in ``dtype`` (float32: dse.perf.queueing's root finding; None: the batch's
+    own, for what it reports), the concurrency-free memos of the batch kept between calls."""
+    b32 = b if dtype is None else b.astype(dtype)
+    k32 = k if all(v.dtype == b32.n_layers.dtype for v in b.columns.values()) \
+        else Coefficients(b32)
+
+    def at(rows):
+        sub = b32 if rows is None else b32.take(rows)
+        ks = k32 if rows is None else Coefficients(sub)
+        memo = sub.__dict__["_memo"]
+
+        def times(c):
+            bc = sub.replace(concurrency=c)
+            bc.__dict__["_memo"].update(memo)
+            out = _queue_times(bc, ks)
+            memo.update(bc.__dict__["_memo"])
+            memo.pop("sequences", None)          # (the one memo that depends on concurrency)
+            return out
+        return times
+    return at
+
+
+def _queue_times(b: Batch, k: Coefficients):
+    """hook: what dse.perf.queueing's root finding reads of ``_instance(b, queue=True)``, the
+    same numbers: ``(ttft_unloaded_s, tpot_s, _prefill_service_s)``, none of the fit, cost or
+    bound metrics (it runs ~10 times per design)."""
+    c = sequences(b)
+    b0, tier = b, None
+    if kvtier.cache_on(b):               # hook: as _instance (dse.perf.kvtier)
+        weights, kv_seq, act, _ = _memory(b)
+        b, tier = _tier_split(b, weights, kv_seq, act, c)
+        # (the memos that do not read the prefix hits: only the uncached tokens do)
+        b.__dict__["_memo"].update({key: v for key, v in b0.__dict__["_memo"].items()
+                                    if key != "new_tokens"})
+    on_spec = b.has_on("spec_tokens")
+    tok_step = spec.tokens_per_step(b) if on_spec else 1.0
+    load = prompt_load(b, tok_step if on_spec else None)
+    st, _, draft = steps(b, False, load, k, b.spec_tokens + 1.0 if on_spec else None)
+    t_decode, t_mixed, t_prefill = _mean_steps(st, load, draft)
+    ttft_extra = 0.0
+    if tier is not None:
+        t_mixed, ttft_extra, tier = _tier_fetch(b, tier, load, t_mixed, t_prefill)
+    pass_s = b.pp * t_mixed
+    out = (ttft(b, pass_s, t_prefill, load, ttft_extra)[0], pass_s / tok_step,
+           prompt_service_s(b, t_decode, t_prefill, load))
+    if tier is not None and np.any(~tier.fetched & (tier.tokens > 0)):    # as _tier_recomputed
+        keep = tier.fetched | (tier.tokens <= 0)
+        alt = _queue_times(b0.replace(tier_bytes=np.where(keep, b0.tier_bytes, 0.0)), k)
+        out = tuple(np.where(keep, v, a) for v, a in zip(out, alt))
+    return out
 
 
 def _mean_steps(st: Breakdown, load: PromptLoad, draft):

@@ -1,0 +1,199 @@
+"""The request-rate path's root finding (dse.perf.queueing): per row, the largest concurrency at
+which an increasing quantity stays at or under its target, as ``queueing.bisect_increasing``
+finds it, in a few evaluations of the queue's quantities instead of 24 of the whole model.
+
+``Root`` is one such problem over the rows: a bracketed secant (Dekker's method) on a residual
+about affine in C (step times are affine in the batch between their kinks), falling back to
+the bracket's geometric midpoint where the secant lands outside it or shrinks less than a
+bisection would, and stepping half the tolerance past a converged point to close the bracket.
+Every point's side is the predicate the bisection tests, so the answer is a point that passes
+within the tolerance of the smallest that fails above it: the bisection's answer (to its
+resolution, or ``NOISE``) where the quantity is increasing, at a jump of it (one more prefill
+chunk) the same point just below the jump. Where the quantity is not monotone (a KV tier's
+fetch-or-recompute switch, a prefill chunk's jump) the bisection's answer is whichever crossing
+its midpoints lead to, and this may be another. The last few rows of a problem finish by
+at least ``SECTIONS`` points per bracket at once (a jump: the secant stalls there).
+
+``solve`` steps several problems together, each with its own ``Probe``, which scores the rows
+asked about at all the concurrencies asked (a concurrency of shape (points, rows): one pass of
+the model), on a batch of only those rows once they are fewer than ``SHRINK`` of the rows it
+holds and the others more than ``TAKE_ROWS`` (a batch and its coefficients cost about two
+evaluations of their rows and a fixed time).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+RESOLUTION = 2.0 ** -24        # the bisection's: 24 halvings of the log C range
+NOISE = 2e-6                   # and at least this (log C): float32 times place a root to ~1e-6
+SHRINK = 0.5                   # take the rows asked once fewer than this share of those held
+TAKE_ROWS = 2048               # and the rows scored in vain more than this (a take's fixed time)
+TAIL_ROWS = 256                # a problem's rows left that finish by sections
+SECTIONS = 15                  # points per bracket and step there (16-fold narrower) at least,
+SECTION_ROWS = 4096            # and up to this many points in all per step (fewer rows: more)
+MAX_STEPS = 60                 # a bound only: a bisection step at least every other step
+
+
+class Probe:
+    """``at(rows)`` (``rows`` None: every row) -> a function of those rows' concurrency (shape
+    (rows,) or (points, rows)) returning a tuple of arrays. ``probe(asks)``, ``asks`` a list of
+    ``(idx, c)`` (sorted rows, their concurrency), scores them all in one call and returns a
+    tuple of arrays per ask."""
+
+    def __init__(self, at, n: int):
+        self.at, self.n = at, n
+        self.every = at(None)
+        self.rows, self.fn = None, self.every
+
+    def __call__(self, asks: list) -> list:
+        idxs = [i for i, _ in asks]
+        union = idxs[0] if len(asks) == 1 else np.unique(np.concatenate(idxs))
+        if self.rows is not None:
+            pos = np.minimum(np.searchsorted(self.rows, union), len(self.rows) - 1)
+            if not np.array_equal(self.rows[pos], union):      # not among the rows held
+                self.rows, self.fn = None, self.every
+        held = self.n if self.rows is None else len(self.rows)
+        # take the rows asked where scoring the others too would cost more than taking them
+        if len(union) < SHRINK * held and len(asks) * (held - len(union)) > TAKE_ROWS:
+            self.rows, self.fn, held = union, self.at(union), len(union)
+        if len(asks) == 1 and len(idxs[0]) == held:
+            return [tuple(np.broadcast_to(v, (held,)) for v in self.fn(asks[0][1]))]
+        where = idxs if self.rows is None else [np.searchsorted(self.rows, i) for i in idxs]
+        cc = np.ones((len(asks), held))       # (the rows not asked about: any concurrency)
+        for j, (p, (_, c)) in enumerate(zip(where, asks)):
+            cc[j, p] = c
+        out = [np.broadcast_to(v, cc.shape) for v in self.fn(cc)]
+        return [tuple(v[j, p] for v in out) for j, p in enumerate(where)]
+
+
+def _pick(ok, yes: dict, no: dict) -> dict:
+    return {k: np.where(ok, yes[k], no[k]) for k in no}
+
+
+def _put(out: dict, idx, got: dict, sel=None) -> None:
+    for k, v in got.items():
+        out[k][idx] = v if sel is None else v[sel]
+
+
+class Root:
+    """Per row (``on``; the others: ``lo``), the largest C in ``[lo, hi]`` that passes, as
+    ``queueing.bisect_increasing`` finds it: ``lo`` where ``lo`` fails, ``hi`` less the
+    bisection's resolution where ``hi`` passes, else found by ``solve`` (``c``, and ``out``
+    the values there).
+
+    ``test(idx, c, vals)`` -> ``(residual, ok, out)`` for the rows ``idx`` at ``c`` from the
+    probe's values ``vals`` there: ``ok`` the predicate (NaN fails, as in the bisection),
+    ``residual`` increasing in C, about affine, 0 at the root (inf or NaN: a bisection step),
+    ``out`` a dict of arrays; ``lo_out``, ``hi_out`` the same triple at ``lo`` and ``hi``."""
+
+    def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None):
+        self.probe, self.test = probe, test
+        lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), np.shape(on))
+        hi = np.maximum(hi, lo)
+        res = np.log(hi / lo) * RESOLUTION
+        fails_lo = ~lo_out[1] | ~on | (res <= 0)
+        at_hi = hi_out[1] & ~fails_lo
+        self.c = np.where(fails_lo, lo, hi * np.exp(-res))
+        self.out = _pick(at_hi, hi_out[2], lo_out[2])
+        idx = np.flatnonzero(~fails_lo & ~at_hi)
+        self.idx, self.a, self.b = idx, lo[idx], hi[idx]
+        self.tol = np.maximum(res[idx], NOISE)
+        self.x1, self.f1, self.x2, self.f2 = self.a, lo_out[0][idx], self.b, hi_out[0][idx]
+        self.at_a = {k: v[idx] for k, v in self.out.items()}
+        self.last = self.prev = 2.0 * (self.b - self.a)   # (the first secant step is free)
+        self.s = self.pts = None
+        # two first points from the physics (the caller's guesses, a lower and an upper one),
+        # then secants through them
+        self.guess = None if guess is None else \
+            tuple(np.broadcast_to(g, np.shape(on))[idx] for g in guess)
+
+    def active(self) -> bool:
+        return len(self.idx) > 0
+
+    def asks(self) -> list:
+        if len(self.idx) <= TAIL_ROWS:                # sections: the points of each bracket
+            k = max(SECTIONS, min(SECTION_ROWS // len(self.idx), 255))
+            g = np.arange(1, k + 1) / (k + 1.0)
+            self.pts = self.a[None, :] * (self.b / self.a)[None, :] ** g[:, None]
+            return [(self.idx, p) for p in self.pts]
+        a, b, x1, f1, x2, f2 = self.a, self.b, self.x1, self.f1, self.x2, self.f2
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            s = x2 - f2 * (x2 - x1) / (f2 - f1)
+            if self.guess is not None:             # the caller's two first points
+                lo_s = np.minimum(np.maximum(self.guess[0], a * np.exp(self.tol)), b)
+                hi_s = np.maximum(np.minimum(self.guess[1], b * np.exp(-self.tol)), a)
+                self.s, self.guess = (np.minimum(lo_s, hi_s), np.maximum(lo_s, hi_s)), None
+                return [(self.idx, self.s[0]), (self.idx, self.s[1])]
+            bad = ~np.isfinite(s) | (s <= a) | (s >= b) | (np.abs(s - x2) > 0.5 * self.prev)
+        s = np.where(bad, np.sqrt(a * b), s)
+        # converged (a step under the tolerance): a step of half of it past the last point,
+        # to the other side, closes the bracket
+        step = x2 * (0.5 * self.tol)
+        close = np.abs(s - x2) < step
+        s = np.where(close, np.where(x2 == a, x2 + step, x2 - step), s)
+        s = np.minimum(np.maximum(s, a * np.exp(0.5 * self.tol)), b * np.exp(-0.5 * self.tol))
+        self.last, self.prev = np.where(bad, b - a, np.abs(s - x2)), self.last
+        # a point that passes after a secant step under a quarter of the tolerance: done
+        self.s, self.tiny = s, ~bad & ~close & (self.last < 0.5 * step)
+        return [(self.idx, s)]
+
+    def update(self, got: list) -> None:
+        if self.pts is not None:
+            return self._sections(got)
+        if isinstance(self.s, tuple):                  # the two first points
+            for s, g in zip(self.s, got):
+                f, ok, at_s = self.test(self.idx, s, g)
+                ok, fail = ok & (s > self.a), ~ok & (s < self.b)
+                self.a, self.b = np.where(ok, s, self.a), np.where(fail, s, self.b)
+                self.at_a = _pick(ok, at_s, self.at_a)
+                self.x1, self.f1, self.x2, self.f2 = self.x2, self.f2, s, f
+            return self._settle(np.log(self.b / self.a) <= self.tol)
+        f, ok, at_s = self.test(self.idx, self.s, got[0])
+        self.a, self.b = np.where(ok, self.s, self.a), np.where(ok, self.b, self.s)
+        self.at_a = _pick(ok, at_s, self.at_a)
+        self.x1, self.f1, self.x2, self.f2 = self.x2, self.f2, self.s, f
+        self._settle(np.log(self.b / self.a) <= self.tol)
+
+    def _sections(self, got: list) -> None:
+        """The bracket from the first of its points that fails (and the point before it)."""
+        m, pts = len(self.idx), self.pts
+        vals = tuple(np.concatenate([np.asarray(v) for v in column]) for column in zip(*got))
+        k = len(pts)
+        _, ok, at = self.test(np.tile(self.idx, k), pts.ravel(), vals)
+        ok = ok.reshape(k, m)
+        first = np.where(ok.all(0), k, np.argmin(ok, 0))
+        rows, before = np.arange(m), np.maximum(first - 1, 0)
+        moved = first > 0
+        self.a = np.where(moved, pts[before, rows], self.a)
+        self.b = np.where(first < k, pts[np.minimum(first, k - 1), rows], self.b)
+        self.at_a = {key: np.where(moved, at[key].reshape(k, m)[before, rows], v)
+                     for key, v in self.at_a.items()}
+        self.pts = None
+        self._settle(np.log(self.b / self.a) <= self.tol)
+
+    def _settle(self, done) -> None:
+        if not np.any(done):
+            return
+        self.c[self.idx[done]] = self.a[done]
+        _put(self.out, self.idx[done], self.at_a, done)
+        keep = ~done
+        for name in ("idx", "a", "b", "tol", "x1", "f1", "x2", "f2", "last", "prev"):
+            setattr(self, name, getattr(self, name)[keep])
+        self.at_a = {k: v[keep] for k, v in self.at_a.items()}
+
+
+def solve(roots: list) -> None:
+    """Step the problems ``roots`` (each with its own ``Probe``, ``root.probe``: the rows each
+    holds are its own) until every row is settled (``MAX_STEPS`` bounds it: a bisection step at
+    least every other step)."""
+    for _ in range(MAX_STEPS):
+        live = [r for r in roots if r.active()]
+        if not live:
+            return
+        for r in live:
+            r.update(r.probe(r.asks()))
+    for r in roots:                  # (not reached)
+        if r.active():
+            r.c[r.idx] = r.a
+            _put(r.out, r.idx, r.at_a)

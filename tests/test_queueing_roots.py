@@ -1,0 +1,133 @@
+"""The request-rate path's fast root finding (dse/perf/roots.py, queueing.serve) against the
+bisection it replaces (queueing.serve_bisection, the definition), and the lean times it runs on
+(serve._queue_times) against the full instance.
+
+Tolerance: where the quantity a bisection tests is monotone, the same concurrency to the
+bisection's resolution or 1e-6 (log C; the roots run on float32 times), so every metric within
+1e-4 relative. Where it is not monotone (a KV tier's fetch-or-recompute switch, one more
+prefill chunk) the bisection's answer is whichever crossing its midpoints lead to, and the
+secant may land on another: about 0.5% of random catalog designs at a request rate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import batch
+
+from dse.perf import queueing, roots, score
+from dse.perf import serve as serve_mod
+from dse.perf.batch import Batch
+from dse.perf.step import Coefficients
+
+L70 = {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp8",
+       "layout.tp": 4, "workload.isl": 2048, "workload.osl": 256}
+DESIGNS = [
+    L70,
+    {**L70, "accelerator.id": "h200-sxm", "workload.isl": 8192, "workload.osl": 1024},
+    {**L70, "layout.tp": 8, "layout.pp": 2, "workload.isl": 1024, "workload.osl": 2048},
+    {"accelerator.id": "gb200", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
+     "layout.dp": 8, "layout.ep": 8, "workload.isl": 2048, "workload.osl": 1024},
+    {"accelerator.id": "b200", "model.id": "mixtral-8x7b", "layout.tp": 2, "layout.ep": 2,
+     "workload.isl": 4096, "workload.osl": 512},
+    {"accelerator.id": "mi300x", "model.id": "llama-3.1-8b", "workload.isl": 16384,
+     "workload.osl": 128},
+]
+RATE_SLOS = [(0.5, 2.0, 0.05), (4.0, 1.0, 0.03), (20.0, 10.0, 0.2), (2.0, 2.0, 0.0),
+             (1.0, 0.0, 0.05), (1e4, 2.0, 0.05), (0.0, 2.0, 0.05)]
+
+
+# the serving mechanisms (as dse.bench switches them on): the lean times must follow each hook
+MECHANISMS = {"spec_tokens": 2.0, "spec_acceptance": 0.8, "spec_mtp_layers": 1.0,
+              "expert_imbalance": 1.3, "redundant_experts": 8.0, "isl_cv": 0.5, "osl_cv": 1.0,
+              "tier_bytes": 250e9, "tier_bw_bytes_per_s": 64e9, "prefix_tokens": 64.0,
+              "prefix_hit_fraction": 0.5, "cached_conversations": 256.0}
+
+
+def _rows():
+    return [{**d, "workload.request_rate_per_s": r, "workload.ttft_slo_s": t,
+             "workload.tpot_slo_s": p} for d in DESIGNS for r, t, p in RATE_SLOS]
+
+
+def _both(b):
+    fast = score(b)
+    orig = queueing.serve
+    queueing.serve = lambda bb, ev, bd=False, *fast: \
+        queueing.serve_bisection(bb, ev, bd)
+    try:
+        ref = score(b)
+    finally:
+        queueing.serve = orig
+    return fast, ref
+
+
+@pytest.mark.parametrize("mechanisms", [{}, MECHANISMS])
+def test_fast_roots_give_the_bisections_numbers(mechanisms):
+    b = batch(_rows()).replace(**mechanisms)
+    fast, ref = _both(b)
+    assert sorted(fast) == sorted(ref)
+    for k in ref:
+        a, f = np.asarray(ref[k], float), np.asarray(fast[k], float)
+        assert np.array_equal(np.isnan(a), np.isnan(f)), k
+        ok = ~np.isnan(a)
+        np.testing.assert_allclose(f[ok], a[ok], rtol=1e-4, atol=1e-12, err_msg=k)
+
+
+def test_lean_times_are_the_instances_own():
+    # _queue_times must stay _instance(queue=True)'s numbers (the roots run on them)
+    b = batch(_rows()).replace(**MECHANISMS)
+    c = np.linspace(1.0, 300.0, len(b))
+    for dtype in (np.float64, np.float32):
+        bd = b.astype(dtype).replace(concurrency=c)
+        k = Coefficients(bd)
+        full = serve_mod._instance(bd, False, k, queue=True)
+        lean = serve_mod._queue_times(bd, k)
+        for key, v in zip(("ttft_unloaded_s", "tpot_s", "_prefill_service_s"), lean):
+            np.testing.assert_array_equal(np.broadcast_to(v, (len(b),)), full[key], err_msg=key)
+
+
+def test_several_concurrencies_in_one_pass_are_each_ones_own():
+    b = batch(_rows()).astype(np.float32)
+    k = Coefficients(b)
+    cs = np.array([[1.0], [7.5], [300.0]]) * np.ones(len(b))
+    both = serve_mod._queue_times(Batch({**b.columns, "concurrency": cs.astype(np.float32)}), k)
+    for i, c in enumerate(cs):
+        one = serve_mod._queue_times(b.replace(concurrency=c), k)
+        for v2, v1 in zip(both, one):
+            np.testing.assert_array_equal(np.broadcast_to(v2, cs.shape)[i], v1)
+
+
+def _solve_like_bisection(fn, lo, hi):
+    n = len(lo)
+    probe = roots.Probe(lambda rows: (lambda c: (fn(c, rows),)), n)
+
+    def test(idx, c, vals):
+        v = vals[0]
+        return v, v <= 0.0, {"v": v}
+
+    def at(c):
+        v = fn(c, None)
+        return v, v <= 0.0, {"v": v}
+    r = roots.Root(probe, test, lo, hi, at(lo), at(hi), np.ones(n, bool))
+    roots.solve([r])
+    return r.c
+
+
+def test_root_matches_bisection_on_smooth_kinked_and_jumping_functions():
+    rng = np.random.default_rng(0)
+    n = 2000
+    root = np.exp(rng.uniform(0.0, 8.0, n))
+    lo, hi = np.ones(n), np.full(n, np.exp(8.5))
+    kind = np.arange(n) % 3
+
+    def fn(c, rows):
+        r = root if rows is None else root[rows]
+        k = kind if rows is None else kind[rows]
+        smooth = np.log(c / r) * (1.0 + 0.3 * np.sin(c))
+        kinked = np.maximum(c - r, 0.2 * (c - r)) / r
+        jump = np.where(c < r, -1.0 + 0.01 * c / r, 1.0 + c / r)
+        return np.where(k == 0, smooth, np.where(k == 1, kinked, jump))
+    got = _solve_like_bisection(fn, lo, hi)
+    want = queueing.bisect_increasing(lambda c: fn(c, None), 0.0, lo, hi)
+    assert np.all(fn(got, None) <= 0.0)                       # a point that passes
+    np.testing.assert_allclose(got, want, rtol=2e-6)
