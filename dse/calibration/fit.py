@@ -326,7 +326,8 @@ def tables(theta: dict, cases: pd.DataFrame, unc: dict | None = None) -> dict:
                        "fitted_on": (
                            f"{n} of {len(cases)} cases of ../shared/calibration ({hws}; "
                            f"{runtimes}; the online rows at an infinite request rate and the "
-                           "queue-suspect TTFTs are not fitted), on top of the kernel fits, "
+                           "cases whose TTFT is flagged queue_suspect, TTFT and TPOT, are not "
+                           "fitted), on top of the kernel fits, "
                            "shared by every chip"
                            + sd + f"; fitted {today}")}}
     if per_rt:
