@@ -519,8 +519,8 @@ def test_pick_wording_is_one_rule():
     assert band["numbers"]["best"]["words"] == ""
     assert band["numbers"]["other"]["words"] == f"which value it takes is {B.NOT_RESOLVED}"
     md = sampled.markdown(band)
-    assert "- `best`: h200; h200 in >= 95% of the samples (95%)" in md
-    assert (f"- `other`: b200; b200 in 90% of the samples, h200 in 10% — which value it takes is "
+    assert "- best: h200; h200 in >= 95% of the samples (95%)" in md
+    assert (f"- other: b200; b200 in 90% of the samples, h200 in 10% — which value it takes is "
             f"{B.NOT_RESOLVED}") in md
 
 
