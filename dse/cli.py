@@ -1,4 +1,17 @@
-"""The ``dse`` command line: a thin layer over the library (contracts/cli.md)."""
+"""The ``dse`` command line: a thin layer over the library (contracts/cli.md).
+
+Exit codes (``dse --help`` lists them; ``dse.errors`` defines them):
+
+- 0: done;
+- 1: an internal error (one line; ``DSE_DEBUG=1`` shows the traceback), or a shared storage
+  that stayed unreachable past ``--storage-retry`` (the run folder, where one is kept, resumes);
+- 2: bad input, one line naming the file, key or row: a space or case file, a flag, a corrupt
+  run folder, a storage URL that can never work (bad scheme, authentication, unknown or dropped
+  database, nothing listening at the start);
+- 3: the environment refused a file operation: disk full, read-only file system, permission
+  denied; one line naming the path (no temporary file is left behind);
+- 128 + N: stopped by signal N (130: Ctrl-C, 143: SIGTERM); the run is resumable.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +20,12 @@ import json
 import os
 import sys
 
-from dse.errors import InputError, StorageUnavailable
+from dse.errors import (
+    EXIT_ENVIRONMENT,
+    EnvironmentFault,
+    InputError,
+    StorageUnavailable,
+)
 from dse.units import parse_duration
 from dse.version import __version__
 
@@ -457,8 +475,17 @@ def _run_care(sub) -> None:
     st.set_defaults(func=_status)
 
 
+EXIT_CODES = f"""exit codes:
+  0    done
+  1    internal error (DSE_DEBUG=1 shows the traceback); storage unreachable past --storage-retry
+  2    bad input: a file, flag, corrupt run folder or storage URL, named on one line
+  {EXIT_ENVIRONMENT}    disk full, read-only file system or permission denied, naming the path
+  128+N  stopped by signal N (130: Ctrl-C); the run is resumable"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="dse", description="Design-space optimizer for LLM serving hardware and models.")
+    p = _Parser(prog="dse", description="Design-space optimizer for LLM serving hardware and models.",
+                epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"dse {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in (_design_commands, _run_commands, _run_readers, _run_care):
@@ -483,14 +510,27 @@ def main(argv=None) -> int:
     except StorageUnavailable as e:
         print(f"dse: error: {e}", file=sys.stderr)
         return 1
+    except EnvironmentFault as e:
+        print(f"dse: error: {e}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     except BrokenPipeError:
         return 0
+    except OSError as e:       # disk full, read-only, permission: the environment's, named
+        fault = EnvironmentFault.of(e)
+        if fault is None:
+            return _internal(e)
+        print(f"dse: error: {fault}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     except Exception as e:  # an internal error: one line unless DSE_DEBUG asks for the traceback
-        if os.environ.get("DSE_DEBUG"):
-            raise
-        print(f"dse: internal error: {type(e).__name__}: {e} (set DSE_DEBUG=1 for the traceback)",
-              file=sys.stderr)
-        return 1
+        return _internal(e)
+
+
+def _internal(e: Exception) -> int:
+    if os.environ.get("DSE_DEBUG"):
+        raise e
+    print(f"dse: internal error: {type(e).__name__}: {e} (set DSE_DEBUG=1 for the traceback)",
+          file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -150,7 +150,7 @@ class Shards(Strategy):
 
     def open(self) -> None:
         import optuna
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.logging.set_verbosity(optuna.logging.ERROR)   # its warnings: dse says its own
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         space, d, m = self.space, self.d, self.manifest
         self.chunk = int(m.get("chunk_designs", exhaustive.CHUNK_DESIGNS))

@@ -56,7 +56,7 @@ class OptunaRun(Strategy):
     # --- open ------------------------------------------------------------------------------
     def open(self) -> None:
         import optuna
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.logging.set_verbosity(optuna.logging.ERROR)   # its warnings: dse says its own
         # heartbeats and stale-trial recovery are driven by hand here (ask and tell, not optimize)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
