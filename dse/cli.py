@@ -25,6 +25,7 @@ from dse.errors import (
     EnvironmentFault,
     InputError,
     StorageUnavailable,
+    writing,
 )
 from dse.units import parse_duration
 from dse.version import __version__
@@ -229,8 +230,11 @@ def _dashboard(a) -> int:
 
 
 def _report(a) -> int:
+    from pathlib import Path
+
     from dse.results.report import make_report
-    out = make_report(a.dir, a.out)
+    with writing(a.out or Path(a.dir) / "report"):
+        out = make_report(a.dir, a.out)
     print(f"wrote {out / 'index.html'}, {out / 'summary.md'}, {out / 'front.csv'} and figures")
     print(out)
     return 0
@@ -243,7 +247,9 @@ def _compare(a) -> int:
     c = compare(a.dir_a, a.dir_b, bands=a.bands)
     for w in c.warnings:
         print(f"dse: warning: {w}", file=sys.stderr)
-    out = c.write(a.out or Path("runs") / f"compare-{Path(a.dir_a).name}-vs-{Path(a.dir_b).name}")
+    out = a.out or Path("runs") / f"compare-{Path(a.dir_a).name}-vs-{Path(a.dir_b).name}"
+    with writing(out):
+        out = c.write(out)
     from dse.results.bands_report import compare_headline, compare_lines
     from dse.results.pages import plain
     print(plain("\n".join(compare_headline(c))))    # first: each best with its band
@@ -260,8 +266,10 @@ def _whatif(a) -> int:
         raise InputError("--trials and --budget go with --reoptimize",
                          hint="add --reoptimize to search again")
     budget = parse_duration(a.budget) if a.budget else None
-    w = whatif(a.dir, a.set, a.scale, a.out, reoptimize=a.reoptimize, trials=a.trials,
-               budget=budget, progress=not a.quiet, bands=a.bands)
+    from pathlib import Path
+    with writing(a.out or Path(a.dir) / "whatif"):
+        w = whatif(a.dir, a.set, a.scale, a.out, reoptimize=a.reoptimize, trials=a.trials,
+                   budget=budget, progress=not a.quiet, bands=a.bands)
     out = w.path
     from dse.results.pages import plain
     print(plain("\n".join(w.headline)))         # first: each change with its band
@@ -494,6 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    args = None
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
@@ -516,13 +525,22 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as e:       # disk full, read-only, permission: the environment's, named
-        fault = EnvironmentFault.of(e)
+        fault = EnvironmentFault.of(e, e.filename or _output_of(args))
         if fault is None:
             return _internal(e)
         print(f"dse: error: {fault}", file=sys.stderr)
         return EXIT_ENVIRONMENT
     except Exception as e:  # an internal error: one line unless DSE_DEBUG asks for the traceback
         return _internal(e)
+
+
+def _output_of(args) -> str:
+    """What a command writes, for an environment error that names no file: its --out, else its
+    run folder, else the working directory."""
+    for name in ("out", "run_dir", "resume", "dir"):
+        if getattr(args, name, None):
+            return str(getattr(args, name))
+    return os.getcwd()
 
 
 def _internal(e: Exception) -> int:

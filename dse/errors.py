@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from contextlib import contextmanager
 
 
 class InputError(Exception):
@@ -76,13 +77,42 @@ class EnvironmentFault(Exception):
 
     @classmethod
     def of(cls, e: OSError, path=None) -> EnvironmentFault | None:
-        """The fault an ``OSError`` is (None: another OSError, not the environment's)."""
+        """The fault an ``OSError`` is (None: another OSError, not the environment's), named by
+        ``path`` (the file the user asked for), else the error's own file name. pyarrow's
+        errors carry no errno: their text is read."""
         import errno
         name = errno.errorcode.get(e.errno or 0, "")
         if name not in ENVIRONMENT_ERRNOS:
-            return None
-        where = path or e.filename or "?"
+            text = str(e).lower()
+            name = next((n for n, t in _STRERRORS.items() if t in text), "")
+            if not name:
+                return None
+        where = path or e.filename or "the output"
         return cls(where, ENVIRONMENT_ERRNOS[name])
+
+
+_STRERRORS = {"ENOSPC": "no space left on device", "EDQUOT": "disk quota exceeded",
+              "EROFS": "read-only file system", "EACCES": "permission denied"}
+
+
+@contextmanager
+def writing(path, *cleanup):
+    """Around a write of ``path``: an ``OSError`` of the environment (disk full, read-only,
+    permission) becomes an ``EnvironmentFault`` naming ``path``; on any failure the files in
+    ``cleanup`` (temporary ones) are removed."""
+    import os
+    try:
+        yield
+    except BaseException as e:
+        for f in cleanup:
+            try:
+                os.unlink(f)
+            except OSError:
+                pass
+        fault = EnvironmentFault.of(e, path) if isinstance(e, OSError) else None
+        if fault is None:
+            raise
+        raise fault from None
 
 
 def suggest(word: str, choices: Iterable[str], what: str = "valid") -> str:

@@ -32,7 +32,7 @@ import pandas as pd
 
 from dse import pareto
 from dse.build.space import Objective, load_space, objectives_file
-from dse.errors import InputError
+from dse.errors import InputError, writing
 from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.design import read_toml
 from dse.spec.fields import legacy_columns, scale_column
@@ -47,27 +47,23 @@ KEEP_METRICS = ("ttft_s", "ttft_unloaded_s", "tpot_s", "output_tokens_per_s_per_
 
 
 def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")   # per process: workers share folders
-    try:
+    """``text`` into ``path``, whole or not at all (see ``atomic_save``)."""
+    def write(tmp):
         with open(tmp, "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)      # no temporary file left by a failed write
-        raise
+    atomic_save(path, write)
 
 
 def atomic_save(path: Path, write) -> None:
-    """``write(tmp)`` then rename over ``path``; the temporary file never outlives a failure."""
+    """``write(tmp)`` then rename over ``path``; the temporary file never outlives a failure (its
+    name has the pid: workers share folders); a full disk, a read-only file system or a denied
+    permission is an ``EnvironmentFault`` naming ``path`` (exit 3)."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
+    with writing(path, tmp):
         write(tmp)
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def remove_stale_tmp(d: Path) -> None:
