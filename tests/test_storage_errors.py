@@ -223,3 +223,18 @@ def test_a_storage_run_prints_no_third_party_warning(cwd, database):
                        capture_output=True, text=True, timeout=180, check=False)
     print(f"stderr of an RDB run with nsga3: {r.stderr!r}")
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_a_known_url_that_refuses_is_an_outage(monkeypatch):
+    """The URL a run used already (a resume, a worker joining its folder): a refused connection
+    is waited for (the server restarts), then StorageUnavailable (exit 1); the same URL typed
+    for a new run is refused at once."""
+    from dse.errors import StorageError, StorageUnavailable
+    from dse.search.optuna import study as o
+    monkeypatch.setattr(o, "STORAGE_RETRY_S", 1.0)
+    url = "postgresql+psycopg2://u:pw@127.0.0.1:1/db"
+    with pytest.raises(StorageUnavailable, match="unreachable"):
+        o.storage_for(None, url, known=True)
+    monkeypatch.setattr(o, "_URL", None)
+    with pytest.raises(StorageError, match="connection refused"):
+        o.storage_for(None, url)

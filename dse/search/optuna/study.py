@@ -42,11 +42,14 @@ CONSTRAINTS_ATTR = "constraints"   # the trial system attr Optuna's samplers wri
 
 # --- storage and retries ----------------------------------------------------------------------
 
-def storage_for(d, url: str | None):
+def storage_for(d, url: str | None, known: bool = False):
     """The run's Optuna storage: the RDB at ``url``, else the run folder's journal (absolute
     path, owner-recording lock: see ``store.open_journal``). A URL that can never work (bad
-    scheme, authentication, unknown database, nothing listening) is a ``StorageError`` at once
-    (``storage_errors``); a server starting or stopping is waited for."""
+    scheme, authentication, unknown database) is a ``StorageError`` at once
+    (``storage_errors``), and so is nothing listening or an unknown host where the URL is new
+    (typed for a new run or a worker); ``known``: the URL of a run that used it already (its
+    manifest's: a resume, a worker joining its folder), where a refused connection is an
+    outage and is waited for, as is a server starting or stopping."""
     if url:
         import warnings
 
@@ -61,7 +64,7 @@ def storage_for(d, url: str | None):
                     heartbeat_stale_trial_callback=optuna.storages.
                     RetryHeartbeatStaleTrialCallback(max_retry=3))
         global _URL
-        storage = _retrying(connect, url, start=url != _URL)   # the process's first connect
+        storage = _retrying(connect, url, start=not known and url != _URL)
         _URL = url
         return storage
     return store.open_journal(d)
