@@ -1,4 +1,17 @@
-"""The ``dse`` command line: a thin layer over the library (contracts/cli.md)."""
+"""The ``dse`` command line: a thin layer over the library (contracts/cli.md).
+
+Exit codes (``dse --help`` lists them; ``dse.errors`` defines them):
+
+- 0: done;
+- 1: an internal error (one line; ``DSE_DEBUG=1`` shows the traceback), or a shared storage
+  that stayed unreachable past ``--storage-retry`` (the run folder, where one is kept, resumes);
+- 2: bad input, one line naming the file, key or row: a space or case file, a flag, a corrupt
+  run folder, a storage URL that can never work (bad scheme, authentication, unknown or dropped
+  database, nothing listening at the start);
+- 3: the environment refused a file operation: disk full, read-only file system, permission
+  denied; one line naming the path (no temporary file is left behind);
+- 128 + N: stopped by signal N (130: Ctrl-C, 143: SIGTERM); the run is resumable.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +20,13 @@ import json
 import os
 import sys
 
-from dse.errors import InputError, StorageUnavailable
+from dse.errors import (
+    EXIT_ENVIRONMENT,
+    EnvironmentFault,
+    InputError,
+    StorageUnavailable,
+    writing,
+)
 from dse.units import parse_duration
 from dse.version import __version__
 
@@ -291,8 +310,11 @@ def _dashboard(a) -> int:
 
 
 def _report(a) -> int:
+    from pathlib import Path
+
     from dse.results.report import make_report
-    out = make_report(a.dir, a.out)
+    with writing(a.out or Path(a.dir) / "report"):
+        out = make_report(a.dir, a.out)
     print(f"wrote {out / 'index.html'}, {out / 'summary.md'}, {out / 'front.csv'} and figures")
     print(out)
     return 0
@@ -305,7 +327,9 @@ def _compare(a) -> int:
     c = compare(a.dir_a, a.dir_b, bands=a.bands)
     for w in c.warnings:
         print(f"dse: warning: {w}", file=sys.stderr)
-    out = c.write(a.out or Path("runs") / f"compare-{Path(a.dir_a).name}-vs-{Path(a.dir_b).name}")
+    out = a.out or Path("runs") / f"compare-{Path(a.dir_a).name}-vs-{Path(a.dir_b).name}"
+    with writing(out):
+        out = c.write(out)
     from dse.results.bands_report import compare_headline, compare_lines
     from dse.results.pages import plain
     print(plain("\n".join(compare_headline(c))))    # first: each best with its band
@@ -324,8 +348,10 @@ def _whatif(a) -> int:
         raise InputError("--trials and --budget go with --reoptimize",
                          hint="add --reoptimize to search again")
     budget = parse_duration(a.budget) if a.budget else None
-    w = whatif(a.dir, a.set, a.scale, a.out, reoptimize=a.reoptimize, trials=a.trials,
-               budget=budget, progress=not a.quiet, bands=a.bands)
+    from pathlib import Path
+    with writing(a.out or Path(a.dir) / "whatif"):
+        w = whatif(a.dir, a.set, a.scale, a.out, reoptimize=a.reoptimize, trials=a.trials,
+                   budget=budget, progress=not a.quiet, bands=a.bands)
     out = w.path
     from dse.results.pages import plain
     print(plain("\n".join(w.headline)))         # first: each change with its band
@@ -562,8 +588,17 @@ def _installed_version() -> str:
         return __version__
 
 
+EXIT_CODES = f"""exit codes:
+  0    done
+  1    internal error (DSE_DEBUG=1 shows the traceback); storage unreachable past --storage-retry
+  2    bad input: a file, flag, corrupt run folder or storage URL, named on one line
+  {EXIT_ENVIRONMENT}    disk full, read-only file system or permission denied, naming the path
+  128+N  stopped by signal N (130: Ctrl-C); the run is resumable"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="dse", description="Design-space optimizer for LLM serving hardware and models.")
+    p = _Parser(prog="dse", description="Design-space optimizer for LLM serving hardware and models.",
+                epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"dse {_installed_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in (_design_commands, _run_commands, _run_readers, _run_care):
@@ -572,6 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    args = None
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
@@ -588,14 +624,36 @@ def main(argv=None) -> int:
     except StorageUnavailable as e:
         print(f"dse: error: {e}", file=sys.stderr)
         return 1
+    except EnvironmentFault as e:
+        print(f"dse: error: {e}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     except BrokenPipeError:
         return 0
+    except OSError as e:       # disk full, read-only, permission: the environment's, named
+        fault = EnvironmentFault.of(e, e.filename or _output_of(args))
+        if fault is None:
+            return _internal(e)
+        print(f"dse: error: {fault}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     except Exception as e:  # an internal error: one line unless DSE_DEBUG asks for the traceback
-        if os.environ.get("DSE_DEBUG"):
-            raise
-        print(f"dse: internal error: {type(e).__name__}: {e} (set DSE_DEBUG=1 for the traceback)",
-              file=sys.stderr)
-        return 1
+        return _internal(e)
+
+
+def _output_of(args) -> str:
+    """What a command writes, for an environment error that names no file: its --out, else its
+    run folder, else the working directory."""
+    for name in ("out", "run_dir", "resume", "dir"):
+        if getattr(args, name, None):
+            return str(getattr(args, name))
+    return os.getcwd()
+
+
+def _internal(e: Exception) -> int:
+    if os.environ.get("DSE_DEBUG"):
+        raise e
+    print(f"dse: internal error: {type(e).__name__}: {e} (set DSE_DEBUG=1 for the traceback)",
+          file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

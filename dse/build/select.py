@@ -222,10 +222,23 @@ def _distinct(columns: list[np.ndarray], n: int) -> tuple[list[np.ndarray], np.n
     return [c.reshape(-1)[:1] if c.size == 1 else c[first] for c in columns], inverse.reshape(-1)
 
 
+def _group_at(topo, dd, g: np.ndarray, which: str) -> np.ndarray:
+    """A reduced-graph number of each group size in ``g`` (within a domain of ``dd`` chips), each
+    from the reduction up to that size itself (cached per size): a design's numbers never depend
+    on the other designs scored with it (a larger group in the batch would otherwise have moved
+    the interpolation of a size between powers of two, or a batch of single chips the hops of
+    a pipeline's two-chip hand-off)."""
+    out = np.empty(len(g))
+    for v in np.unique(g):
+        at = g == v
+        out[at] = topology.reduce(topo, int(dd), int(min(max(v, 1.0), dd))).at(g[at], which)
+    return out
+
+
 def topology_columns(out) -> dict[str, np.ndarray]:
     """Group bandwidth fractions and latency from the reduced topology graph of each row. The
     graph numbers are computed on the distinct (topology, domain, measured system, group sizes)
-    rows and gathered; one reduction per distinct (topology, domain)."""
+    rows and gathered; the reductions (cached) per (topology, domain, group size)."""
     topos = catalog.topologies()
     names = list(topos)
     tp = _f(out, "layout.tp")
@@ -245,40 +258,37 @@ def topology_columns(out) -> dict[str, np.ndarray]:
     m = max(len(a) for a in (t, d, r, tp_u, ffn_u, x_u))
     t, d, r, tp_u, ffn_u, x_u = (np.broadcast_to(a, (m,)) for a in (t, d, r, tp_u, ffn_u, x_u))
     yz_u = np.maximum(tp_u / np.maximum(x_u, 1.0), 1.0)
-    g = np.maximum(ffn_u, tp_u)
     num = {k: np.ones(m) for k in ("tp", "ffn", "a2a", "tp_rel", "ffn_rel", "a2a_rel",
                                    "tp_x", "tp_yz", "tp_a2a")}
     num["hops"] = np.zeros(m)
     for k in ("tp_x_hops", "tp_yz_hops"):
         num[k] = np.zeros(m)
-    _, td = np.unique(np.stack([t, d]), axis=1, return_inverse=True)
     _, tdr = np.unique(np.stack([t, d, r]), axis=1, return_inverse=True)
-    td, tdr = td.reshape(-1), tdr.reshape(-1)
+    tdr = tdr.reshape(-1)
     for k in range(int(tdr.max()) + 1):
         idx = np.flatnonzero(tdr == k)
         tt, dd, rr_ = int(t[idx[0]]), d[idx[0]], int(r[idx[0]])
-        # one reduction per (topology, domain): the largest group any of its rows needs
-        gmax = int(min(g[td == td[idx[0]]].max(), dd))
-        red = topology.reduce(topos[names[tt]], int(dd), gmax)
         g_tp, g_ffn = np.minimum(tp_u[idx], dd), np.minimum(ffn_u[idx], dd)
-        num["tp"][idx] = red.at(g_tp, "ar_fraction")
-        num["ffn"][idx] = red.at(g_ffn, "ar_fraction")
-        num["a2a"][idx] = red.at(g_ffn, "a2a_fraction")
-        num["hops"][idx] = red.at(np.maximum(g_ffn, 2.0), "hops")
+        topo = topos[names[tt]]
+        num["tp"][idx] = _group_at(topo, dd, g_tp, "ar_fraction")
+        num["ffn"][idx] = _group_at(topo, dd, g_ffn, "ar_fraction")
+        num["a2a"][idx] = _group_at(topo, dd, g_ffn, "a2a_fraction")
+        num["hops"][idx] = _group_at(topo, dd, np.minimum(np.maximum(g_ffn, 2.0), dd), "hops")
         # the absolute shares (no measured kernels stand behind the 2D layout's collectives)
-        num["tp_a2a"][idx] = red.at(g_tp, "a2a_fraction")
+        num["tp_a2a"][idx] = _group_at(topo, dd, g_tp, "a2a_fraction")
         for axis, size in (("tp_x", x_u[idx]), ("tp_yz", yz_u[idx])):
             size = np.minimum(size, dd)
-            num[axis][idx] = red.at(size, "ar_fraction")
-            num[axis + "_hops"][idx] = np.where(size > 1, red.at(np.maximum(size, 2.0), "hops"),
-                                                0.0)
+            num[axis][idx] = _group_at(topo, dd, size, "ar_fraction")
+            num[axis + "_hops"][idx] = np.where(
+                size > 1, _group_at(topo, dd, np.minimum(np.maximum(size, 2.0), dd), "hops"), 0.0)
         # the fitted collective kernels already carry the bandwidth share of the system they
         # were measured on: they see this topology's share relative to that one's
         if rr_ >= 0 and rr_ != tt:
-            rr = topology.reduce(topos[names[rr_]], int(dd), gmax)
-            num["tp_rel"][idx] = num["tp"][idx] / rr.at(g_tp, "ar_fraction")
-            num["ffn_rel"][idx] = num["ffn"][idx] / rr.at(g_ffn, "ar_fraction")
-            num["a2a_rel"][idx] = num["a2a"][idx] / rr.at(g_ffn, "a2a_fraction")
+            ref_topo = topos[names[rr_]]
+            num["tp_rel"][idx] = num["tp"][idx] / _group_at(ref_topo, dd, g_tp, "ar_fraction")
+            num["ffn_rel"][idx] = num["ffn"][idx] / _group_at(ref_topo, dd, g_ffn, "ar_fraction")
+            num["a2a_rel"][idx] = num["a2a"][idx] / _group_at(ref_topo, dd, g_ffn,
+                                                               "a2a_fraction")
     cols = {k: v[inv] for k, v in num.items() if k != "hops"}
     hops = num["hops"][inv]
     cols["latency"] = base_lat + hop_lat * hops

@@ -152,13 +152,24 @@ def _placement(topo: Topology, domain_chips: int, size: int) -> list:
 @lru_cache(maxsize=256)
 def reduce(topo: Topology, domain_chips: int, max_group: int) -> Reduced:
     """Reduce ``topo`` with ``domain_chips`` chips for groups of 1, 2, 4, ... up to ``max_group``."""
-    graph = build_graph(topo, domain_chips)
     top = min(max(int(max_group), 1), domain_chips)
     sizes = sorted({1, top, *[2 ** j for j in range(int(np.log2(top)) + 1)]})
     ar, a2a, hops = [], [], []
     for s in sizes:
-        a, b, h = _group_numbers(graph, _placement(topo, domain_chips, s))
+        a, b, h = _size_numbers(topo, domain_chips, s)
         ar.append(a)
         a2a.append(b)
         hops.append(h)
     return Reduced(np.array(sizes, float), np.array(ar), np.array(a2a), np.array(hops))
+
+
+@lru_cache(maxsize=1024)
+def _size_numbers(topo: Topology, domain_chips: int, size: int) -> tuple[float, float, float]:
+    """(all-reduce fraction, all-to-all fraction, hops) of a group of ``size`` chips: once per
+    size, whatever the reductions that ask for it."""
+    return _group_numbers(_graph(topo, domain_chips), _placement(topo, domain_chips, size))
+
+
+@lru_cache(maxsize=64)
+def _graph(topo: Topology, domain_chips: int) -> nx.Graph:
+    return build_graph(topo, domain_chips)

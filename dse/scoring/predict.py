@@ -20,7 +20,7 @@ import pandas as pd
 
 from dse import catalog
 from dse.build.designs import kv_dtype_of, resolve, to_batch
-from dse.errors import InputError, suggest
+from dse.errors import InputError, suggest, writing
 from dse.perf import Batch, score_chunked
 from dse.perf.serve import BOUNDS, reason_text
 from dse.perf.serve import (
@@ -493,8 +493,9 @@ def predict_file(path: str, out_path: str) -> pd.DataFrame:
     cases = read_cases(path)
     pred = predict_frame(cases, file=path)
     tmp = out_path + ".tmp"
-    write_csv(csv_frame(pred), tmp)
-    os.replace(tmp, out_path)   # atomic: a failed run never leaves a half-written file
+    with writing(out_path, tmp):    # a full or read-only disk: exit 3 naming the file, no .tmp
+        write_csv(csv_frame(pred), tmp)
+        os.replace(tmp, out_path)   # atomic: a failed run never leaves a half-written file
     return pred
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from dse.build.space import Space, load_space
-from dse.errors import InputError
+from dse.errors import InputError, StorageError, StorageUnavailable
 from dse.search import exhaustive, shards, store
 from dse.search.loop import drive
 from dse.search.optuna import strategy as optuna_strategy
@@ -179,6 +179,8 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
         try:
             search(space, d, m, max_trials=trials, budget_s=budget_s,
                    storage_url=storage_url or m.get("storage"), progress=progress, joining=join)
+        except (StorageError, StorageUnavailable) as e:
+            raise _resumable(e, d, join) from None
         finally:
             _reap(procs)
         return d
@@ -235,12 +237,20 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
                progress=progress)
     except store.Interrupted:
         raise                        # stopped: resumable
-    except BaseException:
+    except BaseException as e:
         store.discard(d, existed)     # a start that failed before computing anything
+        if isinstance(e, (StorageError, StorageUnavailable)) and (d / "manifest.json").is_file():
+            raise _resumable(e, d, False) from None
         raise
     finally:
         _reap(procs)
     return d
+
+
+def _resumable(e, d: Path, join: bool):
+    """A storage error of a run whose folder is kept, saying how to pick it up again."""
+    again = f"dse worker {d}" if join else f"dse run --resume {d}"
+    return e.resumable(f"the run folder is kept: {again} once the storage is back")
 
 
 def _reap(procs) -> None:

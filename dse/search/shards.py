@@ -150,12 +150,12 @@ class Shards(Strategy):
 
     def open(self) -> None:
         import optuna
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.logging.set_verbosity(optuna.logging.ERROR)   # its warnings: dse says its own
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         space, d, m = self.space, self.d, self.manifest
         self.chunk = int(m.get("chunk_designs", exhaustive.CHUNK_DESIGNS))
         self.n_chunks = -(-space.size // self.chunk)
-        self.storage = storage_for(None, self.storage_url)
+        self.storage = storage_for(None, self.storage_url, known=True)
         self.ids = TrialIds(self.storage)
         self.study = with_retry(optuna.create_study, study_name=m["study_name"],
                                 storage=self.storage, sampler=optuna.samplers.RandomSampler(),

@@ -32,7 +32,7 @@ import pandas as pd
 
 from dse import pareto
 from dse.build.space import Objective, load_space, objectives_file
-from dse.errors import InputError
+from dse.errors import InputError, writing
 from dse.search.progress import bar as progress_bar
 from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.design import read_toml
@@ -48,27 +48,23 @@ KEEP_METRICS = ("ttft_s", "ttft_unloaded_s", "tpot_s", "output_tokens_per_s_per_
 
 
 def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")   # per process: workers share folders
-    try:
+    """``text`` into ``path``, whole or not at all (see ``atomic_save``)."""
+    def write(tmp):
         with open(tmp, "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)      # no temporary file left by a failed write
-        raise
+    atomic_save(path, write)
 
 
 def atomic_save(path: Path, write) -> None:
-    """``write(tmp)`` then rename over ``path``; the temporary file never outlives a failure."""
+    """``write(tmp)`` then rename over ``path``; the temporary file never outlives a failure (its
+    name has the pid: workers share folders); a full disk, a read-only file system or a denied
+    permission is an ``EnvironmentFault`` naming ``path`` (exit 3)."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
+    with writing(path, tmp):
         write(tmp)
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def remove_stale_tmp(d: Path) -> None:
@@ -295,15 +291,59 @@ def load_manifest(d: Path) -> dict:
         raise InputError("not a run folder (no manifest.json)", file=str(d),
                          hint="give the folder `dse run` printed")
     try:
-        m = json.loads(f.read_text())
-        _ = m["dse_version"], m["strategy"], m["objectives"], m["space_file"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise InputError(f"corrupt manifest ({type(e).__name__}: {e})", file=str(f),
+        m = json.loads(f.read_bytes().decode("utf-8"))
+        if not isinstance(m, dict):
+            raise TypeError(f"a JSON {type(m).__name__}, not an object")
+        for key, kind in MANIFEST_KEYS.items():
+            if not isinstance(m[key], kind):
+                raise TypeError(f"{key} is {m[key]!r}, not a {kind.__name__}")
+    except (ValueError, KeyError, TypeError) as e:     # UnicodeDecodeError, JSONDecodeError too
+        why = " ".join(f"{type(e).__name__}: {e}".split())[:160]
+        raise InputError(f"corrupt manifest ({why})", file=str(f),
                          hint="the run cannot be read; start a new one") from None
+    check_layout(d)
     return m
 
 
+MANIFEST_KEYS = {"dse_version": str, "strategy": str, "objectives": list, "space_file": str}
+
+
+def check_layout(d: Path) -> None:
+    """The run folder's own paths are what they should be (``scores`` a folder, the journal's
+    lock a file): else refused, naming the path, with the repair that heals it."""
+    for p, kind in _layout(Path(d)):
+        raise InputError(f"{p.name} is {kind}", file=str(p),
+                         hint=REPAIR_HINT.replace("DIR", str(d)))
+
+
+def _layout(d: Path) -> list[tuple[Path, str]]:
+    """The run folder's paths of the wrong kind: (path, what it is instead)."""
+    bad = []
+    scores = d / "scores"
+    if scores.exists() and not scores.is_dir():
+        bad.append((scores, "a file, not the folder of score tables"))
+    for name in ("optuna.journal.flock", "lock", "progress.json", "front.csv"):
+        if (d / name).is_dir():
+            bad.append((d / name, "a folder, not a file"))
+    return bad
+
+
+def heal_layout(d: Path) -> list[str]:
+    """``repair``: paths of the wrong kind moved to quarantine/ (a missing lock or scores folder
+    is made again; a journal or derived file that was a folder is gone: its work is redone)."""
+    done = []
+    for p, kind in _layout(Path(d)):
+        moved = _quarantine(d, p)
+        if p.name == "scores":
+            p.mkdir()
+        done.append(f"quarantined {p.relative_to(d)} ({kind}) to {moved.relative_to(d)}")
+    return done
+
+
 def check_version(m: dict, d: Path) -> None:
+    if not isinstance(m.get("dse_version"), str):
+        raise InputError(f"dse_version is {m.get('dse_version')!r}, not a version string",
+                         file=str(manifest_file(d)), hint="the run cannot be resumed")
     if m["dse_version"].split(".")[:2] != __version__.split(".")[:2]:
         raise InputError(f"the run was made by dse {m['dse_version']}, this is dse {__version__}",
                          file=str(d), hint="resume it with that version, or start a new run")
@@ -542,10 +582,16 @@ def repair(d: Path) -> list[str]:
     is done again on `dse run --resume`, and rebuild its derived files. Returns what was done,
     one line each."""
     d = Path(d)
+    if manifest_file(d).is_file() and _layout(d):
+        if lock_owner(d) is not None:
+            raise InputError("the run is running", file=str(d), hint="stop it first")
+        healed = heal_layout(d)
+    else:
+        healed = []
     m = load_manifest(d)
     if lock_owner(d) is not None:
         raise InputError("the run is running", file=str(d), hint="stop it first")
-    done = []
+    done = healed
     remove_stale_tmp(d)
     for f in sorted((d / "scores").glob("*.parquet")):
         tf = f.with_suffix(".trials.json")
@@ -700,8 +746,8 @@ def open_journal(d: Path):
     recover_journal(f)
     try:
         return JournalStorage(JournalFileBackend(str(f), lock_obj=JournalLock(f)))
-    except (ValueError, KeyError, TypeError) as e:   # a record in the middle is broken
-        raise corrupt(f, "journal", e) from None
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, AssertionError) as e:
+        raise corrupt(f, "journal", e) from None        # a record is broken (a garbage line)
 
 
 class Interrupted(KeyboardInterrupt):

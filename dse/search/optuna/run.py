@@ -56,7 +56,7 @@ class OptunaRun(Strategy):
     # --- open ------------------------------------------------------------------------------
     def open(self) -> None:
         import optuna
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.logging.set_verbosity(optuna.logging.ERROR)   # its warnings: dse says its own
         # heartbeats and stale-trial recovery are driven by hand here (ask and tell, not optimize)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
@@ -65,7 +65,7 @@ class OptunaRun(Strategy):
         self.sampler_name = m.get("sampler", o.DEFAULT_SAMPLER[m["strategy"]])
         self.population = int(m.get("population", o.DEFAULT_POPULATION[m["strategy"]]))
         self.directions = ["maximize"] if self.nested else [ob.direction for ob in space.objectives]
-        self.storage = storage_for(d, self.storage_url)
+        self.storage = storage_for(d, self.storage_url, known=True)
         self.ids = TrialIds(self.storage)
         self.shared = self.storage_url is not None
         self.segment = 0 if self.shared else int(m.get("segment", 0))

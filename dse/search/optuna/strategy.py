@@ -115,9 +115,17 @@ def tpe_startup(trials: int | None, nested: bool = False) -> int:
 
 def make_sampler(name: str, seed: int, population: int, nested: bool = False,
                  trials: int | None = None):
-    """An Optuna sampler for a run of ``trials`` trials (TPE's random start scales with it)."""
+    """An Optuna sampler for a run of ``trials`` trials (TPE's random start scales with it);
+    Optuna's warnings that a sampler is experimental are not shown."""
+    import warnings
+
     import optuna
-    s = optuna.samplers
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _sampler(optuna.samplers, name, seed, population, nested, trials)
+
+
+def _sampler(s, name: str, seed: int, population: int, nested: bool, trials: int | None):
     if name == "nsga2":
         return s.NSGAIISampler(population_size=population, seed=seed)
     if name == "nsga3":
@@ -128,10 +136,7 @@ def make_sampler(name: str, seed: int, population: int, nested: bool = False,
     if name == "random":
         return s.RandomSampler(seed=seed)
     if name == "qmc":
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return s.QMCSampler(seed=seed, warn_independent_sampling=False)
+        return s.QMCSampler(seed=seed, warn_independent_sampling=False)
     if name == "gp":
         try:
             import torch  # noqa: F401

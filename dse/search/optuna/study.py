@@ -32,7 +32,7 @@ import pandas as pd
 from dse import pareto
 from dse.errors import StorageUnavailable
 from dse.search import store
-from dse.search.optuna import segments
+from dse.search.optuna import segments, storage_errors
 from dse.units import parse_duration
 
 HEARTBEAT_S = 2      # a worker records each running trial's heartbeat this often
@@ -42,20 +42,44 @@ CONSTRAINTS_ATTR = "constraints"   # the trial system attr Optuna's samplers wri
 
 # --- storage and retries ----------------------------------------------------------------------
 
-def storage_for(d, url: str | None):
-    """The run's Optuna storage: the RDB at ``url`` (reached with retries), else the run
-    folder's journal (absolute path, owner-recording lock: see ``store.open_journal``)."""
+def storage_for(d, url: str | None, known: bool = False):
+    """The run's Optuna storage: the RDB at ``url``, else the run folder's journal (absolute
+    path, owner-recording lock: see ``store.open_journal``). A URL that can never work (bad
+    scheme, authentication, unknown database) is a ``StorageError`` at once
+    (``storage_errors``), and so is nothing listening or an unknown host where the URL is new
+    (typed for a new run or a worker); ``known``: the URL of a run that used it already (its
+    manifest's: a resume, a worker joining its folder), where a refused connection is an
+    outage and is waited for, as is a server starting or stopping."""
     if url:
+        import warnings
+
         import optuna
 
         def connect():
-            return optuna.storages.RDBStorage(
-                url, engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=HEARTBEAT_S,
-                grace_period=GRACE_S,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
-                    max_retry=3))
-        return with_retry(connect)
+            with warnings.catch_warnings():     # heartbeats are experimental in Optuna
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs=_engine_kwargs(url), heartbeat_interval=HEARTBEAT_S,
+                    grace_period=GRACE_S,
+                    heartbeat_stale_trial_callback=optuna.storages.
+                    RetryHeartbeatStaleTrialCallback(max_retry=3))
+        global _URL
+        storage = _retrying(connect, url, start=not known and url != _URL)
+        _URL = url
+        return storage
     return store.open_journal(d)
+
+
+_URL: str | None = None    # the RDB last connected to: named by the errors of later calls
+CONNECT_TIMEOUT_S = 10     # PostgreSQL: a host that never answers is given up on at the start
+
+
+def _engine_kwargs(url: str) -> dict:
+    kw: dict = {"pool_pre_ping": True}
+    if url.split(":", 1)[0].split("+")[0] in ("postgresql", "postgres") and \
+            "connect_timeout" not in url:
+        kw["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    return kw
 
 
 STORAGE_RETRY_S: float | None = None   # set by --storage-retry; else DSE_STORAGE_RETRY, else 300 s
@@ -85,23 +109,32 @@ def _transient(e: BaseException) -> bool:
 def with_retry(fn, *args, **kw):
     """Call a storage operation, retrying with backoff (0.5 s doubling to 15 s) while the
     database is unreachable (a server restart, a network blip), for the storage retry window
-    (``--storage-retry``, ``DSE_STORAGE_RETRY``; default 300 s); a warning when it starts and
-    every 30 s, then ``StorageUnavailable`` once the window is spent."""
+    (``--storage-retry``, ``DSE_STORAGE_RETRY``; default 300 s); a warning once the first retry
+    fails too and every 30 s, then ``StorageUnavailable`` once the window is spent. An error that waiting
+    never cures (a dropped database, a changed password) is a ``StorageError`` at once."""
+    return _retrying(lambda: fn(*args, **kw), _URL)
+
+
+def _retrying(call, url: str | None, start: bool = False):
     window = STORAGE_RETRY_S if STORAGE_RETRY_S is not None else _retry_window()
-    t0, delay, said = time.monotonic(), 0.5, -1e9
+    t0, delay, said, tries = time.monotonic(), 0.5, -1e9, 0
     while True:
         try:
-            return fn(*args, **kw)
+            return call()
         except Exception as e:
+            tries += 1
+            bad = storage_errors.permanent(e, url, start=start)
+            if bad is not None:
+                raise bad from None
             if not _transient(e):
                 raise
             waited = time.monotonic() - t0
-            msg = " ".join(str(e).split())[:120]
+            msg = storage_errors.text_of(e)
             if waited + delay > window:
                 raise StorageUnavailable(f"the storage has been unreachable for {waited:.0f} s "
-                                         f"({msg}); the run is resumable once it is back "
-                                         "(--storage-retry sets how long to wait)") from None
-            if waited - said >= 30:
+                                         f"({msg}); --storage-retry sets how long to wait") \
+                    from None
+            if tries >= 2 and waited - said >= 30:   # the first retry failed too: an outage
                 print(f"dse: warning: storage unreachable ({msg}); retrying for up to "
                       f"{window:.0f} s", file=sys.stderr)
                 said = waited
