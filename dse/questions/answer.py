@@ -128,19 +128,20 @@ def first_lines(out) -> str:
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-05 (sixth pass, issue 28: how ops compose into a serving step, fitted end to end on "
-    "916 measured Hopper deployments of three runtimes): ttft_s is the closed-loop benchmark's "
-    "mean (the start-up burst and the steady wait for the other users' prompts, from the "
-    "prompt budget per step); a prompt past the budget runs in even chunks; each runtime's "
-    "front end per request (TensorRT-LLM 121 ms, SGLang 331 ms, vLLM 22 ms) is in both TTFTs "
-    "and its scheduler's time per running sequence in every step (2.8 us, 23 us, ~0); the "
-    "per-layer time is refitted with them (40.7 -> 26.9 us); a served GEMM's fixed time is the "
-    "smallest any runtime's table fits on the chip; shared experts run where the dense MLP "
-    "runs (replicated per attention-DP rank under TensorRT-LLM and vLLM); expert parallelism "
-    "without attention data parallelism sends no all-to-all (one all-reduce of the experts' "
-    "outputs). TTFT limits (ttft_s) now bind where a batch's prompts queue for the budget. "
-    "Before it (fifth pass): the kernel fits separate the benchmarks' warm L2 cache from the "
-    "cold-cache rates the scorer uses.")
+    "2026-12-05 (seventh pass, issue 28): every runtime serves the fastest MLA kernel its chip's "
+    "tables show (SGLang's Hopper flash_attention tables ran at 0.12-0.19 of peak where "
+    "TensorRT-LLM's run at 0.66-0.70); under attention data parallelism a rank's MoE kernel pays "
+    "the remote entries of the tokens dispatched to it only, and SGLang's wide EP runs DeepGEMM "
+    "fitted on the wide-EP tables (a wide-EP MoE layer no longer slows down with ep); TPU: 2D "
+    "weight-stationary tp and the KV cache split by sequence (layout.tp_x, layout.kv_sharding), "
+    "matmul and decode attention from the MXU, no GPU launch or per-layer times, tp collectives "
+    "as rings over the ICI links; a topology's numbers per group size (a design's values no "
+    "longer depend on the designs scored beside it); request-rate roots by a bracketed secant "
+    "(within ~1e-6 of the bisection); the end-to-end refit leaves out the queue-suspect cases "
+    "(per-layer 26.9 us; front ends 121 / 329 / 22 ms). Before it (sixth pass): ttft_s became "
+    "the closed-loop benchmark's mean, the runtimes' front-end and scheduler times were fitted, "
+    "shared experts run where the dense MLP runs, and EP without attention DP sends no "
+    "all-to-all.")
 
 
 def resolved(v, digits: int | None = DIGITS):
