@@ -76,8 +76,9 @@ class AttnProj:
     def time(self, s: Load):
         c = s.masked(self.c * (s.rows + s.h) + self.w if s.tbo_on else affine(self.aff, s.rows))
         n = fastest(self.net, s.rows) if self.net_on else None
-        if self.net2d is not None:
-            n = iadd(n, affine(self.net2d, s.rows))
+        if self.net2d is not None:          # (no kernel all-reduce on any row: n is None)
+            n2 = affine(self.net2d, s.rows)
+            n = n2 if n is None else iadd(n, n2)
         return c, s.twice(self.mem_s), n, None
 
     def work(self, s: Load):
