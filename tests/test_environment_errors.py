@@ -13,11 +13,19 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import SHARED, SMALL_SPACE
+from helpers import SMALL_SPACE
 
 from dse.errors import EXIT_ENVIRONMENT, EnvironmentFault
 
-CASES = SHARED / "calibration" / "cases.csv"
+CASE_ROWS = ("case_id,model,hardware,num_chips,isl,osl,concurrency,weight_dtype\n"
+             "a,llama-3.1-8b,h100-sxm,1,128,128,4,fp8\nb,llama-3.1-8b,h100-sxm,2,512,64,16,bf16\n")
+
+
+def _cases(root: Path) -> str:
+    """A two-case file of its own (the tests run without ../shared too)."""
+    path = root / "cases.csv"
+    path.write_text(CASE_ROWS)
+    return str(path)
 
 
 @pytest.fixture
@@ -60,7 +68,7 @@ def test_predict_onto_a_full_disk_leaves_no_tmp(cwd, capsys, monkeypatch):
     def half(frame, path):                       # some bytes written, then the disk is full
         Path(path).write_text("case_id,ttft_s\n")
     monkeypatch.setattr(predict, "write_csv", _raiser(errno.ENOSPC, half))
-    rc, err = dse(capsys, "predict", CASES, "--out", "pred.csv")
+    rc, err = dse(capsys, "predict", _cases(cwd), "--out", "pred.csv")
     faulted(rc, err, "pred.csv: no space left on the device", root=cwd)
     assert not (cwd / "pred.csv").exists()
 
@@ -115,7 +123,7 @@ def test_a_read_only_folder_for_real(cwd, capsys):
     ro.mkdir()
     ro.chmod(0o500)
     try:
-        faulted(*dse(capsys, "predict", CASES, "--out", "ro/p.csv"), "ro/p.csv",
+        faulted(*dse(capsys, "predict", _cases(cwd), "--out", "ro/p.csv"), "ro/p.csv",
                 "permission denied", root=cwd)
         faulted(*dse(capsys, "run", "spaces/s.toml", "--out", "ro/r", "--quiet"), "ro/r",
                 "permission denied", root=cwd)
