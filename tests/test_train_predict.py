@@ -4,13 +4,12 @@ by dse, the contract's catalog ids, and bad input refused with one line naming r
 
 from __future__ import annotations
 
-import csv
 import re
 
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import SHARED, run_cli, run_subprocess
+from helpers import SHARED, run_cli, run_subprocess, write_cases
 
 from dse.api import predict_train
 from dse.catalog import topologies
@@ -33,12 +32,7 @@ MOE = {"case_id": "moe", "model": "qwen3-235b-a22b", "hardware": "h100-sxm", "nu
 
 
 def write(path, rows, columns=COLUMNS):
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: r.get(c, "") for c in columns})
-    return path
+    return write_cases(path, rows, columns)
 
 
 def test_predict_train_writes_the_contract_columns(tmp_path, capsys):

@@ -153,16 +153,7 @@ def serve_bisection(b, evaluate, breakdown: bool = False):
     _, w90, w99, wmean, tp90 = percentiles(c_op, lam_op)
     # everything that arrives is served: lambda x osl output tokens/s (the steady-state model
     # counts a token per sequence per step, also for those still in their prefill)
-    _serve_rate(m, by_rate, lam * osl)
-    # at a rate: the request's own TTFT plus the Poisson queue's wait; at a fixed concurrency
-    # the closed loop's mean (dse.perf.phases.ttft_closed_loop) and its unloaded TTFT as the tails
-    own, loop = m["ttft_unloaded_s"], m["ttft_s"]
-    m["ttft_s"] = np.where(by_rate, own + wmean, loop)
-    m["ttft_queue_wait_s"] = np.where(by_rate, wmean, loop - own)
-    m["ttft_p90_s"] = np.where(by_rate, own + w90, loop)
-    m["ttft_p99_s"] = np.where(by_rate, own + w99, loop)
-    m["tpot_p90_s"] = np.where(by_rate, tp90, m["tpot_s"])
-    _rate_metrics(m, by_rate, lam, lam_op, lam_sat, queue)
+    _queue_metrics(m, by_rate, lam * osl, (wmean, w90, w99, tp90), (lam, lam_op, lam_sat, queue))
     slo_t, slo_p = b.ttft_slo_s, b.tpot_slo_s
 
     def worst(c):
@@ -223,14 +214,7 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None
                            osl, lam_sat)
     w90, w99 = md1_wait_quantile_s(0.9, r_op, s_op), md1_wait_quantile_s(0.99, r_op, s_op)
     wmean = md1_mean_wait_s(r_op, s_op)
-    _serve_rate(m, by_rate, lam * osl)
-    own, loop = m["ttft_unloaded_s"], m["ttft_s"]
-    m["ttft_s"] = np.where(by_rate, own + wmean, loop)
-    m["ttft_queue_wait_s"] = np.where(by_rate, wmean, loop - own)
-    m["ttft_p90_s"] = np.where(by_rate, own + w90, loop)
-    m["ttft_p99_s"] = np.where(by_rate, own + w99, loop)
-    m["tpot_p90_s"] = np.where(by_rate, tp90, m["tpot_s"])
-    _rate_metrics(m, by_rate, lam, lam_op, lam_sat, queue)
+    _queue_metrics(m, by_rate, lam * osl, (wmean, w90, w99, tp90), (lam, lam_op, lam_sat, queue))
     if at_p is not None:
         m["goodput_requests_per_s_per_chip"] = at_p / m["num_chips"]
     nan = np.full(n, np.nan)
@@ -353,6 +337,23 @@ def poisson_p90_inverse(x) -> np.ndarray:
 def _over_slo(value, slo):
     """``value / slo`` where an SLO is given, else 0."""
     return np.where(slo > 0, value / np.where(slo > 0, slo, 1.0), 0.0)
+
+
+def _queue_metrics(m: dict, by_rate, out_tokens_per_s, waits, rates) -> None:
+    """The served rate and the TTFT/TPOT metrics of the operating point (in place): at a rate
+    the request's own TTFT plus the Poisson queue's wait (``waits`` = mean, p90, p99 wait and
+    the p90 TPOT); at a fixed concurrency the closed loop's mean
+    (dse.perf.phases.ttft_closed_loop) and its unloaded TTFT as the tails. ``rates``: the
+    arguments of ``_rate_metrics`` after ``by_rate``."""
+    wmean, w90, w99, tp90 = waits
+    _serve_rate(m, by_rate, out_tokens_per_s)
+    own, loop = m["ttft_unloaded_s"], m["ttft_s"]
+    m["ttft_s"] = np.where(by_rate, own + wmean, loop)
+    m["ttft_queue_wait_s"] = np.where(by_rate, wmean, loop - own)
+    m["ttft_p90_s"] = np.where(by_rate, own + w90, loop)
+    m["ttft_p99_s"] = np.where(by_rate, own + w99, loop)
+    m["tpot_p90_s"] = np.where(by_rate, tp90, m["tpot_s"])
+    _rate_metrics(m, by_rate, *rates)
 
 
 def _rate_metrics(m: dict, by_rate, lam, lam_op, lam_sat, queue) -> None:
