@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
+from dse.calibration import train_compare, train_report
 from dse.calibration.cases import default_dir
 from dse.catalog import training as tcat
 from dse.scoring.train_predict import predict_train_frame
@@ -176,7 +177,6 @@ def main(argv=None) -> int:
 def report_to(folder: Path, cases: pd.DataFrame, j: pd.DataFrame, params: dict,
               loso: pd.Series | None, fitted_on: str, a) -> None:
     """Write the calibration report (dse.calibration.train_report) for ``--report``."""
-    from dse.calibration import train_compare, train_report
     la = None
     if train_compare.version() is not None:
         la = train_compare.llm_analysis_frame(cases, predict_train_frame(

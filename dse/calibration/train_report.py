@@ -80,7 +80,6 @@ def side_by_side(j: pd.DataFrame, la: pd.DataFrame | None) -> tuple[pd.DataFrame
 def build(j: pd.DataFrame, params: dict, fitted_on: str, loso: dict | None,
           la: pd.DataFrame | None, command: str) -> tuple[dict, pd.DataFrame]:
     """The report's figures (``report.json``) and its per-case table."""
-    from dse.calibration.train_fit import error_factor, per_source
     f, sbs = side_by_side(j, la)
     per_metric = {}
     for (src, metric), g in j.groupby(["source", "metric"]):
@@ -92,8 +91,10 @@ def build(j: pd.DataFrame, params: dict, fitted_on: str, loso: dict | None,
         "sources": {k: int(v) for k, v in j.groupby("source").size().items()},
         "parameters": {k: float(v) for k, v in params.items()}, "fitted_on": fitted_on,
         "targets": TARGETS,
-        "in_sample": {"error_factor": round(error_factor(j), 4),
-                      "per_source": {k: round(float(v), 4) for k, v in per_source(j).items()},
+        "in_sample": {"error_factor": round(float(np.exp(
+                          j.groupby(["source", "metric"])["log_err"].mean().mean())), 4),
+                      "per_source": {k: round(float(v), 4) for k, v in
+                                     np.exp(j.groupby("source")["log_err"].mean()).items()},
                       "per_source_metric": per_metric},
         "leave_one_source_out": (None if loso is None else
                                  {k: round(float(v), 4) for k, v in loso.items()}),

@@ -43,6 +43,8 @@ from dse.perf.train_time import (
     elementwise_s,
     ep_comm_s,
     layer_gemms_s,
+    loss_s,
+    moe_sort_s,
     pp_comm_s,
     tp_comm_s,
 )
@@ -84,7 +86,8 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     heads_out = (1.0 + b.mtp_layers) * (g["logits"][0] + g["logits"][1])
     stage = stage + b.mtp_layers
     compute = stage * (fwd + bwd + rerun) + heads_out
-    layers = stage * (elem + b.layer_overhead_s)
+    sort = moe_sort_s(b) * (2.0 + full) * moe_share
+    layers = stage * (elem + sort + b.layer_overhead_s) + (1.0 + b.mtp_layers) * loss_s(b)
     net = stage * (tp + ep + cp)
     pp = hide(pp_comm_s(b), compute, b.overlap_fraction)
     return {"compute_s": compute, "memory_s": layers, "network_exposed_s": net + pp,
