@@ -70,6 +70,7 @@ def test_report_files(tmp_path):
     assert r["truths"] == 4 and r["sources"] == {"A": 2, "B": 2}
     assert r["in_sample"]["per_source_metric"]["A"]["step_time_s"]["cases"] == 1
     assert r["leave_one_source_out"] == {"A": 1.2, "B": 1.3}
+    assert r["left_out_worst"] == {"source": "B", "error_factor": 1.3}
     assert r["memory"]["truths"] == 0 and r["side_by_side"]["llm_analysis"]["installed"] is False
     page = (out / "README.md").read_text()
     assert "worst **1.300** (B)" in page and "| a1 | 12.5 | 10 |" in page

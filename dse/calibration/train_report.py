@@ -98,6 +98,9 @@ def build(j: pd.DataFrame, params: dict, fitted_on: str, loso: dict | None,
                       "per_source_metric": per_metric},
         "leave_one_source_out": (None if loso is None else
                                  {k: round(float(v), 4) for k, v in loso.items()}),
+        "left_out_worst": (None if not loso else
+                           {"source": max(loso, key=loso.get),
+                            "error_factor": round(float(max(loso.values())), 4)}),
         "memory": {"truths": int(len(mem)),
                    "within_10pct": int((np.abs(mem["pred"] / mem["value"] - 1) <= 0.10).sum()),
                    "note": ("no source of the public set states memory per chip"

@@ -4,11 +4,12 @@
 Per micro-batch on the slowest stage (the last: it adds the logits)::
 
     t_mb = sum over its L / p layers of  [fwd + bwd GEMMs + attention fwd (1 + bwd ratio)
-                                          + elementwise fwd x 3 + exposed TP/EP collectives
-                                          + layer_overhead_s]
+                                          + elementwise fwd x 3 + MoE chunk sort x 2
+                                          + exposed TP/EP collectives + layer_overhead_s]
            + the recompute policy's rerun forward (full: every recomputed layer's; selective:
              the attention core's)
-           + the logits' GEMMs (and each MTP module's layer and logits)
+           + the logits' GEMMs and the cross-entropy's pass over them (and each MTP module's
+             layer, logits and loss)
            + exposed pipeline sends and ring-attention exchanges
 
     bubble = (p - 1) t_mb             1F1B: the fraction (p - 1) / (m + p - 1) of the step
