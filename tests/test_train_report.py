@@ -84,5 +84,5 @@ def test_llm_analysis_cannot_express_moe_or_context_parallel():
     ok, why = tc.expressible(moe)
     assert not ok and why.startswith("MoE")
     llama = dict(dense, model_spec=tcat.lookup("models", "llama-3.1-8b"), precision="fp8")
-    assert tc.expressible(llama) == (True, "MLP counted as 4h non-gated; fp8 as its 8-bit "
-                                           "weight/activation peak")
+    assert tc.expressible(llama) == (True, ("MLP counted as 4h non-gated; fp8 as its 8-bit "
+                                           "weight/activation peak"))

@@ -47,10 +47,11 @@ def true_step_s(j: pd.DataFrame) -> np.ndarray:
 
 def version() -> str | None:
     """llm-analysis' installed version, or None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as v
     try:
-        from importlib.metadata import version as v
         return v("llm-analysis")
-    except Exception:
+    except PackageNotFoundError:
         return None
 
 
@@ -115,7 +116,7 @@ def step_s(case: dict, flops_efficiency: float = 1.0) -> float:
     la = LLMAnalysis(model, gpu, dtype, par, flops_efficiency=flops_efficiency,
                      hbm_memory_efficiency=1.0)
     mb = int(case["micro_batch_seqs"])
-    ga = int(round(case["global_batch_seqs"] / (case["dp"] * mb)))
+    ga = round(case["global_batch_seqs"] / (case["dp"] * mb))
     out = la.training(batch_size_per_gpu=mb, gradient_accumulation_steps=ga,
                       global_batch_size=int(case["global_batch_seqs"]),
                       seq_len=int(case["seq_len"]), activation_recomputation=recompute,
@@ -125,7 +126,9 @@ def step_s(case: dict, flops_efficiency: float = 1.0) -> float:
 
 def case_inputs(cases: pd.DataFrame, pred: pd.DataFrame) -> list[dict]:
     """Per case, what llm-analysis needs: the catalog model and chip, and the layout the case
-    gives (blanks filled with dse's choice, ``pred``'s columns)."""
+    gives (blanks filled with dse's choice: ``pred``, one row per case with the predicted
+    layout's columns, as ``predict_train_frame`` or ``train_fit.joined`` return them). dse's
+    ``full`` recompute of a share of the layers is llm-analysis' FULL."""
     pred = pred.set_index("case_id")
     out = []
     for _, row in cases.iterrows():

@@ -179,8 +179,7 @@ def report_to(folder: Path, cases: pd.DataFrame, j: pd.DataFrame, params: dict,
     """Write the calibration report (dse.calibration.train_report) for ``--report``."""
     la = None
     if train_compare.version() is not None:
-        la = train_compare.llm_analysis_frame(cases, predict_train_frame(
-            _with(cases, params), file="training_cases.csv"))
+        la = train_compare.llm_analysis_frame(cases, j.drop_duplicates("case_id"))
     flags = " ".join(f for f, on in (("--fit", a.fit), ("--loso", a.loso), ("--write", a.write))
                      if on)
     command = f"python -m dse.calibration.train_fit {flags} --report".replace("  ", " ")

@@ -66,7 +66,7 @@ def side_by_side(j: pd.DataFrame, la: pd.DataFrame | None) -> tuple[pd.DataFrame
     c["roofline_covered_s"] = c["at_peak_s"] / u_c
     out["llm_analysis"] = {
         "installed": True, "version": tc.version(), "license": LICENSE,
-        "flops_efficiency": round(eff, 4), "covered": int(cov.sum()), "cases": int(len(f)),
+        "flops_efficiency": round(eff, 4), "covered": int(cov.sum()), "cases": len(f),
         "coverage": round(float(cov.mean()), 4),
         "error_factor": round(_ef(c, "llm_analysis_step_s"), 4),
         "per_source": _per_source(c, "llm_analysis_step_s"),
@@ -84,10 +84,10 @@ def build(j: pd.DataFrame, params: dict, fitted_on: str, loso: dict | None,
     per_metric = {}
     for (src, metric), g in j.groupby(["source", "metric"]):
         per_metric.setdefault(src, {})[metric] = {
-            "error_factor": round(float(np.exp(g["log_err"].mean())), 4), "cases": int(len(g))}
+            "error_factor": round(float(np.exp(g["log_err"].mean())), 4), "cases": len(g)}
     mem = j[j["metric"] == "memory_per_chip_bytes"]
     report = {
-        "command": command, "truths": int(len(j)),
+        "command": command, "truths": len(j),
         "sources": {k: int(v) for k, v in j.groupby("source").size().items()},
         "parameters": {k: float(v) for k, v in params.items()}, "fitted_on": fitted_on,
         "targets": TARGETS,
@@ -101,7 +101,7 @@ def build(j: pd.DataFrame, params: dict, fitted_on: str, loso: dict | None,
         "left_out_worst": (None if not loso else
                            {"source": max(loso, key=loso.get),
                             "error_factor": round(float(max(loso.values())), 4)}),
-        "memory": {"truths": int(len(mem)),
+        "memory": {"truths": len(mem),
                    "within_10pct": int((np.abs(mem["pred"] / mem["value"] - 1) <= 0.10).sum()),
                    "note": ("no source of the public set states memory per chip"
                             if mem.empty else "")},
@@ -122,13 +122,13 @@ def markdown(r: dict, table: pd.DataFrame) -> str:
     ins, sbs, lo = r["in_sample"], r["side_by_side"], r["leave_one_source_out"]
     t = r["targets"]
     lines = ["# Training model: calibration report", "",
-             f"Written by `{r['command']}` (dse.calibration.train_report): the training model "
+             (f"Written by `{r['command']}` (dse.calibration.train_report): the training model "
              f"(`dse predict --train`) on the {r['truths']} published measurements of "
              "`../shared/calibration/training_*`. Error factor = geometric mean of "
              "max(pred/true, true/pred), sources weighted equally. Targets (issue 25): "
              f"<= {t['in_sample']:.2f} in sample, every left-out source <= "
              f"{t['left_out_each']:.2f}, memory within {t['memory_fraction']:.0%} where a "
-             "source states it.", "",
+             "source states it."), "",
              f"**In sample: {ins['error_factor']:.3f}**"
              + ("" if lo is None else f"; leave one source out: worst "
                 f"**{max(lo.values()):.3f}** ({max(lo, key=lo.get)})")
@@ -137,8 +137,8 @@ def markdown(r: dict, table: pd.DataFrame) -> str:
                 f"({sbs['llm_analysis']['coverage']:.0%} of the cases)"
                 if sbs["llm_analysis"].get("installed") else "") + ".", "",
              "## Parameters", "",
-             "The training-specific parameters (`[training]` of dse/catalog/training.toml), "
-             f"fitted on: {r['fitted_on']}", "", "| parameter | value |", "|---|---|"]
+             ("The training-specific parameters (`[training]` of dse/catalog/training.toml), "
+             f"fitted on: {r['fitted_on']}"), "", "| parameter | value |", "|---|---|"]
     lines += [f"| `{k}` | {v:.6g} |" for k, v in r["parameters"].items()]
     lines += ["", "## Per source", "",
               "| source | truths | metric | in sample | left out |", "|---|---|---|---|---|"]
@@ -153,8 +153,8 @@ def markdown(r: dict, table: pd.DataFrame) -> str:
                  f" ({mem['note']}).")]
     la = sbs["llm_analysis"]
     lines += ["", "## Side by side: dse, a hand roofline, llm-analysis", "",
-              f"Hand roofline: every step at one MFU ({sbs['roofline']['mfu']:.3f}, fitted), "
-              "`F / (chips x peak x MFU)`. "]
+              (f"Hand roofline: every step at one MFU ({sbs['roofline']['mfu']:.3f}, fitted), "
+              "`F / (chips x peak x MFU)`. ")]
     if la.get("installed"):
         lines[-1] += (
             f"llm-analysis {la['version']} ({la['license']}): its training latency with the "
@@ -166,8 +166,8 @@ def markdown(r: dict, table: pd.DataFrame) -> str:
         lines += ["", "| estimator | all cases | the cases llm-analysis expresses |",
                   "|---|---|---|",
                   f"| dse | {sbs['dse']['error_factor']:.3f} | {la['dse_on_covered']:.3f} |",
-                  f"| hand roofline | {sbs['roofline']['error_factor']:.3f} | "
-                  f"{la['roofline_on_covered']:.3f} |",
+                  (f"| hand roofline | {sbs['roofline']['error_factor']:.3f} | "
+                  f"{la['roofline_on_covered']:.3f} |"),
                   f"| llm-analysis | – | {la['error_factor']:.3f} ({la['coverage']:.0%}) |",
                   "", "| source | dse | hand roofline | llm-analysis |", "|---|---|---|---|"]
         for src in sbs["dse"]["per_source"]:
@@ -177,8 +177,8 @@ def markdown(r: dict, table: pd.DataFrame) -> str:
     else:
         lines[-1] += la["note"] + "."
     lines += ["", "## Every case", "",
-              "Step times (s): the truth (a throughput converted through the predicted "
-              "tokens per step), dse, the roofline, llm-analysis.", "",
+              ("Step times (s): the truth (a throughput converted through the predicted "
+              "tokens per step), dse, the roofline, llm-analysis."), "",
               "| case | truth | dse | roofline | llm-analysis | dse / truth |",
               "|---|---|---|---|---|---|"]
     for row in table.itertuples():
