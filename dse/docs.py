@@ -17,7 +17,9 @@ Three kinds of generated text, in ``README.md`` and ``docs/**/*.md``:
   (``reports/NAME/answer.json``), ``kernels`` (per op class, from ``reports/kernels/report.csv``),
   ``e2e`` (the first table of ``reports/end-to-end/README.md``), ``bench``
   (``reports/bench/bench.json``, ``python -m dse.bench --json``), ``efficiency`` (the fitted
-  end-to-end times, ``dse/catalog/efficiency.toml``).
+  end-to-end times, ``dse/catalog/efficiency.toml``), ``training`` (the training model's
+  calibration report, ``reports/training/report.json``, ``python -m dse.calibration.train_fit
+  --report``).
 
 HTML comments are invisible on the repository host and on the mkdocs site alike, so every page
 reads as plain Markdown. ``tests/test_docs_numbers.py`` fails when a number or a generated part
@@ -72,13 +74,15 @@ def _source(root: Path, name: str):
         return end_to_end(root / "reports" / "end-to-end" / "README.md")
     if name == "bench":
         return json.loads(_read(root / "reports" / "bench" / "bench.json"))
+    if name == "training":                       # the training model's calibration report
+        return json.loads(_read(root / "reports" / "training" / "report.json"))
     if name == "efficiency":                     # the fitted end-to-end times the model uses
         import tomllib
         return tomllib.loads(_read(root / "dse" / "catalog" / "efficiency.toml"))
     raise DocsError(f"unknown source {name!r} ({', '.join(SOURCES)})")
 
 
-SOURCES = ("answer/NAME", "kernels", "e2e", "bench", "efficiency")
+SOURCES = ("answer/NAME", "kernels", "e2e", "bench", "efficiency", "training")
 
 
 def _read(path: Path) -> str:

@@ -10,6 +10,10 @@ what they were fitted on.
 
     python -m dse.calibration.train_fit                 # report with the catalog's values
     python -m dse.calibration.train_fit --fit [--write] # refit (and store), report, LOSO
+    python -m dse.calibration.train_fit --fit --loso --write --report   # + reports/training/
+
+``--report [DIR]`` writes the calibration report (dse.calibration.train_report: README.md and
+report.json, with the hand roofline and llm-analysis side by side when it is installed).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
+from dse.calibration import train_compare, train_report
 from dse.calibration.cases import default_dir
 from dse.catalog import training as tcat
 from dse.scoring.train_predict import predict_train_frame
@@ -46,10 +51,7 @@ def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def joined(cases: pd.DataFrame, truth: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
     """Truths with the prediction of their metric (``pred``) and ``log_err`` = |log(pred/true)|."""
-    c = cases.copy()
-    for k, v in (params or {}).items():
-        c[f"train.{k}"] = str(v)
-    pred = predict_train_frame(c, file="training_cases.csv")
+    pred = predict_train_frame(_with(cases, params or {}), file="training_cases.csv")
     j = truth.merge(pred, on="case_id", how="left")
     j["pred"] = [row[METRIC_COLUMN[m]] for m, (_, row) in zip(j["metric"], j.iterrows())]
     j["log_err"] = np.abs(np.log(j["pred"].astype(float) / j["value"].astype(float)))
@@ -133,6 +135,9 @@ def main(argv=None) -> int:
     ap.add_argument("--loso", action="store_true", help="also leave one source out (slow)")
     ap.add_argument("--write", action="store_true", help="store the fit in training.toml")
     ap.add_argument("--per-case", metavar="CSV", help="also write every truth with its prediction")
+    ap.add_argument("--report", nargs="?", const="reports/training", metavar="DIR",
+                    help="write the calibration report (README.md, report.json) into DIR "
+                         "(default reports/training)")
     a = ap.parse_args(argv)
     cases, truth = load(a.dir)
     params = {k: tcat.train_parameters()[k] for k in FITTED}
@@ -149,20 +154,45 @@ def main(argv=None) -> int:
     print(f"in sample, sources weighted equally: {error_factor(j):.3f}")
     u, ef = roofline(j)
     print(f"hand roofline (F / peak at one fitted MFU = {u:.3f}): error factor {ef:.3f}")
-    loso = ""
+    loso, lo = "", None
     if a.loso:
         lo = leave_one_source_out(cases, truth, params)
         print("leave one source out (each source with the others' fit):")
         print(lo.round(3).to_string())
         loso = "; left out: " + ", ".join(f"{k} {v:.3f}" for k, v in lo.items())
-    if a.write:
-        sources = ", ".join(sorted(truth["source"].unique()))
+    sources = ", ".join(sorted(truth["source"].unique()))
+    note = tcat.train_parameters().get("fitted_on", "")
+    if a.fit:
         note = (f"{len(truth)} truths of ../shared/calibration/training_* ({sources}), error "
                 f"factor {error_factor(j):.3f} in sample{loso}; fitted "
                 f"{date.today().isoformat()} by python -m dse.calibration.train_fit "
-                f"{'--fit ' if a.fit else ''}{'--loso ' if a.loso else ''}--write")
+                f"--fit {'--loso ' if a.loso else ''}{'--write' if a.write else ''}".strip())
+    if a.write:
         print("wrote", write(params, note))
+    if a.report:
+        report_to(Path(a.report), cases, j, params, lo, note, a)
     return 0
+
+
+def report_to(folder: Path, cases: pd.DataFrame, j: pd.DataFrame, params: dict,
+              loso: pd.Series | None, fitted_on: str, a) -> None:
+    """Write the calibration report (dse.calibration.train_report) for ``--report``."""
+    la = None
+    if train_compare.version() is not None:
+        la = train_compare.llm_analysis_frame(cases, j.drop_duplicates("case_id"))
+    flags = " ".join(f for f, on in (("--fit", a.fit), ("--loso", a.loso), ("--write", a.write))
+                     if on)
+    command = f"python -m dse.calibration.train_fit {flags} --report".replace("  ", " ")
+    report, table = train_report.build(j, params, fitted_on,
+                                       None if loso is None else loso.to_dict(), la, command)
+    print("wrote", train_report.write(folder, report, table))
+
+
+def _with(cases: pd.DataFrame, params: dict) -> pd.DataFrame:
+    c = cases.copy()
+    for k, v in params.items():
+        c[f"train.{k}"] = str(v)
+    return c
 
 
 if __name__ == "__main__":
