@@ -451,13 +451,15 @@ def _queue_times(b: Batch, k: Coefficients):
     same numbers: ``(ttft_unloaded_s, tpot_s, _prefill_service_s)``, none of the fit, cost or
     bound metrics (it runs ~10 times per design)."""
     c = sequences(b)
+    weights, kv_seq, act, max_c = _memory(b)
     b0, tier = b, None
+    b, c = _running(b, c, max_c)         # as _instance: the sequences the runtime runs at once
     if kvtier.cache_on(b):               # hook: as _instance (dse.perf.kvtier)
-        weights, kv_seq, act, _ = _memory(b)
         b, tier = _tier_split(b, weights, kv_seq, act, c)
-        # (the memos that do not read the prefix hits: only the uncached tokens do)
+        # (the memos that read neither the prefix hits, as the uncached tokens do, nor the
+        # concurrency, where the runtime runs fewer: the sequences)
         b.__dict__["_memo"].update({key: v for key, v in b0.__dict__["_memo"].items()
-                                    if key != "new_tokens"})
+                                    if key not in ("new_tokens", "sequences")})
     on_spec = b.has_on("spec_tokens")
     tok_step = spec.tokens_per_step(b) if on_spec else 1.0
     load = prompt_load(b, tok_step if on_spec else None)
