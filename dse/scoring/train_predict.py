@@ -91,6 +91,14 @@ def resolve_case(df: pd.DataFrame, i: int, p: dict, file: str, offset: int = 0) 
     topo_id = acc.default_topology if isinstance(topo_id, float) else topo_id
     topo = tcat.lookup("topologies", topo_id, file=file, where=where(df, i, "topology", offset))
     prec = PRECISIONS[int(p["precision"][i])]
+    given = {name: float(p[col][i]) for col, name in OVERRIDES.items()
+             if col in p and np.isfinite(p[col][i])}
+    return design_numbers(m, acc, topo, prec, given)
+
+
+def design_numbers(m, acc, topo, prec: str, given: dict) -> dict:
+    """A design's model, chip and system numbers (TrainBatch names) from its catalog entries,
+    the precision and the numbers ``given`` instead ({TrainBatch name: value})."""
     peaks = acc.peak_flops_per_s
     gated = 3.0 if m.mlp_gated else 2.0
     c = {"hidden_size": m.hidden_size, "num_layers": m.num_hidden_layers,
@@ -113,9 +121,7 @@ def resolve_case(df: pd.DataFrame, i: int, p: dict, file: str, offset: int = 0) 
          "all_in_power_w": acc.price.all_in_power_w, "kernel": kernel_of(acc.id, prec)}
     params = tcat.train_parameters()
     c.update({k: float(params[k]) for k in PARAMS})
-    for col, name in OVERRIDES.items():
-        if col in p and np.isfinite(p[col][i]):
-            c[name] = float(p[col][i])
+    c.update(given)
     key = PEAK_DTYPE[PRECISIONS.index(prec)]
     c["precision_native"] = float(c["peak_" + key] > 0)
     # without native support the linear layers are timed at the best slower peak the chip has

@@ -49,12 +49,15 @@ def _show(v) -> str:
     return repr(v)
 
 
-def check_value(path: str, value, *, file=None, where=None, name=None):
-    """One value of ``path`` as a file gives it; returns it (strings stripped)."""
-    f = REGISTRY.get(path)
+def check_value(path: str, value, *, file=None, where=None, name=None, registry=None):
+    """One value of ``path`` as a file gives it; returns it (strings stripped). ``registry``:
+    the fields to check against (default: the serving fields, ``fields.REGISTRY``; a training
+    space passes ``train_fields.REGISTRY``)."""
+    registry = REGISTRY if registry is None else registry
+    f = registry.get(path)
     if f is None:
         raise InputError(f"unknown key {path!r}", file=file, where=where,
-                         hint=suggest(path, REGISTRY, "valid keys"))
+                         hint=suggest(path, registry, "valid keys"))
     name = name or path
     if isinstance(value, (list, dict, tuple)):
         raise InputError(f"{name} must be a single value, not a {type(value).__name__}",
@@ -365,10 +368,10 @@ def range_bad(path: str, values: np.ndarray) -> np.ndarray:
     return _range_bad(REGISTRY[path], np.asarray(values, dtype=float))
 
 
-def check_values(path: str, values, *, file=None, where=None) -> tuple:
+def check_values(path: str, values, *, file=None, where=None, registry=None) -> tuple:
     """A list of values of ``path`` (a space's parameter): checked at numpy speed when all are
     plain numbers, else one by one (``check_value``); returns them as a tuple."""
-    f = REGISTRY.get(path)
+    f = (REGISTRY if registry is None else registry).get(path)
     plain = f is not None and f.kind in ("int", "float") and all(
         type(v) in (int, float) for v in values)
     if plain:
@@ -376,4 +379,5 @@ def check_values(path: str, values, *, file=None, where=None) -> tuple:
         if not bad.any():
             return tuple(values)
         values = [values[int(np.flatnonzero(bad)[0])]]
-    return tuple(check_value(path, v, file=file, where=where) for v in values)
+    return tuple(check_value(path, v, file=file, where=where, registry=registry)
+                 for v in values)

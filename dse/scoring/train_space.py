@@ -1,0 +1,249 @@
+"""Scoring the designs of a training space (``task = "train"``): the one training model
+(``dse.perf.train_step.score_train``) on the designs a space's parameters give, the way
+``dse predict --train`` scores a case file's rows (``train_predict.design_numbers``).
+
+The catalog is read once per distinct combination of the non-layout fields (model,
+accelerator, topology, precision, the model, chip and system numbers); the layout and job fields
+go straight into the ``TrainBatch``, one value per design. A layout the grid makes invalid is
+scored and flagged: ``reason`` holds bits (``REASONS``; 8 = memory, as serving's), and
+``feasible`` is ``reason == 0``.
+
+    score_values(space, vals, overrides=None, metrics=None, dtype=np.float32) -> {metric: array}
+    score_index(space, ids, ...)      the designs of flat indices ``ids``
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dse.catalog import training as tcat
+from dse.perf.train_batch import PRECISIONS, RECOMPUTE, SCHEDULES, TrainBatch
+from dse.perf.train_step import score_train
+from dse.scoring.train_cases import OVERRIDES
+from dse.scoring.train_predict import design_numbers
+from dse.spec import train_fields
+from dse.spec.fields import SCALE_SUFFIX
+
+REASONS = {
+    1: "tp does not divide num_attention_heads",
+    2: "ep must divide num_experts and tp x cp x dp, and be 1 for a dense model",
+    4: "pp exceeds num_hidden_layers",
+    8: "weights, gradients, optimizer state and activations do not fit in HBM",
+    512: "the accelerator has no native support for the precision",
+    1024: "global_batch_seqs is not a whole number of micro-batches per data-parallel rank",
+    2048: "2 x cp does not divide seq_len (load-balanced ring attention)",
+    4096: "vp >= 2 needs pp >= 2 and the interleaved schedule, which needs vp >= 2",
+    8192: "layout.num_chips is not a whole multiple of tp x pp x cp",
+}
+MEMORY_BIT = 8
+# the chip and system numbers a design may set: the predict contract's dotted overrides, and cost
+NUMBERS = {**{k: v for k, v in OVERRIDES.items() if k in train_fields.REGISTRY},
+           "accelerator.price_usd_per_hour": "usd_per_hour",
+           "accelerator.all_in_power_w": "all_in_power_w"}
+MODEL = tuple(p for p in train_fields.REGISTRY if p.startswith("model.") and p != "model.id")
+STRUCTURAL = ("model.id", "accelerator.id", "topology.id", "training.precision", *MODEL,
+              *NUMBERS)
+LAYOUT = {"layout.tp": "tp", "layout.pp": "pp", "layout.dp": "dp", "layout.cp": "cp",
+          "layout.ep": "ep", "layout.vp": "vp", "layout.micro_batch_seqs": "micro_batch_seqs",
+          "layout.recompute_layer_fraction": "recompute_layer_fraction",
+          "layout.zero_stage": "zero_stage", "training.global_batch_seqs": "global_batch_seqs",
+          "training.seq_len": "seq_len", "training.mtp_layers": "mtp_layers"}
+CODES = {"layout.recompute": ("recompute", RECOMPUTE),
+         "layout.pipeline_schedule": ("schedule", SCHEDULES)}
+# the metrics every training score table keeps besides the run's objectives and constraints
+KEEP_METRICS = ("train_time_s", "train_cost_usd", "step_time_s", "mfu", "tokens_per_s_per_chip",
+                "num_chips", "memory_per_chip_bytes", "hbm_used_fraction",
+                "usd_per_trillion_tokens", "bound", "feasible", "reason")
+BREAKDOWN = ("compute_s", "memory_s", "network_exposed_s", "bubble_s", "optimizer_s",
+             "weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+
+
+def reason_text(bits: int) -> str:
+    return "; ".join(t for b, t in REASONS.items() if int(bits) & b)
+
+
+def _default(path: str):
+    return train_fields.REGISTRY[path].default
+
+
+def columns(space, vals: dict, n: int, overrides: dict | None = None) -> dict:
+    """Every training field of the designs: {path: (values or a scalar, factor or None)};
+    a value from the parameters (``vals``, keyed by path or ``<path>.scale`` column), else the
+    base design, else the field's default; a scale factor is kept apart (applied to the
+    catalog's value). ``overrides`` {path: ("set" | "scale", x)} (a what-if) apply last."""
+    out = {}
+    for path in train_fields.REGISTRY:
+        v, f = space.base.get(path), None
+        if path in vals:
+            v = np.asarray(vals[path])
+        if path + SCALE_SUFFIX in vals:
+            f = np.asarray(vals[path + SCALE_SUFFIX], float)
+        op = (overrides or {}).get(path)
+        if op is not None:
+            if op[0] == "set":
+                v, f = op[1], None
+            else:
+                f = op[1] if f is None else f * op[1]
+        if v is None and f is None:
+            v = _default(path)
+            if v is train_fields.serving.CATALOG:
+                v = None
+        out[path] = (v, f)
+    return out
+
+
+def _combo_numbers(key: tuple) -> dict:
+    """design_numbers of one distinct combination of STRUCTURAL values (None = the catalog's),
+    scale factors as ("scale", x)."""
+    cached = _CACHE.get(key)
+    if cached is not None:
+        return cached
+    d = dict(zip(STRUCTURAL, key))
+    m = tcat.lookup("models", d["model.id"])
+    upd = {p.split(".", 1)[1]: d[p] for p in MODEL if d[p] is not None and not isinstance(d[p],
+                                                                                         tuple)}
+    acc, _ = tcat.lookup("accelerators", d["accelerator.id"])
+    topo = tcat.lookup("topologies", d["topology.id"] or acc.default_topology)
+    prec = d["training.precision"]
+    given = {NUMBERS[p]: float(d[p]) for p in NUMBERS
+             if d[p] is not None and not isinstance(d[p], tuple)}
+    scaled = {p: d[p][1] for p in (*MODEL, *NUMBERS) if isinstance(d[p], tuple)}
+    if any(p.startswith("model.") for p in scaled):
+        for p, f in scaled.items():
+            if p.startswith("model."):
+                attr = p.split(".", 1)[1]
+                upd[attr] = max(int(round(upd.get(attr, getattr(m, attr)) * f)), 0)
+    if upd:
+        m = m.model_copy(update=upd)
+    c = design_numbers(m, acc, topo, prec, given)
+    if any(p in NUMBERS for p in scaled):
+        given.update({NUMBERS[p]: c[NUMBERS[p]] * f for p, f in scaled.items() if p in NUMBERS})
+        c = design_numbers(m, acc, topo, prec, given)
+    if len(_CACHE) > 4096:
+        _CACHE.clear()
+    _CACHE[key] = c
+    return c
+
+
+_CACHE: dict = {}
+
+
+def _per_row(v, n: int) -> np.ndarray:
+    return np.broadcast_to(np.asarray(v, dtype=object), (n,))
+
+
+def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.float32):
+    """(TrainBatch of the designs, extra per-design arrays: tokens, invalid-layout bits)."""
+    cols = columns(space, vals, n, overrides)
+    # distinct structural combinations (a scale factor joins the key as ("scale", x))
+    keys = []
+    for p in STRUCTURAL:
+        v, f = cols[p]
+        keys.append(_per_row(("scale", f) if f is not None else v, n)
+                    if (f is not None and np.ndim(f)) or np.ndim(v) else None)
+    varying = [i for i, k in enumerate(keys) if k is not None]
+    if varying:
+        codes = [pd.factorize(pd.Series(keys[i]).map(repr))[0] for i in varying]
+        stacked = np.stack(codes, axis=1)
+        _, first, inverse = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+    else:
+        first, inverse = np.array([0]), np.zeros(n, np.int64)
+
+    def key_of(row):
+        out = []
+        for i, p in enumerate(STRUCTURAL):
+            v, f = cols[p]
+            if keys[i] is not None:
+                out.append(keys[i][row])
+            else:
+                out.append(("scale", float(f)) if f is not None else
+                           (v.item() if hasattr(v, "item") else v))
+        return tuple(out)
+    combos = [_combo_numbers(key_of(int(r))) for r in first]
+    skip = {"kernel", "peak_bf16", "peak_fp16", "peak_fp8", "peak_fp4"}
+
+    def gather(values):
+        if len(values) == 1:
+            return dtype(values[0])
+        return np.asarray(values, dtype)[inverse]
+    fields = {k: gather([c[k] for c in combos]) for k in combos[0] if k not in skip}
+    kernel = {k: gather([c["kernel"][k] for c in combos]) for k in combos[0]["kernel"]}
+
+    def num(path):
+        v, f = cols[path]
+        x = np.asarray(v, dtype) if np.ndim(v) else dtype(v)
+        return x if f is None else x * np.asarray(f, dtype)
+    for path, name in LAYOUT.items():
+        if path != "layout.dp":
+            fields[name] = num(path)
+    for path, (name, choices) in CODES.items():
+        v = cols[path][0]
+        fields[name] = (np.asarray(pd.Categorical(np.asarray(v, object), categories=choices).codes,
+                                   dtype) if np.ndim(v) else dtype(choices.index(v)))
+    prec = cols["training.precision"][0]
+    fields["precision"] = (np.asarray(pd.Categorical(np.asarray(prec, object),
+                                                     categories=PRECISIONS).codes, dtype)
+                           if np.ndim(prec) else dtype(PRECISIONS.index(prec)))
+    rest = fields["tp"] * fields["pp"] * fields["cp"]
+    chips = num("layout.num_chips")
+    given_chips = "layout.num_chips" in space.base or "layout.num_chips" in vals
+    fields["dp"] = chips / rest if given_chips else num("layout.dp")
+    sp = cols["layout.sequence_parallel"][0]
+    sp_on = np.asarray(sp, object) == "on" if np.ndim(sp) else sp == "on"
+    sp_auto = np.asarray(sp, object) == "auto" if np.ndim(sp) else sp == "auto"
+    fields["sequence_parallel"] = np.where(sp_auto, fields["tp"] > 1, sp_on).astype(dtype)
+    fields["kernel"] = kernel
+    b = TrainBatch(**fields)
+    return b, {"tokens": num("training.tokens"), "whole_dp": fields["dp"] % 1 == 0}
+
+
+def layout_bits(b: TrainBatch, whole_dp) -> np.ndarray:
+    """The reason bits of layouts the model cannot take (``REASONS``), per design."""
+    tp, pp, dp, cp, ep, vp = b.tp, b.pp, b.dp, b.cp, b.ep, b.vp
+    moe = b.experts > 0
+    bad_ep = np.where(moe, (np.fmod(b.experts, ep) != 0) | (np.fmod(tp * cp * dp, ep) != 0),
+                      ep != 1)
+    inter = b.schedule == 1
+    bad_vp = ((vp > 1) & ((pp < 2) | ~inter)) | (inter & (vp < 2))
+    bits = ((np.fmod(b.heads, tp) != 0) * 1 + bad_ep * 2 + (pp > b.num_layers) * 4
+            + (np.fmod(b.global_batch_seqs, dp * b.micro_batch_seqs) != 0) * 1024
+            + (np.fmod(b.seq_len, 2.0 * cp) != 0) * (cp > 1) * 2048 + bad_vp * 4096
+            + ~np.asarray(whole_dp, bool) * 8192)
+    return np.asarray(bits, np.int64)
+
+
+def score_values(space, vals: dict, overrides: dict | None = None, metrics=None,
+                 dtype=np.float32) -> dict:
+    """Every training metric (or ``metrics``) of the designs given by their parameter values."""
+    n = len(next(iter(vals.values()))) if vals else 1
+    b, extra = build(space, vals, n, overrides, dtype)
+    with np.errstate(all="ignore"):
+        s = score_train(b)
+        chips = b.tp * b.pp * b.dp * b.cp
+        tokens = extra["tokens"]
+        s["num_chips"] = chips
+        s["tokens_per_s"] = s["tokens_per_s_per_chip"] * chips
+        s["train_steps"] = tokens / (b.global_batch_seqs * b.seq_len)
+        s["train_time_s"] = tokens / s["tokens_per_s"]
+        s["train_cost_usd"] = s["usd_per_trillion_tokens"] * tokens / 1e12
+        s["train_energy_j"] = s["energy_j_per_token"] * tokens
+        s["hbm_used_fraction"] = s["memory_per_chip_bytes"] / b.hbm_capacity_bytes
+    bits = layout_bits(b, extra["whole_dp"])
+    bits = bits | np.where(b.precision_native > 0, 0, 512)
+    bits = bits | np.where(s["memory_per_chip_bytes"] <= b.hbm_capacity_bytes, 0, MEMORY_BIT)
+    s["reason"] = bits
+    s["feasible"] = bits == 0
+    want = metrics if metrics is not None else train_fields.METRICS
+    return {k: np.broadcast_to(s[k], (n,)) for k in want}
+
+
+def score_index(space, ids, metrics=None, dtype=np.float32) -> dict:
+    """The metrics of the designs of flat indices ``ids``."""
+    ids = np.asarray(ids, np.int64)
+    vals = space.values_at(ids) if space.parameters else {}
+    if not vals:
+        s = score_values(space, {}, metrics=metrics, dtype=dtype)
+        return {k: np.broadcast_to(v, (len(ids),)) for k, v in s.items()}
+    return score_values(space, vals, metrics=metrics, dtype=dtype)
