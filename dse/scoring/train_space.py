@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog import training as tcat
-from dse.perf.train_batch import PRECISIONS, RECOMPUTE, SCHEDULES, TrainBatch
+from dse.perf.train_batch import BOUNDS, PRECISIONS, RECOMPUTE, SCHEDULES, TrainBatch
 from dse.perf.train_step import score_train
 from dse.scoring.train_cases import OVERRIDES
 from dse.scoring.train_predict import design_numbers
@@ -133,39 +133,59 @@ def _per_row(v, n: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(v, dtype=object), (n,))
 
 
-def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.float32):
-    """(TrainBatch of the designs, extra per-design arrays: tokens, invalid-layout bits)."""
+def _enum_codes(v, choices, grid, dtype):
+    """Codes into ``choices`` of enum values: a scalar, or per design (from the grid's codes
+    when known: a table lookup, no string work)."""
+    if not np.ndim(v):
+        return dtype(choices.index(v))
+    if grid is not None:
+        values, coords = grid
+        return np.asarray([choices.index(x) for x in values], dtype)[coords]
+    return np.asarray(pd.Categorical(np.asarray(v, object), categories=choices).codes, dtype)
+
+
+def _distinct(keys: list, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """First row of each distinct combination of the key columns (codes), and each row's."""
+    if not keys:
+        return np.array([0]), np.zeros(n, np.int64)
+    dims = [int(k.max()) + 1 for k in keys]
+    flat = np.ravel_multi_index(keys, dims)
+    _, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
+
+
+def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.float32,
+          grid: dict | None = None):
+    """(TrainBatch of the designs, extra per-design arrays: tokens, whole dp). ``grid``:
+    {path or column: (the parameter's values, each design's code)} when the designs are grid
+    points (the distinct combinations then come from the codes)."""
+    grid = grid or {}
     cols = columns(space, vals, n, overrides)
     # distinct structural combinations (a scale factor joins the key as ("scale", x))
-    keys = []
+    keys, varying = [], []
     for p in STRUCTURAL:
         v, f = cols[p]
-        keys.append(_per_row(("scale", f) if f is not None else v, n)
-                    if (f is not None and np.ndim(f)) or np.ndim(v) else None)
-    varying = [i for i, k in enumerate(keys) if k is not None]
-    if varying:
-        codes = [pd.factorize(pd.Series(keys[i]).map(repr))[0] for i in varying]
-        stacked = np.stack(codes, axis=1)
-        _, first, inverse = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
-        inverse = inverse.reshape(-1)
-    else:
-        first, inverse = np.array([0]), np.zeros(n, np.int64)
+        col = p + SCALE_SUFFIX if f is not None else p
+        if (f is not None and np.ndim(f)) or (f is None and np.ndim(v)):
+            varying.append(p)
+            keys.append(grid[col][1] if col in grid and not (overrides or {}).get(p)
+                        else pd.factorize(np.asarray(f if f is not None else v))[0])
+    first, inverse = _distinct(keys, n)
 
     def key_of(row):
         out = []
-        for i, p in enumerate(STRUCTURAL):
+        for p in STRUCTURAL:
             v, f = cols[p]
-            if keys[i] is not None:
-                out.append(keys[i][row])
-            else:
-                out.append(("scale", float(f)) if f is not None else
-                           (v.item() if hasattr(v, "item") else v))
+            x = f if f is not None else v
+            x = x[row] if np.ndim(x) else x
+            x = x.item() if hasattr(x, "item") else x
+            out.append(("scale", float(x)) if f is not None else x)
         return tuple(out)
     combos = [_combo_numbers(key_of(int(r))) for r in first]
     skip = {"kernel", "peak_bf16", "peak_fp16", "peak_fp8", "peak_fp4"}
 
     def gather(values):
-        if len(values) == 1:
+        if len(values) == 1 or all(x == values[0] for x in values):
             return dtype(values[0])
         return np.asarray(values, dtype)[inverse]
     fields = {k: gather([c[k] for c in combos]) for k in combos[0] if k not in skip}
@@ -179,21 +199,16 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
         if path != "layout.dp":
             fields[name] = num(path)
     for path, (name, choices) in CODES.items():
-        v = cols[path][0]
-        fields[name] = (np.asarray(pd.Categorical(np.asarray(v, object), categories=choices).codes,
-                                   dtype) if np.ndim(v) else dtype(choices.index(v)))
-    prec = cols["training.precision"][0]
-    fields["precision"] = (np.asarray(pd.Categorical(np.asarray(prec, object),
-                                                     categories=PRECISIONS).codes, dtype)
-                           if np.ndim(prec) else dtype(PRECISIONS.index(prec)))
+        fields[name] = _enum_codes(cols[path][0], choices, grid.get(path), dtype)
+    fields["precision"] = _enum_codes(cols["training.precision"][0], PRECISIONS,
+                                      grid.get("training.precision"), dtype)
     rest = fields["tp"] * fields["pp"] * fields["cp"]
-    chips = num("layout.num_chips")
-    given_chips = "layout.num_chips" in space.base or "layout.num_chips" in vals
-    fields["dp"] = chips / rest if given_chips else num("layout.dp")
+    chips = "layout.num_chips" in space.base or "layout.num_chips" in vals
+    fields["dp"] = num("layout.num_chips") / rest if chips else num("layout.dp")
     sp = cols["layout.sequence_parallel"][0]
-    sp_on = np.asarray(sp, object) == "on" if np.ndim(sp) else sp == "on"
-    sp_auto = np.asarray(sp, object) == "auto" if np.ndim(sp) else sp == "auto"
-    fields["sequence_parallel"] = np.where(sp_auto, fields["tp"] > 1, sp_on).astype(dtype)
+    if np.ndim(sp):
+        sp = np.asarray(sp, object)
+    fields["sequence_parallel"] = np.where(sp == "auto", fields["tp"] > 1, sp == "on").astype(dtype)
     fields["kernel"] = kernel
     b = TrainBatch(**fields)
     return b, {"tokens": num("training.tokens"), "whole_dp": fields["dp"] % 1 == 0}
@@ -215,10 +230,11 @@ def layout_bits(b: TrainBatch, whole_dp) -> np.ndarray:
 
 
 def score_values(space, vals: dict, overrides: dict | None = None, metrics=None,
-                 dtype=np.float32) -> dict:
-    """Every training metric (or ``metrics``) of the designs given by their parameter values."""
+                 dtype=np.float32, grid: dict | None = None) -> dict:
+    """Every training metric (or ``metrics``) of the designs given by their parameter values
+    (``build``'s ``grid``: their grid codes, when known)."""
     n = len(next(iter(vals.values()))) if vals else 1
-    b, extra = build(space, vals, n, overrides, dtype)
+    b, extra = build(space, vals, n, overrides, dtype, grid)
     with np.errstate(all="ignore"):
         s = score_train(b)
         chips = b.tp * b.pp * b.dp * b.cp
@@ -242,8 +258,24 @@ def score_values(space, vals: dict, overrides: dict | None = None, metrics=None,
 def score_index(space, ids, metrics=None, dtype=np.float32) -> dict:
     """The metrics of the designs of flat indices ``ids``."""
     ids = np.asarray(ids, np.int64)
-    vals = space.values_at(ids) if space.parameters else {}
-    if not vals:
+    if not space.parameters:
         s = score_values(space, {}, metrics=metrics, dtype=dtype)
         return {k: np.broadcast_to(v, (len(ids),)) for k, v in s.items()}
-    return score_values(space, vals, metrics=metrics, dtype=dtype)
+    coords = np.unravel_index(ids, space.shape)
+    vals = space.values_at(ids)
+    grid = {p.column: (p.values, c) for p, c in zip(space.parameters, coords)}
+    return score_values(space, vals, metrics=metrics, dtype=dtype, grid=grid)
+
+
+def breakdown(space, ids) -> pd.DataFrame:
+    """The parts of the step and of the memory of designs by flat index (``design_id`` first),
+    float64: what a training run keeps of its front (``breakdown.parquet``)."""
+    ids = np.asarray(ids, np.int64)
+    s = score_index(space, ids, metrics=[*BREAKDOWN, "step_time_s", "bound", "reason"],
+                    dtype=np.float64)
+    out = pd.DataFrame({"design_id": ids})
+    for k in BREAKDOWN + ("step_time_s",):
+        out[k] = np.asarray(s[k], np.float64)
+    out["bound"] = np.array(BOUNDS, dtype=object)[np.asarray(s["bound"], np.int64)]
+    out["reason"] = [reason_text(r) for r in s["reason"]]
+    return out
