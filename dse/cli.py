@@ -261,7 +261,8 @@ def _front_table(d, m) -> None:
     params = [p for p in front.columns if p not in {o.metric for o in objs} | {"design_id"}]
     kv = None
     try:                 # the KV dtype each design runs (a blank one follows the weights)
-        kv = store.space_of(d, m).kv_dtypes(
+        space = store.space_of(d, m)
+        kv = None if space.task == "train" else space.kv_dtypes(
             front["design_id"].to_numpy(dtype="int64"))
     except (InputError, OSError, KeyError, ValueError):
         kv = None

@@ -57,6 +57,9 @@ KEEP_METRICS = ("train_time_s", "train_cost_usd", "step_time_s", "mfu", "tokens_
                 "usd_per_trillion_tokens", "bound", "feasible", "reason")
 BREAKDOWN = ("compute_s", "memory_s", "network_exposed_s", "bubble_s", "optimizer_s",
              "weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+# what a report says of a front design besides its objectives
+SHOWN = ("step_time_s", "mfu", "tokens_per_s_per_chip", "num_chips", "memory_per_chip_bytes",
+         "hbm_used_fraction", "usd_per_trillion_tokens")
 
 
 def reason_text(bits: int) -> str:
@@ -271,10 +274,10 @@ def breakdown(space, ids) -> pd.DataFrame:
     """The parts of the step and of the memory of designs by flat index (``design_id`` first),
     float64: what a training run keeps of its front (``breakdown.parquet``)."""
     ids = np.asarray(ids, np.int64)
-    s = score_index(space, ids, metrics=[*BREAKDOWN, "step_time_s", "bound", "reason"],
+    s = score_index(space, ids, metrics=[*BREAKDOWN, *SHOWN, "bound", "reason"],
                     dtype=np.float64)
     out = pd.DataFrame({"design_id": ids})
-    for k in BREAKDOWN + ("step_time_s",):
+    for k in BREAKDOWN + SHOWN:
         out[k] = np.asarray(s[k], np.float64)
     out["bound"] = np.array(BOUNDS, dtype=object)[np.asarray(s["bound"], np.int64)]
     out["reason"] = [reason_text(r) for r in s["reason"]]
