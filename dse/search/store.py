@@ -284,6 +284,7 @@ def create(d: Path, space, strategy: str, seed: int, extra: dict) -> dict:
         "objectives": [o.to_dict() for o in space.objectives],
         "constraints": [{"metric": c.metric, "max": c.max, "min": c.min} for c in space.constraints],
         "inputs": inputs,
+        **({"task": space.task} if space.task != "serve" else {}),
         **extra,
     }
     write_manifest(d, manifest)

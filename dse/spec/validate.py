@@ -93,15 +93,20 @@ def check_value(path: str, value, *, file=None, where=None, name=None, registry=
     return value
 
 
-def parse_text(path: str, text: str, *, file=None, where=None, name=None):
-    """A value written as text (``--set PATH=VALUE``) as its field's type, checked."""
-    f = REGISTRY.get(path)
+def parse_text(path: str, text: str, *, file=None, where=None, name=None, registry=None,
+               ids=None):
+    """A value written as text (``--set PATH=VALUE``) as its field's type, checked.
+    ``registry``: the fields (default the serving ones); ``ids(path)``: the valid ids of an id
+    field (default the serving catalog's table)."""
+    registry = REGISTRY if registry is None else registry
+    f = registry.get(path)
     if f is None:
         raise InputError(f"unknown path {path!r}", file=file, where=where,
-                         hint=suggest(path, REGISTRY, "valid paths"))
+                         hint=suggest(path, registry, "valid paths"))
     t = text.strip()
     if f.kind == "bool" and t.lower() in (*TRUE_WORDS, *FALSE_WORDS, "0", "1"):
-        return check_value(path, t.lower() in (*TRUE_WORDS, "1"), file=file, where=where, name=name)
+        return check_value(path, t.lower() in (*TRUE_WORDS, "1"), file=file, where=where, name=name,
+                           registry=registry)
     if f.numeric:
         try:
             v = int(t) if t.lstrip("+-").isdigit() else float(t)
@@ -109,11 +114,11 @@ def parse_text(path: str, text: str, *, file=None, where=None, name=None):
             v = t      # not a number: check_value says so
         if isinstance(v, float) and t.lower().lstrip("+-") in ("nan", "inf", "infinity"):
             v = float(t)
-        return check_value(path, v, file=file, where=where, name=name)
-    v = check_value(path, t, file=file, where=where, name=name)
+        return check_value(path, v, file=file, where=where, name=name, registry=registry)
+    v = check_value(path, t, file=file, where=where, name=name, registry=registry)
     if f.kind == "id" and not (v == "" and f.blank):
         kind = catalog_kind(path)
-        ids = catalog.table(kind)
+        ids = catalog.table(kind) if ids is None else ids(path)
         if v not in ids:
             raise InputError(f"{name or path} = {v!r} is not a catalog id", file=file,
                              where=where, hint=suggest(v, ids, "ids")
