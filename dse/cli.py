@@ -170,9 +170,10 @@ def _rows(d: dict, prefix="", section=""):
 
 def _eval(a) -> int:
     from dse.api import evaluate
-    from dse.scoring.evaluate import render_json, render_text
+    from dse.scoring import evaluate as serving, train_eval
     res = evaluate(a.design).to_dict()
-    print(render_json(res) if a.json else render_text(res, a.design))
+    out = train_eval if res.get("task") == "train" else serving
+    print(out.render_json(res) if a.json else out.render_text(res, a.design))
     return 0
 
 
