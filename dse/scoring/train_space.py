@@ -79,7 +79,7 @@ def columns(space, vals: dict, n: int, overrides: dict | None = None) -> dict:
     for path in train_fields.REGISTRY:
         v, f = space.base.get(path), None
         if path in vals:
-            v = np.asarray(vals[path])
+            v = vals[path] if isinstance(vals[path], GridStrings) else np.asarray(vals[path])
         if path + SCALE_SUFFIX in vals:
             f = np.asarray(vals[path + SCALE_SUFFIX], float)
         op = (overrides or {}).get(path)
@@ -136,10 +136,33 @@ def _per_row(v, n: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(v, dtype=object), (n,))
 
 
+class GridStrings:
+    """A string parameter's values at grid codes, never materialized whole: the scorer reads
+    them at the distinct combinations' rows and maps the codes (``_enum_codes``)."""
+
+    def __init__(self, values: tuple, coords: np.ndarray):
+        self.values, self.coords = values, coords
+
+    def __len__(self) -> int:
+        return len(self.coords)
+
+    def __getitem__(self, row):
+        return self.values[self.coords[row]]
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.values, dtype=object)[self.coords]
+
+
+def _varies(v) -> bool:
+    return isinstance(v, (np.ndarray, GridStrings))
+
+
 def _enum_codes(v, choices, grid, dtype):
     """Codes into ``choices`` of enum values: a scalar, or per design (from the grid's codes
     when known: a table lookup, no string work)."""
-    if not np.ndim(v):
+    if isinstance(v, GridStrings):
+        return np.asarray([choices.index(x) for x in v.values], dtype)[v.coords]
+    if not _varies(v):
         return dtype(choices.index(v))
     if grid is not None:
         values, coords = grid
@@ -169,9 +192,10 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
     for p in STRUCTURAL:
         v, f = cols[p]
         col = p + SCALE_SUFFIX if f is not None else p
-        if (f is not None and np.ndim(f)) or (f is None and np.ndim(v)):
+        if (f is not None and _varies(f)) or (f is None and _varies(v)):
             varying.append(p)
-            keys.append(grid[col][1] if col in grid and not (overrides or {}).get(p)
+            keys.append(v.coords if isinstance(v, GridStrings) and f is None else
+                        grid[col][1] if col in grid and not (overrides or {}).get(p)
                         else pd.factorize(np.asarray(f if f is not None else v))[0])
     first, inverse = _distinct(keys, n)
 
@@ -180,7 +204,7 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
         for p in STRUCTURAL:
             v, f = cols[p]
             x = f if f is not None else v
-            x = x[row] if np.ndim(x) else x
+            x = x[row] if _varies(x) else x
             x = x.item() if hasattr(x, "item") else x
             out.append(("scale", float(x)) if f is not None else x)
         return tuple(out)
@@ -196,7 +220,7 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
 
     def num(path):
         v, f = cols[path]
-        x = np.asarray(v, dtype) if np.ndim(v) else dtype(v)
+        x = np.asarray(v, dtype) if _varies(v) else dtype(v)
         return x if f is None else x * np.asarray(f, dtype)
     for path, name in LAYOUT.items():
         if path != "layout.dp":
@@ -208,10 +232,8 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
     rest = fields["tp"] * fields["pp"] * fields["cp"]
     chips = "layout.num_chips" in space.base or "layout.num_chips" in vals
     fields["dp"] = num("layout.num_chips") / rest if chips else num("layout.dp")
-    sp = cols["layout.sequence_parallel"][0]
-    if np.ndim(sp):
-        sp = np.asarray(sp, object)
-    fields["sequence_parallel"] = np.where(sp == "auto", fields["tp"] > 1, sp == "on").astype(dtype)
+    sp = _enum_codes(cols["layout.sequence_parallel"][0], ("auto", "on", "off"), None, dtype)
+    fields["sequence_parallel"] = np.where(sp == 0, fields["tp"] > 1, sp == 1).astype(dtype)
     fields["kernel"] = kernel
     b = TrainBatch(**fields)
     return b, {"tokens": num("training.tokens"), "whole_dp": fields["dp"] % 1 == 0}
@@ -265,7 +287,8 @@ def score_index(space, ids, metrics=None, dtype=np.float32) -> dict:
         s = score_values(space, {}, metrics=metrics, dtype=dtype)
         return {k: np.broadcast_to(v, (len(ids),)) for k, v in s.items()}
     coords = np.unravel_index(ids, space.shape)
-    vals = space.values_at(ids)
+    vals = {p.column: (GridStrings(p.values, c) if any(isinstance(v, str) for v in p.values)
+                       else np.asarray(p.values)[c]) for p, c in zip(space.parameters, coords)}
     grid = {p.column: (p.values, c) for p, c in zip(space.parameters, coords)}
     return score_values(space, vals, metrics=metrics, dtype=dtype, grid=grid)
 
