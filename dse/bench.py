@@ -48,6 +48,7 @@ from dse.build.designs import resolve, to_batch  # noqa: E402
 from dse.build.resolved import Resolved
 from dse.build.space import load_space
 from dse.perf import score, score_chunked  # noqa: E402
+from dse.scoring import train_space  # noqa: E402
 from dse.scoring.predict import predict_file
 
 # every figure printed, for ``--json`` (reports/bench/bench.json: the docs' speed page reads it)
@@ -318,7 +319,6 @@ def bench_train(limit: int = 1 << 20, passes: int = 3) -> None:
     each chunk's designs built from their grid codes, scored in float32) on a grid of 4 chips x
     3 models (dense and MoE) x 2 precisions x layouts (tp, pp, dp, cp, ep, micro-batch,
     recompute, ZeRO, schedule, vp): 1,327,104 designs, the first ``limit`` scored."""
-    from dse.scoring import train_space
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "space.toml")
         with open(path, "w") as f:

@@ -387,8 +387,9 @@ def _bands_option(p, what: str) -> None:
 
 
 def _schema(a) -> int:
-    from dse.spec.schema import design_schema, space_schema
-    print(json.dumps(space_schema() if a.kind == "space" else design_schema(), indent=1))
+    from dse.spec.schema import design_schema, space_schema, train_space_schema
+    make = {"space": space_schema, "train-space": train_space_schema}.get(a.kind, design_schema)
+    print(json.dumps(make(), indent=1))
     return 0
 
 
@@ -556,7 +557,7 @@ def _design_commands(sub) -> None:
     pr.set_defaults(func=_predict)
 
     sc = sub.add_parser("schema", help="JSON Schema of space or design files, for editors")
-    sc.add_argument("kind", choices=["space", "design"])
+    sc.add_argument("kind", choices=["space", "design", "train-space"])
     sc.set_defaults(func=_schema)
 
 
