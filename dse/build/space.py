@@ -565,7 +565,8 @@ def _train_space(path: str, doc: dict) -> Space:
                                path if given else obj_file, metrics)
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
     space = Space(path, doc.get("name") or Path(path).stem, doc.get("question", ""), base,
-                  tuple(params), objectives, constraints, digest, None, task="train")
+                  tuple(params), objectives, constraints, digest,
+                  _answer(doc.get("answer"), path), task="train")
     if math.prod(len(p.values) for p in params) > LIMITS["designs per space"]:
         raise InputError(f"the space has {space.size:.3g} designs", file=path,
                          hint=f"at most {LIMITS['designs per space']:.0e} (limit: designs per "

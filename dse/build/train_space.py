@@ -37,7 +37,7 @@ from dse.errors import InputError, suggest
 from dse.spec import train_fields, validate
 from dse.spec.design import flatten
 
-TOP_KEYS = ("task", "question", "name", "parameters", "objectives", "constraints",
+TOP_KEYS = ("task", "question", "name", "parameters", "objectives", "constraints", "answer",
             *train_fields.SECTIONS)
 IDS = {"model.id": "models", "accelerator.id": "accelerators", "topology.id": "topologies"}
 

@@ -66,9 +66,12 @@ BREAKDOWN = ("pipeline_schedule", "sequence_parallel", "recompute_layer_fraction
              "energy_j_per_token")
 
 
-def kernel_of(acc_id: str, precision: str) -> dict:
-    """The kernel constants a case's GEMMs, attention and collectives use."""
+def kernel_of(acc_id: str, precision: str, scale: dict | None = None) -> dict:
+    """The kernel constants a case's GEMMs, attention and collectives use (``scale``: factors
+    on the chip's catalog kernel parameters, by catalog key: an uncertainty sample)."""
     kp = tcat.kernel(acc_id)
+    if scale:
+        kp = {k: v * scale[k] if k in scale else v for k, v in kp.items()}
     fam = GEMM_FAMILY[PRECISIONS.index(precision)]
     use = next(f for f in FAMILY_FALLBACK[fam] if f"gemm_{f}_fraction" in kp)
     # the family's large-GEMM fraction, the bf16 fit's shape constants (SHAPE_FROM_BF16)

@@ -21,7 +21,7 @@ from dse.catalog import training as tcat
 from dse.perf.train_batch import BOUNDS, PRECISIONS, RECOMPUTE, SCHEDULES, TrainBatch
 from dse.perf.train_step import score_train
 from dse.scoring.train_cases import OVERRIDES
-from dse.scoring.train_predict import design_numbers
+from dse.scoring.train_predict import design_numbers, kernel_of
 from dse.spec import train_fields
 from dse.spec.fields import SCALE_SUFFIX
 
@@ -132,6 +132,14 @@ def _combo_numbers(key: tuple) -> dict:
 _CACHE: dict = {}
 
 
+def _sampled_kernel(c: dict, key: tuple, kernel_scale) -> dict:
+    """A combination's numbers with its kernel constants from scaled catalog parameters."""
+    d = dict(zip(STRUCTURAL, key))
+    acc = d["accelerator.id"]
+    base = tcat.train_accelerators()[acc][1]
+    return {**c, "kernel": kernel_of(acc, d["training.precision"], kernel_scale(base))}
+
+
 def _per_row(v, n: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(v, dtype=object), (n,))
 
@@ -181,10 +189,12 @@ def _distinct(keys: list, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.float32,
-          grid: dict | None = None):
+          grid: dict | None = None, kernel_scale=None):
     """(TrainBatch of the designs, extra per-design arrays: tokens, whole dp). ``grid``:
     {path or column: (the parameter's values, each design's code)} when the designs are grid
-    points (the distinct combinations then come from the codes)."""
+    points (the distinct combinations then come from the codes). ``kernel_scale``: a function
+    of a chip's serving-catalog id giving factors on its kernel parameters by catalog key (an
+    uncertainty sample, ``dse.scoring.train_bands``)."""
     grid = grid or {}
     cols = columns(space, vals, n, overrides)
     # distinct structural combinations (a scale factor joins the key as ("scale", x))
@@ -209,6 +219,8 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
             out.append(("scale", float(x)) if f is not None else x)
         return tuple(out)
     combos = [_combo_numbers(key_of(int(r))) for r in first]
+    if kernel_scale is not None:
+        combos = [_sampled_kernel(c, key_of(int(r)), kernel_scale) for c, r in zip(combos, first)]
     skip = {"kernel", "peak_bf16", "peak_fp16", "peak_fp8", "peak_fp4"}
 
     def gather(values):
@@ -255,11 +267,11 @@ def layout_bits(b: TrainBatch, whole_dp) -> np.ndarray:
 
 
 def score_values(space, vals: dict, overrides: dict | None = None, metrics=None,
-                 dtype=np.float32, grid: dict | None = None) -> dict:
+                 dtype=np.float32, grid: dict | None = None, kernel_scale=None) -> dict:
     """Every training metric (or ``metrics``) of the designs given by their parameter values
-    (``build``'s ``grid``: their grid codes, when known)."""
+    (``build``'s ``grid``: their grid codes, when known; ``kernel_scale``: ``build``'s)."""
     n = len(next(iter(vals.values()))) if vals else 1
-    b, extra = build(space, vals, n, overrides, dtype, grid)
+    b, extra = build(space, vals, n, overrides, dtype, grid, kernel_scale)
     with np.errstate(all="ignore"):
         s = score_train(b)
         chips = b.tp * b.pp * b.dp * b.cp
