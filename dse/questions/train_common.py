@@ -4,8 +4,8 @@ analysis itself.
 A training space's designs are scored by the training model (``ctx.score`` on a space with
 ``task = "train"``: ``dse.scoring.train_space``); under bands, by the same model under a sample
 of the training fit's and the kernel fits' parameters (``dse.scoring.train_bands``). The step
-time of a design is the sum of its parts (``PARTS``: compute, HBM-bound work, exposed
-communication, pipeline bubble, optimizer), so what sets a number the answers give is said by
+time of a design is the sum of its parts (``PARTS``: compute, HBM-bound work with the
+optimizer's update, exposed communication, pipeline bubble), so what sets a number the answers give is said by
 the parts that differ between the designs it compares (``terms_text``).
 
 - selecting: ``feasible`` (fits and the layout is valid; the space's constraints met),
@@ -23,9 +23,9 @@ import pandas as pd
 from dse import pareto
 from dse.questions.common import dress, fmt, md_table, save, subplots
 
-PARTS = {"compute_s": "compute", "memory_s": "HBM-bound work",
-         "network_exposed_s": "exposed communication", "bubble_s": "pipeline bubble",
-         "optimizer_s": "optimizer"}
+# the step's parts, which sum to it (memory_s includes the optimizer's update, optimizer_s)
+PARTS = {"compute_s": "compute", "memory_s": "HBM-bound work and optimizer",
+         "network_exposed_s": "exposed communication", "bubble_s": "pipeline bubble"}
 LAYOUT = ("layout.tp", "layout.pp", "layout.dp", "layout.cp", "layout.ep",
           "layout.micro_batch_seqs", "layout.recompute", "layout.zero_stage")
 _SHORT = {"layout.micro_batch_seqs": "mb", "layout.zero_stage": "zero"}
