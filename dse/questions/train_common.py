@@ -103,8 +103,8 @@ def terms_text(a, b, a_name: str, b_name: str) -> str:
     for d, k in diffs:
         if abs(d) < 0.02 * max(abs(total), 1e-3 * steps[0]):
             continue
-        said.append(f"{PARTS[k]} {fmt(float(a[k]))} s on {a_name} vs {fmt(float(b[k]))} s on "
-                    f"{b_name}")
+        said.append(f"{PARTS[k]} {fmt(float(a[k]))} s ({a_name}) vs {fmt(float(b[k]))} s "
+                    f"({b_name})")
     if not said:
         return "no part of the step differs by more than 2% of the difference"
     return "; ".join(said[:3])
