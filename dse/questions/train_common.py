@@ -22,6 +22,7 @@ import pandas as pd
 
 from dse import pareto
 from dse.questions.common import dress, fmt, md_table, save, subplots
+from dse.spec import train_fields
 
 # the step's parts, which sum to it (memory_s includes the optimizer's update, optimizer_s)
 PARTS = {"compute_s": "compute", "memory_s": "HBM-bound work and optimizer",
@@ -66,12 +67,12 @@ def layout_text(row, extra=()) -> str:
 
 
 def with_layout(ctx, df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with the layout's fixed values of the base design as columns (``layout_text``
-    shows them), and dp = chips / (tp x pp x cp) where the space fixes the chips."""
+    """``df`` with the layout's fixed values (the base design's, else the field's default) as
+    columns (``layout_text`` shows them), and dp = chips / (tp x pp x cp) where the space fixes the chips."""
     out = df.copy()
     for p in LAYOUT:
-        if p not in out and p in ctx.space.base:
-            out[p] = ctx.space.base[p]
+        if p not in out:
+            out[p] = ctx.space.base.get(p, train_fields.REGISTRY[p].default)
     if "layout.dp" not in out and "num_chips" in out:
         cp = out["layout.cp"] if "layout.cp" in out else 1
         out["layout.dp"] = out["num_chips"] / (out["layout.tp"] * out["layout.pp"] * cp)

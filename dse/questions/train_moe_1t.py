@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dse.questions.common import Picks, fmt, md_table
 from dse.questions.context import Answer, Context, Lead
-from dse.questions.train_common import (best, best_per, feasible, layout_text, parts_figure,
-                                        parts_table, terms_text, with_layout)
+from dse.questions.train_common import (PARTS, best, best_per, feasible, layout_text,
+                                        parts_figure, parts_table, terms_text, with_layout)
 
 METRIC = "tokens_per_s_per_chip"
 EP = "layout.ep"
@@ -62,10 +62,20 @@ def _headline(s, n) -> str:
         f"{terms_text(a, i, f'ep={int(a[EP])}', f'ep={int(i[EP])}')}; the exposed "
         f"communication is {n['across']['exposed_comm_share']:.0%} of the step across racks and "
         f"{n['inside']['exposed_comm_share']:.0%} inside (the training fit hides the all-to-all "
-        "under compute, `overlap_fraction`), so where compute differs most, it is the routed "
-        "experts' grouped GEMMs (the kernel fits' MoE model over the EP group's tokens) that "
-        "set the ratio, not the links. A wider EP group needs less memory per GPU "
-        f"({n['across']['memory_per_chip_gb']:.0f} vs {n['inside']['memory_per_chip_gb']:.0f} GB).")
+        f"under compute, `overlap_fraction`){_why(a, i)}. A wider EP group needs less memory "
+        f"per GPU ({n['across']['memory_per_chip_gb']:.0f} vs "
+        f"{n['inside']['memory_per_chip_gb']:.0f} GB).")
+
+
+def _why(a, i) -> str:
+    """Which kind of term sets the ratio: the part of the step that differs most."""
+    part = max(PARTS, key=lambda k: abs(float(a[k]) - float(i[k])))
+    if part == "compute_s":
+        return ("; the part that differs most is compute: the routed experts' grouped GEMMs "
+                "(the kernel fits' MoE model over the EP group's tokens), not the links")
+    if part == "network_exposed_s":
+        return "; the part that differs most is the exposed communication: the links"
+    return f"; the part that differs most is the {PARTS[part]}"
 
 
 def _details(ctx, s) -> str:
