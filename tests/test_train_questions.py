@@ -17,8 +17,13 @@ from dse.build.space import load_space
 from dse.calibration import train_fit
 from dse.catalog import training as tcat
 from dse.errors import InputError
-from dse.questions import train_chip_cost, train_dp_batch, train_hw_value, train_moe_1t
-from dse.questions import train_nvl72_moe
+from dse.questions import (
+    train_chip_cost,
+    train_dp_batch,
+    train_hw_value,
+    train_moe_1t,
+    train_nvl72_moe,
+)
 from dse.questions.answer import answer_space
 from dse.questions.context import Context
 from dse.scoring import train_bands as TB

@@ -11,10 +11,17 @@ throughput ratio comes from.
 
 from __future__ import annotations
 
-from dse.questions.common import Picks, fmt, md_table
+from dse.questions.common import Picks, dress, fmt, md_table, save, subplots
 from dse.questions.context import Answer, Context, Lead
-from dse.questions.train_common import (best_per, feasible, layout_text, parts_figure,
-                                        parts_table, terms_text, with_layout)
+from dse.questions.train_common import (
+    best_per,
+    feasible,
+    layout_text,
+    parts_figure,
+    parts_table,
+    terms_text,
+    with_layout,
+)
 
 COST = "usd_per_trillion_tokens"
 CHIP = "accelerator.id"
@@ -65,7 +72,7 @@ def _headline(s, n) -> str:
            f"{terms_text(ref, cheap, s.ref, s.cheapest)}." if s.cheapest != s.ref else "")
     miss = (f" {', '.join(s.missing)}: no layout of the space fits in HBM or is valid."
             if s.missing else "")
-    return (f"Per trillion training tokens, each chip at its cheapest layout: "
+    return ("Per trillion training tokens, each chip at its cheapest layout: "
             + "; ".join(parts) + f". **The cheapest is {s.cheapest}, "
             f"${n['cheapest_usd_per_trillion_tokens'] / 1e6:.2f}M per trillion tokens**; the "
             "cost is the catalog's rental price (no band) over the model's tokens/s per chip "
@@ -98,7 +105,6 @@ def _details(ctx, s) -> str:
 
 
 def _figures(ctx, s) -> list[str]:
-    from dse.questions.common import dress, save, subplots
     fig, ax = subplots(figsize=(7, 4.5))
     v = [float(s.rows[c][COST]) / 1e6 for c in s.chips]
     ax.bar(range(len(v)), v, 0.6, color="#4a7")

@@ -74,8 +74,8 @@ def with_layout(ctx, df: pd.DataFrame) -> pd.DataFrame:
         if p not in out:
             out[p] = ctx.space.base.get(p, train_fields.REGISTRY[p].default)
     if "layout.dp" not in out and "num_chips" in out:
-        cp = out["layout.cp"] if "layout.cp" in out else 1
-        out["layout.dp"] = out["num_chips"] / (out["layout.tp"] * out["layout.pp"] * cp)
+        out["layout.dp"] = out["num_chips"] / (out["layout.tp"] * out["layout.pp"]
+                                               * out["layout.cp"])
     return out
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dse.questions.common import Picks, fmt, md_table
+from dse.questions.common import Picks, dress, fmt, md_table, save, subplots
 from dse.questions.context import Answer, Context, Lead
 from dse.questions.train_common import feasible
 
@@ -187,7 +187,6 @@ def _details(ctx, s) -> str:
 
 
 def _figures(ctx, s) -> list[str]:
-    from dse.questions.common import dress, save, subplots
     fig, axes = subplots(1, 2, figsize=(12, 4.5))
     for chip, ls in zip(s.chips, ("-", "--", ":")):
         d = s.df[s.df[CHIP] == chip]

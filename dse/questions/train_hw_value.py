@@ -18,10 +18,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dse.questions.common import Picks, md_table
+from dse.questions.common import Picks, dress, md_table, save, subplots
 from dse.questions.context import Answer, Context, Lead
-from dse.questions.train_common import (best, feasible, layout_text, parts_figure, parts_table,
-                                        terms_text, with_layout)
+from dse.questions.train_common import (
+    best,
+    feasible,
+    layout_text,
+    parts_figure,
+    parts_table,
+    terms_text,
+    with_layout,
+)
 
 METRIC = "tokens_per_s_per_chip"
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,8 +133,8 @@ def _details(ctx, s) -> str:
     serving = ("\n\n## Serving, from the published answer\n\n"
                f"`{s.serving['file']}` under {s.serving['slo']} (its median and 90% band, read "
                "from the file; regenerate it with `python -m dse.questions hardware-value`):\n\n"
-               + md_table(["upgrade", "best cost per output token", "best output tokens/s per "
-                           "chip"], sv_rows)) if s.serving else ""
+               + md_table(["upgrade", "best cost per output token",
+                           "best output tokens/s per chip"], sv_rows)) if s.serving else ""
     return (
         "## Method\n\n"
         f"Every design of the space ({ctx.space.size:,}) is scored by the training model at the "
@@ -146,7 +153,6 @@ def _details(ctx, s) -> str:
 
 
 def _figures(ctx, s) -> list[str]:
-    from dse.questions.common import dress, save, subplots
     names = [u[0] for u in s.ups[1:]]
     base = s.best["baseline"]
     fig, ax = subplots(figsize=(7, 4.5))

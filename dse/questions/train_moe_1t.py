@@ -12,10 +12,19 @@ parts of their steps that set it.
 
 from __future__ import annotations
 
-from dse.questions.common import Picks, fmt, md_table
+from dse.questions.common import Picks, dress, fmt, md_table, save, subplots
 from dse.questions.context import Answer, Context, Lead
-from dse.questions.train_common import (PARTS, best, best_per, feasible, layout_text,
-                                        parts_figure, parts_table, terms_text, with_layout)
+from dse.questions.train_common import (
+    PARTS,
+    best,
+    best_per,
+    feasible,
+    layout_text,
+    parts_figure,
+    parts_table,
+    terms_text,
+    with_layout,
+)
 
 METRIC = "tokens_per_s_per_chip"
 EP = "layout.ep"
@@ -101,7 +110,6 @@ def _details(ctx, s) -> str:
 
 
 def _figures(ctx, s) -> list[str]:
-    from dse.questions.common import dress, save, subplots
     fig, ax = subplots(figsize=(7, 4.5))
     ax.plot(s.per_ep[EP], s.per_ep[METRIC], "o-")
     ax.axvline(s.domain, color="grey", lw=0.8, ls=":", label=f"rack ({s.domain} GPUs)")

@@ -12,11 +12,18 @@ to one that can pick its layout. The parts of the two best steps say which model
 
 from __future__ import annotations
 
-
-from dse.questions.common import Picks, fmt, md_table
+from dse.questions.common import Picks, dress, fmt, md_table, save, subplots
 from dse.questions.context import Answer, Context, Lead
-from dse.questions.train_common import (best, best_per, feasible, layout_text, parts_figure,
-                                        parts_table, terms_text, with_layout)
+from dse.questions.train_common import (
+    best,
+    best_per,
+    feasible,
+    layout_text,
+    parts_figure,
+    parts_table,
+    terms_text,
+    with_layout,
+)
 
 METRIC = "tokens_per_s_per_chip"
 DOMAIN = "topology.id"
@@ -112,7 +119,6 @@ def _details(ctx, s, n) -> str:
 
 
 def _figures(ctx, s) -> list[str]:
-    from dse.questions.common import dress, save, subplots
     fig, ax = subplots(figsize=(7, 4.5))
     for t, mk in ((s.rack, "o-"), (s.node, "s--")):
         sub = s.per_ep[s.per_ep[DOMAIN] == t].sort_values("layout.ep")

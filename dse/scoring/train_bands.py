@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
@@ -63,15 +62,10 @@ def _train_root(u: dict) -> np.ndarray:
     return v * np.sqrt(np.clip(w, 0.0, None))
 
 
-@lru_cache(maxsize=1)
-def _kernel_families(stamp) -> tuple:
-    return tuple(f for f in B.families() if len(f.entry) == 2
-                 and f.entry[1] == tcat.KERNEL_RUNTIME)
-
-
 def kernel_families() -> tuple:
     """The kernel fits' uncertainty families of the runtime training reuses, every chip."""
-    return _kernel_families(B._stamp())
+    return tuple(f for f in B.families() if len(f.entry) == 2
+                 and f.entry[1] == tcat.KERNEL_RUNTIME)
 
 
 @dataclass(frozen=True)
@@ -86,7 +80,7 @@ class TrainDraws:
     kernel: dict = field(repr=False)
     note: str = ""
 
-    def only(self, k: int) -> "TrainDraws":
+    def only(self, k: int) -> TrainDraws:
         return TrainDraws(1, self.seed, self.params, self.train[k:k + 1],
                           {c: {p: f[k:k + 1] for p, f in v.items()} for c, v in
                            self.kernel.items()}, self.note)
@@ -200,7 +194,7 @@ class TrainSampled:
     def __init__(self, draws: TrainDraws):
         self.draws = draws
 
-    def view(self, k: int) -> "TrainView":
+    def view(self, k: int) -> TrainView:
         return TrainView(self.draws, k)
 
 
