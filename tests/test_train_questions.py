@@ -19,6 +19,7 @@ from dse.catalog import training as tcat
 from dse.errors import InputError
 from dse.questions import (
     train_chip_cost,
+    train_common,
     train_dp_batch,
     train_hw_value,
     train_moe_1t,
@@ -185,6 +186,14 @@ def test_moe_1t_inside_the_rack_beats_across(tmp_path):
     assert n["inside_over_across"] > 1.2
     assert n["best_ep"] == 16
     assert n["across"]["memory_per_chip_gb"] < n["inside"]["memory_per_chip_gb"]
+
+
+def test_layout_text_gives_dp_of_a_fixed_chip_count(tmp_path):
+    sp = tiny(tmp_path, "train-moe-1t", '"layout.tp" = [2]\n"layout.pp" = [4]\n'
+              '"layout.ep" = [16]')
+    row = train_common.with_layout(context(sp, tmp_path), context(sp, tmp_path).score()).iloc[0]
+    assert row["layout.dp"] == 16384 / (2 * 4)
+    assert "dp=2,048" in train_common.layout_text(row) and "zero=1" in train_common.layout_text(row)
 
 
 # ---------------------------------------------------------------- training bands

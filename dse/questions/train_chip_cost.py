@@ -119,7 +119,7 @@ def _figures(ctx, s) -> list[str]:
 
 def _lead(s) -> tuple:
     out = [Lead("cheapest_musd_per_trillion_tokens", "cheapest chip's cost per trillion tokens",
-                "$M", pick="cheapest_chip", pick_label="cheapest chip")]
+                "million USD", pick="cheapest_chip", pick_label="cheapest chip")]
     out += [Lead(f"{c}.cost_over_reference", f"{c} cost over {s.ref}", "x", versus=1.0)
             for c in s.chips if c != s.ref]
     return tuple(out)

@@ -71,11 +71,11 @@ def with_layout(ctx, df: pd.DataFrame) -> pd.DataFrame:
     columns (``layout_text`` shows them), and dp = chips / (tp x pp x cp) where the space fixes the chips."""
     out = df.copy()
     for p in LAYOUT:
-        if p not in out:
+        if p not in out and p != "layout.dp":
             out[p] = ctx.space.base.get(p, train_fields.REGISTRY[p].default)
-    if "layout.dp" not in out and "num_chips" in out:
-        out["layout.dp"] = out["num_chips"] / (out["layout.tp"] * out["layout.pp"]
-                                               * out["layout.cp"])
+    if "layout.dp" not in out:
+        out["layout.dp"] = (out["num_chips"] / (out["layout.tp"] * out["layout.pp"]
+                                                * out["layout.cp"])).round()
     return out
 
 
@@ -126,6 +126,6 @@ def parts_figure(ctx, rows: list, labels: list[str], name: str, title: str,
         ax.bar(x, v, 0.6, bottom=bottom, label=words)
         bottom += v
     ax.set_xticks(x, labels, fontsize=8)
-    dress(ax, None, "microseconds per token per chip [us]" if per_token else
+    dress(ax, "design", "microseconds per token per chip [us]" if per_token else
           "time per optimizer step [s]", title, grid="y", legend=8)
     return save(fig, ctx, name)
