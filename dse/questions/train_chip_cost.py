@@ -67,9 +67,17 @@ def _headline(s, n) -> str:
         parts.append(f"{c} ${x['usd_per_trillion_tokens'] / 1e6:.2f}M "
                      f"({fmt(x['chip_hours_per_trillion_tokens'] / 1e6)}M chip-hours at "
                      f"${x['usd_per_chip_hour']:.2f}/h, MFU {x['mfu']:.0%})")
-    cheap = s.rows[s.cheapest]
-    why = (f" Against {s.ref}, {s.cheapest}'s step differs in: "
-           f"{terms_text(ref, cheap, s.ref, s.cheapest)}." if s.cheapest != s.ref else "")
+    # what sets the cheapest chip's lead: its step against the reference's (or, where the
+    # reference is the cheapest, the runner-up's against it), per token, and the price ratio
+    other = s.cheapest if s.cheapest != s.ref else \
+        sorted(s.rows, key=lambda c: float(s.rows[c][COST]))[1] if len(s.rows) > 1 else None
+    why = ""
+    if other is not None:
+        o = s.rows[other]
+        why = (f" {other} against {s.ref}: {n[other]['usd_per_chip_hour'] / n[s.ref]['usd_per_chip_hour']:.2f}x "
+               f"the price per chip-hour for {float(o['tokens_per_s_per_chip'] / ref['tokens_per_s_per_chip']):.2f}x "
+               f"the tokens/s per chip; per step (the same tokens per chip in both): "
+               f"{terms_text(ref, o, s.ref, other)}.")
     miss = (f" {', '.join(s.missing)}: no layout of the space fits in HBM or is valid."
             if s.missing else "")
     return ("Per trillion training tokens, each chip at its cheapest layout: "
