@@ -5,8 +5,8 @@
 The catalog is read once per distinct combination of the non-layout fields (model,
 accelerator, topology, precision, the model, chip and system numbers); the layout and job fields
 go straight into the ``TrainBatch``, one value per design. A layout the grid makes invalid is
-scored and flagged: ``reason`` holds bits (``REASONS``; 8 = memory, as serving's), and
-``feasible`` is ``reason == 0``.
+flagged without being scored (its metrics NaN): ``reason`` holds bits (``REASONS``; 8 = memory,
+as serving's), and ``feasible`` is ``reason == 0``.
 
     score_values(space, vals, overrides=None, metrics=None, dtype=np.float32) -> {metric: array}
     score_index(space, ids, ...)      the designs of flat indices ``ids``
