@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from dse.build.space import _distinct_codes
+from dse.build.space import distinct_codes
 from dse.catalog import training as tcat
 from dse.perf.train_batch import BOUNDS, PRECISIONS, RECOMPUTE, SCHEDULES, TrainBatch
 from dse.perf.train_step import score_train
@@ -175,10 +175,10 @@ def _enum_codes(v, choices, grid, dtype):
 
 def _distinct(keys: list, n: int) -> tuple[np.ndarray, np.ndarray]:
     """First row of each distinct combination of the key columns (codes), and each row's
-    (``build.space._distinct_codes``: a table lookup when the combinations are few)."""
+    (``build.space.distinct_codes``: a table lookup when the combinations are few)."""
     if not keys:
         return np.array([0]), np.zeros(n, np.int64)
-    return _distinct_codes(keys, [int(k.max()) + 1 for k in keys])
+    return distinct_codes(keys, [int(k.max()) + 1 for k in keys])
 
 
 def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.float32,
