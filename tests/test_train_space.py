@@ -244,6 +244,25 @@ def test_reason_bits(tmp_path, layout, model, acc, training, bit):
         assert s["hbm_used_fraction"] > 1.0
 
 
+def test_invalid_layouts_are_flagged_not_scored(tmp_path):
+    """A chunk mixing valid and invalid layouts (3 sequences per micro-batch do not divide the
+    batch): the valid ones score exactly as alone, the invalid ones are NaN and flagged (the
+    search never reads their numbers)."""
+    small = load_space(str(write(tmp_path, SMALL.replace(
+        "[parameters]", '[parameters]\n"layout.micro_batch_seqs" = [1, 3]'))))
+    ids = np.arange(small.size)
+    s = train_space.score_index(small, ids, dtype=np.float64)
+    bits = np.asarray(s["reason"])
+    layout = (bits & ~(8 | 512)) != 0
+    assert layout.any() and (~layout).any()
+    assert np.isnan(np.asarray(s["step_time_s"])[layout]).all()
+    assert not np.asarray(s["feasible"])[layout].any()
+    ok = ids[~layout]
+    alone = train_space.score_index(small, ok, dtype=np.float64)
+    for k in ("step_time_s", "train_cost_usd", "memory_per_chip_bytes", "reason"):
+        assert np.array_equal(np.asarray(s[k])[ok], np.asarray(alone[k])), k
+
+
 def test_num_chips_sets_dp(tmp_path):
     a = one(tmp_path, "tp = 8\npp = 16\nnum_chips = 8192\nrecompute = \"full\"")
     b = one(tmp_path, GOOD)

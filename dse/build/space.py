@@ -337,6 +337,9 @@ def _distinct_codes(codes: list[np.ndarray], dims: list[int]) -> tuple[np.ndarra
     return first, inverse.reshape(-1)
 
 
+distinct_codes = _distinct_codes      # (public: the training scorer's distinct combinations)
+
+
 @functools.lru_cache(maxsize=256)
 def _value_array(p: Parameter) -> np.ndarray:
     """A parameter's values as an array: float when all are numbers (fast to index and to

@@ -5,8 +5,8 @@
 The catalog is read once per distinct combination of the non-layout fields (model,
 accelerator, topology, precision, the model, chip and system numbers); the layout and job fields
 go straight into the ``TrainBatch``, one value per design. A layout the grid makes invalid is
-scored and flagged: ``reason`` holds bits (``REASONS``; 8 = memory, as serving's), and
-``feasible`` is ``reason == 0``.
+flagged without being scored (its metrics NaN): ``reason`` holds bits (``REASONS``; 8 = memory,
+as serving's), and ``feasible`` is ``reason == 0``.
 
     score_values(space, vals, overrides=None, metrics=None, dtype=np.float32) -> {metric: array}
     score_index(space, ids, ...)      the designs of flat indices ``ids``
@@ -14,9 +14,12 @@ scored and flagged: ``reason`` holds bits (``REASONS``; 8 = memory, as serving's
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import pandas as pd
 
+from dse.build.space import distinct_codes
 from dse.catalog import training as tcat
 from dse.perf.train_batch import BOUNDS, PRECISIONS, RECOMPUTE, SCHEDULES, TrainBatch
 from dse.perf.train_step import score_train
@@ -179,13 +182,11 @@ def _enum_codes(v, choices, grid, dtype):
 
 
 def _distinct(keys: list, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """First row of each distinct combination of the key columns (codes), and each row's."""
+    """First row of each distinct combination of the key columns (codes), and each row's
+    (``build.space.distinct_codes``: a table lookup when the combinations are few)."""
     if not keys:
         return np.array([0]), np.zeros(n, np.int64)
-    dims = [int(k.max()) + 1 for k in keys]
-    flat = np.ravel_multi_index(keys, dims)
-    _, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
-    return first, inverse.reshape(-1)
+    return distinct_codes(keys, [int(k.max()) + 1 for k in keys])
 
 
 def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.float32,
@@ -223,12 +224,18 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
         combos = [_sampled_kernel(c, key_of(int(r)), kernel_scale) for c, r in zip(combos, first)]
     skip = {"kernel", "peak_bf16", "peak_fp16", "peak_fp8", "peak_fp4"}
 
-    def gather(values):
-        if len(values) == 1 or all(x == values[0] for x in values):
-            return dtype(values[0])
-        return np.asarray(values, dtype)[inverse]
-    fields = {k: gather([c[k] for c in combos]) for k in combos[0] if k not in skip}
-    kernel = {k: gather([c["kernel"][k] for c in combos]) for k in combos[0]["kernel"]}
+    # a number the same in every combination stays a scalar; the others are gathered per
+    # design in one take of a (numbers x combinations) table
+    names = [("f", k) for k in combos[0] if k not in skip] + \
+        [("k", k) for k in combos[0]["kernel"]]
+    table = np.array([[c[k] if w == "f" else c["kernel"][k] for c in combos] for w, k in names],
+                     dtype)
+    same = (table == table[:, :1]).all(axis=1)
+    rows = np.take(table[~same], inverse, axis=1) if (~same).any() else table[:0]
+    out = dict(zip([nk for nk, s_ in zip(names, same) if not s_], rows))
+    out.update({nk: table[i, 0] for i, nk in enumerate(names) if same[i]})
+    fields = {k: out[("f", k)] for w, k in names if w == "f"}
+    kernel = {k: out[("k", k)] for w, k in names if w == "k"}
 
     def num(path):
         v, f = cols[path]
@@ -266,14 +273,33 @@ def layout_bits(b: TrainBatch, whole_dp) -> np.ndarray:
     return np.asarray(bits, np.int64)
 
 
+def _scatter(scored: dict, rows: np.ndarray, n: int) -> dict:
+    """The metrics of the designs ``rows`` (of ``n``) in full-length arrays: NaN (floats) or 0
+    at the others."""
+    out = {}
+    for k, v in scored.items():
+        v = np.asarray(v)
+        full = (np.full(n, np.nan, v.dtype) if v.dtype.kind == "f"
+                else np.zeros(n, v.dtype))
+        if len(rows):
+            full[rows] = v
+        out[k] = full
+    return out
+
+
 def score_values(space, vals: dict, overrides: dict | None = None, metrics=None,
                  dtype=np.float32, grid: dict | None = None, kernel_scale=None) -> dict:
     """Every training metric (or ``metrics``) of the designs given by their parameter values
     (``build``'s ``grid``: their grid codes, when known; ``kernel_scale``: ``build``'s)."""
     n = len(next(iter(vals.values()))) if vals else 1
     b, extra = build(space, vals, n, overrides, dtype, grid, kernel_scale)
+    bits = np.broadcast_to(layout_bits(b, extra["whole_dp"]), (n,))
+    valid = bits == 0
     with np.errstate(all="ignore"):
-        s = score_train(b)
+        # a layout the model cannot take is flagged, not scored: its metrics are NaN
+        rows = None if valid.all() else np.flatnonzero(valid)
+        s = score_train(b) if rows is None else _scatter(
+            score_train(b.take(rows if len(rows) else np.array([0]))), rows, n)
         chips = b.tp * b.pp * b.dp * b.cp
         tokens = extra["tokens"]
         s["num_chips"] = chips
@@ -283,13 +309,19 @@ def score_values(space, vals: dict, overrides: dict | None = None, metrics=None,
         s["train_cost_usd"] = s["usd_per_trillion_tokens"] * tokens / 1e12
         s["train_energy_j"] = s["energy_j_per_token"] * tokens
         s["hbm_used_fraction"] = s["memory_per_chip_bytes"] / b.hbm_capacity_bytes
-    bits = layout_bits(b, extra["whole_dp"])
     bits = bits | np.where(b.precision_native > 0, 0, 512)
-    bits = bits | np.where(s["memory_per_chip_bytes"] <= b.hbm_capacity_bytes, 0, MEMORY_BIT)
+    bits = bits | np.where(valid & ~(s["memory_per_chip_bytes"] <= b.hbm_capacity_bytes), MEMORY_BIT,
+                           0)
     s["reason"] = bits
     s["feasible"] = bits == 0
     want = metrics if metrics is not None else train_fields.METRICS
     return {k: np.broadcast_to(s[k], (n,)) for k in want}
+
+
+@lru_cache(maxsize=1024)
+def _numbers(p, dtype) -> np.ndarray:
+    """A numeric parameter's values in the scorer's precision (indexed by grid codes)."""
+    return np.asarray(p.values, dtype)
 
 
 def score_index(space, ids, metrics=None, dtype=np.float32) -> dict:
@@ -300,7 +332,7 @@ def score_index(space, ids, metrics=None, dtype=np.float32) -> dict:
         return {k: np.broadcast_to(v, (len(ids),)) for k, v in s.items()}
     coords = np.unravel_index(ids, space.shape)
     vals = {p.column: (GridStrings(p.values, c) if any(isinstance(v, str) for v in p.values)
-                       else np.asarray(p.values)[c]) for p, c in zip(space.parameters, coords)}
+                       else _numbers(p, dtype)[c]) for p, c in zip(space.parameters, coords)}
     grid = {p.column: (p.values, c) for p, c in zip(space.parameters, coords)}
     return score_values(space, vals, metrics=metrics, dtype=dtype, grid=grid)
 
