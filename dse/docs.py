@@ -44,6 +44,7 @@ import pandas as pd
 import dse
 from dse import api
 from dse.cli import build_parser
+from dse.spec import train_fields
 from dse.spec.fields import CATALOG, FIELDS, LIMITS, METRIC_INFO
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -317,6 +318,24 @@ def fields_page() -> str:
     out.append("| metric | name | unit |")
     out.append("|---|---|---|")
     out.extend(f"| `{k}` | {_cell(n)} | {_cell(u)} |" for k, (n, u) in METRIC_INFO.items())
+    out.append("\n## Training spaces\n")
+    out.append("A space file with `task = \"train\"` (docs/training.md) takes these fields "
+               "(`dse.spec.train_fields`), besides the serving fields it shares: "
+               + ", ".join(f"`{p}`" for p in train_fields.SHARED) + ".\n")
+    out.append("| path | type | unit | default | valid | description |")
+    out.append("|---|---|---|---|---|---|")
+    for f in train_fields.OWN:
+        default = "*catalog*" if f.default is CATALOG else f"`{f.default!r}`"
+        notes = " ".join(x for x in (f.doc, f"Blank: {f.blank}." if f.blank else "",
+                                     f"0: {f.zero}." if f.zero else "") if x)
+        out.append(f"| `{f.path}` | {f.kind} | {_cell(f.unit)} | {_cell(default)} | "
+                   f"{_cell(f.valid())} | {_cell(notes)} |")
+    out.append("\nThe training metrics, usable as objectives and constraints of a training "
+               "space:\n")
+    out.append("| metric | name | unit |")
+    out.append("|---|---|---|")
+    out.extend(f"| `{k}` | {_cell(n)} | {_cell(u)} |"
+               for k, (n, u) in train_fields.METRIC_INFO.items())
     out.append("\n## Limits\n")
     out.append("| limit | value |")
     out.append("|---|---:|")

@@ -203,6 +203,11 @@ def compare_runs(dir_a: str, dir_b: str, bands: int = 0, seed: int = 0) -> Compa
     da, db = Path(dir_a), Path(dir_b)
     ma, oa, fa = _load(da)
     mb, ob, fb = _load(db)
+    if ma.get("task", "serve") != mb.get("task", "serve"):
+        raise InputError("one run is a training run and the other a serving run", file=str(db),
+                         hint="compare runs of the same task")
+    if ma.get("task") == "train":
+        bands = 0            # (the training fit has no parameter samples yet)
     if [(o.metric, o.direction) for o in oa] != [(o.metric, o.direction) for o in ob]:
         raise InputError("the runs optimise different objectives", file=str(db),
                          hint="compare runs whose objectives (and directions) are the same")
@@ -248,6 +253,8 @@ def _kv_dtypes(*runs_) -> tuple:
     for d, m, front in runs_:
         try:
             space = store.space_of(d, m)
+            if space.task == "train":
+                return ()
             ids = front["design_id"].to_numpy(np.int64)
             out.append(kv_dtype_text(space.kv_dtypes(ids)) if len(ids) else "none (empty front)")
         except (InputError, OSError, KeyError, ValueError):
