@@ -160,6 +160,27 @@ def test_scale_factor_is_the_scaled_catalog_value(tmp_path):
     assert (np.asarray(sa["memory_s"]) < np.asarray(sp["memory_s"])).all()
 
 
+def test_a_factor_scales_the_value_the_design_gives(tmp_path):
+    """A scale factor (parameter or what-if) multiplies the base design's own value where it
+    gives one, else the catalog's."""
+    text = SMALL.replace('[accelerator]\nid = "h100-sxm"',
+                         '[accelerator]\nid = "h100-sxm"\nhbm_bw_bytes_per_s = 2e12')
+    text = text.replace('"accelerator.id" = ["h100-sxm", "b200"]', "")
+    a = load_space(str(write(tmp_path, text.replace(
+        "[parameters]", '[parameters]\n"accelerator.hbm_bw_bytes_per_s" = { scale = [1.5] }'),
+        "a.toml")))
+    b = load_space(str(write(tmp_path, text.replace('hbm_bw_bytes_per_s = 2e12',
+                                                    'hbm_bw_bytes_per_s = 3e12'), "b.toml")))
+    ids = np.arange(b.size)
+    sa = train_space.score_index(a, ids, dtype=np.float64)
+    sb = train_space.score_index(b, ids, dtype=np.float64)
+    assert np.allclose(sa["optimizer_s"], sb["optimizer_s"], rtol=1e-12)
+    over = train_space.score_values(a, a.values_at(ids),
+                                    {"accelerator.hbm_bw_bytes_per_s": ("scale", 2.0)},
+                                    dtype=np.float64)
+    assert np.allclose(np.asarray(over["optimizer_s"]) * 2.0, sa["optimizer_s"], rtol=1e-12)
+
+
 def test_moe_shape_parameters_reach_the_model(tmp_path):
     text = """
 task = "train"

@@ -76,8 +76,9 @@ def _default(path: str):
 def columns(space, vals: dict, n: int, overrides: dict | None = None) -> dict:
     """Every training field of the designs: {path: (values or a scalar, factor or None)};
     a value from the parameters (``vals``, keyed by path or ``<path>.scale`` column), else the
-    base design, else the field's default; a scale factor is kept apart (applied to the
-    catalog's value). ``overrides`` {path: ("set" | "scale", x)} (a what-if) apply last."""
+    base design, else the field's default; a scale factor multiplies that value, or is kept
+    apart where the value is the catalog's (applied to it per combination). ``overrides``
+    {path: ("set" | "scale", x)} (a what-if) apply last."""
     out = {}
     for path in train_fields.REGISTRY:
         v, f = space.base.get(path), None
@@ -91,10 +92,12 @@ def columns(space, vals: dict, n: int, overrides: dict | None = None) -> dict:
                 v, f = op[1], None
             else:
                 f = op[1] if f is None else f * op[1]
-        if v is None and f is None:
-            v = _default(path)
-            if v is train_fields.serving.CATALOG:
-                v = None
+        if v is None:
+            d = _default(path)
+            v = None if d is train_fields.serving.CATALOG else d
+        if v is not None and f is not None:   # a factor of a value the design gives itself
+            v, f = np.asarray(v, float) * f, None
+            v = v if v.ndim else float(v)
         out[path] = (v, f)
     return out
 
@@ -249,7 +252,8 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
     fields["precision"] = _enum_codes(cols["training.precision"][0], PRECISIONS,
                                       grid.get("training.precision"), dtype)
     rest = fields["tp"] * fields["pp"] * fields["cp"]
-    chips = "layout.num_chips" in space.base or "layout.num_chips" in vals
+    chips = ("layout.num_chips" in space.base or "layout.num_chips" in vals
+             or "layout.num_chips" in (overrides or {}))
     fields["dp"] = num("layout.num_chips") / rest if chips else num("layout.dp")
     sp = _enum_codes(cols["layout.sequence_parallel"][0], ("auto", "on", "off"), None, dtype)
     fields["sequence_parallel"] = np.where(sp == 0, fields["tp"] > 1, sp == 1).astype(dtype)
