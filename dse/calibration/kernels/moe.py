@@ -174,7 +174,10 @@ PARAMS = tuple(p for fam in FAMILY_ORDER for p in family_params(fam))
 
 
 # serving.moe_backend's choices after "auto" (dse/spec/fields.py lists the same names)
-BACKENDS = ("triton", "flashinfer_trtllm", "flashinfer_cutlass", "cutlass", "deepgemm")
+BACKENDS = ("triton", "flashinfer_trtllm", "flashinfer_cutlass", "cutlass", "deepgemm",
+            "wideep")
+# ("wideep": TensorRT-LLM's WideEP MoE module, no moe_perf source; fitted on its own wide-EP
+# table, dse/calibration/kernels/wideep.py)
 MIN_BACKEND_ROWS = 300     # gated training shapes a backend needs in a group for its own fit
 
 
