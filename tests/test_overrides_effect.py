@@ -62,6 +62,13 @@ BASES = [
     {"accelerator.id": "h100-sxm", "model.id": "mixtral-8x7b", "model.weight_dtype": "fp8",
      "model.fp8_scaling": "tensor", "model.mlp_gated": False, "layout.tp": 2, "layout.ep": 2,
      "workload.concurrency": 64},
+    # int4 weight-only (W4A16) experts, their own MoE family (moe_int4_*): TP+EP under vLLM
+    # (every chip runs every token: remote entries), and non-gated
+    {"accelerator.id": "h200-sxm", "model.id": "kimi-k2", "model.weight_dtype": "int4",
+     "serving.runtime": "vllm", "layout.tp": 8, "layout.ep": 8, "workload.isl": 1024,
+     "workload.osl": 256, "workload.concurrency": 64},
+    {"accelerator.id": "h100-sxm", "model.id": "qwen3-30b-a3b", "model.weight_dtype": "int4",
+     "model.mlp_gated": False, "layout.tp": 1, "workload.concurrency": 64},
     # serving mechanisms that only act when on (issue 11): MTP speculation
     {"accelerator.id": "gb200", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
      "layout.dp": 8, "layout.ep": 8, "workload.concurrency": 256, "serving.spec_tokens": 2},

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.build.select import BYTES, compute_peak, encode, lookup
+from dse.build.select import BYTES, MOE_INT4, W, compute_peak, encode, lookup
 from dse.errors import InputError, suggest
 from dse.catalog.specs import DTYPES
 from dse.perf.imbalance import published_imbalance
@@ -237,11 +237,14 @@ def precision_columns(out, wbytes, matmul, fam, peak) -> dict:
     """Per-op precision: bytes and compute peak of the routed experts' and the attention
     projections' weights (``model.expert_dtype``, ``model.attention_dtype``; blank: the
     weights'), and the grouped-GEMM kernel family code of the experts' dtype (``moe_family``:
-    None when every row's experts are in the weights' dtype). On dtype codes: no string work
-    per design."""
+    None when every row's experts are in the weights' dtype and run its GEMM family). Experts
+    in int4 run the W4A16 kernels (Marlin: int4 weights dequantized to bf16 in registers, bf16
+    MMAs), their own family (``select.MOE_INT4``), not the bf16 kernel their compute peak
+    would pick. On dtype codes: no string work per design."""
     cols = {}
     moe_family = None
     weight = encode(out["model.weight_dtype"], DTYPES)
+    expert = weight
     for key, path in (("expert", "model.expert_dtype"), ("attn", "model.attention_dtype")):
         given = encode(_col(out, path, None), DTYPES)       # -1: blank, the weights' dtype
         if not np.any(given >= 0):
@@ -252,6 +255,9 @@ def precision_columns(out, wbytes, matmul, fam, peak) -> dict:
         cols[f"{key}_weight_bytes"] = BYTES[dt]
         cols[f"{key}_matmul_flops_per_s"] = mm
         if key == "expert":
-            moe_family = fm
+            moe_family, expert = fm, dt
+    int4 = np.asarray(expert) == W["int4"]
+    if np.any(int4):
+        moe_family = np.where(int4, MOE_INT4, fam if moe_family is None else moe_family)
     cols["moe_family"] = moe_family
     return cols

@@ -70,6 +70,9 @@ W = {d: i for i, d in enumerate(DTYPES)}
 BYTES = np.array([DTYPE_BYTES[d] for d in DTYPES] + [np.nan])
 assert tuple(COMPUTE_FALLBACK) == DTYPES
 GEMM_FAMILIES = ("bf16", "fp8", "fp8_block", "fp4")     # family codes 0..3
+# the grouped GEMMs' families: the GEMM ones, and int4 weight-only experts (W4A16, code 4)
+MOE_FAMILIES = GEMM_FAMILIES + ("int4",)
+MOE_INT4 = MOE_FAMILIES.index("int4")
 
 
 def dtype_columns(out):
@@ -162,8 +165,9 @@ def kernel_fields(out, fam, kv_fp8, peak, is_mla, moe_fam=None) -> dict[str, np.
     """The fitted kernel parameters of each design's dtype and attention kind as scorer
     fields: GEMM and MoE of the compute dtype's family (fp8: per-tensor or block-scaled kernels
     by ``model.fp8_scaling``), attention of the model's kind (GQA/MHA or MLA) and KV dtype; a
-    family the chip lacks falls back to bf16. ``moe_fam``: the family code of the experts' own
-    dtype (per-op precision), None where the experts run the weights' dtype."""
+    family the chip lacks falls back to bf16. ``moe_fam``: the family code (MOE_FAMILIES) of the
+    experts' own dtype (per-op precision; int4 experts: MOE_INT4), None where the experts run
+    the weights' GEMM family."""
     cols = {}
     scaling = encode(out["model.fp8_scaling"], ("auto", "tensor", "block"))
     moe_model = _f(out, "model.num_experts") > 0
@@ -173,7 +177,7 @@ def kernel_fields(out, fam, kv_fp8, peak, is_mla, moe_fam=None) -> dict[str, np.
     moe_fam = fam if moe_fam is None else squeeze(np.where((moe_fam == 1) & block, 2, moe_fam))
     bf16 = np.zeros(1, np.int64)
     gemm = tuple("gemm_" + x for x in GEMM_FAMILIES)
-    moe = tuple("moe_" + x for x in GEMM_FAMILIES)
+    moe = tuple("moe_" + x for x in MOE_FAMILIES)
     for k in GEMM_KEYS:
         cols[f"gemm_{k}"] = _kernel(out, fam, gemm, k, _kernel(out, bf16, gemm, k))
     for k in MOE_KEYS:

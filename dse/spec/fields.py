@@ -303,9 +303,10 @@ FIELDS: tuple[Field, ...] = (
          "serving runtime: its fitted kernels and collectives (dse/catalog/kernels) and its "
          "defaults (max batch per scheduler, dense MLP layout; dse/catalog/serving.toml)"),
     enum("serving.moe_backend", ("auto", "triton", "flashinfer_trtllm", "flashinfer_cutlass",
-                                 "cutlass", "deepgemm"), "auto",
+                                 "cutlass", "deepgemm", "wideep"), "auto",
          "kernel the runtime runs MoE experts on (SGLang's --moe-runner-backend, vLLM's "
-         "FlashInfer/Triton experts): its own fitted parameters (dse/catalog/kernels/moe.toml "
+         "FlashInfer/Triton experts, TensorRT-LLM's moe_config.backend WIDEEP): its own fitted "
+         "parameters (dse/catalog/kernels/moe.toml, moe_wideep.toml "
          "[<chip>.<runtime>.backend.<name>]); auto = the runtime's mix of kernels as its "
          "benchmarks dispatched them (dse/calibration/kernels/moe.py)"),
     enum("serving.ep_overlap", ("none", "tbo"), "none",

@@ -28,8 +28,19 @@ version that measured balanced rows of that dtype (TensorRT-LLM 1.3.0rc23 on Bla
 MXFP4 rows, so rc20 is used for the rest).
 
 Families (key prefix ``moe_<fam>_``): ``bf16`` (bfloat16), ``fp8`` (per-tensor), ``fp8_block``
-(block-scaled, DeepSeek style), ``fp4`` (NVFP4). Not fitted: int4 weight-only, MXFP4 W4A16 and
-W4A8 (few rows; another issue).
+(block-scaled, DeepSeek style), ``fp4`` (NVFP4), ``int4`` (int4 weight-only, W4A16: the
+tables' ``int4_wo`` rows, Marlin MoE on SGLang and vLLM, FlashInfer's TensorRT-LLM-gen MxInt4
+MoE for SGLang on Blackwell). W4A16 kernels dequantize the int4 weights to bf16 in registers and
+run bf16 MMAs: compute at the bf16 peak, weight reads at the scorer's int4 bytes (0.53 B per
+weight, group scales included), and their own tile: vLLM's fused_marlin_moe picks
+block_size_m from 8-64 rows by the rows per expert (vllm/model_executor/layers/fused_moe/
+fused_marlin_moe.py: the first of 8, 16, 32, 48, 64 with rows / experts / block < 0.9), where
+the bf16 kernel's fit pads each touched expert to ~150 rows; on Kimi K2's experts (vLLM
+0.24.0, H200, tp 8) the bf16 parameters put 64 tokens at 2.2x and 8192 tokens at 0.6x the
+measured Marlin time. The scorer takes this family for int4 experts (``dse.build.select``
+``MOE_INT4``). TensorRT-LLM has no int4 table: its int4 entries are the chip's other runtimes'
+geometric mean (``gemm.complete``). Not fitted: MXFP4 W4A16 and W4A8 (another kernel per
+runtime, few shapes).
 
 Rows without a balanced table: A100 TensorRT-LLM 1.0.0 and vLLM 0.14.0 measured only the
 power-law distributions; their ``power_law_1.01`` rows are fitted, corrected by the measured
@@ -108,6 +119,7 @@ import pandas as pd
 
 from dse.calibration.kernels import common, data
 from dse.calibration.kernels import gemm as _g
+from dse.catalog.specs import DTYPE_BYTES
 from dse.perf.kernel_gemm import grouped_gemm_s
 
 NAME = "moe"
@@ -115,10 +127,14 @@ TABLE = ("moe", "moe_perf")
 SHAPE_COLS = ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
               "moe_ep_size")
 FIT_ROWS = 2500            # ~60 groups -> ~150k rows
-FAMILIES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "fp4"}
-FAMILY_ORDER = ("bf16", "fp8", "fp8_block", "fp4")
-PEAK_DTYPE = _g.PEAK_DTYPE
-WEIGHT_BYTES = _g.WEIGHT_BYTES
+FAMILIES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "fp4",
+            "int4_wo": "int4"}
+FAMILY_ORDER = ("bf16", "fp8", "fp8_block", "fp4", "int4")
+# int4 (W4A16: int4 weights dequantized to bf16 in registers, bf16 MMAs) computes at the bf16
+# peak and reads the scorer's int4 bytes per weight (dse.catalog.specs.DTYPE_BYTES, group
+# scales included), so the fitted hbm_fraction is of the bytes the scorer charges
+PEAK_DTYPE = {**_g.PEAK_DTYPE, "int4": "bf16"}
+WEIGHT_BYTES = {**_g.WEIGHT_BYTES, "int4": DTYPE_BYTES["int4"]}
 SOURCE_TABLE = "moe_perf (balanced)"
 # multi-start fit (gemm.fit_multistart): x0 above, a TensorRT-LLM-like point (CUTLASS grouped
 # GEMM, the H200 trtllm bf16 fit), and two seeded random starts; the best log-RMS is kept
@@ -128,7 +144,10 @@ RANDOM_STARTS = 2
 # robust loss (common.least_squares_fit): about the mean |log error|, the reported metric
 LOSS, F_SCALE = "soft_l1", 0.05
 sample = _g.sample
-supported = _g.supported
+
+
+def supported(acc, fam: str) -> bool:
+    return getattr(acc.peak_flops_per_s, PEAK_DTYPE[fam], None) is not None
 
 _PER_FAMILY = (("fraction", 0.5, 0.01, 1.2, "compute"),
                ("half_rows", 32.0, 0.1, 4096.0, "shape"),
@@ -155,7 +174,10 @@ PARAMS = tuple(p for fam in FAMILY_ORDER for p in family_params(fam))
 
 
 # serving.moe_backend's choices after "auto" (dse/spec/fields.py lists the same names)
-BACKENDS = ("triton", "flashinfer_trtllm", "flashinfer_cutlass", "cutlass", "deepgemm")
+BACKENDS = ("triton", "flashinfer_trtllm", "flashinfer_cutlass", "cutlass", "deepgemm",
+            "wideep")
+# ("wideep": TensorRT-LLM's WideEP MoE module, no moe_perf source; fitted on its own wide-EP
+# table, dse/calibration/kernels/wideep.py)
 MIN_BACKEND_ROWS = 300     # gated training shapes a backend needs in a group for its own fit
 
 
@@ -176,10 +198,11 @@ def backend_of(source: str) -> str:
 
 def backends(train: pd.DataFrame) -> list[str]:
     """The backends of a group's training rows with at least ``MIN_BACKEND_ROWS`` gated shapes
-    (non-gated rows run another kernel the auto fit's ``nongated_slowdown`` carries)."""
+    (non-gated rows run another kernel the auto fit's ``nongated_slowdown`` carries), among
+    ``serving.moe_backend``'s choices (Marlin, the int4 groups' only kernel, is not one)."""
     gated = train[train["_matrices"] == 3.0]
     n = gated.groupby("backend").size()
-    return sorted(n[n >= MIN_BACKEND_ROWS].index)
+    return sorted(b for b in n[n >= MIN_BACKEND_ROWS].index if b in BACKENDS)
 
 
 def unidentified(sample: pd.DataFrame, fam: str) -> dict:
@@ -353,7 +376,8 @@ non-gated kernel's expert GEMMs vs the gated one's), wave_elements (output eleme
 of tiles, paid per call), remote_fraction (share of a local row's compute an entry routed to
 another chip still costs), l2_speedup (fit only: the benchmark's warm L2 on the expert weights,
 kernel_gemm.warm_l2_factor; the scorer's cache is cold)};
-families bf16, fp8 (per-tensor), fp8_block (block-scaled), fp4 (NVFP4).
+families bf16, fp8 (per-tensor), fp8_block (block-scaled), fp4 (NVFP4), int4 (weight-only W4A16:
+bf16 peak, 0.53 B per weight).
 [<chip>.<runtime>.backend.<name>]: one kernel backend's own keys (serving.moe_backend; fitted on
 its own rows where a group measured two or more, else transferred; dse/calibration/kernels/moe.py).
 Fitted on aiconfigurator-core's moe_perf kernel microbenchmarks, balanced rows (python -m dse.calibration.kernels)."""

@@ -254,27 +254,114 @@ def fit(chips=None) -> dict:
     return out
 
 
-HEADER = """SGLang's wide-EP expert kernel: DeepGEMM behind DeepEP (serving.moe_backend = "deepgemm";
-the scorer's choice for SGLang designs with attention DP and ep > 1 under "auto").
+# --- TensorRT-LLM's WideEP MoE (moe_config.backend WIDEEP), fitted on its own wide-EP table ---
+
+TRT_BACKEND = "wideep"          # serving.moe_backend: TensorRT-LLM's WideEP MoE module
+# the table's moe_dtype -> the kernel family its keys are written for
+TRT_FAMILY = {"fp8_block": "fp8_block", "nvfp4": "fp4"}
+# the kernel_gemm.grouped_gemm_s terms the table pins (FREE's) and the remote entries: a rank
+# is handed its received tokens with their whole top-k lists (the collector's
+# run_moe_compute: rank 0's tokens and their token_selected_slots), so an entry routed to
+# another rank is the kernel's to skip (what it costs it, fitted)
+TRT_FREE = FREE + (("remote_fraction", 0.01, 1e-5, 1.0, "fraction"),)
+# one model shape per width (hidden 7168, widths 1536 and 2048) cannot pin the edge terms, a
+# non-gated kernel or the scan of every entry of the batch: the chip's TensorRT-LLM auto values
+TRT_FROM_AUTO = ("width_half", "hidden_half", "nongated_slowdown", "route_bytes")
+
+
+def _trtllm_routing(frame: pd.DataFrame):
+    """(received tokens, routed rows, touched experts) of rank 0 in TensorRT-LLM's wide-EP
+    benchmark as the scorer counts them (``op_mlp.moe_terms`` with the row's imbalance,
+    ``model_s``): received = ``rank0_num_tokens``; rows = received x k / dest, ``dest`` the
+    ranks a token visits, ep (1 - (1 - 1/ep)^k); touched = (E / ep)(1 - (1 - k/E)^tokens)
+    over the whole group's tokens."""
+    tok = frame["num_tokens"].to_numpy(float)
+    k = frame["topk"].to_numpy(float)
+    ep = frame["moe_ep_size"].to_numpy(float)
+    e = frame["num_experts"].to_numpy(float)
+    recv = frame["rank0_num_tokens"].to_numpy(float)
+    dest = ep * -np.expm1(k * np.log1p(-1.0 / ep))
+    return recv, recv * k / dest, e / ep * -np.expm1(tok * np.log1p(-k / e))
+
+
+def _trtllm_kernel_s(frame: pd.DataFrame, fam: str, acc, vals: dict) -> np.ndarray:
+    recv, rows, touched = _trtllm_routing(frame)
+    c = {k: frame[k].to_numpy(float) for k in ("hidden_size", "inter_size", "topk",
+                                                  "num_experts", "moe_tp_size", "moe_ep_size")}
+    return grouped_gemm_s(recv, c["hidden_size"], c["inter_size"], c["topk"], c["num_experts"],
+                          c["moe_tp_size"], c["moe_ep_size"], WEIGHT_BYTES[fam],
+                          getattr(acc.peak_flops_per_s, PEAK_DTYPE[fam]),
+                          acc.hbm_bw_bytes_per_s, vals["fraction"], vals["half_rows"],
+                          vals["width_half"], vals["hbm_fraction"], vals["token_bytes"],
+                          vals["latency_s"], rows, touched, vals["hidden_half"],
+                          vals["batch_bytes"], route_bytes=vals["route_bytes"],
+                          nongated_slowdown=vals["nongated_slowdown"],
+                          wave_elements=vals["wave_elements"],
+                          remote_fraction=vals["remote_fraction"])
+
+
+def fit_trtllm(chips=None) -> dict:
+    """{chip: ({moe_<family>_<key>: value}, fitted_on)} for each chip with TensorRT-LLM's
+    wide-EP table (``TRTLLM_DISTRIBUTION`` rows without redundant slots, ep 2-256): its WideEP
+    CUTLASS MoE on rank 0, the all-to-all excluded, fitted on rank 0's own tokens."""
+    accs = accelerators()
+    rows = load(chips)
+    rows = rows[rows["runtime"] == "trtllm"]
+    out = {}
+    for chip, g in rows.groupby("chip", sort=True):
+        fam = TRT_FAMILY[str(g["moe_dtype"].iloc[0])]
+        auto = kernel_params()[(chip, "trtllm")]
+        fixed = {k: auto[f"moe_{fam}_{k}"] for k in TRT_FROM_AUTO}
+        params = tuple(common.Param(n, x0, lo, hi, kind) for n, x0, lo, hi, kind in TRT_FREE)
+        def predict(v, g=g, acc=accs[chip], fixed=fixed, fam=fam):
+            return _trtllm_kernel_s(g, fam, acc, {**fixed, **v})
+
+        f = common.least_squares_fit(predict, params, g["latency_s"].to_numpy(float),
+                                     max_nfev=400, loss="soft_l1", f_scale=0.05)
+        vals = {**fixed, **f.values}
+        before = _trtllm_kernel_s(g, fam, accs[chip], {
+            k: auto[f"moe_{fam}_{k}"] for k in vals})
+        err = common.error_factor(predict(f.values), g["latency_s"])
+        ver = ", ".join(sorted(g["version"].unique()))
+        note = (f"aiconfigurator-core {data.package_version()} moe/trtllm/{ver}/"
+                f"{TRTLLM_TABLE} ({TRTLLM_DISTRIBUTION}, no redundant slots; rank 0's tokens): "
+                f"{len(g)} shapes, ep {int(g['moe_ep_size'].min())}-"
+                f"{int(g['moe_ep_size'].max())}, error {err:.3f} (the chip's auto entry: "
+                f"{common.error_factor(before, g['latency_s']):.3f}); "
+                + ", ".join(TRT_FROM_AUTO) + " from the chip's trtllm auto fit")
+        out[chip] = ({f"moe_{fam}_{k}": v for k, v in vals.items()}, note)
+    return out
+
+
+HEADER = """The wide-EP expert kernels (the scorer's choice for designs with attention DP and ep > 1
+under serving.moe_backend "auto", serving.toml [runtimes.*] wide_ep_moe_backend):
+- SGLang: DeepGEMM behind DeepEP (serving.moe_backend = "deepgemm"), fp8_block keys, fitted
+  per chip on aiconfigurator-core's moe/sglang/<v>/wideep_{generation,context}_moe_perf
+  (uniform rows);
+- TensorRT-LLM: its WideEP MoE (moe_config.backend WIDEEP; serving.moe_backend = "wideep"),
+  fp8_block (Hopper) or fp4 (Blackwell) keys, fitted per chip on
+  moe/trtllm/<v>/wideep_moe_perf (EPLB-balanced power-law rows, rank 0's tokens).
 Keys as moe.toml's (dse.perf.kernel_gemm.grouped_gemm_s, ``tokens`` the tokens dispatched to
-the rank), fp8_block only: fitted per chip on aiconfigurator-core's
-moe/sglang/<v>/wideep_{generation,context}_moe_perf (uniform rows),
-dse/calibration/kernels/wideep.py (fit).
-Chips without the table keep their auto entry (no transfer: DeepGEMM is NVIDIA-only and
-measured on every NVIDIA chip SGLang's wide EP runs on here)."""
+the rank); dse/calibration/kernels/wideep.py (fit, fit_trtllm).
+Chips without the tables keep their auto entry (no transfer: measured on every NVIDIA chip
+these runtimes' wide EP runs on here)."""
 
 
-def write(fitted: dict, path=None):
-    """``dse/catalog/kernels/moe_wideep.toml``: ``["<chip>".sglang.backend.deepgemm]`` per chip."""
+def write(fitted: dict, path=None, trtllm: dict | None = None):
+    """``dse/catalog/kernels/moe_wideep.toml``: ``["<chip>".sglang.backend.deepgemm]`` per chip
+    of ``fitted`` (``fit``), ``["<chip>".trtllm.backend.wideep]`` per chip of ``trtllm``
+    (``fit_trtllm``)."""
     import datetime as _dt
 
     path = path or common.CATALOG_DIR / f"{CATALOG}.toml"
     lines = [f"# {ln}" if ln else "#" for ln in HEADER.splitlines()]
     lines += [(f"# Written by `python -m dse.calibration.kernels.wideep --fit --write` on "
                f"{_dt.date.today().isoformat()}; do not edit by hand."), ""]
-    for chip, (vals, note) in sorted(fitted.items()):
-        lines += [f'["{chip}".sglang.backend.{BACKEND}]', f'fitted_on = "{note}"']
-        lines += [f"{k} = {float(v):.6g}" for k, v in vals.items()] + [""]
+    for rt, backend, entries in (("sglang", BACKEND, fitted),
+                                 ("trtllm", TRT_BACKEND, trtllm or {})):
+        for chip, (vals, note) in sorted(entries.items()):
+            lines += [f'["{chip}".{rt}.backend.{backend}]', f'fitted_on = "{note}"']
+            lines += [f"{k} = {float(v):.6g}" for k, v in vals.items()] + [""]
     path.write_text("\n".join(lines))
     return path
 
@@ -287,15 +374,16 @@ def main(argv=None) -> int:
                    help="comma-separated grouping columns")
     p.add_argument("--rows", action="store_true", help="print every row")
     p.add_argument("--fit", action="store_true",
-                   help="fit SGLang's DeepGEMM wide-EP kernel per chip (fit)")
+                   help="fit SGLang's DeepGEMM and TensorRT-LLM's WideEP kernels per chip "
+                        "(fit, fit_trtllm)")
     p.add_argument("--write", action="store_true", help="with --fit: write the catalog file")
     a = p.parse_args(argv)
     if a.fit:
-        fitted = fit(a.chips)
-        for chip, (vals, note) in fitted.items():
+        fitted, trt = fit(a.chips), fit_trtllm(a.chips)
+        for chip, (vals, note) in [*fitted.items(), *trt.items()]:
             print(chip, {k: float(f"{v:.4g}") for k, v in vals.items()}, note, sep="\n  ")
         if a.write:
-            print("wrote", write(fitted))
+            print("wrote", write(fitted, trtllm=trt))
             kernel_params.cache_clear()
     rows = compare(load(a.chips))
     pd.set_option("display.width", 200)
