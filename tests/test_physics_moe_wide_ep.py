@@ -151,8 +151,9 @@ def _moe_fields(rows):
 def test_sglang_wide_ep_runs_the_deepgemm_kernel_fitted_on_the_wide_ep_tables():
     """SGLang with attention DP and ep > 1 (DeepEP) runs its experts on DeepGEMM: the design
     takes the ``deepgemm`` MoE parameters (dse/catalog/kernels/moe_wideep.toml) under
-    ``serving.moe_backend = "auto"``; dp = 1 (no all-to-all), TensorRT-LLM, and a named backend
-    keep theirs."""
+    ``serving.moe_backend = "auto"``; TensorRT-LLM's wide EP takes its WideEP module's
+    (``wideep``, fitted on its wide-EP table); dp = 1 (no all-to-all) and a named backend keep
+    theirs."""
     base = {"model.weight_dtype": "fp8", "workload.concurrency": 256,
             "serving.runtime": "sglang"}
     rows = [design("h100-sxm", "deepseek-v3", **{**base, "layout.tp": 1, "layout.dp": 16,
@@ -172,7 +173,8 @@ def test_sglang_wide_ep_runs_the_deepgemm_kernel_fitted_on_the_wide_ep_tables():
         "moe_wideep"]
     assert got[0] == pytest.approx(wide, rel=1e-6)
     assert got[1] == pytest.approx(kp[("h100-sxm", "sglang")]["moe_fp8_block_fraction"], rel=1e-6)
-    assert got[2] == pytest.approx(kp[("h100-sxm", "trtllm")]["moe_fp8_block_fraction"], rel=1e-6)
+    assert got[2] == pytest.approx(
+        kp[("h100-sxm", "trtllm")]["backend"]["wideep"]["moe_fp8_block_fraction"], rel=1e-6)
     assert got[3] == pytest.approx(
         kp[("h100-sxm", "sglang")]["backend"]["triton"]["moe_fp8_block_fraction"], rel=1e-6)
     assert got[0] != pytest.approx(got[1], rel=1e-3)
