@@ -33,6 +33,7 @@ import pandas as pd
 from dse import pareto
 from dse.build.space import Objective, load_space, objectives_file
 from dse.errors import InputError, writing
+from dse.search import locks
 from dse.search.progress import bar as progress_bar
 from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.design import read_toml
@@ -93,6 +94,17 @@ def manifest_file(d: Path) -> Path:
 
 def write_manifest(d: Path, m: dict) -> None:
     write_json(manifest_file(d), m)
+
+
+def update_manifest(d: Path, m: dict, **kv) -> dict:
+    """``kv`` set in the manifest on disk (read again under the run's claim lock, so that
+    processes sharing the folder never write back each other's stale copies) and in ``m``."""
+    with locks.claim(d):
+        disk = json.loads(manifest_file(d).read_text())
+        disk.update(kv)
+        write_manifest(d, disk)
+    m.update(kv)
+    return m
 
 
 def write_progress(d: Path, progress: dict) -> None:
@@ -322,9 +334,11 @@ def _layout(d: Path) -> list[tuple[Path, str]]:
     scores = d / "scores"
     if scores.exists() and not scores.is_dir():
         bad.append((scores, "a file, not the folder of score tables"))
-    for name in ("optuna.journal.flock", "lock", "progress.json", "front.csv"):
+    for name in ("optuna.journal.flock", "lock", "claim.flock", "progress.json", "front.csv"):
         if (d / name).is_dir():
             bad.append((d / name, "a folder, not a file"))
+    if (d / "live").exists() and not (d / "live").is_dir():
+        bad.append((d / "live", "a file, not the folder of processes at work"))
     return bad
 
 
@@ -334,7 +348,7 @@ def heal_layout(d: Path) -> list[str]:
     done = []
     for p, kind in _layout(Path(d)):
         moved = _quarantine(d, p)
-        if p.name == "scores":
+        if p.name in ("scores", "live"):
             p.mkdir()
         done.append(f"quarantined {p.relative_to(d)} ({kind}) to {moved.relative_to(d)}")
     return done
@@ -508,11 +522,14 @@ def read_front(d: Path) -> pd.DataFrame | None:
 
 
 def lock_owner(d: Path) -> int | None:
-    try:
-        pid = int((Path(d) / "lock").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if pid_alive(pid) else None
+    """The pid of the process that owns the run folder now (``locks``: its flock, not the pid
+    written in the file, decides), None when nobody does."""
+    return locks.owner_pid(d)
+
+
+def at_work(d: Path) -> bool:
+    """Another process owns the run folder or works on it (a ``dse worker``) now."""
+    return locks.at_work(d)
 
 
 def status(d: Path, heal: bool = True) -> dict:
@@ -523,7 +540,7 @@ def status(d: Path, heal: bool = True) -> dict:
     m = load_manifest(d)
     p = read_progress(d)
     state = p.get("state", "stopped") if p.get("state") in STATES else "stopped"
-    alive = lock_owner(d) is not None
+    alive = at_work(d)
     if state == "running" and not alive:
         state = "stopped"   # killed: the work it finished is on disk
     counts = durable(d, m)
@@ -580,17 +597,25 @@ def _quarantine(d: Path, f: Path) -> Path:
 def repair(d: Path) -> list[str]:
     """Quarantine a run's corrupt durable files (moved to DIR/quarantine/), so that their work
     is done again on `dse run --resume`, and rebuild its derived files. Returns what was done,
-    one line each."""
+    one line each. Owns the run folder while it works (``locks``): refused while another
+    process owns it or works on it, as `dse run --resume` is."""
     d = Path(d)
-    if manifest_file(d).is_file() and _layout(d):
-        if lock_owner(d) is not None:
-            raise InputError("the run is running", file=str(d), hint="stop it first")
-        healed = heal_layout(d)
-    else:
-        healed = []
+    if not manifest_file(d).is_file():
+        load_manifest(d)                 # refused: not a run folder
+    healed = heal_layout(d) if locks.owner_file(d).is_dir() else []    # the lock itself
+    with locks.owning(d, "repair"):
+        busy = locks.others(d)
+        if busy:
+            who = ", ".join(sorted(r.get("who", t) for t, r in busy.items()))
+            raise InputError(f"the run is in use by {len(busy)} worker(s) ({who})", file=str(d),
+                             hint="wait for them to finish, or stop them first")
+        if _layout(d):
+            healed += heal_layout(d)
+        return _repair(d, healed)
+
+
+def _repair(d: Path, healed: list[str]) -> list[str]:
     m = load_manifest(d)
-    if lock_owner(d) is not None:
-        raise InputError("the run is running", file=str(d), hint="stop it first")
     done = healed
     remove_stale_tmp(d)
     for f in sorted((d / "scores").glob("*.parquet")):
@@ -760,7 +785,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Working:
-    """A run at work: its lock file (pid and host, so `dse status` can tell a killed run), Ctrl-C
+    """A run at work (its owner lock or live token is ``locks``'s, held by the caller): Ctrl-C
     and SIGTERM turned into a request to stop after the work item at hand (then ``Interrupted``
     is raised: exit 130 or 143, the run resumable), and a progress bar with rate, ETA, front
     size and hypervolume (``dse.search.progress.bar``: plain lines every few seconds when
@@ -778,9 +803,6 @@ class Working:
     def __enter__(self) -> "Working":
         import signal
         self._old = [signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)]
-        self._mine = lock_owner(self.d) is None       # a worker sharing the folder: not its lock
-        if self._mine:
-            atomic_write(self.d / "lock", f"{os.getpid()} {socket.gethostname()}\n")
         if self.progress:
             self.bar = progress_bar(**self.bar_args)
         return self
@@ -811,20 +833,20 @@ class Working:
             self.bar.close()
         for s, h in zip((signal.SIGINT, signal.SIGTERM), self._old):
             signal.signal(s, h)
-        if self._mine:
-            try:
-                (self.d / "lock").unlink()
-            except FileNotFoundError:
-                pass
         if self.signum is not None and (not exc or exc[0] is None):
             raise Interrupted(self.signum, self.d)
 
 
 def fix_reference(manifest: dict, d: Path, F) -> dict:
     """The run's hypervolume reference point and scale, set once from its first front and
-    stored in the manifest so that every later figure (and a comparison) uses the same one."""
+    stored in the manifest so that every later figure (and a comparison) uses the same one
+    (the first of the processes sharing a run folder to set it sets it for all)."""
     if manifest.get("reference") is None and len(F):
-        point, scale = pareto.reference(F)
-        manifest["reference"] = {"point": point.tolist(), "scale": scale.tolist()}
-        write_manifest(Path(d), manifest)
+        with locks.claim(d):
+            disk = json.loads(manifest_file(d).read_text()).get("reference")
+            if disk is None:
+                point, scale = pareto.reference(F)
+                disk = {"point": point.tolist(), "scale": scale.tolist()}
+                update_manifest(d, manifest, reference=disk)
+            manifest["reference"] = disk
     return manifest.get("reference")
