@@ -21,7 +21,7 @@ import pandas as pd
 from dse.errors import InputError
 
 MAX_FIELD_CHARS = 1 << 20     # 1 MiB of text: longer is refused (a case field is short)
-MAX_LINE_CHARS = 1 << 20      # ... and so is a record (a CSV line, or lines of a quoted field)
+MAX_LINE_CHARS = 4 << 20      # ... and a record over 4 MiB (a CSV line, or lines of a quoted field)
 CHUNK_CHARS = 16 << 20        # text per chunk at most (the scoring chunks again by rows)
 
 

