@@ -360,7 +360,7 @@ class OptunaRun(Strategy):
         designs_f, trials_f = store.batch_files(self.d, item["segment"], item["trials"][0].number)
         table, results = scored["table"], scored["results"]
         self.read_batches.add(trials_f.name)        # its trials are told by this process
-        store.atomic_save(designs_f, lambda p: table.to_parquet(p, index=False))
+        store.save_table(designs_f, table, self.manifest)
         store.atomic_save(trials_f, lambda p: p.write_text(json.dumps(results)))  # batch complete
 
     def tell(self, item, scored) -> int:
