@@ -66,14 +66,22 @@ def test_a_huge_field_or_line_is_refused_with_its_row(tmp_path, capsys):
     with open(huge, "a") as f:         # row 5: a 2 MiB case id (quoted: one field)
         f.write('"' + "x" * (2 << 20) + '",llama-3.1-8b,h100-sxm,1,1,1,1,1,fp8,128,128,8\n')
     rc, _, err = run_cli(capsys, "predict", huge, "--out", out)
-    print(f"a 2 MiB field -> exit {rc}: {err}")
+    tried = [f"a 2 MiB field -> exit {rc}: {err}"]
     assert rc == 2 and "row 5" in err and "a field longer than 1,048,576 characters" in err
+    with open(huge, "a") as f:         # row 6: a 5 MiB field (past the line limit too)
+        f.write("y" * (5 << 20) + ",llama-3.1-8b,h100-sxm,1,1,1,1,1,fp8,128,128,8\n")
+    (tmp_path / "field.csv").write_text((tmp_path / "field.csv").read_text().replace(
+        '"' + "x" * (2 << 20) + '"', "c9"))
+    rc, _, err = run_cli(capsys, "predict", huge, "--out", out)
+    tried.append(f"a 5 MiB field -> exit {rc}: {err}")
+    assert rc == 2 and "row 6" in err and "a field longer than 1,048,576 characters" in err
     wide = tmp_path / "line.csv"
     _cases(wide, 1)
     with open(wide, "a") as f:         # row 3: 2.5 million short fields (a 5 MB line)
         f.write("a," * 2_500_000 + "\n")
     rc, _, err = run_cli(capsys, "predict", wide, "--out", out)
-    print(f"a 5 MB line -> exit {rc}: {err}")
+    tried.append(f"a 5 MB line -> exit {rc}: {err}")
+    print("\n".join(tried))
     assert rc == 2 and "row 3" in err and "a line longer than 4,194,304 characters" in err
     assert not out.exists() and not list(tmp_path.glob("*.tmp")) and \
         not list(tmp_path.glob(".dse-predict-*"))

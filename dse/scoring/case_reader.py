@@ -54,7 +54,8 @@ def records(path: str) -> Iterator[tuple[int, list[str]]]:
                 return
             taken[0] += len(line)
             if taken[0] > MAX_LINE_CHARS:
-                raise _TooLong
+                # one field that long (no comma in it) is named as such, else the line
+                raise _TooLong(max(map(len, line.split(","))) > MAX_FIELD_CHARS)
             yield line
 
     old = csv.field_size_limit()
@@ -67,9 +68,10 @@ def records(path: str) -> Iterator[tuple[int, list[str]]]:
                 rec = next(reader)
             except StopIteration:
                 return
-            except _TooLong:
-                raise InputError(f"a line longer than {MAX_LINE_CHARS:,} characters", file=path,
-                                 where=f"row {row}", hint=_HINT) from None
+            except _TooLong as e:
+                what = (f"a field longer than {MAX_FIELD_CHARS:,} characters" if e.args[0]
+                        else f"a line longer than {MAX_LINE_CHARS:,} characters")
+                raise InputError(what, file=path, where=f"row {row}", hint=_HINT) from None
             except csv.Error as e:
                 if "field larger than field limit" in str(e):
                     raise InputError(f"a field longer than {MAX_FIELD_CHARS:,} characters",

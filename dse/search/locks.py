@@ -53,9 +53,13 @@ def _flock(fd: int, how: int) -> bool:
         return False
 
 
+def _k(path) -> str:
+    return os.path.realpath(path)
+
+
 def held(path: Path) -> bool:
     """Whether another process holds ``path``'s flock now (a missing file: nobody)."""
-    if str(path) in _HELD:
+    if _k(path) in _HELD:
         return False            # ours
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -85,7 +89,7 @@ def _take(path: Path, text: str, wait_s: float = PROBE_RETRY_S) -> int | None:
             if same:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, text.encode(), 0)
-                _HELD[str(path)] = fd
+                _HELD[_k(path)] = fd
                 return fd
         os.close(fd)
         if time.monotonic() - t0 >= wait_s:
@@ -94,7 +98,7 @@ def _take(path: Path, text: str, wait_s: float = PROBE_RETRY_S) -> int | None:
 
 
 def _drop(path: Path, unlink: bool) -> None:
-    fd = _HELD.pop(str(path), None)
+    fd = _HELD.pop(_k(path), None)
     if fd is None:
         return
     if unlink:
@@ -135,7 +139,7 @@ def acquire_owner(d: Path, what: str = "run") -> None:
     """This process owns the run folder until ``release_owner`` (or its exit), or InputError
     naming the owner. Taken again by the same process: nothing to do."""
     f = owner_file(d)
-    if str(f) in _HELD:
+    if _k(f) in _HELD:
         return
     if f.is_dir():
         from dse.search.store import REPAIR_HINT
@@ -155,7 +159,7 @@ def release_owner(d: Path) -> None:
 @contextlib.contextmanager
 def owning(d: Path, what: str = "run"):
     """The owner lock held for the block (taken again by its holder: kept, not released)."""
-    mine = str(owner_file(d)) in _HELD
+    mine = _k(owner_file(d)) in _HELD
     acquire_owner(d, what)
     try:
         yield
@@ -231,16 +235,16 @@ def _live_names(d: Path) -> list[str]:
 def claim(d: Path):
     """The run's claim lock (blocking: held by others for a few milliseconds at a time)."""
     f = Path(d) / "claim.flock"
-    if str(f) in _HELD:          # re-entrant within one process
+    if _k(f) in _HELD:          # re-entrant within one process
         yield
         return
     fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        _HELD[str(f)] = fd
+        _HELD[_k(f)] = fd
         try:
             yield
         finally:
-            del _HELD[str(f)]
+            del _HELD[_k(f)]
     finally:
         os.close(fd)
