@@ -179,7 +179,7 @@ def test_repair_and_resume_agree_about_locks(run, capsys):
     blocks both, each naming the holder's pid."""
     import os
     (run / "lock").write_text(f"{os.getppid()} somehost\n")     # a live pid, not an owner
-    rc, out, err = dse(capsys, "repair", run)
+    rc, _, err = dse(capsys, "repair", run)
     print(f"stale lock naming live pid {os.getppid()}: repair -> {rc}")
     assert rc == 0, err
     (run / "lock").write_text(f"{os.getppid()} somehost\n")

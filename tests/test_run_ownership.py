@@ -21,7 +21,7 @@ import sys
 import pytest
 from helpers import SMALL_SPACE
 
-BASE_TRIALS, TOTAL = 8, 24      # the base run's trials, then the total the racers finish
+BASE_TRIALS, TOTAL = 4, 16      # the base run's trials, then the total the racers finish
 R = ("run", "--resume", "{d}", "--quiet")
 W = ("worker", "{d}", "--quiet")
 SCENARIOS = {"two resumes": (R, R), "a resume and a worker": (R, W), "three workers": (W, W, W)}
@@ -31,6 +31,7 @@ def _child(barrier, args, out):
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
+    sys.stdout = sys.stderr = open(fd, "w", buffering=1)     # past pytest's capture too
     from dse.cli import main
     barrier.wait()
     rc = 99

@@ -24,10 +24,10 @@ from dse.build.designs import kv_dtype_of, resolve, to_batch
 from dse.errors import InputError, suggest, writing
 from dse.perf import Batch, score_chunked
 from dse.perf.serve import BOUNDS, reason_text
-from dse.scoring import case_reader
 from dse.perf.serve import (
     KNEE_FRACTION as _KNEE,  # the batch that fills the HBM (decode_bound)
 )
+from dse.scoring import case_reader
 from dse.spec import validate
 from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.fields import REGISTRY

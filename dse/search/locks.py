@@ -34,7 +34,7 @@ from dse.errors import InputError
 
 PROBE_RETRY_S = 0.5      # a lock found taken is tried again this long (a probe holds it briefly)
 _HELD: dict[str, int] = {}     # lock paths this process holds -> descriptor
-_LIVE: dict[str, "Live"] = {}  # run folder -> this process's live token there
+_LIVE: dict[str, Live] = {}  # run folder -> this process's live token there
 
 
 def _key(d: Path) -> str:
@@ -142,9 +142,8 @@ def acquire_owner(d: Path, what: str = "run") -> None:
     if _k(f) in _HELD:
         return
     if f.is_dir():
-        from dse.search.store import REPAIR_HINT
         raise InputError("lock is a folder, not a file", file=str(f),
-                         hint=REPAIR_HINT.replace("DIR", str(d)))
+                         hint=f"`dse repair {d}` moves it to {d}/quarantine/")
     if _take(f, f"{me()}\n") is None:
         raise InputError(f"the run is in use by {holder_text(f)} (its owner: a run, a resume "
                          "or a repair)", file=str(d),

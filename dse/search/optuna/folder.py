@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 
 from dse.search import locks, store
+from dse.search.optuna import strategy as o
+from dse.search.optuna.study import set_constraints
 
 WINDOW_SEGMENTS = 3     # segments looked at for running trials: the newest and the two before
 
@@ -48,7 +50,6 @@ def sync(run) -> bool:
 def follow_segment(run) -> None:
     """The study segment the manifest names, when another process rotated the run's study."""
     import optuna
-    from dse.search.optuna import strategy as o
     try:
         disk = json.loads(store.manifest_file(run.d).read_text())
     except (OSError, ValueError):
@@ -58,14 +59,13 @@ def follow_segment(run) -> None:
         run.manifest.update(segment=k, failed_before=int(disk.get("failed_before", 0)))
         run.segment = k
         run.study = optuna.create_study(study_name=o.segment_name(run.manifest, k),
-                                        storage=run.storage, sampler=run._sampler(k),
+                                        storage=run.storage, sampler=run.sampler_for(k),
                                         directions=run.directions, load_if_exists=True)
 
 
 def window(run) -> list:
     """(segment, study) of the segments where a live process may still hold trials."""
     import optuna
-    from dse.search.optuna import strategy as o
     out = [(run.segment, run.study)]
     for k in range(max(0, run.segment - WINDOW_SEGMENTS + 1), run.segment):
         if k not in run.old_studies:
@@ -84,8 +84,6 @@ def recover(run, others: dict) -> int:
     """Trials running in the study that no live process holds (a dead one's): told from their
     stored batch, else failed. Returns how many (call under the claim lock)."""
     from optuna.trial import Trial, TrialState
-
-    from dse.search.optuna.study import set_constraints
     held = {tuple(t) for r in others.values() for t in (*r.get("trials", ()),
                                                          *r.get("echoes", ()))}
     n = 0

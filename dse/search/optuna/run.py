@@ -132,7 +132,7 @@ class OptunaRun(Strategy):
         self.spent = False                           # every design (point) scored
         self.rng = np.random.default_rng(int(m.get("seed", 0)) + self.done_trials)
 
-    def _sampler(self, k: int = 0):
+    def sampler_for(self, k: int = 0):
         return o.make_sampler(self.sampler_name, self.manifest.get("seed", 0) + k, self.population,
                               self.nested, int(self.manifest.get("trials", 1000)))
 
@@ -141,7 +141,7 @@ class OptunaRun(Strategy):
         m = self.manifest
         try:
             study = with_retry(optuna.create_study, study_name=o.segment_name(m, self.segment),
-                               storage=self.storage, sampler=self._sampler(self.segment),
+                               storage=self.storage, sampler=self.sampler_for(self.segment),
                                directions=self.directions, load_if_exists=True)
         except (ValueError, KeyError, TypeError) as e:
             if self.shared:
@@ -160,7 +160,7 @@ class OptunaRun(Strategy):
         m = self.manifest
 
         def load(k, newest):
-            smp = (self._sampler(k) if newest
+            smp = (self.sampler_for(k) if newest
                    else optuna.samplers.RandomSampler(seed=m.get("seed", 0) + k))
             return optuna.load_study(study_name=o.segment_name(m, k), storage=self.storage,
                                      sampler=smp)
@@ -413,7 +413,7 @@ class OptunaRun(Strategy):
             disk.get("failed_before", 0)) + len(self.study.get_trials(
                 deepcopy=False, states=(TrialState.FAIL,))))
         self.study = optuna.create_study(study_name=o.segment_name(m, self.segment),
-                                         storage=self.storage, sampler=self._sampler(self.segment),
+                                         storage=self.storage, sampler=self.sampler_for(self.segment),
                                          directions=self.directions, load_if_exists=True)
         describe(self.study, self.space, self.nested, self.cons_names)
         if len(self.front):
