@@ -66,16 +66,24 @@ def test_an_unreadable_manifest_is_refused_by_every_command(run, capsys, corrupt
         refused(capsys, run, command, "manifest.json", "corrupt manifest")
 
 
-@pytest.mark.parametrize("corruption", ["scores a file", "journal lock a folder"])
+@pytest.mark.parametrize("corruption", ["scores a file", "journal lock a folder",
+                                        "owner lock a folder", "claim lock a folder",
+                                        "live a file"])
 def test_a_path_of_the_wrong_kind_is_refused_then_healed_by_repair(run, capsys, corruption):
     if corruption == "scores a file":
         shutil.rmtree(run / "scores")
         (run / "scores").write_text("not a folder")
         name = "scores"
+    elif corruption == "live a file":
+        shutil.rmtree(run / "live", ignore_errors=True)
+        (run / "live").write_text("not a folder")
+        name = "live"
     else:
-        (run / "optuna.journal.flock").unlink()
-        (run / "optuna.journal.flock").mkdir()
-        name = "optuna.journal.flock"
+        name = {"journal": "optuna.journal.flock", "owner": "lock",
+                "claim": "claim.flock"}[corruption.split()[0]]
+        if (run / name).exists():
+            (run / name).unlink()
+        (run / name).mkdir()
     for command in (("status", run), _resume(run)):
         refused(capsys, run, command, name, "dse repair")
     rc, out, err = dse(capsys, "repair", run)
