@@ -298,8 +298,7 @@ def create(d: Path, space, strategy: str, seed: int, extra: dict) -> dict:
 
 # the manifest's entries that never change over a run's life: their hash is kept with them, so
 # that an edited size or chunk size (which would change what every score table means) is refused
-FINGERPRINT_KEYS = ("space_digest", "size", "chunk_designs", "strategy", "study_name",
-                    "parameters", "seed")
+FINGERPRINT_KEYS = ("space_digest", "size", "chunk_designs", "strategy", "study_name", "seed")
 
 
 def manifest_fingerprint(m: dict) -> str:
