@@ -46,6 +46,7 @@ from dse.scoring.bands import (
     frame_samples,
     summary,
 )
+from dse.scoring import train_eval
 from dse.scoring.evaluate import evaluate_file, evaluate_flat
 from dse.scoring.predict import csv_frame, predict_file, predict_frame, read_cases, write_csv
 from dse.scoring.train_cases import read_train_cases
@@ -78,11 +79,30 @@ class Evaluation:
         return self.result
 
 
-def evaluate(design: PathLike | Mapping[str, Any]) -> Evaluation:
+def evaluate(design: PathLike | Mapping[str, Any],
+             task: Literal["serve", "train"] | None = None) -> Evaluation:
     """Score one design: a design TOML file, or a dict of dotted paths
     (``{"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "layout.tp": 4}``) or of
     sections (``{"accelerator": {"id": "h100-sxm"}, ...}``). A layout left out (``layout.num_chips``
-    without tp/pp/ep/dp) and a concurrency left out are chosen as ``dse eval`` chooses them."""
+    without tp/pp/ep/dp) and a concurrency left out are chosen as ``dse eval`` chooses them.
+
+    ``task="train"`` (or a file or dict with ``task = "train"``): a training design
+    (``dse.scoring.train_eval``: ``[training]``, ``[model]``, ``[accelerator]``, ``[layout]``),
+    its layout scored as given; ``metrics`` are the training metrics, ``breakdown`` the step's
+    parts and the memory per chip (``part``, ``value``), ``chosen`` empty."""
+    if task not in (None, "serve", "train"):
+        raise InputError(f"task = {task!r} is not valid", hint='"serve" or "train"')
+    given = (design.get("task") if isinstance(design, Mapping) else
+             "train" if train_eval.is_train_file(str(design)) else None)
+    if task == "serve" and given not in (None, "serve"):
+        raise InputError(f"task = 'serve' but the design says task = {given!r}",
+                         hint="leave task out to follow the design")
+    if task == "train" or given == "train":
+        res = (train_eval.evaluate_train(dict(design)) if isinstance(design, Mapping)
+               else train_eval.evaluate_train_file(str(design)))
+        parts = pd.DataFrame({"part": list(res["breakdown"]),
+                              "value": list(res["breakdown"].values())})
+        return Evaluation(dict(res["metrics"]), parts, dict(res["design"]), {}, res)
     if isinstance(design, Mapping):
         res = evaluate_flat(check_design(dict(design), "design"), file="design")
     else:

@@ -20,7 +20,9 @@
    then the same designs with every serving mechanism of issue 11 on (speculative decoding,
    expert imbalance, length distributions, a KV tier, a shared prefix, fp4 experts) and, on
    20,000 of them, at a request rate with p90 SLOs (queueing, percentiles, goodput);
-3. predict: CSV to CSV end to end.
+3. train: the training scorer (``dse.scoring.train_space``) as the search runs it, on a grid of
+   chips, dense and MoE models, precisions and training layouts (designs per CPU-second);
+4. predict: CSV to CSV end to end.
 
 Everything runs on one core (OMP/BLAS threads pinned to 1); the scorer's rate is in CPU time
 (best of three: the machines are shared, so wall time measures the neighbours).
@@ -46,6 +48,7 @@ from dse.build.designs import resolve, to_batch  # noqa: E402
 from dse.build.resolved import Resolved
 from dse.build.space import load_space
 from dse.perf import score, score_chunked  # noqa: E402
+from dse.scoring import train_space  # noqa: E402
 from dse.scoring.predict import predict_file
 
 # every figure printed, for ``--json`` (reports/bench/bench.json: the docs' speed page reads it)
@@ -285,6 +288,68 @@ def bench_builder(label: str, text: str, limit: int | None = None, passes: int =
             build_per_cpu_s=n / best[1], score_per_cpu_s=n / best[3])
 
 
+TRAIN_GRID = """
+task = "train"
+[training]
+tokens = 15e12
+global_batch_seqs = 1024
+seq_len = 8192
+[parameters]
+"accelerator.id" = ["a100-sxm-80g", "h100-sxm", "b200", "gb200"]
+"model.id" = ["llama-3.1-70b", "llama-3.1-405b", "deepseek-v3"]
+"training.precision" = ["bf16", "fp8"]
+"layout.tp" = [1, 2, 4, 8]
+"layout.pp" = [1, 4, 8, 16]
+"layout.dp" = [8, 16, 32, 64, 128, 256]
+"layout.cp" = [1, 2]
+"layout.ep" = [1, 8]
+"layout.micro_batch_seqs" = [1, 2, 4]
+"layout.recompute" = ["none", "selective", "full"]
+"layout.zero_stage" = [1, 3]
+"layout.pipeline_schedule" = ["1f1b", "interleaved"]
+"layout.vp" = [1, 2]
+[objectives]
+train_time_s = "minimize"
+train_cost_usd = "minimize"
+"""
+
+
+def bench_train(limit: int = 1 << 20, passes: int = 3) -> None:
+    """The training scorer as the search runs it (``dse.scoring.train_space.score_index``:
+    each chunk's designs built from their grid codes, scored in float32) on a grid of 4 chips x
+    3 models (dense and MoE) x 2 precisions x layouts (tp, pp, dp, cp, ep, micro-batch,
+    recompute, ZeRO, schedule, vp): 663,552 designs, the first ``limit`` scored; a layout the
+    model cannot take (71% of them: ep on a dense model, vp without interleaving, ...) is
+    flagged without scoring, as in a search."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "space.toml")
+        with open(path, "w") as f:
+            f.write(TRAIN_GRID)
+        space = load_space(path)
+    n = min(space.size, limit)
+    chunks = [np.arange(lo, min(lo + CHUNK, n), dtype=np.int64) for lo in range(0, n, CHUNK)]
+    metrics = ["train_time_s", "train_cost_usd", "feasible", "reason"]
+    runs = []
+    layout = sum(1 << k for k in range(20)) & ~(train_space.MEMORY_BIT | 512)
+    for _ in range(passes):
+        wall = cpu = 0.0
+        feasible = invalid = 0
+        for idx in chunks:
+            s, w, c = _timed(lambda: train_space.score_index(space, idx, metrics=metrics))
+            wall, cpu, feasible = wall + w, cpu + c, feasible + int(np.sum(s["feasible"]))
+            invalid += int(np.sum((np.asarray(s["reason"]) & layout) != 0))
+        runs.append((wall, cpu, feasible, invalid))
+    best = min(runs, key=lambda r: r[1])
+    print(f"training scorer, build + score as the search runs it: {n:,} designs of a grid of "
+          f"{space.size:,} in chunks of {CHUNK:,} ({best[2] / n:.0%} feasible; {best[3] / n:.0%} "
+          f"layouts the model cannot take, flagged without scoring), best of {passes} passes: "
+          f"{n / best[0] / 1e6:.2f} M designs/s wall, {n / best[1] / 1e6:.2f} M per CPU-second "
+          "(target >= 1 M)")
+    _record("train", "training designs: build + score as the search runs it (chunks of "
+            f"{CHUNK:,}, float32; 4 chips x 3 models x 2 precisions x layouts)", n,
+            f"{n / best[1] / 1e6:.2f} M designs per CPU-second", per_cpu_s=n / best[1])
+
+
 def bench_resolve(n: int) -> None:
     base = random_designs(n)
     resolve(base.iloc[:10])
@@ -331,7 +396,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--designs", type=float, default=1e6, help="designs for the scorer benchmark")
     p.add_argument("--cases", type=float, default=2e5, help="cases for the predict benchmark (0: skip)")
-    p.add_argument("--only", choices=("builder", "scorer", "predict"), help="run one benchmark")
+    p.add_argument("--only", choices=("builder", "scorer", "train", "predict"),
+                   help="run one benchmark")
     p.add_argument("--json", metavar="PATH", help="also write the figures, the machine and the "
                    "commit as JSON (reports/bench/bench.json: `python -m dse.docs` quotes it)")
     a = p.parse_args(argv)
@@ -343,6 +409,8 @@ def main(argv=None) -> int:
         bench_resolve(100_000)
     if a.only in (None, "scorer"):
         bench_scorer(int(a.designs))
+    if a.only in (None, "train"):
+        bench_train()
     if a.cases and a.only in (None, "predict"):
         bench_predict(int(a.cases))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

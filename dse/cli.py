@@ -170,9 +170,10 @@ def _rows(d: dict, prefix="", section=""):
 
 def _eval(a) -> int:
     from dse.api import evaluate
-    from dse.scoring.evaluate import render_json, render_text
+    from dse.scoring import evaluate as serving, train_eval
     res = evaluate(a.design).to_dict()
-    print(render_json(res) if a.json else render_text(res, a.design))
+    out = train_eval if res.get("task") == "train" else serving
+    print(out.render_json(res) if a.json else out.render_text(res, a.design))
     return 0
 
 
@@ -265,7 +266,8 @@ def _front_table(d, m) -> None:
     params = [p for p in front.columns if p not in {o.metric for o in objs} | {"design_id"}]
     kv = None
     try:                 # the KV dtype each design runs (a blank one follows the weights)
-        kv = store.space_of(d, m).kv_dtypes(
+        space = store.space_of(d, m)
+        kv = None if space.task == "train" else space.kv_dtypes(
             front["design_id"].to_numpy(dtype="int64"))
     except (InputError, OSError, KeyError, ValueError):
         kv = None
@@ -389,8 +391,9 @@ def _bands_option(p, what: str) -> None:
 
 
 def _schema(a) -> int:
-    from dse.spec.schema import design_schema, space_schema
-    print(json.dumps(space_schema() if a.kind == "space" else design_schema(), indent=1))
+    from dse.spec.schema import design_schema, space_schema, train_space_schema
+    make = {"space": space_schema, "train-space": train_space_schema}.get(a.kind, design_schema)
+    print(json.dumps(make(), indent=1))
     return 0
 
 
@@ -558,7 +561,7 @@ def _design_commands(sub) -> None:
     pr.set_defaults(func=_predict)
 
     sc = sub.add_parser("schema", help="JSON Schema of space or design files, for editors")
-    sc.add_argument("kind", choices=["space", "design"])
+    sc.add_argument("kind", choices=["space", "design", "train-space"])
     sc.set_defaults(func=_schema)
 
 

@@ -17,7 +17,9 @@ Three kinds of generated text, in ``README.md`` and ``docs/**/*.md``:
   (``reports/NAME/answer.json``), ``kernels`` (per op class, from ``reports/kernels/report.csv``),
   ``e2e`` (the first table of ``reports/end-to-end/README.md``), ``bench``
   (``reports/bench/bench.json``, ``python -m dse.bench --json``), ``efficiency`` (the fitted
-  end-to-end times, ``dse/catalog/efficiency.toml``).
+  end-to-end times, ``dse/catalog/efficiency.toml``), ``training`` (the training model's
+  calibration report, ``reports/training/report.json``, ``python -m dse.calibration.train_fit
+  --report``).
 
 HTML comments are invisible on the repository host and on the mkdocs site alike, so every page
 reads as plain Markdown. ``tests/test_docs_numbers.py`` fails when a number or a generated part
@@ -42,6 +44,7 @@ import pandas as pd
 import dse
 from dse import api
 from dse.cli import build_parser
+from dse.spec import train_fields
 from dse.spec.fields import CATALOG, FIELDS, LIMITS, METRIC_INFO
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,13 +75,15 @@ def _source(root: Path, name: str):
         return end_to_end(root / "reports" / "end-to-end" / "README.md")
     if name == "bench":
         return json.loads(_read(root / "reports" / "bench" / "bench.json"))
+    if name == "training":                       # the training model's calibration report
+        return json.loads(_read(root / "reports" / "training" / "report.json"))
     if name == "efficiency":                     # the fitted end-to-end times the model uses
         import tomllib
         return tomllib.loads(_read(root / "dse" / "catalog" / "efficiency.toml"))
     raise DocsError(f"unknown source {name!r} ({', '.join(SOURCES)})")
 
 
-SOURCES = ("answer/NAME", "kernels", "e2e", "bench", "efficiency")
+SOURCES = ("answer/NAME", "kernels", "e2e", "bench", "efficiency", "training")
 
 
 def _read(path: Path) -> str:
@@ -313,6 +318,24 @@ def fields_page() -> str:
     out.append("| metric | name | unit |")
     out.append("|---|---|---|")
     out.extend(f"| `{k}` | {_cell(n)} | {_cell(u)} |" for k, (n, u) in METRIC_INFO.items())
+    out.append("\n## Training spaces\n")
+    out.append("A space file with `task = \"train\"` (docs/training.md) takes these fields "
+               "(`dse.spec.train_fields`), besides the serving fields it shares: "
+               + ", ".join(f"`{p}`" for p in train_fields.SHARED) + ".\n")
+    out.append("| path | type | unit | default | valid | description |")
+    out.append("|---|---|---|---|---|---|")
+    for f in train_fields.OWN:
+        default = "*catalog*" if f.default is CATALOG else f"`{f.default!r}`"
+        notes = " ".join(x for x in (f.doc, f"Blank: {f.blank}." if f.blank else "",
+                                     f"0: {f.zero}." if f.zero else "") if x)
+        out.append(f"| `{f.path}` | {f.kind} | {_cell(f.unit)} | {_cell(default)} | "
+                   f"{_cell(f.valid())} | {_cell(notes)} |")
+    out.append("\nThe training metrics, usable as objectives and constraints of a training "
+               "space:\n")
+    out.append("| metric | name | unit |")
+    out.append("|---|---|---|")
+    out.extend(f"| `{k}` | {_cell(n)} | {_cell(u)} |"
+               for k, (n, u) in train_fields.METRIC_INFO.items())
     out.append("\n## Limits\n")
     out.append("| limit | value |")
     out.append("|---|---:|")

@@ -54,3 +54,26 @@ def test_a_designs_values_do_not_depend_on_its_batch(tmp_path):
                 moved[m] = int((~same).sum())
         print(f"chunks of {chunk}: metrics that moved {moved}")
         assert not moved
+
+
+def test_request_rate_values_do_not_depend_on_the_batch(tmp_path):
+    """At a request rate the concurrency is a root (dse.perf.roots): every row's points depend
+    on its own values only, so a design's rate, percentiles and goodput are the same whether it
+    is scored alone or with 47 others (the tail's sections once took more points when fewer
+    rows were left: 1e-6 apart)."""
+    f = tmp_path / "s.toml"
+    f.write_text(SPACE.replace("[workload]\n", "[workload]\nrequest_rate_per_s = 0.5\n"
+                               "ttft_slo_s = 2.0\ntpot_slo_s = 0.05\n")
+                 .replace('"workload.concurrency" = [1, 64]',
+                          '"workload.request_rate_per_s" = [0.05, 0.5, 2.0]'))
+    space = load_space(str(f))
+    ids = np.arange(space.size)
+    together = _scores(space, ids)
+    assert np.isfinite(together["goodput_requests_per_s_per_chip"]).sum() > space.size // 2
+    for chunk in (1, 5):
+        parts = [_scores(space, ids[i:i + chunk]) for i in range(0, space.size, chunk)]
+        moved = [m for m, v in together.items() if v.dtype.kind == "f" and not (
+            (v == (w := np.concatenate([p[m] for p in parts]))) | (np.isnan(v) & np.isnan(w))
+        ).all()]
+        print(f"rate designs in chunks of {chunk}: metrics that moved {moved}")
+        assert not moved

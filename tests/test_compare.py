@@ -75,3 +75,25 @@ def test_compare_refuses_runs_with_different_objectives(tmp_path, capsys):
     capsys.readouterr()
     assert main(["compare", str(a), str(b)]) == 2
     assert "different objectives" in capsys.readouterr().err
+
+
+def test_union_front_keeps_the_same_parameters_scored_on_another_workload(tmp_path, capsys):
+    """Two runs of the same parameters on different workloads: a design of B with A's
+    parameters but other values is B's own design (not deduplicated as A's), so the union front
+    agrees with the coverage: what B dominates of A leaves the union."""
+    other = tmp_path / "b.toml"
+    other.write_text(QUICK.read_text().replace("osl = 256", "osl = 512"))
+    a, b = tmp_path / "a", tmp_path / "b"
+    main(["run", str(QUICK), "--out", str(a), "--quiet"])
+    main(["run", str(other), "--out", str(b), "--quiet"])
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
+    union = pd.read_csv(tmp_path / "cmp" / "union_front.csv")
+    fa, fb = pd.read_csv(a / "front.csv"), pd.read_csv(b / "front.csv")
+    objs = ["usd_per_mtok_output", "tpot_s", "output_tokens_per_s_per_rack"]
+    sign = np.array([1.0, 1.0, -1.0])
+    FA, FB = fa[objs].to_numpy() * sign, fb[objs].to_numpy() * sign
+    dominated = [bool(((FB <= x).all(axis=1) & (FB < x).any(axis=1)).any()) for x in FA]
+    assert any(dominated)          # the longer answers dominate part of A's front
+    assert (union["run"] == "A").sum() == len(fa) - sum(dominated)
+    assert (union["run"] == "B").sum() == len(fb)

@@ -9,17 +9,21 @@ import jsonschema
 import pytest
 from helpers import ROOT
 
-from dse.spec.schema import design_schema, space_schema
+from dse.spec.schema import design_schema, space_schema, train_space_schema
 
 
 def test_committed_schemas_are_current():
     assert json.loads((ROOT / "spaces" / "space.schema.json").read_text()) == space_schema()
+    assert json.loads((ROOT / "spaces" / "train-space.schema.json").read_text()) \
+        == train_space_schema()
     assert json.loads((ROOT / "examples" / "design.schema.json").read_text()) == design_schema()
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "spaces").glob("*.toml")), ids=lambda p: p.name)
 def test_every_space_validates(path):
-    jsonschema.validate(tomllib.loads(path.read_text()), space_schema())
+    doc = tomllib.loads(path.read_text())
+    jsonschema.validate(doc, train_space_schema() if doc.get("task") == "train"
+                        else space_schema())
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.toml")), ids=lambda p: p.name)
@@ -54,3 +58,15 @@ def test_parameter_values_are_typed_by_the_field_registry(path, value):
                                "workload.prefix_hit_fraction": [0.0, 0.5],
                                "accelerator.id": ["b300"]}[path]
     jsonschema.validate(doc, space_schema())
+
+
+def test_training_misspellings_are_rejected():
+    doc = tomllib.loads((ROOT / "spaces" / "train-405b.toml").read_text())
+    jsonschema.validate(doc, train_space_schema())
+    doc["parameters"]["layout.recomptue"] = ["full"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, train_space_schema())
+    doc = tomllib.loads((ROOT / "spaces" / "train-405b.toml").read_text())
+    doc["training"]["global_batch_seq"] = 1024
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, train_space_schema())

@@ -12,7 +12,7 @@ from dse.perf.train_batch import TrainBatch
 from dse.perf.train_flops import megatron_flops, recompute_flops
 from dse.perf.train_memory import layer_activation_bytes, memory_bytes, state_bytes
 from dse.perf.train_step import score_train
-from dse.perf.train_time import elementwise_s, layer_gemms_s
+from dse.perf.train_time import elementwise_s, layer_gemms_s, loss_s
 
 PEAK = 1e15
 HBM = 2e12
@@ -202,12 +202,12 @@ def test_elementwise_traffic_by_hand():
 
 
 def test_step_composition_by_hand():
-    """Step = micro-batches x (compute + 3 x elementwise) + optimizer (30 bytes a parameter)
-    when nothing communicates (one chip)."""
+    """Step = micro-batches x (compute + 3 x elementwise + the loss) + optimizer (30 bytes a
+    parameter) when nothing communicates (one chip)."""
     b = batch(global_batch_seqs=4)
     s = score_train(b)
     n = float(state_bytes(b)["params_per_chip"])
-    elem = 8 * 3 * float(elementwise_s(b))
+    elem = 8 * 3 * float(elementwise_s(b)) + float(loss_s(b))
     assert s["optimizer_s"] == pytest.approx(30 * n / HBM)
     assert s["step_time_s"] == pytest.approx(s["compute_s"] + 4 * elem + 30 * n / HBM)
     assert s["network_exposed_s"] == 0 and s["bubble_s"] == 0

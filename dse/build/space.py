@@ -37,6 +37,8 @@ from dse.spec.fields import LIMITS, REGISTRY, legacy_columns, scale_column
 from dse.perf import Batch
 from dse.build.resolved import Resolved
 from dse.build.mechanisms import RATE_PATHS
+from dse.build import train_space
+from dse.spec import train_fields
 
 STRING_VALUED = STRING_PATHS
 
@@ -96,6 +98,7 @@ class Space:
     constraints: tuple
     digest: str
     answer: dict | None = None   # [answer]: the analysis of a worked question (dse.questions)
+    task: str = "serve"          # "serve" or "train" (task = "train": dse.build.train_space)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -334,6 +337,9 @@ def _distinct_codes(codes: list[np.ndarray], dims: list[int]) -> tuple[np.ndarra
     return first, inverse.reshape(-1)
 
 
+distinct_codes = _distinct_codes      # (public: the training scorer's distinct combinations)
+
+
 @functools.lru_cache(maxsize=256)
 def _value_array(p: Parameter) -> np.ndarray:
     """A parameter's values as an array: float when all are numbers (fast to index and to
@@ -363,20 +369,22 @@ def _number(spec: dict, key: str, file: str, where: str, *, whole=False, positiv
     return v
 
 
-def _listed(path: str, vals: list, file: str, where: str) -> tuple:
+def _listed(path: str, vals: list, file: str, where: str, registry=None) -> tuple:
     if len(vals) > MAX_VALUES:
         raise InputError(f"{len(vals):,} values", file=file, where=where,
                          hint=f"at most {MAX_VALUES:,}; limit: values per parameter")
-    return validate.check_values(path, vals, file=file, where=where)
+    return validate.check_values(path, vals, file=file, where=where, registry=registry)
 
 
-def _grid(path: str, spec, file: str) -> Parameter:
+def _grid(path: str, spec, file: str, registry=None) -> Parameter:
+    """One ``[parameters]`` entry; ``registry``: the fields its values are checked against
+    (default the serving fields; a training space passes its own)."""
     where = f"parameters.{path}"
     if isinstance(spec, list):
         if not spec:
             raise InputError("an empty list of values", file=file, where=where,
                              hint="give at least one value")
-        return Parameter(path, _listed(path, spec, file, where))
+        return Parameter(path, _listed(path, spec, file, where, registry))
     if not isinstance(spec, dict):
         raise InputError(f"{spec!r} is not a list of values or a range table", file=file,
                          where=where, hint="e.g. [1, 2, 4] or { low = 1, high = 64, num = 7 }")
@@ -391,7 +399,7 @@ def _grid(path: str, spec, file: str) -> Parameter:
         if not isinstance(vals, list) or not vals:
             raise InputError(f"{key} must be a non-empty list", file=file, where=where)
         if key == "values":
-            return Parameter(path, _listed(path, vals, file, where))
+            return Parameter(path, _listed(path, vals, file, where, registry))
         if len(vals) > MAX_VALUES:
             raise InputError(f"{len(vals):,} scale factors", file=file, where=where,
                              hint=f"at most {MAX_VALUES:,}; limit: values per parameter")
@@ -426,7 +434,8 @@ def _grid(path: str, spec, file: str) -> Parameter:
         vals = np.geomspace(low, high, num) if log else np.linspace(low, high, num)
     if integer:
         vals = np.unique(np.round(vals).astype(np.int64))
-    return Parameter(path, _listed(path, [v.item() for v in vals], file, where), low=float(low),
+    return Parameter(path, _listed(path, [v.item() for v in vals], file, where, registry),
+                     low=float(low),
                      high=float(high), log=log, integer=integer)
 
 
@@ -442,7 +451,7 @@ def objectives_file(spec: str, file: str, base_dir: Path) -> Path:
     return path
 
 
-def _objectives(spec, file: str, base_dir: Path):
+def _objectives(spec, file: str, base_dir: Path, metrics=NUMERIC_METRICS):
     if isinstance(spec, str):
         path = objectives_file(spec, file, base_dir)
         doc = read_toml(str(path))
@@ -456,9 +465,9 @@ def _objectives(spec, file: str, base_dir: Path):
                          hint='e.g. [objectives] usd_per_mtok_output = "minimize"')
     out = []
     for metric, direction in spec.items():
-        if metric not in NUMERIC_METRICS:
+        if metric not in metrics:
             raise InputError(f"unknown metric {metric!r}", file=file, where=f"objectives.{metric}",
-                             hint=suggest(metric, NUMERIC_METRICS, "metrics"))
+                             hint=suggest(metric, metrics, "metrics"))
         if direction not in DIRECTIONS:
             raise InputError(f"unknown direction {direction!r}", file=file,
                              where=f"objectives.{metric}", hint=suggest(str(direction), DIRECTIONS))
@@ -466,13 +475,13 @@ def _objectives(spec, file: str, base_dir: Path):
     return tuple(out), cons, file
 
 
-def _constraints(spec, file: str):
+def _constraints(spec, file: str, metrics=NUMERIC_METRICS):
     out = []
     for metric, c in (spec or {}).items():
         where = f"constraints.{metric}"
-        if metric not in NUMERIC_METRICS:
+        if metric not in metrics:
             raise InputError(f"unknown metric {metric!r}", file=file, where=where,
-                             hint=suggest(metric, NUMERIC_METRICS, "metrics"))
+                             hint=suggest(metric, metrics, "metrics"))
         if not isinstance(c, dict) or not c or set(c) - {"max", "min"}:
             raise InputError(f"{c!r} is not a bound", file=file, where=where,
                              hint="{ max = x } and/or { min = x }")
@@ -499,6 +508,8 @@ def _bound(metric: str, v, file: str, where: str) -> None:
 
 def load_space(path: str) -> Space:
     doc = read_toml(path)
+    if "task" in doc and doc["task"] != "serve":
+        return _train_space(path, doc)
     for k in doc:
         if k not in SPACE_KEYS:
             raise InputError(f"unknown key {k!r}", file=path, hint=suggest(k, SPACE_KEYS, "top-level keys"))
@@ -537,6 +548,33 @@ def load_space(path: str) -> Space:
                          "designs per space)")
     # resolve one design to catch bad values (unknown ids in lists, negative numbers) now
     _check_values(space)
+    return space
+
+
+def _train_space(path: str, doc: dict) -> Space:
+    """A training space (``task = "train"``, ``dse.build.train_space``): the same grammar, the
+    training fields and metrics."""
+    train_space.check_top(doc, path)
+    base = train_space.base_design(doc, path)
+    params = []
+    for p, spec in (doc.get("parameters") or {}).items():
+        train_space.check_parameter_path(p, path)
+        params.append(_grid(p, spec, path, train_fields.REGISTRY))
+    metrics = train_fields.NUMERIC_METRICS
+    objectives, file_cons, obj_file = _objectives(doc.get("objectives"), path, Path(path).parent,
+                                                  metrics)
+    given = doc.get("constraints") is not None
+    constraints = _constraints(doc.get("constraints") if given else file_cons,
+                               path if given else obj_file, metrics)
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    space = Space(path, doc.get("name") or Path(path).stem, doc.get("question", ""), base,
+                  tuple(params), objectives, constraints, digest,
+                  _answer(doc.get("answer"), path), task="train")
+    if math.prod(len(p.values) for p in params) > LIMITS["designs per space"]:
+        raise InputError(f"the space has {space.size:.3g} designs", file=path,
+                         hint=f"at most {LIMITS['designs per space']:.0e} (limit: designs per "
+                         "space)")
+    train_space.check_space(space)
     return space
 
 

@@ -1,15 +1,21 @@
 """Fit and report the training model on the public training set (``training_*`` of
 ``../shared/calibration``; contracts/train-cases.md): as few training-specific parameters as
 possible, fitted on every source at once, with the in-sample and the leave-one-source-out
-error factors.
+error factors, and the fitted parameters' uncertainty.
 
 Error factor = geometric mean of ``max(pred/true, true/pred)``, per source and metric, sources
 weighted equally (the calibration README). The parameters (``FITTED``) are those of
 ``[training]`` in dse/catalog/training.toml; ``--write`` stores the fitted values there with
-what they were fitted on.
+what they were fitted on and their uncertainty (``uncertainty``: the covariance of the log
+parameters from the Jacobian of the truths' log errors, Gauss-Newton, sources weighted
+equally), which training answers sample for their bands (dse.scoring.train_bands).
 
     python -m dse.calibration.train_fit                 # report with the catalog's values
     python -m dse.calibration.train_fit --fit [--write] # refit (and store), report, LOSO
+    python -m dse.calibration.train_fit --fit --loso --write --report   # + reports/training/
+
+``--report [DIR]`` writes the calibration report (dse.calibration.train_report: README.md and
+report.json, with the hand roofline and llm-analysis side by side when it is installed).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
+from dse.calibration import train_compare, train_report
 from dse.calibration.cases import default_dir
 from dse.catalog import training as tcat
 from dse.scoring.train_predict import predict_train_frame
@@ -46,10 +53,7 @@ def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def joined(cases: pd.DataFrame, truth: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
     """Truths with the prediction of their metric (``pred``) and ``log_err`` = |log(pred/true)|."""
-    c = cases.copy()
-    for k, v in (params or {}).items():
-        c[f"train.{k}"] = str(v)
-    pred = predict_train_frame(c, file="training_cases.csv")
+    pred = predict_train_frame(_with(cases, params or {}), file="training_cases.csv")
     j = truth.merge(pred, on="case_id", how="left")
     j["pred"] = [row[METRIC_COLUMN[m]] for m, (_, row) in zip(j["metric"], j.iterrows())]
     j["log_err"] = np.abs(np.log(j["pred"].astype(float) / j["value"].astype(float)))
@@ -113,14 +117,85 @@ def leave_one_source_out(cases: pd.DataFrame, truth: pd.DataFrame, start: dict) 
     return pd.Series(out)
 
 
-def write(params: dict, fitted_on: str) -> Path:
-    """Store fitted values in dse/catalog/training.toml's [training] table (in place)."""
+STEP = 0.05          # relative step of the Jacobian's finite differences (log parameters)
+
+
+def residuals(cases: pd.DataFrame, truth: pd.DataFrame, params: dict) -> np.ndarray:
+    """Signed log errors ``log(pred / true)`` of the truths, in ``truth``'s order."""
+    j = joined(cases, truth, params)
+    return np.log(j["pred"].astype(float).to_numpy() / j["value"].astype(float).to_numpy())
+
+
+def uncertainty(cases: pd.DataFrame, truth: pd.DataFrame, params: dict) -> dict:
+    """The fitted parameters' uncertainty: ``{"params", "log_sd", "log_corr", "rule"}``, the
+    covariance of their logs ``s^2 (J^T W J)^-1`` (J: d log(pred/true) / d log(param) by
+    finite differences of STEP, one-sided away from a bound the fit sits on; W: each truth's
+    weight, 1 / (truths of its source and metric), normalized to the number of truths, as the
+    error factor weighs them; s^2: the weighted squared log errors over the degrees of
+    freedom left). A parameter the truths do not move gets the log sd of its bounds' range."""
+    names = list(FITTED)
+    r0 = residuals(cases, truth, params)
+    cols = []
+    for n in names:
+        lo, hi = FITTED[n]
+        v = float(params[n])
+        up = v * np.exp(STEP) <= hi
+        h = STEP if up else -STEP
+        if not up and v * np.exp(-STEP) < lo:
+            cols.append(np.zeros_like(r0))
+            continue
+        r1 = residuals(cases, truth, {**params, n: v * np.exp(h)})
+        cols.append((r1 - r0) / h)
+    jac = np.column_stack(cols)
+    grp = truth.groupby(["source", "metric"])["case_id"].transform("size").to_numpy(float)
+    w = (1.0 / grp) * len(truth) / np.sum(1.0 / grp)
+    dof = max(len(truth) - len(names), 1)
+    s2 = float(np.sum(w * r0 ** 2) / dof)
+    info = jac.T @ (w[:, None] * jac)
+    cov = s2 * np.linalg.pinv(info)
+    sd = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    dead = np.abs(np.diag(info)) < 1e-12
+    for i in np.flatnonzero(dead):
+        lo, hi = FITTED[names[i]]
+        sd[i] = np.log(hi / max(lo, hi * 1e-3)) / np.sqrt(12.0)
+    corr = cov / np.outer(np.where(sd > 0, sd, 1.0), np.where(sd > 0, sd, 1.0))
+    corr[dead, :] = 0.0
+    corr[:, dead] = 0.0
+    np.fill_diagonal(corr, 1.0)
+    return {"params": names, "log_sd": [float(f"{x:.4g}") for x in sd],
+            "log_corr": [[float(f"{x:.3f}") for x in row] for row in np.clip(corr, -1, 1)],
+            "rule": f"Gauss-Newton covariance of the log parameters on {len(truth)} truths "
+                    f"(sources weighted equally), finite differences of {STEP:g} in log"}
+
+
+def toml_inline(u: dict) -> str:
+    """``uncertainty`` as one TOML inline table."""
+    def val(v):
+        if isinstance(v, str):
+            return '"' + v.replace('"', "'") + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        return repr(v)
+    return "{ " + ", ".join(f"{k} = {val(v)}" for k, v in u.items()) + " }"
+
+
+def write(params: dict, fitted_on: str | None, unc: dict | None = None) -> Path:
+    """Store fitted values (and their uncertainty) in dse/catalog/training.toml's [training]
+    table (in place); ``fitted_on`` None keeps the note that is there."""
     path = Path(str(resources.files("dse.catalog").joinpath("training.toml")))
     text = path.read_text()
     for k, v in params.items():
         text = re.sub(rf"(?m)^{k} = .*$", f"{k} = {v!r}", text, count=1)
-    text = re.sub(r'(?m)^fitted_on = .*$', f"fitted_on = {fitted_on!r}".replace("'", '"'),
-                  text, count=1)
+    if unc is not None:
+        line = f"uncertainty = {toml_inline(unc)}"
+        if re.search(r"(?m)^uncertainty = .*$", text):
+            text = re.sub(r"(?m)^uncertainty = .*$", lambda _: line, text, count=1)
+        else:
+            text = re.sub(r"(?m)^(fitted_on = .*)$", lambda m: m.group(1) + "\n" + line, text,
+                          count=1)
+    if fitted_on is not None:
+        text = re.sub(r'(?m)^fitted_on = .*$', f"fitted_on = {fitted_on!r}".replace("'", '"'),
+                      text, count=1)
     path.write_text(text)
     return path
 
@@ -133,6 +208,9 @@ def main(argv=None) -> int:
     ap.add_argument("--loso", action="store_true", help="also leave one source out (slow)")
     ap.add_argument("--write", action="store_true", help="store the fit in training.toml")
     ap.add_argument("--per-case", metavar="CSV", help="also write every truth with its prediction")
+    ap.add_argument("--report", nargs="?", const="reports/training", metavar="DIR",
+                    help="write the calibration report (README.md, report.json) into DIR "
+                         "(default reports/training)")
     a = ap.parse_args(argv)
     cases, truth = load(a.dir)
     params = {k: tcat.train_parameters()[k] for k in FITTED}
@@ -149,20 +227,47 @@ def main(argv=None) -> int:
     print(f"in sample, sources weighted equally: {error_factor(j):.3f}")
     u, ef = roofline(j)
     print(f"hand roofline (F / peak at one fitted MFU = {u:.3f}): error factor {ef:.3f}")
-    loso = ""
+    loso, lo = "", None
     if a.loso:
         lo = leave_one_source_out(cases, truth, params)
         print("leave one source out (each source with the others' fit):")
         print(lo.round(3).to_string())
         loso = "; left out: " + ", ".join(f"{k} {v:.3f}" for k, v in lo.items())
-    if a.write:
-        sources = ", ".join(sorted(truth["source"].unique()))
+    sources = ", ".join(sorted(truth["source"].unique()))
+    note = tcat.train_parameters().get("fitted_on", "")
+    if a.fit:
         note = (f"{len(truth)} truths of ../shared/calibration/training_* ({sources}), error "
                 f"factor {error_factor(j):.3f} in sample{loso}; fitted "
                 f"{date.today().isoformat()} by python -m dse.calibration.train_fit "
-                f"{'--fit ' if a.fit else ''}{'--loso ' if a.loso else ''}--write")
-        print("wrote", write(params, note))
+                f"--fit {'--loso ' if a.loso else ''}{'--write' if a.write else ''}".strip())
+    if a.write:
+        unc = uncertainty(cases, truth, params)
+        print("uncertainty (log sd):", dict(zip(unc["params"], unc["log_sd"])))
+        print("wrote", write(params, note if a.fit else None, unc))
+    if a.report:
+        report_to(Path(a.report), cases, j, params, lo, note, a)
     return 0
+
+
+def report_to(folder: Path, cases: pd.DataFrame, j: pd.DataFrame, params: dict,
+              loso: pd.Series | None, fitted_on: str, a) -> None:
+    """Write the calibration report (dse.calibration.train_report) for ``--report``."""
+    la = None
+    if train_compare.version() is not None:
+        la = train_compare.llm_analysis_frame(cases, j.drop_duplicates("case_id"))
+    flags = " ".join(f for f, on in (("--fit", a.fit), ("--loso", a.loso), ("--write", a.write))
+                     if on)
+    command = f"python -m dse.calibration.train_fit {flags} --report".replace("  ", " ")
+    report, table = train_report.build(j, params, fitted_on,
+                                       None if loso is None else loso.to_dict(), la, command)
+    print("wrote", train_report.write(folder, report, table))
+
+
+def _with(cases: pd.DataFrame, params: dict) -> pd.DataFrame:
+    c = cases.copy()
+    for k, v in params.items():
+        c[f"train.{k}"] = str(v)
+    return c
 
 
 if __name__ == "__main__":

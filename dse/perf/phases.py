@@ -242,7 +242,7 @@ def prompt_service_s(b: Batch, t_decode, t_prefill, load: PromptLoad):
     return b.pp * new * (t_decode / load.budget + slope)
 
 
-def ttft_closed_loop(b: Batch, unloaded, service_s, cycle_s):
+def ttft_closed_loop(b: Batch, unloaded, service_s, cycle_s, clients=None):
     """The mean TTFT of a closed-loop benchmark (``ttft_s``, ../shared/contracts/predict-cases.md):
     ``num_requests`` requests (0: 10 x concurrency, as InferenceX sends), ``C`` in flight at any
     time, all ``C`` submitted at once at the start and a new one each time one finishes. Each
@@ -258,16 +258,52 @@ def ttft_closed_loop(b: Batch, unloaded, service_s, cycle_s):
             ``W = (m - 1) S^2 / (a + sqrt(a^2 + 2 (m - 1) S^2))``, ``a = cycle - (m - 1) S``
             (finite at any load, 0 with one request in flight)
 
-    The mean weighs the burst by ``C / N`` of the requests. A prefill-only instance: the
-    unloaded TTFT (one pass of its batch of prompts)."""
+    The mean weighs the burst by ``C / N`` of the requests. ``clients``: the benchmark's
+    concurrency where the runtime runs fewer at once (``b``'s concurrency, dse.perf.serve):
+    the C above are the running ones, and a request first waits for a slot
+    (``admission_wait_s``). A prefill-only instance: the unloaded TTFT (one pass of its batch
+    of prompts)."""
     c = sequences(b)
     others = np.maximum(c / b.dp - 1.0, 0.0)
     k = others * service_s * service_s
     a = cycle_s - others * service_s
     steady = k / np.maximum(a + np.sqrt(a * a + 2.0 * k), 1e-30)
     burst = 0.5 * others * service_s
-    n = np.where(b.num_requests > 0, b.num_requests, 10.0 * c) if b.has_on("num_requests") \
-        else 10.0 * c
-    first = np.minimum(c / np.maximum(n, 1.0), 1.0)
+    n = requests_sent(b, c if clients is None else clients)
+    first = np.minimum(c / n, 1.0)
     wait = first * burst + (1.0 - first) * steady
+    if clients is not None:
+        # a slot is held from admission to the last token: the loaded TTFT without the front
+        # end (the request passes it before the scheduler sees it) and the answer's other tokens
+        hold = cycle_s + wait - front_end_s(b)
+        wait = wait + admission_wait_s(clients, c, hold, np.minimum(clients / n, 1.0))
     return unloaded + times(1.0 - arch.phases(b)[1], wait)
+
+
+def requests_sent(b: Batch, clients):
+    """The requests a closed-loop benchmark sends, ``num_requests`` (0 or absent: 10 x its
+    concurrency ``clients``, as InferenceX sends)."""
+    if not b.has_on("num_requests"):
+        return np.maximum(10.0 * clients, 1.0)
+    return np.maximum(np.where(b.num_requests > 0, b.num_requests, 10.0 * clients), 1.0)
+
+
+def admission_wait_s(clients, running, hold_s, first):
+    """The mean wait for a slot in a closed loop of ``clients`` requests in flight (C) on a
+    runtime that runs at most ``running`` (K) at once, each holding its slot ``hold_s`` (R):
+    the K slots finish K / R requests a second, so a client's cycle is C R / K.
+
+    steady  (C / K - 1) R: the closed network of C clients and K servers with no think time,
+            every server busy (deterministic service: the requests' lengths are alike)
+    burst   the first C, submitted at once: K start, and the j-th of the other q = C - K waits
+            ceil(j / K) R for its slot, on average over the C
+            ``R (K w (w + 1) / 2 + (q - w K)(w + 1)) / C``, ``w = floor(q / K)``
+
+    weighed by ``first``, the share of the requests that are the first C (``C / N``). 0 where
+    the runtime runs them all (C <= K)."""
+    k = np.maximum(running, 1.0)
+    q = np.maximum(clients - k, 0.0)
+    w = np.floor(q / k)
+    burst = hold_s * (k * w * (w + 1.0) * 0.5 + (q - w * k) * (w + 1.0)) / np.maximum(clients, 1.0)
+    steady = hold_s * q / k
+    return first * burst + (1.0 - first) * steady

@@ -11,8 +11,9 @@ within the tolerance of the smallest that fails above it: the bisection's answer
 resolution, or ``NOISE``) where the quantity is increasing, at a jump of it (one more prefill
 chunk) the same point just below the jump. Where the quantity is not monotone (a KV tier's
 fetch-or-recompute switch, a prefill chunk's jump) the bisection's answer is whichever crossing
-its midpoints lead to, and this may be another. The last few rows of a problem finish by
-at least ``SECTIONS`` points per bracket at once (a jump: the secant stalls there).
+its midpoints lead to, and this may be another. A row still open after ``SECANT_STEPS``
+secant steps finishes by ``SECTIONS`` points per bracket at once (a jump: the secant stalls
+there). A row's points depend on its values only, never on the rows scored with it.
 
 ``solve`` steps several problems together, each with its own ``Probe``, which scores the rows
 asked about at all the concurrencies asked (a concurrency of shape (points, rows): one pass of
@@ -29,9 +30,8 @@ RESOLUTION = 2.0 ** -24        # the bisection's: 24 halvings of the log C range
 NOISE = 2e-6                   # and at least this (log C): float32 times place a root to ~1e-6
 SHRINK = 0.5                   # take the rows asked once fewer than this share of those held
 TAKE_ROWS = 2048               # and the rows scored in vain more than this (a take's fixed time)
-TAIL_ROWS = 256                # a problem's rows left that finish by sections
-SECTIONS = 15                  # points per bracket and step there (16-fold narrower) at least,
-SECTION_ROWS = 4096            # and up to this many points in all per step (fewer rows: more)
+SECANT_STEPS = 8               # a row's secant steps before it finishes by sections
+SECTIONS = 15                  # points per bracket and step there (16-fold narrower)
 MAX_STEPS = 60                 # a bound only: a bisection step at least every other step
 
 
@@ -85,7 +85,11 @@ class Root:
     ``test(idx, c, vals)`` -> ``(residual, ok, out)`` for the rows ``idx`` at ``c`` from the
     probe's values ``vals`` there: ``ok`` the predicate (NaN fails, as in the bisection),
     ``residual`` increasing in C, about affine, 0 at the root (inf or NaN: a bisection step),
-    ``out`` a dict of arrays; ``lo_out``, ``hi_out`` the same triple at ``lo`` and ``hi``."""
+    ``out`` a dict of arrays; ``lo_out``, ``hi_out`` the same triple at ``lo`` and ``hi``.
+
+    Every row's points depend on its own values only (its secant steps, then, after
+    ``SECANT_STEPS`` of them, ``SECTIONS`` points per step), never on the other rows of the
+    batch: a design's root is the same whatever it is scored with (tests/test_chunk_invariance)."""
 
     def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None):
         self.probe, self.test = probe, test
@@ -97,12 +101,16 @@ class Root:
         self.c = np.where(fails_lo, lo, hi * np.exp(-res))
         self.out = _pick(at_hi, hi_out[2], lo_out[2])
         idx = np.flatnonzero(~fails_lo & ~at_hi)
-        self.idx, self.a, self.b = idx, lo[idx], hi[idx]
+        self.idx, self.a, self.b = idx, lo[idx].astype(np.float64), hi[idx].astype(np.float64)
         self.tol = np.maximum(res[idx], NOISE)
-        self.x1, self.f1, self.x2, self.f2 = self.a, lo_out[0][idx], self.b, hi_out[0][idx]
+        self.x1, self.x2 = self.a.copy(), self.b.copy()
+        self.f1 = np.asarray(lo_out[0], dtype=np.float64)[idx]
+        self.f2 = np.asarray(hi_out[0], dtype=np.float64)[idx]
         self.at_a = {k: v[idx] for k, v in self.out.items()}
-        self.last = self.prev = 2.0 * (self.b - self.a)   # (the first secant step is free)
-        self.s = self.pts = None
+        self.last = 2.0 * (self.b - self.a)                # (the first secant step is free)
+        self.prev = self.last.copy()
+        self.steps = np.zeros(len(idx), dtype=np.int64)
+        self.s = self.pts = self.sec = None
         # two first points from the physics (the caller's guesses, a lower and an upper one),
         # then secants through them
         self.guess = None if guess is None else \
@@ -112,65 +120,86 @@ class Root:
         return len(self.idx) > 0
 
     def asks(self) -> list:
-        if len(self.idx) <= TAIL_ROWS:                # sections: the points of each bracket
-            k = max(SECTIONS, min(SECTION_ROWS // len(self.idx), 255))
-            g = np.arange(1, k + 1) / (k + 1.0)
-            self.pts = self.a[None, :] * (self.b / self.a)[None, :] ** g[:, None]
-            return [(self.idx, p) for p in self.pts]
-        a, b, x1, f1, x2, f2 = self.a, self.b, self.x1, self.f1, self.x2, self.f2
+        a, b = self.a, self.b
+        if self.guess is not None:                     # the caller's two first points
+            lo_s = np.minimum(np.maximum(self.guess[0], a * np.exp(self.tol)), b)
+            hi_s = np.maximum(np.minimum(self.guess[1], b * np.exp(-self.tol)), a)
+            self.s, self.guess = (np.minimum(lo_s, hi_s), np.maximum(lo_s, hi_s)), None
+            return [(self.idx, self.s[0]), (self.idx, self.s[1])]
+        self.sec = sec = self.steps >= SECANT_STEPS
+        asks = []
+        if not sec.all():
+            self.s = self._secant(~sec)
+            asks.append((self.idx[~sec], self.s))
+        if sec.any():                                  # sections: the points of each bracket
+            g = np.arange(1, SECTIONS + 1) / (SECTIONS + 1.0)
+            self.pts = a[sec][None, :] * (b[sec] / a[sec])[None, :] ** g[:, None]
+            asks += [(self.idx[sec], p) for p in self.pts]
+        return asks
+
+    def _secant(self, m) -> np.ndarray:
+        """The next point of the rows ``m``: the secant, a geometric bisection where it lands
+        outside the bracket or shrinks less than a bisection would."""
+        a, b, x1, f1, x2, f2 = (v[m] for v in (self.a, self.b, self.x1, self.f1, self.x2,
+                                               self.f2))
+        tol, prev = self.tol[m], self.prev[m]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             s = x2 - f2 * (x2 - x1) / (f2 - f1)
-            if self.guess is not None:             # the caller's two first points
-                lo_s = np.minimum(np.maximum(self.guess[0], a * np.exp(self.tol)), b)
-                hi_s = np.maximum(np.minimum(self.guess[1], b * np.exp(-self.tol)), a)
-                self.s, self.guess = (np.minimum(lo_s, hi_s), np.maximum(lo_s, hi_s)), None
-                return [(self.idx, self.s[0]), (self.idx, self.s[1])]
-            bad = ~np.isfinite(s) | (s <= a) | (s >= b) | (np.abs(s - x2) > 0.5 * self.prev)
+            bad = ~np.isfinite(s) | (s <= a) | (s >= b) | (np.abs(s - x2) > 0.5 * prev)
         s = np.where(bad, np.sqrt(a * b), s)
         # converged (a step under the tolerance): a step of half of it past the last point,
         # to the other side, closes the bracket
-        step = x2 * (0.5 * self.tol)
+        step = x2 * (0.5 * tol)
         close = np.abs(s - x2) < step
         s = np.where(close, np.where(x2 == a, x2 + step, x2 - step), s)
-        s = np.minimum(np.maximum(s, a * np.exp(0.5 * self.tol)), b * np.exp(-0.5 * self.tol))
-        self.last, self.prev = np.where(bad, b - a, np.abs(s - x2)), self.last
-        # a point that passes after a secant step under a quarter of the tolerance: done
-        self.s, self.tiny = s, ~bad & ~close & (self.last < 0.5 * step)
-        return [(self.idx, s)]
+        s = np.minimum(np.maximum(s, a * np.exp(0.5 * tol)), b * np.exp(-0.5 * tol))
+        self.prev[m] = self.last[m]
+        self.last[m] = np.where(bad, b - a, np.abs(s - x2))
+        return s
 
     def update(self, got: list) -> None:
-        if self.pts is not None:
-            return self._sections(got)
         if isinstance(self.s, tuple):                  # the two first points
             for s, g in zip(self.s, got):
                 f, ok, at_s = self.test(self.idx, s, g)
                 ok, fail = ok & (s > self.a), ~ok & (s < self.b)
                 self.a, self.b = np.where(ok, s, self.a), np.where(fail, s, self.b)
                 self.at_a = _pick(ok, at_s, self.at_a)
-                self.x1, self.f1, self.x2, self.f2 = self.x2, self.f2, s, f
+                self.x1, self.f1 = self.x2, self.f2
+                self.x2, self.f2 = s.astype(np.float64), np.asarray(f, dtype=np.float64)
+            self.s = None
             return self._settle(np.log(self.b / self.a) <= self.tol)
-        f, ok, at_s = self.test(self.idx, self.s, got[0])
-        self.a, self.b = np.where(ok, self.s, self.a), np.where(ok, self.b, self.s)
-        self.at_a = _pick(ok, at_s, self.at_a)
-        self.x1, self.f1, self.x2, self.f2 = self.x2, self.f2, self.s, f
+        sec, first = self.sec, 0
+        if not sec.all():
+            m = ~sec
+            f, ok, at_s = self.test(self.idx[m], self.s, got[0])
+            self.b[m] = np.where(ok, self.b[m], self.s)
+            self.a[m] = np.where(ok, self.s, self.a[m])
+            for k, v in self.at_a.items():
+                v[m] = np.where(ok, at_s[k], v[m])
+            self.x1[m], self.f1[m] = self.x2[m], self.f2[m]
+            self.x2[m], self.f2[m] = self.s, f
+            first = 1
+        if sec.any():
+            self._sections(sec, got[first:])
+        self.steps += 1
         self._settle(np.log(self.b / self.a) <= self.tol)
 
-    def _sections(self, got: list) -> None:
-        """The bracket from the first of its points that fails (and the point before it)."""
-        m, pts = len(self.idx), self.pts
+    def _sections(self, sec, got: list) -> None:
+        """The brackets of the rows ``sec`` from the first of their points that fails (and the
+        point before it)."""
+        idx, pts = self.idx[sec], self.pts
+        m, k = len(idx), len(pts)
         vals = tuple(np.concatenate([np.asarray(v) for v in column]) for column in zip(*got))
-        k = len(pts)
-        _, ok, at = self.test(np.tile(self.idx, k), pts.ravel(), vals)
+        _, ok, at = self.test(np.tile(idx, k), pts.ravel(), vals)
         ok = ok.reshape(k, m)
         first = np.where(ok.all(0), k, np.argmin(ok, 0))
         rows, before = np.arange(m), np.maximum(first - 1, 0)
         moved = first > 0
-        self.a = np.where(moved, pts[before, rows], self.a)
-        self.b = np.where(first < k, pts[np.minimum(first, k - 1), rows], self.b)
-        self.at_a = {key: np.where(moved, at[key].reshape(k, m)[before, rows], v)
-                     for key, v in self.at_a.items()}
+        self.a[sec] = np.where(moved, pts[before, rows], self.a[sec])
+        self.b[sec] = np.where(first < k, pts[np.minimum(first, k - 1), rows], self.b[sec])
+        for key, v in self.at_a.items():
+            v[sec] = np.where(moved, at[key].reshape(k, m)[before, rows], v[sec])
         self.pts = None
-        self._settle(np.log(self.b / self.a) <= self.tol)
 
     def _settle(self, done) -> None:
         if not np.any(done):
@@ -178,7 +207,7 @@ class Root:
         self.c[self.idx[done]] = self.a[done]
         _put(self.out, self.idx[done], self.at_a, done)
         keep = ~done
-        for name in ("idx", "a", "b", "tol", "x1", "f1", "x2", "f2", "last", "prev"):
+        for name in ("idx", "a", "b", "tol", "x1", "f1", "x2", "f2", "last", "prev", "steps"):
             setattr(self, name, getattr(self, name)[keep])
         self.at_a = {k: v[keep] for k, v in self.at_a.items()}
 

@@ -362,8 +362,9 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     weights, kv_seq, act, max_c = _memory(b)
     bits = _invalid_bits(b, weights, act, max_c)
     b0, tier = b, None
+    b, run = _running(b, c, max_c)       # the sequences the runtime runs at once
     if kvtier.cache_on(b):               # hook: the prefix cache in HBM and the tier (dse.perf.kvtier)
-        b, tier = _tier_split(b, weights, kv_seq, act, c)
+        b, tier = _tier_split(b, weights, kv_seq, act, run)
     # hook: speculative decoding / MTP (dse.perf.spec): verification steps of k+1 tokens per
     # sequence plus the k draft steps, yielding tok_step tokens per sequence on average
     on_spec = b.has_on("spec_tokens")
@@ -376,7 +377,8 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     if tier is not None:                 # hook: prefix hits held in the tier (dse.perf.kvtier)
         t_mixed, ttft_extra, tier = _tier_fetch(b, tier, load, t_mixed, t_prefill)
     service = prompt_service_s(b, t_decode, t_prefill, load)    # S: a prompt's hold on the budget
-    metrics = _rates(b, c, tok_step, load, t_decode, t_mixed, t_prefill, ttft_extra, service)
+    metrics = _rates(b, run, tok_step, load, t_decode, t_mixed, t_prefill, ttft_extra, service,
+                     None if run is c else c)
     metrics.update(_fit_metrics(b, c, weights, kv_seq, act, max_c, bits))
     metrics.update({"decode_compute_s": tc, "decode_memory_s": tm, "decode_network_s": tn,
                     "bound": decode_bound(shares, bits, c, max_c, b.max_batch_size * b.dp)})
@@ -393,6 +395,25 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
     if tier is not None and np.any(~tier.fetched & (tier.tokens > 0)):
         return _tier_recomputed(b0, tier, metrics, st, breakdown, k, queue)
     return (metrics, st) if breakdown else metrics
+
+
+def _running(b: Batch, c, max_c):
+    """The batch an instance runs and its sequences: a closed loop keeps ``concurrency``
+    requests in flight, of which a runtime runs at most ``max_concurrent_sequences`` at once
+    (the memory fit, which reserves each sequence's whole prompt and answer -- TensorRT-LLM's
+    GUARANTEED_NO_EVICT admission -- and the runtime's max_batch_size per scheduler:
+    dse/catalog/serving.toml); the others wait for a slot
+    (dse.perf.phases.admission_wait_s). Such a row stays infeasible (reasons 16, 32: the
+    design cannot run its concurrency), its metrics those of the queue. Only continuous
+    batching queues so, and only where one sequence fits (else nothing runs: the row is
+    scored at its concurrency); ``b``, ``c`` themselves where every row runs all its
+    requests."""
+    cap = np.minimum(max_c, b.max_batch_size * b.dp)
+    over = (c > cap) & (cap >= 1.0) & (arch.phases(b)[0] == 1.0)
+    if not np.any(over):
+        return b, c
+    run = b.replace(concurrency=np.where(over, cap, b.concurrency))
+    return run, sequences(run)
 
 
 def _queue_cap(b: Batch):
@@ -430,13 +451,15 @@ def _queue_times(b: Batch, k: Coefficients):
     same numbers: ``(ttft_unloaded_s, tpot_s, _prefill_service_s)``, none of the fit, cost or
     bound metrics (it runs ~10 times per design)."""
     c = sequences(b)
+    weights, kv_seq, act, max_c = _memory(b)
     b0, tier = b, None
+    b, c = _running(b, c, max_c)         # as _instance: the sequences the runtime runs at once
     if kvtier.cache_on(b):               # hook: as _instance (dse.perf.kvtier)
-        weights, kv_seq, act, _ = _memory(b)
         b, tier = _tier_split(b, weights, kv_seq, act, c)
-        # (the memos that do not read the prefix hits: only the uncached tokens do)
+        # (the memos that read neither the prefix hits, as the uncached tokens do, nor the
+        # concurrency, where the runtime runs fewer: the sequences)
         b.__dict__["_memo"].update({key: v for key, v in b0.__dict__["_memo"].items()
-                                    if key != "new_tokens"})
+                                    if key not in ("new_tokens", "sequences")})
     on_spec = b.has_on("spec_tokens")
     tok_step = spec.tokens_per_step(b) if on_spec else 1.0
     load = prompt_load(b, tok_step if on_spec else None)
@@ -469,10 +492,11 @@ def _mean_steps(st: Breakdown, load: PromptLoad, draft):
 
 
 def _rates(b: Batch, c, tok_step, load: PromptLoad, t_decode, t_mixed, t_prefill,
-           ttft_extra, service) -> dict:
+           ttft_extra, service, clients=None) -> dict:
     """Throughput, latency and cost: a pass (pp mean steps) gives every sequence ``tok_step``
     tokens; what a phase does not produce is NaN, never a number that looks real (the masks
-    are applied only where some row has such a phase: most batches have none)."""
+    are applied only where some row has such a phase: most batches have none). ``c``: the
+    sequences running; ``clients``: the requests in flight where more wait (``_running``)."""
     both, pre_only, dec_only = arch.phases(b)
     chips = b.tp * b.pp * b.dp
     pass_s = b.pp * t_mixed                     # one token for every sequence
@@ -481,7 +505,7 @@ def _rates(b: Batch, c, tok_step, load: PromptLoad, t_decode, t_mixed, t_prefill
     t_first, t_first_long = ttft(b, pass_s, t_prefill, load, ttft_extra)
     tpot = pass_s / tok_step
     t_loop = ttft_closed_loop(b, t_first, service,
-                              t_first + np.maximum(b.osl - 1.0, 0.0) * tpot)
+                              t_first + np.maximum(b.osl - 1.0, 0.0) * tpot, clients)
     usd_chip_h, usd_mtok_out, usd_mtok_in, joules_out = _cost(b, chips, t_decode, t_mixed,
                                                               out_inst, in_inst)
     no_decode = b.phase == 1

@@ -4,11 +4,12 @@
 Per micro-batch on the slowest stage (the last: it adds the logits)::
 
     t_mb = sum over its L / p layers of  [fwd + bwd GEMMs + attention fwd (1 + bwd ratio)
-                                          + elementwise fwd x 3 + exposed TP/EP collectives
-                                          + layer_overhead_s]
+                                          + elementwise fwd x 3 + MoE chunk sort x 2
+                                          + exposed TP/EP collectives + layer_overhead_s]
            + the recompute policy's rerun forward (full: every recomputed layer's; selective:
              the attention core's)
-           + the logits' GEMMs (and each MTP module's layer and logits)
+           + the logits' GEMMs and the cross-entropy's pass over them (and each MTP module's
+             layer, logits and loss)
            + exposed pipeline sends and ring-attention exchanges
 
     bubble = (p - 1) t_mb             1F1B: the fraction (p - 1) / (m + p - 1) of the step
@@ -43,6 +44,8 @@ from dse.perf.train_time import (
     elementwise_s,
     ep_comm_s,
     layer_gemms_s,
+    loss_s,
+    moe_sort_s,
     pp_comm_s,
     tp_comm_s,
 )
@@ -84,7 +87,8 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     heads_out = (1.0 + b.mtp_layers) * (g["logits"][0] + g["logits"][1])
     stage = stage + b.mtp_layers
     compute = stage * (fwd + bwd + rerun) + heads_out
-    layers = stage * (elem + b.layer_overhead_s)
+    sort = moe_sort_s(b) * (2.0 + full) * moe_share
+    layers = stage * (elem + sort + b.layer_overhead_s) + (1.0 + b.mtp_layers) * loss_s(b)
     net = stage * (tp + ep + cp)
     pp = hide(pp_comm_s(b), compute, b.overlap_fraction)
     return {"compute_s": compute, "memory_s": layers, "network_exposed_s": net + pp,

@@ -29,6 +29,7 @@ from dse.perf.kernel_gemm import gemm_s, grouped_gemm_s
 from dse.perf.train_batch import TrainBatch
 
 ACT_BYTES = 2.0          # bf16 activations, attention and communication
+LOSS_BYTES = 16.0        # HBM bytes per logit element, forward + backward (``loss_s``)
 CAST_BYTES = 1.0         # HBM bytes per GEMM-input element of an fp8/fp4 cast (module docstring)
 GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
              "latency_s")
@@ -150,6 +151,29 @@ def elementwise_s(b: TrainBatch) -> np.ndarray:
     sp = b.sequence_parallel > 0
     per_token = np.where(sp, outside / b.tp, outside) + (inside + cast) / b.tp
     return tokens_per_chip(b) * per_token / (b.hbm_bw_bytes_per_s * b.hbm_fraction)
+
+
+def loss_s(b: TrainBatch) -> np.ndarray:
+    """Seconds of one micro-batch's cross-entropy on the last stage, forward and backward: an
+    HBM-bound pass over the chip's logits (``tokens x vocab / tp`` elements), ``LOSS_BYTES``
+    per element (Megatron's vocab-parallel cross-entropy: the bf16 logits read and upcast, the
+    fp32 softmax written for the backward and read back, the bf16 gradient written)."""
+    return (tokens_per_chip(b) * b.vocab / b.tp * LOSS_BYTES
+            / (b.hbm_bw_bytes_per_s * b.hbm_fraction))
+
+
+def moe_sort_s(b: TrainBatch) -> np.ndarray:
+    """Forward seconds of one MoE layer's chunk sort on one chip (the backward moves the same
+    bytes): with expert parallelism and more than one local expert, Megatron's all-to-all
+    dispatcher reorders the received rows from (source rank, expert) to (expert, source rank)
+    after the dispatch and back before the combine (``sort_chunks_by_idxs``), a permutation
+    pass beyond the permute and unpermute the grouped-GEMM model's token term holds: each
+    reads and writes every routed row, ``2 x 2 x ACT_BYTES x h`` bytes per row."""
+    rows = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.topk
+    local = np.maximum(b.experts, 1.0) / np.maximum(b.ep, 1.0)
+    on = (b.moe_layers > 0) & (b.ep > 1) & (local > 1)
+    return np.where(on, rows * 4.0 * ACT_BYTES * b.hidden_size
+                    / (b.hbm_bw_bytes_per_s * b.hbm_fraction), 0.0)
 
 
 def moe_experts_s(b: TrainBatch) -> np.ndarray:

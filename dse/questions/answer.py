@@ -45,7 +45,7 @@ UNPUBLISHED = Path("runs") / "answers"   # else: runs/answers/<space name> (not 
 DIGITS = 4                               # significant digits of answer.json's figures
 
 
-SUPPORT = ("answer", "common", "context", "sampled")     # modules of dse/questions that are not analyses
+SUPPORT = ("answer", "common", "context", "sampled", "train_common")     # modules of dse/questions that are not analyses
 
 
 def analysis_module(name: str, file: str = ""):

@@ -1,6 +1,7 @@
 """What an analysis of a worked question gets and gives: ``Context`` (the space, the run, the
 front, the ``[answer]`` parameters, and the space's designs scored with the one scorer, under a
-parameter sample when answering with bands), ``Answer`` (the headline in numbers, details,
+parameter sample when answering with bands; a training space's by the training model),
+``Answer`` (the headline in numbers, details,
 figures) and ``Lead`` (the number the answer leads with). An analysis module defines
 ``answer(ctx: Context) -> Answer``."""
 
@@ -13,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from dse.perf import score_chunked
+from dse.scoring import train_space
 
 
 @dataclass(frozen=True)
@@ -72,12 +74,28 @@ class Context:
         else:
             df = pd.DataFrame(values)
             vals = {k: np.asarray(v) for k, v in values.items()}
+        if self.train:
+            return self._score_train(df, vals, overrides)
         b, _ = self.space.batch_from_values(vals, overrides)
         s = self.sample.score(self.space, vals, overrides) if self.sample is not None \
             else score_chunked(b)
         for k, v in s.items():
             df[k] = np.broadcast_to(v, len(df)) if np.ndim(v) else v
         df["rack_chips"] = np.broadcast_to(np.asarray(b.rack_chips, dtype=float), len(df))
+        return df.reset_index(drop=True)
+
+    @property
+    def train(self) -> bool:
+        """A training space (``task = "train"``): scored by the training model."""
+        return getattr(self.space, "task", "serve") == "train"
+
+    def _score_train(self, df: pd.DataFrame, vals: dict, overrides) -> pd.DataFrame:
+        n = len(df)
+        vals = {k: (np.broadcast_to(v, n) if np.ndim(v) == 0 else v) for k, v in vals.items()}
+        s = self.sample.score(self.space, vals, overrides) if self.sample is not None \
+            else train_space.score_values(self.space, vals, overrides, dtype=np.float64)
+        for k, v in s.items():
+            df[k] = np.broadcast_to(v, n) if np.ndim(v) else v
         return df.reset_index(drop=True)
 
     def batch(self, values: dict, overrides: dict | None = None):

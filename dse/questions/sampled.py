@@ -24,10 +24,12 @@ import numpy as np
 from dse.build.designs import to_batch
 from dse.questions.common import fmt
 from dse.scoring import bands as B
-from dse.scoring.bands import GROUP_NAMES
+from dse.scoring import train_bands as TB
+from dse.scoring.bands import GROUP_NAMES as SERVING_GROUPS
 from dse.search.progress import Ticker
 from dse.spec.fields import label, metric_unit
 
+GROUP_NAMES = {**SERVING_GROUPS, **TB.GROUP_NAMES}   # parameter groups in words
 VECTOR_ROWS = 1 << 18      # samples x designs scored in one call (about 80 MB of metrics)
 CACHE_CALLS = 16           # distinct vectorized calls kept while the samples run
 
@@ -100,14 +102,18 @@ def sampled_answers(mod, make_context, space, front, n: int, seed: int = 0,
     """The analysis ``mod.answer`` under ``n`` samples (or the given ``draws``): {key: [value
     per sample]} of its flattened numbers. ``make_context(front, out, sample)`` builds each
     sample's Context."""
-    d = B.draw(n, seed) if draws is None else draws
+    train = getattr(space, "task", "serve") == "train"
+    if draws is None:
+        draws = TB.draw(n, seed) if train else B.draw(n, seed)
+    d = draws
     n = d.n
-    shared = Sampled(d)
+    shared = TB.TrainSampled(d) if train else Sampled(d)
     metrics = tuple(o.metric for o in space.objectives)
     fronts = None
     if len(front) and "design_id" in front:
         ids = front["design_id"].to_numpy(dtype=np.int64)
-        fronts = B.space_samples(space, space.values_at(ids), d, None, metrics)
+        fronts = (TB.space_samples if train else B.space_samples)(
+            space, space.values_at(ids), d, None, metrics)
     values: dict = {}
     t0 = time.perf_counter()
     tick = Ticker()                  # a terminal: one line rewritten; a log: a line every 5 s
@@ -259,12 +265,14 @@ def attribution(mod, make_context, space, front, n: int, seed: int = 0,
     answered in one ``sampled_answers`` call): "together": {lead key: {"groups", "met",
     "needs", "values"}}. The set of every group is the full draw's first samples (no re-run)."""
     k = min(int(n), ATTR_SAMPLES)
-    groups, d = B.draw_groups(k, seed)
+    train = getattr(space, "task", "serve") == "train"
+    groups, d = TB.draw_groups(k, seed) if train else B.draw_groups(k, seed)
     got = sampled_answers(mod, make_context, space, front, d.n, seed, progress, draws=d,
                           what="what would change it")
     per = {g: _part(got["values"], i, k) for i, g in enumerate(groups)}
     out = {"samples_per_group": k, "groups": per}
-    if ans is None or values is None or len(groups) < 2:
+    # a training answer: each group alone (its groups are not drawn by bands.draw_sets)
+    if train or ans is None or values is None or len(groups) < 2:
         return out
     nominal = _flat(ans.numbers)
     todo = []

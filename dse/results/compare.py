@@ -58,6 +58,19 @@ def _signature(front: pd.DataFrame, params: list[str]) -> list[str]:
     return ["; ".join(f"{p}={row[p]}" for p in params) for _, row in front.iterrows()]
 
 
+def _same_design(ua: pd.DataFrame, ub: pd.DataFrame, metrics: list[str],
+                 rtol: float = 1e-4) -> np.ndarray:
+    """For each row of ``ub``: whether ``ua`` holds the same design, i.e. the same parameters
+    and objective values equal to ``rtol`` (float32 scoring moves the last digits only)."""
+    first = ua.drop_duplicates("signature").set_index("signature")
+    out = np.zeros(len(ub), dtype=bool)
+    for i, (sig, row) in enumerate(zip(ub["signature"], ub[metrics].to_numpy(float))):
+        if sig in first.index:
+            out[i] = bool(np.allclose(first.loc[sig, metrics].to_numpy(float), row,
+                                      rtol=rtol, atol=0.0, equal_nan=True))
+    return out
+
+
 @dataclass(frozen=True)
 class Comparison:
     """Two runs' fronts on one reference point: every figure ``dse compare`` prints."""
@@ -190,6 +203,11 @@ def compare_runs(dir_a: str, dir_b: str, bands: int = 0, seed: int = 0) -> Compa
     da, db = Path(dir_a), Path(dir_b)
     ma, oa, fa = _load(da)
     mb, ob, fb = _load(db)
+    if ma.get("task", "serve") != mb.get("task", "serve"):
+        raise InputError("one run is a training run and the other a serving run", file=str(db),
+                         hint="compare runs of the same task")
+    if ma.get("task") == "train":
+        bands = 0            # (the training fit has no parameter samples yet)
     if [(o.metric, o.direction) for o in oa] != [(o.metric, o.direction) for o in ob]:
         raise InputError("the runs optimise different objectives", file=str(db),
                          hint="compare runs whose objectives (and directions) are the same")
@@ -202,8 +220,9 @@ def compare_runs(dir_a: str, dir_b: str, bands: int = 0, seed: int = 0) -> Compa
     ua = fa.assign(run="A", signature=_signature(fa, params))
     ub = fb.assign(run="B", signature=_signature(fb, params))
     # a design on both fronts counts once (as A's: the two runs may have scored it at different
-    # precisions, float32 in exhaustive chunks, so its values can differ in the last digits)
-    ub_only = ub[~ub["signature"].isin(set(ua["signature"]))]
+    # precisions, float32 in exhaustive chunks, so its values can differ in the last digits); the
+    # same parameters with other values (the runs' base designs or workloads differ) are two designs
+    ub_only = ub[~_same_design(ua, ub, [x.metric for x in objs])]
     union = pareto.front_of([ua.drop(columns="design_id"), ub_only.drop(columns="design_id")],
                             objs) if len(ua) + len(ub_only) else pd.DataFrame()
     cols = [x.metric for x in objs] + params + ["run"]
@@ -234,6 +253,8 @@ def _kv_dtypes(*runs_) -> tuple:
     for d, m, front in runs_:
         try:
             space = store.space_of(d, m)
+            if space.task == "train":
+                return ()
             ids = front["design_id"].to_numpy(np.int64)
             out.append(kv_dtype_text(space.kv_dtypes(ids)) if len(ids) else "none (empty front)")
         except (InputError, OSError, KeyError, ValueError):

@@ -21,7 +21,7 @@ from dse.errors import InputError
 from dse.perf import OPS, score
 from dse.results import report_page
 from dse.results.reader import Run
-from dse.scoring import breakdown
+from dse.scoring import breakdown, train_space
 from dse.search import store
 
 EXACT_DESIGNS = 100_000     # a space this small is re-scored whole for the cloud and the ranks
@@ -29,6 +29,7 @@ SAMPLE_DESIGNS = 20_000     # else a seeded sample of this many designs
 CLOUD_POINTS = 4_000        # non-front designs drawn behind the front (faint)
 SHOWN_METRICS = ("ttft_s", "tpot_s", "usd_per_mtok_output", "output_tokens_per_s_per_chip",
                  "num_chips")
+TRAIN_SHOWN_METRICS = ("train_time_s", "train_cost_usd", "step_time_s", "mfu", "num_chips")
 
 
 def breakdowns(d: Path, space, ids: np.ndarray) -> tuple[dict, str]:
@@ -40,7 +41,14 @@ def breakdowns(d: Path, space, ids: np.ndarray) -> tuple[dict, str]:
     if kept is not None and set(ids.tolist()) <= set(kept["design_id"].tolist()):
         table, source = kept.set_index("design_id").loc[ids].reset_index(), "kept by the run"
     else:
-        table, source = breakdown.of_designs(space, ids), "scored for this report"
+        of = train_space.breakdown if space.task == "train" else breakdown.of_designs
+        table, source = of(space, ids), "scored for this report"
+    if space.task == "train":
+        return {int(r["design_id"]): {
+            "parts": {k: float(r[k]) for k in train_space.BREAKDOWN},
+            "bound": r["bound"], "bound_why": train_bound_why(r),
+            "metrics": {k: float(r[k]) for k in train_space.SHOWN}}
+            for _, r in table.iterrows()}, source
     out = {}
     for _, r in table.iterrows():
         phases = {}
@@ -55,6 +63,14 @@ def breakdowns(d: Path, space, ids: np.ndarray) -> tuple[dict, str]:
             "metrics": {k: float(r[k]) for k in table.columns
                         if "." not in k and k not in ("design_id", "kv_dtype", "bound")}}
     return out, source
+
+
+def train_bound_why(r) -> str:
+    """The parts of a training step, as shares of their sum (what its bound is the largest of)."""
+    parts = {"compute": r["compute_s"], "HBM-bound work": r["memory_s"],
+             "exposed communication": r["network_exposed_s"], "pipeline bubble": r["bubble_s"]}
+    tot = float(sum(parts.values())) or 1.0
+    return ", ".join(f"{v / tot:.0%} {k}" for k, v in parts.items()) + " of the step"
 
 
 def _front(d: Path, m: dict, space) -> tuple[pd.DataFrame, str]:
@@ -107,13 +123,17 @@ def population(space, d: Path, front: pd.DataFrame, m: dict) -> tuple[pd.DataFra
     frames = []
     for lo in range(0, len(ids), 16384):
         part = ids[lo:lo + 16384]
-        b, _ = space.batch(part)
-        sc = score(b.expanded())
+        if space.task == "train":
+            sc = train_space.score_index(space, part, dtype=np.float64)
+        else:
+            b, _ = space.batch(part)
+            sc = score(b.expanded())
         ok = pareto.admissible(sc, objs, cons)
         f = pd.DataFrame({"design_id": part[ok]})
         for col, v in space.values_at(part[ok]).items():
             f[col] = v
-        for name in dict.fromkeys([o.metric for o in objs] + list(SHOWN_METRICS)):
+        shown = TRAIN_SHOWN_METRICS if space.task == "train" else SHOWN_METRICS
+        for name in dict.fromkeys([o.metric for o in objs] + list(shown)):
             f[name] = np.asarray(sc[name], dtype=np.float64)[ok]
         frames.append(f)
     if m["strategy"] != "exhaustive":          # the trials the run scored, bounded

@@ -22,6 +22,18 @@ PLOT_FONT = dict(size=13)
 MAX_BREAKDOWNS = 40        # front designs (besides the knee) whose per-op breakdown is shown
 
 
+TRAIN_KNEE = ("step_time_s", "mfu", "tokens_per_s_per_chip", "num_chips",
+              "memory_per_chip_bytes", "hbm_used_fraction", "usd_per_trillion_tokens")
+
+
+def train_job_text(space) -> str:
+    """A training space's job in words (its [training] table, or the defaults)."""
+    from_base = {k.split(".", 1)[1]: v for k, v in space.base.items() if k.startswith("training.")}
+    swept = [p.path.split(".", 1)[1] for p in space.parameters if p.path.startswith("training.")]
+    words = ", ".join(f"{k} = {_fmt(v)}" for k, v in from_base.items())
+    return (words or "the default job") + (f"; swept: {', '.join(swept)}" if swept else "")
+
+
 def empty(o: Path, space) -> None:
     text = (f"# {space.name}\n\nNo design is feasible and meets the constraints: the front is "
             "empty.\n")
@@ -69,9 +81,12 @@ def summary_lines(space, st, front, k, kb, per_accel, what) -> list[str]:
     lines = [f"# {space.name}", "", space.question or "", "",
              f"- designs scored: {st['designs_scored']:,} of a space of {space.size:,} "
              f"({st['strategy']}, state {st['state']})",
-             f"- Pareto front: {len(front)} designs ({st.get('front_check', 'front.csv')})",
-             "- KV cache element type on the front: " + kv_dtype_text(
-                 space.kv_dtypes(front["design_id"].to_numpy(np.int64)))]
+             f"- Pareto front: {len(front)} designs ({st.get('front_check', 'front.csv')})"]
+    if space.task == "train":
+        lines.append("- a training space: " + train_job_text(space))
+    else:
+        lines.append("- KV cache element type on the front: " + kv_dtype_text(
+            space.kv_dtypes(front["design_id"].to_numpy(np.int64))))
     if hv is not None:
         lines.append(f"- hypervolume {hv:.4g} (objectives divided by their scale; "
                      f"{reference_text(objs, st.get('reference'))})")
@@ -116,14 +131,15 @@ def summary_lines(space, st, front, k, kb, per_accel, what) -> list[str]:
     lines += [f"- {label(ob.metric)} = {_fmt(row[ob.metric])}" for ob in objs]
     met = kb["metrics"]
     extra = [m for m in ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "num_chips",
-                         "hbm_used_fraction", "usd_per_mtok_input") if m in met
+                         "hbm_used_fraction", "usd_per_mtok_input", *TRAIN_KNEE) if m in met
              and m not in {ob.metric for ob in objs}]
     lines += [f"- {label(m)} = {_fmt(met[m])}" for m in extra]
     if "kv_dtype" in kb:
         per_token = met.get("kv_bytes_per_token")
         lines.append(f"- KV cache: {kv_dtype_text([kb['kv_dtype']])}"
                      + (f", {per_token / 1e3:,.1f} kB per token" if per_token else ""))
-    lines += [f"- decode bound: {kb['bound']} ({kb['bound_why']})",
+    lines += [f"- {'step' if space.task == 'train' else 'decode'} bound: {kb['bound']} "
+              f"({kb['bound_why']})",
               f"- design_id: {int(row['design_id'])}",
               "", "Every number above is the model's score of the named design; the per-op "
               "breakdown of the knee and of the first front designs is in index.html."]
@@ -250,7 +266,26 @@ def _par_plot(space, front):
                        default_width="100%")
 
 
+def _train_details(bds) -> str:
+    """The step's parts and the memory of each shown training design."""
+    out = []
+    for did, bd in bds.items():
+        p = bd["parts"]
+        rows = "".join(f"<tr><td>{k}</td><td>{p[k] * 1e3:,.1f} ms</td></tr>" for k in
+                       ("compute_s", "memory_s", "network_exposed_s", "bubble_s", "optimizer_s"))
+        rows += "".join(f"<tr><td>{k}</td><td>{p[k] / 1e9:,.2f} GB</td></tr>" for k in
+                        ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes"))
+        out.append(f"<details><summary>design {did}: step "
+                   f"{bd['metrics']['step_time_s']:.4g} s, bound {bd['bound']} "
+                   f"({html.escape(bd['bound_why'])})</summary><div class='tablewrap'><table>"
+                   f"<tr><th>part (per step, slowest stage)</th><th>value</th></tr>{rows}"
+                   "</table></div></details>")
+    return "".join(out)
+
+
 def _details(bds) -> str:
+    if bds and "parts" in next(iter(bds.values())):
+        return _train_details(bds)
     details = []
     for did, bd in bds.items():
         parts = [f"<details><summary>design {did}: decode bound {bd['bound']} "

@@ -34,6 +34,7 @@ from dse.errors import InputError, suggest
 from dse.perf import REASONS, score
 from dse.results import pages
 from dse.results import reoptimize as reopt
+from dse.results import train_whatif
 from dse.results.bands_report import whatif_bands, whatif_headline, whatif_lines
 from dse.scoring.bands import check_samples
 from dse.search import store
@@ -49,13 +50,17 @@ DTYPE_PATHS = tuple(f"accelerator.peak_flops_per_s.{d}" for d in
                     ("bf16", "fp16", "fp8", "fp4", "int8", "int4"))
 
 
-def parse_overrides(sets=None, scales=None) -> dict:
+def parse_overrides(sets=None, scales=None, space=None) -> dict:
     """``--set PATH=VALUE`` and ``--scale PATH=FACTOR`` as {path: (op, value)}, each value parsed
     and checked by the field registry (``dse.spec.fields``, ``dse.spec.validate.parse_text``): numbers,
     and for string fields a catalog id (``accelerator.id=b300``) or a choice
     (``cost.capex_model=components``), a typo refused with the closest valid values. Items may
     be "PATH=VALUE" strings or a {path: value} dict (the Python API)."""
-    valid = set(settable_paths()) | {"accelerator.peak_flops_per_s"}
+    train = space is not None and space.task == "train"
+    registry = train_whatif.REGISTRY if train else REGISTRY
+    dtype_paths = train_whatif.DTYPE_PATHS if train else DTYPE_PATHS
+    valid = set(train_whatif.REGISTRY if train else settable_paths()) \
+        | {"accelerator.peak_flops_per_s"}
     out = {}
     for items, op in ((sets or [], "set"), (scales or [], "scale")):
         if isinstance(items, dict):
@@ -68,13 +73,14 @@ def parse_overrides(sets=None, scales=None) -> dict:
             path = path.strip()
             if path not in valid:
                 raise InputError(f"--{op}: unknown path {path!r}", hint=suggest(path, valid, "paths"))
-            f = REGISTRY.get(path)
+            f = registry.get(path)
             if f is not None and not f.numeric and op == "scale":
                 raise InputError(f"--scale {path}: a {'catalog id' if f.kind == 'id' else 'choice'}"
                                  " cannot be scaled", hint=f"--set {path}=VALUE ({f.valid()})")
             if op == "set":
-                check = DTYPE_PATHS[0] if path == "accelerator.peak_flops_per_s" else path
-                v = validate.parse_text(check, value, where=f"--set {path}", name=path)
+                check = dtype_paths[0] if path == "accelerator.peak_flops_per_s" else path
+                v = validate.parse_text(check, value, where=f"--set {path}", name=path,
+                                        registry=registry, ids=train_whatif.ids if train else None)
                 v = v if isinstance(v, str) else float(v)
             else:
                 try:
@@ -85,7 +91,7 @@ def parse_overrides(sets=None, scales=None) -> dict:
                 if not (math.isfinite(v) and v > 0):
                     raise InputError(f"--scale {path}={value.strip()}: must be > 0 and finite",
                                      hint="a factor such as 1.5")
-            for p in (DTYPE_PATHS if path == "accelerator.peak_flops_per_s" else (path,)):
+            for p in (dtype_paths if path == "accelerator.peak_flops_per_s" else (path,)):
                 out[p] = (op, v)
     if not out:
         raise InputError("nothing to change", hint="give --set PATH=VALUE or --scale PATH=FACTOR")
@@ -101,6 +107,8 @@ def describe_overrides(overrides: dict) -> str:
 def check_overrides(space, overrides: dict) -> None:
     """The overrides applied to the space's base design (each parameter at its first value)
     must still give a valid design: ranges after scaling, and the consistency rules."""
+    if space.task == "train":
+        return train_whatif.check_overrides(space, overrides)
     row = {**space.base, **{p.path: p.values[0] for p in space.parameters if not p.scale}}
     row.update({p: v for p, (op, v) in overrides.items() if isinstance(v, str)})
     try:
@@ -140,6 +148,8 @@ def check_overrides(space, overrides: dict) -> None:
 
 
 def _objective_table(space, ids, overrides=None) -> pd.DataFrame:
+    if space.task == "train":
+        return train_whatif.objective_table(space, ids, overrides)
     sp, vals, overrides = space.with_strings(space.values_at(ids), overrides)
     b, _ = sp.batch_from_values(vals, overrides)
     s = score(b)
@@ -155,14 +165,16 @@ def _objective_table(space, ids, overrides=None) -> pd.DataFrame:
 INVALID = (1, 2, 4, 64, 256)
 
 
-def _refuse_invalid(d: Path, after: pd.DataFrame, overrides: dict) -> None:
+def _refuse_invalid(d: Path, after: pd.DataFrame, overrides: dict, train=False) -> None:
     """A what-if whose change leaves every design of the front invalid (``INVALID``): one line
     with the change, how many designs and why, before anything is written."""
     bits = after["reason"].to_numpy(dtype=np.int64)
-    if len(bits) == 0 or not ((bits & sum(INVALID)) != 0).all():
+    invalid, reasons = (train_whatif.INVALID, train_whatif.REASONS) if train \
+        else (INVALID, REASONS)
+    if len(bits) == 0 or not ((bits & sum(invalid)) != 0).all():
         return
     n = len(bits)
-    why = "; ".join(f"{REASONS[b]} ({int(((bits & b) != 0).sum())} of {n})" for b in INVALID
+    why = "; ".join(f"{reasons[b]} ({int(((bits & b) != 0).sum())} of {n})" for b in invalid
                     if ((bits & b) != 0).any())
     flags = " ".join(f"--{op} {p}={v if isinstance(v, str) else format(v, 'g')}"
                      for p, (op, v) in overrides.items())
@@ -222,7 +234,13 @@ def run_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
     m = store.load_manifest(d)
     space = store.space_of(d, m)
     front = _read_front(d, space)
-    overrides = parse_overrides(sets, scales)
+    overrides = parse_overrides(sets, scales, space)
+    if space.task == "train":
+        bands = 0            # (the training fit has no parameter samples yet)
+        if reoptimize:
+            raise InputError("--reoptimize is not available for training runs yet",
+                             file=str(d), hint="write the change into the space file and "
+                             "`dse run` it; `dse compare` the two runs")
     check_overrides(space, overrides)
     o = Path(out) if out else d / "whatif"
     note = describe_overrides(overrides)
@@ -245,10 +263,13 @@ def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress
     before = _objective_table(space, ids)
     after = _objective_table(space, ids, overrides)
     if prepared is None:       # a re-optimization searches the whole space under the change
-        _refuse_invalid(d, after, overrides)
+        _refuse_invalid(d, after, overrides, space.task == "train")
     moved = front.copy()
-    moved["kv_dtype_before"], moved["kv_dtype"] = space.kv_dtypes(ids), \
-        space.kv_dtypes(ids, overrides)
+    if space.task == "train":
+        moved["kv_dtype_before"] = moved["kv_dtype"] = ""
+    else:
+        moved["kv_dtype_before"], moved["kv_dtype"] = space.kv_dtypes(ids), \
+            space.kv_dtypes(ids, overrides)
     for ob in space.objectives:
         moved[f"{ob.metric}_before"] = before[ob.metric]
         moved[ob.metric] = after[ob.metric]
@@ -270,7 +291,8 @@ def _make(d, m, space, front, overrides, o, prepared, trials, budget_s, progress
     else:
         o.mkdir(parents=True, exist_ok=True)
         store.write_front(o, new_front, space.objectives, space.columns)
-        _state_kv_dtype(store.front_file(o), space, overrides)
+        if space.task != "train":
+            _state_kv_dtype(store.front_file(o), space, overrides)
     sens = sensitivities(space, ids)
     _write(o, space, overrides, moved, new_front, ok, sens, res, band)
     return WhatIf(o, overrides, moved, pd.read_csv(store.front_file(o)), sens, res, band,
@@ -298,8 +320,10 @@ def kv_line(before: np.ndarray, after: np.ndarray) -> str:
 def sensitivities(space, ids, step: float = 0.2) -> pd.DataFrame:
     base = _objective_table(space, ids)
     rows = []
-    for path in SENSITIVITY:
-        paths = DTYPE_PATHS if path == "accelerator.peak_flops_per_s" else (path,)
+    train = space.task == "train"
+    for path in train_whatif.SENSITIVITY if train else SENSITIVITY:
+        paths = ((train_whatif.DTYPE_PATHS if train else DTYPE_PATHS)
+                 if path == "accelerator.peak_flops_per_s" else (path,))
         up = _objective_table(space, ids, {p: ("scale", 1 + step) for p in paths})
         dn = _objective_table(space, ids, {p: ("scale", 1 - step) for p in paths})
         row = {"parameter": path}
@@ -403,8 +427,9 @@ def _write(o, space, overrides, moved, new_front, ok, sens, res=None, band=None)
     lines = [f"# What if: {space.name}", "",
              "Overrides: " + describe_overrides(overrides), "",
              f"- front designs re-scored: {len(moved)}; still feasible: {int(ok.sum())}; "
-             f"non-dominated after the change: {len(new_front)}",
-             kv_line(moved["kv_dtype_before"].to_numpy(), moved["kv_dtype"].to_numpy())]
+             f"non-dominated after the change: {len(new_front)}"]
+    if space.task != "train":
+        lines.append(kv_line(moved["kv_dtype_before"].to_numpy(), moved["kv_dtype"].to_numpy()))
     if (overrides or {}).get("workload.request_rate_per_s", ("scale", 0.0))[0] == "set" \
             and overrides["workload.request_rate_per_s"][1] > 0:
         lines.append("- workload.request_rate_per_s is set: each design's concurrency follows "

@@ -66,9 +66,12 @@ BREAKDOWN = ("pipeline_schedule", "sequence_parallel", "recompute_layer_fraction
              "energy_j_per_token")
 
 
-def kernel_of(acc_id: str, precision: str) -> dict:
-    """The kernel constants a case's GEMMs, attention and collectives use."""
+def kernel_of(acc_id: str, precision: str, scale: dict | None = None) -> dict:
+    """The kernel constants a case's GEMMs, attention and collectives use (``scale``: factors
+    on the chip's catalog kernel parameters, by catalog key: an uncertainty sample)."""
     kp = tcat.kernel(acc_id)
+    if scale:
+        kp = {k: v * scale[k] if k in scale else v for k, v in kp.items()}
     fam = GEMM_FAMILY[PRECISIONS.index(precision)]
     use = next(f for f in FAMILY_FALLBACK[fam] if f"gemm_{f}_fraction" in kp)
     # the family's large-GEMM fraction, the bf16 fit's shape constants (SHAPE_FROM_BF16)
@@ -91,6 +94,14 @@ def resolve_case(df: pd.DataFrame, i: int, p: dict, file: str, offset: int = 0) 
     topo_id = acc.default_topology if isinstance(topo_id, float) else topo_id
     topo = tcat.lookup("topologies", topo_id, file=file, where=where(df, i, "topology", offset))
     prec = PRECISIONS[int(p["precision"][i])]
+    given = {name: float(p[col][i]) for col, name in OVERRIDES.items()
+             if col in p and np.isfinite(p[col][i])}
+    return design_numbers(m, acc, topo, prec, given)
+
+
+def design_numbers(m, acc, topo, prec: str, given: dict) -> dict:
+    """A design's model, chip and system numbers (TrainBatch names) from its catalog entries,
+    the precision and the numbers ``given`` instead ({TrainBatch name: value})."""
     peaks = acc.peak_flops_per_s
     gated = 3.0 if m.mlp_gated else 2.0
     c = {"hidden_size": m.hidden_size, "num_layers": m.num_hidden_layers,
@@ -113,9 +124,7 @@ def resolve_case(df: pd.DataFrame, i: int, p: dict, file: str, offset: int = 0) 
          "all_in_power_w": acc.price.all_in_power_w, "kernel": kernel_of(acc.id, prec)}
     params = tcat.train_parameters()
     c.update({k: float(params[k]) for k in PARAMS})
-    for col, name in OVERRIDES.items():
-        if col in p and np.isfinite(p[col][i]):
-            c[name] = float(p[col][i])
+    c.update(given)
     key = PEAK_DTYPE[PRECISIONS.index(prec)]
     c["precision_native"] = float(c["peak_" + key] > 0)
     # without native support the linear layers are timed at the best slower peak the chip has

@@ -16,6 +16,7 @@ import pandas as pd
 
 from dse import pareto
 from dse.perf import score_chunked
+from dse.scoring import train_space
 from dse.search import store
 from dse.search.loop import Strategy, drive
 
@@ -27,17 +28,22 @@ def score_chunk(space, i: int, chunk: int) -> tuple[pd.DataFrame, int]:
     """The admissible, non-dominated designs of chunk ``i`` and how many designs it scored."""
     lo, hi = i * chunk, min((i + 1) * chunk, space.size)
     idx = np.arange(lo, hi, dtype=np.int64)
-    distinct, rows, direct, _ = space.batch_parts(idx, dtype=np.float32)   # no conversion
     names = {o.metric for o in space.objectives} | {c.metric for c in space.constraints}
-    s = score_chunked(distinct, dtype=np.float32, rows=rows, direct=direct,
-                      metrics=sorted(names | set(store.KEEP_METRICS) | {"feasible"}))
+    keep_metrics = set(store.keep_metrics(space))
+    if space.task == "train":
+        s = train_space.score_index(space, idx, metrics=sorted(names | keep_metrics
+                                                                | {"feasible"}))
+    else:
+        distinct, rows, direct, _ = space.batch_parts(idx, dtype=np.float32)   # no conversion
+        s = score_chunked(distinct, dtype=np.float32, rows=rows, direct=direct,
+                          metrics=sorted(names | keep_metrics | {"feasible"}))
     ok = pareto.admissible(s, space.objectives, space.constraints)
     F = pareto.objective_matrix(s, space.objectives)[ok]
     keep = np.flatnonzero(ok)[pareto.nondominated(F)]
     table = pd.DataFrame({"design_id": idx[keep]})
     for p, v in space.values_at(idx[keep]).items():
         table[p] = v
-    for m in sorted(names | set(store.KEEP_METRICS)):
+    for m in sorted(names | keep_metrics):
         v = s[m][keep]
         table[m] = v.astype(np.float64) if v.dtype.kind == "f" else v
     return table, hi - lo

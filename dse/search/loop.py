@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from dse import pareto
-from dse.scoring import breakdown
+from dse.scoring import breakdown, train_space
 from dse.search import store
 from dse.spec.fields import label
 
@@ -81,7 +81,8 @@ class Strategy:
         (``dse.scoring.breakdown``): written when the loop ends without an error."""
         if self.front is not None and "design_id" in self.front:
             ids = np.sort(self.front["design_id"].to_numpy(dtype=np.int64))
-            store.write_breakdown(self.d, breakdown.of_designs(self.space, ids))
+            of = train_space.breakdown if self.space.task == "train" else breakdown.of_designs
+            store.write_breakdown(self.d, of(self.space, ids))
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0

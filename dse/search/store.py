@@ -33,6 +33,7 @@ import pandas as pd
 from dse import pareto
 from dse.build.space import Objective, load_space, objectives_file
 from dse.errors import InputError, writing
+from dse.scoring import train_space
 from dse.search import locks
 from dse.search.progress import bar as progress_bar
 from dse.spec.csvsafe import spreadsheet_safe
@@ -46,6 +47,12 @@ STATES = ("running", "stopped", "finished", "failed")
 KEEP_METRICS = ("ttft_s", "ttft_unloaded_s", "tpot_s", "output_tokens_per_s_per_chip",
                 "output_tokens_per_s_per_rack", "usd_per_mtok_output", "usd_per_mtok_input",
                 "num_chips", "bound", "feasible", "hbm_used_fraction")
+
+
+def keep_metrics(space) -> tuple:
+    """The metrics a score table of ``space`` keeps besides its objectives and constraints
+    (a training space's: ``dse.scoring.train_space.KEEP_METRICS``)."""
+    return train_space.KEEP_METRICS if space.task == "train" else KEEP_METRICS
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -289,6 +296,7 @@ def create(d: Path, space, strategy: str, seed: int, extra: dict) -> dict:
         "objectives": [o.to_dict() for o in space.objectives],
         "constraints": [{"metric": c.metric, "max": c.max, "min": c.min} for c in space.constraints],
         "inputs": inputs,
+        **({"task": space.task} if space.task != "serve" else {}),
         **extra,
     }
     manifest["fingerprint"] = manifest_fingerprint(manifest)

@@ -36,7 +36,8 @@ from dse.spec import fields, validate
 SECTIONS = ("accelerator", "topology", "model", "layout", "workload", "serving", "cost")
 # a space file: the sections of a base design and these top-level keys; objectives and
 # constraints name numeric metrics of the scorer
-SPACE_KEYS = ("question", "name", "parameters", "objectives", "constraints", "answer", *SECTIONS)
+SPACE_KEYS = ("question", "name", "parameters", "objectives", "constraints", "answer", "task",
+              *SECTIONS)
 NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))
 DIRECTIONS = ("minimize", "maximize")
 

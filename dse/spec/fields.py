@@ -463,9 +463,44 @@ METRIC_INFO = {
 }
 
 
+# the metrics a training space scores (dse.scoring.train_space, dse.spec.train_fields): a short
+# name and the unit (labels fall back to METRIC_INFO's for the names both tasks share)
+TRAIN_METRIC_INFO = {
+    "train_time_s": ("time to train the tokens", "s"),
+    "train_cost_usd": ("cost to train the tokens", "USD"),
+    "train_energy_j": ("energy to train the tokens", "J"),
+    "usd_per_trillion_tokens": ("cost per trillion tokens", "$/Ttok"),
+    "chip_hours_per_trillion_tokens": ("chip-hours per trillion tokens", "chip-h/Ttok"),
+    "num_chips": ("chips", "chips"),
+    "step_time_s": ("step time", "s"),
+    "tokens_per_s": ("job throughput", "tokens/s"),
+    "tokens_per_s_per_chip": ("tokens per chip", "tokens/s"),
+    "model_tflops_per_chip": ("model TFLOP/s per chip", "TFLOP/s"),
+    "mfu": ("MFU", "fraction"),
+    "hfu": ("HFU", "fraction"),
+    "memory_per_chip_bytes": ("peak memory per chip", "bytes"),
+    "hbm_used_fraction": ("HBM used", "fraction"),
+    "energy_j_per_token": ("energy per token", "J"),
+    "compute_s": ("compute per step", "s"),
+    "memory_s": ("HBM-bound work per step", "s"),
+    "network_exposed_s": ("exposed communication per step", "s"),
+    "network_total_s": ("communication per step", "s"),
+    "bubble_s": ("pipeline bubble per step", "s"),
+    "optimizer_s": ("optimizer step", "s"),
+    "train_steps": ("optimizer steps", "steps"),
+    "weights_bytes": ("weights per chip", "bytes"),
+    "grads_bytes": ("gradients per chip", "bytes"),
+    "optimizer_bytes": ("optimizer state per chip", "bytes"),
+    "activations_bytes": ("activations per chip", "bytes"),
+    "bound": ("step bound", ""),
+    "feasible": ("feasible", ""),
+    "reason": ("infeasibility reason bits", ""),
+}
+
+
 def metric_unit(metric: str) -> str:
     """The unit of a metric's stored value ("" when it has none or is unknown)."""
-    return METRIC_INFO.get(metric, ("", ""))[1]
+    return METRIC_INFO.get(metric, TRAIN_METRIC_INFO.get(metric, ("", "")))[1]
 
 
 def label(path: str) -> str:
@@ -474,8 +509,8 @@ def label(path: str) -> str:
     name and unit, ``TPOT [s]``."""
     if is_scale_column(path):
         return f"{path} [factor]"
-    if path in METRIC_INFO:
-        name, unit = METRIC_INFO[path]
+    if path in METRIC_INFO or path in TRAIN_METRIC_INFO:
+        name, unit = METRIC_INFO.get(path) or TRAIN_METRIC_INFO[path]
         return f"{name} [{unit}]" if unit else name
     f = REGISTRY.get(path)
     return f.label() if f else path

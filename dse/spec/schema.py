@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dse.spec.design import DIRECTIONS, NUMERIC_METRICS, SECTIONS
+from dse.spec import train_fields
 from dse.spec.fields import CATALOG, LIMITS, REGISTRY, Field
 
 
@@ -90,4 +91,37 @@ def space_schema() -> dict:
                        "properties": {"analysis": {"type": "string"}}},
         },
         "required": ["objectives"],
+    }
+
+
+def train_space_schema() -> dict:
+    """A training space (``task = "train"``): its sections, parameters and metrics
+    (``dse.spec.train_fields``)."""
+    from_serving = space_schema()
+    bound = from_serving["properties"]["constraints"]["additionalProperties"]
+    metrics = list(train_fields.NUMERIC_METRICS)
+    props = {}
+    for sec in train_fields.SECTIONS:
+        keys = {p[len(sec) + 1:]: field_schema(f) for p, f in sorted(train_fields.REGISTRY.items())
+                if f.section == sec}
+        if keys:
+            props[sec] = {"type": "object", "description": f"[{sec}]",
+                          "propertyNames": {"enum": sorted(keys)}, "properties": keys}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "dse training space file", "type": "object", "additionalProperties": False,
+        "properties": {
+            **props, "task": {"const": "train"},
+            "name": {"type": "string"}, "question": {"type": "string"},
+            "parameters": {"type": "object", "additionalProperties": False,
+                           "properties": {p: parameter_schema(f) for p, f in
+                                          sorted(train_fields.REGISTRY.items())}},
+            "objectives": {"oneOf": [
+                {"type": "string", "description": "path of an objectives file"},
+                {"type": "object", "propertyNames": {"enum": metrics},
+                 "additionalProperties": {"enum": list(DIRECTIONS)}, "minProperties": 1}]},
+            "constraints": {"type": "object", "propertyNames": {"enum": metrics},
+                            "additionalProperties": bound},
+        },
+        "required": ["task", "objectives"],
     }

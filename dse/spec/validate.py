@@ -49,12 +49,15 @@ def _show(v) -> str:
     return repr(v)
 
 
-def check_value(path: str, value, *, file=None, where=None, name=None):
-    """One value of ``path`` as a file gives it; returns it (strings stripped)."""
-    f = REGISTRY.get(path)
+def check_value(path: str, value, *, file=None, where=None, name=None, registry=None):
+    """One value of ``path`` as a file gives it; returns it (strings stripped). ``registry``:
+    the fields to check against (default: the serving fields, ``fields.REGISTRY``; a training
+    space passes ``train_fields.REGISTRY``)."""
+    registry = REGISTRY if registry is None else registry
+    f = registry.get(path)
     if f is None:
         raise InputError(f"unknown key {path!r}", file=file, where=where,
-                         hint=suggest(path, REGISTRY, "valid keys"))
+                         hint=suggest(path, registry, "valid keys"))
     name = name or path
     if isinstance(value, (list, dict, tuple)):
         raise InputError(f"{name} must be a single value, not a {type(value).__name__}",
@@ -90,15 +93,20 @@ def check_value(path: str, value, *, file=None, where=None, name=None):
     return value
 
 
-def parse_text(path: str, text: str, *, file=None, where=None, name=None):
-    """A value written as text (``--set PATH=VALUE``) as its field's type, checked."""
-    f = REGISTRY.get(path)
+def parse_text(path: str, text: str, *, file=None, where=None, name=None, registry=None,
+               ids=None):
+    """A value written as text (``--set PATH=VALUE``) as its field's type, checked.
+    ``registry``: the fields (default the serving ones); ``ids(path)``: the valid ids of an id
+    field (default the serving catalog's table)."""
+    registry = REGISTRY if registry is None else registry
+    f = registry.get(path)
     if f is None:
         raise InputError(f"unknown path {path!r}", file=file, where=where,
-                         hint=suggest(path, REGISTRY, "valid paths"))
+                         hint=suggest(path, registry, "valid paths"))
     t = text.strip()
     if f.kind == "bool" and t.lower() in (*TRUE_WORDS, *FALSE_WORDS, "0", "1"):
-        return check_value(path, t.lower() in (*TRUE_WORDS, "1"), file=file, where=where, name=name)
+        return check_value(path, t.lower() in (*TRUE_WORDS, "1"), file=file, where=where, name=name,
+                           registry=registry)
     if f.numeric:
         try:
             v = int(t) if t.lstrip("+-").isdigit() else float(t)
@@ -106,11 +114,11 @@ def parse_text(path: str, text: str, *, file=None, where=None, name=None):
             v = t      # not a number: check_value says so
         if isinstance(v, float) and t.lower().lstrip("+-") in ("nan", "inf", "infinity"):
             v = float(t)
-        return check_value(path, v, file=file, where=where, name=name)
-    v = check_value(path, t, file=file, where=where, name=name)
+        return check_value(path, v, file=file, where=where, name=name, registry=registry)
+    v = check_value(path, t, file=file, where=where, name=name, registry=registry)
     if f.kind == "id" and not (v == "" and f.blank):
         kind = catalog_kind(path)
-        ids = catalog.table(kind)
+        ids = catalog.table(kind) if ids is None else ids(path)
         if v not in ids:
             raise InputError(f"{name or path} = {v!r} is not a catalog id", file=file,
                              where=where, hint=suggest(v, ids, "ids")
@@ -365,10 +373,10 @@ def range_bad(path: str, values: np.ndarray) -> np.ndarray:
     return _range_bad(REGISTRY[path], np.asarray(values, dtype=float))
 
 
-def check_values(path: str, values, *, file=None, where=None) -> tuple:
+def check_values(path: str, values, *, file=None, where=None, registry=None) -> tuple:
     """A list of values of ``path`` (a space's parameter): checked at numpy speed when all are
     plain numbers, else one by one (``check_value``); returns them as a tuple."""
-    f = REGISTRY.get(path)
+    f = (REGISTRY if registry is None else registry).get(path)
     plain = f is not None and f.kind in ("int", "float") and all(
         type(v) in (int, float) for v in values)
     if plain:
@@ -376,4 +384,5 @@ def check_values(path: str, values, *, file=None, where=None) -> tuple:
         if not bad.any():
             return tuple(values)
         values = [values[int(np.flatnonzero(bad)[0])]]
-    return tuple(check_value(path, v, file=file, where=where) for v in values)
+    return tuple(check_value(path, v, file=file, where=where, registry=registry)
+                 for v in values)

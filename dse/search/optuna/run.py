@@ -19,6 +19,7 @@ import pandas as pd
 
 from dse import pareto
 from dse.perf import score_chunked
+from dse.scoring import train_space
 from dse.search import locks, store
 from dse.search.loop import WAIT, Strategy
 from dse.search.optuna import folder, segments, surrogate
@@ -314,8 +315,11 @@ class OptunaRun(Strategy):
             coords[:, i] = np.tile(grid[:, j], n)
         ids = (np.ravel_multi_index(tuple(coords.T), space.shape) if space.parameters
                else np.zeros(len(coords), np.int64))
-        batch, _ = space.batch_from_values(space.values_at(ids), dtype=np.float32)
-        s = score_chunked(batch, dtype=np.float32)
+        if space.task == "train":
+            s = train_space.score_index(space, ids)
+        else:
+            batch, _ = space.batch_from_values(space.values_at(ids), dtype=np.float32)
+            s = score_chunked(batch, dtype=np.float32)
         ok = pareto.admissible(s, space.objectives, space.constraints)
         F = pareto.objective_matrix(s, space.objectives)
         ref = self.manifest.get("reference")
@@ -349,7 +353,7 @@ class OptunaRun(Strategy):
         for p, v in space.values_at(ids[keep]).items():
             table[p] = v
         metrics = ({ob.metric for ob in space.objectives} | {c.metric for c in space.constraints}
-                   | set(store.KEEP_METRICS))
+                   | set(store.keep_metrics(space)))
         for m in sorted(metrics):
             v = s[m][keep]
             table[m] = v.astype(np.float64) if v.dtype.kind == "f" else v

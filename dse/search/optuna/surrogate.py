@@ -139,6 +139,8 @@ def value_features(space, outer) -> dict[int, np.ndarray]:
     covariance of two values' effects is the correlation of their spec vectors. {position in
     ``outer``: (values x components)}; parameters without such specs are left out. Cached per
     space object and outer parameters (a run asks for them once per trial)."""
+    if space.task == "train":       # (the serving Batch's spec columns; training: none)
+        return {}
     key = (id(space), tuple(outer))
     if key in _FEATURES and _FEATURES[key][0] is space:
         return _FEATURES[key][1]

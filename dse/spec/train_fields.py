@@ -1,0 +1,98 @@
+"""The settable fields of a training space (``task = "train"``) and the training metrics.
+
+A training design is what one row of a ``dse predict --train`` case file is
+(contracts/train-cases.md): a model, an accelerator and its system, a parallel layout and a
+job, plus the tokens to train. Its fields reuse the serving registry's entries where the path
+means the same thing (``model.*``, ``accelerator.*`` overrides, ``layout.tp``) and add the
+training ones here; ``validate.check_value(..., registry=REGISTRY)`` checks them the same way.
+The docs' field reference lists them (``dse.docs``).
+"""
+
+from __future__ import annotations
+
+from dse.spec import fields as serving
+from dse.spec.fields import count, enum, frac, ident, num
+
+PRECISIONS = ("bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4")   # = dse.perf.train_batch
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe")
+CHIPS = "chips per instance"
+
+# serving fields a training design may set with the same meaning (model shape and MoE shape,
+# chip and system numbers: dse.scoring.train_space maps them onto the training model's inputs)
+SHARED = (
+    "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
+    "model.num_key_value_heads", "model.head_dim", "model.intermediate_size",
+    "model.vocab_size", "model.num_experts", "model.num_experts_per_tok",
+    "model.moe_intermediate_size", "model.n_shared_experts",
+    "model.shared_expert_intermediate_size",
+    "accelerator.hbm_capacity_bytes", "accelerator.hbm_bw_bytes_per_s",
+    "accelerator.peak_flops_per_s.bf16", "accelerator.peak_flops_per_s.fp16",
+    "accelerator.peak_flops_per_s.fp8", "accelerator.peak_flops_per_s.fp4",
+    "accelerator.scaleup_link_bw_bytes_per_s", "accelerator.scaleout_link_bw_bytes_per_s",
+    "accelerator.scaleup_domain_chips", "accelerator.efficiency.hbm_fraction",
+    "accelerator.price_usd_per_hour", "accelerator.all_in_power_w",
+    "topology.domain_chips", "topology.scaleup.link_bw_bytes_per_s",
+    "topology.scaleout.link_bw_bytes_per_s",
+)
+
+OWN = (
+    ident("model.id", "catalog id of the model (the serving catalog's and dse/catalog/"
+          "training.toml's)"),
+    ident("accelerator.id", "catalog id of the accelerator (the serving catalog's and "
+          "dse/catalog/training.toml's)"),
+    serving.Field("topology.id", "id", "", "catalog id of the system topology", "",
+                  blank="the accelerator's default system"),
+    num("training.tokens", "tokens", "tokens to train (the run's whole budget: train_time_s, "
+        "train_cost_usd and train_energy_j are for these)", 1e12),
+    count("training.global_batch_seqs", "sequences", "sequences per optimizer step, whole job",
+          1024, high=10**9),
+    count("training.seq_len", "tokens", "tokens per sequence", 4096, high=10**8),
+    enum("training.precision", PRECISIONS, "bf16", "precision of the transformer's linear "
+         "layers (contracts/train-cases.md); attention core, norms and communication stay bf16"),
+    count("training.mtp_layers", "layers", "multi-token-prediction modules trained with the "
+          "model", 0, low=0, high=64, zero="none"),
+    count("layout.num_chips", "chips", "chips of the job: dp = num_chips / (tp x pp x cp) "
+          "where layout.dp is not given", 0, low=0, limit=CHIPS, zero="tp x pp x cp x dp"),
+    count("layout.tp", "chips", "tensor-parallel degree", 1, limit=CHIPS),
+    count("layout.pp", "stages", "pipeline-parallel degree", 1, limit=CHIPS),
+    count("layout.dp", "chips", "data-parallel degree (blank with layout.num_chips: what is "
+          "left)", 1, limit=CHIPS),
+    count("layout.cp", "chips", "context-parallel degree (ring attention; 2 cp must divide "
+          "training.seq_len)", 1, limit=CHIPS),
+    count("layout.ep", "chips", "expert-parallel degree, carved out of tp x cp x dp (1 for a "
+          "dense model)", 1, limit=CHIPS),
+    count("layout.vp", "stages", "virtual pipeline stages per rank (interleaved schedule only)",
+          1, high=64),
+    count("layout.micro_batch_seqs", "sequences", "sequences per micro-batch per data-parallel "
+          "rank (global_batch_seqs / (dp x micro_batch_seqs) must be whole)", 1, high=4096),
+    enum("layout.recompute", RECOMPUTE, "none", "activation recomputation: none, selective "
+         "(the core attention) or full (the share layout.recompute_layer_fraction of the "
+         "layers)"),
+    frac("layout.recompute_layer_fraction", "with recompute = full: the share of the layers "
+         "recomputed", 1.0, open_=True),
+    count("layout.zero_stage", "", "ZeRO stage: 0 replicated optimizer, 1 optimizer sharded "
+          "(Megatron's distributed optimizer), 2 + gradients, 3 + parameters (FSDP)", 1, low=0,
+          high=3, zero="replicated optimizer state"),
+    enum("layout.pipeline_schedule", SCHEDULES, "1f1b", "pipeline schedule (interleaved needs "
+         "layout.vp >= 2, and layout.vp >= 2 needs interleaved)"),
+    enum("layout.sequence_parallel", ("auto", "on", "off"), "auto", "activations outside the "
+         "tensor-parallel matmuls sharded over tp; auto = on when tp > 1"),
+    num("train.compute_fraction_scale", "ratio", "fitted training parameter "
+        "(dse/catalog/training.toml [training]); blank = the fit"),
+    frac("train.overlap_fraction", "fitted share of a collective hidden under its compute "
+         "window (dse/catalog/training.toml [training]); blank = the fit"),
+    num("train.layer_overhead_s", "s", "fitted fixed time per layer per micro-batch "
+        "(dse/catalog/training.toml [training]); blank = the fit", open_=False),
+    num("train.attention_bwd_ratio", "ratio", "fitted backward / forward time of the attention "
+        "core (dse/catalog/training.toml [training]); blank = the fit"),
+)
+
+FIELDS = OWN + tuple(serving.REGISTRY[p] for p in SHARED)
+REGISTRY = {f.path: f for f in FIELDS}
+assert len(REGISTRY) == len(FIELDS), "a training path is registered twice"
+SECTIONS = ("accelerator", "topology", "model", "layout", "training", "train")
+
+METRIC_INFO = serving.TRAIN_METRIC_INFO
+METRICS = tuple(METRIC_INFO)
+NUMERIC_METRICS = tuple(m for m in METRICS if m not in ("bound", "feasible", "reason"))
