@@ -178,12 +178,16 @@ def _eval(a) -> int:
 
 
 def _predict(a) -> int:
-    from dse.api import predict, predict_train
+    from dse.api import predict_train
     if os.path.abspath(a.out) == os.path.abspath(a.cases):
         raise InputError("--out would overwrite the case file", file=a.out,
                          hint="write predictions to another path")
-    pred = (predict_train if a.train else predict)(a.cases, a.out)
-    print(f"wrote {len(pred)} predictions to {a.out}")
+    if a.train:
+        n = len(predict_train(a.cases, a.out))
+    else:       # streamed: the file is read, scored and written a chunk at a time
+        from dse.scoring.predict import predict_file
+        n = predict_file(a.cases, a.out, keep=False)
+    print(f"wrote {n} predictions to {a.out}")
     return 0
 
 

@@ -65,8 +65,8 @@ def _raiser(code: int, after=None):
 def test_predict_onto_a_full_disk_leaves_no_tmp(cwd, capsys, monkeypatch):
     from dse.scoring import predict
 
-    def half(frame, path):                       # some bytes written, then the disk is full
-        Path(path).write_text("case_id,ttft_s\n")
+    def half(frame, f, header=True):             # some bytes written, then the disk is full
+        f.write(b"case_id,ttft_s\n")
     monkeypatch.setattr(predict, "write_csv", _raiser(errno.ENOSPC, half))
     rc, err = dse(capsys, "predict", _cases(cwd), "--out", "pred.csv")
     faulted(rc, err, "pred.csv: no space left on the device", root=cwd)

@@ -23,7 +23,7 @@ import numpy as np
 
 from dse.build.space import Space, load_space
 from dse.errors import InputError, StorageError, StorageUnavailable
-from dse.search import exhaustive, shards, store
+from dse.search import exhaustive, locks, shards, store
 from dse.search.loop import drive
 from dse.search.optuna import strategy as optuna_strategy
 from dse.search.optuna.run import OptunaRun
@@ -104,12 +104,11 @@ def plan(space, strategy: str | None, trials: int | None, budget_s: float | None
 
 
 def _resume(d: Path):
+    """A stopped run taken over (its owner lock is held: no other run, resume or repair works
+    on it; workers that are at work go on beside it)."""
     m = store.load_manifest(d)
     store.check_version(m, d)
-    st = store.status(d)       # refuses corrupt durable files; rebuilds derived ones
-    if st["state"] == "running":
-        raise InputError("the run is still running", file=str(d),
-                         hint="stop it first, or join it with `dse worker`")
+    store.status(d)            # refuses corrupt durable files; rebuilds derived ones
     snap = store.space_snapshot(d, m)
     space = store.space_of(d, m)
     if space.digest != m["space_digest"]:
@@ -174,15 +173,22 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
         if run_dir is None:
             raise InputError("give the run folder to resume or join")
         d = Path(run_dir)
-        space, m = _join(d) if join else _resume(d)
-        procs = _spawn_workers(d, workers - 1) if workers > 1 else []
+        if not join:
+            if not store.manifest_file(d).is_file():
+                store.load_manifest(d)           # refused: not a run folder
+            locks.acquire_owner(d)               # before anything of the folder is read
+        procs = []
         try:
+            space, m = _join(d) if join else _resume(d)
+            procs = _spawn_workers(d, workers - 1) if workers > 1 else []
             search(space, d, m, max_trials=trials, budget_s=budget_s,
                    storage_url=storage_url or m.get("storage"), progress=progress, joining=join)
         except (StorageError, StorageUnavailable) as e:
             raise _resumable(e, d, join) from None
         finally:
             _reap(procs)
+            if not join:
+                locks.release_owner(d)
         return d
     if space is None:
         raise InputError("give a space file, or --resume DIR")
@@ -200,6 +206,7 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
         storage_for(None, storage)
     existed = run_dir is not None and Path(run_dir).is_dir()
     d = store.new_run_dir(space.name, None if run_dir is None else str(run_dir))
+    locks.acquire_owner(d)     # two runs started on one --out at once: one is refused
     ext = {"chunk_designs": chunk_designs or exhaustive.CHUNK_DESIGNS, **(extra or {})}
     if p["strategy"] == "exhaustive":
         if storage:               # chunks as trials of a shared study
@@ -225,6 +232,7 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
         space = store.space_of(d, m)      # the run reads its own copy
     except BaseException:
         store.discard(d, existed)
+        locks.release_owner(d)
         raise
     procs = []
     try:
@@ -244,6 +252,7 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
         raise
     finally:
         _reap(procs)
+        locks.release_owner(d)
     return d
 
 

@@ -85,7 +85,7 @@ class Exhaustive(Strategy):
     def store(self, i, scored) -> None:
         table = scored[0]
         # the chunk is done once its table is on disk (written whole, then renamed)
-        store.atomic_save(store.chunk_file(self.d, i), lambda p: table.to_parquet(p, index=False))
+        store.save_table(store.chunk_file(self.d, i), table, self.manifest)
 
     def tell(self, i, scored) -> int:
         table, n = scored

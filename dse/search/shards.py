@@ -237,7 +237,7 @@ class Shards(Strategy):
 
     def store(self, tid, scored) -> None:
         _, i, table, _ = scored
-        store.atomic_save(store.chunk_file(self.d, i), lambda p: table.to_parquet(p, index=False))
+        store.save_table(store.chunk_file(self.d, i), table, self.manifest)
 
     def tell(self, tid, scored) -> int:
         trial, i, table, n = scored

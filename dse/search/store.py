@@ -34,6 +34,7 @@ from dse import pareto
 from dse.build.space import Objective, load_space, objectives_file
 from dse.errors import InputError, writing
 from dse.scoring import train_space
+from dse.search import locks
 from dse.search.progress import bar as progress_bar
 from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.design import read_toml
@@ -100,6 +101,17 @@ def manifest_file(d: Path) -> Path:
 
 def write_manifest(d: Path, m: dict) -> None:
     write_json(manifest_file(d), m)
+
+
+def update_manifest(d: Path, m: dict, **kv) -> dict:
+    """``kv`` set in the manifest on disk (read again under the run's claim lock, so that
+    processes sharing the folder never write back each other's stale copies) and in ``m``."""
+    with locks.claim(d):
+        disk = json.loads(manifest_file(d).read_text())
+        disk.update(kv)
+        write_manifest(d, disk)
+    m.update(kv)
+    return m
 
 
 def write_progress(d: Path, progress: dict) -> None:
@@ -287,8 +299,20 @@ def create(d: Path, space, strategy: str, seed: int, extra: dict) -> dict:
         **({"task": space.task} if space.task != "serve" else {}),
         **extra,
     }
+    manifest["fingerprint"] = manifest_fingerprint(manifest)
     write_manifest(d, manifest)
     return manifest
+
+
+# the manifest's entries that never change over a run's life: their hash is kept with them, so
+# that an edited size or chunk size (which would change what every score table means) is refused
+FINGERPRINT_KEYS = ("space_digest", "size", "chunk_designs", "strategy", "study_name", "seed")
+
+
+def manifest_fingerprint(m: dict) -> str:
+    import hashlib
+    return hashlib.sha256(json.dumps([m.get(k) for k in FINGERPRINT_KEYS],
+                                     default=str).encode()).hexdigest()[:16]
 
 
 def load_manifest(d: Path) -> dict:
@@ -309,6 +333,11 @@ def load_manifest(d: Path) -> dict:
         why = " ".join(f"{type(e).__name__}: {e}".split())[:160]
         raise InputError(f"corrupt manifest ({why})", file=str(f),
                          hint="the run cannot be read; start a new one") from None
+    if "fingerprint" in m and m["fingerprint"] != manifest_fingerprint(m):
+        changed = ", ".join(FINGERPRINT_KEYS[:3])
+        raise InputError(f"corrupt manifest (its fixed entries ({changed}, ...) were edited: "
+                         "they no longer match its fingerprint)", file=str(f),
+                         hint="restore the values the run was made with, or start a new run")
     check_layout(d)
     return m
 
@@ -330,9 +359,11 @@ def _layout(d: Path) -> list[tuple[Path, str]]:
     scores = d / "scores"
     if scores.exists() and not scores.is_dir():
         bad.append((scores, "a file, not the folder of score tables"))
-    for name in ("optuna.journal.flock", "lock", "progress.json", "front.csv"):
+    for name in ("optuna.journal.flock", "lock", "claim.flock", "progress.json", "front.csv"):
         if (d / name).is_dir():
             bad.append((d / name, "a folder, not a file"))
+    if (d / "live").exists() and not (d / "live").is_dir():
+        bad.append((d / "live", "a file, not the folder of processes at work"))
     return bad
 
 
@@ -342,7 +373,7 @@ def heal_layout(d: Path) -> list[str]:
     done = []
     for p, kind in _layout(Path(d)):
         moved = _quarantine(d, p)
-        if p.name == "scores":
+        if p.name in ("scores", "live"):
             p.mkdir()
         done.append(f"quarantined {p.relative_to(d)} ({kind}) to {moved.relative_to(d)}")
     return done
@@ -401,27 +432,120 @@ def corrupt(f: Path, what: str, e: Exception | None = None) -> InputError:
 
 
 def read_table(f: Path) -> pd.DataFrame:
-    """A score table; a file that is not a whole Parquet table is refused, naming it."""
+    """A score table; a file that is not a whole Parquet table, or whose fingerprint is not
+    the run's (``check_fingerprint``), is refused, naming it."""
+    import pyarrow.parquet as pq
     try:
-        t = pd.read_parquet(f)
+        at = pq.read_table(f)
     except FileNotFoundError:
         raise
     except Exception as e:       # pyarrow raises several types for a broken file
         raise corrupt(f, "score table", e) from None
+    check_fingerprint(f, at.schema.metadata)
+    try:
+        t = at.to_pandas()
+    except Exception as e:
+        raise corrupt(f, "score table", e) from None
     if "design_id" not in t:
         raise corrupt(f, "score table (no design_id column)")
+    if f.name.startswith("chunk-") and len(t):
+        lo, hi = _table_place(f, _run_manifest(f))["designs"]
+        ids = t["design_id"].to_numpy()
+        if ids.min() < lo or ids.max() >= hi:
+            raise corrupt(f, f"score table (designs {ids.min()}..{ids.max()} outside its chunk's "
+                             f"range {lo}..{hi - 1})")
     return t
 
 
 def check_table(f: Path) -> None:
-    """Cheap check (the Parquet footer) that a score table is whole."""
+    """Cheap check (the Parquet footer) that a score table is whole and the run's."""
     import pyarrow.parquet as pq
     try:
-        pq.ParquetFile(f).metadata
+        meta = pq.ParquetFile(f).schema_arrow.metadata
     except FileNotFoundError:
         raise
     except Exception as e:
         raise corrupt(f, "score table", e) from None
+    check_fingerprint(f, meta)
+
+
+TABLE_META = b"dse"     # a score table's Parquet key: the run's space fingerprint and its place
+
+
+def save_table(path: Path, table: pd.DataFrame, m: dict) -> None:
+    """A score table written whole then renamed, carrying (Parquet metadata ``dse``) the
+    space's fingerprint (the space file's digest) and its place in the run: a chunk's design
+    range, a batch's segment and first trial; checked on every read (``check_fingerprint``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    meta = json.dumps({"space_digest": m.get("space_digest"), **_table_place(path, m)})
+
+    def write(p):
+        t = pa.Table.from_pandas(table, preserve_index=False)
+        pq.write_table(t.replace_schema_metadata({**(t.schema.metadata or {}),
+                                                  TABLE_META: meta.encode()}), p)
+    atomic_save(path, write)
+
+
+def _table_place(f: Path, m: dict) -> dict:
+    """Where a score table belongs, from its name and the manifest: a chunk's designs
+    [first, stop), a batch's segment and first trial."""
+    kind, rest = Path(f).stem.split("-", 1)
+    if kind == "chunk":
+        i, chunk = int(rest), int(m.get("chunk_designs", 65536))
+        return {"designs": [i * chunk, min((i + 1) * chunk, int(m.get("size") or 0))]}
+    segment, first = rest.split("-")[:2]
+    return {"segment": int(segment), "first_trial": int(first)}
+
+
+_MANIFESTS: dict = {}
+
+
+def _run_manifest(f: Path) -> dict:
+    """The manifest of the run a score table is in (DIR/scores/<table>), read once per change."""
+    mf = manifest_file(Path(f).parent.parent)
+    try:
+        st = mf.stat()
+    except OSError:
+        return {}
+    key = (str(mf), st.st_mtime_ns, st.st_size)
+    if key not in _MANIFESTS:
+        try:
+            _MANIFESTS.clear()
+            _MANIFESTS[key] = json.loads(mf.read_text())
+        except (OSError, ValueError):
+            return {}
+    return _MANIFESTS[key]
+
+
+def check_fingerprint(f: Path, metadata) -> None:
+    """A score table carrying another space's fingerprint, or another place (a chunk's range,
+    a batch's segment and first trial) than its name says in this run, is refused: a valid
+    table copied over another. Tables written before fingerprints carry none (accepted)."""
+    raw = (metadata or {}).get(TABLE_META)
+    m = _run_manifest(f)
+    if raw is None or not m:
+        return
+    try:
+        meta = json.loads(raw)
+        digest, place = meta.get("space_digest"), {k: v for k, v in meta.items()
+                                                   if k != "space_digest"}
+    except (ValueError, AttributeError):
+        raise corrupt(f, "score table (unreadable fingerprint)") from None
+    if m.get("space_digest") is not None and digest != m["space_digest"]:
+        raise corrupt(f, f"score table (of another space: fingerprint {digest}, the run's "
+                         f"{m['space_digest']})")
+    want = _table_place(f, m)
+    if place != want:
+        raise corrupt(f, f"score table (made for {_place_words(place)}, its name here says "
+                         f"{_place_words(want)})")
+
+
+def _place_words(p: dict) -> str:
+    if "designs" in p:
+        lo, hi = p["designs"]
+        return f"designs {lo}..{hi - 1}"
+    return f"segment {p.get('segment')}, trials from {p.get('first_trial')}"
 
 
 def read_trials(f: Path) -> dict:
@@ -516,11 +640,14 @@ def read_front(d: Path) -> pd.DataFrame | None:
 
 
 def lock_owner(d: Path) -> int | None:
-    try:
-        pid = int((Path(d) / "lock").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if pid_alive(pid) else None
+    """The pid of the process that owns the run folder now (``locks``: its flock, not the pid
+    written in the file, decides), None when nobody does."""
+    return locks.owner_pid(d)
+
+
+def at_work(d: Path) -> bool:
+    """Another process owns the run folder or works on it (a ``dse worker``) now."""
+    return locks.at_work(d)
 
 
 def status(d: Path, heal: bool = True) -> dict:
@@ -531,7 +658,7 @@ def status(d: Path, heal: bool = True) -> dict:
     m = load_manifest(d)
     p = read_progress(d)
     state = p.get("state", "stopped") if p.get("state") in STATES else "stopped"
-    alive = lock_owner(d) is not None
+    alive = at_work(d)
     if state == "running" and not alive:
         state = "stopped"   # killed: the work it finished is on disk
     counts = durable(d, m)
@@ -588,17 +715,25 @@ def _quarantine(d: Path, f: Path) -> Path:
 def repair(d: Path) -> list[str]:
     """Quarantine a run's corrupt durable files (moved to DIR/quarantine/), so that their work
     is done again on `dse run --resume`, and rebuild its derived files. Returns what was done,
-    one line each."""
+    one line each. Owns the run folder while it works (``locks``): refused while another
+    process owns it or works on it, as `dse run --resume` is."""
     d = Path(d)
-    if manifest_file(d).is_file() and _layout(d):
-        if lock_owner(d) is not None:
-            raise InputError("the run is running", file=str(d), hint="stop it first")
-        healed = heal_layout(d)
-    else:
-        healed = []
+    if not manifest_file(d).is_file():
+        load_manifest(d)                 # refused: not a run folder
+    healed = heal_layout(d) if locks.owner_file(d).is_dir() else []    # the lock itself
+    with locks.owning(d, "repair"):
+        busy = locks.others(d)
+        if busy:
+            who = ", ".join(sorted(r.get("who", t) for t, r in busy.items()))
+            raise InputError(f"the run is in use by {len(busy)} worker(s) ({who})", file=str(d),
+                             hint="wait for them to finish, or stop them first")
+        if _layout(d):
+            healed += heal_layout(d)
+        return _repair(d, healed)
+
+
+def _repair(d: Path, healed: list[str]) -> list[str]:
     m = load_manifest(d)
-    if lock_owner(d) is not None:
-        raise InputError("the run is running", file=str(d), hint="stop it first")
     done = healed
     remove_stale_tmp(d)
     for f in sorted((d / "scores").glob("*.parquet")):
@@ -768,7 +903,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Working:
-    """A run at work: its lock file (pid and host, so `dse status` can tell a killed run), Ctrl-C
+    """A run at work (its owner lock or live token is ``locks``'s, held by the caller): Ctrl-C
     and SIGTERM turned into a request to stop after the work item at hand (then ``Interrupted``
     is raised: exit 130 or 143, the run resumable), and a progress bar with rate, ETA, front
     size and hypervolume (``dse.search.progress.bar``: plain lines every few seconds when
@@ -786,9 +921,6 @@ class Working:
     def __enter__(self) -> "Working":
         import signal
         self._old = [signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)]
-        self._mine = lock_owner(self.d) is None       # a worker sharing the folder: not its lock
-        if self._mine:
-            atomic_write(self.d / "lock", f"{os.getpid()} {socket.gethostname()}\n")
         if self.progress:
             self.bar = progress_bar(**self.bar_args)
         return self
@@ -819,20 +951,20 @@ class Working:
             self.bar.close()
         for s, h in zip((signal.SIGINT, signal.SIGTERM), self._old):
             signal.signal(s, h)
-        if self._mine:
-            try:
-                (self.d / "lock").unlink()
-            except FileNotFoundError:
-                pass
         if self.signum is not None and (not exc or exc[0] is None):
             raise Interrupted(self.signum, self.d)
 
 
 def fix_reference(manifest: dict, d: Path, F) -> dict:
     """The run's hypervolume reference point and scale, set once from its first front and
-    stored in the manifest so that every later figure (and a comparison) uses the same one."""
+    stored in the manifest so that every later figure (and a comparison) uses the same one
+    (the first of the processes sharing a run folder to set it sets it for all)."""
     if manifest.get("reference") is None and len(F):
-        point, scale = pareto.reference(F)
-        manifest["reference"] = {"point": point.tolist(), "scale": scale.tolist()}
-        write_manifest(Path(d), manifest)
+        with locks.claim(d):
+            disk = json.loads(manifest_file(d).read_text()).get("reference")
+            if disk is None:
+                point, scale = pareto.reference(F)
+                disk = {"point": point.tolist(), "scale": scale.tolist()}
+                update_manifest(d, manifest, reference=disk)
+            manifest["reference"] = disk
     return manifest.get("reference")

@@ -20,9 +20,9 @@ import pandas as pd
 from dse import pareto
 from dse.perf import score_chunked
 from dse.scoring import train_space
-from dse.search import store
+from dse.search import locks, store
 from dse.search.loop import WAIT, Strategy
-from dse.search.optuna import segments, surrogate
+from dse.search.optuna import folder, segments, surrogate
 from dse.search.optuna import strategy as o
 from dse.search.optuna.enqueue import (
     enqueue_designs,
@@ -56,6 +56,24 @@ class OptunaRun(Strategy):
 
     # --- open ------------------------------------------------------------------------------
     def open(self) -> None:
+        """The study and what the run folder holds. A local run's processes (its owner and its
+        workers) share the folder on ``folder``'s protocol: each holds a live token."""
+        self.live, self.read_batches, self.old_studies, self.foreign = None, set(), {}, False
+        if self.storage_url is None:
+            self.live = locks.Live(self.d)
+            self.wait_s = 0.2
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.close()
+            self.live = None
+
+    def _open(self) -> None:
         import optuna
         optuna.logging.set_verbosity(optuna.logging.ERROR)   # its warnings: dse says its own
         # heartbeats and stale-trial recovery are driven by hand here (ask and tell, not optimize)
@@ -84,21 +102,29 @@ class OptunaRun(Strategy):
             # front), enqueued as its first trials; a resume finds them in the study
             enqueue_designs_(self.study, m["warm_start"], space, self.outer)
         if m.get("designs_per_trial") != self.per_trial and not self.joining:
-            m["designs_per_trial"] = self.per_trial
-            store.write_manifest(d, m)
+            store.update_manifest(d, m, designs_per_trial=self.per_trial)
         self.seg_cap = int(m.get("segment_trials", o.SEGMENT_TRIALS))
         self.total = int(m.get("trials", 1000))
         self.segs = self._segments() if self.shared else None
         if self.shared:
             self.study, self.segment = self.segs.study(), self.segs.newest
-        stored, self.told = store.complete_batches(d, clean=not self.joining)
-        self.known = {int(r["key"]): r for r in self.told.values() if "key" in r}
-        if not (self.joining or self.shared):
-            self._recover_running()
+        if self.shared:
+            stored, self.told = store.complete_batches(d, clean=False)
+            self.known = {int(r["key"]): r for r in self.told.values() if "key" in r}
+        else:
+            with locks.claim(d):
+                # a process alone on the folder clears what dead ones left (a batch stored
+                # without its trials file); with others at work, their files are left alone
+                alone = folder.alone(self)
+                stored, _ = store.complete_batches(d, clean=alone)
+                self.told, self.known = {}, {}
+                folder.sync(self)
+                folder.recover(self, locks.others(d))
+                self.spent = False
         admissible = stored[stored["_admissible"]] if len(stored) else stored
         self.front = (pareto.front_of([admissible], space.objectives) if len(admissible)
                       else pd.DataFrame())
-        if not (self.joining or self.shared):
+        if not self.shared and alone and not self.joining:
             requeue_lost_(self)
         self.done_trials = len(self.told)            # counters from the durable score tables
         self.target = (self.total if self.max_trials is None
@@ -107,7 +133,7 @@ class OptunaRun(Strategy):
         self.spent = False                           # every design (point) scored
         self.rng = np.random.default_rng(int(m.get("seed", 0)) + self.done_trials)
 
-    def _sampler(self, k: int = 0):
+    def sampler_for(self, k: int = 0):
         return o.make_sampler(self.sampler_name, self.manifest.get("seed", 0) + k, self.population,
                               self.nested, int(self.manifest.get("trials", 1000)))
 
@@ -116,7 +142,7 @@ class OptunaRun(Strategy):
         m = self.manifest
         try:
             study = with_retry(optuna.create_study, study_name=o.segment_name(m, self.segment),
-                               storage=self.storage, sampler=self._sampler(self.segment),
+                               storage=self.storage, sampler=self.sampler_for(self.segment),
                                directions=self.directions, load_if_exists=True)
         except (ValueError, KeyError, TypeError) as e:
             if self.shared:
@@ -135,7 +161,7 @@ class OptunaRun(Strategy):
         m = self.manifest
 
         def load(k, newest):
-            smp = (self._sampler(k) if newest
+            smp = (self.sampler_for(k) if newest
                    else optuna.samplers.RandomSampler(seed=m.get("seed", 0) + k))
             return optuna.load_study(study_name=o.segment_name(m, k), storage=self.storage,
                                      sampler=smp)
@@ -152,19 +178,6 @@ class OptunaRun(Strategy):
         return with_retry(segments.Segments, self.storage, m["study_name"], self.seg_cap, load,
                           warm)
 
-    def _recover_running(self) -> None:
-        """Trials a killed process left running: told from a complete batch, or failed."""
-        from optuna.trial import Trial, TrialState
-        study = self.study
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if (self.segment, t.number) in self.told:
-                r = self.told[self.segment, t.number]
-                set_constraints(self.storage, self.ids(study.study_name, t.number),
-                                r["constraints"])
-                study.tell(Trial(study, self.ids(study.study_name, t.number)), r["values"])
-            else:
-                study.tell(t.number, state=TrialState.FAIL)
-
     # --- counters and the bar --------------------------------------------------------------
     def key(self, params: dict) -> int | None:
         """A trial's design (optuna) or point (nested) as one flat index of the outer grid."""
@@ -175,8 +188,9 @@ class OptunaRun(Strategy):
         if self.segs is not None:      # over every worker and segment of the shared study
             completed, failed = self.segs.total("COMPLETE"), self.segs.total("FAIL")
             designs = completed * self.per_trial
-        else:
-            completed, designs = self.done_trials, self.designs
+        else:     # what every process sharing the folder stored (its batches read so far)
+            completed = len(self.told)
+            designs = completed * self.per_trial
             failed = int(self.manifest.get("failed_before", 0)) + len(
                 self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
         return {"trials_completed": completed, "trials_failed": failed,
@@ -188,21 +202,13 @@ class OptunaRun(Strategy):
 
     # --- propose ---------------------------------------------------------------------------
     def _left(self) -> tuple[int, int]:
-        """(trials still to start, trials running elsewhere), over every worker of the study.
+        """(trials still to start, trials running elsewhere), over every worker of the shared
+        study (a local run's: ``folder.left``).
 
-        Workers may overshoot the total by up to one batch each when they ask at the same time;
-        a trial is never lost: one a dead worker left running is failed once its heartbeat is
-        stale and asked again (WAITING), so a worker waits while others' trials are running.
+        A trial is never lost: one a dead worker left running is failed once its heartbeat is
+        stale and asked again (WAITING), so a worker waits while others' trials are running;
+        workers asking at the same moment are admitted up to the total (``o.admit``).
         """
-        if not self.shared:
-            if self.spent:
-                return 0, 0
-            left = self.target - self.done_trials
-            if self.joining or int(self.manifest.get("workers", 1)) > 1:
-                # several processes on one run folder: what every one of them stored counts
-                done = store.durable(self.d, self.manifest, check=False)["trials_completed"]
-                left = min(left, self.total - done)
-            return left, 0
         segs = self.segs
         with_retry(segs.refresh)       # others' new segments; dead workers' trials: retried
         left = self.total - segs.total("COMPLETE") - segs.total("RUNNING")
@@ -213,7 +219,16 @@ class OptunaRun(Strategy):
     def propose(self):
         if self.done_trials >= self.target:
             return None
-        left, running = self._left()
+        if self.shared:
+            return self._propose(*self._left())
+        with locks.claim(self.d):       # counted, asked and recorded as one step
+            item = self._propose(*folder.left(self))
+            if isinstance(item, dict):
+                self.live.hold([(item["segment"], t.number) for t in item["trials"]],
+                               [(item["segment"], t.number) for t, _ in item["echoes"]])
+            return item
+
+    def _propose(self, left: int, running: int):
         if left <= 0:
             return None if running == 0 else WAIT     # others' trials may die and come back
         n = min(self.population, self.target - self.done_trials, left)
@@ -348,7 +363,8 @@ class OptunaRun(Strategy):
     def store(self, item, scored) -> None:
         designs_f, trials_f = store.batch_files(self.d, item["segment"], item["trials"][0].number)
         table, results = scored["table"], scored["results"]
-        store.atomic_save(designs_f, lambda p: table.to_parquet(p, index=False))
+        self.read_batches.add(trials_f.name)        # its trials are told by this process
+        store.save_table(designs_f, table, self.manifest)
         store.atomic_save(trials_f, lambda p: p.write_text(json.dumps(results)))  # batch complete
 
     def tell(self, item, scored) -> int:
@@ -384,7 +400,10 @@ class OptunaRun(Strategy):
     def after(self) -> None:
         self.save("running")
         if not self.shared and len(self.study.get_trials(deepcopy=False)) >= self.seg_cap:
-            self.rotate()
+            with locks.claim(self.d):
+                folder.follow_segment(self)      # another process may have rotated it
+                if len(self.study.get_trials(deepcopy=False)) >= self.seg_cap:
+                    self.rotate()
 
     def rotate(self) -> None:
         """Start the next study segment, warm-started with the front's designs, so that samplers
@@ -392,13 +411,13 @@ class OptunaRun(Strategy):
         import optuna
         from optuna.trial import TrialState
         m = self.manifest
-        m["failed_before"] = int(m.get("failed_before", 0)) + len(
-            self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
+        disk = json.loads(store.manifest_file(self.d).read_text())
         self.segment += 1
-        m["segment"] = self.segment
-        store.write_manifest(self.d, m)
+        store.update_manifest(self.d, m, segment=self.segment, failed_before=int(
+            disk.get("failed_before", 0)) + len(self.study.get_trials(
+                deepcopy=False, states=(TrialState.FAIL,))))
         self.study = optuna.create_study(study_name=o.segment_name(m, self.segment),
-                                         storage=self.storage, sampler=self._sampler(self.segment),
+                                         storage=self.storage, sampler=self.sampler_for(self.segment),
                                          directions=self.directions, load_if_exists=True)
         describe(self.study, self.space, self.nested, self.cons_names)
         if len(self.front):
@@ -412,15 +431,16 @@ class OptunaRun(Strategy):
             self.front = with_retry(lambda: front_from_payloads(studies, self.space) if self.nested
                                     else front_from_study(studies, self.space))
             self.done_trials = self.segs.total("COMPLETE")
-        elif self.joining or int(self.manifest.get("workers", 1)) > 1:
-            # several processes on one run folder: the front and count of all they stored
-            self.front = store.front_from_tables(self.d, self.manifest)
-            self.done_trials = store.durable(self.d, self.manifest, check=False)["trials_completed"]
-            self.designs = self.done_trials * self.per_trial
+        else:
+            with locks.claim(self.d):
+                self.foreign |= folder.sync(self)
+            if self.foreign or self.joining:
+                # others stored batches in the run folder: the front of all they stored
+                self.front = store.front_from_tables(self.d, self.manifest)
+            self.done_trials = len(self.told)
         if self.spent and not self.shared and self.done_trials < self.total:
             # every design (point) is scored: the run is done with fewer trials than asked
-            self.manifest.update(trials=self.done_trials, spent=True)
-            store.write_manifest(self.d, self.manifest)
+            store.update_manifest(self.d, self.manifest, trials=self.done_trials, spent=True)
             self.total = self.done_trials
         self.save("finished" if self.done_trials >= self.total else "stopped")
 
