@@ -89,22 +89,23 @@ def test_a_run_whose_files_cannot_be_written(cwd, capsys, monkeypatch, code, wor
 
 def test_a_score_table_on_a_full_disk_mid_run(cwd, capsys, monkeypatch):
     """The disk fills after a run has scored: exit 3 naming the table, no .tmp, and the run
-    resumes once there is room."""
-    import pandas as pd
-    real = pd.DataFrame.to_parquet
+    resumes once there is room. (Score tables are written by pyarrow, with the space's
+    fingerprint in their metadata: dse.search.store.save_table.)"""
+    import pyarrow.parquet as pq
+    real = pq.write_table
     calls = []
 
-    def to_parquet(self, path, *a, **kw):
-        calls.append(path)
-        if len(calls) == 3 and "chunk-" in str(path):
-            Path(path).write_bytes(b"PAR1 half")
+    def write_table(table, where, *a, **kw):
+        calls.append(where)
+        if len(calls) == 3 and "chunk-" in str(where):
+            Path(where).write_bytes(b"PAR1 half")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(self, path, *a, **kw)
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", to_parquet)
+        return real(table, where, *a, **kw)
+    monkeypatch.setattr(pq, "write_table", write_table)
     rc, err = dse(capsys, "run", "spaces/s.toml", "--out", "runs/r", "--chunk-designs", "40",
                   "--quiet")
     faulted(rc, err, "runs/r/scores/chunk-", "no space left on the device", root=cwd)
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", real)
+    monkeypatch.setattr(pq, "write_table", real)
     rc, err = dse(capsys, "run", "--resume", "runs/r", "--quiet")
     assert rc == 0, err
 
