@@ -54,7 +54,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from dse import catalog
-from dse.build.designs import EFF_FIELDS
+from dse.build.designs import EFF_FIELDS, HOST_TIMES
 from dse.calibration.cases import RATE, fittable, joined, queue_suspect, weights
 from dse.calibration.kernels import common as kernel_fits
 from dse.errors import InputError
@@ -74,7 +74,18 @@ PARAMS = (
     # the scheduler's host time per running sequence per step (batch bookkeeping, sampling,
     # detokenization), on each attention-DP rank
     *((f"seq_overhead_s.{rt}", 3e-6, 1e-9, 2e-4) for rt in RUNTIMES),
+    # the serial front end (dse.perf.frontend): one process tokenizes every prompt (the same
+    # Hugging Face tokenizers in all three runtimes: one number, written to every runtime's
+    # table) and streams every answer (per runtime: their API servers differ), and SGLang's
+    # chunks repeat the whole text so far (incremental_streaming_output = False by default; the
+    # others stream deltas: no such term)
+    ("frontend_prompt_token_s", 2e-6, 1e-9, 1e-4),
+    *((f"frontend_token_s.{rt}", 2e-5, 1e-8, 1e-3) for rt in RUNTIMES),
+    ("frontend_text_token_s.sglang", 2e-8, 1e-12, 1e-5),
 )
+# the runtimes' own fields (efficiency.toml [runtimes.*], dse.build.designs.HOST_TIMES): a plain
+# name among them is fitted as one number for every runtime
+RUNTIME_FIELDS = tuple(h.split(".", 1)[1] for h in HOST_TIMES)
 # end-to-end factors kept at their physical priors: the share of HBM bandwidth the traffic
 # outside GEMMs and attention reaches (embedding rows), of the scale-up and scale-out links a
 # pipeline hand-off or a KV transfer reaches, no overlap of collectives with compute (as
@@ -91,6 +102,8 @@ def _batch_with(prep: Prepared, theta: dict):
     or the batch's own where ``theta`` has no plain one)."""
     cols = {"step_overhead_s": FIXED["step_overhead_s"]}
     cols.update({k: v for k, v in theta.items() if "." not in k})
+    for k in set(cols) & set(RUNTIME_FIELDS):   # a case that gives it itself keeps it
+        cols[k] = np.where(_given(prep, k), getattr(prep.batch, k), cols[k])
     per_runtime = {k: v for k, v in theta.items() if "." in k}
     if per_runtime:
         runtime = _row_runtimes(prep)
@@ -322,7 +335,11 @@ def tables(theta: dict, cases: pd.DataFrame, unc: dict | None = None) -> dict:
         if "." in name and name in {p[0] for p in PARAMS}:
             field, rt = name.split(".", 1)
             per_rt.setdefault(rt, {})[field] = v
-    out = {"default": {**{p[0]: theta[p[0]] for p in PARAMS if "." not in p[0]}, **FIXED,
+        elif name in RUNTIME_FIELDS:       # one number for every runtime, in each one's table
+            for rt in RUNTIMES:
+                per_rt.setdefault(rt, {})[name] = v
+    out = {"default": {**{p[0]: theta[p[0]] for p in PARAMS
+                          if "." not in p[0] and p[0] not in RUNTIME_FIELDS}, **FIXED,
                        "fitted_on": (
                            f"{n} of {len(cases)} cases of ../shared/calibration ({hws}; "
                            f"{runtimes}; the online rows at an infinite request rate and the "
