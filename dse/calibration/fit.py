@@ -2,7 +2,7 @@
 
 The per-op efficiencies come from the kernel fits (``python -m dse.calibration.kernels``, the catalog's
 ``kernels/*.toml``). What end-to-end serving adds on top of the kernels, and what no kernel
-table measures, are three host and glue times (``PARAMS``), fitted here by least squares in log
+table measures, are host and glue times (``PARAMS``), fitted here by least squares in log
 space on the TensorRT-LLM tables and the Hopper set (three runtimes, closed-loop TTFT):
 
 - a fixed time per layer per step (norms, residuals, rotary embedding, activation kernels),
@@ -11,7 +11,14 @@ space on the TensorRT-LLM tables and the Hopper set (three runtimes, closed-loop
   server's and engine's hand-offs, streaming: ``serving.request_overhead_s``; 0 where a source
   measured in-process, ``dse.calibration.cases.SOURCE_INPUTS``);
 - per runtime, the scheduler's host time per running sequence per step
-  (``serving.seq_overhead_s``: batch bookkeeping, sampling, detokenization).
+  (``serving.seq_overhead_s``: batch bookkeeping, sampling, detokenization);
+- the serial front end (``dse.perf.frontend``: one process tokenizes and streams for every
+  request, so it queues new requests and bounds many streams' TPOT): its time per prompt
+  token (one number: the three runtimes tokenize with the same Hugging Face tokenizers), per
+  output token (per runtime) and, for SGLang alone, per token of text a streamed chunk repeats
+  (its default streams the whole text so far; the others stream deltas). Left out of a
+  cross-validation, SGLang's text term has nothing to fit it and keeps its prior (20 ns a token,
+  ~5 ns a byte of JSON).
 
 None is per chip (they describe the runtime, not the silicon), so they transfer to chips the
 calibration set never saw; the other end-to-end factors stay at their physical priors
