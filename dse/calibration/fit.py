@@ -380,8 +380,10 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
         lines.append("")
     if tables.get("runtimes"):
         lines += ["# the runtimes' host times (serving.request_overhead_s: the front end per request;",
-                  "# serving.seq_overhead_s: the scheduler per running sequence per step), fitted with",
-                  "# the default table above; a design's own [serving] value wins"]
+                  "# serving.seq_overhead_s: the scheduler per running sequence per step;",
+                  "# serving.frontend_*: the serial front end per prompt token, output token and",
+                  "# repeated text token, dse.perf.frontend), fitted with the default table above; a",
+                  "# design's own [serving] value wins"]
     for rt, vals in sorted(tables.get("runtimes", {}).items()):
         lines.append(f"[runtimes.{rt}]")
         lines += [f"{f} = {v:.6g}" for f, v in sorted(vals.items())]
