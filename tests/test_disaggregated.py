@@ -16,7 +16,8 @@ DSV3 = dict(acc="gb200", model="deepseek-v3", **{
     "workload.osl": 1024, "workload.concurrency": 2048, "workload.prefill_concurrency": 4,
     # (no front end: the worked TTFTs below are the pools' own; tests/test_served_overheads.py
     # adds it)
-    "serving.request_overhead_s": 0.0})
+    "serving.request_overhead_s": 0.0, "serving.frontend_prompt_token_s": 0.0,
+    "serving.frontend_token_s": 0.0, "serving.frontend_text_token_s": 0.0})
 
 
 def _disagg(**kw):

@@ -252,7 +252,9 @@ def moe_kernel_missing(out) -> np.ndarray:
     return np.where(ok, 0.0, 1.0)
 
 
-HOST_TIMES = ("serving.request_overhead_s", "serving.seq_overhead_s")
+HOST_TIMES = ("serving.request_overhead_s", "serving.seq_overhead_s",
+              "serving.frontend_prompt_token_s", "serving.frontend_token_s",
+              "serving.frontend_text_token_s")
 
 
 def runtime_defaults(out) -> None:

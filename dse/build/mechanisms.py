@@ -31,7 +31,10 @@ DIRECT = {"workload.request_rate_per_s": "request_rate_per_s",
           "workload.cached_conversations": "cached_conversations",
           "workload.num_requests": "num_requests",
           "serving.request_overhead_s": "request_overhead_s",
-          "serving.seq_overhead_s": "seq_overhead_s"}
+          "serving.seq_overhead_s": "seq_overhead_s",
+          "serving.frontend_prompt_token_s": "frontend_prompt_token_s",
+          "serving.frontend_token_s": "frontend_token_s",
+          "serving.frontend_text_token_s": "frontend_text_token_s"}
 
 
 def _col(out, path, default):
@@ -170,6 +173,9 @@ def batch_columns(out, kv_bytes: np.ndarray) -> dict[str, np.ndarray]:
         "num_requests": f("workload.num_requests"),
         "request_overhead_s": f("serving.request_overhead_s"),
         "seq_overhead_s": f("serving.seq_overhead_s"),
+        "frontend_prompt_token_s": f("serving.frontend_prompt_token_s"),
+        "frontend_token_s": f("serving.frontend_token_s"),
+        "frontend_text_token_s": f("serving.frontend_text_token_s"),
         **tier_columns(out, f),
     }
 

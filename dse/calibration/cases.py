@@ -49,9 +49,11 @@ OPEN_LOOP = {"TRTLLM-ONLINE": r"QPS=([0-9]+(?:\.[0-9]*)?)(?![0-9A-Za-z.])"}
 # end-to-end parameters that describe a source's runtime version rather than the model
 SOURCE_INPUTS: dict[str, dict[str, float | str]] = {
     # TensorRT-LLM's perf-overview tables (v0.17 offline, v0.14 online at a request rate) were
-    # measured with its C++ benchmark driving the executor in-process: no HTTP front end
-    "TRTLLM-V017": {"serving.request_overhead_s": 0.0},
-    "TRTLLM-ONLINE": {"serving.request_overhead_s": 0.0},
+    # measured with its C++ benchmark driving the executor in-process: no HTTP front end, no
+    # serial tokenizer or streaming process (dse.perf.frontend)
+    **{src: {"serving.request_overhead_s": 0.0, "serving.frontend_prompt_token_s": 0.0,
+             "serving.frontend_token_s": 0.0, "serving.frontend_text_token_s": 0.0}
+       for src in ("TRTLLM-V017", "TRTLLM-ONLINE")},
 }
 QUEUE_SUSPECT = " (queue suspect)"
 NO_CONCURRENCY = " (max rate, no concurrency)"

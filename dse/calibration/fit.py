@@ -2,7 +2,7 @@
 
 The per-op efficiencies come from the kernel fits (``python -m dse.calibration.kernels``, the catalog's
 ``kernels/*.toml``). What end-to-end serving adds on top of the kernels, and what no kernel
-table measures, are three host and glue times (``PARAMS``), fitted here by least squares in log
+table measures, are host and glue times (``PARAMS``), fitted here by least squares in log
 space on the TensorRT-LLM tables and the Hopper set (three runtimes, closed-loop TTFT):
 
 - a fixed time per layer per step (norms, residuals, rotary embedding, activation kernels),
@@ -11,7 +11,14 @@ space on the TensorRT-LLM tables and the Hopper set (three runtimes, closed-loop
   server's and engine's hand-offs, streaming: ``serving.request_overhead_s``; 0 where a source
   measured in-process, ``dse.calibration.cases.SOURCE_INPUTS``);
 - per runtime, the scheduler's host time per running sequence per step
-  (``serving.seq_overhead_s``: batch bookkeeping, sampling, detokenization).
+  (``serving.seq_overhead_s``: batch bookkeeping, sampling, detokenization);
+- the serial front end (``dse.perf.frontend``: one process tokenizes and streams for every
+  request, so it queues new requests and bounds many streams' TPOT): its time per prompt
+  token (one number: the three runtimes tokenize with the same Hugging Face tokenizers), per
+  output token (per runtime) and, for SGLang alone, per token of text a streamed chunk repeats
+  (its default streams the whole text so far; the others stream deltas). Left out of a
+  cross-validation, SGLang's text term has nothing to fit it and keeps its prior (20 ns a token,
+  ~5 ns a byte of JSON).
 
 None is per chip (they describe the runtime, not the silicon), so they transfer to chips the
 calibration set never saw; the other end-to-end factors stay at their physical priors
@@ -54,7 +61,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from dse import catalog
-from dse.build.designs import EFF_FIELDS
+from dse.build.designs import EFF_FIELDS, HOST_TIMES
 from dse.calibration.cases import RATE, fittable, joined, queue_suspect, weights
 from dse.calibration.kernels import common as kernel_fits
 from dse.errors import InputError
@@ -74,7 +81,18 @@ PARAMS = (
     # the scheduler's host time per running sequence per step (batch bookkeeping, sampling,
     # detokenization), on each attention-DP rank
     *((f"seq_overhead_s.{rt}", 3e-6, 1e-9, 2e-4) for rt in RUNTIMES),
+    # the serial front end (dse.perf.frontend): one process tokenizes every prompt (the same
+    # Hugging Face tokenizers in all three runtimes: one number, written to every runtime's
+    # table) and streams every answer (per runtime: their API servers differ), and SGLang's
+    # chunks repeat the whole text so far (incremental_streaming_output = False by default; the
+    # others stream deltas: no such term)
+    ("frontend_prompt_token_s", 2e-6, 1e-9, 1e-4),
+    *((f"frontend_token_s.{rt}", 2e-5, 1e-8, 1e-3) for rt in RUNTIMES),
+    ("frontend_text_token_s.sglang", 2e-8, 1e-12, 1e-5),
 )
+# the runtimes' own fields (efficiency.toml [runtimes.*], dse.build.designs.HOST_TIMES): a plain
+# name among them is fitted as one number for every runtime
+RUNTIME_FIELDS = tuple(h.split(".", 1)[1] for h in HOST_TIMES)
 # end-to-end factors kept at their physical priors: the share of HBM bandwidth the traffic
 # outside GEMMs and attention reaches (embedding rows), of the scale-up and scale-out links a
 # pipeline hand-off or a KV transfer reaches, no overlap of collectives with compute (as
@@ -91,6 +109,8 @@ def _batch_with(prep: Prepared, theta: dict):
     or the batch's own where ``theta`` has no plain one)."""
     cols = {"step_overhead_s": FIXED["step_overhead_s"]}
     cols.update({k: v for k, v in theta.items() if "." not in k})
+    for k in set(cols) & set(RUNTIME_FIELDS):   # a case that gives it itself keeps it
+        cols[k] = np.where(_given(prep, k), getattr(prep.batch, k), cols[k])
     per_runtime = {k: v for k, v in theta.items() if "." in k}
     if per_runtime:
         runtime = _row_runtimes(prep)
@@ -322,7 +342,11 @@ def tables(theta: dict, cases: pd.DataFrame, unc: dict | None = None) -> dict:
         if "." in name and name in {p[0] for p in PARAMS}:
             field, rt = name.split(".", 1)
             per_rt.setdefault(rt, {})[field] = v
-    out = {"default": {**{p[0]: theta[p[0]] for p in PARAMS if "." not in p[0]}, **FIXED,
+        elif name in RUNTIME_FIELDS:       # one number for every runtime, in each one's table
+            for rt in RUNTIMES:
+                per_rt.setdefault(rt, {})[name] = v
+    out = {"default": {**{p[0]: theta[p[0]] for p in PARAMS
+                          if "." not in p[0] and p[0] not in RUNTIME_FIELDS}, **FIXED,
                        "fitted_on": (
                            f"{n} of {len(cases)} cases of ../shared/calibration ({hws}; "
                            f"{runtimes}; the online rows at an infinite request rate and the "
@@ -356,8 +380,10 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
         lines.append("")
     if tables.get("runtimes"):
         lines += ["# the runtimes' host times (serving.request_overhead_s: the front end per request;",
-                  "# serving.seq_overhead_s: the scheduler per running sequence per step), fitted with",
-                  "# the default table above; a design's own [serving] value wins"]
+                  "# serving.seq_overhead_s: the scheduler per running sequence per step;",
+                  "# serving.frontend_*: the serial front end per prompt token, output token and",
+                  "# repeated text token, dse.perf.frontend), fitted with the default table above; a",
+                  "# design's own [serving] value wins"]
     for rt, vals in sorted(tables.get("runtimes", {}).items()):
         lines.append(f"[runtimes.{rt}]")
         lines += [f"{f} = {v:.6g}" for f, v in sorted(vals.items())]

@@ -182,6 +182,9 @@ OPTIONAL: dict[str, float | str] = {
     "num_requests": 0.0,
     # the runtime's host times (dse.perf.phases, dse.perf.step): per request, per sequence-step
     "request_overhead_s": 0.0, "seq_overhead_s": 0.0,
+    # the runtime's serial front end (dse.perf.frontend): per prompt token, per output token, per
+    # token of text a chunk repeats
+    "frontend_prompt_token_s": 0.0, "frontend_token_s": 0.0, "frontend_text_token_s": 0.0,
     # expert load imbalance and redundant experts (dse.perf.imbalance)
     "expert_imbalance": 1.0, "redundant_experts": 0.0, "expert_load_cv": 0.0,
     # request lengths as distributions (dse.perf.lengths)
@@ -229,6 +232,10 @@ FIELDS.update({
     "request_rate_per_s": "requests/s arriving at one instance (0: fixed concurrency)",
     "num_requests": "requests a closed-loop benchmark sends in all (0: 10 x concurrency)",
     "request_overhead_s": "front-end time per request, in both TTFTs",
+    "frontend_prompt_token_s": "serial front end's time per prompt token (tokenizing)",
+    "frontend_token_s": "serial front end's time per output token (detokenizing, streaming)",
+    "frontend_text_token_s": "serial front end's time per token of text a streamed chunk "
+                             "repeats (a runtime that streams the whole text so far)",
     "seq_overhead_s": "scheduler host time per running sequence per step (per attention-DP "
                       "rank)",
     "ttft_slo_s": "p90 TTFT a request must meet (0: no SLO)",

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.perf import arch, lengths, spec
+from dse.perf import arch, frontend, lengths, spec
 from dse.perf.batch import Batch
 from dse.perf.step import Coefficients, StepTimes, bound_shares, step
 
@@ -226,9 +226,10 @@ def ttft(b: Batch, pass_s, t_prefill, load: PromptLoad, extra=0.0):
 
 
 def front_end_s(b: Batch):
-    """The runtime's front-end time per request (``request_overhead_s``; 0.0 when no row sets
-    one): once in every TTFT, whichever pools a request passes."""
-    return b.request_overhead_s if b.has_on("request_overhead_s") else 0.0
+    """The runtime's front-end time per request with no other request in the way
+    (``request_overhead_s`` and tokenizing the prompt, ``dse.perf.frontend``; 0.0 when no row
+    sets either): once in every TTFT, whichever pools a request passes."""
+    return frontend.front_end_s(b)
 
 
 def prompt_service_s(b: Batch, t_decode, t_prefill, load: PromptLoad):
@@ -261,23 +262,35 @@ def ttft_closed_loop(b: Batch, unloaded, service_s, cycle_s, clients=None):
     The mean weighs the burst by ``C / N`` of the requests. ``clients``: the benchmark's
     concurrency where the runtime runs fewer at once (``b``'s concurrency, dse.perf.serve):
     the C above are the running ones, and a request first waits for a slot
-    (``admission_wait_s``). A prefill-only instance: the unloaded TTFT (one pass of its batch
-    of prompts)."""
+    (``admission_wait_s``). With a serial front end (``dse.perf.frontend``) a request also
+    queues for it behind the other clients' work (``frontend.wait_s``); each queue's wait
+    lengthens the cycle the other sees, so the two are solved once more with the other's wait
+    (the loop's two serial stations). A prefill-only instance: the unloaded TTFT (one pass of
+    its batch of prompts)."""
     c = sequences(b)
     others = np.maximum(c / b.dp - 1.0, 0.0)
-    k = others * service_s * service_s
-    a = cycle_s - others * service_s
-    steady = k / np.maximum(a + np.sqrt(a * a + 2.0 * k), 1e-30)
     burst = 0.5 * others * service_s
     n = requests_sent(b, c if clients is None else clients)
     first = np.minimum(c / n, 1.0)
-    wait = first * burst + (1.0 - first) * steady
-    if clients is not None:
-        # a slot is held from admission to the last token: the loaded TTFT without the front
-        # end (the request passes it before the scheduler sees it) and the answer's other tokens
-        hold = cycle_s + wait - front_end_s(b)
-        wait = wait + admission_wait_s(clients, c, hold, np.minimum(clients / n, 1.0))
-    return unloaded + times(1.0 - arch.phases(b)[1], wait)
+    fe = frontend.on(b)
+    fe_wait = 0.0
+    for _ in range(2 if fe else 1):
+        cycle = add(cycle_s, fe_wait)
+        k = others * service_s * service_s
+        a = cycle - others * service_s
+        steady = k / np.maximum(a + np.sqrt(a * a + 2.0 * k), 1e-30)
+        wait = first * burst + (1.0 - first) * steady
+        if clients is not None:
+            # a slot is held from admission to the last token: the loaded TTFT without the
+            # front end (the request passes it before the scheduler sees it) and the answer's
+            # other tokens
+            hold = cycle_s + wait - front_end_s(b)
+            wait = wait + admission_wait_s(clients, c, hold, np.minimum(clients / n, 1.0))
+        if fe:
+            everyone = c if clients is None else clients
+            fe_wait = frontend.wait_s(b, everyone, cycle_s + wait,
+                                      np.minimum(everyone / n, 1.0))
+    return unloaded + times(1.0 - arch.phases(b)[1], add(wait, fe_wait))
 
 
 def requests_sent(b: Batch, clients):

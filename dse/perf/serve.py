@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from dse.perf import arch, kvtier, lengths, quality, queueing, spec
+from dse.perf import arch, frontend, kvtier, lengths, quality, queueing, spec
 from dse.perf.batch import Batch
 from dse.perf.phases import (
     Breakdown,
@@ -386,8 +386,9 @@ def _instance(b: Batch, breakdown: bool = False, k: Coefficients | None = None,
         metrics["kv_offloaded_fraction"] = tier.in_tier
         metrics["prefix_cache_evicted_fraction"] = np.maximum(1.0 - tier.in_hbm - tier.in_tier,
                                                               0.0)
-    if queue:                            # hook: dse.perf.queueing (S of the M/D/1 prefill queue)
-        metrics["_prefill_service_s"] = service
+    if queue:                            # hook: dse.perf.queueing (S of the M/D/1 prefill queue,
+        # or of the front end where it is the busier serial server: dse.perf.frontend)
+        metrics["_prefill_service_s"] = frontend.serial_service_s(b, service)
     n = len(b)
     for key, v in metrics.items():   # a compact batch's shared columns give length-1 metrics
         if np.shape(v) != (n,):
@@ -469,8 +470,9 @@ def _queue_times(b: Batch, k: Coefficients):
     if tier is not None:
         t_mixed, ttft_extra, tier = _tier_fetch(b, tier, load, t_mixed, t_prefill)
     pass_s = b.pp * t_mixed
-    out = (ttft(b, pass_s, t_prefill, load, ttft_extra)[0], pass_s / tok_step,
-           prompt_service_s(b, t_decode, t_prefill, load))
+    out = (ttft(b, pass_s, t_prefill, load, ttft_extra)[0],
+           frontend.streamed_tpot(b, pass_s / tok_step, c),
+           frontend.serial_service_s(b, prompt_service_s(b, t_decode, t_prefill, load)))
     if tier is not None and np.any(~tier.fetched & (tier.tokens > 0)):    # as _tier_recomputed
         keep = tier.fetched | (tier.tokens <= 0)
         alt = _queue_times(b0.replace(tier_bytes=np.where(keep, b0.tier_bytes, 0.0)), k)
@@ -500,10 +502,13 @@ def _rates(b: Batch, c, tok_step, load: PromptLoad, t_decode, t_mixed, t_prefill
     both, pre_only, dec_only = arch.phases(b)
     chips = b.tp * b.pp * b.dp
     pass_s = b.pp * t_mixed                     # one token for every sequence
-    out_inst = c * tok_step / pass_s            # tokens/s of the instance (first tokens when prefill)
+    # the TPOT a client sees: the engine's, or the serial front end's streaming of the c
+    # answers where it is slower (dse.perf.frontend); the instance delivers at that pace
+    tpot = frontend.streamed_tpot(b, pass_s / tok_step, c)
+    # tokens/s of the instance (first tokens when prefill)
+    out_inst = c / tpot if frontend.on(b) else c * tok_step / pass_s
     in_inst = times(1.0 - dec_only, out_inst) * arch.blend(pre_only, b.isl, b.isl / b.osl)
     t_first, t_first_long = ttft(b, pass_s, t_prefill, load, ttft_extra)
-    tpot = pass_s / tok_step
     t_loop = ttft_closed_loop(b, t_first, service,
                               t_first + np.maximum(b.osl - 1.0, 0.0) * tpot, clients)
     usd_chip_h, usd_mtok_out, usd_mtok_in, joules_out = _cost(b, chips, t_decode, t_mixed,

@@ -170,7 +170,7 @@ class Draws:
     runtime (+1: unknown), key]`` (``tables.Tables.kernel``'s axes),
     ``eff[k, accelerator, field]`` (EFF_FIELDS) and ``host[k, runtime (+1), time]`` (the
     runtime's host times, HOST_TIMES: ``request_overhead_s.<runtime>``, ``seq_overhead_s.<runtime>``
-    of the end-to-end fit)."""
+    of the end-to-end fit, a plain name such as ``frontend_prompt_token_s`` on every runtime)."""
 
     n: int
     seed: int
@@ -302,6 +302,7 @@ def _draw(n: int, seed: int, fams: tuple) -> Draws:
     host = np.ones((n, len(T.runtimes) + 1, len(HOST_TIMES)))
     hpos = {f"{h.split('.')[1]}.{rt}": (r, i) for i, h in enumerate(HOST_TIMES)
             for r, rt in enumerate(T.runtimes)}
+    shared = {h.split(".")[1]: i for i, h in enumerate(HOST_TIMES)}
     kpos = {k: j for j, k in enumerate(T.kernel_keys)}
     rpos = {r: j for j, r in enumerate(T.runtimes)}
     epos = {k: j for j, k in enumerate(EFF_FIELDS)}
@@ -316,6 +317,8 @@ def _draw(n: int, seed: int, fams: tuple) -> Draws:
                     eff[:, accs, epos[p]] *= z[:, j:j + 1]
                 elif p in hpos and fam.entry[0] == "default":
                     host[:, hpos[p][0], hpos[p][1]] *= z[:, j]
+                elif p in shared and fam.entry[0] == "default":   # one number, every runtime
+                    host[:, :, shared[p]] *= z[:, j:j + 1]
             continue
         a = T.index["accelerator"].get(fam.entry[0])
         r = rpos.get(fam.entry[1])

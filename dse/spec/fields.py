@@ -354,6 +354,18 @@ FIELDS: tuple[Field, ...] = (
         "(batch bookkeeping, sampling, detokenization) on each attention-DP rank; blank = the "
         "runtime's, fitted end to end (efficiency.toml [runtimes])", open_=False,
         zero="none"),
+    num("serving.frontend_prompt_token_s", "s", "the runtime's serial front end's time per "
+        "prompt token (tokenizing; one process for all requests, so it queues: "
+        "dse/perf/frontend.py); blank = the runtime's, fitted end to end (efficiency.toml "
+        "[runtimes])", open_=False, zero="none"),
+    num("serving.frontend_token_s", "s", "the runtime's serial front end's time per output token "
+        "(detokenizing and streaming; it bounds the TPOT of many streams and queues new "
+        "requests: dse/perf/frontend.py); blank = the runtime's, fitted end to end "
+        "(efficiency.toml [runtimes])", open_=False, zero="none"),
+    num("serving.frontend_text_token_s", "s", "the runtime's serial front end's time per token "
+        "of text a streamed chunk repeats (a runtime that streams the whole text so far, as "
+        "SGLang by default); blank = the runtime's, fitted end to end (efficiency.toml "
+        "[runtimes])", open_=False, zero="none (incremental streaming)"),
     frac("serving.kv_memory_fraction", "share of free HBM the KV cache gets", open_=True),
     num("serving.runtime_reserve_bytes", "bytes", "HBM the runtime holds per chip", open_=False),
     # -- cost --
