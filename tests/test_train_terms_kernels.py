@@ -67,16 +67,32 @@ ATTN = {"attn_prefill_fraction": 0.5, "attn_prefill_half_tokens": 64.0,
 def test_attention_core_by_hand():
     """kernel_attention.prefill_attention_s over the whole causal sequence (2 sequences of
     2048, 16 heads of 64 split tp = 2 ways), split cp = 2 ways."""
-    b = batch(micro_batch_seqs=2, tp=2, cp=2, kernel=ATTN)
+    b = batch(micro_batch_seqs=2, tp=2, cp=2, kernel=ATTN, compute_fraction_scale=0.8)
     B, s, heads, d = 2, 2048, 8, 64
     pairs = s * (s + 1) / 2                                   # causal, the diagonal included
     flops = 2 * B * heads * (d + d) * pairs
     slow = (1 + 64 * s / pairs) * (1 + 4096 / (B * heads * s)) * (1 + 16 / d)
-    t = 10e-6 + B * (3e-6 + heads * 1e-6) + flops / (PEAK * 0.5) * slow
+    t = 10e-6 + B * (3e-6 + heads * 1e-6) + flops / (PEAK * 0.5 * 0.8) * slow
     assert float(attention_core_s(b)) == pytest.approx(t / 2, rel=1e-12)
-    # 8.594e9 FLOPs at 0.5 PFLOP/s = 17.19 us, x 1.0625 x 1.125 x 1.25 = 25.68 us; + 10 us +
-    # 2 x (3 + 8 x 1) us = 57.68 us, / 2
-    assert float(attention_core_s(b)) == pytest.approx(28.84e-6, rel=1e-3)
+    # 8.594e9 FLOPs at 0.4 PFLOP/s = 21.49 us, x 1.0625 x 1.125 x 1.25 = 32.10 us; + 10 us +
+    # 2 x (3 + 8 x 1) us = 64.10 us, / 2
+    assert float(attention_core_s(b)) == pytest.approx(32.05e-6, rel=1e-3)
+
+
+def test_mla_attention_core_by_hand():
+    """MLA: every query head has its own K and V (no grouping), of the nope + rope width for
+    the scores and v_head_dim for the values: 16 heads x (128 + 64 + 128) per pair."""
+    mla = {**MOE, "heads": 16, "kv_heads": 16, "head_dim": 192, "q_lora_rank": 512,
+           "kv_lora_rank": 256, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+           "v_head_dim": 128}
+    b = batch(mla)
+    pairs = 2048 * 2049 / 2
+    assert float(attention_core_s(b)) * PEAK == pytest.approx(2 * 16 * (192 + 128) * pairs,
+                                                              rel=1e-12)
+    # memory-bound: Q and K at 192, V and O at 128, for 16 heads each (bf16)
+    slow = b.replace(kernel={**b.kernel, "attn_prefill_hbm_fraction": 1e-4})
+    nbytes = 2 * 2048 * (16 * 320 + 16 * 320)
+    assert float(attention_core_s(slow)) == pytest.approx(nbytes / (HBM * 1e-4), rel=1e-12)
 
 
 def test_attention_core_memory_bound_at_a_low_hbm_fraction():
@@ -99,16 +115,22 @@ def test_routed_experts_by_hand():
     """kernel_gemm.grouped_gemm_s on the ep group's tokens: ep 4 ranks x 2048 tokens = 8192
     enter the kernel, 8192 x top-2 / 4 = 4096 rows are the chip's, its 2 experts are both
     touched; the other 12288 routed entries cost remote_fraction 0.1 of a row each."""
-    b = batch(MOE, dp=4, ep=4, global_batch_seqs=8, kernel=EXPERTS)
+    b = batch(MOE, dp=4, ep=4, global_batch_seqs=8, kernel=EXPERTS, compute_fraction_scale=0.8)
     tokens, rows, touched, h, w = 8192, 4096, 2, 1024, 512
     shape = 1 / (1 + 128 / w + 256 / h)                          # 1 / 1.5
     remote = 0.1 * (tokens * 2 - rows)
-    compute = 2 * 3 * ((rows + remote + 64 * touched) * w + 1e5) * h / (PEAK * shape)
+    compute = 2 * 3 * ((rows + remote + 64 * touched) * w + 1e5) * h / (PEAK * 0.8 * shape)
     token = (rows * 6 + tokens * (4 + 2 * 2)) * h / HBM
     assert float(moe_experts_s(b)) == pytest.approx(20e-6 + compute + token, rel=1e-9)
-    # 2 x 3 x ((4096 + 1228.8 + 128) x 512 + 1e5) x 1024 x 1.5 = 26.65 us of GEMMs, (4096 x 6
-    # + 8192 x 8) x 1024 B = 46.14 us of permutation traffic, + 20 us
-    assert float(moe_experts_s(b)) == pytest.approx(92.79e-6, rel=1e-3)
+    # 2 x 3 x ((4096 + 1228.8 + 128) x 512 + 1e5) x 1024 x 1.5 / 0.8 = 33.31 us of GEMMs,
+    # (4096 x 6 + 8192 x 8) x 1024 B = 46.14 us of permutation traffic, + 20 us
+    assert float(moe_experts_s(b)) == pytest.approx(99.45e-6, rel=1e-3)
+    # sequence parallelism: each tp rank dispatches its 1/tp of the tokens
+    sp = b.replace(tp=2, sequence_parallel=1)
+    assert float(moe_experts_s(sp)) < float(moe_experts_s(b))
+    half = 2 * 3 * ((2048 + 0.1 * 6144 + 64 * 2) * w + 1e5) * h / (PEAK * 0.8 * shape)
+    assert float(moe_experts_s(sp)) == pytest.approx(
+        20e-6 + half + (2048 * 6 + 4096 * 8) * h / HBM, rel=1e-9)
 
 
 def test_routed_experts_weight_bound_and_non_gated():
@@ -154,6 +176,25 @@ def test_tensor_parallel_all_reduce_latency_and_protocols_by_hand():
     assert ring_by_hand(msg, 4) == pytest.approx(34e-6 + 1.5 / 400e9 / 0.9 * msg)
 
 
+def test_tensor_parallel_over_the_whole_domain_stays_on_its_links():
+    # tp = 8 fills the domain of 8: a ring of 8 on the scale-up links, no scale-out latency
+    b = batch(tp=8, kernel=NCCL)
+    msg = 2048 * 1024 * 2
+    assert float(tp_comm_s(b)) == pytest.approx(2 * ring_by_hand(msg, 8), rel=1e-12)
+
+
+def test_strided_data_parallel_group_spans_domains():
+    """tp = 2, dp = 8: the data-parallel group's ranks are 2 chips apart, so 4 of them share a
+    domain of 8 and the group spans 2 domains: a ring of 4 inside, log2 8 - log2 4 = 1 scale-out
+    latency twice, and 2 (2 - 1) / 2 / 4 of the buffer per byte on the NICs."""
+    n = 1e9
+    step, _ = dp_comm_s(batch(tp=2, dp=8, zero_stage=1, kernel=NCCL), n)
+    base = 2 * 3 / 4 / 400e9
+    across = 2 * 1 / 2 / 4 / (50e9 * 0.8)
+    expect = 30e-6 + 2 * 2e-6 + 2 * 10e-6 + (base / 0.9 + across) * 2 * n
+    assert float(step) == pytest.approx(expect, rel=1e-12)
+
+
 def test_data_parallel_all_reduce_across_two_domains_by_hand():
     """dp = 16 over two domains of 8: every branch adds 2 (log2 16 - log2 8) scale-out
     latencies and the inter-domain all-reduce of the 1/8 of the buffer each chip holds,
@@ -174,6 +215,18 @@ def test_pipeline_send_pays_the_p2p_latency():
     b = batch(pp=4, vp=3, schedule=1, global_batch_seqs=8, kernel=NCCL)
     msg = 2048 * 1024 * 2
     assert float(pp_comm_s(b)) == pytest.approx(2 * 3 * (msg / (400e9 * 0.9) + 8e-6),
+                                                 rel=1e-12)
+
+
+def test_pipeline_send_spans_tp_cp_dp_and_pp_chips():
+    """The pipeline's neighbours are tp x cp x dp chips apart: tp = cp = 2 with pp = 4 spans
+    16 chips, so its sends ride the NIC; sequence parallelism sends each rank's 1/tp of the
+    activations."""
+    b = batch(tp=2, cp=2, pp=4, global_batch_seqs=4, kernel=NCCL)
+    msg = 1024 * 1024 * 2                                 # 1024 tokens a chip (cp 2)
+    assert float(pp_comm_s(b)) == pytest.approx(2 * (msg / (50e9 * 0.9) + 8e-6), rel=1e-12)
+    sp = b.replace(sequence_parallel=1)
+    assert float(pp_comm_s(sp)) == pytest.approx(2 * (msg / 2 / (50e9 * 0.9) + 8e-6),
                                                  rel=1e-12)
 
 
