@@ -55,7 +55,8 @@ constant is rebound wherever it was imported. Nothing on disk changes; the undo 
 back, and memoised per-batch values are dropped both ways. Each mutant first scores a design
 sample reaching every mechanism (``sample_frames``, 2,025 designs: every metric, the per-op
 breakdown and the float32 chunked scoring): a site on a line that scoring the sample never runs
-is *unreachable*, a mutant that changes no number is *equivalent*; neither counts against the
+(a module-level constant's runs at import: it is judged by the numbers) is *unreachable*, a
+mutant that changes no number is *equivalent*; neither counts against the
 tests. The others run the physics tests (the test that caught the mutant in ``--out``'s previous
 table first, then those that caught the latest mutants, then ``TESTS``) until one fails; a failure
 counts only if the test passes unmutated; a mutant no physics test catches runs
@@ -1146,7 +1147,10 @@ def _operators_loop(session):
         rec = {"id": m["id"], "caught": None, "golden": None, "status": None, "note": ""}
         t_eq = 0.0
         lines = set(range(m["loc"][1], m["loc"][3] + 1))
-        if not any((m["file"], ln) in reached for ln in lines):
+        # (a module-level constant's line runs at import only: its uses decide, so it is
+        # judged by the sample's numbers)
+        if not m["func"].startswith("<module>:") and not any((m["file"], ln) in reached
+                                                              for ln in lines):
             rec["status"] = "unreachable"
         else:
             try:
