@@ -99,3 +99,60 @@ def test_moe_layer_activations_by_hand():
     sp = b.replace(sequence_parallel=1)
     assert float(layer_activation_bytes(sp)) == pytest.approx(tokens * (10 * 1024 + split) / 2,
                                                               rel=1e-12)
+
+
+def test_score_matrix_of_2022_kernels_splits_with_context_parallelism():
+    # the paper's 5 a s^2 b / t per layer; a cp rank scores its s / cp queries against one
+    # s / cp chunk of keys at a time (ring attention): 5 x 16 heads x 1024 x 1024 / tp 2
+    from dse.perf.train_memory import layer_activation_bytes
+    b = batch(cp=2, tp=2, sequence_parallel=1)
+    tokens = 1024
+    with_scores = float(layer_activation_bytes(b, flash=0.0))
+    assert with_scores - float(layer_activation_bytes(b)) == pytest.approx(
+        tokens * 5 * 16 * 1024 / 2, rel=1e-12)
+
+
+def activations(**over):
+    from dse.perf.train_memory import layer_activation_bytes, memory_bytes
+    b = batch(tp=2, sequence_parallel=1, **over)
+    return float(layer_activation_bytes(b)), float(memory_bytes(b)["activations_bytes"])
+
+
+def test_in_flight_micro_batches_by_schedule():
+    """The first stage of pp = 4 holds min(p, m) micro-batches' activations under 1F1B and zero
+    bubble, DualPipe min(p + 1, 2m) (its two directions; DeepSeek-V3 Table 2: PP + 1)."""
+    v = 1000                                        # a small vocabulary: the first stage peaks
+    one, m16 = activations(pp=4, global_batch_seqs=16, vocab=v)
+    assert m16 == pytest.approx(one * 2 * 4, rel=1e-12)           # 2 layers a stage x 4
+    _, m2 = activations(pp=4, global_batch_seqs=2, vocab=v)
+    assert m2 == pytest.approx(one * 2 * 2, rel=1e-12)
+    _, dual = activations(pp=4, global_batch_seqs=16, vocab=v, schedule=3)
+    assert dual == pytest.approx(one * 2 * 5, rel=1e-12)
+    _, dual2 = activations(pp=4, global_batch_seqs=2, vocab=v, schedule=3)
+    assert dual2 == pytest.approx(one * 2 * 4, rel=1e-12)
+    _, zb = activations(pp=4, global_batch_seqs=16, vocab=v, schedule=2)
+    assert zb == pytest.approx(one * 2 * 4, rel=1e-12)
+
+
+def test_the_last_stage_adds_the_fp32_logits_and_their_gradient():
+    """The last stage holds one micro-batch in flight but also its logits and their gradient in
+    fp32 (4 + 4 bytes x 2048 tokens x 32000 / tp 2 = 262 MB): with pp = 1 always, with pp = 4
+    when they outweigh the first stage's extra micro-batches."""
+    one, act = activations()
+    logits = 2 * 4 * 2048 * 32000 / 2
+    assert act == pytest.approx(8 * one + logits, rel=1e-12)
+    one, act = activations(pp=4, global_batch_seqs=16)
+    assert logits > 2 * 3 * one                          # the last stage is the peak here
+    assert act == pytest.approx(2 * one + logits, rel=1e-12)
+    _, act = activations(pp=4, global_batch_seqs=16, cp=2)
+    assert act == pytest.approx(2 * one / 2 + logits / 2, rel=1e-12)
+
+
+def test_full_recompute_holds_one_layer_being_recomputed():
+    """Full recompute keeps each layer's input (2 sbh / t) and, while one layer's forward is
+    rerun, that layer's whole activations."""
+    v = 1000
+    whole, _ = activations(pp=4, global_batch_seqs=16, vocab=v)
+    kept, act = activations(pp=4, global_batch_seqs=16, vocab=v, recompute=2)
+    assert kept == pytest.approx(2048 * 2 * 1024 / 2, rel=1e-12)
+    assert act == pytest.approx(kept * 2 * 4 + whole, rel=1e-12)
