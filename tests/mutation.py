@@ -950,15 +950,24 @@ TRAIN_SAMPLE = (
     # MoE with shared experts (Llama 4 Scout), NVFP4, ZeRO 3, context parallelism
     ("moe-shared-nvfp4-z3", "llama-4-scout", "b200", "", 32, 2, 2, "", "", "", "", 3, 64, 1,
      16384, "nvfp4", "selective", "1f1b", "true", ""),
+    # tp without sequence parallelism, DualPipe with fewer micro-batches than stages, an MTP
+    # module on a dense model, ZeRO 0
+    ("dense-tp-nosp-dualpipe-mtp", "llama-3.1-70b", "h100-sxm", "", 32, 4, 4, 2, "", 1, "", 0,
+     4, 1, 4096, "bf16", "", "dualpipe", "false", 1),
+    # MLA split over tp, interleaved
+    ("mla-tp-interleaved", "kimi-k2", "b200", "", 64, 2, 4, 8, "", 1, "", 1, 64, 1, 4096, "fp8",
+     "selective", "interleaved", "", ""),
 )
 
 
 def train_sample(rows_per_case: int = 60, seed: int = 0) -> dict:
     """{case: TrainBatch} of training designs reaching every mechanism of the training model
-    (``TRAIN_SAMPLE``: dense and MoE, GQA and MLA, EP within and across domains, CP, ZeRO 0-3,
-    recompute none/selective/full on a share of the layers, the four pipeline schedules, bf16,
-    fp16, fp8, blockwise fp8, MXFP8, NVFP4, a precision without native support, MTP, tied
-    embeddings), from the in-repo catalog: a seeded sample of each case's candidate layouts."""
+    (``TRAIN_SAMPLE``: dense and MoE, GQA and MLA (with and without a query LoRA), EP within
+    and across domains, CP, ZeRO 0-3, recompute none/selective/full on a share of the layers,
+    the four pipeline schedules, tp with and without sequence parallelism, bf16, fp16, fp8,
+    blockwise fp8, MXFP8, NVFP4, a precision without native support, MTP on dense and MoE
+    models, tied embeddings), from the in-repo catalog: a seeded sample of each case's
+    candidate layouts."""
     import pandas as pd
 
     from dse.scoring.train_cases import check_columns, parse
@@ -978,6 +987,8 @@ def train_sample(rows_per_case: int = 60, seed: int = 0) -> dict:
             layouts = layouts.iloc[keep].reset_index(drop=True)
         out[case[0]] = build(resolved, layouts, {k: p[k] for k in (
             "global_batch_seqs", "seq_len", "precision", "mtp_layers")})
+    # MLA without a query LoRA (DeepSeek-V2-Lite's shape; no catalog model has it)
+    out["mla-no-q-lora"] = out["mla-tp-interleaved"].replace(q_lora_rank=0.0)
     return out
 
 

@@ -43,3 +43,37 @@ def test_mtp_modules_in_the_flop_count():
     extra = moe_layer + 3 * h + 2 * h * h + h * V
     assert float(megatron_flops(m.replace(mtp_layers=1)) - megatron_flops(m)) == pytest.approx(
         6 * B * s * extra, rel=1e-12)
+
+
+def test_mtp_module_of_a_model_with_dense_and_moe_layers_is_moe():
+    # 4 MoE layers of 8, the dense ones 2048 wide: the MTP layer counts the routed experts,
+    # not the dense MLP
+    h, s, B, V = 1024, 2048, 8, 32000
+    m = batch({**MOE, "moe_layers": 4, "ffn": 2048})
+    a = h * (1024 + 2 * 256) + 1024 * s + 1024 * h
+    extra = h * 3 * 512 * 2 + a + 3 * h + 2 * h * h + h * V
+    assert float(megatron_flops(m.replace(mtp_layers=1)) - megatron_flops(m)) == pytest.approx(
+        6 * B * s * extra, rel=1e-12)
+
+
+def test_full_recompute_reruns_every_layer_but_no_logits_layer():
+    # F_recompute (full) = (F - 6 B s h V (1 + m)) / 3: every transformer layer's forward
+    from dse.perf.train_flops import recompute_flops
+    h, s, B, V = 1024, 2048, 8, 32000
+    b = batch(DENSE, mtp_layers=1, recompute=2)
+    f = float(megatron_flops(b))
+    assert float(recompute_flops(b)) == pytest.approx((f - 6 * B * s * h * V * 2) / 3, rel=1e-12)
+
+
+def test_hfu_counts_the_recomputed_flops():
+    """MFU = F / (step x chips x peak); HFU adds the FLOPs the recompute policy reruns."""
+    from dse.perf.train_flops import recompute_flops
+    from dse.perf.train_step import score_train
+    from test_train_physics import PEAK
+    b = batch(DENSE, dp=2, recompute=2)
+    s = score_train(b)
+    f, r = float(megatron_flops(b)), float(recompute_flops(b))
+    assert r > 0
+    step = float(s["step_time_s"])
+    assert float(s["mfu"]) == pytest.approx(f / step / 2 / PEAK, rel=1e-12)
+    assert float(s["hfu"]) == pytest.approx((f + r) / step / 2 / PEAK, rel=1e-12)

@@ -66,3 +66,26 @@ def test_loss_and_chunk_sort_at_the_fitted_hbm_fraction():
     # the sort with sequence parallelism: each tp rank sorts its 1024 tokens x top-2 rows
     m = batch(MOE, tp=2, ep=4, sequence_parallel=1, hbm_fraction=0.8)
     assert float(moe_sort_s(m)) == pytest.approx(2048 * 4 * 2 * 1024 / (2e12 * 0.8), rel=1e-12)
+
+
+def test_elementwise_traffic_of_a_dense_layer():
+    # MHA, GELU MLP f = 4h: 20h + 4 (q + kv) + 2 x 2 x 4h per token, tp 1
+    from dse.perf.train_time import elementwise_s
+    per_token = 20 * 1024 + 4 * 2048 + 2 * 2 * 4096
+    assert float(elementwise_s(batch())) == pytest.approx(2048 * per_token / 2e12, rel=1e-12)
+
+
+@pytest.mark.parametrize("q_lora", [512, 0])
+def test_mla_projections_split_over_tp(q_lora):
+    """MLA at tp = 2: the down projections (h -> r_kv + d_rope, h -> r_q) are replicated, the
+    up projections (r_kv -> n_h (d_nope + d_v), r_q -> n_h (d_nope + d_rope)) and the output
+    (n_h d_v -> h) split their heads; without a query LoRA the query is h -> n_h (d_nope +
+    d_rope), split."""
+    from test_train_terms_memory import MLA
+    b = batch({**MLA, "q_lora_rank": q_lora}, tp=2)
+    h, nh, rkv, dqk, dv = 1024, 16, 256, 192, 128
+    per_token = h * (rkv + 64) + rkv * nh * (128 + dv) / 2 + nh * dv / 2 * h
+    per_token += h * q_lora + q_lora * nh * dqk / 2 if q_lora else h * nh * dqk / 2
+    fwd, bwd = layer_gemms_s(b)["attn"]
+    assert float(fwd) * PEAK == pytest.approx(2 * 2048 * per_token, rel=1e-12)
+    assert float(bwd) == pytest.approx(2 * float(fwd), rel=1e-12)

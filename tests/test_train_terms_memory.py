@@ -146,6 +146,8 @@ def test_the_last_stage_adds_the_fp32_logits_and_their_gradient():
     assert act == pytest.approx(2 * one + logits, rel=1e-12)
     _, act = activations(pp=4, global_batch_seqs=16, cp=2)
     assert act == pytest.approx(2 * one / 2 + logits / 2, rel=1e-12)
+    two, act = activations(pp=4, global_batch_seqs=16, micro_batch_seqs=2)
+    assert act == pytest.approx(2 * two + 2 * logits, rel=1e-12)
 
 
 def test_full_recompute_holds_one_layer_being_recomputed():
@@ -156,3 +158,7 @@ def test_full_recompute_holds_one_layer_being_recomputed():
     kept, act = activations(pp=4, global_batch_seqs=16, vocab=v, recompute=2)
     assert kept == pytest.approx(2048 * 2 * 1024 / 2, rel=1e-12)
     assert act == pytest.approx(kept * 2 * 4 + whole, rel=1e-12)
+    # pp = 1: the last stage, with its logits, holds the working layer too
+    whole, _ = activations()
+    kept, act = activations(recompute=2)
+    assert act == pytest.approx(kept * 8 + whole + 2 * 4 * 2048 * 32000 / 2, rel=1e-12)
