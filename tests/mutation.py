@@ -954,6 +954,9 @@ TRAIN_SAMPLE = (
     # module on a dense model, ZeRO 0
     ("dense-tp-nosp-dualpipe-mtp", "llama-3.1-70b", "h100-sxm", "", 32, 4, 4, 2, "", 1, "", 0,
      4, 1, 4096, "bf16", "", "dualpipe", "false", 1),
+    # MoE over tp without sequence parallelism
+    ("moe-tp-nosp", "mixtral-8x7b", "h100-sxm", "", 16, 2, 1, 8, "", 1, "", 1, 64, 1, 4096,
+     "bf16", "none", "", "false", ""),
     # MLA split over tp, interleaved
     ("mla-tp-interleaved", "kimi-k2", "b200", "", 64, 2, 4, 8, "", 1, "", 1, 64, 1, 4096, "fp8",
      "selective", "interleaved", "", ""),
@@ -974,21 +977,27 @@ def train_sample(rows_per_case: int = 60, seed: int = 0) -> dict:
     from dse.scoring.train_layouts import candidates
     from dse.scoring.train_predict import build, resolve_case
     rng = np.random.default_rng(seed)
-    out = {}
-    for case in TRAIN_SAMPLE:
-        df = pd.DataFrame([case], columns=list(_TRAIN_COLUMNS)).astype(object)
-        df = df.map(lambda x: np.nan if x == "" else str(x))       # as read from a CSV
-        check_columns(df, "train_sample")
-        p = parse(df, "train_sample")
-        resolved = [resolve_case(df, 0, p, "train_sample")]
-        layouts = candidates(df, p, resolved, "train_sample")
-        if len(layouts) > rows_per_case:
-            keep = np.sort(rng.choice(len(layouts), rows_per_case, replace=False))
-            layouts = layouts.iloc[keep].reset_index(drop=True)
-        out[case[0]] = build(resolved, layouts, {k: p[k] for k in (
-            "global_batch_seqs", "seq_len", "precision", "mtp_layers")})
+    df = pd.DataFrame(list(TRAIN_SAMPLE), columns=list(_TRAIN_COLUMNS)).astype(object)
+    df = df.map(lambda x: np.nan if x == "" else str(x))            # as read from a CSV
+    check_columns(df, "train_sample")
+    p = parse(df, "train_sample")
+    resolved = [resolve_case(df, i, p, "train_sample") for i in range(len(df))]
+    layouts = candidates(df, p, resolved, "train_sample")
+    keep = []
+    for i in range(len(df)):
+        rows = np.flatnonzero(layouts["_case"].to_numpy() == i)
+        keep.extend(np.sort(rng.choice(rows, min(rows_per_case, len(rows)), replace=False)))
+    layouts = layouts.iloc[keep].reset_index(drop=True)
+    every = build(resolved, layouts, {k: p[k] for k in (
+        "global_batch_seqs", "seq_len", "precision", "mtp_layers")})
+    case = layouts["_case"].to_numpy()
+    # each case alone (a batch of one kind of model skips the terms it does not need) and all
+    # of them in one batch, as ``dse predict --train`` scores them
+    out = {name: every.take(np.flatnonzero(case == i))
+           for i, name in enumerate(df["case_id"])}
     # MLA without a query LoRA (DeepSeek-V2-Lite's shape; no catalog model has it)
     out["mla-no-q-lora"] = out["mla-tp-interleaved"].replace(q_lora_rank=0.0)
+    out["every case"] = every
     return out
 
 
@@ -1251,8 +1260,9 @@ def write_operator_table(path: Path, mutants: list, rows: dict, argv: list, popu
              f"Operator and term mutations of `dse/perf/` ({', '.join(files)}): {sample} "
              f"(kinds: {', '.join(sorted({m['kind'] for m in mutants}))}). A mutant that no "
              f"scored number changes on the sample ({n_designs} designs reaching every "
-             "mechanism: " + ("`train_sample`, the training scorer's metrics, micro-batch "
-                              "parts and memory with and without flash attention"
+             "mechanism: " + ("`train_sample`, each case alone and all in one batch: the "
+                              "training scorer's metrics, micro-batch parts and memory with and "
+                              "without flash attention"
                               if train else "`sample_frames`")
              + ") is equivalent (or, on a line that scoring the sample "
              "never runs, unreachable) and is not counted against the tests; each other one "
@@ -1405,7 +1415,8 @@ def main_operators(a, argv) -> int:
     if broken:
         print("left out (failing without a mutation): " + ", ".join(sorted(broken)))
     if a.out:
-        n_designs = (sum(len(b.tp) for b in train_sample().values()) if a.train
+        n_designs = (sum(len(b.tp) for k, b in train_sample().items() if k != "every case")
+                     if a.train
                      else sum(len(f) for f in sample_frames().values()))
         write_operator_table(Path(a.out), sel, rows, argv, len(population), files, a.fast,
                              sorted(broken), n_designs, state, a.train)

@@ -89,3 +89,38 @@ def test_mla_projections_split_over_tp(q_lora):
     fwd, bwd = layer_gemms_s(b)["attn"]
     assert float(fwd) * PEAK == pytest.approx(2 * 2048 * per_token, rel=1e-12)
     assert float(bwd) == pytest.approx(2 * float(fwd), rel=1e-12)
+
+
+def test_a_batch_mixing_gqa_and_mla_rows_scores_each_as_alone():
+    """``dse predict --train`` scores every case in one batch: a GQA row next to an MLA row
+    keeps its GQA projections and attention core (the MLA terms apply where kv_lora_rank > 0)."""
+    import numpy as np
+
+    from dse.perf.train_time import attention_core_s
+    from test_train_terms_memory import MLA
+    # row 0 the dense GQA model (no MLA fields: 0), row 1 the MLA MoE model
+    both = batch({k: np.array([DENSE.get(k, 0), MLA[k]], float) for k in MLA})
+    gqa, mla = batch(DENSE), batch(MLA)
+    g = layer_gemms_s(both)["attn"][0]
+    assert float(g[0]) == pytest.approx(float(layer_gemms_s(gqa)["attn"][0]), rel=1e-12)
+    assert float(g[1]) == pytest.approx(float(layer_gemms_s(mla)["attn"][0]), rel=1e-12)
+    a = attention_core_s(both)
+    assert float(a[0]) == pytest.approx(float(attention_core_s(gqa)), rel=1e-12)
+    assert float(a[1]) == pytest.approx(float(attention_core_s(mla)), rel=1e-12)
+
+
+def test_expert_dispatch_and_sort_without_sequence_parallelism():
+    """Without sequence parallelism every tp rank dispatches and sorts the micro-batch's whole
+    2048 tokens; with it, its 1024: the chunk sort moves 2048 x top-2 rows of 4 x 2 x 1024
+    bytes, the all-to-all (every token to every rank: top-k = experts = 16, ep = 8 inside the
+    domain) 7 copies of each token each way."""
+    from dse.perf.train_time import ep_comm_s, moe_sort_s
+    b = batch(MOE, tp=2, ep=4, dp=2, sequence_parallel=0)
+    assert float(moe_sort_s(b)) == pytest.approx(4096 * 4 * 2 * 1024 / 2e12, rel=1e-12)
+    assert float(moe_sort_s(b.replace(sequence_parallel=1))) == pytest.approx(
+        float(moe_sort_s(b)) / 2, rel=1e-12)
+    a2a = batch({**MOE, "experts": 16, "topk": 16}, tp=2, ep=8, dp=4, global_batch_seqs=8)
+    row = 2048 * 1024 * 2
+    assert float(ep_comm_s(a2a)) == pytest.approx(2 * 7 * row / 400e9, rel=1e-12)
+    assert float(ep_comm_s(a2a.replace(sequence_parallel=1))) == pytest.approx(
+        7 * row / 400e9, rel=1e-12)
