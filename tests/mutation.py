@@ -1001,6 +1001,43 @@ def train_sample(rows_per_case: int = 60, seed: int = 0) -> dict:
     return out
 
 
+# Why each mutant the training sample finds equivalent changes no number (by mutant id; the
+# table prints the reason, and a new equivalent without one is listed as such)
+TRAIN_EQUIVALENT_WHY = {
+    "a guard against 0/0 where a model or layout lacks the feature: wherever its value is "
+    "used it is an integer count of at least 2 (or the row is masked out)": (
+        "8e12648600", "949fc366e3", "b008b8043e", "8ed1e54fcf", "7be7404c33", "528e1f7236",
+        "8052e0a3d0", "e519cd0b86", "1d1d6bb83a", "d976343bd2", "0455d1e6e8", "1a47d1b2eb",
+        "6fbe3383ed", "c80c9200a2", "091874803f", "5edf9ac5c3", "e424cacde5", "dcceb9bc66",
+        "67b61eaa0d", "22165af7aa", "c510136b28", "03ce7a74a4", "6b42716a2c", "758f38f607",
+        "ce9ea05e8a", "0449e3d04e", "b323e0da28", "90867a6596", "e2017b4bb6", "a2e41fc20d",
+        "1e910fd9d5"),
+    "layout degrees are integers (> 1 and > 1.2 agree) and a collective over one rank costs 0 "
+    "in the kernel model already (its (g - 1) factors, its latency masked)": (
+        "5367de5fbb", "703512c980", "3fe0a3161c", "62a997821f", "99b9f9f8e4", "bb0cdeab7e",
+        "b1cb0a16cd", "a9049d6720", "2bd6a89842", "9efb79196e", "7b79517343", "d23e022b8f",
+        "1ff7ad8428", "e490ff44bf"),
+    "the mask only repeats what the term's inputs imply: a dense row's MoE terms are weighted "
+    "by its MoE share 0 (expert widths 0, ep 1), and `if np.any(...)` only skips work": (
+        "cc0f0235d7", "db20c48977", "f6e658a810", "39857f74d8", "0e134f5ede", "73e33436e9",
+        "564c6250b6", "48cd523420", "0bd089a67e"),
+    "the KV heads only size the attention core's HBM bytes, and at training sequence lengths "
+    "the core is compute-bound (tests/test_train_terms_kernels.py pins the bytes at a low HBM "
+    "fraction)": (
+        "411df08610", "aa9b0e1869", "9aa52010b8", "e3930c6c62", "e76fe12e9e", "733ec87c22",
+        "9cdf5afef7"),
+    "every catalog MLA model has head_dim = qk_nope_head_dim + qk_rope_head_dim (192)": (
+        "b51476f15e",),
+    "a factor equal to 1 (CAST_BYTES, FP8_COPY_BYTES; the constant's own mutant is caught)": (
+        "2654e55e9c", "a90dbd3f29"),
+    "no design's memory equals its HBM capacity exactly (tests/test_train_terms_step.py pins "
+    "the boundary)": ("aa0ef2f211",),
+    "kernel_comm.alltoall_bytes clamps the ranks per node to the group itself": (
+        "d54dc06521",),
+}
+_WHY = {i: why for why, ids in TRAIN_EQUIVALENT_WHY.items() for i in ids}
+
+
 def _train_group_scores(name: str, b) -> dict:
     """Everything the training scorer returns for one case of the sample, its micro-batch
     parts, and the memory with the 2022 attention kernels (``flash=0``: the score matrix)."""
@@ -1304,6 +1341,8 @@ def write_operator_table(path: Path, mutants: list, rows: dict, argv: list, popu
             res = "**NOT CAUGHT**"
         else:
             res = r["status"] + (f" ({r['note']})" if r.get("note") else "")
+            if train and r["status"] == "equivalent":
+                res += f": {_WHY[m['id']]}" if m["id"] in _WHY else ": **no reason given**"
         if r and r["status"] == "caught" and r.get("note"):
             res += f" ({r['note']})"
         return (f"| `{m['id']}` | {m['file']}:{m['line']} {m['func']} | {m['kind']} | "
