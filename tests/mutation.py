@@ -131,7 +131,8 @@ GOLDENS = "tests/test_goldens.py"
 TRAIN_TESTS = ["tests/test_train_physics.py", "tests/test_train_terms.py",
                *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_train_terms_*.py")),
                "tests/test_train_predict.py", "tests/test_train_space.py",
-               "tests/test_train_report.py", "tests/test_train_fit.py"]
+               "tests/test_train_report.py", "tests/test_train_fit.py",
+               "tests/test_train_questions.py"]
 TRAIN_SLOW = ["tests/test_train_predict.py::test_missing_required_column_and_subprocess_exit_code",
               "tests/test_train_space.py::test_report_compare_whatif_on_training_runs",
               "tests/test_train_space.py::test_optuna_run_finds_front_designs"]
