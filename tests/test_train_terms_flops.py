@@ -67,9 +67,10 @@ def test_full_recompute_reruns_every_layer_but_no_logits_layer():
 
 def test_hfu_counts_the_recomputed_flops():
     """MFU = F / (step x chips x peak); HFU adds the FLOPs the recompute policy reruns."""
+    from test_train_physics import PEAK
+
     from dse.perf.train_flops import recompute_flops
     from dse.perf.train_step import score_train
-    from test_train_physics import PEAK
     b = batch(DENSE, dp=2, recompute=2)
     s = score_train(b)
     f, r = float(megatron_flops(b)), float(recompute_flops(b))

@@ -95,9 +95,9 @@ def test_a_batch_mixing_gqa_and_mla_rows_scores_each_as_alone():
     """``dse predict --train`` scores every case in one batch: a GQA row next to an MLA row
     keeps its GQA projections and attention core (the MLA terms apply where kv_lora_rank > 0)."""
     import numpy as np
+    from test_train_terms_memory import MLA
 
     from dse.perf.train_time import attention_core_s
-    from test_train_terms_memory import MLA
     # row 0 the dense GQA model (no MLA fields: 0), row 1 the MLA MoE model
     both = batch({k: np.array([DENSE.get(k, 0), MLA[k]], float) for k in MLA})
     gqa, mla = batch(DENSE), batch(MLA)

@@ -51,7 +51,8 @@ def test_embeddings_sit_on_the_end_stages_and_mtp_on_the_last():
     from dse.perf.train_memory import state_bytes
     h, V = 1024, 32000
     layer = 4 * h * h + 2 * h + 2 * h * 4096
-    n = lambda b: float(state_bytes(b)["params_per_chip"])   # noqa: E731
+    def n(b):
+        return float(state_bytes(b)["params_per_chip"])
     assert n(batch()) == pytest.approx(8 * layer + 2 * V * h)
     assert n(batch(tied=1)) == pytest.approx(8 * layer + V * h)
     assert n(batch(pp=2)) == pytest.approx(4 * layer + V * h)
@@ -75,7 +76,8 @@ def test_expert_state_per_zero_stage_and_context_parallel_sharding():
     zd, ze = 2 * 4, 2 * 2 * 4 / 4                    # dp x cp; tp x cp x dp / ep
     per = {z: state_bytes(b.replace(zero_stage=z)) for z in range(4)}
     for z, st in per.items():
-        shard = lambda lvl: d / (zd if z >= lvl else 1) + e / (ze if z >= lvl else 1)  # noqa: E731
+        def shard(lvl, z=z):
+            return d / (zd if z >= lvl else 1) + e / (ze if z >= lvl else 1)
         gathered = 2 * (d + e) / 4 if z == 3 else 0.0          # 2 of the stage's 4 layers
         assert float(st["optimizer_bytes"]) == pytest.approx(12 * shard(1), rel=1e-12)
         assert float(st["grads_bytes"]) == pytest.approx(2 * shard(2), rel=1e-12)
