@@ -63,6 +63,12 @@ if os.environ.get("DSE_MUTATE"):
     from mutation import set_mutation
     _name, _factor = os.environ["DSE_MUTATE"].split("=")
     set_mutation(_name, float(_factor))
+if os.environ.get("DSE_MUTATE_TRAIN"):
+    # ``DSE_MUTATE_TRAIN=field=factor``: every TrainBatch reads ``field`` (or ``kernel.KEY``)
+    # multiplied by ``factor`` (tests/mutation.py --train)
+    from mutation import set_train_mutation
+    _name, _factor = os.environ["DSE_MUTATE_TRAIN"].split("=")
+    set_train_mutation(_name, float(_factor))
 if os.environ.get("DSE_MUTATE_OP"):
     # ``DSE_MUTATE_OP=id``: the scorer runs with that operator mutant of its formulas
     # (``python tests/mutation.py --operators --list`` prints the ids)

@@ -55,7 +55,8 @@ constant is rebound wherever it was imported. Nothing on disk changes; the undo 
 back, and memoised per-batch values are dropped both ways. Each mutant first scores a design
 sample reaching every mechanism (``sample_frames``, 2,025 designs: every metric, the per-op
 breakdown and the float32 chunked scoring): a site on a line that scoring the sample never runs
-is *unreachable*, a mutant that changes no number is *equivalent*; neither counts against the
+(a module-level constant's runs at import: it is judged by the numbers) is *unreachable*, a
+mutant that changes no number is *equivalent*; neither counts against the
 tests. The others run the physics tests (the test that caught the mutant in ``--out``'s previous
 table first, then those that caught the latest mutants, then ``TESTS``) until one fails; a failure
 counts only if the test passes unmutated; a mutant no physics test catches runs
@@ -63,6 +64,24 @@ counts only if the test passes unmutated; a mutant no physics test catches runs
 over ``--test-timeout`` seconds counts as failing. ``--limit N`` runs a seeded random sample
 (a larger N with the same ``--seed`` extends a smaller one); ``--state FILE`` as above.
 ``DSE_MUTATE_OP=id python -m pytest tests/test_x.py`` runs any tests under one mutant.
+
+Training mode (``--train``, issue 25): the same two checks on the training model.
+
+    python tests/mutation.py --train --fast --jobs 1 --out tests/MUTATION_TRAIN.md
+    python tests/mutation.py --operators --train --fast --out tests/MUTATION_TRAIN_OPERATORS.md
+
+Field mode mutates every field of ``dse.perf.train_batch.TrainBatch`` that is a term (not the
+layout, job and switches: ``TRAIN_NOT_PHYSICS``) and, as ``kernel.KEY``, every kernel parameter
+the training scorer reads, wherever it reads it (``set_train_mutation``: the class's attribute
+access multiplies the field; ``replace`` and ``take`` copy the stored values). Operator mode
+mutates ``dse/perf/train_*.py`` (the serving mode's default leaves them out) and judges
+equivalence on ``train_sample``: a few training cases (dense and MoE, GQA and MLA, EP, CP,
+ZeRO 0-3, every recompute policy and pipeline schedule, bf16 to NVFP4, a precision without
+native support, MTP, tied embeddings) whose candidate layouts expand from the in-repo catalog,
+scored by ``score_train`` with its micro-batch parts and the memory without flash attention.
+Both run ``TRAIN_TESTS`` (``tests/test_train_*.py``; ``--fast`` leaves out ``TRAIN_SLOW``: a
+subprocess, which runs unmutated code, and two search runs); the training model has no goldens.
+``DSE_MUTATE_TRAIN=field=factor pytest ...`` runs any tests under one training mutation.
 """
 
 from __future__ import annotations
@@ -106,6 +125,22 @@ SLOW = ["tests/test_properties.py::test_chunked_scoring_equals_one_call",
         "tests/test_properties.py::test_more_flops_never_slow_a_step",
         "tests/test_kernel_comm.py::test_fit_report_on_measured_tables"]
 GOLDENS = "tests/test_goldens.py"
+# --train: the training model's tests (hand-worked terms first, the scorers' wiring after; no
+# goldens: the training model has none) and the tests no mutant can fail (a subprocess runs the
+# unmutated code) or that take ten seconds each (a search run), left out by --fast
+TRAIN_TESTS = ["tests/test_train_physics.py", "tests/test_train_terms.py",
+               *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_train_terms_*.py")),
+               "tests/test_train_predict.py", "tests/test_train_space.py",
+               "tests/test_train_report.py", "tests/test_train_fit.py",
+               "tests/test_train_questions.py"]
+TRAIN_SLOW = ["tests/test_train_predict.py::test_missing_required_column_and_subprocess_exit_code",
+              "tests/test_train_space.py::test_report_compare_whatif_on_training_runs",
+              "tests/test_train_space.py::test_optuna_run_finds_front_designs"]
+# the TrainBatch fields that are a design's layout, job or switches, not terms of the model
+TRAIN_NOT_PHYSICS = {"tp", "pp", "dp", "ep", "cp", "vp", "micro_batch_seqs", "zero_stage",
+                     "recompute", "recompute_layer_fraction", "schedule", "sequence_parallel",
+                     "global_batch_seqs", "seq_len", "precision", "precision_native", "tied",
+                     "mtp_layers"}
 # layout, workload and switches: inputs a test sets itself, not terms of the model
 NOT_PHYSICS = {"tp", "pp", "ep", "dp", "prefill_tp", "prefill_pp", "prefill_ep", "prefill_dp",
                "disaggregated", "phase", "isl", "osl", "concurrency", "prefill_concurrency",
@@ -147,6 +182,76 @@ def set_mutation(name: str | None, factor: float = 1.0) -> None:
         b.__dict__["_memo"].clear()
 
 
+class _TrainState:
+    name: str | None = None
+    factor = 1.0
+    raw = 0                      # > 0 inside TrainBatch.replace / take: the stored values
+
+
+class _MutatedKernel(dict):
+    def __getitem__(self, key):
+        v = dict.__getitem__(self, key)
+        return v * _TrainState.factor if "kernel." + key == _TrainState.name else v
+
+
+def set_train_mutation(name: str | None, factor: float = 1.0) -> None:
+    """From now on every TrainBatch (also those already built) reads ``name`` times ``factor``
+    (a field of ``dse.perf.train_batch.TrainBatch``, or ``kernel.KEY``: one of its kernel
+    parameters); ``None``: no mutation. ``replace`` and ``take`` copy the stored values, so a
+    derived batch is mutated once, on read, like its parent."""
+    from dse.perf import train_batch as tb
+
+    cls = tb.TrainBatch
+    if not getattr(cls, "_mutation_hook", False):
+        get = object.__getattribute__
+
+        def getattribute(self, key):
+            v = get(self, key)
+            if _TrainState.raw or _TrainState.name is None:
+                return v
+            if key == _TrainState.name:
+                return v * _TrainState.factor
+            if key == "kernel" and _TrainState.name.startswith("kernel."):
+                return _MutatedKernel(v)
+            return v
+
+        def stored(method):
+            def run(self, *args, **kwargs):
+                _TrainState.raw += 1
+                try:
+                    return method(self, *args, **kwargs)
+                finally:
+                    _TrainState.raw -= 1
+            return run
+        cls.__getattribute__ = getattribute
+        cls.replace = stored(cls.replace)
+        cls.take = stored(cls.take)
+        cls._mutation_hook = True
+    _TrainState.name, _TrainState.factor = name, factor
+
+
+def train_fields() -> list[str]:
+    """Every field the training scorer reads: the TrainBatch fields and, as ``kernel.KEY``, the
+    kernel parameters scoring the training sample (``train_sample``) reads."""
+    import dataclasses
+
+    from dse.perf.train_batch import TrainBatch
+    from dse.perf.train_step import score_train
+    read: list = []
+
+    class Recording(dict):
+        def __getitem__(self, key):
+            if key not in read:
+                read.append(key)
+            return dict.__getitem__(self, key)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for b in train_sample().values():
+            score_train(dataclasses.replace(b, kernel=Recording(b.kernel)))
+    return [f.name for f in dataclasses.fields(TrainBatch) if f.name != "kernel"] + \
+        ["kernel." + k for k in sorted(read)]
+
+
 # --- the pytest plugin: one session, the tests once per field --------------------------------
 
 _failed: list = []
@@ -177,6 +282,8 @@ def pytest_runtestloop(session):
     items = list(session.items)
     hints = json.loads(os.environ.get("DSE_MUTATE_HINTS", "{}"))
     broken: set = set()
+    mutate = set_train_mutation if os.environ.get("DSE_MUTATE_TASK") == "train" \
+        else set_mutation
 
     def failed(item, nxt) -> bool:
         _failed.clear()
@@ -184,7 +291,7 @@ def pytest_runtestloop(session):
         return bool(_failed)
 
     for name in fields:
-        set_mutation(name, factor)
+        mutate(name, factor)
         t0, caught = time.process_time(), None
         # the test that caught this field last time first (a re-run costs seconds per field)
         live = sorted((it for it in items if it.nodeid not in broken),
@@ -192,54 +299,63 @@ def pytest_runtestloop(session):
         for i, item in enumerate(live):
             if failed(item, live[i + 1] if i + 1 < len(live) else None):
                 session._setupstate.teardown_exact(None)
-                set_mutation(None)           # a catch counts only if the test passes unmutated
+                mutate(None)           # a catch counts only if the test passes unmutated
                 if failed(item, None):
                     broken.add(item.nodeid)
-                    set_mutation(name, factor)
+                    mutate(name, factor)
                     continue
                 caught = item.nodeid
                 break
         with out.open("a") as f:
             f.write(json.dumps({"field": name, "caught": caught, "broken": sorted(broken),
                                 "cpu_s": time.process_time() - t0}) + "\n")
-    set_mutation(None)
+    mutate(None)
     return True
 
 
 # --- the driver ------------------------------------------------------------------------------
 
-def _pytest_worker(env_vars: dict, tests: list, fast: bool) -> subprocess.Popen:
+def _pytest_worker(env_vars: dict, tests: list, fast: bool, train: bool = False) \
+        -> subprocess.Popen:
     """A pytest session with this plugin loaded (``-p mutation``) over ``tests``, told what to
-    mutate by ``env_vars`` (``--fast``: the slow invariant properties left out)."""
+    mutate by ``env_vars`` (``--fast``: the slow invariant properties left out; ``train``: the
+    training model, ``TRAIN_SLOW``)."""
     env = dict(os.environ, **env_vars, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "tests"),
                                                         os.environ.get("PYTHONPATH")])))
     env.pop("DSE_MUTATE", None)
+    env.pop("DSE_MUTATE_TRAIN", None)
+    env["DSE_MUTATE_TASK"] = "train" if train else "serve"
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutation",
             *tests]
     if fast:
-        args += [f"--deselect={t}" for t in SLOW]
+        args += [f"--deselect={t}" for t in (TRAIN_SLOW if train else SLOW)]
     return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
 
 
-def _start(fields, factor, fast, out, hints):
+def _start(fields, factor, fast, out, hints, train=False):
     return _pytest_worker({
         "DSE_MUTATE_FIELDS": ",".join(fields), "DSE_MUTATE_FACTOR": str(factor),
         "DSE_MUTATE_HINTS": json.dumps({f: hints[f] for f in fields if f in hints}),
-        "DSE_MUTATE_OUT": str(out)}, TESTS, fast)
+        "DSE_MUTATE_OUT": str(out)}, TRAIN_TESTS if train else TESTS, fast, train)
 
 
 def write_table(path: Path, rows: dict, names: list, argv: list, factor: float, fast: bool,
-                broken: list, state: Path | None = None) -> None:
+                broken: list, state: Path | None = None, train: bool = False) -> None:
     caught = sum(rows.get(n) is not None for n in names)
     lost = [n for n in names if n not in rows]
-    lines = ["# Mutation check of the physics tests", "",
+    what = ("Every training scorer field (`dse.perf.train_batch.TrainBatch`, and as `kernel.KEY` "
+            "the kernel parameters it reads)" if train else "Every scorer field")
+    lines = ["# Mutation check of the " + ("training model's tests" if train else
+                                           "physics tests"), "",
              f"Generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by",
              "", "    python tests/mutation.py " + " ".join(argv), "",
-             f"Every scorer field multiplied by {factor:g} wherever the scorer reads it; the "
-             "first physics test (not a golden) that fails"
-             + (" (`--fast`: the slow invariant properties left out)" if fast else "")
+             f"{what} multiplied by {factor:g} wherever the scorer reads it; the "
+             "first " + ("training test" if train else "physics test (not a golden)")
+             + " that fails"
+             + ((" (`--fast`: the subprocess and search-run tests left out)" if train else
+                 " (`--fast`: the slow invariant properties left out)") if fast else "")
              + f". {caught} of {len(names)} fields caught"
              + (f", {len(lost)} not run." if lost else "."), ""]
     if state:
@@ -277,6 +393,10 @@ def main(argv=None) -> int:
                     "run again, new results are added (a killed run resumes)")
     ap.add_argument("--no-run", action="store_true",
                     help="only write --out from --state (fields without a result: 'not run')")
+    ap.add_argument("--train", action="store_true",
+                    help="the training model: its TrainBatch fields and kernel parameters (with "
+                    "--operators: dse/perf/train_*.py on the training sample), against the "
+                    "training tests (TRAIN_TESTS)")
     op = ap.add_argument_group("operator mode (--operators)")
     op.add_argument("--operators", action="store_true",
                     help="mutate the formulas of dse/perf/*.py (operators, terms, min/max, "
@@ -301,12 +421,15 @@ def main(argv=None) -> int:
         if a.fields:
             ap.error("--operators takes no field names (use --files, --kinds, --match)")
         return main_operators(a, argv)
-    unknown = [f for f in a.fields if f not in FIELDS]
+    known = train_fields() if a.train else FIELDS
+    unknown = [f for f in a.fields if f not in known]
     if unknown:
-        print(f"mutation.py: unknown field(s) {', '.join(unknown)}; see dse/perf/batch.py "
-              "FIELDS", file=sys.stderr)
+        print(f"mutation.py: unknown field(s) {', '.join(unknown)}; see "
+              + ("dse/perf/train_batch.py TrainBatch (kernel.KEY: its kernel parameters)"
+                 if a.train else "dse/perf/batch.py FIELDS"), file=sys.stderr)
         return 2
-    names = a.fields or [f for f in FIELDS if f not in NOT_PHYSICS]
+    skip = TRAIN_NOT_PHYSICS if a.train else NOT_PHYSICS
+    names = a.fields or [f for f in known if f not in skip]
     rows, broken = {}, set()
     state = Path(a.state) if a.state else None
     if state and state.exists():
@@ -320,8 +443,8 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="dse-mutation-"))
     outs = [tmp / f"job{j}.jsonl" for j in range(jobs)]
     hints = read_table(Path(a.out)) if a.out and Path(a.out).exists() else {}
-    procs = [_start(todo[j::jobs], a.factor, a.fast, outs[j], hints) for j in range(jobs)] \
-        if todo else []
+    procs = [_start(todo[j::jobs], a.factor, a.fast, outs[j], hints, a.train)
+             for j in range(jobs)] if todo else []
     seen, t0 = 0, time.perf_counter()
     while True:
         done = all(p.poll() is not None for p in procs)
@@ -359,7 +482,8 @@ def main(argv=None) -> int:
     print(f"{len(names) - len(missed) - len(lost)} of {len(names)} fields caught; not caught: "
           f"{', '.join(missed) or 'none'}")
     if a.out:
-        write_table(Path(a.out), rows, names, argv, a.factor, a.fast, sorted(broken), state)
+        write_table(Path(a.out), rows, names, argv, a.factor, a.fast, sorted(broken), state,
+                    a.train)
     return 1 if missed or lost else 0
 # --- operator mode: mutations of the model's formulas ---------------------------------------
 #
@@ -627,6 +751,14 @@ def mutated_code(m: dict):
     return tree, compile(tree, str(path), "exec")
 
 
+def default_files(train: bool = False) -> list[str]:
+    """The perf modules operator mode mutates by default: the training model's
+    (``train_*.py``) with ``--train``, else the serving model's (all others but
+    ``OP_SKIP_FILES``)."""
+    names = sorted(p.name for p in PERF.glob("*.py") if p.name not in OP_SKIP_FILES)
+    return [n for n in names if n.startswith("train_") == train]
+
+
 def mutant_by_id(mid: str) -> dict:
     """The mutant of that id (``--list`` prints them)."""
     for m in enumerate_mutants():
@@ -785,6 +917,145 @@ def sample_frames(n: int = 1200, seed: int = 0) -> dict:
     return frames
 
 
+# --train: training cases whose candidate layouts reach every mechanism of the training model
+# (blank columns expand to every valid value: tp, pp, cp, dp, ep, micro-batch, recompute
+# none/selective/full on a share of the layers, vp); columns of dse.scoring.train_cases
+_TRAIN_COLUMNS = ("case_id", "model", "hardware", "topology", "num_chips", "tp", "pp", "dp", "ep",
+                  "cp", "vp", "zero_stage", "global_batch_seqs", "micro_batch_seqs", "seq_len",
+                  "precision", "recompute", "pipeline_schedule", "sequence_parallel",
+                  "mtp_layers")
+TRAIN_SAMPLE = (
+    # dense GQA, one HGX node, fp8, ZeRO 0, every tp/pp/cp/micro-batch/recompute
+    ("dense-fp8-z0", "llama-3.1-8b", "h100-sxm", "", 8, "", "", "", "", "", "", 0, 32, "", 8192,
+     "fp8", "", "1f1b", "", ""),
+    # interleaved 1F1B across 8 nodes, bf16, ZeRO 1, sequence parallel, every vp
+    ("dense-interleaved-z1", "llama-3.1-70b", "h100-sxm", "", 64, 4, 4, 4, "", 1, "", 1, 64, 1,
+     4096, "bf16", "", "interleaved", "true", ""),
+    # dense, zero-bubble schedule, ZeRO 2, context parallelism on a long sequence
+    ("dense-cp-zb-z2", "llama-3.1-8b", "h200-sxm", "", 16, 2, 2, "", "", "", "", 2, 16, 1,
+     32768, "bf16", "", "zero_bubble", "", ""),
+    # tied, non-gated MHA, fp16 without native fp8 (A100), ZeRO 3 over two domains
+    ("tied-fp8-not-native-z3", "mpt-7b", "a100-sxm-40g", "", 16, 1, 1, 16, "", 1, "", 3, 64, "",
+     2048, "fp8", "", "", "", ""),
+    ("tied-fp16-z3", "mpt-7b", "a100-sxm-80g", "", 16, 1, 1, 16, "", 1, "", 3, 64, "",
+     2048, "fp16", "", "", "", ""),
+    # MoE with expert parallelism (every ep), fp8 blockwise, ZeRO 1
+    ("moe-ep-fp8block-z1", "qwen3-30b-a3b", "h100-sxm", "", 16, "", 2, "", "", 1, "", 1, 128, "",
+     4096, "fp8_block", "", "", "", ""),
+    # MoE, bf16, ep beyond one domain, ZeRO 2, no sequence parallelism
+    ("moe-ep-wide-z2", "gpt-oss-120b", "h100-sxm", "", 64, 1, 4, 16, "", 1, "", 2, 512, 4, 4096,
+     "bf16", "none", "", "false", ""),
+    # MLA, MTP, DualPipe, MXFP8 on Blackwell, ZeRO 1
+    ("mla-mtp-dualpipe", "deepseek-v3", "b200", "", 256, 1, 8, 32, "", 1, "", 1, 1024, 1, 4096,
+     "mxfp8", "", "dualpipe", "", 1),
+    # MoE with shared experts (Llama 4 Scout), NVFP4, ZeRO 3, context parallelism
+    ("moe-shared-nvfp4-z3", "llama-4-scout", "b200", "", 32, 2, 2, "", "", "", "", 3, 64, 1,
+     16384, "nvfp4", "selective", "1f1b", "true", ""),
+    # tp without sequence parallelism, DualPipe with fewer micro-batches than stages, an MTP
+    # module on a dense model, ZeRO 0
+    ("dense-tp-nosp-dualpipe-mtp", "llama-3.1-70b", "h100-sxm", "", 32, 4, 4, 2, "", 1, "", 0,
+     4, 1, 4096, "bf16", "", "dualpipe", "false", 1),
+    # MoE over tp without sequence parallelism
+    ("moe-tp-nosp", "mixtral-8x7b", "h100-sxm", "", 16, 2, 1, 8, "", 1, "", 1, 64, 1, 4096,
+     "bf16", "none", "", "false", ""),
+    # MLA split over tp, interleaved
+    ("mla-tp-interleaved", "kimi-k2", "b200", "", 64, 2, 4, 8, "", 1, "", 1, 64, 1, 4096, "fp8",
+     "selective", "interleaved", "", ""),
+)
+
+
+def train_sample(rows_per_case: int = 60, seed: int = 0) -> dict:
+    """{case: TrainBatch} of training designs reaching every mechanism of the training model
+    (``TRAIN_SAMPLE``: dense and MoE, GQA and MLA (with and without a query LoRA), EP within
+    and across domains, CP, ZeRO 0-3, recompute none/selective/full on a share of the layers,
+    the four pipeline schedules, tp with and without sequence parallelism, bf16, fp16, fp8,
+    blockwise fp8, MXFP8, NVFP4, a precision without native support, MTP on dense and MoE
+    models, tied embeddings), from the in-repo catalog: a seeded sample of each case's
+    candidate layouts."""
+    import pandas as pd
+
+    from dse.scoring.train_cases import check_columns, parse
+    from dse.scoring.train_layouts import candidates
+    from dse.scoring.train_predict import build, resolve_case
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame(list(TRAIN_SAMPLE), columns=list(_TRAIN_COLUMNS)).astype(object)
+    df = df.map(lambda x: np.nan if x == "" else str(x))            # as read from a CSV
+    check_columns(df, "train_sample")
+    p = parse(df, "train_sample")
+    resolved = [resolve_case(df, i, p, "train_sample") for i in range(len(df))]
+    layouts = candidates(df, p, resolved, "train_sample")
+    keep = []
+    for i in range(len(df)):
+        rows = np.flatnonzero(layouts["_case"].to_numpy() == i)
+        keep.extend(np.sort(rng.choice(rows, min(rows_per_case, len(rows)), replace=False)))
+    layouts = layouts.iloc[keep].reset_index(drop=True)
+    every = build(resolved, layouts, {k: p[k] for k in (
+        "global_batch_seqs", "seq_len", "precision", "mtp_layers")})
+    case = layouts["_case"].to_numpy()
+    # each case alone (a batch of one kind of model skips the terms it does not need) and all
+    # of them in one batch, as ``dse predict --train`` scores them
+    out = {name: every.take(np.flatnonzero(case == i))
+           for i, name in enumerate(df["case_id"])}
+    # MLA without a query LoRA (DeepSeek-V2-Lite's shape; no catalog model has it)
+    out["mla-no-q-lora"] = out["mla-tp-interleaved"].replace(q_lora_rank=0.0)
+    out["every case"] = every
+    return out
+
+
+# Why each mutant the training sample finds equivalent changes no number (by mutant id; the
+# table prints the reason, and a new equivalent without one is listed as such)
+TRAIN_EQUIVALENT_WHY = {
+    "a guard against 0/0 where a model or layout lacks the feature: wherever its value is "
+    "used it is an integer count of at least 2 (or the row is masked out)": (
+        "8e12648600", "949fc366e3", "b008b8043e", "8ed1e54fcf", "7be7404c33", "528e1f7236",
+        "8052e0a3d0", "e519cd0b86", "1d1d6bb83a", "d976343bd2", "0455d1e6e8", "1a47d1b2eb",
+        "6fbe3383ed", "c80c9200a2", "091874803f", "5edf9ac5c3", "e424cacde5", "dcceb9bc66",
+        "67b61eaa0d", "22165af7aa", "c510136b28", "03ce7a74a4", "6b42716a2c", "758f38f607",
+        "ce9ea05e8a", "0449e3d04e", "b323e0da28", "90867a6596", "e2017b4bb6", "a2e41fc20d",
+        "1e910fd9d5"),
+    "layout degrees are integers (> 1 and > 1.2 agree) and a collective over one rank costs 0 "
+    "in the kernel model already (its (g - 1) factors, its latency masked)": (
+        "5367de5fbb", "703512c980", "3fe0a3161c", "62a997821f", "99b9f9f8e4", "bb0cdeab7e",
+        "b1cb0a16cd", "a9049d6720", "2bd6a89842", "9efb79196e", "7b79517343", "d23e022b8f",
+        "1ff7ad8428", "e490ff44bf"),
+    "the mask only repeats what the term's inputs imply: a dense row's MoE terms are weighted "
+    "by its MoE share 0 (expert widths 0, ep 1), and `if np.any(...)` only skips work": (
+        "cc0f0235d7", "db20c48977", "f6e658a810", "39857f74d8", "0e134f5ede", "73e33436e9",
+        "564c6250b6", "48cd523420", "0bd089a67e"),
+    "the KV heads only size the attention core's HBM bytes, and at training sequence lengths "
+    "the core is compute-bound (tests/test_train_terms_kernels.py pins the bytes at a low HBM "
+    "fraction)": (
+        "411df08610", "aa9b0e1869", "9aa52010b8", "e3930c6c62", "e76fe12e9e", "733ec87c22",
+        "9cdf5afef7"),
+    "every catalog MLA model has head_dim = qk_nope_head_dim + qk_rope_head_dim (192)": (
+        "b51476f15e",),
+    "a factor equal to 1 (CAST_BYTES, FP8_COPY_BYTES; the constant's own mutant is caught)": (
+        "2654e55e9c", "a90dbd3f29"),
+    "no design's memory equals its HBM capacity exactly (tests/test_train_terms_step.py pins "
+    "the boundary)": ("aa0ef2f211",),
+    "kernel_comm.alltoall_bytes clamps the ranks per node to the group itself": (
+        "d54dc06521",),
+}
+_WHY = {i: why for why, ids in TRAIN_EQUIVALENT_WHY.items() for i in ids}
+
+
+def _train_group_scores(name: str, b) -> dict:
+    """Everything the training scorer returns for one case of the sample, its micro-batch
+    parts, and the memory with the 2022 attention kernels (``flash=0``: the score matrix)."""
+    from dse.perf.train_memory import memory_bytes
+    from dse.perf.train_step import micro_batch_parts, score_train
+    out = {}
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for k, v in score_train(b).items():
+            out[k] = np.asarray(v)
+        for k, v in micro_batch_parts(b).items():
+            out[("parts", k)] = np.asarray(v)
+        for k, v in memory_bytes(b, flash=0.0).items():
+            out[("flash=0", k)] = np.asarray(v)
+    return out
+
+
 def _group_scores(name: str, b) -> dict:
     """Everything the scorer returns for one group of the sample: every metric, the per-op
     breakdown, and (the mixed designs) the float32 chunked scoring of the search."""
@@ -807,8 +1078,8 @@ def _group_scores(name: str, b) -> dict:
     return out
 
 
-def _scores(batches: dict) -> dict:
-    return {name: _group_scores(name, b) for name, b in batches.items()}
+def _scores(batches: dict, group=_group_scores) -> dict:
+    return {name: group(name, b) for name, b in batches.items()}
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -823,12 +1094,12 @@ def _same(a: dict, b: dict) -> bool:
     return True
 
 
-def _unchanged(base: dict, batches: dict) -> bool:
+def _unchanged(base: dict, batches: dict, group=_group_scores) -> bool:
     """Every group of the sample scores as ``base`` (stops at the first group that does not)."""
-    return all(_same(base[name], _group_scores(name, b)) for name, b in batches.items())
+    return all(_same(base[name], group(name, b)) for name, b in batches.items())
 
 
-def _executed_lines(batches: dict) -> set:
+def _executed_lines(batches: dict, group=_group_scores) -> set:
     """(file name, line) of the perf modules that scoring the sample executes."""
     perf = str(PERF.resolve())
     lines: set = set()
@@ -846,7 +1117,7 @@ def _executed_lines(batches: dict) -> set:
 
     sys.settrace(glob)
     try:
-        _scores(batches)
+        _scores(batches, group)
     finally:
         sys.settrace(None)
     return lines
@@ -885,11 +1156,14 @@ def _operators_loop(session):
     broken: set = set()
     recent: list = []                   # tests that caught a mutant lately, latest first
     _track_batches()                    # (before the sample: its memoised values are dropped too)
+    train = os.environ.get("DSE_MUTATE_TASK") == "train"
+    group = _train_group_scores if train else _group_scores
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        batches = {k: to_batch(resolve(f)) for k, f in sample_frames().items()}
-    base = _scores(batches)
-    reached = _executed_lines(batches)
+        batches = train_sample() if train else {k: to_batch(resolve(f))
+                                                for k, f in sample_frames().items()}
+    base = _scores(batches, group)
+    reached = _executed_lines(batches, group)
 
     def failed(item, nxt) -> bool:
         _failed.clear()
@@ -931,7 +1205,10 @@ def _operators_loop(session):
         rec = {"id": m["id"], "caught": None, "golden": None, "status": None, "note": ""}
         t_eq = 0.0
         lines = set(range(m["loc"][1], m["loc"][3] + 1))
-        if not any((m["file"], ln) in reached for ln in lines):
+        # (a module-level constant's line runs at import only: its uses decide, so it is
+        # judged by the sample's numbers)
+        if not m["func"].startswith("<module>:") and not any((m["file"], ln) in reached
+                                                              for ln in lines):
             rec["status"] = "unreachable"
         else:
             try:
@@ -943,7 +1220,7 @@ def _operators_loop(session):
                 _clear_memos()
                 try:
                     _alarm(limit_s)
-                    same = _unchanged(base, batches)
+                    same = _unchanged(base, batches, group)
                 except Exception as e:         # noqa: BLE001 (the mutant breaks the scorer)
                     same, rec["note"] = False, f"scorer raises {type(e).__name__}"
                 finally:
@@ -1009,22 +1286,31 @@ def operator_summary(mutants: list, rows: dict) -> dict:
 
 def write_operator_table(path: Path, mutants: list, rows: dict, argv: list, population: int,
                          files: list, fast: bool, broken: list, n_designs: int,
-                         state: Path | None = None) -> None:
+                         state: Path | None = None, train: bool = False) -> None:
     c = operator_summary(mutants, rows)
     live = len(mutants) - c["unreachable"] - c["equivalent"] - c["invalid"] - c["not run"]
     sample = (f"a seeded sample of {len(mutants)} of the {population} mutants"
               if len(mutants) < population else f"all {population} mutants")
-    lines = ["# Mutation check of the physics tests: the model's formulas", "",
+    lines = ["# Mutation check of the " + ("training model's tests: its formulas" if train
+                                           else "physics tests: the model's formulas"), "",
              f"Generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by",
              "", "    python tests/mutation.py " + shlex.join(argv), "",
              f"Operator and term mutations of `dse/perf/` ({', '.join(files)}): {sample} "
              f"(kinds: {', '.join(sorted({m['kind'] for m in mutants}))}). A mutant that no "
              f"scored number changes on the sample ({n_designs} designs reaching every "
-             "mechanism: `sample_frames`) is equivalent (or, on a line that scoring the sample "
+             "mechanism: " + ("`train_sample`, each case alone and all in one batch: the "
+                              "training scorer's metrics, micro-batch parts and memory with and "
+                              "without flash attention"
+                              if train else "`sample_frames`")
+             + ") is equivalent (or, on a line that scoring the sample "
              "never runs, unreachable) and is not counted against the tests; each other one "
-             "runs the physics tests (not the goldens) until one fails"
-             + (" (`--fast`: the slow invariant properties left out)" if fast else "")
-             + ", and those it passes run `tests/test_goldens.py`.", "",
+             + ("runs the training tests (`TRAIN_TESTS`; the training model has no goldens) "
+                "until one fails"
+                + (" (`--fast`: the subprocess and search-run tests left out)" if fast else "")
+                + "." if train else
+                "runs the physics tests (not the goldens) until one fails"
+                + (" (`--fast`: the slow invariant properties left out)" if fast else "")
+                + ", and those it passes run `tests/test_goldens.py`."), "",
              f"**{len(mutants)} mutants: {c['unreachable']} unreachable, {c['equivalent']} "
              f"equivalent, {c['invalid']} invalid; of the {live} others {c['caught']} caught by "
              f"a physics test, {c['golden only']} only by the goldens, {c['not caught']} by "
@@ -1056,6 +1342,8 @@ def write_operator_table(path: Path, mutants: list, rows: dict, argv: list, popu
             res = "**NOT CAUGHT**"
         else:
             res = r["status"] + (f" ({r['note']})" if r.get("note") else "")
+            if train and r["status"] == "equivalent":
+                res += f": {_WHY[m['id']]}" if m["id"] in _WHY else ": **no reason given**"
         if r and r["status"] == "caught" and r.get("note"):
             res += f" ({r['note']})"
         return (f"| `{m['id']}` | {m['file']}:{m['line']} {m['func']} | {m['kind']} | "
@@ -1073,18 +1361,19 @@ def write_operator_table(path: Path, mutants: list, rows: dict, argv: list, popu
     path.write_text("\n".join(lines) + "\n")
 
 
-def _start_operators(mutants, fast, out, hints, timeout_s):
+def _start_operators(mutants, fast, out, hints, timeout_s, train=False):
     tmp = out.with_suffix(".mutants.json")
     tmp.write_text(json.dumps(mutants))
     return _pytest_worker({
         "DSE_MUTATE_MODE": "operators", "DSE_MUTATE_MUTANTS": str(tmp),
         "DSE_MUTATE_HINTS": json.dumps({m["id"]: hints[m["id"]] for m in mutants
                                      if m["id"] in hints}),
-        "DSE_MUTATE_OUT": str(out), "DSE_MUTATE_TEST_TIMEOUT": str(timeout_s)}, [*TESTS, GOLDENS], fast)
+        "DSE_MUTATE_OUT": str(out), "DSE_MUTATE_TEST_TIMEOUT": str(timeout_s)},
+        TRAIN_TESTS if train else [*TESTS, GOLDENS], fast, train)
 
 
 def main_operators(a, argv) -> int:
-    files = a.files or sorted(p.name for p in PERF.glob("*.py") if p.name not in OP_SKIP_FILES)
+    files = a.files or default_files(a.train)
     kinds = tuple(a.kinds.split(",")) if a.kinds else KINDS
     bad = [k for k in kinds if k not in KINDS]
     if bad:
@@ -1124,7 +1413,7 @@ def main_operators(a, argv) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="dse-mutation-"))
     outs = [tmp / f"job{j}.jsonl" for j in range(jobs)]
     hints = read_operator_table(Path(a.out)) if a.out and Path(a.out).exists() else {}
-    procs = [_start_operators(todo[j::jobs], a.fast, outs[j], hints, a.test_timeout)
+    procs = [_start_operators(todo[j::jobs], a.fast, outs[j], hints, a.test_timeout, a.train)
              for j in range(jobs)] if todo else []
     by_id = {m["id"]: m for m in sel}
     seen, t0 = 0, time.perf_counter()
@@ -1166,9 +1455,11 @@ def main_operators(a, argv) -> int:
     if broken:
         print("left out (failing without a mutation): " + ", ".join(sorted(broken)))
     if a.out:
-        n_designs = sum(len(f) for f in sample_frames().values())
+        n_designs = (sum(len(b.tp) for k, b in train_sample().items() if k != "every case")
+                     if a.train
+                     else sum(len(f) for f in sample_frames().values()))
         write_operator_table(Path(a.out), sel, rows, argv, len(population), files, a.fast,
-                             sorted(broken), n_designs, state)
+                             sorted(broken), n_designs, state, a.train)
     return 1 if c["golden only"] or c["not caught"] or lost else 0
 
 

@@ -77,12 +77,12 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     full = b.full_share
     rerun = full * fwd + (b.recompute == 1) * attn
     elem = elementwise_s(b) * (3.0 + full)
-    tp = hide(tp_comm_s(b) * (2.0 + full),
-              (g["attn"][0] + mlp_f) * (1.0 + full) + g["attn"][1] + mlp_b,
+    tp_all = tp_comm_s(b) * (2.0 + full)
+    tp = hide(tp_all, (g["attn"][0] + mlp_f) * (1.0 + full) + g["attn"][1] + mlp_b,
               b.overlap_fraction)
     ep = ep_comm_s(b) * (2.0 + full) * moe_share
-    cp = hide(2.0 * cp_comm_s(b) * (1.0 + b.attention_bwd_ratio) / 2.0,
-              attn * (1.0 + b.attention_bwd_ratio), b.overlap_fraction)
+    cp_all = 2.0 * cp_comm_s(b) * (1.0 + b.attention_bwd_ratio) / 2.0
+    cp = hide(cp_all, attn * (1.0 + b.attention_bwd_ratio), b.overlap_fraction)
     # the last stage also runs the MTP modules: a layer and a logits layer each
     heads_out = (1.0 + b.mtp_layers) * (g["logits"][0] + g["logits"][1])
     stage = stage + b.mtp_layers
@@ -92,7 +92,7 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     net = stage * (tp + ep + cp)
     pp = hide(pp_comm_s(b), compute, b.overlap_fraction)
     return {"compute_s": compute, "memory_s": layers, "network_exposed_s": net + pp,
-            "network_total_s": stage * (tp + ep + 2.0 * cp_comm_s(b)) + pp_comm_s(b),
+            "network_total_s": stage * (tp_all + ep + cp_all) + pp_comm_s(b),
             "forward_s": stage * fwd, "backward_s": stage * bwd}
 
 
