@@ -30,17 +30,20 @@ def small():
 def test_counts_are_case_multiplicities(small):
     from dse.calibration.fit import fit
     cases, truth, prep = small
-    base = fit(cases, truth, verbose=False, prep=prep)
+    # (a few evaluations each: the same start and the same weights give the same iterates, so
+    # the equalities hold at any budget; the whole fit took minutes of the suite)
+    steps = {"verbose": False, "prep": prep, "max_nfev": 3}
+    base = fit(cases, truth, **steps)
     # every case drawn twice: the same weights after normalisation, the same fit
-    twice = fit(cases, truth, verbose=False, prep=prep, counts=np.full(len(cases), 2))
+    twice = fit(cases, truth, counts=np.full(len(cases), 2), **steps)
     from dse.calibration.fit import PARAMS
     assert set(twice) == {p[0] for p in PARAMS}       # the end-to-end parameters
     for k in twice:
         assert twice[k] == pytest.approx(base[k], rel=1e-6)
     # a chip drawn zero times is the same as leaving it out
     a100 = (cases["hardware"] == "a100-sxm-80g").to_numpy()
-    zero = fit(cases, truth, verbose=False, prep=prep, counts=(~a100).astype(int))
-    out = fit(cases, truth, verbose=False, prep=prep, keep=~a100)
+    zero = fit(cases, truth, counts=(~a100).astype(int), **steps)
+    out = fit(cases, truth, keep=~a100, **steps)
     for k in ("layer_overhead_s",):
         assert zero[k] == pytest.approx(out[k], rel=1e-6)
 
