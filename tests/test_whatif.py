@@ -211,8 +211,15 @@ def test_bad_reoptimize_input_exits_2_and_touches_nothing(small, tmp_path, capsy
         args = ["--set", f"{HBM}=lots"]
     elif case == "invalid":                     # only the derived space file can tell
         args = ["--scale", "layout.tp=1.5"]
-    elif case == "running":
-        (d / "lock").write_text(str(os.getpid()))
+    elif case == "running":               # another process owns the folder (its flock)
+        import subprocess
+        import sys
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+             "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)",
+             str(d / "lock")], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "held"
+        request_kill = holder.kill
         p = json.loads((d / "progress.json").read_text())
         (d / "progress.json").write_text(json.dumps({**p, "state": "running"}))
     elif case == "corrupt":
@@ -225,7 +232,12 @@ def test_bad_reoptimize_input_exits_2_and_touches_nothing(small, tmp_path, capsy
         (tmp_path / "wi" / "run").mkdir(parents=True)
         (tmp_path / "wi" / "run" / "x").write_text("mine")
     before = _hashes(d) if d.exists() else None
-    rc = main(["whatif", str(d), *args, "--reoptimize", "--out", str(tmp_path / "wi"), "--quiet"])
+    try:
+        rc = main(["whatif", str(d), *args, "--reoptimize", "--out", str(tmp_path / "wi"),
+                   "--quiet"])
+    finally:
+        if case == "running":
+            request_kill()
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert (_hashes(d) if d.exists() else None) == before

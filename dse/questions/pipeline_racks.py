@@ -166,6 +166,8 @@ def answer(ctx: Context) -> Answer:
     s.slow_pct, s.pp_pct, s.jump = _link_worth(s)
     # and where the space sweeps the hop latency, the same over it
     s.sweep, s.lat_cheap = _sweep(ctx, s) if len(s.lats) > 1 else (pd.DataFrame(), None)
+    if s.lat_cheap is not None and not np.isfinite(s.lat_cheap):
+        s.lat_cheap = None        # the cheapest design has no hop (pp = 1)
     return Answer(_headline(ctx, s), _details(ctx, s), _numbers(s), [_figure(ctx, s)],
                   _lead(s))
 
@@ -234,7 +236,7 @@ def _numbers(s: Picks) -> dict:
         "cheapest_batch": int(cheapest[BATCH]),
         "cheapest_usd_per_mtok_output": float(cheapest["usd_per_mtok_output"]),
         "cheapest_hop_share": float(cheapest["hop_share"]),
-        "bw_for_share_cheapest_bytes_per_s": s.bw_cheap,
+        "bw_for_share_cheapest_bytes_per_s": s.bw_cheap if np.isfinite(s.bw_cheap) else None,
         "network_bound_designs": int((f["bound"] == 2).sum()), "feasible_designs": len(f),
         "reference_bw_bytes_per_s": s.ref_bw, "slowest_bw_bytes_per_s": s.lo_bw,
         "best_cost_increase_at_slowest_bw_pct": s.slow_pct,
@@ -268,10 +270,7 @@ def _headline(ctx: Context, s: Picks) -> str:
         f"{int((f['bound'] == 2).sum())} designs are network-bound.",
         f"- **Bandwidth threshold:** the hop reaches {100 * share:g}% of the step only below "
         f"**{_gb(s.bw_worst):.1f} Gb/s per GPU** for the most exposed design (pp={int(worst[PP])}, "
-        f"batch {int(worst[BATCH])}), and below **{_gb(s.bw_cheap):.1f} Gb/s** for the cheapest "
-        f"design under the SLO at the catalog's {_gb(s.ref_bw):g} Gb/s (pp={int(cheapest[PP])}, "
-        f"batch {int(cheapest[BATCH])}, ${cheapest['usd_per_mtok_output']:.2f}/Mtok output; "
-        f"its hop is {100 * cheapest['hop_share']:.2f}% of the step).",
+        f"batch {int(worst[BATCH])}), " + _cheapest_text(s),
         "- **Batch threshold:** the hop's share grows with the batch (a fixed latency plus "
         "bytes per token); " + _batch_text(s),
         _link_line(s),
@@ -279,6 +278,19 @@ def _headline(ctx: Context, s: Picks) -> str:
     if len(s.lats) > 1:
         head.append(_sweep_line(s))
     return "\n".join(head)
+
+
+def _cheapest_text(s: Picks) -> str:
+    """The cheapest design under the SLO and its bandwidth threshold (none without a hop)."""
+    c = s.cheapest
+    what = (f"(pp={int(c[PP])}, batch {int(c[BATCH])}, ${c['usd_per_mtok_output']:.2f}/Mtok "
+            f"output")
+    if int(c[PP]) == 1:
+        return (f"while the cheapest design under the SLO at the catalog's {_gb(s.ref_bw):g} "
+                f"Gb/s runs in one stage {what}): it has no stage-to-stage hop at all.")
+    return (f"and below **{_gb(s.bw_cheap):.1f} Gb/s** for the cheapest design under the SLO at "
+            f"the catalog's {_gb(s.ref_bw):g} Gb/s {what}; its hop is "
+            f"{100 * c['hop_share']:.2f}% of the step).")
 
 
 def _batch_text(s: Picks) -> str:
@@ -322,8 +334,11 @@ def _sweep_line(s: Picks) -> str:
         f"goes ${first['usd_per_mtok_output']:.3f} -> ${last['usd_per_mtok_output']:.3f}/Mtok "
         f"({100 * (last['usd_per_mtok_output'] / first['usd_per_mtok_output'] - 1):+.0f}%; "
         f"pp={int(first['pp'])} -> pp={int(last['pp'])}, batch {int(first['batch'])} -> "
-        f"{int(last['batch'])}); the cheapest design's hop reaches {100 * share:g}% of its "
-        f"step at **{s.lat_cheap * 1e3:.2f} ms** per hop; at {lats[-1] * 1e3:g} ms "
+        f"{int(last['batch'])}); " + (
+            f"the cheapest design's hop reaches {100 * share:g}% of its step at "
+            f"**{s.lat_cheap * 1e3:.2f} ms** per hop" if s.lat_cheap is not None else
+            "the cheapest design runs in one stage (pp=1): no hop latency reaches it") +
+        f"; at {lats[-1] * 1e3:g} ms "
         f"{int(last['designs_over_share']):,} feasible designs have the hop above "
         f"{100 * share:g}% (largest share {100 * last['max_hop_share_feasible']:.0f}%).")
 
