@@ -202,20 +202,26 @@ def _benchmark_routing(frame: pd.DataFrame):
     return recv, rows, touched
 
 
-def _kernel_s(frame: pd.DataFrame, acc, vals: dict) -> np.ndarray:
-    recv, rows, touched = _benchmark_routing(frame)
+def _grouped_s(frame: pd.DataFrame, acc, vals: dict, fam: str, routing) -> np.ndarray:
+    """The grouped GEMM's time of each table row with the parameters ``vals`` of family
+    ``fam``, the rows each rank receives from ``routing(frame)``."""
+    recv, rows, touched = routing(frame)
     c = {k: frame[k].to_numpy(float) for k in ("hidden_size", "inter_size", "topk",
                                                   "num_experts", "moe_tp_size", "moe_ep_size")}
-    t = grouped_gemm_s(recv, c["hidden_size"], c["inter_size"], c["topk"], c["num_experts"],
-                       c["moe_tp_size"], c["moe_ep_size"], WEIGHT_BYTES[FAMILY],
-                       getattr(acc.peak_flops_per_s, PEAK_DTYPE[FAMILY]),
-                       acc.hbm_bw_bytes_per_s, vals["fraction"], vals["half_rows"],
-                       vals["width_half"], vals["hbm_fraction"], vals["token_bytes"],
-                       vals["latency_s"], rows, touched, vals["hidden_half"],
-                       vals["batch_bytes"], route_bytes=vals["route_bytes"],
-                       nongated_slowdown=vals["nongated_slowdown"],
-                       wave_elements=vals["wave_elements"],
-                       remote_fraction=vals["remote_fraction"])
+    return grouped_gemm_s(recv, c["hidden_size"], c["inter_size"], c["topk"], c["num_experts"],
+                          c["moe_tp_size"], c["moe_ep_size"], WEIGHT_BYTES[fam],
+                          getattr(acc.peak_flops_per_s, PEAK_DTYPE[fam]),
+                          acc.hbm_bw_bytes_per_s, vals["fraction"], vals["half_rows"],
+                          vals["width_half"], vals["hbm_fraction"], vals["token_bytes"],
+                          vals["latency_s"], rows, touched, vals["hidden_half"],
+                          vals["batch_bytes"], route_bytes=vals["route_bytes"],
+                          nongated_slowdown=vals["nongated_slowdown"],
+                          wave_elements=vals["wave_elements"],
+                          remote_fraction=vals["remote_fraction"])
+
+
+def _kernel_s(frame: pd.DataFrame, acc, vals: dict) -> np.ndarray:
+    t = _grouped_s(frame, acc, vals, FAMILY, _benchmark_routing)
     return t + (frame["phase"] == "context").to_numpy() * vals.get(HOST.name, 0.0)
 
 
@@ -285,19 +291,7 @@ def _trtllm_routing(frame: pd.DataFrame):
 
 
 def _trtllm_kernel_s(frame: pd.DataFrame, fam: str, acc, vals: dict) -> np.ndarray:
-    recv, rows, touched = _trtllm_routing(frame)
-    c = {k: frame[k].to_numpy(float) for k in ("hidden_size", "inter_size", "topk",
-                                                  "num_experts", "moe_tp_size", "moe_ep_size")}
-    return grouped_gemm_s(recv, c["hidden_size"], c["inter_size"], c["topk"], c["num_experts"],
-                          c["moe_tp_size"], c["moe_ep_size"], WEIGHT_BYTES[fam],
-                          getattr(acc.peak_flops_per_s, PEAK_DTYPE[fam]),
-                          acc.hbm_bw_bytes_per_s, vals["fraction"], vals["half_rows"],
-                          vals["width_half"], vals["hbm_fraction"], vals["token_bytes"],
-                          vals["latency_s"], rows, touched, vals["hidden_half"],
-                          vals["batch_bytes"], route_bytes=vals["route_bytes"],
-                          nongated_slowdown=vals["nongated_slowdown"],
-                          wave_elements=vals["wave_elements"],
-                          remote_fraction=vals["remote_fraction"])
+    return _grouped_s(frame, acc, vals, fam, _trtllm_routing)
 
 
 def fit_trtllm(chips=None) -> dict:
