@@ -106,3 +106,46 @@ def test_a_negligible_front_end_scores_as_none():
     b = one(d, **{**OFF, "frontend_token_s": 1e-12})
     for k in ("ttft_s", "ttft_unloaded_s", "tpot_s", "output_tokens_per_s_per_chip"):
         assert b[k] == pytest.approx(a[k], rel=1e-6)
+
+
+def test_k_processes_serve_c_over_k_clients_each():
+    """Four processes: the closed loop's wait of 9 clients is that of 9 / 4 = 2.25 per process
+    (m = 1.25, S = 1 s, cycle 2 s: W = 1.25 / (0.75 + sqrt(0.5625 + 2.5)) = 1.25 / 2.5 = 0.5 s); the first
+    C wait for half the 1.25 other prompts of their process (0.625 s at 1 ms x 1000); the
+    streaming bound of 64 streams is that of 16 (16 x 0.1 s / 100 = 16 ms); at a request rate the
+    four act as one server of S / 4."""
+    b = fe(frontend_token_s=0.01, frontend_processes=4.0)
+    m = 1.25
+    want = m / (2.0 - m + (((2.0 - m) ** 2 + 2.0 * m) ** 0.5))
+    assert frontend.wait_s(b, 9.0, 2.0, 0.0) == pytest.approx(want, rel=1e-12)
+    assert want == pytest.approx(0.5, rel=1e-12)
+    burst = fe(frontend_prompt_token_s=1e-3, frontend_processes=4.0)
+    assert frontend.wait_s(burst, 9.0, 2.0, 1.0) == pytest.approx(0.625, rel=1e-12)
+    s = fe(frontend_token_s=1e-3, frontend_processes=4.0, has_on=lambda name: True)
+    assert frontend.streamed_tpot(s, 1e-3, 64.0) == pytest.approx(0.016, rel=1e-12)
+    assert frontend.serial_service_s(s, 0.0) == pytest.approx(0.1 / 4, rel=1e-12)
+
+
+def test_the_runtimes_default_process_counts():
+    """Blank serving.frontend_processes: one for TensorRT-LLM and SGLang, one per data-parallel
+    rank for vLLM (its API servers scale with --data-parallel-size); a design's own value wins."""
+    import pandas as pd
+
+    from dse.build.designs import resolve
+    rows = pd.DataFrame({"accelerator.id": ["h100-sxm"] * 4, "model.id": ["llama-3.1-8b"] * 4,
+                         "layout.tp": [1] * 4, "layout.dp": [4] * 4,
+                         "serving.runtime": ["trtllm", "sglang", "vllm", "vllm"],
+                         "serving.frontend_processes": [None, None, None, 2]})
+    out = resolve(rows)
+    assert list(out["serving.frontend_processes"]) == [1.0, 1.0, 4.0, 2.0]
+
+
+def test_more_processes_lift_the_front_ends_ceiling_on_a_large_instance():
+    """A serial front end caps an instance at 1 / S requests a second: 256 clients of 2 s
+    prompts' tokenization wait about (C - 1) S; spread over 8 processes they wait about an
+    eighth of it (the TTFT falls by more than 5x), and the TPOT, the engine's, does not move."""
+    d = design(model="llama-3.1-8b", **{**L8, "workload.concurrency": 256})
+    one_p = one(d, **{**OFF, "frontend_prompt_token_s": 2e-3})
+    eight = one(d, **{**OFF, "frontend_prompt_token_s": 2e-3, "frontend_processes": 8.0})
+    assert eight["ttft_s"] < one_p["ttft_s"] / 5.0
+    assert eight["tpot_s"] == pytest.approx(one_p["tpot_s"], rel=1e-12)

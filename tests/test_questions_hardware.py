@@ -115,6 +115,10 @@ def test_ep_domain(answered):
     spans = [p for p in pairs if p["ep"] > p["chips"] // 2]
     assert spans and all(p["tpot_across_ms"] > p["tpot_inside_ms"] for p in spans)
     assert all(p["tpot_across_ms"] >= p["tpot_inside_ms"] * (1 - 1e-9) for p in pairs)
+    # one front-end process per instance is a subset of the designs: never cheaper
+    if "one_frontend_cheapest_inside_usd_per_mtok_output" in n:
+        assert n["one_frontend_cheapest_inside_usd_per_mtok_output"] >= \
+            n["cheapest_inside_usd_per_mtok_output"] * (1 - 1e-12)
 
 
 def test_tier_price_to_tie_is_where_two_straight_lines_cross():

@@ -272,12 +272,29 @@ def runtime_defaults(out) -> None:
             if path in out.columns else np.full(len(out), np.nan)
         own = lookup(rt, {r: float(v.get(key, 0.0)) for r, v in table.items()}, 0.0)
         out[path] = np.where(np.isnan(given), own, given)
+    out["serving.frontend_processes"] = frontend_processes(out, rt, table)
     dm = out["layout.dense_mlp"].astype(object)
     auto = (dm == "auto") | dm.isna()
     if auto.any():
         own = pd.Series(lookup(rt, {r: v["dense_mlp"] for r, v in table.items()}, ""),
                         index=out.index)
         out["layout.dense_mlp"] = dm.where(~auto, own)
+
+
+def frontend_processes(out, rt, table) -> np.ndarray:
+    """serving.frontend_processes where given, else the runtime's default (serving.toml
+    [runtimes.*] frontend_processes: a number, or "dp", one per attention-DP rank)."""
+    given = pd.to_numeric(out["serving.frontend_processes"], errors="coerce").to_numpy(float) \
+        if "serving.frontend_processes" in out.columns else np.full(len(out), np.nan)
+    per_dp = lookup(rt, {r: float(v.get("frontend_processes", 1) == "dp")
+                         for r, v in table.items()}, 0.0)
+    fixed = lookup(rt, {r: float(v.get("frontend_processes", 1))
+                        if v.get("frontend_processes", 1) != "dp" else 1.0
+                        for r, v in table.items()}, 1.0)
+    dp = np.asarray(out["layout.dp"], dtype=float) if "layout.dp" in out.columns \
+        else np.ones(len(out))
+    own = np.where(per_dp > 0, dp, fixed)
+    return np.where(np.isnan(given), own, given)
 
 
 DERIVED = ("topology.scaleup.domain_chips", "topology.scaleup.link_bw_bytes_per_s",

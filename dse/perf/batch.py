@@ -185,6 +185,7 @@ OPTIONAL: dict[str, float | str] = {
     # the runtime's serial front end (dse.perf.frontend): per prompt token, per output token, per
     # token of text a chunk repeats
     "frontend_prompt_token_s": 0.0, "frontend_token_s": 0.0, "frontend_text_token_s": 0.0,
+    "frontend_processes": 1.0,
     # expert load imbalance and redundant experts (dse.perf.imbalance)
     "expert_imbalance": 1.0, "redundant_experts": 0.0, "expert_load_cv": 0.0,
     # request lengths as distributions (dse.perf.lengths)
@@ -236,6 +237,8 @@ FIELDS.update({
     "frontend_token_s": "serial front end's time per output token (detokenizing, streaming)",
     "frontend_text_token_s": "serial front end's time per token of text a streamed chunk "
                              "repeats (a runtime that streams the whole text so far)",
+    "frontend_processes": "front-end processes the requests are spread over (each a serial "
+                          "server)",
     "seq_overhead_s": "scheduler host time per running sequence per step (per attention-DP "
                       "rank)",
     "ttft_slo_s": "p90 TTFT a request must meet (0: no SLO)",

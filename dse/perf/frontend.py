@@ -32,6 +32,14 @@ At a request rate (dse.perf.queueing) the server is an M/D/1 queue at load ``rat
 instance's queue is the busier of the prompt budget and the front end (``serial_service_s``),
 so its saturation rate is at most ``1 / S``.
 
+A runtime may run ``k`` such processes (``frontend_processes``: SGLang's
+``--tokenizer-worker-num``, vLLM's ``--api-server-count``, one per data-parallel rank by
+default, several trtllm-serve servers behind a router), the requests spread evenly over them:
+each serves ``C / k`` of the clients, so the streaming bound and the closed loop's wait are
+those of ``C / k`` clients, and at a request rate the ``k`` servers act as one of service time
+``S / k`` (the M/D/1 queue of their pooled capacity ``k / S``: exact at saturation, a little
+above the M/D/k wait below it).
+
 The numbers are the runtime's, fitted end to end (dse.calibration.fit, efficiency.toml
 [runtimes.*]); every one 0 (a batch built without them): no serial front end.
 """
@@ -76,16 +84,22 @@ def streamed_tpot(b: Batch, tpot, streams):
     (``streams x stream_s / osl``)."""
     if not on(b):
         return tpot
-    return np.maximum(tpot, streams * stream_s(b) / np.maximum(b.osl, 1.0))
+    return np.maximum(tpot, streams / processes(b) * stream_s(b) / np.maximum(b.osl, 1.0))
+
+
+def processes(b: Batch):
+    """The front-end processes the requests are spread over (at least one)."""
+    return np.maximum(getattr(b, "frontend_processes", 1.0), 1.0)
 
 
 def wait_s(b: Batch, clients, cycle_s, first):
-    """A request's mean wait for the serial server in a closed loop of ``clients`` (C) requests
+    """A request's mean wait for its serial server in a closed loop of ``clients`` (C) requests
     in flight, each returning every ``cycle_s`` plus this wait (the M/D/1 queue at the loop's
     load, module docstring), the first C (``first``: their share of the requests) waiting
-    instead for half the other C - 1 prompts' tokenization."""
+    instead for half the other prompts' tokenization; with ``k`` processes the C / k clients
+    of one process take the place of the C."""
     s = serial_s(b)
-    m = np.maximum(clients - 1.0, 0.0)
+    m = np.maximum(clients / processes(b) - 1.0, 0.0)   # the other clients of its process
     k = m * s * s
     a = cycle_s - m * s
     steady = k / np.maximum(a + np.sqrt(a * a + 2.0 * k), 1e-30)
@@ -96,4 +110,4 @@ def wait_s(b: Batch, clients, cycle_s, first):
 def serial_service_s(b: Batch, service_s):
     """The service time of the instance's busiest serial server at a request rate: the prompt
     budget's (``service_s``) or the front end's, S."""
-    return np.maximum(service_s, serial_s(b)) if on(b) else service_s
+    return np.maximum(service_s, serial_s(b) / processes(b)) if on(b) else service_s

@@ -47,6 +47,7 @@ DOMAIN = "topology.scaleup.domain_chips"
 DP = "layout.dp"
 EP = "layout.ep"
 BATCH = "workload.concurrency"
+FE = "serving.frontend_processes"
 PLACES = ("inside", "across")
 TIER = ("cost.scaleup_tier_usd_per_800g", "cost.scaleup_tier_w_per_800g")
 
@@ -199,7 +200,17 @@ def _select(ctx: Context) -> Picks:
     s.rack, s.tier_chip = system(ctx)
     s.tie = tier_price_to_tie(s.cheap, s.cheap_free, s.rack, s.price)
     s.best_in, s.best_free = _cheapest_inside(s.cheap), _cheapest_inside(s.cheap_free)
+    s.one_fe = _one_front_end(s)
     return s
+
+
+def _one_front_end(s: Picks) -> pd.Series | None:
+    """The cheapest inside design when every instance runs a single front-end process (the
+    runtime's default), where the space also offers more (None otherwise)."""
+    if FE not in s.df or s.df[FE].nunique() < 2:
+        return None
+    one = s.ok & (s.df[FE].to_numpy() == s.df[FE].min())
+    return _cheapest_inside(_best(s.df, one, "usd_per_mtok_output"))
 
 
 def _cheapest_inside(table: pd.DataFrame) -> pd.Series:
@@ -225,6 +236,13 @@ def _numbers(ctx: Context, s: Picks) -> dict:
     numbers["cheapest_inside_instance_chips_tier_free"] = int(best_free[DP])
     numbers["cheapest_inside_usd_per_mtok_output_tier_free"] = float(best_free["usd_per_mtok_output"])
     numbers["equal_chip_pairs"] = s.pairs.to_dict(orient="records")
+    if FE in best_in:
+        numbers["cheapest_inside_frontend_processes"] = int(best_in[FE])
+    if s.one_fe is not None:
+        numbers["one_frontend_cheapest_inside_domain"] = int(s.one_fe[DOMAIN])
+        numbers["one_frontend_cheapest_inside_usd_per_mtok_output"] = float(
+            s.one_fe["usd_per_mtok_output"])
+        numbers["one_frontend_cheapest_inside_instance_chips"] = int(s.one_fe[DP])
     return numbers
 
 
@@ -262,6 +280,7 @@ def _headline(s: Picks, numbers: dict) -> str:
         "equally well: the domain size no longer decides, only whether the best instance fits in it "
         "(an earlier version made one instance fill the domain and held its cost constant)."]
     head += tie_lines(s.tie, s.price)
+    head += front_end_lines(s)
     head += [_domain_line(int(d), n) for d, n in numbers["domains"].items()
              if "inside" in n and "across" in n]
     if len(s.pairs):
@@ -279,6 +298,24 @@ def _headline(s: Picks, numbers: dict) -> str:
         f"spends {big['a2a_network_ms']:.1f} ms in the expert all-to-all and "
         f"{big['dense_allreduce_ms']:.1f} ms in the dense all-reduce.")
     return "\n".join(head)
+
+
+def front_end_lines(s: Picks) -> list[str]:
+    """What the runtime's front end does to the answer, where the space offers more than one
+    front-end process per instance."""
+    one, best = s.one_fe, s.best_in
+    if one is None:
+        return []
+    k = int(best[FE])
+    if int(one[DP]) == int(best[DP]):
+        return [f"- The front end does not decide it: with one front-end process per instance "
+                f"the cheapest instance is the same ({int(one[DP])} chips, "
+                f"${one['usd_per_mtok_output']:.3f}/Mtok)."]
+    return [f"- **The front end decides between instance sizes**: the cheapest design runs "
+            f"{k} front-end processes; with one per instance (the runtime's default) a large "
+            f"instance's requests queue behind one tokenizer and miss the TTFT limit, and the "
+            f"cheapest instance is {int(one[DP])} chips (${one['usd_per_mtok_output']:.3f}/Mtok, "
+            f"domain {int(one[DOMAIN])}) (`serving.frontend_processes`, dse/perf/frontend.py)."]
 
 
 def _domain_line(d: int, n: dict) -> str:
@@ -301,7 +338,8 @@ TABLE_UNITS = {"tpot_s": ("tpot_ms", 1e3), DP: ("instance chips (dp)", None)}
 def _details(ctx: Context, s: Picks) -> str:
     slo, cheap = s.slo, s.cheap
     dense_col = ["layout.dense_mlp"] if "layout.dense_mlp" in cheap else []
-    t = in_units(cheap[[DOMAIN, "placement", "design_id", DP, EP, *dense_col, BATCH,
+    fe_col = [FE] if FE in cheap else []
+    t = in_units(cheap[[DOMAIN, "placement", "design_id", DP, EP, *dense_col, *fe_col, BATCH,
                         "usd_per_mtok_output", "tpot_s", "ttft_s", "output_tokens_per_s_per_chip",
                         "usd_per_chip_hour", "decode_step_ms", "a2a_network_ms",
                         "dense_allreduce_ms"]], TABLE_UNITS)
@@ -349,6 +387,10 @@ CAVEATS = [
     "searches both.",
     "- The expert all-to-all always runs over the whole tp x dp group, even when "
     "ep < tp x dp.",
+    "- The runtime's front end (tokenizing, streaming) is a serial server per process "
+    "(dse/perf/frontend.py, fitted end to end on 8-GPU deployments); the space offers one "
+    "process per instance (TensorRT-LLM's default) or several behind a router "
+    "(`serving.frontend_processes`), whose cost is not counted.",
 ]
 LEAD = (Lead("cheapest_inside_usd_per_mtok_output", "Price at the cheapest domain", "$/Mtok",
              pick="cheapest_inside_domain", pick_label="domain (chips)"),)

@@ -366,6 +366,10 @@ FIELDS: tuple[Field, ...] = (
         "of text a streamed chunk repeats (a runtime that streams the whole text so far, as "
         "SGLang by default); blank = the runtime's, fitted end to end (efficiency.toml "
         "[runtimes])", open_=False, zero="none (incremental streaming)"),
+    count("serving.frontend_processes", "processes", "front-end processes the instance's "
+          "requests are spread over, each a serial server (dse/perf/frontend.py); blank = the "
+          "runtime's default (serving.toml [runtimes]: one for TensorRT-LLM and SGLang, one per "
+          "data-parallel rank for vLLM)"),
     frac("serving.kv_memory_fraction", "share of free HBM the KV cache gets", open_=True),
     num("serving.runtime_reserve_bytes", "bytes", "HBM the runtime holds per chip", open_=False),
     # -- cost --
