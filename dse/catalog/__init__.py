@@ -44,7 +44,18 @@ def accelerators() -> dict[str, Accelerator]:
         v = dict(v)
         own = v.pop("efficiency", None)
         out[k] = Accelerator(id=k, efficiency=_efficiency(k, eff, own), **v)
+    for k, a in out.items():
+        if a.kernel_base is not None and (a.kernel_base not in out
+                                          or out[a.kernel_base].kernel_base is not None):
+            raise ValueError(f"accelerators.toml [{k}]: kernel_base {a.kernel_base!r} is not a "
+                             "catalog part with its own kernel fits")
     return out
+
+
+def kernel_chip(acc_id: str) -> str:
+    """The catalog part whose kernel fits (``kernel_params``) and kernel uncertainty
+    ``acc_id`` uses: its ``kernel_base`` (a variant of that part's die), else itself."""
+    return accelerators()[acc_id].kernel_base or acc_id
 
 
 @lru_cache(maxsize=1)
@@ -131,8 +142,8 @@ def find(entry_id: str):
     raise InputError(f"unknown catalog id {entry_id!r}", hint=suggest(entry_id, every, "valid ids"))
 
 
-__all__ = ["KINDS", "ValidationError", "accelerators", "find", "lookup", "models", "table",
-           "topologies"]
+__all__ = ["KINDS", "ValidationError", "accelerators", "find", "kernel_chip", "lookup", "models",
+           "table", "topologies"]
 
 
 @lru_cache(maxsize=1)
