@@ -101,7 +101,9 @@ def _build() -> Tables:
     runtimes = tuple(fields.REGISTRY["serving.runtime"].choices)
     keys = catalog.kernel_keys()
     # the mean over every (chip, runtime) entry that has the key: a missing entry's value
-    mean = np.array([np.mean([v[k] for v in params.values() if k in v]) for k in keys])
+    # (a variant part's entries are its base's: counted once)
+    mean = np.array([np.mean([v[k] for v in params.values() if k in v and "kernel_base" not in v])
+                     for k in keys])
     kernel = np.empty((len(accs), len(runtimes) + 1, len(keys)))
     # a variant part (``kernel_base``) reads its base part's fits
     kchip = {acc_id: accs[acc_id].kernel_base or acc_id for acc_id in ids["accelerator"]}
