@@ -116,3 +116,23 @@ def test_torus_alltoall_is_bisection_limited():
     assert torus_dims(8960, 3) == (16, 20, 28)
     g = build_graph(topo, 256)
     assert all(d == 4 for n, d in g.degree() if n[0] == "chip")
+
+
+def test_one_catalog_serves_training_models_and_trains_serving_models():
+    import math
+
+    import dse
+    served = dse.evaluate({"accelerator.id": "a100-sxm-40g", "model.id": "mpt-30b",
+                           "layout.tp": 8, "workload.isl": 1024, "workload.osl": 128,
+                           "workload.concurrency": 16})
+    assert math.isfinite(served.metrics["tpot_s"]) and served.metrics["tpot_s"] > 0
+    # the 40 GB part reads its weights and KV over slower HBM (1,555 vs 2,039 GB/s): never faster
+    base = dse.evaluate({"accelerator.id": "a100-sxm-80g", "model.id": "mpt-30b",
+                         "layout.tp": 8, "workload.isl": 1024, "workload.osl": 128,
+                         "workload.concurrency": 16})
+    assert served.metrics["tpot_s"] >= base.metrics["tpot_s"]
+    trained = dse.evaluate({"training": {"global_batch_seqs": 256, "seq_len": 4096},
+                            "model.id": "mixtral-8x7b", "accelerator.id": "h100-hbm2e-96g",
+                            "layout.tp": 2, "layout.pp": 1, "layout.dp": 32, "layout.ep": 8},
+                           task="train")
+    assert trained.metrics["step_time_s"] > 0
