@@ -101,14 +101,18 @@ def _build() -> Tables:
     runtimes = tuple(fields.REGISTRY["serving.runtime"].choices)
     keys = catalog.kernel_keys()
     # the mean over every (chip, runtime) entry that has the key: a missing entry's value
-    mean = np.array([np.mean([v[k] for v in params.values() if k in v]) for k in keys])
+    # (a variant part's entries are its base's: counted once)
+    mean = np.array([np.mean([v[k] for v in params.values() if k in v and "kernel_base" not in v])
+                     for k in keys])
     kernel = np.empty((len(accs), len(runtimes) + 1, len(keys)))
+    # a variant part (``kernel_base``) reads its base part's fits
+    kchip = {acc_id: accs[acc_id].kernel_base or acc_id for acc_id in ids["accelerator"]}
     for a, acc_id in enumerate(ids["accelerator"]):
         for r, rt in enumerate(runtimes):
-            entry = params.get((acc_id, rt), {})
+            entry = params.get((kchip[acc_id], rt), {})
             kernel[a, r] = [entry.get(k, m) for k, m in zip(keys, mean)]
         kernel[a, -1] = mean
-    have = [[(acc_id, rt) in params for rt in runtimes] for acc_id in ids["accelerator"]]
+    have = [[(kchip[acc_id], rt) in params for rt in runtimes] for acc_id in ids["accelerator"]]
     _served_gemm_latency(kernel, keys, have)
     _served_mla(kernel, keys, have, columns)
     backends = tuple(fields.REGISTRY["serving.moe_backend"].choices)
@@ -116,7 +120,7 @@ def _build() -> Tables:
     kpos = {k: j for j, k in enumerate(keys)}
     for a, acc_id in enumerate(ids["accelerator"]):
         for r, rt in enumerate(runtimes):
-            for b, sec in params.get((acc_id, rt), {}).get("backend", {}).items():
+            for b, sec in params.get((kchip[acc_id], rt), {}).get("backend", {}).items():
                 if b not in backends:
                     continue
                 for k, v in sec.items():

@@ -44,7 +44,18 @@ def accelerators() -> dict[str, Accelerator]:
         v = dict(v)
         own = v.pop("efficiency", None)
         out[k] = Accelerator(id=k, efficiency=_efficiency(k, eff, own), **v)
+    for k, a in out.items():
+        if a.kernel_base is not None and (a.kernel_base not in out
+                                          or out[a.kernel_base].kernel_base is not None):
+            raise ValueError(f"accelerators.toml [{k}]: kernel_base {a.kernel_base!r} is not a "
+                             "catalog part with its own kernel fits")
     return out
+
+
+def kernel_chip(acc_id: str) -> str:
+    """The catalog part whose kernel fits (``kernel_params``) and kernel uncertainty
+    ``acc_id`` uses: its ``kernel_base`` (a variant of that part's die), else itself."""
+    return accelerators()[acc_id].kernel_base or acc_id
 
 
 @lru_cache(maxsize=1)
@@ -131,8 +142,8 @@ def find(entry_id: str):
     raise InputError(f"unknown catalog id {entry_id!r}", hint=suggest(entry_id, every, "valid ids"))
 
 
-__all__ = ["KINDS", "ValidationError", "accelerators", "find", "lookup", "models", "table",
-           "topologies"]
+__all__ = ["KINDS", "ValidationError", "accelerators", "find", "kernel_chip", "lookup", "models",
+           "table", "topologies"]
 
 
 @lru_cache(maxsize=1)
@@ -143,7 +154,8 @@ def kernel_params() -> dict[tuple[str, str], dict]:
     ``uncertainty`` (where written) {family: {params, log_sd, log_corr, rule}}: the covariance
     of the log parameters (dse/calibration/kernels/common.py); ``backend`` (where written) {kernel backend:
     {key: value, "fitted_on": {op file: text}}}: the parameters ``serving.moe_backend`` selects
-    in place of the entry's own (dse/calibration/kernels/moe.py)."""
+    in place of the entry's own (dse/calibration/kernels/moe.py). A variant part
+    (``kernel_base``) holds its base part's entries (``_apply_variants``)."""
     out: dict[tuple[str, str], dict] = {}
     derived: dict[str, dict] = {}
     folder = resources.files(__package__).joinpath("kernels")
@@ -173,7 +185,22 @@ def kernel_params() -> dict[tuple[str, str], dict]:
                     else:
                         d[k] = float(v)
     _apply_derived(out, derived)
+    _apply_variants(out)
     return out
+
+
+def _apply_variants(out: dict) -> None:
+    """Give each variant part (``kernel_base`` in accelerators.toml) its base part's entries,
+    key by key, with ``kernel_base`` set and ``fitted_on`` saying whose they are (in place;
+    an entry a kernel fit wrote for the variant itself is replaced: the base's fits are its)."""
+    for chip, acc in accelerators().items():
+        if acc.kernel_base is None:
+            continue
+        for (c, rt), d in list(out.items()):
+            if c == acc.kernel_base:
+                out[(chip, rt)] = {**d, "kernel_base": acc.kernel_base, "fitted_on": {
+                    f: f"{acc.kernel_base}'s (kernel_base: the same die): {t}"
+                    for f, t in d["fitted_on"].items()}}
 
 
 # ``[<chip>.all]`` in kernels/architecture.toml: parameters derived from the chip's architecture
@@ -210,6 +237,6 @@ def kernel_keys() -> tuple[str, ...]:
     """Every numeric kernel parameter any entry has that the scorer reads (not the fit-only
     ones, ``FIT_ONLY_SUFFIXES``)."""
     return tuple(sorted({k for e in kernel_params().values() for k in e
-                         if k not in ("fitted_on", "uncertainty", "backend")
+                         if k not in ("fitted_on", "uncertainty", "backend", "kernel_base")
                          and not k.endswith(FIT_ONLY_SUFFIXES)}))
 

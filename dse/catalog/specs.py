@@ -91,6 +91,9 @@ class Accelerator(Frozen):
     # re-runs one call finds a working set smaller than this in the cache), None = unknown
     l2_cache_bytes: PositiveFloat | None = None
     efficiency: Efficiency
+    # a variant of another catalog part (the same die, other memory or clocks): the part whose
+    # kernel fits (dse/catalog/kernels) and kernel uncertainty this one uses; None: its own
+    kernel_base: str | None = None
     sources: tuple[str, ...] = ()
     notes: str = ""
 

@@ -1,8 +1,7 @@
-"""The training catalog (training.toml): models and accelerators only training cases name so
-far, joined to the serving catalog's, and the training model's fitted parameters.
+"""The training catalog: the main catalog's models and accelerators (one catalog for serving
+and training) and the training model's fitted parameters (training.toml).
 
-A training-only accelerator names a serving ``base`` part and the fields that differ; its
-kernel fits are the base's (the transfer is stated in its notes).
+A variant part (``kernel_base`` in accelerators.toml) uses its base part's kernel fits.
 """
 
 from __future__ import annotations
@@ -12,12 +11,10 @@ from functools import lru_cache
 from importlib import resources
 
 from dse.catalog import accelerators, kernel_params, models, topologies
-from dse.catalog.specs import FlopsTable, Model
+from dse.catalog.specs import Model
 from dse.errors import InputError, suggest
 
 KERNEL_RUNTIME = "trtllm"     # the kernel tables' runtime whose GEMM/attention/NCCL fits training reuses
-ACC_FIELDS = ("name", "source_url", "hbm_capacity_bytes", "hbm_bw_bytes_per_s", "tdp_w",
-              "scaleout_link_bw_bytes_per_s", "notes")
 
 
 @lru_cache(maxsize=1)
@@ -26,28 +23,16 @@ def document() -> dict:
         return tomllib.load(f)
 
 
-@lru_cache(maxsize=1)
 def train_models() -> dict[str, Model]:
-    """Every model a training case may name: the serving catalog's and training.toml's."""
-    extra = {k: Model(id=k, **v) for k, v in document()["models"].items()}
-    return {**models(), **extra}
+    """Every model a training case may name: the catalog's (models.toml)."""
+    return models()
 
 
 @lru_cache(maxsize=1)
 def train_accelerators() -> dict:
-    """Every accelerator a training case may name, with ``base``: the serving part whose kernel
-    fits it uses ({id: (Accelerator, base id)})."""
-    out = {k: (a, k) for k, a in accelerators().items()}
-    for k, v in document()["accelerators"].items():
-        base = accelerators()[v["base"]]
-        upd = {f: v[f] for f in ACC_FIELDS if f in v}
-        if "peak_flops_bf16" in v:
-            upd["peak_flops_per_s"] = FlopsTable(bf16=v["peak_flops_bf16"],
-                                                 fp16=v["peak_flops_bf16"],
-                                                 fp8=v.get("peak_flops_fp8"))
-        upd["sources"] = tuple(v.get("sources", ())) + base.sources
-        out[k] = (base.model_copy(update={"id": k, **upd}), v["base"])
-    return out
+    """Every accelerator a training case may name, with ``base``: the part whose kernel fits it
+    uses ({id: (Accelerator, base id)}; base: its ``kernel_base``, else itself)."""
+    return {k: (a, a.kernel_base or k) for k, a in accelerators().items()}
 
 
 def train_parameters() -> dict:

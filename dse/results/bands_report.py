@@ -6,6 +6,10 @@
 - ``compare_bands``: for each objective, the best design of each run re-scored under the same
   samples (each run in its own space): both values' bands and the probability that A's beats B's.
 
+A training run (``space.task == "train"``) is sampled the same way through the training draws
+(``dse.scoring.train_bands``: the training fit's covariance and the kernel fits' the training
+model reuses); the statistics, words and pages are the same code.
+
 Both return JSON-able dicts (written as ``bands.json``) and the lines the pages show, with a
 sign or a ranking that changes within the band said in words ("not resolved by the model"), and
 what would change it: each parameter group alone (``by_group``) and, where no group alone
@@ -14,19 +18,19 @@ reproduces the band, the smallest union of groups that together do (``together``
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 
 from dse.results.reader import open_run
+from dse.scoring import bands as B
+from dse.scoring import train_bands as TB
 from dse.scoring.bands import (
-    GROUP_NAMES,
     GROUP_SAMPLES,
     NOT_RESOLVED,
     RESOLVED_SHARE,
     band_strings,
-    draw,
-    draw_groups,
-    draw_sets,
     greedy_unions,
     needs,
     needs_met,
@@ -37,12 +41,23 @@ from dse.scoring.bands import (
     ranking_words,
     sign_resolved,
     sign_words,
-    space_samples,
     summary,
     text,
     together_words,
 )
 from dse.spec.fields import label
+
+GROUP_NAMES = {**B.GROUP_NAMES, **TB.GROUP_NAMES}     # serving's and training's groups in words
+SERVING = SimpleNamespace(draw=B.draw, draw_groups=B.draw_groups, draw_sets=B.draw_sets,
+                          space_samples=B.space_samples)
+TRAINING = SimpleNamespace(draw=TB.draw, draw_groups=TB.draw_groups, draw_sets=TB.draw_sets,
+                           space_samples=TB.space_samples)
+
+
+def sampler(space) -> SimpleNamespace:
+    """The draws and the sample scorer of a space's task: serving's (``dse.scoring.bands``) or
+    training's (``dse.scoring.train_bands``), with the same calls."""
+    return TRAINING if getattr(space, "task", "serve") == "train" else SERVING
 
 
 def _pcts(*values) -> list[str]:
@@ -86,13 +101,14 @@ def changes_words(groups: dict, together: dict | None = None, n: int = 0, k: int
     return text
 
 
-def together(groups: tuple, k: int, seed: int, stat_of, full: dict, single: dict) -> dict:
+def together(groups: tuple, k: int, seed: int, stat_of, full: dict, single: dict,
+             draw_sets=B.draw_sets) -> dict:
     """Per metric whose per-sample statistic no parameter group alone reproduces (``dse.scoring.bands
     .needs``: half its band with every group varied, the first ``k`` of ``full``'s samples, or
     its unresolved sign), the smallest union of groups that together do (``greedy_unions``):
     {metric: {groups, met, needs, median, lo, hi, spread}}. ``full``/``single``: {metric:
     statistic per sample} under the full draw / ``draw_groups(k)``; ``stat_of(draws)`` scores
-    the sets of one round (``draw_sets``) in one go."""
+    the sets of one round (``draw_sets``: serving's, or training's) in one go."""
     todo = []
     for m, x in full.items():
         ref, fb = _spread(_band(np.asarray(x)[:k])), _spread(_band(x))
@@ -139,8 +155,10 @@ def whatif_bands(space, ids, overrides: dict, n: int, seed: int = 0) -> dict:
     """The changes of a what-if under ``n`` parameter samples (one scorer call before, one
     after, each over samples x front designs), and under each parameter group alone
     (``GROUP_SAMPLES`` samples per group, two more calls): what would change it."""
-    d = draw(n, seed)
-    groups, dg = draw_groups(min(n, GROUP_SAMPLES), seed)
+    S = sampler(space)
+    space_samples = S.space_samples
+    d = S.draw(n, seed)
+    groups, dg = S.draw_groups(min(n, GROUP_SAMPLES), seed)
     k = dg.n // len(groups)
     vals = space.values_at(np.asarray(ids, np.int64))
     metrics = tuple(o.metric for o in space.objectives)
@@ -167,7 +185,7 @@ def whatif_bands(space, ids, overrides: dict, n: int, seed: int = 0) -> dict:
     def stat_of(dd):
         b, a = (space_samples(space, vals, dd, ov, metrics) for ov in (None, overrides))
         return {m: _median_change(a[m], b[m])[1] for m in metrics}
-    for m, t in together(groups, k, seed, stat_of, full, single).items():
+    for m, t in together(groups, k, seed, stat_of, full, single, S.draw_sets).items():
         objs[m]["together"] = t
     return {"samples": int(n), "seed": int(seed), "note": d.note, "objectives": objs,
             "columns": pd.DataFrame(cols)}
@@ -220,16 +238,18 @@ def _best_samples(run_dir, front: pd.DataFrame, metric: str, direction: str, d) 
     i = col.idxmin() if direction == "minimize" else col.idxmax()
     did = int(front.loc[i, "design_id"])
     space = open_run(run_dir).space
-    s = space_samples(space, space.values_at(np.array([did])), d, None, (metric,))
+    s = sampler(space).space_samples(space, space.values_at(np.array([did])), d, None,
+                                     (metric,))
     return did, float(col.loc[i]), s[metric][:, 0]
 
 
 def compare_bands(c, dir_a, dir_b, n: int, seed: int = 0) -> dict:
     """For each objective of a Comparison ``c``: both runs' best designs under the same ``n``
     samples, their bands and P(A's best beats B's best); and B vs A under each parameter group
-    alone (what would change it)."""
-    d = draw(n, seed)
-    groups, dg = draw_groups(min(n, GROUP_SAMPLES), seed)
+    alone (what would change it). Both runs are of one task (``compare_runs`` checks it)."""
+    S = sampler(open_run(dir_a).space)
+    d = S.draw(n, seed)
+    groups, dg = S.draw_groups(min(n, GROUP_SAMPLES), seed)
     k = dg.n // len(groups)
     objs, full, single = {}, {}, {}
     for o in c.objectives:
@@ -257,7 +277,7 @@ def compare_bands(c, dir_a, dir_b, n: int, seed: int = 0) -> dict:
             with np.errstate(divide="ignore", invalid="ignore"):
                 out[o.metric] = b / a - 1.0
         return out
-    for m, t in together(groups, k, seed, stat_of, full, single).items():
+    for m, t in together(groups, k, seed, stat_of, full, single, S.draw_sets).items():
         objs[m]["together"] = t
     return {"samples": int(n), "seed": int(seed), "note": d.note, "objectives": objs}
 

@@ -206,8 +206,6 @@ def compare_runs(dir_a: str, dir_b: str, bands: int = 0, seed: int = 0) -> Compa
     if ma.get("task", "serve") != mb.get("task", "serve"):
         raise InputError("one run is a training run and the other a serving run", file=str(db),
                          hint="compare runs of the same task")
-    if ma.get("task") == "train":
-        bands = 0            # (the training fit has no parameter samples yet)
     if [(o.metric, o.direction) for o in oa] != [(o.metric, o.direction) for o in ob]:
         raise InputError("the runs optimise different objectives", file=str(db),
                          hint="compare runs whose objectives (and directions) are the same")

@@ -235,12 +235,10 @@ def run_whatif(run_dir: str, sets=None, scales=None, out: str | None = None, *,
     space = store.space_of(d, m)
     front = _read_front(d, space)
     overrides = parse_overrides(sets, scales, space)
-    if space.task == "train":
-        bands = 0            # (the training fit has no parameter samples yet)
-        if reoptimize:
-            raise InputError("--reoptimize is not available for training runs yet",
-                             file=str(d), hint="write the change into the space file and "
-                             "`dse run` it; `dse compare` the two runs")
+    if space.task == "train" and reoptimize:
+        raise InputError("--reoptimize is not available for training runs yet",
+                         file=str(d), hint="write the change into the space file and "
+                         "`dse run` it; `dse compare` the two runs")
     check_overrides(space, overrides)
     o = Path(out) if out else d / "whatif"
     note = describe_overrides(overrides)

@@ -320,13 +320,15 @@ def _draw(n: int, seed: int, fams: tuple) -> Draws:
                 elif p in shared and fam.entry[0] == "default":   # one number, every runtime
                     host[:, :, shared[p]] *= z[:, j:j + 1]
             continue
-        a = T.index["accelerator"].get(fam.entry[0])
+        # the family's part and its variants (``kernel_base``): one draw, as one set of fits
+        a = [T.index["accelerator"][x] for x in T.ids["accelerator"]
+             if catalog.kernel_chip(x) == fam.entry[0]]
         r = rpos.get(fam.entry[1])
-        if a is None or r is None:
+        if not a or r is None:
             continue
         for j, p in enumerate(fam.params):
             if p in kpos:
-                kernel[:, a, r, kpos[p]] *= z[:, j]
+                kernel[:, a, r, kpos[p]] *= z[:, j:j + 1]
     for v in (kernel, eff, host):         # cached and shared: read-only
         v.setflags(write=False)
     return Draws(n, int(seed), kernel, eff, coverage_note(fams), host)

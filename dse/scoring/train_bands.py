@@ -22,6 +22,7 @@ truths cover; on the others it is the only uncertainty the kernels carry).
 
     draw(n, seed, groups=None) -> TrainDraws          n samples (a subset of GROUPS varied)
     draw_groups(k, seed) -> (groups, TrainDraws)      k samples per group alone, group-major
+    draw_sets(k, seed, sets) -> (sets, TrainDraws)    k samples per union of groups, set-major
     score(space, vals, draws, k, overrides, metrics)  sample k's metrics of the designs
     space_samples(space, vals, draws, ...)            every sample's: {metric: (n, designs)}
 """
@@ -131,19 +132,36 @@ def draw(n: int = B.DEFAULT_SAMPLES, seed: int = 0, groups=GROUPS) -> TrainDraws
                       note(groups))
 
 
-def draw_groups(k: int, seed: int = 0) -> tuple[tuple, TrainDraws]:
-    """Per group alone, ``k`` samples (the full draw's first ``k`` with every other group at its
-    fitted value): (the groups, one TrainDraws of ``len(groups) x k`` samples, group-major)."""
-    parts = [draw(k, seed, (g,)) for g in GROUPS]
+def draw_sets(k: int, seed: int = 0, sets=None) -> tuple[tuple, TrainDraws]:
+    """For each set of groups (tuples of GROUPS names; default each group alone), ``k``
+    samples with only those groups varied, every other parameter at its fitted value: (the
+    sets, one TrainDraws of ``len(sets) x k`` samples, set-major). Each group draws what it
+    draws in ``draw(k, seed)`` (seeded by the group or family), so a set's samples are the
+    full draw's first ``k`` with the other groups switched off (``dse.scoring.bands.draw_sets``
+    for training)."""
+    sets = tuple((g,) for g in GROUPS) if sets is None else tuple(tuple(s) for s in sets)
+    if k < 1 or not sets or not all(sets):
+        raise ValueError("draw_sets needs k >= 1 and non-empty sets of groups")
+    unknown = {g for s in sets for g in s} - set(GROUPS)
+    if unknown:
+        raise ValueError(f"unknown parameter groups {sorted(unknown)} (known: {GROUPS})")
+    parts = [draw(k, seed, s) for s in sets]
     chips = sorted({c for p in parts for c in p.kernel})
 
     def kern(c, key):
         return np.concatenate([p.kernel.get(c, {}).get(key, np.ones(k)) for p in parts])
     keys = {c: sorted({q for p in parts for q in p.kernel.get(c, {})}) for c in chips}
     kernel = {c: {q: kern(c, q) for q in keys[c]} for c in chips}
-    d = TrainDraws(k * len(GROUPS), int(seed), parts[0].params,
+    d = TrainDraws(k * len(sets), int(seed), parts[0].params,
                    np.concatenate([p.train for p in parts]), kernel, note(GROUPS))
-    return GROUPS, d
+    return sets, d
+
+
+def draw_groups(k: int, seed: int = 0) -> tuple[tuple, TrainDraws]:
+    """Per group alone, ``k`` samples (the full draw's first ``k`` with every other group at its
+    fitted value): (the groups, one TrainDraws of ``len(groups) x k`` samples, group-major)."""
+    sets, d = draw_sets(k, seed)
+    return tuple(s[0] for s in sets), d
 
 
 def sample_overrides(draws: TrainDraws, k: int, overrides: dict | None = None) -> dict:
