@@ -54,17 +54,38 @@ class Probe:
             if not np.array_equal(self.rows[pos], union):      # not among the rows held
                 self.rows, self.fn = None, self.every
         held = self.n if self.rows is None else len(self.rows)
+        where = idxs if self.rows is None else [np.searchsorted(self.rows, i) for i in idxs]
+        # each row's points packed into the fewest slots: slot j holds the j-th point asked of
+        # a row, so a pass scores (slots, rows held) concurrencies
+        flat = np.concatenate(where) if len(asks) > 1 else where[0]
+        counts = np.bincount(flat, minlength=held) if len(asks) > 1 else None
+        slots = 1 if counts is None else int(counts.max())
         # take the rows asked where scoring the others too would cost more than taking them
-        if len(union) < SHRINK * held and len(asks) * (held - len(union)) > TAKE_ROWS:
+        if len(union) < SHRINK * held and slots * (held - len(union)) > TAKE_ROWS:
             self.rows, self.fn, held = union, self.at(union), len(union)
+            where = [np.searchsorted(union, i) for i in idxs]
+            flat = np.concatenate(where) if len(asks) > 1 else where[0]
         if len(asks) == 1 and len(idxs[0]) == held:
             return [tuple(np.broadcast_to(v, (held,)) for v in self.fn(asks[0][1]))]
-        where = idxs if self.rows is None else [np.searchsorted(self.rows, i) for i in idxs]
-        cc = np.ones((len(asks), held))       # (the rows not asked about: any concurrency)
-        for j, (p, (_, c)) in enumerate(zip(where, asks)):
-            cc[j, p] = c
-        out = [np.broadcast_to(v, cc.shape) for v in self.fn(cc)]
-        return [tuple(v[j, p] for v in out) for j, p in enumerate(where)]
+        if slots == 1:
+            cc = np.ones(held)            # (the rows not asked about: any concurrency)
+            for p, (_, c) in zip(where, asks):
+                cc[p] = c
+            out = [np.broadcast_to(v, (held,)) for v in self.fn(cc)]
+            return [tuple(v[p] for v in out) for p in where]
+        # slot of each point: its rank among the points of its row (stable: asks in order)
+        order = np.argsort(flat, kind="stable")
+        start = np.zeros(held + 1, dtype=np.int64)
+        np.cumsum(np.bincount(flat, minlength=held), out=start[1:])
+        rank = np.empty(len(flat), dtype=np.int64)
+        rank[order] = np.arange(len(flat)) - start[flat[order]]
+        cc = np.ones((slots, held))
+        cc[rank, flat] = np.concatenate([np.broadcast_to(c, (len(p),)) for p, (_, c)
+                                         in zip(where, asks)])
+        out = [np.broadcast_to(v, cc.shape)[rank, flat] for v in self.fn(cc)]
+        cuts = np.cumsum([len(p) for p in where])[:-1]
+        parts = [np.split(v, cuts) for v in out]
+        return [tuple(part[j] for part in parts) for j in range(len(asks))]
 
 
 def _pick(ok, yes: dict, no: dict) -> dict:
@@ -220,8 +241,14 @@ def solve(roots: list) -> None:
         live = [r for r in roots if r.active()]
         if not live:
             return
-        for r in live:
-            r.update(r.probe(r.asks()))
+        # one pass per probe: the roots that share one ask it together
+        for probe in {id(r.probe): r.probe for r in live}.values():
+            mine = [r for r in live if r.probe is probe]
+            asks = [r.asks() for r in mine]
+            got = probe([a for ask in asks for a in ask])
+            for r, ask in zip(mine, asks):
+                r.update(got[:len(ask)])
+                got = got[len(ask):]
     for r in roots:                  # (not reached)
         if r.active():
             r.c[r.idx] = r.a

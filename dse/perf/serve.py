@@ -433,7 +433,7 @@ def _queue_probe(b: Batch, k: Coefficients, dtype):
 
     def at(rows):
         sub = b32 if rows is None else b32.take(rows)
-        ks = k32 if rows is None else Coefficients(sub)
+        ks = k32 if rows is None else k32.gather(rows, sub)
         memo = sub.__dict__["_memo"]
 
         def times(c):
