@@ -66,11 +66,14 @@ def md1_decay(rho) -> np.ndarray:
     # steps on the convex f decrease monotonically to it; expm1 keeps f exact as rho -> 1
     big = np.log(1.0 / r)
     x = np.minimum(2.0 * (1.0 - r) / r, big + 2.0 * np.log1p(big) + 1.0)
+    live = np.ones(np.shape(x), bool)
     for _ in range(40):
         step = (r * np.expm1(x) - x) / (r * np.exp(x) - 1.0)
-        x = x - step
-        # (converged: the steps left change x by less than 1e-12 of it, ~10 steps)
-        if not np.any(np.abs(step) > 1e-12 * np.abs(x)):
+        # (a row stops once its step changes x by less than 1e-12 of it, ~10 steps: its
+        # answer depends on its own rho only, never on the rows it is solved with)
+        x = x - np.where(live, step, 0.0)
+        live &= np.abs(step) > 1e-12 * np.abs(x)
+        if not live.any():
             break
     return x
 
@@ -200,10 +203,10 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None
     solve([sat])
     c_sat, at_sat = sat.c, sat.out
     lam_sat = at_sat["rate"]
-    op = Root(probe, _test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
+    op = Root(Probe(times, n), _test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
               _at(at_sat, "rate", lam), by_rate, _guesses(one["rate"], at_sat["rate"], c_sat, lam))
     good = _goodput_roots(b, probe, osl, queue, one, c_sat, at_sat)
-    solve([op] + good)
+    solve([op] + good, (lambda: _prune_goodput(*good, c_sat)) if good else None)
     c_op = np.where(by_rate, op.c, b.concurrency)
     res = evaluate(c_op, breakdown)
     m = dict(res[0] if breakdown else res)
@@ -293,13 +296,39 @@ def _goodput_roots(b, probe, osl, queue, one, c_sat, sat) -> list:
             g = np.where(p["rho"] < 1.0, (over - 1.0) * (1.0 - p["rho"]), np.inf)
         return g, ok, {"rate": p["rate"], "ok": ok}
     ones, rows = np.ones(n), np.arange(n)
-    ttft = Root(probe, lambda idx, c, vals: at(idx, _point(osl, idx, c, vals)), ones, c_sat,
+    ttft = Root(Probe(probe.at, n), lambda idx, c, vals: at(idx, _point(osl, idx, c, vals)), ones, c_sat,
                 at(rows, one), at(rows, sat), on_t)
-    tpot = Root(probe, _test(osl, "tpot", slo_p), ones, c_sat, _at(one, "tpot", slo_p),
+    tpot = Root(Probe(probe.at, n), _test(osl, "tpot", slo_p), ones, c_sat, _at(one, "tpot", slo_p),
                 _at(sat, "tpot", slo_p), on_p)
     ttft.has_slo, ttft.on, tpot.binds = has_slo, on_t, on_p & ~(sat["tpot"] <= slo_p)
     ttft.sat_rate = sat["rate"]
     return [ttft, tpot]
+
+
+def _prune_goodput(ttft, tpot, c_sat) -> None:
+    """Settle the goodput bound that no longer matters (``_finish_goodput`` reads the smaller of
+    the two; each open row's answer lies in its bracket ``[a, b)``): the TTFT's where the
+    TPOT's concurrency is below its bracket (or its goodput is 0 there), the TPOT's where it is
+    above the TTFT's (or at least ``c_sat``) and at least 1. The numbers are those of solving
+    both (the settled root's value is not read)."""
+    if not (ttft.active() or tpot.active()):
+        return
+    # where the TPOT's bound lies (concurrency): [lo_p, hi_p]; the TTFT's [lo_t, hi_t]
+    lo_p = np.where(tpot.binds, poisson_p90_inverse(tpot.c), np.inf)
+    hi_p = lo_p.copy()
+    lo_p[tpot.idx], hi_p[tpot.idx] = poisson_p90_inverse(tpot.a), poisson_p90_inverse(tpot.b)
+    gone_p = hi_p < 1.0                             # no goodput: the TPOT fails at C = 1
+    hi_t = np.where(ttft.on, ttft.c, np.inf)
+    hi_t[ttft.idx] = ttft.b
+    gone_t = ttft.on & ~np.asarray(ttft.out["ok"], bool)
+    gone_t[ttft.idx] = False
+    if ttft.active():
+        i = ttft.idx
+        ttft.settle((hi_p[i] < ttft.a) | gone_p[i])
+    if tpot.active():
+        i = tpot.idx
+        tpot.settle((((lo_p[i] > hi_t[i]) | (lo_p[i] >= c_sat[i])) & (lo_p[i] >= 1.0))
+                    | gone_t[i])
 
 
 def _finish_goodput(m, b, probe, good, by_rate, c_op, c_sat, tp90, osl, lam_sat):

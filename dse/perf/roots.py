@@ -222,6 +222,11 @@ class Root:
             v[sec] = np.where(moved, at[key].reshape(k, m)[before, rows], v[sec])
         self.pts = None
 
+    def settle(self, done) -> None:
+        """Settle the open rows ``done`` (a mask over ``idx``) where they stand: at the largest
+        point found to pass (their answer no longer matters to the caller)."""
+        self._settle(done)
+
     def _settle(self, done) -> None:
         if not np.any(done):
             return
@@ -233,11 +238,14 @@ class Root:
         self.at_a = {k: v[keep] for k, v in self.at_a.items()}
 
 
-def solve(roots: list) -> None:
+def solve(roots: list, settle=None) -> None:
     """Step the problems ``roots`` (each with its own ``Probe``, ``root.probe``: the rows each
     holds are its own) until every row is settled (``MAX_STEPS`` bounds it: a bisection step at
-    least every other step)."""
+    least every other step). ``settle()``, after each step, may settle rows whose answer no
+    longer matters (``Root.settle``)."""
     for _ in range(MAX_STEPS):
+        if settle is not None:
+            settle()
         live = [r for r in roots if r.active()]
         if not live:
             return
