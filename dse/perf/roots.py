@@ -114,6 +114,7 @@ class Root:
 
     def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None):
         self.probe, self.test = probe, test
+        self.tail = Probe(probe.at, probe.n)       # (sections: their own pass, few rows)
         lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), np.shape(on))
         hi = np.maximum(hi, lo)
         res = np.log(hi / lo) * RESOLUTION
@@ -146,16 +147,16 @@ class Root:
             lo_s = np.minimum(np.maximum(self.guess[0], a * np.exp(self.tol)), b)
             hi_s = np.maximum(np.minimum(self.guess[1], b * np.exp(-self.tol)), a)
             self.s, self.guess = (np.minimum(lo_s, hi_s), np.maximum(lo_s, hi_s)), None
-            return [(self.idx, self.s[0]), (self.idx, self.s[1])]
+            return [(self.probe, self.idx, self.s[0]), (self.probe, self.idx, self.s[1])]
         self.sec = sec = self.steps >= SECANT_STEPS
         asks = []
         if not sec.all():
             self.s = self._secant(~sec)
-            asks.append((self.idx[~sec], self.s))
+            asks.append((self.probe, self.idx[~sec], self.s))
         if sec.any():                                  # sections: the points of each bracket
             g = np.arange(1, SECTIONS + 1) / (SECTIONS + 1.0)
             self.pts = a[sec][None, :] * (b[sec] / a[sec])[None, :] ** g[:, None]
-            asks += [(self.idx[sec], p) for p in self.pts]
+            asks += [(self.tail, self.idx[sec], p) for p in self.pts]
         return asks
 
     def _secant(self, m) -> np.ndarray:
@@ -249,14 +250,16 @@ def solve(roots: list, settle=None) -> None:
         live = [r for r in roots if r.active()]
         if not live:
             return
-        # one pass per probe: the roots that share one ask it together
-        for probe in {id(r.probe): r.probe for r in live}.values():
-            mine = [r for r in live if r.probe is probe]
-            asks = [r.asks() for r in mine]
-            got = probe([a for ask in asks for a in ask])
-            for r, ask in zip(mine, asks):
-                r.update(got[:len(ask)])
-                got = got[len(ask):]
+        # one pass per probe: the points the roots ask of one probe are scored together
+        asks = [r.asks() for r in live]
+        got = {}
+        for probe in {id(a[0]): a[0] for ask in asks for a in ask}.values():
+            mine = [(i, j) for i, ask in enumerate(asks) for j, a in enumerate(ask)
+                    if a[0] is probe]
+            for key, v in zip(mine, probe([asks[i][j][1:] for i, j in mine])):
+                got[key] = v
+        for i, (r, ask) in enumerate(zip(live, asks)):
+            r.update([got[i, j] for j in range(len(ask))])
     for r in roots:                  # (not reached)
         if r.active():
             r.c[r.idx] = r.a
