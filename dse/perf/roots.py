@@ -13,7 +13,8 @@ chunk) the same point just below the jump. Where the quantity is not monotone (a
 fetch-or-recompute switch, a prefill chunk's jump) the bisection's answer is whichever crossing
 its midpoints lead to, and this may be another. A row still open after ``SECANT_STEPS``
 secant steps finishes by ``SECTIONS`` points per bracket at once (a jump: the secant stalls
-there). A row's points depend on its values only, never on the rows scored with it.
+there), in a pass of its own (``Root.tail``: those few rows, not every row the root holds).
+A row's points depend on its values only, never on the rows scored with it.
 
 ``solve`` steps several problems together, each with its own ``Probe``, which scores the rows
 asked about at all the concurrencies asked (a concurrency of shape (points, rows): one pass of
@@ -54,38 +55,17 @@ class Probe:
             if not np.array_equal(self.rows[pos], union):      # not among the rows held
                 self.rows, self.fn = None, self.every
         held = self.n if self.rows is None else len(self.rows)
-        where = idxs if self.rows is None else [np.searchsorted(self.rows, i) for i in idxs]
-        # each row's points packed into the fewest slots: slot j holds the j-th point asked of
-        # a row, so a pass scores (slots, rows held) concurrencies
-        flat = np.concatenate(where) if len(asks) > 1 else where[0]
-        counts = np.bincount(flat, minlength=held) if len(asks) > 1 else None
-        slots = 1 if counts is None else int(counts.max())
         # take the rows asked where scoring the others too would cost more than taking them
-        if len(union) < SHRINK * held and slots * (held - len(union)) > TAKE_ROWS:
+        if len(union) < SHRINK * held and len(asks) * (held - len(union)) > TAKE_ROWS:
             self.rows, self.fn, held = union, self.at(union), len(union)
-            where = [np.searchsorted(union, i) for i in idxs]
-            flat = np.concatenate(where) if len(asks) > 1 else where[0]
         if len(asks) == 1 and len(idxs[0]) == held:
             return [tuple(np.broadcast_to(v, (held,)) for v in self.fn(asks[0][1]))]
-        if slots == 1:
-            cc = np.ones(held)            # (the rows not asked about: any concurrency)
-            for p, (_, c) in zip(where, asks):
-                cc[p] = c
-            out = [np.broadcast_to(v, (held,)) for v in self.fn(cc)]
-            return [tuple(v[p] for v in out) for p in where]
-        # slot of each point: its rank among the points of its row (stable: asks in order)
-        order = np.argsort(flat, kind="stable")
-        start = np.zeros(held + 1, dtype=np.int64)
-        np.cumsum(np.bincount(flat, minlength=held), out=start[1:])
-        rank = np.empty(len(flat), dtype=np.int64)
-        rank[order] = np.arange(len(flat)) - start[flat[order]]
-        cc = np.ones((slots, held))
-        cc[rank, flat] = np.concatenate([np.broadcast_to(c, (len(p),)) for p, (_, c)
-                                         in zip(where, asks)])
-        out = [np.broadcast_to(v, cc.shape)[rank, flat] for v in self.fn(cc)]
-        cuts = np.cumsum([len(p) for p in where])[:-1]
-        parts = [np.split(v, cuts) for v in out]
-        return [tuple(part[j] for part in parts) for j in range(len(asks))]
+        where = idxs if self.rows is None else [np.searchsorted(self.rows, i) for i in idxs]
+        cc = np.ones((len(asks), held))       # (the rows not asked about: any concurrency)
+        for j, (p, (_, c)) in enumerate(zip(where, asks)):
+            cc[j, p] = c
+        out = [np.broadcast_to(v, cc.shape) for v in self.fn(cc)]
+        return [tuple(v[j, p] for v in out) for j, p in enumerate(where)]
 
 
 def _pick(ok, yes: dict, no: dict) -> dict:
@@ -250,16 +230,14 @@ def solve(roots: list, settle=None) -> None:
         live = [r for r in roots if r.active()]
         if not live:
             return
-        # one pass per probe: the points the roots ask of one probe are scored together
-        asks = [r.asks() for r in live]
-        got = {}
-        for probe in {id(a[0]): a[0] for ask in asks for a in ask}.values():
-            mine = [(i, j) for i, ask in enumerate(asks) for j, a in enumerate(ask)
-                    if a[0] is probe]
-            for key, v in zip(mine, probe([asks[i][j][1:] for i, j in mine])):
-                got[key] = v
-        for i, (r, ask) in enumerate(zip(live, asks)):
-            r.update([got[i, j] for j in range(len(ask))])
+        for r in live:
+            # a pass per probe: the root's secant points on its probe, its sections on its tail
+            asks, got = r.asks(), {}
+            for probe in (r.probe, r.tail):
+                mine = [j for j, a in enumerate(asks) if a[0] is probe]
+                if mine:
+                    got.update(zip(mine, probe([asks[j][1:] for j in mine])))
+            r.update([got[j] for j in range(len(asks))])
     for r in roots:                  # (not reached)
         if r.active():
             r.c[r.idx] = r.a
