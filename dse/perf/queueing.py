@@ -30,13 +30,18 @@ Pure numpy; ``evaluate(C)`` (dse.perf.serve) scores the instance at concurrency 
 for each of the three roots (saturation, the rate's concurrency, goodput), every step the whole
 model (~130 evaluations a design). ``serve`` finds the same roots (dse.perf.roots: a bracketed
 secant, the same predicates) on the three quantities the queue reads (``serve._queue_times``:
-the unloaded TTFT, the TPOT and S, in float32, several concurrencies in one pass), ~10
-evaluations of them a design, and scores the whole model once, at the concurrency found (in the
-batch's precision). Where a quantity rises with C the answers agree to the bisection's
-resolution (relative 1e-6 on the concurrencies, 1e-4 on every metric); where it does not (a KV
-tier's fetch-or-recompute switch, one more prefill chunk: ~0.5% of random catalog designs) the
-bisection's answer is whichever crossing its midpoints reach, and ``serve``'s may be another
-(tests/test_queueing_roots.py).
+the unloaded TTFT, the TPOT and S, in float32, several concurrencies in one pass), and scores
+the whole model once, at the concurrency found (in the batch's precision). Of goodput's two
+bounds only the smaller is read: once a row's brackets show which, the other settles where it
+stands (``_prune_goodput``). On dse.bench's 20,000 designs at a rate with both SLOs that is ~17
+points of the queue's quantities a design (2 at C = 1 and the cap, ~4.6 saturation, ~4.0 the
+rate's concurrency, ~3.8 and ~1.7 goodput's TTFT and TPOT bounds, ~1.3 the finish) in ~55
+passes. Where a quantity rises with C the answers agree to the bisection's resolution
+(relative 1e-6 on the concurrencies, 1e-4 on every metric); where it does not (a KV tier's
+fetch-or-recompute switch, one more prefill chunk: ~0.5% of random catalog designs, 1.3% of
+dse.bench's with its KV tier on) the bisection's answer is whichever crossing its midpoints
+reach, and ``serve``'s may be another (tests/test_queueing_roots.py,
+tests/test_queueing_vs_bisection.py).
 """
 
 from __future__ import annotations
