@@ -151,7 +151,7 @@ def bench_scorer(n: int) -> None:
 
 # the serving mechanisms of issue 11 switched on for every design (dse/perf/spec.py,
 # imbalance.py, lengths.py, kvtier.py; queueing.py separately: it finds three roots in
-# concurrency a design, ~10 passes of the steps and one of the whole model)
+# concurrency a design, ~17 points of the steps and one of the whole model)
 MECHANISMS = {"spec_tokens": 2.0, "spec_acceptance": 0.8, "spec_mtp_layers": 1.0,
               "expert_imbalance": 1.3, "redundant_experts": 8.0, "isl_cv": 0.5, "osl_cv": 1.0,
               "tier_bytes": 250e9, "tier_bw_bytes_per_s": 64e9, "prefix_tokens": 64.0,

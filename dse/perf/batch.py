@@ -387,7 +387,14 @@ class Batch:
                 raise KeyError(k)
             v = np.asarray(v, dtype=dtype)
             cols[k] = np.broadcast_to(v, np.broadcast_shapes(v.shape, (len(self),))).copy()
-        return Batch(cols)
+        # (the rows: this batch's, or an update's last axis where it is longer; no scan of
+        # every column, which a request-rate root pays on each of its passes)
+        b = object.__new__(Batch)
+        object.__setattr__(b, "columns", cols)
+        object.__setattr__(b, "_memo", {})
+        object.__setattr__(b, "_n", max([len(self)] + [cols[k].shape[-1] for k in updates
+                                                        if cols[k].ndim]))
+        return b
 
 
 def as_floating(x) -> np.ndarray:

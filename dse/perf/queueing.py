@@ -30,13 +30,18 @@ Pure numpy; ``evaluate(C)`` (dse.perf.serve) scores the instance at concurrency 
 for each of the three roots (saturation, the rate's concurrency, goodput), every step the whole
 model (~130 evaluations a design). ``serve`` finds the same roots (dse.perf.roots: a bracketed
 secant, the same predicates) on the three quantities the queue reads (``serve._queue_times``:
-the unloaded TTFT, the TPOT and S, in float32, several concurrencies in one pass), ~10
-evaluations of them a design, and scores the whole model once, at the concurrency found (in the
-batch's precision). Where a quantity rises with C the answers agree to the bisection's
-resolution (relative 1e-6 on the concurrencies, 1e-4 on every metric); where it does not (a KV
-tier's fetch-or-recompute switch, one more prefill chunk: ~0.5% of random catalog designs) the
-bisection's answer is whichever crossing its midpoints reach, and ``serve``'s may be another
-(tests/test_queueing_roots.py).
+the unloaded TTFT, the TPOT and S, in float32, several concurrencies in one pass), and scores
+the whole model once, at the concurrency found (in the batch's precision). Of goodput's two
+bounds only the smaller is read: once a row's brackets show which, the other settles where it
+stands (``_prune_goodput``). On dse.bench's 20,000 designs at a rate with both SLOs that is ~17
+points of the queue's quantities a design (2 at C = 1 and the cap, ~4.6 saturation, ~4.0 the
+rate's concurrency, ~3.8 and ~1.7 goodput's TTFT and TPOT bounds, ~1.3 the finish) in ~55
+passes. Where a quantity rises with C the answers agree to the bisection's resolution
+(relative 1e-6 on the concurrencies, 1e-4 on every metric); where it does not (a KV tier's
+fetch-or-recompute switch, one more prefill chunk: ~0.5% of random catalog designs, 1.3% of
+dse.bench's with its KV tier on) the bisection's answer is whichever crossing its midpoints
+reach, and ``serve``'s may be another (tests/test_queueing_roots.py,
+tests/test_queueing_vs_bisection.py).
 """
 
 from __future__ import annotations
@@ -61,15 +66,19 @@ def md1_mean_wait_s(rho, service_s) -> np.ndarray:
 def md1_decay(rho) -> np.ndarray:
     """x = theta * S, the root > 0 of rho (e^x - 1) = x (the M/D/1 wait's exponential tail)."""
     r = np.clip(np.asarray(rho, dtype=float), 1e-9, 1.0 - 1e-9)
-    # both starts lie right of the root (f >= 0; e^x >= 1 + x + x^2/2 bounds the first), where
-    # Newton's steps on the convex f decrease monotonically to it
-    x = np.minimum(2.0 * (1.0 - r) / r, 2.0 * np.log(1.0 / r) + 1.0)
-    for i in range(40):
-        e = np.exp(x)
-        step = (r * (e - 1.0) - x) / (r * e - 1.0)
-        x = x - step
-        # (converged to rounding: the steps left change x by less than 1e-14 of it)
-        if i % 4 == 3 and not np.any(np.abs(step) > 1e-14 * np.abs(x)):
+    # both starts lie right of the root (f >= 0; e^x >= 1 + x + x^2/2 bounds the first, and
+    # x = L + 2 ln(1 + L) + 1, L = ln(1/rho), has rho e^x = e (1 + L)^2 > 1 + x), where Newton's
+    # steps on the convex f decrease monotonically to it; expm1 keeps f exact as rho -> 1
+    big = np.log(1.0 / r)
+    x = np.minimum(2.0 * (1.0 - r) / r, big + 2.0 * np.log1p(big) + 1.0)
+    live = np.ones(np.shape(x), bool)
+    for _ in range(40):
+        step = (r * np.expm1(x) - x) / (r * np.exp(x) - 1.0)
+        # (a row stops once its step changes x by less than 1e-12 of it, ~10 steps: its
+        # answer depends on its own rho only, never on the rows it is solved with)
+        x = x - np.where(live, step, 0.0)
+        live &= np.abs(step) > 1e-12 * np.abs(x)
+        if not live.any():
             break
     return x
 
@@ -201,8 +210,8 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None
     lam_sat = at_sat["rate"]
     op = Root(Probe(times, n), _test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
               _at(at_sat, "rate", lam), by_rate, _guesses(one["rate"], at_sat["rate"], c_sat, lam))
-    good = _goodput_roots(b, times, osl, queue, one, c_sat, at_sat)
-    solve([op] + good)
+    good = _goodput_roots(b, probe, osl, queue, one, c_sat, at_sat)
+    solve([op] + good, (lambda: _prune_goodput(*good, c_sat)) if good else None)
     c_op = np.where(by_rate, op.c, b.concurrency)
     res = evaluate(c_op, breakdown)
     m = dict(res[0] if breakdown else res)
@@ -269,7 +278,7 @@ def _test(osl, key, target):
                                     target[idx] if target.ndim else target)
 
 
-def _goodput_roots(b, times, osl, queue, one, c_sat, sat) -> list:
+def _goodput_roots(b, probe, osl, queue, one, c_sat, sat) -> list:
     """Goodput's two bounds where an SLO is given, as ``_goodput``'s bisection on both p90s
     finds their smaller: the batch ``x`` whose TPOT meets the TPOT SLO (the p90 TPOT is the
     TPOT at the batch's Poisson p90, at most ``c_sat``) and the concurrency whose p90 TTFT
@@ -292,13 +301,39 @@ def _goodput_roots(b, times, osl, queue, one, c_sat, sat) -> list:
             g = np.where(p["rho"] < 1.0, (over - 1.0) * (1.0 - p["rho"]), np.inf)
         return g, ok, {"rate": p["rate"], "ok": ok}
     ones, rows = np.ones(n), np.arange(n)
-    ttft = Root(Probe(times, n), lambda idx, c, vals: at(idx, _point(osl, idx, c, vals)), ones, c_sat,
+    ttft = Root(Probe(probe.at, n), lambda idx, c, vals: at(idx, _point(osl, idx, c, vals)), ones, c_sat,
                 at(rows, one), at(rows, sat), on_t)
-    tpot = Root(Probe(times, n), _test(osl, "tpot", slo_p), ones, c_sat, _at(one, "tpot", slo_p),
+    tpot = Root(Probe(probe.at, n), _test(osl, "tpot", slo_p), ones, c_sat, _at(one, "tpot", slo_p),
                 _at(sat, "tpot", slo_p), on_p)
     ttft.has_slo, ttft.on, tpot.binds = has_slo, on_t, on_p & ~(sat["tpot"] <= slo_p)
     ttft.sat_rate = sat["rate"]
     return [ttft, tpot]
+
+
+def _prune_goodput(ttft, tpot, c_sat) -> None:
+    """Settle the goodput bound that no longer matters (``_finish_goodput`` reads the smaller of
+    the two; each open row's answer lies in its bracket ``[a, b)``): the TTFT's where the
+    TPOT's concurrency is below its bracket (or its goodput is 0 there), the TPOT's where it is
+    above the TTFT's (or at least ``c_sat``) and at least 1. The numbers are those of solving
+    both (the settled root's value is not read)."""
+    if not (ttft.active() or tpot.active()):
+        return
+    # where the TPOT's bound lies (concurrency): [lo_p, hi_p]; the TTFT's [lo_t, hi_t]
+    lo_p = np.where(tpot.binds, poisson_p90_inverse(tpot.c), np.inf)
+    hi_p = lo_p.copy()
+    lo_p[tpot.idx], hi_p[tpot.idx] = poisson_p90_inverse(tpot.a), poisson_p90_inverse(tpot.b)
+    gone_p = hi_p < 1.0                             # no goodput: the TPOT fails at C = 1
+    hi_t = np.where(ttft.on, ttft.c, np.inf)
+    hi_t[ttft.idx] = ttft.b
+    gone_t = ttft.on & ~np.asarray(ttft.out["ok"], bool)
+    gone_t[ttft.idx] = False
+    if ttft.active():
+        i = ttft.idx
+        ttft.settle((hi_p[i] < ttft.a) | gone_p[i])
+    if tpot.active():
+        i = tpot.idx
+        tpot.settle((((lo_p[i] > hi_t[i]) | (lo_p[i] >= c_sat[i])) & (lo_p[i] >= 1.0))
+                    | gone_t[i])
 
 
 def _finish_goodput(m, b, probe, good, by_rate, c_op, c_sat, tp90, osl, lam_sat):

@@ -13,7 +13,8 @@ chunk) the same point just below the jump. Where the quantity is not monotone (a
 fetch-or-recompute switch, a prefill chunk's jump) the bisection's answer is whichever crossing
 its midpoints lead to, and this may be another. A row still open after ``SECANT_STEPS``
 secant steps finishes by ``SECTIONS`` points per bracket at once (a jump: the secant stalls
-there). A row's points depend on its values only, never on the rows scored with it.
+there), in a pass of its own (``Root.tail``: those few rows, not every row the root holds).
+A row's points depend on its values only, never on the rows scored with it.
 
 ``solve`` steps several problems together, each with its own ``Probe``, which scores the rows
 asked about at all the concurrencies asked (a concurrency of shape (points, rows): one pass of
@@ -93,6 +94,7 @@ class Root:
 
     def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None):
         self.probe, self.test = probe, test
+        self.tail = Probe(probe.at, probe.n)       # (sections: their own pass, few rows)
         lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), np.shape(on))
         hi = np.maximum(hi, lo)
         res = np.log(hi / lo) * RESOLUTION
@@ -125,16 +127,16 @@ class Root:
             lo_s = np.minimum(np.maximum(self.guess[0], a * np.exp(self.tol)), b)
             hi_s = np.maximum(np.minimum(self.guess[1], b * np.exp(-self.tol)), a)
             self.s, self.guess = (np.minimum(lo_s, hi_s), np.maximum(lo_s, hi_s)), None
-            return [(self.idx, self.s[0]), (self.idx, self.s[1])]
+            return [(self.probe, self.idx, self.s[0]), (self.probe, self.idx, self.s[1])]
         self.sec = sec = self.steps >= SECANT_STEPS
         asks = []
         if not sec.all():
             self.s = self._secant(~sec)
-            asks.append((self.idx[~sec], self.s))
+            asks.append((self.probe, self.idx[~sec], self.s))
         if sec.any():                                  # sections: the points of each bracket
             g = np.arange(1, SECTIONS + 1) / (SECTIONS + 1.0)
             self.pts = a[sec][None, :] * (b[sec] / a[sec])[None, :] ** g[:, None]
-            asks += [(self.idx[sec], p) for p in self.pts]
+            asks += [(self.tail, self.idx[sec], p) for p in self.pts]
         return asks
 
     def _secant(self, m) -> np.ndarray:
@@ -201,6 +203,11 @@ class Root:
             v[sec] = np.where(moved, at[key].reshape(k, m)[before, rows], v[sec])
         self.pts = None
 
+    def settle(self, done) -> None:
+        """Settle the open rows ``done`` (a mask over ``idx``) where they stand: at the largest
+        point found to pass (their answer no longer matters to the caller)."""
+        self._settle(done)
+
     def _settle(self, done) -> None:
         if not np.any(done):
             return
@@ -212,16 +219,25 @@ class Root:
         self.at_a = {k: v[keep] for k, v in self.at_a.items()}
 
 
-def solve(roots: list) -> None:
+def solve(roots: list, settle=None) -> None:
     """Step the problems ``roots`` (each with its own ``Probe``, ``root.probe``: the rows each
     holds are its own) until every row is settled (``MAX_STEPS`` bounds it: a bisection step at
-    least every other step)."""
+    least every other step). ``settle()``, after each step, may settle rows whose answer no
+    longer matters (``Root.settle``)."""
     for _ in range(MAX_STEPS):
+        if settle is not None:
+            settle()
         live = [r for r in roots if r.active()]
         if not live:
             return
         for r in live:
-            r.update(r.probe(r.asks()))
+            # a pass per probe: the root's secant points on its probe, its sections on its tail
+            asks, got = r.asks(), {}
+            for probe in (r.probe, r.tail):
+                mine = [j for j, a in enumerate(asks) if a[0] is probe]
+                if mine:
+                    got.update(zip(mine, probe([asks[j][1:] for j in mine])))
+            r.update([got[j] for j in range(len(asks))])
     for r in roots:                  # (not reached)
         if r.active():
             r.c[r.idx] = r.a

@@ -433,8 +433,12 @@ def _queue_probe(b: Batch, k: Coefficients, dtype):
 
     def at(rows):
         sub = b32 if rows is None else b32.take(rows)
-        ks = k32 if rows is None else Coefficients(sub)
+        ks = k32 if rows is None else k32.gather(rows, sub)
         memo = sub.__dict__["_memo"]
+        if rows is not None:             # the batch's per-row memos, those rows of them
+            n = len(b32)
+            memo.update({key: v[rows] for key, v in b32.__dict__["_memo"].items()
+                         if isinstance(v, np.ndarray) and v.shape == (n,)})
 
         def times(c):
             bc = sub.replace(concurrency=c)
