@@ -258,7 +258,25 @@ def test_a_design_already_scored_is_never_scored_again(tmp_path, capsys):
     from optuna.storages.journal import JournalFileBackend
     study = optuna.load_study(study_name=out.name, storage=JournalStorage(
         JournalFileBackend(str(out / "optuna.journal"))))
-    assert len(study.trials) > 400                       # the repeats, told at no cost
+    # every counter reads the run's 400: the run's summary, `dse status` (and its per-worker
+    # split), and the storage's COMPLETE trials (what optuna-dashboard counts); the repeats,
+    # told at no cost, are PRUNED there with the stored values as a user attr
+    from optuna.trial import TrialState
+    capsys.readouterr()
+    assert main(["status", str(out), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["trials_completed"] == 400 and sum(st["trials_by_worker"].values()) == 400
+    assert json.loads((out / "progress.json").read_text())["trials_completed"] == 400
+    states = [t.state for t in study.trials]
+    assert states.count(TrialState.COMPLETE) == 400
+    repeats = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert len(repeats) > 100 and len(repeats) + 400 == len(study.trials)
+    scored = {tuple(sorted(t.params.items())): t.values for t in study.trials
+              if t.state == TrialState.COMPLETE}
+    for t in repeats:       # each a design scored before, its values those the run stored
+        assert t.user_attrs["repeat_values"] == pytest.approx(
+            scored[tuple(sorted(t.params.items()))], rel=1e-12)
+    print(f"400 trials, {len(repeats)} repeats told PRUNED; status, progress, storage: 400")
     # Optuna's view: metric names, real parameter values, constraints where samplers read them
     assert study.metric_names == ["usd_per_mtok_output", "tpot_s", "output_tokens_per_s_per_rack"]
     t = study.trials[0]
