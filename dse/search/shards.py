@@ -155,7 +155,7 @@ class Shards(Strategy):
         space, d, m = self.space, self.d, self.manifest
         self.chunk = int(m.get("chunk_designs", exhaustive.CHUNK_DESIGNS))
         self.n_chunks = -(-space.size // self.chunk)
-        self.storage = storage_for(None, self.storage_url, known=True)
+        self.storage = storage_for(d, self.storage_url, known=True)
         self.ids = TrialIds(self.storage)
         self.study = with_retry(optuna.create_study, study_name=m["study_name"],
                                 storage=self.storage, sampler=optuna.samplers.RandomSampler(),
