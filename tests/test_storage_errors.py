@@ -227,10 +227,10 @@ def test_a_storage_run_prints_no_third_party_warning(cwd, database):
 
 def _hold_flock(path) -> subprocess.Popen:
     """Another process holding ``path``'s flock (a live owner or worker) until killed."""
-    p = subprocess.Popen([sys.executable, "-c",
-                          "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
-                          "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); "
-                          "time.sleep(120)", str(path)], stdout=subprocess.PIPE, text=True)
+    code = ("import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+            "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)")
+    p = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE,
+                         text=True)
     assert p.stdout.readline().strip() == "held"
     return p
 
