@@ -82,7 +82,7 @@ def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp
     F = pareto.objective_matrix(got, space.objectives)
     assert pareto.nondominated(F).all()
     st = json.loads((run_dir / "progress.json").read_text())
-    assert st["trials_completed"] >= total
+    assert st["trials_completed"] == total                # the run's count is the storage's
 
 
 def _segment_studies(database, base):
@@ -149,7 +149,7 @@ def test_exhaustive_shards_on_workers_survive_a_killed_worker_and_match_a_local_
     from dse.search import shards
 
     run_dir = tmp_path / "run"
-    runner = _dse("run", str(QUICK), "--strategy", "exhaustive", "--chunk-designs", "4",
+    runner = _dse("run", str(QUICK), "--strategy", "exhaustive", "--chunk-designs", "8",
                   "--storage", database, "--out", str(run_dir), "--quiet")
     _wait_until(lambda: (run_dir / "manifest.json").exists())
     study = run_dir.name
@@ -162,17 +162,13 @@ def test_exhaustive_shards_on_workers_survive_a_killed_worker_and_match_a_local_
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-2000:]
     workers[1].wait()
-    plain = subprocess.run([sys.executable, "-m", "dse", "run", str(QUICK), "--strategy",
-                            "exhaustive", "--out", str(tmp_path / "plain"), "--quiet"],
-                           capture_output=True, text=True)
-    assert plain.returncode == 0, plain.stderr
 
     s = optuna.load_study(study_name=study, storage=database)
     states = collections.Counter(t.state.name for t in s.trials)
     chunks = collections.Counter(shards._chunk_of(t) for t in s.trials if t.state.name == "COMPLETE")
     print("trial states:", dict(states), "chunks completed twice:",
           sum(1 for n in chunks.values() if n > 1))
-    n_chunks = -(-load_space(str(QUICK)).size // 4)
+    n_chunks = -(-load_space(str(QUICK)).size // 8)
     assert set(chunks) == set(range(n_chunks))           # every chunk completed
     assert states["RUNNING"] == 0 and states["WAITING"] == 0
     for t in s.trials:                                   # a failed chunk was retried
@@ -181,11 +177,13 @@ def test_exhaustive_shards_on_workers_survive_a_killed_worker_and_match_a_local_
     st = json.loads((run_dir / "progress.json").read_text())
     assert st["state"] == "finished" and st["trials_completed"] == n_chunks   # each once
     assert st["designs_scored"] == load_space(str(QUICK)).size
+    # the exact front, every design scored at once in this process (what a plain local
+    # exhaustive run writes: test_strategy_contract's covering run; no interpreter started)
+    from helpers import brute_front
+    want = brute_front(load_space(str(QUICK)))
     got = pd.read_csv(run_dir / "front.csv")
-    want = pd.read_csv(tmp_path / "plain" / "front.csv")
-    assert set(got["design_id"]) == set(want["design_id"]) and len(got) > 0
-    assert set(shards.front_from_shards(s, load_space(str(QUICK)))["design_id"]) == \
-        set(want["design_id"])
+    assert set(got["design_id"]) == want and len(got) > 0
+    assert set(shards.front_from_shards(s, load_space(str(QUICK)))["design_id"]) == want
 
 
 def test_nested_run_with_workers_assembles_its_front_from_every_trial(tmp_path, database):

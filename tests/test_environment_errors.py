@@ -151,3 +151,16 @@ def test_the_exit_code_is_documented():
     text = cli.build_parser().format_help()
     assert "exit codes:" in text and "3    disk full, read-only file system or permission" in text
     assert "- 3: the environment refused" in cli.__doc__ and "3 the\nenvironment" in errors.__doc__
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
+def test_a_lock_that_cannot_be_written_names_it_and_leaves_no_folder(cwd, capsys, monkeypatch,
+                                                                    code):
+    """A disk with no byte left fails already at the owner lock's text (pid and host): exit 3
+    naming DIR/lock, and the new run folder is removed (found on a full 2 MB tmpfs: the folder
+    with its lock, inputs/ and scores/ was left behind)."""
+    from dse.search import locks
+    monkeypatch.setattr(locks.os, "pwrite", _raiser(code))
+    rc, err = dse(capsys, "run", "spaces/s.toml", "--out", "runs/full", "--quiet")
+    faulted(rc, err, "runs/full/lock", root=cwd)
+    assert not (cwd / "runs" / "full").exists()

@@ -132,6 +132,9 @@ def test_processes_started_together_finish_exactly_the_trials_asked(base_runs, t
     assert not trials[TrialState.RUNNING] and not trials[TrialState.FAIL], \
         "a live process's trial was failed"
     assert sum(str(t.number) in told for t in trials[TrialState.COMPLETE]) == TOTAL
+    # ... and the journal's COMPLETE trials (optuna-dashboard's count) are exactly those: a
+    # repeat of a scored design is PRUNED there
+    assert len(trials[TrialState.COMPLETE]) == TOTAL
     # nothing left behind: no owner lock, no live token, no temporary file
     assert not (d / "lock").exists() and not list((d / "live").iterdir())
     assert not list(d.rglob("*.tmp"))

@@ -225,16 +225,74 @@ def test_a_storage_run_prints_no_third_party_warning(cwd, database):
     assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
-def test_a_known_url_that_refuses_is_an_outage(monkeypatch):
-    """The URL a run used already (a resume, a worker joining its folder): a refused connection
-    is waited for (the server restarts), then StorageUnavailable (exit 1); the same URL typed
-    for a new run is refused at once."""
-    from dse.errors import StorageError, StorageUnavailable
+def _hold_flock(path) -> subprocess.Popen:
+    """Another process holding ``path``'s flock (a live owner or worker) until killed."""
+    code = ("import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+            "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)")
+    p = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+@pytest.mark.parametrize("holder", ["owner", "live token"])
+def test_a_known_url_that_refuses_under_a_live_run_is_an_outage(monkeypatch, tmp_path, holder):
+    """The URL a run used already, refused while the run is live (another process owns its
+    folder or holds a live token there: this one joins a run whose database went away): waited
+    for (the server restarts), then StorageUnavailable (exit 1)."""
+    from dse.errors import StorageUnavailable
     from dse.search.optuna import study as o
     monkeypatch.setattr(o, "STORAGE_RETRY_S", 1.0)
-    url = "postgresql+psycopg2://u:pw@127.0.0.1:1/db"
-    with pytest.raises(StorageUnavailable, match="unreachable"):
-        o.storage_for(None, url, known=True)
     monkeypatch.setattr(o, "_URL", None)
-    with pytest.raises(StorageError, match="connection refused"):
-        o.storage_for(None, url)
+    url = "postgresql+psycopg2://u:pw@127.0.0.1:1/db"
+    (tmp_path / "live").mkdir()
+    p = _hold_flock(tmp_path / "lock" if holder == "owner" else tmp_path / "live" / "w-1")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(StorageUnavailable, match="unreachable"):
+            o.storage_for(tmp_path, url, known=True)
+        print(f"{holder} live: waited {time.monotonic() - t0:.1f} s, then unavailable")
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_known_url_that_refuses_with_nobody_at_work_is_refused_at_once(monkeypatch, tmp_path):
+    """The same URL, refused where no other process works on the run (a resume or a worker
+    alone: nothing can be mid-run): one line naming the cause, at once, as a new URL is."""
+    from dse.errors import StorageError
+    from dse.search.optuna import study as o
+    monkeypatch.setattr(o, "STORAGE_RETRY_S", 300.0)
+    monkeypatch.setattr(o, "_URL", None)
+    url = "postgresql+psycopg2://u:pw@127.0.0.1:1/db"
+    for known, d in ((True, tmp_path), (True, None), (False, None)):
+        t0 = time.monotonic()
+        with pytest.raises(StorageError, match="connection refused") as e:
+            o.storage_for(d, url, known=known)
+        took = time.monotonic() - t0
+        print(f"known={known}, folder={d is not None}: {took:.2f} s: {e.value}")
+        assert took < 5 and "pw@" not in str(e.value)
+
+
+@needs_pg
+@pytest.mark.parametrize("command", ["resume", "worker"])
+def test_a_resume_or_worker_whose_stored_url_refuses_exits_2_at_once(cwd, capsys, database,
+                                                                    command):
+    """Issue 27 point 2: `dse run --resume DIR` or `dse worker DIR` whose manifest's storage
+    now refuses the connection (nothing listens there), with no other process at work on the
+    run: one line naming the cause in full, exit 2, within seconds; the folder is kept."""
+    import json
+    rc, _, err, _ = dse(capsys, "run", "spaces/s.toml", "--strategy", "optuna", "--trials", "4",
+                        "--out", "runs/x", "--storage", database, "--quiet")
+    assert rc == 0, err
+    mf = cwd / "runs" / "x" / "manifest.json"
+    m = json.loads(mf.read_text())
+    m["storage"] = _with_url(database, port=1)          # the server moved: nothing listens
+    m["trials"] = 8                                     # (and the run asked more)
+    mf.write_text(json.dumps(m))
+    args = ["run", "--resume", "runs/x"] if command == "resume" else ["worker", "runs/x"]
+    rc, _, err, took = dse(capsys, *args, "--quiet")
+    print(f"{command} on a refused stored URL -> exit {rc} in {took:.1f} s: {err}")
+    assert rc == 2 and len(err.splitlines()) == 1 and "connection refused" in err.lower(), err
+    assert "internal error" not in err and took < AT_ONCE_S
+    assert mf.is_file()

@@ -231,6 +231,51 @@ def test_shards_front_and_counts_with_workers(tmp_path, capsys, database):
     assert_front_is_the_pareto_set_of_everything_scored(out, load_space(str(QUICK)))
 
 
+@pytest.mark.skipif(not os.environ.get("DSE_TEST_POSTGRES_URL"), reason="needs PostgreSQL")
+def test_a_chunk_completed_out_of_id_order_is_counted(database):
+    """Optuna's trial cache reads only trials numbered above the last finished one it saw: a
+    trial another process created whose commit lands after a later one finished (PostgreSQL,
+    two processes creating trials at once) is never read by it. A sharded run's stop decision
+    and its final count read the database itself (``fresh_trials``), so a chunk completed so
+    is neither lost from the count ("stopped: 464 of 480") nor asked again."""
+    import optuna
+    import sqlalchemy
+    from optuna.trial import TrialState
+
+    from dse.search import shards
+    raw = optuna.storages.RDBStorage(database)
+    study = optuna.create_study(study_name="s", storage=raw)
+    eng = sqlalchemy.create_engine(database)
+
+    def next_id(k):
+        with eng.begin() as c:
+            c.execute(sqlalchemy.text(
+                f"SELECT setval(pg_get_serial_sequence('trials', 'trial_id'), {k})"))
+
+    def complete(chunk):
+        study.enqueue_trial({"chunk": chunk})
+        tid = shards._pop_waiting(raw, study)
+        t = optuna.Trial(study, tid)
+        t.set_user_attr("front", {"design_id": [], "values": {}})
+        raw.set_trial_state_values(tid, TrialState.COMPLETE, [1.0])
+        return tid
+
+    complete(0)
+    next_id(10)
+    late = optuna.load_study(study_name="s", storage=raw)     # another process's cached view
+    complete(2)                                              # trial id 11, finished
+    assert sorted(shards.completed_chunks(late)) == [0, 2]   # its cache has read past id 11
+    next_id(5)
+    hidden = complete(1)                                     # trial id 6: committed "late"
+    eng.dispose()
+    print(f"chunk 1 completed as trial id {hidden}; the cached view sees "
+          f"{sorted(shards.completed_chunks(late))}")
+    assert hidden < 11 and sorted(shards.completed_chunks(late)) == [0, 2]   # Optuna's hole
+    fresh = shards.fresh_trials(raw, "s", (TrialState.COMPLETE,))
+    assert sorted(shards.completed_chunks(fresh)) == [0, 1, 2]
+    assert shards._missing(raw, late, 3) == [] and shards._missing(raw, late, 4) == [3]
+
+
 def test_shards_on_sqlite_share_the_chunks_between_workers(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["run", str(QUICK), *run_args(tmp_path, "shards"), "--workers", "2",
@@ -258,7 +303,25 @@ def test_a_design_already_scored_is_never_scored_again(tmp_path, capsys):
     from optuna.storages.journal import JournalFileBackend
     study = optuna.load_study(study_name=out.name, storage=JournalStorage(
         JournalFileBackend(str(out / "optuna.journal"))))
-    assert len(study.trials) > 400                       # the repeats, told at no cost
+    # every counter reads the run's 400: the run's summary, `dse status` (and its per-worker
+    # split), and the storage's COMPLETE trials (what optuna-dashboard counts); the repeats,
+    # told at no cost, are PRUNED there with the stored values as a user attr
+    from optuna.trial import TrialState
+    capsys.readouterr()
+    assert main(["status", str(out), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["trials_completed"] == 400 and sum(st["trials_by_worker"].values()) == 400
+    assert json.loads((out / "progress.json").read_text())["trials_completed"] == 400
+    states = [t.state for t in study.trials]
+    assert states.count(TrialState.COMPLETE) == 400
+    repeats = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert len(repeats) > 100 and len(repeats) + 400 == len(study.trials)
+    scored = {tuple(sorted(t.params.items())): t.values for t in study.trials
+              if t.state == TrialState.COMPLETE}
+    for t in repeats:       # each a design scored before, its values those the run stored
+        assert t.user_attrs["repeat_values"] == pytest.approx(
+            scored[tuple(sorted(t.params.items()))], rel=1e-12)
+    print(f"400 trials, {len(repeats)} repeats told PRUNED; status, progress, storage: 400")
     # Optuna's view: metric names, real parameter values, constraints where samplers read them
     assert study.metric_names == ["usd_per_mtok_output", "tpot_s", "output_tokens_per_s_per_rack"]
     t = study.trials[0]

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from dse.build.space import Space, load_space
-from dse.errors import InputError, StorageError, StorageUnavailable
+from dse.errors import EnvironmentFault, InputError, StorageError, StorageUnavailable
 from dse.search import exhaustive, locks, shards, store
 from dse.search.loop import drive
 from dse.search.optuna import strategy as optuna_strategy
@@ -206,7 +206,11 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
         storage_for(None, storage)
     existed = run_dir is not None and Path(run_dir).is_dir()
     d = store.new_run_dir(space.name, None if run_dir is None else str(run_dir))
-    locks.acquire_owner(d)     # two runs started on one --out at once: one is refused
+    try:
+        locks.acquire_owner(d)     # two runs started on one --out at once: one is refused
+    except EnvironmentFault:       # taken, but its text could not be written (a full disk)
+        store.discard(d, existed)
+        raise
     ext = {"chunk_designs": chunk_designs or exhaustive.CHUNK_DESIGNS, **(extra or {})}
     if p["strategy"] == "exhaustive":
         if storage:               # chunks as trials of a shared study

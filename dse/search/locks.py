@@ -30,7 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
-from dse.errors import InputError
+from dse.errors import EnvironmentFault, InputError
 
 PROBE_RETRY_S = 0.5      # a lock found taken is tried again this long (a probe holds it briefly)
 _HELD: dict[str, int] = {}     # lock paths this process holds -> descriptor
@@ -87,8 +87,12 @@ def _take(path: Path, text: str, wait_s: float = PROBE_RETRY_S) -> int | None:
             except FileNotFoundError:
                 same = False
             if same:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, text.encode(), 0)
+                try:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, text.encode(), 0)
+                except OSError as e:       # a full or read-only disk: the holder's text unwritten
+                    os.close(fd)
+                    raise EnvironmentFault.of(e, str(path)) or e from None
                 _HELD[_k(path)] = fd
                 return fd
         os.close(fd)

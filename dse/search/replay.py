@@ -73,6 +73,7 @@ def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
            start: str | None = None) -> set[int]:
     """One run of ``budget`` distinct designs; returns the ids of the designs it scored."""
     import optuna
+    from optuna.trial import TrialState
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sp, pos = sc.space, list(range(len(sc.space.parameters)))
     smp = o.make_sampler(sampler, seed, population, trials=budget)
@@ -86,10 +87,13 @@ def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
     dists, known, rng = distributions(sp), set(), np.random.default_rng(seed)
     shape = tuple(sp.shape)
 
-    def tell(t, k):
+    def tell(t, k, repeat=False):      # a repeat of a scored design: PRUNED, as the run tells it
         tid = storage.get_trial_id_from_study_id_trial_number(sid, t.number)
         storage.set_trial_system_attr(tid, "constraints", [float(v) for v in sc.cons[k]])
-        study.tell(t, [float(v) for v in sc.values[k]])
+        if repeat:
+            study.tell(t, state=TrialState.PRUNED)
+        else:
+            study.tell(t, [float(v) for v in sc.values[k]])
 
     first = surrogate.start_points(sp, pos, local_after, seed) if start == "pairs" else []
     while len(known) < budget:
@@ -120,7 +124,7 @@ def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
             t = study.ask(dists)
             k = point_key(sp, t.params, pos)
             if k in known:
-                tell(t, k)
+                tell(t, k, repeat=True)
                 repeats += 1
             else:
                 batch.append((t, k))
@@ -133,8 +137,10 @@ def replay(sc: Scored, sampler: str, population: int, seed: int, budget: int,
                 for c in free:
                     study.enqueue_trial(params_of(sp, c, pos))
                 repeats = -len(free) * o.REPEATS_PER_TRIAL   # the enqueued come out next
-        for t, k in batch:
-            tell(t, k)
+        told = set()
+        for t, k in batch:           # a design proposed twice in the batch: told once scored
+            tell(t, k, repeat=k in told)
+            told.add(k)
         known |= keys
     return known
 

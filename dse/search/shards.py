@@ -104,20 +104,36 @@ class _Heartbeat:
         self.thread.join()
 
 
-def completed_chunks(study) -> dict[int, object]:
-    """{chunk index: its first completed trial}: a chunk completed twice counts once."""
+def fresh_trials(storage, study_name: str, states) -> list:
+    """The study's trials in ``states`` read from the database itself, never from an Optuna
+    study's trial cache. That cache reads only trials numbered above the last finished one it
+    saw (and those it saw unfinished): a trial another process created whose commit landed
+    after a later-numbered trial had finished (two processes creating trials at once on
+    PostgreSQL: a stale chunk's retry beside a lost chunk's enqueue) is never read by it, so a
+    run could stop, or count its chunks, without one that is complete."""
+    sid = storage.get_study_id_from_name(study_name)
+    return sorted(storage.get_all_trials(sid, deepcopy=False, states=states),
+                  key=lambda t: t.number)
+
+
+def completed_chunks(trials) -> dict[int, object]:
+    """{chunk index: its first completed trial with its front} of ``trials`` (a list, or a study:
+    its COMPLETE trials): a chunk completed twice counts once."""
     from optuna.trial import TrialState
+    if hasattr(trials, "get_trials"):
+        trials = trials.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     out = {}
-    for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
-                    key=lambda t: t.number):
+    for t in sorted(trials, key=lambda t: t.number):
         c = _chunk_of(t)
-        if c is not None and c not in out and "front" in t.user_attrs:
+        if c is not None and c not in out and t.state == TrialState.COMPLETE and \
+                "front" in t.user_attrs:
             out[c] = t
     return out
 
 
 def front_from_shards(study, space) -> pd.DataFrame:
-    """The run's front from the storage alone: the Pareto set of every chunk's front."""
+    """The run's front from the storage alone: the Pareto set of every chunk's front
+    (``study``: a study, or the list of its trials)."""
     frames = [payload_frame(t.user_attrs["front"], space)
               for _, t in sorted(completed_chunks(study).items())]
     front = pareto.front_of([f for f in frames if len(f)], space.objectives)
@@ -127,11 +143,15 @@ def front_from_shards(study, space) -> pd.DataFrame:
     return front
 
 
-def _missing(study, n_chunks: int) -> list[int]:
-    """Chunks no trial stands for (completed, running or waiting)."""
+def _missing(storage, study, n_chunks: int) -> list[int]:
+    """Chunks no trial stands for: none running or waiting, none completed with its front
+    (``completed_chunks``: the count the run's end reports). Read from the database itself
+    (``fresh_trials``), so the run stops only when every chunk is complete there."""
     from optuna.trial import TrialState
-    have = {_chunk_of(t) for t in study.get_trials(
-        deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING))}
+    trials = fresh_trials(storage, study.study_name,
+                          (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING))
+    have = set(completed_chunks(trials)) | {
+        _chunk_of(t) for t in trials if t.state != TrialState.COMPLETE}
     return [i for i in range(n_chunks) if i not in have]
 
 
@@ -155,7 +175,7 @@ class Shards(Strategy):
         space, d, m = self.space, self.d, self.manifest
         self.chunk = int(m.get("chunk_designs", exhaustive.CHUNK_DESIGNS))
         self.n_chunks = -(-space.size // self.chunk)
-        self.storage = storage_for(None, self.storage_url, known=True)
+        self.storage = storage_for(d, self.storage_url, known=True)
         self.ids = TrialIds(self.storage)
         self.study = with_retry(optuna.create_study, study_name=m["study_name"],
                                 storage=self.storage, sampler=optuna.samplers.RandomSampler(),
@@ -167,7 +187,7 @@ class Shards(Strategy):
                 with_retry(study.set_user_attr, "inputs", store.inputs_payload(d, m))
                 with_retry(study.set_user_attr, "manifest", json.dumps(m, default=str))
             if not with_retry(lambda: study.user_attrs.get(ENQUEUED)):
-                _enqueue(study, with_retry(_missing, study, self.n_chunks))   # a resume: the rest
+                _enqueue(study, with_retry(_missing, self.storage, study, self.n_chunks))  # a resume
                 with_retry(study.set_user_attr, ENQUEUED, True)
         store.remove_stale_tmp(d)      # a killed process's: the pid is in the name (workers share)
         self.front = pareto.front_of([store.read_table(f) for f in store.score_tables(d, "chunk")],
@@ -210,10 +230,10 @@ class Shards(Strategy):
             self.study = with_retry(optuna.load_study, study_name=study.study_name,
                                     storage=storage)
             return WAIT                      # the run is still enqueueing
-        lost = with_retry(_missing, study, self.n_chunks)   # failed past the retries
+        lost = with_retry(_missing, storage, study, self.n_chunks)   # failed past the retries
         if lost:       # look again: a stale chunk's retry may be on its way
             time.sleep(HEARTBEAT_S)
-            lost = with_retry(_missing, study, self.n_chunks)
+            lost = with_retry(_missing, storage, study, self.n_chunks)
         if not lost:
             return None
         _enqueue(study, lost)
@@ -261,12 +281,13 @@ class Shards(Strategy):
 
     def finish(self) -> None:
         from optuna.trial import TrialState
-        study = self.study
-        # the run's front and counts from the storage: every worker's chunks, each once
-        done = with_retry(completed_chunks, study)
-        self.counts["FAIL"] = len(with_retry(study.get_trials, deepcopy=False,
-                                             states=(TrialState.FAIL,)))
-        self.front = with_retry(front_from_shards, study, self.space)
+        name = self.study.study_name
+        # the run's front and counts from the database itself: every worker's chunks, each once
+        trials = with_retry(fresh_trials, self.storage, name,
+                            (TrialState.COMPLETE, TrialState.FAIL))
+        done = completed_chunks(trials)
+        self.counts["FAIL"] = sum(t.state == TrialState.FAIL for t in trials)
+        self.front = front_from_shards(trials, self.space)
         if len(self.front):
             store.fix_reference(self.manifest, self.d,
                                pareto.objective_matrix(self.front, self.space.objectives))

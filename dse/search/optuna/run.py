@@ -297,9 +297,16 @@ class OptunaRun(Strategy):
         return trials, echoes
 
     def _tell_one(self, study, t, result) -> None:
+        """A proposal of a design (point) already scored: not a trial of the run. It is told
+        PRUNED, the state every counter leaves out (the run's, ``dse status``, a worker's, and
+        optuna-dashboard's COMPLETE count agree), with the stored values as its user attrs
+        ``repeat_values`` (and the constraints where the samplers read them): TPE puts it among
+        the trials not to imitate, so it steers away from what is known; NSGA-II and GP skip it."""
+        from optuna.trial import TrialState
         set_real_values(t, self.space)
         set_constraints(self.storage, self.ids(study.study_name, t.number), result["constraints"])
-        study.tell(t, result["values"])
+        t.set_user_attr("repeat_values", [float(v) for v in result["values"]])
+        study.tell(t, state=TrialState.PRUNED)
 
     # --- score, store, tell ----------------------------------------------------------------
     def score(self, item):

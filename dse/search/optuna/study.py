@@ -31,7 +31,7 @@ import pandas as pd
 
 from dse import pareto
 from dse.errors import StorageUnavailable
-from dse.search import store
+from dse.search import locks, store
 from dse.search.optuna import segments, storage_errors
 from dse.units import parse_duration
 
@@ -47,9 +47,12 @@ def storage_for(d, url: str | None, known: bool = False):
     path, owner-recording lock: see ``store.open_journal``). A URL that can never work (bad
     scheme, authentication, unknown database) is a ``StorageError`` at once
     (``storage_errors``), and so is nothing listening or an unknown host where the URL is new
-    (typed for a new run or a worker); ``known``: the URL of a run that used it already (its
-    manifest's: a resume, a worker joining its folder), where a refused connection is an
-    outage and is waited for, as is a server starting or stopping."""
+    (typed for a new run or a worker). ``known``: the URL of a run that used it already (its
+    manifest's: a resume, a worker joining its folder ``d``). There a refused connection is
+    an outage, waited for, only while the run is live: another process owns the run folder or
+    holds a live token in it (``locks.at_work``), so this one joins a run whose database went
+    away under it. A resume or a worker alone on its folder is a start like any other: nothing
+    listening is one line, exit 2, at once. A server starting or stopping is always waited for."""
     if url:
         import warnings
 
@@ -64,7 +67,8 @@ def storage_for(d, url: str | None, known: bool = False):
                     heartbeat_stale_trial_callback=optuna.storages.
                     RetryHeartbeatStaleTrialCallback(max_retry=3))
         global _URL
-        storage = _retrying(connect, url, start=not known and url != _URL)
+        live = known and d is not None and locks.at_work(d)
+        storage = _retrying(connect, url, start=url != _URL and not live)
         _URL = url
         return storage
     return store.open_journal(d)
