@@ -406,11 +406,11 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
     path = path or Path(catalog.__file__).with_name("efficiency.toml")
     lines = ["# End-to-end remainder of the serving model (dse.calibration.fit): what end-to-end serving adds",
              "# to the fitted kernels (dse/catalog/kernels) -- a fixed time per layer (none per step),",
-             "# shared by every chip, and per runtime the front end's time per request and the",
-             "# scheduler's per running sequence, fitted on ../shared/calibration -- and the factors",
-             "# kept at their physical priors. Written by `python -m dse.calibration.calibrate --fit",
-             "# --write`; do not edit by hand. A chip may get its own table; `default` applies to the",
-             "# others.", ""]
+             "# shared by every chip, the front end's time per request (the runtimes' own servers;",
+             "# Dynamo's front end) and per runtime the scheduler's per running sequence, fitted on",
+             "# ../shared/calibration -- and the factors kept at their physical priors. Written by",
+             "# `python -m dse.calibration.calibrate --fit --write`; do not edit by hand. A chip may",
+             "# get its own table; `default` applies to the others.", ""]
     for k in ["default"] + sorted(k for k in tables
                                   if k not in ("default", "uncertainty", "runtimes",
                                                "front_ends")):
@@ -421,7 +421,7 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
                 lines.append(f'{f} = "{v}"' if isinstance(v, str) else f"{f} = {v:.6g}")
         lines.append("")
     if tables.get("runtimes"):
-        lines += ["# the runtimes' host times (serving.request_overhead_s: the front end per request;",
+        lines += ["# the runtimes' host times (serving.request_overhead_s: their own server per request;",
                   "# serving.seq_overhead_s: the scheduler per running sequence per step;",
                   "# serving.frontend_*: the serial front end per prompt token, output token and",
                   "# repeated text token, dse.perf.frontend), fitted with the default table above; a",
