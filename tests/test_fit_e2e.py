@@ -248,10 +248,13 @@ def test_front_end_numbers_are_written_to_their_own_table(tmp_path):
     cases = pd.DataFrame({"case_id": ["a"], "hardware": ["h100-sxm"], "runtime": ["vllm"],
                           "source": ["S"]})
     theta = {"layer_overhead_s": 2e-5, "request_overhead_s": 0.02,
-             "request_overhead_s.dynamo": 0.15, "seq_overhead_s.vllm": 1e-6}
+             "request_overhead_s.dynamo": 0.15, "seq_overhead_s.vllm": 1e-6,
+             "frontend_token_s": 2.4e-5}
     t = tables(theta, cases)
     assert t["front_ends"] == {"dynamo": {"request_overhead_s": 0.15}}
     assert all(t["runtimes"][rt]["request_overhead_s"] == 0.02 for rt in RUNTIMES)
+    # one time per streamed token, in every runtime's table
+    assert all(t["runtimes"][rt]["frontend_token_s"] == 2.4e-5 for rt in RUNTIMES)
     assert "dynamo" not in t["runtimes"] and "request_overhead_s" not in t["default"]
     path = write_efficiency(t, tmp_path / "efficiency.toml")
     doc = tomllib.loads(path.read_text())
