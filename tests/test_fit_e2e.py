@@ -173,3 +173,90 @@ def test_source_inputs_fill_blanks_only():
     assert out["serving.x"].tolist()[:2] == [1.5, 3.0] and pd.isna(out["serving.x"].iloc[2])
     assert out["serving.y"].tolist()[:2] == ["on", "on"] and pd.isna(out["serving.y"].iloc[2])
     assert cases["serving.x"].isna().sum() == 2          # the input frame is not modified
+
+
+AIC_TEMPLATE = "unknown; AIC bench template uses aiperf fixed L (stddev 0)"
+INFERENCEX = ("uniform[0.8L,L] (InferenceX benchmark_serving --random-range-ratio 0.8, "
+              "--max-concurrency C)")
+
+
+def test_front_ends_name_the_aic_template_rows():
+    import pandas as pd
+
+    from dse.calibration.cases import FRONT_END, apply_front_ends, front_ends
+    cases = pd.DataFrame({"case_id": ["a", "b", "c", "d"],
+                          "length_dist": [AIC_TEMPLATE, INFERENCEX, np.nan, AIC_TEMPLATE],
+                          "serving.request_overhead_s": [np.nan, np.nan, np.nan, 0.5]})
+    # aiconfigurator's benchmark rows passed Dynamo's front end; the others their runtime's own
+    assert front_ends(cases).tolist() == ["dynamo", "", "", "dynamo"]
+    out = apply_front_ends(cases, fitted={"dynamo": {"request_overhead_s": 0.15,
+                                                      "fitted_on": "x"}})
+    assert out[FRONT_END].tolist() == ["dynamo", "", "", "dynamo"]
+    got = pd.to_numeric(out["serving.request_overhead_s"]).tolist()
+    assert got[0] == 0.15 and np.isnan(got[1]) and np.isnan(got[2])
+    assert got[3] == 0.5                                   # a case's own value wins
+    assert "fitted_on" not in " ".join(out.columns)
+    assert FRONT_END not in cases                          # the input frame is not modified
+    # nothing fitted: the column alone
+    assert apply_front_ends(cases, fitted={})["serving.request_overhead_s"].iloc[0] != 0.15
+
+
+def _one_runtime_two_front_ends():
+    """One Llama-3.1-8B trtllm case on H100 at concurrency 1, through its own server ("own")
+    and through Dynamo's front end ("dyn")."""
+    import pandas as pd
+
+    from dse.calibration.cases import FRONT_END
+    from dse.scoring.predict import prepare
+    row = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "num_chips": "1", "tp": "1",
+           "pp": "1", "ep": "1", "dp": "1", "weight_dtype": "fp8", "isl": "1024", "osl": "128",
+           "concurrency": "1", "runtime": "trtllm"}
+    cases = pd.DataFrame([{**row, "case_id": "own", FRONT_END: ""},
+                          {**row, "case_id": "dyn", FRONT_END: "dynamo"}])
+    return prepare(cases, file="cases.csv")
+
+
+def test_a_front_end_parameter_applies_to_its_rows_whatever_the_runtime():
+    from dse.calibration.fit import _batch_with, _held_out_runtime
+    from dse.scoring.predict import finish
+    prep = _one_runtime_two_front_ends()
+    row = dict(zip(prep.cases["case_id"].to_numpy()[prep.resolved["_case"].to_numpy()],
+                   range(len(prep.resolved))))
+    theta = {"request_overhead_s": 0.02, "request_overhead_s.dynamo": 0.15,
+             "request_overhead_s.trtllm": 0.4}
+    b = _batch_with(prep, theta)
+    # the runtime's own name over the plain one, the front end's over both
+    assert b.request_overhead_s[row["own"]] == pytest.approx(0.4, rel=1e-12)
+    assert b.request_overhead_s[row["dyn"]] == pytest.approx(0.15, rel=1e-12)
+    b = _batch_with(prep, {"request_overhead_s": 0.02, "request_overhead_s.dynamo": 0.15})
+    assert b.request_overhead_s[row["own"]] == pytest.approx(0.02, rel=1e-12)
+    # one request in flight: no queue, the front-end delay adds to the TTFT as it is,
+    # 0.15 - 0.02 = 130 ms between the two front ends (a 20% change of either is 3-30 ms)
+    pred = finish(prep, b).set_index("case_id")
+    assert pred.loc["dyn", "ttft_s"] - pred.loc["own", "ttft_s"] == pytest.approx(0.13, rel=1e-6)
+    assert pred.loc["dyn", "tpot_s"] == pytest.approx(pred.loc["own", "tpot_s"], rel=1e-12)
+    # a front end is not a runtime: leaving a runtime out leaves its number alone
+    assert _held_out_runtime(theta, "trtllm")["request_overhead_s.dynamo"] == 0.15
+
+
+def test_front_end_numbers_are_written_to_their_own_table(tmp_path):
+    import tomllib
+
+    import pandas as pd
+
+    from dse.calibration.fit import RUNTIMES, tables, write_efficiency
+    cases = pd.DataFrame({"case_id": ["a"], "hardware": ["h100-sxm"], "runtime": ["vllm"],
+                          "source": ["S"]})
+    theta = {"layer_overhead_s": 2e-5, "request_overhead_s": 0.02,
+             "request_overhead_s.dynamo": 0.15, "seq_overhead_s.vllm": 1e-6,
+             "frontend_token_s": 2.4e-5}
+    t = tables(theta, cases)
+    assert t["front_ends"] == {"dynamo": {"request_overhead_s": 0.15}}
+    assert all(t["runtimes"][rt]["request_overhead_s"] == 0.02 for rt in RUNTIMES)
+    # one time per streamed token, in every runtime's table
+    assert all(t["runtimes"][rt]["frontend_token_s"] == 2.4e-5 for rt in RUNTIMES)
+    assert "dynamo" not in t["runtimes"] and "request_overhead_s" not in t["default"]
+    path = write_efficiency(t, tmp_path / "efficiency.toml")
+    doc = tomllib.loads(path.read_text())
+    assert doc["front_ends"]["dynamo"]["request_overhead_s"] == pytest.approx(0.15)
+    assert doc["runtimes"]["vllm"]["request_overhead_s"] == pytest.approx(0.02)

@@ -21,6 +21,9 @@ At load, two kinds of inputs the case files do not state as columns are added:
 - ``SOURCE_INPUTS``: ``{source: {dotted_column: value}}``, an input every case of a source shares
   (e.g. a runtime version's fixed per-request time); a case that gives the column itself keeps
   its own value.
+- ``FRONT_ENDS``: the front end a case's deployment served through where it is not the
+  runtime's own server (the ``front_end`` column: "dynamo" for aiconfigurator's benchmark
+  template), and that front end's fitted numbers (efficiency.toml [front_ends.*]).
 
 Truths of the cases whose ``quality_flag`` says ``queue_suspect`` (a closed-loop TTFT that looks
 dominated by queueing; the case's TPOT too: its running batch is unknown) are reported in their
@@ -35,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dse import catalog
 from dse.errors import InputError
 from dse.scoring.predict import read_cases
 
@@ -55,6 +59,19 @@ SOURCE_INPUTS: dict[str, dict[str, float | str]] = {
              "serving.frontend_token_s": 0.0, "serving.frontend_text_token_s": 0.0}
        for src in ("TRTLLM-V017", "TRTLLM-ONLINE")},
 }
+# the front end a case's deployment served through, where it is not the runtime's own OpenAI
+# server: a pattern of the case's ``length_dist`` (the benchmark harness the conversion names)
+# -> the front end, written to the ``front_end`` column. aiconfigurator's benchmark template
+# (the "gap-analysis" rows of silicon_hopper_*: "AIC bench template uses aiperf fixed L") sends
+# ``aiperf profile ... --extra-inputs {"nvext":{"ignore_eos":true}}`` (a Dynamo extension) to the
+# deployment aiconfigurator's generator launches: ``python3 -m dynamo.frontend`` (HTTP server,
+# tokenizer, router) in front of ``python3 -m dynamo.<runtime>`` workers, for all three runtimes
+# (ai-dynamo/aiconfigurator src/aiconfigurator/generator/config/backend_templates/
+# benchmark/bench_run.sh.j2 and {sglang,trtllm,vllm}/run.sh.j2). InferenceX's rows ran each
+# runtime's own server. The front end's fitted numbers (efficiency.toml [front_ends.*],
+# dse.calibration.fit) are written on its rows as ``serving.<field>`` where blank.
+FRONT_ENDS = {r"AIC bench template": "dynamo"}
+FRONT_END = "front_end"
 QUEUE_SUSPECT = " (queue suspect)"
 NO_CONCURRENCY = " (max rate, no concurrency)"
 
@@ -92,7 +109,7 @@ def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     if dup.any():
         raise InputError(f"case_id {cases['case_id'][dup].iloc[0]!r} is in two case files",
                          file=str(folder), hint="case ids must be unique across the sets")
-    cases = apply_source_inputs(apply_open_loop(cases))
+    cases = apply_front_ends(apply_source_inputs(apply_open_loop(cases)))
     return cases, pd.concat(parts_t, ignore_index=True)
 
 
@@ -141,6 +158,40 @@ def apply_source_inputs(cases: pd.DataFrame, inputs: dict | None = None) -> pd.D
                 cases[col] = pd.Series(np.nan, index=cases.index, dtype=object)
             cases[col] = cases[col].astype(object)
             cases.loc[rows & cases[col].isna(), col] = value
+    return cases
+
+
+def front_ends(cases: pd.DataFrame, rules: dict | None = None) -> np.ndarray:
+    """Per case: the front end its deployment served through (``FRONT_ENDS``, or ``rules``:
+    a pattern of ``length_dist`` -> name), "" for the runtime's own server."""
+    rules = FRONT_ENDS if rules is None else rules
+    out = np.full(len(cases), "", dtype=object)
+    if "length_dist" not in cases:
+        return out
+    dist = cases["length_dist"].fillna("").astype(str)
+    for pattern, name in rules.items():
+        out[dist.str.contains(pattern, regex=True).to_numpy() & (out == "")] = name
+    return out
+
+
+def apply_front_ends(cases: pd.DataFrame, rules: dict | None = None,
+                     fitted: dict | None = None) -> pd.DataFrame:
+    """``cases`` with their ``FRONT_END`` column (``front_ends``) and, on a front end's rows, its
+    fitted numbers (``fitted``: {front end: {field: value}}, by default efficiency.toml's
+    [front_ends.*]) written as ``serving.<field>`` where blank."""
+    fitted = catalog.front_end_defaults() if fitted is None else fitted
+    cases = cases.copy()
+    cases[FRONT_END] = front_ends(cases, rules)
+    for name, vals in fitted.items():
+        rows = cases[FRONT_END].eq(name)
+        for field, v in vals.items():
+            if field == "fitted_on":
+                continue
+            col = f"serving.{field}"
+            if col not in cases:
+                cases[col] = pd.Series(np.nan, index=cases.index, dtype=object)
+            cases[col] = cases[col].astype(object)
+            cases.loc[rows & cases[col].isna(), col] = float(v)
     return cases
 
 

@@ -7,15 +7,17 @@ space on the TensorRT-LLM tables and the Hopper set (three runtimes, closed-loop
 
 - a fixed time per layer per step (norms, residuals, rotary embedding, activation kernels),
   **shared by every chip and runtime**;
-- per runtime, the front end's time per request in both TTFTs (HTTP, tokenization, the API
-  server's and engine's hand-offs, streaming: ``serving.request_overhead_s``; 0 where a source
-  measured in-process, ``dse.calibration.cases.SOURCE_INPUTS``);
+- the front end's time per request in both TTFTs (HTTP, the API server's and engine's
+  hand-offs, streaming: ``serving.request_overhead_s``; 0 where a source measured in-process,
+  ``dse.calibration.cases.SOURCE_INPUTS``): one number for the runtimes' own OpenAI servers,
+  and one for the Dynamo front end that aiconfigurator's benchmark rows passed
+  (``dse.calibration.cases.FRONT_ENDS``), whatever the runtime behind it;
 - per runtime, the scheduler's host time per running sequence per step
   (``serving.seq_overhead_s``: batch bookkeeping, sampling, detokenization);
 - the serial front end (``dse.perf.frontend``: one process tokenizes and streams for every
   request, so it queues new requests and bounds many streams' TPOT): its time per prompt
   token (one number: the three runtimes tokenize with the same Hugging Face tokenizers), per
-  output token (per runtime) and, for SGLang alone, per token of text a streamed chunk repeats
+  output token (one number: each detokenizes and streams one token at a time) and, for SGLang alone, per token of text a streamed chunk repeats
   (its default streams the whole text so far; the others stream deltas). Left out of a
   cross-validation, SGLang's text term has nothing to fit it and keeps its prior (20 ns a token,
   ~5 ns a byte of JSON).
@@ -35,7 +37,8 @@ Cross-validation (``cross_validate``) refits the numbers without one group of ca
 the cases left out: one chip, one model family, one model, one runtime or one concurrency decade
 (``holdout_key``). Parameters may be per runtime, named ``"<field>.<runtime>"``
 (``_batch_with`` writes them on that runtime's rows only); left out, a runtime's own parameters
-get the other runtimes' geometric mean (``_held_out_runtime``).
+get the other runtimes' geometric mean (``_held_out_runtime``). A name ``"<field>.<front end>"``
+applies to the rows served through that front end, whatever their runtime.
 
 Not fitted: the online rows at an infinite request rate (no concurrency,
 ``dse.calibration.cases.fittable``) and the TTFTs flagged ``queue_suspect``
@@ -62,7 +65,15 @@ from scipy.optimize import least_squares
 
 from dse import catalog
 from dse.build.designs import EFF_FIELDS, HOST_TIMES
-from dse.calibration.cases import RATE, fittable, joined, queue_suspect, weights
+from dse.calibration.cases import (
+    FRONT_END,
+    FRONT_ENDS,
+    RATE,
+    fittable,
+    joined,
+    queue_suspect,
+    weights,
+)
 from dse.calibration.kernels import common as kernel_fits
 from dse.errors import InputError
 from dse.scoring.predict import Prepared, finish, prepare
@@ -70,24 +81,35 @@ from dse.spec.fields import REGISTRY
 
 # (name, prior, lower, upper)
 RUNTIMES = ("trtllm", "sglang", "vllm")
+# front ends a parameter may be fitted for (cases.FRONT_ENDS): "<field>.<front end>" applies
+# to the rows served through it, written to efficiency.toml [front_ends.*]
+FRONT_END_NAMES = tuple(dict.fromkeys(FRONT_ENDS.values()))
 PARAMS = (
     # fixed time per layer per step on every chip and runtime: norms, residuals, rotary
     # embedding, activation kernels, the launches no kernel table times
     ("layer_overhead_s", 10e-6, 1e-8, 5e-4),
-    # the runtime's front end per request, in both TTFTs: HTTP, tokenization, the API server's
-    # and engine's hand-offs, streaming the first token (0 where a source measured in-process:
-    # cases.SOURCE_INPUTS)
-    *((f"request_overhead_s.{rt}", 0.05, 1e-4, 2.0) for rt in RUNTIMES),
+    # the front end per request, in both TTFTs: HTTP, the API server's and engine's hand-offs,
+    # streaming the first token (0 where a source measured in-process: cases.SOURCE_INPUTS).
+    # One number for the three runtimes' own OpenAI servers (written to every runtime's
+    # table), and one for the Dynamo front end that aiconfigurator's benchmark rows passed
+    # (cases.FRONT_ENDS: dynamo.frontend in front of every runtime's worker): the front end a
+    # deployment runs, not its engine, sets it. (Fitted per runtime until 2026-12 it came out
+    # at sglang 230 ms, trtllm 108 ms, vllm 12 ms, each runtime's share of Dynamo-fronted rows:
+    # sglang 70 of 85, trtllm 308 of 541, vllm 53 of 302.)
+    ("request_overhead_s", 0.05, 1e-4, 2.0),
+    *((f"request_overhead_s.{fe}", 0.1, 1e-4, 2.0) for fe in FRONT_END_NAMES),
     # the scheduler's host time per running sequence per step (batch bookkeeping, sampling,
     # detokenization), on each attention-DP rank
     *((f"seq_overhead_s.{rt}", 3e-6, 1e-9, 2e-4) for rt in RUNTIMES),
     # the serial front end (dse.perf.frontend): one process tokenizes every prompt (the same
     # Hugging Face tokenizers in all three runtimes: one number, written to every runtime's
-    # table) and streams every answer (per runtime: their API servers differ), and SGLang's
-    # chunks repeat the whole text so far (incremental_streaming_output = False by default; the
-    # others stream deltas: no such term)
+    # table) and streams every answer, detokenizing one token at a time (one number too: per
+    # runtime, until 2026-12, the fit put it at trtllm 67 us, sglang 29 us, vllm 0.03 us, a
+    # spread the rows do not pin -- trtllm's bootstrap log sd was 0.79 -- and a runtime left out
+    # got the geometric mean of the other two), and SGLang's chunks repeat the whole text so far
+    # (incremental_streaming_output = False by default; the others stream deltas: no such term)
     ("frontend_prompt_token_s", 2e-6, 1e-9, 1e-4),
-    *((f"frontend_token_s.{rt}", 2e-5, 1e-8, 1e-3) for rt in RUNTIMES),
+    ("frontend_token_s", 2e-5, 1e-8, 1e-3),
     ("frontend_text_token_s.sglang", 2e-8, 1e-12, 1e-5),
 )
 # the runtimes' own fields (efficiency.toml [runtimes.*], dse.build.designs.HOST_TIMES): a plain
@@ -114,12 +136,20 @@ def _batch_with(prep: Prepared, theta: dict):
     per_runtime = {k: v for k, v in theta.items() if "." in k}
     if per_runtime:
         runtime = _row_runtimes(prep)
-        for name, v in per_runtime.items():
+        front = _row_front_ends(prep)
+        # the runtimes' names first, a front end's over them
+        for name, v in sorted(per_runtime.items(), key=lambda kv: kv[0].split(".", 1)[1]
+                              in FRONT_END_NAMES):
             field, rt = name.split(".", 1)
             base = np.broadcast_to(cols[field] if field in cols else getattr(prep.batch, field),
                                    runtime.shape)
-            # a case that gives the number itself (a source's input) keeps it
-            mine = (runtime == rt) & ~_given(prep, field)
+            if rt in FRONT_END_NAMES:
+                # the rows served through that front end (which cases.apply_front_ends gave
+                # the catalog's value of this very number)
+                mine = front == rt
+            else:
+                # a case that gives the number itself (a source's input) keeps it
+                mine = (runtime == rt) & ~_given(prep, field)
             cols[field] = np.where(mine, v, base)
     return prep.batch.replace(**cols)
 
@@ -132,6 +162,16 @@ def _given(prep: Prepared, field: str) -> np.ndarray:
         return np.zeros(len(prep.resolved), bool)
     given = pd.to_numeric(prep.cases[cols[0]], errors="coerce").notna().to_numpy()
     return given[prep.resolved["_case"].to_numpy(int)]
+
+
+def _row_front_ends(prep: Prepared) -> np.ndarray:
+    """The front end (cases.FRONT_END, "" for the runtime's own server) of each of the
+    prepared batch's rows (in its row order)."""
+    n = len(prep.resolved)
+    if FRONT_END not in prep.cases or "_case" not in prep.resolved:
+        return np.full(n, "", dtype=object)
+    fe = prep.cases[FRONT_END].fillna("").astype(str).to_numpy(object)
+    return fe[prep.resolved["_case"].to_numpy(int)]
 
 
 def _row_runtimes(prep: Prepared) -> np.ndarray:
@@ -338,10 +378,11 @@ def tables(theta: dict, cases: pd.DataFrame, unc: dict | None = None) -> dict:
     sd = "" if not unc else "; log-space sd " + ", ".join(
         f"{k} {s:.3f}" for k, s in zip(unc["params"], unc["log_sd"])) + " (bootstrap)"
     per_rt: dict = {}
+    per_fe: dict = {}
     for name, v in theta.items():
         if "." in name and name in {p[0] for p in PARAMS}:
             field, rt = name.split(".", 1)
-            per_rt.setdefault(rt, {})[field] = v
+            (per_fe if rt in FRONT_END_NAMES else per_rt).setdefault(rt, {})[field] = v
         elif name in RUNTIME_FIELDS:       # one number for every runtime, in each one's table
             for rt in RUNTIMES:
                 per_rt.setdefault(rt, {})[name] = v
@@ -356,6 +397,8 @@ def tables(theta: dict, cases: pd.DataFrame, unc: dict | None = None) -> dict:
                            + sd + f"; fitted {today}")}}
     if per_rt:
         out["runtimes"] = per_rt
+    if per_fe:
+        out["front_ends"] = per_fe
     if unc:
         out["uncertainty"] = {"end_to_end": unc}
     return out
@@ -365,13 +408,14 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
     path = path or Path(catalog.__file__).with_name("efficiency.toml")
     lines = ["# End-to-end remainder of the serving model (dse.calibration.fit): what end-to-end serving adds",
              "# to the fitted kernels (dse/catalog/kernels) -- a fixed time per layer (none per step),",
-             "# shared by every chip, and per runtime the front end's time per request and the",
-             "# scheduler's per running sequence, fitted on ../shared/calibration -- and the factors",
-             "# kept at their physical priors. Written by `python -m dse.calibration.calibrate --fit",
-             "# --write`; do not edit by hand. A chip may get its own table; `default` applies to the",
-             "# others.", ""]
+             "# shared by every chip, the front end's time per request (the runtimes' own servers;",
+             "# Dynamo's front end) and per runtime the scheduler's per running sequence, fitted on",
+             "# ../shared/calibration -- and the factors kept at their physical priors. Written by",
+             "# `python -m dse.calibration.calibrate --fit --write`; do not edit by hand. A chip may",
+             "# get its own table; `default` applies to the others.", ""]
     for k in ["default"] + sorted(k for k in tables
-                                  if k not in ("default", "uncertainty", "runtimes")):
+                                  if k not in ("default", "uncertainty", "runtimes",
+                                               "front_ends")):
         lines.append(f"[{k}]")
         for f in (*EFF_FIELDS, "fitted_on"):
             if f in tables[k]:
@@ -379,13 +423,21 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
                 lines.append(f'{f} = "{v}"' if isinstance(v, str) else f"{f} = {v:.6g}")
         lines.append("")
     if tables.get("runtimes"):
-        lines += ["# the runtimes' host times (serving.request_overhead_s: the front end per request;",
+        lines += ["# the runtimes' host times (serving.request_overhead_s: their own server per request;",
                   "# serving.seq_overhead_s: the scheduler per running sequence per step;",
                   "# serving.frontend_*: the serial front end per prompt token, output token and",
                   "# repeated text token, dse.perf.frontend), fitted with the default table above; a",
                   "# design's own [serving] value wins"]
     for rt, vals in sorted(tables.get("runtimes", {}).items()):
         lines.append(f"[runtimes.{rt}]")
+        lines += [f"{f} = {v:.6g}" for f, v in sorted(vals.items())]
+        lines.append("")
+    if tables.get("front_ends"):
+        lines += ["# a front end's numbers (serving.request_overhead_s: its time per request), for the",
+                  "# calibration rows served through it (dse.calibration.cases.FRONT_ENDS: Dynamo's",
+                  "# front end for aiconfigurator's benchmark rows); no design field selects one"]
+    for fe, vals in sorted(tables.get("front_ends", {}).items()):
+        lines.append(f"[front_ends.{fe}]")
         lines += [f"{f} = {v:.6g}" for f, v in sorted(vals.items())]
         lines.append("")
     for fam, u in tables.get("uncertainty", {}).items():
@@ -399,4 +451,5 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
     path.write_text("\n".join(lines))
     catalog.accelerators.cache_clear()    # the builder's tables rebuild with the cache
     catalog.runtime_defaults.cache_clear()
+    catalog.front_end_defaults.cache_clear()
     return path

@@ -6,7 +6,7 @@ Every entry carries its ``source_url``; efficiencies say what they were fitted o
 from __future__ import annotations
 
 import tomllib
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 
 from pydantic import ValidationError
@@ -103,6 +103,15 @@ def runtime_defaults() -> dict[str, dict]:
         if rt in out:
             out[rt].update({k: v for k, v in fitted.items() if k != "fitted_on"})
     return out
+
+
+@cache
+def front_end_defaults() -> dict[str, dict]:
+    """The end-to-end numbers fitted for a front end that is not the runtime's own server
+    (efficiency.toml [front_ends.*], e.g. "dynamo": request_overhead_s; dse.calibration.fit),
+    {} when none was fitted. Read for the calibration cases that name one
+    (dse.calibration.cases.FRONT_ENDS); no design field selects a front end."""
+    return {k: dict(v) for k, v in _load("efficiency.toml").get("front_ends", {}).items()}
 
 
 @lru_cache(maxsize=None)
