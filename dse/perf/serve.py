@@ -634,6 +634,10 @@ def _tier_recomputed(b0: Batch, tier: _Tier, metrics, st, breakdown, k, queue):
     rows score as without it (their tier's hits evicted and recomputed as prompt tokens)."""
     n = len(b0)
     keep = np.broadcast_to(tier.fetched | (tier.tokens <= 0), (n,))
+    if not breakdown:                    # (those rows alone: _recomputing)
+        rows, sub = _recomputing(b0, keep)
+        alt_m = _instance(sub, False, None if k is None else k.gather(rows, sub), queue)
+        return {key: _scatter(v, keep, rows, alt_m[key]) for key, v in metrics.items()}
     alt = _instance(b0.replace(tier_bytes=np.where(keep, b0.tier_bytes, 0.0)), breakdown, k,
                     queue)
     alt_m = alt[0] if breakdown else alt
