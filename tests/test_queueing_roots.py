@@ -131,19 +131,3 @@ def test_root_matches_bisection_on_smooth_kinked_and_jumping_functions():
     want = queueing.bisect_increasing(lambda c: fn(c, None), 0.0, lo, hi)
     assert np.all(fn(got, None) <= 0.0)                       # a point that passes
     np.testing.assert_allclose(got, want, rtol=2e-6)
-
-
-def test_load_piece_solves_the_saturation_on_an_affine_piece_in_one_step():
-    """S(C) = 0.01 + 2e-4 C and R(C) = 2 + 0.03 C: rho = C S / R = 0.9 is
-    2e-4 C^2 - 0.017 C - 1.8 = 0, C = (0.017 + sqrt(0.017^2 + 4 * 2e-4 * 1.8)) / 4e-4
-    = 146.453 (by hand), from any two points of the piece."""
-    piece = queueing.LoadPiece(0.9)
-    s, r = (lambda c: 0.01 + 2e-4 * c), (lambda c: 2.0 + 0.03 * c)
-    x1, x2 = np.array([10.0, 1.0, 140.0]), np.array([300.0, 2.0, 150.0])
-    c = piece.root(None, x1, [s(x1), r(x1)], x2, [s(x2), r(x2)])
-    np.testing.assert_allclose(c, 146.4531, rtol=1e-6)
-    np.testing.assert_allclose(c * s(c) / r(c), 0.9, rtol=1e-12)
-    # the load's quadratic term matters: a secant on C S - 0.9 R through 10 and 300 misses
-    f = (lambda c: c * s(c) - 0.9 * r(c))
-    sec = 300.0 - f(300.0) * 290.0 / (f(300.0) - f(10.0))
-    assert abs(sec / 146.4531 - 1.0) > 0.2

@@ -204,8 +204,7 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None
         (ones, cap), probe([(rows, ones), (rows, cap)])))
     # saturation: the largest concurrency that fits and keeps the prefill queue stable
     sat = Root(probe, _test(osl, "rho", SATURATED), ones, cap, _at(one, "rho", SATURATED),
-               _at(top, "rho", SATURATED), queue, _guesses(one["rho"], top["rho"], cap, SATURATED),
-               LoadPiece(SATURATED))
+               _at(top, "rho", SATURATED), queue, _guesses(one["rho"], top["rho"], cap, SATURATED))
     solve([sat])
     c_sat, at_sat = sat.c, sat.out
     lam_sat = at_sat["rate"]
@@ -233,35 +232,6 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None
     m["concurrency"] = np.where(queue, c_op, m["concurrency"])
     m.pop("_prefill_service_s", None)
     return (m, res[1]) if breakdown else m
-
-
-class LoadPiece:
-    """The load's root in closed form on the piece through two points (``roots.Root``'s
-    ``piece``): there ``S`` and ``R`` (the time a request stays) are affine in C, so
-    ``rho = C S(C) / R(C) = target`` is the quadratic ``s1 C^2 + (s0 - t r1) C - t r0 = 0``
-    (the secant on ``C S - t R``, a quadratic, takes ~5 steps to the bisection's resolution)."""
-
-    def __init__(self, target):
-        self.target = target
-
-    @staticmethod
-    def quantities(p):
-        return p["s"], p["r"]
-
-    def root(self, idx, x1, q1, x2, q2):
-        """The positive root nearest ``x2`` (NaN: none)."""
-        t = self.target
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            h = x2 - x1
-            ks, kr = (q2[0] - q1[0]) / h, (q2[1] - q1[1]) / h
-            s0, r0 = q2[0] - ks * x2, q2[1] - kr * x2
-            qa, qb, qc = ks, s0 - t * kr, -t * r0
-            # (the stable pair of roots: q / a and c / q)
-            q = -0.5 * (qb + np.copysign(np.sqrt(qb * qb - 4.0 * qa * qc), qb))
-            u, v = q / qa, qc / q
-            u, v = np.where(u > 0, u, np.nan), np.where(v > 0, v, np.nan)
-            near_v = ~(np.abs(u - x2) <= np.abs(v - x2))
-            return np.where(near_v & np.isfinite(v), v, u)
 
 
 def _guesses(at_one, at_top, top, target):

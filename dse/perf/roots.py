@@ -92,8 +92,8 @@ class Root:
     ``SECANT_STEPS`` of them, ``SECTIONS`` points per step), never on the other rows of the
     batch: a design's root is the same whatever it is scored with (tests/test_chunk_invariance)."""
 
-    def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None, piece=None):
-        self.probe, self.test, self.piece = probe, test, piece
+    def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None):
+        self.probe, self.test = probe, test
         self.tail = Probe(probe.at, probe.n)       # (sections: their own pass, few rows)
         lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), np.shape(on))
         hi = np.maximum(hi, lo)
@@ -108,11 +108,6 @@ class Root:
         self.x1, self.x2 = self.a.copy(), self.b.copy()
         self.f1 = np.asarray(lo_out[0], dtype=np.float64)[idx]
         self.f2 = np.asarray(hi_out[0], dtype=np.float64)[idx]
-        # (``piece``: the quantities its closed form reads at x1 and x2)
-        self.q1 = None if piece is None else [np.asarray(v, np.float64)[idx]
-                                              for v in piece.quantities(lo_out[2])]
-        self.q2 = None if piece is None else [np.asarray(v, np.float64)[idx]
-                                              for v in piece.quantities(hi_out[2])]
         self.at_a = {k: v[idx] for k, v in self.out.items()}
         self.last = 2.0 * (self.b - self.a)                # (the first secant step is free)
         self.prev = self.last.copy()
@@ -152,10 +147,6 @@ class Root:
         tol, prev = self.tol[m], self.prev[m]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             s = x2 - f2 * (x2 - x1) / (f2 - f1)
-            if self.piece is not None:         # the root on the piece through x1 and x2
-                cf = self.piece.root(self.idx[m], x1, [q[m] for q in self.q1], x2,
-                                     [q[m] for q in self.q2])
-                s = np.where(np.isfinite(cf), cf, s)
             bad = ~np.isfinite(s) | (s <= a) | (s >= b) | (np.abs(s - x2) > 0.5 * prev)
         s = np.where(bad, np.sqrt(a * b), s)
         # converged (a step under the tolerance): a step of half of it past the last point,
@@ -177,9 +168,6 @@ class Root:
                 self.at_a = _pick(ok, at_s, self.at_a)
                 self.x1, self.f1 = self.x2, self.f2
                 self.x2, self.f2 = s.astype(np.float64), np.asarray(f, dtype=np.float64)
-                if self.piece is not None:
-                    self.q1 = self.q2
-                    self.q2 = [np.asarray(v, np.float64) for v in self.piece.quantities(at_s)]
             self.s = None
             return self._settle(np.log(self.b / self.a) <= self.tol)
         sec, first = self.sec, 0
@@ -192,10 +180,6 @@ class Root:
                 v[m] = np.where(ok, at_s[k], v[m])
             self.x1[m], self.f1[m] = self.x2[m], self.f2[m]
             self.x2[m], self.f2[m] = self.s, f
-            if self.piece is not None:
-                for q1, q2, v in zip(self.q1, self.q2, self.piece.quantities(at_s)):
-                    q1[m] = q2[m]
-                    q2[m] = v
             first = 1
         if sec.any():
             self._sections(sec, got[first:])
@@ -232,8 +216,6 @@ class Root:
         keep = ~done
         for name in ("idx", "a", "b", "tol", "x1", "f1", "x2", "f2", "last", "prev", "steps"):
             setattr(self, name, getattr(self, name)[keep])
-        if self.piece is not None:
-            self.q1, self.q2 = [q[keep] for q in self.q1], [q[keep] for q in self.q2]
         self.at_a = {k: v[keep] for k, v in self.at_a.items()}
 
 
