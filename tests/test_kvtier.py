@@ -144,3 +144,34 @@ def test_rows_without_a_tier_are_untouched_beside_rows_with_one_in_float32():
     assert s["tpot_s"][0] == pytest.approx(alone["tpot_s"], rel=1e-5)
     assert np.isfinite(s["tpot_s"]).all()
     assert np.isnan(score(batch(d))["kv_offloaded_fraction"]).all()     # off: not a number
+
+
+def test_rows_that_recompute_their_tier_score_as_without_it_beside_rows_that_fetch():
+    """Where the link is slower than recomputing, a row scores as without its tier (the runtime
+    keeps no hits there). Only those rows are scored again (serve._recomputing), so beside rows
+    that fetch they get, bitwise, the numbers of the same rows without a tier: in the whole
+    model and in the request-rate path's queue times, at one or several concurrencies a row."""
+    from dse.perf import serve
+    from dse.perf.step import Coefficients
+    c = {**LONG, "workload.concurrency": 16, "workload.cached_conversations": 256,
+         "serving.kv_offload": "host"}
+    slow = {**c, "accelerator.host_link_bw_bytes_per_s": 1e6}
+    b = batch([c, slow, c, slow, c])
+    b = b.replace(concurrency=np.array([16.0, 16.0, 64.0, 32.0, 8.0]))
+    recompute = np.array([False, True, False, True, False])
+    tier = np.broadcast_to(b.tier_bytes, (5,))
+    off = b.replace(tier_bytes=np.where(recompute, 0.0, tier))
+    m, ref, fetch = score(b), score(off), score(b.replace(tier_bytes=0.0))
+    for k, v in m.items():
+        if np.asarray(v).dtype.kind == "f":
+            np.testing.assert_array_equal(np.asarray(v)[recompute], np.asarray(ref[k])[recompute],
+                                          err_msg=k)
+    # the fetching rows do use their tier (the batch mixes both kinds)
+    assert np.all(m["ttft_s"][~recompute] < fetch["ttft_s"][~recompute])
+    cc = np.array([[4.0, 8.0, 16.0, 32.0, 64.0], [16.0, 24.0, 48.0, 12.0, 2.0]])
+    for conc in (cc, cc[0]):
+        got = serve._queue_times(b.replace(concurrency=conc), Coefficients(b))
+        want = serve._queue_times(off.replace(concurrency=conc), Coefficients(off))
+        for g, w in zip(got, want):
+            g, w = np.broadcast_to(g, np.shape(conc)), np.broadcast_to(w, np.shape(conc))
+            np.testing.assert_array_equal(g[..., recompute], w[..., recompute])
