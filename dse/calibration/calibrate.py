@@ -120,6 +120,9 @@ def main(argv=None) -> int:
                                                                         unc["log_sd"])))
                 write_efficiency(tables(theta, cases, unc))
                 print("wrote dse/catalog/efficiency.toml")
+                # the cases carry the fitted front ends' numbers (cases.apply_front_ends):
+                # read them again so that the report below predicts with what was written
+                cases, truth = load(a.dir)
         pred = predict_frame(cases, file="cases.csv")
         j = joined(pred, cases, truth)
     except InputError as e:
