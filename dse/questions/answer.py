@@ -128,14 +128,20 @@ def first_lines(out) -> str:
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-05 (eighth pass, issue 28): the runtime's front end is one serial server shared "
+    "2026-12-05 (ninth pass, issue 28): the per-request time belongs to the front end, not the "
+    "runtime: the Hopper set's gap-analysis rows ran behind Dynamo's front end (aiconfigurator's "
+    "benchmark template), fitted apart at 131 ms, so a runtime's own server pays 26 ms per "
+    "request (the eighth pass gave TensorRT-LLM 108, SGLang 230 and vLLM 12 ms, each runtime's "
+    "share of those rows); one serial time per output token for every runtime (32.6 us); the "
+    "front end may run several processes (serving.frontend_processes: one by default for "
+    "TensorRT-LLM and SGLang, one per data-parallel rank for vLLM); the end-to-end refit on "
+    "the merged model. Before it (eighth pass): the runtime's front end is one serial server shared "
     "by the clients (per prompt token, per output token and SGLang's repeated streamed text, "
     "fitted end to end; the per-request lumps drop to 108 / 230 / 12 ms for TensorRT-LLM / "
     "SGLang / vLLM); a closed loop above the runtime's running cap waits for a slot; int4 "
     "experts run their own MoE kernel family (Marlin); TensorRT-LLM's wide EP (dp, ep > 1) runs "
     "its WideEP kernel fit; request-rate roots no longer depend on the designs scored beside "
-    "them; the front end may run several processes (serving.frontend_processes: one by default "
-    "for TensorRT-LLM and SGLang, one per data-parallel rank for vLLM). Before it (seventh pass): every runtime serves the fastest MLA kernel its chip's "
+    "them. Before it (seventh pass): every runtime serves the fastest MLA kernel its chip's "
     "tables show (SGLang's Hopper flash_attention tables ran at 0.12-0.19 of peak where "
     "TensorRT-LLM's run at 0.66-0.70); under attention data parallelism a rank's MoE kernel pays "
     "the remote entries of the tokens dispatched to it only, and SGLang's wide EP runs DeepGEMM "
