@@ -243,7 +243,7 @@ def solve(roots: list, settle=None) -> None:
                 mine = [j for j, a in enumerate(asks) if a[0] is probe]
                 if mine:
                     got.update(zip(mine, probe([asks[j][1:] for j in mine])))
-            r.update([got[j] for j in range(len(asks))])
+            r.update([got[j] for j, _ in enumerate(asks)])   # its few points, not rows
     for r in roots:                  # (not reached)
         if r.active():
             r.c[r.idx] = r.a
