@@ -170,7 +170,9 @@ def test_ep_across_is_slower_when_scale_out_is_slower():
     ctx = Context(space, None, Path("."), {}, pd.DataFrame())
     vals = {"topology.scaleup.domain_chips": np.array([144, 72, 72]),
             "layout.dp": np.array([144] * 3), "layout.ep": np.array([144] * 3),
-            "workload.concurrency": np.array([8192] * 3)}
+            "workload.concurrency": np.array([8192] * 3),
+            # eight front-end processes (one would stream 8192 answers at a 267 ms TPOT floor)
+            "serving.frontend_processes": np.array([8] * 3)}
     df = ctx.score(values=vals)
     inside, across = df.iloc[0], df.iloc[1]
     assert across["tpot_s"] > inside["tpot_s"]

@@ -29,7 +29,10 @@ def test_redundant_experts_never_matter_under_perfect_balance_and_help_under_imb
     assert g["2"]["cut_best"] >= 1.0
     d = {"accelerator.id": "gb200", "topology.id": "nvl72", "model.id": "deepseek-v3",
          "model.weight_dtype": "fp8", "layout.dp": 72, "layout.ep": 72, "workload.isl": 2048,
-         "workload.osl": 1024, "workload.concurrency": 1722}
+         "workload.osl": 1024, "workload.concurrency": 1722,
+         # the front end scaled out as in the question's space: one process would stream 1722
+         # answers at 32.6 us per token each, a 56 ms TPOT floor the slots cannot move
+         "serving.frontend_processes": 72}
     import pandas as pd
 
     import dse
