@@ -63,6 +63,14 @@ def test_context_length(answered):
         m = rescore("context-length", n[f"{tier}_best_design_id"])
         assert m["usd_per_mtok_output"] == pytest.approx(n[f"usd_per_mtok_output_{tier}"])
         assert m["feasible"] and m["tpot_s"] <= 0.05
+    # the TTFT limit's edge: at the space's limit it is the answer's long price, and a looser
+    # limit never costs more (it admits every design the tighter one did)
+    edge = n["ttft_edge"]
+    assert edge[0]["ttft_limit_s"] == pytest.approx(10.0)
+    assert edge[0]["usd_per_mtok_output"] == pytest.approx(n["usd_per_mtok_output_long"])
+    assert all(e["ttft_s"] <= e["ttft_limit_s"] for e in edge)
+    prices = [e["usd_per_mtok_output"] for e in edge]
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(prices, prices[1:]))
 
 
 def test_context_length_crossover_is_where_kv_equals_the_rest(answered):

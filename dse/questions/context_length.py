@@ -215,7 +215,49 @@ def _select(ctx: Context, short: int, long: int) -> Picks:
     s.ref = s.best[s.best[ISL] == short].iloc[0]
     s.first, s.first_free = _first_kv_dominated(s.best), _first_kv_dominated(s.free)
     s.sweep = _crossover_vs_batch(ctx, s.ref, sorted({1, 4, 16, 64, 256, int(s.ref[BATCH])}))
+    s.edge = ttft_edge(ctx, s)
     return s
+
+
+def ttft_edge(ctx: Context, s: Picks, factors=(1.0, 1.1, 1.2, 1.5)) -> list[dict]:
+    """The cheapest aggregated design at the long prompt as the space's TTFT limit is relaxed by
+    ``factors``, every other constraint held: where the limit sits on a knife edge (one more
+    sequence's prompt work just over it), the price moves by the batch it admits."""
+    lim = next((c.max for c in ctx.space.constraints
+                if c.metric == "ttft_s" and c.max is not None), None)
+    if lim is None:
+        return []
+    df = s.df[s.df[ISL] == s.long]
+    ok = df["feasible"].to_numpy(bool) & np.isfinite(df["usd_per_mtok_output"].to_numpy(float))
+    for c in ctx.space.constraints:
+        if c.metric != "ttft_s":
+            v = df[c.metric].to_numpy(float)
+            ok &= (v <= c.max if c.max is not None else True) & \
+                (v >= c.min if c.min is not None else True)
+    out = []
+    for f in factors:
+        m = ok & (df["ttft_s"].to_numpy(float) <= lim * f)
+        if m.any():
+            r = df[m].loc[df[m]["usd_per_mtok_output"].idxmin()]
+            out.append({"ttft_limit_s": float(lim * f), "batch": int(r[BATCH]),
+                        "ttft_s": float(r["ttft_s"]),
+                        "usd_per_mtok_output": float(r["usd_per_mtok_output"]),
+                        "output_price_step": float(r["usd_per_mtok_output"]
+                                                   / s.s["usd_per_mtok_output"])})
+    return out
+
+
+def _edge_line(edge: list[dict], long: int) -> str:
+    """The TTFT limit's edge in words."""
+    first, rest = edge[0], edge[1:]
+    return (f"- **What sets the long-prompt price is the TTFT limit**: at {_k(long)} the cheapest "
+            f"design meets {first['ttft_limit_s']:g} s at batch {first['batch']} (TTFT "
+            f"{first['ttft_s']:.2f} s); "
+            + "; ".join(f"{e['ttft_limit_s']:g} s admits batch {e['batch']} "
+                        f"(${e['usd_per_mtok_output']:.2f}/Mtok, {e['output_price_step']:.1f}x)"
+                        for e in rest)
+            + " (the prompt's own prefill and the front end's tokenizing take most of the "
+            "limit: the answer sits on its edge).")
 
 
 def _numbers(s: Picks) -> dict:
@@ -240,6 +282,7 @@ def _numbers(s: Picks) -> dict:
         "usd_per_mtok_output_long_no_slo": float(flg["usd_per_mtok_output"]),
         "first_kv_dominated_isl_no_slo": None if first_free is None else int(first_free[ISL]),
         "kv_share_long_no_slo": float(flg["kv_share"]),
+        "ttft_edge": s.edge,
     }
     if _has_disaggregated(s):
         d = s.dis.set_index(ISL)
@@ -300,6 +343,8 @@ def _headline(ctx: Context, s: Picks, n: dict) -> str:
         f"{int(lg[BATCH])}, because at {_k(long)} the prompt work (chunked prefill sharing every "
         f"step) takes **{100 * lg['prompt_time_share']:.0f}%** of the step time and the TPOT "
         f"limit leaves room for fewer sequences to share each weight read.")
+    if len(s.edge) > 1 and s.edge[1]["usd_per_mtok_output"] < 0.9 * s.edge[0]["usd_per_mtok_output"]:
+        headline.append(_edge_line(s.edge, long))
     if _has_disaggregated(s):
         headline.append(_disaggregated_line(s, n))
     if ctx.param("public_long_tier_output_ratio"):
