@@ -286,14 +286,9 @@ def frontend_processes(out, rt, table) -> np.ndarray:
     [runtimes.*] frontend_processes: a number, or "dp", one per attention-DP rank)."""
     given = pd.to_numeric(out["serving.frontend_processes"], errors="coerce").to_numpy(float) \
         if "serving.frontend_processes" in out.columns else np.full(len(out), np.nan)
-    per_dp = lookup(rt, {r: float(v.get("frontend_processes", 1) == "dp")
-                         for r, v in table.items()}, 0.0)
-    fixed = lookup(rt, {r: float(v.get("frontend_processes", 1))
-                        if v.get("frontend_processes", 1) != "dp" else 1.0
-                        for r, v in table.items()}, 1.0)
-    dp = np.asarray(out["layout.dp"], dtype=float) if "layout.dp" in out.columns \
-        else np.ones(len(out))
-    own = np.where(per_dp > 0, dp, fixed)
+    own = lookup(rt, {r: np.nan if v.get("frontend_processes", 1) == "dp"
+                      else float(v.get("frontend_processes", 1)) for r, v in table.items()}, 1.0)
+    own = np.where(np.isnan(own), np.asarray(out["layout.dp"], dtype=float), own)
     return np.where(np.isnan(given), own, given)
 
 

@@ -404,6 +404,16 @@ def tables(theta: dict, cases: pd.DataFrame, unc: dict | None = None) -> dict:
     return out
 
 
+def _named_tables(tables: dict, kind: str) -> list[str]:
+    """``[kind.name]`` TOML tables of ``tables[kind]`` ({name: {field: value}}), sorted."""
+    lines = []
+    for name, vals in sorted(tables.get(kind, {}).items()):
+        lines.append(f"[{kind}.{name}]")
+        lines += [f"{f} = {v:.6g}" for f, v in sorted(vals.items())]
+        lines.append("")
+    return lines
+
+
 def write_efficiency(tables: dict, path: Path | None = None) -> Path:
     path = path or Path(catalog.__file__).with_name("efficiency.toml")
     lines = ["# End-to-end remainder of the serving model (dse.calibration.fit): what end-to-end serving adds",
@@ -428,18 +438,12 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
                   "# serving.frontend_*: the serial front end per prompt token, output token and",
                   "# repeated text token, dse.perf.frontend), fitted with the default table above; a",
                   "# design's own [serving] value wins"]
-    for rt, vals in sorted(tables.get("runtimes", {}).items()):
-        lines.append(f"[runtimes.{rt}]")
-        lines += [f"{f} = {v:.6g}" for f, v in sorted(vals.items())]
-        lines.append("")
+    lines += _named_tables(tables, "runtimes")
     if tables.get("front_ends"):
         lines += ["# a front end's numbers (serving.request_overhead_s: its time per request), for the",
                   "# calibration rows served through it (dse.calibration.cases.FRONT_ENDS: Dynamo's",
                   "# front end for aiconfigurator's benchmark rows); no design field selects one"]
-    for fe, vals in sorted(tables.get("front_ends", {}).items()):
-        lines.append(f"[front_ends.{fe}]")
-        lines += [f"{f} = {v:.6g}" for f, v in sorted(vals.items())]
-        lines.append("")
+    lines += _named_tables(tables, "front_ends")
     for fam, u in tables.get("uncertainty", {}).items():
         lines += [f"# uncertainty of the fitted numbers: {u['rule']}",
                   f"[uncertainty.{fam}]",

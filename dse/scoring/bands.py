@@ -212,6 +212,15 @@ def draw(n: int = DEFAULT_SAMPLES, seed: int = 0, fams=None) -> Draws:
     return _draw(n, seed, tuple(fams))
 
 
+def check_sets(n: int, sets: tuple, groups: tuple) -> None:
+    """``draw_sets``' arguments: ``n`` >= 1 and non-empty sets of known ``groups``."""
+    if n < 1 or not sets or not all(sets):
+        raise ValueError("draw_sets needs n >= 1 and non-empty sets of groups")
+    unknown = {g for s in sets for g in s} - set(groups)
+    if unknown:
+        raise ValueError(f"unknown parameter groups {sorted(unknown)} (known: {groups})")
+
+
 def draw_sets(n: int, seed: int = 0, sets=None, fams=None) -> tuple[tuple, Draws]:
     """For each set of parameter groups (a tuple of GROUPS names; default: each group that the
     catalog samples, alone), ``n`` samples with only those groups' families varied, every other
@@ -223,11 +232,7 @@ def draw_sets(n: int, seed: int = 0, sets=None, fams=None) -> tuple[tuple, Draws
     fams = families() if fams is None else tuple(fams)
     sampled = tuple(g for g in GROUPS if any(f.group == g for f in fams))
     sets = tuple((g,) for g in sampled) if sets is None else tuple(tuple(s) for s in sets)
-    if n < 1 or not sets or not all(sets):
-        raise ValueError("draw_sets needs n >= 1 and non-empty sets of groups")
-    unknown = {g for s in sets for g in s} - set(GROUPS)
-    if unknown:
-        raise ValueError(f"unknown parameter groups {sorted(unknown)} (known: {GROUPS})")
+    check_sets(n, sets, GROUPS)
     parts = [_draw(n, seed, tuple(f for f in fams if f.group in s)) for s in sets]
     kernel, eff, host = (np.concatenate([getattr(p, a) for p in parts])
                          for a in ("kernel", "eff", "host"))

@@ -140,11 +140,7 @@ def draw_sets(k: int, seed: int = 0, sets=None) -> tuple[tuple, TrainDraws]:
     full draw's first ``k`` with the other groups switched off (``dse.scoring.bands.draw_sets``
     for training)."""
     sets = tuple((g,) for g in GROUPS) if sets is None else tuple(tuple(s) for s in sets)
-    if k < 1 or not sets or not all(sets):
-        raise ValueError("draw_sets needs k >= 1 and non-empty sets of groups")
-    unknown = {g for s in sets for g in s} - set(GROUPS)
-    if unknown:
-        raise ValueError(f"unknown parameter groups {sorted(unknown)} (known: {GROUPS})")
+    B.check_sets(k, sets, GROUPS)
     parts = [draw(k, seed, s) for s in sets]
     chips = sorted({c for p in parts for c in p.kernel})
 
