@@ -68,7 +68,8 @@ SOURCE_INPUTS: dict[str, dict[str, float | str]] = {
 # (SemiAnalysisAI/InferenceX benchmarks/dsr1_fp8_h200_trt_slurm.sh ``EP_SIZE="$TP"`` from
 # 2025-09-18 to 2025-10-29, gptoss_fp4_h200_trt_slurm.sh ``--ep_size=$TP`` at e06929c70,
 # 2025-11-01; commit 17d5e204f, 2025-11-03, put ``ep`` in .github/configs/nvidia-master.yaml:
-# ``ep: 8`` at tp 8 for DeepSeek-R1, "For all sequence lengths, EP=TP"). aiconfigurator's
+# ``ep: 8`` at tp 8 for DeepSeek-R1 and ep = tp for gpt-oss, "For all sequence lengths, EP=TP",
+# in a commit titled "no perf changes": the recipes' behaviour written down). aiconfigurator's
 # 2026-04-06.csv export labels those runs ``ep1``; the same DeepSeek deployment re-measured on
 # 2025-12-15 (db-dump/2026-04-27, ep 8) gives TPOTs within 0.3% of them (median ratio 0.997).
 # So an MoE model's rows of such runs at tp > 1 and ep 1 ran ep = tp.
