@@ -10,7 +10,7 @@ TensorRT-LLM v0.17 offline and v0.14 online tables) and ``silicon_hopper_cases.c
 silicon sample; skipped when absent). ``silicon_sample.csv`` itself is never read (the folder's
 README: its other rows are held out).
 
-At load, two kinds of inputs the case files do not state as columns are added:
+At load, inputs and fixes the case files do not state as columns are applied:
 
 - ``OPEN_LOOP``: sources measured at a fixed Poisson request rate (TensorRT-LLM v0.14 online:
   ``QPS=2`` or ``QPS=16`` in each row's ``note``). Their rows get the dotted column
