@@ -201,6 +201,49 @@ def test_front_ends_name_the_aic_template_rows():
     assert apply_front_ends(cases, fitted={})["serving.request_overhead_s"].iloc[0] != 0.15
 
 
+def test_layout_rule_sets_ep_to_tp_on_early_inferencex_trtllm_moe_rows():
+    import pandas as pd
+
+    from dse.calibration.cases import LAYOUT_RULES, apply_layout_rules
+    cite = ("aiconfigurator-core 0.12.0 ... silicon_data_source='source_file=2026-04-06.csv; "
+            "model=DeepSeek-R1; silicon_concurrency=4; measured={}T00:00:00.000Z; wip=False'")
+    # the 2026-04-06 export's DeepSeek TensorRT-LLM row (measured 2025-11-02, labelled ep1: the
+    # recipe ran --ep_size=$TP), the same deployment re-measured 2025-12-15 (ep 8 already), a
+    # dense model (ep does not apply), an SGLang row (its recipe set no ep) and a tp 1 row
+    cases = pd.DataFrame({
+        "case_id": list("abcde"),
+        "model": ["deepseek-v3", "deepseek-v3", "llama-3.1-70b", "deepseek-v3", "gpt-oss-120b"],
+        "runtime": ["trtllm", "trtllm", "trtllm", "sglang", "trtllm"],
+        "tp": [8, 8, 8, 8, 1], "ep": [1, 8, 1, 1, 1], "dp": [1, 1, 1, 1, 1],
+        "length_dist": [INFERENCEX] * 5,
+        "citation": [cite.format(d) for d in ("2025-11-02", "2025-12-15", "2025-10-29",
+                                              "2025-11-02", "2025-11-02")],
+        "note": ["x", "y", "z", "w", "v"]})
+    out = apply_layout_rules(cases)
+    assert out["ep"].tolist() == [8, 8, 1, 1, 1]
+    assert out["note"].iloc[0] == "x; layout rule: " + LAYOUT_RULES[0][0]
+    assert out["note"].tolist()[1:] == ["y", "z", "w", "v"]
+    assert cases["ep"].tolist() == [1, 8, 1, 1, 1]         # the input frame is not modified
+    # the day the ep key arrived (2025-11-03) the rule stops; another harness is left alone
+    late = cases.assign(citation=cite.format("2025-11-03"))
+    assert apply_layout_rules(late)["ep"].tolist() == [1, 8, 1, 1, 1]
+    assert apply_layout_rules(cases.assign(length_dist=AIC_TEMPLATE))["ep"].tolist() == \
+        [1, 8, 1, 1, 1]
+
+
+@pytest.mark.skipif(not (SHARED / "calibration" / "silicon_hopper_cases.csv").exists(),
+                    reason="needs ../shared/calibration")
+def test_layout_rule_on_the_hopper_set():
+    from dse.calibration.cases import load
+    cases, _ = load()
+    ruled = cases[cases["note"].fillna("").str.contains("layout rule")]
+    # 15 DeepSeek-V3 rows at tp 8 and 15 gpt-oss-120b rows at each of tp 2, 4, 8
+    assert ruled.assign(tp=ruled["tp"].astype(int)).groupby(["model", "tp"]).size().to_dict() == {
+        ("deepseek-v3", 8): 15, ("gpt-oss-120b", 2): 15, ("gpt-oss-120b", 4): 15,
+        ("gpt-oss-120b", 8): 15}
+    assert (ruled["ep"].astype(int) == ruled["tp"].astype(int)).all()
+
+
 def _one_runtime_two_front_ends():
     """One Llama-3.1-8B trtllm case on H100 at concurrency 1, through its own server ("own")
     and through Dynamo's front end ("dyn")."""

@@ -10,7 +10,7 @@ TensorRT-LLM v0.17 offline and v0.14 online tables) and ``silicon_hopper_cases.c
 silicon sample; skipped when absent). ``silicon_sample.csv`` itself is never read (the folder's
 README: its other rows are held out).
 
-At load, two kinds of inputs the case files do not state as columns are added:
+At load, inputs and fixes the case files do not state as columns are applied:
 
 - ``OPEN_LOOP``: sources measured at a fixed Poisson request rate (TensorRT-LLM v0.14 online:
   ``QPS=2`` or ``QPS=16`` in each row's ``note``). Their rows get the dotted column
@@ -21,6 +21,8 @@ At load, two kinds of inputs the case files do not state as columns are added:
 - ``SOURCE_INPUTS``: ``{source: {dotted_column: value}}``, an input every case of a source shares
   (e.g. a runtime version's fixed per-request time); a case that gives the column itself keeps
   its own value.
+- ``LAYOUT_RULES``: a layout the export wrote wrong for a whole class of rows, fixed by a
+  stated rule (``apply_layout_rules``; the rule and its evidence at the constant).
 - ``FRONT_ENDS``: the front end a case's deployment served through where it is not the
   runtime's own server (the ``front_end`` column: "dynamo" for aiconfigurator's benchmark
   template), and that front end's fitted numbers (efficiency.toml [front_ends.*]).
@@ -59,6 +61,24 @@ SOURCE_INPUTS: dict[str, dict[str, float | str]] = {
              "serving.frontend_token_s": 0.0, "serving.frontend_text_token_s": 0.0}
        for src in ("TRTLLM-V017", "TRTLLM-ONLINE")},
 }
+# Layouts the export wrote wrong for a whole class of rows: (name, rule) with the rule's fields
+# ``runtime``, ``harness`` (a pattern of ``length_dist``), ``measured_before`` (the date in the
+# citation's ``measured=``), and what it sets. InferenceX's single-node TensorRT-LLM recipes
+# launched ``trtllm-serve --ep_size=$TP`` until its search-space configs arrived on 2025-11-03
+# (SemiAnalysisAI/InferenceX benchmarks/dsr1_fp8_h200_trt_slurm.sh ``EP_SIZE="$TP"`` from
+# 2025-09-18 to 2025-10-29, gptoss_fp4_h200_trt_slurm.sh ``--ep_size=$TP`` at e06929c70,
+# 2025-11-01; commit 17d5e204f, 2025-11-03, put ``ep`` in .github/configs/nvidia-master.yaml:
+# ``ep: 8`` at tp 8 for DeepSeek-R1 and ep = tp for gpt-oss, "For all sequence lengths, EP=TP",
+# in a commit titled "no perf changes": the recipes' behaviour written down). aiconfigurator's
+# 2026-04-06.csv export labels those runs ``ep1``; the same DeepSeek deployment re-measured on
+# 2025-12-15 (db-dump/2026-04-27, ep 8) gives TPOTs within 0.3% of them (median ratio 0.997).
+# So an MoE model's rows of such runs at tp > 1 and ep 1 ran ep = tp.
+LAYOUT_RULES = (
+    ("InferenceX TensorRT-LLM recipes before 2025-11-03: ep = tp",
+     {"runtime": "trtllm", "harness": r"InferenceX", "measured_before": "2025-11-03",
+      "set_ep_to_tp": True}),
+)
+MEASURED = r"measured=(\d{4}-\d{2}-\d{2})"
 # the front end a case's deployment served through, where it is not the runtime's own OpenAI
 # server: a pattern of the case's ``length_dist`` (the benchmark harness the conversion names)
 # -> the front end, written to the ``front_end`` column. aiconfigurator's benchmark template
@@ -109,7 +129,7 @@ def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     if dup.any():
         raise InputError(f"case_id {cases['case_id'][dup].iloc[0]!r} is in two case files",
                          file=str(folder), hint="case ids must be unique across the sets")
-    cases = apply_front_ends(apply_source_inputs(apply_open_loop(cases)))
+    cases = apply_front_ends(apply_source_inputs(apply_layout_rules(apply_open_loop(cases))))
     return cases, pd.concat(parts_t, ignore_index=True)
 
 
@@ -142,6 +162,42 @@ def apply_open_loop(cases: pd.DataFrame) -> pd.DataFrame:
         pd.Series(np.nan, index=cases.index)
     cases[RATE] = given.where(given.notna(), pd.Series(rate, index=cases.index))
     return cases
+
+
+def layout_rule_rows(cases: pd.DataFrame, rule: dict) -> np.ndarray:
+    """The cases a ``LAYOUT_RULES`` rule changes: its runtime and harness, measured before its
+    date, an MoE model (``catalog.models``) at tp > 1, ep 1 and dp 1."""
+    need = ("runtime", "length_dist", "citation", "model", "tp", "ep")
+    if any(col not in cases for col in need):
+        return np.zeros(len(cases), bool)
+    moe = {name for name, m in catalog.models().items() if m.num_experts > 0}
+    measured = cases["citation"].fillna("").astype(str).str.extract(MEASURED, expand=False)
+    dp = pd.to_numeric(cases["dp"], errors="coerce").fillna(1) if "dp" in cases else 1
+    tp = pd.to_numeric(cases["tp"], errors="coerce")
+    ep = pd.to_numeric(cases["ep"], errors="coerce")
+    on = (cases["runtime"].astype(str).eq(rule["runtime"])
+          & cases["length_dist"].fillna("").astype(str).str.contains(rule["harness"], regex=True)
+          & measured.notna() & (measured.fillna("9999") < rule["measured_before"])
+          & cases["model"].astype(str).isin(moe) & (tp > 1) & (ep == 1) & (dp == 1))
+    return on.to_numpy(bool)
+
+
+def apply_layout_rules(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
+    """``cases`` with each ``LAYOUT_RULES`` rule (or ``rules``) applied to the rows it covers
+    (``layout_rule_rows``), the rule's name appended to their ``note``."""
+    rules = LAYOUT_RULES if rules is None else rules
+    out = cases
+    for name, rule in rules:
+        on = layout_rule_rows(out, rule)
+        if not on.any():
+            continue
+        out = out.copy() if out is cases else out
+        if rule.get("set_ep_to_tp"):
+            out.loc[on, "ep"] = out.loc[on, "tp"]
+        if "note" in out:
+            out["note"] = out["note"].astype(object)
+            out.loc[on, "note"] = out.loc[on, "note"].fillna("").astype(str) + f"; layout rule: {name}"
+    return out
 
 
 def apply_source_inputs(cases: pd.DataFrame, inputs: dict | None = None) -> pd.DataFrame:
