@@ -184,6 +184,12 @@ def _residuals(prep: Prepared, cases: pd.DataFrame, truth: pd.DataFrame, theta) 
     return joined(pred, cases, truth)
 
 
+def in_sample(prep: Prepared, cases: pd.DataFrame, truth: pd.DataFrame, theta: dict) -> pd.DataFrame:
+    """The cases predicted with the fitted numbers ``theta`` (``joined``'s rows): the refit's
+    in-sample error, whatever efficiency.toml holds."""
+    return _residuals(prep, cases, truth, theta)
+
+
 BOOT_N = 24
 BOOT_SEED = 0
 
