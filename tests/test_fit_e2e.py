@@ -260,3 +260,48 @@ def test_front_end_numbers_are_written_to_their_own_table(tmp_path):
     doc = tomllib.loads(path.read_text())
     assert doc["front_ends"]["dynamo"]["request_overhead_s"] == pytest.approx(0.15)
     assert doc["runtimes"]["vllm"]["request_overhead_s"] == pytest.approx(0.02)
+
+
+def test_dynamo_streams_tokens_at_its_own_time_per_token():
+    """The streaming bound (dse.perf.frontend.streamed_tpot) of a row served through Dynamo's
+    front end takes ``frontend_token_s.dynamo``, its own server's row the plain number. 512
+    Llama-3.1-8B streams of 128 tokens (trtllm: no repeated text) at 100 us a token: 512 x 100 us
+    = 51.2 ms a token, above the engine's step, so it is the TPOT (any change of the number
+    moves it as much); at 10 us (5.1 ms) the own server's row keeps the engine's step."""
+    import pandas as pd
+
+    from dse.calibration.cases import FRONT_END
+    from dse.calibration.fit import _batch_with
+    from dse.scoring.predict import finish, prepare
+    row = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "num_chips": "1", "tp": "1",
+           "pp": "1", "ep": "1", "dp": "1", "weight_dtype": "fp8", "isl": "128", "osl": "128",
+           "concurrency": "512", "runtime": "trtllm"}
+    prep = prepare(pd.DataFrame([{**row, "case_id": "own", FRONT_END: ""},
+                                 {**row, "case_id": "dyn", FRONT_END: "dynamo"}]),
+                   file="cases.csv")
+    at = {c: i for i, c in enumerate(prep.cases["case_id"].to_numpy()[
+        prep.resolved["_case"].to_numpy()])}
+    theta = {"frontend_token_s": 1e-5, "frontend_token_s.dynamo": 1e-4}
+    b = _batch_with(prep, theta)
+    assert b.frontend_token_s[at["dyn"]] == pytest.approx(1e-4, rel=1e-12)
+    assert b.frontend_token_s[at["own"]] == pytest.approx(1e-5, rel=1e-12)
+    pred = finish(prep, b).set_index("case_id")
+    assert pred.loc["dyn", "tpot_s"] == pytest.approx(512 * 1e-4, rel=1e-9)
+    engine = finish(prep, _batch_with(prep, {"frontend_token_s": 0.0,
+                                             "frontend_token_s.dynamo": 0.0}))
+    engine = engine.set_index("case_id").loc["own", "tpot_s"]
+    assert 512 * 1e-5 < engine < 512 * 1e-4
+    assert pred.loc["own", "tpot_s"] == pytest.approx(engine, rel=1e-12)
+
+
+def test_dynamo_time_per_token_is_written_to_the_front_end_table():
+    import pandas as pd
+
+    from dse.calibration.fit import PARAMS, RUNTIMES, tables
+    cases = pd.DataFrame({"case_id": ["a"], "hardware": ["h100-sxm"], "runtime": ["vllm"],
+                          "source": ["S"]})
+    theta = {**{p[0]: p[1] for p in PARAMS}, "frontend_token_s": 1.4e-5,
+             "frontend_token_s.dynamo": 4e-5, "request_overhead_s.dynamo": 0.13}
+    t = tables(theta, cases)
+    assert t["front_ends"] == {"dynamo": {"frontend_token_s": 4e-5, "request_overhead_s": 0.13}}
+    assert all(t["runtimes"][rt]["frontend_token_s"] == 1.4e-5 for rt in RUNTIMES)
