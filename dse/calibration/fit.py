@@ -18,9 +18,7 @@ space on the TensorRT-LLM tables and the Hopper set (three runtimes, closed-loop
 - the serial front end (``dse.perf.frontend``: one process tokenizes and streams for every
   request, so it queues new requests and bounds many streams' TPOT): its time per prompt
   token (one number: the three runtimes tokenize with the same Hugging Face tokenizers), per
-  output token (one number for the runtimes' own servers, each of which detokenizes and
-  streams one token at a time, and one for the Dynamo front end's path, ``PARAMS``) and, for
-  SGLang alone, per token of text a streamed chunk repeats
+  output token (one number: each detokenizes and streams one token at a time) and, for SGLang alone, per token of text a streamed chunk repeats
   (its default streams the whole text so far; the others stream deltas). Left out of a
   cross-validation, SGLang's text term has nothing to fit it and keeps its prior (20 ns a token,
   ~5 ns a byte of JSON).
@@ -126,24 +124,9 @@ PARAMS = (
     # runtime, until 2026-12, the fit put it at trtllm 67 us, sglang 29 us, vllm 0.03 us, a
     # spread the rows do not pin -- trtllm's bootstrap log sd was 0.79 -- and a runtime left out
     # got the geometric mean of the other two), and SGLang's chunks repeat the whole text so far
-    # (incremental_streaming_output = False by default; the others stream deltas: no such term).
-    # The time per streamed token is one number for the runtimes' own servers and one for the
-    # Dynamo front end's path (cases.FRONT_ENDS), which is other software: the worker's Python
-    # handler takes every chunk from the engine and hands its new token ids to Dynamo's
-    # runtime, whose front end detokenizes and streams them (ai-dynamo/dynamo
-    # components/src/dynamo/sglang/request_handlers/decode_handler.py ``_process_stream`` and
-    # components/src/dynamo/vllm/handlers.py ``generate_tokens``: each chunk's ``token_ids`` is
-    # the engine's output so far from ``num_output_tokens_so_far`` on; SGLang behind it still
-    # returns its whole output so far with every chunk, so its repeated-token term stays on
-    # those rows).
-    # Shared until 2026-12, the one number (32.6 us) was set by the only rows whose TPOT the
-    # streaming bound sets (SGLang's Llama-3.1-8B behind Dynamo at 240-512 requests in flight;
-    # on no row of a runtime's own server does it bind), and it put that bound under every
-    # design dse scores; split, the own servers' number (13.6 us) is the TTFT queue's alone
-    # and Dynamo's 39.7 us (in-sample TPOT 1.153 and TTFT 1.339 either way)
+    # (incremental_streaming_output = False by default; the others stream deltas: no such term)
     ("frontend_prompt_token_s", 2e-6, 1e-9, 1e-4),
     ("frontend_token_s", 2e-5, 1e-8, 1e-3),
-    *((f"frontend_token_s.{fe}", 2e-5, 1e-8, 1e-3) for fe in FRONT_END_NAMES),
     ("frontend_text_token_s.sglang", 2e-8, 1e-12, 1e-5),
 )
 # the runtimes' own fields (efficiency.toml [runtimes.*], dse.build.designs.HOST_TIMES): a plain

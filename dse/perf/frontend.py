@@ -40,11 +40,8 @@ those of ``C / k`` clients, and at a request rate the ``k`` servers act as one o
 ``S / k`` (the M/D/1 queue of their pooled capacity ``k / S``: exact at saturation, a little
 above the M/D/k wait below it).
 
-The numbers are the runtime's own server's, fitted end to end (dse.calibration.fit,
-efficiency.toml [runtimes.*]); every one 0 (a batch built without them): no serial front end.
-The calibration rows served through Dynamo's front end take its own time per streamed token
-(efficiency.toml [front_ends.dynamo]): its worker handler and Rust front end are other software
-on the token's path, and the only rows whose TPOT this bound sets.
+The numbers are the runtime's, fitted end to end (dse.calibration.fit, efficiency.toml
+[runtimes.*]); every one 0 (a batch built without them): no serial front end.
 """
 
 from __future__ import annotations
