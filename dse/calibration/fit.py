@@ -101,8 +101,8 @@ PARAMS = (
     # cuda_graph_batch_sizes). Until 2026-12 one per-layer time served both: 27.7 us, too much
     # for the decode steps of small batches (Llama-3.1-70B on H200 at 1-8 requests 1.2-1.3x
     # too slow under TensorRT-LLM and vLLM alike) and too little for the eager steps; fitted
-    # apart, 21.6 us in a graph and 63.2 us eager (in-sample TPOT 1.153 -> 1.147, TTFT 1.339 ->
-    # 1.335, TensorRT-LLM v0.14 online TPOT 1.126 -> 1.107, v0.17 offline 1.095 either way).
+    # apart, 22.2 us in a graph and 62.4 us eager (in-sample TPOT 1.153 -> 1.147, TTFT 1.340 ->
+    # 1.337, TensorRT-LLM v0.14 online TPOT 1.126 -> 1.106, v0.17 offline 1.095 either way).
     # Not encoded: the capture's batch limit (a larger decode batch runs eagerly)
     ("graph_layer_overhead_s", 10e-6, 1e-8, 5e-4),
     # the front end per request, in both TTFTs: HTTP, the API server's and engine's hand-offs,
