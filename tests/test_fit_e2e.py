@@ -290,10 +290,13 @@ def test_front_end_numbers_are_written_to_their_own_table(tmp_path):
     from dse.calibration.fit import RUNTIMES, tables, write_efficiency
     cases = pd.DataFrame({"case_id": ["a"], "hardware": ["h100-sxm"], "runtime": ["vllm"],
                           "source": ["S"]})
-    theta = {"layer_overhead_s": 2e-5, "request_overhead_s": 0.02,
-             "request_overhead_s.dynamo": 0.15, "seq_overhead_s.vllm": 1e-6,
-             "frontend_token_s": 2.4e-5}
+    theta = {"layer_overhead_s": 2e-5, "graph_layer_overhead_s": 1e-5,
+             "request_overhead_s": 0.02, "request_overhead_s.dynamo": 0.15,
+             "seq_overhead_s.vllm": 1e-6, "frontend_token_s": 2.4e-5}
     t = tables(theta, cases)
+    # the two per-layer times (eager steps, decode-only steps replayed as CUDA graphs) are the
+    # chips' default efficiency
+    assert (t["default"]["layer_overhead_s"], t["default"]["graph_layer_overhead_s"]) == (2e-5, 1e-5)
     assert t["front_ends"] == {"dynamo": {"request_overhead_s": 0.15}}
     assert all(t["runtimes"][rt]["request_overhead_s"] == 0.02 for rt in RUNTIMES)
     # one time per streamed token, in every runtime's table

@@ -45,3 +45,23 @@ def test_racks_hold_whole_instances():
     m = score(b.replace(demand_output_tokens_per_s=10.5 * per_inst))
     assert m["instances_for_demand"][0] == 11
     assert m["racks_for_demand"][0] == np.ceil(11 / 5) == 3
+
+
+def test_a_decode_only_step_replayed_as_a_cuda_graph_takes_its_own_time_per_layer():
+    """The runtimes replay decode-only steps as CUDA graphs (TensorRT-LLM's cuda_graph_config,
+    SGLang's and vLLM's defaults), where the per-layer fixed time is ``graph_layer_overhead_s``;
+    a step that carries prompt tokens runs eagerly at ``layer_overhead_s``. tp=4, pp=2, as
+    above: 161 launches x 3 us + 40 layers x 10 us + 1 ms = 1.883 ms of fixed time per
+    decode-only stage step (3.083 ms at 40 us a layer); the TTFT step keeps 40 us a layer."""
+    d = design(**DECODE, **{"layout.tp": 4, "layout.pp": 2, "workload.concurrency": 64})
+    b = batch(d, ideal=True).replace(layer_overhead_s=40e-6, step_overhead_s=1e-3,
+                                     gemm_latency_s=3e-6)
+    m, steps = score(b.replace(graph_layer_overhead_s=10e-6), breakdown=True)
+    assert steps.decode.overhead_s[0] == pytest.approx(161 * 3e-6 + 40 * 10e-6 + 1e-3, rel=1e-9)
+    assert m["tpot_s"][0] == pytest.approx(2 * steps.decode.total_s[0], rel=1e-9)
+    _, eager = score(b, breakdown=True)
+    assert steps.prefill.overhead_s[0] == pytest.approx(eager.prefill.overhead_s[0], rel=1e-12)
+    assert eager.decode.overhead_s[0] - steps.decode.overhead_s[0] == pytest.approx(
+        40 * 30e-6, rel=1e-9)
+    # left unset, the graph's time is the per-layer time: the same step
+    assert b.graph_layer_overhead_s[0] == b.layer_overhead_s[0]

@@ -30,7 +30,9 @@ from dse.spec import fields
 ACC_FIELDS = ("hbm_capacity_bytes", "hbm_bw_bytes_per_s", "tdp_w", "scaleup_link_bw_bytes_per_s",
               "scaleup_domain_chips", "scaleout_link_bw_bytes_per_s")
 EFF_FIELDS = ("hbm_fraction", "scaleup_fraction", "scaleout_fraction", "layer_overhead_s",
-              "step_overhead_s", "network_overlap_fraction")
+              "graph_layer_overhead_s", "step_overhead_s", "network_overlap_fraction")
+# an efficiency field left blank in the catalog takes another's value
+EFF_AS = {"graph_layer_overhead_s": "layer_overhead_s"}
 MODEL_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings", "mlp_gated",
                 "num_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
@@ -54,7 +56,9 @@ def _accelerator_row(a) -> dict[str, float]:
     r["accelerator.capex_usd"] = _float(a.price.capex_usd)
     r["accelerator.all_in_power_w"] = _float(a.price.all_in_power_w)
     for f in EFF_FIELDS:
-        r[f"accelerator.efficiency.{f}"] = _float(getattr(a.efficiency, f))
+        v = getattr(a.efficiency, f)
+        r[f"accelerator.efficiency.{f}"] = _float(getattr(a.efficiency, EFF_AS[f])
+                                                  if v is None and f in EFF_AS else v)
     return r
 
 

@@ -33,11 +33,12 @@ from dse.calibration.fit import (
     cross_validate,
     fit,
     holdout_key,
+    in_sample,
     tables,
     write_efficiency,
 )
 from dse.errors import InputError
-from dse.scoring.predict import predict_frame
+from dse.scoring.predict import predict_frame, prepare
 
 
 def report(j: pd.DataFrame, by=("source", "metric")) -> pd.DataFrame:
@@ -112,9 +113,14 @@ def main(argv=None) -> int:
         return 2
     try:
         cases, truth = load(a.dir)
+        j = None
         if a.fit:
-            theta = fit(cases, truth)
-            if a.write:
+            prep = prepare(cases, file="cases.csv")
+            theta = fit(cases, truth, prep=prep)
+            if not a.write:
+                # the report below is the refit's (in sample), not the catalog's
+                j = in_sample(prep, cases, truth, theta)
+            else:
                 unc = bootstrap(cases, truth, theta, n=a.boot or BOOT_N)
                 print("  ".join(f"{k}: log sd {s:.3f}" for k, s in zip(unc["params"],
                                                                         unc["log_sd"])))
@@ -123,8 +129,8 @@ def main(argv=None) -> int:
                 # the cases carry the fitted front ends' numbers (cases.apply_front_ends):
                 # read them again so that the report below predicts with what was written
                 cases, truth = load(a.dir)
-        pred = predict_frame(cases, file="cases.csv")
-        j = joined(pred, cases, truth)
+        if j is None:
+            j = joined(predict_frame(cases, file="cases.csv"), cases, truth)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

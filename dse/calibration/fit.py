@@ -6,7 +6,8 @@ table measures, are host and glue times (``PARAMS``), fitted here by least squar
 space on the TensorRT-LLM tables and the Hopper set (three runtimes, closed-loop TTFT):
 
 - a fixed time per layer per step (norms, residuals, rotary embedding, activation kernels),
-  **shared by every chip and runtime**;
+  **shared by every chip and runtime**, one for the steps that carry prompt tokens (run
+  eagerly) and one for the decode-only steps (replayed as CUDA graphs);
 - the front end's time per request in both TTFTs (HTTP, the API server's and engine's
   hand-offs, streaming: ``serving.request_overhead_s``; 0 where a source measured in-process,
   ``dse.calibration.cases.SOURCE_INPUTS``): one number for the runtimes' own OpenAI servers,
@@ -88,6 +89,22 @@ PARAMS = (
     # fixed time per layer per step on every chip and runtime: norms, residuals, rotary
     # embedding, activation kernels, the launches no kernel table times
     ("layer_overhead_s", 10e-6, 1e-8, 5e-4),
+    # the same in a decode-only step, which the runtimes replay as a CUDA graph (no kernel
+    # launched from the host, the step's small kernels back to back): TensorRT-LLM's PyTorch
+    # backend captures graphs for "batches that consist of decoding requests *only*"
+    # (cuda_graph_config, on by default: NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py),
+    # SGLang captures its decode batches (--disable-cuda-graph off by default, up to
+    # --cuda-graph-max-bs: sgl-project/sglang python/sglang/srt/server_args.py), vLLM V1 its
+    # decode batches (compilation_config cudagraph capture sizes, on unless --enforce-eager:
+    # vllm-project/vllm vllm/config/compilation.py); aiconfigurator's benchmark template
+    # captures every batch size up to max_batch_size (generator/rule_plugin/*.rule,
+    # cuda_graph_batch_sizes). Until 2026-12 one per-layer time served both: 27.7 us, too much
+    # for the decode steps of small batches (Llama-3.1-70B on H200 at 1-8 requests 1.2-1.3x
+    # too slow under TensorRT-LLM and vLLM alike) and too little for the eager steps; fitted
+    # apart, 22.2 us in a graph and 62.4 us eager (in-sample TPOT 1.153 -> 1.147, TTFT 1.340 ->
+    # 1.337, TensorRT-LLM v0.14 online TPOT 1.126 -> 1.106, v0.17 offline 1.095 either way).
+    # Not encoded: the capture's batch limit (a larger decode batch runs eagerly)
+    ("graph_layer_overhead_s", 10e-6, 1e-8, 5e-4),
     # the front end per request, in both TTFTs: HTTP, the API server's and engine's hand-offs,
     # streaming the first token (0 where a source measured in-process: cases.SOURCE_INPUTS).
     # One number for the three runtimes' own OpenAI servers (written to every runtime's
@@ -182,6 +199,12 @@ def _row_runtimes(prep: Prepared) -> np.ndarray:
 def _residuals(prep: Prepared, cases: pd.DataFrame, truth: pd.DataFrame, theta) -> pd.DataFrame:
     pred = finish(prep, _batch_with(prep, theta))
     return joined(pred, cases, truth)
+
+
+def in_sample(prep: Prepared, cases: pd.DataFrame, truth: pd.DataFrame, theta: dict) -> pd.DataFrame:
+    """The cases predicted with the fitted numbers ``theta`` (``joined``'s rows): the refit's
+    in-sample error, whatever efficiency.toml holds."""
+    return _residuals(prep, cases, truth, theta)
 
 
 BOOT_N = 24
@@ -417,7 +440,8 @@ def _named_tables(tables: dict, kind: str) -> list[str]:
 def write_efficiency(tables: dict, path: Path | None = None) -> Path:
     path = path or Path(catalog.__file__).with_name("efficiency.toml")
     lines = ["# End-to-end remainder of the serving model (dse.calibration.fit): what end-to-end serving adds",
-             "# to the fitted kernels (dse/catalog/kernels) -- a fixed time per layer (none per step),",
+             "# to the fitted kernels (dse/catalog/kernels) -- a fixed time per layer (eager steps; decode-only",
+             "# steps replayed as CUDA graphs), none per step,",
              "# shared by every chip, the front end's time per request (the runtimes' own servers;",
              "# Dynamo's front end) and per runtime the scheduler's per running sequence, fitted on",
              "# ../shared/calibration -- and the factors kept at their physical priors. Written by",

@@ -66,6 +66,9 @@ class Efficiency(Frozen):
     scaleup_fraction: float = Field(gt=0, le=1)
     scaleout_fraction: float = Field(gt=0, le=1)
     layer_overhead_s: float = Field(ge=0)
+    # a decode-only step replayed as a CUDA graph: its fixed time per layer (None: as every
+    # other step's, layer_overhead_s)
+    graph_layer_overhead_s: float | None = Field(default=None, ge=0)
     step_overhead_s: float = Field(ge=0)
     network_overlap_fraction: float = Field(default=0.0, ge=0, le=1)
     fitted_on: str = ""

@@ -182,6 +182,9 @@ OPTIONAL: dict[str, float | str] = {
     "num_requests": 0.0,
     # the runtime's host times (dse.perf.phases, dse.perf.step): per request, per sequence-step
     "request_overhead_s": 0.0, "seq_overhead_s": 0.0,
+    # the fixed time per layer of a decode-only step the runtime replays as a CUDA graph
+    # (dse.perf.step): the per-layer time of the other steps unless set
+    "graph_layer_overhead_s": "layer_overhead_s",
     # the runtime's serial front end (dse.perf.frontend): per prompt token, per output token, per
     # token of text a chunk repeats
     "frontend_prompt_token_s": 0.0, "frontend_token_s": 0.0, "frontend_text_token_s": 0.0,
@@ -241,6 +244,8 @@ FIELDS.update({
                           "server)",
     "seq_overhead_s": "scheduler host time per running sequence per step (per attention-DP "
                       "rank)",
+    "graph_layer_overhead_s": "fixed time per layer of a decode-only step replayed as a CUDA "
+                              "graph",
     "ttft_slo_s": "p90 TTFT a request must meet (0: no SLO)",
     "tpot_slo_s": "p90 TPOT a request must meet (0: no SLO)",
     "expert_imbalance": "routed tokens on the busiest EP rank over the mean (1: balanced, "

@@ -307,6 +307,9 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     # the GEMMs' launch latencies are fixed time of the step (overhead)
     overhead = k.overhead + s.masked(s.twice(k.x_gemm))
     b = k.batch
+    if decode_step and b.has_on("graph_layer_overhead_s"):
+        # a decode-only step replays a CUDA graph: its own fixed time per layer
+        overhead = overhead + k.layers_stage * (b.graph_layer_overhead_s - b.layer_overhead_s)
     if b.has_on("seq_overhead_s"):       # the scheduler's host time per running sequence
         overhead = overhead + b.seq_overhead_s * s.seqs / b.dp
     out = _compose(k, parts, a2a, overhead, breakdown, sums)

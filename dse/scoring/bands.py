@@ -42,7 +42,7 @@ from dse import catalog
 from dse.build import tables
 from dse.build.designs import HOST_TIMES, to_batch
 from dse.build.select import KERNEL, encode
-from dse.build.tables import EFF_FIELDS
+from dse.build.tables import EFF_AS, EFF_FIELDS
 from dse.errors import InputError
 from dse.perf import score_chunked
 
@@ -320,6 +320,10 @@ def _draw(n: int, seed: int, fams: tuple) -> Draws:
             for j, p in enumerate(fam.params):
                 if p in epos and accs:
                     eff[:, accs, epos[p]] *= z[:, j:j + 1]
+                    # a field that takes this one's value where blank (EFF_AS: the CUDA-graph
+                    # per-layer time) takes its draw too, unless the family samples it itself
+                    for f in (f for f, src in EFF_AS.items() if src == p and f not in fam.params):
+                        eff[:, accs, epos[f]] *= z[:, j:j + 1]
                 elif p in hpos and fam.entry[0] == "default":
                     host[:, hpos[p][0], hpos[p][1]] *= z[:, j]
                 elif p in shared and fam.entry[0] == "default":   # one number, every runtime

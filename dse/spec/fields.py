@@ -157,6 +157,8 @@ FIELDS: tuple[Field, ...] = (
          + _EFF, open_=True),
     num("accelerator.efficiency.layer_overhead_s", "s", "fixed time per layer per step; " + _EFF,
         open_=False),
+    num("accelerator.efficiency.graph_layer_overhead_s", "s", "fixed time per layer of a "
+        "decode-only step, which the runtimes replay as a CUDA graph; " + _EFF, open_=False),
     num("accelerator.efficiency.step_overhead_s", "s", "fixed time per step; " + _EFF, open_=False),
     frac("accelerator.efficiency.network_overlap_fraction",
          "share of network time hidden under compute; " + _EFF),
