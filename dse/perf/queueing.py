@@ -208,9 +208,10 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None
     solve([sat])
     c_sat, at_sat = sat.c, sat.out
     lam_sat = at_sat["rate"]
-    op = Root(Probe(times, n), _test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
+    shared = Probe(times, n)          # (the three roots' points: one pass a step)
+    op = Root(shared, _test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
               _at(at_sat, "rate", lam), by_rate, _guesses(one["rate"], at_sat["rate"], c_sat, lam))
-    good = _goodput_roots(b, probe, osl, queue, one, c_sat, at_sat)
+    good = _goodput_roots(b, shared, osl, queue, one, c_sat, at_sat)
     solve([op] + good, (lambda: _prune_goodput(*good, c_sat)) if good else None)
     c_op = np.where(by_rate, op.c, b.concurrency)
     res = evaluate(c_op, breakdown)
@@ -301,9 +302,9 @@ def _goodput_roots(b, probe, osl, queue, one, c_sat, sat) -> list:
             g = np.where(p["rho"] < 1.0, (over - 1.0) * (1.0 - p["rho"]), np.inf)
         return g, ok, {"rate": p["rate"], "ok": ok}
     ones, rows = np.ones(n), np.arange(n)
-    ttft = Root(Probe(probe.at, n), lambda idx, c, vals: at(idx, _point(osl, idx, c, vals)), ones, c_sat,
+    ttft = Root(probe, lambda idx, c, vals: at(idx, _point(osl, idx, c, vals)), ones, c_sat,
                 at(rows, one), at(rows, sat), on_t)
-    tpot = Root(Probe(probe.at, n), _test(osl, "tpot", slo_p), ones, c_sat, _at(one, "tpot", slo_p),
+    tpot = Root(probe, _test(osl, "tpot", slo_p), ones, c_sat, _at(one, "tpot", slo_p),
                 _at(sat, "tpot", slo_p), on_p)
     ttft.has_slo, ttft.on, tpot.binds = has_slo, on_t, on_p & ~(sat["tpot"] <= slo_p)
     ttft.sat_rate = sat["rate"]
@@ -352,14 +353,16 @@ def _finish_goodput(m, b, probe, good, by_rate, c_op, c_sat, tp90, osl, lam_sat)
         ok = ttft.has_slo & ok_t & (c_p >= 1.0)
         at_p = np.flatnonzero(ok & (c_p < np.minimum(c_t, c_sat)))
         asks.append((at_p, c_p[at_p]))
-    got = probe([a for a in asks if len(a[0])]) if any(len(a[0]) for a in asks) else []
+    # one pass per ask (each on its own rows: the operating points are most rows, the TPOT's
+    # bounds a few, and a pass of both on every row costs two of the model in float64)
+    got = [probe([a])[0] if len(a[0]) else None for a in asks]
     if len(op):
         tp90[op] = np.asarray(got[0][1], dtype=np.float64)
     if not good:
         return None
     rate = rate_t.copy()
     if len(at_p):
-        rate[at_p] = _point(osl, at_p, c_p[at_p], got[-1])["rate"]
+        rate[at_p] = _point(osl, at_p, c_p[at_p], got[1])["rate"]
     return np.where(ttft.has_slo, np.minimum(np.where(ok, rate, 0.0), lam_sat), np.nan)
 
 

@@ -236,14 +236,21 @@ def solve(roots: list, settle=None) -> None:
         live = [r for r in roots if r.active()]
         if not live:
             return
-        for r in live:
-            # a pass per probe: the root's secant points on its probe, its sections on its tail
-            asks, got = r.asks(), {}
-            for probe in (r.probe, r.tail):
-                mine = [j for j, a in enumerate(asks) if a[0] is probe]
-                if mine:
-                    got.update(zip(mine, probe([asks[j][1:] for j in mine])))
-            r.update([got[j] for j, _ in enumerate(asks)])   # its few points, not rows
+        # a pass per probe: the roots that share a probe (their secant points) ask it together,
+        # each root's sections go to its own tail
+        asks = [r.asks() for r in live]
+        got = [{} for _ in live]
+        probes = []
+        for a in asks:
+            for x in a:
+                if not any(x[0] is p for p in probes):
+                    probes.append(x[0])
+        for probe in probes:
+            mine = [(i, j) for i, a in enumerate(asks) for j, x in enumerate(a) if x[0] is probe]
+            for (i, j), v in zip(mine, probe([asks[i][j][1:] for i, j in mine])):
+                got[i][j] = v
+        for r, a, g in zip(live, asks, got):
+            r.update([g[j] for j in range(len(a))])          # its few points, not rows
     for r in roots:                  # (not reached)
         if r.active():
             r.c[r.idx] = r.a
