@@ -22,11 +22,15 @@ secant steps finishes by ``SECTIONS`` points per bracket at once (a jump: the se
 there), in a pass of its own (``Root.tail``: those few rows, not every row the root holds).
 A row's points depend on its values only, never on the rows scored with it.
 
-``solve`` steps several problems together, each with its own ``Probe``, which scores the rows
-asked about at all the concurrencies asked (a concurrency of shape (points, rows): one pass of
-the model), on a batch of only those rows once they are fewer than ``SHRINK`` of the rows it
-holds and the others more than ``TAKE_ROWS`` (a batch and its coefficients cost about two
-evaluations of their rows and a fixed time).
+``solve`` steps several problems together; those that share a ``Probe`` ask it in one pass a
+step (a pass of the model costs a fixed ~1.5-2 ms of Python and numpy calls besides its
+points: dse.bench's queueing entry made 56 passes and 30 recomputing sub-passes of the queue's
+times before the request rate's and goodput's three roots shared one, 31 and 18 after), and
+their sections share the probe's ``tail``. A probe scores the rows asked about at all the
+concurrencies asked (a concurrency of shape (points, rows), a row's asks in its slots in turn:
+one pass of the model), on a batch of only those rows once they are fewer than ``SHRINK`` of
+the rows it holds and the others more than ``TAKE_ROWS`` (a batch and its coefficients cost
+about two evaluations of their rows and a fixed time).
 """
 
 from __future__ import annotations
@@ -46,32 +50,52 @@ class Probe:
     """``at(rows)`` (``rows`` None: every row) -> a function of those rows' concurrency (shape
     (rows,) or (points, rows)) returning a tuple of arrays. ``probe(asks)``, ``asks`` a list of
     ``(idx, c)`` (sorted rows, their concurrency), scores them all in one call and returns a
-    tuple of arrays per ask."""
+    tuple of arrays per ask: a row's asks fill its slots of the points axis in turn, so asks on
+    other rows (other roots', or their sections) share the slots (as many points as the row
+    asked most, not one per ask). ``tail()``: the probe the roots that share this one send
+    their sections to (their few rows at many points: a pass of their own)."""
 
     def __init__(self, at, n: int):
         self.at, self.n = at, n
         self.every = at(None)
         self.rows, self.fn = None, self.every
+        self._tail = None
+
+    def tail(self) -> Probe:
+        if self._tail is None:
+            self._tail = Probe(self.at, self.n)
+        return self._tail
 
     def __call__(self, asks: list) -> list:
         idxs = [i for i, _ in asks]
         union = idxs[0] if len(asks) == 1 else np.unique(np.concatenate(idxs))
+        # each ask's slot per row: the asks before it on that row (a row's points, in turn)
+        if len(asks) == 1:
+            slots, k = [0], 1
+        else:
+            count = np.zeros(len(union), dtype=np.int64)
+            slots = []
+            for i in idxs:
+                p = np.searchsorted(union, i)
+                slots.append(count[p])
+                count[p] += 1
+            k = int(count.max())
         if self.rows is not None:
             pos = np.minimum(np.searchsorted(self.rows, union), len(self.rows) - 1)
             if not np.array_equal(self.rows[pos], union):      # not among the rows held
                 self.rows, self.fn = None, self.every
         held = self.n if self.rows is None else len(self.rows)
         # take the rows asked where scoring the others too would cost more than taking them
-        if len(union) < SHRINK * held and len(asks) * (held - len(union)) > TAKE_ROWS:
+        if len(union) < SHRINK * held and k * (held - len(union)) > TAKE_ROWS:
             self.rows, self.fn, held = union, self.at(union), len(union)
         if len(asks) == 1 and len(idxs[0]) == held:
             return [tuple(np.broadcast_to(v, (held,)) for v in self.fn(asks[0][1]))]
         where = idxs if self.rows is None else [np.searchsorted(self.rows, i) for i in idxs]
-        cc = np.ones((len(asks), held))       # (the rows not asked about: any concurrency)
-        for j, (p, (_, c)) in enumerate(zip(where, asks)):
-            cc[j, p] = c
+        cc = np.ones((k, held))               # (the rows not asked about: any concurrency)
+        for s, p, (_, c) in zip(slots, where, asks):
+            cc[s, p] = c
         out = [np.broadcast_to(v, cc.shape) for v in self.fn(cc)]
-        return [tuple(v[j, p] for v in out) for j, p in enumerate(where)]
+        return [tuple(v[s, p] for v in out) for s, p in zip(slots, where)]
 
 
 def _pick(ok, yes: dict, no: dict) -> dict:
@@ -100,7 +124,7 @@ class Root:
 
     def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None):
         self.probe, self.test = probe, test
-        self.tail = Probe(probe.at, probe.n)       # (sections: their own pass, few rows)
+        self.tail = probe.tail()          # (sections: their own pass, few rows)
         lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), np.shape(on))
         hi = np.maximum(hi, lo)
         res = np.log(hi / lo) * RESOLUTION
