@@ -59,6 +59,7 @@ class Probe:
         self.at, self.n = at, n
         self.every = at(None)
         self.rows, self.fn = None, self.every
+        self.pos = None                   # (a row's position among the rows held; -1: not held)
         self._tail = None
 
     def tail(self) -> Probe:
@@ -68,31 +69,29 @@ class Probe:
 
     def __call__(self, asks: list) -> list:
         idxs = [i for i, _ in asks]
-        union = idxs[0] if len(asks) == 1 else np.unique(np.concatenate(idxs))
         # each ask's slot per row: the asks before it on that row (a row's points, in turn)
         if len(asks) == 1:
-            slots, k = [0], 1
+            union, slots, k = idxs[0], [0], 1
         else:
-            count = np.zeros(len(union), dtype=np.int64)
+            count = np.zeros(self.n, dtype=np.int64)
             slots = []
             for i in idxs:
-                p = np.searchsorted(union, i)
-                slots.append(count[p])
-                count[p] += 1
-            k = int(count.max())
-        if self.rows is not None:
-            pos = np.minimum(np.searchsorted(self.rows, union), len(self.rows) - 1)
-            if not np.array_equal(self.rows[pos], union):      # not among the rows held
-                self.rows, self.fn = None, self.every
+                slots.append(count[i])
+                count[i] += 1
+            union, k = np.flatnonzero(count), int(count.max())
+        if self.rows is not None and not np.all(self.pos[union] >= 0):   # not all held
+            self.rows, self.fn, self.pos = None, self.every, None
         held = self.n if self.rows is None else len(self.rows)
         # take the rows asked where scoring the others too would cost more than taking them:
         # the points scored in vain this pass against the rows taken (a take costs about one
         # point a row, measured, and a fixed time; later passes ask fewer of the same rows)
         if k * (held - len(union)) > TAKE_ROWS + len(union):
             self.rows, self.fn, held = union, self.at(union), len(union)
+            self.pos = np.full(self.n, -1, dtype=np.int64)
+            self.pos[union] = np.arange(held)
         if len(asks) == 1 and len(idxs[0]) == held:
             return [tuple(np.broadcast_to(v, (held,)) for v in self.fn(asks[0][1]))]
-        where = idxs if self.rows is None else [np.searchsorted(self.rows, i) for i in idxs]
+        where = idxs if self.rows is None else [self.pos[i] for i in idxs]
         cc = np.ones((k, held))               # (the rows not asked about: any concurrency)
         for s, p, (_, c) in zip(slots, where, asks):
             cc[s, p] = c
