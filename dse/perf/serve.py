@@ -444,7 +444,7 @@ def _queue_probe(b: Batch, k: Coefficients, dtype):
         memo = sub.__dict__["_memo"]
         if rows is not None:             # the batch's per-row memos, those rows of them
             n = len(b32)
-            memo.update({key: v[rows] for key, v in b32.__dict__["_memo"].items()
+            memo.update({key: v.take(rows) for key, v in b32.__dict__["_memo"].items()
                          if isinstance(v, np.ndarray) and v.shape == (n,)})
 
         def times(c):
