@@ -24,7 +24,7 @@ A row's points depend on its values only, never on the rows scored with it.
 
 ``solve`` steps several problems together; those that share a ``Probe`` ask it in one pass a
 step (a pass of the model costs a fixed ~1.5-2 ms of Python and numpy calls besides its
-points: dse.bench's queueing entry made 56 passes and 30 recomputing sub-passes of the queue's
+points: dse.bench's queueing entry made 55 passes and 30 recomputing sub-passes of the queue's
 times before the request rate's and goodput's three roots shared one, 31 and 18 after), and
 their sections share the probe's ``tail``. A probe scores the rows asked about at all the
 concurrencies asked (a concurrency of shape (points, rows), a row's asks in its slots in turn:
