@@ -131,3 +131,39 @@ def test_root_matches_bisection_on_smooth_kinked_and_jumping_functions():
     want = queueing.bisect_increasing(lambda c: fn(c, None), 0.0, lo, hi)
     assert np.all(fn(got, None) <= 0.0)                       # a point that passes
     np.testing.assert_allclose(got, want, rtol=2e-6)
+
+
+def test_a_probe_packs_its_asks_by_row_and_each_gets_its_own_numbers():
+    # asks on overlapping and disjoint rows share the points axis (a row's asks fill its slots
+    # in turn): 3 asks over rows {0..5}, {3..8}, {6..9} are 2 points a row, not 3, and each ask
+    # gets exactly what it would alone
+    calls = []
+
+    def at(rows):
+        def fn(c):
+            calls.append(np.shape(c))
+            r = np.arange(10.0) if rows is None else np.asarray(rows, float)
+            return (c * 10.0 + r, c - r)
+        return fn
+    asks = [(np.arange(0, 6), np.full(6, 2.0)), (np.arange(3, 9), np.full(6, 3.0)),
+            (np.arange(6, 10), np.full(4, 5.0))]
+    got = roots.Probe(at, 10)(asks)
+    assert calls == [(2, 10)]
+    for (idx, c), vals in zip(asks, got):
+        np.testing.assert_array_equal(vals[0], c * 10.0 + idx)
+        np.testing.assert_array_equal(vals[1], c - idx)
+
+
+def test_queue_times_carry_only_concurrency_free_memos():
+    # the probe carries a batch's memos from pass to pass (weights, the KV pool's room, the
+    # length distributions' factors...): a pass after others at other concurrencies gives the
+    # numbers of a fresh batch at its own
+    b = batch(_rows()).replace(**MECHANISMS).astype(np.float32)
+    k = Coefficients(b)
+    times = serve_mod._queue_probe(b, k, np.float32)(None)
+    for c in (3.0, 40.0, 700.0):
+        times(np.full(len(b), c, np.float32))
+    c = np.linspace(1.0, 300.0, len(b)).astype(np.float32)
+    fresh = serve_mod._queue_times(b.replace(concurrency=c), Coefficients(b))
+    for v, w in zip(times(c), fresh):
+        np.testing.assert_array_equal(np.broadcast_to(v, (len(b),)), np.broadcast_to(w, (len(b),)))

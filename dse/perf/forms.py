@@ -185,6 +185,7 @@ def take(v, rows):
             out.__dict__.update({k: take(v.__dict__[k], rows) for k in _time_fields(type(v))})
             return out
     a = np.asarray(v)
+    ints = isinstance(rows, np.ndarray) and rows.dtype.kind in "iu"   # (ndarray.take: faster)
     if a.ndim == 2:                    # (branch, design)
-        return a if a.shape[1] == 1 else a[:, rows]
-    return a if a.ndim == 0 or len(a) == 1 else a[rows]
+        return a if a.shape[1] == 1 else (a.take(rows, axis=1) if ints else a[:, rows])
+    return a if a.ndim == 0 or len(a) == 1 else (a.take(rows, axis=0) if ints else a[rows])

@@ -44,20 +44,24 @@ def cache_on(b: Batch) -> bool:
 
 
 def kv_token_layers_bytes(b: Batch) -> np.ndarray:
-    """KV bytes one token adds to one chip per layer of the model (its tp shard)."""
-    return arch.kv_elems_per_token_layer(b) * arch.kv_shard_fraction(b) * b.kv_bytes
+    """KV bytes one token adds to one chip per layer of the model (its tp shard; once per
+    batch, as the shared prefix's below: the request-rate path scores a batch at many
+    concurrencies)."""
+    return b.memo("kv_token_layers_bytes", lambda: arch.kv_elems_per_token_layer(b)
+                  * arch.kv_shard_fraction(b) * b.kv_bytes)
 
 
 def shared_prefix_tokens(b: Batch) -> np.ndarray:
     """The shared prefix, at most the prompt less its last token (a prefix cache recomputes the
     last prompt token for its logits, so every sequence holds the KV of at least one token)."""
-    return np.minimum(np.maximum(b.prefix_tokens, 0.0), np.maximum(b.isl - 1.0, 0.0))
+    return b.memo("shared_prefix_tokens", lambda: np.minimum(np.maximum(b.prefix_tokens, 0.0),
+                                                             np.maximum(b.isl - 1.0, 0.0)))
 
 
 def shared_prefix_bytes(b: Batch) -> np.ndarray:
     """HBM per chip for the one copy of the shared prefix's KV (its stage's layers)."""
-    p = shared_prefix_tokens(b)
-    return arch.context_layers(b, p) / b.pp * kv_token_layers_bytes(b)
+    return b.memo("shared_prefix_bytes", lambda: arch.context_layers(
+        b, shared_prefix_tokens(b)) / b.pp * kv_token_layers_bytes(b))
 
 
 def hit_tokens(b: Batch) -> np.ndarray:

@@ -62,8 +62,10 @@ def expected_max_normal(n) -> np.ndarray:
 
 
 def decode_context_tokens(b: Batch) -> np.ndarray:
-    """Mean context of an in-flight decoding sequence: isl + osl (1 + cv_o^2) / 2."""
-    return b.isl + 0.5 * b.osl * (1.0 + b.osl_cv ** 2)
+    """Mean context of an in-flight decoding sequence: isl + osl (1 + cv_o^2) / 2 (once per
+    batch)."""
+    return b.memo("lengths_decode_context",
+                  lambda: b.isl + 0.5 * b.osl * (1.0 + b.osl_cv ** 2))
 
 
 def context_sd_tokens(b: Batch) -> np.ndarray:
@@ -80,10 +82,12 @@ def _z_dp(b: Batch) -> np.ndarray:
 
 
 def straggler(b: Batch, c) -> np.ndarray:
-    """The busiest attention-DP rank's decode KV over the mean rank's."""
+    """The busiest attention-DP rank's decode KV over the mean rank's (the concurrency-free
+    factor once per batch: the request-rate path scores a batch at many concurrencies)."""
     per_rank = np.maximum(c / b.dp, 1.0)
-    cv = context_sd_tokens(b) / decode_context_tokens(b)
-    return 1.0 + _z_dp(b) * cv / np.sqrt(per_rank)
+    spread = b.memo("lengths_decode_spread",
+                    lambda: _z_dp(b) * (context_sd_tokens(b) / decode_context_tokens(b)))
+    return 1.0 + spread / np.sqrt(per_rank)
 
 
 def fit_context_tokens(b: Batch, decodes, c) -> np.ndarray:
@@ -91,10 +95,12 @@ def fit_context_tokens(b: Batch, decodes, c) -> np.ndarray:
     (``decodes`` = 1 where answers are decoded, 0 on a prefill-only instance) with the packing
     margin of the C/dp sequences of one scheduler."""
     c2 = b.osl_cv ** 2
-    mean = b.isl + decodes * b.osl * (1.0 + c2)
-    var = (b.isl_cv * b.isl) ** 2 + decodes * b.osl ** 2 * (1.0 + c2) * c2
+    # (no concurrency in the mean and the margin: once per batch)
+    mean = b.memo("lengths_fit_mean", lambda: b.isl + decodes * b.osl * (1.0 + c2))
+    margin = b.memo("lengths_fit_margin", lambda: Z99 * np.sqrt(
+        (b.isl_cv * b.isl) ** 2 + decodes * b.osl ** 2 * (1.0 + c2) * c2) / mean)
     per_rank = np.maximum(c / b.dp, 1.0)
-    return mean * (1.0 + Z99 * np.sqrt(var) / mean / np.sqrt(per_rank))
+    return mean * (1.0 + margin / np.sqrt(per_rank))
 
 
 Z90 = 1.2815515655446004

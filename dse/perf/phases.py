@@ -141,16 +141,19 @@ def context(b: Batch, k: Coefficients) -> Context:
                    arch.prefill_pairs_layers(b, new, prior), np.zeros_like(c))
 
 
-def decode_step(b: Batch, k: Coefficients, x: Context, dq, breakdown: bool, q=None):
+def decode_step(b: Batch, k: Coefficients, x: Context, dq, breakdown: bool, q=None,
+                sums: bool = True):
     """The decode-only step of one micro-batch: its ``dq / pp`` decode tokens (``q`` per
     sequence with speculation) read the weights and their sequences' KV, and each returns a
     token; what limits decoding and the decode share of the cost. Returns the step and its
-    ``(compute, memory, network, bound shares)`` sums."""
+    ``(compute, memory, network, bound shares)`` sums (None without ``sums``: the same step
+    alone, as the request-rate path's queue times read it)."""
     pp = b.pp
     out = step(k, dq / pp, x.zero, x.dec_ctx, x.new, x.prior, x.pairs, dq / pp,
-               breakdown, True, decode_step=True, seq_tokens=q, **x.loc)
+               breakdown, sums or breakdown, decode_step=True, seq_tokens=q, keep=True,
+               **x.loc)
     if not breakdown:
-        return out[0], out[1:]
+        return (out[0], out[1:]) if sums else (out, None)
     return out, (out.compute_s.sum(0), out.memory_s.sum(0), out.network_s.sum(0),
                  bound_shares(out))
 
@@ -185,15 +188,16 @@ def ttft_step(b: Batch, k: Coefficients, x: Context, load: PromptLoad, breakdown
                 oq / pp + 1.0, breakdown, pre_rank=chunk, seq_tokens=q, **x.loc)
 
 
-def steps(b: Batch, breakdown: bool, load: PromptLoad, k: Coefficients | None = None, q=None):
+def steps(b: Batch, breakdown: bool, load: PromptLoad, k: Coefficients | None = None, q=None,
+          sums: bool = True):
     """The three steps (``Breakdown``), the decode step's compute, memory and network sums and
-    bound shares, and (speculative decoding, ``q`` = draft tokens + 1 per sequence per step)
-    the draft time per step."""
+    bound shares (None without ``sums``), and (speculative decoding, ``q`` = draft tokens + 1
+    per sequence per step) the draft time per step."""
     k = Coefficients(b) if k is None else k
     x = context(b, k)
     decoding = load.decoding
     dq = decoding if q is None else decoding * q      # hook: dse.perf.spec (verify k+1 tokens)
-    decode, sums = decode_step(b, k, x, dq, breakdown, q)
+    decode, sums = decode_step(b, k, x, dq, breakdown, q, sums)
     out = Breakdown(decode, prompt_step(b, k, x, dq, load, breakdown, q),
                     ttft_step(b, k, x, load, breakdown, q))
     if q is None:
@@ -205,20 +209,20 @@ def steps(b: Batch, breakdown: bool, load: PromptLoad, k: Coefficients | None = 
     return out, sums, spec.draft_s(b, k, decoding / pp, one, b.isl + 0.5 * b.osl)
 
 
-def ttft(b: Batch, pass_s, t_prefill, load: PromptLoad, extra=0.0):
+def ttft(b: Batch, pass_s, t_prefill, load: PromptLoad, extra=0.0, tail: bool = True):
     """Time to first token of a request that finds no other prompt waiting (``ttft_unloaded_s``):
     the wait for the running step (half a pass, ``pass_s`` = pp mean steps), the pp stage steps
     of each of the prompt's chunks (``t_prefill``), the step that returns the first token (it
     is streamed with the next iteration) and the runtime's front end (``request_overhead_s``);
     ``extra``: the tier fetch's steps (dse.perf.kvtier). A prefill-only instance: one pass of
     its batch of prompts. Also a p90-length prompt's (dse.perf.lengths; None without length
-    distributions)."""
+    distributions or ``tail``)."""
     both, pre_only, dec_only = arch.phases(b)
     pp = b.pp
     wait = 0.5 * pass_s * (1.0 - 1.0 / sequences(b))
     t = arch.blend(pre_only, pass_s, wait + pp * load.n_chunks * t_prefill + pass_s + extra)
     t = add(t, front_end_s(b))
-    if not lengths.on(b):
+    if not (tail and lengths.on(b)):
         return t, None
     longer = np.maximum(lengths.isl_quantile(b) - b.isl, 0.0) * (1.0 - b.prefix_hit_fraction)
     return t, t + arch.blend(pre_only, pass_s * longer / np.maximum(new_tokens(b), 1.0),

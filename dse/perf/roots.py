@@ -22,11 +22,24 @@ secant steps finishes by ``SECTIONS`` points per bracket at once (a jump: the se
 there), in a pass of its own (``Root.tail``: those few rows, not every row the root holds).
 A row's points depend on its values only, never on the rows scored with it.
 
-``solve`` steps several problems together, each with its own ``Probe``, which scores the rows
-asked about at all the concurrencies asked (a concurrency of shape (points, rows): one pass of
-the model), on a batch of only those rows once they are fewer than ``SHRINK`` of the rows it
-holds and the others more than ``TAKE_ROWS`` (a batch and its coefficients cost about two
-evaluations of their rows and a fixed time).
+``solve`` steps several problems together; those that share a ``Probe`` ask it in one pass a
+step (a pass of the model costs a fixed ~1.5-2 ms of Python and numpy calls besides its
+points: dse.bench's queueing entry made 55 passes and 30 recomputing sub-passes of the queue's
+times before the request rate's and goodput's three roots shared one, 31 and 18 after), and
+their sections share the probe's ``tail``. A probe scores the rows asked about at all the
+concurrencies asked (a concurrency of shape (points, rows), a row's asks in its slots in turn:
+one pass of the model), on a batch of only those rows once the points it would score in vain
+exceed those rows and ``TAKE_ROWS`` (a batch and its coefficients cost about one point a row,
+measured, and a fixed time: 554k points a bench call instead of 671k).
+
+Tried on dse.bench's 20,000 queueing designs and measured, not kept: solving the rate's and
+goodput's roots on [1, cap] in the saturation's passes, each row's answer on [1, c_sat] once
+its c_sat is known (30 passes instead of 31 but 1.47M points instead of 554k, and 8 rows on
+another crossing: above saturation the queue's quantities cross kinks the roots then chase);
+sections after two or three secant steps that fell back to bisection instead of after
+``SECANT_STEPS`` (37-42 passes instead of 31: the sections' tail passes run next to the other
+rows' secant passes); ``SECTIONS`` 7 or 31 (35 passes and 499k points, 29 and 652k: no
+better within the machine's noise).
 """
 
 from __future__ import annotations
@@ -35,8 +48,8 @@ import numpy as np
 
 RESOLUTION = 2.0 ** -24        # the bisection's: 24 halvings of the log C range
 NOISE = 2e-6                   # and at least this (log C): float32 times place a root to ~1e-6
-SHRINK = 0.5                   # take the rows asked once fewer than this share of those held
-TAKE_ROWS = 2048               # and the rows scored in vain more than this (a take's fixed time)
+TAKE_ROWS = 2048               # take the rows asked once the points scored in vain exceed
+                               # those rows and this (a take's fixed time)
 SECANT_STEPS = 8               # a row's secant steps before it finishes by sections
 SECTIONS = 15                  # points per bracket and step there (16-fold narrower)
 MAX_STEPS = 60                 # a bound only: a bisection step at least every other step
@@ -46,32 +59,53 @@ class Probe:
     """``at(rows)`` (``rows`` None: every row) -> a function of those rows' concurrency (shape
     (rows,) or (points, rows)) returning a tuple of arrays. ``probe(asks)``, ``asks`` a list of
     ``(idx, c)`` (sorted rows, their concurrency), scores them all in one call and returns a
-    tuple of arrays per ask."""
+    tuple of arrays per ask: a row's asks fill its slots of the points axis in turn, so asks on
+    other rows (other roots', or their sections) share the slots (as many points as the row
+    asked most, not one per ask). ``tail()``: the probe the roots that share this one send
+    their sections to (their few rows at many points: a pass of their own)."""
 
     def __init__(self, at, n: int):
         self.at, self.n = at, n
         self.every = at(None)
         self.rows, self.fn = None, self.every
+        self.pos = None                   # (a row's position among the rows held; -1: not held)
+        self._tail = None
+
+    def tail(self) -> Probe:
+        if self._tail is None:
+            self._tail = Probe(self.at, self.n)
+        return self._tail
 
     def __call__(self, asks: list) -> list:
         idxs = [i for i, _ in asks]
-        union = idxs[0] if len(asks) == 1 else np.unique(np.concatenate(idxs))
-        if self.rows is not None:
-            pos = np.minimum(np.searchsorted(self.rows, union), len(self.rows) - 1)
-            if not np.array_equal(self.rows[pos], union):      # not among the rows held
-                self.rows, self.fn = None, self.every
+        # each ask's slot per row: the asks before it on that row (a row's points, in turn)
+        if len(asks) == 1:
+            union, slots, k = idxs[0], [0], 1
+        else:
+            count = np.zeros(self.n, dtype=np.int64)
+            slots = []
+            for i in idxs:
+                slots.append(count[i])
+                count[i] += 1
+            union, k = np.flatnonzero(count), int(count.max())
+        if self.rows is not None and not np.all(self.pos[union] >= 0):   # not all held
+            self.rows, self.fn, self.pos = None, self.every, None
         held = self.n if self.rows is None else len(self.rows)
-        # take the rows asked where scoring the others too would cost more than taking them
-        if len(union) < SHRINK * held and len(asks) * (held - len(union)) > TAKE_ROWS:
+        # take the rows asked where scoring the others too would cost more than taking them:
+        # the points scored in vain this pass against the rows taken (a take costs about one
+        # point a row, measured, and a fixed time; later passes ask fewer of the same rows)
+        if k * (held - len(union)) > TAKE_ROWS + len(union):
             self.rows, self.fn, held = union, self.at(union), len(union)
+            self.pos = np.full(self.n, -1, dtype=np.int64)
+            self.pos[union] = np.arange(held)
         if len(asks) == 1 and len(idxs[0]) == held:
             return [tuple(np.broadcast_to(v, (held,)) for v in self.fn(asks[0][1]))]
-        where = idxs if self.rows is None else [np.searchsorted(self.rows, i) for i in idxs]
-        cc = np.ones((len(asks), held))       # (the rows not asked about: any concurrency)
-        for j, (p, (_, c)) in enumerate(zip(where, asks)):
-            cc[j, p] = c
+        where = idxs if self.rows is None else [self.pos[i] for i in idxs]
+        cc = np.ones((k, held))               # (the rows not asked about: any concurrency)
+        for s, p, (_, c) in zip(slots, where, asks):
+            cc[s, p] = c
         out = [np.broadcast_to(v, cc.shape) for v in self.fn(cc)]
-        return [tuple(v[j, p] for v in out) for j, p in enumerate(where)]
+        return [tuple(v[s, p] for v in out) for s, p in zip(slots, where)]
 
 
 def _pick(ok, yes: dict, no: dict) -> dict:
@@ -100,7 +134,7 @@ class Root:
 
     def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None):
         self.probe, self.test = probe, test
-        self.tail = Probe(probe.at, probe.n)       # (sections: their own pass, few rows)
+        self.tail = probe.tail()          # (sections: their own pass, few rows)
         lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), np.shape(on))
         hi = np.maximum(hi, lo)
         res = np.log(hi / lo) * RESOLUTION
@@ -236,14 +270,21 @@ def solve(roots: list, settle=None) -> None:
         live = [r for r in roots if r.active()]
         if not live:
             return
-        for r in live:
-            # a pass per probe: the root's secant points on its probe, its sections on its tail
-            asks, got = r.asks(), {}
-            for probe in (r.probe, r.tail):
-                mine = [j for j, a in enumerate(asks) if a[0] is probe]
-                if mine:
-                    got.update(zip(mine, probe([asks[j][1:] for j in mine])))
-            r.update([got[j] for j, _ in enumerate(asks)])   # its few points, not rows
+        # a pass per probe: the roots that share a probe (their secant points) ask it together,
+        # each root's sections go to its own tail
+        asks = [r.asks() for r in live]
+        got = [{} for _ in live]
+        probes = []
+        for a in asks:
+            for x in a:
+                if not any(x[0] is p for p in probes):
+                    probes.append(x[0])
+        for probe in probes:
+            mine = [(i, j) for i, a in enumerate(asks) for j, x in enumerate(a) if x[0] is probe]
+            for (i, j), v in zip(mine, probe([asks[i][j][1:] for i, j in mine])):
+                got[i][j] = v
+        for r, a, g in zip(live, asks, got):
+            r.update([g[j] for j in range(len(a))])          # its few points, not rows
     for r in roots:                  # (not reached)
         if r.active():
             r.c[r.idx] = r.a

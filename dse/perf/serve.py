@@ -145,13 +145,20 @@ def _memory(b: Batch):
     if b.has_on("spec_tokens"):          # hook: the drafter's KV (dse.perf.spec)
         kv_seq = kv_seq + spec.extra_kv_seq_bytes(b, ctx)
     # activations scale with a scheduler's (dp rank's) tokens per step, up to max_num_tokens
-    tokens_per_seq = arch.blend(pre_only, b.isl, 1.0 + b.isl / b.osl) / dp
-    act_per_token = b.hidden * 2.0 * 8.0 + b.vocab / tp * 4.0
+    # (what has no concurrency in it: once per batch)
+    tokens_per_seq = b.memo("act_tokens_per_seq",
+                            lambda: arch.blend(pre_only, b.isl, 1.0 + b.isl / b.osl) / dp)
+    act_per_token = b.memo("act_bytes_per_token",
+                           lambda: b.hidden * 2.0 * 8.0 + b.vocab / tp * 4.0)
     c = sequences(b)
     act = np.minimum(b.max_num_tokens, c * tokens_per_seq) * act_per_token
-    room = b.hbm_capacity_bytes - b.runtime_reserve_bytes - weights
-    if tiers:                            # hook: the shared prefix's one copy (dse.perf.kvtier)
-        room = room - kvtier.shared_prefix_bytes(b) / b.kv_memory_fraction
+
+    def kv_room():
+        room = b.hbm_capacity_bytes - b.runtime_reserve_bytes - weights
+        if tiers:                        # hook: the shared prefix's one copy (dse.perf.kvtier)
+            room = room - kvtier.shared_prefix_bytes(b) / b.kv_memory_fraction
+        return room
+    room = b.memo("kv_room_bytes", kv_room)
     # the largest concurrency whose KV plus activations fit (both grow with it)
     kv_cost = kv_seq / dp / b.kv_memory_fraction            # HBM per sequence for its KV
     knee = b.max_num_tokens / tokens_per_seq                 # where activations stop growing
@@ -437,7 +444,7 @@ def _queue_probe(b: Batch, k: Coefficients, dtype):
         memo = sub.__dict__["_memo"]
         if rows is not None:             # the batch's per-row memos, those rows of them
             n = len(b32)
-            memo.update({key: v[rows] for key, v in b32.__dict__["_memo"].items()
+            memo.update({key: v.take(rows) for key, v in b32.__dict__["_memo"].items()
                          if isinstance(v, np.ndarray) and v.shape == (n,)})
 
         def times(c):
@@ -468,13 +475,14 @@ def _queue_times(b: Batch, k: Coefficients):
     on_spec = b.has_on("spec_tokens")
     tok_step = spec.tokens_per_step(b) if on_spec else 1.0
     load = prompt_load(b, tok_step if on_spec else None)
-    st, _, draft = steps(b, False, load, k, b.spec_tokens + 1.0 if on_spec else None)
+    st, _, draft = steps(b, False, load, k, b.spec_tokens + 1.0 if on_spec else None,
+                         sums=False)
     t_decode, t_mixed, t_prefill = _mean_steps(st, load, draft)
     ttft_extra = 0.0
     if tier is not None:
         t_mixed, ttft_extra, tier = _tier_fetch(b, tier, load, t_mixed, t_prefill)
     pass_s = b.pp * t_mixed
-    out = (ttft(b, pass_s, t_prefill, load, ttft_extra)[0],
+    out = (ttft(b, pass_s, t_prefill, load, ttft_extra, tail=False)[0],
            frontend.streamed_tpot(b, pass_s / tok_step, c),
            frontend.serial_service_s(b, prompt_service_s(b, t_decode, t_prefill, load)))
     if tier is not None and np.any(~tier.fetched & (tier.tokens > 0)):    # as _tier_recomputed

@@ -42,9 +42,10 @@ def expected_tokens(acceptance, k) -> np.ndarray:
 
 
 def tokens_per_step(b: Batch) -> np.ndarray:
-    """Tokens per sequence per step: 1 without speculation, else the expected accepted tokens."""
-    on = b.spec_tokens > 0
-    return np.where(on, expected_tokens(b.spec_acceptance, b.spec_tokens), 1.0)
+    """Tokens per sequence per step: 1 without speculation, else the expected accepted tokens
+    (once per batch: the request-rate path scores a batch at many concurrencies)."""
+    return b.memo("spec_tokens_per_step", lambda: np.where(
+        b.spec_tokens > 0, expected_tokens(b.spec_acceptance, b.spec_tokens), 1.0))
 
 
 def head_s(k, rows) -> np.ndarray:
@@ -65,6 +66,8 @@ def draft_s(b: Batch, k, rows, decode_s, ctx) -> np.ndarray:
     head = head_s(k, rows)
     layer = np.maximum(decode_s - k.overhead - head, 0.0) / np.maximum(k.layers_stage, 1.0)
     mtp = layer + b.layer_overhead_s + head
+    if not b.has_on("spec_draft"):      # no row has a draft model: MTP alone
+        return n * mtp * arch.flag(n > 0, decode_s)
     # a draft model: its roofline on each attention-DP rank's tp group
     seqs = rows / b.dp
     flops = 2.0 * b.draft_params * seqs / b.tp

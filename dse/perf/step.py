@@ -222,10 +222,12 @@ def _op_time(c, m, n, x, phi, keep: bool):
     return busy, busy + n - phi * np.minimum(busy, n)
 
 
-def _compose(k: Coefficients, parts, a2a, overhead, breakdown: bool, sums: bool):
+def _compose(k: Coefficients, parts, a2a, overhead, breakdown: bool, sums: bool,
+             keep: bool = False):
     """The step's total from its ops' terms (``op_times``): ``total``; with ``sums`` also the
     compute, memory and network sums and the bound shares; with ``breakdown`` ``(total, ops)``,
-    ``ops`` the per-op ``[compute, memory, network, time]``."""
+    ``ops`` the per-op ``[compute, memory, network, time]``; ``keep``: the total in the order
+    ``sums`` adds it."""
     phi = k.overlap if k.overlap_on else None
     total = overhead
     ops = []
@@ -238,7 +240,7 @@ def _compose(k: Coefficients, parts, a2a, overhead, breakdown: bool, sums: bool)
             if breakdown:
                 ops.append([0.0, 0.0, 0.0, 0.0])
             continue
-        busy, t = _op_time(c, m, n, x, phi, breakdown or sums)
+        busy, t = _op_time(c, m, n, x, phi, breakdown or sums or keep)
         if c is not None and busy_all is not None:
             busy_all = busy_all + busy
         if t is None:
@@ -282,7 +284,7 @@ def _table(ops, shape) -> list:
 
 def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
          breakdown: bool = False, sums: bool = False, pre_rank=None, decode_step: bool = False,
-         seq_tokens=None, dec_local=None):
+         seq_tokens=None, dec_local=None, keep: bool = False):
     """One stage step of one micro-batch (tokens are per micro-batch, whole instance).
 
     ``dec_ctx`` is ``arch.context_layers`` of the decode context and ``pairs`` is
@@ -296,7 +298,8 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     KV cache and per-sequence attention costs count ``dec / seq_tokens`` sequences.
     ``dec_local``: ``arch.local_context_layers`` of the same context (the local layers' share
     of ``dec_ctx``), needed where ``k.attn_core.win_on`` (their decode runs another kernel
-    form).
+    form). ``keep``: the total summed as with ``sums`` (each op's time whole, then added), the
+    same number to the last bit without the sums' arithmetic (dse.perf.serve._queue_times).
 
     Returns the step time; with ``sums`` also the compute, memory and network time summed over
     ops and the op time split by what bounds each op (``bound_shares``); with ``breakdown`` the
@@ -312,7 +315,7 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
         overhead = overhead + k.layers_stage * (b.graph_layer_overhead_s - b.layer_overhead_s)
     if b.has_on("seq_overhead_s"):       # the scheduler's host time per running sequence
         overhead = overhead + b.seq_overhead_s * s.seqs / b.dp
-    out = _compose(k, parts, a2a, overhead, breakdown, sums)
+    out = _compose(k, parts, a2a, overhead, breakdown, sums, keep)
     if not breakdown:
         return out
     total, ops = out
