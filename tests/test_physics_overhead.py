@@ -14,6 +14,7 @@ import pytest
 from helpers import batch, design
 
 from dse.perf import score
+from dse.perf.batch import Batch
 
 DECODE = {"workload.isl": 1, "workload.osl": 2, "workload.phase": "decode"}
 
@@ -23,8 +24,8 @@ def test_fixed_time_per_layer_per_step_and_per_gemm_by_hand():
     down), plus the output head: 161 launches x 3 us + 40 layers x 40 us + 1 ms per step =
     3.083 ms of fixed time per stage step; a token waits for both stages."""
     d = design(**DECODE, **{"layout.tp": 4, "layout.pp": 2, "workload.concurrency": 64})
-    b = batch(d, ideal=True).replace(layer_overhead_s=40e-6, step_overhead_s=1e-3,
-                                     gemm_latency_s=3e-6)
+    b = batch(d, ideal=True).replace(layer_overhead_s=40e-6, graph_layer_overhead_s=40e-6,
+                                     step_overhead_s=1e-3, gemm_latency_s=3e-6)
     m, steps = score(b, breakdown=True)
     dec = steps.decode
     assert dec.overhead_s[0] == pytest.approx(161 * 3e-6 + 40 * 40e-6 + 1e-3, rel=1e-9)
@@ -54,8 +55,8 @@ def test_a_decode_only_step_replayed_as_a_cuda_graph_takes_its_own_time_per_laye
     above: 161 launches x 3 us + 40 layers x 10 us + 1 ms = 1.883 ms of fixed time per
     decode-only stage step (3.083 ms at 40 us a layer); the TTFT step keeps 40 us a layer."""
     d = design(**DECODE, **{"layout.tp": 4, "layout.pp": 2, "workload.concurrency": 64})
-    b = batch(d, ideal=True).replace(layer_overhead_s=40e-6, step_overhead_s=1e-3,
-                                     gemm_latency_s=3e-6)
+    b = batch(d, ideal=True).replace(layer_overhead_s=40e-6, graph_layer_overhead_s=40e-6,
+                                     step_overhead_s=1e-3, gemm_latency_s=3e-6)
     m, steps = score(b.replace(graph_layer_overhead_s=10e-6), breakdown=True)
     assert steps.decode.overhead_s[0] == pytest.approx(161 * 3e-6 + 40 * 10e-6 + 1e-3, rel=1e-9)
     assert m["tpot_s"][0] == pytest.approx(2 * steps.decode.total_s[0], rel=1e-9)
@@ -63,5 +64,7 @@ def test_a_decode_only_step_replayed_as_a_cuda_graph_takes_its_own_time_per_laye
     assert steps.prefill.overhead_s[0] == pytest.approx(eager.prefill.overhead_s[0], rel=1e-12)
     assert eager.decode.overhead_s[0] - steps.decode.overhead_s[0] == pytest.approx(
         40 * 30e-6, rel=1e-9)
-    # left unset, the graph's time is the per-layer time: the same step
-    assert b.graph_layer_overhead_s[0] == b.layer_overhead_s[0]
+    # a batch built without it: the graph's time is the per-layer time, the same step
+    cols = {k: v for k, v in b.columns.items() if k != "graph_layer_overhead_s"}
+    _, unset = score(Batch.from_columns(cols), breakdown=True)
+    assert unset.decode.overhead_s[0] == pytest.approx(eager.decode.overhead_s[0], rel=1e-12)
