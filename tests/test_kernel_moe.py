@@ -139,6 +139,41 @@ def test_benchmark_balanced_routing_by_hand():
     assert float(touched_experts(16, 8, 128)) == pytest.approx(82.4, abs=0.1)
 
 
+def test_benchmark_grouped_routing_by_hand():
+    """DeepSeek-V3's grouped top-k (8 groups of 32 experts, the best 4) on the balanced logits:
+    token t's high experts t % 32 + 32 i fall one per group, the groups tie and 0-3 win for
+    every token; inside them the token's 4 high experts plus the 4 lowest-indexed others."""
+    from dse.calibration.kernels.moe import _balanced_one, _grouped_one
+    # 64 tokens: 8 entries each, all in experts 0..127 (high t%32, t%32+32, +64, +96; fill
+    # 0..3, or 0..4 less t%32): 128 experts hit, half of the 256 the ungrouped routing hits
+    assert _grouped_one(64, 256, 8, 1, 8, 4) == (512, 128)
+    assert _balanced_one(64, 256, 8, 1) == (512, 256)
+    # ep 2: the first chip holds experts 0..127, so it takes every entry (ungrouped: half)
+    assert _grouped_one(64, 256, 8, 2, 8, 4) == (512, 128)
+    assert _balanced_one(64, 256, 8, 2) == (256, 128)
+    # ep 8: the first chip holds group 0 (experts 0..31): per token its high expert t%32 and
+    # the 4 fill experts, 5 entries; 64 tokens -> 320 rows on all 32 experts (ungrouped: 64)
+    assert _grouped_one(64, 256, 8, 8, 8, 4) == (320, 32)
+    assert _balanced_one(64, 256, 8, 8) == (64, 32)
+
+
+def test_grouped_routing_only_where_the_collector_applied_it():
+    """SGLang >= 0.5.14 and vLLM >= 0.24.0 route DeepSeek's benchmark through its grouped top-k;
+    TensorRT-LLM, older collectors and ungrouped models (Kimi K2: same width, 384 experts) not."""
+    pytest.importorskip("aiconfigurator_core")
+    import pandas as pd
+
+    from dse.calibration.kernels import moe
+    assert moe.grouped_shapes()[(7168, 2048, 256, 8)] == (8, 4)
+    f = pd.DataFrame({"runtime": ["sglang", "vllm", "trtllm", "sglang", "sglang"],
+                      "version": ["0.5.14", "0.24.0", "1.3.0rc20", "0.5.10", "0.5.14"],
+                      "hidden_size": [7168] * 5, "inter_size": [2048] * 5,
+                      "num_experts": [256, 256, 256, 256, 384], "topk": [8] * 5,
+                      "num_tokens": [1024] * 5, "moe_ep_size": [1] * 5})
+    assert list(moe._grouped_rows(f)) == [True, True, False, False, False]
+    assert list(moe.balanced_routing(f)[1]) == [128, 128, 256, 256, 384]
+
+
 def test_nongated_slowdown_scales_only_the_non_gated_expert_gemms_by_hand():
     """2 matrices (relu2 experts): the expert GEMMs (max of compute and weight reads) take
     ``nongated_slowdown`` times the gated kernel's efficiency; latency and token bytes do not;

@@ -50,6 +50,16 @@ Routing: the benchmark routes deterministically (``balanced_routing``), so the f
 shape's exact routed rows and touched experts on the chip; the scorer keeps the
 uniform-random expectation of real traffic (``kernel_gemm.touched_experts``).
 
+Grouped routing (DeepSeek-V3/R1: 8 groups of 32 experts, the best 4 per token): SGLang's
+(0.5.14) and vLLM's (0.24.0) collectors pass the balanced logits through the model's grouped
+top-k, TensorRT-LLM's does not. Every group then ties, the first 4 win for every token, and the
+benchmark hits 128 of the 256 experts (``_grouped_one``; ``GROUPED_ROUTING_SINCE`` names the
+evidence); under EP the first chips take every entry. Fitted as if all 256 were hit, those rows
+read the weights at 1.7x the HBM peak and put the H200 SGLang fp8_block fit at 1.57-1.9x the
+table at ep 1 and 0.36-0.97x at ep 2-32. Real traffic spreads over all groups, so the scorer
+keeps the uniform expectation (all 256 experts at a 1024-token prompt): at DeepSeek's shape
+the scorer's time is about twice the SGLang/vLLM table's, as TensorRT-LLM's table says.
+
 Waves and remote entries: the held-out bias fell with the expert parallelism, on every
 runtime (SGLang 1.07 at ep 1 to 0.83 at ep 256, TensorRT-LLM 0.98 to 0.85, vLLM 1.00 to 0.92:
 at wide EP the layer takes longer than its share of the rows says). Two terms carry it:
