@@ -333,3 +333,33 @@ def test_uncertainty_rules_by_hand():
     cap = (hi - lo) / np.sqrt(12.0)
     assert np.sqrt(np.diag(b)) == pytest.approx(cap)
     assert common.bounded_cov(cov, lo, hi) == pytest.approx(cov)      # well pinned: unchanged
+
+
+def _deepseek_h200(runtime, tokens, touched):
+    """The catalog's H200 fp8_block time of DeepSeek-V3's routed experts (256 x 7168 x 2048,
+    top-8) at tp 8 ep 1, with ``touched`` experts hit by ``tokens x 8`` rows."""
+    import pandas as pd
+
+    from dse.calibration.kernels import common, moe
+    from dse.catalog import accelerators
+    doc = tomllib.loads((common.CATALOG_DIR / "moe.toml").read_text())
+    f = pd.DataFrame({"num_tokens": [tokens], "hidden_size": [7168], "inter_size": [2048],
+                      "topk": [8], "num_experts": [256], "moe_tp_size": [8], "moe_ep_size": [1],
+                      "_matrices": [3.0], "_rows": [tokens * 8.0], "_touched": [touched]})
+    return float(moe.predict(f, "fp8_block", accelerators()["h200-sxm"],
+                             doc["h200-sxm"][runtime])[0])
+
+
+def test_deepseek_shape_against_the_kernel_tables():
+    """aiconfigurator-core 0.12.0 moe_perf (balanced), H200, fp8_block, DeepSeek-V3's experts,
+    tp 8 ep 1, 1024 tokens: SGLang 0.5.14's Triton fused MoE 0.393 ms, its benchmark routing
+    through DeepSeek's grouped top-k (8192 rows on 128 experts, ``_grouped_one``); TensorRT-LLM
+    1.3.0rc20's CUTLASS MoE 1.086 ms on all 256. The fits with each benchmark's routing stay
+    within 12% (a 20% move of either fails); real traffic hits all 256 experts, so the scorer's
+    SGLang time reads twice the weights the table's did: well above the table value."""
+    sg = _deepseek_h200("sglang", 1024, 128.0)
+    assert 0.88 < sg / 0.393e-3 < 1.12
+    trt = _deepseek_h200("trtllm", 1024, 256.0)
+    assert 0.88 < trt / 1.086e-3 < 1.12
+    real = _deepseek_h200("sglang", 1024, float(touched_experts(1024, 8, 256)))
+    assert real > 1.3 * sg
