@@ -59,6 +59,10 @@ read the weights at 1.7x the HBM peak and put the H200 SGLang fp8_block fit at 1
 table at ep 1 and 0.36-0.97x at ep 2-32. Real traffic spreads over all groups, so the scorer
 keeps the uniform expectation (all 256 experts at a 1024-token prompt): at DeepSeek's shape
 the scorer's time is about twice the SGLang/vLLM table's, as TensorRT-LLM's table says.
+Emulated and refitted (2026-12-05), DeepSeek's held-out shapes per token decade: H200 SGLang
+1.17-1.67 -> 1.05-1.07, vLLM 1.22-2.16 -> 1.05-1.11 (H100 alike); every SGLang/vLLM
+fp8_block and fp4 group improves (H200 SGLang 1.111 -> 1.095, vLLM 1.100 -> 1.078, B200
+SGLang fp4 1.148 -> 1.132), the other groups move < 0.004.
 
 Waves and remote entries: the held-out bias fell with the expert parallelism, on every
 runtime (SGLang 1.07 at ep 1 to 0.83 at ep 256, TensorRT-LLM 0.98 to 0.85, vLLM 1.00 to 0.92:
