@@ -344,9 +344,10 @@ def _grouped_one(tokens: int, experts: int, topk: int, ep: int, n_group: int,
     experts inside them): each token's ``topk`` high logits fall one per group, so every
     group ties and the lowest-indexed ``topk_group`` groups win for every token; inside them
     the token's high experts are taken and the remaining slots tie again among equal low
-    logits, filled by the lowest-indexed experts (the ``_balanced_one`` pattern, then the
-    ties broken to the lowest index, as torch.topk and SGLang's fused gate do). Only
-    ``topk_group / n_group`` of the experts are ever hit (DeepSeek: 128 of 256)."""
+    logits, filled by the lowest-indexed experts (the ``_balanced_one`` pattern, then ties
+    broken to the lowest index: assumed, not read from the kernels; it gives what the tables
+    show, ep 2 as slow as ep 1). Only ``topk_group / n_group`` of the experts are ever hit
+    (DeepSeek: 128 of 256)."""
     stride = -(-experts // topk)
     size = experts // n_group
     kept = topk_group * size                     # experts of the winning groups: [0, kept)
@@ -402,7 +403,8 @@ GROUPED_ROUTING_SINCE = {"sglang": "0.5.14", "vllm": "0.24.0"}
 
 def _grouped_rows(frame: pd.DataFrame) -> np.ndarray:
     """Rows whose benchmark routed through a grouped top-k (``GROUPED_ROUTING_SINCE``)."""
-    if "runtime" not in frame or "version" not in frame:
+    if ("runtime" not in frame or "version" not in frame
+            or not frame["runtime"].isin(list(GROUPED_ROUTING_SINCE)).any()):
         return np.zeros(len(frame), bool)
     shapes = grouped_shapes()
     key = zip(frame["hidden_size"], frame["inter_size"], frame["num_experts"], frame["topk"])
