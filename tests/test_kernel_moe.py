@@ -139,6 +139,41 @@ def test_benchmark_balanced_routing_by_hand():
     assert float(touched_experts(16, 8, 128)) == pytest.approx(82.4, abs=0.1)
 
 
+def test_benchmark_grouped_routing_by_hand():
+    """DeepSeek-V3's grouped top-k (8 groups of 32 experts, the best 4) on the balanced logits:
+    token t's high experts t % 32 + 32 i fall one per group, the groups tie and 0-3 win for
+    every token; inside them the token's 4 high experts plus the 4 lowest-indexed others."""
+    from dse.calibration.kernels.moe import _balanced_one, _grouped_one
+    # 64 tokens: 8 entries each, all in experts 0..127 (high t%32, t%32+32, +64, +96; fill
+    # 0..3, or 0..4 less t%32): 128 experts hit, half of the 256 the ungrouped routing hits
+    assert _grouped_one(64, 256, 8, 1, 8, 4) == (512, 128)
+    assert _balanced_one(64, 256, 8, 1) == (512, 256)
+    # ep 2: the first chip holds experts 0..127, so it takes every entry (ungrouped: half)
+    assert _grouped_one(64, 256, 8, 2, 8, 4) == (512, 128)
+    assert _balanced_one(64, 256, 8, 2) == (256, 128)
+    # ep 8: the first chip holds group 0 (experts 0..31): per token its high expert t%32 and
+    # the 4 fill experts, 5 entries; 64 tokens -> 320 rows on all 32 experts (ungrouped: 64)
+    assert _grouped_one(64, 256, 8, 8, 8, 4) == (320, 32)
+    assert _balanced_one(64, 256, 8, 8) == (64, 32)
+
+
+def test_grouped_routing_only_where_the_collector_applied_it():
+    """SGLang >= 0.5.14 and vLLM >= 0.24.0 route DeepSeek's benchmark through its grouped top-k;
+    TensorRT-LLM, older collectors and ungrouped models (Kimi K2: same width, 384 experts) not."""
+    pytest.importorskip("aiconfigurator_core")
+    import pandas as pd
+
+    from dse.calibration.kernels import moe
+    assert moe.grouped_shapes()[(7168, 2048, 256, 8)] == (8, 4)
+    f = pd.DataFrame({"runtime": ["sglang", "vllm", "trtllm", "sglang", "sglang"],
+                      "version": ["0.5.14", "0.24.0", "1.3.0rc20", "0.5.10", "0.5.14"],
+                      "hidden_size": [7168] * 5, "inter_size": [2048] * 5,
+                      "num_experts": [256, 256, 256, 256, 384], "topk": [8] * 5,
+                      "num_tokens": [1024] * 5, "moe_ep_size": [1] * 5})
+    assert list(moe._grouped_rows(f)) == [True, True, False, False, False]
+    assert list(moe.balanced_routing(f)[1]) == [128, 128, 256, 256, 384]
+
+
 def test_nongated_slowdown_scales_only_the_non_gated_expert_gemms_by_hand():
     """2 matrices (relu2 experts): the expert GEMMs (max of compute and weight reads) take
     ``nongated_slowdown`` times the gated kernel's efficiency; latency and token bytes do not;
@@ -298,3 +333,33 @@ def test_uncertainty_rules_by_hand():
     cap = (hi - lo) / np.sqrt(12.0)
     assert np.sqrt(np.diag(b)) == pytest.approx(cap)
     assert common.bounded_cov(cov, lo, hi) == pytest.approx(cov)      # well pinned: unchanged
+
+
+def _deepseek_h200(runtime, tokens, touched):
+    """The catalog's H200 fp8_block time of DeepSeek-V3's routed experts (256 x 7168 x 2048,
+    top-8) at tp 8 ep 1, with ``touched`` experts hit by ``tokens x 8`` rows."""
+    import pandas as pd
+
+    from dse.calibration.kernels import common, moe
+    from dse.catalog import accelerators
+    doc = tomllib.loads((common.CATALOG_DIR / "moe.toml").read_text())
+    f = pd.DataFrame({"num_tokens": [tokens], "hidden_size": [7168], "inter_size": [2048],
+                      "topk": [8], "num_experts": [256], "moe_tp_size": [8], "moe_ep_size": [1],
+                      "_matrices": [3.0], "_rows": [tokens * 8.0], "_touched": [touched]})
+    return float(moe.predict(f, "fp8_block", accelerators()["h200-sxm"],
+                             doc["h200-sxm"][runtime])[0])
+
+
+def test_deepseek_shape_against_the_kernel_tables():
+    """aiconfigurator-core 0.12.0 moe_perf (balanced), H200, fp8_block, DeepSeek-V3's experts,
+    tp 8 ep 1, 1024 tokens: SGLang 0.5.14's Triton fused MoE 0.393 ms, its benchmark routing
+    through DeepSeek's grouped top-k (8192 rows on 128 experts, ``_grouped_one``); TensorRT-LLM
+    1.3.0rc20's CUTLASS MoE 1.086 ms on all 256. The fits with each benchmark's routing stay
+    within 12% (a 20% move of either fails); real traffic hits all 256 experts, so the scorer's
+    SGLang time reads twice the weights the table's did: well above the table value."""
+    sg = _deepseek_h200("sglang", 1024, 128.0)
+    assert 0.88 < sg / 0.393e-3 < 1.12
+    trt = _deepseek_h200("trtllm", 1024, 256.0)
+    assert 0.88 < trt / 1.086e-3 < 1.12
+    real = _deepseek_h200("sglang", 1024, float(touched_experts(1024, 8, 256)))
+    assert real > 1.3 * sg

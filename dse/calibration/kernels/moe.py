@@ -50,6 +50,20 @@ Routing: the benchmark routes deterministically (``balanced_routing``), so the f
 shape's exact routed rows and touched experts on the chip; the scorer keeps the
 uniform-random expectation of real traffic (``kernel_gemm.touched_experts``).
 
+Grouped routing (DeepSeek-V3/R1: 8 groups of 32 experts, the best 4 per token): SGLang's
+(0.5.14) and vLLM's (0.24.0) collectors pass the balanced logits through the model's grouped
+top-k, TensorRT-LLM's does not. Every group then ties, the first 4 win for every token, and the
+benchmark hits 128 of the 256 experts (``_grouped_one``; ``GROUPED_ROUTING_SINCE`` names the
+evidence); under EP the first chips take every entry. Fitted as if all 256 were hit, those rows
+read the weights at 1.7x the HBM peak and put the H200 SGLang fp8_block fit at 1.57-1.9x the
+table at ep 1 and 0.36-0.97x at ep 2-32. Real traffic spreads over all groups, so the scorer
+keeps the uniform expectation (all 256 experts at a 1024-token prompt): at DeepSeek's shape
+the scorer's time is about twice the SGLang/vLLM table's, as TensorRT-LLM's table says.
+Emulated and refitted (2026-12-05), DeepSeek's held-out shapes per token decade: H200 SGLang
+1.17-1.67 -> 1.05-1.07, vLLM 1.22-2.16 -> 1.05-1.11 (H100 alike); every SGLang/vLLM
+fp8_block and fp4 group improves (H200 SGLang 1.111 -> 1.095, vLLM 1.100 -> 1.078, B200
+SGLang fp4 1.148 -> 1.132), the other groups move < 0.004.
+
 Waves and remote entries: the held-out bias fell with the expert parallelism, on every
 runtime (SGLang 1.07 at ep 1 to 0.83 at ep 256, TensorRT-LLM 0.98 to 0.85, vLLM 1.00 to 0.92:
 at wide EP the layer takes longer than its share of the rows says). Two terms carry it:
@@ -322,16 +336,107 @@ def _balanced_one(tokens: int, experts: int, topk: int, ep: int) -> tuple[int, i
     return len(local), int(np.unique(local).size)
 
 
+def _grouped_one(tokens: int, experts: int, topk: int, ep: int, n_group: int,
+                 topk_group: int) -> tuple[int, int]:
+    """(routed rows, distinct experts hit) on the first of ``ep`` chips when the benchmark's
+    ``balanced_logits`` pass through DeepSeek-V3's group-limited top-k (``n_group`` groups of
+    consecutive experts, the best ``topk_group`` groups per token, then the top ``topk``
+    experts inside them): each token's ``topk`` high logits fall one per group, so every
+    group ties and the lowest-indexed ``topk_group`` groups win for every token; inside them
+    the token's high experts are taken and the remaining slots tie again among equal low
+    logits, filled by the lowest-indexed experts (the ``_balanced_one`` pattern, then ties
+    broken to the lowest index: assumed, not read from the kernels; it gives what the tables
+    show, ep 2 as slow as ep 1). Only ``topk_group / n_group`` of the experts are ever hit
+    (DeepSeek: 128 of 256)."""
+    stride = -(-experts // topk)
+    size = experts // n_group
+    kept = topk_group * size                     # experts of the winning groups: [0, kept)
+    t = np.arange(tokens, dtype=float)[:, None]
+    i = np.arange(topk, dtype=float)[None, :]
+    hi = (((t if tokens >= stride else t * stride / tokens) + i * stride) % experts
+          ).astype(np.int64)
+    local = experts // ep
+    rows, hit = 0, set()
+    pattern, count = np.unique(hi, axis=0, return_counts=True)    # rows repeat every stride
+    for row, n in zip(pattern, count):
+        high = sorted({int(e) for e in row if e < kept})[:topk]
+        fill, e = [], 0
+        while len(high) + len(fill) < topk and e < kept:
+            if e not in high:
+                fill.append(e)
+            e += 1
+        mine = [x for x in high + fill if x < local]
+        rows += len(mine) * int(n)
+        hit.update(mine)
+    return rows, len(hit)
+
+
+def grouped_shapes() -> dict[tuple[int, int, int, int], tuple[int, int]]:
+    """(hidden, inter, experts, topk) -> (n_group, topk_group) of every model in
+    aiconfigurator-core's ``model_configs`` with group-limited routing (``n_group`` > 1:
+    DeepSeek-V3/R1/V3.1/V3.2, 8 groups, the best 4)."""
+    import json
+    out = {}
+    for f in sorted((data.root().parent.parent / "model_configs").glob("*_config.json")):
+        c = json.loads(f.read_text())
+        c = c.get("text_config", c)
+        g, kg = c.get("n_group") or c.get("num_expert_group"), c.get("topk_group")
+        e = c.get("n_routed_experts") or c.get("num_experts")
+        k, inter, h = c.get("num_experts_per_tok"), c.get("moe_intermediate_size"), c.get("hidden_size")
+        if g and kg and int(g) > 1 and int(kg) < int(g) and e and k and inter and h:
+            out[(int(h), int(inter), int(e), int(k))] = (int(g), int(kg))
+    return out
+
+
+# collectors that route the benchmark's balanced logits through the model's grouped top-k
+# (aiconfigurator collector/cases/models/DeepseekV3ForCausalLM_cases.yaml,
+# sglang_moe_num_expert_group 8 / topk_group 4, used by collector/sglang/collect_moe.py's
+# TopK(use_grouped_topk=...) since the v2 collector, 1d12d3211, 2026-05-19; vLLM's
+# collector/vllm/collect_moe.py use_grouped_topk for DeepSeek model types since the 0.24.0
+# collector, d5bad971c, 2026-07-13). TensorRT-LLM's collector does not: its DeepSeek rows
+# read all 256 experts' weights (H200 fp8_block, tp 1, 64 tokens: 2.66 ms, 4.2 TB/s), where
+# SGLang 0.5.14 and vLLM 0.24.0 take 1.39 ms (8.1 TB/s if all 256 were read, above the
+# 4.8 TB/s peak; 128 experts at 4.1 TB/s) and ep 2 takes the time of ep 1 (1.97 vs 1.96 ms
+# at 1024 tokens: every entry lands on the first chip's 128 experts).
+GROUPED_ROUTING_SINCE = {"sglang": "0.5.14", "vllm": "0.24.0"}
+
+
+def _grouped_rows(frame: pd.DataFrame) -> np.ndarray:
+    """Rows whose benchmark routed through a grouped top-k (``GROUPED_ROUTING_SINCE``)."""
+    if ("runtime" not in frame or "version" not in frame
+            or not frame["runtime"].isin(list(GROUPED_ROUTING_SINCE)).any()):
+        return np.zeros(len(frame), bool)
+    shapes = grouped_shapes()
+    key = zip(frame["hidden_size"], frame["inter_size"], frame["num_experts"], frame["topk"])
+    shape = np.array([(int(h), int(i), int(e), int(k)) in shapes for h, i, e, k in key], bool)
+    since = [GROUPED_ROUTING_SINCE.get(r) for r in frame["runtime"]]
+    new = np.array([s is not None and data.version_key(str(v)) >= data.version_key(s)
+                    for s, v in zip(since, frame["version"])], bool)
+    return shape & new
+
+
 def balanced_routing(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Per row: the routed rows and distinct experts the benchmark's balanced routing gives
     one chip (``_balanced_one``; the fit uses these, not the uniform-random expectation the
     scorer uses for real traffic: at 16 tokens x top-8 of 128 experts the benchmark touches
-    all 128 experts, random routing 82, and the measured time follows the 128)."""
+    all 128 experts, random routing 82, and the measured time follows the 128). Rows of a
+    grouped-routing model measured by a collector that applies the model's grouped top-k
+    (``_grouped_rows``) take ``_grouped_one``: half of DeepSeek's experts."""
     cols = ["num_tokens", "num_experts", "topk", "moe_ep_size"]
-    u = frame[cols].drop_duplicates()
-    got = [_balanced_one(*(int(x) for x in r)) for r in u.itertuples(index=False)]
+    f = frame[cols].assign(_g=_grouped_rows(frame))
+    shapes = grouped_shapes() if f["_g"].any() else {}
+    f["_ng"], f["_kg"] = 0, 0
+    if f["_g"].any():
+        gk = [shapes[(int(h), int(i), int(e), int(k))] if g else (0, 0) for h, i, e, k, g in
+              zip(frame["hidden_size"], frame["inter_size"], frame["num_experts"],
+                  frame["topk"], f["_g"])]
+        f["_ng"], f["_kg"] = [x[0] for x in gk], [x[1] for x in gk]
+    keys = cols + ["_ng", "_kg"]
+    u = f[keys].drop_duplicates()
+    got = [_grouped_one(*(int(x) for x in r)) if r[4] else _balanced_one(*(int(x) for x in r[:4]))
+           for r in u.itertuples(index=False)]
     u = u.assign(_rows=[g[0] for g in got], _touched=[g[1] for g in got])
-    m = frame[cols].merge(u, on=cols, how="left")
+    m = f[keys].merge(u, on=keys, how="left")
     return m["_rows"].to_numpy(float), m["_touched"].to_numpy(float)
 
 
