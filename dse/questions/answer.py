@@ -128,7 +128,15 @@ def first_lines(out) -> str:
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-05 (ninth pass, issue 28): the per-request time belongs to the front end, not the "
+    "2026-12-05 (tenth pass, issue 28): a decode-only step replays as a CUDA graph (the three"
+    " runtimes' defaults) and pays its own per-layer time, 23.0 us, where a step carrying "
+    "prompt tokens runs eagerly at 61.3 us (one shared 27.7 us before); the front end's time "
+    "per output token refits to 21.7 us (32.6 us); the MoE kernel fit reads SGLang's and "
+    "vLLM's DeepSeek tables as the grouped top-k their collectors ran (128 of 256 experts "
+    "hit); InferenceX's TensorRT-LLM MoE rows before 2025-11-03 ran ep = tp (their recipe); "
+    "training: the attention backward costs 2.88 forward times (FlashAttention-2/3 papers). "
+    "Before it "
+    "(ninth pass): the per-request time belongs to the front end, not the "
     "runtime: the Hopper set's gap-analysis rows ran behind Dynamo's front end (aiconfigurator's "
     "benchmark template), fitted apart at 131 ms, so a runtime's own server pays 26 ms per "
     "request (the eighth pass gave TensorRT-LLM 108, SGLang 230 and vLLM 12 ms, each runtime's "
