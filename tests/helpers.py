@@ -19,7 +19,8 @@ SHARED = ROOT.parent / "shared"
 
 IDEAL = {  # speed of light: peak FLOP/s, full bandwidths, no fixed costs, no padding
     "hbm_fraction": 1.0, "scaleup_fraction": 1.0, "scaleout_fraction": 1.0,
-    "layer_overhead_s": 0.0, "step_overhead_s": 0.0, "network_overlap_fraction": 0.0,
+    "layer_overhead_s": 0.0, "graph_layer_overhead_s": 0.0, "step_overhead_s": 0.0,
+    "network_overlap_fraction": 0.0,
     "request_overhead_s": 0.0, "seq_overhead_s": 0.0, "frontend_prompt_token_s": 0.0,
     "frontend_token_s": 0.0, "frontend_text_token_s": 0.0,
     "gemm_fraction": 1.0, "gemm_half_rows": 0.0, "gemm_n_half": 0.0, "gemm_k_half": 0.0,
