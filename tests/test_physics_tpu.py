@@ -130,6 +130,7 @@ def test_tpu_gemm_runs_its_rows_without_gpu_tile_padding():
 
 def test_tpu_step_carries_no_gpu_launch_or_layer_overhead():
     """The same decode step on H100 pays a fixed time per GEMM launch and per layer (CUDA);
+    the TPU's own catalog entry sets no per-layer time, for graph-replayed steps too;
     on TPU v4 (XLA: one program per step) the step's fixed time is only the runtime's host
     time per running sequence."""
     d = _small(**DECODE, **{"layout.tp": 8, "workload.concurrency": 8})
@@ -138,7 +139,8 @@ def test_tpu_step_carries_no_gpu_launch_or_layer_overhead():
     _, st = score(tpu, breakdown=True)
     assert st.decode.overhead_s[0] == pytest.approx(tpu.seq_overhead_s[0] * 8, rel=1e-12)
     _, sg = score(gpu, breakdown=True)
-    fixed = 8 * gpu.layer_overhead_s[0] + 33 * gpu.gemm_latency_s[0]   # 4 GEMMs/layer + head
+    # a decode-only step replays as a CUDA graph: its per-layer time is the graph's
+    fixed = 8 * gpu.graph_layer_overhead_s[0] + 33 * gpu.gemm_latency_s[0]  # 4 GEMMs/layer + head
     assert sg.decode.overhead_s[0] == pytest.approx(fixed + gpu.seq_overhead_s[0] * 8, rel=1e-9)
     assert fixed > 100e-6
 

@@ -30,6 +30,10 @@ def _efficiency(acc_id: str, table: dict, own: dict | None = None) -> Efficiency
     base = dict(table.get(acc_id, table["default"]))
     if own:
         base.update(own)
+        if "layer_overhead_s" in own and "graph_layer_overhead_s" not in own:
+            # the chip's own per-layer time stands for every step's (a CUDA graph's is a
+            # fitted refinement of the CUDA runtimes' per-layer time, not of the chip's own)
+            base["graph_layer_overhead_s"] = own["layer_overhead_s"]
         base["fitted_on"] = (f"{base.get('fitted_on', '')}; {', '.join(sorted(own))} from the "
                              "chip's own catalog entry (accelerators.toml, its architecture)")
     return Efficiency(**base)

@@ -284,7 +284,7 @@ def solve(roots: list, settle=None) -> None:
             for (i, j), v in zip(mine, probe([asks[i][j][1:] for i, j in mine])):
                 got[i][j] = v
         for r, a, g in zip(live, asks, got):
-            r.update([g[j] for j in range(len(a))])          # its few points, not rows
+            r.update([g[j] for j, _ in enumerate(a)])        # its few points, not rows
     for r in roots:                  # (not reached)
         if r.active():
             r.c[r.idx] = r.a
