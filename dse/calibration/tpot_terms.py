@@ -42,6 +42,7 @@ import pandas as pd
 from dse.calibration.calibrate import model_kind
 from dse.calibration.cases import FRONT_END, load, queue_suspect
 from dse.calibration.fit import concurrency_decade, holdout_key
+from dse.calibration.ttft_terms import term_means
 from dse.errors import InputError
 from dse.perf import frontend
 from dse.perf.serve import score
@@ -117,12 +118,7 @@ def case_terms(cases: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
 def summary(rows: pd.DataFrame, by=("runtime", "kind")) -> pd.DataFrame:
     """Mean of every term, the model's and the measured TPOT, and the geometric-mean ratio
     (model / measured) by the ``by`` columns."""
-    g = rows.groupby(list(by), observed=True)
-    cols = [*TERMS, "floor_s", "tpot_s", "true_tpot_s"]
-    out = g[cols].mean()
-    out.insert(0, "cases", g.size())
-    out["ratio"] = np.exp(g["ratio"].apply(lambda r: np.log(r).mean()))
-    return out.reset_index()
+    return term_means(rows, by, [*TERMS, "floor_s", "tpot_s", "true_tpot_s"])
 
 
 def main(argv=None) -> int:

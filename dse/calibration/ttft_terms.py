@@ -100,14 +100,20 @@ def case_terms(cases: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def term_means(rows: pd.DataFrame, by, cols) -> pd.DataFrame:
+    """By the ``by`` columns: cases, the mean of each of ``cols``, and the geometric mean of the
+    rows' ``ratio`` (shared by ttft_terms and tpot_terms)."""
+    keys = [rows[k] for k in by]
+    out = rows.groupby(keys, observed=True)[list(cols)].mean()
+    out.insert(0, "cases", rows.groupby(keys, observed=True).size())
+    out["ratio"] = np.exp(np.log(rows["ratio"]).groupby(keys, observed=True).mean())
+    return out.reset_index()
+
+
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
     """Per runtime and model kind: cases, the mean of each term and of the measured TTFT, and
     the geometric mean of measured / model."""
-    g = rows.groupby(["runtime", "kind"])
-    out = g[list(TERMS) + ["ttft_s", "true_ttft_s"]].mean()
-    out.insert(0, "cases", g.size())
-    out["ratio"] = np.exp(g["ratio"].apply(lambda r: np.log(r).mean()))
-    return out.reset_index()
+    return term_means(rows, ("runtime", "kind"), [*TERMS, "ttft_s", "true_ttft_s"])
 
 
 def main(argv=None) -> int:
