@@ -48,6 +48,9 @@ class TrainBatch:
     Job: global_batch_seqs, seq_len (tokens), precision (code of PRECISIONS).
     Training parameters (dse/catalog/training.toml): compute_fraction_scale, overlap_fraction,
     layer_overhead_s, reserve_bytes, fragmentation_fraction, attention_bwd_ratio.
+    Attention kernel: attention_fwd_rate, attention_bwd_rate (the job's kernel's forward and
+    backward rate over the kernel the attention fits price; training.toml [attention_kernels];
+    1 = that kernel).
     """
 
     hidden_size: np.ndarray
@@ -103,6 +106,8 @@ class TrainBatch:
     fragmentation_fraction: np.ndarray
     attention_bwd_ratio: np.ndarray
     kernel: dict
+    attention_fwd_rate: np.ndarray = 1.0
+    attention_bwd_rate: np.ndarray = 1.0
 
     @classmethod
     def of(cls, **fields) -> TrainBatch:
