@@ -53,11 +53,12 @@ METRIC_COLUMN = {"step_time_s": "step_time_s", "tokens_per_s_per_chip": "tokens_
 #   `--attn_impl triton` for 13b.yaml and 30b.yaml; submit_benchmarks.py there installs
 #   `.[gpu-flash2]` (setup.py: flash-attn==2.4.2), so `flash` is FlashAttention-2.
 # - every other MPT row ("H100 80GB BF16", "H100 80GB FP8", "A100 80GB ...", "A100 40GB ..."):
-#   added by b2a43a147 (2023-10-19; its sweep.sh passes no --attn_impl, llm-foundry v0.0.4) or
-#   carried from the 2023-05 tables (300cc5c58) whose sweep passes none either;
-#   submit_benchmarks.py's `--attn_impl` defaults to 'triton' at both commits (and the
-#   scripts/train/yamls/pretrain yamls set `attn_impl: triton`): llm-foundry's Triton
-#   FlashAttention (llmfoundry/models/layers/flash_attn_triton.py).
+#   added by b2a43a147 (2023-10-19; its sweep.sh passes no --attn_impl; run_config installs
+#   llm-foundry v0.3.0 with `.[gpu]`, flash-attn 1.0.9) or carried from the 2023-05 tables
+#   (300cc5c58) whose sweep passes none either; submit_benchmarks.py's `--attn_impl` defaults
+#   to 'triton' at both commits (and the scripts/train/yamls/pretrain yamls set
+#   `attn_impl: triton`): llm-foundry's Triton FlashAttention (triton_flash_attn_fn,
+#   llmfoundry/models/layers/flash_attn_triton.py at v0.3.0).
 LARGE_SCALE_FLASH = ("mpt-1b", "mpt-3b", "mpt-7b", "mpt-70b")
 ATTENTION_RULES = (
     ("MPT", r"Large Scale", LARGE_SCALE_FLASH, "flash2"),
