@@ -98,3 +98,37 @@ def test_the_mpt_rule_follows_each_sweep():
     assert pd.isna(got[5])
     given = df.assign(**{KERNEL_COLUMN: ["cudnn"] + [None] * 5})
     assert apply_attention_rules(given)[KERNEL_COLUMN].iloc[0] == "cudnn"     # given wins
+
+
+def test_unfused_core_attention_by_hand():
+    # Megatron's pre-FlashAttention core attention on the dense test model at roofline (1 PFLOP/s,
+    # 2 TB/s), one sequence of 2048 tokens, 16 heads of 64: 16 * 2048 = 32,768 score rows of 2048
+    # scores (67.1 M scores, no causal skipping). Each batched GEMM: 2 * 32768 * 2048 * 64 =
+    # 8.59e9 FLOPs = 8.59 us; softmax + dropout stream 9 bytes a score forward (302 us at 2 TB/s),
+    # 11 backward (369 us); forward 2 GEMMs, backward 4
+    from dse.perf.train_time import attention_core_s, unfused_attention_s
+    b = batch(DENSE, attention_unfused=1.0, global_batch_seqs=1)
+    gemm = 2 * 32768 * 2048 * 64 / 1e15
+    stream = 32768 * 2048 / 2e12
+    fwd, bwd = unfused_attention_s(b)
+    assert float(fwd) == pytest.approx(2 * gemm + 9 * stream, rel=1e-6)
+    assert float(bwd) == pytest.approx(4 * gemm + 11 * stream, rel=1e-6)
+    assert float(fwd) == pytest.approx(3.191e-4, rel=1e-3)
+    assert float(bwd) == pytest.approx(4.034e-4, rel=1e-3)
+    # the step takes them instead of the fused kernel's (8 layers), and selective recompute
+    # reruns the unfused forward
+    core = float(attention_core_s(b))
+    flash = score_train(batch(DENSE, global_batch_seqs=1))["compute_s"]
+    unfused = score_train(b)["compute_s"]
+    assert float(unfused - flash) == pytest.approx(8 * (fwd + bwd - core * (1 + 2.0)), rel=1e-3)
+    sel = score_train(batch(DENSE, attention_unfused=1.0, recompute=1,
+                            global_batch_seqs=1))["compute_s"]
+    assert float(sel - unfused) == pytest.approx(8 * float(fwd), rel=1e-3)
+
+
+def test_megatron_rows_run_unfused_attention():
+    df = pd.DataFrame([("KORTHI", "Korthikanti et al. 2022", "megatron-22b"),
+                       ("MEGATRON-2021", "NVIDIA/Megatron-LM README.md", "gpt3-175b")],
+                      columns=["source", "citation", "model"])
+    assert apply_attention_rules(df)[KERNEL_COLUMN].tolist() == ["unfused", "unfused"]
+    assert tcat.attention_rates("a100-sxm-80g", "unfused") == (1.0, 1.0)

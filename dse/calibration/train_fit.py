@@ -59,10 +59,17 @@ METRIC_COLUMN = {"step_time_s": "step_time_s", "tokens_per_s_per_chip": "tokens_
 #   to 'triton' at both commits (and the scripts/train/yamls/pretrain yamls set
 #   `attn_impl: triton`): llm-foundry's Triton FlashAttention (triton_flash_attn_fn,
 #   llmfoundry/models/layers/flash_attn_triton.py at v0.3.0).
+# - MEGATRON-2021 (NVIDIA/Megatron-LM README at 152aab304d) and KORTHI (Korthikanti et al.
+#   2022, the runs the README at 2e90a342f5 reports): Megatron-LM's megatron/model/transformer.py
+#   at those commits has no FlashAttention (no "flash" anywhere under megatron/); its attention
+#   core is torch.baddbmm -> FusedScaleMaskSoftmax -> Dropout(--attention-dropout 0.1) ->
+#   torch.bmm: "unfused".
 LARGE_SCALE_FLASH = ("mpt-1b", "mpt-3b", "mpt-7b", "mpt-70b")
 ATTENTION_RULES = (
     ("MPT", r"Large Scale", LARGE_SCALE_FLASH, "flash2"),
     ("MPT", r"", None, "triton"),
+    ("MEGATRON-2021", r"", None, "unfused"),
+    ("KORTHI", r"", None, "unfused"),
 )
 KERNEL_COLUMN = "training.attention_kernel"
 

@@ -40,7 +40,10 @@ def train_parameters() -> dict:
     return dict(document()["training"])
 
 
-ATTENTION_KERNELS = ("cudnn", "flash3", "flash2", "triton")   # = training.toml [attention_kernels]
+# = training.toml [attention_kernels]; "unfused" (Megatron's pre-FlashAttention core attention)
+# is timed by its own GEMMs and score passes (dse.perf.train_time.unfused_attention_s), no rate
+ATTENTION_KERNELS = ("cudnn", "flash3", "flash2", "triton", "unfused")
+UNFUSED = "unfused"
 
 
 def attention_rates(acc_id: str, kernel: str, *, file: str | None = None,
@@ -50,7 +53,7 @@ def attention_rates(acc_id: str, kernel: str, *, file: str | None = None,
     source); the default kernel is 1 everywhere, another kernel on a part or architecture no
     benchmark covers is a one-line InputError."""
     table = document()["attention_kernels"]
-    if kernel == table["default"]:
+    if kernel in (table["default"], UNFUSED):
         return 1.0, 1.0
     base = train_accelerators()[acc_id][1]
     for arch, row in table.items():

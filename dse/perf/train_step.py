@@ -49,6 +49,7 @@ from dse.perf.train_time import (
     moe_sort_s,
     pp_comm_s,
     tp_comm_s,
+    unfused_attention_s,
 )
 
 OPTIMIZER_BYTES_PER_PARAM = 30.0
@@ -75,6 +76,10 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     core = attention_core_s(b)
     attn = core / b.attention_fwd_rate
     attn_b = core * b.attention_bwd_ratio / b.attention_bwd_rate
+    if np.any(b.attention_unfused > 0):
+        uf, ub = unfused_attention_s(b)
+        attn = np.where(b.attention_unfused > 0, uf, attn)
+        attn_b = np.where(b.attention_unfused > 0, ub, attn_b)
     fwd = g["attn"][0] + mlp_f + attn
     bwd = g["attn"][1] + mlp_b + attn_b
     full = b.full_share

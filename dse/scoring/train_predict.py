@@ -133,6 +133,7 @@ def design_numbers(m, acc, topo, prec: str, given: dict, attention_kernel: str |
     c["attention_fwd_rate"], c["attention_bwd_rate"] = tcat.attention_rates(
         acc.id, attention_kernel or tcat.document()["attention_kernels"]["default"],
         file=file, where=where)
+    c["attention_unfused"] = float(attention_kernel == tcat.UNFUSED)
     c.update(given)
     key = PEAK_DTYPE[PRECISIONS.index(prec)]
     c["precision_native"] = float(c["peak_" + key] > 0)
