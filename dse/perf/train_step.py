@@ -129,7 +129,7 @@ def dp_comm_s(b: TrainBatch, params_per_chip) -> tuple[np.ndarray, np.ndarray]:
 def score_train(b: TrainBatch) -> dict:
     """Every training metric of every design (``METRICS``), arrays of one row per design."""
     parts = micro_batch_parts(b)
-    mem = memory_bytes(b)
+    mem = memory_bytes(b, flash=1.0 - b.attention_unfused)   # unfused: the score matrix kept
     m = b.micro_batches
     z_step, z_mb = dp_comm_s(b, mem["params_per_chip"])
     mb_compute = parts["compute_s"] + parts["memory_s"]

@@ -132,3 +132,13 @@ def test_megatron_rows_run_unfused_attention():
                       columns=["source", "citation", "model"])
     assert apply_attention_rules(df)[KERNEL_COLUMN].tolist() == ["unfused", "unfused"]
     assert tcat.attention_rates("a100-sxm-80g", "unfused") == (1.0, 1.0)
+
+
+def test_unfused_attention_keeps_the_score_matrix_in_memory():
+    # Korthikanti et al.'s 5 a s bytes per token and layer (scores, softmax, dropout mask) come
+    # back with the unfused kernel: the dense test model, 8 layers, 16 heads, 2048 tokens, no
+    # recompute, tp 1: 5 * 16 * 2048 * 2048 tokens * 8 layers = 2.68 GB more
+    base = score_train(batch(DENSE, global_batch_seqs=1))["memory_per_chip_bytes"]
+    unf = score_train(batch(DENSE, global_batch_seqs=1,
+                            attention_unfused=1.0))["memory_per_chip_bytes"]
+    assert float(unf - base) == pytest.approx(5 * 16 * 2048 * 2048 * 8, rel=0.01)
