@@ -43,12 +43,61 @@ METRIC_COLUMN = {"step_time_s": "step_time_s", "tokens_per_s_per_chip": "tokens_
                  "memory_per_chip_bytes": "memory_per_chip_bytes"}
 
 
+# The attention kernel a source's rows ran where the case file leaves it blank
+# (``training.attention_kernel``, rates in dse/catalog/training.toml [attention_kernels]), by a
+# stated rule: (source, a pattern of the citation, the models it covers (None = all), kernel).
+# First match wins. Evidence, mosaicml/llm-foundry scripts/train/benchmarking/ (git blame of
+# README.md at 8c8dd48f7, the commit the cases cite, gives the commit each table row came from):
+# - "H100 80GB BF16 (Large Scale, >= 128 GPUs)" rows: added by 5e85bd62d (2024-01-06), run by its
+#   sweep.py, which passes `--attn_impl flash` for 1b.yaml, 3b.yaml, 7b.yaml and 70b.yaml and
+#   `--attn_impl triton` for 13b.yaml and 30b.yaml; submit_benchmarks.py there installs
+#   `.[gpu-flash2]` (setup.py: flash-attn==2.4.2), so `flash` is FlashAttention-2.
+# - every other MPT row ("H100 80GB BF16", "H100 80GB FP8", "A100 80GB ...", "A100 40GB ..."):
+#   added by b2a43a147 (2023-10-19; its sweep.sh passes no --attn_impl; run_config installs
+#   llm-foundry v0.3.0 with `.[gpu]`, flash-attn 1.0.9) or carried from the 2023-05 tables
+#   (300cc5c58) whose sweep passes none either; submit_benchmarks.py's `--attn_impl` defaults
+#   to 'triton' at both commits (and the scripts/train/yamls/pretrain yamls set
+#   `attn_impl: triton`): llm-foundry's Triton FlashAttention (triton_flash_attn_fn,
+#   llmfoundry/models/layers/flash_attn_triton.py at v0.3.0).
+# - MEGATRON-2021 (NVIDIA/Megatron-LM README at 152aab304d) and KORTHI (Korthikanti et al.
+#   2022, the runs the README at 2e90a342f5 reports): Megatron-LM's megatron/model/transformer.py
+#   at those commits has no FlashAttention (no "flash" anywhere under megatron/); its attention
+#   core is torch.baddbmm -> FusedScaleMaskSoftmax -> Dropout(--attention-dropout 0.1) ->
+#   torch.bmm: "unfused".
+LARGE_SCALE_FLASH = ("mpt-1b", "mpt-3b", "mpt-7b", "mpt-70b")
+ATTENTION_RULES = (
+    ("MPT", r"Large Scale", LARGE_SCALE_FLASH, "flash2"),
+    ("MPT", r"", None, "triton"),
+    ("MEGATRON-2021", r"", None, "unfused"),
+    ("KORTHI", r"", None, "unfused"),
+)
+KERNEL_COLUMN = "training.attention_kernel"
+
+
+def apply_attention_rules(cases: pd.DataFrame) -> pd.DataFrame:
+    """``cases`` with ``training.attention_kernel`` set by ``ATTENTION_RULES`` where blank."""
+    c = cases.copy()
+    if KERNEL_COLUMN not in c:
+        c[KERNEL_COLUMN] = pd.Series(np.nan, index=c.index, dtype=object)
+    src = c.get("source", pd.Series("", index=c.index)).fillna("").astype(str)
+    cite = c.get("citation", pd.Series("", index=c.index)).fillna("").astype(str)
+    todo = c[KERNEL_COLUMN].isna().to_numpy().copy()
+    for source, pattern, models, kernel in ATTENTION_RULES:
+        on = (todo & src.eq(source).to_numpy()
+              & cite.str.contains(pattern, regex=True).to_numpy())
+        if models is not None:
+            on &= c["model"].astype(str).isin(models).to_numpy()
+        c.loc[on, KERNEL_COLUMN] = kernel
+        todo &= ~on
+    return c
+
+
 def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     folder = Path(folder or default_dir())
     cases = pd.read_csv(folder / "training_cases.csv", dtype=str, keep_default_na=False,
                         na_values=[""])
     truth = pd.read_csv(folder / "training_truth.csv")
-    return cases, truth
+    return apply_attention_rules(cases), truth
 
 
 def joined(cases: pd.DataFrame, truth: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:

@@ -40,6 +40,34 @@ def train_parameters() -> dict:
     return dict(document()["training"])
 
 
+# = training.toml [attention_kernels]; "unfused" (Megatron's pre-FlashAttention core attention)
+# is timed by its own GEMMs and score passes (dse.perf.train_time.unfused_attention_s), no rate
+ATTENTION_KERNELS = ("cudnn", "flash3", "flash2", "triton", "unfused")
+UNFUSED = "unfused"
+
+
+def attention_rates(acc_id: str, kernel: str, *, file: str | None = None,
+                    where: str | None = None) -> tuple[float, float]:
+    """(forward, backward) rate of attention kernel ``kernel`` on part ``acc_id`` relative to
+    the kernel the attention fits price (training.toml [attention_kernels], each number with its
+    source); the default kernel is 1 everywhere, another kernel on a part or architecture no
+    benchmark covers is a one-line InputError."""
+    table = document()["attention_kernels"]
+    if kernel in (table["default"], UNFUSED):
+        return 1.0, 1.0
+    base = train_accelerators()[acc_id][1]
+    for arch, row in table.items():
+        if isinstance(row, dict) and base in row["parts"]:
+            if kernel in row:
+                return float(row[kernel][0]), float(row[kernel][1])
+            raise InputError(f"attention kernel {kernel!r} has no published rate on {arch} "
+                             f"parts ({acc_id})", file=file, where=where,
+                             hint="valid there: " + ", ".join(k for k in row if k != "parts"))
+    raise InputError(f"attention kernel {kernel!r} has no published rate on {acc_id}",
+                     file=file, where=where,
+                     hint=f"leave training.attention_kernel blank ({table['default']}) there")
+
+
 def kernel(acc_id: str) -> dict:
     """The fitted kernel parameters (GEMM, attention, collectives) training uses for a part."""
     return kernel_params()[(train_accelerators()[acc_id][1], KERNEL_RUNTIME)]

@@ -48,6 +48,10 @@ class TrainBatch:
     Job: global_batch_seqs, seq_len (tokens), precision (code of PRECISIONS).
     Training parameters (dse/catalog/training.toml): compute_fraction_scale, overlap_fraction,
     layer_overhead_s, reserve_bytes, fragmentation_fraction, attention_bwd_ratio.
+    Attention kernel: attention_fwd_rate, attention_bwd_rate (the job's kernel's forward and
+    backward rate over the kernel the attention fits price; training.toml [attention_kernels];
+    1 = that kernel); attention_unfused (1: Megatron's unfused core attention, timed by its
+    own GEMMs and score passes, ``train_time.unfused_attention_s``).
     """
 
     hidden_size: np.ndarray
@@ -103,6 +107,9 @@ class TrainBatch:
     fragmentation_fraction: np.ndarray
     attention_bwd_ratio: np.ndarray
     kernel: dict
+    attention_fwd_rate: np.ndarray = 1.0
+    attention_bwd_rate: np.ndarray = 1.0
+    attention_unfused: np.ndarray = 0.0
 
     @classmethod
     def of(cls, **fields) -> TrainBatch:

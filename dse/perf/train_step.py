@@ -3,7 +3,8 @@
 
 Per micro-batch on the slowest stage (the last: it adds the logits)::
 
-    t_mb = sum over its L / p layers of  [fwd + bwd GEMMs + attention fwd (1 + bwd ratio)
+    t_mb = sum over its L / p layers of  [fwd + bwd GEMMs + attention fwd / fwd rate
+                                          + attention fwd x bwd ratio / bwd rate
                                           + elementwise fwd x 3 + MoE chunk sort x 2
                                           + exposed TP/EP collectives + layer_overhead_s]
            + the recompute policy's rerun forward (full: every recomputed layer's; selective:
@@ -48,6 +49,7 @@ from dse.perf.train_time import (
     moe_sort_s,
     pp_comm_s,
     tp_comm_s,
+    unfused_attention_s,
 )
 
 OPTIMIZER_BYTES_PER_PARAM = 30.0
@@ -71,9 +73,15 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     moe_share = b.moe_layers / np.maximum(b.num_layers, 1.0)
     mlp_f = moe_share * g["moe_mlp"][0] + (1.0 - moe_share) * g["dense_mlp"][0]
     mlp_b = moe_share * g["moe_mlp"][1] + (1.0 - moe_share) * g["dense_mlp"][1]
-    attn = attention_core_s(b)
+    core = attention_core_s(b)
+    attn = core / b.attention_fwd_rate
+    attn_b = core * b.attention_bwd_ratio / b.attention_bwd_rate
+    if np.any(b.attention_unfused > 0):
+        uf, ub = unfused_attention_s(b)
+        attn = np.where(b.attention_unfused > 0, uf, attn)
+        attn_b = np.where(b.attention_unfused > 0, ub, attn_b)
     fwd = g["attn"][0] + mlp_f + attn
-    bwd = g["attn"][1] + mlp_b + attn * b.attention_bwd_ratio
+    bwd = g["attn"][1] + mlp_b + attn_b
     full = b.full_share
     rerun = full * fwd + (b.recompute == 1) * attn
     elem = elementwise_s(b) * (3.0 + full)
@@ -82,7 +90,7 @@ def micro_batch_parts(b: TrainBatch) -> dict:
               b.overlap_fraction)
     ep = ep_comm_s(b) * (2.0 + full) * moe_share
     cp_all = 2.0 * cp_comm_s(b) * (1.0 + b.attention_bwd_ratio) / 2.0
-    cp = hide(cp_all, attn * (1.0 + b.attention_bwd_ratio), b.overlap_fraction)
+    cp = hide(cp_all, attn + attn_b, b.overlap_fraction)
     # the last stage also runs the MTP modules: a layer and a logits layer each
     heads_out = (1.0 + b.mtp_layers) * (g["logits"][0] + g["logits"][1])
     stage = stage + b.mtp_layers
@@ -121,7 +129,7 @@ def dp_comm_s(b: TrainBatch, params_per_chip) -> tuple[np.ndarray, np.ndarray]:
 def score_train(b: TrainBatch) -> dict:
     """Every training metric of every design (``METRICS``), arrays of one row per design."""
     parts = micro_batch_parts(b)
-    mem = memory_bytes(b)
+    mem = memory_bytes(b, flash=1.0 - b.attention_unfused)   # unfused: the score matrix kept
     m = b.micro_batches
     z_step, z_mb = dp_comm_s(b, mem["params_per_chip"])
     mb_compute = parts["compute_s"] + parts["memory_s"]

@@ -137,6 +137,39 @@ def attention_core_s(b: TrainBatch) -> np.ndarray:
     return full / b.cp
 
 
+# HBM bytes per attention-score element of Megatron's unfused core attention (fp16/bf16 scores,
+# a 1-byte dropout mask), outside its batched GEMMs: forward softmax read + write (4), dropout
+# read + write + mask write (5); backward dropout read + mask read + write (5), softmax read of
+# its output and the gradient + write (6)
+UNFUSED_FWD_BYTES = 9.0
+UNFUSED_BWD_BYTES = 11.0
+
+
+def unfused_attention_s(b: TrainBatch) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of one layer's attention core on one chip as Megatron-LM ran
+    it before FlashAttention (megatron/model/transformer.py at 152aab304d and 2e90a342f5:
+    ``torch.baddbmm`` of Q K^T into a full ``[b * heads, s, s]`` score tensor, the fused scale +
+    causal mask + softmax, ``torch.nn.Dropout``, ``torch.bmm`` with V). The four batched GEMMs
+    run the job's GEMM fit over every score (no causal skipping): forward ``Q K^T`` (n = s,
+    k = d) and ``P V`` (n = d, k = s); backward ``dO V^T`` (n = s, k = d) and ``P^T dO``,
+    ``dS K``, ``dS^T Q`` (n = d, k = s); their HBM term holds the scores they write or read.
+    The softmax and dropout passes stream ``UNFUSED_*_BYTES`` per score at the HBM rate."""
+    kp = b.kernel
+    p = {key: kp["gemm_" + key] for key in GEMM_KEYS}
+    p["fraction"] = p["fraction"] * b.compute_fraction_scale
+    heads = b.heads / b.tp
+    d = b.head_dim
+    s = b.seq_len / b.cp
+    rows = b.micro_batch_seqs * heads * s
+    peak, bw = b.peak_bf16_flops_per_s, b.hbm_bw_bytes_per_s
+    scores = gemm_s(rows, s, d, ACT_BYTES, peak, bw, **p)
+    mix = gemm_s(rows, d, s, ACT_BYTES, peak, bw, **p)
+    elements = rows * b.seq_len
+    stream = elements / (bw * b.hbm_fraction)
+    return (scores + mix + UNFUSED_FWD_BYTES * stream,
+            scores + 3.0 * mix + UNFUSED_BWD_BYTES * stream)
+
+
 def elementwise_s(b: TrainBatch) -> np.ndarray:
     """Forward seconds of one layer's HBM-bound elementwise work on one chip (module
     docstring); the backward takes twice it."""

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from dse.catalog.training import ATTENTION_KERNELS
 from dse.errors import InputError, suggest
 from dse.perf.train_batch import PRECISIONS, RECOMPUTE, SCHEDULES
 from dse.spec import validate
@@ -42,6 +43,9 @@ OVERRIDES = {
     "train.fragmentation_fraction": "fragmentation_fraction",
     "train.attention_bwd_ratio": "attention_bwd_ratio",
 }
+# a dotted choice column a training case may set: the attention kernel the job ran
+# (dse.catalog.training.ATTENTION_KERNELS; blank = the default)
+KERNEL_COLUMN = "training.attention_kernel"
 # overrides that may be 0 (the others must be > 0)
 ZERO_OK = ("train.overlap_fraction", "train.layer_overhead_s", "train.reserve_bytes",
            "train.fragmentation_fraction")
@@ -74,7 +78,7 @@ def check_columns(df: pd.DataFrame, file: str) -> None:
     validate.typo_columns(df.columns, known, file=file)
     validate.field_part_columns(df.columns, (*known, *ANNOTATIONS), file=file)
     for c in map(str, df.columns):
-        if "." in c and c not in OVERRIDES:
+        if "." in c and c not in OVERRIDES and c != KERNEL_COLUMN:
             raise InputError(f"unknown dotted column {c!r}: not a field a training case sets",
                              file=file, where=f"header, column {c}",
                              hint=suggest(c, OVERRIDES, "settable fields"))
@@ -155,6 +159,8 @@ def parse(df: pd.DataFrame, file: str, offset: int = 0) -> dict:
                                        {p: i for i, p in enumerate(SCHEDULES)}, file, offset)
     out["sequence_parallel"] = choices(df, "sequence_parallel", BOOL, file, offset)
     out["zero_stage"] = choices(df, "zero_stage", ZERO, file, offset)
+    out[KERNEL_COLUMN] = choices(df, KERNEL_COLUMN,
+                                 {k: i for i, k in enumerate(ATTENTION_KERNELS)}, file, offset)
     for c in OVERRIDES:
         if c in df.columns:
             out[c] = numbers(df, c, file, count=False, offset=offset, zero=c in ZERO_OK)

@@ -30,6 +30,7 @@ from dse.perf.train_step import score_train
 from dse.perf.train_time import GEMM_KEYS, MOE_KEYS
 from dse.scoring.predict import write_csv
 from dse.scoring.train_cases import (
+    KERNEL_COLUMN,
     OVERRIDES,
     check_columns,
     parse,
@@ -96,12 +97,17 @@ def resolve_case(df: pd.DataFrame, i: int, p: dict, file: str, offset: int = 0) 
     prec = PRECISIONS[int(p["precision"][i])]
     given = {name: float(p[col][i]) for col, name in OVERRIDES.items()
              if col in p and np.isfinite(p[col][i])}
-    return design_numbers(m, acc, topo, prec, given)
+    code = int(p[KERNEL_COLUMN][i])
+    kern = tcat.ATTENTION_KERNELS[code] if code >= 0 else None
+    return design_numbers(m, acc, topo, prec, given, kern,
+                          file=file, where=where(df, i, KERNEL_COLUMN, offset))
 
 
-def design_numbers(m, acc, topo, prec: str, given: dict) -> dict:
+def design_numbers(m, acc, topo, prec: str, given: dict, attention_kernel: str | None = None,
+                   *, file: str | None = None, where: str | None = None) -> dict:
     """A design's model, chip and system numbers (TrainBatch names) from its catalog entries,
-    the precision and the numbers ``given`` instead ({TrainBatch name: value})."""
+    the precision, the attention kernel (None = the default) and the numbers ``given`` instead
+    ({TrainBatch name: value})."""
     peaks = acc.peak_flops_per_s
     gated = 3.0 if m.mlp_gated else 2.0
     c = {"hidden_size": m.hidden_size, "num_layers": m.num_hidden_layers,
@@ -124,6 +130,10 @@ def design_numbers(m, acc, topo, prec: str, given: dict) -> dict:
          "all_in_power_w": acc.price.all_in_power_w, "kernel": kernel_of(acc.id, prec)}
     params = tcat.train_parameters()
     c.update({k: float(params[k]) for k in PARAMS})
+    c["attention_fwd_rate"], c["attention_bwd_rate"] = tcat.attention_rates(
+        acc.id, attention_kernel or tcat.document()["attention_kernels"]["default"],
+        file=file, where=where)
+    c["attention_unfused"] = float(attention_kernel == tcat.UNFUSED)
     c.update(given)
     key = PEAK_DTYPE[PRECISIONS.index(prec)]
     c["precision_native"] = float(c["peak_" + key] > 0)

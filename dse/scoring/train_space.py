@@ -45,8 +45,8 @@ NUMBERS = {**{k: v for k, v in OVERRIDES.items() if k in train_fields.REGISTRY},
            "accelerator.price_usd_per_hour": "usd_per_hour",
            "accelerator.all_in_power_w": "all_in_power_w"}
 MODEL = tuple(p for p in train_fields.REGISTRY if p.startswith("model.") and p != "model.id")
-STRUCTURAL = ("model.id", "accelerator.id", "topology.id", "training.precision", *MODEL,
-              *NUMBERS)
+STRUCTURAL = ("model.id", "accelerator.id", "topology.id", "training.precision",
+              "training.attention_kernel", *MODEL, *NUMBERS)
 LAYOUT = {"layout.tp": "tp", "layout.pp": "pp", "layout.dp": "dp", "layout.cp": "cp",
           "layout.ep": "ep", "layout.vp": "vp", "layout.micro_batch_seqs": "micro_batch_seqs",
           "layout.recompute_layer_fraction": "recompute_layer_fraction",
@@ -125,10 +125,11 @@ def _combo_numbers(key: tuple) -> dict:
                 upd[attr] = max(int(round(upd.get(attr, getattr(m, attr)) * f)), 0)
     if upd:
         m = m.model_copy(update=upd)
-    c = design_numbers(m, acc, topo, prec, given)
+    kern = d["training.attention_kernel"]
+    c = design_numbers(m, acc, topo, prec, given, kern)
     if any(p in NUMBERS for p in scaled):
         given.update({NUMBERS[p]: c[NUMBERS[p]] * f for p, f in scaled.items() if p in NUMBERS})
-        c = design_numbers(m, acc, topo, prec, given)
+        c = design_numbers(m, acc, topo, prec, given, kern)
     if len(_CACHE) > 4096:
         _CACHE.clear()
     _CACHE[key] = c

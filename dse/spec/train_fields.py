@@ -13,6 +13,7 @@ from __future__ import annotations
 from dse.spec import fields as serving
 from dse.spec.fields import count, enum, frac, ident, num
 
+ATTENTION_KERNELS = ("cudnn", "flash3", "flash2", "triton", "unfused")   # = dse.catalog.training
 PRECISIONS = ("bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4")   # = dse.perf.train_batch
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe")
@@ -50,6 +51,13 @@ OWN = (
     count("training.seq_len", "tokens", "tokens per sequence", 4096, high=10**8),
     enum("training.precision", PRECISIONS, "bf16", "precision of the transformer's linear "
          "layers (contracts/train-cases.md); attention core, norms and communication stay bf16"),
+    enum("training.attention_kernel", ATTENTION_KERNELS, "cudnn", "attention kernel of the "
+         "job: cudnn (the fused attention Megatron-Core and NeMo run through Transformer Engine, "
+         "what the attention fits price), flash3, flash2, triton (llm-foundry's Triton "
+         "FlashAttention), unfused (Megatron-LM's core attention before FlashAttention: batched "
+         "GEMMs over the full score matrix, softmax and dropout passes); each kernel's rate by "
+         "architecture from published benchmarks (dse/catalog/training.toml "
+         "[attention_kernels])"),
     count("training.mtp_layers", "layers", "multi-token-prediction modules trained with the "
           "model", 0, low=0, high=64, zero="none"),
     count("layout.num_chips", "chips", "chips of the job: dp = num_chips / (tp x pp x cp) "
