@@ -252,7 +252,7 @@ def moe_kernel_missing(out) -> np.ndarray:
     return np.where(ok, 0.0, 1.0)
 
 
-HOST_TIMES = ("serving.request_overhead_s", "serving.seq_overhead_s", "serving.eager_op_s",
+HOST_TIMES = ("serving.request_overhead_s", "serving.seq_overhead_s",
               "serving.frontend_prompt_token_s", "serving.frontend_token_s",
               "serving.frontend_text_token_s")
 
@@ -492,19 +492,6 @@ def allreduce_rule_columns(out) -> dict:
             for i, name in enumerate(AR_RULE_FIELDS)}
 
 
-EAGER_OPS = ("gqa", "mla", "norm", "allreduce", "mlp", "moe", "shared")
-
-
-def eager_ops_columns(out) -> dict:
-    """The runtime's host op calls per block type of an eager prompt forward (serving.toml
-    [runtimes.*] eager_ops; dse.perf.eager): 0 where a runtime lists none."""
-    table = catalog.runtime_defaults()
-    rt = out["serving.runtime"]
-    return {f"eager_ops_{key}": lookup(rt, {r: float(v.get("eager_ops", {}).get(key, 0.0))
-                                            for r, v in table.items()}, 0.0).astype(float)
-            for key in EAGER_OPS}
-
-
 def to_batch(out, compact: bool = False, dtype=np.float64) -> Batch:
     """The resolved design table (a DataFrame, or a dict of columns) as the scorer's arrays.
 
@@ -584,7 +571,6 @@ def to_batch(out, compact: bool = False, dtype=np.float64) -> Batch:
         **mechanisms.batch_columns(out, kvbytes),     # hook: serving mechanisms (issue 11)
         **prec,
         **allreduce_rule_columns(out),
-        **eager_ops_columns(out),
     }
     wide_ep_moe_fields(out, cols, kernel_args)     # the runtime's wide-EP expert kernel
     return Batch.from_columns(cols, compact=compact, dtype=dtype)

@@ -56,12 +56,9 @@ OPEN_LOOP = {"TRTLLM-ONLINE": r"QPS=([0-9]+(?:\.[0-9]*)?)(?![0-9A-Za-z.])"}
 SOURCE_INPUTS: dict[str, dict[str, float | str]] = {
     # TensorRT-LLM's perf-overview tables (v0.17 offline, v0.14 online at a request rate) were
     # measured with its C++ benchmark driving the executor in-process: no HTTP front end, no
-    # serial tokenizer or streaming process (dse.perf.frontend); and they ran TensorRT engines
-    # (the C++ runtime), not the PyTorch backend's Python forward: no host op floor under a
-    # prompt step (dse.perf.eager)
+    # serial tokenizer or streaming process (dse.perf.frontend)
     **{src: {"serving.request_overhead_s": 0.0, "serving.frontend_prompt_token_s": 0.0,
-             "serving.frontend_token_s": 0.0, "serving.frontend_text_token_s": 0.0,
-             "serving.eager_op_s": 0.0}
+             "serving.frontend_token_s": 0.0, "serving.frontend_text_token_s": 0.0}
        for src in ("TRTLLM-V017", "TRTLLM-ONLINE")},
 }
 # Layouts the export wrote wrong for a whole class of rows: (name, rule) with the rule's fields

@@ -125,11 +125,6 @@ PARAMS = (
     # spread the rows do not pin -- trtllm's bootstrap log sd was 0.79 -- and a runtime left out
     # got the geometric mean of the other two), and SGLang's chunks repeat the whole text so far
     # (incremental_streaming_output = False by default; the others stream deltas: no such term)
-    # the host's time per op call of a prompt step run eagerly (dse.perf.eager: the step lasts
-    # at least its forward's op calls, counted per block type from each runtime's source in
-    # serving.toml [runtimes.*] eager_ops, times this): one number for every runtime, the
-    # dispatch cost of a torch / custom op call from Python
-    ("eager_op_s", 2e-5, 1e-8, 1e-3),
     ("frontend_prompt_token_s", 2e-6, 1e-9, 1e-4),
     ("frontend_token_s", 2e-5, 1e-8, 1e-3),
     ("frontend_text_token_s.sglang", 2e-8, 1e-12, 1e-5),

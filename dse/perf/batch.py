@@ -182,11 +182,6 @@ OPTIONAL: dict[str, float | str] = {
     "num_requests": 0.0,
     # the runtime's host times (dse.perf.phases, dse.perf.step): per request, per sequence-step
     "request_overhead_s": 0.0, "seq_overhead_s": 0.0,
-    # the host's floor under an eager prompt step (dse.perf.eager): time per host op call, and
-    # the runtime's op calls per block type
-    "eager_op_s": 0.0, "eager_ops_gqa": 0.0, "eager_ops_mla": 0.0, "eager_ops_norm": 0.0,
-    "eager_ops_allreduce": 0.0, "eager_ops_mlp": 0.0, "eager_ops_moe": 0.0,
-    "eager_ops_shared": 0.0,
     # the fixed time per layer of a decode-only step the runtime replays as a CUDA graph
     # (dse.perf.step): the per-layer time of the other steps unless set
     "graph_layer_overhead_s": "layer_overhead_s",
@@ -249,16 +244,6 @@ FIELDS.update({
                           "server)",
     "seq_overhead_s": "scheduler host time per running sequence per step (per attention-DP "
                       "rank)",
-    "eager_op_s": "host time per op call of a prompt step run eagerly (dse.perf.eager)",
-    "eager_ops_gqa": "host op calls of one GQA attention block in an eager forward",
-    "eager_ops_mla": "host op calls of one MLA attention block in an eager forward",
-    "eager_ops_norm": "host op calls of one layer's residual norms in an eager forward",
-    "eager_ops_allreduce": "host op calls of one layer's all-reduces (tp > 1) in an eager "
-                           "forward",
-    "eager_ops_mlp": "host op calls of one dense MLP in an eager forward",
-    "eager_ops_moe": "host op calls of one MoE block (router, top-k, fused experts) in an "
-                     "eager forward",
-    "eager_ops_shared": "host op calls of one MoE layer's shared experts in an eager forward",
     "graph_layer_overhead_s": "fixed time per layer of a decode-only step replayed as a CUDA "
                               "graph",
     "ttft_slo_s": "p90 TTFT a request must meet (0: no SLO)",

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.perf import eager, imbalance
+from dse.perf import imbalance
 from dse.perf.basis import Load, basis, load
 from dse.perf.batch import Batch
 from dse.perf.forms import AllReduces, iadd, take
@@ -122,9 +122,6 @@ class Coefficients:
         # fixed time: every GEMM's launch (and the head's), per layer and per step
         self.x_gemm = (launches + 1.0) * b.gemm_latency_s
         self.overhead = c.layers * b.layer_overhead_s + b.step_overhead_s
-        # the host's floor under a prompt step run eagerly (dse.perf.eager): None where no
-        # row's runtime has one
-        self.eager = eager.floor_s(b, c.stage) if b.has_on("eager_op_s") else None
         # what no row of the batch has (overlap, two-batch overlap): the step skips it
         self.overlap = b.network_overlap_fraction
         self.overlap_on = bool(np.any(self.overlap != 0.0))
@@ -285,19 +282,6 @@ def _table(ops, shape) -> list:
             for column in zip(*ops)]
 
 
-def _eager_floor(k: Coefficients, s: Load, out, overhead, breakdown: bool):
-    """A step that carries prompt tokens runs eagerly: it ends no sooner than the host has
-    issued its ops (dse.perf.eager). The wait counts as the step's fixed time (overhead); with
-    ``sums`` the compute, memory and network sums stay those of the ops."""
-    total = out[0] if isinstance(out, tuple) else out
-    wait = np.maximum(0.0, np.where(np.maximum(s.pre, s.pre_rank) > 0, k.eager, 0.0) - total)
-    if breakdown:
-        return (total + wait, out[1]), overhead + wait
-    if isinstance(out, tuple):
-        return (total + wait, *out[1:]), overhead
-    return total + wait, overhead
-
-
 def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
          breakdown: bool = False, sums: bool = False, pre_rank=None, decode_step: bool = False,
          seq_tokens=None, dec_local=None, keep: bool = False):
@@ -332,8 +316,6 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     if b.has_on("seq_overhead_s"):       # the scheduler's host time per running sequence
         overhead = overhead + b.seq_overhead_s * s.seqs / b.dp
     out = _compose(k, parts, a2a, overhead, breakdown, sums, keep)
-    if k.eager is not None and s.has_pre and not decode_step:
-        out, overhead = _eager_floor(k, s, out, overhead, breakdown)
     if not breakdown:
         return out
     total, ops = out

@@ -356,11 +356,6 @@ FIELDS: tuple[Field, ...] = (
         "(batch bookkeeping, sampling, detokenization) on each attention-DP rank; blank = the "
         "runtime's, fitted end to end (efficiency.toml [runtimes])", open_=False,
         zero="none"),
-    num("serving.eager_op_s", "s", "host time per op call of a prompt step the runtime runs "
-        "eagerly (outside CUDA graphs): such a step takes at least its forward's host op calls "
-        "(serving.toml [runtimes] eager_ops, per block type) times this (dse/perf/eager.py); "
-        "blank = the runtime's, fitted end to end (efficiency.toml [runtimes])", open_=False,
-        zero="none"),
     num("serving.frontend_prompt_token_s", "s", "the runtime's serial front end's time per "
         "prompt token (tokenizing; one process for all requests, so it queues: "
         "dse/perf/frontend.py); blank = the runtime's, fitted end to end (efficiency.toml "
