@@ -142,13 +142,15 @@ SHAPE_COLS = ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts", 
               "moe_ep_size")
 FIT_ROWS = 2500            # ~60 groups -> ~150k rows
 FAMILIES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "fp4",
-            "int4_wo": "int4"}
-FAMILY_ORDER = ("bf16", "fp8", "fp8_block", "fp4", "int4")
+            "int4_wo": "int4", "w4a16_mxfp4": "mxfp4"}
+FAMILY_ORDER = ("bf16", "fp8", "fp8_block", "fp4", "int4", "mxfp4")
 # int4 (W4A16: int4 weights dequantized to bf16 in registers, bf16 MMAs) computes at the bf16
 # peak and reads the scorer's int4 bytes per weight (dse.catalog.specs.DTYPE_BYTES, group
 # scales included), so the fitted hbm_fraction is of the bytes the scorer charges
-PEAK_DTYPE = {**_g.PEAK_DTYPE, "int4": "bf16"}
-WEIGHT_BYTES = {**_g.WEIGHT_BYTES, "int4": DTYPE_BYTES["int4"]}
+# mxfp4 (W4A16 MXFP4 experts on a chip without FP4 tensor cores) likewise: bf16 MMAs, the
+# scorer's fp4 bytes per weight
+PEAK_DTYPE = {**_g.PEAK_DTYPE, "int4": "bf16", "mxfp4": "bf16"}
+WEIGHT_BYTES = {**_g.WEIGHT_BYTES, "int4": DTYPE_BYTES["int4"], "mxfp4": DTYPE_BYTES["fp4"]}
 SOURCE_TABLE = "moe_perf (balanced)"
 # multi-start fit (gemm.fit_multistart): x0 above, a TensorRT-LLM-like point (CUTLASS grouped
 # GEMM, the H200 trtllm bf16 fit), and two seeded random starts; the best log-RMS is kept
@@ -161,6 +163,10 @@ sample = _g.sample
 
 
 def supported(acc, fam: str) -> bool:
+    """Whether the chip runs the family: it has the family's compute peak; mxfp4 (W4A16) only
+    on a chip without an fp4 peak (where fp4 experts run it, ``dse.build.mechanisms``)."""
+    if fam == "mxfp4" and getattr(acc.peak_flops_per_s, "fp4", None) is not None:
+        return False
     return getattr(acc.peak_flops_per_s, PEAK_DTYPE[fam], None) is not None
 
 _PER_FAMILY = (("fraction", 0.5, 0.01, 1.2, "compute"),
