@@ -69,6 +69,13 @@ BASES = [
      "workload.osl": 256, "workload.concurrency": 64},
     {"accelerator.id": "h100-sxm", "model.id": "qwen3-30b-a3b", "model.weight_dtype": "int4",
      "model.mlp_gated": False, "layout.tp": 1, "workload.concurrency": 64},
+    # fp4 experts on Hopper (no fp4 peak): the W4A16 MXFP4 family (moe_mxfp4_*), TP+EP under
+    # TensorRT-LLM, and non-gated
+    {"accelerator.id": "h200-sxm", "model.id": "gpt-oss-120b", "model.weight_dtype": "fp4",
+     "serving.runtime": "trtllm", "layout.tp": 8, "layout.ep": 8, "workload.isl": 1024,
+     "workload.osl": 256, "workload.concurrency": 64},
+    {"accelerator.id": "h100-sxm", "model.id": "qwen3-30b-a3b", "model.weight_dtype": "fp4",
+     "model.mlp_gated": False, "layout.tp": 1, "workload.concurrency": 64},
     # serving mechanisms that only act when on (issue 11): MTP speculation
     {"accelerator.id": "gb200", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
      "layout.dp": 8, "layout.ep": 8, "workload.concurrency": 256, "serving.spec_tokens": 2},

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.build.select import BYTES, MOE_INT4, W, compute_peak, encode, lookup
+from dse.build.select import BYTES, MOE_INT4, MOE_MXFP4, W, compute_peak, encode, lookup
 from dse.errors import InputError, suggest
 from dse.catalog.specs import DTYPES
 from dse.perf.imbalance import published_imbalance
@@ -248,6 +248,11 @@ def precision_columns(out, wbytes, matmul, fam, peak) -> dict:
     None when every row's experts are in the weights' dtype and run its GEMM family). Experts
     in int4 run the W4A16 kernels (Marlin: int4 weights dequantized to bf16 in registers, bf16
     MMAs), their own family (``select.MOE_INT4``), not the bf16 kernel their compute peak
+    would pick. Experts in fp4 on a chip without an fp4 peak (Hopper, Ada, Ampere) run a W4A16
+    MXFP4 kernel (the fp4 weights dequantized to bf16 in registers, bf16 MMAs: TensorRT-LLM's
+    Hopper MoE ``w4a16_mxfp4``, vLLM's OAI Triton MXFP4 experts, SGLang's Triton fused MoE, as
+    aiconfigurator-core's tables name them), their own family (``select.MOE_MXFP4``) at the
+    bf16 peak, not the fp8 block-scaled CUTLASS kernel the fp8 fallback of their compute peak
     would pick. On dtype codes: no string work per design."""
     cols = {}
     moe_family = None
@@ -267,5 +272,10 @@ def precision_columns(out, wbytes, matmul, fam, peak) -> dict:
     int4 = np.asarray(expert) == W["int4"]
     if np.any(int4):
         moe_family = np.where(int4, MOE_INT4, fam if moe_family is None else moe_family)
+    mxfp4 = (np.asarray(expert) == W["fp4"]) & np.isnan(peak["fp4"])
+    if np.any(mxfp4):
+        moe_family = np.where(mxfp4, MOE_MXFP4, fam if moe_family is None else moe_family)
+        cols["expert_matmul_flops_per_s"] = np.where(mxfp4, peak["bf16"],
+                                                     cols["expert_matmul_flops_per_s"])
     cols["moe_family"] = moe_family
     return cols

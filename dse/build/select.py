@@ -70,9 +70,11 @@ W = {d: i for i, d in enumerate(DTYPES)}
 BYTES = np.array([DTYPE_BYTES[d] for d in DTYPES] + [np.nan])
 assert tuple(COMPUTE_FALLBACK) == DTYPES
 GEMM_FAMILIES = ("bf16", "fp8", "fp8_block", "fp4")     # family codes 0..3
-# the grouped GEMMs' families: the GEMM ones, and int4 weight-only experts (W4A16, code 4)
-MOE_FAMILIES = GEMM_FAMILIES + ("int4",)
+# the grouped GEMMs' families: the GEMM ones, int4 weight-only experts (W4A16, code 4) and fp4
+# experts on a chip without fp4 tensor cores (W4A16 MXFP4, code 5)
+MOE_FAMILIES = GEMM_FAMILIES + ("int4", "mxfp4")
 MOE_INT4 = MOE_FAMILIES.index("int4")
+MOE_MXFP4 = MOE_FAMILIES.index("mxfp4")
 
 
 def dtype_columns(out):

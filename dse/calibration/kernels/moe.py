@@ -39,8 +39,17 @@ the bf16 kernel's fit pads each touched expert to ~150 rows; on Kimi K2's expert
 0.24.0, H200, tp 8) the bf16 parameters put 64 tokens at 2.2x and 8192 tokens at 0.6x the
 measured Marlin time. The scorer takes this family for int4 experts (``dse.build.select``
 ``MOE_INT4``). TensorRT-LLM has no int4 table: its int4 entries are the chip's other runtimes'
-geometric mean (``gemm.complete``). Not fitted: MXFP4 W4A16 and W4A8 (another kernel per
-runtime, few shapes).
+geometric mean (``gemm.complete``). ``mxfp4`` (the tables' ``w4a16_mxfp4`` rows: TensorRT-LLM's
+Hopper MoE, vLLM's OAI Triton MXFP4 experts, SGLang's Triton fused MoE, on H100, H200 and
+L40S): fp4 experts on a chip without fp4 tensor cores, the weights dequantized to bf16 in
+registers and bf16 MMAs, so compute at the bf16 peak and weight reads at the scorer's fp4 bytes
+(0.5625 B); ``supported`` only where the chip has no fp4 peak (Blackwell runs fp4 experts on
+the ``fp4`` family). Before it (2026-12-05) the scorer charged such experts the fp8 block-scaled
+CUTLASS family, the fp8 fallback of their compute peak: on gpt-oss-120b's shape at H200
+TensorRT-LLM, 38 us a layer at ep 8 and 4 tokens where the table measures 80 us (the W4A16
+kernel's fixed time, 72 us at one token whatever the ep), and 0.62 ms at ep 1 and 64 tokens
+where it measures 0.62 ms but random routing touches fewer experts. Not fitted: W4A8 MXFP4
+(another kernel per runtime, few shapes).
 
 Rows without a balanced table: A100 TensorRT-LLM 1.0.0 and vLLM 0.14.0 measured only the
 power-law distributions; their ``power_law_1.01`` rows are fitted, corrected by the measured
@@ -142,13 +151,15 @@ SHAPE_COLS = ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts", 
               "moe_ep_size")
 FIT_ROWS = 2500            # ~60 groups -> ~150k rows
 FAMILIES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "fp4",
-            "int4_wo": "int4"}
-FAMILY_ORDER = ("bf16", "fp8", "fp8_block", "fp4", "int4")
+            "int4_wo": "int4", "w4a16_mxfp4": "mxfp4"}
+FAMILY_ORDER = ("bf16", "fp8", "fp8_block", "fp4", "int4", "mxfp4")
 # int4 (W4A16: int4 weights dequantized to bf16 in registers, bf16 MMAs) computes at the bf16
 # peak and reads the scorer's int4 bytes per weight (dse.catalog.specs.DTYPE_BYTES, group
 # scales included), so the fitted hbm_fraction is of the bytes the scorer charges
-PEAK_DTYPE = {**_g.PEAK_DTYPE, "int4": "bf16"}
-WEIGHT_BYTES = {**_g.WEIGHT_BYTES, "int4": DTYPE_BYTES["int4"]}
+# mxfp4 (W4A16 MXFP4 experts on a chip without FP4 tensor cores) likewise: bf16 MMAs, the
+# scorer's fp4 bytes per weight
+PEAK_DTYPE = {**_g.PEAK_DTYPE, "int4": "bf16", "mxfp4": "bf16"}
+WEIGHT_BYTES = {**_g.WEIGHT_BYTES, "int4": DTYPE_BYTES["int4"], "mxfp4": DTYPE_BYTES["fp4"]}
 SOURCE_TABLE = "moe_perf (balanced)"
 # multi-start fit (gemm.fit_multistart): x0 above, a TensorRT-LLM-like point (CUTLASS grouped
 # GEMM, the H200 trtllm bf16 fit), and two seeded random starts; the best log-RMS is kept
@@ -161,6 +172,10 @@ sample = _g.sample
 
 
 def supported(acc, fam: str) -> bool:
+    """Whether the chip runs the family: it has the family's compute peak; mxfp4 (W4A16) only
+    on a chip without an fp4 peak (where fp4 experts run it, ``dse.build.mechanisms``)."""
+    if fam == "mxfp4" and getattr(acc.peak_flops_per_s, "fp4", None) is not None:
+        return False
     return getattr(acc.peak_flops_per_s, PEAK_DTYPE[fam], None) is not None
 
 _PER_FAMILY = (("fraction", 0.5, 0.01, 1.2, "compute"),
