@@ -466,12 +466,11 @@ def _queue_times(b: Batch, k: Coefficients):
     weights, kv_seq, act, max_c = _memory(b)
     b0, tier = b, None
     b, c = _running(b, c, max_c)         # as _instance: the sequences the runtime runs at once
+    if b is not b0:
+        _share_memos(b0, b)
     if kvtier.cache_on(b):               # hook: as _instance (dse.perf.kvtier)
         b, tier = _tier_split(b, weights, kv_seq, act, c)
-        # (the memos that read neither the prefix hits, as the uncached tokens do, nor the
-        # concurrency, where the runtime runs fewer: the sequences)
-        b.__dict__["_memo"].update({key: v for key, v in b0.__dict__["_memo"].items()
-                                    if key not in ("new_tokens", "sequences")})
+        _share_memos(b0, b)
     on_spec = b.has_on("spec_tokens")
     tok_step = spec.tokens_per_step(b) if on_spec else 1.0
     load = prompt_load(b, tok_step if on_spec else None)
@@ -485,12 +484,30 @@ def _queue_times(b: Batch, k: Coefficients):
     out = (ttft(b, pass_s, t_prefill, load, ttft_extra, tail=False)[0],
            frontend.streamed_tpot(b, pass_s / tok_step, c),
            frontend.serial_service_s(b, prompt_service_s(b, t_decode, t_prefill, load)))
+    if b is not b0:                      # (and back: the probe keeps b0's for its next pass)
+        _share_memos(b, b0)
     if tier is not None and np.any(~tier.fetched & (tier.tokens > 0)):    # as _tier_recomputed
         keep = tier.fetched | (tier.tokens <= 0)
         rows, sub, ks = _recomputing(b0, keep, k)
         alt = _queue_times(sub, ks)
+        b0.__dict__["_memo"]["tier_recomputing"][3].update(
+            {key: v for key, v in sub.__dict__["_memo"].items() if key not in _POINT_MEMOS})
         out = tuple(_scatter(v, keep, rows, a) for v, a in zip(out, alt))
     return out
+
+
+# the memos that read the concurrency (where the runtime runs fewer sequences than asked) or
+# the prefix hits (the tier's split recomputes the evicted ones): the sequences and the
+# uncached tokens; every other memo of a batch holds for its runner and tier-split batches too
+_POINT_MEMOS = frozenset(("sequences", "new_tokens", "has_on:concurrency",
+                          "has_on:prefix_hit_fraction"))
+
+
+def _share_memos(src: Batch, dst: Batch) -> None:
+    """``src``'s memos into ``dst`` (batches of the same rows at other concurrencies or prefix
+    hits: ``_queue_times`` computes a concurrency-free term once, not once per pass)."""
+    dst.__dict__["_memo"].update({key: v for key, v in src.__dict__["_memo"].items()
+                                  if key not in _POINT_MEMOS})
 
 
 def _recomputing(b0: Batch, keep, k):
@@ -508,12 +525,14 @@ def _recomputing(b0: Batch, keep, k):
     got = memo.get("tier_recomputing")
     c = b0.concurrency[..., rows] if np.shape(b0.concurrency)[-1] == n else b0.concurrency
     if got is not None and np.array_equal(got[0], rows):
-        return rows, Batch({**got[1], "concurrency": c}), got[2]
+        sub = Batch({**got[1], "concurrency": c})
+        sub.__dict__["_memo"].update(got[3])     # (its concurrency-free memos: _queue_times)
+        return rows, sub, got[2]
     cols = {key: (v[..., rows] if np.shape(v)[-1] == n else v)
             for key, v in b0.columns.items() if key != "concurrency"}
     cols["tier_bytes"] = np.zeros(len(rows), dtype=b0.tier_bytes.dtype)
     sub = Batch({**cols, "concurrency": c})
-    memo["tier_recomputing"] = rows, cols, None if k is None else k.gather(rows, sub)
+    memo["tier_recomputing"] = rows, cols, None if k is None else k.gather(rows, sub), {}
     return rows, sub, memo["tier_recomputing"][2]
 
 
