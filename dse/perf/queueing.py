@@ -67,17 +67,20 @@ def md1_decay(rho) -> np.ndarray:
     """x = theta * S, the root > 0 of rho (e^x - 1) = x (the M/D/1 wait's exponential tail)."""
     r = np.clip(np.asarray(rho, dtype=float), 1e-9, 1.0 - 1e-9)
     # both starts lie right of the root (f >= 0; e^x >= 1 + x + x^2/2 bounds the first, and
-    # x = L + 2 ln(1 + L) + 1, L = ln(1/rho), has rho e^x = e (1 + L)^2 > 1 + x), where Newton's
-    # steps on the convex f decrease monotonically to it; expm1 keeps f exact as rho -> 1
+    # x = L + 2 ln(1 + L) + 1, L = ln(1/rho), has rho e^x = e (1 + L)^2 > 1 + x), where f is
+    # convex and increasing; Halley's steps (f'' = rho e^x: one exp more than Newton's) reach
+    # it in ~5 steps instead of Newton's ~10; expm1 keeps f exact as rho -> 1
     big = np.log(1.0 / r)
     x = np.minimum(2.0 * (1.0 - r) / r, big + 2.0 * np.log1p(big) + 1.0)
     shape = x.shape
     x, r = x.ravel(), r.ravel()
     xi, ri, live = x, r, None
     for _ in range(40):
-        step = (ri * np.expm1(xi) - xi) / (ri * np.exp(xi) - 1.0)
+        e = ri * np.exp(xi)
+        f, d1 = ri * np.expm1(xi) - xi, e - 1.0
+        step = f / (d1 - 0.5 * f * e / d1)
         xi = xi - step
-        # (a row stops once its step changes x by less than 1e-12 of it, ~10 steps: its
+        # (a row stops once its step changes x by less than 1e-12 of it, ~5 steps: its
         # answer depends on its own rho only, never on the rows it is solved with; the steps
         # go on with the rows still moving alone)
         keep = np.abs(step) > 1e-12 * np.abs(xi)
