@@ -40,6 +40,35 @@ sections after two or three secant steps that fell back to bisection instead of 
 ``SECANT_STEPS`` (37-42 passes instead of 31: the sections' tail passes run next to the other
 rows' secant passes); ``SECTIONS`` 7 or 31 (35 passes and 499k points, 29 and 652k: no
 better within the machine's noise).
+
+What a bench call costs (the same 20,000 designs, CPU time at a load of 5-7 on 2 cores, so
++-5%): ~0.48-0.52 s, of which the probe's 31 passes of ``serve._queue_times`` ~0.27 s (a pass
+~1.7-2 ms fixed, Python and numpy calls, plus ~0.33 us a point scored: 521k points scored for
+358k asked, the shared probe's grid being as deep as the row that asks most), 17 recursive
+sub-passes for the rows whose KV tier recomputes at some point (~2 ms each on 3-50 points:
+~39 ms, and ~11 ms taking their rows), the final float64 scoring at the operating point ~47 ms
+and the p90 TPOT's float64 pass ~28 ms, the step coefficients ~35 ms, and this module's own
+bookkeeping ~50 ms (after ``serve._share_memos`` gave the runner's and the tier split's
+batches the probe batch's concurrency-free memos, ~17 a pass, and ``queueing.md1_decay`` took
+Halley's steps: ~5% together, within the noise of one run). A take costs ~0.5 us a row (169 columns, 135 coefficient arrays), more
+than a point, so a grid split by the rows' number of asks costs more than its padding. 10^5
+designs per CPU-second is 0.2 s here: less the final scoring, the TPOT pass and the
+coefficients (~0.11 s) that leaves ~0.09 s, some 15 passes and ~180k points scored (9 a
+design, 25.5 now) with no bookkeeping: not within reach of the root finding alone; the
+points themselves (the step model's four steps a point) would have to cost less.
+
+Tried on them and measured, not kept (a later pass; points asked / scored, passes):
+regula falsi (Illinois-weighted) through the bracket's ends where the secant is rejected
+(358k / 504k, 32: no change; of the saturation's ~1,250 rows that end in sections most are
+not at a jump but converging from one side on a residual that bends over a wide bracket, e.g.
+C S - R from 53 and 3,664 to a root at 104.6); falsi after two points in a row on one side
+(~375k asked: worse); with the falsi, ``SECANT_STEPS`` 12 (293k / 433k but 38 passes) or 16
+(276k / 420k, 45 passes): the same CPU time at 12, slower at 16 (a straggler's pass costs its
+fixed time); a pair of points a tolerance apart about a secant step under 50 tolerances, to
+close the bracket in one pass (346k asked but 583k scored: the pairs deepen the shared grid).
+No bracket that ended in sections held a prefill chunk count's jump (``ceil(new / budget)``),
+and with the KV tier off the saturation asked as many points (150k against 137k): the tier's
+switch costs its recursive sub-passes, not points.
 """
 
 from __future__ import annotations
