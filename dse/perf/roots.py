@@ -154,15 +154,16 @@ class Root:
 
     ``test(idx, c, vals)`` -> ``(residual, ok, out)`` for the rows ``idx`` at ``c`` from the
     probe's values ``vals`` there: ``ok`` the predicate (NaN fails, as in the bisection),
-    ``residual`` increasing in C, about affine, 0 at the root (inf or NaN: a bisection step),
+    ``residual`` increasing in C, about affine (in log C with ``log_secant``: the secant
+    through the last two points is taken there), 0 at the root (inf or NaN: a bisection step),
     ``out`` a dict of arrays; ``lo_out``, ``hi_out`` the same triple at ``lo`` and ``hi``.
 
     Every row's points depend on its own values only (its secant steps, then, after
     ``SECANT_STEPS`` of them, ``SECTIONS`` points per step), never on the other rows of the
     batch: a design's root is the same whatever it is scored with (tests/test_chunk_invariance)."""
 
-    def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None):
-        self.probe, self.test = probe, test
+    def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None, log_secant=False):
+        self.probe, self.test, self.log_secant = probe, test, log_secant
         self.tail = probe.tail()          # (sections: their own pass, few rows)
         lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), np.shape(on))
         hi = np.maximum(hi, lo)
@@ -215,7 +216,11 @@ class Root:
                                                self.f2))
         tol, prev = self.tol[m], self.prev[m]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            s = x2 - f2 * (x2 - x1) / (f2 - f1)
+            if self.log_secant:                    # (a residual nearer affine in log C)
+                l1, l2 = np.log(x1), np.log(x2)
+                s = np.exp(l2 - f2 * (l2 - l1) / (f2 - f1))
+            else:
+                s = x2 - f2 * (x2 - x1) / (f2 - f1)
             bad = ~np.isfinite(s) | (s <= a) | (s >= b) | (np.abs(s - x2) > 0.5 * prev)
         s = np.where(bad, np.sqrt(a * b), s)
         # converged (a step under the tolerance): a step of half of it past the last point,
