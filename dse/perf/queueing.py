@@ -33,10 +33,11 @@ secant, the same predicates) on the three quantities the queue reads (``serve._q
 the unloaded TTFT, the TPOT and S, in float32, several concurrencies in one pass), and scores
 the whole model once, at the concurrency found (in the batch's precision). Of goodput's two
 bounds only the smaller is read: once a row's brackets show which, the other settles where it
-stands (``_prune_goodput``). On dse.bench's 20,000 designs at a rate with both SLOs that is ~17
-points of the queue's quantities a design (2 at C = 1 and the cap, ~4.6 saturation, ~4.0 the
-rate's concurrency, ~3.8 and ~1.7 goodput's TTFT and TPOT bounds, ~1.3 the finish) in 31
-passes (the rate's and goodput's roots ask one probe together). Where a quantity rises with C the answers agree to the bisection's resolution
+stands (``_prune_goodput``). On dse.bench's 20,000 designs at a rate with both SLOs that is
+~16.7 points of the queue's quantities asked a design (2 at C = 1 and the cap, ~6.9 saturation,
+~3.2 the rate's concurrency, ~2.3 and ~1.1 goodput's TTFT and TPOT bounds, ~1.1 the finish;
+~23.4 scored, the shared probe's grid as deep as the row that asks most) in 31 passes (the
+rate's and goodput's roots ask one probe together). Where a quantity rises with C the answers agree to the bisection's resolution
 (relative 1e-6 on the concurrencies, 1e-4 on every metric); where it does not (a KV tier's
 fetch-or-recompute switch, one more prefill chunk: ~0.5% of random catalog designs, 1.3% of
 dse.bench's with its KV tier on) the bisection's answer is whichever crossing its midpoints
