@@ -48,9 +48,10 @@ What a bench call costs (the same 20,000 designs, CPU time at a load of 5-7 on 2
 sub-passes for the rows whose KV tier recomputes at some point (~2 ms each on 3-50 points:
 ~39 ms, and ~11 ms taking their rows), the final float64 scoring at the operating point ~47 ms
 and the p90 TPOT's float64 pass ~28 ms, the step coefficients ~35 ms, and this module's own
-bookkeeping ~50 ms (after ``serve._share_memos`` gave the runner's and the tier split's
-batches the probe batch's concurrency-free memos, ~17 a pass, and ``queueing.md1_decay`` took
-Halley's steps: ~5% together, within the noise of one run). A take costs ~0.5 us a row (169 columns, 135 coefficient arrays), more
+bookkeeping ~50 ms. Since then ``serve._share_memos`` gives the runner's and the tier split's
+batches the probe batch's concurrency-free memos (~17 a pass), ``queueing.md1_decay`` takes
+Halley's steps and goodput's TTFT bound its secant in log C (``log_secant``: 47k points asked
+instead of 72k; all roots 333k asked, 467k scored): ~10% less CPU time together. A take costs ~0.5 us a row (169 columns, 135 coefficient arrays), more
 than a point, so a grid split by the rows' number of asks costs more than its padding. 10^5
 designs per CPU-second is 0.2 s here: less the final scoring, the TPOT pass and the
 coefficients (~0.11 s) that leaves ~0.09 s, some 15 passes and ~180k points scored (9 a
