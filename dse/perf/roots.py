@@ -50,13 +50,16 @@ sub-passes for the rows whose KV tier recomputes at some point (~2 ms each on 3-
 and the p90 TPOT's float64 pass ~28 ms, the step coefficients ~35 ms, and this module's own
 bookkeeping ~50 ms. Since then ``serve._share_memos`` gives the runner's and the tier split's
 batches the probe batch's concurrency-free memos (~17 a pass), ``queueing.md1_decay`` takes
-Halley's steps and goodput's TTFT bound its secant in log C (``log_secant``: 47k points asked
-instead of 72k; all roots 333k asked, 467k scored): ~10% less CPU time together. A take costs ~0.5 us a row (169 columns, 135 coefficient arrays), more
-than a point, so a grid split by the rows' number of asks costs more than its padding. 10^5
-designs per CPU-second is 0.2 s here: less the final scoring, the TPOT pass and the
-coefficients (~0.11 s) that leaves ~0.09 s, some 15 passes and ~180k points scored (9 a
-design, 25.5 now) with no bookkeeping: not within reach of the root finding alone; the
-points themselves (the step model's four steps a point) would have to cost less.
+Halley's steps, goodput's TTFT bound its secant in log C (``log_secant``: 47k points asked
+instead of 72k; all roots 333k asked, 467k scored) and the tier's recomputing rows ride in
+the probe's passes as tier-off twins (``serve._queue_probe``: 2 sub-passes instead of 17).
+
+A take costs ~0.5 us a row (169 columns, 135 coefficient arrays), more than a point, so a grid
+split by the rows' number of asks costs more than its padding. 10^5 designs per CPU-second is
+0.2 s here: less the final scoring, the TPOT pass and the coefficients (~0.11 s) that leaves
+~0.09 s, some 15 passes and ~180k points scored (9 a design; 23.4 now) with no bookkeeping:
+not within reach of the root finding alone; the points themselves (the step model's four
+steps a point) would have to cost less.
 
 Tried on them and measured, not kept (a later pass; points asked / scored, passes):
 regula falsi (Illinois-weighted) through the bracket's ends where the secant is rejected
