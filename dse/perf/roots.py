@@ -70,9 +70,15 @@ C S - R from 53 and 3,664 to a root at 104.6); falsi after two points in a row o
 (276k / 420k, 45 passes): the same CPU time at 12, slower at 16 (a straggler's pass costs its
 fixed time); a pair of points a tolerance apart about a secant step under 50 tolerances, to
 close the bracket in one pass (346k asked but 583k scored: the pairs deepen the shared grid).
-No bracket that ended in sections held a prefill chunk count's jump (``ceil(new / budget)``),
-and with the KV tier off the saturation asked as many points (150k against 137k): the tier's
-switch costs its recursive sub-passes, not points.
+The saturation's upper guess from S and R affine between C = 1 and the cap (the root of
+``C S(C) = t R(C)`` on their chords, above the root where R bends up) instead of the power
+law: its points 137k -> 129k, 14 passes still (~2% of the whole, within the noise: not kept);
+its secant in log C (225k) or on ``log(rho / t)`` in log C (151k), or on ``1 - t R / (C S)``
+in 1 / C (134k); the rate's secant in log C (94k against 65k), the TPOT bound's (~40k
+against 22k): worse or no better. No bracket that ended in sections held a prefill chunk
+count's jump (``ceil(new / budget)``), and with the KV tier off the saturation asked as many
+points (150k against 137k): the tier's switch cost its recursive sub-passes (now its twins'
+columns in the passes), not points.
 """
 
 from __future__ import annotations
