@@ -97,7 +97,7 @@ def test_several_concurrencies_in_one_pass_are_each_ones_own():
             np.testing.assert_array_equal(np.broadcast_to(v2, cs.shape)[i], v1)
 
 
-def _solve_like_bisection(fn, lo, hi):
+def _solve_like_bisection(fn, lo, hi, log_secant=False):
     n = len(lo)
     probe = roots.Probe(lambda rows: (lambda c: (fn(c, rows),)), n)
 
@@ -108,12 +108,13 @@ def _solve_like_bisection(fn, lo, hi):
     def at(c):
         v = fn(c, None)
         return v, v <= 0.0, {"v": v}
-    r = roots.Root(probe, test, lo, hi, at(lo), at(hi), np.ones(n, bool))
+    r = roots.Root(probe, test, lo, hi, at(lo), at(hi), np.ones(n, bool), log_secant=log_secant)
     roots.solve([r])
     return r.c
 
 
-def test_root_matches_bisection_on_smooth_kinked_and_jumping_functions():
+@pytest.mark.parametrize("log_secant", [False, True])
+def test_root_matches_bisection_on_smooth_kinked_and_jumping_functions(log_secant):
     rng = np.random.default_rng(0)
     n = 2000
     root = np.exp(rng.uniform(0.0, 8.0, n))
@@ -127,7 +128,7 @@ def test_root_matches_bisection_on_smooth_kinked_and_jumping_functions():
         kinked = np.maximum(c - r, 0.2 * (c - r)) / r
         jump = np.where(c < r, -1.0 + 0.01 * c / r, 1.0 + c / r)
         return np.where(k == 0, smooth, np.where(k == 1, kinked, jump))
-    got = _solve_like_bisection(fn, lo, hi)
+    got = _solve_like_bisection(fn, lo, hi, log_secant)
     want = queueing.bisect_increasing(lambda c: fn(c, None), 0.0, lo, hi)
     assert np.all(fn(got, None) <= 0.0)                       # a point that passes
     np.testing.assert_allclose(got, want, rtol=2e-6)

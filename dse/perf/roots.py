@@ -40,6 +40,45 @@ sections after two or three secant steps that fell back to bisection instead of 
 ``SECANT_STEPS`` (37-42 passes instead of 31: the sections' tail passes run next to the other
 rows' secant passes); ``SECTIONS`` 7 or 31 (35 passes and 499k points, 29 and 652k: no
 better within the machine's noise).
+
+What a bench call costs (the same 20,000 designs, CPU time at a load of 5-7 on 2 cores, so
++-5%): ~0.48-0.52 s, of which the probe's 31 passes of ``serve._queue_times`` ~0.27 s (a pass
+~1.7-2 ms fixed, Python and numpy calls, plus ~0.33 us a point scored: 521k points scored for
+358k asked, the shared probe's grid being as deep as the row that asks most), 17 recursive
+sub-passes for the rows whose KV tier recomputes at some point (~2 ms each on 3-50 points:
+~39 ms, and ~11 ms taking their rows), the final float64 scoring at the operating point ~47 ms
+and the p90 TPOT's float64 pass ~28 ms, the step coefficients ~35 ms, and this module's own
+bookkeeping ~50 ms. Since then ``serve._share_memos`` gives the runner's and the tier split's
+batches the probe batch's concurrency-free memos (~17 a pass), ``queueing.md1_decay`` takes
+Halley's steps, goodput's TTFT bound its secant in log C (``log_secant``: 47k points asked
+instead of 72k; all roots 333k asked, 467k scored) and the tier's recomputing rows ride in
+the probe's passes as tier-off twins (``serve._queue_probe``: 2 sub-passes instead of 17).
+
+A take costs ~0.5 us a row (169 columns, 135 coefficient arrays), more than a point, so a grid
+split by the rows' number of asks costs more than its padding. 10^5 designs per CPU-second is
+0.2 s here: less the final scoring, the TPOT pass and the coefficients (~0.11 s) that leaves
+~0.09 s, some 15 passes and ~180k points scored (9 a design; 23.4 now) with no bookkeeping:
+not within reach of the root finding alone; the points themselves (the step model's four
+steps a point) would have to cost less.
+
+Tried on them and measured, not kept (a later pass; points asked / scored, passes):
+regula falsi (Illinois-weighted) through the bracket's ends where the secant is rejected
+(358k / 504k, 32: no change; of the saturation's ~1,250 rows that end in sections most are
+not at a jump but converging from one side on a residual that bends over a wide bracket, e.g.
+C S - R from 53 and 3,664 to a root at 104.6); falsi after two points in a row on one side
+(~375k asked: worse); with the falsi, ``SECANT_STEPS`` 12 (293k / 433k but 38 passes) or 16
+(276k / 420k, 45 passes): the same CPU time at 12, slower at 16 (a straggler's pass costs its
+fixed time); a pair of points a tolerance apart about a secant step under 50 tolerances, to
+close the bracket in one pass (346k asked but 583k scored: the pairs deepen the shared grid).
+The saturation's upper guess from S and R affine between C = 1 and the cap (the root of
+``C S(C) = t R(C)`` on their chords, above the root where R bends up) instead of the power
+law: its points 137k -> 129k, 14 passes still (~2% of the whole, within the noise: not kept);
+its secant in log C (225k) or on ``log(rho / t)`` in log C (151k), or on ``1 - t R / (C S)``
+in 1 / C (134k); the rate's secant in log C (94k against 65k), the TPOT bound's (~40k
+against 22k): worse or no better. No bracket that ended in sections held a prefill chunk
+count's jump (``ceil(new / budget)``), and with the KV tier off the saturation asked as many
+points (150k against 137k): the tier's switch cost its recursive sub-passes (now its twins'
+columns in the passes), not points.
 """
 
 from __future__ import annotations
@@ -125,15 +164,16 @@ class Root:
 
     ``test(idx, c, vals)`` -> ``(residual, ok, out)`` for the rows ``idx`` at ``c`` from the
     probe's values ``vals`` there: ``ok`` the predicate (NaN fails, as in the bisection),
-    ``residual`` increasing in C, about affine, 0 at the root (inf or NaN: a bisection step),
+    ``residual`` increasing in C, about affine (in log C with ``log_secant``: the secant
+    through the last two points is taken there), 0 at the root (inf or NaN: a bisection step),
     ``out`` a dict of arrays; ``lo_out``, ``hi_out`` the same triple at ``lo`` and ``hi``.
 
     Every row's points depend on its own values only (its secant steps, then, after
     ``SECANT_STEPS`` of them, ``SECTIONS`` points per step), never on the other rows of the
     batch: a design's root is the same whatever it is scored with (tests/test_chunk_invariance)."""
 
-    def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None):
-        self.probe, self.test = probe, test
+    def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None, log_secant=False):
+        self.probe, self.test, self.log_secant = probe, test, log_secant
         self.tail = probe.tail()          # (sections: their own pass, few rows)
         lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), np.shape(on))
         hi = np.maximum(hi, lo)
@@ -186,7 +226,11 @@ class Root:
                                                self.f2))
         tol, prev = self.tol[m], self.prev[m]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            s = x2 - f2 * (x2 - x1) / (f2 - f1)
+            if self.log_secant:                    # (a residual nearer affine in log C)
+                l1, l2 = np.log(x1), np.log(x2)
+                s = np.exp(l2 - f2 * (l2 - l1) / (f2 - f1))
+            else:
+                s = x2 - f2 * (x2 - x1) / (f2 - f1)
             bad = ~np.isfinite(s) | (s <= a) | (s >= b) | (np.abs(s - x2) > 0.5 * prev)
         s = np.where(bad, np.sqrt(a * b), s)
         # converged (a step under the tolerance): a step of half of it past the last point,

@@ -437,41 +437,62 @@ def _queue_probe(b: Batch, k: Coefficients, dtype):
     b32 = b if dtype is None else b.astype(dtype)
     k32 = k if all(v.dtype == b32.n_layers.dtype for v in b.columns.values()) \
         else Coefficients(b32)
+    n = len(b32)
+    # the rows whose KV tier recomputed at some point so far: a batch of rows taken later holds
+    # a twin of each of them without the tier, scored in the same pass as the rows
+    # (``_queue_times``' ``twins``) instead of a pass of its own (~2 ms of Python a pass)
+    recomputed = np.zeros(n, dtype=bool)
 
     def at(rows):
-        sub = b32 if rows is None else b32.take(rows)
-        ks = k32 if rows is None else k32.gather(rows, sub)
+        twin = np.zeros(0, dtype=np.int64) if rows is None else \
+            np.flatnonzero(recomputed[rows])
+        held = n if rows is None else len(rows)
+        taken = None if rows is None else np.concatenate([rows, rows[twin]])
+        sub = b32 if rows is None else b32.take(taken)
+        if len(twin):
+            tier = np.array(np.broadcast_to(sub.tier_bytes, (len(sub),)))
+            tier[held:] = 0.0
+            sub = sub.replace(tier_bytes=tier)
+        ks = k32 if rows is None else k32.gather(taken, sub)
         memo = sub.__dict__["_memo"]
         if rows is not None:             # the batch's per-row memos, those rows of them
-            n = len(b32)
-            memo.update({key: v.take(rows) for key, v in b32.__dict__["_memo"].items()
+            memo.update({key: v.take(taken) for key, v in b32.__dict__["_memo"].items()
                          if isinstance(v, np.ndarray) and v.shape == (n,)})
 
         def times(c):
+            if len(twin):
+                c = np.concatenate([c, np.asarray(c)[..., twin]], axis=-1)
             bc = sub.replace(concurrency=c)
             bc.__dict__["_memo"].update(memo)
-            out = _queue_times(bc, ks)
+            out = _queue_times(bc, ks, (held, twin) if len(twin) else None)
             memo.update(bc.__dict__["_memo"])
             memo.pop("sequences", None)          # (the one memo that depends on concurrency)
-            return out
+            if "tier_recomputing" in memo:
+                got = memo["tier_recomputing"][0]
+                recomputed[got if rows is None else taken[got]] = True
+            if not len(twin):
+                return out
+            return tuple(np.broadcast_to(v, np.broadcast_shapes(np.shape(v), (len(sub),)))
+                         [..., :held] for v in out)
         return times
     return at
 
 
-def _queue_times(b: Batch, k: Coefficients):
+def _queue_times(b: Batch, k: Coefficients, twins=None):
     """hook: what dse.perf.queueing's root finding reads of ``_instance(b, queue=True)``, the
     same numbers: ``(ttft_unloaded_s, tpot_s, _prefill_service_s)``, none of the fit, cost or
-    bound metrics (it runs ~10 times per design)."""
+    bound metrics (it runs ~10 times per design). ``twins``: ``(held, rows)``, the last rows
+    of ``b`` from ``held`` on are the rows ``rows`` without their KV tier (``_queue_probe``):
+    where those rows recompute their tier's hits, their twins' numbers."""
     c = sequences(b)
     weights, kv_seq, act, max_c = _memory(b)
     b0, tier = b, None
     b, c = _running(b, c, max_c)         # as _instance: the sequences the runtime runs at once
+    if b is not b0:
+        _share_memos(b0, b)
     if kvtier.cache_on(b):               # hook: as _instance (dse.perf.kvtier)
         b, tier = _tier_split(b, weights, kv_seq, act, c)
-        # (the memos that read neither the prefix hits, as the uncached tokens do, nor the
-        # concurrency, where the runtime runs fewer: the sequences)
-        b.__dict__["_memo"].update({key: v for key, v in b0.__dict__["_memo"].items()
-                                    if key not in ("new_tokens", "sequences")})
+        _share_memos(b0, b)
     on_spec = b.has_on("spec_tokens")
     tok_step = spec.tokens_per_step(b) if on_spec else 1.0
     load = prompt_load(b, tok_step if on_spec else None)
@@ -485,12 +506,45 @@ def _queue_times(b: Batch, k: Coefficients):
     out = (ttft(b, pass_s, t_prefill, load, ttft_extra, tail=False)[0],
            frontend.streamed_tpot(b, pass_s / tok_step, c),
            frontend.serial_service_s(b, prompt_service_s(b, t_decode, t_prefill, load)))
-    if tier is not None and np.any(~tier.fetched & (tier.tokens > 0)):    # as _tier_recomputed
-        keep = tier.fetched | (tier.tokens <= 0)
+    if b is not b0:                      # (and back: the probe keeps b0's for its next pass)
+        _share_memos(b, b0)
+    if tier is None:
+        return out
+    keep = tier.fetched | (tier.tokens <= 0)
+    if twins is not None:                # (as _tier_recomputed, from the twins)
+        held, rows = twins
+        keep = np.array(np.broadcast_to(keep, np.broadcast_shapes(np.shape(keep), (len(b0),))))
+        out = tuple(_from_twins(v, keep, held, rows) for v in out)
+        keep[..., rows] = True
+    if not np.all(keep):                 # as _tier_recomputed
         rows, sub, ks = _recomputing(b0, keep, k)
         alt = _queue_times(sub, ks)
+        b0.__dict__["_memo"]["tier_recomputing"][3].update(
+            {key: v for key, v in sub.__dict__["_memo"].items() if key not in _POINT_MEMOS})
         out = tuple(_scatter(v, keep, rows, a) for v, a in zip(out, alt))
     return out
+
+
+# the memos that read the concurrency (where the runtime runs fewer sequences than asked) or
+# the prefix hits (the tier's split recomputes the evicted ones): the sequences and the
+# uncached tokens; every other memo of a batch holds for its runner and tier-split batches too
+_POINT_MEMOS = frozenset(("sequences", "new_tokens", "has_on:concurrency",
+                          "has_on:prefix_hit_fraction"))
+
+
+def _from_twins(v, keep, held, rows):
+    """``v`` with the twins' numbers (``v``'s columns from ``held`` on) at the rows ``rows``
+    where ``keep`` is false."""
+    out = np.array(np.broadcast_to(v, keep.shape))
+    out[..., rows] = np.where(keep[..., rows], out[..., rows], out[..., held:])
+    return out
+
+
+def _share_memos(src: Batch, dst: Batch) -> None:
+    """``src``'s memos into ``dst`` (batches of the same rows at other concurrencies or prefix
+    hits: ``_queue_times`` computes a concurrency-free term once, not once per pass)."""
+    dst.__dict__["_memo"].update({key: v for key, v in src.__dict__["_memo"].items()
+                                  if key not in _POINT_MEMOS})
 
 
 def _recomputing(b0: Batch, keep, k):
@@ -508,12 +562,14 @@ def _recomputing(b0: Batch, keep, k):
     got = memo.get("tier_recomputing")
     c = b0.concurrency[..., rows] if np.shape(b0.concurrency)[-1] == n else b0.concurrency
     if got is not None and np.array_equal(got[0], rows):
-        return rows, Batch({**got[1], "concurrency": c}), got[2]
+        sub = Batch({**got[1], "concurrency": c})
+        sub.__dict__["_memo"].update(got[3])     # (its concurrency-free memos: _queue_times)
+        return rows, sub, got[2]
     cols = {key: (v[..., rows] if np.shape(v)[-1] == n else v)
             for key, v in b0.columns.items() if key != "concurrency"}
     cols["tier_bytes"] = np.zeros(len(rows), dtype=b0.tier_bytes.dtype)
     sub = Batch({**cols, "concurrency": c})
-    memo["tier_recomputing"] = rows, cols, None if k is None else k.gather(rows, sub)
+    memo["tier_recomputing"] = rows, cols, None if k is None else k.gather(rows, sub), {}
     return rows, sub, memo["tier_recomputing"][2]
 
 
