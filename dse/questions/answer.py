@@ -128,7 +128,16 @@ def first_lines(out) -> str:
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-05 (tenth pass, issue 28): a decode-only step replays as a CUDA graph (the three"
+    "2026-12-05 (eleventh pass, issue 28): fp4 (MXFP4) experts on a chip without fp4 tensor "
+    "cores (Hopper, MI300X) run a W4A16 MXFP4 kernel (weights widened to bf16, bf16 MMAs; its "
+    "own MoE family fitted on aiconfigurator-core's w4a16_mxfp4 tables), not the fp8 "
+    "block-scaled one, so gpt-oss-120b decodes slower there; the end-to-end refit then puts "
+    "a decode-only step's per-layer time at 15.4 us (23.0) and an eager one's at 68.1 us "
+    "(61.3); the request-rate path's goodput bound steps in log concurrency (another crossing "
+    "on a few non-monotone rows); training: the attention kernel a job runs "
+    "(training.attention_kernel: cuDNN, FlashAttention-3/2, Triton, Megatron's unfused) at "
+    "its published rate, and the training refit on it. Before it (tenth pass): a decode-only "
+    "step replays as a CUDA graph (the three"
     " runtimes' defaults) and pays its own per-layer time, 23.0 us, where a step carrying "
     "prompt tokens runs eagerly at 61.3 us (one shared 27.7 us before); the front end's time "
     "per output token refits to 21.7 us (32.6 us); the MoE kernel fit reads SGLang's and "
