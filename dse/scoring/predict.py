@@ -20,8 +20,9 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.build.designs import kv_dtype_of, resolve, to_batch
-from dse.errors import InputError, suggest, writing
+from dse.build.designs import kv_dtype_of
+from dse.build.distinct import resolve_batch
+from dse.errors import InputError, RowNames, suggest, writing
 from dse.perf import Batch, score_chunked
 from dse.perf.serve import BOUNDS, reason_text
 from dse.perf.serve import (
@@ -124,14 +125,12 @@ def check_cases(df: pd.DataFrame, path: str, offset: int = 0, ids=None) -> None:
                              where=f"row {offset + i + 2}")
     if ids is not None:
         ids.check(df["case_id"], offset)
-    names = None
+    ids_ = df["case_id"].to_numpy(dtype=object)
     for c, field_path in NUMERIC.items():
         if c not in df.columns:
             continue
-        if names is None:
-            names = [f"row {offset + i + 2} (case_id {k}), column {{c}}"
-                     for i, k in enumerate(df["case_id"])]
-        where = [n.replace("{c}", c) for n in names]
+        where = RowNames(len(df), lambda i, c=c: f"row {offset + i + 2} (case_id {ids_[i]}), "
+                         f"column {c}")
         v = validate.parse_column(field_path, df[c], file=path, names=where, name=c)
         bad = v.notna().to_numpy() & validate.range_bad(field_path, v.to_numpy())
         if bad.any():
@@ -344,13 +343,13 @@ def prepare(cases: pd.DataFrame, file: str = "cases", offset: int = 0) -> Prepar
                                                   errors="coerce").fillna(1.0)
     case_rows = table["_case"].to_numpy()
     ids = cases["case_id"].astype(str).to_numpy(dtype=object)
-    names = [f"row {i + offset + 2} (case_id {c})" for i, c in enumerate(ids)]
+    names = RowNames(len(case_rows), lambda j: f"row {case_rows[j] + offset + 2} "
+                     f"(case_id {ids[case_rows[j]]})")
     aliases = {v: k for k, v in RENAME.items()}
-    resolved = resolve(table.drop(columns=["_case", "case_id"]), file=file,
-                       row_names=[names[i] for i in case_rows], aliases=aliases)
+    resolved, batch = resolve_batch(table.drop(columns=["_case", "case_id"]), file=file,
+                                    row_names=names, aliases=aliases)
     resolved["_case"] = table["_case"].to_numpy()
     _check_explicit(cases, resolved, full_case[table["_case"].to_numpy()], file, offset)
-    batch = to_batch(resolved)
     if auto_c.any():
         probe = score_chunked(batch.take(np.flatnonzero(auto_c)))
         cmax = np.maximum(probe["max_concurrent_sequences"], 1.0)
@@ -438,8 +437,7 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
         out[m] = s[m][best]
     out["bound"] = np.array(BOUNDS, dtype=object)[s["bound"][best].astype(int)]  # perf.decode_bound
     out["feasible"] = s["feasible"][best]
-    out["reason"] = [reason_text(r, m) for r, m in zip(s["reason"][best],
-                                                        s["max_concurrent_sequences"][best])]
+    out["reason"] = _reasons(s["reason"][best], s["max_concurrent_sequences"][best]).tolist()
     for c in ("tp", "pp", "ep", "dp"):
         out[c] = resolved[f"layout.{c}"].to_numpy()[best].astype(int)
     for m in ("usd_per_mtok_output", "usd_per_mtok_input", "max_concurrent_sequences"):
@@ -458,6 +456,23 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
             out["tp_x"], out["kv_sharding"] = tpx.astype(int), kv
     out["_order"] = case[best]
     return out.sort_values("_order").drop(columns="_order").reset_index(drop=True)
+
+
+def _reasons(bits: np.ndarray, max_sequences: np.ndarray) -> np.ndarray:
+    """``reason_text`` of each row, made once per distinct (reason, sequences that fit) pair:
+    the sequences only count where the reason is that the concurrency does not fit."""
+    bits = np.asarray(bits).astype(np.int64)
+    fit = np.where((bits & FIT_BITS) != 0, np.asarray(max_sequences, dtype=float), np.nan)
+    kb, _ = pd.factorize(bits)
+    kf, uf = pd.factorize(fit.view(np.int64))
+    key = kb * max(len(uf), 1) + kf
+    _, first, codes = np.unique(key, return_index=True, return_inverse=True)
+    text = np.array([reason_text(bits[i], fit[i]) for i in first], dtype=object)
+    return text[codes.reshape(-1)]
+
+
+# the reason bits whose text says how many sequences fit (``reason_text``)
+FIT_BITS = 16 | 32
 
 
 def _column(table: pd.DataFrame, path: str) -> np.ndarray:
