@@ -19,6 +19,7 @@ from dse.build.designs import DEFAULTS, DIRECT_FIELDS, resolve, to_batch
 from dse.build.space import distinct_codes
 from dse.errors import RowNames
 from dse.perf import Batch
+from dse.perf.batch import OPTIONAL
 from dse.spec import validate
 
 PER_ROW = ("workload.isl", "workload.osl", "workload.concurrency")
@@ -58,11 +59,73 @@ def distinct_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
     return first[order], rank[inverse]
 
 
+class Memo:
+    """The distinct designs a file's earlier chunks resolved (at most ``MEMO_ROWS``; the
+    oldest are dropped all at once): a later chunk resolves only the designs it adds. Their
+    resolved rows and the full-length batch columns, found by the design's values."""
+
+    def __init__(self):
+        self.key: list[str] | None = None
+        self.clear()
+
+    def clear(self) -> None:
+        self.rows: dict[tuple, int] = {}
+        self.resolved: pd.DataFrame | None = None
+        self.columns: dict[str, np.ndarray] = {}
+
+    def add(self, keys: list[tuple], resolved: pd.DataFrame, batch: Batch) -> None:
+        if len(self.rows) + len(keys) > MEMO_ROWS:
+            self.clear()
+        full = {k: np.broadcast_to(v, (len(batch),)) for k, v in batch.columns.items()}
+        if self.resolved is None:
+            self.resolved, self.columns = resolved, full
+        else:
+            old, n0, n1 = self.columns, len(self.rows), len(keys)
+            self.resolved = pd.concat([self.resolved, resolved], ignore_index=True)
+            self.columns = {k: np.concatenate([_field(old, k, n0), _field(full, k, n1)])
+                            for k in (*old, *(k for k in full if k not in old))}
+        self.rows.update(zip(keys, range(len(self.rows), len(self.rows) + len(keys))))
+
+
+# distinct designs a file's memo holds at most (~4 KB each: the resolved row and its batch row)
+MEMO_ROWS = 20_000
+
+
+def _field(columns: dict, k: str, n: int) -> np.ndarray:
+    """Batch field ``k`` of some rows' ``columns``, its "off" value where they lack it
+    (``Batch.from_columns`` drops an optional field that is off on every row)."""
+    if k in columns:
+        return columns[k]
+    off = OPTIONAL[k]
+    return columns[off] if isinstance(off, str) else np.full(n, off, dtype=np.float64)
+
+
+def _keys(frame: pd.DataFrame) -> list[tuple]:
+    """Each row's values as a hashable key: floats by their bits, any blank as one value."""
+    cols = []
+    for c in frame.columns:
+        col = frame[c]
+        if col.dtype.kind == "f":
+            cols.append(np.ascontiguousarray(col.to_numpy(dtype=np.float64)).view(np.int64)
+                        .tolist())
+        elif col.dtype.kind in "iub":
+            cols.append(col.to_numpy().tolist())
+        else:
+            v = col.to_numpy(dtype=object)
+            cols.append(np.where(pd.isna(v), _BLANK, v).tolist())
+    return list(zip(*cols))
+
+
+_BLANK = ("<blank>",)       # (a tuple: never equal to a cell's string)
+
+
 def resolve_batch(table: pd.DataFrame, *, file=None, row_names=None,
-                  aliases: dict | None = None) -> tuple[pd.DataFrame, Batch]:
+                  aliases: dict | None = None, memo: Memo | None = None
+                  ) -> tuple[pd.DataFrame, Batch]:
     """``resolve(table)`` and its ``to_batch``, the same tables and batch: built on the
     distinct rows when they are few (``distinct_rows`` of the columns other than ``PER_ROW``;
-    ``row_names``, the rows' names for messages, is then needed)."""
+    ``row_names``, the rows' names for messages, is then needed), and only on those that
+    ``memo`` (the file's earlier chunks) does not hold."""
     aliases = aliases or {}
     per_row = [c for c in PER_ROW if c in table.columns]
     key = [c for c in table.columns if c not in per_row]
@@ -73,17 +136,27 @@ def resolve_batch(table: pd.DataFrame, *, file=None, row_names=None,
     first, inverse = d
     names = row_names
     sub = table[key].iloc[first].reset_index(drop=True)
-    res = resolve(sub, file=file, aliases=aliases,
-                  row_names=RowNames(len(first), lambda j: names[int(first[j])]))
+    memo = memo if memo is not None else Memo()
+    if memo.key != key:
+        memo.clear()
+        memo.key = key
+    keys = _keys(sub)
+    new = np.array([k not in memo.rows for k in keys], dtype=bool)
+    if new.any():
+        at = np.flatnonzero(new)
+        res = resolve(sub.iloc[at].reset_index(drop=True), file=file, aliases=aliases,
+                      row_names=RowNames(len(at), lambda j: names[int(first[at[j]])]))
+        memo.add([keys[i] for i in at], res, to_batch(res))
     values = {}
     for c in per_row:        # as resolve's merge: parsed, a blank the default, then in range
         v = validate.parse_column(c, table[c], file=file, names=names,
                                   name=aliases.get(c, c)).to_numpy(dtype=float)
         values[c] = np.where(np.isnan(v), float(DEFAULTS[c]), v)
     validate.check_table(values, file=file, names=names, alias=aliases, rules=False)
-    batch = to_batch(res).take(inverse).replace(
+    rows = np.array([memo.rows[k] for k in keys], dtype=np.int64)[inverse]
+    batch = Batch.from_columns({k: v.take(rows) for k, v in memo.columns.items()}).replace(
         **{DIRECT_FIELDS[c]: v for c, v in values.items()})
-    resolved = res.take(inverse).reset_index(drop=True)
+    resolved = memo.resolved.take(rows).reset_index(drop=True)
     for c, v in values.items():
         resolved[c] = v
     return resolved, batch

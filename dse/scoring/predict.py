@@ -21,7 +21,7 @@ import pandas as pd
 
 from dse import catalog
 from dse.build.designs import kv_dtype_of
-from dse.build.distinct import resolve_batch
+from dse.build.distinct import Memo, resolve_batch
 from dse.errors import InputError, RowNames, suggest, writing
 from dse.perf import Batch, score_chunked
 from dse.perf.serve import BOUNDS, reason_text
@@ -223,6 +223,9 @@ def _expand_layouts(cases: pd.DataFrame, file: str, offset: int = 0) -> pd.DataF
              if c.split(".")[1] in cases.columns else pd.Series(np.nan, index=cases.index)
              for c in LAYOUT}
     full = np.logical_and.reduce([given[c].notna().to_numpy() for c in LAYOUT])
+    if full.all():          # every layout given: one row per case, as the cases stand
+        out = cases.assign(**given, _case=np.arange(len(cases)))
+        return out.drop(columns=[c for c in out.columns if c.endswith("_given") or c == "_chips"])
     parts = [cases[full].assign(**{c: given[c][full] for c in LAYOUT}, _case=np.flatnonzero(full))]
     rest = cases[~full].assign(_case=np.flatnonzero(~full), _chips=chips[~full])
     for c in LAYOUT:
@@ -325,9 +328,11 @@ class Prepared:
     auto: np.ndarray   # per row: its case has a blank concurrency
 
 
-def prepare(cases: pd.DataFrame, file: str = "cases", offset: int = 0) -> Prepared:
+def prepare(cases: pd.DataFrame, file: str = "cases", offset: int = 0,
+            memo: Memo | None = None) -> Prepared:
     """Expand a case table into candidate rows: layouts for blank tp/pp/ep/dp, concurrencies
-    for a blank concurrency (fractions of the memory-limited maximum)."""
+    for a blank concurrency (fractions of the memory-limited maximum). ``memo``: the designs
+    that earlier chunks of the same file resolved (``dse.build.distinct.Memo``)."""
     cases = cases.reset_index(drop=True)
     _check_rate_or_concurrency(cases, file, offset)
     expanded = _expand_layouts(cases, file, offset)
@@ -347,7 +352,7 @@ def prepare(cases: pd.DataFrame, file: str = "cases", offset: int = 0) -> Prepar
                      f"(case_id {ids[case_rows[j]]})")
     aliases = {v: k for k, v in RENAME.items()}
     resolved, batch = resolve_batch(table.drop(columns=["_case", "case_id"]), file=file,
-                                    row_names=names, aliases=aliases)
+                                    row_names=names, aliases=aliases, memo=memo)
     resolved["_case"] = table["_case"].to_numpy()
     _check_explicit(cases, resolved, full_case[table["_case"].to_numpy()], file, offset)
     if auto_c.any():
@@ -402,15 +407,19 @@ def chunks(cases: pd.DataFrame) -> list[tuple[int, int]]:
     return out or [(0, 0)]
 
 
-def predict_frame(cases: pd.DataFrame, file: str = "cases", offset: int = 0) -> pd.DataFrame:
+def predict_frame(cases: pd.DataFrame, file: str = "cases", offset: int = 0,
+                  memo: Memo | None = None) -> pd.DataFrame:
     """Predictions for a case table (the CSV's columns, as strings or numbers; ``offset``: its
     first case's place in the file, for messages).
 
     Cases are taken in chunks of bounded candidate rows, so that memory stays bounded
-    whatever the file's size and however many layouts and concurrencies dse chooses from.
+    whatever the file's size and however many layouts and concurrencies dse chooses from;
+    a design is resolved once for all of them (``memo``, which ``predict_file`` keeps over
+    the file's chunks).
     """
     cases = cases.reset_index(drop=True)
-    parts = [finish(prepare(cases.iloc[a:b], file, offset=offset + a))
+    memo = memo if memo is not None else Memo()
+    parts = [finish(prepare(cases.iloc[a:b], file, offset=offset + a, memo=memo))
              for a, b in chunks(cases)]
     return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
 
@@ -535,9 +544,9 @@ def predict_file(path: str, out_path: str, keep: bool = True) -> pd.DataFrame | 
     with _system_pool(), writing(out_path, tmp):   # a full or read-only disk: exit 3, no .tmp
         parts = tempfile.mkdtemp(prefix=".dse-predict-", dir=folder)
         try:
-            files = []
+            files, memo = [], Memo()
             for offset, cases in iter_cases(path):
-                pred = predict_frame(cases, file=path, offset=offset)
+                pred = predict_frame(cases, file=path, offset=offset, memo=memo)
                 n += len(pred)
                 if keep:
                     kept.append(pred)
