@@ -85,14 +85,18 @@ def test_a_later_chunk_reuses_the_memo_and_scores_the_same():
     pd.testing.assert_frame_equal(pd.concat([first, second], ignore_index=True), whole)
 
 
-def test_the_memo_holds_at_most_its_bound(monkeypatch):
-    monkeypatch.setattr(distinct, "MEMO_ROWS", 5)
-    t = _table(_cases(200, seed=5))
-    names = [f"row {i + 2}" for i in range(len(t))]
+def test_the_memo_is_emptied_past_its_bound(monkeypatch):
+    monkeypatch.setattr(distinct, "MEMO_ROWS", 60)
     memo = distinct.Memo()
-    got, b = distinct.resolve_batch(t, file="cases.csv", row_names=names, memo=memo)
-    assert len(memo.rows) <= max(5, len(memo.resolved))
-    np.testing.assert_array_equal(b.isl, pd.to_numeric(t["workload.isl"]).to_numpy(float))
+    for seed in (5, 6):      # each ~55 distinct designs, most of them shared
+        t = _table(_cases(300, seed=seed))
+        names = [f"row {i + 2}" for i in range(len(t))]
+        got, b = distinct.resolve_batch(t, file="cases.csv", row_names=names, memo=memo)
+        want = resolve(t, file="cases.csv", row_names=names)
+        assert len(memo.rows) == len(distinct.distinct_rows(
+            t.drop(columns=list(distinct.PER_ROW)))[0])    # the second emptied it first
+        np.testing.assert_array_equal(b.hbm_bw_bytes_per_s, to_batch(want).hbm_bw_bytes_per_s)
+        assert got["accelerator.id"].tolist() == want["accelerator.id"].tolist()
 
 
 @pytest.mark.parametrize("column,value,words", [

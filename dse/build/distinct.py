@@ -60,9 +60,10 @@ def distinct_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 class Memo:
-    """The distinct designs a file's earlier chunks resolved (at most ``MEMO_ROWS``; the
-    oldest are dropped all at once): a later chunk resolves only the designs it adds. Their
-    resolved rows and the full-length batch columns, found by the design's values."""
+    """The distinct designs a file's earlier chunks resolved: a later chunk resolves only the
+    designs it adds (a chunk that would take it past ``MEMO_ROWS`` empties it first, and
+    holds its own). Their resolved rows and full-length batch columns, found by the design's
+    values."""
 
     def __init__(self):
         self.key: list[str] | None = None
@@ -74,8 +75,6 @@ class Memo:
         self.columns: dict[str, np.ndarray] = {}
 
     def add(self, keys: list[tuple], resolved: pd.DataFrame, batch: Batch) -> None:
-        if len(self.rows) + len(keys) > MEMO_ROWS:
-            self.clear()
         full = {k: np.broadcast_to(v, (len(batch),)) for k, v in batch.columns.items()}
         if self.resolved is None:
             self.resolved, self.columns = resolved, full
@@ -142,6 +141,9 @@ def resolve_batch(table: pd.DataFrame, *, file=None, row_names=None,
         memo.key = key
     keys = _keys(sub)
     new = np.array([k not in memo.rows for k in keys], dtype=bool)
+    if new.any() and len(memo.rows) + int(new.sum()) > MEMO_ROWS:
+        memo.clear()                         # (then this chunk's designs are all new)
+        new[:] = True
     if new.any():
         at = np.flatnonzero(new)
         res = resolve(sub.iloc[at].reset_index(drop=True), file=file, aliases=aliases,
