@@ -160,3 +160,22 @@ def test_spreadsheet_safe_only_touches_formula_cells():
     assert out["b"].tolist() == f["b"].tolist()
     plain = pd.DataFrame({"id": [f"c{i}" for i in range(1000)], "bound": "memory"})
     assert spreadsheet_safe(plain) is plain
+
+
+def test_memo_keys_tell_a_blank_from_any_string():
+    keys = distinct._keys(pd.DataFrame({
+        "a": pd.Series(["x", np.nan, "<blank>", None, "nan"], dtype=object),
+        "b": [1.0, np.nan, 1.0, np.nan, 1.0]}))
+    assert keys[1] == keys[3]                  # NaN and None: one blank, as in a chunk
+    assert len({keys[0], keys[1], keys[2], keys[4]}) == 4
+
+
+def test_to_numeric_per_distinct_string_is_pandas():
+    for values in (["8", "16", "8"], ["8", None, "2.5"], ["1", "x", ""], ["-4", "1e3", "8"]):
+        col = pd.Series(values * 4, dtype=object, index=range(10, 10 + 4 * len(values)))
+        want = pd.to_numeric(col, errors="coerce")
+        got = validate.to_numeric(col, errors="coerce")
+        assert got.dtype == want.dtype and got.index.equals(want.index)
+        np.testing.assert_array_equal(got.to_numpy(), want.to_numpy())
+    with pytest.raises(ValueError):
+        validate.to_numeric(pd.Series(["8", "x"], dtype=object))

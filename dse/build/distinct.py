@@ -110,12 +110,20 @@ def _keys(frame: pd.DataFrame) -> list[tuple]:
         elif col.dtype.kind in "iub":
             cols.append(col.to_numpy().tolist())
         else:
-            v = col.to_numpy(dtype=object)
-            cols.append(np.where(pd.isna(v), _BLANK, v).tolist())
+            v = col.to_numpy(dtype=object).copy()
+            v[pd.isna(v)] = _BLANK
+            cols.append(v.tolist())
     return list(zip(*cols))
 
 
-_BLANK = ("<blank>",)       # (a tuple: never equal to a cell's string)
+class _Blank:
+    """A blank cell in a key (NaN is not equal to itself; a string could be "<blank>")."""
+
+    def __repr__(self) -> str:
+        return "<blank>"
+
+
+_BLANK = _Blank()
 
 
 def resolve_batch(table: pd.DataFrame, *, file=None, row_names=None,

@@ -218,8 +218,8 @@ def _where(cases: pd.DataFrame, i: int, offset: int) -> str:
 
 def _expand_layouts(cases: pd.DataFrame, file: str, offset: int = 0) -> pd.DataFrame:
     """One row per (case, candidate layout) agreeing with the layout columns the case gives."""
-    chips = pd.to_numeric(cases["num_chips"]).astype(int)
-    given = {c: pd.to_numeric(cases[c.split(".")[1]], errors="coerce")
+    chips = validate.to_numeric(cases["num_chips"]).astype(int)
+    given = {c: validate.to_numeric(cases[c.split(".")[1]], errors="coerce")
              if c.split(".")[1] in cases.columns else pd.Series(np.nan, index=cases.index)
              for c in LAYOUT}
     full = np.logical_and.reduce([given[c].notna().to_numpy() for c in LAYOUT])
@@ -251,7 +251,8 @@ def _expand_layouts(cases: pd.DataFrame, file: str, offset: int = 0) -> pd.DataF
 def _check_explicit(cases, resolved, full_rows, file, offset=0):
     """Layouts the user wrote out must be valid: they name the row instead of guessing."""
     L = {c: resolved[c].to_numpy(dtype=float) for c in LAYOUT}
-    chips = pd.to_numeric(cases["num_chips"]).to_numpy(dtype=float)[resolved["_case"].to_numpy()]
+    chips = validate.to_numeric(cases["num_chips"]).to_numpy(dtype=float)[
+        resolved["_case"].to_numpy()]
     heads = resolved["model.num_attention_heads"].to_numpy(dtype=float)
     # 2D weight-stationary tp (layout.tp_x) splits the heads over tp / tp_x chips
     tpx = resolved["layout.tp_x"].to_numpy(dtype=float) if "layout.tp_x" in resolved else 1.0
@@ -290,8 +291,8 @@ def _check_rate_or_concurrency(cases, file, offset=0) -> None:
                  if c in cases.columns), None)
     if rate is None:
         return
-    r = pd.to_numeric(cases[rate], errors="coerce").fillna(0.0).to_numpy(float)
-    c = pd.to_numeric(cases["concurrency"], errors="coerce")
+    r = validate.to_numeric(cases[rate], errors="coerce").fillna(0.0).to_numpy(float)
+    c = validate.to_numeric(cases["concurrency"], errors="coerce")
     bad = (r > 0) & c.notna().to_numpy()
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -344,7 +345,7 @@ def prepare(cases: pd.DataFrame, file: str = "cases", offset: int = 0,
     if "workload.concurrency" not in table:
         table["workload.concurrency"] = np.nan
     auto_c = table["workload.concurrency"].isna().to_numpy()
-    table["workload.concurrency"] = pd.to_numeric(table["workload.concurrency"],
+    table["workload.concurrency"] = validate.to_numeric(table["workload.concurrency"],
                                                   errors="coerce").fillna(1.0)
     case_rows = table["_case"].to_numpy()
     ids = cases["case_id"].astype(str).to_numpy(dtype=object)
@@ -384,9 +385,9 @@ def case_weights(cases: pd.DataFrame) -> np.ndarray:
     full = np.ones(len(cases), bool)
     for c in ("tp", "pp", "ep", "dp"):
         full &= cases[c].notna().to_numpy() if c in cases.columns else False
-    chips = pd.to_numeric(cases["num_chips"], errors="coerce").fillna(1).astype(np.int64)
+    chips = validate.to_numeric(cases["num_chips"], errors="coerce").fillna(1).astype(np.int64)
     per = {int(n): len(_layouts(int(n))) for n in np.unique(chips[~full])}
-    w = np.where(full, 1, chips.map(lambda n: per.get(int(n), 1)).to_numpy())
+    w = np.where(full, 1, chips.map(per).fillna(1).astype(np.int64).to_numpy())
     if "concurrency" in cases.columns:
         blank = cases["concurrency"].isna().to_numpy()
     else:
