@@ -7,7 +7,9 @@ settable paths that are one scorer field each and feed nothing else (``designs.D
 no derived column, default or consistency rule reads them): they are parsed and range-checked
 on every row, as ``resolve`` checks them, and written into the gathered batch. Every other
 column is resolved on the first row of each distinct combination, so its messages name that
-row: the first row of the file with that value.
+row: the first row of the file with that value. A file read in chunks keeps its distinct
+designs in a ``Memo``: a later chunk resolves only those it adds (its 50,000 benchmark cases
+add a few hundred to the first chunk's 12,684).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dse.perf.batch import OPTIONAL
 from dse.spec import validate
 
 PER_ROW = ("workload.isl", "workload.osl", "workload.concurrency")
-# below this share of distinct rows the gathering costs less than it saves
+# past this share of distinct rows, gathering them back costs more than it saves
 MAX_DISTINCT_SHARE = 0.5
 
 
