@@ -43,6 +43,23 @@ class InputError(Exception):
                           where=self.where or where, hint=self.hint)
 
 
+class RowNames:
+    """The rows' names for messages (``names[i]``, ``len(names)``), each made when a message
+    asks for it: a table of 200,000 rows names one row when it fails, not all of them."""
+
+    def __init__(self, n: int, name):
+        self.n, self.name = n, name
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i) -> str:
+        i = int(i)
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.name(i)
+
+
 class StorageError(InputError):
     """A storage that waiting will not cure (exit 2, one line naming the cause in full): a bad
     URL or scheme, a missing driver, authentication, an unknown or dropped database, nothing

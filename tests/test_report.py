@@ -57,49 +57,57 @@ def test_report_of_an_empty_front_and_bad_folders(tmp_path, capsys):
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def _chromium(page, profile, *extra) -> subprocess.Popen:
+    """Headless Chromium on ``page`` (a profile folder of its own: several run at once)."""
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--enable-unsafe-swiftshader", f"--user-data-dir={profile}",
+             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=8000",
+             "--window-size=1280,1600"]      # a laptop's page width: every table fits in it
+    return subprocess.Popen([CHROMIUM, *flags, *extra, page.as_uri()], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
 @pytest.mark.skipif(not CHROMIUM, reason="no chromium (.ci/run installs Debian's)")
 def test_report_renders_in_headless_chromium(tmp_path, capsys):
     run = tmp_path / "run"
     main(["run", str(QUICK), "--out", str(run), "--quiet"])
     main(["report", str(run)])
     page = run / "report" / "index.html"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--enable-unsafe-swiftshader", f"--user-data-dir={tmp_path / 'profile'}",
-             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=8000",
-             "--window-size=1280,1600"]      # a laptop's page width: every table fits in it
-    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True,
-                         text=True, timeout=120)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
+    main(["compare", str(run), str(run), "--out", str(tmp_path / "cmp")])
+    main(["whatif", str(run), "--scale", "accelerator.hbm_bw_bytes_per_s=1.5", "--out",
+          str(tmp_path / "wi")])
+    alone = tmp_path / "alone" / "report"
+    alone.mkdir(parents=True)
+    shutil.copy(page, alone / "index.html")
+    shot = run / "report" / "screenshot.png"
+    # every page at once (each load is seconds of plotly in software GL), then checked in turn
+    pages = {"report": page, "cmp": tmp_path / "cmp" / "index.html",
+             "wi": tmp_path / "wi" / "index.html", "alone": alone / "index.html"}
+    procs = {k: _chromium(p, tmp_path / f"profile-{k}", "--dump-dom") for k, p in pages.items()}
+    procs["shot"] = _chromium(page, tmp_path / "profile-shot", f"--screenshot={shot}")
+    done = {k: (p, *p.communicate(timeout=180)) for k, p in procs.items()}
+
+    p, out, err = done["report"]
+    assert p.returncode == 0, err[-2000:]
+    console = [line for line in err.splitlines() if "CONSOLE" in line]
     errors = [line for line in console if "Uncaught" in line or ":ERROR:CONSOLE" in line
               or "Error:" in line]
     assert not errors, "\n".join(errors)
     front = pd.read_csv(run / "front.csv")
     # plotly drew one marker per front design (plus the knee's star)
-    assert dom.stdout.count('class="point"') >= len(front) > 0
-    _check_rendered(dom.stdout)
+    assert out.count('class="point"') >= len(front) > 0
+    _check_rendered(out)
     # compare and whatif pages: the same checks
-    main(["compare", str(run), str(run), "--out", str(tmp_path / "cmp")])
-    main(["whatif", str(run), "--scale", "accelerator.hbm_bw_bytes_per_s=1.5", "--out",
-          str(tmp_path / "wi")])
-    for other in (tmp_path / "cmp" / "index.html", tmp_path / "wi" / "index.html"):
-        d = subprocess.run([CHROMIUM, *flags, "--dump-dom", other.as_uri()], capture_output=True,
-                           text=True, timeout=120)
-        assert d.returncode == 0, d.stderr[-2000:]
-        _check_rendered(d.stdout, plots=other.parent.name == "cmp")
+    for k in ("cmp", "wi"):
+        d, d_out, d_err = done[k]
+        assert d.returncode == 0, d_err[-2000:]
+        _check_rendered(d_out, plots=k == "cmp")
     # the note on a missing plotly.js stays hidden while the shared copy loads, and shows on a
     # page copied alone
-    assert re.search(r'id="plotly-missing"[^>]*style="display:\s*none', dom.stdout)
-    alone = tmp_path / "alone" / "report"
-    alone.mkdir(parents=True)
-    shutil.copy(page, alone / "index.html")
-    d = subprocess.run([CHROMIUM, *flags, "--dump-dom", (alone / "index.html").as_uri()],
-                       capture_output=True, text=True, timeout=120)
-    assert re.search(r'id="plotly-missing"[^>]*style="display:\s*block', d.stdout)
-    shot = run / "report" / "screenshot.png"
-    r = subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}",
-                        page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert re.search(r'id="plotly-missing"[^>]*style="display:\s*none', out)
+    assert re.search(r'id="plotly-missing"[^>]*style="display:\s*block', done["alone"][1])
+    r = done["shot"][0]
     assert r.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

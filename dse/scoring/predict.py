@@ -20,8 +20,9 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.build.designs import kv_dtype_of, resolve, to_batch
-from dse.errors import InputError, suggest, writing
+from dse.build.designs import kv_dtype_of
+from dse.build.distinct import Memo, resolve_batch
+from dse.errors import InputError, RowNames, suggest, writing
 from dse.perf import Batch, score_chunked
 from dse.perf.serve import BOUNDS, reason_text
 from dse.perf.serve import (
@@ -124,14 +125,12 @@ def check_cases(df: pd.DataFrame, path: str, offset: int = 0, ids=None) -> None:
                              where=f"row {offset + i + 2}")
     if ids is not None:
         ids.check(df["case_id"], offset)
-    names = None
+    ids_ = df["case_id"].to_numpy(dtype=object)
     for c, field_path in NUMERIC.items():
         if c not in df.columns:
             continue
-        if names is None:
-            names = [f"row {offset + i + 2} (case_id {k}), column {{c}}"
-                     for i, k in enumerate(df["case_id"])]
-        where = [n.replace("{c}", c) for n in names]
+        where = RowNames(len(df), lambda i, c=c: f"row {offset + i + 2} (case_id {ids_[i]}), "
+                         f"column {c}")
         v = validate.parse_column(field_path, df[c], file=path, names=where, name=c)
         bad = v.notna().to_numpy() & validate.range_bad(field_path, v.to_numpy())
         if bad.any():
@@ -219,11 +218,14 @@ def _where(cases: pd.DataFrame, i: int, offset: int) -> str:
 
 def _expand_layouts(cases: pd.DataFrame, file: str, offset: int = 0) -> pd.DataFrame:
     """One row per (case, candidate layout) agreeing with the layout columns the case gives."""
-    chips = pd.to_numeric(cases["num_chips"]).astype(int)
-    given = {c: pd.to_numeric(cases[c.split(".")[1]], errors="coerce")
+    chips = validate.to_numeric(cases["num_chips"]).astype(int)
+    given = {c: validate.to_numeric(cases[c.split(".")[1]], errors="coerce")
              if c.split(".")[1] in cases.columns else pd.Series(np.nan, index=cases.index)
              for c in LAYOUT}
     full = np.logical_and.reduce([given[c].notna().to_numpy() for c in LAYOUT])
+    if full.all():          # every layout given: one row per case, as the cases stand
+        out = cases.assign(**given, _case=np.arange(len(cases)))
+        return out.drop(columns=[c for c in out.columns if c.endswith("_given") or c == "_chips"])
     parts = [cases[full].assign(**{c: given[c][full] for c in LAYOUT}, _case=np.flatnonzero(full))]
     rest = cases[~full].assign(_case=np.flatnonzero(~full), _chips=chips[~full])
     for c in LAYOUT:
@@ -249,7 +251,8 @@ def _expand_layouts(cases: pd.DataFrame, file: str, offset: int = 0) -> pd.DataF
 def _check_explicit(cases, resolved, full_rows, file, offset=0):
     """Layouts the user wrote out must be valid: they name the row instead of guessing."""
     L = {c: resolved[c].to_numpy(dtype=float) for c in LAYOUT}
-    chips = pd.to_numeric(cases["num_chips"]).to_numpy(dtype=float)[resolved["_case"].to_numpy()]
+    chips = validate.to_numeric(cases["num_chips"]).to_numpy(dtype=float)[
+        resolved["_case"].to_numpy()]
     heads = resolved["model.num_attention_heads"].to_numpy(dtype=float)
     # 2D weight-stationary tp (layout.tp_x) splits the heads over tp / tp_x chips
     tpx = resolved["layout.tp_x"].to_numpy(dtype=float) if "layout.tp_x" in resolved else 1.0
@@ -288,8 +291,8 @@ def _check_rate_or_concurrency(cases, file, offset=0) -> None:
                  if c in cases.columns), None)
     if rate is None:
         return
-    r = pd.to_numeric(cases[rate], errors="coerce").fillna(0.0).to_numpy(float)
-    c = pd.to_numeric(cases["concurrency"], errors="coerce")
+    r = validate.to_numeric(cases[rate], errors="coerce").fillna(0.0).to_numpy(float)
+    c = validate.to_numeric(cases["concurrency"], errors="coerce")
     bad = (r > 0) & c.notna().to_numpy()
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -326,9 +329,11 @@ class Prepared:
     auto: np.ndarray   # per row: its case has a blank concurrency
 
 
-def prepare(cases: pd.DataFrame, file: str = "cases", offset: int = 0) -> Prepared:
+def prepare(cases: pd.DataFrame, file: str = "cases", offset: int = 0,
+            memo: Memo | None = None) -> Prepared:
     """Expand a case table into candidate rows: layouts for blank tp/pp/ep/dp, concurrencies
-    for a blank concurrency (fractions of the memory-limited maximum)."""
+    for a blank concurrency (fractions of the memory-limited maximum). ``memo``: the designs
+    that earlier chunks of the same file resolved (``dse.build.distinct.Memo``)."""
     cases = cases.reset_index(drop=True)
     _check_rate_or_concurrency(cases, file, offset)
     expanded = _expand_layouts(cases, file, offset)
@@ -340,17 +345,17 @@ def prepare(cases: pd.DataFrame, file: str = "cases", offset: int = 0) -> Prepar
     if "workload.concurrency" not in table:
         table["workload.concurrency"] = np.nan
     auto_c = table["workload.concurrency"].isna().to_numpy()
-    table["workload.concurrency"] = pd.to_numeric(table["workload.concurrency"],
+    table["workload.concurrency"] = validate.to_numeric(table["workload.concurrency"],
                                                   errors="coerce").fillna(1.0)
     case_rows = table["_case"].to_numpy()
     ids = cases["case_id"].astype(str).to_numpy(dtype=object)
-    names = [f"row {i + offset + 2} (case_id {c})" for i, c in enumerate(ids)]
+    names = RowNames(len(case_rows), lambda j: f"row {case_rows[j] + offset + 2} "
+                     f"(case_id {ids[case_rows[j]]})")
     aliases = {v: k for k, v in RENAME.items()}
-    resolved = resolve(table.drop(columns=["_case", "case_id"]), file=file,
-                       row_names=[names[i] for i in case_rows], aliases=aliases)
+    resolved, batch = resolve_batch(table.drop(columns=["_case", "case_id"]), file=file,
+                                    row_names=names, aliases=aliases, memo=memo)
     resolved["_case"] = table["_case"].to_numpy()
     _check_explicit(cases, resolved, full_case[table["_case"].to_numpy()], file, offset)
-    batch = to_batch(resolved)
     if auto_c.any():
         probe = score_chunked(batch.take(np.flatnonzero(auto_c)))
         cmax = np.maximum(probe["max_concurrent_sequences"], 1.0)
@@ -380,9 +385,9 @@ def case_weights(cases: pd.DataFrame) -> np.ndarray:
     full = np.ones(len(cases), bool)
     for c in ("tp", "pp", "ep", "dp"):
         full &= cases[c].notna().to_numpy() if c in cases.columns else False
-    chips = pd.to_numeric(cases["num_chips"], errors="coerce").fillna(1).astype(np.int64)
+    chips = validate.to_numeric(cases["num_chips"], errors="coerce").fillna(1).astype(np.int64)
     per = {int(n): len(_layouts(int(n))) for n in np.unique(chips[~full])}
-    w = np.where(full, 1, chips.map(lambda n: per.get(int(n), 1)).to_numpy())
+    w = np.where(full, 1, chips.map(per).fillna(1).astype(np.int64).to_numpy())
     if "concurrency" in cases.columns:
         blank = cases["concurrency"].isna().to_numpy()
     else:
@@ -403,15 +408,19 @@ def chunks(cases: pd.DataFrame) -> list[tuple[int, int]]:
     return out or [(0, 0)]
 
 
-def predict_frame(cases: pd.DataFrame, file: str = "cases", offset: int = 0) -> pd.DataFrame:
+def predict_frame(cases: pd.DataFrame, file: str = "cases", offset: int = 0,
+                  memo: Memo | None = None) -> pd.DataFrame:
     """Predictions for a case table (the CSV's columns, as strings or numbers; ``offset``: its
     first case's place in the file, for messages).
 
     Cases are taken in chunks of bounded candidate rows, so that memory stays bounded
-    whatever the file's size and however many layouts and concurrencies dse chooses from.
+    whatever the file's size and however many layouts and concurrencies dse chooses from;
+    a design is resolved once for all of them (``memo``, which ``predict_file`` keeps over
+    the file's chunks).
     """
     cases = cases.reset_index(drop=True)
-    parts = [finish(prepare(cases.iloc[a:b], file, offset=offset + a))
+    memo = memo if memo is not None else Memo()
+    parts = [finish(prepare(cases.iloc[a:b], file, offset=offset + a, memo=memo))
              for a, b in chunks(cases)]
     return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
 
@@ -438,8 +447,7 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
         out[m] = s[m][best]
     out["bound"] = np.array(BOUNDS, dtype=object)[s["bound"][best].astype(int)]  # perf.decode_bound
     out["feasible"] = s["feasible"][best]
-    out["reason"] = [reason_text(r, m) for r, m in zip(s["reason"][best],
-                                                        s["max_concurrent_sequences"][best])]
+    out["reason"] = _reasons(s["reason"][best], s["max_concurrent_sequences"][best]).tolist()
     for c in ("tp", "pp", "ep", "dp"):
         out[c] = resolved[f"layout.{c}"].to_numpy()[best].astype(int)
     for m in ("usd_per_mtok_output", "usd_per_mtok_input", "max_concurrent_sequences"):
@@ -458,6 +466,23 @@ def _select(cases, resolved, s, auto_rows) -> pd.DataFrame:
             out["tp_x"], out["kv_sharding"] = tpx.astype(int), kv
     out["_order"] = case[best]
     return out.sort_values("_order").drop(columns="_order").reset_index(drop=True)
+
+
+def _reasons(bits: np.ndarray, max_sequences: np.ndarray) -> np.ndarray:
+    """``reason_text`` of each row, made once per distinct (reason, sequences that fit) pair:
+    the sequences only count where the reason is that the concurrency does not fit."""
+    bits = np.asarray(bits).astype(np.int64)
+    fit = np.where((bits & FIT_BITS) != 0, np.asarray(max_sequences, dtype=float), np.nan)
+    kb, _ = pd.factorize(bits)
+    kf, uf = pd.factorize(fit.view(np.int64))
+    key = kb * max(len(uf), 1) + kf
+    _, first, codes = np.unique(key, return_index=True, return_inverse=True)
+    text = np.array([reason_text(bits[i], fit[i]) for i in first], dtype=object)
+    return text[codes.reshape(-1)]
+
+
+# the reason bits whose text says how many sequences fit (``reason_text``)
+FIT_BITS = 16 | 32
 
 
 def _column(table: pd.DataFrame, path: str) -> np.ndarray:
@@ -520,9 +545,9 @@ def predict_file(path: str, out_path: str, keep: bool = True) -> pd.DataFrame | 
     with _system_pool(), writing(out_path, tmp):   # a full or read-only disk: exit 3, no .tmp
         parts = tempfile.mkdtemp(prefix=".dse-predict-", dir=folder)
         try:
-            files = []
+            files, memo = [], Memo()
             for offset, cases in iter_cases(path):
-                pred = predict_frame(cases, file=path, offset=offset)
+                pred = predict_frame(cases, file=path, offset=offset, memo=memo)
                 n += len(pred)
                 if keep:
                     kept.append(pred)

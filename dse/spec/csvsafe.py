@@ -3,7 +3,10 @@ no text cell that a spreadsheet would evaluate as a formula (CSV injection)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 # a cell starting with one of these is a formula (or starts one) in Excel, LibreOffice, Sheets
 FORMULA_START = r"^[=+\-@\t\r]"
@@ -22,12 +25,32 @@ def spreadsheet_safe(frame: pd.DataFrame) -> pd.DataFrame:
         col = frame.iloc[:, i]
         if not (pd.api.types.is_object_dtype(col) or pd.api.types.is_string_dtype(col)):
             continue
-        text = col.where(col.map(lambda x: isinstance(x, str)), None).astype(object)
-        risky = text.str.contains(FORMULA_START, regex=True, na=False) & \
-            ~text.str.contains(PLAIN_NUMBER, regex=True, na=False)
+        risky = np.zeros(len(col), bool)
+        at = _formula_starts(col)        # the cells that may need it (all where unknown)
+        if len(at):
+            sub = col.iloc[at]
+            text = sub.where(sub.map(lambda x: isinstance(x, str)), None).astype(object)
+            risky[at] = (text.str.contains(FORMULA_START, regex=True, na=False)
+                         & ~text.str.contains(PLAIN_NUMBER, regex=True, na=False)).to_numpy()
         if risky.any():
             out = out.copy() if out is frame else out
             fixed = col.astype(object).copy()
-            fixed[risky.to_numpy()] = "'" + text[risky]
+            fixed[risky] = "'" + fixed[risky]        # (text cells only: the others are not risky)
             out.isetitem(i, fixed)
     return out
+
+
+def _formula_starts(col: pd.Series) -> np.ndarray:
+    """Rows of ``col`` whose cell may start a formula: for a column of strings, those whose
+    first character is one of ``FORMULA_START``'s (found by Arrow, without a Python call per
+    cell: a predictions file has 200,000 case ids); every row for any other column."""
+    every = np.arange(len(col))
+    if not (isinstance(col.dtype, pd.StringDtype)
+            or pd.api.types.infer_dtype(col, skipna=True) in ("string", "empty")):
+        return every
+    try:
+        arr = pa.array(col.to_numpy(dtype=object), type=pa.string(), from_pandas=True)
+    except (pa.ArrowException, TypeError, ValueError):
+        return every
+    hit = pc.match_substring_regex(arr, FORMULA_START).fill_null(False)
+    return np.flatnonzero(hit.to_numpy(zero_copy_only=False))

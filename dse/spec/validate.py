@@ -138,7 +138,10 @@ def catalog_kind(path: str) -> str:
 
 def parse_column(path: str, column: pd.Series, *, file=None, names=None, name=None) -> pd.Series:
     """A column of ``path`` (strings from a CSV, or Python values) as floats; blanks (NaN, None,
-    "") stay NaN. Values that are not numbers of this field are refused."""
+    "") stay NaN. Values that are not numbers of this field are refused.
+
+    A column of strings (a case file's) is parsed once per distinct value: a CSV column holds
+    few (lengths, counts), and the result of a value never depends on its neighbours."""
     f = REGISTRY[path]
     if pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
         num = column.astype(float)                 # already numbers: only infinities to refuse
@@ -148,6 +151,42 @@ def parse_column(path: str, column: pd.Series, *, file=None, names=None, name=No
             raise InputError(f"{name or path} = {num.iloc[i]!r} is not a number", file=file,
                              where=names[i] if names else None, hint=f.valid())
         return num
+    if len(column) > 1 and pd.api.types.infer_dtype(column, skipna=True) in ("string", "empty"):
+        # (strings only: factorize would take True, 1 and 1.0 for one value)
+        codes, uniques = pd.factorize(column)          # a blank (NaN, None): code -1
+        values = pd.Series([*np.asarray(uniques, dtype=object), np.nan], dtype=object)
+        u_num, u_bad = _parse_values(f, values)
+        num = pd.Series(u_num[codes], index=column.index, name=column.name)
+        bad = u_bad[codes]
+    else:
+        num, bad = _parse_values(f, column)
+        num = pd.Series(num, index=column.index, name=column.name)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        v = column.astype(object).iloc[i]
+        shown = str(v).lower() if isinstance(v, (bool, np.bool_)) else repr(v)
+        raise InputError(f"{name or path} = {shown} is not a number", file=file,
+                         where=names[i] if names else None, hint=f.valid())
+    return num
+
+
+def to_numeric(column: pd.Series, errors: str = "raise") -> pd.Series:
+    """``pd.to_numeric(column, errors=errors)``, the same values and dtype, converted once per
+    distinct string where the column holds strings (a case column: 50,000 cells, a few
+    values); any other column as pandas converts it."""
+    if len(column) > 1 and pd.api.types.infer_dtype(column, skipna=True) == "string":
+        codes, uniques = pd.factorize(column)            # a blank: code -1
+        u = pd.to_numeric(pd.Series(np.asarray(uniques, dtype=object), dtype=object),
+                          errors=errors).to_numpy()
+        if (codes < 0).any():                            # blanks make it float, as pandas does
+            u = np.append(u.astype(float), np.nan)
+        return pd.Series(u[codes], index=column.index, name=column.name)
+    return pd.to_numeric(column, errors=errors)
+
+
+def _parse_values(f: Field, column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """``parse_column``'s work on any column: (floats, NaN where blank; per value, not a
+    number of the field)."""
     obj = column.astype(object)
     blank = obj.isna() | obj.map(lambda x: isinstance(x, str) and x.strip() == "")
     if f.kind == "bool":
@@ -162,18 +201,12 @@ def parse_column(path: str, column: pd.Series, *, file=None, names=None, name=No
             lambda x: float(x) if isinstance(x, (bool, np.bool_)) else x), errors="coerce")
     text = obj.astype(str).str.strip().str.lower()
     bad = (~blank & (num.isna() | is_bool)) | text.isin(("nan", "inf", "-inf", "+inf", "infinity"))
-    if bad.any():
-        i = int(np.flatnonzero(bad.to_numpy())[0])
-        v = obj.iloc[i]
-        shown = str(v).lower() if isinstance(v, (bool, np.bool_)) else repr(v)
-        raise InputError(f"{name or path} = {shown} is not a number", file=file,
-                         where=names[i] if names else None, hint=f.valid())
-    return num.astype(float)
+    return num.to_numpy(dtype=float), bad.to_numpy(dtype=bool)
 
 
-def check_table(out, *, file=None, names=None, alias=None, columns=None) -> None:
+def check_table(out, *, file=None, names=None, alias=None, columns=None, rules=True) -> None:
     """Every registered field of a resolved design table (a DataFrame or a dict of arrays) in
-    its range, then the consistency rules."""
+    its range, then the consistency rules (``rules``; off: the ranges of some columns only)."""
     alias = alias or {}
     n = max((np.size(out[c]) for c in out.keys()), default=0) if not hasattr(out, "columns") \
         else len(out)
@@ -205,7 +238,8 @@ def check_table(out, *, file=None, names=None, alias=None, columns=None) -> None
             i = int(np.flatnonzero(bad)[0])
             raise InputError(f"{alias.get(col, col)} = {_show(float(v[i]))} is not valid",
                              file=file, where=where(i), hint=f.valid())
-    consistency(out, file=file, where=where, alias=alias)
+    if rules:
+        consistency(out, file=file, where=where, alias=alias)
 
 
 def _rules(g):
