@@ -86,7 +86,13 @@ def test_report_renders_in_headless_chromium(tmp_path, capsys):
              "wi": tmp_path / "wi" / "index.html", "alone": alone / "index.html"}
     procs = {k: _chromium(p, tmp_path / f"profile-{k}", "--dump-dom") for k, p in pages.items()}
     procs["shot"] = _chromium(page, tmp_path / "profile-shot", f"--screenshot={shot}")
-    done = {k: (p, *p.communicate(timeout=180)) for k, p in procs.items()}
+    try:
+        done = {k: (p, *p.communicate(timeout=180)) for k, p in procs.items()}
+    finally:                             # (a page past its time: no browser left running)
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
     p, out, err = done["report"]
     assert p.returncode == 0, err[-2000:]
