@@ -121,8 +121,8 @@ def _check_rendered(dom: str, plots: bool = True) -> None:
     """What a reader sees: the layout check ran and found no table wider than the page, no
     literal Markdown marker in the text, and every plot axis title carries a unit."""
     assert 'data-layout-checked="1"' in dom
-    assert "overflows" not in re.sub(r"<(script|style)\b.*?</\1>", "", dom, flags=re.S)
-    text = re.sub(r"<(script|style|svg)\b.*?</\1>", "", dom, flags=re.S)
+    assert "overflows" not in re.sub(r"<(script|style)\b.*?</\1>", "", dom, flags=re.DOTALL)
+    text = re.sub(r"<(script|style|svg)\b.*?</\1>", "", dom, flags=re.DOTALL)
     text = re.sub(r"<[^>]+>", " ", text)
     for marker in ("**", "## ", "`", "|---"):
         assert marker not in text, f"literal {marker!r} in the rendered page"
