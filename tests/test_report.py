@@ -86,7 +86,13 @@ def test_report_renders_in_headless_chromium(tmp_path, capsys):
              "wi": tmp_path / "wi" / "index.html", "alone": alone / "index.html"}
     procs = {k: _chromium(p, tmp_path / f"profile-{k}", "--dump-dom") for k, p in pages.items()}
     procs["shot"] = _chromium(page, tmp_path / "profile-shot", f"--screenshot={shot}")
-    done = {k: (p, *p.communicate(timeout=180)) for k, p in procs.items()}
+    try:
+        done = {k: (p, *p.communicate(timeout=180)) for k, p in procs.items()}
+    finally:                             # (a page past its time: no browser left running)
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
     p, out, err = done["report"]
     assert p.returncode == 0, err[-2000:]
@@ -115,8 +121,8 @@ def _check_rendered(dom: str, plots: bool = True) -> None:
     """What a reader sees: the layout check ran and found no table wider than the page, no
     literal Markdown marker in the text, and every plot axis title carries a unit."""
     assert 'data-layout-checked="1"' in dom
-    assert "overflows" not in re.sub(r"<(script|style)\b.*?</\1>", "", dom, flags=re.S)
-    text = re.sub(r"<(script|style|svg)\b.*?</\1>", "", dom, flags=re.S)
+    assert "overflows" not in re.sub(r"<(script|style)\b.*?</\1>", "", dom, flags=re.DOTALL)
+    text = re.sub(r"<(script|style|svg)\b.*?</\1>", "", dom, flags=re.DOTALL)
     text = re.sub(r"<[^>]+>", " ", text)
     for marker in ("**", "## ", "`", "|---"):
         assert marker not in text, f"literal {marker!r} in the rendered page"

@@ -126,6 +126,18 @@ def test_unfused_core_attention_by_hand():
     assert float(sel - unfused) == pytest.approx(8 * float(fwd), rel=1e-3)
 
 
+def test_unfused_attention_splits_its_work_over_context_parallel_ranks():
+    # cp 2: each chip's 1,024 queries meet all 2,048 keys, so every term of the by-hand test
+    # above halves: 16 * 1024 score rows of 2048 scores, GEMMs of n (or k) = 2048, not 1024
+    from dse.perf.train_time import unfused_attention_s
+    gemm = 2 * 16384 * 2048 * 64 / 1e15
+    stream = 16384 * 2048 / 2e12
+    fwd, bwd = unfused_attention_s(batch(DENSE, attention_unfused=1.0, global_batch_seqs=1,
+                                         cp=2))
+    assert float(fwd) == pytest.approx(2 * gemm + 9 * stream, rel=1e-6)
+    assert float(bwd) == pytest.approx(4 * gemm + 11 * stream, rel=1e-6)
+
+
 def test_megatron_rows_run_unfused_attention():
     df = pd.DataFrame([("KORTHI", "Korthikanti et al. 2022", "megatron-22b"),
                        ("MEGATRON-2021", "NVIDIA/Megatron-LM README.md", "gpt3-175b")],

@@ -159,12 +159,14 @@ def unfused_attention_s(b: TrainBatch) -> tuple[np.ndarray, np.ndarray]:
     p["fraction"] = p["fraction"] * b.compute_fraction_scale
     heads = b.heads / b.tp
     d = b.head_dim
-    s = b.seq_len / b.cp
-    rows = b.micro_batch_seqs * heads * s
+    # (a chip's seq_len / cp queries against all seq_len keys: the work splits cp ways, as
+    # attention_core_s's)
+    keys = b.seq_len
+    rows = b.micro_batch_seqs * heads * keys / b.cp
     peak, bw = b.peak_bf16_flops_per_s, b.hbm_bw_bytes_per_s
-    scores = gemm_s(rows, s, d, ACT_BYTES, peak, bw, **p)
-    mix = gemm_s(rows, d, s, ACT_BYTES, peak, bw, **p)
-    elements = rows * b.seq_len
+    scores = gemm_s(rows, keys, d, ACT_BYTES, peak, bw, **p)
+    mix = gemm_s(rows, d, keys, ACT_BYTES, peak, bw, **p)
+    elements = rows * keys
     stream = elements / (bw * b.hbm_fraction)
     return (scores + mix + UNFUSED_FWD_BYTES * stream,
             scores + 3.0 * mix + UNFUSED_BWD_BYTES * stream)

@@ -497,7 +497,8 @@ of tiles, paid per call), remote_fraction (share of a local row's compute an ent
 another chip still costs), l2_speedup (fit only: the benchmark's warm L2 on the expert weights,
 kernel_gemm.warm_l2_factor; the scorer's cache is cold)};
 families bf16, fp8 (per-tensor), fp8_block (block-scaled), fp4 (NVFP4), int4 (weight-only W4A16:
-bf16 peak, 0.53 B per weight).
+bf16 peak, 0.53 B per weight), mxfp4 (W4A16 MXFP4 experts on a chip without fp4 tensor cores:
+bf16 peak, 0.5625 B per weight).
 [<chip>.<runtime>.backend.<name>]: one kernel backend's own keys (serving.moe_backend; fitted on
 its own rows where a group measured two or more, else transferred; dse/calibration/kernels/moe.py).
 Fitted on aiconfigurator-core's moe_perf kernel microbenchmarks, balanced rows (python -m dse.calibration.kernels)."""
