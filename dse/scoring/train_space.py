@@ -21,6 +21,7 @@ import pandas as pd
 
 from dse.build.space import distinct_codes
 from dse.catalog import training as tcat
+from dse.errors import InputError
 from dse.perf.train_batch import BOUNDS, PRECISIONS, RECOMPUTE, SCHEDULES, TrainBatch
 from dse.perf.train_step import score_train
 from dse.scoring.train_cases import OVERRIDES
@@ -223,7 +224,10 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
             x = x.item() if hasattr(x, "item") else x
             out.append(("scale", float(x)) if f is not None else x)
         return tuple(out)
-    combos = [_combo_numbers(key_of(int(r))) for r in first]
+    try:
+        combos = [_combo_numbers(key_of(int(r))) for r in first]
+    except InputError as e:          # a combination the catalog cannot price: name the space
+        raise e.at(file=getattr(space, "file", None)) from None
     if kernel_scale is not None:
         combos = [_sampled_kernel(c, key_of(int(r)), kernel_scale) for c, r in zip(combos, first)]
     skip = {"kernel", "peak_bf16", "peak_fp16", "peak_fp8", "peak_fp4"}
