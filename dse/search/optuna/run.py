@@ -241,8 +241,15 @@ class OptunaRun(Strategy):
                 ask, self.segment = self.segs.study(old), old
                 n = min(n, self.segs.counts[old]["WAITING"])
         after = int(self.manifest.get("local_after", 0))
+        # a warm start's designs wait in the queue as the first trials: nothing is enqueued
+        # before they are asked, or the proposals pile up behind them and come out later as
+        # repeats of what was scored meanwhile (a what-if's re-optimized short run asked one
+        # surrogate pick four times over)
+        warm = len(self.manifest.get("warm_start") or ()) if self.segment == 0 else 0
+        if self.done_trials < warm:
+            after = max(after, warm)
         if self.manifest.get("local_start") == "pairs" and not self.nested and ask is self.study \
-                and self.done_trials < after:
+                and warm <= self.done_trials < after:
             enqueue_start_(self, min(n, after - self.done_trials))
         share = float(self.manifest.get("local_share", o.DEFAULT_LOCAL_SHARE[self.manifest["strategy"]]))
         if share > 0 and len(self.front) and ask is self.study and self.done_trials >= after:
