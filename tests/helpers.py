@@ -174,3 +174,21 @@ API_SPACE = {
     "objectives": {"usd_per_mtok_output": "minimize", "tpot_s": "minimize"},
     "constraints": {"ttft_s": {"max": 5.0}},
 }
+
+
+def check_w4a16_decode_by_hand(st, moe_op: int, p: dict, acc, c: float, experts: int, topk: int,
+                               hidden: int, width: int, layers: int, weight_bytes: float) -> None:
+    """A W4A16 MoE family's decode step by hand (int4 Marlin, MXFP4): the touched experts'
+    4-bit weights (``weight_bytes`` per weight) at the family's HBM fraction, and the compute
+    at the bf16 peak with the family's tile padding, wave and edge terms (``p``: the family's
+    parameters without their prefix; ``width``: an expert's width on one rank)."""
+    import pytest
+    touched = experts * (1.0 - (1.0 - topk / experts) ** c)
+    bytes_ = touched * 3 * hidden * width * weight_bytes * layers
+    assert st.decode.memory_s[moe_op][0] == pytest.approx(
+        bytes_ / (acc.hbm_bw_bytes_per_s * p["hbm_fraction"]), rel=1e-9)
+    shape = 1.0 + p["width_half"] / width + p["hidden_half"] / hidden
+    rows = c * topk + p["half_rows"] * touched + p["wave_elements"] / width
+    flops = 2.0 * 3 * hidden * width * layers * rows
+    assert st.decode.compute_s[moe_op][0] == pytest.approx(
+        flops * shape / (acc.peak_flops_per_s.bf16 * p["fraction"]), rel=1e-9)

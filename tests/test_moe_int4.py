@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import batch
+from helpers import batch, check_w4a16_decode_by_hand
 
 from dse.catalog import accelerators, kernel_params
 from dse.perf import OPS, score
@@ -47,16 +47,7 @@ def test_int4_decode_terms_by_hand():
     _, st = score(batch(KIMI), breakdown=True)
     p = _params("moe_int4_")
     acc = accelerators()["h200-sxm"]
-    touched = E * (1.0 - (1.0 - K / E) ** c)
-    w = W / TP
-    bytes_ = touched * 3 * D * w * 0.53 * LAYERS           # int4: 0.53 B per weight
-    assert st.decode.memory_s[MOE][0] == pytest.approx(
-        bytes_ / (acc.hbm_bw_bytes_per_s * p["hbm_fraction"]), rel=1e-9)
-    shape = 1.0 + p["width_half"] / w + p["hidden_half"] / D
-    rows = c * K + p["half_rows"] * touched + p["wave_elements"] / w
-    flops = 2.0 * 3 * D * w * LAYERS * rows
-    assert st.decode.compute_s[MOE][0] == pytest.approx(
-        flops * shape / (acc.peak_flops_per_s.bf16 * p["fraction"]), rel=1e-9)
+    check_w4a16_decode_by_hand(st, MOE, p, acc, c, E, K, D, W / TP, LAYERS, 0.53)  # int4: 0.53 B
 
 
 def test_int4_kernel_fit_uses_the_scorer_bytes_and_the_bf16_peak():
