@@ -227,7 +227,7 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
     try:
         combos = [_combo_numbers(key_of(int(r))) for r in first]
     except InputError as e:          # a combination the catalog cannot price: name the space
-        raise e.at(file=getattr(space, "file", None)) from None
+        raise e.at(file=space.file) from None
     if kernel_scale is not None:
         combos = [_sampled_kernel(c, key_of(int(r)), kernel_scale) for c, r in zip(combos, first)]
     skip = {"kernel", "peak_bf16", "peak_fp16", "peak_fp8", "peak_fp4"}
