@@ -170,7 +170,8 @@ def _rows(d: dict, prefix="", section=""):
 
 def _eval(a) -> int:
     from dse.api import evaluate
-    from dse.scoring import evaluate as serving, train_eval
+    from dse.scoring import evaluate as serving
+    from dse.scoring import train_eval
     res = evaluate(a.design).to_dict()
     out = train_eval if res.get("task") == "train" else serving
     print(out.render_json(res) if a.json else out.render_text(res, a.design))
@@ -400,8 +401,8 @@ def _schema(a) -> int:
 def _repair(a) -> int:
     from pathlib import Path
 
-    from dse.search import store
-    for line in store.repair(Path(a.dir)):
+    from dse.search import repair
+    for line in repair.repair(Path(a.dir)):
         print(line)
     print(a.dir)
     return 0
@@ -622,7 +623,7 @@ def main(argv=None) -> int:
         print(f"dse: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        from dse.search.store import Interrupted
+        from dse.search.working import Interrupted
         if isinstance(e, Interrupted):
             print(f"dse: {e}", file=sys.stderr)
             return 128 + e.signum

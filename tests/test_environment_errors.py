@@ -90,7 +90,7 @@ def test_a_run_whose_files_cannot_be_written(cwd, capsys, monkeypatch, code, wor
 def test_a_score_table_on_a_full_disk_mid_run(cwd, capsys, monkeypatch):
     """The disk fills after a run has scored: exit 3 naming the table, no .tmp, and the run
     resumes once there is room. (Score tables are written by pyarrow, with the space's
-    fingerprint in their metadata: dse.search.store.save_table.)"""
+    fingerprint in their metadata: dse.search.tables.save_table.)"""
     import pyarrow.parquet as pq
     real = pq.write_table
     calls = []

@@ -475,7 +475,7 @@ def test_the_journal_lock_says_its_holder_and_rewrites_it_only_when_it_changes(t
     import socket
     from pathlib import Path
 
-    from dse.search.store import JournalLock
+    from dse.search.journal import JournalLock
     j = tmp_path / "optuna.journal"
     lock = JournalLock(j)
     me = f"pid {os.getpid()} on {socket.gethostname()}"

@@ -153,10 +153,10 @@ def test_answers_go_to_runs_unless_published():
 def test_a_run_in_a_log_prints_progress_lines(tmp_path, monkeypatch):
     import sys
 
-    from dse.search import store
+    from dse.search import working
     log = io.StringIO()
     monkeypatch.setattr(sys, "stderr", log)
-    with store.Working(tmp_path, True, total=4, desc="chunks", unit="chunk") as w:
+    with working.Working(tmp_path, True, total=4, desc="chunks", unit="chunk") as w:
         for k in range(4):
             w.update(1, 3 + k, 0.5, reference="reference point x")
     text = log.getvalue()

@@ -147,10 +147,10 @@ def test_a_dead_process_s_trials_are_recovered_and_a_live_one_s_never(base_runs,
     from optuna.trial import TrialState
 
     from dse.cli import main
-    from dse.search import store
+    from dse.search import journal, store
     d = tmp_path / "run"
     _copy(base_runs[1], d, BASE_TRIALS + 4)
-    storage = store.open_journal(d)
+    storage = journal.open_journal(d)
     study = optuna.load_study(study_name=json.loads((d / "manifest.json").read_text())
                               ["study_name"], storage=storage)
     dead = study.ask()                            # a trial of a process killed while scoring

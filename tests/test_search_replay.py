@@ -7,7 +7,7 @@ import pytest
 from helpers import ROOT
 
 from dse.build.space import load_space
-from dse.search import store
+from dse.search import store, tables
 from dse.search.driver import run_space
 from dse.search.optuna import strategy as o
 from dse.search.replay import Scored, replay
@@ -16,7 +16,7 @@ QUICK = ROOT / "spaces" / "quickstart.toml"
 
 
 def _scored(d):
-    return set(np.concatenate([store.read_table(f)["design_id"].to_numpy()
+    return set(np.concatenate([tables.read_table(f)["design_id"].to_numpy()
                                for f in (d / "scores").glob("batch-*.parquet")]).tolist())
 
 

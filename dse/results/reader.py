@@ -15,7 +15,7 @@ import pandas as pd
 
 from dse.build.space import Objective, Space
 from dse.errors import InputError
-from dse.search import driver, store
+from dse.search import driver, store, tables
 from dse.search.optuna import study
 from dse.spec.fields import legacy_columns
 from dse.units import seconds
@@ -73,7 +73,7 @@ class Run:
     def scores(self) -> pd.DataFrame:
         """Every stored score table of the run, concatenated: design_id, parameter columns and
         the metrics the run keeps (the designs its strategy scored; corrupt tables refused)."""
-        frames = [self.legacy(store.read_table(f)) for f in store.score_tables(self.path)]
+        frames = [self.legacy(tables.read_table(f)) for f in store.score_tables(self.path)]
         frames = [f for f in frames if len(f)]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 

@@ -47,7 +47,7 @@ from dse.build.designs import DERIVED, FEEDERS
 from dse.build.space import STRING_VALUED, Space, load_space
 from dse.errors import InputError
 from dse.perf import score_chunked
-from dse.search import driver, store
+from dse.search import driver, files, store
 from dse.search.optuna import strategy as optuna_strategy
 from dse.search.optuna.strategy import make_sampler
 from dse.spec.design import toml_key, toml_value
@@ -180,7 +180,7 @@ def check(d: Path, m: dict, o: Path) -> Path:
                          hint="let it finish or stop it, then re-optimize from its front")
     if m["strategy"] not in STRATEGIES:
         raise InputError(f"unknown strategy {m['strategy']!r} in the manifest",
-                         file=str(store.manifest_file(d)), hint="one of " + ", ".join(STRATEGIES))
+                         file=str(files.manifest_file(d)), hint="one of " + ", ".join(STRATEGIES))
     if m["strategy"] in ("optuna", "nested"):
         make_sampler(m.get("sampler", "nsga2"), 0, int(m.get("population", 32)))  # e.g. gp: torch
     nd = o / "run"

@@ -22,7 +22,7 @@ from dse.perf import OPS, score
 from dse.results import report_page
 from dse.results.reader import Run
 from dse.scoring import breakdown, train_space
-from dse.search import store
+from dse.search import store, tables
 
 EXACT_DESIGNS = 100_000     # a space this small is re-scored whole for the cloud and the ranks
 SAMPLE_DESIGNS = 20_000     # else a seeded sample of this many designs
@@ -140,7 +140,7 @@ def population(space, d: Path, front: pd.DataFrame, m: dict) -> tuple[pd.DataFra
         files = store.score_tables(d)
         per = max(1, SAMPLE_DESIGNS // max(len(files), 1))
         for fl in files:
-            t = space.legacy(store.read_table(fl))
+            t = space.legacy(tables.read_table(fl))
             t = t[t["_admissible"]] if "_admissible" in t else t
             frames.append(t.sample(per, random_state=0) if len(t) > per else t)
         if files:

@@ -32,12 +32,11 @@ from dse.build.mechanisms import check as check_mechanisms
 from dse.build.mechanisms import scale_base
 from dse.errors import InputError, suggest
 from dse.perf import REASONS, score
-from dse.results import pages
+from dse.results import pages, train_whatif
 from dse.results import reoptimize as reopt
-from dse.results import train_whatif
 from dse.results.bands_report import whatif_bands, whatif_headline, whatif_lines
 from dse.scoring.bands import check_samples
-from dse.search import store
+from dse.search import files, store
 from dse.spec import validate
 from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.fields import REGISTRY, label, objective_label
@@ -303,7 +302,7 @@ def _state_kv_dtype(f: Path, space, overrides=None) -> None:
     df = pd.read_csv(f)
     df["kv_dtype"] = space.kv_dtypes(df["design_id"].to_numpy(np.int64), overrides) \
         if len(df) else pd.Series(dtype=object)
-    store.atomic_save(f, lambda p: spreadsheet_safe(df).to_csv(p, index=False))
+    files.atomic_save(f, lambda p: spreadsheet_safe(df).to_csv(p, index=False))
 
 
 def kv_line(before: np.ndarray, after: np.ndarray) -> str:

@@ -23,7 +23,7 @@ import numpy as np
 
 from dse.build.space import Space, load_space
 from dse.errors import EnvironmentFault, InputError, StorageError, StorageUnavailable
-from dse.search import exhaustive, locks, shards, store
+from dse.search import exhaustive, files, locks, shards, store, working
 from dse.search.loop import drive
 from dse.search.optuna import strategy as optuna_strategy
 from dse.search.optuna.run import OptunaRun
@@ -174,7 +174,7 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
             raise InputError("give the run folder to resume or join")
         d = Path(run_dir)
         if not join:
-            if not store.manifest_file(d).is_file():
+            if not files.manifest_file(d).is_file():
                 store.load_manifest(d)           # refused: not a run folder
             locks.acquire_owner(d)               # before anything of the folder is read
         procs = []
@@ -247,7 +247,7 @@ def run_space(space=None, run_dir=None, *, strategy: str | None = None, trials: 
             procs = _spawn_workers(d, workers - 1)
         search(space, d, m, max_trials=max_trials, budget_s=budget_s, storage_url=storage,
                progress=progress)
-    except store.Interrupted:
+    except working.Interrupted:
         raise                        # stopped: resumable
     except BaseException as e:
         store.discard(d, existed)     # a start that failed before computing anything

@@ -17,7 +17,7 @@ import pandas as pd
 from dse import pareto
 from dse.perf import score_chunked
 from dse.scoring import train_space
-from dse.search import store
+from dse.search import files, store, tables
 from dse.search.loop import Strategy, drive
 
 CHUNK_DESIGNS = 65536
@@ -58,10 +58,10 @@ class Exhaustive(Strategy):
         d, space = self.d, self.space
         self.chunk = int(self.manifest.get("chunk_designs", CHUNK_DESIGNS))
         self.n_chunks = -(-space.size // self.chunk)
-        store.remove_stale_tmp(d)                         # a chunk a killed process was writing
+        files.remove_stale_tmp(d)                         # a chunk a killed process was writing
         self.done = store.chunk_ids(d)
         # the front from the durable score tables (a corrupt one is refused, naming it)
-        self.front = pareto.front_of([store.read_table(store.chunk_file(d, i)) for i in sorted(self.done)],
+        self.front = pareto.front_of([tables.read_table(store.chunk_file(d, i)) for i in sorted(self.done)],
                                      space.objectives)
         self.designs = sum(min((i + 1) * self.chunk, space.size) - i * self.chunk for i in self.done)
         todo = [i for i in range(self.n_chunks) if i not in self.done]
@@ -85,7 +85,7 @@ class Exhaustive(Strategy):
     def store(self, i, scored) -> None:
         table = scored[0]
         # the chunk is done once its table is on disk (written whole, then renamed)
-        store.save_table(store.chunk_file(self.d, i), table, self.manifest)
+        tables.save_table(store.chunk_file(self.d, i), table, self.manifest)
 
     def tell(self, i, scored) -> int:
         table, n = scored

@@ -25,7 +25,7 @@ import pandas as pd
 
 from dse import pareto
 from dse.scoring import breakdown, train_space
-from dse.search import store
+from dse.search import store, working
 from dse.spec.fields import label
 
 WAIT = "wait"              # propose(): others hold the remaining work; look again shortly
@@ -104,7 +104,7 @@ def drive(s: Strategy, progress: bool = True) -> dict:
     if s.budget_s is not None and s.max_trials is None:
         # a budget and no count of trials to do now: the bar (and its ETA) follows the budget
         bar = {"total": round(s.budget_s), "unit": "s", "desc": bar.get("desc"), "by_time": True}
-    with store.Working(s.d, progress, **bar) as work:
+    with working.Working(s.d, progress, **bar) as work:
         try:
             s.save("running")
             while not work.stop:

@@ -2,7 +2,7 @@
 (``\\r``); in a log file or a pipe (stderr not a terminal) a plain line every ``LOG_INTERVAL_S``
 seconds and a last one, each ended by a newline, so that ``tail`` and a CI log show them.
 
-``bar(**tqdm_args)`` is the bar of ``dse run`` and ``dse answer`` (``store.Working``; its
+``bar(**tqdm_args)`` is the bar of ``dse run`` and ``dse answer`` (``working.Working``; its
 postfix is set without a refresh, so that it does not print a line of its own);
 ``Ticker`` the single line of the answers' parameter samples (``dse.questions.sampled``).
 """

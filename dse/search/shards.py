@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from dse import pareto
-from dse.search import exhaustive, store
+from dse.search import exhaustive, files, store, tables
 from dse.search.loop import WAIT, Strategy, drive
 from dse.search.optuna import segments
 from dse.search.optuna.segments import Silent, state_counts
@@ -189,8 +189,8 @@ class Shards(Strategy):
             if not with_retry(lambda: study.user_attrs.get(ENQUEUED)):
                 _enqueue(study, with_retry(_missing, self.storage, study, self.n_chunks))  # a resume
                 with_retry(study.set_user_attr, ENQUEUED, True)
-        store.remove_stale_tmp(d)      # a killed process's: the pid is in the name (workers share)
-        self.front = pareto.front_of([store.read_table(f) for f in store.score_tables(d, "chunk")],
+        files.remove_stale_tmp(d)      # a killed process's: the pid is in the name (workers share)
+        self.front = pareto.front_of([tables.read_table(f) for f in store.score_tables(d, "chunk")],
                                      space.objectives)
         self.silent = Silent()
         self.counts = {"COMPLETE": 0, "FAIL": 0}
@@ -257,7 +257,7 @@ class Shards(Strategy):
 
     def store(self, tid, scored) -> None:
         _, i, table, _ = scored
-        store.save_table(store.chunk_file(self.d, i), table, self.manifest)
+        tables.save_table(store.chunk_file(self.d, i), table, self.manifest)
 
     def tell(self, tid, scored) -> int:
         trial, i, table, n = scored

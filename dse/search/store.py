@@ -25,17 +25,23 @@ import re
 import shutil
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 
 from dse import pareto
 from dse.build.space import Objective, load_space, objectives_file
-from dse.errors import InputError, writing
+from dse.errors import InputError
 from dse.scoring import train_space
 from dse.search import locks
-from dse.search.progress import bar as progress_bar
+from dse.search.files import (
+    REPAIR_HINT,
+    atomic_save,
+    manifest_file,
+    remove_stale_tmp,
+    write_json,
+)
+from dse.search.tables import check_table, read_table, read_trials
 from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.design import read_toml
 from dse.spec.fields import legacy_columns, scale_column
@@ -55,48 +61,11 @@ def keep_metrics(space) -> tuple:
     return train_space.KEEP_METRICS if space.task == "train" else KEEP_METRICS
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """``text`` into ``path``, whole or not at all (see ``atomic_save``)."""
-    def write(tmp):
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    atomic_save(path, write)
-
-
-def atomic_save(path: Path, write) -> None:
-    """``write(tmp)`` then rename over ``path``; the temporary file never outlives a failure (its
-    name has the pid: workers share folders); a full disk, a read-only file system or a denied
-    permission is an ``EnvironmentFault`` naming ``path`` (exit 3)."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with writing(path, tmp):
-        write(tmp)
-        os.replace(tmp, path)
-
-
-def remove_stale_tmp(d: Path) -> None:
-    """Temporary files of processes that are gone (the pid is in the name: workers share
-    folders, a live one's file is left alone)."""
-    for sub in (Path(d), Path(d) / "scores"):
-        for f in sub.glob("*.tmp"):
-            pid = f.suffixes[-2][1:] if len(f.suffixes) >= 2 else ""
-            if not (pid.isdigit() and pid_alive(int(pid))):
-                f.unlink(missing_ok=True)
-
-
-def write_json(path: Path, obj) -> None:
-    atomic_write(path, json.dumps(obj, indent=2, default=str) + "\n")
-
-
 def make_folders(d: Path) -> None:
     """A run folder's subfolders (its score tables, its input snapshot)."""
     (Path(d) / "scores").mkdir(parents=True, exist_ok=True)
     (Path(d) / "inputs").mkdir(exist_ok=True)
 
-
-def manifest_file(d: Path) -> Path:
-    return Path(d) / "manifest.json"
 
 
 def write_manifest(d: Path, m: dict) -> None:
@@ -348,12 +317,12 @@ MANIFEST_KEYS = {"dse_version": str, "strategy": str, "objectives": list, "space
 def check_layout(d: Path) -> None:
     """The run folder's own paths are what they should be (``scores`` a folder, the journal's
     lock a file): else refused, naming the path, with the repair that heals it."""
-    for p, kind in _layout(Path(d)):
+    for p, kind in layout_problems(Path(d)):
         raise InputError(f"{p.name} is {kind}", file=str(p),
                          hint=REPAIR_HINT.replace("DIR", str(d)))
 
 
-def _layout(d: Path) -> list[tuple[Path, str]]:
+def layout_problems(d: Path) -> list[tuple[Path, str]]:
     """The run folder's paths of the wrong kind: (path, what it is instead)."""
     bad = []
     scores = d / "scores"
@@ -365,18 +334,6 @@ def _layout(d: Path) -> list[tuple[Path, str]]:
     if (d / "live").exists() and not (d / "live").is_dir():
         bad.append((d / "live", "a file, not the folder of processes at work"))
     return bad
-
-
-def heal_layout(d: Path) -> list[str]:
-    """``repair``: paths of the wrong kind moved to quarantine/ (a missing lock or scores folder
-    is made again; a journal or derived file that was a folder is gone: its work is redone)."""
-    done = []
-    for p, kind in _layout(Path(d)):
-        moved = _quarantine(d, p)
-        if p.name in ("scores", "live"):
-            p.mkdir()
-        done.append(f"quarantined {p.relative_to(d)} ({kind}) to {moved.relative_to(d)}")
-    return done
 
 
 def check_version(m: dict, d: Path) -> None:
@@ -409,161 +366,6 @@ def write_front(d: Path, front: pd.DataFrame, objectives, parameters) -> None:
     out = front[cols] if len(front) else pd.DataFrame(columns=cols)
     atomic_save(Path(d) / "front.csv", lambda p: spreadsheet_safe(out).to_csv(p, index=False))
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    except OSError:
-        return False
-    return True
-
-
-REPAIR_HINT = "`dse repair DIR` moves it to DIR/quarantine/ and re-queues its work"
-
-
-def corrupt(f: Path, what: str, e: Exception | None = None) -> InputError:
-    why = f" ({type(e).__name__}: {str(e).splitlines()[0][:100]})" if e is not None and str(e) else ""
-    return InputError(f"corrupt {what}{why}", file=str(f),
-                      hint=REPAIR_HINT.replace("DIR", str(Path(f).parent.parent)
-                                               if Path(f).parent.name == "scores"
-                                               else str(Path(f).parent)))
-
-
-def read_table(f: Path) -> pd.DataFrame:
-    """A score table; a file that is not a whole Parquet table, or whose fingerprint is not
-    the run's (``check_fingerprint``), is refused, naming it."""
-    import pyarrow.parquet as pq
-    try:
-        at = pq.read_table(f)
-    except FileNotFoundError:
-        raise
-    except Exception as e:       # pyarrow raises several types for a broken file
-        raise corrupt(f, "score table", e) from None
-    check_fingerprint(f, at.schema.metadata)
-    try:
-        t = at.to_pandas()
-    except Exception as e:
-        raise corrupt(f, "score table", e) from None
-    if "design_id" not in t:
-        raise corrupt(f, "score table (no design_id column)")
-    if f.name.startswith("chunk-") and len(t):
-        lo, hi = _table_place(f, _run_manifest(f))["designs"]
-        ids = t["design_id"].to_numpy()
-        if ids.min() < lo or ids.max() >= hi:
-            raise corrupt(f, f"score table (designs {ids.min()}..{ids.max()} outside its chunk's "
-                             f"range {lo}..{hi - 1})")
-    return t
-
-
-def check_table(f: Path) -> None:
-    """Cheap check (the Parquet footer) that a score table is whole and the run's."""
-    import pyarrow.parquet as pq
-    try:
-        meta = pq.ParquetFile(f).schema_arrow.metadata
-    except FileNotFoundError:
-        raise
-    except Exception as e:
-        raise corrupt(f, "score table", e) from None
-    check_fingerprint(f, meta)
-
-
-TABLE_META = b"dse"     # a score table's Parquet key: the run's space fingerprint and its place
-
-
-def save_table(path: Path, table: pd.DataFrame, m: dict) -> None:
-    """A score table written whole then renamed, carrying (Parquet metadata ``dse``) the
-    space's fingerprint (the space file's digest) and its place in the run: a chunk's design
-    range, a batch's segment and first trial; checked on every read (``check_fingerprint``)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    meta = json.dumps({"space_digest": m.get("space_digest"), **_table_place(path, m)})
-
-    def write(p):
-        t = pa.Table.from_pandas(table, preserve_index=False)
-        pq.write_table(t.replace_schema_metadata({**(t.schema.metadata or {}),
-                                                  TABLE_META: meta.encode()}), p)
-    atomic_save(path, write)
-
-
-def _table_place(f: Path, m: dict) -> dict:
-    """Where a score table belongs, from its name and the manifest: a chunk's designs
-    [first, stop), a batch's segment and first trial."""
-    kind, rest = Path(f).stem.split("-", 1)
-    if kind == "chunk":
-        i, chunk = int(rest), int(m.get("chunk_designs", 65536))
-        return {"designs": [i * chunk, min((i + 1) * chunk, int(m.get("size") or 0))]}
-    segment, first = rest.split("-")[:2]
-    return {"segment": int(segment), "first_trial": int(first)}
-
-
-_MANIFESTS: dict = {}
-
-
-def _run_manifest(f: Path) -> dict:
-    """The manifest of the run a score table is in (DIR/scores/<table>), read once per change."""
-    mf = manifest_file(Path(f).parent.parent)
-    try:
-        st = mf.stat()
-    except OSError:
-        return {}
-    key = (str(mf), st.st_mtime_ns, st.st_size)
-    if key not in _MANIFESTS:
-        try:
-            _MANIFESTS.clear()
-            _MANIFESTS[key] = json.loads(mf.read_text())
-        except (OSError, ValueError):
-            return {}
-    return _MANIFESTS[key]
-
-
-def check_fingerprint(f: Path, metadata) -> None:
-    """A score table carrying another space's fingerprint, or another place (a chunk's range,
-    a batch's segment and first trial) than its name says in this run, is refused: a valid
-    table copied over another. Tables written before fingerprints carry none (accepted)."""
-    raw = (metadata or {}).get(TABLE_META)
-    m = _run_manifest(f)
-    if raw is None or not m:
-        return
-    try:
-        meta = json.loads(raw)
-        digest, place = meta.get("space_digest"), {k: v for k, v in meta.items()
-                                                   if k != "space_digest"}
-    except (ValueError, AttributeError):
-        raise corrupt(f, "score table (unreadable fingerprint)") from None
-    if m.get("space_digest") is not None and digest != m["space_digest"]:
-        raise corrupt(f, f"score table (of another space: fingerprint {digest}, the run's "
-                         f"{m['space_digest']})")
-    want = _table_place(f, m)
-    if place != want:
-        raise corrupt(f, f"score table (made for {_place_words(place)}, its name here says "
-                         f"{_place_words(want)})")
-
-
-def _place_words(p: dict) -> str:
-    if "designs" in p:
-        lo, hi = p["designs"]
-        return f"designs {lo}..{hi - 1}"
-    return f"segment {p.get('segment')}, trials from {p.get('first_trial')}"
-
-
-def read_trials(f: Path) -> dict:
-    """A batch's trials.json: {trial number: {values, constraints}}, refused when corrupt."""
-    try:
-        t = json.loads(Path(f).read_text())
-        if not isinstance(t, dict):
-            raise ValueError("not an object")
-        for k, v in t.items():
-            int(k)
-            if not (isinstance(v, dict) and isinstance(v["values"], list)
-                    and isinstance(v["constraints"], list)):
-                raise ValueError(f"trial {k} has no values/constraints")
-    except FileNotFoundError:
-        raise
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise corrupt(Path(f), "trials file", e) from None
-    return t
 
 
 def worker_name() -> str:
@@ -700,259 +502,6 @@ def status(d: Path, heal: bool = True) -> dict:
             "state", "trials_completed", "trials_failed", "trials_total", "designs_scored",
             "elapsed_s", "front_size", "hypervolume")})
     return out
-
-
-def _quarantine(d: Path, f: Path) -> Path:
-    q = Path(d) / "quarantine"
-    (q / f.parent.relative_to(d)).mkdir(parents=True, exist_ok=True)
-    target = q / f.relative_to(d)
-    if target.exists():
-        target = target.with_name(f"{target.name}.{int(time.time())}")
-    os.replace(f, target)
-    return target
-
-
-def repair(d: Path) -> list[str]:
-    """Quarantine a run's corrupt durable files (moved to DIR/quarantine/), so that their work
-    is done again on `dse run --resume`, and rebuild its derived files. Returns what was done,
-    one line each. Owns the run folder while it works (``locks``): refused while another
-    process owns it or works on it, as `dse run --resume` is."""
-    d = Path(d)
-    if not manifest_file(d).is_file():
-        load_manifest(d)                 # refused: not a run folder
-    healed = heal_layout(d) if locks.owner_file(d).is_dir() else []    # the lock itself
-    with locks.owning(d, "repair"):
-        busy = locks.others(d)
-        if busy:
-            who = ", ".join(sorted(r.get("who", t) for t, r in busy.items()))
-            raise InputError(f"the run is in use by {len(busy)} worker(s) ({who})", file=str(d),
-                             hint="wait for them to finish, or stop them first")
-        if _layout(d):
-            healed += heal_layout(d)
-        return _repair(d, healed)
-
-
-def _repair(d: Path, healed: list[str]) -> list[str]:
-    m = load_manifest(d)
-    done = healed
-    remove_stale_tmp(d)
-    for f in sorted((d / "scores").glob("*.parquet")):
-        tf = f.with_suffix(".trials.json")
-        try:
-            read_table(f)
-            if f.name.startswith("batch-") and tf.is_file():
-                read_trials(tf)
-            continue
-        except InputError as e:
-            why = e.message
-        for g in (f, tf):
-            if g.is_file():
-                _quarantine(d, g)
-        what = ("its designs are scored again" if f.name.startswith("chunk-")
-                else "its trials are asked again")
-        done.append(f"quarantined {f.relative_to(d)}{' and ' + tf.name if tf.exists() or f.name.startswith('batch-') else ''}"
-                    f" ({why}): {what} by `dse run --resume`")
-    for tf in sorted((d / "scores").glob("batch-*.trials.json")):    # without a table
-        if not tf.with_name(tf.name.replace(".trials.json", ".parquet")).is_file():
-            _quarantine(d, tf)
-            done.append(f"quarantined {tf.relative_to(d)} (no score table): its trials are asked again")
-    j = d / "optuna.journal"
-    if j.is_file() and m["strategy"] in ("optuna", "nested") and not m.get("storage"):
-        try:
-            open_journal(d)          # replays every record: a broken one is refused
-        except InputError as e:
-            moved = _quarantine(d, j)
-            segs = [int(f.stem.split("-")[1]) for f in (d / "scores").glob("batch-*.parquet")]
-            m["segment"] = max([int(m.get("segment", 0)), *segs]) + 1
-            m["failed_before"] = int(m.get("failed_before", 0))
-            write_manifest(d, m)
-            done.append(f"quarantined optuna.journal to {moved.relative_to(d)} ({e.message}): "
-                        f"the run continues in a new study segment {m['segment']}, warm-started "
-                        "from its front; every scored trial is kept")
-    (d / "front.csv").unlink(missing_ok=True)    # derived: rebuilt now from the durable files
-    st = status(d)
-    done.append(f"rebuilt front.csv and progress.json: {st['trials_completed']:,} trials, "
-                f"{st['designs_scored']:,} designs, front of {st['front_size']}; state {st['state']}")
-    if not done[:-1]:
-        done.insert(0, "no corrupt file found")
-    return done
-
-
-# --- the journal of a local optuna/nested run -----------------------------------------------
-
-LOCK_WAIT_S = 120.0     # the longest a process waits for the journal's lock before giving up
-LOCK_REPORT_S = 10.0    # ... and when it says what it is waiting for
-
-
-class JournalLock:
-    """The journal's lock for Optuna's JournalFileBackend (its ``lock_obj``): an ``flock`` on
-    ``<journal>.flock``, which the kernel releases when its holder exits, kill -9 included, so
-    a lock is never left behind. The holder writes its pid and host into the file, so a wait
-    (bounded: LOCK_WAIT_S) says whom it waits for."""
-
-    def __init__(self, journal: Path, wait_s: float = LOCK_WAIT_S):
-        self.path, self.wait_s, self.fd = str(journal) + ".flock", wait_s, None
-
-    def owner(self) -> str:
-        try:
-            return Path(self.path).read_text().strip() or "unknown"
-        except OSError:
-            return "unknown"
-
-    def acquire(self) -> bool:
-        import fcntl
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        t0, delay, told = time.monotonic(), 0.0005, False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                waited = time.monotonic() - t0
-                if waited >= self.wait_s:
-                    os.close(fd)
-                    raise InputError(f"the journal has been locked for {waited:.0f} s by "
-                                     f"{self.owner()}", file=self.path,
-                                     hint="that process is stuck: stop it, then resume") from None
-                if waited >= LOCK_REPORT_S and not told:
-                    print(f"dse: warning: waiting for the journal lock {self.path} held by "
-                          f"{self.owner()} (giving up after {self.wait_s:.0f} s)", file=sys.stderr)
-                    told = True
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
-        me = f"pid {os.getpid()} on {socket.gethostname()}\n".encode()
-        if os.pread(fd, len(me) + 1, 0) != me:
-            # written only when another process held it last: a truncate and write on every
-            # acquisition (each journal record takes one) cost ~3 ms each on a slow disk, ~40%
-            # of a long optuna run's wall time (python -m dse.search.bench's rate check)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, me, 0)
-        self.fd = fd
-        return True
-
-    def release(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)             # closing the descriptor releases the flock
-
-
-def recover_journal(f: Path) -> int:
-    """A journal cut mid-record (a process killed while appending) is cut back to its last
-    whole record, under the lock, before anything is appended after it; the cut bytes go to
-    ``quarantine/``. Returns the bytes cut."""
-    f = Path(f)
-    if not f.is_file() or f.stat().st_size == 0:
-        return 0
-    lock = JournalLock(f)
-    lock.acquire()
-    try:
-        with open(f, "rb+") as fh:
-            size = fh.seek(0, 2)
-            pos, tail = size, b""
-            while pos > 0:
-                step = min(65536, pos)
-                fh.seek(pos - step)
-                block = fh.read(step)
-                k = block.rfind(b"\n")
-                if k >= 0:
-                    tail = block[k + 1:] + tail
-                    pos = pos - step + k + 1
-                    break
-                tail = block + tail
-                pos -= step
-            else:
-                pos = 0
-            if not tail:
-                return 0
-            q = f.parent / "quarantine"
-            q.mkdir(exist_ok=True)
-            (q / f"{f.name}.cut-{int(time.time())}").write_bytes(tail)
-            fh.truncate(pos)
-            fh.flush()
-            os.fsync(fh.fileno())
-    finally:
-        lock.release()
-    print(f"dse: warning: {f} ended in a partial record ({len(tail)} bytes, a process killed "
-          "while writing): cut back to its last whole record", file=sys.stderr)
-    return len(tail)
-
-
-def open_journal(d: Path):
-    """The Optuna storage of a local run: its journal (absolute path, so any cwd resumes it),
-    recovered to its last whole record, locked by ``JournalLock``."""
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-    f = Path(d).resolve() / "optuna.journal"
-    old = Path(str(f) + ".lock")      # Optuna's symlink lock, left by older dse runs
-    if old.is_symlink() or old.exists():
-        old.unlink(missing_ok=True)
-    recover_journal(f)
-    try:
-        return JournalStorage(JournalFileBackend(str(f), lock_obj=JournalLock(f)))
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError, AssertionError) as e:
-        raise corrupt(f, "journal", e) from None        # a record is broken (a garbage line)
-
-
-class Interrupted(KeyboardInterrupt):
-    """A run stopped by SIGINT/SIGTERM after its work item at hand: resumable; exit 128 + signal."""
-
-    def __init__(self, signum: int, d: Path):
-        self.signum, self.d = signum, d
-        super().__init__(f"interrupted: the run is stopped and resumable "
-                         f"(dse run --resume {d})")
-
-
-class Working:
-    """A run at work (its owner lock or live token is ``locks``'s, held by the caller): Ctrl-C
-    and SIGTERM turned into a request to stop after the work item at hand (then ``Interrupted``
-    is raised: exit 130 or 143, the run resumable), and a progress bar with rate, ETA, front
-    size and hypervolume (``dse.search.progress.bar``: plain lines every few seconds when
-    stderr is not a terminal)."""
-
-    def __init__(self, d: Path, progress: bool, by_time: bool = False, **bar):
-        self.d, self.progress, self.bar_args, self.stop, self.bar = Path(d), progress, bar, False, None
-        self.signum, self.by_time = None, by_time
-        self._said_reference = False
-
-    def _on_signal(self, signum, frame):
-        self.stop = True
-        self.signum = signum
-
-    def __enter__(self) -> "Working":
-        import signal
-        self._old = [signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)]
-        if self.progress:
-            self.bar = progress_bar(**self.bar_args)
-        return self
-
-    def update(self, n: int, front_size: int, hv, elapsed: float | None = None,
-               done: int | None = None, reference: str | None = None) -> None:
-        """``n`` more work items done; a bar ``by_time`` (a run with a budget) shows the
-        budget's seconds spent instead, and the work done as a figure. ``reference``: the
-        hypervolume's reference point in words, printed above the bar once it is set (the bar's
-        ``hv`` is measured against it)."""
-        if not self.bar:
-            return
-        if reference and not self._said_reference:
-            self.bar.write(f"hv: the front's hypervolume, {reference}", file=sys.stderr)
-            self._said_reference = True
-        post = {"front": front_size, "hv": f"{hv:.4g}" if hv is not None else "-"}
-        if self.by_time and elapsed is not None and done is not None:
-            post = {"done": f"{done:,}", **post}
-        self.bar.set_postfix(post, refresh=False)      # shown by the update (a log: one line)
-        if self.by_time and elapsed is not None:
-            self.bar.update(max(min(round(elapsed), self.bar.total) - self.bar.n, 0))
-        else:
-            self.bar.update(n)
-
-    def __exit__(self, *exc) -> None:
-        import signal
-        if self.bar:
-            self.bar.close()
-        for s, h in zip((signal.SIGINT, signal.SIGTERM), self._old):
-            signal.signal(s, h)
-        if self.signum is not None and (not exc or exc[0] is None):
-            raise Interrupted(self.signum, self.d)
 
 
 def fix_reference(manifest: dict, d: Path, F) -> dict:

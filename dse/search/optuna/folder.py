@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dse.search import locks, store
+from dse.search import files, locks, tables
 from dse.search.optuna import strategy as o
 from dse.search.optuna.study import set_constraints
 
@@ -38,7 +38,7 @@ def sync(run) -> bool:
                 not tf.with_name(tf.name.replace(".trials.json", ".parquet")).is_file():
             continue
         segment = int(tf.name.split("-")[1])
-        for k, r in store.read_trials(tf).items():
+        for k, r in tables.read_trials(tf).items():
             run.told[segment, int(k)] = r
             if r.get("key") is not None:
                 run.known[int(r["key"])] = r
@@ -51,7 +51,7 @@ def follow_segment(run) -> None:
     """The study segment the manifest names, when another process rotated the run's study."""
     import optuna
     try:
-        disk = json.loads(store.manifest_file(run.d).read_text())
+        disk = json.loads(files.manifest_file(run.d).read_text())
     except (OSError, ValueError):
         return
     k = int(disk.get("segment", 0))

@@ -20,7 +20,7 @@ import pandas as pd
 from dse import pareto
 from dse.perf import score_chunked
 from dse.scoring import train_space
-from dse.search import locks, store
+from dse.search import files, locks, store, tables
 from dse.search.loop import WAIT, Strategy
 from dse.search.optuna import folder, segments, surrogate
 from dse.search.optuna import strategy as o
@@ -147,7 +147,7 @@ class OptunaRun(Strategy):
         except (ValueError, KeyError, TypeError) as e:
             if self.shared:
                 raise
-            raise store.corrupt(store.journal_file(self.d), "journal", e) from None
+            raise files.corrupt(store.journal_file(self.d), "journal", e) from None
         if not self.joining:
             describe(study, self.space, self.nested, self.cons_names)
         if self.shared and "space_toml" not in with_retry(lambda: study.user_attrs):
@@ -378,8 +378,8 @@ class OptunaRun(Strategy):
         designs_f, trials_f = store.batch_files(self.d, item["segment"], item["trials"][0].number)
         table, results = scored["table"], scored["results"]
         self.read_batches.add(trials_f.name)        # its trials are told by this process
-        store.save_table(designs_f, table, self.manifest)
-        store.atomic_save(trials_f, lambda p: p.write_text(json.dumps(results)))  # batch complete
+        tables.save_table(designs_f, table, self.manifest)
+        files.atomic_save(trials_f, lambda p: p.write_text(json.dumps(results)))  # batch complete
 
     def tell(self, item, scored) -> int:
         if item["beat"] is not None:
@@ -425,7 +425,7 @@ class OptunaRun(Strategy):
         import optuna
         from optuna.trial import TrialState
         m = self.manifest
-        disk = json.loads(store.manifest_file(self.d).read_text())
+        disk = json.loads(files.manifest_file(self.d).read_text())
         self.segment += 1
         store.update_manifest(self.d, m, segment=self.segment, failed_before=int(
             disk.get("failed_before", 0)) + len(self.study.get_trials(

@@ -31,7 +31,7 @@ import pandas as pd
 
 from dse import pareto
 from dse.errors import StorageUnavailable
-from dse.search import locks, store
+from dse.search import journal, locks
 from dse.search.optuna import segments, storage_errors
 from dse.units import parse_duration
 
@@ -44,7 +44,7 @@ CONSTRAINTS_ATTR = "constraints"   # the trial system attr Optuna's samplers wri
 
 def storage_for(d, url: str | None, known: bool = False):
     """The run's Optuna storage: the RDB at ``url``, else the run folder's journal (absolute
-    path, owner-recording lock: see ``store.open_journal``). A URL that can never work (bad
+    path, owner-recording lock: see ``journal.open_journal``). A URL that can never work (bad
     scheme, authentication, unknown database) is a ``StorageError`` at once
     (``storage_errors``), and so is nothing listening or an unknown host where the URL is new
     (typed for a new run or a worker). ``known``: the URL of a run that used it already (its
@@ -71,7 +71,7 @@ def storage_for(d, url: str | None, known: bool = False):
         storage = _retrying(connect, url, start=url != _URL and not live)
         _URL = url
         return storage
-    return store.open_journal(d)
+    return journal.open_journal(d)
 
 
 _URL: str | None = None    # the RDB last connected to: named by the errors of later calls
