@@ -177,7 +177,8 @@ def score_train(b: TrainBatch) -> dict:
     native = b.precision_native > 0
     out["feasible"] = fits & native
     out["reason"] = np.where(~native, 2, np.where(~fits, 1, 0))
-    shares = np.stack([out["compute_s"], out["memory_s"], out["network_exposed_s"], bubble])
+    shares = np.stack(np.broadcast_arrays(out["compute_s"], out["memory_s"],
+                                          out["network_exposed_s"], bubble))
     out["bound"] = np.argmax(shares, axis=0)
     return out
 
