@@ -36,13 +36,13 @@ def test_tensor_parallel_overlap_modes_by_hand():
     # forward's two; all: none of them (overlap_fraction 1, the GEMMs are longer)
     ar = 2 * (1 / 2) * ACT / UP
     assert ar == pytest.approx(10.49e-6, rel=1e-3)
-    one = dict(tp=2, global_batch_seqs=1)
+    one = {"tp": 2, "global_batch_seqs": 1}
     base = step(**one, tp_comm_overlap=ALL)
     assert step(**one) == base                                      # the default is "all"
     assert step(**one, tp_comm_overlap=NONE) - base == pytest.approx(8 * 4 * ar, rel=1e-9)
     assert step(**one, tp_comm_overlap=BACKWARD) - base == pytest.approx(8 * 2 * ar, rel=1e-9)
     # full recompute reruns the forward and its two all-reduces, never hidden but under "all"
-    full = dict(one, recompute=2)
+    full = {**one, "recompute": 2}
     base = step(**full)
     assert step(**full, tp_comm_overlap=NONE) - base == pytest.approx(8 * 6 * ar, rel=1e-9)
     assert step(**full, tp_comm_overlap=BACKWARD) - base == pytest.approx(8 * 4 * ar, rel=1e-9)
@@ -57,19 +57,19 @@ def test_blocking_pipeline_sends_by_hand():
     # us each; blocking, they lengthen every micro-batch, and the 1F1B bubble (p - 1) t_mb too:
     # (4 + 1) x 2 x 10.49 us = 104.9 us
     send = ACT / UP
-    pipe = dict(pp=2, global_batch_seqs=4)
+    pipe = {"pp": 2, "global_batch_seqs": 4}
     d = step(**pipe, overlap_p2p_comm=0.0) - step(**pipe)
     assert d == pytest.approx(5 * 2 * send, rel=1e-9)
     assert d == pytest.approx(104.9e-6, rel=1e-3)
     # tp 2 without sequence parallelism: the whole activation from each rank; scattered, half
-    tp = dict(pipe, tp=2)
+    tp = {**pipe, "tp": 2}
     hidden = step(**tp)
     whole = step(**tp, overlap_p2p_comm=0.0) - hidden
     half = step(**tp, overlap_p2p_comm=0.0, p2p_scatter_gather=1.0) - hidden
     assert whole == pytest.approx(5 * 2 * send, rel=1e-9)
     assert half == pytest.approx(5 * 2 * send / 2, rel=1e-9)
     # sequence parallelism shards it already: scattering changes nothing
-    sp = dict(tp, sequence_parallel=1, overlap_p2p_comm=0.0)
+    sp = {**tp, "sequence_parallel": 1, "overlap_p2p_comm": 0.0}
     assert step(**sp, p2p_scatter_gather=1.0) == pytest.approx(step(**sp), rel=1e-12)
 
 
@@ -79,7 +79,7 @@ def test_gradient_reduction_after_the_backward_by_hand():
     # ranks of the domain: 2 x 1/2 x 332.4 MB / 400 GB/s = 831 us, under the backward (1.2 ms of
     # GEMMs) when overlapped, after it when not
     params = 8 * (4 * 1024 ** 2 + 2 * 1024 + 2 * 1024 * 4096) + 2 * 32000 * 1024
-    b = dict(dp=2, global_batch_seqs=2)
+    b = {"dp": 2, "global_batch_seqs": 2}
     assert float(memory_bytes(batch(DENSE, **b))["params_per_chip"]) == pytest.approx(params)
     reduce_s = 2 * (1 / 2) * params * 2 / UP
     assert reduce_s == pytest.approx(831e-6, rel=1e-3)
@@ -88,7 +88,7 @@ def test_gradient_reduction_after_the_backward_by_hand():
     assert float(on["network_exposed_s"]) == pytest.approx(0.0, abs=1e-12)
     assert float(off["step_time_s"] - on["step_time_s"]) == pytest.approx(reduce_s, rel=1e-9)
     # ZeRO-3 gathers and reduces per micro-batch, which the switch does not touch
-    z3 = dict(b, zero_stage=3)
+    z3 = {**b, "zero_stage": 3}
     assert step(**z3, overlap_grad_reduce=0.0) == pytest.approx(step(**z3), rel=1e-12)
 
 
