@@ -92,12 +92,68 @@ def apply_attention_rules(cases: pd.DataFrame) -> pd.DataFrame:
     return c
 
 
+# What the Megatron-LM of a source's rows ran where the case file leaves it blank: the
+# communication overlap (``training.tp_comm_overlap``, ``training.overlap_p2p_comm``,
+# ``training.overlap_grad_reduce``), sequence parallelism and the ZeRO stage, by a stated rule:
+# (source, a pattern of the citation, {column: value}). Evidence, NVIDIA/Megatron-LM:
+# - MEGATRON-2021 (README at 152aab304d, 2021-01-11; examples/pretrain_gpt3_175B.sh there:
+#   --fp16, --checkpoint-activations, no --DDP-impl, no --fp32-allreduce):
+#   megatron/mpu/mappings.py's _reduce is a plain torch.distributed.all_reduce in the forward
+#   (_ReduceFromModelParallelRegion) and the backward (_CopyToModelParallelRegion): every
+#   tensor-parallel all-reduce on the critical path ("none"; the asynchronous all-reduce of the
+#   input gradient, LinearWithGradAccumulationAndAsyncAllreduce, came with 83b1e42f30,
+#   2022-02-13); megatron/training.py's communicate() waits on its batch_isend_irecv requests
+#   before the stage goes on, and sends the whole [s, b, h] tensor (the scatter-gather
+#   optimization came with 72e4230bb5, 2021-02-16; there is no sequence parallelism before the
+#   sequence_parallel merge d898a8991d, 2022-05-25); train_step() calls the local DDP's
+#   allreduce_params after forward_backward_pipelining returns (megatron/model/distributed.py:
+#   its per-parameter hooks are commented out), in the gradients' dtype (fp16: 2 bytes,
+#   dse's); no distributed optimizer (Float16DistributedOptimizer came with 2022-02): ZeRO 0.
+# - KORTHI (Korthikanti et al. 2022; the code of the paper is the sequence_parallel merge
+#   d898a8991d): megatron/mpu/layers.py's LinearWithGradAccumulationAndAsyncCommunication
+#   runs the backward's all-gather and input-gradient all-reduce / reduce-scatter with
+#   async_op=True under the gradient GEMMs, the forward's reduce (mpu/mappings.py) is
+#   synchronous ("backward"); megatron/p2p_communication.py's _communicate waits on every
+#   request and then torch.cuda.synchronize(), and without sequence parallelism sends a 1/tp
+#   chunk of the tensor (scatter_gather_tensors_in_pipeline, on by default since 72e4230bb5);
+#   training.py reduces the local DDP's gradients
+#   after forward_backward_func; --use-distributed-optimizer is off by default (ZeRO 0).
+SOFTWARE_RULES = (
+    ("MEGATRON-2021", r"152aab304d", {"training.tp_comm_overlap": "none",
+                                      "training.overlap_p2p_comm": "false",
+                                      "training.overlap_grad_reduce": "false",
+                                      "sequence_parallel": "false", "zero_stage": "0"}),
+    ("KORTHI", r"", {"training.tp_comm_overlap": "backward",
+                     "training.overlap_p2p_comm": "false",
+                     "training.overlap_grad_reduce": "false",
+                     "training.p2p_scatter_gather": "true", "zero_stage": "0"}),
+)
+
+
+def apply_software_rules(cases: pd.DataFrame) -> pd.DataFrame:
+    """``cases`` with the columns of ``SOFTWARE_RULES`` set where blank (first match wins)."""
+    c = cases.copy()
+    src = c.get("source", pd.Series("", index=c.index)).fillna("").astype(str)
+    cite = c.get("citation", pd.Series("", index=c.index)).fillna("").astype(str)
+    done = np.zeros(len(c), bool)
+    for source, pattern, values in SOFTWARE_RULES:
+        on = (~done & src.eq(source).to_numpy()
+              & cite.str.contains(pattern, regex=True).to_numpy())
+        for col, v in values.items():
+            if col not in c:
+                c[col] = pd.Series(np.nan, index=c.index, dtype=object)
+            c[col] = c[col].astype(object)
+            c.loc[on & c[col].isna().to_numpy(), col] = v
+        done |= on
+    return c
+
+
 def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     folder = Path(folder or default_dir())
     cases = pd.read_csv(folder / "training_cases.csv", dtype=str, keep_default_na=False,
                         na_values=[""])
     truth = pd.read_csv(folder / "training_truth.csv")
-    return apply_attention_rules(cases), truth
+    return apply_software_rules(apply_attention_rules(cases)), truth
 
 
 def joined(cases: pd.DataFrame, truth: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:

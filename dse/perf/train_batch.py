@@ -23,6 +23,8 @@ GEMM_FAMILY = ("bf16", "bf16", "fp8", "fp8_block", "fp8_block", "fp4")
 OPERAND_BYTES = (2.0, 2.0, 1.0, 1.0 + 4.0 / 128.0, 1.0 + 1.0 / 32.0, 0.5 + 1.0 / 16.0)
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe")
+# which tensor-parallel collectives run under the GEMMs (train_step.tp_exposed_s)
+TP_COMM_OVERLAP = ("all", "backward", "none")
 BOUNDS = ("compute", "memory", "network", "bubble")
 REASONS = ("", "does not fit in memory", "no native support for the precision")
 
@@ -52,6 +54,12 @@ class TrainBatch:
     backward rate over the kernel the attention fits price; training.toml [attention_kernels];
     1 = that kernel); attention_unfused (1: Megatron's unfused core attention, timed by its
     own GEMMs and score passes, ``train_time.unfused_attention_s``).
+    Communication overlap (the job's software; Megatron-Core's names): tp_comm_overlap (code of
+    TP_COMM_OVERLAP: which tensor-parallel collectives run under the GEMMs), overlap_p2p_comm
+    (1/0: the pipeline sends under the micro-batch), overlap_grad_reduce (1/0: the
+    data-parallel gradient reduction under the backward); 0 puts that collective on the
+    critical path whole. p2p_scatter_gather (1/0): without sequence parallelism, each
+    tensor-parallel rank sends only its 1/tp share of the pipeline activations.
     """
 
     hidden_size: np.ndarray
@@ -110,6 +118,10 @@ class TrainBatch:
     attention_fwd_rate: np.ndarray = 1.0
     attention_bwd_rate: np.ndarray = 1.0
     attention_unfused: np.ndarray = 0.0
+    tp_comm_overlap: np.ndarray = 0.0
+    overlap_p2p_comm: np.ndarray = 1.0
+    overlap_grad_reduce: np.ndarray = 1.0
+    p2p_scatter_gather: np.ndarray = 0.0
 
     @classmethod
     def of(cls, **fields) -> TrainBatch:

@@ -66,6 +66,20 @@ def hide(t_s, window_s, overlap_fraction):
     return t_s - inside + (1.0 - overlap_fraction) * inside
 
 
+def tp_exposed_s(tp_one, fwd_window_s, bwd_window_s, full, b: TrainBatch) -> np.ndarray:
+    """Exposed seconds of one layer's tensor-parallel collectives (``tp_one``: those of one
+    forward; the backward has as many, a recomputed forward ``full`` times as many), by the
+    job's ``tp_comm_overlap`` (``TP_COMM_OVERLAP``): ``all`` hides every one under the
+    layer's GEMMs; ``backward`` only the backward's, under the backward GEMMs (the forward's
+    and the recomputed forward's output all-reduces are on the critical path); ``none``
+    hides none."""
+    tp_all = tp_one * (2.0 + full)
+    every = hide(tp_all, fwd_window_s + bwd_window_s, b.overlap_fraction)
+    bwd = tp_one * (1.0 + full) + hide(tp_one, bwd_window_s, b.overlap_fraction)
+    code = b.tp_comm_overlap
+    return np.where(code == 0, every, np.where(code == 1, bwd, tp_all))
+
+
 def micro_batch_parts(b: TrainBatch) -> dict:
     """Seconds of one micro-batch on the slowest stage, by part (module docstring)."""
     g = layer_gemms_s(b)
@@ -85,9 +99,10 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     full = b.full_share
     rerun = full * fwd + (b.recompute == 1) * attn
     elem = elementwise_s(b) * (3.0 + full)
-    tp_all = tp_comm_s(b) * (2.0 + full)
-    tp = hide(tp_all, (g["attn"][0] + mlp_f) * (1.0 + full) + g["attn"][1] + mlp_b,
-              b.overlap_fraction)
+    tp_one = tp_comm_s(b)
+    tp_all = tp_one * (2.0 + full)
+    tp = tp_exposed_s(tp_one, (g["attn"][0] + mlp_f) * (1.0 + full), g["attn"][1] + mlp_b,
+                      full, b)
     ep = ep_comm_s(b) * (2.0 + full) * moe_share
     cp_all = 2.0 * cp_comm_s(b) * (1.0 + b.attention_bwd_ratio) / 2.0
     cp = hide(cp_all, attn + attn_b, b.overlap_fraction)
@@ -98,7 +113,7 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     sort = moe_sort_s(b) * (2.0 + full) * moe_share
     layers = stage * (elem + sort + b.layer_overhead_s) + (1.0 + b.mtp_layers) * loss_s(b)
     net = stage * (tp + ep + cp)
-    pp = hide(pp_comm_s(b), compute, b.overlap_fraction)
+    pp = hide(pp_comm_s(b), compute, b.overlap_fraction * b.overlap_p2p_comm)
     return {"compute_s": compute, "memory_s": layers, "network_exposed_s": net + pp,
             "network_total_s": stage * (tp_all + ep + cp_all) + pp_comm_s(b),
             "forward_s": stage * fwd, "backward_s": stage * bwd}
@@ -137,7 +152,7 @@ def score_train(b: TrainBatch) -> dict:
     t_mb = mb_compute + mb_net
     bubble = bubble_fraction_of_mb(b) * t_mb
     window = parts["backward_s"] + parts["forward_s"]
-    dp_exposed = hide(z_step, window, b.overlap_fraction)
+    dp_exposed = hide(z_step, window, b.overlap_fraction * b.overlap_grad_reduce)
     dp_share = np.where(b.zero_stage >= 1, b.dp * b.cp, 1.0)
     optimizer = (OPTIMIZER_BYTES_PER_PARAM * mem["params_per_chip"] / dp_share
                  / (b.hbm_bw_bytes_per_s * b.hbm_fraction))
@@ -162,7 +177,8 @@ def score_train(b: TrainBatch) -> dict:
     native = b.precision_native > 0
     out["feasible"] = fits & native
     out["reason"] = np.where(~native, 2, np.where(~fits, 1, 0))
-    shares = np.stack([out["compute_s"], out["memory_s"], out["network_exposed_s"], bubble])
+    shares = np.stack(np.broadcast_arrays(out["compute_s"], out["memory_s"],
+                                          out["network_exposed_s"], bubble))
     out["bound"] = np.argmax(shares, axis=0)
     return out
 

@@ -289,8 +289,11 @@ def cp_comm_s(b: TrainBatch) -> np.ndarray:
 
 def pp_comm_s(b: TrainBatch) -> np.ndarray:
     """Seconds of one micro-batch's pipeline sends on one stage: the activations out in the
-    forward and their gradient back, once per virtual stage."""
-    msg = tokens_per_chip(b) * b.hidden_size * ACT_BYTES / np.where(
-        b.sequence_parallel > 0, b.tp, 1.0)
+    forward and their gradient back, once per virtual stage. Each tensor-parallel rank sends
+    its ``1 / tp`` share where sequence parallelism shards the activations or the job
+    scatters them (``p2p_scatter_gather``: Megatron-LM's scatter/gather optimization,
+    Narayanan et al. 2021 section 4.1), else the whole activation."""
+    share = (b.sequence_parallel > 0) | (b.p2p_scatter_gather > 0)
+    msg = tokens_per_chip(b) * b.hidden_size * ACT_BYTES / np.where(share, b.tp, 1.0)
     span = b.tp * b.cp * b.dp * b.pp
     return np.where(b.pp > 1, 2.0 * b.vp * p2p_s(b, msg, span), 0.0)

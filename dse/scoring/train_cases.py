@@ -10,7 +10,7 @@ import pandas as pd
 
 from dse.catalog.training import ATTENTION_KERNELS
 from dse.errors import InputError, suggest
-from dse.perf.train_batch import PRECISIONS, RECOMPUTE, SCHEDULES
+from dse.perf.train_batch import PRECISIONS, RECOMPUTE, SCHEDULES, TP_COMM_OVERLAP
 from dse.spec import validate
 
 REQUIRED = ("case_id", "model", "hardware", "num_chips", "global_batch_seqs", "seq_len",
@@ -43,14 +43,22 @@ OVERRIDES = {
     "train.fragmentation_fraction": "fragmentation_fraction",
     "train.attention_bwd_ratio": "attention_bwd_ratio",
 }
+BOOL = {"true": 1, "1": 1, "yes": 1, "false": 0, "0": 0, "no": 0}
 # a dotted choice column a training case may set: the attention kernel the job ran
 # (dse.catalog.training.ATTENTION_KERNELS; blank = the default)
 KERNEL_COLUMN = "training.attention_kernel"
+# dotted columns a training case may set for the communication of the job's software (blank =
+# what Megatron-Core / NeMo run; dse.spec.train_fields): the TrainBatch field each sets and its
+# choices (their codes)
+SWITCHES = {"training.tp_comm_overlap": ("tp_comm_overlap",
+                                         {k: i for i, k in enumerate(TP_COMM_OVERLAP)}),
+            "training.overlap_p2p_comm": ("overlap_p2p_comm", BOOL),
+            "training.overlap_grad_reduce": ("overlap_grad_reduce", BOOL),
+            "training.p2p_scatter_gather": ("p2p_scatter_gather", BOOL)}
 # overrides that may be 0 (the others must be > 0)
 ZERO_OK = ("train.overlap_fraction", "train.layer_overhead_s", "train.reserve_bytes",
            "train.fragmentation_fraction")
 ZERO = {"0": 0, "1": 1, "2": 2, "3": 3, "fsdp": 3}
-BOOL = {"true": 1, "1": 1, "yes": 1, "false": 0, "0": 0, "no": 0}
 
 
 def where(df: pd.DataFrame, i: int, col: str, offset: int = 0) -> str:
@@ -78,10 +86,11 @@ def check_columns(df: pd.DataFrame, file: str) -> None:
     validate.typo_columns(df.columns, known, file=file)
     validate.field_part_columns(df.columns, (*known, *ANNOTATIONS), file=file)
     for c in map(str, df.columns):
-        if "." in c and c not in OVERRIDES and c != KERNEL_COLUMN:
+        if "." in c and c not in OVERRIDES and c != KERNEL_COLUMN and c not in SWITCHES:
             raise InputError(f"unknown dotted column {c!r}: not a field a training case sets",
                              file=file, where=f"header, column {c}",
-                             hint=suggest(c, OVERRIDES, "settable fields"))
+                             hint=suggest(c, (*OVERRIDES, KERNEL_COLUMN, *SWITCHES),
+                                          "settable fields"))
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise InputError(f"missing required column {missing[0]!r}", file=file,
@@ -161,6 +170,8 @@ def parse(df: pd.DataFrame, file: str, offset: int = 0) -> dict:
     out["zero_stage"] = choices(df, "zero_stage", ZERO, file, offset)
     out[KERNEL_COLUMN] = choices(df, KERNEL_COLUMN,
                                  {k: i for i, k in enumerate(ATTENTION_KERNELS)}, file, offset)
+    for c, (_, table) in SWITCHES.items():
+        out[c] = choices(df, c, table, file, offset)
     for c in OVERRIDES:
         if c in df.columns:
             out[c] = numbers(df, c, file, count=False, offset=offset, zero=c in ZERO_OK)

@@ -32,6 +32,7 @@ from dse.scoring.predict import write_csv
 from dse.scoring.train_cases import (
     KERNEL_COLUMN,
     OVERRIDES,
+    SWITCHES,
     check_columns,
     parse,
     read_train_cases,
@@ -97,6 +98,8 @@ def resolve_case(df: pd.DataFrame, i: int, p: dict, file: str, offset: int = 0) 
     prec = PRECISIONS[int(p["precision"][i])]
     given = {name: float(p[col][i]) for col, name in OVERRIDES.items()
              if col in p and np.isfinite(p[col][i])}
+    given.update({name: float(p[col][i]) for col, (name, _) in SWITCHES.items()
+                  if p[col][i] >= 0})
     code = int(p[KERNEL_COLUMN][i])
     kern = tcat.ATTENTION_KERNELS[code] if code >= 0 else None
     return design_numbers(m, acc, topo, prec, given, kern,
@@ -134,6 +137,9 @@ def design_numbers(m, acc, topo, prec: str, given: dict, attention_kernel: str |
         acc.id, attention_kernel or tcat.document()["attention_kernels"]["default"],
         file=file, where=where)
     c["attention_unfused"] = float(attention_kernel == tcat.UNFUSED)
+    # blank = overlapped, what Megatron-Core and NeMo run (the fields' defaults)
+    c.update({"tp_comm_overlap": 0.0, "overlap_p2p_comm": 1.0, "overlap_grad_reduce": 1.0,
+              "p2p_scatter_gather": 0.0})
     c.update(given)
     key = PEAK_DTYPE[PRECISIONS.index(prec)]
     c["precision_native"] = float(c["peak_" + key] > 0)

@@ -22,7 +22,14 @@ import pandas as pd
 from dse.build.space import distinct_codes
 from dse.catalog import training as tcat
 from dse.errors import InputError
-from dse.perf.train_batch import BOUNDS, PRECISIONS, RECOMPUTE, SCHEDULES, TrainBatch
+from dse.perf.train_batch import (
+    BOUNDS,
+    PRECISIONS,
+    RECOMPUTE,
+    SCHEDULES,
+    TP_COMM_OVERLAP,
+    TrainBatch,
+)
 from dse.perf.train_step import score_train
 from dse.scoring.train_cases import OVERRIDES
 from dse.scoring.train_predict import design_numbers, kernel_of
@@ -52,8 +59,12 @@ LAYOUT = {"layout.tp": "tp", "layout.pp": "pp", "layout.dp": "dp", "layout.cp": 
           "layout.ep": "ep", "layout.vp": "vp", "layout.micro_batch_seqs": "micro_batch_seqs",
           "layout.recompute_layer_fraction": "recompute_layer_fraction",
           "layout.zero_stage": "zero_stage", "training.global_batch_seqs": "global_batch_seqs",
-          "training.seq_len": "seq_len", "training.mtp_layers": "mtp_layers"}
+          "training.seq_len": "seq_len", "training.mtp_layers": "mtp_layers",
+          "training.overlap_p2p_comm": "overlap_p2p_comm",
+          "training.overlap_grad_reduce": "overlap_grad_reduce",
+          "training.p2p_scatter_gather": "p2p_scatter_gather"}
 CODES = {"layout.recompute": ("recompute", RECOMPUTE),
+         "training.tp_comm_overlap": ("tp_comm_overlap", TP_COMM_OVERLAP),
          "layout.pipeline_schedule": ("schedule", SCHEDULES)}
 # the metrics every training score table keeps besides the run's objectives and constraints
 KEEP_METRICS = ("train_time_s", "train_cost_usd", "step_time_s", "mfu", "tokens_per_s_per_chip",

@@ -11,12 +11,13 @@ The docs' field reference lists them (``dse.docs``).
 from __future__ import annotations
 
 from dse.spec import fields as serving
-from dse.spec.fields import count, enum, frac, ident, num
+from dse.spec.fields import count, enum, flag, frac, ident, num
 
 ATTENTION_KERNELS = ("cudnn", "flash3", "flash2", "triton", "unfused")   # = dse.catalog.training
 PRECISIONS = ("bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4")   # = dse.perf.train_batch
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe")
+TP_COMM_OVERLAP = ("all", "backward", "none")                        # = dse.perf.train_batch
 CHIPS = "chips per instance"
 
 # serving fields a training design may set with the same meaning (model shape and MoE shape,
@@ -58,6 +59,23 @@ OWN = (
          "GEMMs over the full score matrix, softmax and dropout passes); each kernel's rate by "
          "architecture from published benchmarks (dse/catalog/training.toml "
          "[attention_kernels])"),
+    enum("training.tp_comm_overlap", TP_COMM_OVERLAP, "all", "which tensor-parallel "
+         "collectives run under the layer's GEMMs: all (Megatron-Core with Transformer "
+         "Engine's tp_comm_overlap, what NeMo and Megatron-Bridge recipes run), backward (only "
+         "the backward's, under the weight- and data-gradient GEMMs: Megatron-LM's "
+         "asynchronous tensor-parallel all-reduce of 2022, Megatron-Core without "
+         "tp_comm_overlap), none (every one on the critical path: Megatron-LM of 2021)"),
+    flag("training.overlap_p2p_comm", "the pipeline sends and receives run under the "
+         "micro-batch's compute (Megatron-Core's overlap_p2p_comm); false: each one blocks the "
+         "stage, as Megatron-LM's 2021 schedule waited on them", True),
+    flag("training.overlap_grad_reduce", "the data-parallel gradient reduction runs under the "
+         "backward (Megatron-Core's overlap_grad_reduce, PyTorch DDP's buckets); false: after "
+         "the last micro-batch's backward, as Megatron-LM's local DDP ran it before 2023", True),
+    flag("training.p2p_scatter_gather", "without sequence parallelism, each tensor-parallel "
+         "rank sends only its 1/tp share of the pipeline activations and the receiver "
+         "all-gathers them (Megatron-LM's --scatter-gather-tensors-in-pipeline, on from 2021-02 "
+         "until Megatron-Core dropped it); false: the whole activation, as Megatron-Core sends "
+         "it", False),
     count("training.mtp_layers", "layers", "multi-token-prediction modules trained with the "
           "model", 0, low=0, high=64, zero="none"),
     count("layout.num_chips", "chips", "chips of the job: dp = num_chips / (tp x pp x cp) "
