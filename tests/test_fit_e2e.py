@@ -306,3 +306,50 @@ def test_front_end_numbers_are_written_to_their_own_table(tmp_path):
     doc = tomllib.loads(path.read_text())
     assert doc["front_ends"]["dynamo"]["request_overhead_s"] == pytest.approx(0.15)
     assert doc["runtimes"]["vllm"]["request_overhead_s"] == pytest.approx(0.02)
+
+
+@needs_data
+def test_cross_validate_only_the_named_groups_and_their_numbers(small, monkeypatch):
+    from dse.calibration import fit as fit_mod
+    from dse.errors import InputError
+    cases, truth, prep = small
+    # (a few evaluations: the equalities below hold at any budget, the same start and weights
+    # giving the same iterates)
+    full = fit_mod.fit
+    monkeypatch.setattr(fit_mod, "fit", lambda *a, **k: full(*a, **{**k, "max_nfev": 3}))
+    params = {}
+    cv = fit_mod.cross_validate(cases, truth, "hardware", only=["a100-sxm-80g"], params=params)
+    a100 = (cases["hardware"] == "a100-sxm-80g").to_numpy()
+    assert set(cv["held_out"]) == {"a100-sxm-80g"}
+    assert set(cv["case_id"]) == set(cases["case_id"][a100])
+    # the numbers it was predicted with: the refit without that chip, every end-to-end number
+    assert list(params) == ["a100-sxm-80g"]
+    assert set(params["a100-sxm-80g"]) == {p[0] for p in fit_mod.PARAMS}
+    alone = fit_mod.fit(cases, truth, keep=~a100, verbose=False, prep=prep)
+    for k, v in alone.items():
+        assert params["a100-sxm-80g"][k] == pytest.approx(v, rel=1e-9)
+    j = fit_mod.in_sample(prep, cases, truth, alone)
+    j = j[j["case_id"].isin(set(cases["case_id"][a100]))].set_index(["case_id", "metric"])
+    got = cv.set_index(["case_id", "metric"])["pred"]
+    assert np.allclose(got.to_numpy(float), j.loc[got.index, "pred"].to_numpy(float), rtol=1e-9)
+    with pytest.raises(InputError):
+        fit_mod.cross_validate(cases, truth, "hardware", only=["b200"])
+
+
+def test_calibrate_folds_take_the_held_out_names_of_each_grouping():
+    import pandas as pd
+
+    from dse.calibration.calibrate import CV_DEFAULT, _folds
+    from dse.errors import InputError
+    cases = pd.DataFrame({"hardware": ["h100-sxm", "h200-sxm", "h200-sxm"],
+                          "model": ["llama-3.1-8b", "deepseek-v3", "llama-3.1-8b"],
+                          "runtime": ["sglang", "vllm", "sglang"],
+                          "concurrency": ["512", "8", "64"]})
+    assert _folds(cases, None, None) == []                       # no --cv
+    assert _folds(cases, [], None) == [(by, None) for by in CV_DEFAULT]
+    assert _folds(cases, ["decade", "model", "runtime"], ["100-999", "llama-3.1-8b", "sglang"]) == [
+        ("decade", ["100-999"]), ("model", ["llama-3.1-8b"]), ("runtime", ["sglang"])]
+    # a grouping with none of the names is skipped
+    assert _folds(cases, ["decade", "hardware"], ["1-9"]) == [("decade", ["1-9"])]
+    with pytest.raises(InputError):
+        _folds(cases, ["decade"], ["1000+"])

@@ -303,19 +303,31 @@ def uncertainty(path: Path | None = None) -> dict | None:
 CV_BY = ("hardware", "family", "model", "runtime", "decade")
 
 
-def cross_validate(cases: pd.DataFrame, truth: pd.DataFrame, by: str) -> pd.DataFrame:
+def cross_validate(cases: pd.DataFrame, truth: pd.DataFrame, by: str, only=None,
+                   params: dict | None = None) -> pd.DataFrame:
     """Refit without each group of ``by`` (``CV_BY``: "hardware", "family", "model", "runtime"
     or "decade", ``holdout_key``) and predict that group; ``held_out`` names it. Without a
     runtime, its own per-runtime parameters (``"<name>.<runtime>"``) have nothing to fit them:
-    they get the other runtimes' geometric mean (``_held_out_runtime``)."""
+    they get the other runtimes' geometric mean (``_held_out_runtime``). ``only``: the groups
+    to leave out (every group by default); ``params``: a dict that receives, per group left
+    out, the numbers it was predicted with (which number moves without it)."""
     prep = prepare(cases, file="cases.csv")
     key = holdout_key(cases, by)
+    groups = sorted(key.unique())
+    if only is not None:
+        unknown = sorted(set(only) - set(groups))
+        if unknown:
+            raise InputError(f"no {by} group named {', '.join(unknown)} in the cases",
+                             hint="one of " + ", ".join(groups))
+        groups = [g for g in groups if g in set(only)]
     parts = []
-    for g in sorted(key.unique()):
+    for g in groups:
         out = (key == g).to_numpy()
         theta = fit(cases, truth, keep=~out, verbose=False, prep=prep)
         if by == "runtime":
             theta = _held_out_runtime(theta, g)
+        if params is not None:
+            params[g] = dict(theta)
         j = _residuals(prep, cases, truth, theta)
         parts.append(j[j["case_id"].isin(set(cases["case_id"][out]))].assign(held_out=g))
     return pd.concat(parts, ignore_index=True)
