@@ -353,3 +353,38 @@ def test_calibrate_folds_take_the_held_out_names_of_each_grouping():
     assert _folds(cases, ["decade", "hardware"], ["1-9"]) == [("decade", ["1-9"])]
     with pytest.raises(InputError):
         _folds(cases, ["decade"], ["1000+"])
+
+
+@needs_data
+def test_a_held_number_is_set_not_fitted(small):
+    from dse.calibration.fit import PARAMS, fit, in_sample
+    from dse.errors import InputError
+    cases, truth, prep = small
+    steps = {"verbose": False, "prep": prep, "max_nfev": 3}
+    held = fit(cases, truth, hold={"layer_overhead_s": 3.0e-5}, **steps)
+    assert set(held) == {p[0] for p in PARAMS}
+    assert held["layer_overhead_s"] == 3.0e-5
+    # it is the value predicted with (offline TRT-LLM steps carry the per-layer time): twice
+    # the time per layer, the other numbers the same, fewer tokens per second
+    a = in_sample(prep, cases, truth, held)["pred"].to_numpy(float)
+    b = in_sample(prep, cases, truth, {**held, "layer_overhead_s": 6.0e-5})["pred"].to_numpy(float)
+    # (all but one: where a slower step changes the batch the case runs at)
+    assert np.mean(b < a) > 0.9 and np.mean(np.log(b / a)) < -0.001
+    # and the others are refitted around it
+    free = fit(cases, truth, **steps)
+    assert held["graph_layer_overhead_s"] != pytest.approx(free["graph_layer_overhead_s"], rel=1e-6)
+    with pytest.raises(InputError):
+        fit(cases, truth, hold={"no_such_s": 1.0}, **steps)
+
+
+def test_calibrate_hold_reads_name_equals_seconds():
+    from dse.calibration.calibrate import _hold, main
+    from dse.errors import InputError
+    assert _hold(["frontend_token_s=2.19e-5", "seq_overhead_s.sglang=0"]) == {
+        "frontend_token_s": 2.19e-5, "seq_overhead_s.sglang": 0.0}
+    for bad in (["frontend_token_s"], ["=1"], ["x=-1"], ["x=fast"]):
+        with pytest.raises(InputError):
+            _hold(bad)
+    # never written to the catalog
+    assert main(["--fit", "--write", "--hold", "layer_overhead_s=1e-5"]) == 2
+    assert main(["--hold", "layer_overhead_s=1e-5"]) == 2

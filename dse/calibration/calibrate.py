@@ -13,6 +13,9 @@ case weighted so that every (source, hardware) pair counts equally within a sour
     python -m dse.calibration.calibrate --cv decade --held-out 100-999 --cv-params
                                                      # ... that decade only, with the numbers
                                                      # refitted without it
+    python -m dse.calibration.calibrate --fit --cv decade --held-out 100-999 --hold frontend_token_s=2.19e-5
+                                                     # ... with a number set, not fitted (what
+                                                     # the others do if it came from a source)
     python -m dse.calibration.calibrate --by-kind    # ... error by runtime x model kind x metric
 
 The sets read, the open-loop rows and the groups reported apart (online rows at an infinite rate,
@@ -109,6 +112,9 @@ def main(argv=None) -> int:
     p.add_argument("--cv-params", action="store_true",
                    help="with --cv: also print the end-to-end numbers each group was predicted "
                         "with (refitted without it), beside the --fit numbers if given")
+    p.add_argument("--hold", nargs="+", metavar="NAME=VALUE", default=[],
+                   help="with --fit or --cv: set these end-to-end numbers (dse.calibration.fit."
+                        "PARAMS, in seconds) instead of fitting them; never with --write")
     p.add_argument("--boot", type=int, metavar="N",
                    help=f"bootstrap refits for the uncertainty --fit --write writes "
                         f"(default {BOOT_N})")
@@ -119,6 +125,15 @@ def main(argv=None) -> int:
         return 2
     if a.boot is not None and a.boot < 2:
         print(f"error: --boot {a.boot}: a covariance needs at least 2 refits", file=sys.stderr)
+        return 2
+    try:
+        hold = _hold(a.hold)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if hold and (a.write or not (a.fit or a.cv is not None)):
+        print("error: --hold sets numbers for a refit (--fit, --cv) that is not written: "
+              "no --write", file=sys.stderr)
         return 2
     if (a.held_out or a.cv_params) and a.cv is None:
         print("error: --held-out and --cv-params select and show cross-validation folds: "
@@ -131,7 +146,7 @@ def main(argv=None) -> int:
         theta = None
         if a.fit:
             prep = prepare(cases, file="cases.csv")
-            theta = fit(cases, truth, prep=prep)
+            theta = fit(cases, truth, prep=prep, hold=hold)
             if not a.write:
                 # the report below is the refit's (in sample), not the catalog's
                 j = in_sample(prep, cases, truth, theta)
@@ -165,7 +180,11 @@ def main(argv=None) -> int:
         print()
         print(f"Cross-validated ({CV_WHAT[by]}: the end-to-end numbers refitted without it)")
         params = {} if a.cv_params else None
-        cv = cross_validate(cases, truth, by, only=only, params=params)
+        try:
+            cv = cross_validate(cases, truth, by, only=only, params=params, hold=hold)
+        except InputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(_table(report(cv, ("source", "metric", "held_out"))))
         if params:
             print()
@@ -173,6 +192,22 @@ def main(argv=None) -> int:
                   + (" (all: the --fit numbers)" if theta else ""))
             print(_params_table(params, theta))
     return 0
+
+
+def _hold(items) -> dict:
+    """``--hold NAME=VALUE ...`` as {name: value in seconds}."""
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        try:
+            v = float(value)
+        except ValueError:
+            v = float("nan")
+        if not eq or not name or not np.isfinite(v) or v < 0:
+            raise InputError(f"--hold {item}: give NAME=VALUE, a number of seconds >= 0",
+                             hint="e.g. --hold frontend_token_s=2.19e-5")
+        out[name] = v
+    return out
 
 
 def _folds(cases: pd.DataFrame, cv, held_out) -> list:
