@@ -306,3 +306,85 @@ def test_front_end_numbers_are_written_to_their_own_table(tmp_path):
     doc = tomllib.loads(path.read_text())
     assert doc["front_ends"]["dynamo"]["request_overhead_s"] == pytest.approx(0.15)
     assert doc["runtimes"]["vllm"]["request_overhead_s"] == pytest.approx(0.02)
+
+
+@needs_data
+def test_cross_validate_only_the_named_groups_and_their_numbers(small, monkeypatch):
+    from dse.calibration import fit as fit_mod
+    from dse.errors import InputError
+    cases, truth, prep = small
+    # (a few evaluations: the equalities below hold at any budget, the same start and weights
+    # giving the same iterates)
+    full = fit_mod.fit
+    monkeypatch.setattr(fit_mod, "fit", lambda *a, **k: full(*a, **{**k, "max_nfev": 3}))
+    params = {}
+    cv = fit_mod.cross_validate(cases, truth, "hardware", only=["a100-sxm-80g"], params=params)
+    a100 = (cases["hardware"] == "a100-sxm-80g").to_numpy()
+    assert set(cv["held_out"]) == {"a100-sxm-80g"}
+    assert set(cv["case_id"]) == set(cases["case_id"][a100])
+    # the numbers it was predicted with: the refit without that chip, every end-to-end number
+    assert list(params) == ["a100-sxm-80g"]
+    assert set(params["a100-sxm-80g"]) == {p[0] for p in fit_mod.PARAMS}
+    alone = fit_mod.fit(cases, truth, keep=~a100, verbose=False, prep=prep)
+    for k, v in alone.items():
+        assert params["a100-sxm-80g"][k] == pytest.approx(v, rel=1e-9)
+    j = fit_mod.in_sample(prep, cases, truth, alone)
+    j = j[j["case_id"].isin(set(cases["case_id"][a100]))].set_index(["case_id", "metric"])
+    got = cv.set_index(["case_id", "metric"])["pred"]
+    assert np.allclose(got.to_numpy(float), j.loc[got.index, "pred"].to_numpy(float), rtol=1e-9)
+    with pytest.raises(InputError):
+        fit_mod.cross_validate(cases, truth, "hardware", only=["b200"])
+
+
+def test_calibrate_folds_take_the_held_out_names_of_each_grouping():
+    import pandas as pd
+
+    from dse.calibration.calibrate import CV_DEFAULT, _folds
+    from dse.errors import InputError
+    cases = pd.DataFrame({"hardware": ["h100-sxm", "h200-sxm", "h200-sxm"],
+                          "model": ["llama-3.1-8b", "deepseek-v3", "llama-3.1-8b"],
+                          "runtime": ["sglang", "vllm", "sglang"],
+                          "concurrency": ["512", "8", "64"]})
+    assert _folds(cases, None, None) == []                       # no --cv
+    assert _folds(cases, [], None) == [(by, None) for by in CV_DEFAULT]
+    assert _folds(cases, ["decade", "model", "runtime"], ["100-999", "llama-3.1-8b", "sglang"]) == [
+        ("decade", ["100-999"]), ("model", ["llama-3.1-8b"]), ("runtime", ["sglang"])]
+    # a grouping with none of the names is skipped
+    assert _folds(cases, ["decade", "hardware"], ["1-9"]) == [("decade", ["1-9"])]
+    with pytest.raises(InputError):
+        _folds(cases, ["decade"], ["1000+"])
+
+
+@needs_data
+def test_a_held_number_is_set_not_fitted(small):
+    from dse.calibration.fit import PARAMS, fit, in_sample
+    from dse.errors import InputError
+    cases, truth, prep = small
+    steps = {"verbose": False, "prep": prep, "max_nfev": 3}
+    held = fit(cases, truth, hold={"layer_overhead_s": 3.0e-5}, **steps)
+    assert set(held) == {p[0] for p in PARAMS}
+    assert held["layer_overhead_s"] == 3.0e-5
+    # it is the value predicted with (offline TRT-LLM steps carry the per-layer time): twice
+    # the time per layer, the other numbers the same, fewer tokens per second
+    a = in_sample(prep, cases, truth, held)["pred"].to_numpy(float)
+    b = in_sample(prep, cases, truth, {**held, "layer_overhead_s": 6.0e-5})["pred"].to_numpy(float)
+    # (all but one: where a slower step changes the batch the case runs at)
+    assert np.mean(b < a) > 0.9 and np.mean(np.log(b / a)) < -0.001
+    # and the others are refitted around it
+    free = fit(cases, truth, **steps)
+    assert held["graph_layer_overhead_s"] != pytest.approx(free["graph_layer_overhead_s"], rel=1e-6)
+    with pytest.raises(InputError):
+        fit(cases, truth, hold={"no_such_s": 1.0}, **steps)
+
+
+def test_calibrate_hold_reads_name_equals_seconds():
+    from dse.calibration.calibrate import _hold, main
+    from dse.errors import InputError
+    assert _hold(["frontend_token_s=2.19e-5", "seq_overhead_s.sglang=0"]) == {
+        "frontend_token_s": 2.19e-5, "seq_overhead_s.sglang": 0.0}
+    for bad in (["frontend_token_s"], ["=1"], ["x=-1"], ["x=fast"]):
+        with pytest.raises(InputError):
+            _hold(bad)
+    # never written to the catalog
+    assert main(["--fit", "--write", "--hold", "layer_overhead_s=1e-5"]) == 2
+    assert main(["--hold", "layer_overhead_s=1e-5"]) == 2

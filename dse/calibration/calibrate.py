@@ -10,6 +10,12 @@ case weighted so that every (source, hardware) pair counts equally within a sour
     python -m dse.calibration.calibrate --cv         # ... and the leave-one-chip / one-family-out errors
     python -m dse.calibration.calibrate --cv model runtime decade   # ... leave one model / runtime /
                                                      # concurrency decade out
+    python -m dse.calibration.calibrate --cv decade --held-out 100-999 --cv-params
+                                                     # ... that decade only, with the numbers
+                                                     # refitted without it
+    python -m dse.calibration.calibrate --fit --cv decade --held-out 100-999 --hold frontend_token_s=2.19e-5
+                                                     # ... with a number set, not fitted (what
+                                                     # the others do if it came from a source)
     python -m dse.calibration.calibrate --by-kind    # ... error by runtime x model kind x metric
 
 The sets read, the open-loop rows and the groups reported apart (online rows at an infinite rate,
@@ -100,6 +106,15 @@ def main(argv=None) -> int:
                    help="also cross-validate the end-to-end fit: refit without each group of "
                         "BY (" + ", ".join(CV_BY) + "; bare: " + " ".join(CV_DEFAULT)
                         + ") and predict the cases left out")
+    p.add_argument("--held-out", nargs="+", metavar="GROUP",
+                   help="with --cv: leave out only these groups (a chip, model, runtime, "
+                        "decade ...; each BY takes the names that are its groups)")
+    p.add_argument("--cv-params", action="store_true",
+                   help="with --cv: also print the end-to-end numbers each group was predicted "
+                        "with (refitted without it), beside the --fit numbers if given")
+    p.add_argument("--hold", nargs="+", metavar="NAME=VALUE", default=[],
+                   help="with --fit or --cv: set these end-to-end numbers (dse.calibration.fit."
+                        "PARAMS, in seconds) instead of fitting them; never with --write")
     p.add_argument("--boot", type=int, metavar="N",
                    help=f"bootstrap refits for the uncertainty --fit --write writes "
                         f"(default {BOOT_N})")
@@ -112,11 +127,26 @@ def main(argv=None) -> int:
         print(f"error: --boot {a.boot}: a covariance needs at least 2 refits", file=sys.stderr)
         return 2
     try:
+        hold = _hold(a.hold)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if hold and (a.write or not (a.fit or a.cv is not None)):
+        print("error: --hold sets numbers for a refit (--fit, --cv) that is not written: "
+              "no --write", file=sys.stderr)
+        return 2
+    if (a.held_out or a.cv_params) and a.cv is None:
+        print("error: --held-out and --cv-params select and show cross-validation folds: "
+              "give --cv too", file=sys.stderr)
+        return 2
+    try:
         cases, truth = load(a.dir)
+        folds = _folds(cases, a.cv, a.held_out)
         j = None
+        theta = None
         if a.fit:
             prep = prepare(cases, file="cases.csv")
-            theta = fit(cases, truth, prep=prep)
+            theta = fit(cases, truth, prep=prep, hold=hold)
             if not a.write:
                 # the report below is the refit's (in sample), not the catalog's
                 j = in_sample(prep, cases, truth, theta)
@@ -146,11 +176,65 @@ def main(argv=None) -> int:
         print("By runtime x model kind (the fitted rows: online rows at an infinite rate and "
               "queue-suspect TTFTs left out)")
         print(_table(by_kind(j, cases)))
-    for by in (a.cv or CV_DEFAULT) if a.cv is not None else ():
+    for by, only in folds:
         print()
         print(f"Cross-validated ({CV_WHAT[by]}: the end-to-end numbers refitted without it)")
-        print(_table(report(cross_validate(cases, truth, by), ("source", "metric", "held_out"))))
+        params = {} if a.cv_params else None
+        try:
+            cv = cross_validate(cases, truth, by, only=only, params=params, hold=hold)
+        except InputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(_table(report(cv, ("source", "metric", "held_out"))))
+        if params:
+            print()
+            print(f"The end-to-end numbers each {by} was predicted with"
+                  + (" (all: the --fit numbers)" if theta else ""))
+            print(_params_table(params, theta))
     return 0
+
+
+def _hold(items) -> dict:
+    """``--hold NAME=VALUE ...`` as {name: value in seconds}."""
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        try:
+            v = float(value)
+        except ValueError:
+            v = float("nan")
+        if not eq or not name or not np.isfinite(v) or v < 0:
+            raise InputError(f"--hold {item}: give NAME=VALUE, a number of seconds >= 0",
+                             hint="e.g. --hold frontend_token_s=2.19e-5")
+        out[name] = v
+    return out
+
+
+def _folds(cases: pd.DataFrame, cv, held_out) -> list:
+    """(BY, the groups of BY to leave out or None for all) for each --cv grouping; with
+    ``held_out`` names, the groupings that have some of them (each name must be a group of one)."""
+    if cv is None:
+        return []
+    bys = cv or list(CV_DEFAULT)
+    if not held_out:
+        return [(by, None) for by in bys]
+    groups = {by: set(holdout_key(cases, by)) for by in bys}
+    unknown = [g for g in held_out if not any(g in gs for gs in groups.values())]
+    if unknown:
+        raise InputError(f"--held-out {' '.join(unknown)}: no such group of --cv "
+                         + " ".join(bys),
+                         hint="; ".join(f"{by}: " + ", ".join(sorted(gs))
+                                        for by, gs in groups.items()))
+    return [(by, [g for g in held_out if g in groups[by]]) for by in bys
+            if groups[by] & set(held_out)]
+
+
+def _params_table(params: dict, theta: dict | None) -> str:
+    """One row per end-to-end number, one column per group left out (and ``all``: the fit on
+    every case, when given), in the units of the number (seconds)."""
+    cols = ({"all": theta} if theta else {}) | params
+    t = pd.DataFrame({g: pd.Series(th) for g, th in cols.items()})
+    return t.to_string(float_format=lambda v: f"{v:.3g}")
 
 
 if __name__ == "__main__":

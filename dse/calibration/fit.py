@@ -226,26 +226,34 @@ def fit_base(cases: pd.DataFrame, truth: pd.DataFrame, keep=None, counts=None) -
 
 def fit(cases: pd.DataFrame, truth: pd.DataFrame, keep=None, verbose: bool = True,
         prep: Prepared | None = None, counts=None, start: dict | None = None,
-        max_nfev: int = 60) -> dict:
+        max_nfev: int = 60, hold: dict | None = None) -> dict:
     """The end-to-end number(s) of ``PARAMS`` fitted on the cases where ``keep`` (a boolean per case, all
     by default), every (source, metric, hardware) group weighted equally within its source;
     ``counts``: how many times each case is drawn (a bootstrap resample; 1 by default);
-    ``start``: starting values (the priors by default)."""
+    ``start``: starting values (the priors by default); ``hold``: numbers of ``PARAMS`` not
+    fitted but set (a diagnostic: what the others do when one comes from elsewhere), returned
+    with the fitted ones."""
     prep = prep or prepare(cases, file="cases.csv")
+    hold = dict(hold or {})
+    unknown = sorted(set(hold) - {p[0] for p in PARAMS})
+    if unknown:
+        raise InputError(f"no end-to-end number named {', '.join(unknown)}",
+                         hint="one of " + ", ".join(p[0] for p in PARAMS))
+    free = [p for p in PARAMS if p[0] not in hold]
     base = fit_base(cases, truth, keep, counts)
     w = np.sqrt(weights(base.assign(pred=1.0)))
     if counts is not None:
         mult = pd.Series(np.asarray(counts, float), index=cases["case_id"])
         w = w * np.sqrt(base["case_id"].map(mult).to_numpy(float))
     w = w / w.mean()
-    names = [p[0] for p in PARAMS]
-    lo = np.log([p[2] for p in PARAMS])
-    hi = np.log([p[3] for p in PARAMS])
-    x0 = np.log([(start or {}).get(p[0], p[1]) for p in PARAMS])
+    names = [p[0] for p in free]
+    lo = np.log([p[2] for p in free])
+    hi = np.log([p[3] for p in free])
+    x0 = np.log([(start or {}).get(p[0], p[1]) for p in free])
     x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
 
     def resid(x):
-        j = _residuals(prep, cases, truth, dict(zip(names, np.exp(x))))
+        j = _residuals(prep, cases, truth, {**dict(zip(names, np.exp(x))), **hold})
         j = base[["case_id", "metric"]].merge(j, on=["case_id", "metric"], how="left")
         r = np.log(j["pred"].to_numpy(float) / j["value"].to_numpy(float))
         return w * np.where(np.isfinite(r), r, 3.0)
@@ -254,7 +262,8 @@ def fit(cases: pd.DataFrame, truth: pd.DataFrame, keep=None, verbose: bool = Tru
     # poorly) must not pull the numbers every other chip shares
     sol = least_squares(resid, x0, bounds=(lo, hi), diff_step=0.05, max_nfev=max_nfev,
                         loss="soft_l1", f_scale=0.1)
-    theta = {p[0]: float(v) for p, v in zip(PARAMS, np.exp(sol.x))}
+    theta = {p[0]: float(v) for p, v in zip(free, np.exp(sol.x))}
+    theta = {p[0]: float(hold[p[0]]) if p[0] in hold else theta[p[0]] for p in PARAMS}
     if verbose:
         print("  ".join(f"{k}={v:.4g}" for k, v in theta.items() if not k.startswith("_"))
               + f"  ({len(base)} values, {sol.nfev} evaluations)")
@@ -303,19 +312,32 @@ def uncertainty(path: Path | None = None) -> dict | None:
 CV_BY = ("hardware", "family", "model", "runtime", "decade")
 
 
-def cross_validate(cases: pd.DataFrame, truth: pd.DataFrame, by: str) -> pd.DataFrame:
+def cross_validate(cases: pd.DataFrame, truth: pd.DataFrame, by: str, only=None,
+                   params: dict | None = None, hold: dict | None = None) -> pd.DataFrame:
     """Refit without each group of ``by`` (``CV_BY``: "hardware", "family", "model", "runtime"
     or "decade", ``holdout_key``) and predict that group; ``held_out`` names it. Without a
     runtime, its own per-runtime parameters (``"<name>.<runtime>"``) have nothing to fit them:
-    they get the other runtimes' geometric mean (``_held_out_runtime``)."""
+    they get the other runtimes' geometric mean (``_held_out_runtime``). ``only``: the groups
+    to leave out (every group by default); ``params``: a dict that receives, per group left
+    out, the numbers it was predicted with (which number moves without it); ``hold``: numbers
+    set, not refitted (``fit``)."""
     prep = prepare(cases, file="cases.csv")
     key = holdout_key(cases, by)
+    groups = sorted(key.unique())
+    if only is not None:
+        unknown = sorted(set(only) - set(groups))
+        if unknown:
+            raise InputError(f"no {by} group named {', '.join(unknown)} in the cases",
+                             hint="one of " + ", ".join(groups))
+        groups = [g for g in groups if g in set(only)]
     parts = []
-    for g in sorted(key.unique()):
+    for g in groups:
         out = (key == g).to_numpy()
-        theta = fit(cases, truth, keep=~out, verbose=False, prep=prep)
+        theta = fit(cases, truth, keep=~out, verbose=False, prep=prep, hold=hold)
         if by == "runtime":
-            theta = _held_out_runtime(theta, g)
+            theta = {**_held_out_runtime(theta, g), **(hold or {})}
+        if params is not None:
+            params[g] = dict(theta)
         j = _residuals(prep, cases, truth, theta)
         parts.append(j[j["case_id"].isin(set(cases["case_id"][out]))].assign(held_out=g))
     return pd.concat(parts, ignore_index=True)
