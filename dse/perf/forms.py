@@ -213,21 +213,3 @@ def take(v, rows):
     if a.ndim == 2:                    # (branch, design)
         return a if a.shape[1] == 1 else (a.take(rows, axis=1) if ints else a[:, rows])
     return a if a.ndim == 0 or len(a) == 1 else (a.take(rows, axis=0) if ints else a[rows])
-
-
-def cast(v, dtype):
-    """A per-design term (as ``take`` reads it) with its arrays in ``dtype``: ``Coefficients``
-    of the same batch in another precision (the op terms' time fields only)."""
-    if type(v) is np.ndarray:
-        return v.astype(dtype, copy=False) if v.dtype.kind == "f" else v
-    if v is None or isinstance(v, (bool, int, float, Batch)):
-        return v
-    if isinstance(v, tuple):
-        return tuple(cast(x, dtype) for x in v)
-    if isinstance(v, dict):
-        return {k: cast(x, dtype) for k, x in v.items()}
-    if dataclasses.is_dataclass(v):
-        out = object.__new__(type(v))
-        out.__dict__.update({k: cast(v.__dict__[k], dtype) for k in _time_fields(type(v))})
-        return out
-    return v

@@ -436,7 +436,7 @@ def _queue_probe(b: Batch, k: Coefficients, dtype):
     own, for what it reports), the concurrency-free memos of the batch kept between calls."""
     b32 = b if dtype is None else b.astype(dtype)
     k32 = k if all(v.dtype == b32.n_layers.dtype for v in b.columns.values()) \
-        else k.astype(b32)             # (the batch's, rounded: not computed again)
+        else Coefficients(b32)
     n = len(b32)
     # the rows whose KV tier recomputed at some point so far: a batch of rows taken later holds
     # a twin of each of them without the tier, scored in the same pass as the rows

@@ -63,7 +63,7 @@ import numpy as np
 from dse.perf import imbalance
 from dse.perf.basis import Load, basis, load
 from dse.perf.batch import Batch
-from dse.perf.forms import AllReduces, cast, iadd, take
+from dse.perf.forms import AllReduces, iadd, take
 from dse.perf.op_attention import attn_core_terms, attn_proj_terms
 from dse.perf.op_head import head_terms, pipeline_terms
 from dse.perf.op_mlp import dense_mlp_terms, moe_ops
@@ -142,19 +142,6 @@ class Coefficients:
         out = object.__new__(Coefficients)
         for name, v in self.__dict__.items():
             out.__dict__[name] = take(v, rows)
-        out.batch, out.gathered = batch, True
-        return out
-
-    def astype(self, batch: Batch) -> Coefficients:
-        """The coefficients of ``batch``, this one's batch in another precision (``batch``'s):
-        these terms rounded to it, not computed again in it (dse.perf.serve's request-rate
-        path finds its roots in float32 on a float64 batch: a second ``Coefficients`` cost as
-        much as ~10% of its time). Only the terms the times read (as ``gather``)."""
-        out = object.__new__(Coefficients)
-        dtype = batch.n_layers.dtype
-        for name, v in self.__dict__.items():
-            if name != "_ctx":                 # (decode_context's cache: not a term)
-                out.__dict__[name] = cast(v, dtype)
         out.batch, out.gathered = batch, True
         return out
 
