@@ -360,7 +360,7 @@ class Batch:
                           for k, v in self.columns.items()})
         return Batch({k: (v if len(v) != n else v[index]) for k, v in self.columns.items()})
 
-    def take_lazy(self, index: np.ndarray) -> "Batch":
+    def take_lazy(self, index: np.ndarray) -> Batch:
         """``take(index)`` (whole-number rows) whose columns are taken when first read
         (``_Taken``): dse.perf.queueing's root finding takes the rows still open on most of its
         passes and its queue times read ~60 of the ~170 columns (a take cost ~0.5 us a row)."""
@@ -444,7 +444,7 @@ class _Taken(dict):
             if not dict.__contains__(self, key):
                 self.__missing__(key)
 
-    def copy(self) -> "_Taken":
+    def copy(self) -> _Taken:
         return _Taken(self.source, self.index, self.n, dict(dict.items(self)))
 
     def keys(self):
