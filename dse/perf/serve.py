@@ -426,10 +426,14 @@ def _running(b: Batch, c, max_c):
     scored at its concurrency); ``b``, ``c`` themselves where every row runs all its
     requests."""
     cap = np.minimum(max_c, b.max_batch_size * b.dp)
-    over = (c > cap) & (cap >= 1.0) & (arch.phases(b)[0] == 1.0)
+    batching = arch.phases(b)[0] == 1.0
+    over = (c > cap) & (cap >= 1.0) & batching
     if not np.any(over):
         return b, c
-    run = b.replace(concurrency=np.where(over, cap, b.concurrency))
+    if batching is True and bool(np.all(cap >= 1.0)):   # (over is then concurrency > cap)
+        run = b.replace(concurrency=np.minimum(b.concurrency, cap))
+    else:
+        run = b.replace(concurrency=np.where(over, cap, b.concurrency))
     return run, sequences(run)
 
 
