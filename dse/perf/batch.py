@@ -428,7 +428,7 @@ class _Taken(dict):
 
     def __missing__(self, key):
         v = self.source[key]
-        if len(v) == self.n:
+        if self.index is not None and len(v) == self.n:
             v = v.take(self.index, axis=0)
         dict.__setitem__(self, key, v)
         return v
@@ -445,7 +445,9 @@ class _Taken(dict):
                 self.__missing__(key)
 
     def copy(self) -> _Taken:
-        return _Taken(self.source, self.index, self.n, dict(dict.items(self)))
+        """A lazy copy (``Batch.replace``) whose reads take from this one, so a column is
+        taken once for every batch replaced from it (a probe's pass at each concurrency)."""
+        return _Taken(self, None, self.n, dict(dict.items(self)))
 
     def keys(self):
         self._all()

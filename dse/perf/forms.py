@@ -57,10 +57,11 @@ def iadd(a, x):
     """``a + x``, in place when ``a`` (a fresh array) already has the broadcast shape (a compact
     batch's length-1 terms may not)."""
     if type(a) is np.ndarray:
-        sx = np.shape(x)
-        # (the usual cases first: np.broadcast_shapes costs more than a chunk's addition)
-        if sx == a.shape or (len(sx) <= a.ndim and all(d == 1 for d in sx)) \
-                or a.shape == np.broadcast_shapes(a.shape, sx):
+        sx, sa = np.shape(x), a.shape
+        # (the usual cases first, in Python: np.broadcast_shapes costs more than a small
+        # chunk's addition; ``x`` fits ``a`` where each of its trailing axes is ``a``'s or 1)
+        if sx == sa or (len(sx) <= len(sa) and all(
+                d == 1 or d == e for d, e in zip(reversed(sx), reversed(sa)))):
             a += x
             return a
     return a + x
