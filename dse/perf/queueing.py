@@ -42,7 +42,8 @@ rate's and goodput's roots ask one probe together). Where a quantity rises with 
 fetch-or-recompute switch, one more prefill chunk: ~0.5% of random catalog designs, 1.3% of
 dse.bench's with its KV tier on) the bisection's answer is whichever crossing its midpoints
 reach, and ``serve``'s may be another (tests/test_queueing_roots.py,
-tests/test_queueing_vs_bisection.py).
+tests/test_queueing_vs_bisection.py). What the points cost, and what was tried to make them
+cheaper: dse.perf.roots.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def md1_decay(rho) -> np.ndarray:
     # both starts lie right of the root (f >= 0; e^x >= 1 + x + x^2/2 bounds the first, and
     # x = L + 2 ln(1 + L) + 1, L = ln(1/rho), has rho e^x = e (1 + L)^2 > 1 + x), where f is
     # convex and increasing; Halley's steps (f'' = rho e^x: one exp more than Newton's) reach
-    # it in ~5 steps instead of Newton's ~10; expm1 keeps f exact as rho -> 1
+    # it in ~5 steps instead of Newton's ~10; expm1 keeps f exact as rho -> 1 (``_expm1``:
+    # numpy's only below x = 0.5, where exp - 1 would lose it)
     big = np.log(1.0 / r)
     x = np.minimum(2.0 * (1.0 - r) / r, big + 2.0 * np.log1p(big) + 1.0)
     shape = x.shape
