@@ -95,9 +95,11 @@ class Load:
 def load(k, dec, pre, new, prior, pairs, logits_rows, pre_rank=None, seq_tokens=None,
          decode_step=False) -> Load:
     """The ``Load`` of a step of ``Coefficients`` ``k`` (``dse.perf.step.step``'s arguments)."""
-    tok = dec + pre
-    # tokens on every row (the usual case): no masking of the per-token terms
-    some = None if bool(np.all(tok > 0)) else arch.flag(tok > 0, tok)
+    # (a decode-only step's prefill tokens are the Python 0.0: its tokens are its decodes)
+    tok = dec if type(pre) is float and pre == 0.0 else dec + pre
+    # tokens on every row (the usual case): no masking of the per-token terms (the least of
+    # them positive: one reduction, no mask array; NaN is not)
+    some = None if np.size(tok) == 0 or bool(np.min(tok) > 0) else arch.flag(tok > 0, tok)
     # two-batch overlap (serving.ep_overlap = "tbo"): the step runs as two micro-batches, so
     # every weight is read, every GEMM padded and every kernel launched twice, while one
     # micro-batch's all-to-all runs under the other's compute
