@@ -94,7 +94,9 @@ concurrency-free memos shared with the fit's and the final scoring's batches
 (``serve._at_concurrency``), the tier link's time without ``np.where`` (``kvtier.over_link``),
 the runner's cap by ``np.minimum`` (``serve._running``), and ``queueing.md1_decay``'s expm1
 from exp where x >= 0.5 (numpy's float64 expm1 has no SIMD loop: 15.8 -> 12.6 ms of a call).
-Together ~45k -> ~50-57k designs per CPU-second (old and new alternated at that load). Tried,
+With the decode-only steps' tokens and flags as Python numbers (``basis.load``): at 20,000
+designs (dse.bench's) ~50-53k -> ~56-59k designs per CPU-second, at 65,536 ~52-53k -> ~60-63k
+(best of 5, old and new alternated three times, load ~5.5). Tried,
 not kept: the float32 coefficients rounded from the float64 ones instead of computed again
 (~12 ms; tests/test_kvtier.py wants the probe's float32 times bitwise those of float32
 coefficients); a take weighed at half or a quarter of a point a row now that takes cost less
