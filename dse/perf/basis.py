@@ -75,7 +75,7 @@ class Load:
     reqs: np.ndarray | None  # prompts (or their share) on the busiest rank: pre_rank / new1
     has_pre: bool            # some row carries prompt tokens
     decode_step: bool        # a decode-only step (the low-latency EP kernels under "auto")
-    on_dec: np.ndarray       # 1.0 where the step decodes
+    on_dec: np.ndarray | float   # 1.0 where the step decodes (the Python 1.0: every row)
     some: np.ndarray | None  # 1.0 where the step carries tokens (None: on every row)
     tbo: np.ndarray | float  # two_batch_overlap (0 or 1; 0.0: no MoE row)
     two: np.ndarray | float  # 1 + tbo: times each weight is read, each GEMM padded
@@ -95,9 +95,11 @@ class Load:
 def load(k, dec, pre, new, prior, pairs, logits_rows, pre_rank=None, seq_tokens=None,
          decode_step=False) -> Load:
     """The ``Load`` of a step of ``Coefficients`` ``k`` (``dse.perf.step.step``'s arguments)."""
-    tok = dec + pre
-    # tokens on every row (the usual case): no masking of the per-token terms
-    some = None if bool(np.all(tok > 0)) else arch.flag(tok > 0, tok)
+    # (a decode-only step's prefill tokens are the Python 0.0: its tokens are its decodes)
+    tok = dec if type(pre) is float and pre == 0.0 else dec + pre
+    # tokens on every row (the usual case): no masking of the per-token terms (the least of
+    # them positive: one reduction, no mask array; NaN is not)
+    some = None if np.size(tok) == 0 or bool(np.min(tok) > 0) else arch.flag(tok > 0, tok)
     # two-batch overlap (serving.ep_overlap = "tbo"): the step runs as two micro-batches, so
     # every weight is read, every GEMM padded and every kernel launched twice, while one
     # micro-batch's all-to-all runs under the other's compute
@@ -114,8 +116,9 @@ def load(k, dec, pre, new, prior, pairs, logits_rows, pre_rank=None, seq_tokens=
         new1 = np.maximum(new, 1.0)
         reqs = pre_rank / new1                     # prompts (or their share) on that rank
     seqs = dec if seq_tokens is None else dec / seq_tokens     # hook: dse.perf.spec
+    # (every row decodes, the usual step: no flag array to multiply by)
+    on_dec = 1.0 if np.size(dec) == 0 or bool(np.min(dec) > 0) else arch.flag(dec > 0, tok)
     return Load(dec=dec, pre=pre, tok=tok, rows=rows, pre_rank=pre_rank, seqs=seqs,
                 logits_rows=logits_rows, new=new, prior=prior, pairs=pairs, new1=new1,
                 reqs=reqs, has_pre=has_pre, decode_step=decode_step,
-                on_dec=arch.flag(dec > 0, tok), some=some, tbo=k.tbo, two=two, tbo_on=k.tbo_on,
-                h=h, dp=dp)
+                on_dec=on_dec, some=some, tbo=k.tbo, two=two, tbo_on=k.tbo_on, h=h, dp=dp)

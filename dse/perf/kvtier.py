@@ -33,6 +33,7 @@ import numpy as np
 
 from dse.perf import arch
 from dse.perf.batch import Batch
+from dse.perf.forms import select
 
 
 def on(b: Batch) -> bool:
@@ -96,9 +97,16 @@ def cache_split(b: Batch, free):
 
 def over_link(b: Batch, byts) -> np.ndarray:
     """Seconds to move ``byts`` over the tier's link; inf where a row has no tier (no inf x 0)."""
+    bw, none = b.memo("tier_link", lambda: _link(b))
+    return byts / bw + none          # (+ 0 or inf: np.where's numbers without its branches)
+
+
+def _link(b: Batch):
+    """The tier's link rate (1 where a row has none) and 0 (inf where it has none), once per
+    batch."""
     bw = b.tier_bw_bytes_per_s
     ok = (b.tier_bytes > 0) & (bw > 0)
-    return np.where(ok, byts / np.where(ok, bw, 1.0), np.inf)
+    return np.where(ok, bw, 1.0), np.where(ok, 0.0, np.inf).astype(bw.dtype)
 
 
 def tier_hit(b: Batch, tokens, recompute_per_token_s):
@@ -107,4 +115,4 @@ def tier_hit(b: Batch, tokens, recompute_per_token_s):
     fetch = over_link(b, hit_bytes(b, tokens))
     recompute = tokens * recompute_per_token_s
     fetched = fetch <= recompute
-    return np.where(tokens > 0, np.where(fetched, fetch, recompute), 0.0), fetched
+    return np.where(tokens > 0, select(fetched, fetch, recompute), 0.0), fetched

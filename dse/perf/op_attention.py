@@ -183,7 +183,8 @@ class AttnCore:
         m = iadd(m, self.kv_pre_stage * s.rows)     # every new token's KV written
         x = self.x_seq_rank * s.seqs
         if self.dec_half_on:                        # the KV stream's ramp in work items per call
-            m = iadd(m, ctx.ramp * (s.dp * self.dec_half) * s.on_dec * s.two)
+            ramp = ctx.ramp * (s.dp * self.dec_half)
+            m = iadd(m, s.twice(ramp if type(s.on_dec) is float else ramp * s.on_dec))
         lat = self.x_dec * s.on_dec
         if s.has_pre:
             # prefill attention: efficiency rises with the keys each query row attends to

@@ -123,7 +123,7 @@ class Context:
     new: np.ndarray
     prior: np.ndarray
     pairs: np.ndarray
-    zero: np.ndarray
+    zero: float             # a decode-only step's prefill tokens (basis.load: no arithmetic)
 
 
 def context(b: Batch, k: Coefficients) -> Context:
@@ -138,7 +138,7 @@ def context(b: Batch, k: Coefficients) -> Context:
     # the local layers' share, where their decode runs another kernel form (step.dec_local)
     loc = dict(dec_local=arch.local_context_layers(b, ctx_tokens)) if k.attn_core.win_on else {}
     return Context(arch.context_layers(b, ctx_tokens), loc, new, prior,
-                   arch.prefill_pairs_layers(b, new, prior), np.zeros_like(c))
+                   arch.prefill_pairs_layers(b, new, prior), 0.0)
 
 
 def decode_step(b: Batch, k: Coefficients, x: Context, dq, breakdown: bool, q=None,

@@ -42,7 +42,8 @@ rate's and goodput's roots ask one probe together). Where a quantity rises with 
 fetch-or-recompute switch, one more prefill chunk: ~0.5% of random catalog designs, 1.3% of
 dse.bench's with its KV tier on) the bisection's answer is whichever crossing its midpoints
 reach, and ``serve``'s may be another (tests/test_queueing_roots.py,
-tests/test_queueing_vs_bisection.py).
+tests/test_queueing_vs_bisection.py). What the points cost, and what was tried to make them
+cheaper: dse.perf.roots.
 """
 
 from __future__ import annotations
@@ -70,15 +71,17 @@ def md1_decay(rho) -> np.ndarray:
     # both starts lie right of the root (f >= 0; e^x >= 1 + x + x^2/2 bounds the first, and
     # x = L + 2 ln(1 + L) + 1, L = ln(1/rho), has rho e^x = e (1 + L)^2 > 1 + x), where f is
     # convex and increasing; Halley's steps (f'' = rho e^x: one exp more than Newton's) reach
-    # it in ~5 steps instead of Newton's ~10; expm1 keeps f exact as rho -> 1
+    # it in ~5 steps instead of Newton's ~10; expm1 keeps f exact as rho -> 1 (``_expm1``:
+    # numpy's only below x = 0.5, where exp - 1 would lose it)
     big = np.log(1.0 / r)
     x = np.minimum(2.0 * (1.0 - r) / r, big + 2.0 * np.log1p(big) + 1.0)
     shape = x.shape
     x, r = x.ravel(), r.ravel()
     xi, ri, live = x, r, None
     for _ in range(40):
-        e = ri * np.exp(xi)
-        f, d1 = ri * np.expm1(xi) - xi, e - 1.0
+        ex = np.exp(xi)
+        e = ri * ex
+        f, d1 = ri * _expm1(xi, ex) - xi, e - 1.0
         step = f / (d1 - 0.5 * f * e / d1)
         xi = xi - step
         # (a row stops once its step changes x by less than 1e-12 of it, ~5 steps: its
@@ -97,6 +100,17 @@ def md1_decay(rho) -> np.ndarray:
             break
         xi, ri = x[live], r[live]
     return x.reshape(shape)
+
+
+def _expm1(x, ex):
+    """``expm1(x)`` from ``ex = exp(x)``: ``ex - 1`` where ``x >= 0.5`` (within a few ulps
+    there), numpy's expm1 below (it has no SIMD loop: ~20 ns an element in float64, the
+    largest part of a Halley step; ~half of dse.bench's queueing loads are below)."""
+    out = ex - 1.0
+    small = np.flatnonzero(x < 0.5)
+    if small.size:
+        out[small] = np.expm1(x[small])
+    return out
 
 
 def md1_wait_quantile_s(p, rho, service_s) -> np.ndarray:

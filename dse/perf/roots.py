@@ -54,8 +54,9 @@ Halley's steps, goodput's TTFT bound its secant in log C (``log_secant``: 47k po
 instead of 72k; all roots 333k asked, 467k scored) and the tier's recomputing rows ride in
 the probe's passes as tier-off twins (``serve._queue_probe``: 2 sub-passes instead of 17).
 
-A take costs ~0.5 us a row (169 columns, 135 coefficient arrays), more than a point, so a grid
-split by the rows' number of asks costs more than its padding. 10^5 designs per CPU-second is
+A take cost ~0.5 us a row (169 columns, 135 coefficient arrays), more than a point, so a grid
+split by the rows' number of asks costs more than its padding (since ``Batch.take_lazy``, below:
+~0.9 ms and ~0.07 us a row, then the ~60 columns the pass reads). 10^5 designs per CPU-second is
 0.2 s here: less the final scoring, the TPOT pass and the coefficients (~0.11 s) that leaves
 ~0.09 s, some 15 passes and ~180k points scored (9 a design; 23.4 now) with no bookkeeping:
 not within reach of the root finding alone; the points themselves (the step model's four
@@ -79,6 +80,34 @@ against 22k): worse or no better. No bracket that ended in sections held a prefi
 count's jump (``ceil(new / budget)``), and with the KV tier off the saturation asked as many
 points (150k against 137k): the tier's switch cost its recursive sub-passes (now its twins'
 columns in the passes), not points.
+
+The points' cost (a third pass, issue 28; dse.bench's 20,000 queueing designs, CPU time at a
+load of 5-8 on 2 cores, so +-10%): a pass was ~2.6 ms fixed and ~0.22-0.33 us a point (472k
+points scored, 33 passes of ``serve._queue_times``), besides ~30 ms of coefficients (float64
+and float32), ~40 ms of the final float64 scoring, ~30 ms of the float64 p90 TPOT pass and
+~40 ms of this module's bookkeeping. Kept, each the same numbers: the collectives' kernel branch
+picked by a bit blend (``forms.select``: ``np.where`` branches per element, ~5 multiplies' time
+on these arrays, ~16 picks a point), the probe's rows taken lazily (``Batch.take_lazy``: a pass
+reads ~60 of the ~170 columns) and through the batches replaced from them, ``forms.iadd``'s
+shape test in Python (``np.broadcast_shapes``: ~8 us, 30 times a pass), the batch's
+concurrency-free memos shared with the fit's and the final scoring's batches
+(``serve._at_concurrency``), the tier link's time without ``np.where`` (``kvtier.over_link``),
+the runner's cap by ``np.minimum`` (``serve._running``), and ``queueing.md1_decay``'s expm1
+from exp where x >= 0.5 (numpy's float64 expm1 has no SIMD loop: 15.8 -> 12.6 ms of a call).
+With the decode-only steps' tokens and flags as Python numbers (``basis.load``): at 20,000
+designs (dse.bench's) ~50-53k -> ~56-59k designs per CPU-second, at 65,536 ~52-53k -> ~60-63k
+(best of 5, old and new alternated three times, load ~5.5). Tried,
+not kept: the float32 coefficients rounded from the float64 ones instead of computed again
+(~12 ms; tests/test_kvtier.py wants the probe's float32 times bitwise those of float32
+coefficients); a take weighed at half or a quarter of a point a row now that takes cost less
+(no better within the noise); the large passes in row blocks of 2,500-10,000 rows for the
+cache (slower: ~2.6 ms fixed a block). Not tried: one step call for the decode and draft
+steps, and one for the prompt and TTFT steps (the Python of two step calls a pass, ~2% by the
+profile; the decode step sums its total in another order than the draft's, so stacking those
+two moves the float32 times). Where a point's time goes: ~four steps of ~150-200 numpy calls
+each on arrays of (points, rows), of which numpy's float32 exp (the MoE's touched experts, once
+a step) costs ~14 multiplies; no single term dominates, so 10^5 designs per CPU-second asks
+for a step model with fewer terms a point, or fewer points.
 """
 
 from __future__ import annotations

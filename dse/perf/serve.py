@@ -279,9 +279,18 @@ def _served(b: Batch, breakdown: bool, k: Coefficients | None):
     if not (b.has_on("request_rate_per_s") or b.has_on("ttft_slo_s") or b.has_on("tpot_slo_s")):
         return _instance(b, breakdown, k)
     k = Coefficients(b) if k is None else k
+    cap = _queue_cap(b)
     return queueing.serve(
-        b, lambda c, bd: _instance(b.replace(concurrency=c), bd, k, queue=True), breakdown,
-        _queue_probe(b, k, np.float32), _queue_cap(b), _queue_probe(b, k, None))
+        b, lambda c, bd: _instance(_at_concurrency(b, c), bd, k, queue=True), breakdown,
+        _queue_probe(b, k, np.float32), cap, _queue_probe(b, k, None))
+
+
+def _at_concurrency(b: Batch, c) -> Batch:
+    """``b`` at concurrency ``c``, with ``b``'s concurrency-free memos (the weights, the KV
+    room, the architecture's counts: ~10 ms of a 20,000-design float64 batch, computed once)."""
+    bc = b.replace(concurrency=c)
+    _share_memos(b, bc)
+    return bc
 
 
 def _served_disaggregated(b: Batch, breakdown: bool):
@@ -417,17 +426,23 @@ def _running(b: Batch, c, max_c):
     scored at its concurrency); ``b``, ``c`` themselves where every row runs all its
     requests."""
     cap = np.minimum(max_c, b.max_batch_size * b.dp)
-    over = (c > cap) & (cap >= 1.0) & (arch.phases(b)[0] == 1.0)
+    batching = arch.phases(b)[0] == 1.0
+    over = (c > cap) & (cap >= 1.0) & batching
     if not np.any(over):
         return b, c
-    run = b.replace(concurrency=np.where(over, cap, b.concurrency))
+    if batching is True and bool(np.all(cap >= 1.0)):   # (over is then concurrency > cap)
+        run = b.replace(concurrency=np.minimum(b.concurrency, cap))
+    else:
+        run = b.replace(concurrency=np.where(over, cap, b.concurrency))
     return run, sequences(run)
 
 
 def _queue_cap(b: Batch):
     """``max_concurrent_sequences`` of the instance at its concurrency (dse.perf.queueing)."""
-    bc = b.replace(concurrency=np.maximum(b.concurrency, 1.0))
-    return np.minimum(_memory(bc)[3], b.max_batch_size * b.dp)
+    bc = _at_concurrency(b, np.maximum(b.concurrency, 1.0))
+    cap = np.minimum(_memory(bc)[3], b.max_batch_size * b.dp)
+    _share_memos(bc, b)                  # (its concurrency-free memos, for the later passes)
+    return cap
 
 
 def _queue_probe(b: Batch, k: Coefficients, dtype):
@@ -448,7 +463,7 @@ def _queue_probe(b: Batch, k: Coefficients, dtype):
             np.flatnonzero(recomputed[rows])
         held = n if rows is None else len(rows)
         taken = None if rows is None else np.concatenate([rows, rows[twin]])
-        sub = b32 if rows is None else b32.take(taken)
+        sub = b32 if rows is None else b32.take_lazy(taken)
         if len(twin):
             tier = np.array(np.broadcast_to(sub.tier_bytes, (len(sub),)))
             tier[held:] = 0.0
