@@ -5,8 +5,8 @@ Every linear layer ``Y[m, n] = X[m, k] W[k, n]`` costs three GEMMs of the servin
 (``kernel_gemm.gemm_s``, the chip's fitted constants for the precision's family): forward
 ``(m, n, k)``, data gradient ``(m, k, n)`` and weight gradient ``(k, n, m)``; the training fit
 scales the fitted large-GEMM fraction by ``compute_fraction_scale``. Routed experts run the
-serving grouped-GEMM model (``kernel_gemm.grouped_gemm_s``, the fitted ``moe_*`` constants),
-backward twice the forward. The attention core is the
+serving grouped-GEMM model (``kernel_gemm.grouped_gemm_s``, the fitted ``moe_*`` constants)
+over the rows the all-to-all dispatcher hands the chip, backward twice the forward. The attention core is the
 prefill kernel (``kernel_attention.prefill_attention_s``, bf16) over the whole causal sequence,
 split ``cp`` ways; its backward costs ``attention_bwd_ratio`` forwards.
 
@@ -33,9 +33,8 @@ LOSS_BYTES = 16.0        # HBM bytes per logit element, forward + backward (``lo
 CAST_BYTES = 1.0         # HBM bytes per GEMM-input element of an fp8/fp4 cast (module docstring)
 GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
              "latency_s")
-MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s",
-            "hidden_half", "batch_bytes", "route_bytes", "nongated_slowdown", "wave_elements",
-            "remote_fraction")
+MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "latency_s", "hidden_half",
+            "nongated_slowdown", "wave_elements")
 AR_KEYS = ("ar_nccl_latency_s", "ar_nccl_latency_per_log2_s", "ar_nccl_ll_fraction",
            "ar_nccl_bulk_latency_s", "ar_nccl_fraction", "ar_nccl_fraction_per_doubling")
 
@@ -85,8 +84,8 @@ def layer_gemms_s(b: TrainBatch) -> dict:
 def moe_layer_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of one MoE layer's GEMMs on one chip: the routed experts
     (expert tensor parallelism 1: the serving grouped-GEMM model of the chip's experts over
-    the ep group's tokens, backward twice the forward; its token term is the permutation
-    traffic), the shared experts (split ``tp`` ways) and the router."""
+    the rows dispatched to them, backward twice the forward; the permutation passes are
+    ``moe_sort_s``'s), the shared experts (split ``tp`` ways) and the router."""
     h, tp = b.hidden_size, b.tp
     e_fwd = moe_experts_s(b)
     f_sh = np.maximum(b.shared_ffn, 1.0)
@@ -197,17 +196,33 @@ def loss_s(b: TrainBatch) -> np.ndarray:
             / (b.hbm_bw_bytes_per_s * b.hbm_fraction))
 
 
+# Megatron-Core's all-to-all token dispatcher (megatron/core/transformer/moe/token_dispatcher.py,
+# MoEAlltoAllTokenDispatcher; the flex/DeepEP dispatcher moves the same rows): ``dispatch_preprocess``
+# permutes the rank's own tokens into its routed rows (``moe_utils.permute``), ``dispatch_all_to_all``
+# sends each EP rank only the rows routed to its local experts, ``dispatch_postprocess`` sorts the
+# received rows from (source rank, expert) to (expert, source rank) (``sort_chunks_by_idxs``, with
+# more than one local expert), the grouped GEMM runs over those rows only, and the combine undoes
+# both (``combine_preprocess``'s sort back, ``combine_postprocess``'s ``unpermute``). No rank scans
+# another rank's tokens.
+
+
+def moe_rows(b: TrainBatch) -> np.ndarray:
+    """Routed rows one chip sends and, routing balanced, receives per MoE layer: its tokens
+    (``1 / tp`` of them with sequence parallelism) times ``topk``."""
+    return tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.topk
+
+
 def moe_sort_s(b: TrainBatch) -> np.ndarray:
-    """Forward seconds of one MoE layer's chunk sort on one chip (the backward moves the same
-    bytes): with expert parallelism and more than one local expert, Megatron's all-to-all
-    dispatcher reorders the received rows from (source rank, expert) to (expert, source rank)
-    after the dispatch and back before the combine (``sort_chunks_by_idxs``), a permutation
-    pass beyond the permute and unpermute the grouped-GEMM model's token term holds: each
-    reads and writes every routed row, ``2 x 2 x ACT_BYTES x h`` bytes per row."""
-    rows = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.topk
+    """Forward seconds of one MoE layer's permutation passes on one chip (the backward moves
+    the same bytes), each reading and writing every routed row, ``2 x ACT_BYTES x h`` bytes
+    per row and pass, at the HBM rate: the permute before the dispatch and the unpermute
+    after the combine (every MoE layer), and with expert parallelism and more than one local
+    expert the chunk sort after the dispatch and back before the combine
+    (``sort_chunks_by_idxs``; the dispatcher comment above)."""
     local = np.maximum(b.experts, 1.0) / np.maximum(b.ep, 1.0)
-    on = (b.moe_layers > 0) & (b.ep > 1) & (local > 1)
-    return np.where(on, rows * 4.0 * ACT_BYTES * b.hidden_size
+    sort = (b.ep > 1) & (local > 1)
+    passes = 2.0 + 2.0 * sort
+    return np.where(b.moe_layers > 0, moe_rows(b) * passes * 2.0 * ACT_BYTES * b.hidden_size
                     / (b.hbm_bw_bytes_per_s * b.hbm_fraction), 0.0)
 
 
@@ -215,14 +230,21 @@ def moe_experts_s(b: TrainBatch) -> np.ndarray:
     """Forward seconds of one MoE layer's routed experts on one chip:
     ``kernel_gemm.grouped_gemm_s`` (the chip's fitted grouped-GEMM constants for the
     precision's family, ``moe_*``; the large-GEMM fraction times ``compute_fraction_scale``)
-    over the ``ep`` ranks' tokens, balanced routing."""
+    over the rows the chip receives (``moe_rows``; balanced routing), its touched local experts
+    those the ``ep`` ranks' tokens hit. The serving runtimes' whole-batch terms
+    (``moe_batch_bytes``, ``moe_route_bytes``, ``moe_remote_fraction``: a kernel that scans
+    every EP rank's tokens) and the token term (``moe_token_bytes``) are not paid: the
+    dispatcher hands the kernel the chip's own rows, and its permutation passes are
+    ``moe_sort_s``'s (the activation between the expert GEMMs is ``elementwise_s``'s)."""
     kp = b.kernel
     p = {k: kp["moe_" + k] for k in MOE_KEYS}
     p["fraction"] = p["fraction"] * b.compute_fraction_scale
-    tokens = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.ep
-    out = grouped_gemm_s(tokens, b.hidden_size, np.maximum(b.expert_ffn, 1.0), b.topk,
+    p.update(token_bytes=0.0, batch_bytes=0.0, route_bytes=0.0, remote_fraction=0.0)
+    group = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.ep
+    out = grouped_gemm_s(group, b.hidden_size, np.maximum(b.expert_ffn, 1.0), b.topk,
                          np.maximum(b.experts, 1.0), 1.0, b.ep, b.operand_bytes,
-                         b.peak_flops_per_s, b.hbm_bw_bytes_per_s, matrices=b.mlp_mats, **p)
+                         b.peak_flops_per_s, b.hbm_bw_bytes_per_s, rows=moe_rows(b),
+                         matrices=b.mlp_mats, **p)
     return np.where(b.moe_layers > 0, out, 0.0)
 
 
