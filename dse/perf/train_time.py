@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dse.perf.imbalance import published_imbalance
 from dse.perf.kernel_attention import prefill_attention_s
 from dse.perf.kernel_comm import allreduce_s, alltoall_s
 from dse.perf.kernel_gemm import gemm_s, grouped_gemm_s
@@ -212,16 +213,27 @@ def moe_rows(b: TrainBatch) -> np.ndarray:
     return tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.topk
 
 
+def expert_imbalance(b: TrainBatch) -> np.ndarray:
+    """Routed rows on the busiest EP rank over the mean: the serving routing model
+    (``dse.perf.imbalance.published_imbalance``, ``1 + z(ep) cv sqrt(ep / E)``, ``cv`` =
+    ``expert_load_cv``); 1 at ep = 1, for dense models and at cv 0. Every rank waits for the
+    busiest at the combine, so its grouped GEMM, its received rows' sort and its share of the
+    all-to-all set the layer's pace."""
+    return np.where(b.moe_layers > 0,
+                    published_imbalance(b.ep, np.maximum(b.experts, 1.0), b.expert_load_cv), 1.0)
+
+
 def moe_sort_s(b: TrainBatch) -> np.ndarray:
     """Forward seconds of one MoE layer's permutation passes on one chip (the backward moves
     the same bytes), each reading and writing every routed row, ``2 x ACT_BYTES x h`` bytes
     per row and pass, at the HBM rate: the permute before the dispatch and the unpermute
     after the combine (every MoE layer), and with expert parallelism and more than one local
     expert the chunk sort after the dispatch and back before the combine
-    (``sort_chunks_by_idxs``; the dispatcher comment above)."""
+    (``sort_chunks_by_idxs``; the dispatcher comment above) over the busiest rank's received
+    rows (``expert_imbalance`` times the mean)."""
     local = np.maximum(b.experts, 1.0) / np.maximum(b.ep, 1.0)
     sort = (b.ep > 1) & (local > 1)
-    passes = 2.0 + 2.0 * sort
+    passes = 2.0 + 2.0 * sort * expert_imbalance(b)
     return np.where(b.moe_layers > 0, moe_rows(b) * passes * 2.0 * ACT_BYTES * b.hidden_size
                     / (b.hbm_bw_bytes_per_s * b.hbm_fraction), 0.0)
 
@@ -230,7 +242,7 @@ def moe_experts_s(b: TrainBatch) -> np.ndarray:
     """Forward seconds of one MoE layer's routed experts on one chip:
     ``kernel_gemm.grouped_gemm_s`` (the chip's fitted grouped-GEMM constants for the
     precision's family, ``moe_*``; the large-GEMM fraction times ``compute_fraction_scale``)
-    over the rows the chip receives (``moe_rows``; balanced routing), its touched local experts
+    over the rows the busiest chip receives (``moe_rows`` x ``expert_imbalance``), its touched local experts
     those the ``ep`` ranks' tokens hit. The serving runtimes' whole-batch terms
     (``moe_batch_bytes``, ``moe_route_bytes``, ``moe_remote_fraction``: a kernel that scans
     every EP rank's tokens) and the token term (``moe_token_bytes``) are not paid: the
@@ -243,7 +255,8 @@ def moe_experts_s(b: TrainBatch) -> np.ndarray:
     group = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.ep
     out = grouped_gemm_s(group, b.hidden_size, np.maximum(b.expert_ffn, 1.0), b.topk,
                          np.maximum(b.experts, 1.0), 1.0, b.ep, b.operand_bytes,
-                         b.peak_flops_per_s, b.hbm_bw_bytes_per_s, rows=moe_rows(b),
+                         b.peak_flops_per_s, b.hbm_bw_bytes_per_s,
+                         rows=moe_rows(b) * expert_imbalance(b),
                          matrices=b.mlp_mats, **p)
     return np.where(b.moe_layers > 0, out, 0.0)
 
@@ -278,9 +291,11 @@ def tp_comm_s(b: TrainBatch) -> np.ndarray:
 
 def ep_comm_s(b: TrainBatch) -> np.ndarray:
     """Seconds of one MoE layer's expert-parallel dispatch + combine, forward (bf16 tokens;
-    the group's ranks are consecutive chips, so it leaves the domain beyond ``domain_chips``)."""
+    the group's ranks are consecutive chips, so it leaves the domain beyond ``domain_chips``),
+    paced by the busiest rank (``expert_imbalance`` times the mean rank's rows)."""
     kp = b.kernel
-    tokens = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0)
+    tokens = (tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0)
+              * expert_imbalance(b))
     rpn = np.minimum(b.domain_chips, b.ep)
     out = 0.0
     for phase in ("dispatch", "combine"):
@@ -302,11 +317,75 @@ def p2p_s(b: TrainBatch, message_bytes, span) -> np.ndarray:
     return message_bytes / (bw * b.kernel["ar_nccl_fraction"]) + b.kernel["ar_nccl_latency_s"]
 
 
+def cp_peers_s(b: TrainBatch, per_peer_bytes) -> np.ndarray:
+    """One collective of the context-parallel group in which every chip sends
+    ``per_peer_bytes`` to each other rank (an all-to-all, or an all-gather / reduce-scatter of
+    ``per_peer_bytes`` chunks). The group's ranks sit ``tp`` apart (Megatron's rank order
+    tp-cp-ep-dp-pp), ``floor(domain_chips / tp)`` of them in one scale-up domain: the bytes to
+    peers in the domain cross the scale-up links, the rest the scale-out NIC; the slower sets
+    the pace."""
+    kp = b.kernel
+    inside = np.minimum(np.maximum(np.floor(b.domain_chips / b.tp), 1.0), b.cp)
+    up = per_peer_bytes * (inside - 1.0) / b.scaleup_bw_bytes_per_s
+    out = per_peer_bytes * (b.cp - inside) / b.scaleout_bw_bytes_per_s
+    return np.maximum(up, out) / kp["ar_nccl_fraction"] + kp["ar_nccl_latency_s"]
+
+
+def cp_tensors_bytes(b: TrainBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bytes of one chip's Q, K (= V's with GQA/MHA; MLA's K carries the rope part) and O of
+    one layer: its ``seq_len / cp`` tokens x its ``1 / tp`` of the heads, bf16 (the head
+    dimensions ``attention_core_s``'s)."""
+    t = tokens_per_chip(b) * ACT_BYTES
+    mla = b.kv_lora_rank > 0
+    d_qk = np.where(mla, b.qk_nope_head_dim + b.qk_rope_head_dim, b.head_dim)
+    d_v = np.where(mla, b.v_head_dim, b.head_dim)
+    kvh = np.maximum(np.where(mla, b.heads, b.kv_heads) / b.tp, 1.0)
+    q = t * b.heads / b.tp * d_qk
+    return q, t * kvh * (d_qk + d_v) / 2.0, t * b.heads / b.tp * d_v
+
+
 def cp_comm_s(b: TrainBatch) -> np.ndarray:
-    """Seconds of one layer's ring-attention K/V exchange, forward: ``cp - 1`` hops of the
-    chip's K and V chunk (the backward also returns their gradients: twice)."""
+    """Seconds of one layer's context-parallel exchange, forward, by the job's
+    ``cp_comm_type`` (``CP_COMM_TYPES``, Megatron-Core's ``TransformerConfig.cp_comm_type``,
+    megatron/core/transformer/transformer_config.py; run by Transformer Engine's
+    context-parallel attention): ``p2p`` ring attention, ``cp - 1`` hops of the chip's K and V
+    chunk; ``a2a`` DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv:2309.14509): one all-to-all
+    each of Q, K and V in (every chip leaves with the whole sequence of ``1 / cp`` of its
+    heads) and of the output O back, each chip sending ``1 / cp`` of each tensor to every
+    other rank; ``all_gather``: an all-gather of K and V, each rank receiving every other
+    rank's chunk. Zero at cp = 1."""
     msg = tokens_per_chip(b) * 2.0 * b.kv_heads * b.head_dim / b.tp * ACT_BYTES
-    return np.where(b.cp > 1, (b.cp - 1.0) * p2p_s(b, msg, b.tp * b.cp), 0.0)
+    ring = (b.cp - 1.0) * p2p_s(b, msg, b.tp * b.cp)
+    out = ring
+    if np.any(b.cp_comm_type > 0):
+        q, kv, o = cp_tensors_bytes(b)
+        a2a = (cp_peers_s(b, q / b.cp) + 2.0 * cp_peers_s(b, kv / b.cp)
+               + cp_peers_s(b, o / b.cp))
+        gather = 2.0 * cp_peers_s(b, kv)
+        out = np.where(b.cp_comm_type == 1, a2a, np.where(b.cp_comm_type == 2, gather, ring))
+    return np.where(b.cp > 1, out, 0.0)
+
+
+def cp_layer_s(b: TrainBatch) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds that may run under the attention core, seconds that block it) of one layer's
+    context-parallel exchange, forward and backward. ``p2p``: the ring's asynchronous sends
+    overlap the attention blocks; its backward also returns the K/V gradients, and the whole
+    is priced ``1 + attention_bwd_ratio`` forwards. ``a2a``: blocking; the backward
+    (Transformer Engine's ``AttnFuncWithCPAndQKVOA2A.backward``) sends O and dO in and dQ,
+    dK, dV back: the forward's bytes plus one more O. ``all_gather``: blocking ("not async,
+    and cannot be overlapped", the cp_comm_type docstring); the backward gathers K and V
+    again and reduce-scatters dK and dV (``AttnFuncWithCPAndKVAllGather.backward``): twice the
+    forward."""
+    fwd = cp_comm_s(b)
+    ring = np.where(b.cp_comm_type == 0, fwd * (1.0 + b.attention_bwd_ratio), 0.0)
+    blocking = 0.0
+    if np.any(b.cp_comm_type > 0):
+        o = cp_peers_s(b, cp_tensors_bytes(b)[2] / b.cp)
+        a2a = 2.0 * fwd + o
+        blocking = np.where(b.cp > 1, np.where(b.cp_comm_type == 1, a2a,
+                                               np.where(b.cp_comm_type == 2, 3.0 * fwd, 0.0)),
+                            0.0)
+    return ring, blocking
 
 
 def pp_comm_s(b: TrainBatch) -> np.ndarray:
