@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
+
+from dse.perf.imbalance import published_imbalance
 
 # precision of the transformer's linear layers (contracts/train-cases.md)
 PRECISIONS = ("bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4")
@@ -150,9 +153,18 @@ class TrainBatch:
                if f.name != "kernel"}
         return TrainBatch(kernel={k: pick(v) for k, v in self.kernel.items()}, **out)
 
-    @property
+    @cached_property
+    def ep_imbalance(self) -> np.ndarray:
+        """Routed rows on the busiest EP rank over the mean (``train_time.expert_imbalance``;
+        computed once per batch: three MoE terms read it)."""
+        return np.where(self.moe_layers > 0,
+                        published_imbalance(self.ep, np.maximum(self.experts, 1.0),
+                                            self.expert_load_cv), 1.0)
+
+    @cached_property
     def operand_bytes(self) -> np.ndarray:
-        return np.asarray(OPERAND_BYTES)[self.precision.astype(int)]
+        # (in the precision's dtype: a float32 search chunk stays float32)
+        return np.asarray(OPERAND_BYTES, self.precision.dtype)[self.precision.astype(int)]
 
     @property
     def full_share(self) -> np.ndarray:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from dse.perf.imbalance import published_imbalance
 from dse.perf.kernel_attention import prefill_attention_s
 from dse.perf.kernel_comm import allreduce_s, alltoall_s
 from dse.perf.kernel_gemm import gemm_s, grouped_gemm_s
@@ -61,16 +60,8 @@ def layer_gemms_s(b: TrainBatch) -> dict:
     """(forward, backward) seconds of one dense and one MoE layer's GEMMs, and the logits'."""
     t = tokens_per_chip(b)
     h, tp = b.hidden_size, b.tp
-    q = b.heads * b.head_dim
-    kv = b.kv_heads * b.head_dim
-    qkv = linear_s(b, t, (q + 2.0 * kv) / tp, h)
-    out = linear_s(b, t, h, q / tp)
-    gqa = (qkv[0] + out[0], qkv[1] + out[1])
+    attn = attention_gemms_s(b, t)
     # (a term no row needs is skipped whole: a batch of dense GQA models pays no MLA or MoE)
-    attn = gqa
-    if np.any(b.kv_lora_rank > 0):
-        mla = mla_gemms_s(b, t)
-        attn = tuple(np.where(b.kv_lora_rank > 0, mla[i], gqa[i]) for i in (0, 1))
     moe = (0.0, 0.0)
     if np.any(b.moe_layers > 0):
         moe = moe_layer_s(b, t)
@@ -99,25 +90,39 @@ def moe_layer_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
                  for i in (0, 1))
 
 
-def mla_gemms_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, backward) seconds of one MLA layer's projections on one chip: the down
-    projections (replicated over tp) ``h -> r_q`` and ``h -> r_kv + d_rope``, the up projections
-    ``r_q -> n_h (d_nope + d_rope)`` and ``r_kv -> n_h (d_nope + d_v)`` and the output
-    ``n_h d_v -> h`` (heads split ``tp`` ways); without ``q_lora_rank`` the query is one
-    ``h -> n_h (d_nope + d_rope)`` projection."""
+def attention_gemms_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of one layer's attention projections on one chip.
+
+    GQA/MHA: the fused QKV projection ``h -> (q + 2 kv) / tp`` and the output ``q / tp -> h``.
+    MLA: the down projections (replicated over tp) ``h -> r_q`` and ``h -> r_kv + d_rope``,
+    the up projections ``r_q -> n_h (d_nope + d_rope)`` and ``r_kv -> n_h (d_nope + d_v)`` and
+    the output ``n_h d_v -> h`` (heads split ``tp`` ways); without ``q_lora_rank`` the query
+    is one ``h -> n_h (d_nope + d_rope)`` projection. A row runs its own architecture's
+    shapes in five GEMM slots (QKV | KV down, output, KV up, Q down | Q whole, Q up; a slot
+    the row lacks costs 0), so a batch that mixes GQA and MLA pays five linears, not eight."""
     h, tp, nh = b.hidden_size, b.tp, b.heads
+    q = b.heads * b.head_dim
+    kv = b.kv_heads * b.head_dim
+    mla = b.kv_lora_rank > 0
+    if not np.any(mla):
+        qkv = linear_s(b, t, (q + 2.0 * kv) / tp, h)
+        out = linear_s(b, t, h, q / tp)
+        return qkv[0] + out[0], qkv[1] + out[1]
     rq = np.maximum(b.q_lora_rank, 1.0)
     rkv = np.maximum(b.kv_lora_rank, 1.0)
     dqk = np.maximum(b.qk_nope_head_dim + b.qk_rope_head_dim, 1.0)
     dv = np.maximum(b.v_head_dim, 1.0)
-    parts = [linear_s(b, t, rkv + b.qk_rope_head_dim, h),
-             linear_s(b, t, nh * (b.qk_nope_head_dim + dv) / tp, rkv),
-             linear_s(b, t, h, nh * dv / tp)]
-    q_lora = [linear_s(b, t, rq, h), linear_s(b, t, nh * dqk / tp, rq)]
-    q_full = linear_s(b, t, nh * dqk / tp, h)
-    lora = b.q_lora_rank > 0
-    return tuple(sum(p[i] for p in parts)
-                 + np.where(lora, q_lora[0][i] + q_lora[1][i], q_full[i]) for i in (0, 1))
+    lora = mla & (b.q_lora_rank > 0)
+    slots = [(np.where(mla, rkv + b.qk_rope_head_dim, (q + 2.0 * kv) / tp), h, 1.0),
+             (h, np.where(mla, nh * dv / tp, q / tp), 1.0),
+             (nh * (b.qk_nope_head_dim + dv) / tp, rkv, mla),
+             (np.where(lora, rq, nh * dqk / tp), h, mla),
+             (nh * dqk / tp, rq, lora)]
+    fwd = bwd = 0.0
+    for n, k, on in slots:
+        f, w = linear_s(b, t, n, k)
+        fwd, bwd = fwd + on * f, bwd + on * w
+    return fwd, bwd
 
 
 def attention_core_s(b: TrainBatch) -> np.ndarray:
@@ -219,8 +224,7 @@ def expert_imbalance(b: TrainBatch) -> np.ndarray:
     ``expert_load_cv``); 1 at ep = 1, for dense models and at cv 0. Every rank waits for the
     busiest at the combine, so its grouped GEMM, its received rows' sort and its share of the
     all-to-all set the layer's pace."""
-    return np.where(b.moe_layers > 0,
-                    published_imbalance(b.ep, np.maximum(b.experts, 1.0), b.expert_load_cv), 1.0)
+    return b.ep_imbalance
 
 
 def moe_sort_s(b: TrainBatch) -> np.ndarray:

@@ -286,6 +286,8 @@ def bad_a2a(b: TrainBatch) -> np.ndarray:
     """Where Ulysses (``cp_comm_type`` a2a) cannot split the heads: each of the ``cp`` ranks
     takes ``1 / cp`` of a tensor-parallel rank's query and key/value heads (Transformer
     Engine's AttnFuncWithCPAndQKVOA2A asserts both divide)."""
+    if not np.any(b.cp_comm_type == 1):
+        return np.zeros((), bool)
     kvh = np.where(b.kv_lora_rank > 0, b.heads, b.kv_heads)
     return ((b.cp_comm_type == 1) & (b.cp > 1)
             & ((np.fmod(b.heads, b.tp * b.cp) != 0)
