@@ -359,12 +359,15 @@ seq_len = 4096
 train_time_s = "minimize"
 train_cost_usd = "minimize"
 """
-TRAIN_GRIDS = (("train", TRAIN_GRID, "4 chips x 3 models (dense and MoE) x 2 precisions x "
-                "layouts, most of them invalid"),
-               ("train_dense", TRAIN_DENSE, "all-valid dense grid: 4 chips x Llama-3.1 8B, 70B, "
-                "405B x 2 precisions x layouts"),
-               ("train_moe", TRAIN_MOE, "all-valid MoE grid: 4 chips x DeepSeek-V3, Qwen3-235B, "
-                "gpt-oss-120b, Qwen3-30B x 2 precisions x layouts, ep 8 to 64"))
+TRAIN_GRIDS = (("train", TRAIN_GRID,
+                ("4 chips x 3 models (dense and MoE) x 2 precisions x layouts, most of them "
+                 "invalid")),
+               ("train_dense", TRAIN_DENSE,
+                ("all-valid dense grid: 4 chips x Llama-3.1 8B, 70B, 405B x 2 precisions x "
+                 "layouts")),
+               ("train_moe", TRAIN_MOE,
+                ("all-valid MoE grid: 4 chips x DeepSeek-V3, Qwen3-235B, gpt-oss-120b, "
+                 "Qwen3-30B x 2 precisions x layouts, ep 8 to 64")))
 
 
 def bench_train(limit: int = 1 << 20, passes: int = 3) -> None:
