@@ -14,7 +14,8 @@ Elementwise HBM traffic per token and layer (bytes, forward; the backward moves 
 norms 8h, residual adds 12h, RoPE 4(q + kv), the MLP activation 2(E f) (read E - 1 inputs of
 width f, write one), and with fp8/fp4 GEMMs 1 byte per GEMM-input element (the transposed
 fp8 copy the weight-gradient GEMM reads; the cast itself is fused in the norm or activation that
-produces the input) -- sharded by ``tp`` inside the tensor-parallel region and, with sequence
+produces the input; an MoE layer's routed GEMMs read ``topk`` rows of h per token, cast after
+the dispatcher's permutation) -- sharded by ``tp`` inside the tensor-parallel region and, with sequence
 parallelism, outside it too.
 """
 
@@ -187,7 +188,10 @@ def elementwise_s(b: TrainBatch) -> np.ndarray:
     outside = 20.0 * h                                  # norms and residual adds
     inside = 4.0 * (q + kv) + 2.0 * b.mlp_mats * f
     low = b.operand_bytes < 2.0
-    cast = CAST_BYTES * (2.0 * h + q + f) * low
+    # the MLP's first GEMMs read h per token, an MoE layer's topk routed rows of h (and the
+    # shared experts' h): Transformer Engine's GroupedLinear casts the permuted rows
+    mlp_in = np.where(b.moe_layers > 0, b.topk * h + (b.shared_ffn > 0) * h, h)
+    cast = CAST_BYTES * (h + mlp_in + q + f) * low
     sp = b.sequence_parallel > 0
     per_token = np.where(sp, outside / b.tp, outside) + (inside + cast) / b.tp
     return tokens_per_chip(b) * per_token / (b.hbm_bw_bytes_per_s * b.hbm_fraction)
