@@ -21,7 +21,8 @@
    expert imbalance, length distributions, a KV tier, a shared prefix, fp4 experts) and, on
    20,000 of them, at a request rate with p90 SLOs (queueing, percentiles, goodput);
 3. train: the training scorer (``dse.scoring.train_space``) as the search runs it, on a grid of
-   chips, dense and MoE models, precisions and training layouts (designs per CPU-second);
+   chips, dense and MoE models, precisions and training layouts, and on an all-valid dense and
+   an all-valid MoE grid (designs per CPU-second);
 4. predict: CSV to CSV end to end.
 
 Everything runs on one core (OMP/BLAS threads pinned to 1); the scorer's rate is in CPU time
@@ -314,17 +315,79 @@ train_cost_usd = "minimize"
 """
 
 
+# all-valid grids: every design a layout the model takes (the search's typical slice once a
+# space names its models), dense and MoE apart -- the MoE scorer runs the expert terms
+TRAIN_DENSE = """
+task = "train"
+[training]
+tokens = 15e12
+global_batch_seqs = 1024
+seq_len = 8192
+[parameters]
+"accelerator.id" = ["a100-sxm-80g", "h100-sxm", "b200", "gb200"]
+"model.id" = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b"]
+"training.precision" = ["bf16", "fp8"]
+"layout.tp" = [1, 2, 4, 8]
+"layout.pp" = [1, 2, 4, 8]
+"layout.dp" = [8, 16, 32, 64, 128, 256]
+"layout.cp" = [1, 2]
+"layout.micro_batch_seqs" = [1, 2, 4]
+"layout.recompute" = ["none", "selective", "full"]
+"layout.zero_stage" = [1, 3]
+[objectives]
+train_time_s = "minimize"
+train_cost_usd = "minimize"
+"""
+TRAIN_MOE = """
+task = "train"
+[training]
+tokens = 15e12
+global_batch_seqs = 1024
+seq_len = 4096
+[parameters]
+"accelerator.id" = ["h100-sxm", "h800-sxm", "b200", "gb200"]
+"model.id" = ["deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b", "qwen3-30b-a3b"]
+"training.precision" = ["bf16", "fp8"]
+"layout.tp" = [1, 2, 4, 8]
+"layout.pp" = [1, 4, 8]
+"layout.dp" = [64, 128, 256]
+"layout.cp" = [1, 2]
+"layout.ep" = [8, 16, 32, 64]
+"layout.micro_batch_seqs" = [1, 2, 4]
+"layout.recompute" = ["none", "selective", "full"]
+[objectives]
+train_time_s = "minimize"
+train_cost_usd = "minimize"
+"""
+TRAIN_GRIDS = (("train", TRAIN_GRID,
+                ("4 chips x 3 models (dense and MoE) x 2 precisions x layouts, most of them "
+                 "invalid")),
+               ("train_dense", TRAIN_DENSE,
+                ("all-valid dense grid: 4 chips x Llama-3.1 8B, 70B, 405B x 2 precisions x "
+                 "layouts")),
+               ("train_moe", TRAIN_MOE,
+                ("all-valid MoE grid: 4 chips x DeepSeek-V3, Qwen3-235B, gpt-oss-120b, "
+                 "Qwen3-30B x 2 precisions x layouts, ep 8 to 64")))
+
+
 def bench_train(limit: int = 1 << 20, passes: int = 3) -> None:
     """The training scorer as the search runs it (``dse.scoring.train_space.score_index``:
-    each chunk's designs built from their grid codes, scored in float32) on a grid of 4 chips x
-    3 models (dense and MoE) x 2 precisions x layouts (tp, pp, dp, cp, ep, micro-batch,
-    recompute, ZeRO, schedule, vp): 663,552 designs, the first ``limit`` scored; a layout the
-    model cannot take (71% of them: ep on a dense model, vp without interleaving, ...) is
-    flagged without scoring, as in a search."""
+    each chunk's designs built from their grid codes, scored in float32) on three grids
+    (``TRAIN_GRIDS``): (a) 4 chips x 3 models (dense and MoE) x 2 precisions x layouts (tp, pp,
+    dp, cp, ep, micro-batch, recompute, ZeRO, schedule, vp): 663,552 designs, the first
+    ``limit`` scored; a layout the model cannot take (71% of them: ep on a dense model, vp
+    without interleaving, ...) is flagged without scoring, as in a search; (b) an all-valid
+    dense grid (82,944 designs) and (c) an all-valid MoE grid (82,944: every design runs the
+    expert-parallel terms); each design is scored whether or not it fits in memory."""
+    for key, grid, label in TRAIN_GRIDS:
+        _bench_train_grid(key, grid, label, limit, passes)
+
+
+def _bench_train_grid(key: str, grid: str, label: str, limit: int, passes: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "space.toml")
         with open(path, "w") as f:
-            f.write(TRAIN_GRID)
+            f.write(grid)
         space = load_space(path)
     n = min(space.size, limit)
     chunks = [np.arange(lo, min(lo + CHUNK, n), dtype=np.int64) for lo in range(0, n, CHUNK)]
@@ -340,13 +403,13 @@ def bench_train(limit: int = 1 << 20, passes: int = 3) -> None:
             invalid += int(np.sum((np.asarray(s["reason"]) & layout) != 0))
         runs.append((wall, cpu, feasible, invalid))
     best = min(runs, key=lambda r: r[1])
-    print(f"training scorer, build + score as the search runs it: {n:,} designs of a grid of "
-          f"{space.size:,} in chunks of {CHUNK:,} ({best[2] / n:.0%} feasible; {best[3] / n:.0%} "
-          f"layouts the model cannot take, flagged without scoring), best of {passes} passes: "
-          f"{n / best[0] / 1e6:.2f} M designs/s wall, {n / best[1] / 1e6:.2f} M per CPU-second "
-          "(target >= 1 M)")
-    _record("train", "training designs: build + score as the search runs it (chunks of "
-            f"{CHUNK:,}, float32; 4 chips x 3 models x 2 precisions x layouts)", n,
+    print(f"training scorer ({key}: {label}), build + score as the search runs it: {n:,} designs "
+          f"of a grid of {space.size:,} in chunks of {CHUNK:,} ({best[2] / n:.0%} feasible; "
+          f"{best[3] / n:.0%} layouts the model cannot take, flagged without scoring), best of "
+          f"{passes} passes: {n / best[0] / 1e6:.2f} M designs/s wall, "
+          f"{n / best[1] / 1e6:.2f} M per CPU-second (target >= 1 M)")
+    _record(key, f"training designs, {label}: build + score as the search runs it (chunks of "
+            f"{CHUNK:,}, float32)", n,
             f"{n / best[1] / 1e6:.2f} M designs per CPU-second", per_cpu_s=n / best[1])
 
 

@@ -196,9 +196,15 @@ def test_elementwise_traffic_by_hand():
     h, q, kv, fe, k = 1024, 1024, 256, 512, 2
     per_token = 20 * h + 4 * (q + kv) + 2 * 3 * fe * k
     assert float(elementwise_s(b)) == pytest.approx(2048 * per_token / HBM)
-    # fp8 adds the transposed one-byte copy of every GEMM input
+    # fp8 adds the transposed one-byte copy of every GEMM input: the QKV projection's h, the
+    # output projection's q, the routed experts' top-2 rows of h and their second GEMM's
+    # 2 x 512
     fp8 = float(elementwise_s(b.replace(precision=2)))
-    assert fp8 == pytest.approx(2048 * (per_token + 2 * h + q + fe * k) / HBM)
+    assert fp8 == pytest.approx(2048 * (per_token + h + k * h + q + fe * k) / HBM)
+    # a shared expert adds its own input's h
+    sh = float(elementwise_s(b.replace(precision=2, shared_ffn=256)))
+    assert sh == pytest.approx(2048 * (per_token + 2 * 3 * 256 + h + k * h + h + q + fe * k
+                                       + 256) / HBM)
 
 
 def test_step_composition_by_hand():

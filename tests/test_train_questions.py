@@ -183,7 +183,10 @@ def test_moe_1t_inside_the_rack_beats_across(tmp_path):
               '"layout.ep" = [16, 128]')
     n = answer(train_moe_1t, sp, tmp_path).numbers
     assert n["inside"]["ep"] == 16 and n["across"]["ep"] == 128
-    assert n["inside_over_across"] > 1.2
+    # inside the rack wins by its all-to-all and the busier rank of the wider group; the
+    # expert GEMMs cost the same per rank at ep 16 and 128 (each rank gets its tokens x top-k
+    # rows), so the margin is a few per cent, not the 1.6x the serving whole-batch scan gave
+    assert n["inside_over_across"] > 1.01
     assert n["best_ep"] == 16
     assert n["across"]["memory_per_chip_gb"] < n["inside"]["memory_per_chip_gb"]
 

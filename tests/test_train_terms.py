@@ -1,6 +1,6 @@
 """Training-model terms added for accuracy (issue 25, point 3), hand-worked on the small
 designs of test_train_physics (pure roofline: an HBM-bound pass at the bandwidth): the
-cross-entropy's pass over the logits and the MoE dispatcher's chunk sort."""
+cross-entropy's pass over the logits and the MoE dispatcher's permutation passes."""
 
 from __future__ import annotations
 
@@ -30,20 +30,39 @@ def test_loss_runs_once_per_micro_batch_and_per_mtp_module():
     assert float(per_step) == pytest.approx(4 * (one + extra_layer), rel=1e-9)
 
 
-def test_moe_chunk_sort_moves_each_routed_row_twice():
+def test_moe_permutation_passes_move_each_routed_row_two_or_four_times():
     # ep 4 over 8 experts: 2 local experts; 2048 tokens x top-2 = 4096 routed rows, each
-    # read and written (2 x 2 bytes) in the sort after the dispatch and again before the
-    # combine: 4 x 2 x 1024 bytes a row
+    # read and written (2 x 2 bytes) by the permute, the chunk sort after the dispatch, the
+    # sort back before the combine and the unpermute: 4 passes x 2 x 2 x 1024 bytes a row
     b = batch(MOE, dp=4, ep=4, global_batch_seqs=8)
-    assert float(moe_sort_s(b)) == pytest.approx(4096 * 4 * 2 * 1024 / HBM, rel=1e-12)
-    assert float(moe_sort_s(b)) == pytest.approx(1.6777e-5, rel=1e-4)
-    # one local expert (ep 8) or no expert parallelism: nothing to sort
-    assert float(moe_sort_s(b.replace(ep=8, dp=8))) == 0.0
-    assert float(moe_sort_s(batch(MOE))) == 0.0
+    assert float(moe_sort_s(b)) == pytest.approx(4096 * 4 * 2 * 2 * 1024 / HBM, rel=1e-12)
+    assert float(moe_sort_s(b)) == pytest.approx(3.3554e-5, rel=1e-4)
+    # one local expert (ep 8) or no expert parallelism: no chunk sort, permute and unpermute
+    # only (2 passes)
+    assert float(moe_sort_s(b.replace(ep=8, dp=8))) == pytest.approx(
+        4096 * 2 * 2 * 2 * 1024 / HBM, rel=1e-12)
+    assert float(moe_sort_s(batch(MOE))) == pytest.approx(4096 * 2 * 2 * 2 * 1024 / HBM,
+                                                          rel=1e-12)
+    # a dense model: none
+    assert float(moe_sort_s(batch())) == 0.0
+
+
+def test_moe_chunk_sort_paced_by_the_busiest_rank():
+    """With a routing skew (expert_load_cv) the busiest of the ep ranks receives
+    1 + z(ep) cv sqrt(ep / E) times the mean rows: its two chunk-sort passes grow by that factor,
+    the sender's permute and unpermute do not. ep 4 over 8 experts, cv 0.3:
+    z(4) = Phi^-1(3.625 / 4.25) = 1.0491 (Blom), imbalance 1 + 1.0491 x 0.3 x sqrt(1/2) =
+    1.2226."""
+    b = batch(MOE, dp=4, ep=4, global_batch_seqs=8, expert_load_cv=0.3)
+    imb = float(b.ep_imbalance)
+    assert imb == pytest.approx(1.2226, rel=1e-4)
+    assert float(moe_sort_s(b)) == pytest.approx(4096 * (2 + 2 * imb) * 2 * 2 * 1024 / HBM,
+                                                 rel=1e-9)
 
 
 def test_moe_chunk_sort_in_the_step_forward_and_backward():
-    """Memory time per micro-batch = layers x (3 x elementwise + 2 x sort) + the loss."""
+    """Memory time per micro-batch = layers x (3 x elementwise + 2 x permutation passes) +
+    the loss."""
     b = batch(MOE, dp=4, ep=4, global_batch_seqs=4)          # one micro-batch
     s = score_train(b)
     layer = 3 * float(elementwise_s(b)) + 2 * float(moe_sort_s(b))

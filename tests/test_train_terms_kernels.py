@@ -112,25 +112,26 @@ EXPERTS = {"moe_fraction": 0.9, "moe_half_rows": 64.0, "moe_width_half": 128.0,
 
 
 def test_routed_experts_by_hand():
-    """kernel_gemm.grouped_gemm_s on the ep group's tokens: ep 4 ranks x 2048 tokens = 8192
-    enter the kernel, 8192 x top-2 / 4 = 4096 rows are the chip's, its 2 experts are both
-    touched; the other 12288 routed entries cost remote_fraction 0.1 of a row each."""
+    """kernel_gemm.grouped_gemm_s on the rows the all-to-all dispatcher hands the chip:
+    2048 tokens x top-2 = 4096 rows (ep 4: each rank's share of the group's 8192 x 2 routed
+    entries); its 2 local experts are both touched. The serving runtimes' whole-batch terms
+    (remote_fraction, batch_bytes, route_bytes) and the token term are not paid: no rank scans
+    another rank's tokens (Megatron-Core's MoEAlltoAllTokenDispatcher)."""
     b = batch(MOE, dp=4, ep=4, global_batch_seqs=8, kernel=EXPERTS, compute_fraction_scale=0.8)
-    tokens, rows, touched, h, w = 8192, 4096, 2, 1024, 512
+    rows, touched, h, w = 4096, 2, 1024, 512
     shape = 1 / (1 + 128 / w + 256 / h)                          # 1 / 1.5
-    remote = 0.1 * (tokens * 2 - rows)
-    compute = 2 * 3 * ((rows + remote + 64 * touched) * w + 1e5) * h / (PEAK * 0.9 * 0.8 * shape)
-    token = (rows * 6 + tokens * (4 + 2 * 2)) * h / HBM
-    assert float(moe_experts_s(b)) == pytest.approx(20e-6 + compute + token, rel=1e-9)
-    # 2 x 3 x ((4096 + 1228.8 + 128) x 512 + 1e5) x 1024 x 1.5 / (0.9 x 0.8) = 37.02 us of
-    # GEMMs, (4096 x 6 + 8192 x 8) x 1024 B = 46.14 us of permutation traffic, + 20 us
-    assert float(moe_experts_s(b)) == pytest.approx(103.16e-6, rel=1e-3)
+    compute = 2 * 3 * ((rows + 64 * touched) * w + 1e5) * h / (PEAK * 0.9 * 0.8 * shape)
+    assert float(moe_experts_s(b)) == pytest.approx(20e-6 + compute, rel=1e-9)
+    # 2 x 3 x ((4096 + 128) x 512 + 1e5) x 1024 x 1.5 / (0.9 x 0.8) = 28.96 us of GEMMs + 20 us
+    assert float(moe_experts_s(b)) == pytest.approx(48.96e-6, rel=1e-3)
     # sequence parallelism: each tp rank dispatches its 1/tp of the tokens
     sp = b.replace(tp=2, sequence_parallel=1)
-    assert float(moe_experts_s(sp)) < float(moe_experts_s(b))
-    half = 2 * 3 * ((2048 + 0.1 * 6144 + 64 * 2) * w + 1e5) * h / (PEAK * 0.9 * 0.8 * shape)
-    assert float(moe_experts_s(sp)) == pytest.approx(
-        20e-6 + half + (2048 * 6 + 4096 * 8) * h / HBM, rel=1e-9)
+    half = 2 * 3 * ((2048 + 64 * 2) * w + 1e5) * h / (PEAK * 0.9 * 0.8 * shape)
+    assert float(moe_experts_s(sp)) == pytest.approx(20e-6 + half, rel=1e-9)
+    # a routing skew: the busiest rank's rows, 1 + z(4) x 0.3 x sqrt(4 / 8) = 1.2226 x the mean
+    skew = b.replace(expert_load_cv=0.3)
+    busy = 2 * 3 * ((rows * 1.2226 + 64 * touched) * w + 1e5) * h / (PEAK * 0.9 * 0.8 * shape)
+    assert float(moe_experts_s(skew)) == pytest.approx(20e-6 + busy, rel=1e-4)
 
 
 def test_routed_experts_weight_bound_and_non_gated():
@@ -138,13 +139,42 @@ def test_routed_experts_weight_bound_and_non_gated():
     matrices x 1024 x 512 bf16); a non-gated MLP (2 matrices) runs nongated_slowdown slower."""
     slow = {**EXPERTS, "moe_hbm_fraction": 1e-3}
     b = batch(MOE, dp=4, ep=4, global_batch_seqs=8, kernel=slow)
-    token = (4096 * 6 + 8192 * (4 + 2 * 2)) * 1024 / HBM
     weights = 2 * 3 * 1024 * 512 * 2
-    assert float(moe_experts_s(b)) == pytest.approx(20e-6 + weights / (HBM * 1e-3) + token,
-                                                    rel=1e-9)
+    assert float(moe_experts_s(b)) == pytest.approx(20e-6 + weights / (HBM * 1e-3), rel=1e-9)
     two = b.replace(mlp_mats=2)
     assert float(moe_experts_s(two)) == pytest.approx(
-        20e-6 + 1.5 * 2 * 1024 * 512 * 2 * 2 / (HBM * 1e-3) + token, rel=1e-9)
+        20e-6 + 1.5 * 2 * 1024 * 512 * 2 * 2 / (HBM * 1e-3), rel=1e-9)
+
+
+DSV3_MOE = {"hidden_size": 7168, "num_layers": 8, "moe_layers": 8, "heads": 128, "kv_heads": 128,
+            "head_dim": 128, "ffn": 0, "mlp_mats": 3, "vocab": 32000, "experts": 256,
+            "topk": 8, "expert_ffn": 2048, "shared_ffn": 0}
+
+
+def test_routed_experts_per_rank_independent_of_ep():
+    """DeepSeek-V3's experts (256 of width 2048, top-8, h 7168), 4096 tokens a chip (one
+    sequence of 4096), the same global tokens at ep 8 and ep 64: each rank receives 4096 x 8 =
+    32768 rows whatever ep (the dispatcher sends it only the rows of its local experts), so
+    with no per-expert padding the expert GEMMs take the same time:
+    2 x 3 x 32768 x 2048 x 7168 / (1e15 x 0.9 x shape) with shape 1 / (1 + 128 / 2048 +
+    256 / 7168). With a tile of 64 rows padded per touched expert, ep 64's 4 local experts
+    pad less than ep 8's 32; nothing grows with ep (the serving terms that scanned every EP
+    rank's tokens made ep 64 1.6x slower)."""
+    flat = {**EXPERTS, "moe_half_rows": 0.0, "moe_wave_elements": 0.0, "moe_latency_s": 0.0}
+    ep8 = batch(DSV3_MOE, seq_len=4096, dp=64, ep=8, global_batch_seqs=64, kernel=flat)
+    ep64 = ep8.replace(ep=64)
+    shape = 1 / (1 + 128 / 2048 + 256 / 7168)
+    t = 2 * 3 * 32768 * 2048 * 7168 / (PEAK * 0.9 * shape)
+    assert float(moe_experts_s(ep8)) == pytest.approx(t, rel=1e-9)
+    assert float(moe_experts_s(ep64)) == pytest.approx(t, rel=1e-9)
+    assert t == pytest.approx(3.522e-3, rel=1e-3)
+    # with padding: 64 rows x every local expert (all touched at 32768 x ep rows)
+    pad = {**flat, "moe_half_rows": 64.0}
+    e8 = float(moe_experts_s(ep8.replace(kernel={**ep8.kernel, **pad})))
+    e64 = float(moe_experts_s(ep64.replace(kernel={**ep64.kernel, **pad})))
+    per_expert = 2 * 3 * 64 * 2048 * 7168 / (PEAK * 0.9 * shape)
+    assert e8 == pytest.approx(t + 32 * per_expert, rel=1e-6)
+    assert e64 == pytest.approx(t + 4 * per_expert, rel=1e-6)
 
 
 # ------------------------------------------------------------------------------ collectives

@@ -63,9 +63,11 @@ def test_loss_and_chunk_sort_at_the_fitted_hbm_fraction():
     from dse.perf.train_time import loss_s, moe_sort_s
     b = batch(tp=2, hbm_fraction=0.8)
     assert float(loss_s(b)) == pytest.approx(2048 * 16000 * 16 / (2e12 * 0.8), rel=1e-12)
-    # the sort with sequence parallelism: each tp rank sorts its 1024 tokens x top-2 rows
+    # the permutation passes with sequence parallelism: each tp rank permutes, sorts, sorts
+    # back and unpermutes its 1024 tokens x top-2 rows (4 passes x 2 x 2 bytes x 1024)
     m = batch(MOE, tp=2, ep=4, sequence_parallel=1, hbm_fraction=0.8)
-    assert float(moe_sort_s(m)) == pytest.approx(2048 * 4 * 2 * 1024 / (2e12 * 0.8), rel=1e-12)
+    assert float(moe_sort_s(m)) == pytest.approx(2048 * 4 * 2 * 2 * 1024 / (2e12 * 0.8),
+                                                 rel=1e-12)
 
 
 def test_elementwise_traffic_of_a_dense_layer():
@@ -111,12 +113,12 @@ def test_a_batch_mixing_gqa_and_mla_rows_scores_each_as_alone():
 
 def test_expert_dispatch_and_sort_without_sequence_parallelism():
     """Without sequence parallelism every tp rank dispatches and sorts the micro-batch's whole
-    2048 tokens; with it, its 1024: the chunk sort moves 2048 x top-2 rows of 4 x 2 x 1024
-    bytes, the all-to-all (every token to every rank: top-k = experts = 16, ep = 8 inside the
+    2048 tokens; with it, its 1024: the permutation passes move 2048 x top-2 rows of
+    4 x 2 x 2 x 1024 bytes, the all-to-all (every token to every rank: top-k = experts = 16, ep = 8 inside the
     domain) 7 copies of each token each way."""
     from dse.perf.train_time import ep_comm_s, moe_sort_s
     b = batch(MOE, tp=2, ep=4, dp=2, sequence_parallel=0)
-    assert float(moe_sort_s(b)) == pytest.approx(4096 * 4 * 2 * 1024 / 2e12, rel=1e-12)
+    assert float(moe_sort_s(b)) == pytest.approx(4096 * 4 * 2 * 2 * 1024 / 2e12, rel=1e-12)
     assert float(moe_sort_s(b.replace(sequence_parallel=1))) == pytest.approx(
         float(moe_sort_s(b)) / 2, rel=1e-12)
     a2a = batch({**MOE, "experts": 16, "topk": 16}, tp=2, ep=8, dp=4, global_batch_seqs=8)

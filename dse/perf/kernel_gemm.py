@@ -65,13 +65,20 @@ def warm_l2_factor(nbytes, l2_bytes, l2_speedup):
     return 1.0 - hit + hit / np.asarray(l2_speedup, float)
 
 
+def _floating(x) -> np.ndarray:
+    """``x`` as a floating array: float32 stays float32 (the training search scores float32
+    chunks), anything else becomes float64 (= ``dse.perf.batch.as_floating``)."""
+    x = np.asarray(x)
+    return x if x.dtype.kind == "f" else x.astype(np.float64)
+
+
 def gemm_shape_factor(n, k, n_half, k_half):
     """Fraction of the tile-level throughput a GEMM of output width ``n`` and depth ``k``
     (elements) keeps: ``1 / (1 + n_half / n + k_half / k)``. ``n_half`` (elements): output
     width at which edge quantization halves throughput; ``k_half`` (elements): depth at
     which the K-loop prologue/epilogue costs as much as the loop."""
-    n = np.asarray(n, float)
-    k = np.asarray(k, float)
+    n = _floating(n)
+    k = _floating(k)
     return 1.0 / (1.0 + n_half / n + k_half / k)
 
 
@@ -94,9 +101,9 @@ def gemm_s(m, n, k, weight_bytes, peak_flops_per_s, hbm_bw_bytes_per_s, fraction
     latency_s: fixed time per GEMM (launch, prologue, tail) (s).
     l2_bytes, l2_speedup: a benchmark's warm L2 (``warm_l2_factor``; 0: cold, the scorer's).
     """
-    m = np.asarray(m, float)
-    n = np.asarray(n, float)
-    k = np.asarray(k, float)
+    m = _floating(m)
+    n = _floating(n)
+    k = _floating(k)
     shape = gemm_shape_factor(n, k, n_half, k_half)
     compute = (2.0 * ((m + half_rows) * n + wave_elements) * k
                / (peak_flops_per_s * fraction * shape))

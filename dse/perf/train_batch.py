@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
+
+from dse.perf.imbalance import published_imbalance
 
 # precision of the transformer's linear layers (contracts/train-cases.md)
 PRECISIONS = ("bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4")
@@ -25,6 +28,9 @@ RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe")
 # which tensor-parallel collectives run under the GEMMs (train_step.tp_exposed_s)
 TP_COMM_OVERLAP = ("all", "backward", "none")
+# how context parallelism exchanges attention's inputs (Megatron-Core's cp_comm_type;
+# train_time.cp_comm_s): ring of K/V sends, Ulysses all-to-all of Q, K, V and O, K/V all-gather
+CP_COMM_TYPES = ("p2p", "a2a", "all_gather")
 BOUNDS = ("compute", "memory", "network", "bubble")
 REASONS = ("", "does not fit in memory", "no native support for the precision")
 
@@ -59,7 +65,11 @@ class TrainBatch:
     (1/0: the pipeline sends under the micro-batch), overlap_grad_reduce (1/0: the
     data-parallel gradient reduction under the backward); 0 puts that collective on the
     critical path whole. p2p_scatter_gather (1/0): without sequence parallelism, each
-    tensor-parallel rank sends only its 1/tp share of the pipeline activations.
+    tensor-parallel rank sends only its 1/tp share of the pipeline activations. cp_comm_type
+    (code of CP_COMM_TYPES): how context parallelism exchanges attention's inputs.
+    expert_load_cv: coefficient of variation of the routed tokens per expert (serving.toml
+    [expert_routing]; 0 = balanced routing): the busiest EP rank's load
+    (``train_time.expert_imbalance``).
     """
 
     hidden_size: np.ndarray
@@ -122,6 +132,8 @@ class TrainBatch:
     overlap_p2p_comm: np.ndarray = 1.0
     overlap_grad_reduce: np.ndarray = 1.0
     p2p_scatter_gather: np.ndarray = 0.0
+    cp_comm_type: np.ndarray = 0.0
+    expert_load_cv: np.ndarray = 0.0
 
     @classmethod
     def of(cls, **fields) -> TrainBatch:
@@ -141,9 +153,18 @@ class TrainBatch:
                if f.name != "kernel"}
         return TrainBatch(kernel={k: pick(v) for k, v in self.kernel.items()}, **out)
 
-    @property
+    @cached_property
+    def ep_imbalance(self) -> np.ndarray:
+        """Routed rows on the busiest EP rank over the mean (``train_time.expert_imbalance``;
+        computed once per batch: three MoE terms read it)."""
+        return np.where(self.moe_layers > 0,
+                        published_imbalance(self.ep, np.maximum(self.experts, 1.0),
+                                            self.expert_load_cv), 1.0)
+
+    @cached_property
     def operand_bytes(self) -> np.ndarray:
-        return np.asarray(OPERAND_BYTES)[self.precision.astype(int)]
+        # (in the precision's dtype: a float32 search chunk stays float32)
+        return np.asarray(OPERAND_BYTES, self.precision.dtype)[self.precision.astype(int)]
 
     @property
     def full_share(self) -> np.ndarray:

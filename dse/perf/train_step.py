@@ -11,7 +11,7 @@ Per micro-batch on the slowest stage (the last: it adds the logits)::
              the attention core's)
            + the logits' GEMMs and the cross-entropy's pass over them (and each MTP module's
              layer, logits and loss)
-           + exposed pipeline sends and ring-attention exchanges
+           + exposed pipeline sends and context-parallel exchanges
 
     bubble = (p - 1) t_mb             1F1B: the fraction (p - 1) / (m + p - 1) of the step
            = (p - 1) / v t_mb         interleaved: (p - 1) / (v m + p - 1)
@@ -24,7 +24,8 @@ A collective that can run under compute is exposed by ``hide(t, window)``: what 
 the window, plus ``1 - overlap_fraction`` of what does. TP collectives hide under the layer's
 GEMMs (Megatron-Core's TP communication overlap splits them into chunks pipelined with the
 GEMMs; without it, ``overlap_fraction`` of them is what the fit finds hidden); EP all-to-alls
-sit on the critical path (exposed whole); ring-attention hops hide under the attention core, pipeline
+sit on the critical path (exposed whole); ring-attention hops hide under the attention core
+(the all-to-all and all-gather context parallelism block it: ``train_time.cp_layer_s``), pipeline
 sends under the micro-batch, the gradient reduction (ZeRO 0-2) under the last micro-batch's
 backward and the parameter all-gather under the first's forward; ZeRO-3 gathers and reduces
 every micro-batch, under that micro-batch. The optimizer step streams 30 bytes per parameter
@@ -41,7 +42,7 @@ from dse.perf.train_memory import memory_bytes
 from dse.perf.train_time import (
     allreduce_time_s,
     attention_core_s,
-    cp_comm_s,
+    cp_layer_s,
     elementwise_s,
     ep_comm_s,
     layer_gemms_s,
@@ -104,8 +105,9 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     tp = tp_exposed_s(tp_one, (g["attn"][0] + mlp_f) * (1.0 + full), g["attn"][1] + mlp_b,
                       full, b)
     ep = ep_comm_s(b) * (2.0 + full) * moe_share
-    cp_all = 2.0 * cp_comm_s(b) * (1.0 + b.attention_bwd_ratio) / 2.0
-    cp = hide(cp_all, attn + attn_b, b.overlap_fraction)
+    ring, blocking = cp_layer_s(b)
+    cp_all = ring + blocking
+    cp = hide(ring, attn + attn_b, b.overlap_fraction) + blocking
     # the last stage also runs the MTP modules: a layer and a logits layer each
     heads_out = (1.0 + b.mtp_layers) * (g["logits"][0] + g["logits"][1])
     stage = stage + b.mtp_layers

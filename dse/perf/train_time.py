@@ -5,8 +5,8 @@ Every linear layer ``Y[m, n] = X[m, k] W[k, n]`` costs three GEMMs of the servin
 (``kernel_gemm.gemm_s``, the chip's fitted constants for the precision's family): forward
 ``(m, n, k)``, data gradient ``(m, k, n)`` and weight gradient ``(k, n, m)``; the training fit
 scales the fitted large-GEMM fraction by ``compute_fraction_scale``. Routed experts run the
-serving grouped-GEMM model (``kernel_gemm.grouped_gemm_s``, the fitted ``moe_*`` constants),
-backward twice the forward. The attention core is the
+serving grouped-GEMM model (``kernel_gemm.grouped_gemm_s``, the fitted ``moe_*`` constants)
+over the rows the all-to-all dispatcher hands the chip, backward twice the forward. The attention core is the
 prefill kernel (``kernel_attention.prefill_attention_s``, bf16) over the whole causal sequence,
 split ``cp`` ways; its backward costs ``attention_bwd_ratio`` forwards.
 
@@ -14,7 +14,8 @@ Elementwise HBM traffic per token and layer (bytes, forward; the backward moves 
 norms 8h, residual adds 12h, RoPE 4(q + kv), the MLP activation 2(E f) (read E - 1 inputs of
 width f, write one), and with fp8/fp4 GEMMs 1 byte per GEMM-input element (the transposed
 fp8 copy the weight-gradient GEMM reads; the cast itself is fused in the norm or activation that
-produces the input) -- sharded by ``tp`` inside the tensor-parallel region and, with sequence
+produces the input; an MoE layer's routed GEMMs read ``topk`` rows of h per token, cast after
+the dispatcher's permutation) -- sharded by ``tp`` inside the tensor-parallel region and, with sequence
 parallelism, outside it too.
 """
 
@@ -33,9 +34,8 @@ LOSS_BYTES = 16.0        # HBM bytes per logit element, forward + backward (``lo
 CAST_BYTES = 1.0         # HBM bytes per GEMM-input element of an fp8/fp4 cast (module docstring)
 GEMM_KEYS = ("fraction", "half_rows", "n_half", "k_half", "wave_elements", "hbm_fraction",
              "latency_s")
-MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "token_bytes", "latency_s",
-            "hidden_half", "batch_bytes", "route_bytes", "nongated_slowdown", "wave_elements",
-            "remote_fraction")
+MOE_KEYS = ("fraction", "half_rows", "width_half", "hbm_fraction", "latency_s", "hidden_half",
+            "nongated_slowdown", "wave_elements")
 AR_KEYS = ("ar_nccl_latency_s", "ar_nccl_latency_per_log2_s", "ar_nccl_ll_fraction",
            "ar_nccl_bulk_latency_s", "ar_nccl_fraction", "ar_nccl_fraction_per_doubling")
 
@@ -61,16 +61,8 @@ def layer_gemms_s(b: TrainBatch) -> dict:
     """(forward, backward) seconds of one dense and one MoE layer's GEMMs, and the logits'."""
     t = tokens_per_chip(b)
     h, tp = b.hidden_size, b.tp
-    q = b.heads * b.head_dim
-    kv = b.kv_heads * b.head_dim
-    qkv = linear_s(b, t, (q + 2.0 * kv) / tp, h)
-    out = linear_s(b, t, h, q / tp)
-    gqa = (qkv[0] + out[0], qkv[1] + out[1])
+    attn = attention_gemms_s(b, t)
     # (a term no row needs is skipped whole: a batch of dense GQA models pays no MLA or MoE)
-    attn = gqa
-    if np.any(b.kv_lora_rank > 0):
-        mla = mla_gemms_s(b, t)
-        attn = tuple(np.where(b.kv_lora_rank > 0, mla[i], gqa[i]) for i in (0, 1))
     moe = (0.0, 0.0)
     if np.any(b.moe_layers > 0):
         moe = moe_layer_s(b, t)
@@ -85,8 +77,8 @@ def layer_gemms_s(b: TrainBatch) -> dict:
 def moe_layer_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of one MoE layer's GEMMs on one chip: the routed experts
     (expert tensor parallelism 1: the serving grouped-GEMM model of the chip's experts over
-    the ep group's tokens, backward twice the forward; its token term is the permutation
-    traffic), the shared experts (split ``tp`` ways) and the router."""
+    the rows dispatched to them, backward twice the forward; the permutation passes are
+    ``moe_sort_s``'s), the shared experts (split ``tp`` ways) and the router."""
     h, tp = b.hidden_size, b.tp
     e_fwd = moe_experts_s(b)
     f_sh = np.maximum(b.shared_ffn, 1.0)
@@ -99,25 +91,39 @@ def moe_layer_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
                  for i in (0, 1))
 
 
-def mla_gemms_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, backward) seconds of one MLA layer's projections on one chip: the down
-    projections (replicated over tp) ``h -> r_q`` and ``h -> r_kv + d_rope``, the up projections
-    ``r_q -> n_h (d_nope + d_rope)`` and ``r_kv -> n_h (d_nope + d_v)`` and the output
-    ``n_h d_v -> h`` (heads split ``tp`` ways); without ``q_lora_rank`` the query is one
-    ``h -> n_h (d_nope + d_rope)`` projection."""
+def attention_gemms_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of one layer's attention projections on one chip.
+
+    GQA/MHA: the fused QKV projection ``h -> (q + 2 kv) / tp`` and the output ``q / tp -> h``.
+    MLA: the down projections (replicated over tp) ``h -> r_q`` and ``h -> r_kv + d_rope``,
+    the up projections ``r_q -> n_h (d_nope + d_rope)`` and ``r_kv -> n_h (d_nope + d_v)`` and
+    the output ``n_h d_v -> h`` (heads split ``tp`` ways); without ``q_lora_rank`` the query
+    is one ``h -> n_h (d_nope + d_rope)`` projection. A row runs its own architecture's
+    shapes in five GEMM slots (QKV | KV down, output, KV up, Q down | Q whole, Q up; a slot
+    the row lacks costs 0), so a batch that mixes GQA and MLA pays five linears, not eight."""
     h, tp, nh = b.hidden_size, b.tp, b.heads
+    q = b.heads * b.head_dim
+    kv = b.kv_heads * b.head_dim
+    mla = b.kv_lora_rank > 0
+    if not np.any(mla):
+        qkv = linear_s(b, t, (q + 2.0 * kv) / tp, h)
+        out = linear_s(b, t, h, q / tp)
+        return qkv[0] + out[0], qkv[1] + out[1]
     rq = np.maximum(b.q_lora_rank, 1.0)
     rkv = np.maximum(b.kv_lora_rank, 1.0)
     dqk = np.maximum(b.qk_nope_head_dim + b.qk_rope_head_dim, 1.0)
     dv = np.maximum(b.v_head_dim, 1.0)
-    parts = [linear_s(b, t, rkv + b.qk_rope_head_dim, h),
-             linear_s(b, t, nh * (b.qk_nope_head_dim + dv) / tp, rkv),
-             linear_s(b, t, h, nh * dv / tp)]
-    q_lora = [linear_s(b, t, rq, h), linear_s(b, t, nh * dqk / tp, rq)]
-    q_full = linear_s(b, t, nh * dqk / tp, h)
-    lora = b.q_lora_rank > 0
-    return tuple(sum(p[i] for p in parts)
-                 + np.where(lora, q_lora[0][i] + q_lora[1][i], q_full[i]) for i in (0, 1))
+    lora = mla & (b.q_lora_rank > 0)
+    slots = [(np.where(mla, rkv + b.qk_rope_head_dim, (q + 2.0 * kv) / tp), h, 1.0),
+             (h, np.where(mla, nh * dv / tp, q / tp), 1.0),
+             (nh * (b.qk_nope_head_dim + dv) / tp, rkv, mla),
+             (np.where(lora, rq, nh * dqk / tp), h, mla),
+             (nh * dqk / tp, rq, lora)]
+    fwd = bwd = 0.0
+    for n, k, on in slots:
+        f, w = linear_s(b, t, n, k)
+        fwd, bwd = fwd + on * f, bwd + on * w
+    return fwd, bwd
 
 
 def attention_core_s(b: TrainBatch) -> np.ndarray:
@@ -182,7 +188,10 @@ def elementwise_s(b: TrainBatch) -> np.ndarray:
     outside = 20.0 * h                                  # norms and residual adds
     inside = 4.0 * (q + kv) + 2.0 * b.mlp_mats * f
     low = b.operand_bytes < 2.0
-    cast = CAST_BYTES * (2.0 * h + q + f) * low
+    # the MLP's first GEMMs read h per token, an MoE layer's topk routed rows of h (and the
+    # shared experts' h): Transformer Engine's GroupedLinear casts the permuted rows
+    mlp_in = np.where(b.moe_layers > 0, b.topk * h + (b.shared_ffn > 0) * h, h)
+    cast = CAST_BYTES * (h + mlp_in + q + f) * low
     sp = b.sequence_parallel > 0
     per_token = np.where(sp, outside / b.tp, outside) + (inside + cast) / b.tp
     return tokens_per_chip(b) * per_token / (b.hbm_bw_bytes_per_s * b.hbm_fraction)
@@ -197,17 +206,43 @@ def loss_s(b: TrainBatch) -> np.ndarray:
             / (b.hbm_bw_bytes_per_s * b.hbm_fraction))
 
 
+# Megatron-Core's all-to-all token dispatcher (megatron/core/transformer/moe/token_dispatcher.py,
+# MoEAlltoAllTokenDispatcher; the flex/DeepEP dispatcher moves the same rows): ``dispatch_preprocess``
+# permutes the rank's own tokens into its routed rows (``moe_utils.permute``), ``dispatch_all_to_all``
+# sends each EP rank only the rows routed to its local experts, ``dispatch_postprocess`` sorts the
+# received rows from (source rank, expert) to (expert, source rank) (``sort_chunks_by_idxs``, with
+# more than one local expert), the grouped GEMM runs over those rows only, and the combine undoes
+# both (``combine_preprocess``'s sort back, ``combine_postprocess``'s ``unpermute``). No rank scans
+# another rank's tokens.
+
+
+def moe_rows(b: TrainBatch) -> np.ndarray:
+    """Routed rows one chip sends and, routing balanced, receives per MoE layer: its tokens
+    (``1 / tp`` of them with sequence parallelism) times ``topk``."""
+    return tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.topk
+
+
+def expert_imbalance(b: TrainBatch) -> np.ndarray:
+    """Routed rows on the busiest EP rank over the mean: the serving routing model
+    (``dse.perf.imbalance.published_imbalance``, ``1 + z(ep) cv sqrt(ep / E)``, ``cv`` =
+    ``expert_load_cv``); 1 at ep = 1, for dense models and at cv 0. Every rank waits for the
+    busiest at the combine, so its grouped GEMM, its received rows' sort and its share of the
+    all-to-all set the layer's pace."""
+    return b.ep_imbalance
+
+
 def moe_sort_s(b: TrainBatch) -> np.ndarray:
-    """Forward seconds of one MoE layer's chunk sort on one chip (the backward moves the same
-    bytes): with expert parallelism and more than one local expert, Megatron's all-to-all
-    dispatcher reorders the received rows from (source rank, expert) to (expert, source rank)
-    after the dispatch and back before the combine (``sort_chunks_by_idxs``), a permutation
-    pass beyond the permute and unpermute the grouped-GEMM model's token term holds: each
-    reads and writes every routed row, ``2 x 2 x ACT_BYTES x h`` bytes per row."""
-    rows = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.topk
+    """Forward seconds of one MoE layer's permutation passes on one chip (the backward moves
+    the same bytes), each reading and writing every routed row, ``2 x ACT_BYTES x h`` bytes
+    per row and pass, at the HBM rate: the permute before the dispatch and the unpermute
+    after the combine (every MoE layer), and with expert parallelism and more than one local
+    expert the chunk sort after the dispatch and back before the combine
+    (``sort_chunks_by_idxs``; the dispatcher comment above) over the busiest rank's received
+    rows (``expert_imbalance`` times the mean)."""
     local = np.maximum(b.experts, 1.0) / np.maximum(b.ep, 1.0)
-    on = (b.moe_layers > 0) & (b.ep > 1) & (local > 1)
-    return np.where(on, rows * 4.0 * ACT_BYTES * b.hidden_size
+    sort = (b.ep > 1) & (local > 1)
+    passes = 2.0 + 2.0 * sort * expert_imbalance(b)
+    return np.where(b.moe_layers > 0, moe_rows(b) * passes * 2.0 * ACT_BYTES * b.hidden_size
                     / (b.hbm_bw_bytes_per_s * b.hbm_fraction), 0.0)
 
 
@@ -215,14 +250,22 @@ def moe_experts_s(b: TrainBatch) -> np.ndarray:
     """Forward seconds of one MoE layer's routed experts on one chip:
     ``kernel_gemm.grouped_gemm_s`` (the chip's fitted grouped-GEMM constants for the
     precision's family, ``moe_*``; the large-GEMM fraction times ``compute_fraction_scale``)
-    over the ``ep`` ranks' tokens, balanced routing."""
+    over the rows the busiest chip receives (``moe_rows`` x ``expert_imbalance``), its touched local experts
+    those the ``ep`` ranks' tokens hit. The serving runtimes' whole-batch terms
+    (``moe_batch_bytes``, ``moe_route_bytes``, ``moe_remote_fraction``: a kernel that scans
+    every EP rank's tokens) and the token term (``moe_token_bytes``) are not paid: the
+    dispatcher hands the kernel the chip's own rows, and its permutation passes are
+    ``moe_sort_s``'s (the activation between the expert GEMMs is ``elementwise_s``'s)."""
     kp = b.kernel
     p = {k: kp["moe_" + k] for k in MOE_KEYS}
     p["fraction"] = p["fraction"] * b.compute_fraction_scale
-    tokens = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.ep
-    out = grouped_gemm_s(tokens, b.hidden_size, np.maximum(b.expert_ffn, 1.0), b.topk,
+    p.update(token_bytes=0.0, batch_bytes=0.0, route_bytes=0.0, remote_fraction=0.0)
+    group = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0) * b.ep
+    out = grouped_gemm_s(group, b.hidden_size, np.maximum(b.expert_ffn, 1.0), b.topk,
                          np.maximum(b.experts, 1.0), 1.0, b.ep, b.operand_bytes,
-                         b.peak_flops_per_s, b.hbm_bw_bytes_per_s, matrices=b.mlp_mats, **p)
+                         b.peak_flops_per_s, b.hbm_bw_bytes_per_s,
+                         rows=moe_rows(b) * expert_imbalance(b),
+                         matrices=b.mlp_mats, **p)
     return np.where(b.moe_layers > 0, out, 0.0)
 
 
@@ -256,9 +299,11 @@ def tp_comm_s(b: TrainBatch) -> np.ndarray:
 
 def ep_comm_s(b: TrainBatch) -> np.ndarray:
     """Seconds of one MoE layer's expert-parallel dispatch + combine, forward (bf16 tokens;
-    the group's ranks are consecutive chips, so it leaves the domain beyond ``domain_chips``)."""
+    the group's ranks are consecutive chips, so it leaves the domain beyond ``domain_chips``),
+    paced by the busiest rank (``expert_imbalance`` times the mean rank's rows)."""
     kp = b.kernel
-    tokens = tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0)
+    tokens = (tokens_per_chip(b) / np.where(b.sequence_parallel > 0, b.tp, 1.0)
+              * expert_imbalance(b))
     rpn = np.minimum(b.domain_chips, b.ep)
     out = 0.0
     for phase in ("dispatch", "combine"):
@@ -280,11 +325,75 @@ def p2p_s(b: TrainBatch, message_bytes, span) -> np.ndarray:
     return message_bytes / (bw * b.kernel["ar_nccl_fraction"]) + b.kernel["ar_nccl_latency_s"]
 
 
+def cp_peers_s(b: TrainBatch, per_peer_bytes) -> np.ndarray:
+    """One collective of the context-parallel group in which every chip sends
+    ``per_peer_bytes`` to each other rank (an all-to-all, or an all-gather / reduce-scatter of
+    ``per_peer_bytes`` chunks). The group's ranks sit ``tp`` apart (Megatron's rank order
+    tp-cp-ep-dp-pp), ``floor(domain_chips / tp)`` of them in one scale-up domain: the bytes to
+    peers in the domain cross the scale-up links, the rest the scale-out NIC; the slower sets
+    the pace."""
+    kp = b.kernel
+    inside = np.minimum(np.maximum(np.floor(b.domain_chips / b.tp), 1.0), b.cp)
+    up = per_peer_bytes * (inside - 1.0) / b.scaleup_bw_bytes_per_s
+    out = per_peer_bytes * (b.cp - inside) / b.scaleout_bw_bytes_per_s
+    return np.maximum(up, out) / kp["ar_nccl_fraction"] + kp["ar_nccl_latency_s"]
+
+
+def cp_tensors_bytes(b: TrainBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bytes of one chip's Q, K (= V's with GQA/MHA; MLA's K carries the rope part) and O of
+    one layer: its ``seq_len / cp`` tokens x its ``1 / tp`` of the heads, bf16 (the head
+    dimensions ``attention_core_s``'s)."""
+    t = tokens_per_chip(b) * ACT_BYTES
+    mla = b.kv_lora_rank > 0
+    d_qk = np.where(mla, b.qk_nope_head_dim + b.qk_rope_head_dim, b.head_dim)
+    d_v = np.where(mla, b.v_head_dim, b.head_dim)
+    kvh = np.maximum(np.where(mla, b.heads, b.kv_heads) / b.tp, 1.0)
+    q = t * b.heads / b.tp * d_qk
+    return q, t * kvh * (d_qk + d_v) / 2.0, t * b.heads / b.tp * d_v
+
+
 def cp_comm_s(b: TrainBatch) -> np.ndarray:
-    """Seconds of one layer's ring-attention K/V exchange, forward: ``cp - 1`` hops of the
-    chip's K and V chunk (the backward also returns their gradients: twice)."""
+    """Seconds of one layer's context-parallel exchange, forward, by the job's
+    ``cp_comm_type`` (``CP_COMM_TYPES``, Megatron-Core's ``TransformerConfig.cp_comm_type``,
+    megatron/core/transformer/transformer_config.py; run by Transformer Engine's
+    context-parallel attention): ``p2p`` ring attention, ``cp - 1`` hops of the chip's K and V
+    chunk; ``a2a`` DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv:2309.14509): one all-to-all
+    each of Q, K and V in (every chip leaves with the whole sequence of ``1 / cp`` of its
+    heads) and of the output O back, each chip sending ``1 / cp`` of each tensor to every
+    other rank; ``all_gather``: an all-gather of K and V, each rank receiving every other
+    rank's chunk. Zero at cp = 1."""
     msg = tokens_per_chip(b) * 2.0 * b.kv_heads * b.head_dim / b.tp * ACT_BYTES
-    return np.where(b.cp > 1, (b.cp - 1.0) * p2p_s(b, msg, b.tp * b.cp), 0.0)
+    ring = (b.cp - 1.0) * p2p_s(b, msg, b.tp * b.cp)
+    out = ring
+    if np.any(b.cp_comm_type > 0):
+        q, kv, o = cp_tensors_bytes(b)
+        a2a = (cp_peers_s(b, q / b.cp) + 2.0 * cp_peers_s(b, kv / b.cp)
+               + cp_peers_s(b, o / b.cp))
+        gather = 2.0 * cp_peers_s(b, kv)
+        out = np.where(b.cp_comm_type == 1, a2a, np.where(b.cp_comm_type == 2, gather, ring))
+    return np.where(b.cp > 1, out, 0.0)
+
+
+def cp_layer_s(b: TrainBatch) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds that may run under the attention core, seconds that block it) of one layer's
+    context-parallel exchange, forward and backward. ``p2p``: the ring's asynchronous sends
+    overlap the attention blocks; its backward also returns the K/V gradients, and the whole
+    is priced ``1 + attention_bwd_ratio`` forwards. ``a2a``: blocking; the backward
+    (Transformer Engine's ``AttnFuncWithCPAndQKVOA2A.backward``) sends O and dO in and dQ,
+    dK, dV back: the forward's bytes plus one more O. ``all_gather``: blocking ("not async,
+    and cannot be overlapped", the cp_comm_type docstring); the backward gathers K and V
+    again and reduce-scatters dK and dV (``AttnFuncWithCPAndKVAllGather.backward``): twice the
+    forward."""
+    fwd = cp_comm_s(b)
+    ring = np.where(b.cp_comm_type == 0, fwd * (1.0 + b.attention_bwd_ratio), 0.0)
+    blocking = 0.0
+    if np.any(b.cp_comm_type > 0):
+        o = cp_peers_s(b, cp_tensors_bytes(b)[2] / b.cp)
+        a2a = 2.0 * fwd + o
+        blocking = np.where(b.cp > 1, np.where(b.cp_comm_type == 1, a2a,
+                                               np.where(b.cp_comm_type == 2, 3.0 * fwd, 0.0)),
+                            0.0)
+    return ring, blocking
 
 
 def pp_comm_s(b: TrainBatch) -> np.ndarray:

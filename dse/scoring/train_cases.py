@@ -10,7 +10,13 @@ import pandas as pd
 
 from dse.catalog.training import ATTENTION_KERNELS
 from dse.errors import InputError, suggest
-from dse.perf.train_batch import PRECISIONS, RECOMPUTE, SCHEDULES, TP_COMM_OVERLAP
+from dse.perf.train_batch import (
+    CP_COMM_TYPES,
+    PRECISIONS,
+    RECOMPUTE,
+    SCHEDULES,
+    TP_COMM_OVERLAP,
+)
 from dse.spec import validate
 
 REQUIRED = ("case_id", "model", "hardware", "num_chips", "global_batch_seqs", "seq_len",
@@ -54,7 +60,9 @@ SWITCHES = {"training.tp_comm_overlap": ("tp_comm_overlap",
                                          {k: i for i, k in enumerate(TP_COMM_OVERLAP)}),
             "training.overlap_p2p_comm": ("overlap_p2p_comm", BOOL),
             "training.overlap_grad_reduce": ("overlap_grad_reduce", BOOL),
-            "training.p2p_scatter_gather": ("p2p_scatter_gather", BOOL)}
+            "training.p2p_scatter_gather": ("p2p_scatter_gather", BOOL),
+            "training.cp_comm_type": ("cp_comm_type",
+                                      {k: i for i, k in enumerate(CP_COMM_TYPES)})}
 # overrides that may be 0 (the others must be > 0)
 ZERO_OK = ("train.overlap_fraction", "train.layer_overhead_s", "train.reserve_bytes",
            "train.fragmentation_fraction")

@@ -39,6 +39,16 @@ def options(given, values) -> tuple:
     return (int(given),) if np.isfinite(given) else tuple(values)
 
 
+def ulysses_splits(r: dict, tp: float, cp: float) -> bool:
+    """Whether a2a context parallelism (``training.cp_comm_type``) can split the heads: each of
+    the ``cp`` ranks takes ``1 / cp`` of a tensor-parallel rank's query and key/value heads
+    (Transformer Engine's AttnFuncWithCPAndQKVOA2A asserts both divide)."""
+    if r.get("cp_comm_type", 0) != 1 or cp <= 1:
+        return True
+    kvh = r["heads"] if r.get("kv_lora_rank", 0) > 0 else r["kv_heads"]
+    return r["heads"] % (tp * cp) == 0 and max(kvh / tp, 1.0) % cp == 0
+
+
 def case_layouts(i: int, p: dict, r: dict) -> list[tuple]:
     """Every candidate layout row of case ``i`` (``COLUMNS`` order)."""
     n = int(p["num_chips"][i])
@@ -60,10 +70,11 @@ def case_layouts(i: int, p: dict, r: dict) -> list[tuple]:
         for pp in options(g["pp"], [q for q in divisors(n // tp if n % tp == 0 else 1)
                                     if q <= layers]):
             rest = n / (tp * pp)
-            cps = [c for c in divisors(int(rest)) if rest % 1 == 0 and seq % (2 * c) == 0]
+            cps = [c for c in divisors(int(rest)) if rest % 1 == 0 and seq % (2 * c) == 0
+                   and ulysses_splits(r, tp, c)]
             for cp in options(g["cp"], cps or [1]):
                 dp = g["dp"] if np.isfinite(g["dp"]) else n / (tp * pp * cp)
-                if dp < 1 or dp % 1:
+                if dp < 1 or dp % 1 or not ulysses_splits(r, tp, cp):
                     continue
                 eps = [e for e in divisors(int(tp * cp * dp)) if experts and experts % e == 0] \
                     if experts else [1]
@@ -111,6 +122,13 @@ def check_explicit(df: pd.DataFrame, i: int, p: dict, r: dict, file: str) -> Non
             raise InputError(f"ep = {int(v['ep'])} does not divide tp x cp x dp = "
                              f"{int(np.prod(group))}", file=file, where=where(df, i, "ep"),
                              hint="experts are sharded over ranks of the tp x cp x dp group")
+    if np.isfinite(v["tp"]) and np.isfinite(v["cp"]) and not ulysses_splits(r, v["tp"],
+                                                                             v["cp"]):
+        raise InputError(f"training.cp_comm_type = a2a with tp x cp = {int(v['tp'] * v['cp'])}: "
+                         f"the model's {int(r['heads'])} attention heads do not split",
+                         file=file, where=where(df, i, "cp"),
+                         hint="a2a needs tp x cp to divide the attention heads and cp the "
+                              "key/value heads per tp rank; use cp_comm_type p2p or another cp")
     vp = p["vp"][i]
     if np.isfinite(vp) and vp > 1:
         if np.isfinite(v["pp"]) and v["pp"] == 1:

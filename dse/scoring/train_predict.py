@@ -13,6 +13,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from dse import catalog
 from dse.catalog import training as tcat
 from dse.errors import InputError
 from dse.perf.kernel_comm import AR_NCCL_KEYS
@@ -139,7 +140,8 @@ def design_numbers(m, acc, topo, prec: str, given: dict, attention_kernel: str |
     c["attention_unfused"] = float(attention_kernel == tcat.UNFUSED)
     # blank = overlapped, what Megatron-Core and NeMo run (the fields' defaults)
     c.update({"tp_comm_overlap": 0.0, "overlap_p2p_comm": 1.0, "overlap_grad_reduce": 1.0,
-              "p2p_scatter_gather": 0.0})
+              "p2p_scatter_gather": 0.0, "cp_comm_type": 0.0,
+              "expert_load_cv": catalog.expert_load_cv()})
     c.update(given)
     key = PEAK_DTYPE[PRECISIONS.index(prec)]
     c["precision_native"] = float(c["peak_" + key] > 0)

@@ -24,6 +24,7 @@ from dse.catalog import training as tcat
 from dse.errors import InputError
 from dse.perf.train_batch import (
     BOUNDS,
+    CP_COMM_TYPES,
     PRECISIONS,
     RECOMPUTE,
     SCHEDULES,
@@ -46,6 +47,8 @@ REASONS = {
     2048: "2 x cp does not divide seq_len (load-balanced ring attention)",
     4096: "vp >= 2 needs pp >= 2 and the interleaved schedule, which needs vp >= 2",
     8192: "layout.num_chips is not a whole multiple of tp x pp x cp",
+    16384: "a2a context parallelism needs tp x cp to divide the attention heads and cp the "
+           "key/value heads per tensor-parallel rank",
 }
 MEMORY_BIT = 8
 # the chip and system numbers a design may set: the predict contract's dotted overrides, and cost
@@ -65,6 +68,7 @@ LAYOUT = {"layout.tp": "tp", "layout.pp": "pp", "layout.dp": "dp", "layout.cp": 
           "training.p2p_scatter_gather": "p2p_scatter_gather"}
 CODES = {"layout.recompute": ("recompute", RECOMPUTE),
          "training.tp_comm_overlap": ("tp_comm_overlap", TP_COMM_OVERLAP),
+         "training.cp_comm_type": ("cp_comm_type", CP_COMM_TYPES),
          "layout.pipeline_schedule": ("schedule", SCHEDULES)}
 # the metrics every training score table keeps besides the run's objectives and constraints
 KEEP_METRICS = ("train_time_s", "train_cost_usd", "step_time_s", "mfu", "tokens_per_s_per_chip",
@@ -278,6 +282,18 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
     return b, {"tokens": num("training.tokens"), "whole_dp": fields["dp"] % 1 == 0}
 
 
+def bad_a2a(b: TrainBatch) -> np.ndarray:
+    """Where Ulysses (``cp_comm_type`` a2a) cannot split the heads: each of the ``cp`` ranks
+    takes ``1 / cp`` of a tensor-parallel rank's query and key/value heads (Transformer
+    Engine's AttnFuncWithCPAndQKVOA2A asserts both divide)."""
+    if not np.any(b.cp_comm_type == 1):
+        return np.zeros((), bool)
+    kvh = np.where(b.kv_lora_rank > 0, b.heads, b.kv_heads)
+    return ((b.cp_comm_type == 1) & (b.cp > 1)
+            & ((np.fmod(b.heads, b.tp * b.cp) != 0)
+               | (np.fmod(np.maximum(kvh / b.tp, 1.0), b.cp) != 0)))
+
+
 def layout_bits(b: TrainBatch, whole_dp) -> np.ndarray:
     """The reason bits of layouts the model cannot take (``REASONS``), per design."""
     tp, pp, dp, cp, ep, vp = b.tp, b.pp, b.dp, b.cp, b.ep, b.vp
@@ -289,7 +305,7 @@ def layout_bits(b: TrainBatch, whole_dp) -> np.ndarray:
     bits = ((np.fmod(b.heads, tp) != 0) * 1 + bad_ep * 2 + (pp > b.num_layers) * 4
             + (np.fmod(b.global_batch_seqs, dp * b.micro_batch_seqs) != 0) * 1024
             + (np.fmod(b.seq_len, 2.0 * cp) != 0) * (cp > 1) * 2048 + bad_vp * 4096
-            + ~np.asarray(whole_dp, bool) * 8192)
+            + ~np.asarray(whole_dp, bool) * 8192 + bad_a2a(b) * 16384)
     return np.asarray(bits, np.int64)
 
 

@@ -18,6 +18,7 @@ PRECISIONS = ("bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4")   # = dse.pe
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe")
 TP_COMM_OVERLAP = ("all", "backward", "none")                        # = dse.perf.train_batch
+CP_COMM_TYPES = ("p2p", "a2a", "all_gather")                         # = dse.perf.train_batch
 CHIPS = "chips per instance"
 
 # serving fields a training design may set with the same meaning (model shape and MoE shape,
@@ -76,6 +77,12 @@ OWN = (
          "all-gathers them (Megatron-LM's --scatter-gather-tensors-in-pipeline, on from 2021-02 "
          "until Megatron-Core dropped it); false: the whole activation, as Megatron-Core sends "
          "it", False),
+    enum("training.cp_comm_type", CP_COMM_TYPES, "p2p", "how context parallelism exchanges "
+         "attention's inputs (Megatron-Core's cp_comm_type): p2p (ring attention: cp - 1 K/V "
+         "sends per layer, under the attention core), a2a (DeepSpeed-Ulysses, arXiv:2309.14509: "
+         "all-to-alls of Q, K, V in and the output back, blocking; tp x cp must divide the "
+         "attention heads and cp the key/value heads per tensor-parallel rank), all_gather (an "
+         "all-gather of K and V before the attention, blocking)"),
     count("training.mtp_layers", "layers", "multi-token-prediction modules trained with the "
           "model", 0, low=0, high=64, zero="none"),
     count("layout.num_chips", "chips", "chips of the job: dp = num_chips / (tp x pp x cp) "
@@ -84,8 +91,8 @@ OWN = (
     count("layout.pp", "stages", "pipeline-parallel degree", 1, limit=CHIPS),
     count("layout.dp", "chips", "data-parallel degree (blank with layout.num_chips: what is "
           "left)", 1, limit=CHIPS),
-    count("layout.cp", "chips", "context-parallel degree (ring attention; 2 cp must divide "
-          "training.seq_len)", 1, limit=CHIPS),
+    count("layout.cp", "chips", "context-parallel degree (its exchange: training.cp_comm_type; "
+          "2 cp must divide training.seq_len)", 1, limit=CHIPS),
     count("layout.ep", "chips", "expert-parallel degree, carved out of tp x cp x dp (1 for a "
           "dense model)", 1, limit=CHIPS),
     count("layout.vp", "stages", "virtual pipeline stages per rank (interleaved schedule only)",
