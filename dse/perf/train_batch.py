@@ -26,7 +26,8 @@ SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe")
 # which tensor-parallel collectives run under the GEMMs (train_step.tp_exposed_s)
 TP_COMM_OVERLAP = ("all", "backward", "none")
 BOUNDS = ("compute", "memory", "network", "bubble")
-REASONS = ("", "does not fit in memory", "no native support for the precision")
+REASONS = ("", "does not fit in memory", "no native support for the precision",
+           "invalid layout")     # 3: the rules broken are train_layout.layout_bits
 
 
 @dataclass(frozen=True)
