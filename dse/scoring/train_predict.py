@@ -17,6 +17,7 @@ from dse.catalog import training as tcat
 from dse.errors import InputError
 from dse.perf.kernel_comm import AR_NCCL_KEYS
 from dse.perf.train_batch import (
+    BLOCK_SCALED_MMA,
     BOUNDS,
     GEMM_FAMILY,
     PEAK_DTYPE,
@@ -143,7 +144,10 @@ def design_numbers(m, acc, topo, prec: str, given: dict, attention_kernel: str |
               "p2p_scatter_gather": 0.0})
     c.update(given)
     key = PEAK_DTYPE[PRECISIONS.index(prec)]
-    c["precision_native"] = float(c["peak_" + key] > 0)
+    # MXFP8 and NVFP4 need a block-scaled MMA, which the chips with an fp4 peak have
+    # (train_batch.BLOCK_SCALED_MMA)
+    block = BLOCK_SCALED_MMA[PRECISIONS.index(prec)]
+    c["precision_native"] = float(c["peak_" + key] > 0 and (not block or c["peak_fp4"] > 0))
     # without native support the linear layers are timed at the best slower peak the chip has
     c["peak_flops_per_s"] = next(c["peak_" + d] for d in PEAK_FALLBACK[key] if c["peak_" + d] > 0)
     c["peak_bf16_flops_per_s"] = c["peak_bf16"]

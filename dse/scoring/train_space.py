@@ -64,7 +64,7 @@ CODES = {"layout.recompute": ("recompute", RECOMPUTE),
 KEEP_METRICS = ("train_time_s", "train_cost_usd", "step_time_s", "mfu", "tokens_per_s_per_chip",
                 "num_chips", "memory_per_chip_bytes", "hbm_used_fraction",
                 "usd_per_trillion_tokens", "bound", "feasible", "reason")
-BREAKDOWN = ("compute_s", "memory_s", "network_exposed_s", "bubble_s", "optimizer_s",
+BREAKDOWN = ("compute_s", "memory_s", "overhead_s", "network_exposed_s", "bubble_s", "optimizer_s",
              "weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
 # what a report says of a front design besides its objectives
 SHOWN = ("step_time_s", "mfu", "tokens_per_s_per_chip", "num_chips", "memory_per_chip_bytes",
