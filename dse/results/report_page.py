@@ -278,7 +278,8 @@ def _train_details(bds) -> str:
     for did, bd in bds.items():
         p = bd["parts"]
         rows = "".join(f"<tr><td>{k}</td><td>{p[k] * 1e3:,.1f} ms</td></tr>" for k in
-                       ("compute_s", "memory_s", "network_exposed_s", "bubble_s", "optimizer_s"))
+                       ("compute_s", "memory_s", "overhead_s", "network_exposed_s", "bubble_s",
+                        "optimizer_s") if k in p)
         rows += "".join(f"<tr><td>{k}</td><td>{p[k] / 1e9:,.2f} GB</td></tr>" for k in
                         ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes"))
         out.append(f"<details><summary>design {did}: step "
