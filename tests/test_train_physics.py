@@ -96,7 +96,7 @@ def test_recompute_flops_full_and_selective():
     (0, 1, lambda p, m, v: (p - 1) / (m + p - 1)),             # 1F1B
     (1, 3, lambda p, m, v: (p - 1) / (v * m + p - 1)),         # interleaved
     (2, 1, lambda p, m, v: (p - 1) / 3 / (m + (p - 1) / 3)),   # zero bubble (ZB-H1)
-    (3, 1, lambda p, m, v: (p / 2 - 1) / 3 / (m + (p / 2 - 1) / 3)),   # DualPipe
+    (3, 1, lambda p, m, v: (p / 2 - 1) * 2 / 3 / (m + (p / 2 - 1) * 2 / 3)),   # DualPipe
 ])
 def test_pipeline_bubble_fraction(schedule, v, expect):
     p, m = 4, 16

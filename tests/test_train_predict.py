@@ -118,14 +118,54 @@ BAD = [
     ({"hardware": "h100"}, "column hardware"),
     ({"precision": "fp6"}, "column precision"),
     ({"recompute": "partial"}, "column recompute"),
-    ({"ep": 2}, "column ep"),
-    ({"micro_batch_seqs": 3}, "column micro_batch_seqs"),
     ({"zero_stage": 5}, "column zero_stage"),
-    ({"vp": 2}, "column vp"),
-    ({"vp": 2, "pp": 2, "dp": 4, "pipeline_schedule": "1f1b"}, "column vp"),
     ({"topology": "nvl73"}, "column topology"),
     ({"sequence_parallel": "maybe"}, "column sequence_parallel"),
 ]
+
+
+# a layout that breaks a rule (dse.perf.train_layout) is a row with feasible false and its
+# reason, the other rows scored (contract: "feasible false when ... the layout is invalid")
+INVALID = [
+    ({"ep": 2}, "be 1 for a dense model"),
+    ({"micro_batch_seqs": 3}, "whole number of micro-batches"),
+    ({"vp": 2}, "vp >= 2 needs pp >= 2"),
+    ({"vp": 2, "pp": 2, "dp": 4, "pipeline_schedule": "1f1b"}, "interleaved schedule"),
+    ({"num_chips": 24, "tp": 3, "dp": 8}, "tp does not divide num_attention_heads"),
+    ({"model": "qwen3-30b-a3b", "num_chips": 24, "dp": 24, "ep": 3, "global_batch_seqs": 48},
+     "ep must divide num_experts"),
+    ({"cp": 2, "dp": 4, "seq_len": 8190}, "2 x cp does not divide seq_len"),
+    ({"pp": 4, "dp": 2, "vp": 16, "pipeline_schedule": "interleaved"},
+     "pp x vp exceeds num_hidden_layers"),
+    ({"num_chips": 24, "pp": 3, "pipeline_schedule": "dualpipe"}, "dualpipe needs an even pp"),
+    ({"pp": 4, "dp": 2, "global_batch_seqs": 8, "pipeline_schedule": "dualpipe"},
+     "at least 2 x pp"),
+]
+
+
+@pytest.mark.parametrize("change,why", INVALID)
+def test_an_invalid_layout_is_an_infeasible_row_with_its_reason(change, why):
+    p = predict_train(pd.DataFrame([DENSE, {**DENSE, "case_id": "bad", **change}]))
+    good, bad = p.iloc[0], p.iloc[1]
+    assert good.feasible and good.reason == ""
+    assert not bad.feasible and bad.reason.startswith("invalid layout: ") and why in bad.reason
+    assert np.isnan(bad.step_time_s) and np.isnan(bad.mfu)      # not scored
+    # the same case with the rule kept is valid (the row differs only in the broken rule)
+    assert "invalid" not in predict_train(pd.DataFrame([DENSE])).iloc[0].reason
+
+
+def test_a_blank_vp_splits_the_layers_into_whole_chunks():
+    """Interleaved with vp blank: a vp that splits the stage's layers evenly (Llama-3.1-70B, 80
+    layers on pp 4: 20 a stage -> 2, 4 or 5, never 8), else one with a layer a chunk at least
+    (Llama-3.1-405B, 126 layers on pp 16: vp <= 7, never 8)."""
+    row = {"case_id": "x", "model": "llama-3.1-70b", "hardware": "h100-sxm", "num_chips": 64,
+           "tp": 8, "pp": 4, "dp": 2, "cp": 1, "global_batch_seqs": 64, "seq_len": 8192,
+           "precision": "bf16", "pipeline_schedule": "interleaved"}
+    assert predict_train(pd.DataFrame([row])).iloc[0].vp in (2, 4, 5)
+    big = {**row, "model": "llama-3.1-405b", "num_chips": 1024, "pp": 16, "dp": 8,
+           "global_batch_seqs": 512}
+    r = predict_train(pd.DataFrame([big])).iloc[0]
+    assert 2 <= r.vp and 16 * r.vp <= 126 and r.feasible
 
 
 @pytest.mark.parametrize("change,where", BAD)

@@ -67,7 +67,8 @@ def test_compute_and_memory_of_a_micro_batch_by_hand():
     assert float(parts["compute_s"]) == pytest.approx(4 * (fwd + bwd + 0.5 * fwd) + p["logits"],
                                                       rel=1e-12)
     assert float(parts["memory_s"]) == pytest.approx(
-        4 * (3.5 * p["elem"] + 2.5 * 0.5 * p["sort"] + 1e-5) + p["loss"], rel=1e-12)
+        4 * (3.5 * p["elem"] + 2.5 * 0.5 * p["sort"]) + p["loss"], rel=1e-12)
+    assert float(parts["overhead_s"]) == pytest.approx(4 * 1e-5, rel=1e-12)
 
 
 def test_collectives_exposed_whole_without_overlap():
@@ -143,7 +144,8 @@ def test_step_with_data_and_context_parallelism_by_hand():
     # half the 8 layers, the embedding on the first stage: 4 x 12.59e6 + 32.77e6 = 83.1e6
     assert n == pytest.approx(4 * (4 * 1024 ** 2 + 2 * 1024 + 2 * 1024 * 4096) + 32000 * 1024)
     parts = micro_batch_parts(b)
-    t_mb = float(parts["compute_s"] + parts["memory_s"] + parts["network_exposed_s"])
+    t_mb = float(parts["compute_s"] + parts["memory_s"] + parts["overhead_s"]
+                 + parts["network_exposed_s"])
     ar = 2 * 3 / 4 * 2 * n / 400e9                  # ring over 4 ranks inside the domain
     opt = 30 * n / 4 / (2e12 * 0.8)
     s = score_train(b)
@@ -165,7 +167,8 @@ def test_zero3_collectives_run_every_micro_batch():
     n = float(state_bytes(b)["params_per_chip"])
     parts = micro_batch_parts(b)
     z = 1.5 * 2 * 3 / 4 * 2 * n / 400e9
-    t_mb = float(parts["compute_s"] + parts["memory_s"] + parts["network_exposed_s"]) + z
+    t_mb = float(parts["compute_s"] + parts["memory_s"] + parts["overhead_s"]
+                 + parts["network_exposed_s"]) + z
     opt = 30 * n / 4 / (2e12 * 0.8)
     s = score_train(b)
     assert float(s["step_time_s"]) == pytest.approx(5 * t_mb + opt, rel=1e-12)

@@ -21,9 +21,19 @@ PRECISIONS = ("bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4")
 # the dense peak each precision's MFU is quoted against, and the GEMM kernel fit it runs on
 PEAK_DTYPE = ("bf16", "fp16", "fp8", "fp8", "fp8", "fp4")
 GEMM_FAMILY = ("bf16", "bf16", "fp8", "fp8_block", "fp8_block", "fp4")
-# bytes per GEMM operand element, scales included (fp8_block: one fp32 scale per 128; MXFP8:
-# one e8m0 per 32; NVFP4: one fp8 per 16 on 4-bit values)
+# bytes per GEMM operand element, scales included. fp8_block (DeepSeek-V3, arXiv:2412.19437
+# section 3.3.1: activations 1x128 tiles, weights 128x128 blocks, an fp32 scale each): the
+# activation operand carries 4 / 128, the weight 4 / 128^2; charged 4 / 128 on both (the larger,
+# within 3 % of an fp8 byte). MXFP8 (OCP Microscaling Formats v1.0 section 5: a block of 32
+# elements shares one 8-bit E8M0 scale): 1 / 32. NVFP4 (NVIDIA Blackwell: 4-bit E2M1 values, an
+# FP8 E4M3 scale per 16): 0.5 + 1 / 16.
 OPERAND_BYTES = (2.0, 2.0, 1.0, 1.0 + 4.0 / 128.0, 1.0 + 1.0 / 32.0, 0.5 + 1.0 / 16.0)
+# precisions whose GEMMs need a block-scaled MMA in the tensor cores (the scales applied inside
+# the MMA: Blackwell's tcgen05.mma kind::mxf8f6f4 / kind::mxf4nvf4, PTX ISA 8.7; CDNA4's scaled
+# MFMA); fp8_block rescales in the CUDA cores between WGMMAs on Hopper (DeepSeek-V3 3.3.2), so
+# it runs wherever fp8 does. Every catalog part with an fp4 peak has such MMAs and no other
+# does (fp4 tensor cores are block-scaled only): the catalog's fp4 peak marks the capability.
+BLOCK_SCALED_MMA = (False, False, False, False, True, True)
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe")
 # which tensor-parallel collectives run under the GEMMs (train_step.tp_exposed_s)
@@ -32,7 +42,8 @@ TP_COMM_OVERLAP = ("all", "backward", "none")
 # train_time.cp_comm_s): ring of K/V sends, Ulysses all-to-all of Q, K, V and O, K/V all-gather
 CP_COMM_TYPES = ("p2p", "a2a", "all_gather")
 BOUNDS = ("compute", "memory", "network", "bubble")
-REASONS = ("", "does not fit in memory", "no native support for the precision")
+REASONS = ("", "does not fit in memory", "no native support for the precision",
+           "invalid layout")     # 3: the rules broken are train_layout.layout_bits
 
 
 @dataclass(frozen=True)

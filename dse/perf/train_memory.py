@@ -21,6 +21,12 @@ tensor parallelism ``t``; generalised from the paper's GPT block to GQA and gate
 
 The first pipeline stage holds ``min(p, micro-batches)`` micro-batches in flight under 1F1B,
 times ``1 + (p - 1) / (p v)`` when interleaved (the paper's section 4.2.3).
+
+DualPipe (DeepSeek-V3, arXiv:2412.19437 Table 2 and section 3.2.2: "DualPipe requires keeping
+two copies of the model parameters") runs the pipeline from both ends: rank i holds stage i and
+stage p - 1 - i, so its parameters, their gradients and their optimizer state are those of two
+stages (rank 0 both the embedding and the output layer), and it holds PP + 1 micro-batches'
+activations.
 """
 
 from __future__ import annotations
@@ -62,10 +68,12 @@ def state_bytes(b: TrainBatch) -> dict:
     emb = b.vocab * b.hidden_size
     # the first stage holds the embedding, the last the output layer (both when pp = 1,
     # once when tied); MTP modules sit on the last stage
-    ends = np.where(b.pp > 1, 1.0, 2.0 - b.tied) * emb
+    # DualPipe: two stages a rank (module docstring), the first and last on rank 0
+    copies = np.where(b.schedule == 3, 2.0, 1.0)
+    ends = np.where((b.pp > 1) & (copies < 2.0), 1.0, 2.0 - b.tied) * emb
     mtp = b.mtp_layers * (dense + expert) / np.maximum(b.num_layers, 1.0)
-    dense_chip = (dense / b.pp + ends + mtp * (b.moe_layers == 0)) / b.tp
-    expert_chip = (expert / b.pp + mtp * (b.moe_layers > 0)) / b.ep
+    dense_chip = (copies * dense / b.pp + ends + mtp * (b.moe_layers == 0)) / b.tp
+    expert_chip = (copies * expert / b.pp + mtp * (b.moe_layers > 0)) / b.ep
     dp_dense = b.dp * b.cp
     dp_expert = b.tp * b.cp * b.dp / b.ep
     z = b.zero_stage
@@ -73,7 +81,8 @@ def state_bytes(b: TrainBatch) -> dict:
     shard = {k: (dense_chip / np.where(z >= lvl, dp_dense, 1.0)
                  + expert_chip / np.where(z >= lvl, dp_expert, 1.0)) for k, lvl in
              (("weights", 3), ("grads", 2), ("optimizer", 1))}
-    gathered = np.where(z >= 3, 2.0 * (dense_chip + expert_chip) / (b.num_layers / b.pp), 0.0)
+    gathered = np.where(z >= 3, 2.0 * (dense_chip + expert_chip)
+                        / (copies * b.num_layers / b.pp), 0.0)
     return {"weights_bytes": shard["weights"] * per_w + gathered * WEIGHT_BYTES,
             "grads_bytes": shard["grads"] * GRAD_BYTES,
             "optimizer_bytes": shard["optimizer"] * OPTIMIZER_BYTES,

@@ -6,7 +6,9 @@ Per micro-batch on the slowest stage (the last: it adds the logits)::
     t_mb = sum over its L / p layers of  [fwd + bwd GEMMs + attention fwd / fwd rate
                                           + attention fwd x bwd ratio / bwd rate
                                           + elementwise fwd x 3 + MoE chunk sort x 2
-                                          + exposed TP/EP collectives + layer_overhead_s]
+                                          + exposed TP/EP collectives]
+           + the fitted fixed time, layer_overhead_s per layer (launches, host gaps: its own
+             part ``overhead_s``, never the step's bound)
            + the recompute policy's rerun forward (full: every recomputed layer's; selective:
              the attention core's)
            + the logits' GEMMs and the cross-entropy's pass over them (and each MTP module's
@@ -16,9 +18,16 @@ Per micro-batch on the slowest stage (the last: it adds the logits)::
     bubble = (p - 1) t_mb             1F1B: the fraction (p - 1) / (m + p - 1) of the step
            = (p - 1) / v t_mb         interleaved: (p - 1) / (v m + p - 1)
            = (p - 1) / 3 t_mb         zero bubble (ZB-H1, Qi et al. 2023: a third of 1F1B's)
-           = (p / 2 - 1) / 3 t_mb     DualPipe ((PP/2 - 1)(F&B + B - 3W), DeepSeek-V3 Table 2,
-                                      with F = B = W = t_mb / 3)
+           = (p / 2 - 1) 2 / 3 t_mb   DualPipe
     step   = m t_mb + bubble + exposed data-parallel collectives + optimizer step
+
+DeepSeek-V3 (arXiv:2412.19437) Table 2 gives the bubbles in chunk times: F a forward chunk, B a
+*full* backward chunk (input and weight gradients), W its weight-gradient half, F&B two
+overlapped forward and backward chunks. With the usual F = W = t_mb / 3, B = 2 t_mb / 3 and
+no overlap credit (F&B = F + B = t_mb): 1F1B (PP - 1)(F + B) = (p - 1) t_mb; ZB1P
+(PP - 1)(F + B - 2W) = (p - 1) t_mb / 3; DualPipe (PP/2 - 1)(F&B + B - 3W) = (p/2 - 1) 2 t_mb / 3.
+DualPipe needs an even pp and at least 2 pp micro-batches, an even number (deepseek-ai/DualPipe
+dualpipe/dualpipe.py at 030ce43, ``step``'s asserts; checked as layout rules, ``train_layout``).
 
 A collective that can run under compute is exposed by ``hide(t, window)``: what does not fit in
 the window, plus ``1 - overlap_fraction`` of what does. TP collectives hide under the layer's
@@ -26,9 +35,13 @@ GEMMs (Megatron-Core's TP communication overlap splits them into chunks pipeline
 GEMMs; without it, ``overlap_fraction`` of them is what the fit finds hidden); EP all-to-alls
 sit on the critical path (exposed whole); ring-attention hops hide under the attention core
 (the all-to-all and all-gather context parallelism block it: ``train_time.cp_layer_s``), pipeline
-sends under the micro-batch, the gradient reduction (ZeRO 0-2) under the last micro-batch's
-backward and the parameter all-gather under the first's forward; ZeRO-3 gathers and reduces
-every micro-batch, under that micro-batch. The optimizer step streams 30 bytes per parameter
+sends under the micro-batch, the gradient reduction (ZeRO 0-1) under the last micro-batch's
+backward and the parameter all-gather under the first's forward; ZeRO-2 reduce-scatters the
+gradients every micro-batch, under its backward (the gradient shards accumulate reduced:
+DeepSpeed's deepspeed/runtime/zero/stage_1_and_2.py registers, with ``partition_gradients``,
+``create_reduce_and_remove_grad_hooks``, which reduce each gradient bucket in every backward,
+gradient accumulation or not) and all-gathers the updated parameters once a step; ZeRO-3 gathers and
+reduces every micro-batch, under that micro-batch. The optimizer step streams 30 bytes per parameter
 held (fp32 weight, gradient and two moments read and written, the bf16 copy written).
 """
 
@@ -38,6 +51,7 @@ import numpy as np
 
 from dse.perf.train_batch import BOUNDS, PRECISIONS, REASONS, TrainBatch
 from dse.perf.train_flops import megatron_flops, recompute_flops
+from dse.perf.train_layout import layout_bits
 from dse.perf.train_memory import memory_bytes
 from dse.perf.train_time import (
     allreduce_time_s,
@@ -56,9 +70,10 @@ from dse.perf.train_time import (
 OPTIMIZER_BYTES_PER_PARAM = 30.0
 GRAD_REDUCE_BYTES = 2.0           # bf16 gradients on the wire, bf16 parameters gathered
 METRICS = ("step_time_s", "compute_s", "memory_s", "network_exposed_s", "network_total_s",
-           "bubble_s", "optimizer_s", "tokens_per_s_per_chip", "model_tflops_per_chip", "mfu",
-           "hfu", "memory_per_chip_bytes", "chip_hours_per_trillion_tokens",
-           "usd_per_trillion_tokens", "energy_j_per_token", "feasible", "reason", "bound")
+           "bubble_s", "optimizer_s", "overhead_s", "tokens_per_s_per_chip",
+           "model_tflops_per_chip", "mfu", "hfu", "memory_per_chip_bytes",
+           "chip_hours_per_trillion_tokens", "usd_per_trillion_tokens", "energy_j_per_token",
+           "feasible", "reason", "layout_bits", "bound")
 
 
 def hide(t_s, window_s, overlap_fraction):
@@ -113,10 +128,11 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     stage = stage + b.mtp_layers
     compute = stage * (fwd + bwd + rerun) + heads_out
     sort = moe_sort_s(b) * (2.0 + full) * moe_share
-    layers = stage * (elem + sort + b.layer_overhead_s) + (1.0 + b.mtp_layers) * loss_s(b)
+    layers = stage * (elem + sort) + (1.0 + b.mtp_layers) * loss_s(b)
     net = stage * (tp + ep + cp)
     pp = hide(pp_comm_s(b), compute, b.overlap_fraction * b.overlap_p2p_comm)
-    return {"compute_s": compute, "memory_s": layers, "network_exposed_s": net + pp,
+    return {"compute_s": compute, "memory_s": layers, "overhead_s": stage * b.layer_overhead_s,
+            "network_exposed_s": net + pp,
             "network_total_s": stage * (tp_all + ep + cp_all) + pp_comm_s(b),
             "forward_s": stage * fwd, "backward_s": stage * bwd}
 
@@ -127,19 +143,23 @@ def bubble_fraction_of_mb(b: TrainBatch) -> np.ndarray:
     s = b.schedule
     return np.where(s == 1, (p - 1.0) / v,
                     np.where(s == 2, (p - 1.0) / 3.0,
-                             np.where(s == 3, np.maximum(p / 2.0 - 1.0, 0.0) / 3.0, p - 1.0)))
+                             np.where(s == 3, np.maximum(p / 2.0 - 1.0, 0.0) * 2.0 / 3.0,
+                                      p - 1.0)))
 
 
 def dp_comm_s(b: TrainBatch, params_per_chip) -> tuple[np.ndarray, np.ndarray]:
-    """(seconds per step, seconds per micro-batch) of the data-parallel collectives: ZeRO 0-2 one
-    gradient reduction (+ parameter all-gather from stage 1) per step; ZeRO-3 two parameter
-    all-gathers and one gradient reduce-scatter per micro-batch."""
+    """(seconds per step, seconds per micro-batch) of the data-parallel collectives: ZeRO 0-1 one
+    gradient reduction (reduce-scatter + all-gather, an all-reduce's time) per step; ZeRO-2 a
+    gradient reduce-scatter (half an all-reduce) per micro-batch and the parameter all-gather
+    (the other half) per step; ZeRO-3 two parameter all-gathers and one gradient reduce-scatter
+    per micro-batch."""
     group = b.dp * b.cp
     msg = params_per_chip * GRAD_REDUCE_BYTES
     ar = allreduce_time_s(b, msg, group, b.tp)        # = reduce-scatter + all-gather
-    z3 = b.zero_stage >= 3
-    step = np.where(group > 1, np.where(z3, 0.0, ar), 0.0)
-    per_mb = np.where((group > 1) & z3, 1.5 * ar, 0.0)
+    z = b.zero_stage
+    step = np.where(group > 1, np.where(z >= 3, 0.0, np.where(z == 2, 0.5 * ar, ar)), 0.0)
+    per_mb = np.where(group > 1, np.where(z >= 3, 1.5 * ar, np.where(z == 2, 0.5 * ar, 0.0)),
+                      0.0)
     return step, per_mb
 
 
@@ -149,7 +169,7 @@ def score_train(b: TrainBatch) -> dict:
     mem = memory_bytes(b, flash=1.0 - b.attention_unfused)   # unfused: the score matrix kept
     m = b.micro_batches
     z_step, z_mb = dp_comm_s(b, mem["params_per_chip"])
-    mb_compute = parts["compute_s"] + parts["memory_s"]
+    mb_compute = parts["compute_s"] + parts["memory_s"] + parts["overhead_s"]
     mb_net = parts["network_exposed_s"] + hide(z_mb, mb_compute, b.overlap_fraction)
     t_mb = mb_compute + mb_net
     bubble = bubble_fraction_of_mb(b) * t_mb
@@ -164,6 +184,7 @@ def score_train(b: TrainBatch) -> dict:
     peak = np.where(b.precision_native > 0, b.peak_flops_per_s, np.nan)
     out = {"step_time_s": step, "compute_s": m * parts["compute_s"],
            "memory_s": m * parts["memory_s"] + optimizer,
+           "overhead_s": m * parts["overhead_s"],
            "network_exposed_s": m * mb_net + dp_exposed,
            "network_total_s": m * (parts["network_total_s"] + z_mb) + z_step,
            "bubble_s": bubble, "optimizer_s": optimizer,
@@ -177,8 +198,11 @@ def score_train(b: TrainBatch) -> dict:
     out.update(mem)
     fits = mem["memory_per_chip_bytes"] <= b.hbm_capacity_bytes
     native = b.precision_native > 0
-    out["feasible"] = fits & native
-    out["reason"] = np.where(~native, 2, np.where(~fits, 1, 0))
+    bits = layout_bits(b)
+    valid = bits == 0
+    out["feasible"] = fits & native & valid
+    out["reason"] = np.where(~valid, 3, np.where(~native, 2, np.where(~fits, 1, 0)))
+    out["layout_bits"] = bits
     shares = np.stack(np.broadcast_arrays(out["compute_s"], out["memory_s"],
                                           out["network_exposed_s"], bubble))
     out["bound"] = np.argmax(shares, axis=0)

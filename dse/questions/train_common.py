@@ -26,7 +26,8 @@ from dse.spec import train_fields
 
 # the step's parts, which sum to it (memory_s includes the optimizer's update, optimizer_s)
 PARTS = {"compute_s": "compute", "memory_s": "HBM-bound work and optimizer",
-         "network_exposed_s": "exposed communication", "bubble_s": "pipeline bubble"}
+         "overhead_s": "fixed per-layer time", "network_exposed_s": "exposed communication",
+         "bubble_s": "pipeline bubble"}
 LAYOUT = ("layout.tp", "layout.pp", "layout.dp", "layout.cp", "layout.ep",
           "layout.micro_batch_seqs", "layout.recompute", "layout.zero_stage")
 _SHORT = {"layout.micro_batch_seqs": "mb", "layout.zero_stage": "zero"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import itertools
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +75,7 @@ def reference_text(objectives, reference: dict | None) -> str:
 def summary_lines(space, st, front, k, kb, per_accel, what) -> list[str]:
     """summary.md: the headline numbers: the front's extent and trade-off, a table of
     representative front designs, the best per accelerator, the knee with what bounds it."""
+    lab = partial(label, task=space.task)
     row = front.iloc[k]
     objs = space.objectives
     params = space.columns
@@ -96,12 +98,12 @@ def summary_lines(space, st, front, k, kb, per_accel, what) -> list[str]:
         best[ob.metric] = i = (front[ob.metric].idxmin() if ob.direction == "minimize"
                                else front[ob.metric].idxmax())
         ps = ", ".join(f"{p}={_fmt(front.loc[i, p])}" for p in params)
-        lines.append(f"  - {ob.direction} {label(ob.metric)}: **{_val(ob.metric, front.loc[i, ob.metric])}**"
+        lines.append(f"  - {ob.direction} {lab(ob.metric)}: **{_val(ob.metric, front.loc[i, ob.metric])}**"
                      f" ({ps})")
     if len(objs) >= 2 and len(front) > 1:
         a, b = objs[0], objs[1]
         ia, ib = best[a.metric], best[b.metric]
-        la, lb = label(a.metric), label(b.metric)
+        la, lb = lab(a.metric), lab(b.metric)
         lines += ["", "## The trade-off", ""]
         lines.append(f"- {la} spans {_fmt(front[a.metric].min())} to "
                      f"{_fmt(front[a.metric].max())} on the front, {lb} "
@@ -116,24 +118,26 @@ def summary_lines(space, st, front, k, kb, per_accel, what) -> list[str]:
         order = front.sort_values(a.metric).iloc[pick]
         cols = [ob.metric for ob in objs] + params
         lines += ["", f"Front at a glance (sorted by {la}, {len(order)} of {len(front)}):",
-                  "", "| " + " | ".join(label(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+                  "", "| " + " | ".join(lab(c) for c in cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for _, r in order.iterrows()]
     if per_accel is not None and len(per_accel):
         cols = ["accelerator.id", "designs on the front"] + [ob.metric for ob in objs]
         lines += ["", "## Best per accelerator", "",
                   f"The best of each objective for each accelerator, over {what} (admissible "
                   "designs: feasible and within the constraints) and the front.", "",
-                  "| " + " | ".join(label(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+                  "| " + " | ".join(lab(c) for c in cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |"
                   for _, r in per_accel.iterrows()]
     lines += ["", "## Knee design (closest to the ideal point)", ""]
-    lines += [f"- {label(p)} = {_fmt(row[p])}" for p in params]
-    lines += [f"- {label(ob.metric)} = {_fmt(row[ob.metric])}" for ob in objs]
+    lines += [f"- {lab(p)} = {_fmt(row[p])}" for p in params]
+    lines += [f"- {lab(ob.metric)} = {_fmt(row[ob.metric])}" for ob in objs]
     met = kb["metrics"]
-    extra = [m for m in ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip", "num_chips",
-                         "hbm_used_fraction", "usd_per_mtok_input", *TRAIN_KNEE) if m in met
+    # each metric once (num_chips and hbm_used_fraction are in both lists)
+    extra = [m for m in dict.fromkeys(("ttft_s", "tpot_s", "output_tokens_per_s_per_chip",
+                                       "num_chips", "hbm_used_fraction", "usd_per_mtok_input",
+                                       *TRAIN_KNEE)) if m in met
              and m not in {ob.metric for ob in objs}]
-    lines += [f"- {label(m)} = {_fmt(met[m])}" for m in extra]
+    lines += [f"- {lab(m)} = {_fmt(met[m])}" for m in extra]
     if "kv_dtype" in kb:
         per_token = met.get("kv_bytes_per_token")
         lines.append(f"- KV cache: {kv_dtype_text([kb['kv_dtype']])}"
@@ -192,9 +196,10 @@ def write(o: Path, space, st, front, bg, k, bds, per_accel, what) -> None:
 
 
 def _main_plot(space, front, bg, k):
+    lab = partial(label, task=space.task)
     import plotly.graph_objects as go
     objs = space.objectives
-    hover = ["<br>".join(f"{label(c)} = {_fmt(v)}" for c, v in row.items())
+    hover = ["<br>".join(f"{lab(c)} = {_fmt(v)}" for c, v in row.items())
              for _, row in front.iterrows()]
     xo, yo = objs[0], objs[1] if len(objs) > 1 else objs[0]
     x, y = xo.metric, yo.metric
@@ -209,7 +214,7 @@ def _main_plot(space, front, bg, k):
         x=front[x], y=front[y], mode="markers", name="Pareto front", text=hover, hoverinfo="text",
         marker=dict(size=10, color=front[co.metric] if co else "#d62728", colorscale="Viridis",
                     showscale=bool(co),
-                    colorbar=dict(title=dict(text=label(co.metric), side="right")) if co else None,
+                    colorbar=dict(title=dict(text=lab(co.metric), side="right")) if co else None,
                     line=dict(width=0.5, color="black"))))
     fig.add_trace(go.Scatter(x=[front[x].iloc[k]], y=[front[y].iloc[k]], mode="markers",
                              name="knee", marker=dict(size=18, symbol="star", color="#ff7f0e")))
@@ -217,7 +222,7 @@ def _main_plot(space, front, bg, k):
     def axis_type(v):
         return "log" if log_axis(pd.concat([front[v], bg[v]]) if len(bg) else front[v]) else "linear"
 
-    fig.update_layout(title=f"{label(x)} vs {label(y)}" + (f", colour: {label(co.metric)}"
+    fig.update_layout(title=f"{lab(x)} vs {lab(y)}" + (f", colour: {lab(co.metric)}"
                                                             if co else ""),
                       xaxis_title=objective_label(x, xo.direction),
                       yaxis_title=objective_label(y, yo.direction),
@@ -246,18 +251,19 @@ def _pairs_plot(objs, front):
 
 
 def _par_plot(space, front):
+    lab = partial(label, task=space.task)
     import plotly.graph_objects as go
     objs = space.objectives
     dims = []
     for p in space.parameters:
         v = front[p.column]
         if v.dtype.kind in "fiub":
-            dims.append(dict(label=label(p.column), values=v))
+            dims.append(dict(label=lab(p.column), values=v))
         else:
             codes, cats = pd.factorize(v)
-            dims.append(dict(label=label(p.column), values=codes, tickvals=list(range(len(cats))),
+            dims.append(dict(label=lab(p.column), values=codes, tickvals=list(range(len(cats))),
                              ticktext=[str(c) for c in cats]))
-    dims += [dict(label=label(ob.metric), values=front[ob.metric]) for ob in objs]
+    dims += [dict(label=lab(ob.metric), values=front[ob.metric]) for ob in objs]
     par = go.Figure(go.Parcoords(line=dict(color=front[objs[0].metric], colorscale="Viridis"),
                                  dimensions=dims, labelangle=-20, labelfont=dict(size=12)))
     par.update_layout(title="parallel coordinates over the front", height=460,
@@ -272,7 +278,8 @@ def _train_details(bds) -> str:
     for did, bd in bds.items():
         p = bd["parts"]
         rows = "".join(f"<tr><td>{k}</td><td>{p[k] * 1e3:,.1f} ms</td></tr>" for k in
-                       ("compute_s", "memory_s", "network_exposed_s", "bubble_s", "optimizer_s"))
+                       ("compute_s", "memory_s", "overhead_s", "network_exposed_s", "bubble_s",
+                        "optimizer_s") if k in p)
         rows += "".join(f"<tr><td>{k}</td><td>{p[k] / 1e9:,.2f} GB</td></tr>" for k in
                         ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes"))
         out.append(f"<details><summary>design {did}: step "
@@ -308,14 +315,15 @@ def _details(bds) -> str:
 
 
 def _html(o, space, lines, front, bg, k, bds, pngs, per_accel):
+    lab = partial(label, task=space.task)
     objs = space.objectives
     summary = pages.markdown_html("\n".join(lines[1:]))     # the title is the page's h1
     pair_html = _pairs_plot(objs, front) if len(objs) > 2 else ""
-    labels = {c: label(c) for c in front.columns}
+    labels = {c: lab(c) for c in front.columns}
     accel = ""
     if per_accel is not None and len(per_accel):
         accel = ("<h2>Best per accelerator</h2>" +
-                 pages.table(per_accel, {c: label(c) for c in per_accel.columns}))
+                 pages.table(per_accel, {c: lab(c) for c in per_accel.columns}))
     imgs = "".join(pages.figure_file(n) for n in pngs)
     body = (f"<h1>{html.escape(space.name)}</h1><div class='summary'>{summary}</div>"
             f"{_main_plot(space, front, bg, k)}{pair_html}{_par_plot(space, front)}{accel}"

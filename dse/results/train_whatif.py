@@ -10,6 +10,7 @@ import pandas as pd
 
 from dse import pareto
 from dse.catalog import training as tcat
+from dse.perf.train_layout import LAYOUT_REASONS
 from dse.scoring import train_space
 from dse.spec import train_fields
 
@@ -21,7 +22,7 @@ SENSITIVITY = ("accelerator.peak_flops_per_s", "accelerator.hbm_bw_bytes_per_s",
 DTYPE_PATHS = tuple(f"accelerator.peak_flops_per_s.{d}" for d in ("bf16", "fp16", "fp8", "fp4"))
 # reasons that make a design no design at all (a layout the model cannot take): a change that
 # leaves the whole front so is refused; memory and constraints are answers
-INVALID = (1, 2, 4, 1024, 2048, 4096, 8192, 16384)
+INVALID = tuple(LAYOUT_REASONS)
 REASONS = train_space.REASONS
 
 

@@ -128,7 +128,7 @@ def numbers(df: pd.DataFrame, col: str, file: str, *, count=True, offset=0,
     v = pd.to_numeric(raw, errors="coerce").to_numpy(float)
     bad = raw.notna().to_numpy() & ~(np.isfinite(v) & ((v >= 0) if zero else (v > 0)))
     if count:
-        bad |= raw.notna().to_numpy() & np.isfinite(v) & (np.mod(v, 1.0) != 0)
+        bad |= raw.notna().to_numpy() & (np.mod(np.where(np.isfinite(v), v, 0.0), 1.0) != 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         what = "a whole number >= 1" if count else f"a finite number {'>=' if zero else '>'} 0"
@@ -160,8 +160,8 @@ def parse(df: pd.DataFrame, file: str, offset: int = 0) -> dict:
     out["mtp_layers"] = np.zeros(len(df))
     if "mtp_layers" in df.columns:          # 0 is allowed here
         v = pd.to_numeric(df["mtp_layers"], errors="coerce").to_numpy(float)
-        bad = df["mtp_layers"].notna().to_numpy() & ~(np.isfinite(v) & (v >= 0)
-                                                      & (np.mod(v, 1.0) == 0))
+        bad = df["mtp_layers"].notna().to_numpy() & ~(np.isfinite(v) & (v >= 0) & (
+            np.mod(np.where(np.isfinite(v), v, 0.0), 1.0) == 0))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise InputError(f"mtp_layers = {df['mtp_layers'].iloc[i]!r} is not valid",

@@ -25,7 +25,7 @@ from dse.scoring import train_space
 from dse.spec import train_fields
 from dse.spec.design import read_toml
 
-PARTS = ("compute_s", "memory_s", "network_exposed_s", "bubble_s", "optimizer_s")
+PARTS = ("compute_s", "memory_s", "overhead_s", "network_exposed_s", "bubble_s", "optimizer_s")
 MEMORY = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
           "buffers_bytes")
 

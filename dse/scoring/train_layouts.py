@@ -7,7 +7,9 @@ halves per rank (load-balanced causal split); dp what is left; ep a divisor of `
 that divides the experts (1 for a dense model); micro-batches of 1 to 8 sequences that divide
 the data-parallel share of the batch; every recompute policy (full also on a quarter, half or
 three quarters of the layers); vp 1, or 2 to 8 virtual stages
-when the schedule is interleaved; ZeRO stage 1.
+when the schedule is interleaved (``virtual_stages``: whole chunks of layers first); ZeRO
+stage 1. A layout the case gives is taken as given: one that breaks a rule
+(dse.perf.train_layout) is scored infeasible, its reason naming the rule.
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ VIRTUAL = (2, 3, 4, 5, 6, 8)
 def divisors(n: int) -> tuple[int, ...]:
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
     return tuple(sorted({*small, *(n // d for d in small)}))
+
+
+def virtual_stages(layers: int, pp: int) -> tuple[int, ...]:
+    """The vp a blank picks from: those that split the layers into whole chunks (Megatron's
+    even split, ``layers % (pp x vp) == 0``), else those that leave every chunk a layer
+    (``pp x vp <= layers``: an uneven split, train_layout), else 2 (flagged invalid)."""
+    even = tuple(v for v in VIRTUAL if layers % (pp * v) == 0)
+    return even or tuple(v for v in VIRTUAL if pp * v <= layers) or (2,)
 
 
 def options(given, values) -> tuple:
@@ -81,7 +91,7 @@ def case_layouts(i: int, p: dict, r: dict) -> list[tuple]:
                 mbs = [m for m in MICRO_BATCHES if (gbs / dp) % m == 0] or [1]
                 sched = sched_given if sched_given >= 0 else (
                     1 if np.isfinite(g["vp"]) and g["vp"] > 1 else 0)
-                vps = VIRTUAL if sched == 1 and pp > 1 else (1,)
+                vps = virtual_stages(layers, pp) if sched == 1 and pp > 1 else (1,)
                 sp = p["sequence_parallel"][i]
                 sp = int(sp) if sp >= 0 else int(tp > 1)
                 for ep, mb, vp, rec in itertools.product(
@@ -92,9 +102,10 @@ def case_layouts(i: int, p: dict, r: dict) -> list[tuple]:
 
 
 def check_explicit(df: pd.DataFrame, i: int, p: dict, r: dict, file: str) -> None:
-    """A layout the case writes out must be valid; the message names the row and column."""
+    """The degrees a case writes out must multiply to its num_chips; the message names the row
+    and column."""
     n = p["num_chips"][i]
-    v = {k: p[k][i] for k in ("tp", "pp", "dp", "ep", "cp", "micro_batch_seqs")}
+    v = {k: p[k][i] for k in ("tp", "pp", "dp", "cp")}
     deg = [v[k] for k in ("tp", "pp", "dp", "cp")]
     if all(np.isfinite(deg)) and np.prod(deg) != n:
         raise InputError(f"tp x pp x cp x dp = {int(np.prod(deg))} but num_chips = {int(n)}",
@@ -105,46 +116,8 @@ def check_explicit(df: pd.DataFrame, i: int, p: dict, r: dict, file: str) -> Non
         raise InputError(f"the given degrees ({int(np.prod(fin))} chips) do not divide "
                          f"num_chips = {int(n)}", file=file, where=where(df, i, "num_chips"),
                          hint="num_chips = tp x pp x cp x dp")
-    if np.isfinite(v["tp"]) and r["heads"] % v["tp"]:
-        raise InputError(f"tp = {int(v['tp'])} does not divide the model's {int(r['heads'])} "
-                         "attention heads", file=file, where=where(df, i, "tp"),
-                         hint="use a tp that divides num_attention_heads")
-    if np.isfinite(v["ep"]) and v["ep"] > 1:
-        if not r["experts"]:
-            raise InputError(f"ep = {int(v['ep'])} on a dense model", file=file,
-                             where=where(df, i, "ep"), hint="leave ep blank or 1")
-        if r["experts"] % v["ep"]:
-            raise InputError(f"ep = {int(v['ep'])} does not divide the model's "
-                             f"{int(r['experts'])} experts", file=file, where=where(df, i, "ep"),
-                             hint="use an ep that divides num_experts")
-        group = [v[k] for k in ("tp", "cp", "dp")]
-        if all(np.isfinite(group)) and np.prod(group) % v["ep"]:
-            raise InputError(f"ep = {int(v['ep'])} does not divide tp x cp x dp = "
-                             f"{int(np.prod(group))}", file=file, where=where(df, i, "ep"),
-                             hint="experts are sharded over ranks of the tp x cp x dp group")
-    if np.isfinite(v["tp"]) and np.isfinite(v["cp"]) and not ulysses_splits(r, v["tp"],
-                                                                             v["cp"]):
-        raise InputError(f"training.cp_comm_type = a2a with tp x cp = {int(v['tp'] * v['cp'])}: "
-                         f"the model's {int(r['heads'])} attention heads do not split",
-                         file=file, where=where(df, i, "cp"),
-                         hint="a2a needs tp x cp to divide the attention heads and cp the "
-                              "key/value heads per tp rank; use cp_comm_type p2p or another cp")
-    vp = p["vp"][i]
-    if np.isfinite(vp) and vp > 1:
-        if np.isfinite(v["pp"]) and v["pp"] == 1:
-            raise InputError(f"vp = {int(vp)} with pp = 1: virtual stages interleave a pipeline",
-                             file=file, where=where(df, i, "vp"), hint="leave vp blank or 1")
-        if p["pipeline_schedule"][i] == 0:
-            raise InputError(f"vp = {int(vp)} with pipeline_schedule = 1f1b", file=file,
-                             where=where(df, i, "vp"),
-                             hint="use pipeline_schedule = interleaved (or leave it blank)")
-    if np.isfinite(v["dp"]) and np.isfinite(v["micro_batch_seqs"]):
-        share = p["global_batch_seqs"][i] / (v["dp"] * v["micro_batch_seqs"])
-        if share % 1:
-            raise InputError(f"global_batch_seqs / (dp x micro_batch_seqs) = {share:g} "
-                             "micro-batches, not a whole number", file=file,
-                             where=where(df, i, "micro_batch_seqs"),
-                             hint="choose a micro-batch that divides the batch per dp rank")
+    # the rules a layout breaks (tp and the heads, ep, vp, cp, DualPipe, whole micro-batches)
+    # make that row infeasible with its reason, not the file refused (train_layout)
 
 
 def candidates(df: pd.DataFrame, p: dict, resolved: list[dict], file: str) -> pd.DataFrame:

@@ -18,6 +18,7 @@ from dse.catalog import training as tcat
 from dse.errors import InputError
 from dse.perf.kernel_comm import AR_NCCL_KEYS
 from dse.perf.train_batch import (
+    BLOCK_SCALED_MMA,
     BOUNDS,
     GEMM_FAMILY,
     PEAK_DTYPE,
@@ -27,6 +28,7 @@ from dse.perf.train_batch import (
     SCHEDULES,
     TrainBatch,
 )
+from dse.perf.train_layout import layout_text
 from dse.perf.train_step import score_train
 from dse.perf.train_time import GEMM_KEYS, MOE_KEYS
 from dse.scoring.predict import write_csv
@@ -62,11 +64,11 @@ PARAMS = ("compute_fraction_scale", "overlap_fraction", "layer_overhead_s", "res
 OUTPUT = ("case_id", "tp", "pp", "dp", "ep", "cp", "vp", "micro_batch_seqs", "recompute",
           "zero_stage", "step_time_s", "tokens_per_s_per_chip", "model_tflops_per_chip", "mfu",
           "hfu", "memory_per_chip_bytes", "bound", "feasible", "reason")
-BREAKDOWN = ("pipeline_schedule", "sequence_parallel", "recompute_layer_fraction", "compute_s", "memory_s",
-             "network_exposed_s", "network_total_s", "bubble_s", "optimizer_s",
+BREAKDOWN = ("pipeline_schedule", "sequence_parallel", "recompute_layer_fraction", "compute_s",
+             "memory_s", "network_exposed_s", "network_total_s", "bubble_s", "optimizer_s",
              "weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
              "buffers_bytes", "chip_hours_per_trillion_tokens", "usd_per_trillion_tokens",
-             "energy_j_per_token")
+             "energy_j_per_token", "overhead_s")
 
 
 def kernel_of(acc_id: str, precision: str, scale: dict | None = None) -> dict:
@@ -144,7 +146,10 @@ def design_numbers(m, acc, topo, prec: str, given: dict, attention_kernel: str |
               "expert_load_cv": catalog.expert_load_cv()})
     c.update(given)
     key = PEAK_DTYPE[PRECISIONS.index(prec)]
-    c["precision_native"] = float(c["peak_" + key] > 0)
+    # MXFP8 and NVFP4 need a block-scaled MMA, which the chips with an fp4 peak have
+    # (train_batch.BLOCK_SCALED_MMA)
+    block = BLOCK_SCALED_MMA[PRECISIONS.index(prec)]
+    c["precision_native"] = float(c["peak_" + key] > 0 and (not block or c["peak_fp4"] > 0))
     # without native support the linear layers are timed at the best slower peak the chip has
     c["peak_flops_per_s"] = next(c["peak_" + d] for d in PEAK_FALLBACK[key] if c["peak_" + d] > 0)
     c["peak_bf16_flops_per_s"] = c["peak_bf16"]
@@ -183,12 +188,15 @@ def select(cases: pd.DataFrame, layouts: pd.DataFrame, s: dict) -> pd.DataFrame:
     for k in ("tp", "pp", "dp", "ep", "cp", "vp", "micro_batch_seqs", "zero_stage"):
         out[k] = layouts[k].to_numpy()[best].astype(int)
     out["recompute"] = np.array(RECOMPUTE, dtype=object)[layouts["recompute"].to_numpy()[best]]
+    bits = s["layout_bits"][best]
+    invalid = bits != 0           # an invalid layout is flagged, its numbers left blank
     for k in ("step_time_s", "tokens_per_s_per_chip", "model_tflops_per_chip", "mfu", "hfu",
               "memory_per_chip_bytes"):
-        out[k] = s[k][best]
-    out["bound"] = np.array(BOUNDS, dtype=object)[s["bound"][best]]
+        out[k] = np.where(invalid, np.nan, s[k][best])
+    out["bound"] = np.where(invalid, "", np.array(BOUNDS, dtype=object)[s["bound"][best]])
     out["feasible"] = s["feasible"][best].astype(bool)
-    out["reason"] = np.array(REASONS, dtype=object)[s["reason"][best]]
+    out["reason"] = [REASONS[r] + (f": {layout_text(k)}" if k else "")
+                     for r, k in zip(s["reason"][best], bits)]
     out["pipeline_schedule"] = np.array(SCHEDULES, dtype=object)[
         layouts["schedule"].to_numpy()[best]]
     out["sequence_parallel"] = layouts["sequence_parallel"].to_numpy()[best] > 0
@@ -196,7 +204,7 @@ def select(cases: pd.DataFrame, layouts: pd.DataFrame, s: dict) -> pd.DataFrame:
                                                layouts["recompute_layer_fraction"].to_numpy()[best],
                                                0.0)
     for k in BREAKDOWN[3:]:
-        out[k] = s[k][best]
+        out[k] = np.where(invalid, np.nan, s[k][best])
     return out[list(OUTPUT) + list(BREAKDOWN)]
 
 
@@ -212,7 +220,9 @@ def predict_train_frame(cases: pd.DataFrame, file: str = "cases") -> pd.DataFram
     batch = build(resolved, layouts, {"global_batch_seqs": p["global_batch_seqs"],
                                       "seq_len": p["seq_len"], "precision": p["precision"],
                                       "mtp_layers": p["mtp_layers"]})
-    return select(cases, layouts, score_train(batch))
+    with np.errstate(all="ignore"):          # an invalid layout's numbers are not shown
+        scored = score_train(batch)
+    return select(cases, layouts, scored)
 
 
 def predict_train_file(path: str, out_path: str) -> pd.DataFrame:

@@ -31,25 +31,17 @@ from dse.perf.train_batch import (
     TP_COMM_OVERLAP,
     TrainBatch,
 )
+from dse.perf.train_layout import LAYOUT_REASONS, layout_bits
 from dse.perf.train_step import score_train
 from dse.scoring.train_cases import OVERRIDES
 from dse.scoring.train_predict import design_numbers, kernel_of
 from dse.spec import train_fields
 from dse.spec.fields import SCALE_SUFFIX
 
-REASONS = {
-    1: "tp does not divide num_attention_heads",
-    2: "ep must divide num_experts and tp x cp x dp, and be 1 for a dense model",
-    4: "pp exceeds num_hidden_layers",
-    8: "weights, gradients, optimizer state and activations do not fit in HBM",
-    512: "the accelerator has no native support for the precision",
-    1024: "global_batch_seqs is not a whole number of micro-batches per data-parallel rank",
-    2048: "2 x cp does not divide seq_len (load-balanced ring attention)",
-    4096: "vp >= 2 needs pp >= 2 and the interleaved schedule, which needs vp >= 2",
-    8192: "layout.num_chips is not a whole multiple of tp x pp x cp",
-    16384: "a2a context parallelism needs tp x cp to divide the attention heads and cp the "
-           "key/value heads per tensor-parallel rank",
-}
+REASONS = {**LAYOUT_REASONS,
+           8: "weights, gradients, optimizer state and activations do not fit in HBM",
+           512: "the accelerator has no native support for the precision"}
+REASONS = dict(sorted(REASONS.items()))
 MEMORY_BIT = 8
 # the chip and system numbers a design may set: the predict contract's dotted overrides, and cost
 NUMBERS = {**{k: v for k, v in OVERRIDES.items() if k in train_fields.REGISTRY},
@@ -74,7 +66,7 @@ CODES = {"layout.recompute": ("recompute", RECOMPUTE),
 KEEP_METRICS = ("train_time_s", "train_cost_usd", "step_time_s", "mfu", "tokens_per_s_per_chip",
                 "num_chips", "memory_per_chip_bytes", "hbm_used_fraction",
                 "usd_per_trillion_tokens", "bound", "feasible", "reason")
-BREAKDOWN = ("compute_s", "memory_s", "network_exposed_s", "bubble_s", "optimizer_s",
+BREAKDOWN = ("compute_s", "memory_s", "overhead_s", "network_exposed_s", "bubble_s", "optimizer_s",
              "weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
 # what a report says of a front design besides its objectives
 SHOWN = ("step_time_s", "mfu", "tokens_per_s_per_chip", "num_chips", "memory_per_chip_bytes",
@@ -280,33 +272,6 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
     fields["kernel"] = kernel
     b = TrainBatch(**fields)
     return b, {"tokens": num("training.tokens"), "whole_dp": fields["dp"] % 1 == 0}
-
-
-def bad_a2a(b: TrainBatch) -> np.ndarray:
-    """Where Ulysses (``cp_comm_type`` a2a) cannot split the heads: each of the ``cp`` ranks
-    takes ``1 / cp`` of a tensor-parallel rank's query and key/value heads (Transformer
-    Engine's AttnFuncWithCPAndQKVOA2A asserts both divide)."""
-    if not np.any(b.cp_comm_type == 1):
-        return np.zeros((), bool)
-    kvh = np.where(b.kv_lora_rank > 0, b.heads, b.kv_heads)
-    return ((b.cp_comm_type == 1) & (b.cp > 1)
-            & ((np.fmod(b.heads, b.tp * b.cp) != 0)
-               | (np.fmod(np.maximum(kvh / b.tp, 1.0), b.cp) != 0)))
-
-
-def layout_bits(b: TrainBatch, whole_dp) -> np.ndarray:
-    """The reason bits of layouts the model cannot take (``REASONS``), per design."""
-    tp, pp, dp, cp, ep, vp = b.tp, b.pp, b.dp, b.cp, b.ep, b.vp
-    moe = b.experts > 0
-    bad_ep = np.where(moe, (np.fmod(b.experts, ep) != 0) | (np.fmod(tp * cp * dp, ep) != 0),
-                      ep != 1)
-    inter = b.schedule == 1
-    bad_vp = ((vp > 1) & ((pp < 2) | ~inter)) | (inter & (vp < 2))
-    bits = ((np.fmod(b.heads, tp) != 0) * 1 + bad_ep * 2 + (pp > b.num_layers) * 4
-            + (np.fmod(b.global_batch_seqs, dp * b.micro_batch_seqs) != 0) * 1024
-            + (np.fmod(b.seq_len, 2.0 * cp) != 0) * (cp > 1) * 2048 + bad_vp * 4096
-            + ~np.asarray(whole_dp, bool) * 8192 + bad_a2a(b) * 16384)
-    return np.asarray(bits, np.int64)
 
 
 def _scatter(scored: dict, rows: np.ndarray, n: int) -> dict:

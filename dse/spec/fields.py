@@ -506,6 +506,7 @@ TRAIN_METRIC_INFO = {
     "network_total_s": ("communication per step", "s"),
     "bubble_s": ("pipeline bubble per step", "s"),
     "optimizer_s": ("optimizer step", "s"),
+    "overhead_s": ("fixed per-layer time per step (fitted layer_overhead_s)", "s"),
     "train_steps": ("optimizer steps", "steps"),
     "weights_bytes": ("weights per chip", "bytes"),
     "grads_bytes": ("gradients per chip", "bytes"),
@@ -522,12 +523,16 @@ def metric_unit(metric: str) -> str:
     return METRIC_INFO.get(metric, TRAIN_METRIC_INFO.get(metric, ("", "")))[1]
 
 
-def label(path: str) -> str:
+def label(path: str, task: str | None = None) -> str:
     """A column's label with its unit: ``accelerator.hbm_bw_bytes_per_s [bytes/s]``, for a
     scale-factor column ``accelerator.hbm_bw_bytes_per_s.scale [factor]``, and for a metric its
-    name and unit, ``TPOT [s]``."""
+    name and unit, ``TPOT [s]`` (``task = "train"``: a training metric's, where serving has one
+    of the same name, ``num_chips``)."""
     if is_scale_column(path):
         return f"{path} [factor]"
+    if task == "train" and path in TRAIN_METRIC_INFO:
+        name, unit = TRAIN_METRIC_INFO[path]
+        return f"{name} [{unit}]" if unit else name
     if path in METRIC_INFO or path in TRAIN_METRIC_INFO:
         name, unit = METRIC_INFO.get(path) or TRAIN_METRIC_INFO[path]
         return f"{name} [{unit}]" if unit else name
