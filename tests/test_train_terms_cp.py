@@ -113,13 +113,14 @@ def test_the_case_column_sets_it_per_row_and_checks_the_heads():
     with pytest.raises(InputError, match="training.cp_comm_type"):
         predict_train_frame(pd.DataFrame([{**ROW, "training.cp_comm_type": "ring"}]))
     # blank cp and dp: only the cp values that split the heads are searched (8 KV / tp 4 =
-    # 2 per tp rank: cp 1 or 2); a cp the given degrees fix to 4 leaves no layout
+    # 2 per tp rank: cp 1 or 2); a cp the given degrees fix to 4 is that row infeasible
     free = {**ROW, "cp": None, "dp": None, "num_chips": 16, "tp": 4,
             "training.cp_comm_type": "a2a"}
     got = predict_train_frame(pd.DataFrame([free])).iloc[0]
     assert int(got["cp"]) in (1, 2)
-    with pytest.raises(InputError, match="no valid layout"):
-        predict_train_frame(pd.DataFrame([{**free, "dp": 1}]))
+    fixed = predict_train_frame(pd.DataFrame([{**free, "dp": 1}])).iloc[0]   # cp = 4 forced
+    assert int(fixed["cp"]) == 4 and not bool(fixed["feasible"])
+    assert "a2a context parallelism" in str(fixed["reason"])
 
 
 def test_a_space_flags_a2a_layouts_that_do_not_split(tmp_path):

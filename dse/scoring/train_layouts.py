@@ -84,7 +84,12 @@ def case_layouts(i: int, p: dict, r: dict) -> list[tuple]:
                    and ulysses_splits(r, tp, c)]
             for cp in options(g["cp"], cps or [1]):
                 dp = g["dp"] if np.isfinite(g["dp"]) else n / (tp * pp * cp)
-                if dp < 1 or dp % 1 or not ulysses_splits(r, tp, cp):
+                if dp < 1 or dp % 1:
+                    continue
+                # a searched degree only takes splits a2a can use; a given layout that cannot
+                # is a row infeasible with its reason (train_layout.bad_a2a)
+                if not (np.isfinite(g["tp"]) and np.isfinite(g["cp"])) \
+                        and not ulysses_splits(r, tp, cp):
                     continue
                 eps = [e for e in divisors(int(tp * cp * dp)) if experts and experts % e == 0] \
                     if experts else [1]
