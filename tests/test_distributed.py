@@ -43,22 +43,33 @@ def _kill_while_telling(worker, database, study_name, stored) -> list[int]:
     stored a batch whose trials are still RUNNING in the database (``stored(running)``: those of
     the RUNNING trials its folder shows scored) it is killed, its tell pending; the lock is let
     go. Called as the workers start: none told anything yet, so none stops for want of work.
-    Returns the trial numbers the worker left RUNNING."""
+    Meanwhile the RUNNING trials' heartbeats are kept (a process stops its heartbeat thread as
+    it tells: waiting longer than the grace period, its trials would be failed as stale by the
+    worker starting up). Returns the trial numbers the worker left RUNNING."""
     import optuna
     import sqlalchemy
     from optuna.trial import TrialState
     storage = optuna.storages.RDBStorage(database)
     _wait_until(lambda: study_name in {s.study_name for s in storage.get_all_studies()})
     study = optuna.load_study(study_name=study_name, storage=storage)   # the run made it
+    sid = storage.get_study_id_from_name(study_name)
+    beat = sqlalchemy.text(       # existing heartbeats only: no row inserted, no lock waited on
+        "UPDATE trial_heartbeats SET heartbeat = now() WHERE trial_id IN (SELECT trial_id "
+        "FROM trials WHERE study_id = :sid AND state = 'RUNNING')")
     engine = sqlalchemy.create_engine(database)
     left: list[int] = []
-    with engine.connect() as c, c.begin() as tx:
+    with engine.connect() as c, c.begin() as tx, \
+            engine.connect().execution_options(isolation_level="AUTOCOMMIT") as beats:
         c.execute(sqlalchemy.text("LOCK TABLE trial_values IN EXCLUSIVE MODE"))
 
         def holding():
+            beats.execute(beat, {"sid": sid})
             left[:] = stored(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
             return bool(left) or worker.poll() is not None
-        _wait_until(holding, 120, 0.05)
+        t0 = time.monotonic()
+        _wait_until(holding, 120, 0.1)
+        print(f"worker killed {time.monotonic() - t0:.1f} s after the lock, trials {left} "
+              "RUNNING")
         worker.send_signal(signal.SIGKILL)
         worker.wait()
         tx.rollback()
@@ -82,7 +93,7 @@ def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp
     from dse.build.space import load_space
     from dse.search.optuna.study import front_from_study
 
-    total = 120
+    total = 64          # 8 batches of 8: each process holds one as the kill lands
     run_dir = tmp_path / "run"
     runner = _dse("run", str(QUICK), "--strategy", "optuna", "--sampler", "random", "--trials",
                   str(total), "--population", "8", "--storage", database, "--out", str(run_dir),
