@@ -9,6 +9,37 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "postgres(stops_server=False): uses the PostgreSQL server at "
+                            "DSE_TEST_POSTGRES_URL (so does every test using `database`); "
+                            "stops_server: stops and restarts it, alone on it")
+
+
+@pytest.fixture(autouse=True)
+def _postgres_server(request):
+    """A test on the PostgreSQL server holds a shared lock on it for its duration, and a test
+    that stops the server (test_faults' outage) holds it alone: the suite's processes
+    (pytest-xdist workers: pyproject's addopts) and any other session on this machine using
+    the same server never run a database test while it is down. A file lock in the temporary
+    folder, named by the server's address (nothing without DSE_TEST_POSTGRES_URL)."""
+    import fcntl
+    import re
+    import tempfile
+    mark = request.node.get_closest_marker("postgres")
+    url = os.environ.get("DSE_TEST_POSTGRES_URL")
+    if not url or (mark is None and "database" not in request.fixturenames):
+        yield
+        return
+    server = re.sub(r"[^A-Za-z0-9.]+", "-", url.split("@")[-1].rsplit("/", 1)[0])
+    alone = bool(mark and mark.kwargs.get("stops_server"))
+    with open(Path(tempfile.gettempdir()) / f"dse-test-postgres-{server}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @pytest.fixture(autouse=True)
 def _no_debug(monkeypatch):
     # DSE_DEBUG turns one-line internal errors into tracebacks; the tests check the default
@@ -37,7 +68,7 @@ def answered(tmp_path_factory):
 
 
 @pytest.fixture
-def database():
+def database(_postgres_server):
     """A fresh PostgreSQL database on DSE_TEST_POSTGRES_URL's server, dropped afterwards (tests
     that use it skip without the variable)."""
     import uuid

@@ -327,8 +327,9 @@ def _pytest_worker(env_vars: dict, tests: list, fast: bool, train: bool = False)
     env.pop("DSE_MUTATE", None)
     env.pop("DSE_MUTATE_TRAIN", None)
     env["DSE_MUTATE_TASK"] = "train" if train else "serve"
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutation",
-            *tests]
+    # -n 0: one process (the jobs run side by side; this plugin drives the session's test loop)
+    args = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-p",
+            "mutation", *tests]
     if fast:
         args += [f"--deselect={t}" for t in (TRAIN_SLOW if train else SLOW)]
     return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,

@@ -36,6 +36,56 @@ def _dse(*args, **kw):
                             stderr=subprocess.PIPE, text=True, env=env, **kw)
 
 
+def _kill_while_telling(worker, database, study_name, stored) -> list[int]:
+    """SIGKILL ``worker`` in the middle of its work, for certain (a kill at a moment only
+    guessed may land between two batches, or after the worker's last): the trial_values table
+    is locked (every process's tell waits on it, its trials RUNNING), and once the worker has
+    stored a batch whose trials are still RUNNING in the database (``stored(running)``: those of
+    the RUNNING trials its folder shows scored) it is killed, its tell pending; the lock is let
+    go. Called as the workers start: none told anything yet, so none stops for want of work.
+    Meanwhile the RUNNING trials' heartbeats are kept (a process stops its heartbeat thread as
+    it tells: waiting longer than the grace period, its trials would be failed as stale by the
+    worker starting up). Returns the trial numbers the worker left RUNNING."""
+    import optuna
+    import sqlalchemy
+    from optuna.trial import TrialState
+    storage = optuna.storages.RDBStorage(database)
+    _wait_until(lambda: study_name in {s.study_name for s in storage.get_all_studies()})
+    study = optuna.load_study(study_name=study_name, storage=storage)   # the run made it
+    sid = storage.get_study_id_from_name(study_name)
+    beat = sqlalchemy.text(       # existing heartbeats only: no row inserted, no lock waited on
+        "UPDATE trial_heartbeats SET heartbeat = now() WHERE trial_id IN (SELECT trial_id "
+        "FROM trials WHERE study_id = :sid AND state = 'RUNNING')")
+    engine = sqlalchemy.create_engine(database)
+    left: list[int] = []
+    with engine.connect() as c, c.begin() as tx, \
+            engine.connect().execution_options(isolation_level="AUTOCOMMIT") as beats:
+        c.execute(sqlalchemy.text("LOCK TABLE trial_values IN EXCLUSIVE MODE"))
+
+        def holding():
+            beats.execute(beat, {"sid": sid})
+            left[:] = stored(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+            return bool(left) or worker.poll() is not None
+        t0 = time.monotonic()
+        _wait_until(holding, 120, 0.1)
+        print(f"worker killed {time.monotonic() - t0:.1f} s after the lock, trials {left} "
+              "RUNNING")
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        tx.rollback()
+    engine.dispose()
+    return left
+
+
+def _assert_retried(s, left):
+    """The killed worker's RUNNING trials (``left``) were failed and each asked again."""
+    by_number = {t.number: t for t in s.trials}
+    assert left, "the kill interrupted no trial"
+    for n in left:
+        assert by_number[n].state.name == "FAIL", (n, by_number[n].state)
+        assert any(r.system_attrs.get("failed_trial") == n for r in s.trials), n
+
+
 def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp_path, database):
     import optuna
 
@@ -43,7 +93,7 @@ def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp
     from dse.build.space import load_space
     from dse.search.optuna.study import front_from_study
 
-    total = 120         # (the kill lands after w2's second batch of 8: half of them are left)
+    total = 64          # 8 batches of 8: each process holds one as the kill lands
     run_dir = tmp_path / "run"
     runner = _dse("run", str(QUICK), "--strategy", "optuna", "--sampler", "random", "--trials",
                   str(total), "--population", "8", "--storage", database, "--out", str(run_dir),
@@ -55,13 +105,17 @@ def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp
                     str(tmp_path / "w2"), "--quiet"),
                _dse("worker", "--storage", database, "--study", study, "--out",
                     str(tmp_path / "w3"), "--quiet")]
-    # kill one worker in the middle of its work: its running trials must be failed and retried
-    _wait_until(lambda: len(list((tmp_path / "w2" / "scores").glob("*.json"))) >= 2, 120, 0.02)
-    workers[1].send_signal(signal.SIGKILL)
+    # kill one worker in the middle of its work (a batch scored and stored, not told): its
+    # running trials must be failed and retried
+    scores = tmp_path / "w2" / "scores"
+
+    def stored(running):
+        mine = {int(k) for f in scores.glob("*.trials.json") for k in json.loads(f.read_text())}
+        return sorted(t.number for t in running if t.number in mine)
+    left = _kill_while_telling(workers[1], database, study, stored)
     for p in [runner, workers[0], workers[2]]:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-2000:]
-    workers[1].wait()
 
     s = optuna.load_study(study_name=study, storage=database)
     states = collections.Counter(t.state.name for t in s.trials)
@@ -74,6 +128,7 @@ def test_three_workers_complete_every_trial_once_and_survive_a_killed_worker(tmp
     for t in s.trials:                                   # a failed trial was retried
         if t.state.name == "FAIL":
             assert any(r.system_attrs.get("failed_trial") == t.number for r in s.trials)
+    _assert_retried(s, left)                             # the kill's trials among them
     # the run's front is the Pareto set of all completed trials
     space = load_space(str(QUICK))
     want = front_from_study(s, space)
@@ -156,12 +211,15 @@ def test_exhaustive_shards_on_workers_survive_a_killed_worker_and_match_a_local_
     workers = [_dse("worker", str(run_dir), "--quiet"),
                _dse("worker", "--storage", database, "--study", study, "--out",
                     str(tmp_path / "w2"), "--quiet")]
-    _wait_until(lambda: len(list((tmp_path / "w2" / "scores").glob("chunk-*"))) >= 2, 120, 0.02)
-    workers[1].send_signal(signal.SIGKILL)
+    scores = tmp_path / "w2" / "scores"      # the chunk it stored, not told, is done again
+
+    def stored(running):
+        mine = {int(f.stem.split("-")[1]) for f in scores.glob("chunk-*.parquet")}
+        return sorted(t.number for t in running if shards._chunk_of(t) in mine)
+    left = _kill_while_telling(workers[1], database, study, stored)
     for p in [runner, workers[0]]:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-2000:]
-    workers[1].wait()
 
     s = optuna.load_study(study_name=study, storage=database)
     states = collections.Counter(t.state.name for t in s.trials)
@@ -174,6 +232,7 @@ def test_exhaustive_shards_on_workers_survive_a_killed_worker_and_match_a_local_
     for t in s.trials:                                   # a failed chunk was retried
         if t.state.name == "FAIL":
             assert any(r.system_attrs.get("failed_trial") == t.number for r in s.trials)
+    _assert_retried(s, left)                             # the killed worker's chunk among them
     st = json.loads((run_dir / "progress.json").read_text())
     assert st["state"] == "finished" and st["trials_completed"] == n_chunks   # each once
     assert st["designs_scored"] == load_space(str(QUICK)).size

@@ -431,6 +431,7 @@ def _cluster_of(url):
 
 
 @needs_pg
+@pytest.mark.postgres(stops_server=True)   # alone on the server (tests/conftest.py)
 def test_a_database_outage_under_a_shared_run_is_survived(space_dir, database):
     """PostgreSQL stopped for OUTAGE_S under a shared optuna run with a worker: both wait
     (retrying), carry on once it is back and end with exactly the trials asked."""

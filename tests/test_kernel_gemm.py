@@ -219,6 +219,8 @@ def test_multistart_never_worse_than_single_start():
     y = moe.predict(frame, "bf16", acc, truth)
     f = lambda v: moe.predict(frame, "bf16", acc, v)
     one = common.least_squares_fit(f, moe.family_params("bf16"), y)
-    best = gemm.fit_multistart(f, moe.family_params("bf16"), y, moe.STARTS, n_random=1)
+    # seed 6: its random start converges in ~300 evaluations (gemm.SEED's ran out its
+    # iterations, ~2800 evaluations: three quarters of this test's time)
+    best = gemm.fit_multistart(f, moe.family_params("bf16"), y, moe.STARTS, n_random=1, seed=6)
     assert best.rms_log <= one.rms_log + 1e-12
     assert best.rms_log < 1e-3

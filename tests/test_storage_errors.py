@@ -78,6 +78,7 @@ def test_a_url_that_can_never_work_is_refused_at_once(cwd, capsys):
 
 
 @needs_pg
+@pytest.mark.postgres
 @pytest.mark.parametrize("case", ["wrong password", "unknown user", "unknown database",
                                   "nothing listens"])
 def test_postgresql_refusals_name_their_cause_in_full(cwd, capsys, case):
@@ -164,6 +165,7 @@ def _admin(sql: str) -> None:
 
 
 @needs_pg
+@pytest.mark.postgres
 def test_a_database_dropped_mid_run_is_permanent_at_once(cwd, capsys):
     name = "dse_test_drop_" + uuid.uuid4().hex[:8]
     _admin(f"CREATE DATABASE {name}")
