@@ -154,12 +154,49 @@ def apply_software_rules(cases: pd.DataFrame) -> pd.DataFrame:
     return c
 
 
+# What a source's rows recompute selectively where the case file leaves it blank (Megatron-Core's
+# ``recompute_modules``, ``training.recompute_norms`` / ``training.recompute_moe_act``), by a
+# stated rule: (source, a pattern of the citation, the models it covers, {column: value}).
+# Evidence, NVIDIA-NeMo/Megatron-Bridge: the 25.11 table came with 97ad8cc6f (2025-12-04), the
+# release branch r0.2.0 (tag v0.2.0, 2025-11-26); scripts/performance/configs/gpt_oss/
+# workload_base_configs.py there (and gpt_oss_workload_base_configs.py on main, from the
+# "fix GPT-OSS perf scripts" commit f5b955fcb of 2025-11-20 through 5ccbfdfc0 of 2026-01-07)
+# sets GPT_OSS_120B_H100_BF16 to pipeline_model_parallel_size=4,
+# recompute_modules=["layernorm", "moe_act"]; scripts/performance/utils/helpers.py's
+# set_recompute_overrides turns that into recompute_granularity "selective" with those modules
+# (no core attention recompute: the case's recompute stays blank). No other MB2511 H100 row's
+# config sets recompute_modules.
+RECOMPUTE_RULES = (
+    ("MB2511", r"0a25f911b2", ("gpt-oss-120b",), {"training.recompute_norms": "true",
+                                                  "training.recompute_moe_act": "true"}),
+)
+
+
+def apply_recompute_rules(cases: pd.DataFrame) -> pd.DataFrame:
+    """``cases`` with the columns of ``RECOMPUTE_RULES`` set where blank (first match wins)."""
+    c = cases.copy()
+    src = c.get("source", pd.Series("", index=c.index)).fillna("").astype(str)
+    cite = c.get("citation", pd.Series("", index=c.index)).fillna("").astype(str)
+    done = np.zeros(len(c), bool)
+    for source, pattern, models, values in RECOMPUTE_RULES:
+        on = (~done & src.eq(source).to_numpy()
+              & cite.str.contains(pattern, regex=True).to_numpy()
+              & c["model"].astype(str).isin(models).to_numpy())
+        for col, v in values.items():
+            if col not in c:
+                c[col] = pd.Series(np.nan, index=c.index, dtype=object)
+            c[col] = c[col].astype(object)
+            c.loc[on & c[col].isna().to_numpy(), col] = v
+        done |= on
+    return c
+
+
 def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     folder = Path(folder or default_dir())
     cases = pd.read_csv(folder / "training_cases.csv", dtype=str, keep_default_na=False,
                         na_values=[""])
     truth = pd.read_csv(folder / "training_truth.csv")
-    return apply_software_rules(apply_attention_rules(cases)), truth
+    return apply_recompute_rules(apply_software_rules(apply_attention_rules(cases))), truth
 
 
 def joined(cases: pd.DataFrame, truth: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:

@@ -81,6 +81,9 @@ class TrainBatch:
     expert_load_cv: coefficient of variation of the routed tokens per expert (serving.toml
     [expert_routing]; 0 = balanced routing): the busiest EP rank's load
     (``train_time.expert_imbalance``).
+    recompute_norms, recompute_moe_act (1/0): Megatron-Core's selective ``recompute_modules``
+    "layernorm" and "moe_act", whose forward passes the backward reruns
+    (``train_time.recompute_elementwise_s``).
     """
 
     hidden_size: np.ndarray
@@ -145,6 +148,8 @@ class TrainBatch:
     p2p_scatter_gather: np.ndarray = 0.0
     cp_comm_type: np.ndarray = 0.0
     expert_load_cv: np.ndarray = 0.0
+    recompute_norms: np.ndarray = 0.0
+    recompute_moe_act: np.ndarray = 0.0
 
     @classmethod
     def of(cls, **fields) -> TrainBatch:

@@ -10,7 +10,8 @@ Per micro-batch on the slowest stage (the last: it adds the logits)::
            + the fitted fixed time, layer_overhead_s per layer (launches, host gaps: its own
              part ``overhead_s``, never the step's bound)
            + the recompute policy's rerun forward (full: every recomputed layer's; selective:
-             the attention core's)
+             the attention core's; the norms' and MoE activation's elementwise passes where
+             recompute_norms / recompute_moe_act, train_time.recompute_elementwise_s)
            + the logits' GEMMs and the cross-entropy's pass over them (and each MTP module's
              layer, logits and loss)
            + exposed pipeline sends and context-parallel exchanges
@@ -63,6 +64,7 @@ from dse.perf.train_time import (
     loss_s,
     moe_sort_s,
     pp_comm_s,
+    recompute_elementwise_s,
     tp_comm_s,
     unfused_attention_s,
 )
@@ -128,7 +130,7 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     stage = stage + b.mtp_layers
     compute = stage * (fwd + bwd + rerun) + heads_out
     sort = moe_sort_s(b) * (2.0 + full) * moe_share
-    layers = stage * (elem + sort) + (1.0 + b.mtp_layers) * loss_s(b)
+    layers = stage * (elem + sort + recompute_elementwise_s(b)) + (1.0 + b.mtp_layers) * loss_s(b)
     net = stage * (tp + ep + cp)
     pp = hide(pp_comm_s(b), compute, b.overlap_fraction * b.overlap_p2p_comm)
     return {"compute_s": compute, "memory_s": layers, "overhead_s": stage * b.layer_overhead_s,

@@ -16,7 +16,9 @@ width f, write one), and with fp8/fp4 GEMMs 1 byte per GEMM-input element (the t
 fp8 copy the weight-gradient GEMM reads; the cast itself is fused in the norm or activation that
 produces the input; an MoE layer's routed GEMMs read ``topk`` rows of h per token, cast after
 the dispatcher's permutation) -- sharded by ``tp`` inside the tensor-parallel region and, with sequence
-parallelism, outside it too.
+parallelism, outside it too. A selective recompute of the norms or of the MoE activation
+(Megatron-Core's ``recompute_modules`` "layernorm", "moe_act") reruns their forward traffic
+once more (``recompute_elementwise_s``).
 """
 
 
@@ -195,6 +197,24 @@ def elementwise_s(b: TrainBatch) -> np.ndarray:
     sp = b.sequence_parallel > 0
     per_token = np.where(sp, outside / b.tp, outside) + (inside + cast) / b.tp
     return tokens_per_chip(b) * per_token / (b.hbm_bw_bytes_per_s * b.hbm_fraction)
+
+
+def recompute_elementwise_s(b: TrainBatch) -> np.ndarray:
+    """Seconds of one layer's elementwise recompute on one chip (per layer of the stage, averaged
+    over its dense and MoE layers): Megatron-Core's ``recompute_modules`` "layernorm"
+    (``recompute_norms``: the backward reruns the two pre-norms' forward, ``elementwise_s``'s
+    8h bytes a token, sharded by ``tp`` with sequence parallelism) and "moe_act"
+    (``recompute_moe_act``: the routed experts' activation, 2 (E f_e) bytes a routed row,
+    ``topk`` rows a token, sharded by ``tp``; MoE layers only), at the HBM rate. Not paid by
+    the layers a full recompute reruns whole (``elementwise_s`` counts their rerun)."""
+    h = b.hidden_size
+    norms = 4.0 * ACT_BYTES * h * b.recompute_norms
+    norms = np.where(b.sequence_parallel > 0, norms / b.tp, norms)
+    moe_share = b.moe_layers / np.maximum(b.num_layers, 1.0)
+    act = (ACT_BYTES * b.mlp_mats * b.expert_ffn * b.topk * b.recompute_moe_act * moe_share
+           / b.tp)
+    return (tokens_per_chip(b) * (norms + act) * (1.0 - b.full_share)
+            / (b.hbm_bw_bytes_per_s * b.hbm_fraction))
 
 
 def loss_s(b: TrainBatch) -> np.ndarray:

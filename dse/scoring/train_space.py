@@ -57,7 +57,9 @@ LAYOUT = {"layout.tp": "tp", "layout.pp": "pp", "layout.dp": "dp", "layout.cp": 
           "training.seq_len": "seq_len", "training.mtp_layers": "mtp_layers",
           "training.overlap_p2p_comm": "overlap_p2p_comm",
           "training.overlap_grad_reduce": "overlap_grad_reduce",
-          "training.p2p_scatter_gather": "p2p_scatter_gather"}
+          "training.p2p_scatter_gather": "p2p_scatter_gather",
+          "training.recompute_norms": "recompute_norms",
+          "training.recompute_moe_act": "recompute_moe_act"}
 CODES = {"layout.recompute": ("recompute", RECOMPUTE),
          "training.tp_comm_overlap": ("tp_comm_overlap", TP_COMM_OVERLAP),
          "training.cp_comm_type": ("cp_comm_type", CP_COMM_TYPES),

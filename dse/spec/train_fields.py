@@ -77,6 +77,12 @@ OWN = (
          "all-gathers them (Megatron-LM's --scatter-gather-tensors-in-pipeline, on from 2021-02 "
          "until Megatron-Core dropped it); false: the whole activation, as Megatron-Core sends "
          "it", False),
+    flag("training.recompute_norms", "the backward reruns the layers' norms instead of "
+         "keeping their outputs (Megatron-Core's recompute_modules \"layernorm\"): their "
+         "elementwise passes once more, at the HBM rate", False),
+    flag("training.recompute_moe_act", "the backward reruns the routed experts' activation "
+         "instead of keeping its output (Megatron-Core's recompute_modules \"moe_act\"): its "
+         "elementwise pass once more, at the HBM rate", False),
     enum("training.cp_comm_type", CP_COMM_TYPES, "p2p", "how context parallelism exchanges "
          "attention's inputs (Megatron-Core's cp_comm_type): p2p (ring attention: cp - 1 K/V "
          "sends per layer, under the attention core), a2a (DeepSpeed-Ulysses, arXiv:2309.14509: "
