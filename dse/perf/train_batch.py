@@ -84,6 +84,8 @@ class TrainBatch:
     recompute_norms, recompute_moe_act (1/0): Megatron-Core's selective ``recompute_modules``
     "layernorm" and "moe_act", whose forward passes the backward reruns
     (``train_time.recompute_elementwise_s``).
+    sliding_window (tokens; 0 = none), local_layers: the model's sliding-window layers and
+    their window (``train_time.attention_core_s``).
     """
 
     hidden_size: np.ndarray
@@ -150,6 +152,8 @@ class TrainBatch:
     expert_load_cv: np.ndarray = 0.0
     recompute_norms: np.ndarray = 0.0
     recompute_moe_act: np.ndarray = 0.0
+    sliding_window: np.ndarray = 0.0
+    local_layers: np.ndarray = 0.0
 
     @classmethod
     def of(cls, **fields) -> TrainBatch:

@@ -130,7 +130,9 @@ def attention_gemms_s(b: TrainBatch, t) -> tuple[np.ndarray, np.ndarray]:
 
 def attention_core_s(b: TrainBatch) -> np.ndarray:
     """Forward seconds of one layer's attention core on one chip (bf16 flash attention over the
-    causal sequence; context parallelism splits the work ``cp`` ways, load-balanced)."""
+    causal sequence; context parallelism splits the work ``cp`` ways, load-balanced), averaged
+    over the stage's layers: ``local_layers`` of ``num_layers`` attend to a sliding window of
+    ``sliding_window`` keys (gpt-oss: 18 of 36 at 128)."""
     kp = b.kernel
     names = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction", "dim_half",
              "per_seq_s", "per_seq_head_s")
@@ -139,10 +141,18 @@ def attention_core_s(b: TrainBatch) -> np.ndarray:
     d_qk = np.where(b.kv_lora_rank > 0, b.qk_nope_head_dim + b.qk_rope_head_dim, b.head_dim)
     d_v = np.where(b.kv_lora_rank > 0, b.v_head_dim, b.head_dim)
     kvh = np.where(b.kv_lora_rank > 0, b.heads, b.kv_heads)
-    full = prefill_attention_s(b.micro_batch_seqs, b.seq_len, 0.0, b.heads / b.tp,
-                               np.maximum(kvh / b.tp, 1.0), d_qk, d_v, 0.0, ACT_BYTES,
-                               b.peak_bf16_flops_per_s, b.hbm_bw_bytes_per_s, **p)
-    return full / b.cp
+    args = (b.micro_batch_seqs, b.seq_len, 0.0, b.heads / b.tp, np.maximum(kvh / b.tp, 1.0),
+            d_qk, d_v)
+    full = prefill_attention_s(*args, 0.0, ACT_BYTES, b.peak_bf16_flops_per_s,
+                               b.hbm_bw_bytes_per_s, **p)
+    # the local (sliding-window) layers attend to ``sliding_window`` keys (plus the kernel's
+    # window padding), the serving prefill model's windowed pairs
+    local = prefill_attention_s(*args, b.sliding_window, ACT_BYTES, b.peak_bf16_flops_per_s,
+                                b.hbm_bw_bytes_per_s,
+                                window_pad_tokens=kp.get("attn_prefill_window_pad_tokens", 0.0),
+                                **p)
+    share = np.where(b.sliding_window > 0, b.local_layers / np.maximum(b.num_layers, 1.0), 0.0)
+    return ((1.0 - share) * full + share * local) / b.cp
 
 
 # HBM bytes per attention-score element of Megatron's unfused core attention (fp16/bf16 scores,

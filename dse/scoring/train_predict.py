@@ -44,7 +44,7 @@ from dse.scoring.train_cases import (
 from dse.scoring.train_layouts import candidates
 
 ATTN_KEYS = ("fraction", "half_tokens", "half_rows", "latency_s", "hbm_fraction", "dim_half",
-             "per_seq_s", "per_seq_head_s")
+             "per_seq_s", "per_seq_head_s", "window_pad_tokens")
 A2A_KEYS = ("a2a_normal_dispatch_latency_s", "a2a_normal_dispatch_fraction",
             "a2a_normal_combine_latency_s", "a2a_normal_combine_fraction",
             "a2a_scaleout_latency_s", "a2a_scaleout_fraction")
@@ -125,6 +125,8 @@ def design_numbers(m, acc, topo, prec: str, given: dict, attention_kernel: str |
          "q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank,
          "qk_nope_head_dim": m.qk_nope_head_dim, "qk_rope_head_dim": m.qk_rope_head_dim,
          "v_head_dim": m.v_head_dim, "tied": float(m.tie_word_embeddings),
+         "sliding_window": float(m.sliding_window or 0),
+         "local_layers": float(m.num_local_attention_layers or 0),
          "peak_bf16": peaks.bf16, "peak_fp16": peaks.fp16 or 0.0, "peak_fp8": peaks.fp8 or 0.0,
          "peak_fp4": peaks.fp4 or 0.0, "hbm_bw_bytes_per_s": acc.hbm_bw_bytes_per_s,
          "hbm_capacity_bytes": acc.hbm_capacity_bytes,
