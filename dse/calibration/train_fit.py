@@ -191,12 +191,34 @@ def apply_recompute_rules(cases: pd.DataFrame) -> pd.DataFrame:
     return c
 
 
+# Rows whose own note says their router was forced to balance ("routing force-balanced"): the
+# Megatron-Bridge 25.11 MoE rows, whose recipes (scripts/performance/configs/*/ at r0.2.0, every
+# MoE model's base config) set moe_router_force_load_balancing=True (Megatron-Core's router then
+# scores tokens at random: ~1% sampling spread, not learned routing's skew).
+BALANCED_NOTE = "force-balanced"
+
+
+def apply_routing_rule(cases: pd.DataFrame) -> pd.DataFrame:
+    """``cases`` with ``training.moe_router_force_load_balancing`` true where blank and the
+    case's note says its routing was force-balanced (``BALANCED_NOTE``)."""
+    c = cases.copy()
+    col = "training.moe_router_force_load_balancing"
+    note = c.get("note", pd.Series("", index=c.index)).fillna("").astype(str)
+    on = note.str.contains(BALANCED_NOTE, regex=False).to_numpy()
+    if col not in c:
+        c[col] = pd.Series(np.nan, index=c.index, dtype=object)
+    c[col] = c[col].astype(object)
+    c.loc[on & c[col].isna().to_numpy(), col] = "true"
+    return c
+
+
 def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     folder = Path(folder or default_dir())
     cases = pd.read_csv(folder / "training_cases.csv", dtype=str, keep_default_na=False,
                         na_values=[""])
     truth = pd.read_csv(folder / "training_truth.csv")
-    return apply_recompute_rules(apply_software_rules(apply_attention_rules(cases))), truth
+    return apply_routing_rule(apply_recompute_rules(apply_software_rules(
+        apply_attention_rules(cases)))), truth
 
 
 def joined(cases: pd.DataFrame, truth: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:

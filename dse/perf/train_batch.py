@@ -80,7 +80,8 @@ class TrainBatch:
     (code of CP_COMM_TYPES): how context parallelism exchanges attention's inputs.
     expert_load_cv: coefficient of variation of the routed tokens per expert (serving.toml
     [expert_routing]; 0 = balanced routing): the busiest EP rank's load
-    (``train_time.expert_imbalance``).
+    (``train_time.expert_imbalance``); moe_router_force_load_balancing (1/0: Megatron-Core's
+    switch that routes on random scores): no skew, the load of a cv of 0.
     recompute_norms, recompute_moe_act (1/0): Megatron-Core's selective ``recompute_modules``
     "layernorm" and "moe_act", whose forward passes the backward reruns
     (``train_time.recompute_elementwise_s``).
@@ -150,6 +151,7 @@ class TrainBatch:
     p2p_scatter_gather: np.ndarray = 0.0
     cp_comm_type: np.ndarray = 0.0
     expert_load_cv: np.ndarray = 0.0
+    moe_router_force_load_balancing: np.ndarray = 0.0
     recompute_norms: np.ndarray = 0.0
     recompute_moe_act: np.ndarray = 0.0
     sliding_window: np.ndarray = 0.0
@@ -179,7 +181,9 @@ class TrainBatch:
         computed once per batch: three MoE terms read it)."""
         return np.where(self.moe_layers > 0,
                         published_imbalance(self.ep, np.maximum(self.experts, 1.0),
-                                            self.expert_load_cv), 1.0)
+                                            self.expert_load_cv
+                                            * (1.0 - self.moe_router_force_load_balancing)),
+                        1.0)
 
     @cached_property
     def operand_bytes(self) -> np.ndarray:

@@ -63,6 +63,8 @@ SWITCHES = {"training.tp_comm_overlap": ("tp_comm_overlap",
             "training.p2p_scatter_gather": ("p2p_scatter_gather", BOOL),
             "training.recompute_norms": ("recompute_norms", BOOL),
             "training.recompute_moe_act": ("recompute_moe_act", BOOL),
+            "training.moe_router_force_load_balancing": ("moe_router_force_load_balancing",
+                                                         BOOL),
             "training.cp_comm_type": ("cp_comm_type",
                                       {k: i for i, k in enumerate(CP_COMM_TYPES)})}
 # overrides that may be 0 (the others must be > 0)

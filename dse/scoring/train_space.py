@@ -59,7 +59,8 @@ LAYOUT = {"layout.tp": "tp", "layout.pp": "pp", "layout.dp": "dp", "layout.cp": 
           "training.overlap_grad_reduce": "overlap_grad_reduce",
           "training.p2p_scatter_gather": "p2p_scatter_gather",
           "training.recompute_norms": "recompute_norms",
-          "training.recompute_moe_act": "recompute_moe_act"}
+          "training.recompute_moe_act": "recompute_moe_act",
+          "training.moe_router_force_load_balancing": "moe_router_force_load_balancing"}
 CODES = {"layout.recompute": ("recompute", RECOMPUTE),
          "training.tp_comm_overlap": ("tp_comm_overlap", TP_COMM_OVERLAP),
          "training.cp_comm_type": ("cp_comm_type", CP_COMM_TYPES),

@@ -83,6 +83,11 @@ OWN = (
     flag("training.recompute_moe_act", "the backward reruns the routed experts' activation "
          "instead of keeping its output (Megatron-Core's recompute_modules \"moe_act\"): its "
          "elementwise pass once more, at the HBM rate", False),
+    flag("training.moe_router_force_load_balancing", "the MoE router routes on random scores "
+         "so that every expert gets the same share of the tokens (Megatron-Core's "
+         "moe_router_force_load_balancing, a benchmarking switch): no expert skew, the busiest "
+         "expert-parallel rank carries the mean load; false: the skew of learned routing "
+         "(serving.toml [expert_routing])", False),
     enum("training.cp_comm_type", CP_COMM_TYPES, "p2p", "how context parallelism exchanges "
          "attention's inputs (Megatron-Core's cp_comm_type): p2p (ring attention: cp - 1 K/V "
          "sends per layer, under the attention core), a2a (DeepSpeed-Ulysses, arXiv:2309.14509: "
