@@ -80,22 +80,36 @@ ATTENTION_RULES = (
 KERNEL_COLUMN = "training.attention_kernel"
 
 
-def apply_attention_rules(cases: pd.DataFrame) -> pd.DataFrame:
-    """``cases`` with ``training.attention_kernel`` set by ``ATTENTION_RULES`` where blank."""
+def fill_by_rules(cases: pd.DataFrame, rules) -> pd.DataFrame:
+    """``cases`` with each rule's columns set where blank, the first rule that matches a row
+    winning: ``rules`` of ``(source, a pattern of the citation, the models it covers or None,
+    {column: value})``; a value the case gives is kept."""
     c = cases.copy()
-    if KERNEL_COLUMN not in c:
-        c[KERNEL_COLUMN] = pd.Series(np.nan, index=c.index, dtype=object)
     src = c.get("source", pd.Series("", index=c.index)).fillna("").astype(str)
     cite = c.get("citation", pd.Series("", index=c.index)).fillna("").astype(str)
-    todo = c[KERNEL_COLUMN].isna().to_numpy().copy()
-    for source, pattern, models, kernel in ATTENTION_RULES:
-        on = (todo & src.eq(source).to_numpy()
-              & cite.str.contains(pattern, regex=True).to_numpy())
+    done = np.zeros(len(c), bool)
+    for source, pattern, models, values in rules:
+        on = ~done & src.eq(source).to_numpy() & cite.str.contains(pattern, regex=True).to_numpy()
         if models is not None:
             on &= c["model"].astype(str).isin(models).to_numpy()
-        c.loc[on, KERNEL_COLUMN] = kernel
-        todo &= ~on
+        _fill(c, on, values)
+        done |= on
     return c
+
+
+def _fill(c: pd.DataFrame, on: np.ndarray, values: dict) -> None:
+    """``values`` written into ``c`` on the rows ``on`` whose cell is blank."""
+    for col, v in values.items():
+        if col not in c:
+            c[col] = pd.Series(np.nan, index=c.index, dtype=object)
+        c[col] = c[col].astype(object)
+        c.loc[on & c[col].isna().to_numpy(), col] = v
+
+
+def apply_attention_rules(cases: pd.DataFrame) -> pd.DataFrame:
+    """``cases`` with ``training.attention_kernel`` set by ``ATTENTION_RULES`` where blank."""
+    return fill_by_rules(cases, [(src, pat, models, {KERNEL_COLUMN: kernel})
+                                 for src, pat, models, kernel in ATTENTION_RULES])
 
 
 # What the Megatron-LM of a source's rows ran where the case file leaves it blank: the
@@ -138,20 +152,7 @@ SOFTWARE_RULES = (
 
 def apply_software_rules(cases: pd.DataFrame) -> pd.DataFrame:
     """``cases`` with the columns of ``SOFTWARE_RULES`` set where blank (first match wins)."""
-    c = cases.copy()
-    src = c.get("source", pd.Series("", index=c.index)).fillna("").astype(str)
-    cite = c.get("citation", pd.Series("", index=c.index)).fillna("").astype(str)
-    done = np.zeros(len(c), bool)
-    for source, pattern, values in SOFTWARE_RULES:
-        on = (~done & src.eq(source).to_numpy()
-              & cite.str.contains(pattern, regex=True).to_numpy())
-        for col, v in values.items():
-            if col not in c:
-                c[col] = pd.Series(np.nan, index=c.index, dtype=object)
-            c[col] = c[col].astype(object)
-            c.loc[on & c[col].isna().to_numpy(), col] = v
-        done |= on
-    return c
+    return fill_by_rules(cases, [(src, pat, None, values) for src, pat, values in SOFTWARE_RULES])
 
 
 # What a source's rows recompute selectively where the case file leaves it blank (Megatron-Core's
@@ -174,21 +175,7 @@ RECOMPUTE_RULES = (
 
 def apply_recompute_rules(cases: pd.DataFrame) -> pd.DataFrame:
     """``cases`` with the columns of ``RECOMPUTE_RULES`` set where blank (first match wins)."""
-    c = cases.copy()
-    src = c.get("source", pd.Series("", index=c.index)).fillna("").astype(str)
-    cite = c.get("citation", pd.Series("", index=c.index)).fillna("").astype(str)
-    done = np.zeros(len(c), bool)
-    for source, pattern, models, values in RECOMPUTE_RULES:
-        on = (~done & src.eq(source).to_numpy()
-              & cite.str.contains(pattern, regex=True).to_numpy()
-              & c["model"].astype(str).isin(models).to_numpy())
-        for col, v in values.items():
-            if col not in c:
-                c[col] = pd.Series(np.nan, index=c.index, dtype=object)
-            c[col] = c[col].astype(object)
-            c.loc[on & c[col].isna().to_numpy(), col] = v
-        done |= on
-    return c
+    return fill_by_rules(cases, RECOMPUTE_RULES)
 
 
 # Rows whose own note says their router was forced to balance ("routing force-balanced"): the
@@ -202,13 +189,9 @@ def apply_routing_rule(cases: pd.DataFrame) -> pd.DataFrame:
     """``cases`` with ``training.moe_router_force_load_balancing`` true where blank and the
     case's note says its routing was force-balanced (``BALANCED_NOTE``)."""
     c = cases.copy()
-    col = "training.moe_router_force_load_balancing"
     note = c.get("note", pd.Series("", index=c.index)).fillna("").astype(str)
-    on = note.str.contains(BALANCED_NOTE, regex=False).to_numpy()
-    if col not in c:
-        c[col] = pd.Series(np.nan, index=c.index, dtype=object)
-    c[col] = c[col].astype(object)
-    c.loc[on & c[col].isna().to_numpy(), col] = "true"
+    _fill(c, note.str.contains(BALANCED_NOTE, regex=False).to_numpy(),
+          {"training.moe_router_force_load_balancing": "true"})
     return c
 
 
