@@ -289,14 +289,15 @@ def bench_builder(label: str, text: str, limit: int | None = None, passes: int =
             build_per_cpu_s=n / best[1], score_per_cpu_s=n / best[3])
 
 
-TRAIN_GRID = """
-task = "train"
-[training]
-tokens = 15e12
-global_batch_seqs = 1024
-seq_len = 8192
-[parameters]
-"accelerator.id" = ["a100-sxm-80g", "h100-sxm", "b200", "gb200"]
+def _train_space(seq_len: int, parameters: str) -> str:
+    """A training space of ``parameters`` (its [parameters] lines) for the training benchmark:
+    15T tokens at a global batch of 1,024 sequences, time and cost minimised."""
+    return (f'task = "train"\n[training]\ntokens = 15e12\nglobal_batch_seqs = 1024\n'
+            f'seq_len = {seq_len}\n[parameters]\n{parameters}[objectives]\n'
+            'train_time_s = "minimize"\ntrain_cost_usd = "minimize"\n')
+
+
+TRAIN_GRID = _train_space(8192, """"accelerator.id" = ["a100-sxm-80g", "h100-sxm", "b200", "gb200"]
 "model.id" = ["llama-3.1-70b", "llama-3.1-405b", "deepseek-v3"]
 "training.precision" = ["bf16", "fp8"]
 "layout.tp" = [1, 2, 4, 8]
@@ -309,22 +310,10 @@ seq_len = 8192
 "layout.zero_stage" = [1, 3]
 "layout.pipeline_schedule" = ["1f1b", "interleaved"]
 "layout.vp" = [1, 2]
-[objectives]
-train_time_s = "minimize"
-train_cost_usd = "minimize"
-"""
-
-
+""")
 # all-valid grids: every design a layout the model takes (the search's typical slice once a
 # space names its models), dense and MoE apart -- the MoE scorer runs the expert terms
-TRAIN_DENSE = """
-task = "train"
-[training]
-tokens = 15e12
-global_batch_seqs = 1024
-seq_len = 8192
-[parameters]
-"accelerator.id" = ["a100-sxm-80g", "h100-sxm", "b200", "gb200"]
+TRAIN_DENSE = _train_space(8192, """"accelerator.id" = ["a100-sxm-80g", "h100-sxm", "b200", "gb200"]
 "model.id" = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b"]
 "training.precision" = ["bf16", "fp8"]
 "layout.tp" = [1, 2, 4, 8]
@@ -334,18 +323,8 @@ seq_len = 8192
 "layout.micro_batch_seqs" = [1, 2, 4]
 "layout.recompute" = ["none", "selective", "full"]
 "layout.zero_stage" = [1, 3]
-[objectives]
-train_time_s = "minimize"
-train_cost_usd = "minimize"
-"""
-TRAIN_MOE = """
-task = "train"
-[training]
-tokens = 15e12
-global_batch_seqs = 1024
-seq_len = 4096
-[parameters]
-"accelerator.id" = ["h100-sxm", "h800-sxm", "b200", "gb200"]
+""")
+TRAIN_MOE = _train_space(4096, """"accelerator.id" = ["h100-sxm", "h800-sxm", "b200", "gb200"]
 "model.id" = ["deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b", "qwen3-30b-a3b"]
 "training.precision" = ["bf16", "fp8"]
 "layout.tp" = [1, 2, 4, 8]
@@ -355,10 +334,7 @@ seq_len = 4096
 "layout.ep" = [8, 16, 32, 64]
 "layout.micro_batch_seqs" = [1, 2, 4]
 "layout.recompute" = ["none", "selective", "full"]
-[objectives]
-train_time_s = "minimize"
-train_cost_usd = "minimize"
-"""
+""")
 TRAIN_GRIDS = (("train", TRAIN_GRID,
                 ("4 chips x 3 models (dense and MoE) x 2 precisions x layouts, most of them "
                  "invalid")),
