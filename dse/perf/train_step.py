@@ -165,8 +165,10 @@ def dp_comm_s(b: TrainBatch, params_per_chip) -> tuple[np.ndarray, np.ndarray]:
     return step, per_mb
 
 
-def score_train(b: TrainBatch) -> dict:
-    """Every training metric of every design (``METRICS``), arrays of one row per design."""
+def score_train(b: TrainBatch, layout_bits_known=None) -> dict:
+    """Every training metric of every design (``METRICS``), arrays of one row per design.
+    ``layout_bits_known``: the designs' layout bits where the caller has them already (a
+    training space checks them before it scores only the valid layouts)."""
     parts = micro_batch_parts(b)
     mem = memory_bytes(b, flash=1.0 - b.attention_unfused)   # unfused: the score matrix kept
     m = b.micro_batches
@@ -200,7 +202,7 @@ def score_train(b: TrainBatch) -> dict:
     out.update(mem)
     fits = mem["memory_per_chip_bytes"] <= b.hbm_capacity_bytes
     native = b.precision_native > 0
-    bits = layout_bits(b)
+    bits = layout_bits(b) if layout_bits_known is None else layout_bits_known
     valid = bits == 0
     out["feasible"] = fits & native & valid
     out["reason"] = np.where(~valid, 3, np.where(~native, 2, np.where(~fits, 1, 0)))

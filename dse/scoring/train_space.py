@@ -302,8 +302,9 @@ def score_values(space, vals: dict, overrides: dict | None = None, metrics=None,
     with np.errstate(all="ignore"):
         # a layout the model cannot take is flagged, not scored: its metrics are NaN
         rows = None if valid.all() else np.flatnonzero(valid)
-        s = score_train(b) if rows is None else _scatter(
-            score_train(b.take(rows if len(rows) else np.array([0]))), rows, n)
+        # the rows scored are the valid layouts: their bits are 0, not computed again
+        s = score_train(b, 0) if rows is None else _scatter(
+            score_train(b.take(rows if len(rows) else np.array([0])), 0), rows, n)
         chips = b.tp * b.pp * b.dp * b.cp
         tokens = extra["tokens"]
         s["num_chips"] = chips
