@@ -49,16 +49,21 @@ LAYOUT_REASONS = {
 }
 
 
+def a2a_splits(heads, kv_heads, kv_lora_rank, tp, cp):
+    """Whether Ulysses (``cp_comm_type`` a2a) can split the heads over ``cp`` ranks: each takes
+    ``1 / cp`` of a tensor-parallel rank's query and key/value heads (Transformer Engine's
+    AttnFuncWithCPAndQKVOA2A asserts both divide; MLA's key/value heads are its query heads).
+    Elementwise: scalars or arrays."""
+    kvh = np.where(np.asarray(kv_lora_rank) > 0, heads, kv_heads)
+    return (np.fmod(heads, tp * cp) == 0) & (np.fmod(np.maximum(kvh / tp, 1.0), cp) == 0)
+
+
 def bad_a2a(b: TrainBatch) -> np.ndarray:
-    """Where Ulysses (``cp_comm_type`` a2a) cannot split the heads: each of the ``cp`` ranks
-    takes ``1 / cp`` of a tensor-parallel rank's query and key/value heads (Transformer
-    Engine's AttnFuncWithCPAndQKVOA2A asserts both divide)."""
+    """Where a design runs a2a context parallelism whose heads do not split (``a2a_splits``)."""
     if not np.any(b.cp_comm_type == 1):
         return np.zeros((), bool)
-    kvh = np.where(b.kv_lora_rank > 0, b.heads, b.kv_heads)
     return ((b.cp_comm_type == 1) & (b.cp > 1)
-            & ((np.fmod(b.heads, b.tp * b.cp) != 0)
-               | (np.fmod(np.maximum(kvh / b.tp, 1.0), b.cp) != 0)))
+            & ~a2a_splits(b.heads, b.kv_heads, b.kv_lora_rank, b.tp, b.cp))
 
 
 def layout_bits(b: TrainBatch, whole_dp=None) -> np.ndarray:

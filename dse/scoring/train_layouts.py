@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from dse.errors import InputError
+from dse.perf.train_layout import a2a_splits
 from dse.scoring.train_cases import where
 
 COLUMNS = ("tp", "pp", "dp", "ep", "cp", "vp", "micro_batch_seqs", "recompute",
@@ -50,13 +51,11 @@ def options(given, values) -> tuple:
 
 
 def ulysses_splits(r: dict, tp: float, cp: float) -> bool:
-    """Whether a2a context parallelism (``training.cp_comm_type``) can split the heads: each of
-    the ``cp`` ranks takes ``1 / cp`` of a tensor-parallel rank's query and key/value heads
-    (Transformer Engine's AttnFuncWithCPAndQKVOA2A asserts both divide)."""
+    """Whether a case's a2a context parallelism (``training.cp_comm_type``) can split the heads
+    at ``tp`` x ``cp`` (``train_layout.a2a_splits``); any other exchange always can."""
     if r.get("cp_comm_type", 0) != 1 or cp <= 1:
         return True
-    kvh = r["heads"] if r.get("kv_lora_rank", 0) > 0 else r["kv_heads"]
-    return r["heads"] % (tp * cp) == 0 and max(kvh / tp, 1.0) % cp == 0
+    return bool(a2a_splits(r["heads"], r["kv_heads"], r.get("kv_lora_rank", 0), tp, cp))
 
 
 def case_layouts(i: int, p: dict, r: dict) -> list[tuple]:
