@@ -22,7 +22,7 @@ IDEAL = {  # speed of light: peak FLOP/s, full bandwidths, no fixed costs, no pa
     "layer_overhead_s": 0.0, "graph_layer_overhead_s": 0.0, "step_overhead_s": 0.0,
     "network_overlap_fraction": 0.0,
     "request_overhead_s": 0.0, "seq_overhead_s": 0.0, "frontend_prompt_token_s": 0.0,
-    "frontend_token_s": 0.0, "frontend_text_token_s": 0.0,
+    "frontend_token_s": 0.0, "frontend_text_token_s": 0.0, "frontend_request_s": 0.0,
     "gemm_fraction": 1.0, "gemm_half_rows": 0.0, "gemm_n_half": 0.0, "gemm_k_half": 0.0,
     "gemm_wave_elements": 0.0, "gemm_hbm_fraction": 1.0, "gemm_latency_s": 0.0,
     "moe_fraction": 1.0, "moe_half_rows": 0.0, "moe_width_half": 0.0, "moe_hbm_fraction": 1.0,

@@ -14,12 +14,13 @@ from dse.perf import frontend
 L8 = {"model.weight_dtype": "fp8", "layout.tp": 1, "workload.isl": 1000, "workload.osl": 100,
       "serving.runtime": "trtllm"}
 OFF = {"request_overhead_s": 0.0, "frontend_prompt_token_s": 0.0, "frontend_token_s": 0.0,
-       "frontend_text_token_s": 0.0}
+       "frontend_text_token_s": 0.0, "frontend_request_s": 0.0}
 
 
 def fe(**kw):
     return SimpleNamespace(**{"isl": 1000.0, "osl": 100.0, "frontend_prompt_token_s": 0.0,
-                              "frontend_token_s": 0.0, "frontend_text_token_s": 0.0, **kw})
+                              "frontend_token_s": 0.0, "frontend_text_token_s": 0.0,
+                              "frontend_request_s": 0.0, **kw})
 
 
 def test_the_work_per_request_by_hand():
@@ -28,6 +29,22 @@ def test_the_work_per_request_by_hand():
     b = fe(frontend_prompt_token_s=2e-6, frontend_token_s=50e-6, frontend_text_token_s=10e-9)
     assert frontend.stream_s(b) == pytest.approx(5.0505e-3, rel=1e-12)
     assert frontend.serial_s(b) == pytest.approx(7.0505e-3, rel=1e-12)
+
+
+def test_the_work_per_request_with_a_fixed_part_by_hand():
+    """S = r + p isl + t osl: 10 ms + 2 us x 1000 + 50 us x 100 = 17 ms, so at most 1 / 17 ms =
+    58.8 requests/s; the streaming part (5 ms) alone does not see r."""
+    b = fe(frontend_request_s=10e-3, frontend_prompt_token_s=2e-6, frontend_token_s=50e-6)
+    assert frontend.serial_s(b) == pytest.approx(17e-3, rel=1e-12)
+    assert frontend.stream_s(b) == pytest.approx(5e-3, rel=1e-12)
+
+
+def test_the_burst_waits_for_the_others_fixed_work_by_hand():
+    """The first C, submitted at once, wait for half the other requests' work before their
+    first token: 0.5 x 2 x (10 ms + 1000 x 1 ms) = 1.01 s with three clients (streaming, done
+    after the first token, not counted)."""
+    b = fe(frontend_request_s=10e-3, frontend_prompt_token_s=1e-3, frontend_token_s=0.01)
+    assert frontend.wait_s(b, 3.0, 2.0, 1.0) == pytest.approx(1.01, rel=1e-12)
 
 
 def test_the_closed_loop_wait_by_hand():
@@ -52,6 +69,17 @@ def test_one_client_pays_the_tokenizer_once_and_never_queues():
     more = one(d, **{**OFF, "frontend_prompt_token_s": 5e-6, "frontend_token_s": 100e-6})
     assert more["ttft_s"] - base["ttft_s"] == pytest.approx(5e-3, rel=1e-6)
     assert more["ttft_unloaded_s"] - base["ttft_unloaded_s"] == pytest.approx(5e-3, rel=1e-6)
+    assert more["tpot_s"] == pytest.approx(base["tpot_s"], rel=1e-12)
+
+
+def test_one_client_pays_the_fixed_work_once_and_never_queues():
+    """C = 1: the TTFT (closed loop and unloaded) grows by exactly r (20 ms), the TPOT not at
+    all."""
+    d = design(model="llama-3.1-8b", **{**L8, "workload.concurrency": 1})
+    base = one(d, **OFF)
+    more = one(d, **{**OFF, "frontend_request_s": 20e-3})
+    assert more["ttft_s"] - base["ttft_s"] == pytest.approx(20e-3, rel=1e-6)
+    assert more["ttft_unloaded_s"] - base["ttft_unloaded_s"] == pytest.approx(20e-3, rel=1e-6)
     assert more["tpot_s"] == pytest.approx(base["tpot_s"], rel=1e-12)
 
 

@@ -254,7 +254,7 @@ def moe_kernel_missing(out) -> np.ndarray:
 
 HOST_TIMES = ("serving.request_overhead_s", "serving.seq_overhead_s",
               "serving.frontend_prompt_token_s", "serving.frontend_token_s",
-              "serving.frontend_text_token_s")
+              "serving.frontend_text_token_s", "serving.frontend_request_s")
 
 
 def runtime_defaults(out) -> None:

@@ -35,6 +35,7 @@ DIRECT = {"workload.request_rate_per_s": "request_rate_per_s",
           "serving.frontend_prompt_token_s": "frontend_prompt_token_s",
           "serving.frontend_token_s": "frontend_token_s",
           "serving.frontend_text_token_s": "frontend_text_token_s",
+          "serving.frontend_request_s": "frontend_request_s",
           "serving.frontend_processes": "frontend_processes"}
 
 
@@ -177,6 +178,7 @@ def batch_columns(out, kv_bytes: np.ndarray) -> dict[str, np.ndarray]:
         "frontend_prompt_token_s": f("serving.frontend_prompt_token_s"),
         "frontend_token_s": f("serving.frontend_token_s"),
         "frontend_text_token_s": f("serving.frontend_text_token_s"),
+        "frontend_request_s": f("serving.frontend_request_s"),
         "frontend_processes": f("serving.frontend_processes"),
         **tier_columns(out, f),
     }

@@ -128,6 +128,14 @@ PARAMS = (
     ("frontend_prompt_token_s", 2e-6, 1e-9, 1e-4),
     ("frontend_token_s", 2e-5, 1e-8, 1e-3),
     ("frontend_text_token_s.sglang", 2e-8, 1e-12, 1e-5),
+    # the serial front end's time per request, whatever its lengths (dse.perf.frontend), for a
+    # front end that is not the runtime's own server: aiconfigurator's Dynamo deployments of
+    # TensorRT-LLM serving Llama-3.1-8B stop at 43-51 requests/s (osl 128-256, 128 clients)
+    # from tp 2 to tp 8 whatever the GPUs do (at osl 128 fewer tokens/s at C = 128 than at
+    # C = 64 on tp 4, isl 1024, and tp 8, isl 2048), ~20 ms of serial work a request where the
+    # per-token terms give ~8 ms (reports/end-to-end/prefill-ttft.md, fourteenth pass). The
+    # runtimes' own servers: none (their rows do not reach such rates)
+    *((f"frontend_request_s.{fe}", 5e-3, 1e-7, 0.2) for fe in FRONT_END_NAMES),
 )
 # the runtimes' own fields (efficiency.toml [runtimes.*], dse.build.designs.HOST_TIMES): a plain
 # name among them is fitted as one number for every runtime

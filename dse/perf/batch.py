@@ -189,6 +189,8 @@ OPTIONAL: dict[str, float | str] = {
     # token of text a chunk repeats
     "frontend_prompt_token_s": 0.0, "frontend_token_s": 0.0, "frontend_text_token_s": 0.0,
     "frontend_processes": 1.0,
+    # and per request, whatever its lengths
+    "frontend_request_s": 0.0,
     # expert load imbalance and redundant experts (dse.perf.imbalance)
     "expert_imbalance": 1.0, "redundant_experts": 0.0, "expert_load_cv": 0.0,
     # request lengths as distributions (dse.perf.lengths)
@@ -240,6 +242,7 @@ FIELDS.update({
     "frontend_token_s": "serial front end's time per output token (detokenizing, streaming)",
     "frontend_text_token_s": "serial front end's time per token of text a streamed chunk "
                              "repeats (a runtime that streams the whole text so far)",
+    "frontend_request_s": "serial front end's time per request, whatever its lengths",
     "frontend_processes": "front-end processes the requests are spread over (each a serial "
                           "server)",
     "seq_overhead_s": "scheduler host time per running sequence per step (per attention-DP "

@@ -15,7 +15,10 @@ serial   the work one front-end process does for every request, one request at a
         sgl-project/sglang python/sglang/srt/server_args.py, whose OpenAI adapter cuts each
         chunk's delta from the cumulative text, ``delta = text[offset:]``)
 
-so the per-request work is ``S = p isl + t osl + x osl (osl + 1) / 2`` and the instance serves at
+and, where a front end does some work for every request whatever its lengths (request set-up
+and hand-offs: ``frontend_request_s``, r; fitted for the Dynamo front end of aiconfigurator's
+benchmark rows, 0 on the runtimes' own servers), that too, before the first token. So the
+per-request work is ``S = r + p isl + t osl + x osl (osl + 1) / 2`` and the instance serves at
 most ``1 / S`` requests a second, whatever its GPUs do. In a closed loop of ``C`` clients:
 
 - the C streams' tokens pass the one server: a stream gets a token at most every
@@ -50,7 +53,8 @@ import numpy as np
 
 from dse.perf.batch import Batch
 
-SERIAL = ("frontend_prompt_token_s", "frontend_token_s", "frontend_text_token_s")
+SERIAL = ("frontend_prompt_token_s", "frontend_token_s", "frontend_text_token_s",
+          "frontend_request_s")
 
 
 def on(b: Batch) -> bool:
@@ -60,10 +64,13 @@ def on(b: Batch) -> bool:
 
 def front_end_s(b: Batch):
     """The front end's time in every TTFT, with no other request in the way: the fixed time per
-    request (``request_overhead_s``) and tokenizing the prompt (0.0 when no row sets either)."""
+    request (``request_overhead_s``), tokenizing the prompt and the serial work per request
+    (0.0 when no row sets any)."""
     t = b.request_overhead_s if b.has_on("request_overhead_s") else 0.0
     if b.has_on("frontend_prompt_token_s"):
         t = t + b.frontend_prompt_token_s * b.isl
+    if b.has_on("frontend_request_s"):
+        t = t + b.frontend_request_s
     return t
 
 
@@ -74,8 +81,9 @@ def stream_s(b: Batch):
 
 
 def serial_s(b: Batch):
-    """The serial server's work per request, S (tokenizing the prompt and streaming the answer)."""
-    return b.frontend_prompt_token_s * b.isl + stream_s(b)
+    """The serial server's work per request, S (its fixed work, tokenizing the prompt and
+    streaming the answer)."""
+    return b.frontend_request_s + b.frontend_prompt_token_s * b.isl + stream_s(b)
 
 
 def streamed_tpot(b: Batch, tpot, streams):
@@ -96,14 +104,15 @@ def wait_s(b: Batch, clients, cycle_s, first):
     """A request's mean wait for its serial server in a closed loop of ``clients`` (C) requests
     in flight, each returning every ``cycle_s`` plus this wait (the M/D/1 queue at the loop's
     load, module docstring), the first C (``first``: their share of the requests) waiting
-    instead for half the other prompts' tokenization; with ``k`` processes the C / k clients
-    of one process take the place of the C."""
+    instead for half the other requests' work before their first token (fixed and
+    tokenizing); with ``k`` processes the C / k clients of one process take the place of
+    the C."""
     s = serial_s(b)
     m = np.maximum(clients / processes(b) - 1.0, 0.0)   # the other clients of its process
     k = m * s * s
     a = cycle_s - m * s
     steady = k / np.maximum(a + np.sqrt(a * a + 2.0 * k), 1e-30)
-    burst = 0.5 * m * b.frontend_prompt_token_s * b.isl
+    burst = 0.5 * m * (b.frontend_request_s + b.frontend_prompt_token_s * b.isl)
     return first * burst + (1.0 - first) * steady
 
 

@@ -368,6 +368,11 @@ FIELDS: tuple[Field, ...] = (
         "of text a streamed chunk repeats (a runtime that streams the whole text so far, as "
         "SGLang by default); blank = the runtime's, fitted end to end (efficiency.toml "
         "[runtimes])", open_=False, zero="none (incremental streaming)"),
+    num("serving.frontend_request_s", "s", "the serial front end's time per request, whatever "
+        "its lengths (request setup and hand-offs one process does for each request, so it "
+        "queues: dse/perf/frontend.py); blank = none, as on the runtimes' own servers (fitted "
+        "for the Dynamo front end of aiconfigurator's benchmark rows: efficiency.toml "
+        "[front_ends])", open_=False, zero="none"),
     count("serving.frontend_processes", "processes", "front-end processes the instance's "
           "requests are spread over, each a serial server (dse/perf/frontend.py); blank = the "
           "runtime's default (serving.toml [runtimes]: one for TensorRT-LLM and SGLang, one per "
