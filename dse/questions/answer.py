@@ -128,7 +128,19 @@ def first_lines(out) -> str:
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-05 (eleventh pass, issue 28): fp4 (MXFP4) experts on a chip without fp4 tensor "
+    "2026-12-06 (fourteenth pass, issue 28): the serial front end does some work for every "
+    "request whatever its lengths (serving.frontend_request_s: request set-up and hand-offs), "
+    "fitted for Dynamo's front end of aiconfigurator's benchmark rows at 9.9 ms and none on "
+    "the runtimes' own servers; the end-to-end refit on it puts an eager step's per-layer "
+    "time at 60.9 us (68.1), a decode-only step's at 16.0 us (15.4), a runtime's own server's "
+    "time per request at 29.9 ms (25.9) and the front end's times per output and prompt token "
+    "at 19.8 us (21.9) and 3.77 us (4.71); training: Megatron's communication-overlap "
+    "settings (training.tp_comm_overlap, overlap_p2p_comm, overlap_grad_reduce, "
+    "p2p_scatter_gather), DualPipe's bubble as DeepSeek-V3's Table 2 gives it, the per-layer "
+    "overhead as its own part, wide-EP MoE training priced on the rows each rank receives, "
+    "the context-parallel communication type, recomputed norms and MoE activations, "
+    "sliding-window layers at their window, and the training refit on them. Before it "
+    "(eleventh pass, 2026-12-05): fp4 (MXFP4) experts on a chip without fp4 tensor "
     "cores (Hopper, MI300X) run a W4A16 MXFP4 kernel (weights widened to bf16, bf16 MMAs; its "
     "own MoE family fitted on aiconfigurator-core's w4a16_mxfp4 tables), not the fp8 "
     "block-scaled one, so gpt-oss-120b decodes slower there; the end-to-end refit then puts "
