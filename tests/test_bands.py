@@ -392,8 +392,8 @@ def test_end_to_end_log_sd_is_read_when_the_catalog_has_it(tmp_path, monkeypatch
         B._families_cached.cache_clear()
     # the shipped catalog: the fit's bootstrap table (dse.calibration.fit) for the shared default
     fams = [f for f in B.families() if f.group == "e2e"]
-    from dse.calibration.fit import PARAMS
-    assert fams and fams[0].params == tuple(p[0] for p in PARAMS)
+    from dse.calibration.fit import FITTED
+    assert fams and fams[0].params == tuple(p[0] for p in FITTED)
 
 
 # ------------------------------------------------------------------ first lines

@@ -50,15 +50,15 @@ def test_counts_are_case_multiplicities(small):
 
 @needs_data
 def test_bootstrap_gives_a_finite_covariance(small):
-    from dse.calibration.fit import PARAMS, bootstrap, fit
+    from dse.calibration.fit import FITTED, bootstrap, fit
     cases, truth, prep = small
     theta = fit(cases, truth, verbose=False, prep=prep)
     u = bootstrap(cases, truth, theta, n=4, prep=prep, verbose=False)
-    assert u["params"] == [p[0] for p in PARAMS]
+    assert u["params"] == [p[0] for p in FITTED]     # the sourced numbers are not sampled
     sd = np.array(u["log_sd"])
     assert np.all(np.isfinite(sd)) and np.all(sd > 0)
     # capped at the sd of a uniform draw within the log bounds
-    cap = np.array([np.log(p[3] / p[2]) for p in PARAMS]) / np.sqrt(12)
+    cap = np.array([np.log(p[3] / p[2]) for p in FITTED]) / np.sqrt(12)
     assert np.all(sd <= cap + 1e-9)
     c = np.array(u["log_corr"])
     assert np.allclose(np.diag(c), 1) and np.allclose(c, c.T) and np.all(np.abs(c) <= 1)
@@ -68,14 +68,14 @@ def test_bootstrap_gives_a_finite_covariance(small):
 
 def test_written_uncertainty_matches_the_catalog_numbers():
     from dse import catalog
-    from dse.calibration.fit import PARAMS, uncertainty
+    from dse.calibration.fit import FITTED, uncertainty
     u = uncertainty()
-    assert u is not None and u["params"] == [p[0] for p in PARAMS]
+    assert u is not None and u["params"] == [p[0] for p in FITTED]
     assert u["rule"].startswith("bootstrap")
     sd = np.array(u["log_sd"])
     assert np.all(np.isfinite(sd)) and np.all(sd > 0)
     # the per-layer time is pinned by hundreds of cases: within a factor ~1.5 (1 sd)
-    assert sd[[p[0] for p in PARAMS].index("layer_overhead_s")] < np.log(1.5)
+    assert sd[[p[0] for p in FITTED].index("layer_overhead_s")] < np.log(1.5)
     eff = catalog.accelerators()["h100-sxm"].efficiency
     assert "bootstrap" in eff.fitted_on
     assert eff.step_overhead_s == 0.0                 # not fitted: fixed at 0 (dse.calibration.fit.FIXED)
@@ -388,3 +388,35 @@ def test_calibrate_hold_reads_name_equals_seconds():
     # never written to the catalog
     assert main(["--fit", "--write", "--hold", "layer_overhead_s=1e-5"]) == 2
     assert main(["--hold", "layer_overhead_s=1e-5"]) == 2
+
+
+def test_sourced_numbers_are_set_not_fitted():
+    """The two front-end numbers from published saturation rates (fit.SOURCED) are what the
+    catalog holds, worked from their sources, and no fit moves them."""
+    from dse import catalog
+    from dse.calibration.fit import FITTED, PARAMS, SOURCED
+    # SGLang PR 9970: 5,122,821 output tokens through one detokenizer in 133.01 s
+    assert SOURCED["frontend_token_s"][0] == pytest.approx(133.01 / 5_122_821, rel=0.01)
+    # Dynamo's tokenizer-cache benchmark: 189.01 requests/s on one core
+    assert SOURCED["frontend_request_s.dynamo"][0] == pytest.approx(1 / 189.01, rel=0.01)
+    assert {p[0] for p in FITTED} | set(SOURCED) == {p[0] for p in PARAMS}
+    assert not {p[0] for p in FITTED} & set(SOURCED)
+    for rt, vals in catalog.runtime_defaults().items():
+        assert vals["frontend_token_s"] == pytest.approx(2.6e-5, rel=1e-4), rt
+    assert catalog.front_end_defaults()["dynamo"]["frontend_request_s"] == \
+        pytest.approx(5.29e-3, rel=1e-4)
+    eff = catalog.accelerators()["h100-sxm"].efficiency
+    assert "PR 9970" in eff.fitted_on and "tokenizer-cache" in eff.fitted_on
+
+
+@needs_data
+def test_a_fit_keeps_the_sourced_numbers(small):
+    from dse.calibration.fit import SOURCED, fit
+    cases, truth, prep = small
+    theta = fit(cases, truth, verbose=False, prep=prep, max_nfev=3)
+    for k, (v, _) in SOURCED.items():
+        assert theta[k] == v
+    # a --hold diagnostic may still override one
+    held = fit(cases, truth, verbose=False, prep=prep, max_nfev=3,
+               hold={"frontend_token_s": 1e-5})
+    assert held["frontend_token_s"] == 1e-5
