@@ -178,16 +178,18 @@ def test_hw_value_training_gain_and_serving_file(tmp_path):
 
 # ---------------------------------------------------------------- (d) 1T MoE on 16k GPUs
 
-def test_moe_1t_inside_the_rack_beats_across(tmp_path):
+def test_moe_1t_across_racks_beats_inside_by_its_fewer_local_experts(tmp_path):
     sp = tiny(tmp_path, "train-moe-1t", '"layout.tp" = [2]\n"layout.pp" = [4]\n'
               '"layout.ep" = [16, 128]')
     n = answer(train_moe_1t, sp, tmp_path).numbers
     assert n["inside"]["ep"] == 16 and n["across"]["ep"] == 128
-    # inside the rack wins by its all-to-all and the busier rank of the wider group; the
-    # expert GEMMs cost the same per rank at ep 16 and 128 (each rank gets its tokens x top-k
-    # rows), so the margin is a few per cent, not the 1.6x the serving whole-batch scan gave
-    assert n["inside_over_across"] > 1.01
-    assert n["best_ep"] == 16
+    # the expert GEMMs cost the same per rank at ep 16 and 128 (each rank gets its tokens x
+    # top-k rows), and inside the rack the all-to-all is cheaper; but the fixed time is paid per
+    # linear layer (train_time.layer_overhead_s): Kimi K2's 384 experts are 24 local experts a
+    # rank at ep 16 (MLA 5 + router 1 + shared 2 + 48 = 56 linear layers, 14 dense layers'
+    # fixed time) and 3 at ep 128 (14, 3.5 times), which outweighs the all-to-all
+    assert n["inside_over_across"] < 0.6
+    assert n["best_ep"] == 128
     assert n["across"]["memory_per_chip_gb"] < n["inside"]["memory_per_chip_gb"]
 
 

@@ -66,7 +66,8 @@ class TrainBatch:
     Megatron's ``--recompute-method block --recompute-num-layers``; 1 = every layer), schedule (code of SCHEDULES), sequence_parallel (0/1).
     Job: global_batch_seqs, seq_len (tokens), precision (code of PRECISIONS).
     Training parameters (dse/catalog/training.toml): compute_fraction_scale, overlap_fraction,
-    layer_overhead_s, reserve_bytes, fragmentation_fraction, attention_bwd_ratio.
+    layer_overhead_s (that of a dense layer's four linear layers: ``train_time.layer_overhead_s``),
+    reserve_bytes, fragmentation_fraction, attention_bwd_ratio.
     Attention kernel: attention_fwd_rate, attention_bwd_rate (the job's kernel's forward and
     backward rate over the kernel the attention fits price; training.toml [attention_kernels];
     1 = that kernel); attention_unfused (1: Megatron's unfused core attention, timed by its

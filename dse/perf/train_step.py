@@ -7,8 +7,10 @@ Per micro-batch on the slowest stage (the last: it adds the logits)::
                                           + attention fwd x bwd ratio / bwd rate
                                           + elementwise fwd x 3 + MoE chunk sort x 2
                                           + exposed TP/EP collectives]
-           + the fitted fixed time, layer_overhead_s per layer (launches, host gaps: its own
-             part ``overhead_s``, never the step's bound)
+           + the fitted fixed time, layer_overhead_s per dense layer's four linear layers
+             (launches, host gaps; a layer pays it per linear layer it runs, each local expert
+             two: ``train_time.layer_overhead_s``; its own part ``overhead_s``, never the
+             step's bound)
            + the recompute policy's rerun forward (full: every recomputed layer's; selective:
              the attention core's; the norms' and MoE activation's elementwise passes where
              recompute_norms / recompute_moe_act, train_time.recompute_elementwise_s)
@@ -61,6 +63,7 @@ from dse.perf.train_time import (
     elementwise_s,
     ep_comm_s,
     layer_gemms_s,
+    layer_overhead_s,
     loss_s,
     moe_sort_s,
     pp_comm_s,
@@ -133,7 +136,7 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     layers = stage * (elem + sort + recompute_elementwise_s(b)) + (1.0 + b.mtp_layers) * loss_s(b)
     net = stage * (tp + ep + cp)
     pp = hide(pp_comm_s(b), compute, b.overlap_fraction * b.overlap_p2p_comm)
-    return {"compute_s": compute, "memory_s": layers, "overhead_s": stage * b.layer_overhead_s,
+    return {"compute_s": compute, "memory_s": layers, "overhead_s": stage * layer_overhead_s(b),
             "network_exposed_s": net + pp,
             "network_total_s": stage * (tp_all + ep + cp_all) + pp_comm_s(b),
             "forward_s": stage * fwd, "backward_s": stage * bwd}

@@ -227,6 +227,41 @@ def recompute_elementwise_s(b: TrainBatch) -> np.ndarray:
             / (b.hbm_bw_bytes_per_s * b.hbm_fraction))
 
 
+# The fitted fixed time (``layer_overhead_s``: launches and host gaps, per layer and micro-batch) is
+# paid per linear layer a transformer layer runs, each a set of GEMMs with their casts and
+# launches: ``layer_overhead_s`` is that of a dense GQA/MHA layer's DENSE_LAYER_LINEARS (fused
+# QKV, output projection, MLP fc1 and fc2; every dense row it is fitted on is one). A routed
+# expert is a linear layer of its own: Megatron-Core's TEGroupedMLP runs Transformer Engine's
+# GroupedLinear, and TE 2.9 (the Megatron-Bridge 25.11 pin) runs it as one cuBLAS GEMM per local
+# expert (te_general_grouped_gemm -> nvte_multi_tensor_gemm -> multi_stream_cublas_gemm, a loop
+# over the experts; the CUTLASS grouped GEMM only with NVTE_USE_CUTLASS_GROUPED_GEMM on Hopper),
+# each with its own casts in FP8.
+DENSE_LAYER_LINEARS = 4.0
+
+
+def layer_linears(b: TrainBatch) -> np.ndarray:
+    """Linear layers one transformer layer of the stage runs, averaged over its dense and MoE
+    layers: the attention's (GQA/MHA: QKV and output, 2; MLA: KV down and up, output and the
+    query's one or two, 4 or 5), and the MLP's: dense fc1 and fc2 (2); MoE the router, the shared
+    experts' fc1 and fc2 (where there are shared experts) and each local expert's fc1 and fc2
+    (``experts / ep`` of them, expert tensor parallelism 1). Hand-worked: a dense GQA layer 4;
+    Qwen3-30B-A3B at ep 8, 16 local experts, 2 + 1 + 32 = 35."""
+    mla = b.kv_lora_rank > 0
+    attn = np.where(mla, 4.0 + (b.q_lora_rank > 0), 2.0)
+    local = np.maximum(b.experts, 1.0) / np.maximum(b.ep, 1.0)
+    moe = 1.0 + 2.0 * (b.shared_ffn > 0) + 2.0 * local
+    share = b.moe_layers / np.maximum(b.num_layers, 1.0)
+    return attn + share * moe + (1.0 - share) * 2.0
+
+
+def layer_overhead_s(b: TrainBatch) -> np.ndarray:
+    """Fixed seconds of one layer and micro-batch (launches and host gaps, forward and
+    backward): ``layer_overhead_s`` per ``DENSE_LAYER_LINEARS`` linear layers, times the stage's
+    ``layer_linears`` (a dense GQA layer pays ``layer_overhead_s``; a Qwen3-30B-A3B layer at
+    ep 8 35 / 4 = 8.75 times it)."""
+    return b.layer_overhead_s * layer_linears(b) / DENSE_LAYER_LINEARS
+
+
 def loss_s(b: TrainBatch) -> np.ndarray:
     """Seconds of one micro-batch's cross-entropy on the last stage, forward and backward: an
     HBM-bound pass over the chip's logits (``tokens x vocab / tp`` elements), ``LOSS_BYTES``

@@ -126,7 +126,9 @@ OWN = (
         "(dse/catalog/training.toml [training]); blank = the fit"),
     frac("train.overlap_fraction", "fitted share of a collective hidden under its compute "
          "window (dse/catalog/training.toml [training]); blank = the fit"),
-    num("train.layer_overhead_s", "s", "fitted fixed time per layer per micro-batch "
+    num("train.layer_overhead_s", "s", "fitted fixed time per layer per micro-batch, that of "
+        "a dense layer's four linear layers: a layer pays it per linear layer it runs, over 4 "
+        "(an MoE layer's router, shared experts and two per local expert) "
         "(dse/catalog/training.toml [training]); blank = the fit", open_=False),
     num("train.attention_bwd_ratio", "ratio", "fitted backward / forward time of the attention "
         "core (dse/catalog/training.toml [training]); blank = the fit"),
