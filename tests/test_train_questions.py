@@ -178,19 +178,49 @@ def test_hw_value_training_gain_and_serving_file(tmp_path):
 
 # ---------------------------------------------------------------- (d) 1T MoE on 16k GPUs
 
-def test_moe_1t_across_racks_beats_inside_by_its_fewer_local_experts(tmp_path):
-    sp = tiny(tmp_path, "train-moe-1t", '"layout.tp" = [2]\n"layout.pp" = [4]\n'
-              '"layout.ep" = [16, 128]')
-    n = answer(train_moe_1t, sp, tmp_path).numbers
-    assert n["inside"]["ep"] == 16 and n["across"]["ep"] == 128
+MOE_1T = ('"layout.tp" = [2]\n"layout.pp" = [4]\n"layout.ep" = [16, 128]\n'
+          '"training.moe_grouped_gemm" = ["per_expert", "single"]')
+
+
+def test_moe_1t_answers_each_way_of_launching_the_expert_gemms(tmp_path):
+    n = answer(train_moe_1t, tiny(tmp_path, "train-moe-1t", MOE_1T), tmp_path).numbers
+    # the top level is the default software, one GEMM per local expert (TE 2.9, the fit's)
+    assert n["grouped_gemm"] == "per_expert" and set(n["software"]) == {"per_expert", "single"}
+    assert n["inside_over_across"] == n["software"]["per_expert"]["inside_over_across"]
+    per, one = n["software"]["per_expert"], n["software"]["single"]
+    for c in (per, one):
+        assert c["inside"]["ep"] == 16 and c["across"]["ep"] == 128
+        assert c["across"]["memory_per_chip_gb"] < c["inside"]["memory_per_chip_gb"]
     # the expert GEMMs cost the same per rank at ep 16 and 128 (each rank gets its tokens x
-    # top-k rows), and inside the rack the all-to-all is cheaper; but the fixed time is paid per
-    # linear layer (train_time.layer_overhead_s): Kimi K2's 384 experts are 24 local experts a
-    # rank at ep 16 (MLA 5 + router 1 + shared 2 + 48 = 56 linear layers, 14 dense layers'
-    # fixed time) and 3 at ep 128 (14, 3.5 times), which outweighs the all-to-all
-    assert n["inside_over_across"] < 0.6
-    assert n["best_ep"] == 128
-    assert n["across"]["memory_per_chip_gb"] < n["inside"]["memory_per_chip_gb"]
+    # top-k rows), and inside the rack the all-to-all is cheaper. One GEMM per local expert:
+    # the fixed time is paid per linear layer, 24 local experts at ep 16 (55.2 linear layers a
+    # layer) against 3 at ep 128 (13.9), and across racks wins by 2.2x (0.456)
+    assert per["best_ep"] == 128
+    assert per["inside_over_across"] == pytest.approx(0.456, abs=0.01)
+    # one grouped kernel per fc1 and fc2: both pay 9.95 linear layers a layer, and inside the
+    # rack wins by its all-to-all, by a few per cent (1.023), as before the per-linear count
+    assert one["best_ep"] == 16
+    assert one["inside_over_across"] == pytest.approx(1.023, abs=0.01)
+
+
+def test_moe_1t_fixed_time_by_the_linear_layers_it_counts(tmp_path):
+    # Kimi K2, 61 layers of which 60 MoE (384 experts, a shared expert), MLA with a query
+    # LoRA (5 projections): linear layers a layer, averaged over its dense and MoE layers,
+    # 5 + (60 x (1 + 2 + 2 x local) + 2) / 61
+    df = context(sp := tiny(tmp_path, "train-moe-1t", MOE_1T), tmp_path).score()
+    assert sp.size == 4
+
+    def overhead(ep, sw):
+        r = df[(df["layout.ep"] == ep) & (df["training.moe_grouped_gemm"] == sw)]
+        return float(r["overhead_s"].iloc[0])
+
+    per16, per128 = 5 + (60 * 51 + 2) / 61, 5 + (60 * 9 + 2) / 61     # 55.20, 13.89
+    single = 5 + (60 * 5 + 2) / 61                                    # 9.95 at any ep
+    assert overhead(16, "per_expert") / overhead(128, "per_expert") == pytest.approx(
+        per16 / per128, rel=1e-9)
+    assert overhead(16, "single") / overhead(16, "per_expert") == pytest.approx(
+        single / per16, rel=1e-9)
+    assert overhead(128, "single") == pytest.approx(overhead(16, "single"), rel=1e-9)
 
 
 def test_layout_text_gives_dp_of_a_fixed_chip_count(tmp_path):

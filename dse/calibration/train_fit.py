@@ -178,6 +178,27 @@ def apply_recompute_rules(cases: pd.DataFrame) -> pd.DataFrame:
     return fill_by_rules(cases, RECOMPUTE_RULES)
 
 
+# How a source's software launched the routed experts' GEMMs where the case file leaves it blank
+# (``training.moe_grouped_gemm``, dse.perf.train_time.layer_linears), by a stated rule: (source,
+# a pattern of the citation, the models it covers (None = all), {column: value}). Evidence: the
+# Megatron-Bridge 25.11 table (0a25f911b2) ran the NeMo 25.11 container, Megatron-Bridge r0.2.0
+# (tag v0.2.0), which pins NVIDIA/TransformerEngine v2.9; its MoE recipes run Megatron-Core's
+# TEGroupedMLP, i.e. TE's GroupedLinear, whose GEMMs at v2.9 go te_general_grouped_gemm ->
+# nvte_multi_tensor_gemm -> multi_stream_cublas_gemm, one cuBLAS GEMM per local expert
+# (transformer_engine/common/gemm/cublaslt_gemm.cu; the CUTLASS grouped kernel only with
+# NVTE_USE_CUTLASS_GROUPED_GEMM=1, off by default, on Hopper), and grouped_linear.py casts each
+# expert's FP8 inputs separately (split_quantize): "per_expert". The fit's MoE rows are all
+# MB2511's; the rule pins them so the fit stays what it is whatever the field's default.
+GROUPED_GEMM_RULES = (
+    ("MB2511", r"0a25f911b2", None, {"training.moe_grouped_gemm": "per_expert"}),
+)
+
+
+def apply_grouped_gemm_rules(cases: pd.DataFrame) -> pd.DataFrame:
+    """``cases`` with ``training.moe_grouped_gemm`` set by ``GROUPED_GEMM_RULES`` where blank."""
+    return fill_by_rules(cases, GROUPED_GEMM_RULES)
+
+
 # Rows whose own note says their router was forced to balance ("routing force-balanced"): the
 # Megatron-Bridge 25.11 MoE rows, whose recipes (scripts/performance/configs/*/ at r0.2.0, every
 # MoE model's base config) set moe_router_force_load_balancing=True (Megatron-Core's router then
@@ -200,8 +221,8 @@ def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     cases = pd.read_csv(folder / "training_cases.csv", dtype=str, keep_default_na=False,
                         na_values=[""])
     truth = pd.read_csv(folder / "training_truth.csv")
-    return apply_routing_rule(apply_recompute_rules(apply_software_rules(
-        apply_attention_rules(cases)))), truth
+    return apply_grouped_gemm_rules(apply_routing_rule(apply_recompute_rules(
+        apply_software_rules(apply_attention_rules(cases))))), truth
 
 
 def joined(cases: pd.DataFrame, truth: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:

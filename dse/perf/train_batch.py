@@ -41,6 +41,10 @@ TP_COMM_OVERLAP = ("all", "backward", "none")
 # how context parallelism exchanges attention's inputs (Megatron-Core's cp_comm_type;
 # train_time.cp_comm_s): ring of K/V sends, Ulysses all-to-all of Q, K, V and O, K/V all-gather
 CP_COMM_TYPES = ("p2p", "a2a", "all_gather")
+# how the software launches an MoE layer's routed-expert GEMMs (train_time.layer_linears): one
+# GEMM per local expert (Transformer Engine's GroupedLinear by default) or one grouped kernel
+# per grouped linear layer (fc1, fc2)
+MOE_GROUPED_GEMM = ("per_expert", "single")
 BOUNDS = ("compute", "memory", "network", "bubble")
 REASONS = ("", "does not fit in memory", "no native support for the precision",
            "invalid layout")     # 3: the rules broken are train_layout.layout_bits
@@ -79,6 +83,8 @@ class TrainBatch:
     critical path whole. p2p_scatter_gather (1/0): without sequence parallelism, each
     tensor-parallel rank sends only its 1/tp share of the pipeline activations. cp_comm_type
     (code of CP_COMM_TYPES): how context parallelism exchanges attention's inputs.
+    moe_grouped_gemm (code of MOE_GROUPED_GEMM): how the routed experts' GEMMs are launched,
+    one per local expert or one grouped kernel per fc1 / fc2 (``train_time.layer_linears``).
     expert_load_cv: coefficient of variation of the routed tokens per expert (serving.toml
     [expert_routing]; 0 = balanced routing): the busiest EP rank's load
     (``train_time.expert_imbalance``); moe_router_force_load_balancing (1/0: Megatron-Core's
@@ -151,6 +157,7 @@ class TrainBatch:
     overlap_grad_reduce: np.ndarray = 1.0
     p2p_scatter_gather: np.ndarray = 0.0
     cp_comm_type: np.ndarray = 0.0
+    moe_grouped_gemm: np.ndarray = 0.0
     expert_load_cv: np.ndarray = 0.0
     moe_router_force_load_balancing: np.ndarray = 0.0
     recompute_norms: np.ndarray = 0.0

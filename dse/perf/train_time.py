@@ -235,7 +235,11 @@ def recompute_elementwise_s(b: TrainBatch) -> np.ndarray:
 # GroupedLinear, and TE 2.9 (the Megatron-Bridge 25.11 pin) runs it as one cuBLAS GEMM per local
 # expert (te_general_grouped_gemm -> nvte_multi_tensor_gemm -> multi_stream_cublas_gemm, a loop
 # over the experts; the CUTLASS grouped GEMM only with NVTE_USE_CUTLASS_GROUPED_GEMM on Hopper),
-# each with its own casts in FP8.
+# each with its own casts in FP8. Software that runs each grouped linear layer as one kernel
+# (``moe_grouped_gemm`` "single", train_batch.MOE_GROUPED_GEMM: TE's opt-in grouped kernels,
+# NVTE_USE_CUTLASS_GROUPED_GEMM on Hopper, NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM's cuBLASLt
+# grouped GEMM from TE 2.17, NVTE_CUTEDSL_FUSED_GROUPED_MLP on Blackwell from TE 2.14; none on by
+# default through TE 2.18) pays fc1 and fc2 once each, as a dense MLP does.
 DENSE_LAYER_LINEARS = 4.0
 
 
@@ -244,11 +248,14 @@ def layer_linears(b: TrainBatch) -> np.ndarray:
     layers: the attention's (GQA/MHA: QKV and output, 2; MLA: KV down and up, output and the
     query's one or two, 4 or 5), and the MLP's: dense fc1 and fc2 (2); MoE the router, the shared
     experts' fc1 and fc2 (where there are shared experts) and each local expert's fc1 and fc2
-    (``experts / ep`` of them, expert tensor parallelism 1). Hand-worked: a dense GQA layer 4;
-    Qwen3-30B-A3B at ep 8, 16 local experts, 2 + 1 + 32 = 35."""
+    (``experts / ep`` of them, expert tensor parallelism 1), or with ``moe_grouped_gemm``
+    "single" (code 1) one grouped fc1 and fc2 whatever the local experts. Hand-worked: a dense
+    GQA layer 4; Qwen3-30B-A3B at ep 8, 16 local experts, 2 + 1 + 32 = 35; "single" 2 + 1 + 2
+    = 5."""
     mla = b.kv_lora_rank > 0
     attn = np.where(mla, 4.0 + (b.q_lora_rank > 0), 2.0)
-    local = np.maximum(b.experts, 1.0) / np.maximum(b.ep, 1.0)
+    local = np.where(b.moe_grouped_gemm == 1, 1.0,
+                     np.maximum(b.experts, 1.0) / np.maximum(b.ep, 1.0))
     moe = 1.0 + 2.0 * (b.shared_ffn > 0) + 2.0 * local
     share = b.moe_layers / np.maximum(b.num_layers, 1.0)
     return attn + share * moe + (1.0 - share) * 2.0

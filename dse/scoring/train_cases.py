@@ -12,6 +12,7 @@ from dse.catalog.training import ATTENTION_KERNELS
 from dse.errors import InputError, suggest
 from dse.perf.train_batch import (
     CP_COMM_TYPES,
+    MOE_GROUPED_GEMM,
     PRECISIONS,
     RECOMPUTE,
     SCHEDULES,
@@ -66,7 +67,9 @@ SWITCHES = {"training.tp_comm_overlap": ("tp_comm_overlap",
             "training.moe_router_force_load_balancing": ("moe_router_force_load_balancing",
                                                          BOOL),
             "training.cp_comm_type": ("cp_comm_type",
-                                      {k: i for i, k in enumerate(CP_COMM_TYPES)})}
+                                      {k: i for i, k in enumerate(CP_COMM_TYPES)}),
+            "training.moe_grouped_gemm": ("moe_grouped_gemm",
+                                          {k: i for i, k in enumerate(MOE_GROUPED_GEMM)})}
 # overrides that may be 0 (the others must be > 0)
 ZERO_OK = ("train.overlap_fraction", "train.layer_overhead_s", "train.reserve_bytes",
            "train.fragmentation_fraction")

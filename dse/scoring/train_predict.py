@@ -144,7 +144,7 @@ def design_numbers(m, acc, topo, prec: str, given: dict, attention_kernel: str |
     c["attention_unfused"] = float(attention_kernel == tcat.UNFUSED)
     # blank = overlapped, what Megatron-Core and NeMo run (the fields' defaults)
     c.update({"tp_comm_overlap": 0.0, "overlap_p2p_comm": 1.0, "overlap_grad_reduce": 1.0,
-              "p2p_scatter_gather": 0.0, "cp_comm_type": 0.0,
+              "p2p_scatter_gather": 0.0, "cp_comm_type": 0.0, "moe_grouped_gemm": 0.0,
               "recompute_norms": 0.0, "recompute_moe_act": 0.0,
               "moe_router_force_load_balancing": 0.0,
               "expert_load_cv": catalog.expert_load_cv()})

@@ -25,6 +25,7 @@ from dse.errors import InputError
 from dse.perf.train_batch import (
     BOUNDS,
     CP_COMM_TYPES,
+    MOE_GROUPED_GEMM,
     PRECISIONS,
     RECOMPUTE,
     SCHEDULES,
@@ -64,6 +65,7 @@ LAYOUT = {"layout.tp": "tp", "layout.pp": "pp", "layout.dp": "dp", "layout.cp": 
 CODES = {"layout.recompute": ("recompute", RECOMPUTE),
          "training.tp_comm_overlap": ("tp_comm_overlap", TP_COMM_OVERLAP),
          "training.cp_comm_type": ("cp_comm_type", CP_COMM_TYPES),
+         "training.moe_grouped_gemm": ("moe_grouped_gemm", MOE_GROUPED_GEMM),
          "layout.pipeline_schedule": ("schedule", SCHEDULES)}
 # the metrics every training score table keeps besides the run's objectives and constraints
 KEEP_METRICS = ("train_time_s", "train_cost_usd", "step_time_s", "mfu", "tokens_per_s_per_chip",

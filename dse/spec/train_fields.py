@@ -19,6 +19,7 @@ RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe")
 TP_COMM_OVERLAP = ("all", "backward", "none")                        # = dse.perf.train_batch
 CP_COMM_TYPES = ("p2p", "a2a", "all_gather")                         # = dse.perf.train_batch
+MOE_GROUPED_GEMM = ("per_expert", "single")                          # = dse.perf.train_batch
 CHIPS = "chips per instance"
 
 # serving fields a training design may set with the same meaning (model shape and MoE shape,
@@ -94,6 +95,19 @@ OWN = (
          "all-to-alls of Q, K, V in and the output back, blocking; tp x cp must divide the "
          "attention heads and cp the key/value heads per tensor-parallel rank), all_gather (an "
          "all-gather of K and V before the attention, blocking)"),
+    enum("training.moe_grouped_gemm", MOE_GROUPED_GEMM, "per_expert", "how the software "
+         "launches an MoE layer's routed-expert GEMMs, which sets the fixed time the layer "
+         "pays (dse.perf.train_time.layer_linears): per_expert (one GEMM, with its casts, per "
+         "local expert: Megatron-Core's TEGroupedMLP on NVIDIA/TransformerEngine v2.9, the "
+         "Megatron-Bridge 25.11 pin, whose GroupedLinear runs nvte_multi_tensor_gemm -> "
+         "multi_stream_cublas_gemm, a loop over the experts, "
+         "transformer_engine/common/gemm/cublaslt_gemm.cu; still TE's default through v2.18), "
+         "single (one grouped kernel per grouped fc1 and fc2, as a dense MLP: TE's opt-in "
+         "paths, NVTE_USE_CUTLASS_GROUPED_GEMM=1 on Hopper (cublaslt_gemm.cu, v2.9), "
+         "NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM=1's cuBLASLt grouped GEMM (v2.17 "
+         "transformer_engine/pytorch/module/grouped_linear.py, cuBLAS 13.3+), "
+         "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1's cuDNN CuTe DSL grouped MLP on Blackwell (v2.14 "
+         "transformer_engine/pytorch/ops/fused/forward_grouped_mlp.py))"),
     count("training.mtp_layers", "layers", "multi-token-prediction modules trained with the "
           "model", 0, low=0, high=64, zero="none"),
     count("layout.num_chips", "chips", "chips of the job: dp = num_chips / (tp x pp x cp) "
