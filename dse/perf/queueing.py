@@ -240,7 +240,8 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None
     lam_sat = at_sat["rate"]
     shared = Probe(times, n)          # (the three roots' points: one pass a step)
     op = Root(shared, _test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
-              _at(at_sat, "rate", lam), by_rate, _guesses(one["rate"], at_sat["rate"], c_sat, lam))
+              _at(at_sat, "rate", lam), by_rate, _guesses(one["rate"], at_sat["rate"], c_sat, lam),
+              keep=())                  # (its concurrency alone is read)
     good = _goodput_roots(b, shared, osl, queue, one, c_sat, at_sat)
     solve([op] + good, (lambda: _prune_goodput(*good, c_sat)) if good else None)
     c_op = np.where(by_rate, op.c, b.concurrency)
@@ -337,7 +338,7 @@ def _goodput_roots(b, probe, osl, queue, one, c_sat, sat) -> list:
     ttft = Root(probe, lambda idx, c, vals: at(idx, _point(osl, idx, c, vals)), ones, c_sat,
                 at(rows, one), at(rows, sat), on_t, log_secant=True)
     tpot = Root(probe, _test(osl, "tpot", slo_p), ones, c_sat, _at(one, "tpot", slo_p),
-                _at(sat, "tpot", slo_p), on_p)
+                _at(sat, "tpot", slo_p), on_p, keep=())
     ttft.has_slo, ttft.on, tpot.binds = has_slo, on_t, on_p & ~(sat["tpot"] <= slo_p)
     ttft.sat_rate = sat["rate"]
     return [ttft, tpot]

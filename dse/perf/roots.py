@@ -195,13 +195,16 @@ class Root:
     probe's values ``vals`` there: ``ok`` the predicate (NaN fails, as in the bisection),
     ``residual`` increasing in C, about affine (in log C with ``log_secant``: the secant
     through the last two points is taken there), 0 at the root (inf or NaN: a bisection step),
-    ``out`` a dict of arrays; ``lo_out``, ``hi_out`` the same triple at ``lo`` and ``hi``.
+    ``out`` a dict of arrays; ``lo_out``, ``hi_out`` the same triple at ``lo`` and ``hi``;
+    ``keep``: the keys of ``out`` the caller reads (None: all; the others are not carried from
+    step to step).
 
     Every row's points depend on its own values only (its secant steps, then, after
     ``SECANT_STEPS`` of them, ``SECTIONS`` points per step), never on the other rows of the
     batch: a design's root is the same whatever it is scored with (tests/test_chunk_invariance)."""
 
-    def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None, log_secant=False):
+    def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None, log_secant=False,
+                 keep=None):
         self.probe, self.test, self.log_secant = probe, test, log_secant
         self.tail = probe.tail()          # (sections: their own pass, few rows)
         lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), np.shape(on))
@@ -210,10 +213,12 @@ class Root:
         fails_lo = ~lo_out[1] | ~on | (res <= 0)
         at_hi = hi_out[1] & ~fails_lo
         self.c = np.where(fails_lo, lo, hi * np.exp(-res))
-        self.out = _pick(at_hi, hi_out[2], lo_out[2])
+        no = lo_out[2] if keep is None else {k: lo_out[2][k] for k in keep}
+        self.out = _pick(at_hi, hi_out[2], no)
         idx = np.flatnonzero(~fails_lo & ~at_hi)
         self.idx, self.a, self.b = idx, lo[idx].astype(np.float64), hi[idx].astype(np.float64)
         self.tol = np.maximum(res[idx], NOISE)
+        self.up, self.down = np.exp(0.5 * self.tol), np.exp(-0.5 * self.tol)   # (the clamps)
         self.x1, self.x2 = self.a.copy(), self.b.copy()
         self.f1 = np.asarray(lo_out[0], dtype=np.float64)[idx]
         self.f2 = np.asarray(hi_out[0], dtype=np.float64)[idx]
@@ -253,7 +258,7 @@ class Root:
         outside the bracket or shrinks less than a bisection would."""
         a, b, x1, f1, x2, f2 = (v[m] for v in (self.a, self.b, self.x1, self.f1, self.x2,
                                                self.f2))
-        tol, prev = self.tol[m], self.prev[m]
+        tol, prev, up, down = self.tol[m], self.prev[m], self.up[m], self.down[m]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             if self.log_secant:                    # (a residual nearer affine in log C)
                 l1, l2 = np.log(x1), np.log(x2)
@@ -267,7 +272,7 @@ class Root:
         step = x2 * (0.5 * tol)
         close = np.abs(s - x2) < step
         s = np.where(close, np.where(x2 == a, x2 + step, x2 - step), s)
-        s = np.minimum(np.maximum(s, a * np.exp(0.5 * tol)), b * np.exp(-0.5 * tol))
+        s = np.minimum(np.maximum(s, a * up), b * down)
         self.prev[m] = self.last[m]
         self.last[m] = np.where(bad, b - a, np.abs(s - x2))
         return s
@@ -327,7 +332,8 @@ class Root:
         self.c[self.idx[done]] = self.a[done]
         _put(self.out, self.idx[done], self.at_a, done)
         keep = ~done
-        for name in ("idx", "a", "b", "tol", "x1", "f1", "x2", "f2", "last", "prev", "steps"):
+        for name in ("idx", "a", "b", "tol", "up", "down", "x1", "f1", "x2", "f2", "last",
+                     "prev", "steps"):
             setattr(self, name, getattr(self, name)[keep])
         self.at_a = {k: v[keep] for k, v in self.at_a.items()}
 
