@@ -352,22 +352,33 @@ def _prune_goodput(ttft, tpot, c_sat) -> None:
     both (the settled root's value is not read)."""
     if not (ttft.active() or tpot.active()):
         return
-    # where the TPOT's bound lies (concurrency): [lo_p, hi_p]; the TTFT's [lo_t, hi_t]
-    lo_p = np.where(tpot.binds, poisson_p90_inverse(tpot.c), np.inf)
-    hi_p = lo_p.copy()
-    lo_p[tpot.idx], hi_p[tpot.idx] = poisson_p90_inverse(tpot.a), poisson_p90_inverse(tpot.b)
-    gone_p = hi_p < 1.0                             # no goodput: the TPOT fails at C = 1
-    hi_t = np.where(ttft.on, ttft.c, np.inf)
-    hi_t[ttft.idx] = ttft.b
-    gone_t = ttft.on & ~np.asarray(ttft.out["ok"], bool)
-    gone_t[ttft.idx] = False
-    if ttft.active():
-        i = ttft.idx
-        ttft.settle((hi_p[i] < ttft.a) | gone_p[i])
+    # where the TPOT's bound lies (concurrency): [lo_p, hi_p]; the TTFT's [lo_t, hi_t] (each
+    # at the other's open rows only, both before either settles)
     if tpot.active():
         i = tpot.idx
-        tpot.settle((((lo_p[i] > hi_t[i]) | (lo_p[i] >= c_sat[i])) & (lo_p[i] >= 1.0))
-                    | gone_t[i])
+        lo_p = poisson_p90_inverse(tpot.a)
+        hi_t = _at_rows(i, ttft.idx, ttft.b, lambda r: np.where(ttft.on[r], ttft.c[r], np.inf))
+        gone_t = _at_rows(i, ttft.idx, np.zeros(len(ttft.idx), bool),
+                          lambda r: ttft.on[r] & ~np.asarray(ttft.out["ok"][r], bool))
+        done_p = (((lo_p > hi_t) | (lo_p >= c_sat[i])) & (lo_p >= 1.0)) | gone_t
+    if ttft.active():
+        hi_p = poisson_p90_inverse(_at_rows(ttft.idx, tpot.idx, tpot.b, lambda r: np.where(
+            tpot.binds[r], tpot.c[r], np.inf)))
+        ttft.settle((hi_p < ttft.a) | (hi_p < 1.0))  # (no goodput: the TPOT fails at C = 1)
+    if tpot.active():
+        tpot.settle(done_p)
+
+
+def _at_rows(rows, open_rows, at_open, settled):
+    """Per row of ``rows``: ``at_open`` where the row is one of ``open_rows`` (sorted), else
+    ``settled(those rows)``."""
+    pos = np.minimum(np.searchsorted(open_rows, rows), max(len(open_rows) - 1, 0))
+    hit = open_rows[pos] == rows if len(open_rows) else np.zeros(len(rows), bool)
+    out = settled(rows)
+    if np.any(hit):
+        out = np.array(out)
+        out[hit] = at_open[pos[hit]]
+    return out
 
 
 def _finish_goodput(m, b, probe, good, by_rate, c_op, c_sat, tp90, osl, lam_sat):

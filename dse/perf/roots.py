@@ -219,6 +219,7 @@ class Root:
         self.idx, self.a, self.b = idx, lo[idx].astype(np.float64), hi[idx].astype(np.float64)
         self.tol = np.maximum(res[idx], NOISE)
         self.up, self.down = np.exp(0.5 * self.tol), np.exp(-0.5 * self.tol)   # (the clamps)
+        self.wide = np.exp(self.tol)                 # (a bracket is closed at b / a <= wide)
         self.x1, self.x2 = self.a.copy(), self.b.copy()
         self.f1 = np.asarray(lo_out[0], dtype=np.float64)[idx]
         self.f2 = np.asarray(hi_out[0], dtype=np.float64)[idx]
@@ -226,7 +227,7 @@ class Root:
         self.last = 2.0 * (self.b - self.a)                # (the first secant step is free)
         self.prev = self.last.copy()
         self.steps = np.zeros(len(idx), dtype=np.int64)
-        self.s = self.pts = self.sec = None
+        self.s = self.pts = self.sec = self.m = None
         # two first points from the physics (the caller's guesses, a lower and an upper one),
         # then secants through them
         self.guess = None if guess is None else \
@@ -243,10 +244,13 @@ class Root:
             self.s, self.guess = (np.minimum(lo_s, hi_s), np.maximum(lo_s, hi_s)), None
             return [(self.probe, self.idx, self.s[0]), (self.probe, self.idx, self.s[1])]
         self.sec = sec = self.steps >= SECANT_STEPS
+        # the secant's rows: every row but those in sections (all of them, as a view, on most
+        # steps: no copy of each array the step reads)
+        self.m = m = slice(None) if not sec.any() else ~sec
         asks = []
         if not sec.all():
-            self.s = self._secant(~sec)
-            asks.append((self.probe, self.idx[~sec], self.s))
+            self.s = self._secant(m)
+            asks.append((self.probe, self.idx[m], self.s))
         if sec.any():                                  # sections: the points of each bracket
             g = np.arange(1, SECTIONS + 1) / (SECTIONS + 1.0)
             self.pts = a[sec][None, :] * (b[sec] / a[sec])[None, :] ** g[:, None]
@@ -287,10 +291,10 @@ class Root:
                 self.x1, self.f1 = self.x2, self.f2
                 self.x2, self.f2 = s.astype(np.float64), np.asarray(f, dtype=np.float64)
             self.s = None
-            return self._settle(np.log(self.b / self.a) <= self.tol)
+            return self._settle(self._closed())
         sec, first = self.sec, 0
         if not sec.all():
-            m = ~sec
+            m = self.m
             f, ok, at_s = self.test(self.idx[m], self.s, got[0])
             self.b[m] = np.where(ok, self.b[m], self.s)
             self.a[m] = np.where(ok, self.s, self.a[m])
@@ -302,7 +306,18 @@ class Root:
         if sec.any():
             self._sections(sec, got[first:])
         self.steps += 1
-        self._settle(np.log(self.b / self.a) <= self.tol)
+        self._settle(self._closed())
+
+    def _closed(self) -> np.ndarray:
+        """The rows whose bracket is within the tolerance, ``log(b / a) <= tol``: the log taken
+        only where ``b / a`` is within 1e-9 of ``exp(tol)`` (elsewhere the comparison with it
+        decides the same; numpy's float64 log has no SIMD loop here)."""
+        r = self.b / self.a
+        done = r <= self.wide * (1.0 - 1e-9)
+        near = np.flatnonzero((r > self.wide * (1.0 - 1e-9)) & (r < self.wide * (1.0 + 1e-9)))
+        if near.size:
+            done[near] = np.log(r[near]) <= self.tol[near]
+        return done
 
     def _sections(self, sec, got: list) -> None:
         """The brackets of the rows ``sec`` from the first of their points that fails (and the
@@ -332,8 +347,8 @@ class Root:
         self.c[self.idx[done]] = self.a[done]
         _put(self.out, self.idx[done], self.at_a, done)
         keep = ~done
-        for name in ("idx", "a", "b", "tol", "up", "down", "x1", "f1", "x2", "f2", "last",
-                     "prev", "steps"):
+        for name in ("idx", "a", "b", "tol", "up", "down", "wide", "x1", "f1", "x2", "f2",
+                     "last", "prev", "steps"):
             setattr(self, name, getattr(self, name)[keep])
         self.at_a = {k: v[keep] for k, v in self.at_a.items()}
 
