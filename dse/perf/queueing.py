@@ -370,14 +370,17 @@ def _prune_goodput(ttft, tpot, c_sat) -> None:
 
 
 def _at_rows(rows, open_rows, at_open, settled):
-    """Per row of ``rows``: ``at_open`` where the row is one of ``open_rows`` (sorted), else
+    """Per row of ``rows``: ``at_open`` where the row is one of ``open_rows``, else
     ``settled(those rows)``."""
-    pos = np.minimum(np.searchsorted(open_rows, rows), max(len(open_rows) - 1, 0))
-    hit = open_rows[pos] == rows if len(open_rows) else np.zeros(len(rows), bool)
     out = settled(rows)
-    if np.any(hit):
-        out = np.array(out)
-        out[hit] = at_open[pos[hit]]
+    if len(open_rows):
+        pos = np.full(max(int(rows.max(initial=-1)), int(open_rows.max())) + 1, -1)
+        pos[open_rows] = np.arange(len(open_rows))
+        at = pos[rows]
+        hit = at >= 0
+        if np.any(hit):
+            out = np.array(out)
+            out[hit] = at_open[at[hit]]
     return out
 
 

@@ -170,10 +170,25 @@ class Probe:
             return [tuple(np.broadcast_to(v, (held,)) for v in self.fn(asks[0][1]))]
         where = idxs if self.rows is None else [self.pos[i] for i in idxs]
         cc = np.ones((k, held))               # (the rows not asked about: any concurrency)
-        for s, p, (_, c) in zip(slots, where, asks):
-            cc[s, p] = c
-        out = [np.broadcast_to(v, cc.shape) for v in self.fn(cc)]
-        return [tuple(v[s, p] for v in out) for s, p in zip(slots, where)]
+        # (each ask's slots and positions as flat indices of the grid: a one-axis take and
+        # put, not a two-axis fancy index)
+        flat = [s * held + p for s, p in zip(slots, where)]
+        for f, (_, c) in zip(flat, asks):
+            cc.put(f, c)
+        out = [_flat(v, cc.shape) for v in self.fn(cc)]
+        return [tuple(v.take(f) if v.ndim == 1 else v[0].take(p) for v in out)
+                for f, p in zip(flat, where)]
+
+
+def _flat(v, shape):
+    """``v`` (a probe's output, of ``shape`` or broadcast to it) flat when it has a value per
+    point, else its first row as a (1, rows) array."""
+    v = np.asarray(v)
+    if v.shape == shape and v.flags.c_contiguous:
+        return v.reshape(-1)
+    if v.ndim < 2 or v.shape[0] == 1:             # (the same value at every point of a row)
+        return np.broadcast_to(v, shape[-1:])[None, :]
+    return np.ascontiguousarray(np.broadcast_to(v, shape)).reshape(-1)
 
 
 def _pick(ok, yes: dict, no: dict) -> dict:
@@ -344,13 +359,17 @@ class Root:
     def _settle(self, done) -> None:
         if not np.any(done):
             return
-        self.c[self.idx[done]] = self.a[done]
-        _put(self.out, self.idx[done], self.at_a, done)
-        keep = ~done
+        # (the rows as indices once, each array taken by them: a boolean mask is read again
+        # for every array it selects from)
+        gone, keep = np.flatnonzero(done), np.flatnonzero(~done)
+        idx = self.idx.take(gone)
+        self.c[idx] = self.a.take(gone)
+        for k, v in self.at_a.items():
+            self.out[k][idx] = v.take(gone)
         for name in ("idx", "a", "b", "tol", "up", "down", "wide", "x1", "f1", "x2", "f2",
                      "last", "prev", "steps"):
-            setattr(self, name, getattr(self, name)[keep])
-        self.at_a = {k: v[keep] for k, v in self.at_a.items()}
+            setattr(self, name, getattr(self, name).take(keep))
+        self.at_a = {k: v.take(keep) for k, v in self.at_a.items()}
 
 
 def solve(roots: list, settle=None) -> None:
