@@ -118,9 +118,8 @@ RESOLUTION = 2.0 ** -24        # the bisection's: 24 halvings of the log C range
 NOISE = 2e-6                   # and at least this (log C): float32 times place a root to ~1e-6
 TAKE_ROWS = 2048               # take the rows asked once the points scored in vain exceed
                                # those rows and this (a take's fixed time)
-SECANT_STEPS = 7               # a row's secant steps before it finishes by sections
-SECTIONS = 7                   # points through the bracket at its first step there (8-fold
-                               # narrower), twice as many and one at each later one
+SECANT_STEPS = 8               # a row's secant steps before it finishes by sections
+SECTIONS = 15                  # points per bracket and step there (16-fold narrower)
 MAX_STEPS = 60                 # a bound only: a bisection step at least every other step
 
 
@@ -239,12 +238,11 @@ class Root:
         self.x1, self.x2 = self.a.copy(), self.b.copy()
         self.f1 = np.asarray(lo_out[0], dtype=np.float64)[idx]
         self.f2 = np.asarray(hi_out[0], dtype=np.float64)[idx]
-        self.fa, self.fb = self.f1.copy(), self.f2.copy()      # (the residuals at a and b)
         self.at_a = {k: v[idx] for k, v in self.out.items()}
         self.last = 2.0 * (self.b - self.a)                # (the first secant step is free)
         self.prev = self.last.copy()
         self.steps = np.zeros(len(idx), dtype=np.int64)
-        self.s = self.sec = self.m = self.groups = None
+        self.s = self.pts = self.sec = self.m = None
         # two first points from the physics (the caller's guesses, a lower and an upper one),
         # then secants through them
         self.guess = None if guess is None else \
@@ -269,36 +267,10 @@ class Root:
             self.s = self._secant(m)
             asks.append((self.probe, self.idx[m], self.s))
         if sec.any():                                  # sections: the points of each bracket
-            rows = np.flatnonzero(sec)
-            j = self.steps[rows] - SECANT_STEPS
-            self.groups = []
-            for jj in np.unique(j):
-                g = rows[j == jj]
-                pts = self._sections_at(g, int(jj))
-                self.groups.append((g, pts))
-                asks += [(self.tail, self.idx[g], p) for p in pts]
+            g = np.arange(1, SECTIONS + 1) / (SECTIONS + 1.0)
+            self.pts = a[sec][None, :] * (b[sec] / a[sec])[None, :] ** g[:, None]
+            asks += [(self.tail, self.idx[sec], p) for p in self.pts]
         return asks
-
-    def _sections_at(self, g, j: int) -> np.ndarray:
-        """The points of the rows ``g`` at their ``j``-th step in sections, shape (points,
-        rows): ``(SECTIONS + 1) 2^j - 1`` evenly through the bracket in log C, and the chord's root
-        through the bracket's ends and four about it through the bracket's ends (in log C with ``log_secant``), half a
-        tolerance and half the even points' spacing to either side (where the residual is
-        smooth about the root, the next bracket is a few tolerances wide; at a jump the even
-        points narrow it). Not sorted."""
-        a, b, fa, fb = self.a[g], self.b[g], self.fa[g], self.fb[g]
-        parts = (SECTIONS + 1) * 2 ** j
-        ratio = b / a
-        q = np.exp(np.log(ratio) / parts)              # (the even points' factor)
-        even = a[None, :] * np.cumprod(np.broadcast_to(q, (parts - 1, len(g))), axis=0)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            w = fa / (fa - fb)                         # (where the chord crosses 0, in [0, 1])
-            e = a * np.exp(np.log(ratio) * w) if self.log_secant else a + (b - a) * w
-        e = np.where(np.isfinite(e) & (e > a) & (e < b), e, np.sqrt(a * b))
-        half = np.sqrt(q)
-        near = np.stack([e, e * self.down[g], e * self.up[g], e / half, e * half])
-        return np.concatenate([even, np.minimum(np.maximum(near, a * self.up[g]),
-                                                b * self.down[g])])
 
     def _secant(self, m) -> np.ndarray:
         """The next point of the rows ``m``: the secant, a geometric bisection where it lands
@@ -330,8 +302,6 @@ class Root:
                 f, ok, at_s = self.test(self.idx, s, g)
                 ok, fail = ok & (s > self.a), ~ok & (s < self.b)
                 self.a, self.b = np.where(ok, s, self.a), np.where(fail, s, self.b)
-                self.fa = np.where(ok, f, self.fa)
-                self.fb = np.where(fail, f, self.fb)
                 self.at_a = _pick(ok, at_s, self.at_a)
                 self.x1, self.f1 = self.x2, self.f2
                 self.x2, self.f2 = s.astype(np.float64), np.asarray(f, dtype=np.float64)
@@ -343,18 +313,13 @@ class Root:
             f, ok, at_s = self.test(self.idx[m], self.s, got[0])
             self.b[m] = np.where(ok, self.b[m], self.s)
             self.a[m] = np.where(ok, self.s, self.a[m])
-            self.fb[m] = np.where(ok, self.fb[m], f)
-            self.fa[m] = np.where(ok, f, self.fa[m])
             for k, v in self.at_a.items():
                 v[m] = np.where(ok, at_s[k], v[m])
             self.x1[m], self.f1[m] = self.x2[m], self.f2[m]
             self.x2[m], self.f2[m] = self.s, f
             first = 1
         if sec.any():
-            rest = got[first:]
-            for g, pts in self.groups:
-                self._sections(g, pts, rest[:len(pts)])
-                rest = rest[len(pts):]
+            self._sections(sec, got[first:])
         self.steps += 1
         self._settle(self._closed())
 
@@ -369,29 +334,22 @@ class Root:
             done[near] = np.log(r[near]) <= self.tol[near]
         return done
 
-    def _sections(self, g, pts, got: list) -> None:
-        """The brackets of the rows ``g`` from their points ``pts``: the smallest that fails
-        and the largest that passes below it (in any order of the points)."""
-        idx = self.idx[g]
+    def _sections(self, sec, got: list) -> None:
+        """The brackets of the rows ``sec`` from the first of their points that fails (and the
+        point before it)."""
+        idx, pts = self.idx[sec], self.pts
         m, k = len(idx), len(pts)
         vals = tuple(np.concatenate([np.asarray(v) for v in column]) for column in zip(*got))
-        fr, ok, at = self.test(np.tile(idx, k), pts.ravel(), vals)
+        _, ok, at = self.test(np.tile(idx, k), pts.ravel(), vals)
         ok = ok.reshape(k, m)
-        fr = np.asarray(fr, dtype=np.float64).reshape(k, m)
-        rows = np.arange(m)
-        fails = np.where(ok, np.inf, pts)
-        jb = np.argmin(fails, 0)
-        b = fails[jb, rows]
-        passes = np.where(ok & (pts < b[None, :]), pts, -np.inf)
-        ja = np.argmax(passes, 0)
-        a = passes[ja, rows]
-        moved, cut = a > -np.inf, b < np.inf
-        self.a[g] = np.where(moved, a, self.a[g])
-        self.fa[g] = np.where(moved, fr[ja, rows], self.fa[g])
-        self.b[g] = np.where(cut, b, self.b[g])
-        self.fb[g] = np.where(cut, fr[jb, rows], self.fb[g])
+        first = np.where(ok.all(0), k, np.argmin(ok, 0))
+        rows, before = np.arange(m), np.maximum(first - 1, 0)
+        moved = first > 0
+        self.a[sec] = np.where(moved, pts[before, rows], self.a[sec])
+        self.b[sec] = np.where(first < k, pts[np.minimum(first, k - 1), rows], self.b[sec])
         for key, v in self.at_a.items():
-            v[g] = np.where(moved, at[key].reshape(k, m)[ja, rows], v[g])
+            v[sec] = np.where(moved, at[key].reshape(k, m)[before, rows], v[sec])
+        self.pts = None
 
     def settle(self, done) -> None:
         """Settle the open rows ``done`` (a mask over ``idx``) where they stand: at the largest
@@ -408,8 +366,8 @@ class Root:
         self.c[idx] = self.a.take(gone)
         for k, v in self.at_a.items():
             self.out[k][idx] = v.take(gone)
-        for name in ("idx", "a", "b", "fa", "fb", "tol", "up", "down", "wide", "x1", "f1", "x2",
-                     "f2", "last", "prev", "steps"):
+        for name in ("idx", "a", "b", "tol", "up", "down", "wide", "x1", "f1", "x2", "f2",
+                     "last", "prev", "steps"):
             setattr(self, name, getattr(self, name).take(keep))
         self.at_a = {k: v.take(keep) for k, v in self.at_a.items()}
 
