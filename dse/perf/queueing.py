@@ -234,9 +234,11 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None
         (ones, cap), probe([(rows, ones), (rows, cap)])))
     # saturation: the largest concurrency that fits and keeps the prefill queue stable
     sat = Root(probe, _test(osl, "rho", SATURATED), ones, cap, _at(one, "rho", SATURATED),
-               _at(top, "rho", SATURATED), queue, _guesses(one["rho"], top["rho"], cap, SATURATED))
+               _at(top, "rho", SATURATED), queue, _guesses(one["rho"], top["rho"], cap, SATURATED),
+               keep=_POINT)
     solve([sat])
-    c_sat, at_sat = sat.c, sat.out
+    # (the queue's other quantities there from these, as the probe's test computed them)
+    c_sat, at_sat = sat.c, _point(osl, rows, sat.out["c"], [sat.out[k] for k in _POINT[1:]])
     lam_sat = at_sat["rate"]
     shared = Probe(times, n)          # (the three roots' points: one pass a step)
     op = Root(shared, _test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
@@ -279,6 +281,9 @@ def _rate(m, c, osl):
     """Little's law: the requests/s an instance at concurrency ``c`` serves (the request's own
     TTFT: the queue's wait is what is solved for)."""
     return c / (m["ttft_unloaded_s"] + osl * m["tpot_s"])
+
+
+_POINT = ("c", "ttft", "tpot", "s")     # what ``_point`` computes the others from
 
 
 def _point(osl, idx, c, vals) -> dict:

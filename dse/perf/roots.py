@@ -108,6 +108,34 @@ two moves the float32 times). Where a point's time goes: ~four steps of ~150-200
 each on arrays of (points, rows), of which numpy's float32 exp (the MoE's touched experts, once
 a step) costs ~14 multiplies; no single term dominates, so 10^5 designs per CPU-second asks
 for a step model with fewer terms a point, or fewer points.
+
+A fourth pass (issue 28), measured in instructions (valgrind's cachegrind: one warm call on
+dse.bench's 20,000 queueing designs, which the machine's load does not move) besides CPU
+time: 1,654M instructions before. Where they went: the probe's takes (``ndarray.take``, ~7%),
+copies (~7%), ``np.where`` (~5%), boolean-mask and two-axis fancy indexing (~12%, much of it
+this module's bookkeeping), numpy's float64 exp and log (no SIMD loop on an AVX2 machine:
+~7%, the roots' clamps and closing tests and ``queueing.md1_decay``), the step model's float32
+arithmetic (~25%) and the float64 final scoring. Kept, the same numbers to the bit: a root
+carries from step to step only the values its caller reads (``Root``'s ``keep``: none for the
+rate's concurrency and the TPOT bound, the four that give the others for the saturation), its
+secant steps read its arrays as views where no row is in sections, its clamps' exp once per
+row, its brackets closed against ``exp(tol)`` (the log only within 1e-9 of it), settled rows
+dropped by index arrays taken once, the probe's points placed and read by flat indices of its
+grid (no two-axis fancy index) and goodput's pruning computed on the open rows only: 1,654M ->
+1,477M instructions (31 passes and 470k points scored still). Tried, not kept (passes, points
+scored; 31 and 470k before): sections that grow and aim, at a row's j-th step in sections
+``8 2^j - 1`` points evenly through its bracket and the chord's root through its ends with
+four points about it, after 7 secant steps (28 and 447k, ~1,460M instructions; branch
+r-sections): the roots move within their tolerance, and tests/test_builder_equivalence.py
+holds the shipped spaces' scored metrics to 1e-12 (one goodput moved 5.6e-8); a row's asks
+beyond a pass's depth waiting a step where a few rows ask more than most (32-40 and 417-500k:
+the rows that wait become the stragglers); the TTFT's or TPOT's bound starting a step after
+the rate's (31-34, 495-523k); takes where the points scored in vain exceed a take's cost
+1.5-5 times over (31, 454-463k: within the noise); a lazy gather of the coefficients (~15% of
+the fields a take gathers are not read here: ~1%). What is left: ~31 passes of a fixed
+~1.5-2 ms and ~0.1-0.3 us a point (the step model), the float64 final scoring and p90 TPOT
+pass and the coefficients; 10^5 designs per CPU-second still asks for fewer passes (a pass per
+step of the slowest rows: kinks and jumps at the roots) or a leaner step model a point.
 """
 
 from __future__ import annotations
