@@ -215,7 +215,7 @@ def _flat(v, shape):
     if v.shape == shape and v.flags.c_contiguous:
         return v.reshape(-1)
     if v.ndim < 2 or v.shape[0] == 1:             # (the same value at every point of a row)
-        return np.broadcast_to(v, shape[-1:])[None, :]
+        return np.broadcast_to(v, (1, shape[-1]))
     return np.ascontiguousarray(np.broadcast_to(v, shape)).reshape(-1)
 
 
