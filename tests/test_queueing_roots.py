@@ -171,6 +171,44 @@ def test_a_probe_packs_its_asks_by_row_and_each_gets_its_own_numbers():
         np.testing.assert_array_equal(vals[1], c - idx)
 
 
+def test_a_probe_reads_a_value_the_same_at_every_point_of_a_row_and_a_taken_rows_own():
+    # an output with one value a row (shape (rows,) or (1, rows): no concurrency in it) gives
+    # each ask its rows' values, and a probe that took its rows (few asked of many) places
+    # and reads them by their positions: rows 3, 7, 8 of 5,000 asked at 2 points each
+    def at(rows):
+        r = np.arange(5000.0) if rows is None else np.asarray(rows, float)
+
+        def fn(c):
+            return (c * 10.0 + r, 100.0 + r, (r * 2.0)[None, :])
+        return fn
+    idx = np.array([3, 7, 8])
+    asks = [(idx, np.array([1.0, 2.0, 4.0])), (idx, np.array([8.0, 16.0, 32.0]))]
+    probe = roots.Probe(at, 5000)
+    got = probe(asks)
+    np.testing.assert_array_equal(probe.rows, idx)           # (taken: 2 x 4,997 in vain)
+    np.testing.assert_array_equal(got[0][0], [13.0, 27.0, 48.0])
+    np.testing.assert_array_equal(got[1][0], [83.0, 167.0, 328.0])
+    for vals in got:
+        np.testing.assert_array_equal(vals[1], [103.0, 107.0, 108.0])
+        np.testing.assert_array_equal(vals[2], [6.0, 14.0, 16.0])
+
+
+def test_a_closed_bracket_is_the_logs_test_at_its_edge():
+    # Root._closed decides log(b / a) <= tol by b / a against exp(tol), the log only within
+    # 1e-9 of it: brackets a hair either side of the edge decide as the log does
+    rng = np.random.default_rng(1)
+    n = 4000
+    on = np.ones(n, bool)
+    lo, hi = np.ones(n), np.full(n, 1e4)
+    at = (np.zeros(n), on, {}), (np.ones(n), ~on, {})
+    r = roots.Root(roots.Probe(lambda rows: None, n), None, lo, hi, at[0], at[1], on)
+    a = np.exp(rng.uniform(0.0, 8.0, n))
+    edge = a * np.exp(r.tol)
+    r.a, r.b = a, edge * (1.0 + rng.choice([-1e-8, -3e-16, 0.0, 2e-16, 1e-8], n))
+    np.testing.assert_array_equal(r._closed(), np.log(r.b / r.a) <= r.tol)
+    assert 0 < r._closed().sum() < n
+
+
 def test_queue_times_carry_only_concurrency_free_memos():
     # the probe carries a batch's memos from pass to pass (weights, the KV pool's room, the
     # length distributions' factors...): a pass after others at other concurrencies gives the

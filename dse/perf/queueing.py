@@ -234,13 +234,16 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None
         (ones, cap), probe([(rows, ones), (rows, cap)])))
     # saturation: the largest concurrency that fits and keeps the prefill queue stable
     sat = Root(probe, _test(osl, "rho", SATURATED), ones, cap, _at(one, "rho", SATURATED),
-               _at(top, "rho", SATURATED), queue, _guesses(one["rho"], top["rho"], cap, SATURATED))
+               _at(top, "rho", SATURATED), queue, _guesses(one["rho"], top["rho"], cap, SATURATED),
+               keep=_POINT)
     solve([sat])
-    c_sat, at_sat = sat.c, sat.out
+    # (the queue's other quantities there from these, as the probe's test computed them)
+    c_sat, at_sat = sat.c, _point(osl, rows, sat.out["c"], [sat.out[k] for k in _POINT[1:]])
     lam_sat = at_sat["rate"]
     shared = Probe(times, n)          # (the three roots' points: one pass a step)
     op = Root(shared, _test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
-              _at(at_sat, "rate", lam), by_rate, _guesses(one["rate"], at_sat["rate"], c_sat, lam))
+              _at(at_sat, "rate", lam), by_rate, _guesses(one["rate"], at_sat["rate"], c_sat, lam),
+              keep=())                  # (its concurrency alone is read)
     good = _goodput_roots(b, shared, osl, queue, one, c_sat, at_sat)
     solve([op] + good, (lambda: _prune_goodput(*good, c_sat)) if good else None)
     c_op = np.where(by_rate, op.c, b.concurrency)
@@ -278,6 +281,9 @@ def _rate(m, c, osl):
     """Little's law: the requests/s an instance at concurrency ``c`` serves (the request's own
     TTFT: the queue's wait is what is solved for)."""
     return c / (m["ttft_unloaded_s"] + osl * m["tpot_s"])
+
+
+_POINT = ("c", "ttft", "tpot", "s")     # what ``_point`` computes the others from
 
 
 def _point(osl, idx, c, vals) -> dict:
@@ -337,7 +343,7 @@ def _goodput_roots(b, probe, osl, queue, one, c_sat, sat) -> list:
     ttft = Root(probe, lambda idx, c, vals: at(idx, _point(osl, idx, c, vals)), ones, c_sat,
                 at(rows, one), at(rows, sat), on_t, log_secant=True)
     tpot = Root(probe, _test(osl, "tpot", slo_p), ones, c_sat, _at(one, "tpot", slo_p),
-                _at(sat, "tpot", slo_p), on_p)
+                _at(sat, "tpot", slo_p), on_p, keep=())
     ttft.has_slo, ttft.on, tpot.binds = has_slo, on_t, on_p & ~(sat["tpot"] <= slo_p)
     ttft.sat_rate = sat["rate"]
     return [ttft, tpot]
@@ -351,22 +357,36 @@ def _prune_goodput(ttft, tpot, c_sat) -> None:
     both (the settled root's value is not read)."""
     if not (ttft.active() or tpot.active()):
         return
-    # where the TPOT's bound lies (concurrency): [lo_p, hi_p]; the TTFT's [lo_t, hi_t]
-    lo_p = np.where(tpot.binds, poisson_p90_inverse(tpot.c), np.inf)
-    hi_p = lo_p.copy()
-    lo_p[tpot.idx], hi_p[tpot.idx] = poisson_p90_inverse(tpot.a), poisson_p90_inverse(tpot.b)
-    gone_p = hi_p < 1.0                             # no goodput: the TPOT fails at C = 1
-    hi_t = np.where(ttft.on, ttft.c, np.inf)
-    hi_t[ttft.idx] = ttft.b
-    gone_t = ttft.on & ~np.asarray(ttft.out["ok"], bool)
-    gone_t[ttft.idx] = False
-    if ttft.active():
-        i = ttft.idx
-        ttft.settle((hi_p[i] < ttft.a) | gone_p[i])
+    # where the TPOT's bound lies (concurrency): [lo_p, hi_p]; the TTFT's [lo_t, hi_t] (each
+    # at the other's open rows only, both before either settles)
     if tpot.active():
         i = tpot.idx
-        tpot.settle((((lo_p[i] > hi_t[i]) | (lo_p[i] >= c_sat[i])) & (lo_p[i] >= 1.0))
-                    | gone_t[i])
+        lo_p = poisson_p90_inverse(tpot.a)
+        hi_t = _at_rows(i, ttft.idx, ttft.b, lambda r: np.where(ttft.on[r], ttft.c[r], np.inf))
+        gone_t = _at_rows(i, ttft.idx, np.zeros(len(ttft.idx), bool),
+                          lambda r: ttft.on[r] & ~np.asarray(ttft.out["ok"][r], bool))
+        done_p = (((lo_p > hi_t) | (lo_p >= c_sat[i])) & (lo_p >= 1.0)) | gone_t
+    if ttft.active():
+        hi_p = poisson_p90_inverse(_at_rows(ttft.idx, tpot.idx, tpot.b, lambda r: np.where(
+            tpot.binds[r], tpot.c[r], np.inf)))
+        ttft.settle((hi_p < ttft.a) | (hi_p < 1.0))  # (no goodput: the TPOT fails at C = 1)
+    if tpot.active():
+        tpot.settle(done_p)
+
+
+def _at_rows(rows, open_rows, at_open, settled):
+    """Per row of ``rows``: ``at_open`` where the row is one of ``open_rows``, else
+    ``settled(those rows)``."""
+    out = settled(rows)
+    if len(open_rows):
+        pos = np.full(max(int(rows.max(initial=-1)), int(open_rows.max())) + 1, -1)
+        pos[open_rows] = np.arange(len(open_rows))
+        at = pos[rows]
+        hit = at >= 0
+        if np.any(hit):
+            out = np.array(out)
+            out[hit] = at_open[at[hit]]
+    return out
 
 
 def _finish_goodput(m, b, probe, good, by_rate, c_op, c_sat, tp90, osl, lam_sat):

@@ -108,6 +108,34 @@ two moves the float32 times). Where a point's time goes: ~four steps of ~150-200
 each on arrays of (points, rows), of which numpy's float32 exp (the MoE's touched experts, once
 a step) costs ~14 multiplies; no single term dominates, so 10^5 designs per CPU-second asks
 for a step model with fewer terms a point, or fewer points.
+
+A fourth pass (issue 28), measured in instructions (valgrind's cachegrind: one warm call on
+dse.bench's 20,000 queueing designs, which the machine's load does not move) besides CPU
+time: 1,654M instructions before. Where they went: the probe's takes (``ndarray.take``, ~7%),
+copies (~7%), ``np.where`` (~5%), boolean-mask and two-axis fancy indexing (~12%, much of it
+this module's bookkeeping), numpy's float64 exp and log (no SIMD loop on an AVX2 machine:
+~7%, the roots' clamps and closing tests and ``queueing.md1_decay``), the step model's float32
+arithmetic (~25%) and the float64 final scoring. Kept, the same numbers to the bit: a root
+carries from step to step only the values its caller reads (``Root``'s ``keep``: none for the
+rate's concurrency and the TPOT bound, the four that give the others for the saturation), its
+secant steps read its arrays as views where no row is in sections, its clamps' exp once per
+row, its brackets closed against ``exp(tol)`` (the log only within 1e-9 of it), settled rows
+dropped by index arrays taken once, the probe's points placed and read by flat indices of its
+grid (no two-axis fancy index) and goodput's pruning computed on the open rows only: 1,654M ->
+1,477M instructions (31 passes and 470k points scored still). Tried, not kept (passes, points
+scored; 31 and 470k before): sections that grow and aim, at a row's j-th step in sections
+``8 2^j - 1`` points evenly through its bracket and the chord's root through its ends with
+four points about it, after 7 secant steps (28 and 447k, ~1,460M instructions; branch
+r-sections): the roots move within their tolerance, and tests/test_builder_equivalence.py
+holds the shipped spaces' scored metrics to 1e-12 (one goodput moved 5.6e-8); a row's asks
+beyond a pass's depth waiting a step where a few rows ask more than most (32-40 and 417-500k:
+the rows that wait become the stragglers); the TTFT's or TPOT's bound starting a step after
+the rate's (31-34, 495-523k); takes where the points scored in vain exceed a take's cost
+1.5-5 times over (31, 454-463k: within the noise); a lazy gather of the coefficients (~15% of
+the fields a take gathers are not read here: ~1%). What is left: ~31 passes of a fixed
+~1.5-2 ms and ~0.1-0.3 us a point (the step model), the float64 final scoring and p90 TPOT
+pass and the coefficients; 10^5 designs per CPU-second still asks for fewer passes (a pass per
+step of the slowest rows: kinks and jumps at the roots) or a leaner step model a point.
 """
 
 from __future__ import annotations
@@ -170,10 +198,25 @@ class Probe:
             return [tuple(np.broadcast_to(v, (held,)) for v in self.fn(asks[0][1]))]
         where = idxs if self.rows is None else [self.pos[i] for i in idxs]
         cc = np.ones((k, held))               # (the rows not asked about: any concurrency)
-        for s, p, (_, c) in zip(slots, where, asks):
-            cc[s, p] = c
-        out = [np.broadcast_to(v, cc.shape) for v in self.fn(cc)]
-        return [tuple(v[s, p] for v in out) for s, p in zip(slots, where)]
+        # (each ask's slots and positions as flat indices of the grid: a one-axis take and
+        # put, not a two-axis fancy index)
+        flat = [s * held + p for s, p in zip(slots, where)]
+        for f, (_, c) in zip(flat, asks):
+            cc.put(f, c)
+        out = [_flat(v, cc.shape) for v in self.fn(cc)]
+        return [tuple(v.take(f) if v.ndim == 1 else v[0].take(p) for v in out)
+                for f, p in zip(flat, where)]
+
+
+def _flat(v, shape):
+    """``v`` (a probe's output, of ``shape`` or broadcast to it) flat when it has a value per
+    point, else its first row as a (1, rows) array."""
+    v = np.asarray(v)
+    if v.shape == shape and v.flags.c_contiguous:
+        return v.reshape(-1)
+    if v.ndim < 2 or v.shape[0] == 1:             # (the same value at every point of a row)
+        return np.broadcast_to(v, (1, shape[-1]))
+    return np.ascontiguousarray(np.broadcast_to(v, shape)).reshape(-1)
 
 
 def _pick(ok, yes: dict, no: dict) -> dict:
@@ -195,13 +238,16 @@ class Root:
     probe's values ``vals`` there: ``ok`` the predicate (NaN fails, as in the bisection),
     ``residual`` increasing in C, about affine (in log C with ``log_secant``: the secant
     through the last two points is taken there), 0 at the root (inf or NaN: a bisection step),
-    ``out`` a dict of arrays; ``lo_out``, ``hi_out`` the same triple at ``lo`` and ``hi``.
+    ``out`` a dict of arrays; ``lo_out``, ``hi_out`` the same triple at ``lo`` and ``hi``;
+    ``keep``: the keys of ``out`` the caller reads (None: all; the others are not carried from
+    step to step).
 
     Every row's points depend on its own values only (its secant steps, then, after
     ``SECANT_STEPS`` of them, ``SECTIONS`` points per step), never on the other rows of the
     batch: a design's root is the same whatever it is scored with (tests/test_chunk_invariance)."""
 
-    def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None, log_secant=False):
+    def __init__(self, probe, test, lo, hi, lo_out, hi_out, on, guess=None, log_secant=False,
+                 keep=None):
         self.probe, self.test, self.log_secant = probe, test, log_secant
         self.tail = probe.tail()          # (sections: their own pass, few rows)
         lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), np.shape(on))
@@ -210,10 +256,13 @@ class Root:
         fails_lo = ~lo_out[1] | ~on | (res <= 0)
         at_hi = hi_out[1] & ~fails_lo
         self.c = np.where(fails_lo, lo, hi * np.exp(-res))
-        self.out = _pick(at_hi, hi_out[2], lo_out[2])
+        no = lo_out[2] if keep is None else {k: lo_out[2][k] for k in keep}
+        self.out = _pick(at_hi, hi_out[2], no)
         idx = np.flatnonzero(~fails_lo & ~at_hi)
         self.idx, self.a, self.b = idx, lo[idx].astype(np.float64), hi[idx].astype(np.float64)
         self.tol = np.maximum(res[idx], NOISE)
+        self.up, self.down = np.exp(0.5 * self.tol), np.exp(-0.5 * self.tol)   # (the clamps)
+        self.wide = np.exp(self.tol)                 # (a bracket is closed at b / a <= wide)
         self.x1, self.x2 = self.a.copy(), self.b.copy()
         self.f1 = np.asarray(lo_out[0], dtype=np.float64)[idx]
         self.f2 = np.asarray(hi_out[0], dtype=np.float64)[idx]
@@ -221,7 +270,7 @@ class Root:
         self.last = 2.0 * (self.b - self.a)                # (the first secant step is free)
         self.prev = self.last.copy()
         self.steps = np.zeros(len(idx), dtype=np.int64)
-        self.s = self.pts = self.sec = None
+        self.s = self.pts = self.sec = self.m = None
         # two first points from the physics (the caller's guesses, a lower and an upper one),
         # then secants through them
         self.guess = None if guess is None else \
@@ -238,10 +287,13 @@ class Root:
             self.s, self.guess = (np.minimum(lo_s, hi_s), np.maximum(lo_s, hi_s)), None
             return [(self.probe, self.idx, self.s[0]), (self.probe, self.idx, self.s[1])]
         self.sec = sec = self.steps >= SECANT_STEPS
+        # the secant's rows: every row but those in sections (all of them, as a view, on most
+        # steps: no copy of each array the step reads)
+        self.m = m = slice(None) if not sec.any() else ~sec
         asks = []
         if not sec.all():
-            self.s = self._secant(~sec)
-            asks.append((self.probe, self.idx[~sec], self.s))
+            self.s = self._secant(m)
+            asks.append((self.probe, self.idx[m], self.s))
         if sec.any():                                  # sections: the points of each bracket
             g = np.arange(1, SECTIONS + 1) / (SECTIONS + 1.0)
             self.pts = a[sec][None, :] * (b[sec] / a[sec])[None, :] ** g[:, None]
@@ -253,7 +305,7 @@ class Root:
         outside the bracket or shrinks less than a bisection would."""
         a, b, x1, f1, x2, f2 = (v[m] for v in (self.a, self.b, self.x1, self.f1, self.x2,
                                                self.f2))
-        tol, prev = self.tol[m], self.prev[m]
+        tol, prev, up, down = self.tol[m], self.prev[m], self.up[m], self.down[m]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             if self.log_secant:                    # (a residual nearer affine in log C)
                 l1, l2 = np.log(x1), np.log(x2)
@@ -267,7 +319,7 @@ class Root:
         step = x2 * (0.5 * tol)
         close = np.abs(s - x2) < step
         s = np.where(close, np.where(x2 == a, x2 + step, x2 - step), s)
-        s = np.minimum(np.maximum(s, a * np.exp(0.5 * tol)), b * np.exp(-0.5 * tol))
+        s = np.minimum(np.maximum(s, a * up), b * down)
         self.prev[m] = self.last[m]
         self.last[m] = np.where(bad, b - a, np.abs(s - x2))
         return s
@@ -282,10 +334,10 @@ class Root:
                 self.x1, self.f1 = self.x2, self.f2
                 self.x2, self.f2 = s.astype(np.float64), np.asarray(f, dtype=np.float64)
             self.s = None
-            return self._settle(np.log(self.b / self.a) <= self.tol)
+            return self._settle(self._closed())
         sec, first = self.sec, 0
         if not sec.all():
-            m = ~sec
+            m = self.m
             f, ok, at_s = self.test(self.idx[m], self.s, got[0])
             self.b[m] = np.where(ok, self.b[m], self.s)
             self.a[m] = np.where(ok, self.s, self.a[m])
@@ -297,7 +349,18 @@ class Root:
         if sec.any():
             self._sections(sec, got[first:])
         self.steps += 1
-        self._settle(np.log(self.b / self.a) <= self.tol)
+        self._settle(self._closed())
+
+    def _closed(self) -> np.ndarray:
+        """The rows whose bracket is within the tolerance, ``log(b / a) <= tol``: the log taken
+        only where ``b / a`` is within 1e-9 of ``exp(tol)`` (elsewhere the comparison with it
+        decides the same; numpy's float64 log has no SIMD loop here)."""
+        r = self.b / self.a
+        done = r <= self.wide * (1.0 - 1e-9)
+        near = np.flatnonzero((r > self.wide * (1.0 - 1e-9)) & (r < self.wide * (1.0 + 1e-9)))
+        if near.size:
+            done[near] = np.log(r[near]) <= self.tol[near]
+        return done
 
     def _sections(self, sec, got: list) -> None:
         """The brackets of the rows ``sec`` from the first of their points that fails (and the
@@ -324,12 +387,17 @@ class Root:
     def _settle(self, done) -> None:
         if not np.any(done):
             return
-        self.c[self.idx[done]] = self.a[done]
-        _put(self.out, self.idx[done], self.at_a, done)
-        keep = ~done
-        for name in ("idx", "a", "b", "tol", "x1", "f1", "x2", "f2", "last", "prev", "steps"):
-            setattr(self, name, getattr(self, name)[keep])
-        self.at_a = {k: v[keep] for k, v in self.at_a.items()}
+        # (the rows as indices once, each array taken by them: a boolean mask is read again
+        # for every array it selects from)
+        gone, keep = np.flatnonzero(done), np.flatnonzero(~done)
+        idx = self.idx.take(gone)
+        self.c[idx] = self.a.take(gone)
+        for k, v in self.at_a.items():
+            self.out[k][idx] = v.take(gone)
+        for name in ("idx", "a", "b", "tol", "up", "down", "wide", "x1", "f1", "x2", "f2",
+                     "last", "prev", "steps"):
+            setattr(self, name, getattr(self, name).take(keep))
+        self.at_a = {k: v.take(keep) for k, v in self.at_a.items()}
 
 
 def solve(roots: list, settle=None) -> None:
