@@ -78,9 +78,16 @@ mutates ``dse/perf/train_*.py`` (the serving mode's default leaves them out) and
 equivalence on ``train_sample``: a few training cases (dense and MoE, GQA and MLA, EP, CP,
 ZeRO 0-3, every recompute policy and pipeline schedule, bf16 to NVFP4, a precision without
 native support, MTP, tied embeddings) whose candidate layouts expand from the in-repo catalog,
-scored by ``score_train`` with its micro-batch parts and the memory without flash attention.
-Both run ``TRAIN_TESTS`` (``tests/test_train_*.py``; ``--fast`` leaves out ``TRAIN_SLOW``: a
-subprocess, which runs unmutated code, and two search runs); the training model has no goldens.
+scored by ``score_train`` with its micro-batch parts and the memory without flash attention;
+the same rows again with the job's software switches drawn row by row (tp_comm_overlap,
+overlap_p2p_comm, overlap_grad_reduce, p2p_scatter_gather, cp_comm_type, recompute_norms,
+recompute_moe_act, moe_router_force_load_balancing, the unfused and other attention kernels),
+MLA and GQA (tp filling the domain and past the key/value heads) under each context-parallel
+exchange, ZeRO-3 under DualPipe, and layouts breaking each rule of ``train_layout.layout_bits``
+and on its boundaries (judged by their bits and reasons: an invalid layout's numbers are never
+shown). Both run ``TRAIN_TESTS`` (every ``tests/test_train_*.py``; ``--fast`` leaves out
+``TRAIN_SLOW``: a subprocess, which runs unmutated code, two search runs and a minute of fit
+restarts); the training model has no goldens.
 ``DSE_MUTATE_TRAIN=field=factor pytest ...`` runs any tests under one training mutation.
 """
 
@@ -89,6 +96,7 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -128,14 +136,21 @@ GOLDENS = "tests/test_goldens.py"
 # --train: the training model's tests (hand-worked terms first, the scorers' wiring after; no
 # goldens: the training model has none) and the tests no mutant can fail (a subprocess runs the
 # unmutated code) or that take ten seconds each (a search run), left out by --fast
+_TRAIN_LAST = ["tests/test_train_predict.py", "tests/test_train_space.py",
+               "tests/test_train_report.py", "tests/test_train_fit.py",
+               "tests/test_train_whatif_bands.py", "tests/test_train_questions.py"]
 TRAIN_TESTS = ["tests/test_train_physics.py", "tests/test_train_terms.py",
                *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_train_terms_*.py")),
-               "tests/test_train_predict.py", "tests/test_train_space.py",
-               "tests/test_train_report.py", "tests/test_train_fit.py",
-               "tests/test_train_questions.py"]
+               # every other tests/test_train_*.py, then the scorers' wiring
+               *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_train_*.py")
+                       if not p.name.startswith(("test_train_terms", "test_train_physics"))
+                       and str(p.relative_to(ROOT)) not in _TRAIN_LAST),
+               *_TRAIN_LAST]
 TRAIN_SLOW = ["tests/test_train_predict.py::test_missing_required_column_and_subprocess_exit_code",
               "tests/test_train_space.py::test_report_compare_whatif_on_training_runs",
-              "tests/test_train_space.py::test_optuna_run_finds_front_designs"]
+              "tests/test_train_space.py::test_optuna_run_finds_front_designs",
+              # a minute of Nelder-Mead restarts: the fit's reproducibility, not a term's value
+              "tests/test_train_fit.py::test_fit_ends_at_the_same_values_from_any_start"]
 # the TrainBatch fields that are a design's layout, job or switches, not terms of the model
 TRAIN_NOT_PHYSICS = {"tp", "pp", "dp", "ep", "cp", "vp", "micro_batch_seqs", "zero_stage",
                      "recompute", "recompute_layer_fraction", "schedule", "sequence_parallel",
@@ -196,6 +211,12 @@ class _MutatedKernel(dict):
         v = dict.__getitem__(self, key)
         return v * _TrainState.factor if "kernel." + key == _TrainState.name else v
 
+    def get(self, key, default=None):        # (kp.get(KEY, default) reads are mutated too)
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
 
 def set_train_mutation(name: str | None, factor: float = 1.0) -> None:
     """From now on every TrainBatch (also those already built) reads ``name`` times ``factor``
@@ -247,6 +268,12 @@ def train_fields() -> list[str]:
             if key not in read:
                 read.append(key)
             return dict.__getitem__(self, key)
+
+        def get(self, key, default=None):
+            try:
+                return self[key]
+            except KeyError:
+                return default
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for b in train_sample().values():
@@ -791,6 +818,8 @@ def _live_functions(mod) -> dict:
                 if isinstance(a, property):
                     for f in (a.fget, a.fset):
                         add(f)
+                elif isinstance(a, functools.cached_property):
+                    add(a.func)
                 else:
                     add(a)
         else:
@@ -1003,6 +1032,53 @@ def train_sample(rows_per_case: int = 60, seed: int = 0) -> dict:
     # MLA without a query LoRA (DeepSeek-V2-Lite's shape; no catalog model has it)
     out["mla-no-q-lora"] = out["mla-tp-interleaved"].replace(q_lora_rank=0.0)
     out["every case"] = every
+    # the job's software switches, blank above (Megatron-Core's defaults): each drawn row by row
+    # (both sides of every switch's np.where in one batch), each case alone and all together
+    r = np.random.default_rng(seed + 1)
+    n = len(every.tp)
+
+    def draw(*values, size=n):
+        return r.choice(np.asarray(values, float), size)
+    switched = every.replace(
+        tp_comm_overlap=draw(0, 1, 2), overlap_p2p_comm=draw(0, 1),
+        overlap_grad_reduce=draw(0, 1), p2p_scatter_gather=draw(0, 1),
+        cp_comm_type=draw(0, 1, 2), recompute_norms=draw(0, 1), recompute_moe_act=draw(0, 1),
+        moe_router_force_load_balancing=draw(0, 1), attention_unfused=draw(0, 0, 1),
+        attention_fwd_rate=draw(1.0, 0.7), attention_bwd_rate=draw(1.0, 0.6))
+    for i, name in enumerate(df["case_id"]):
+        out[name + " | switches"] = switched.take(np.flatnonzero(case == i))
+    out["every case | switches"] = switched
+    # MLA under context parallelism (the catalog cases run it at cp 1), each exchange
+    mla = out["mla-tp-interleaved"]
+    out["mla-cp | switches"] = mla.replace(cp=np.full(len(mla.tp), 2.0), cp_comm_type=draw(0, 1, 2, size=len(mla.tp)))
+    # GQA under context parallelism with tp filling the domain and past it (more tp ranks than
+    # key/value heads), each exchange; ZeRO-3 under DualPipe
+    gqa = out["dense-cp-zb-z2"]
+    out["gqa-cp-wide-tp | switches"] = gqa.replace(
+        tp=draw(8, 16, size=len(gqa.tp)), cp=np.full(len(gqa.tp), 2.0), cp_comm_type=draw(0, 1, 2, size=len(gqa.tp)))
+    # a 72-chip domain (NVL72) at tp 16: 4.5 tp groups a domain, 4 whole, under cp 8
+    out["nvl72-tp16-cp8 | switches"] = gqa.replace(
+        domain_chips=np.full(len(gqa.tp), 72.0), tp=np.full(len(gqa.tp), 16.0),
+        cp=np.full(len(gqa.tp), 8.0), cp_comm_type=draw(0, 1, 2, size=len(gqa.tp)))
+    dual = out["mla-mtp-dualpipe"]
+    out["dualpipe-zero3"] = dual.replace(zero_stage=np.full(len(dual.tp), 3.0))
+    # layouts breaking each rule of train_layout.layout_bits, and on its boundaries (pp = the
+    # layers, pp vp = the layers, 2 pp micro-batches under DualPipe, a2a head splits): judged
+    # by their bits and reasons only (an invalid layout's numbers are never shown)
+    k = 600
+    src = every.take(r.integers(0, n, k))
+    layers = src.num_layers
+    pp = np.where(r.random(k) < 0.25, layers, np.where(r.random(k) < 0.1, layers + 1,
+                                                       draw(1, 2, 3, 4, 8, size=k)))
+    vp = np.where(r.random(k) < 0.2, np.maximum(np.floor(layers / pp), 1.0),
+                  draw(1, 1, 2, 3, size=k))
+    dp, mb = draw(1, 2, 3, 4, 8, 1.5, size=k), draw(1, 2, 3, size=k)
+    gbs = np.where(r.random(k) < 0.3, 2.0 * pp * dp * mb, draw(16, 24, 64, 96, 1000, size=k))
+    out["layouts | rules"] = src.replace(
+        tp=draw(1, 2, 3, 4, 8, 16, 128, size=k), pp=pp, vp=vp, dp=dp, micro_batch_seqs=mb,
+        global_batch_seqs=gbs, ep=draw(1, 2, 3, 8, 16, 64, 128, size=k),
+        cp=draw(1, 1, 2, 3, 4, 8, size=k), seq_len=draw(4096, 4097, 4098, 6000, size=k),
+        schedule=draw(0, 1, 2, 3, size=k), cp_comm_type=draw(0, 1, 1, size=k))
     return out
 
 
@@ -1011,46 +1087,81 @@ def train_sample(rows_per_case: int = 60, seed: int = 0) -> dict:
 TRAIN_EQUIVALENT_WHY = {
     "a guard against 0/0 where a model or layout lacks the feature: wherever its value is "
     "used it is an integer count of at least 2 (or the row is masked out)": (
-        "8e12648600", "949fc366e3", "b008b8043e", "8ed1e54fcf", "7be7404c33", "528e1f7236",
-        "8052e0a3d0", "e519cd0b86", "1d1d6bb83a", "d976343bd2", "0455d1e6e8", "1a47d1b2eb",
-        "6fbe3383ed", "c80c9200a2", "091874803f", "5edf9ac5c3", "e424cacde5", "dcceb9bc66",
-        "67b61eaa0d", "22165af7aa", "c510136b28", "03ce7a74a4", "6b42716a2c", "758f38f607",
-        "ce9ea05e8a", "0449e3d04e", "b323e0da28", "90867a6596", "e2017b4bb6", "a2e41fc20d",
-        "1e910fd9d5"),
+        "8e12648600", "b008b8043e", "8ed1e54fcf", "7be7404c33", "528e1f7236",
+        "e519cd0b86", "d976343bd2", "1a47d1b2eb",
+        "c80c9200a2", "091874803f", "5edf9ac5c3", "e424cacde5", "dcceb9bc66",
+        "67b61eaa0d", "22165af7aa", "c510136b28", "6b42716a2c", "758f38f607",
+        "ce9ea05e8a", "90867a6596", "e2017b4bb6", "a2e41fc20d",
+        "1e910fd9d5",
+        # max(experts, 1), max(num_layers, 1), max(expert_ffn, 1) (MoE rows: E >= 8,
+        # f_e > 0; every model: L >= 16)
+        "95d5d97924", "ee53b0b021", "a5d13bae4b", "eedcad9df7", "94c207e8a6", "473a386f54",
+        "3b8db15f38", "f989e80fb4", "1b7cfa73dc"),
     "layout degrees are integers (> 1 and > 1.2 agree) and a collective over one rank costs 0 "
     "in the kernel model already (its (g - 1) factors, its latency masked)": (
-        "5367de5fbb", "703512c980", "3fe0a3161c", "62a997821f", "99b9f9f8e4", "bb0cdeab7e",
-        "b1cb0a16cd", "a9049d6720", "2bd6a89842", "9efb79196e", "7b79517343", "d23e022b8f",
-        "1ff7ad8428", "e490ff44bf"),
+        "5367de5fbb", "3fe0a3161c", "62a997821f", "99b9f9f8e4", "b1cb0a16cd",
+        "a9049d6720", "2bd6a89842", "9efb79196e", "d23e022b8f", "1ff7ad8428", "e490ff44bf",
+        # bad_a2a's cp > 1, layout_bits' vp > 1 and cp > 1, dp_comm_s' dp cp > 1,
+        # pp_comm_s' pp > 1, moe_sort_s' ep > 1 and local experts > 1 (E / ep: ep divides E)
+        "8d244cbbdb", "cdf032f4aa", "4a0fe8abe7", "c61dfa8b78", "3c184b184c", "c37075e293",
+        "2a67ba8596"),
     "the mask only repeats what the term's inputs imply: a dense row's MoE terms are weighted "
-    "by its MoE share 0 (expert widths 0, ep 1), and `if np.any(...)` only skips work": (
-        "cc0f0235d7", "db20c48977", "f6e658a810", "39857f74d8", "0e134f5ede", "73e33436e9",
-        "564c6250b6", "48cd523420", "0bd089a67e"),
+    "by its MoE share 0 (expert widths 0, ep 1, where the busiest-rank imbalance is 1), a row "
+    "without a sliding window has no local layers, and `if np.any(...)` only skips work": (
+        "db20c48977", "f6e658a810", "39857f74d8", "73e33436e9",
+        "564c6250b6", "48cd523420", "0bd089a67e",
+        "90ff896249", "a4a5d1c83f", "717b8237e4", "dda9df9696", "f29c62abf1", "f6dfd6fb00",
+        "d919125001"),
     "the KV heads only size the attention core's HBM bytes, and at training sequence lengths "
     "the core is compute-bound (tests/test_train_terms_kernels.py pins the bytes at a low HBM "
     "fraction)": (
-        "411df08610", "aa9b0e1869", "9aa52010b8", "e3930c6c62", "e76fe12e9e", "733ec87c22",
-        "9cdf5afef7"),
-    "every catalog MLA model has head_dim = qk_nope_head_dim + qk_rope_head_dim (192)": (
-        "b51476f15e",),
+        "9aa52010b8", "e3930c6c62", "e76fe12e9e", "733ec87c22", "7202d43dca", "ab490dd502"),
+    "every catalog MLA model has head_dim = qk_nope_head_dim + qk_rope_head_dim (192) and "
+    "num_key_value_heads = num_attention_heads (DeepSeek-V3 128, Kimi K2 64): the MLA and "
+    "GQA readings agree": ("b36178eaa3", "9c1f8a9edb"),
     "a factor equal to 1 (CAST_BYTES, FP8_COPY_BYTES; the constant's own mutant is caught)": (
-        "2654e55e9c", "a90dbd3f29"),
+        "a90dbd3f29", "31f38e8dce", "69d1f41615"),
     "no design's memory equals its HBM capacity exactly (tests/test_train_terms_step.py pins "
     "the boundary)": ("aa0ef2f211",),
     "kernel_comm.alltoall_bytes clamps the ranks per node to the group itself": (
         "d54dc06521",),
+    "layout_bits casts the sum to int64, which drops the 0.2, 0.4 or 0.8 a 0/1 rule flag times "
+    "1.2, 2.4 or 4.8 adds (every other bit is a whole power of 2; "
+    "tests/test_train_terms_layout_rules.py pins each bit)": (
+        "6b2007cabe", "d6c4573e36", "340b667eed"),
+    "a2a_splits' first test (tp cp divides the heads) follows from its second wherever "
+    "bad_a2a reads it (cp > 1): there the key/value heads a tp rank, at least 1, are a "
+    "multiple of cp, so kv_heads is a multiple of tp cp, and so are the heads (a multiple of "
+    "kv_heads; MLA's key/value heads are its heads); a fraction of a head a rank (kv_heads < tp: 1, or 1.2) is never a "
+    "multiple of cp >= 2 either way": (
+        "c1e613c772", "d52874ecb1", "e7c71076d0", "e16814dc2c", "9fc2ca0a31"),
+    "every local expert is touched at training token counts (1 - (1 - k/E)^T is 1 to double "
+    "precision for the thousands of tokens a chip dispatches), so the group's tokens without "
+    "sequence parallelism only matter at a handful of tokens "
+    "(tests/test_train_terms_gaps.py pins 16)": ("3bb39269c2", "aa1bd946c5"),
 }
+
 _WHY = {i: why for why, ids in TRAIN_EQUIVALENT_WHY.items() for i in ids}
 
 
 def _train_group_scores(name: str, b) -> dict:
     """Everything the training scorer returns for one case of the sample, its micro-batch
     parts, and the memory with the 2022 attention kernels (``flash=0``: the score matrix)."""
+    from dse.perf.train_batch import TrainBatch
+    from dse.perf.train_layout import layout_bits, layout_text
     from dse.perf.train_memory import memory_bytes
     from dse.perf.train_step import micro_batch_parts, score_train
     out = {}
+    # the batch's cached properties (ep_imbalance, operand_bytes) computed again: a mutant of
+    # their code changes them, and the tracer sees their lines
+    for k, v in vars(TrainBatch).items():
+        if isinstance(v, functools.cached_property):
+            b.__dict__.pop(k, None)
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if name.startswith("layouts"):
+            bits = layout_bits(b)
+            return {"layout_bits": bits, "reason": np.array([layout_text(x) for x in bits])}
         for k, v in score_train(b).items():
             out[k] = np.asarray(v)
         for k, v in micro_batch_parts(b).items():
@@ -1302,7 +1413,9 @@ def write_operator_table(path: Path, mutants: list, rows: dict, argv: list, popu
              f"Operator and term mutations of `dse/perf/` ({', '.join(files)}): {sample} "
              f"(kinds: {', '.join(sorted({m['kind'] for m in mutants}))}). A mutant that no "
              f"scored number changes on the sample ({n_designs} designs reaching every "
-             "mechanism: " + ("`train_sample`, each case alone and all in one batch: the "
+             "mechanism: " + ("`train_sample`, each case alone and all in one batch, again "
+                              "with the software switches drawn row by row, and layouts "
+                              "breaking each layout rule (judged by their bits): the "
                               "training scorer's metrics, micro-batch parts and memory with and "
                               "without flash attention"
                               if train else "`sample_frames`")
@@ -1459,7 +1572,8 @@ def main_operators(a, argv) -> int:
     if broken:
         print("left out (failing without a mutation): " + ", ".join(sorted(broken)))
     if a.out:
-        n_designs = (sum(len(b.tp) for k, b in train_sample().items() if k != "every case")
+        n_designs = (sum(len(b.tp) for k, b in train_sample().items()
+                         if not k.startswith("every case"))
                      if a.train
                      else sum(len(f) for f in sample_frames().values()))
         write_operator_table(Path(a.out), sel, rows, argv, len(population), files, a.fast,
