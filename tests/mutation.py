@@ -1096,9 +1096,13 @@ TRAIN_EQUIVALENT_WHY = {
         # max(experts, 1), max(num_layers, 1), max(expert_ffn, 1) (MoE rows: E >= 8,
         # f_e > 0; every model: L >= 16)
         "95d5d97924", "ee53b0b021", "a5d13bae4b", "eedcad9df7", "94c207e8a6", "473a386f54",
-        "3b8db15f38", "f989e80fb4", "1b7cfa73dc"),
+        "3b8db15f38", "f989e80fb4", "1b7cfa73dc",
+        # max(num_layers, 1) in layer_linears, max(ep, 1) in moe_sort_s (ep >= 1),
+        # max(experts, 1) in ep_comm_s (read on MoE rows only)
+        "8f8ab9ab92", "30df405b63", "4ffe595c74"),
     "layout degrees are integers (> 1 and > 1.2 agree) and a collective over one rank costs 0 "
     "in the kernel model already (its (g - 1) factors, its latency masked)": (
+        "414bc1afaf",   # pp_comm_s: pp > 1 and pp > 1.2 agree
         "5367de5fbb", "3fe0a3161c", "62a997821f", "99b9f9f8e4", "b1cb0a16cd",
         "a9049d6720", "2bd6a89842", "9efb79196e", "d23e022b8f", "1ff7ad8428", "e490ff44bf",
         # bad_a2a's cp > 1, layout_bits' vp > 1 and cp > 1, dp_comm_s' dp cp > 1,
