@@ -45,6 +45,10 @@ CP_COMM_TYPES = ("p2p", "a2a", "all_gather")
 # GEMM per local expert (Transformer Engine's GroupedLinear by default) or one grouped kernel
 # per grouped linear layer (fc1, fc2)
 MOE_GROUPED_GEMM = ("per_expert", "single")
+# the layout and job fields (besides the model, chip and job numbers) the per-layer terms read
+# (``train_step.layer_terms``): the designs of one ``layer_code`` share them
+LAYER_LAYOUT = ("tp", "micro_batch_seqs", "seq_len", "cp", "ep", "sequence_parallel",
+                "moe_router_force_load_balancing")
 BOUNDS = ("compute", "memory", "network", "bubble")
 REASONS = ("", "does not fit in memory", "no native support for the precision",
            "invalid layout")     # 3: the rules broken are train_layout.layout_bits
@@ -164,6 +168,10 @@ class TrainBatch:
     recompute_moe_act: np.ndarray = 0.0
     sliding_window: np.ndarray = 0.0
     local_layers: np.ndarray = 0.0
+    # a code per design (ints; None: not known): designs of one code have equal values of every
+    # field the per-layer terms read (``train_step.layer_terms``: every field but the layout and
+    # job fields outside ``LAYER_LAYOUT``), which are then computed once per code
+    layer_code: np.ndarray | None = None
 
     @classmethod
     def of(cls, **fields) -> TrainBatch:
@@ -172,8 +180,11 @@ class TrainBatch:
         return cls(kernel=kernel, **{k: np.asarray(v, float) for k, v in fields.items()})
 
     def replace(self, **fields) -> TrainBatch:
-        return dataclasses.replace(self, **{k: v if k == "kernel" else np.asarray(v, float)
-                                            for k, v in fields.items()})
+        """The designs with ``fields`` replaced (their ``layer_code`` dropped unless given: a
+        replaced field may split a code's designs)."""
+        return dataclasses.replace(self, **{"layer_code": None, **{
+            k: v if k in ("kernel", "layer_code") else np.asarray(v, float)
+            for k, v in fields.items()}})
 
     def take(self, rows) -> TrainBatch:
         """The designs ``rows`` (scalars stay scalars)."""
@@ -207,3 +218,23 @@ class TrainBatch:
     def micro_batches(self) -> np.ndarray:
         """Micro-batches per step per data-parallel rank: ``B / (dp mb)``."""
         return self.global_batch_seqs / (self.dp * self.micro_batch_seqs)
+
+
+def layer_rows(b: TrainBatch) -> tuple[np.ndarray, np.ndarray] | None:
+    """(one design of each distinct ``layer_code``, each design's index into them), or None:
+    no codes, or too many distinct ones to be worth it (more than half the designs)."""
+    code = b.layer_code
+    if code is None or np.ndim(code) == 0 or len(code) == 0:
+        return None
+    n = len(code)
+    size = int(code.max()) + 1
+    if size > 4 * n:
+        return None
+    at = np.full(size, -1, np.int64)
+    at[code] = np.arange(n)            # any design of a code stands for all of them
+    present = np.flatnonzero(at >= 0)
+    if 2 * len(present) > n:
+        return None
+    slot = np.empty(size, np.int64)
+    slot[present] = np.arange(len(present))
+    return at[present], slot[code]

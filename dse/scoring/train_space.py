@@ -24,6 +24,7 @@ from dse.catalog import training as tcat
 from dse.errors import InputError
 from dse.perf.train_batch import (
     BOUNDS,
+    LAYER_LAYOUT,
     CP_COMM_TYPES,
     MOE_GROUPED_GEMM,
     PRECISIONS,
@@ -275,8 +276,37 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
     sp = _enum_codes(cols["layout.sequence_parallel"][0], ("auto", "on", "off"), None, dtype)
     fields["sequence_parallel"] = np.where(sp == 0, fields["tp"] > 1, sp == 1).astype(dtype)
     fields["kernel"] = kernel
-    b = TrainBatch(**fields)
+    b = TrainBatch(**fields, layer_code=_layer_code(cols, vals, grid, overrides, inverse,
+                                                     len(first), n))
     return b, {"tokens": num("training.tokens"), "whole_dp": fields["dp"] % 1 == 0}
+
+
+# the parameter columns the per-layer terms' layout fields come from (train_batch.LAYER_LAYOUT)
+LAYER_PATHS = tuple({**{n: p for p, n in LAYOUT.items()},
+                     "sequence_parallel": "layout.sequence_parallel"}[k] for k in LAYER_LAYOUT)
+
+
+def _layer_code(cols: dict, vals: dict, grid: dict, overrides, inverse, combos: int, n: int):
+    """Each design's ``TrainBatch.layer_code``: its distinct combination of the structural
+    values (``inverse``) and the grid codes of the ``LAYER_PATHS`` that vary; None where one
+    varies without grid codes (or is scaled, or overridden) or where the possible codes are
+    more than 4 n (a table lookup, no sort)."""
+    codes, dims = [inverse], [combos]
+    for path in LAYER_PATHS:
+        v = cols[path][0]
+        if not _varies(v) and not (path + SCALE_SUFFIX in vals):
+            continue
+        if isinstance(v, GridStrings):
+            c, d = v.coords, len(v.values)
+        elif path in grid and path + SCALE_SUFFIX not in vals and not (overrides or {}).get(path):
+            c, d = grid[path][1], len(grid[path][0])
+        else:
+            return None
+        codes.append(c)
+        dims.append(d)
+    if int(np.prod(dims, dtype=np.float64)) > 4 * n:
+        return None
+    return distinct_codes(codes, dims)[1]
 
 
 def _scatter(scored: dict, rows: np.ndarray, n: int) -> dict:
