@@ -96,8 +96,31 @@ def test_layer_terms_read_no_other_layout_field(tmp_path):
                           ("mtp_layers", [0, 1]), ("tp_comm_overlap", [0, 1, 2]),
                           ("overlap_p2p_comm", [0, 1]), ("overlap_grad_reduce", [0, 1]),
                           ("p2p_scatter_gather", [0, 1]), ("cp_comm_type", [0, 1, 2]),
-                          ("moe_grouped_gemm", [0, 1]), ("recompute_norms", [0, 1]),
+                          ("recompute_norms", [0, 1]),
                           ("recompute_moe_act", [0, 1])]}
     a, c = layer_terms(b), layer_terms(b.replace(**other))
     for k in a:
         assert np.array_equal(a[k], c[k], equal_nan=True), k
+
+
+def test_first_max_is_argmax():
+    """The step's bound: the first of the largest part, a NaN the largest (np.argmax's)."""
+    from dse.perf.train_step import first_max
+    nan = np.nan
+    c = np.array([3.0, 1.0, 2.0, nan, 1.0, 5.0, 2.0], np.float32)
+    m = np.array([3.0, 2.0, 1.0, 1.0, nan, nan, 2.0], np.float32)
+    n = np.array([1.0, 2.0, 4.0, nan, 1.0, 1.0, 2.0], np.float32)
+    bub = 2.0
+    assert first_max(c, m, n, bub).tolist() == [0, 1, 2, 0, 1, 1, 0]
+    assert first_max(c, m, n, bub).tolist() == np.argmax(
+        np.stack(np.broadcast_arrays(c, m, n, bub)), axis=0).tolist()
+
+
+def test_gathered_kernel_hand_worked():
+    """Kernel keys gathered from a (keys x combinations) table on first read; take keeps the
+    table and picks the index."""
+    from dse.perf.train_batch import GatheredKernel
+    k = GatheredKernel({"a": 1.5}, ["b"], np.array([[10.0, 20.0, 30.0]]), np.array([2, 0, 2]))
+    assert k["a"] == 1.5 and k["b"].tolist() == [30.0, 10.0, 30.0]
+    assert sorted(k) == ["a", "b"] and len(k) == 2 and k.get("c", 0.0) == 0.0
+    assert k.take(np.array([1]))["b"].tolist() == [10.0]

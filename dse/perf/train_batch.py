@@ -9,6 +9,7 @@ broadcasts); choices are small integer codes into the tuples below. Pure numpy, 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -48,10 +49,40 @@ MOE_GROUPED_GEMM = ("per_expert", "single")
 # the layout and job fields (besides the model, chip and job numbers) the per-layer terms read
 # (``train_step.layer_terms``): the designs of one ``layer_code`` share them
 LAYER_LAYOUT = ("tp", "micro_batch_seqs", "seq_len", "cp", "ep", "sequence_parallel",
-                "moe_router_force_load_balancing")
+                "moe_router_force_load_balancing", "moe_grouped_gemm")
 BOUNDS = ("compute", "memory", "network", "bubble")
 REASONS = ("", "does not fit in memory", "no native support for the precision",
            "invalid layout")     # 3: the rules broken are train_layout.layout_bits
+
+
+class GatheredKernel(Mapping):
+    """Kernel parameters (``TrainBatch.kernel``) of designs that take them from a few
+    combinations: ``scalars`` {key: value} the same in all, the others rows of ``table``
+    (keys x combinations) that ``index`` (each design's combination) gathers on a key's first
+    read. The per-layer terms, computed once per ``layer_code``, read most keys at a few
+    designs only (``take``: their index, nothing gathered)."""
+
+    def __init__(self, scalars: dict, keys: list, table: np.ndarray, index: np.ndarray):
+        self._scalars, self._keys, self._table, self._index = scalars, keys, table, index
+        self._row = {k: i for i, k in enumerate(keys)}
+        self._gathered: dict = {}
+
+    def __getitem__(self, key):
+        if key in self._scalars:
+            return self._scalars[key]
+        v = self._gathered.get(key)
+        if v is None:
+            v = self._gathered[key] = np.take(self._table[self._row[key]], self._index)
+        return v
+
+    def __iter__(self):
+        return iter([*self._scalars, *self._keys])
+
+    def __len__(self) -> int:
+        return len(self._scalars) + len(self._keys)
+
+    def take(self, rows) -> GatheredKernel:
+        return GatheredKernel(self._scalars, self._keys, self._table, self._index[rows])
 
 
 @dataclass(frozen=True)
@@ -192,7 +223,9 @@ class TrainBatch:
             return v if np.ndim(v) == 0 else v[rows]
         out = {f.name: pick(getattr(self, f.name)) for f in dataclasses.fields(self)
                if f.name != "kernel"}
-        return TrainBatch(kernel={k: pick(v) for k, v in self.kernel.items()}, **out)
+        kernel = (self.kernel.take(rows) if isinstance(self.kernel, GatheredKernel) else
+                  {k: pick(v) for k, v in self.kernel.items()})
+        return TrainBatch(kernel=kernel, **out)
 
     @cached_property
     def ep_imbalance(self) -> np.ndarray:

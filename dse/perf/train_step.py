@@ -104,8 +104,8 @@ def tp_exposed_s(tp_one, fwd_window_s, bwd_window_s, full, b: TrainBatch) -> np.
 def layer_terms(b: TrainBatch) -> dict:
     """One layer's times on one chip that read only the model, chip and job numbers and the
     layout fields ``LAYER_LAYOUT`` (forward and backward GEMMs and attention core, elementwise,
-    TP / EP collectives, the MoE sort, the logits and the loss; ``micro_batch_parts`` weighs
-    them by the recompute policy and the stage)."""
+    TP / EP collectives, the MoE sort, the logits, the loss and the fixed time;
+    ``micro_batch_parts`` weighs them by the recompute policy and the stage)."""
     g = layer_gemms_s(b)
     moe_share = b.moe_layers / np.maximum(b.num_layers, 1.0)
     mlp_f = moe_share * g["moe_mlp"][0] + (1.0 - moe_share) * g["dense_mlp"][0]
@@ -123,7 +123,7 @@ def layer_terms(b: TrainBatch) -> dict:
             "win_f": win_f, "win_b": win_b, "fwd": win_f + attn, "bwd": win_b + attn_b,
             "elem": elementwise_s(b), "tp_one": tp_comm_s(b), "ep": ep_comm_s(b),
             "sort": moe_sort_s(b), "logits": g["logits"][0] + g["logits"][1],
-            "loss": loss_s(b)}
+            "loss": loss_s(b), "overhead": layer_overhead_s(b)}
 
 
 def distinct_layer_terms(b: TrainBatch) -> dict:
@@ -158,10 +158,11 @@ def micro_batch_parts(b: TrainBatch) -> dict:
     sort = t["sort"] * (2.0 + full) * moe_share
     layers = stage * (elem + sort + recompute_elementwise_s(b)) + (1.0 + b.mtp_layers) * t["loss"]
     net = stage * (tp + ep + cp)
-    pp = hide(pp_comm_s(b), compute, b.overlap_fraction * b.overlap_p2p_comm)
-    return {"compute_s": compute, "memory_s": layers, "overhead_s": stage * layer_overhead_s(b),
+    pp_all = pp_comm_s(b)
+    pp = hide(pp_all, compute, b.overlap_fraction * b.overlap_p2p_comm)
+    return {"compute_s": compute, "memory_s": layers, "overhead_s": stage * t["overhead"],
             "network_exposed_s": net + pp,
-            "network_total_s": stage * (tp_all + ep + cp_all) + pp_comm_s(b),
+            "network_total_s": stage * (tp_all + ep + cp_all) + pp_all,
             "forward_s": stage * fwd, "backward_s": stage * bwd}
 
 
@@ -189,6 +190,17 @@ def dp_comm_s(b: TrainBatch, params_per_chip) -> tuple[np.ndarray, np.ndarray]:
     per_mb = np.where(group > 1, np.where(z >= 3, 1.5 * ar, np.where(z == 2, 0.5 * ar, 0.0)),
                       0.0)
     return step, per_mb
+
+
+def first_max(*parts) -> np.ndarray:
+    """Index of the largest of ``parts`` per design, the first where tied or NaN (NaN counts
+    as the largest): ``np.argmax`` over the stacked parts, without the stack."""
+    parts = np.broadcast_arrays(*parts)
+    best, index = parts[0], np.zeros(parts[0].shape, np.int64)
+    for i, x in enumerate(parts[1:], 1):
+        up = (x > best) | (np.isnan(x) & ~np.isnan(best))
+        best, index = np.where(up, x, best), np.where(up, i, index)
+    return index
 
 
 def score_train(b: TrainBatch, layout_bits_known=None) -> dict:
@@ -224,7 +236,7 @@ def score_train(b: TrainBatch, layout_bits_known=None) -> dict:
     out["usd_per_trillion_tokens"] = out["chip_hours_per_trillion_tokens"] * b.usd_per_hour
     out["energy_j_per_token"] = b.all_in_power_w / out["tokens_per_s_per_chip"]
     out["mfu"] = flops / step / chips / peak
-    out["hfu"] = (flops + recompute_flops(b)) / step / chips / peak
+    out["hfu"] = (flops + recompute_flops(b, flops)) / step / chips / peak
     out.update(mem)
     fits = mem["memory_per_chip_bytes"] <= b.hbm_capacity_bytes
     native = b.precision_native > 0
@@ -233,9 +245,7 @@ def score_train(b: TrainBatch, layout_bits_known=None) -> dict:
     out["feasible"] = fits & native & valid
     out["reason"] = np.where(~valid, 3, np.where(~native, 2, np.where(~fits, 1, 0)))
     out["layout_bits"] = bits
-    shares = np.stack(np.broadcast_arrays(out["compute_s"], out["memory_s"],
-                                          out["network_exposed_s"], bubble))
-    out["bound"] = np.argmax(shares, axis=0)
+    out["bound"] = first_max(out["compute_s"], out["memory_s"], out["network_exposed_s"], bubble)
     return out
 
 

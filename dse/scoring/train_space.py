@@ -24,13 +24,14 @@ from dse.catalog import training as tcat
 from dse.errors import InputError
 from dse.perf.train_batch import (
     BOUNDS,
-    LAYER_LAYOUT,
     CP_COMM_TYPES,
+    LAYER_LAYOUT,
     MOE_GROUPED_GEMM,
     PRECISIONS,
     RECOMPUTE,
     SCHEDULES,
     TP_COMM_OVERLAP,
+    GatheredKernel,
     TrainBatch,
 )
 from dse.perf.train_layout import LAYOUT_REASONS, layout_bits
@@ -246,17 +247,22 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
     skip = {"kernel", "peak_bf16", "peak_fp16", "peak_fp8", "peak_fp4"}
 
     # a number the same in every combination stays a scalar; the others are gathered per
-    # design in one take of a (numbers x combinations) table
+    # design in one take of a (numbers x combinations) table (the kernel's on first read:
+    # train_batch.GatheredKernel)
     names = [("f", k) for k in combos[0] if k not in skip] + \
         [("k", k) for k in combos[0]["kernel"]]
     table = np.array([[c[k] if w == "f" else c["kernel"][k] for c in combos] for w, k in names],
                      dtype)
     same = (table == table[:, :1]).all(axis=1)
-    rows = np.take(table[~same], inverse, axis=1) if (~same).any() else table[:0]
-    out = dict(zip([nk for nk, s_ in zip(names, same) if not s_], rows))
+    is_field = np.array([w == "f" for w, _ in names])
+    gather = ~same & is_field
+    rows = np.take(table[gather], inverse, axis=1) if gather.any() else table[:0]
+    out = dict(zip([nk for nk, g_ in zip(names, gather) if g_], rows))
     out.update({nk: table[i, 0] for i, nk in enumerate(names) if same[i]})
     fields = {k: out[("f", k)] for w, k in names if w == "f"}
-    kernel = {k: out[("k", k)] for w, k in names if w == "k"}
+    lazy = ~same & ~is_field
+    kernel = GatheredKernel({k: out[("k", k)] for w, k in names if w == "k" and ("k", k) in out},
+                            [k for (w, k), g_ in zip(names, lazy) if g_], table[lazy], inverse)
 
     def num(path):
         v, f = cols[path]
@@ -283,6 +289,7 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
 
 # the parameter columns the per-layer terms' layout fields come from (train_batch.LAYER_LAYOUT)
 LAYER_PATHS = tuple({**{n: p for p, n in LAYOUT.items()},
+                     **{n: p for p, (n, _) in CODES.items()},
                      "sequence_parallel": "layout.sequence_parallel"}[k] for k in LAYER_LAYOUT)
 
 
