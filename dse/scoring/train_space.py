@@ -330,11 +330,17 @@ def _scatter(scored: dict, rows: np.ndarray, n: int) -> dict:
     return out
 
 
+# the step's metrics score_values reads to give the job's (and the reason bits)
+_READ = ("tokens_per_s_per_chip", "usd_per_trillion_tokens", "energy_j_per_token",
+         "memory_per_chip_bytes")
+
+
 def score_values(space, vals: dict, overrides: dict | None = None, metrics=None,
                  dtype=np.float32, grid: dict | None = None, kernel_scale=None) -> dict:
     """Every training metric (or ``metrics``) of the designs given by their parameter values
     (``build``'s ``grid``: their grid codes, when known; ``kernel_scale``: ``build``'s)."""
     n = len(next(iter(vals.values()))) if vals else 1
+    want = metrics if metrics is not None else train_fields.METRICS
     b, extra = build(space, vals, n, overrides, dtype, grid, kernel_scale)
     bits = np.broadcast_to(layout_bits(b, extra["whole_dp"]), (n,))
     valid = bits == 0
@@ -342,8 +348,10 @@ def score_values(space, vals: dict, overrides: dict | None = None, metrics=None,
         # a layout the model cannot take is flagged, not scored: its metrics are NaN
         rows = None if valid.all() else np.flatnonzero(valid)
         # the rows scored are the valid layouts: their bits are 0, not computed again
+        # (only the metrics wanted and those the job's metrics below read spread out)
         s = score_train(b, 0) if rows is None else _scatter(
-            score_train(b.take(rows if len(rows) else np.array([0])), 0), rows, n)
+            {k: v for k, v in score_train(b.take(rows if len(rows) else np.array([0])),
+                                          0).items() if k in want or k in _READ}, rows, n)
         chips = b.tp * b.pp * b.dp * b.cp
         tokens = extra["tokens"]
         s["num_chips"] = chips
@@ -358,7 +366,6 @@ def score_values(space, vals: dict, overrides: dict | None = None, metrics=None,
                            0)
     s["reason"] = bits
     s["feasible"] = bits == 0
-    want = metrics if metrics is not None else train_fields.METRICS
     return {k: np.broadcast_to(s[k], (n,)) for k in want}
 
 
