@@ -1,6 +1,6 @@
-"""The training scorer's per-layer terms computed once per distinct ``layer_code``
-(``train_step.distinct_layer_terms``): the same numbers, bit for bit, as per design, and
-``layer_terms`` reads no layout or job field outside ``train_batch.LAYER_LAYOUT``."""
+"""The training scorer's per-layer terms and layout rules computed once per distinct
+``layer_code`` (``train_batch.by_layer_code``): the same numbers, bit for bit, as per design,
+and ``layer_terms`` reads no layout or job field outside ``train_batch.LAYER_LAYOUT``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 from dse.bench import TRAIN_GRID, TRAIN_MOE
 from dse.build.space import load_space
 from dse.perf.train_batch import LAYER_LAYOUT, layer_rows
+from dse.perf.train_layout import layout_bits
 from dse.perf.train_step import layer_terms, score_train
 from dse.scoring import train_space
 
@@ -73,6 +74,9 @@ def test_mixed_grid_scored_rows_bit_for_bit(tmp_path):
     s = train_space.score_index(space, ids)
     b = _batch(space, ids)
     rows = np.flatnonzero(np.asarray(s["reason"]) & ~(train_space.MEMORY_BIT | 512) == 0)
+    # the layout bits (heads / tp, experts / ep, seq_len / 2 cp once per code): as per design
+    assert np.array_equal(layout_bits(b), layout_bits(b.replace(layer_code=None)))
+    assert (layout_bits(b) & 2).any()       # ep 8 on a dense model: broken in codes
     sub = b.take(rows)
     assert layer_rows(sub) is not None
     direct = score_train(sub.replace(layer_code=None), 0)

@@ -238,6 +238,14 @@ class TrainBatch:
                         1.0)
 
     @cached_property
+    def layer_batch(self) -> tuple[TrainBatch, np.ndarray] | None:
+        """(one design of each distinct ``layer_code``, each design's index into them), or
+        None (``layer_rows``); taken once per batch: the per-layer terms and the layout rules
+        read it."""
+        rows = layer_rows(self)
+        return None if rows is None else (self.take(rows[0]), rows[1])
+
+    @cached_property
     def operand_bytes(self) -> np.ndarray:
         # (in the precision's dtype: a float32 search chunk stays float32)
         return np.asarray(OPERAND_BYTES, self.precision.dtype)[self.precision.astype(int)]
@@ -271,3 +279,18 @@ def layer_rows(b: TrainBatch) -> tuple[np.ndarray, np.ndarray] | None:
     slot = np.empty(size, np.int64)
     slot[present] = np.arange(len(present))
     return at[present], slot[code]
+
+
+def by_layer_code(b: TrainBatch, fn):
+    """``fn(b)`` (an array or a dict of them) of a function that reads only the model, chip and
+    job numbers and ``LAYER_LAYOUT``: computed once per distinct ``layer_code`` where the batch
+    has them (``TrainBatch.layer_batch``) and gathered back, the same numbers."""
+    lb = b.layer_batch
+    if lb is None:
+        return fn(b)
+    sub, inverse = lb
+
+    def back(v):
+        return v if np.ndim(v) == 0 else np.take(v, inverse)
+    out = fn(sub)
+    return {k: back(v) for k, v in out.items()} if isinstance(out, dict) else back(out)

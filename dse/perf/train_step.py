@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dse.perf.train_batch import BOUNDS, PRECISIONS, REASONS, TrainBatch, layer_rows
+from dse.perf.train_batch import BOUNDS, PRECISIONS, REASONS, TrainBatch, by_layer_code
 from dse.perf.train_flops import megatron_flops, recompute_flops
 from dse.perf.train_layout import layout_bits
 from dse.perf.train_memory import memory_bytes
@@ -126,20 +126,9 @@ def layer_terms(b: TrainBatch) -> dict:
             "loss": loss_s(b), "overhead": layer_overhead_s(b)}
 
 
-def distinct_layer_terms(b: TrainBatch) -> dict:
-    """``layer_terms`` of the designs, computed once per distinct ``layer_code`` where the
-    batch has them (``train_batch.layer_rows``) and gathered back: the same numbers."""
-    rows = layer_rows(b)
-    if rows is None:
-        return layer_terms(b)
-    first, inverse = rows
-    return {k: v if np.ndim(v) == 0 else np.take(v, inverse)
-            for k, v in layer_terms(b.take(first)).items()}
-
-
 def micro_batch_parts(b: TrainBatch) -> dict:
     """Seconds of one micro-batch on the slowest stage, by part (module docstring)."""
-    t = distinct_layer_terms(b)
+    t = by_layer_code(b, layer_terms)
     moe_share, attn, fwd, bwd = t["moe_share"], t["attn"], t["fwd"], t["bwd"]
     full = b.full_share
     rerun = full * fwd + (b.recompute == 1) * attn
