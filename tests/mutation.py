@@ -158,7 +158,8 @@ TRAIN_NOT_PHYSICS = {"tp", "pp", "dp", "ep", "cp", "vp", "micro_batch_seqs", "ze
                      "mtp_layers", "attention_unfused", "tp_comm_overlap", "overlap_p2p_comm",
                      "overlap_grad_reduce", "p2p_scatter_gather", "cp_comm_type",
                      "recompute_norms", "recompute_moe_act",
-                     "moe_router_force_load_balancing", "moe_grouped_gemm"}
+                     "moe_router_force_load_balancing", "moe_grouped_gemm",
+                     "layer_code"}      # (the space builder's grouping of designs, no number)
 # layout, workload and switches: inputs a test sets itself, not terms of the model
 NOT_PHYSICS = {"tp", "pp", "ep", "dp", "prefill_tp", "prefill_pp", "prefill_ep", "prefill_dp",
                "disaggregated", "phase", "isl", "osl", "concurrency", "prefill_concurrency",

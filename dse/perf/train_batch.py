@@ -9,6 +9,7 @@ broadcasts); choices are small integer codes into the tuples below. Pure numpy, 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -45,9 +46,43 @@ CP_COMM_TYPES = ("p2p", "a2a", "all_gather")
 # GEMM per local expert (Transformer Engine's GroupedLinear by default) or one grouped kernel
 # per grouped linear layer (fc1, fc2)
 MOE_GROUPED_GEMM = ("per_expert", "single")
+# the layout and job fields (besides the model, chip and job numbers) the per-layer terms read
+# (``train_step.layer_terms``): the designs of one ``layer_code`` share them
+LAYER_LAYOUT = ("tp", "micro_batch_seqs", "seq_len", "cp", "ep", "sequence_parallel",
+                "moe_router_force_load_balancing", "moe_grouped_gemm")
 BOUNDS = ("compute", "memory", "network", "bubble")
 REASONS = ("", "does not fit in memory", "no native support for the precision",
            "invalid layout")     # 3: the rules broken are train_layout.layout_bits
+
+
+class GatheredKernel(Mapping):
+    """Kernel parameters (``TrainBatch.kernel``) of designs that take them from a few
+    combinations: ``scalars`` {key: value} the same in all, the others rows of ``table``
+    (keys x combinations) that ``index`` (each design's combination) gathers on a key's first
+    read. The per-layer terms, computed once per ``layer_code``, read most keys at a few
+    designs only (``take``: their index, nothing gathered)."""
+
+    def __init__(self, scalars: dict, keys: list, table: np.ndarray, index: np.ndarray):
+        self._scalars, self._keys, self._table, self._index = scalars, keys, table, index
+        self._row = {k: i for i, k in enumerate(keys)}
+        self._gathered: dict = {}
+
+    def __getitem__(self, key):
+        if key in self._scalars:
+            return self._scalars[key]
+        v = self._gathered.get(key)
+        if v is None:
+            v = self._gathered[key] = np.take(self._table[self._row[key]], self._index)
+        return v
+
+    def __iter__(self):
+        return iter([*self._scalars, *self._keys])
+
+    def __len__(self) -> int:
+        return len(self._scalars) + len(self._keys)
+
+    def take(self, rows) -> GatheredKernel:
+        return GatheredKernel(self._scalars, self._keys, self._table, self._index[rows])
 
 
 @dataclass(frozen=True)
@@ -164,6 +199,10 @@ class TrainBatch:
     recompute_moe_act: np.ndarray = 0.0
     sliding_window: np.ndarray = 0.0
     local_layers: np.ndarray = 0.0
+    # a code per design (ints; None: not known): designs of one code have equal values of every
+    # field the per-layer terms read (``train_step.layer_terms``: every field but the layout and
+    # job fields outside ``LAYER_LAYOUT``), which are then computed once per code
+    layer_code: np.ndarray | None = None
 
     @classmethod
     def of(cls, **fields) -> TrainBatch:
@@ -172,8 +211,11 @@ class TrainBatch:
         return cls(kernel=kernel, **{k: np.asarray(v, float) for k, v in fields.items()})
 
     def replace(self, **fields) -> TrainBatch:
-        return dataclasses.replace(self, **{k: v if k == "kernel" else np.asarray(v, float)
-                                            for k, v in fields.items()})
+        """The designs with ``fields`` replaced (their ``layer_code`` dropped unless given: a
+        replaced field may split a code's designs)."""
+        return dataclasses.replace(self, **{"layer_code": None, **{
+            k: v if k in ("kernel", "layer_code") else np.asarray(v, float)
+            for k, v in fields.items()}})
 
     def take(self, rows) -> TrainBatch:
         """The designs ``rows`` (scalars stay scalars)."""
@@ -181,7 +223,9 @@ class TrainBatch:
             return v if np.ndim(v) == 0 else v[rows]
         out = {f.name: pick(getattr(self, f.name)) for f in dataclasses.fields(self)
                if f.name != "kernel"}
-        return TrainBatch(kernel={k: pick(v) for k, v in self.kernel.items()}, **out)
+        kernel = (self.kernel.take(rows) if isinstance(self.kernel, GatheredKernel) else
+                  {k: pick(v) for k, v in self.kernel.items()})
+        return TrainBatch(kernel=kernel, **out)
 
     @cached_property
     def ep_imbalance(self) -> np.ndarray:
@@ -192,6 +236,14 @@ class TrainBatch:
                                             self.expert_load_cv
                                             * (1.0 - self.moe_router_force_load_balancing)),
                         1.0)
+
+    @cached_property
+    def layer_batch(self) -> tuple[TrainBatch, np.ndarray] | None:
+        """(one design of each distinct ``layer_code``, each design's index into them), or
+        None (``layer_rows``); taken once per batch: the per-layer terms and the layout rules
+        read it."""
+        rows = layer_rows(self)
+        return None if rows is None else (self.take(rows[0]), rows[1])
 
     @cached_property
     def operand_bytes(self) -> np.ndarray:
@@ -207,3 +259,38 @@ class TrainBatch:
     def micro_batches(self) -> np.ndarray:
         """Micro-batches per step per data-parallel rank: ``B / (dp mb)``."""
         return self.global_batch_seqs / (self.dp * self.micro_batch_seqs)
+
+
+def layer_rows(b: TrainBatch) -> tuple[np.ndarray, np.ndarray] | None:
+    """(one design of each distinct ``layer_code``, each design's index into them), or None:
+    no codes, or too many distinct ones to be worth it (more than half the designs)."""
+    code = b.layer_code
+    if code is None or np.ndim(code) == 0 or len(code) == 0:
+        return None
+    n = len(code)
+    size = int(code.max()) + 1
+    if size > 4 * n:
+        return None
+    at = np.full(size, -1, np.int64)
+    at[code] = np.arange(n)            # any design of a code stands for all of them
+    present = np.flatnonzero(at >= 0)
+    if 2 * len(present) > n:
+        return None
+    slot = np.empty(size, np.int64)
+    slot[present] = np.arange(len(present))
+    return at[present], slot[code]
+
+
+def by_layer_code(b: TrainBatch, fn):
+    """``fn(b)`` (an array or a dict of them) of a function that reads only the model, chip and
+    job numbers and ``LAYER_LAYOUT``: computed once per distinct ``layer_code`` where the batch
+    has them (``TrainBatch.layer_batch``) and gathered back, the same numbers."""
+    lb = b.layer_batch
+    if lb is None:
+        return fn(b)
+    sub, inverse = lb
+
+    def back(v):
+        return v if np.ndim(v) == 0 else np.take(v, inverse)
+    out = fn(sub)
+    return {k: back(v) for k, v in out.items()} if isinstance(out, dict) else back(out)

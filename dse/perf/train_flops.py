@@ -63,11 +63,12 @@ def logits_flops(b: TrainBatch) -> np.ndarray:
     return 6.0 * b.global_batch_seqs * b.seq_len * b.hidden_size * b.vocab * (1.0 + b.mtp_layers)
 
 
-def recompute_flops(b: TrainBatch) -> np.ndarray:
+def recompute_flops(b: TrainBatch, flops=None) -> np.ndarray:
     """``F_recompute`` (FLOPs): full reruns every transformer layer's forward, ``(F - logits)
     / 3`` (times the share of layers recomputed); selective reruns the core attention's forward, ``2 * 2 B s (n_h d_h) s / 2`` per
-    layer; none: 0."""
-    full = (megatron_flops(b) - logits_flops(b)) / 3.0 * b.recompute_layer_fraction
+    layer; none: 0. ``flops``: ``megatron_flops(b)`` where the caller has it."""
+    flops = megatron_flops(b) if flops is None else flops
+    full = (flops - logits_flops(b)) / 3.0 * b.recompute_layer_fraction
     sel = (b.num_layers * 2.0 * 2.0 * b.global_batch_seqs * b.seq_len * b.heads * b.head_dim
            * b.seq_len / 2.0)
     r = b.recompute

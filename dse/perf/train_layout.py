@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dse.perf.train_batch import TrainBatch
+from dse.perf.train_batch import TrainBatch, by_layer_code
 
 # bit -> why (bits 8 and 512, memory and precision, are the scorers'; train_space.REASONS)
 LAYOUT_REASONS = {
@@ -66,22 +66,30 @@ def bad_a2a(b: TrainBatch) -> np.ndarray:
             & ~a2a_splits(b.heads, b.kv_heads, b.kv_lora_rank, b.tp, b.cp))
 
 
+def _code_rules(b: TrainBatch) -> dict:
+    """The rules (broken where True) that read only the model and ``LAYER_LAYOUT``: tp divides
+    the heads, ep the experts, 2 cp the sequence (computed once per layer code)."""
+    return {"heads": np.fmod(b.heads, b.tp) != 0, "experts": np.fmod(b.experts, b.ep) != 0,
+            "seq": np.fmod(b.seq_len, 2.0 * b.cp) != 0}
+
+
 def layout_bits(b: TrainBatch, whole_dp=None) -> np.ndarray:
     """The reason bits (``LAYOUT_REASONS``) of each design's layout; 0 = valid. ``whole_dp``:
     where dp is a whole number (None: from ``b.dp``)."""
     tp, pp, dp, cp, ep, vp = b.tp, b.pp, b.dp, b.cp, b.ep, b.vp
     whole_dp = np.fmod(dp, 1.0) == 0 if whole_dp is None else np.asarray(whole_dp, bool)
+    rules = by_layer_code(b, _code_rules)
     moe = b.experts > 0
-    bad_ep = np.where(moe, (np.fmod(b.experts, ep) != 0) | (np.fmod(tp * cp * dp, ep) != 0),
-                      ep != 1)
+    bad_ep = np.where(moe, rules["experts"] | (np.fmod(tp * cp * dp, ep) != 0), ep != 1)
     inter = b.schedule == 1
     bad_vp = ((vp > 1) & ((pp < 2) | ~inter)) | (inter & (vp < 2))
     m = b.global_batch_seqs / (dp * b.micro_batch_seqs)
-    bad_dual = (b.schedule == 3) & ((np.fmod(pp, 2.0) != 0) | (np.fmod(m, 2.0) != 0)
-                                    | (m < 2.0 * pp))
-    bits = ((np.fmod(b.heads, tp) != 0) * 1 + bad_ep * 2 + (pp > b.num_layers) * 4
+    dual = b.schedule == 3
+    bad_dual = (dual & ((np.fmod(pp, 2.0) != 0) | (np.fmod(m, 2.0) != 0) | (m < 2.0 * pp))
+                if np.any(dual) else False)
+    bits = (rules["heads"] * 1 + bad_ep * 2 + (pp > b.num_layers) * 4
             + (np.fmod(b.global_batch_seqs, dp * b.micro_batch_seqs) != 0) * 1024
-            + (np.fmod(b.seq_len, 2.0 * cp) != 0) * (cp > 1) * 2048 + bad_vp * 4096
+            + rules["seq"] * (cp > 1) * 2048 + bad_vp * 4096
             + ~whole_dp * 8192 + (pp * vp > b.num_layers) * (pp <= b.num_layers) * 16384
             + bad_dual * 32768 + bad_a2a(b) * 65536)
     return np.asarray(bits, np.int64)

@@ -93,6 +93,11 @@ def layer_activation_bytes(b: TrainBatch, flash=1.0) -> np.ndarray:
     """Stored activations of one layer and one micro-batch on one chip (bytes), by the row's
     recompute policy and sequence parallelism (module docstring); ``flash``: 1 where the core
     attention keeps no score matrix (FlashAttention), 0 for the paper's 2022 kernels."""
+    return _layer_activations(b, flash)[0]
+
+
+def _layer_activations(b: TrainBatch, flash) -> tuple[np.ndarray, np.ndarray]:
+    """(``layer_activation_bytes``, the same without recompute)."""
     h = b.hidden_size
     q = b.heads * b.head_dim
     kv = b.kv_heads * b.head_dim
@@ -108,8 +113,8 @@ def layer_activation_bytes(b: TrainBatch, flash=1.0) -> np.ndarray:
     none = per_token + scores / t
     full = 2.0 * h / np.where(sp, t, 1.0)
     f = b.recompute_layer_fraction
-    return tokens * np.where(r == 2, f * full + (1.0 - f) * none,
-                             np.where(r == 1, per_token, none))
+    return (tokens * np.where(r == 2, f * full + (1.0 - f) * none,
+                              np.where(r == 1, per_token, none)), tokens * none)
 
 
 def in_flight(b: TrainBatch) -> np.ndarray:
@@ -126,9 +131,8 @@ def memory_bytes(b: TrainBatch, flash=1.0) -> dict:
     """Peak memory per chip and its parts (bytes): the stage with the most model state and
     activations (the first: most micro-batches in flight; the last adds the logits)."""
     st = state_bytes(b)
-    layer = layer_activation_bytes(b, flash)
+    layer, full_layer = _layer_activations(b, flash)    # (full_layer: the layer kept whole)
     stage_layers = b.num_layers / b.pp
-    full_layer = layer_activation_bytes(b.replace(recompute=np.zeros_like(b.recompute)), flash)
     work = np.where(b.recompute == 2, full_layer, 0.0)     # the layer being recomputed
     act = layer * stage_layers * in_flight(b) + work
     tokens = b.micro_batch_seqs * b.seq_len / b.cp

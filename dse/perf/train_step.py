@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dse.perf.train_batch import BOUNDS, PRECISIONS, REASONS, TrainBatch
+from dse.perf.train_batch import BOUNDS, PRECISIONS, REASONS, TrainBatch, by_layer_code
 from dse.perf.train_flops import megatron_flops, recompute_flops
 from dse.perf.train_layout import layout_bits
 from dse.perf.train_memory import memory_bytes
@@ -101,10 +101,12 @@ def tp_exposed_s(tp_one, fwd_window_s, bwd_window_s, full, b: TrainBatch) -> np.
     return np.where(code == 0, every, np.where(code == 1, bwd, tp_all))
 
 
-def micro_batch_parts(b: TrainBatch) -> dict:
-    """Seconds of one micro-batch on the slowest stage, by part (module docstring)."""
+def layer_terms(b: TrainBatch) -> dict:
+    """One layer's times on one chip that read only the model, chip and job numbers and the
+    layout fields ``LAYER_LAYOUT`` (forward and backward GEMMs and attention core, elementwise,
+    TP / EP collectives, the MoE sort, the logits, the loss and the fixed time;
+    ``micro_batch_parts`` weighs them by the recompute policy and the stage)."""
     g = layer_gemms_s(b)
-    stage = b.num_layers / b.pp
     moe_share = b.moe_layers / np.maximum(b.num_layers, 1.0)
     mlp_f = moe_share * g["moe_mlp"][0] + (1.0 - moe_share) * g["dense_mlp"][0]
     mlp_b = moe_share * g["moe_mlp"][1] + (1.0 - moe_share) * g["dense_mlp"][1]
@@ -115,30 +117,41 @@ def micro_batch_parts(b: TrainBatch) -> dict:
         uf, ub = unfused_attention_s(b)
         attn = np.where(b.attention_unfused > 0, uf, attn)
         attn_b = np.where(b.attention_unfused > 0, ub, attn_b)
-    fwd = g["attn"][0] + mlp_f + attn
-    bwd = g["attn"][1] + mlp_b + attn_b
+    win_f = g["attn"][0] + mlp_f
+    win_b = g["attn"][1] + mlp_b
+    return {"moe_share": moe_share, "attn": attn, "attn_both": attn + attn_b,
+            "win_f": win_f, "win_b": win_b, "fwd": win_f + attn, "bwd": win_b + attn_b,
+            "elem": elementwise_s(b), "tp_one": tp_comm_s(b), "ep": ep_comm_s(b),
+            "sort": moe_sort_s(b), "logits": g["logits"][0] + g["logits"][1],
+            "loss": loss_s(b), "overhead": layer_overhead_s(b)}
+
+
+def micro_batch_parts(b: TrainBatch) -> dict:
+    """Seconds of one micro-batch on the slowest stage, by part (module docstring)."""
+    t = by_layer_code(b, layer_terms)
+    moe_share, attn, fwd, bwd = t["moe_share"], t["attn"], t["fwd"], t["bwd"]
     full = b.full_share
     rerun = full * fwd + (b.recompute == 1) * attn
-    elem = elementwise_s(b) * (3.0 + full)
-    tp_one = tp_comm_s(b)
+    elem = t["elem"] * (3.0 + full)
+    tp_one = t["tp_one"]
     tp_all = tp_one * (2.0 + full)
-    tp = tp_exposed_s(tp_one, (g["attn"][0] + mlp_f) * (1.0 + full), g["attn"][1] + mlp_b,
-                      full, b)
-    ep = ep_comm_s(b) * (2.0 + full) * moe_share
+    tp = tp_exposed_s(tp_one, t["win_f"] * (1.0 + full), t["win_b"], full, b)
+    ep = t["ep"] * (2.0 + full) * moe_share
     ring, blocking = cp_layer_s(b)
     cp_all = ring + blocking
-    cp = hide(ring, attn + attn_b, b.overlap_fraction) + blocking
+    cp = hide(ring, t["attn_both"], b.overlap_fraction) + blocking
     # the last stage also runs the MTP modules: a layer and a logits layer each
-    heads_out = (1.0 + b.mtp_layers) * (g["logits"][0] + g["logits"][1])
-    stage = stage + b.mtp_layers
+    heads_out = (1.0 + b.mtp_layers) * t["logits"]
+    stage = b.num_layers / b.pp + b.mtp_layers
     compute = stage * (fwd + bwd + rerun) + heads_out
-    sort = moe_sort_s(b) * (2.0 + full) * moe_share
-    layers = stage * (elem + sort + recompute_elementwise_s(b)) + (1.0 + b.mtp_layers) * loss_s(b)
+    sort = t["sort"] * (2.0 + full) * moe_share
+    layers = stage * (elem + sort + recompute_elementwise_s(b)) + (1.0 + b.mtp_layers) * t["loss"]
     net = stage * (tp + ep + cp)
-    pp = hide(pp_comm_s(b), compute, b.overlap_fraction * b.overlap_p2p_comm)
-    return {"compute_s": compute, "memory_s": layers, "overhead_s": stage * layer_overhead_s(b),
+    pp_all = pp_comm_s(b)
+    pp = hide(pp_all, compute, b.overlap_fraction * b.overlap_p2p_comm)
+    return {"compute_s": compute, "memory_s": layers, "overhead_s": stage * t["overhead"],
             "network_exposed_s": net + pp,
-            "network_total_s": stage * (tp_all + ep + cp_all) + pp_comm_s(b),
+            "network_total_s": stage * (tp_all + ep + cp_all) + pp_all,
             "forward_s": stage * fwd, "backward_s": stage * bwd}
 
 
@@ -166,6 +179,17 @@ def dp_comm_s(b: TrainBatch, params_per_chip) -> tuple[np.ndarray, np.ndarray]:
     per_mb = np.where(group > 1, np.where(z >= 3, 1.5 * ar, np.where(z == 2, 0.5 * ar, 0.0)),
                       0.0)
     return step, per_mb
+
+
+def first_max(*parts) -> np.ndarray:
+    """Index of the largest of ``parts`` per design, the first where tied or NaN (NaN counts
+    as the largest): ``np.argmax`` over the stacked parts, without the stack."""
+    parts = np.broadcast_arrays(*parts)
+    best, index = parts[0], np.zeros(parts[0].shape, np.int64)
+    for i, x in enumerate(parts[1:], 1):
+        up = (x > best) | (np.isnan(x) & ~np.isnan(best))
+        best, index = np.where(up, x, best), np.where(up, i, index)
+    return index
 
 
 def score_train(b: TrainBatch, layout_bits_known=None) -> dict:
@@ -201,7 +225,7 @@ def score_train(b: TrainBatch, layout_bits_known=None) -> dict:
     out["usd_per_trillion_tokens"] = out["chip_hours_per_trillion_tokens"] * b.usd_per_hour
     out["energy_j_per_token"] = b.all_in_power_w / out["tokens_per_s_per_chip"]
     out["mfu"] = flops / step / chips / peak
-    out["hfu"] = (flops + recompute_flops(b)) / step / chips / peak
+    out["hfu"] = (flops + recompute_flops(b, flops)) / step / chips / peak
     out.update(mem)
     fits = mem["memory_per_chip_bytes"] <= b.hbm_capacity_bytes
     native = b.precision_native > 0
@@ -210,9 +234,7 @@ def score_train(b: TrainBatch, layout_bits_known=None) -> dict:
     out["feasible"] = fits & native & valid
     out["reason"] = np.where(~valid, 3, np.where(~native, 2, np.where(~fits, 1, 0)))
     out["layout_bits"] = bits
-    shares = np.stack(np.broadcast_arrays(out["compute_s"], out["memory_s"],
-                                          out["network_exposed_s"], bubble))
-    out["bound"] = np.argmax(shares, axis=0)
+    out["bound"] = first_max(out["compute_s"], out["memory_s"], out["network_exposed_s"], bubble)
     return out
 
 

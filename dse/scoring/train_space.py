@@ -25,11 +25,13 @@ from dse.errors import InputError
 from dse.perf.train_batch import (
     BOUNDS,
     CP_COMM_TYPES,
+    LAYER_LAYOUT,
     MOE_GROUPED_GEMM,
     PRECISIONS,
     RECOMPUTE,
     SCHEDULES,
     TP_COMM_OVERLAP,
+    GatheredKernel,
     TrainBatch,
 )
 from dse.perf.train_layout import LAYOUT_REASONS, layout_bits
@@ -245,17 +247,22 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
     skip = {"kernel", "peak_bf16", "peak_fp16", "peak_fp8", "peak_fp4"}
 
     # a number the same in every combination stays a scalar; the others are gathered per
-    # design in one take of a (numbers x combinations) table
+    # design in one take of a (numbers x combinations) table (the kernel's on first read:
+    # train_batch.GatheredKernel)
     names = [("f", k) for k in combos[0] if k not in skip] + \
         [("k", k) for k in combos[0]["kernel"]]
     table = np.array([[c[k] if w == "f" else c["kernel"][k] for c in combos] for w, k in names],
                      dtype)
     same = (table == table[:, :1]).all(axis=1)
-    rows = np.take(table[~same], inverse, axis=1) if (~same).any() else table[:0]
-    out = dict(zip([nk for nk, s_ in zip(names, same) if not s_], rows))
+    is_field = np.array([w == "f" for w, _ in names])
+    gather = ~same & is_field
+    rows = np.take(table[gather], inverse, axis=1) if gather.any() else table[:0]
+    out = dict(zip([nk for nk, g_ in zip(names, gather) if g_], rows))
     out.update({nk: table[i, 0] for i, nk in enumerate(names) if same[i]})
     fields = {k: out[("f", k)] for w, k in names if w == "f"}
-    kernel = {k: out[("k", k)] for w, k in names if w == "k"}
+    lazy = ~same & ~is_field
+    kernel = GatheredKernel({k: out[("k", k)] for w, k in names if w == "k" and ("k", k) in out},
+                            [k for (w, k), g_ in zip(names, lazy) if g_], table[lazy], inverse)
 
     def num(path):
         v, f = cols[path]
@@ -275,8 +282,38 @@ def build(space, vals: dict, n: int, overrides: dict | None = None, dtype=np.flo
     sp = _enum_codes(cols["layout.sequence_parallel"][0], ("auto", "on", "off"), None, dtype)
     fields["sequence_parallel"] = np.where(sp == 0, fields["tp"] > 1, sp == 1).astype(dtype)
     fields["kernel"] = kernel
-    b = TrainBatch(**fields)
+    b = TrainBatch(**fields, layer_code=_layer_code(cols, vals, grid, overrides, inverse,
+                                                     len(first), n))
     return b, {"tokens": num("training.tokens"), "whole_dp": fields["dp"] % 1 == 0}
+
+
+# the parameter columns the per-layer terms' layout fields come from (train_batch.LAYER_LAYOUT)
+LAYER_PATHS = tuple({**{n: p for p, n in LAYOUT.items()},
+                     **{n: p for p, (n, _) in CODES.items()},
+                     "sequence_parallel": "layout.sequence_parallel"}[k] for k in LAYER_LAYOUT)
+
+
+def _layer_code(cols: dict, vals: dict, grid: dict, overrides, inverse, combos: int, n: int):
+    """Each design's ``TrainBatch.layer_code``: its distinct combination of the structural
+    values (``inverse``) and the grid codes of the ``LAYER_PATHS`` that vary; None where one
+    varies without grid codes (or is scaled, or overridden) or where the possible codes are
+    more than 4 n (a table lookup, no sort)."""
+    codes, dims = [inverse], [combos]
+    for path in LAYER_PATHS:
+        v = cols[path][0]
+        if not _varies(v) and not (path + SCALE_SUFFIX in vals):
+            continue
+        if isinstance(v, GridStrings):
+            c, d = v.coords, len(v.values)
+        elif path in grid and path + SCALE_SUFFIX not in vals and not (overrides or {}).get(path):
+            c, d = grid[path][1], len(grid[path][0])
+        else:
+            return None
+        codes.append(c)
+        dims.append(d)
+    if int(np.prod(dims, dtype=np.float64)) > 4 * n:
+        return None
+    return distinct_codes(codes, dims)[1]
 
 
 def _scatter(scored: dict, rows: np.ndarray, n: int) -> dict:
@@ -293,11 +330,17 @@ def _scatter(scored: dict, rows: np.ndarray, n: int) -> dict:
     return out
 
 
+# the step's metrics score_values reads to give the job's (and the reason bits)
+_READ = ("tokens_per_s_per_chip", "usd_per_trillion_tokens", "energy_j_per_token",
+         "memory_per_chip_bytes")
+
+
 def score_values(space, vals: dict, overrides: dict | None = None, metrics=None,
                  dtype=np.float32, grid: dict | None = None, kernel_scale=None) -> dict:
     """Every training metric (or ``metrics``) of the designs given by their parameter values
     (``build``'s ``grid``: their grid codes, when known; ``kernel_scale``: ``build``'s)."""
     n = len(next(iter(vals.values()))) if vals else 1
+    want = metrics if metrics is not None else train_fields.METRICS
     b, extra = build(space, vals, n, overrides, dtype, grid, kernel_scale)
     bits = np.broadcast_to(layout_bits(b, extra["whole_dp"]), (n,))
     valid = bits == 0
@@ -305,8 +348,10 @@ def score_values(space, vals: dict, overrides: dict | None = None, metrics=None,
         # a layout the model cannot take is flagged, not scored: its metrics are NaN
         rows = None if valid.all() else np.flatnonzero(valid)
         # the rows scored are the valid layouts: their bits are 0, not computed again
+        # (only the metrics wanted and those the job's metrics below read spread out)
         s = score_train(b, 0) if rows is None else _scatter(
-            score_train(b.take(rows if len(rows) else np.array([0])), 0), rows, n)
+            {k: v for k, v in score_train(b.take(rows if len(rows) else np.array([0])),
+                                          0).items() if k in want or k in _READ}, rows, n)
         chips = b.tp * b.pp * b.dp * b.cp
         tokens = extra["tokens"]
         s["num_chips"] = chips
@@ -321,7 +366,6 @@ def score_values(space, vals: dict, overrides: dict | None = None, metrics=None,
                            0)
     s["reason"] = bits
     s["feasible"] = bits == 0
-    want = metrics if metrics is not None else train_fields.METRICS
     return {k: np.broadcast_to(s[k], (n,)) for k in want}
 
 
