@@ -177,3 +177,4 @@ def test_queue_suspect_truths_are_reported_apart_and_never_fitted(report):
     *_, everything = report
     apart = everything[everything["source"].str.endswith(QUEUE_SUSPECT)]
     assert len(apart) == 100 and set(apart["source"]) == {"AIC-SILICON" + QUEUE_SUSPECT}
+

@@ -420,3 +420,29 @@ def test_a_fit_keeps_the_sourced_numbers(small):
     held = fit(cases, truth, verbose=False, prep=prep, max_nfev=3,
                hold={"frontend_token_s": 1e-5})
     assert held["frontend_token_s"] == 1e-5
+
+
+def test_a_rows_figure_does_not_depend_on_the_other_rows():
+    """Within a row of the report each (source, metric, hardware) gets equal total weight, so a
+    held-out group's figure is the same reported alone as beside other groups (worked by hand:
+    group A has two h100 cases at factors e^0.2, e^0.4 and one h200 case at e^0.1; the h100 pair
+    weighs 1/2 each, the h200 case 1, so log error = (0.1 + 0.2 + 0.1) / 2 = 0.2)."""
+    import pandas as pd
+
+    from dse.calibration.calibrate import report as make_report
+    a = pd.DataFrame({"case_id": ["a1", "a2", "a3"], "source": "S", "metric": "ttft_s",
+                      "hardware": ["h100", "h100", "h200"], "held_out": "A",
+                      "factor": np.exp([0.2, 0.4, 0.1]), "pred": np.exp([0.2, 0.4, 0.1]),
+                      "value": 1.0})
+    # group B: many h100 cases, which would dilute A's h100 weight if counted together
+    b = pd.DataFrame({"case_id": [f"b{i}" for i in range(8)], "source": "S",
+                      "metric": "ttft_s", "hardware": "h100", "held_out": "B",
+                      "factor": np.exp(np.full(8, 0.5)), "pred": np.exp(np.full(8, 0.5)),
+                      "value": 1.0})
+    by = ("source", "metric", "held_out")
+    alone = make_report(a, by).set_index("held_out")
+    both = make_report(pd.concat([a, b], ignore_index=True), by).set_index("held_out")
+    assert alone.loc["A", "error_factor"] == pytest.approx(np.exp(0.2), rel=1e-12)
+    assert both.loc["A", "error_factor"] == pytest.approx(np.exp(0.2), rel=1e-12)
+    assert both.loc["B", "error_factor"] == pytest.approx(np.exp(0.5), rel=1e-12)
+    assert both.loc["A", "bias"] == pytest.approx(np.exp(0.2), rel=1e-12)
