@@ -50,8 +50,9 @@ def test_perf_imports_only_numpy_and_itself():
             else:
                 continue
             for n in names:
-                assert n in {"numpy", "dse", "__future__", "dataclasses", "functools"}, \
-                    f"{path.name} imports {n}"
+                # collections: collections.abc's Mapping (train_batch.GatheredKernel), no I/O
+                assert n in {"numpy", "dse", "__future__", "dataclasses", "functools",
+                             "collections"}, f"{path.name} imports {n}"
                 assert n not in FORBIDDEN_IMPORTS
 
 

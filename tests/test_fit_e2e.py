@@ -422,27 +422,31 @@ def test_a_fit_keeps_the_sourced_numbers(small):
     assert held["frontend_token_s"] == 1e-5
 
 
-def test_a_rows_figure_does_not_depend_on_the_other_rows():
-    """Within a row of the report each (source, metric, hardware) gets equal total weight, so a
-    held-out group's figure is the same reported alone as beside other groups (worked by hand:
-    group A has two h100 cases at factors e^0.2, e^0.4 and one h200 case at e^0.1; the h100 pair
-    weighs 1/2 each, the h200 case 1, so log error = (0.1 + 0.2 + 0.1) / 2 = 0.2)."""
+
+def test_a_held_out_groups_figure_does_not_depend_on_the_other_groups():
+    """A case weighs in the report what it weighs in the fit (cases.weights over all the cases,
+    carried as ``w`` by cross_validate), so a held-out group's figure is the same reported
+    alone as beside other groups. Worked by hand: three h100 cases, two of group A at factors
+    e^0.2 and e^0.4, one of group B at e^0.6, and one h200 case of group A at e^0.1; over all
+    four each h100 case weighs 1/3 and the h200 case 1, so A's log error is
+    (0.2/3 + 0.4/3 + 0.1) / (2/3 + 1) = 0.18."""
     import pandas as pd
 
     from dse.calibration.calibrate import report as make_report
-    a = pd.DataFrame({"case_id": ["a1", "a2", "a3"], "source": "S", "metric": "ttft_s",
-                      "hardware": ["h100", "h100", "h200"], "held_out": "A",
-                      "factor": np.exp([0.2, 0.4, 0.1]), "pred": np.exp([0.2, 0.4, 0.1]),
-                      "value": 1.0})
-    # group B: many h100 cases, which would dilute A's h100 weight if counted together
-    b = pd.DataFrame({"case_id": [f"b{i}" for i in range(8)], "source": "S",
-                      "metric": "ttft_s", "hardware": "h100", "held_out": "B",
-                      "factor": np.exp(np.full(8, 0.5)), "pred": np.exp(np.full(8, 0.5)),
-                      "value": 1.0})
+    from dse.calibration.cases import weights
+    logf = np.array([0.2, 0.4, 0.6, 0.1])
+    j = pd.DataFrame({"case_id": ["a1", "a2", "b1", "a3"], "source": "S", "metric": "ttft_s",
+                      "hardware": ["h100", "h100", "h100", "h200"],
+                      "held_out": ["A", "A", "B", "A"], "factor": np.exp(logf),
+                      "pred": np.exp(logf), "value": 1.0})
+    j = j.assign(w=weights(j))
     by = ("source", "metric", "held_out")
-    alone = make_report(a, by).set_index("held_out")
-    both = make_report(pd.concat([a, b], ignore_index=True), by).set_index("held_out")
-    assert alone.loc["A", "error_factor"] == pytest.approx(np.exp(0.2), rel=1e-12)
-    assert both.loc["A", "error_factor"] == pytest.approx(np.exp(0.2), rel=1e-12)
-    assert both.loc["B", "error_factor"] == pytest.approx(np.exp(0.5), rel=1e-12)
-    assert both.loc["A", "bias"] == pytest.approx(np.exp(0.2), rel=1e-12)
+    both = make_report(j, by).set_index("held_out")
+    alone = make_report(j[j["held_out"] == "A"], by).set_index("held_out")
+    assert both.loc["A", "error_factor"] == pytest.approx(np.exp(0.18), rel=1e-12)
+    assert alone.loc["A", "error_factor"] == pytest.approx(np.exp(0.18), rel=1e-12)
+    assert both.loc["B", "error_factor"] == pytest.approx(np.exp(0.6), rel=1e-12)
+    assert both.loc["A", "bias"] == pytest.approx(np.exp(0.18), rel=1e-12)
+    # without a carried weight, the frame's own rows set it (the in-sample report)
+    own = make_report(j.drop(columns="w")[j["held_out"] == "A"], by).set_index("held_out")
+    assert own.loc["A", "error_factor"] == pytest.approx(np.exp((0.3 + 0.1) / 2), rel=1e-12)

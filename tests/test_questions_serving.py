@@ -150,4 +150,15 @@ def test_fast_mode_mtp_gives_the_price_and_speed_with_and_without_speculation(an
             f"${s['fast_usd_per_mtok_without']:.3f}/Mtok at "
             f"{s['fast_tokens_per_s_per_user_without']:.1f} tokens/s per user") in readme
     if s["same_speed_usd_per_mtok_without"] is not None:
-        assert s["same_speed_usd_per_mtok_without"] >= s["fast_usd_per_mtok_without"] * (1 - 1e-12)
+        # "same" is the cheapest design without speculation at the with-speculation fast mode's
+        # speed v; the fast mode without it is the cheapest at 2.5x its own baseline. Where v
+        # is at least that target, the fast mode without speculation is the cheaper; where v is
+        # at most its speed, it is one of the candidates for "same" (each baseline picks its
+        # own design, so v may fall on either side of the target)
+        v = s["fast_tokens_per_s_per_user_with"]
+        if v >= 2.5 * s["baseline_tokens_per_s_per_user_without"] * (1 + 1e-12):
+            assert s["same_speed_usd_per_mtok_without"] >= \
+                s["fast_usd_per_mtok_without"] * (1 - 1e-12)
+        if v <= s["fast_tokens_per_s_per_user_without"] * (1 - 1e-12):
+            assert s["same_speed_usd_per_mtok_without"] <= \
+                s["fast_usd_per_mtok_without"] * (1 + 1e-12)

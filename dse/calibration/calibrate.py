@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.calibration.cases import NO_CONCURRENCY, QUEUE_SUSPECT, joined, load
+from dse.calibration.cases import NO_CONCURRENCY, QUEUE_SUSPECT, joined, load, weights
 from dse.calibration.fit import (
     BOOT_N,
     CV_BY,
@@ -48,13 +48,13 @@ from dse.scoring.predict import predict_frame, prepare
 
 
 def report(j: pd.DataFrame, by=("source", "metric")) -> pd.DataFrame:
-    """Error factor, worst and bias per group of ``by``, each case weighted as ``cases.weights`` does
-    within its group: every (source, metric, hardware) gets equal total weight inside a row of
-    the table, so a row's figure does not depend on the other rows in ``j`` (a held-out group's
-    error is the same reported alone, ``--held-out``, as beside the other groups)."""
-    keys = list(dict.fromkeys([*by, "source", "metric", "hardware"]))
-    n = j.groupby(keys, dropna=False)["case_id"].transform("count").to_numpy(dtype=float)
-    j = j.assign(w=1.0 / n, logf=np.log(j["factor"]))
+    """Error factor, worst and bias per group of ``by``. Each case weighs what it weighs in the
+    fit (``cases.weights``: every (source, metric, hardware) equal within its source and
+    metric): the column ``w`` where ``j`` carries it (``fit.cross_validate`` computes it over
+    all the cases, so a held-out group's figure is the same reported alone, ``--held-out``, as
+    beside the other groups), else over ``j``'s own rows."""
+    w = j["w"].to_numpy(float) if "w" in j else weights(j)
+    j = j.assign(w=w, logf=np.log(j["factor"]))
     g = j.groupby(list(by))
     out = pd.DataFrame({
         "cases": g.size(),

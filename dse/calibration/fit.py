@@ -153,15 +153,16 @@ PARAMS = (
 # reports/end-to-end/prefill-ttft.md, fifteenth pass)
 SOURCED = {
     "frontend_token_s": (
-        2.6e-5, "sgl-project/sglang PR 9970 (2025-09-03, multi-detokenizer): one "
-        "DetokenizerManager process streams 5,122,821 output tokens in 133.01 s (38.5k "
-        "tokens/s) for 1,500 closed-loop clients of Qwen2.5-0.5B on dp 8 with 8 tokenizer "
-        "workers, the bottleneck the PR removes: <= 26 us per output token"),
+        2.6e-5, ("sgl-project/sglang PR 9970 (2025-09-03, multi-detokenizer): one "
+                 "DetokenizerManager process streams 5,122,821 output tokens in 133.01 s (38.5k "
+                 "tokens/s) for 1,500 closed-loop clients of Qwen2.5-0.5B on dp 8 with 8 "
+                 "tokenizer workers, the bottleneck the PR removes: <= 26 us per output token")),
     **{f"frontend_request_s.{fe}": (
-        5.29e-3, "ai-dynamo/dynamo benchmarks/frontend/tokenizer-cache/README.md (1f2242a): "
-        "the front end alone on one CPU core, mock workers at 1e6x speed, saturates at 189.01 "
-        "requests/s with its tokenizer cache (107.49 without): <= 5.29 ms of front-end work a "
-        "request, its share of tokenizing ~90k-token prompts included")
+        5.29e-3, ("ai-dynamo/dynamo benchmarks/frontend/tokenizer-cache/README.md (1f2242a): "
+                  "the front end alone on one CPU core, mock workers at 1e6x speed, saturates "
+                  "at 189.01 requests/s with its tokenizer cache (107.49 without): <= 5.29 ms "
+                  "of front-end work a request, its share of tokenizing ~90k-token prompts "
+                  "included"))
        for fe in FRONT_END_NAMES if fe == "dynamo"},
 }
 # the numbers the fit moves
@@ -376,6 +377,7 @@ def cross_validate(cases: pd.DataFrame, truth: pd.DataFrame, by: str, only=None,
         if params is not None:
             params[g] = dict(theta)
         j = _residuals(prep, cases, truth, theta)
+        j = j.assign(w=weights(j))       # each case's weight in the fit, over all the cases
         parts.append(j[j["case_id"].isin(set(cases["case_id"][out]))].assign(held_out=g))
     return pd.concat(parts, ignore_index=True)
 
