@@ -111,11 +111,15 @@ def test_processes_started_together_finish_exactly_the_trials_asked(base_runs, t
     for c, rc, out in zip(commands, rcs, outs):
         print(f"  dse {c[0]} -> {rc}: {out.splitlines()[0] if out else ''}")
     if scenario == "two resumes":
-        assert sorted(rcs) == [0, 2], outs
-        err = outs[rcs.index(2)]
-        assert len(err.splitlines()) == 1 and "the run is in use by pid" in err, err
-        assert "internal error" not in err
-        outs = [outs[rcs.index(0)]]
+        # overlapping, the second is refused; on a loaded machine the first may finish its few
+        # trials before the second takes the lock, which then finds the run finished: both
+        # exit 0, and both must report the run's totals (checked below, as is the journal)
+        assert sorted(rcs) in ([0, 2], [0, 0]), outs
+        if 2 in rcs:
+            err = outs[rcs.index(2)]
+            assert len(err.splitlines()) == 1 and "the run is in use by pid" in err, err
+            assert "internal error" not in err
+            outs = [outs[rcs.index(0)]]
     else:
         assert rcs == [0] * len(commands), outs
     # every counter says TOTAL: the processes' last words, status, the stored batches, the journal
