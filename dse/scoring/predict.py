@@ -28,7 +28,7 @@ from dse.perf.serve import BOUNDS, reason_text
 from dse.perf.serve import (
     KNEE_FRACTION as _KNEE,  # the batch that fills the HBM (decode_bound)
 )
-from dse.scoring import case_reader
+from dse.scoring import case_reader, harness
 from dse.spec import validate
 from dse.spec.csvsafe import spreadsheet_safe
 from dse.spec.fields import REGISTRY
@@ -49,7 +49,8 @@ MECHANISMS = {"spec_tokens": "serving.spec_tokens", "spec_acceptance": "serving.
               "num_requests": "workload.num_requests"}
 OPTIONAL = ("topology", "tp", "pp", "ep", "dp", "kv_dtype", "concurrency", "prefix_hit_fraction",
             "phase", "runtime", "dense_mlp", "tp_x", "kv_sharding", *MECHANISMS)
-# columns the calibration case files carry for the record and dse never reads; named here
+# columns the calibration case files carry for the record and dse never reads (but
+# ``length_dist``: a harness's ``uniform[aL,bL]`` lengths, dse.scoring.harness); named here
 # because ``mode`` (the measured deployment, "aggregated") is also the last part of
 # serving.mode and cost.mode, which any other such column is refused for
 ANNOTATIONS = ("source", "citation", "note", "split", "mode", "derived_inputs", "backend",
@@ -332,9 +333,10 @@ class Prepared:
 def prepare(cases: pd.DataFrame, file: str = "cases", offset: int = 0,
             memo: Memo | None = None) -> Prepared:
     """Expand a case table into candidate rows: layouts for blank tp/pp/ep/dp, concurrencies
-    for a blank concurrency (fractions of the memory-limited maximum). ``memo``: the designs
+    for a blank concurrency (fractions of the memory-limited maximum); a case's harness
+    lengths (``length_dist``, dse.scoring.harness) as its mean lengths. ``memo``: the designs
     that earlier chunks of the same file resolved (``dse.build.distinct.Memo``)."""
-    cases = cases.reset_index(drop=True)
+    cases = harness.apply_lengths(cases.reset_index(drop=True))
     _check_rate_or_concurrency(cases, file, offset)
     expanded = _expand_layouts(cases, file, offset)
     full_case = np.zeros(len(cases), bool)

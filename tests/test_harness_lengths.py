@@ -1,0 +1,76 @@
+"""A case's harness lengths (``length_dist``: ``uniform[aL,bL]``, dse.scoring.harness): scored at
+the mean lengths with their spread, worked by hand; every other ``length_dist`` untouched."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stderr, redirect_stdout
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dse.cli import main
+from dse.scoring.harness import apply_lengths, spread
+
+INFERENCEX = ("uniform[0.8L,L] (InferenceX benchmark_serving --random-range-ratio 0.8, "
+              "--max-concurrency C)")
+AIPERF = "unknown; AIC bench template uses aiperf fixed L (stddev 0)"
+# uniform on [0.8 L, L]: mean 0.9 L, sd 0.2 L / sqrt(12) = 0.057735 L, cv 0.057735 / 0.9
+CV_08 = 0.2 / np.sqrt(12.0) / 0.9
+
+
+def test_spread_by_hand():
+    share, cv = spread(pd.Series([INFERENCEX, AIPERF, np.nan, "uniform[0.5L,1.5L]",
+                                  "uniform[1.2L,L]", "uniform[L,L]"]))
+    np.testing.assert_allclose(share, [0.9, 1.0, 1.0, 1.0, 1.0, 1.0])
+    np.testing.assert_allclose(cv[0], CV_08, rtol=1e-12)
+    assert cv[0] == pytest.approx(0.06415, abs=1e-5)
+    # [0.5 L, 1.5 L]: mean L (share 1, so the case is left alone), b < a: malformed
+    np.testing.assert_array_equal(cv[1:], [0.0, 0.0, 1.0 / (np.sqrt(3.0) * 2.0), 0.0, 0.0])
+
+
+def test_apply_lengths_means_and_spread():
+    cases = pd.DataFrame({"case_id": ["ix", "aic", "given"], "isl": ["1024", "1024", "8192"],
+                          "osl": ["8192", "128", "1024"],
+                          "length_dist": [INFERENCEX, AIPERF, INFERENCEX],
+                          "isl_cv": [np.nan, np.nan, 0.5]})
+    out = apply_lengths(cases)
+    # 0.9 x 1024 = 921.6 -> 922, 0.9 x 8192 = 7372.8 -> 7373
+    assert out["isl"].tolist() == [922, "1024", 7373]
+    assert out["osl"].tolist() == [7373, "128", 922]
+    np.testing.assert_allclose(out["isl_cv"].to_numpy(float), [CV_08, np.nan, 0.5])
+    np.testing.assert_allclose(out["osl_cv"].to_numpy(float), [CV_08, np.nan, CV_08])
+    assert cases["isl"].tolist() == ["1024", "1024", "8192"]       # the input is not modified
+    plain = cases.drop(columns="length_dist")
+    assert apply_lengths(plain) is plain
+    fixed = cases.assign(length_dist=AIPERF)
+    assert apply_lengths(fixed) is fixed
+
+
+BASE = {"model": "llama-3.1-70b", "hardware": "h200-sxm", "num_chips": 8, "tp": 8, "pp": 1,
+        "ep": 1, "dp": 1, "weight_dtype": "fp8", "concurrency": 16}
+
+
+def _predict(tmp_path, rows):
+    cases, out = tmp_path / "cases.csv", tmp_path / "pred.csv"
+    pd.DataFrame(rows).to_csv(cases, index=False)
+    so, se = io.StringIO(), io.StringIO()
+    with redirect_stdout(so), redirect_stderr(se):
+        rc = main(["predict", str(cases), "--out", str(out)])
+    assert rc == 0, se.getvalue()
+    return pd.read_csv(out).set_index("case_id")
+
+
+def test_predict_scores_a_harness_case_at_its_mean_lengths(tmp_path):
+    p = _predict(tmp_path, [
+        {**BASE, "case_id": "harness", "isl": 8192, "osl": 1024, "length_dist": INFERENCEX},
+        {**BASE, "case_id": "means", "isl": 7373, "osl": 922, "isl_cv": CV_08,
+         "osl_cv": CV_08},
+        {**BASE, "case_id": "stated", "isl": 8192, "osl": 1024},
+        {**BASE, "case_id": "aiperf", "isl": 8192, "osl": 1024, "length_dist": AIPERF}])
+    for col in ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip"):
+        assert p.loc["harness", col] == p.loc["means", col]
+        assert p.loc["aiperf", col] == p.loc["stated", col]
+    # the mean prompt is 10% shorter: its prefill, and so the TTFT, is shorter
+    assert p.loc["harness", "ttft_s"] < 0.95 * p.loc["stated", "ttft_s"]
