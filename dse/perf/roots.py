@@ -136,6 +136,34 @@ the fields a take gathers are not read here: ~1%). What is left: ~31 passes of a
 ~1.5-2 ms and ~0.1-0.3 us a point (the step model), the float64 final scoring and p90 TPOT
 pass and the coefficients; 10^5 designs per CPU-second still asks for fewer passes (a pass per
 step of the slowest rows: kinks and jumps at the roots) or a leaner step model a point.
+
+A fifth pass (issue 28, deliverable 6; CPU time of warm calls on dse.bench's 20,000 queueing
+designs at a load of 0.2-1, a call ~0.23-0.27 s, 74-87k designs per CPU-second, one tree's own
+number moving +-8% from run to run). The probe's passes are float32 already
+(``serve._served``: ``_queue_probe(b, k, np.float32)``); float64 are only the operating point's
+scoring (~24 ms) and the two passes whose numbers are returned, the p90 TPOT's on every row
+(~12 ms) and goodput's at the TPOT's bound (~4 ms with its take). Where a call goes (timers
+around the functions): 31 passes and 3 sub-passes of ``serve._queue_times`` ~165 ms (490k
+points scored for 354k asked; a pass ~0.8 ms fixed, ~0.12 us a row held, ~0.2 us a point:
+~650 numpy calls on whole (points, rows) arrays a pass, ~110 a step, no source line above
+~5% of them, ~6 of them the same operation twice), the probe's 15 takes ~15-20 ms (~0.2 us a
+row), the coefficients ~16 ms (float64 and float32), the roots' bookkeeping ~30 ms (goodput's
+TTFT test's ``md1_wait_quantile_s`` ~10 of it). tests/test_builder_equivalence.py holds
+spaces/questions/rack-goodput.toml's scored metrics to 1e-12: a change of a row's points or
+of the float32 arithmetic fails it, so what is left must give the same bits. No point is
+asked twice (a row's points over passes and roots: 3,313 repeats of 354k, all the first
+pass's rows whose cap is 1). Tried, the same bits, measured, not kept: the passes over 24,576
+points in 2-3 blocks of their rows, for the caches (alone, a (8, 20,000) pass 39 -> 25 ms and a
+(4, 14,772) one 12 -> 9.4 ms, but in the call the shared probe's (3, 14,772) passes 9.5 ->
+11.5 ms: the blocks' fixed time and takes; of the call's passes only the (4, 14,772) one is
+past the cache's cliff, ~2 ms to win); the whole call in chunks of 10,000 rows (68k designs
+per CPU-second against 77k: each chunk pays every pass's fixed time and its own stragglers);
+the steps' sums in place (``_compose``'s total, ``forms.fastest``'s first branch: no change,
+allocation is not the cost); ``np.copyto(where=)`` for ``forms.select`` (2.7-5x slower). 10^5
+designs per CPU-second is ~25% of the call: at the same bits neither the step model's
+arithmetic a pass nor the passes' fixed time (~27 ms) holds that much; it asks for a leaner
+step model a point, or root finding that may move the roots within their tolerance (and new
+goldens for rack-goodput.toml).
 """
 
 from __future__ import annotations
