@@ -33,7 +33,7 @@ from dse.build.space import Space
 from dse.build.space import load_space as _load
 from dse.errors import InputError, suggest
 from dse.perf import BOUNDS, score_chunked
-from dse.perf.serve import reason_text
+from dse.perf.memory_fit import reason_text
 from dse.results import reader
 from dse.results.compare import compare_runs
 from dse.results.report import make_report

@@ -1,6 +1,6 @@
 """A closed loop above the runtime's running cap, worked by hand: C requests in flight, at most K
 running (the memory fit or ``serving.max_batch_size`` per scheduler), the others waiting for a
-slot (dse.perf.phases.admission_wait_s, dse.perf.serve._running).
+slot (dse.perf.phases.admission_wait_s, dse.perf.memory_fit.running).
 
 Llama-3.1-8B with every step compute-only, as in test_physics_composition (GEMMs at 1e15 FLOP/s,
 HBM, attention and links infinitely fast, HBM large enough for any batch unless a test says

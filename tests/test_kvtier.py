@@ -148,10 +148,10 @@ def test_rows_without_a_tier_are_untouched_beside_rows_with_one_in_float32():
 
 def test_rows_that_recompute_their_tier_score_as_without_it_beside_rows_that_fetch():
     """Where the link is slower than recomputing, a row scores as without its tier (the runtime
-    keeps no hits there). Only those rows are scored again (serve._recomputing), so beside rows
-    that fetch they get, bitwise, the numbers of the same rows without a tier: in the whole
+    keeps no hits there). Only those rows are scored again (tier_split.recomputing), so beside
+    rows that fetch they get, bitwise, the numbers of the same rows without a tier: in the whole
     model and in the request-rate path's queue times, at one or several concurrencies a row."""
-    from dse.perf import serve
+    from dse.perf import queue_probe
     from dse.perf.step import Coefficients
     c = {**LONG, "workload.concurrency": 16, "workload.cached_conversations": 256,
          "serving.kv_offload": "host"}
@@ -170,8 +170,8 @@ def test_rows_that_recompute_their_tier_score_as_without_it_beside_rows_that_fet
     assert np.all(m["ttft_s"][~recompute] < fetch["ttft_s"][~recompute])
     cc = np.array([[4.0, 8.0, 16.0, 32.0, 64.0], [16.0, 24.0, 48.0, 12.0, 2.0]])
     for conc in (cc, cc[0]):
-        got = serve._queue_times(b.replace(concurrency=conc), Coefficients(b))
-        want = serve._queue_times(off.replace(concurrency=conc), Coefficients(off))
+        got = queue_probe.queue_times(b.replace(concurrency=conc), Coefficients(b))
+        want = queue_probe.queue_times(off.replace(concurrency=conc), Coefficients(off))
         for g, w in zip(got, want):
             g, w = np.broadcast_to(g, np.shape(conc)), np.broadcast_to(w, np.shape(conc))
             np.testing.assert_array_equal(g[..., recompute], w[..., recompute])
@@ -180,9 +180,9 @@ def test_rows_that_recompute_their_tier_score_as_without_it_beside_rows_that_fet
 def test_a_probes_later_passes_score_recomputing_rows_by_their_tier_off_twins():
     """Once a row recomputed its tier's hits in a pass of the request-rate path's probe, the
     rows the probe takes later carry a twin of it without its tier, scored in the same pass
-    (serve._queue_probe): bitwise the numbers of those rows without a tier where they
+    (queue_probe.probe): bitwise the numbers of those rows without a tier where they
     recompute, of the rows themselves where they fetch, and no pass of their own."""
-    from dse.perf import serve
+    from dse.perf import queue_probe, tier_split
     from dse.perf.step import Coefficients
     c = {**LONG, "workload.concurrency": 16, "workload.cached_conversations": 256,
          "serving.kv_offload": "host"}
@@ -190,27 +190,27 @@ def test_a_probes_later_passes_score_recomputing_rows_by_their_tier_off_twins():
     b = batch([c, slow, c, slow, c])
     recompute = np.array([False, True, False, True, False])
     off = b.replace(tier_bytes=np.where(recompute, 0.0, np.broadcast_to(b.tier_bytes, (5,))))
-    at = serve._queue_probe(b, Coefficients(b), np.float32)
+    at = queue_probe.probe(b, Coefficients(b), np.float32)
     at(None)(np.full(5, 16.0, np.float32))           # rows 1 and 3 recompute: a pass of their own
     calls = []
-    orig = serve._recomputing
-    serve._recomputing = lambda *a: calls.append(1) or orig(*a)
+    orig = tier_split.recomputing
+    tier_split.recomputing = lambda *a: calls.append(1) or orig(*a)
     try:
         rows = np.array([1, 2, 3])
         cc = np.array([[4.0, 8.0, 16.0], [24.0, 48.0, 12.0]], np.float32)
         got = at(rows)(cc)
     finally:
-        serve._recomputing = orig
+        tier_split.recomputing = orig
     assert calls == []
     o32 = off.astype(np.float32).take(rows)
-    want = serve._queue_times(o32.replace(concurrency=cc), Coefficients(o32))
+    want = queue_probe.queue_times(o32.replace(concurrency=cc), Coefficients(o32))
     for g, w in zip(got, want):
         np.testing.assert_array_equal(np.broadcast_to(g, cc.shape), np.broadcast_to(w, cc.shape))
     # (the fetching row in between does use its tier)
-    with_tier = serve._queue_times(b.astype(np.float32).take(rows).replace(concurrency=cc),
-                                   Coefficients(b.astype(np.float32).take(rows)))
+    with_tier = queue_probe.queue_times(b.astype(np.float32).take(rows).replace(concurrency=cc),
+                                        Coefficients(b.astype(np.float32).take(rows)))
     assert np.all(np.broadcast_to(got[0], cc.shape)[:, 1] < np.broadcast_to(
-        serve._queue_times(o32.replace(concurrency=cc, tier_bytes=0.0),
-                           Coefficients(o32))[0], cc.shape)[:, 1])
+        queue_probe.queue_times(o32.replace(concurrency=cc, tier_bytes=0.0),
+                                Coefficients(o32))[0], cc.shape)[:, 1])
     np.testing.assert_array_equal(np.broadcast_to(got[0], cc.shape)[:, 1],
                                   np.broadcast_to(with_tier[0], cc.shape)[:, 1])

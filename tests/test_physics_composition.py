@@ -36,7 +36,7 @@ def _compute_only(d):
     """The design's metrics and per-step breakdown with every step compute-only: GEMMs at
     1e15 FLOP/s; HBM, attention and the pipeline hand-off infinitely fast (1e30, no
     latency), and HBM large enough for every sequence's KV (1 PB: a batch the memory does not
-    fit runs fewer sequences at once, dse.perf.serve._running)."""
+    fit runs fewer sequences at once, dse.perf.memory_fit.running)."""
     b = batch(d, ideal=True).replace(
         matmul_flops_per_s=FLOPS, attn_matmul_flops_per_s=FLOPS, attn_flops_per_s=1e30,
         hbm_bw_bytes_per_s=1e30, hbm_capacity_bytes=1e15, scaleup_bw_bytes_per_s=1e30,

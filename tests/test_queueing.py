@@ -8,7 +8,7 @@ import pytest
 from helpers import batch, one
 
 from dse.perf import queueing, score
-from dse.perf.serve import reason_text
+from dse.perf.memory_fit import reason_text
 
 L70 = {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp8",
        "layout.tp": 4, "workload.isl": 2048, "workload.osl": 256}

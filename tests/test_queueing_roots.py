@@ -1,6 +1,6 @@
 """The request-rate path's fast root finding (dse/perf/roots.py, queueing.serve) against the
 bisection it replaces (queueing.serve_bisection, the definition), and the lean times it runs on
-(serve._queue_times) against the full instance.
+(queue_probe.queue_times) against the full instance.
 
 Tolerance: where the quantity a bisection tests is monotone, the same concurrency to the
 bisection's resolution or 1e-6 (log C; the roots run on float32 times), so every metric within
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from helpers import batch
 
-from dse.perf import queueing, roots, score
+from dse.perf import queue_probe, queueing, roots, score
 from dse.perf import serve as serve_mod
 from dse.perf.batch import Batch
 from dse.perf.step import Coefficients
@@ -90,14 +90,15 @@ def test_fast_roots_give_the_bisections_numbers(mechanisms):
 
 
 def test_lean_times_are_the_instances_own():
-    # _queue_times must stay _instance(queue=True)'s numbers (the roots run on them)
+    # queue_probe.queue_times must stay serve._instance(queue=True)'s numbers (the roots run
+    # on them)
     b = batch(_rows()).replace(**MECHANISMS)
     c = np.linspace(1.0, 300.0, len(b))
     for dtype in (np.float64, np.float32):
         bd = b.astype(dtype).replace(concurrency=c)
         k = Coefficients(bd)
         full = serve_mod._instance(bd, False, k, queue=True)
-        lean = serve_mod._queue_times(bd, k)
+        lean = queue_probe.queue_times(bd, k)
         for key, v in zip(("ttft_unloaded_s", "tpot_s", "_prefill_service_s"), lean):
             np.testing.assert_array_equal(np.broadcast_to(v, (len(b),)), full[key], err_msg=key)
 
@@ -106,9 +107,9 @@ def test_several_concurrencies_in_one_pass_are_each_ones_own():
     b = batch(_rows()).astype(np.float32)
     k = Coefficients(b)
     cs = np.array([[1.0], [7.5], [300.0]]) * np.ones(len(b))
-    both = serve_mod._queue_times(Batch({**b.columns, "concurrency": cs.astype(np.float32)}), k)
+    both = queue_probe.queue_times(Batch({**b.columns, "concurrency": cs.astype(np.float32)}), k)
     for i, c in enumerate(cs):
-        one = serve_mod._queue_times(b.replace(concurrency=c), k)
+        one = queue_probe.queue_times(b.replace(concurrency=c), k)
         for v2, v1 in zip(both, one):
             np.testing.assert_array_equal(np.broadcast_to(v2, cs.shape)[i], v1)
 
@@ -215,10 +216,10 @@ def test_queue_times_carry_only_concurrency_free_memos():
     # numbers of a fresh batch at its own
     b = batch(_rows()).replace(**MECHANISMS).astype(np.float32)
     k = Coefficients(b)
-    times = serve_mod._queue_probe(b, k, np.float32)(None)
+    times = queue_probe.probe(b, k, np.float32)(None)
     for c in (3.0, 40.0, 700.0):
         times(np.full(len(b), c, np.float32))
     c = np.linspace(1.0, 300.0, len(b)).astype(np.float32)
-    fresh = serve_mod._queue_times(b.replace(concurrency=c), Coefficients(b))
+    fresh = queue_probe.queue_times(b.replace(concurrency=c), Coefficients(b))
     for v, w in zip(times(c), fresh):
         np.testing.assert_array_equal(np.broadcast_to(v, (len(b),)), np.broadcast_to(w, (len(b),)))

@@ -19,7 +19,7 @@ import pandas as pd
 from dse.bench import random_designs
 from dse.build.designs import resolve, to_batch
 from dse.perf import queueing, score
-from dse.perf.serve import BOUNDS
+from dse.perf.memory_fit import BOUNDS
 
 N = 400
 TIER = {"tier_bytes": 250e9, "tier_bw_bytes_per_s": 64e9, "prefix_tokens": 64.0,

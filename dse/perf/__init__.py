@@ -5,17 +5,8 @@ Every function takes arrays with one row per candidate design and never loops ov
 """
 
 from dse.perf.batch import FIELDS, Batch
-from dse.perf.serve import (
-                            BOUNDS,
-                            KNEE_FRACTION,
-                            METRICS,
-                            OPS,
-                            REASONS,
-                            Breakdown,
-                            decode_bound,
-                            score,
-                            score_chunked,
-)
+from dse.perf.memory_fit import BOUNDS, KNEE_FRACTION, REASONS, decode_bound
+from dse.perf.serve import METRICS, OPS, Breakdown, score, score_chunked
 from dse.perf.step import bound_shares, op_bound
 
 __all__ = ["BOUNDS", "Batch", "Breakdown", "FIELDS", "KNEE_FRACTION", "METRICS", "OPS", "REASONS",

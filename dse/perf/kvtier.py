@@ -76,7 +76,7 @@ def hit_bytes(b: Batch, tokens) -> np.ndarray:
 
 def free_kv_bytes(b: Batch, weights, kv_seq, act, c) -> np.ndarray:
     """HBM per chip the KV pool has left at concurrency ``c`` (what the running sequences'
-    KV and the shared prefix leave of the KV share of HBM; dse.perf.serve._memory's fit)."""
+    KV and the shared prefix leave of the KV share of HBM; dse.perf.memory_fit.memory's fit)."""
     pool = (b.hbm_capacity_bytes - b.runtime_reserve_bytes - weights - act) * b.kv_memory_fraction
     if on(b):
         pool = pool - shared_prefix_bytes(b)

@@ -209,6 +209,19 @@ def steps(b: Batch, breakdown: bool, load: PromptLoad, k: Coefficients | None = 
     return out, sums, spec.draft_s(b, k, decoding / pp, one, b.isl + 0.5 * b.osl)
 
 
+def mean_steps(st: Breakdown, load: PromptLoad, draft):
+    """The decode-only step, the mean step (steps that carry prompt tokens and steps that only
+    decode, in proportion) and the TTFT chunk step, each with its draft steps (dse.perf.spec)."""
+    t_decode = st.total("decode")
+    t_mixed = load.share * st.total("mixed") + (1.0 - load.share) * t_decode
+    t_prefill = st.total("prefill")
+    if draft is not None:
+        t_decode = t_decode + draft
+        t_mixed = t_mixed + draft
+        t_prefill = t_prefill + draft
+    return t_decode, t_mixed, t_prefill
+
+
 def ttft(b: Batch, pass_s, t_prefill, load: PromptLoad, extra=0.0, tail: bool = True):
     """Time to first token of a request that finds no other prompt waiting (``ttft_unloaded_s``):
     the wait for the running step (half a pass, ``pass_s`` = pp mean steps), the pp stage steps

@@ -29,7 +29,7 @@ Pure numpy; ``evaluate(C)`` (dse.perf.serve) scores the instance at concurrency 
 **How the roots are found.** ``serve_bisection`` is the definition: 24 bisection steps on log C
 for each of the three roots (saturation, the rate's concurrency, goodput), every step the whole
 model (~130 evaluations a design). ``serve`` finds the same roots (dse.perf.roots: a bracketed
-secant, the same predicates) on the three quantities the queue reads (``serve._queue_times``:
+secant, the same predicates) on the three quantities the queue reads (``queue_probe.queue_times``:
 the unloaded TTFT, the TPOT and S, in float32, several concurrencies in one pass), and scores
 the whole model once, at the concurrency found (in the batch's precision). Of goodput's two
 bounds only the smaller is read: once a row's brackets show which, the other settles where it

@@ -42,17 +42,17 @@ rows' secant passes); ``SECTIONS`` 7 or 31 (35 passes and 499k points, 29 and 65
 better within the machine's noise).
 
 What a bench call costs (the same 20,000 designs, CPU time at a load of 5-7 on 2 cores, so
-+-5%): ~0.48-0.52 s, of which the probe's 31 passes of ``serve._queue_times`` ~0.27 s (a pass
++-5%): ~0.48-0.52 s, of which the probe's 31 passes of ``queue_probe.queue_times`` ~0.27 s (a pass
 ~1.7-2 ms fixed, Python and numpy calls, plus ~0.33 us a point scored: 521k points scored for
 358k asked, the shared probe's grid being as deep as the row that asks most), 17 recursive
 sub-passes for the rows whose KV tier recomputes at some point (~2 ms each on 3-50 points:
 ~39 ms, and ~11 ms taking their rows), the final float64 scoring at the operating point ~47 ms
 and the p90 TPOT's float64 pass ~28 ms, the step coefficients ~35 ms, and this module's own
-bookkeeping ~50 ms. Since then ``serve._share_memos`` gives the runner's and the tier split's
+bookkeeping ~50 ms. Since then ``queue_probe.share_memos`` gives the runner's and the tier split's
 batches the probe batch's concurrency-free memos (~17 a pass), ``queueing.md1_decay`` takes
 Halley's steps, goodput's TTFT bound its secant in log C (``log_secant``: 47k points asked
 instead of 72k; all roots 333k asked, 467k scored) and the tier's recomputing rows ride in
-the probe's passes as tier-off twins (``serve._queue_probe``: 2 sub-passes instead of 17).
+the probe's passes as tier-off twins (``queue_probe.probe``: 2 sub-passes instead of 17).
 
 A take cost ~0.5 us a row (169 columns, 135 coefficient arrays), more than a point, so a grid
 split by the rows' number of asks costs more than its padding (since ``Batch.take_lazy``, below:
@@ -83,7 +83,7 @@ columns in the passes), not points.
 
 The points' cost (a third pass, issue 28; dse.bench's 20,000 queueing designs, CPU time at a
 load of 5-8 on 2 cores, so +-10%): a pass was ~2.6 ms fixed and ~0.22-0.33 us a point (472k
-points scored, 33 passes of ``serve._queue_times``), besides ~30 ms of coefficients (float64
+points scored, 33 passes of ``queue_probe.queue_times``), besides ~30 ms of coefficients (float64
 and float32), ~40 ms of the final float64 scoring, ~30 ms of the float64 p90 TPOT pass and
 ~40 ms of this module's bookkeeping. Kept, each the same numbers: the collectives' kernel branch
 picked by a bit blend (``forms.select``: ``np.where`` branches per element, ~5 multiplies' time
@@ -91,8 +91,8 @@ on these arrays, ~16 picks a point), the probe's rows taken lazily (``Batch.take
 reads ~60 of the ~170 columns) and through the batches replaced from them, ``forms.iadd``'s
 shape test in Python (``np.broadcast_shapes``: ~8 us, 30 times a pass), the batch's
 concurrency-free memos shared with the fit's and the final scoring's batches
-(``serve._at_concurrency``), the tier link's time without ``np.where`` (``kvtier.over_link``),
-the runner's cap by ``np.minimum`` (``serve._running``), and ``queueing.md1_decay``'s expm1
+(``queue_probe.at_concurrency``), the tier link's time without ``np.where`` (``kvtier.over_link``),
+the runner's cap by ``np.minimum`` (``memory_fit.running``), and ``queueing.md1_decay``'s expm1
 from exp where x >= 0.5 (numpy's float64 expm1 has no SIMD loop: 15.8 -> 12.6 ms of a call).
 With the decode-only steps' tokens and flags as Python numbers (``basis.load``): at 20,000
 designs (dse.bench's) ~50-53k -> ~56-59k designs per CPU-second, at 65,536 ~52-53k -> ~60-63k
@@ -140,16 +140,16 @@ step of the slowest rows: kinks and jumps at the roots) or a leaner step model a
 A fifth pass (issue 28, deliverable 6; CPU time of warm calls on dse.bench's 20,000 queueing
 designs at a load of 0.2-1, a call ~0.23-0.27 s, 74-87k designs per CPU-second, one tree's own
 number moving +-8% from run to run). The probe's passes are float32 already
-(``serve._served``: ``_queue_probe(b, k, np.float32)``); float64 are only the operating point's
-scoring (~24 ms) and the two passes whose numbers are returned, the p90 TPOT's on every row
-(~12 ms) and goodput's at the TPOT's bound (~4 ms with its take). Where a call goes (timers
-around the functions): 31 passes and 3 sub-passes of ``serve._queue_times`` ~165 ms (490k
-points scored for 354k asked; a pass ~0.8 ms fixed, ~0.12 us a row held, ~0.2 us a point:
-~650 numpy calls on whole (points, rows) arrays a pass, ~110 a step, no source line above
-~5% of them, ~6 of them the same operation twice), the probe's 15 takes ~15-20 ms (~0.2 us a
-row), the coefficients ~16 ms (float64 and float32), the roots' bookkeeping ~30 ms (goodput's
-TTFT test's ``md1_wait_quantile_s`` ~10 of it). tests/test_builder_equivalence.py holds
-spaces/questions/rack-goodput.toml's scored metrics to 1e-12: a change of a row's points or
+(``serve._served``: ``queue_probe.probe(b, k, np.float32)``); float64 are only the operating
+point's scoring (~24 ms) and the two passes whose numbers are returned, the p90 TPOT's on
+every row (~12 ms) and goodput's at the TPOT's bound (~4 ms with its take). Where a call goes
+(timers around the functions): 31 passes and 3 sub-passes of ``queue_probe.queue_times``
+~165 ms (490k points scored for 354k asked; a pass ~0.8 ms fixed, ~0.12 us a row held, ~0.2
+us a point: ~650 numpy calls on whole (points, rows) arrays a pass, ~110 a step, no source
+line above ~5% of them, ~6 of them the same operation twice), the probe's 15 takes ~15-20 ms
+(~0.2 us a row), the coefficients ~16 ms (float64 and float32), the roots' bookkeeping ~30 ms
+(goodput's TTFT test's ``md1_wait_quantile_s`` ~10 of it). tests/test_builder_equivalence.py
+holds spaces/questions/rack-goodput.toml's scored metrics to 1e-12: a change of a row's points or
 of the float32 arithmetic fails it, so what is left must give the same bits. No point is
 asked twice (a row's points over passes and roots: 3,313 repeats of 354k, all the first
 pass's rows whose cap is 1). Tried, the same bits, measured, not kept: the passes over 24,576
@@ -163,7 +163,10 @@ allocation is not the cost); ``np.copyto(where=)`` for ``forms.select`` (2.7-5x 
 designs per CPU-second is ~25% of the call: at the same bits neither the step model's
 arithmetic a pass nor the passes' fixed time (~27 ms) holds that much; it asks for a leaner
 step model a point, or root finding that may move the roots within their tolerance (and new
-goldens for rack-goodput.toml).
+goldens for rack-goodput.toml). Measured for the latter (main, 2026-12-06, the bench's 20,000
+designs, three alternated runs each at a load of ~2): ``NOISE`` 2e-6 -> 1e-4 moves TTFT by up
+to 4.4e-4 and TPOT by 8.8e-5 (relative) for a median 51k -> 56k designs per CPU-second; 1e-3
+(TTFT up to 5.7e-3) 58k. A looser root buys ~10%, not the 25%.
 """
 
 from __future__ import annotations

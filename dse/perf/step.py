@@ -299,7 +299,7 @@ def step(k: Coefficients, dec, pre, dec_ctx, new, prior, pairs, logits_rows,
     ``dec_local``: ``arch.local_context_layers`` of the same context (the local layers' share
     of ``dec_ctx``), needed where ``k.attn_core.win_on`` (their decode runs another kernel
     form). ``keep``: the total summed as with ``sums`` (each op's time whole, then added), the
-    same number to the last bit without the sums' arithmetic (dse.perf.serve._queue_times).
+    same number to the last bit without the sums' arithmetic (dse.perf.queue_probe.queue_times).
 
     Returns the step time; with ``sums`` also the compute, memory and network time summed over
     ops and the op time split by what bounds each op (``bound_shares``); with ``breakdown`` the

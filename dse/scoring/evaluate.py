@@ -13,7 +13,7 @@ import pandas as pd
 from dse.build.designs import effective_dtypes, resolve, to_batch
 from dse.errors import InputError
 from dse.perf import score
-from dse.perf.serve import reason_text
+from dse.perf.memory_fit import reason_text
 from dse.scoring import breakdown
 from dse.scoring.breakdown import STEPS
 from dse.scoring.predict import FIELD_OF, predict_frame

@@ -24,8 +24,8 @@ from dse.build.designs import kv_dtype_of
 from dse.build.distinct import Memo, resolve_batch
 from dse.errors import InputError, RowNames, suggest, writing
 from dse.perf import Batch, score_chunked
-from dse.perf.serve import BOUNDS, reason_text
-from dse.perf.serve import (
+from dse.perf.memory_fit import BOUNDS, reason_text
+from dse.perf.memory_fit import (
     KNEE_FRACTION as _KNEE,  # the batch that fills the HBM (decode_bound)
 )
 from dse.scoring import case_reader, harness
