@@ -3,14 +3,11 @@ the mean lengths with their spread, worked by hand; every other ``length_dist`` 
 
 from __future__ import annotations
 
-import io
-from contextlib import redirect_stderr, redirect_stdout
-
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import run_cli
 
-from dse.cli import main
 from dse.scoring.harness import apply_lengths, spread
 
 INFERENCEX = ("uniform[0.8L,L] (InferenceX benchmark_serving --random-range-ratio 0.8, "
@@ -52,23 +49,18 @@ BASE = {"model": "llama-3.1-70b", "hardware": "h200-sxm", "num_chips": 8, "tp": 
         "ep": 1, "dp": 1, "weight_dtype": "fp8", "concurrency": 16}
 
 
-def _predict(tmp_path, rows):
+def test_predict_scores_a_harness_case_at_its_mean_lengths(tmp_path, capsys):
     cases, out = tmp_path / "cases.csv", tmp_path / "pred.csv"
-    pd.DataFrame(rows).to_csv(cases, index=False)
-    so, se = io.StringIO(), io.StringIO()
-    with redirect_stdout(so), redirect_stderr(se):
-        rc = main(["predict", str(cases), "--out", str(out)])
-    assert rc == 0, se.getvalue()
-    return pd.read_csv(out).set_index("case_id")
-
-
-def test_predict_scores_a_harness_case_at_its_mean_lengths(tmp_path):
-    p = _predict(tmp_path, [
+    pd.DataFrame([
         {**BASE, "case_id": "harness", "isl": 8192, "osl": 1024, "length_dist": INFERENCEX},
         {**BASE, "case_id": "means", "isl": 7373, "osl": 922, "isl_cv": CV_08,
          "osl_cv": CV_08},
         {**BASE, "case_id": "stated", "isl": 8192, "osl": 1024},
-        {**BASE, "case_id": "aiperf", "isl": 8192, "osl": 1024, "length_dist": AIPERF}])
+        {**BASE, "case_id": "aiperf", "isl": 8192, "osl": 1024, "length_dist": AIPERF}]
+    ).to_csv(cases, index=False)
+    rc, _, err = run_cli(capsys, "predict", cases, "--out", out)
+    assert rc == 0, err
+    p = pd.read_csv(out).set_index("case_id")
     for col in ("ttft_s", "tpot_s", "output_tokens_per_s_per_chip"):
         assert p.loc["harness", col] == p.loc["means", col]
         assert p.loc["aiperf", col] == p.loc["stated", col]
