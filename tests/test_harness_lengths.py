@@ -18,9 +18,10 @@ CV_08 = 0.2 / np.sqrt(12.0) / 0.9
 
 
 def test_spread_by_hand():
-    share, cv = spread(pd.Series([INFERENCEX, AIPERF, np.nan, "uniform[0.5L,1.5L]",
-                                  "uniform[1.2L,L]", "uniform[L,L]"]))
+    share, cv, bad = spread(pd.Series([INFERENCEX, AIPERF, np.nan, "uniform[0.5L,1.5L]",
+                                       "uniform[1.2L,L]", "uniform[L,L]"]))
     np.testing.assert_allclose(share, [0.9, 1.0, 1.0, 1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(bad, [False, False, False, False, True, False])
     np.testing.assert_allclose(cv[0], CV_08, rtol=1e-12)
     assert cv[0] == pytest.approx(0.06415, abs=1e-5)
     # [0.5 L, 1.5 L]: mean L (share 1, so the case is left alone), b < a: malformed
@@ -66,3 +67,17 @@ def test_predict_scores_a_harness_case_at_its_mean_lengths(tmp_path, capsys):
         assert p.loc["aiperf", col] == p.loc["stated", col]
     # the mean prompt is 10% shorter: its prefill, and so the TTFT, is shorter
     assert p.loc["harness", "ttft_s"] < 0.95 * p.loc["stated", "ttft_s"]
+
+
+@pytest.mark.parametrize("dist", ["uniform[1.2L,L]", "uniform[0L,L]", "uniform[0.8L,L",
+                                  "uniform[0.8,1.0]"])
+def test_a_malformed_uniform_is_refused_naming_the_row(tmp_path, capsys, dist):
+    cases, out = tmp_path / "cases.csv", tmp_path / "pred.csv"
+    pd.DataFrame([{**BASE, "case_id": "ok", "isl": 1024, "osl": 128, "length_dist": AIPERF},
+                  {**BASE, "case_id": "typo", "isl": 1024, "osl": 128, "length_dist": dist}]
+                 ).to_csv(cases, index=False)
+    rc, _, err = run_cli(capsys, "predict", cases, "--out", out)
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "row 3 (case_id typo), column length_dist" in err and "uniform[0.8L,L]" in err
+    assert not out.exists()

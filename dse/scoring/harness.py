@@ -21,30 +21,42 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dse.errors import InputError
+
 COLUMN = "length_dist"
 UNIFORM = r"uniform\[([0-9.]*)L,\s*([0-9.]*)L\]"
+FORM = "uniform[aL,bL] with 0 < a <= b (a blank bound is 1), e.g. uniform[0.8L,L]"
 
 
-def spread(dist: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """Per case: the mean length as a share of the stated one, and the lengths' coefficient of
-    variation (1 and 0 where ``dist`` names no ``uniform[aL,bL]`` or a malformed one)."""
-    got = dist.fillna("").astype(str).str.extract(UNIFORM)
+def spread(dist: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per case: the mean length as a share of the stated one, the lengths' coefficient of
+    variation (1 and 0 where ``dist`` names no ``uniform[aL,bL]``), and whether the text starts
+    as a ``uniform[`` that does not parse to ``0 < a <= b`` (a malformed distribution)."""
+    text = dist.fillna("").astype(str)
+    got = text.str.extract(UNIFORM)
     a = pd.to_numeric(got[0].replace("", "1"), errors="coerce").to_numpy(float)
     b = pd.to_numeric(got[1].replace("", "1"), errors="coerce").to_numpy(float)
     ok = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b >= a)
     share, cv = np.ones(len(dist)), np.zeros(len(dist))
     share[ok] = 0.5 * (a[ok] + b[ok])
     cv[ok] = (b[ok] - a[ok]) / (np.sqrt(3.0) * (a[ok] + b[ok]))
-    return share, cv
+    bad = text.str.lstrip().str.startswith("uniform[").to_numpy(bool) & ~ok
+    return share, cv, bad
 
 
-def apply_lengths(cases: pd.DataFrame) -> pd.DataFrame:
+def apply_lengths(cases: pd.DataFrame, file: str = "cases", where=None) -> pd.DataFrame:
     """``cases`` at the mean lengths their ``length_dist`` names and with its spread in
     ``isl_cv``/``osl_cv`` where blank (``spread``); unchanged (the same frame) when no case
-    names one."""
+    names one. A malformed ``uniform[...]`` is refused (``InputError`` naming ``file`` and the
+    case, ``where(i)``: "row N" by default)."""
     if COLUMN not in cases:
         return cases
-    share, cv = spread(cases[COLUMN])
+    share, cv, bad = spread(cases[COLUMN])
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InputError(f"{COLUMN} = {cases[COLUMN].iloc[i]!r} is not a length distribution",
+                         file=file, where=(where(i) if where else f"row {i + 2}")
+                         + f", column {COLUMN}", hint=FORM)
     on = share != 1.0
     if not on.any():
         return cases

@@ -336,7 +336,8 @@ def prepare(cases: pd.DataFrame, file: str = "cases", offset: int = 0,
     for a blank concurrency (fractions of the memory-limited maximum); a case's harness
     lengths (``length_dist``, dse.scoring.harness) as its mean lengths. ``memo``: the designs
     that earlier chunks of the same file resolved (``dse.build.distinct.Memo``)."""
-    cases = harness.apply_lengths(cases.reset_index(drop=True))
+    cases = cases.reset_index(drop=True)
+    cases = harness.apply_lengths(cases, file, lambda i: _where(cases, i, offset))
     _check_rate_or_concurrency(cases, file, offset)
     expanded = _expand_layouts(cases, file, offset)
     full_case = np.zeros(len(cases), bool)
