@@ -24,22 +24,25 @@ def test_spread_by_hand():
     np.testing.assert_array_equal(bad, [False, False, False, False, True, False])
     np.testing.assert_allclose(cv[0], CV_08, rtol=1e-12)
     assert cv[0] == pytest.approx(0.06415, abs=1e-5)
-    # [0.5 L, 1.5 L]: mean L (share 1, so the case is left alone), b < a: malformed
+    # [0.5 L, 1.5 L]: mean L (share 1) with a spread, b < a: malformed
     np.testing.assert_array_equal(cv[1:], [0.0, 0.0, 1.0 / (np.sqrt(3.0) * 2.0), 0.0, 0.0])
 
 
 def test_apply_lengths_means_and_spread():
-    cases = pd.DataFrame({"case_id": ["ix", "aic", "given"], "isl": ["1024", "1024", "8192"],
-                          "osl": ["8192", "128", "1024"],
-                          "length_dist": [INFERENCEX, AIPERF, INFERENCEX],
-                          "isl_cv": [np.nan, np.nan, 0.5]})
+    cases = pd.DataFrame({"case_id": ["ix", "aic", "given", "about"],
+                          "isl": ["1024", "1024", "8192", "1000"],
+                          "osl": ["8192", "128", "1024", "100"],
+                          "length_dist": [INFERENCEX, AIPERF, INFERENCEX, "uniform[0.5L,1.5L]"],
+                          "isl_cv": [np.nan, np.nan, 0.5, np.nan]})
     out = apply_lengths(cases)
-    # 0.9 x 1024 = 921.6 -> 922, 0.9 x 8192 = 7372.8 -> 7373
-    assert out["isl"].tolist() == [922, "1024", 7373]
-    assert out["osl"].tolist() == [7373, "128", 922]
-    np.testing.assert_allclose(out["isl_cv"].to_numpy(float), [CV_08, np.nan, 0.5])
-    np.testing.assert_allclose(out["osl_cv"].to_numpy(float), [CV_08, np.nan, CV_08])
-    assert cases["isl"].tolist() == ["1024", "1024", "8192"]       # the input is not modified
+    # 0.9 x 1024 = 921.6 -> 922, 0.9 x 8192 = 7372.8 -> 7373; [0.5 L, 1.5 L]: mean L, cv
+    # (1.5 - 0.5) / (sqrt(3) x 2) = 0.2887
+    assert out["isl"].tolist() == [922, "1024", 7373, 1000]
+    assert out["osl"].tolist() == [7373, "128", 922, 100]
+    about = 1.0 / (np.sqrt(3.0) * 2.0)
+    np.testing.assert_allclose(out["isl_cv"].to_numpy(float), [CV_08, np.nan, 0.5, about])
+    np.testing.assert_allclose(out["osl_cv"].to_numpy(float), [CV_08, np.nan, CV_08, about])
+    assert cases["isl"].tolist() == ["1024", "1024", "8192", "1000"]  # the input is not modified
     plain = cases.drop(columns="length_dist")
     assert apply_lengths(plain) is plain
     fixed = cases.assign(length_dist=AIPERF)

@@ -57,7 +57,7 @@ def apply_lengths(cases: pd.DataFrame, file: str = "cases", where=None) -> pd.Da
         raise InputError(f"{COLUMN} = {cases[COLUMN].iloc[i]!r} is not a length distribution",
                          file=file, where=(where(i) if where else f"row {i + 2}")
                          + f", column {COLUMN}", hint=FORM)
-    on = share != 1.0
+    on = (share != 1.0) | (cv > 0.0)     # a spread about the stated length counts too
     if not on.any():
         return cases
     cases = cases.copy()
