@@ -201,6 +201,32 @@ def test_front_ends_name_the_aic_template_rows():
     assert apply_front_ends(cases, fitted={})["serving.request_overhead_s"].iloc[0] != 0.15
 
 
+def test_token_budgets_of_the_aic_template_rows():
+    import pandas as pd
+
+    from dse.calibration.cases import BUDGET, apply_token_budgets
+    # aiconfigurator's generator: TensorRT-LLM / vLLM max_num_tokens = batch per worker + isl +
+    # 1500; SGLang max_prefill_tokens = isl + 1500 (its running decodes come out of it)
+    cases = pd.DataFrame({
+        "case_id": list("abcdef"),
+        "runtime": ["trtllm", "vllm", "sglang", "trtllm", "trtllm", "sglang"],
+        "length_dist": [AIC_TEMPLATE] * 4 + [INFERENCEX, AIC_TEMPLATE],
+        "isl": [4000, 1000, 2000, 1024, 1024, 8000],
+        "concurrency": [320, 64, 9, 8, 8, 100],
+        "dp": [2, 1, 1, 1, 1, 1],
+        BUDGET: [np.nan, np.nan, np.nan, np.nan, np.nan, 4096.0]})
+    out = apply_token_budgets(cases)
+    got = pd.to_numeric(out[BUDGET]).tolist()
+    # 320 clients over 2 attention-DP ranks: 160 decodes + 4000 + 1500 a rank
+    assert got[:4] == [5660.0, 2564.0, 3500.0, 2532.0]
+    assert np.isnan(got[4])                                 # InferenceX: the runtime's default
+    assert got[5] == 4096.0                                 # a case's own value wins
+    assert np.isnan(pd.to_numeric(cases[BUDGET]).iloc[0])   # the input frame is not modified
+    # no template rows: the frame as it was, no column added
+    plain = cases.drop(columns=BUDGET).assign(length_dist=INFERENCEX)
+    assert apply_token_budgets(plain) is plain
+
+
 def test_layout_rule_sets_ep_to_tp_on_early_inferencex_trtllm_moe_rows():
     import pandas as pd
 

@@ -26,6 +26,9 @@ At load, inputs and fixes the case files do not state as columns are applied:
 - ``FRONT_ENDS``: the front end a case's deployment served through where it is not the
   runtime's own server (the ``front_end`` column: "dynamo" for aiconfigurator's benchmark
   template), and that front end's fitted numbers (efficiency.toml [front_ends.*]).
+- ``TOKEN_BUDGETS``: the token budget per step a harness launched its deployments with where
+  it is not the runtime's default (aiconfigurator's template: one whole prompt and a margin
+  beside the running decodes), as ``serving.max_num_tokens``.
 
 Truths of the cases whose ``quality_flag`` says ``queue_suspect`` (a closed-loop TTFT that looks
 dominated by queueing; the case's TPOT too: its running batch is unknown) are reported in their
@@ -91,6 +94,22 @@ MEASURED = r"measured=(\d{4}-\d{2}-\d{2})"
 # runtime's own server. The front end's fitted numbers (efficiency.toml [front_ends.*],
 # dse.calibration.fit) are written on its rows as ``serving.<field>`` where blank.
 FRONT_ENDS = {r"AIC bench template": "dynamo"}
+# The token budget per step a harness's deployments were launched with, where it is not the
+# runtime's default (serving.toml max_num_tokens): a pattern of ``length_dist`` -> {runtime:
+# (running, margin)}, the budget ``running x C / dp + isl + margin`` tokens a scheduler
+# (attention-DP rank), written to ``serving.max_num_tokens`` where blank. aiconfigurator's
+# generator writes these for its benchmark template's aggregated workers
+# (ai-dynamo/aiconfigurator src/aiconfigurator/generator/rule_plugin/{trtllm,vllm,sglang}.rule
+# at v0.5.0, 2025-12-23, and v0.6.0, 2026-02-12, the releases before the rows were measured):
+# TensorRT-LLM and vLLM ``agg max_num_tokens = max_batch_size + SlaConfig.isl + 1500``, its
+# batch (the sweep's sequences per worker, the row's C / dp) of decode tokens beside one whole
+# prompt and a margin; SGLang ``max_prefill_tokens = SlaConfig.isl + 1500``, from which its
+# PrefillAdder takes the running sequences' decodes (sgl-project/sglang python/sglang/srt/
+# managers/schedule_policy.py: ``rem_input_tokens = max_prefill_tokens - running_bs``). dse's
+# budget holds a step's decodes and its prompt tokens (dse.perf.phases.prompt_load), as theirs.
+TOKEN_BUDGETS = {r"AIC bench template": {"trtllm": (1.0, 1500.0), "vllm": (1.0, 1500.0),
+                                         "sglang": (0.0, 1500.0)}}
+BUDGET = "serving.max_num_tokens"
 FRONT_END = "front_end"
 QUEUE_SUSPECT = " (queue suspect)"
 NO_CONCURRENCY = " (max rate, no concurrency)"
@@ -130,6 +149,7 @@ def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
         raise InputError(f"case_id {cases['case_id'][dup].iloc[0]!r} is in two case files",
                          file=str(folder), hint="case ids must be unique across the sets")
     cases = apply_front_ends(apply_source_inputs(apply_layout_rules(apply_open_loop(cases))))
+    cases = apply_token_budgets(cases)
     return cases, pd.concat(parts_t, ignore_index=True)
 
 
@@ -215,6 +235,37 @@ def apply_source_inputs(cases: pd.DataFrame, inputs: dict | None = None) -> pd.D
             cases[col] = cases[col].astype(object)
             cases.loc[rows & cases[col].isna(), col] = value
     return cases
+
+
+def apply_token_budgets(cases: pd.DataFrame, rules: dict | None = None) -> pd.DataFrame:
+    """``cases`` with the token budget their harness launched them with (``TOKEN_BUDGETS``, or
+    ``rules``) as ``serving.max_num_tokens`` where a case leaves it blank: ``running x C / dp +
+    isl + margin`` for the rows of a harness pattern whose runtime the rule names."""
+    rules = TOKEN_BUDGETS if rules is None else rules
+    if "length_dist" not in cases or not rules:
+        return cases
+    dist = cases["length_dist"].fillna("").astype(str)
+    runtime = cases["runtime"].fillna("").astype(str) if "runtime" in cases else \
+        pd.Series("", index=cases.index)
+    isl = pd.to_numeric(cases["isl"], errors="coerce").to_numpy(float)
+    conc = pd.to_numeric(cases["concurrency"], errors="coerce").fillna(0.0).to_numpy(float)
+    dp = (pd.to_numeric(cases["dp"], errors="coerce").fillna(1.0).clip(lower=1.0).to_numpy(float)
+          if "dp" in cases else 1.0)
+    given = (cases[BUDGET] if BUDGET in cases else pd.Series(np.nan, index=cases.index))
+    blank = pd.to_numeric(given, errors="coerce").isna().to_numpy() & np.isfinite(isl)
+    budget = np.full(len(cases), np.nan)
+    for pattern, per_runtime in rules.items():
+        harness = dist.str.contains(pattern, regex=True).to_numpy()
+        for name, (running, margin) in per_runtime.items():
+            on = harness & runtime.eq(name).to_numpy() & blank & np.isnan(budget)
+            budget[on] = (running * conc / dp + isl + margin)[on]
+    on = np.isfinite(budget)
+    if not on.any():
+        return cases
+    out = cases.copy()
+    out[BUDGET] = given.astype(object)
+    out.loc[on, BUDGET] = budget[on]
+    return out
 
 
 def front_ends(cases: pd.DataFrame, rules: dict | None = None) -> np.ndarray:

@@ -128,7 +128,15 @@ def first_lines(out) -> str:
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-06 (seventeenth pass, issue 28): a benchmark whose harness drew the request "
+    "2026-12-06 (twentieth pass, issue 28): aiconfigurator's benchmark rows are scored with "
+    "the token budget its generator launched them with (TensorRT-LLM and vLLM: the batch per "
+    "worker + isl + 1500 tokens a step; SGLang: isl + 1500, its running decodes taken out; "
+    "dse.calibration.cases.TOKEN_BUDGETS) instead of the runtime's default 8192; the "
+    "end-to-end refit on them puts an eager step's per-layer time at 62.9 us (66.6), a "
+    "decode-only step's at 16.4 us (16.1), a runtime's own server's time per request at "
+    "33.4 ms (32.7), Dynamo's at 104 ms (107), the front end's time per prompt token at "
+    "5.02 us (5.12) and SGLang's scheduler time per running sequence at 12.1 us (11.3). "
+    "Before it (seventeenth pass): a benchmark whose harness drew the request "
     "lengths around the stated ones (a case's length_dist uniform[aL,bL]: InferenceX's "
     "uniform [0.8 L, L] prompts and answers) is scored at the mean lengths with their spread; "
     "the end-to-end refit on it puts a runtime's own server's time per request at 32.7 ms "
