@@ -227,6 +227,28 @@ def test_token_budgets_of_the_aic_template_rows():
     assert apply_token_budgets(plain) is plain
 
 
+def test_scheduler_loops_of_the_aic_template_vllm_rows():
+    import pandas as pd
+
+    from dse.calibration.cases import LOOP, apply_scheduler_loops, version_tuple
+    assert version_tuple("0.12.0") == (0, 12, 0) and version_tuple("1.0.0rc3") == (1, 0, 0)
+    assert version_tuple("0.5.6.post2") == (0, 5, 6) and version_tuple("nan") == ()
+    # vLLM before 0.14 ran its synchronous loop behind aiconfigurator's template; InferenceX
+    # passed --async-scheduling, 0.14 made it the default, SGLang's loop overlaps by default
+    cases = pd.DataFrame({
+        "case_id": list("abcdef"),
+        "runtime": ["vllm", "vllm", "vllm", "sglang", "vllm", "vllm"],
+        "length_dist": [AIC_TEMPLATE, AIC_TEMPLATE, INFERENCEX, AIC_TEMPLATE, AIC_TEMPLATE,
+                        AIC_TEMPLATE],
+        "backend_version": ["0.12.0", "0.14.0", "0.11.2", "0.5.6.post2", np.nan, "0.13.9"],
+        LOOP: [np.nan, np.nan, np.nan, np.nan, np.nan, 1.0]})
+    got = pd.to_numeric(apply_scheduler_loops(cases)[LOOP]).tolist()
+    assert got[0] == 0.0
+    assert all(np.isnan(got[i]) for i in (1, 2, 3, 4))     # the runtime's default (overlap)
+    assert got[5] == 1.0                                    # a case's own value wins
+    assert np.isnan(pd.to_numeric(cases[LOOP]).iloc[0])     # the input frame is not modified
+
+
 def test_layout_rule_sets_ep_to_tp_on_early_inferencex_trtllm_moe_rows():
     import pandas as pd
 

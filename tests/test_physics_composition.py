@@ -75,27 +75,39 @@ def test_mean_step_is_the_prompt_carrying_share_of_steps():
     assert m["tpot_s"] == pytest.approx(T_MEAN, rel=1e-9)
 
 
-@pytest.mark.parametrize("pp, c", [(1, C), (2, C), (1, 1)])
-def test_ttft_waits_half_a_pass_for_the_other_sequences(pp, c):
-    """TTFT = the wait for the running pass (half of it on average, and only behind another
-    sequence: 0.5 x pass x (1 - 1/C)) + the step that carries this prompt's one chunk next to
-    the other sequences' decodes, on every stage + the pass that returns the first token. A
-    pass is pp stage steps of a micro-batch of C / pp sequences; with one sequence there is
-    nothing to wait for."""
+@pytest.mark.parametrize("pp, c, loop", [(1, C, 1.0), (2, C, 1.0), (1, 1, 1.0), (1, C, 0.0),
+                                         (1, 1, 0.0)])
+def test_ttft_waits_for_the_running_pass_and_the_one_the_loop_planned(pp, c, loop):
+    """TTFT = the wait for the running pass (half of it on average), with an overlapped
+    scheduler loop (``overlap_schedule`` 1) the pass it had already planned when the request
+    came (a whole one), both only behind another sequence (x (1 - 1/C)), + the step that
+    carries this prompt's one chunk next to the other sequences' decodes, on every stage; the
+    first token goes out when that step ends. A pass is pp stage steps of a micro-batch of
+    C / pp sequences; with one sequence the loop is idle and nothing is waited for."""
     m, _, _ = _compute_only(_llama8b(**{"workload.isl": ISL, "workload.osl": OSL,
-                                        "workload.concurrency": c, "layout.pp": pp}))
+                                        "workload.concurrency": c, "layout.pp": pp,
+                                        "serving.overlap_schedule": loop}))
     share = (c * ISL / OSL) / ISL                   # the steps that carry a prompt
     t_mean = share * _stage_s((c + ISL) / pp, (c + 1) / pp, pp) \
         + (1 - share) * _stage_s(c / pp, c / pp, pp)
     chunk_step = _stage_s((c - 1) / pp + ISL, (c - 1) / pp + 1, pp)
     pass_s = pp * t_mean
-    wait = 0.5 * pass_s * (1 - 1 / c)
-    assert m["ttft_unloaded_s"] == pytest.approx(wait + pp * chunk_step + pass_s, rel=1e-9)
-    if (pp, c) == (1, C):      # the wait: 0.5 x 4.5 ms x 63/64 = 2.2 ms of a 22 ms TTFT
-        assert wait == pytest.approx(2.2e-3, rel=0.02)
-        assert m["ttft_unloaded_s"] == pytest.approx(22e-3, rel=0.01)
-    if c == 1:                 # one request in flight: nobody else's prompt to wait for
+    wait = (0.5 + loop) * pass_s * (1 - 1 / c)
+    assert m["ttft_unloaded_s"] == pytest.approx(wait + pp * chunk_step, rel=1e-9)
+    if (pp, c) == (1, C):      # the wait: 1.5 (0.5) x 4.5 ms x 63/64 = 6.6 (2.2) ms
+        assert wait == pytest.approx((0.5 + loop) * 4.43e-3, rel=0.02)
+        assert m["ttft_unloaded_s"] == pytest.approx(15.3e-3 + wait, rel=0.01)
+    if c == 1:                 # one request in flight: the prompt's step alone
+        assert m["ttft_unloaded_s"] == pytest.approx(chunk_step, rel=1e-9)
         assert m["ttft_s"] == pytest.approx(m["ttft_unloaded_s"], rel=1e-12)
+
+
+def test_the_runtimes_default_loops_are_overlapped():
+    """SGLang, TensorRT-LLM (PyTorch backend) and vLLM >= 0.14 plan the next step while the GPU
+    runs this one by default (serving.toml [runtimes.*] overlap_schedule)."""
+    from dse import catalog
+    assert {r: v["overlap_schedule"] for r, v in catalog.runtime_defaults().items()} == \
+        {"trtllm": 1, "sglang": 1, "vllm": 1}
 
 
 T_CHUNK = _stage_s(C - 1 + ISL, C)               # this prompt's step next to 63 decodes
@@ -169,7 +181,7 @@ def test_a_prompt_past_the_budget_runs_in_even_chunks(isl, n_chunks):
     chunk_step = _stage_s(C - 1 + per_chunk, C)
     assert steps.prefill.total_s[0] == pytest.approx(chunk_step, rel=1e-9)
     pass_s = m["tpot_s"]
-    expected = 0.5 * pass_s * (1 - 1 / C) + n_chunks * chunk_step + pass_s
+    expected = 1.5 * pass_s * (1 - 1 / C) + n_chunks * chunk_step
     assert m["ttft_unloaded_s"] == pytest.approx(expected, rel=1e-9)
 
 

@@ -258,8 +258,9 @@ HOST_TIMES = ("serving.request_overhead_s", "serving.seq_overhead_s",
 
 
 def runtime_defaults(out) -> None:
-    """Fill what a design left to its runtime: the max batch per scheduler, and the dense MLP
-    of an MoE under attention data parallelism ("auto")."""
+    """Fill what a design left to its runtime: the max batch per scheduler, its host times, its
+    front-end processes and scheduler loop, and the dense MLP of an MoE under attention data
+    parallelism ("auto")."""
     table = catalog.runtime_defaults()
     rt = out["serving.runtime"]
     cap = pd.to_numeric(out["serving.max_batch_size"], errors="coerce") \
@@ -273,6 +274,10 @@ def runtime_defaults(out) -> None:
         own = lookup(rt, {r: float(v.get(key, 0.0)) for r, v in table.items()}, 0.0)
         out[path] = np.where(np.isnan(given), own, given)
     out["serving.frontend_processes"] = frontend_processes(out, rt, table)
+    given = pd.to_numeric(out["serving.overlap_schedule"], errors="coerce").to_numpy(float) \
+        if "serving.overlap_schedule" in out.columns else np.full(len(out), np.nan)
+    own = lookup(rt, {r: float(v.get("overlap_schedule", 1.0)) for r, v in table.items()}, 1.0)
+    out["serving.overlap_schedule"] = np.where(np.isnan(given), own, given)
     dm = out["layout.dense_mlp"].astype(object)
     auto = (dm == "auto") | dm.isna()
     if auto.any():

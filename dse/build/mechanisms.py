@@ -36,7 +36,8 @@ DIRECT = {"workload.request_rate_per_s": "request_rate_per_s",
           "serving.frontend_token_s": "frontend_token_s",
           "serving.frontend_text_token_s": "frontend_text_token_s",
           "serving.frontend_request_s": "frontend_request_s",
-          "serving.frontend_processes": "frontend_processes"}
+          "serving.frontend_processes": "frontend_processes",
+          "serving.overlap_schedule": "overlap_schedule"}
 
 
 def _col(out, path, default):
@@ -180,6 +181,7 @@ def batch_columns(out, kv_bytes: np.ndarray) -> dict[str, np.ndarray]:
         "frontend_text_token_s": f("serving.frontend_text_token_s"),
         "frontend_request_s": f("serving.frontend_request_s"),
         "frontend_processes": f("serving.frontend_processes"),
+        "overlap_schedule": f("serving.overlap_schedule"),
         **tier_columns(out, f),
     }
 

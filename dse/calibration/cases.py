@@ -29,6 +29,9 @@ At load, inputs and fixes the case files do not state as columns are applied:
 - ``TOKEN_BUDGETS``: the token budget per step a harness launched its deployments with where
   it is not the runtime's default (aiconfigurator's template: one whole prompt and a margin
   beside the running decodes), as ``serving.max_num_tokens``.
+- ``SCHEDULER_LOOPS``: the scheduler loop a harness's deployments ran where it is not the
+  runtime's default (aiconfigurator's template's vLLM 0.12 rows: synchronous), as
+  ``serving.overlap_schedule``.
 
 Truths of the cases whose ``quality_flag`` says ``queue_suspect`` (a closed-loop TTFT that looks
 dominated by queueing; the case's TPOT too: its running batch is unknown) are reported in their
@@ -37,6 +40,7 @@ own group (``joined``: source + ``QUEUE_SUSPECT``) and never fitted (``fit``).
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -110,6 +114,23 @@ FRONT_ENDS = {r"AIC bench template": "dynamo"}
 TOKEN_BUDGETS = {r"AIC bench template": {"trtllm": (1.0, 1500.0), "vllm": (1.0, 1500.0),
                                          "sglang": (0.0, 1500.0)}}
 BUDGET = "serving.max_num_tokens"
+# The scheduler loop a harness's deployments ran where it is not the runtime's default
+# (serving.toml [runtimes.*] overlap_schedule): (name, rule) with the rule's ``runtime``,
+# ``harness`` (a pattern of ``length_dist``), ``version_below`` (the rows' backend_version)
+# and the ``overlap_schedule`` it sets where blank. vLLM turned async scheduling on by default
+# in 0.14.0 (PR 27614; 0.11.1-0.13.0 vllm/config/scheduler.py ``async_scheduling: bool =
+# False``); aiconfigurator's template maps ``disable_overlap_scheduler`` to nothing for vLLM
+# (generator/config/backend_config_mapping.yaml, v0.6.0) and Dynamo 0.8-0.9's ``dynamo.vllm``
+# does not set it, so the template's vLLM 0.12.0 rows ran the synchronous EngineCore.step.
+# InferenceX's recipes passed ``async-scheduling: true`` to vLLM 0.10.2-0.11.2 (e.g.
+# benchmarks/gptoss_fp4_h100_slurm.sh at 4e135fd3f): its rows keep the default.
+# reports/end-to-end/scheduler-loops.md has the table for every runtime and version of the set.
+SCHEDULER_LOOPS = (
+    ("aiconfigurator template, vLLM before 0.14: synchronous loop",
+     {"runtime": "vllm", "harness": r"AIC bench template", "version_below": (0, 14),
+      "overlap_schedule": 0.0}),
+)
+LOOP = "serving.overlap_schedule"
 FRONT_END = "front_end"
 QUEUE_SUSPECT = " (queue suspect)"
 NO_CONCURRENCY = " (max rate, no concurrency)"
@@ -149,7 +170,7 @@ def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
         raise InputError(f"case_id {cases['case_id'][dup].iloc[0]!r} is in two case files",
                          file=str(folder), hint="case ids must be unique across the sets")
     cases = apply_front_ends(apply_source_inputs(apply_layout_rules(apply_open_loop(cases))))
-    cases = apply_token_budgets(cases)
+    cases = apply_scheduler_loops(apply_token_budgets(cases))
     return cases, pd.concat(parts_t, ignore_index=True)
 
 
@@ -265,6 +286,47 @@ def apply_token_budgets(cases: pd.DataFrame, rules: dict | None = None) -> pd.Da
     out = cases.copy()
     out[BUDGET] = given.astype(object)
     out.loc[on, BUDGET] = budget[on]
+    return out
+
+
+def version_tuple(v) -> tuple:
+    """"0.12.0" -> (0, 12, 0); "1.0.0rc3" -> (1, 0, 0); () where no leading number."""
+    out = []
+    for part in str(v).split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        out.append(int(digits))
+        if len(digits) < len(part):
+            break
+    return tuple(out)
+
+
+def apply_scheduler_loops(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
+    """``cases`` with the scheduler loop their deployments ran (``SCHEDULER_LOOPS``, or
+    ``rules``) as ``serving.overlap_schedule`` where a case leaves it blank: the rows of a rule's
+    runtime and harness whose ``backend_version`` is below its ``version_below``."""
+    rules = SCHEDULER_LOOPS if rules is None else rules
+    need = ("runtime", "length_dist", "backend_version")
+    if not rules or any(col not in cases for col in need):
+        return cases
+    given = cases[LOOP] if LOOP in cases else pd.Series(np.nan, index=cases.index)
+    blank = pd.to_numeric(given, errors="coerce").isna().to_numpy()
+    version = cases["backend_version"].map(version_tuple)
+    value = np.full(len(cases), np.nan)
+    for _, rule in rules:
+        on = (cases["runtime"].astype(str).eq(rule["runtime"])
+              & cases["length_dist"].fillna("").astype(str).str.contains(rule["harness"],
+                                                                         regex=True)
+              & version.map(lambda v: len(v) > 0 and v < rule["version_below"])).to_numpy(bool)
+        on = on & blank & np.isnan(value)
+        value[on] = rule["overlap_schedule"]
+    on = np.isfinite(value)
+    if not on.any():
+        return cases
+    out = cases.copy()
+    out[LOOP] = given.astype(object)
+    out.loc[on, LOOP] = value[on]
     return out
 
 

@@ -14,9 +14,9 @@ chunks_s        the steps that carry the prompt's chunks: ``pp x n_chunks x`` th
                 ``n_chunks`` steps), split into the step's ops (``dse.perf.OPS``, each op's time in
                 the step) and its fixed time (``chunk.overhead_s``: per layer, per step, GEMM
                 launches, host time per sequence)
-step_waits_s    the rest of the unloaded TTFT: half a pass of the running step, the step that
-                returns the first token and a tier's fetch steps (``ttft_unloaded_s`` less the two
-                terms above)
+step_waits_s    the rest of the unloaded TTFT: half a pass of the running step, the pass an
+                overlapped scheduler loop had already planned and a tier's fetch steps
+                (``ttft_unloaded_s`` less the two terms above)
 queue_s         the closed-loop wait for the other requests' prompts, the runtime's slots and a
                 serial front end (``ttft_s - ttft_unloaded_s``)
 

@@ -189,6 +189,9 @@ OPTIONAL: dict[str, float | str] = {
     # token of text a chunk repeats
     "frontend_prompt_token_s": 0.0, "frontend_token_s": 0.0, "frontend_text_token_s": 0.0,
     "frontend_processes": 1.0,
+    # the scheduler plans step k + 1 while step k runs (dse.perf.phases.ttft): 1, the three
+    # runtimes' default loops; 0, a synchronous loop
+    "overlap_schedule": 1.0,
     # and per request, whatever its lengths
     "frontend_request_s": 0.0,
     # expert load imbalance and redundant experts (dse.perf.imbalance)
@@ -245,6 +248,8 @@ FIELDS.update({
     "frontend_request_s": "serial front end's time per request, whatever its lengths",
     "frontend_processes": "front-end processes the requests are spread over (each a serial "
                           "server)",
+    "overlap_schedule": "1: the scheduler plans the next step while the GPU runs this one (a "
+                        "new request joins the step after next), 0: a synchronous loop",
     "seq_overhead_s": "scheduler host time per running sequence per step (per attention-DP "
                       "rank)",
     "graph_layer_overhead_s": "fixed time per layer of a decode-only step replayed as a CUDA "

@@ -14,9 +14,9 @@ ttft       the step that carries one of this request's chunks next to the other 
            decodes; a prompt's chunks attend to the cached prefix and the earlier chunks
 
 The mean step mixes the prompt and decode steps in the share of steps that carry prompt
-tokens (``prompt_load``). The unloaded TTFT (``ttft``) is the wait for the running step, the
-steps that carry the request's chunks, the step that returns its first token and the runtime's
-front end; the closed-loop TTFT a benchmark measures (``ttft_closed_loop``) adds the wait for the
+tokens (``prompt_load``). The unloaded TTFT (``ttft``) is the wait for the running step (and
+the one an overlapped scheduler already planned), the steps that carry the request's chunks
+and the runtime's front end; the closed-loop TTFT a benchmark measures (``ttft_closed_loop``) adds the wait for the
 other requests' prompts, at the start-up burst and in steady state.
 """
 
@@ -224,16 +224,24 @@ def mean_steps(st: Breakdown, load: PromptLoad, draft):
 
 def ttft(b: Batch, pass_s, t_prefill, load: PromptLoad, extra=0.0, tail: bool = True):
     """Time to first token of a request that finds no other prompt waiting (``ttft_unloaded_s``):
-    the wait for the running step (half a pass, ``pass_s`` = pp mean steps), the pp stage steps
-    of each of the prompt's chunks (``t_prefill``), the step that returns the first token (it
-    is streamed with the next iteration) and the runtime's front end (``request_overhead_s``);
+    the wait for the running step (half a pass, ``pass_s`` = pp mean steps), with an overlapped
+    scheduler loop (``overlap_schedule`` 1) the step it already planned (a whole pass), the pp
+    stage steps of each of the prompt's chunks (``t_prefill``; the first token is sent when its
+    step ends) and the runtime's front end (``request_overhead_s``). The two waits scale with
+    the share of the others in flight, ``1 - 1/C``: with no other request running the loop
+    is idle and takes the prompt at once. An overlapped loop (SGLang ``event_loop_overlap``,
+    TensorRT-LLM ``_executor_loop_overlap``, vLLM ``step_with_batch_queue``) reads new requests
+    after launching step k + 1, so a request that arrives during step k runs in step k + 2; a
+    synchronous one (vLLM ``EngineCore.step``) puts it in step k + 1
+    (reports/end-to-end/scheduler-loops.md);
     ``extra``: the tier fetch's steps (dse.perf.kvtier). A prefill-only instance: one pass of
     its batch of prompts. Also a p90-length prompt's (dse.perf.lengths; None without length
     distributions or ``tail``)."""
     both, pre_only, dec_only = arch.phases(b)
     pp = b.pp
-    wait = 0.5 * pass_s * (1.0 - 1.0 / sequences(b))
-    t = arch.blend(pre_only, pass_s, wait + pp * load.n_chunks * t_prefill + pass_s + extra)
+    busy = 1.0 - 1.0 / sequences(b)
+    wait = (0.5 + b.overlap_schedule) * pass_s * busy
+    t = arch.blend(pre_only, pass_s, wait + pp * load.n_chunks * t_prefill + extra)
     t = add(t, front_end_s(b))
     if not (tail and lengths.on(b)):
         return t, None

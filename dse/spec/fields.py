@@ -377,6 +377,11 @@ FIELDS: tuple[Field, ...] = (
           "requests are spread over, each a serial server (dse/perf/frontend.py); blank = the "
           "runtime's default (serving.toml [runtimes]: one for TensorRT-LLM and SGLang, one per "
           "data-parallel rank for vLLM)"),
+    frac("serving.overlap_schedule", "1: the runtime's scheduler plans step k + 1 while the GPU "
+         "runs step k, so a request that arrives during step k joins step k + 2 (SGLang's "
+         "overlap loop, TensorRT-LLM's overlap scheduler, vLLM's async scheduling); 0: a "
+         "synchronous loop, the request joins step k + 1 (dse/perf/phases.py, ttft); blank = "
+         "the runtime's default (serving.toml [runtimes])"),
     frac("serving.kv_memory_fraction", "share of free HBM the KV cache gets", open_=True),
     num("serving.runtime_reserve_bytes", "bytes", "HBM the runtime holds per chip", open_=False),
     # -- cost --
