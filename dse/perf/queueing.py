@@ -38,7 +38,8 @@ stands (``_prune_goodput``). On dse.bench's 20,000 designs at a rate with both S
 ~3.2 the rate's concurrency, ~2.3 and ~1.1 goodput's TTFT and TPOT bounds, ~1.1 the finish;
 ~23.4 scored, the shared probe's grid as deep as the row that asks most) in 31 passes (the
 rate's and goodput's roots ask one probe together). Where a quantity rises with C the answers agree to the bisection's resolution
-(relative 1e-6 on the concurrencies, 1e-4 on every metric); where it does not (a KV tier's
+(the roots' tolerance, dse.perf.roots' sixth pass: 1e-4 in log C, the rate's own 2e-5, so
+every metric within ~1e-3, most within 1e-4); where it does not (a KV tier's
 fetch-or-recompute switch, one more prefill chunk: ~0.5% of random catalog designs, 1.3% of
 dse.bench's with its KV tier on) the bisection's answer is whichever crossing its midpoints
 reach, and ``serve``'s may be another (tests/test_queueing_roots.py,

@@ -179,13 +179,18 @@ scored at, takes ``queueing.RATE_NOISE`` = 2e-5: its queue waits amplify an erro
 ~50 times near saturation (1 / (1 - rho); at 1e-4 the p90 TTFT over lengths moved 2.7e-3, the
 TTFT 1.0e-3). Also: the p90 TPOT and goodput at the TPOT's bound come from the float32 probe
 (<= 9e-7 relative), and the coefficients are computed once, in float32 (``serve._served``): a
-float64 batch's are those rounded up (``Coefficients.astype``, ~6e-8 relative; ~18 ms of a
-call computed in float64 before, ~7 now). Measured on the bench's 20,000 designs: 31 passes
-and 3 float64 ones, 459k + 23k points scored -> 32 passes (all float32) and 410k points;
-concurrency moved <= 9.7e-5, TTFT <= 2.6e-4 (the coefficients' rounding near saturation), the
-p90 TTFT over lengths <= 8.9e-4; past 1e-3 only what is ill conditioned at any tolerance: the
-whole-number ``max_concurrent_sequences`` one sequence apart on 3 rows, and small fractions
-(``kv_offloaded_fraction``, ``prefix_cache_evicted_fraction``) by <= 4e-4 absolute. Tried and
+float64 batch's rows at a rate take those rounded up (``Coefficients.astype``, ``blend``: ~6e-8
+relative; ~18 ms of a call computed in float64 before, ~7 now; its other rows keep float64
+ones, so a row's numbers do not depend on its batch). Measured on the bench's 20,000 designs:
+31 passes and 3 float64 ones, 461k + 23k points scored -> 32 passes (all float32) and 411k
+points; concurrency moved <= 9.9e-5, the saturation rate 9.6e-5, goodput 9.4e-5, the p90 TTFT
+over lengths 8.7e-4 (medians <= 4e-7); past 1e-3 only rows at a step of the model and what is
+ill conditioned at any tolerance: 2 rows land on the other side of a step (a decode
+all-reduce's kernel switch within 5e-6 of the root: decode network time 23%, the p90 TPOT 8%,
+as ``queueing``'s docstring allows), 1 infeasible row (reason 152: no sequence fits) whose
+queue wait of ~2,700 s moves 1.65e-3 (1 / (1 - rho) amplifies the coefficients' rounding), the
+whole-number ``max_concurrent_sequences`` one sequence apart on 7 rows, and small fractions
+(``kv_offloaded_fraction``, ``prefix_cache_evicted_fraction``) by <= 1e-4 absolute. Tried and
 not kept (passes, points scored): a pair of points a quarter tolerance either side of a secant
 step under 2-8 tolerances, to close in one pass (32, 505-536k: the pairs deepen the grid); at
 most 2 or 3 points of a row a pass over the roots sharing a probe, the later roots' rows
