@@ -185,9 +185,9 @@ ones, so a row's numbers do not depend on its batch). Measured on the bench's 20
 31 passes and 3 float64 ones, 461k + 23k points scored -> 32 passes (all float32) and 411k
 points; concurrency moved <= 9.9e-5, the saturation rate 9.6e-5, goodput 9.4e-5, the p90 TTFT
 over lengths 8.7e-4 (medians <= 4e-7); past 1e-3 only rows at a step of the model and what is
-ill conditioned at any tolerance: 2 rows land on the other side of a step (a decode
-all-reduce's kernel switch within 5e-6 of the root: decode network time 23%, the p90 TPOT 8%,
-as ``queueing``'s docstring allows), 1 infeasible row (reason 152: no sequence fits) whose
+ill conditioned at any tolerance: 1-2 rows land on the other side of a step of the decode
+step (a collective's kernel switch 2e-6 to 5e-6 from the root, inside even the old tolerance:
+decode network time 23-168%, as ``queueing``'s docstring allows), 1 infeasible row (reason 152: no sequence fits) whose
 queue wait of ~2,700 s moves 1.65e-3 (1 / (1 - rho) amplifies the coefficients' rounding), the
 whole-number ``max_concurrent_sequences`` one sequence apart on 7 rows, and small fractions
 (``kv_offloaded_fraction``, ``prefix_cache_evicted_fraction``) by <= 1e-4 absolute. Tried and
