@@ -233,14 +233,18 @@ def test_prefill_queue_serves_a_prompt_in_pp_stage_steps(pp, rate):
     s = pp * ISL * (t_dec / (8192 - c) + (t_chunk - t_dec) / ISL)
     rho = rate * s
     assert 0.2 < rho < 0.9
-    assert m["ttft_queue_wait_s"] == pytest.approx(rho * s / (2 * (1 - rho)), rel=1e-9)
+    # (rel 1e-7, was 1e-9: a row at a rate is scored with its coefficients rounded from
+    # float32, ~6e-8 relative; dse/perf/roots.py, its sixth pass)
+    assert m["ttft_queue_wait_s"] == pytest.approx(rho * s / (2 * (1 - rho)), rel=1e-7)
     if pp == 2:        # (its p90 batch lies past the saturation's, where it is capped)
         return
     c90 = c + 1.2815515655446004 * c ** 0.5
     share = (c90 * ISL / OSL) / ISL
     t90 = share * _stage_s((c90 + ISL) / pp, (c90 + 1) / pp, pp) \
         + (1 - share) * _stage_s(c90 / pp, c90 / pp, pp)
-    assert m["tpot_p90_s"] == pytest.approx(pp * t90, rel=1e-9)
+    # (rel 1e-6, was 1e-9: the p90 TPOT comes from the float32 probe since roots.py's sixth
+    # pass)
+    assert m["tpot_p90_s"] == pytest.approx(pp * t90, rel=1e-6)
 
 
 def test_decode_bound_is_the_resource_bounding_the_most_op_time():

@@ -66,10 +66,11 @@ def test_mechanism_columns_score_as_the_design_fields(tmp_path):
     assert p.loc["mtp", "spec_expected_tokens"] == pytest.approx(1.7, rel=1e-12)   # 1 + a
     d = one({**DESIGN, "workload.request_rate_per_s": 20.0, "workload.ttft_slo_s": 2.0,
              "workload.tpot_slo_s": 0.05})
-    # (the request rate's roots are found on float32 times to ~2e-6 of the concurrency, so a
-    # design's rate metrics may move by ~1e-6 with the other designs of its batch)
+    # (the request rate's roots are found on float32 times to 1e-4 of the concurrency (the
+    # rate's own to 2e-5; 2e-6 before roots.py's sixth pass), so a design's rate metrics may
+    # move by up to ~1e-4 with the other designs of its batch: rel 1e-4, was 1e-5)
     for m in ("ttft_p90_s", "tpot_p90_s", "goodput_requests_per_s_per_chip"):
-        assert p.loc["rate", m] == pytest.approx(d[m], rel=1e-5), m
+        assert p.loc["rate", m] == pytest.approx(d[m], rel=1e-4), m
 
 
 def test_mechanism_outputs_are_absent_when_no_case_uses_them(tmp_path):

@@ -73,7 +73,10 @@ def test_fast_roots_give_the_bisections_numbers(mechanisms):
     # one, and only as another root of the same equation: its residual is the bisection's.
     c_f, c_r = np.asarray(fast["concurrency"], float), np.asarray(ref["concurrency"], float)
     other = ~np.isclose(c_f, c_r, rtol=1e-4) & (np.isfinite(c_f) & np.isfinite(c_r))
-    assert other.sum() <= 1, np.flatnonzero(other)
+    # (at most two, was one: with the roots' tolerance of roots.py's sixth pass the secant's
+    # path differs, and both of this sample's rows at that step, 10 and 17, land on another
+    # root of the rate's equation, 7% and 1.3% from the bisection's)
+    assert other.sum() <= 2, np.flatnonzero(other)
     rate, osl = np.asarray(b.request_rate_per_s, float), np.asarray(b.osl, float)
     res_f, res_r = (np.asarray(o["concurrency"], float) - rate * (
         np.asarray(o["ttft_s"], float) + (osl - 1) * np.asarray(o["tpot_s"], float))
@@ -86,7 +89,9 @@ def test_fast_roots_give_the_bisections_numbers(mechanisms):
         a, f = np.asarray(ref[k], float), np.asarray(fast[k], float)
         assert np.array_equal(np.isnan(a), np.isnan(f)), k
         ok = ~np.isnan(a) & same
-        np.testing.assert_allclose(f[ok], a[ok], rtol=1e-4, atol=1e-12, err_msg=k)
+        # (1e-3, was 1e-4: the roots' tolerance is 1e-4 in log C (the rate's 2e-5) since
+        # roots.py's sixth pass, and a queue wait near saturation moves up to ~50 times C)
+        np.testing.assert_allclose(f[ok], a[ok], rtol=1e-3, atol=1e-12, err_msg=k)
 
 
 def test_lean_times_are_the_instances_own():
@@ -148,7 +153,8 @@ def test_root_matches_bisection_on_smooth_kinked_and_jumping_functions(log_secan
     got = _solve_like_bisection(fn, lo, hi, log_secant)
     want = queueing.bisect_increasing(lambda c: fn(c, None), 0.0, lo, hi)
     assert np.all(fn(got, None) <= 0.0)                       # a point that passes
-    np.testing.assert_allclose(got, want, rtol=2e-6)
+    # (the roots' tolerance, roots.NOISE: 1e-4 in log C since its sixth pass, 2e-6 before)
+    np.testing.assert_allclose(got, want, rtol=1.01 * roots.NOISE)
 
 
 def test_a_probe_packs_its_asks_by_row_and_each_gets_its_own_numbers():

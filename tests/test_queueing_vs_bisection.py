@@ -79,7 +79,9 @@ def test_the_roots_give_the_bisections_numbers_on_a_sample_with_kinks():
           f"{np.max(d[:, same]):.2e} ({metrics[worst]}), concurrency {c_diff:.2e}; "
           f"{int(np.sum(other))} rows on another crossing")
     assert np.max(d[:, same]) <= 1e-4
-    assert c_diff <= 1e-5
+    # (1e-4, was 1e-5: roots.NOISE since roots.py's sixth pass; a rate above saturation
+    # takes the saturation's concurrency, found to that tolerance)
+    assert c_diff <= 1e-4
     assert np.sum(other) <= 0.03 * np.sum(queue)
     # a row on another crossing still serves its rate and stays under its saturation
     for k in ("requests_per_s_per_instance", "saturation_requests_per_s_per_instance"):

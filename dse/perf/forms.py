@@ -214,3 +214,49 @@ def take(v, rows):
     if a.ndim == 2:                    # (branch, design)
         return a if a.shape[1] == 1 else (a.take(rows, axis=1) if ints else a[:, rows])
     return a if a.ndim == 0 or len(a) == 1 else (a.take(rows, axis=0) if ints else a[rows])
+
+
+def cast(v, dtype):
+    """A per-design term (as ``take`` reads them) with its floating arrays and numpy floats in
+    ``dtype`` (``Coefficients.astype``: the probe's float32 coefficients rounded from the
+    batch's float64 ones, not computed again); the op terms' time fields only."""
+    if type(v) is not np.ndarray:
+        if isinstance(v, np.floating):
+            return dtype(v)
+        if v is None or isinstance(v, (bool, int, float, Batch)):
+            return v
+        if isinstance(v, tuple):
+            return tuple(cast(x, dtype) for x in v)
+        if isinstance(v, dict):
+            return {k: cast(x, dtype) for k, x in v.items()}
+        if dataclasses.is_dataclass(v):
+            out = object.__new__(type(v))
+            out.__dict__.update({k: cast(v.__dict__[k], dtype) for k in _time_fields(type(v))})
+            return out
+        return v
+    return v.astype(dtype) if v.dtype.kind == "f" and v.dtype != dtype else v
+
+
+def blend(v, w, mask):
+    """A per-design term (as ``take`` reads them): ``v``'s rows where ``mask``, ``w``'s
+    elsewhere (``v`` and ``w`` the same term of two ``Coefficients`` of one batch; a term equal
+    in both stays as it is, a length-1 or scalar one that differs becomes a row each)."""
+    if type(v) is not np.ndarray and type(w) is not np.ndarray:
+        if v is None or isinstance(v, (bool, Batch)):
+            return v
+        if isinstance(v, tuple):
+            return tuple(blend(x, y, mask) for x, y in zip(v, w))
+        if isinstance(v, dict):
+            return {k: blend(x, w[k], mask) for k, x in v.items()}
+        if dataclasses.is_dataclass(v):
+            out = object.__new__(type(v))
+            out.__dict__.update({k: blend(v.__dict__[k], w.__dict__[k], mask)
+                                 for k in _time_fields(type(v))})
+            return out
+        if v == w:
+            return v
+    a, b = np.asarray(v), np.asarray(w)
+    if a.dtype.kind != "f" or (a.shape == b.shape and np.array_equal(a, b)):
+        return v
+    m = mask if max(a.ndim, b.ndim) < 2 else mask[None, :]
+    return np.where(m, a, b)

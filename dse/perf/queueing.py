@@ -38,7 +38,8 @@ stands (``_prune_goodput``). On dse.bench's 20,000 designs at a rate with both S
 ~3.2 the rate's concurrency, ~2.3 and ~1.1 goodput's TTFT and TPOT bounds, ~1.1 the finish;
 ~23.4 scored, the shared probe's grid as deep as the row that asks most) in 31 passes (the
 rate's and goodput's roots ask one probe together). Where a quantity rises with C the answers agree to the bisection's resolution
-(relative 1e-6 on the concurrencies, 1e-4 on every metric); where it does not (a KV tier's
+(the roots' tolerance, dse.perf.roots' sixth pass: 1e-4 in log C, the rate's own 2e-5, so
+every metric within ~1e-3, most within 1e-4); where it does not (a KV tier's
 fetch-or-recompute switch, one more prefill chunk: ~0.5% of random catalog designs, 1.3% of
 dse.bench's with its KV tier on) the bisection's answer is whichever crossing its midpoints
 reach, and ``serve``'s may be another (tests/test_queueing_roots.py,
@@ -209,18 +210,22 @@ def serve_bisection(b, evaluate, breakdown: bool = False):
 
 
 SATURATED = 1.0 - 1e-6          # the prefill queue's load at saturation
+# the rate's root (the operating point every reported metric is scored at) to 2e-5 in log C:
+# its queue waits near saturation move ~50 times its C (1 / (1 - rho)); the other roots feed
+# well-conditioned numbers (the saturation rate, goodput) and take roots.NOISE (1e-4)
+RATE_NOISE = 2e-5
 
 
-def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None):
+def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
     """``serve_bisection``'s numbers (to its resolution; dse.perf.roots says where a quantity
     that is not monotone may give another crossing), its bisections found by
     ``roots.solve`` on the queue's quantities alone: ``times(rows)`` (``rows`` None: all) gives
     a function of those rows' concurrency returning ``(ttft_unloaded_s, tpot_s,
     _prefill_service_s)`` as ``evaluate`` gives them (dse.perf.serve: in float32), ``cap`` the
-    ``max_concurrent_sequences`` of ``evaluate(max(concurrency, 1))``, ``exact`` as ``times`` in
-    the batch's precision (the p90 TPOT and the goodput at the TPOT's bound it reports);
-    ``evaluate`` scores the instance once, at the concurrency found. Without ``times``:
-    ``serve_bisection``."""
+    ``max_concurrent_sequences`` of ``evaluate(max(concurrency, 1))``; ``evaluate`` scores the
+    instance once, at the concurrency found (the p90 TPOT and the goodput at the TPOT's bound
+    are ``times``' too: float32, ~1e-7 relative, dse.perf.roots' sixth pass). Without
+    ``times``: ``serve_bisection``."""
     if times is None:
         return serve_bisection(b, evaluate, breakdown)
     n = len(b)
@@ -243,7 +248,7 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None
     shared = Probe(times, n)          # (the three roots' points: one pass a step)
     op = Root(shared, _test(osl, "rate", lam), ones, c_sat, _at(one, "rate", lam),
               _at(at_sat, "rate", lam), by_rate, _guesses(one["rate"], at_sat["rate"], c_sat, lam),
-              keep=())                  # (its concurrency alone is read)
+              keep=(), noise=RATE_NOISE)   # (its concurrency alone is read)
     good = _goodput_roots(b, shared, osl, queue, one, c_sat, at_sat)
     solve([op] + good, (lambda: _prune_goodput(*good, c_sat)) if good else None)
     c_op = np.where(by_rate, op.c, b.concurrency)
@@ -253,7 +258,7 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None, exact=None
     s_op = m["_prefill_service_s"]
     r_op = lam_op * s_op
     tp90 = np.array(m["tpot_s"], dtype=np.float64)
-    at_p = _finish_goodput(m, b, Probe(exact or times, n), good, by_rate, c_op, c_sat, tp90,
+    at_p = _finish_goodput(m, b, Probe(times, n), good, by_rate, c_op, c_sat, tp90,
                            osl, lam_sat)
     w90, w99 = md1_wait_quantile_s(0.9, r_op, s_op), md1_wait_quantile_s(0.99, r_op, s_op)
     wmean = md1_mean_wait_s(r_op, s_op)

@@ -154,11 +154,27 @@ def _served(b: Batch, breakdown: bool, k: Coefficients | None):
     """hook: request-rate serving (dse.perf.queueing) where a rate or an SLO is given."""
     if not (b.has_on("request_rate_per_s") or b.has_on("ttft_slo_s") or b.has_on("tpot_slo_s")):
         return _instance(b, breakdown, k)
-    k = Coefficients(b) if k is None else k
+    # the probe's float32 batch and coefficients; a float64 batch's rows at a rate take theirs
+    # rounded from these (the per-design constants to ~6e-8: dse.perf.roots, a sixth pass),
+    # not computed again in float64; its other rows (a fixed concurrency, an SLO only) keep
+    # their float64 ones, the numbers they have scored without a rate beside them
+    b32 = b.astype(np.float32)
+    k32 = Coefficients(b32) if k is None else k.astype(b32)
+    if b.n_layers.dtype != np.float32:
+        n = len(b)
+        rate = np.broadcast_to((b.request_rate_per_s > 0) & (b.phase == 0)
+                               & (b.disaggregated == 0), (n,))
+        up = k32.astype(b)
+        if not np.all(rate):
+            k = k.blend(up, ~rate) if k is not None else Coefficients(b).blend(up, ~rate)
+        else:
+            k = up
+    else:
+        k = k32
     cap = queue_probe.queue_cap(b)
     return queueing.serve(
         b, lambda c, bd: _instance(queue_probe.at_concurrency(b, c), bd, k, queue=True),
-        breakdown, queue_probe.probe(b, k, np.float32), cap, queue_probe.probe(b, k, None))
+        breakdown, queue_probe.probe(b32, k32, None), cap)
 
 
 def _served_disaggregated(b: Batch, breakdown: bool):
