@@ -353,15 +353,18 @@ class Batch:
         return Batch({k: (np.full(n, v[0]) if len(v) != n else v) for k, v in self.columns.items()})
 
     def __getattr__(self, name: str) -> np.ndarray:
-        cols = self.__dict__["columns"]
+        d = self.__dict__
         try:
-            return cols[name]
+            v = d["columns"][name]
+            d[name] = v                 # (the next read finds it: the columns never change)
+            return v
         except KeyError:
+            cols = d["columns"]
             if name in OPTIONAL:        # a batch built without a mechanism's fields: "off"
-                d = OPTIONAL[name]
-                if isinstance(d, str):
-                    return cols[d]
-                return np.full(1, d, dtype=cols["n_layers"].dtype)   # float32 stays float32
+                off = OPTIONAL[name]
+                if isinstance(off, str):
+                    return cols[off]
+                return np.full(1, off, dtype=cols["n_layers"].dtype)   # float32 stays float32
             raise AttributeError(name) from None
 
     def take(self, index) -> "Batch":

@@ -85,8 +85,12 @@ def probe(b: Batch, k: Coefficients, dtype):
         ks = k32 if rows is None else k32.gather(taken, sub)
         memo = sub.__dict__["_memo"]
         if rows is not None:             # the batch's per-row memos, those rows of them
-            memo.update({key: v.take(taken) for key, v in b32.__dict__["_memo"].items()
-                         if isinstance(v, np.ndarray) and v.shape == (n,)})
+            # (and a field off on every row is off on these: not tested, nor taken, again)
+            memo.update({key: (v if v is False else v.take(taken))
+                         for key, v in b32.__dict__["_memo"].items()
+                         if (isinstance(v, np.ndarray) and v.shape == (n,)) or (
+                             v is False and key.startswith("has_on:")
+                             and key not in POINT_MEMOS)})
 
         def times(c):
             if len(twin):
