@@ -317,7 +317,7 @@ class Batch:
     def astype(self, dtype) -> "Batch":
         return Batch({k: v.astype(dtype, copy=False) for k, v in self.columns.items()})
 
-    def astype_lazy(self, dtype) -> "Batch":
+    def astype_lazy(self, dtype) -> Batch:
         """``astype(dtype)`` whose columns are converted when first read (``_Taken``): the
         request-rate path's float32 probe batch reads ~half of its ~170 columns."""
         return lazy(_Taken(self.columns, None, len(self), dtype=dtype), len(self))
