@@ -317,6 +317,11 @@ class Batch:
     def astype(self, dtype) -> "Batch":
         return Batch({k: v.astype(dtype, copy=False) for k, v in self.columns.items()})
 
+    def astype_lazy(self, dtype) -> Batch:
+        """``astype(dtype)`` whose columns are converted when first read (``_Taken``): the
+        request-rate path's float32 probe batch reads ~half of its ~170 columns."""
+        return lazy(_Taken(self.columns, None, len(self), dtype=dtype), len(self))
+
     @classmethod
     def from_columns(cls, columns: dict, compact: bool = False, dtype=np.float64) -> "Batch":
         """``dtype=np.float32``: the batch is emitted in single precision (what the search
@@ -348,15 +353,18 @@ class Batch:
         return Batch({k: (np.full(n, v[0]) if len(v) != n else v) for k, v in self.columns.items()})
 
     def __getattr__(self, name: str) -> np.ndarray:
-        cols = self.__dict__["columns"]
+        d = self.__dict__
         try:
-            return cols[name]
+            v = d["columns"][name]
+            d[name] = v                 # (the next read finds it: the columns never change)
+            return v
         except KeyError:
+            cols = d["columns"]
             if name in OPTIONAL:        # a batch built without a mechanism's fields: "off"
-                d = OPTIONAL[name]
-                if isinstance(d, str):
-                    return cols[d]
-                return np.full(1, d, dtype=cols["n_layers"].dtype)   # float32 stays float32
+                off = OPTIONAL[name]
+                if isinstance(off, str):
+                    return cols[off]
+                return np.full(1, off, dtype=cols["n_layers"].dtype)   # float32 stays float32
             raise AttributeError(name) from None
 
     def take(self, index) -> "Batch":
@@ -372,11 +380,7 @@ class Batch:
         """``take(index)`` (whole-number rows) whose columns are taken when first read
         (``_Taken``): dse.perf.queueing's root finding takes the rows still open on most of its
         passes and its queue times read ~60 of the ~170 columns (a take cost ~0.5 us a row)."""
-        b = object.__new__(Batch)
-        object.__setattr__(b, "columns", _Taken(self.columns, index, len(self)))
-        object.__setattr__(b, "_memo", {})
-        object.__setattr__(b, "_n", len(index))
-        return b
+        return lazy(_Taken(self.columns, index, len(self)), len(index))
 
     def gather(self, rows: np.ndarray, direct: dict | None = None,
                part: slice = slice(None), dtype=None) -> "Batch":
@@ -425,19 +429,32 @@ class Batch:
         return b
 
 
+def lazy(columns: _Taken, n: int) -> Batch:
+    """A batch of ``n`` rows on lazy columns (``Batch.take_lazy``, ``astype_lazy``)."""
+    b = object.__new__(Batch)
+    object.__setattr__(b, "columns", columns)
+    object.__setattr__(b, "_memo", {})
+    object.__setattr__(b, "_n", n)
+    return b
+
+
 class _Taken(dict):
     """The columns of ``Batch.take_lazy``: rows ``index`` of ``source``'s columns (of ``n``
-    rows; a length-1 column as it is), each taken when first read. Iterating, sizing or
-    copying it into a plain dict takes every column first, so it reads as the eager take's."""
+    rows; a length-1 column as it is), each taken when first read; ``dtype`` (not None): each
+    converted to it when first read (``Batch.astype_lazy``; ``index`` None). Iterating, sizing
+    or copying it into a plain dict takes every column first, so it reads as the eager take's."""
 
-    def __init__(self, source: dict, index: np.ndarray, n: int, done: dict | None = None):
+    def __init__(self, source: dict, index: np.ndarray, n: int, done: dict | None = None,
+                 dtype=None):
         super().__init__(done or {})
-        self.source, self.index, self.n = source, index, n
+        self.source, self.index, self.n, self.dtype = source, index, n, dtype
 
     def __missing__(self, key):
         v = self.source[key]
-        if self.index is not None and len(v) == self.n:
-            v = v.take(self.index, axis=0)
+        if self.index is not None and np.shape(v)[-1] == self.n:
+            v = v.take(self.index, axis=-1)     # (v[..., index]: the rows are the last axis)
+        if self.dtype is not None:
+            v = v.astype(self.dtype, copy=False)
         dict.__setitem__(self, key, v)
         return v
 

@@ -57,11 +57,12 @@ def iadd(a, x):
     """``a + x``, in place when ``a`` (a fresh array) already has the broadcast shape (a compact
     batch's length-1 terms may not)."""
     if type(a) is np.ndarray:
-        sx, sa = np.shape(x), a.shape
+        sx, sa = x.shape if type(x) is np.ndarray else np.shape(x), a.shape
         # (the usual cases first, in Python: np.broadcast_shapes costs more than a small
-        # chunk's addition; ``x`` fits ``a`` where each of its trailing axes is ``a``'s or 1)
-        if sx == sa or (len(sx) <= len(sa) and all(
-                d == 1 or d == e for d, e in zip(reversed(sx), reversed(sa)))):
+        # chunk's addition; ``x`` fits ``a`` where each of its trailing axes is ``a``'s or 1:
+        # a row's terms on a (points, rows) array, ``sa[-1:]``, the most common)
+        if sx == sa or (len(sx) <= len(sa) and (not sx or sx == sa[-len(sx):] or all(
+                d == 1 or d == e for d, e in zip(reversed(sx), reversed(sa))))):
             a += x
             return a
     return a + x

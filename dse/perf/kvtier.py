@@ -88,10 +88,12 @@ def cache_split(b: Batch, free):
     evicted): the cache fills HBM's free KV pool first, then the tier, per chip."""
     need = np.maximum(b.cached_conversations, 0.0) / b.dp * hit_bytes(b, hit_tokens(b))
     some = need > 0
+    fit = np.minimum(free, need)
+    if bool(np.all(some)):               # (every row: np.where's numbers without its branches)
+        return fit / need, np.minimum(np.maximum(b.tier_bytes, 0.0), need - fit) / need
     safe = np.where(some, need, 1.0)
-    in_hbm = np.where(some, np.minimum(free, need) / safe, 1.0)
-    in_tier = np.where(some, np.minimum(np.maximum(b.tier_bytes, 0.0), need - np.minimum(free, need))
-                       / safe, 0.0)
+    in_hbm = np.where(some, fit / safe, 1.0)
+    in_tier = np.where(some, np.minimum(np.maximum(b.tier_bytes, 0.0), need - fit) / safe, 0.0)
     return in_hbm, in_tier
 
 
@@ -115,4 +117,7 @@ def tier_hit(b: Batch, tokens, recompute_per_token_s):
     fetch = over_link(b, hit_bytes(b, tokens))
     recompute = tokens * recompute_per_token_s
     fetched = fetch <= recompute
-    return np.where(tokens > 0, select(fetched, fetch, recompute), 0.0), fetched
+    hit = select(fetched, fetch, recompute)
+    some = tokens > 0
+    return (hit if np.shape(hit) == np.shape(some) and bool(np.all(some))
+            else np.where(some, hit, 0.0)), fetched

@@ -63,8 +63,9 @@ def probe(b: Batch, k: Coefficients, dtype):
     concurrency, in ``dtype`` (float32: dse.perf.queueing's root finding; None: the batch's
     own, for what it reports), the concurrency-free memos of the batch kept between calls."""
     b32 = b if dtype is None else b.astype(dtype)
-    k32 = k if all(v.dtype == b32.n_layers.dtype for v in b.columns.values()) \
-        else Coefficients(b32)
+    # (a lazily converted batch's columns are all of its dtype: not converted to be checked)
+    k32 = k if getattr(b.columns, "dtype", None) == b32.n_layers.dtype or all(
+        v.dtype == b32.n_layers.dtype for v in b.columns.values()) else Coefficients(b32)
     n = len(b32)
     # the rows whose KV tier recomputed at some point so far: a batch of rows taken later holds
     # a twin of each of them without the tier, scored in the same pass as the rows
@@ -84,8 +85,12 @@ def probe(b: Batch, k: Coefficients, dtype):
         ks = k32 if rows is None else k32.gather(taken, sub)
         memo = sub.__dict__["_memo"]
         if rows is not None:             # the batch's per-row memos, those rows of them
-            memo.update({key: v.take(taken) for key, v in b32.__dict__["_memo"].items()
-                         if isinstance(v, np.ndarray) and v.shape == (n,)})
+            # (and a field off on every row is off on these: not tested, nor taken, again)
+            memo.update({key: (v if v is False else v.take(taken))
+                         for key, v in b32.__dict__["_memo"].items()
+                         if (isinstance(v, np.ndarray) and v.shape == (n,)) or (
+                             v is False and key.startswith("has_on:")
+                             and key not in POINT_MEMOS)})
 
         def times(c):
             if len(twin):

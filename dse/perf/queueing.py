@@ -116,12 +116,21 @@ def _expm1(x, ex):
 
 def md1_wait_quantile_s(p, rho, service_s) -> np.ndarray:
     """p-quantile of the M/D/1 wait: ln(c / (1 - p)) / theta with c = W theta (PK mean W)."""
+    return md1_wait_quantiles_s((p,), rho, service_s)[0]
+
+
+def md1_wait_quantiles_s(ps, rho, service_s) -> tuple:
+    """``md1_wait_quantile_s`` at each of the quantiles ``ps``, the decay solved once (the
+    same numbers: ``md1_decay`` is most of a quantile's time)."""
     rho = np.asarray(rho, dtype=float)
     ok = rho < 1.0
     theta = md1_decay(rho) / np.maximum(service_s, 1e-300)
     c = np.minimum(md1_mean_wait_s(np.where(ok, rho, 0.5), service_s) * theta, 1.0)
-    q = np.where(c > 1.0 - p, np.log(np.maximum(c, 1e-300) / (1.0 - p)) / theta, 0.0)
-    return np.where(ok, np.where(rho > 0, q, 0.0), np.inf)
+    out = []
+    for p in ps:
+        q = np.where(c > 1.0 - p, np.log(np.maximum(c, 1e-300) / (1.0 - p)) / theta, 0.0)
+        out.append(np.where(ok, np.where(rho > 0, q, 0.0), np.inf))
+    return tuple(out)
 
 
 def bisect_increasing(fn, target, lo, hi, iters: int = ITERS):
@@ -184,7 +193,7 @@ def serve_bisection(b, evaluate, breakdown: bool = False):
         r = lam_c * m["_prefill_service_s"]
         s = m["_prefill_service_s"]
         tp = evaluate(np.minimum(poisson_p90(c), c_sat), False)["tpot_s"]
-        return m, md1_wait_quantile_s(0.9, r, s), md1_wait_quantile_s(0.99, r, s), \
+        return m, *md1_wait_quantiles_s((0.9, 0.99), r, s), \
             md1_mean_wait_s(r, s), tp
 
     res = evaluate(c_op, breakdown)
@@ -260,7 +269,7 @@ def serve(b, evaluate, breakdown: bool = False, times=None, cap=None):
     tp90 = np.array(m["tpot_s"], dtype=np.float64)
     at_p = _finish_goodput(m, b, Probe(times, n), good, by_rate, c_op, c_sat, tp90,
                            osl, lam_sat)
-    w90, w99 = md1_wait_quantile_s(0.9, r_op, s_op), md1_wait_quantile_s(0.99, r_op, s_op)
+    w90, w99 = md1_wait_quantiles_s((0.9, 0.99), r_op, s_op)
     wmean = md1_mean_wait_s(r_op, s_op)
     _queue_metrics(m, by_rate, lam * osl, (wmean, w90, w99, tp90), (lam, lam_op, lam_sat, queue))
     if at_p is not None:
@@ -537,8 +546,8 @@ def serve_disaggregated(b, evaluate, breakdown: bool = False):
         r, s = prefill_queue(mc, lam_c)
         own = mc["_prefill_pass_s"] + mc["_kv_transfer_s"] + ro
         tp = evaluate(np.minimum(poisson_p90(c), cap), ratio, False)["tpot_s"]
-        return (own + md1_mean_wait_s(r, s), own + md1_wait_quantile_s(0.9, r, s),
-                own + md1_wait_quantile_s(0.99, r, s), md1_mean_wait_s(r, s), tp)
+        w90, w99 = md1_wait_quantiles_s((0.9, 0.99), r, s)
+        return own + md1_mean_wait_s(r, s), own + w90, own + w99, md1_mean_wait_s(r, s), tp
 
     ttft, p90, p99, wmean, tp90 = percentiles(m, c_op, lam_op)
     _serve_rate(m, by_rate, lam * osl)

@@ -200,6 +200,29 @@ past ``SECANT_STEPS`` whose next point closes its bracket kept out of sections (
 0-8192 (no better); the saturation's points as first brackets of the rate's root (within 1.5x
 of its answer on 0.1% of its rows: no use); the operating point scored in float32 (~7% faster,
 but ``usd_per_mtok_input`` moved 3.6e-2, a cancellation: the reported numbers stay float64).
+
+A seventh pass (issue 28, deliverable 6), every returned number the same to the bit (the
+bench's 20,000 designs: all 45 returned columns bitwise equal to main's at 54b4412), measured in
+instructions of one warm call (valgrind's callgrind, instrumentation on around the call only):
+1,340M -> 1,260M, and in CPU time (5 processes of 3 warm calls each, main and branch
+alternated, OMP_NUM_THREADS=1): a median 95.9k -> 102.0k designs per CPU-second at a load
+of 0.2-0.6, 84.5k -> 100.1k at 1.4-2.2 (calls 64-112k: the load moves a call +-15%). Kept:
+the probe's float32 batch converted as read (``Batch.astype_lazy``: 136 of 170 columns) and the KV tier's
+recomputing rows taken as read (``tier_split.recomputing`` iterated every column, so the lazy
+batch converted them all), -1.8%; a batch's column cached as an instance attribute on its first
+read (``Batch.__getattr__``: ~6,000 reads a call), -1.2%; the M/D/1 decay solved once for the
+p90 and p99 waits (``queueing.md1_wait_quantiles_s``), -1.3%; a probe take's fields off on
+every row not tested again and ``forms.iadd``'s usual shape test without a generator, -0.6%;
+``Coefficients.gather`` without the decode context's cache (its (points, rows) arrays were
+taken on every gather and never read: each batch's steps compute their own), -0.4%;
+``kvtier.cache_split`` and ``tier_hit`` without ``np.where`` where every row caches and has hit
+tokens, -0.8%. Tried, not kept: ``forms.select`` for ``tier_split.fetch``'s ``np.where`` (no
+fewer instructions). Not built: the p90 TPOT's ask in the shared passes (it needs the
+operating point, known only once the rate's root settles; a pass's fixed time, ~0.5%). Where
+a call goes now (callgrind): ``ndarray.take`` ~10% (the coefficients' gathers, 40k rows over 18
+takes, the lazily taken columns, the memos), ``np.where`` ~3.8% (the roots' float64
+bookkeeping, the tier), libm's float64 exp/log/log1p ~7% (``md1_decay``'s Halley steps, the
+roots' clamps), the float32 step arithmetic and the Python of ~30 passes.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def _served(b: Batch, breakdown: bool, k: Coefficients | None):
     # rounded from these (the per-design constants to ~6e-8: dse.perf.roots, a sixth pass),
     # not computed again in float64; its other rows (a fixed concurrency, an SLO only) keep
     # their float64 ones, the numbers they have scored without a rate beside them
-    b32 = b.astype(np.float32)
+    b32 = b.astype_lazy(np.float32)    # (its columns converted as read: ~half are)
     k32 = Coefficients(b32) if k is None else k.astype(b32)
     if b.n_layers.dtype != np.float32:
         n = len(b)

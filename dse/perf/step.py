@@ -138,10 +138,12 @@ class Coefficients:
     def gather(self, rows: np.ndarray, batch: Batch) -> "Coefficients":
         """The coefficients of ``batch``, whose designs are this one's rows ``rows`` (they do
         not depend on the batch, lengths or runtime caps: computed once per distinct design).
-        Only the terms the times read are gathered (``forms.work_field``)."""
+        Only the terms the times read are gathered (``forms.work_field``), not the decode
+        context's (``decode_context``: the gathered batch's steps compute their own)."""
         out = object.__new__(Coefficients)
         for name, v in self.__dict__.items():
-            out.__dict__[name] = take(v, rows)
+            if name != "_ctx":
+                out.__dict__[name] = take(v, rows)
         out.batch, out.gathered = batch, True
         return out
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dse.perf import kvtier
-from dse.perf.batch import Batch
+from dse.perf.batch import Batch, _Taken, lazy
 from dse.perf.phases import PromptLoad, new_tokens
 
 
@@ -63,16 +63,24 @@ def recomputing(b0: Batch, keep, k):
     memo = b0.__dict__["_memo"]
     got = memo.get("tier_recomputing")
     c = b0.concurrency[..., rows] if np.shape(b0.concurrency)[-1] == n else b0.concurrency
+    # (the rows' columns taken as read, ``Batch.take_lazy``: a lazy batch's others are never
+    # taken or converted)
     if got is not None and np.array_equal(got[0], rows):
-        sub = Batch({**got[1], "concurrency": c})
+        sub = _with_concurrency(got[1], c, len(rows))
         sub.__dict__["_memo"].update(got[3])     # (its concurrency-free memos: queue_times)
         return rows, sub, got[2]
-    cols = {key: (v[..., rows] if np.shape(v)[-1] == n else v)
-            for key, v in b0.columns.items() if key != "concurrency"}
-    cols["tier_bytes"] = np.zeros(len(rows), dtype=b0.tier_bytes.dtype)
-    sub = Batch({**cols, "concurrency": c})
+    cols = _Taken(b0.columns, rows, n,
+                  {"tier_bytes": np.zeros(len(rows), dtype=b0.tier_bytes.dtype)})
+    sub = _with_concurrency(cols, c, len(rows))
     memo["tier_recomputing"] = rows, cols, None if k is None else k.gather(rows, sub), {}
     return rows, sub, memo["tier_recomputing"][2]
+
+
+def _with_concurrency(cols: _Taken, c, m: int) -> Batch:
+    """A batch of the rows ``cols`` (``m`` of them) at concurrency ``c``."""
+    cols = cols.copy()
+    dict.__setitem__(cols, "concurrency", c)
+    return lazy(cols, max(m, np.shape(c)[-1]) if np.ndim(c) else m)
 
 
 def scatter(v, keep, rows, alt):
