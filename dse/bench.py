@@ -179,15 +179,18 @@ def bench_mechanisms(batch, batch64) -> None:
             f"{n / best / 1e6:.2f} M designs per CPU-second", per_cpu_s=n / best)
     m = min(n, 20_000)
     q = batch64.take(slice(0, m)).replace(**MECHANISMS, **QUEUEING)
-    t0 = time.process_time()
-    out = score_chunked(q, dtype=np.float64)
-    dt = time.process_time() - t0
+    dt = np.inf
+    for _ in range(3):                 # best of three calls, as the builder's passes
+        t0 = time.process_time()
+        out = score_chunked(q, dtype=np.float64)
+        dt = min(dt, time.process_time() - t0)
     good = float(np.mean(np.isfinite(out["goodput_requests_per_s_per_chip"])))
     print(f"scorer at a request rate with p90 SLOs (queueing, percentiles, goodput; float64): "
-          f"{m / dt:,.0f} designs per CPU-second ({good:.0%} with a goodput)")
+          f"{m / dt:,.0f} designs per CPU-second, best of 3 calls ({good:.0%} with a goodput)")
     _record("queueing",
             "scorer at a request rate with p90 SLOs (queueing, percentiles and goodput: ~100 "
-            "scorings per design; float64)", m, f"{m / dt:,.0f} designs per CPU-second",
+            "scorings per design; float64; best of 3 calls)", m,
+            f"{m / dt:,.0f} designs per CPU-second",
             per_cpu_s=m / dt)
 
 
