@@ -318,9 +318,9 @@ class Batch:
         return Batch({k: v.astype(dtype, copy=False) for k, v in self.columns.items()})
 
     def astype_lazy(self, dtype) -> Batch:
-        """``astype(dtype)`` whose columns are converted when first read (``_Taken``): the
+        """``astype(dtype)`` whose columns are converted when first read (``LazyColumns``): the
         request-rate path's float32 probe batch reads ~half of its ~170 columns."""
-        return lazy(_Taken(self.columns, None, len(self), dtype=dtype), len(self))
+        return lazy(LazyColumns(self.columns, None, len(self), dtype=dtype), len(self))
 
     @classmethod
     def from_columns(cls, columns: dict, compact: bool = False, dtype=np.float64) -> "Batch":
@@ -378,9 +378,9 @@ class Batch:
 
     def take_lazy(self, index: np.ndarray) -> Batch:
         """``take(index)`` (whole-number rows) whose columns are taken when first read
-        (``_Taken``): dse.perf.queueing's root finding takes the rows still open on most of its
+        (``LazyColumns``): dse.perf.queueing's root finding takes the rows still open on most of its
         passes and its queue times read ~60 of the ~170 columns (a take cost ~0.5 us a row)."""
-        return lazy(_Taken(self.columns, index, len(self)), len(index))
+        return lazy(LazyColumns(self.columns, index, len(self)), len(index))
 
     def gather(self, rows: np.ndarray, direct: dict | None = None,
                part: slice = slice(None), dtype=None) -> "Batch":
@@ -410,7 +410,7 @@ class Batch:
         return bool(np.any(cols[name] != off))
 
     def replace(self, **updates) -> "Batch":
-        cols = self.columns.copy()      # (a lazy take's stays lazy: _Taken)
+        cols = self.columns.copy()      # (a lazy take's stays lazy: LazyColumns)
         # (in the batch's precision: a float32 batch stays float32, so its arithmetic does not
         # widen to float64 where a mechanism replaces a column)
         dtype = np.result_type(cols["n_layers"], np.float32) if "n_layers" in cols else np.float64
@@ -429,7 +429,7 @@ class Batch:
         return b
 
 
-def lazy(columns: _Taken, n: int) -> Batch:
+def lazy(columns: LazyColumns, n: int) -> Batch:
     """A batch of ``n`` rows on lazy columns (``Batch.take_lazy``, ``astype_lazy``)."""
     b = object.__new__(Batch)
     object.__setattr__(b, "columns", columns)
@@ -438,7 +438,7 @@ def lazy(columns: _Taken, n: int) -> Batch:
     return b
 
 
-class _Taken(dict):
+class LazyColumns(dict):
     """The columns of ``Batch.take_lazy``: rows ``index`` of ``source``'s columns (of ``n``
     rows; a length-1 column as it is), each taken when first read; ``dtype`` (not None): each
     converted to it when first read (``Batch.astype_lazy``; ``index`` None). Iterating, sizing
@@ -469,10 +469,10 @@ class _Taken(dict):
             if not dict.__contains__(self, key):
                 self.__missing__(key)
 
-    def copy(self) -> _Taken:
+    def copy(self) -> LazyColumns:
         """A lazy copy (``Batch.replace``) whose reads take from this one, so a column is
         taken once for every batch replaced from it (a probe's pass at each concurrency)."""
-        return _Taken(self, None, self.n, dict(dict.items(self)))
+        return LazyColumns(self, None, self.n, dict(dict.items(self)))
 
     def keys(self):
         self._all()

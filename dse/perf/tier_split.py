@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dse.perf import kvtier
-from dse.perf.batch import Batch, _Taken, lazy
+from dse.perf.batch import Batch, LazyColumns, lazy
 from dse.perf.phases import PromptLoad, new_tokens
 
 
@@ -69,14 +69,14 @@ def recomputing(b0: Batch, keep, k):
         sub = _with_concurrency(got[1], c, len(rows))
         sub.__dict__["_memo"].update(got[3])     # (its concurrency-free memos: queue_times)
         return rows, sub, got[2]
-    cols = _Taken(b0.columns, rows, n,
+    cols = LazyColumns(b0.columns, rows, n,
                   {"tier_bytes": np.zeros(len(rows), dtype=b0.tier_bytes.dtype)})
     sub = _with_concurrency(cols, c, len(rows))
     memo["tier_recomputing"] = rows, cols, None if k is None else k.gather(rows, sub), {}
     return rows, sub, memo["tier_recomputing"][2]
 
 
-def _with_concurrency(cols: _Taken, c, m: int) -> Batch:
+def _with_concurrency(cols: LazyColumns, c, m: int) -> Batch:
     """A batch of the rows ``cols`` (``m`` of them) at concurrency ``c``."""
     cols = cols.copy()
     dict.__setitem__(cols, "concurrency", c)
