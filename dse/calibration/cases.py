@@ -258,6 +258,26 @@ def apply_source_inputs(cases: pd.DataFrame, inputs: dict | None = None) -> pd.D
     return cases
 
 
+def _blank(cases: pd.DataFrame, col: str) -> np.ndarray:
+    """Rows that leave ``col`` blank (all of them where the column is absent)."""
+    if col not in cases:
+        return np.ones(len(cases), bool)
+    return pd.to_numeric(cases[col], errors="coerce").isna().to_numpy()
+
+
+def _fill(cases: pd.DataFrame, col: str, value: np.ndarray) -> pd.DataFrame:
+    """``cases`` with ``value`` written to ``col`` where it is finite (the frame itself where
+    no row gets one; a copy otherwise)."""
+    on = np.isfinite(value)
+    if not on.any():
+        return cases
+    out = cases.copy()
+    given = out[col] if col in out else pd.Series(np.nan, index=out.index)
+    out[col] = given.astype(object)
+    out.loc[on, col] = value[on]
+    return out
+
+
 def apply_token_budgets(cases: pd.DataFrame, rules: dict | None = None) -> pd.DataFrame:
     """``cases`` with the token budget their harness launched them with (``TOKEN_BUDGETS``, or
     ``rules``) as ``serving.max_num_tokens`` where a case leaves it blank: ``running x C / dp +
@@ -272,21 +292,14 @@ def apply_token_budgets(cases: pd.DataFrame, rules: dict | None = None) -> pd.Da
     conc = pd.to_numeric(cases["concurrency"], errors="coerce").fillna(0.0).to_numpy(float)
     dp = (pd.to_numeric(cases["dp"], errors="coerce").fillna(1.0).clip(lower=1.0).to_numpy(float)
           if "dp" in cases else 1.0)
-    given = (cases[BUDGET] if BUDGET in cases else pd.Series(np.nan, index=cases.index))
-    blank = pd.to_numeric(given, errors="coerce").isna().to_numpy() & np.isfinite(isl)
+    blank = _blank(cases, BUDGET) & np.isfinite(isl)
     budget = np.full(len(cases), np.nan)
     for pattern, per_runtime in rules.items():
         harness = dist.str.contains(pattern, regex=True).to_numpy()
         for name, (running, margin) in per_runtime.items():
             on = harness & runtime.eq(name).to_numpy() & blank & np.isnan(budget)
             budget[on] = (running * conc / dp + isl + margin)[on]
-    on = np.isfinite(budget)
-    if not on.any():
-        return cases
-    out = cases.copy()
-    out[BUDGET] = given.astype(object)
-    out.loc[on, BUDGET] = budget[on]
-    return out
+    return _fill(cases, BUDGET, budget)
 
 
 def version_tuple(v) -> tuple:
@@ -310,8 +323,7 @@ def apply_scheduler_loops(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
     need = ("runtime", "length_dist", "backend_version")
     if not rules or any(col not in cases for col in need):
         return cases
-    given = cases[LOOP] if LOOP in cases else pd.Series(np.nan, index=cases.index)
-    blank = pd.to_numeric(given, errors="coerce").isna().to_numpy()
+    blank = _blank(cases, LOOP)
     version = cases["backend_version"].map(version_tuple)
     value = np.full(len(cases), np.nan)
     for _, rule in rules:
@@ -321,13 +333,7 @@ def apply_scheduler_loops(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
               & version.map(lambda v: len(v) > 0 and v < rule["version_below"])).to_numpy(bool)
         on = on & blank & np.isnan(value)
         value[on] = rule["overlap_schedule"]
-    on = np.isfinite(value)
-    if not on.any():
-        return cases
-    out = cases.copy()
-    out[LOOP] = given.astype(object)
-    out.loc[on, LOOP] = value[on]
-    return out
+    return _fill(cases, LOOP, value)
 
 
 def front_ends(cases: pd.DataFrame, rules: dict | None = None) -> np.ndarray:
