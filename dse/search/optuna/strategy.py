@@ -219,8 +219,11 @@ def admit(trials, ask, segs, segment, total, storage):
     moment) are pruned unscored, so a shared run completes exactly ``total`` trials. Trials are
     ranked by the moment they started running (then segment and number) among every running
     and completed trial of every segment: a trial admitted once stays admitted (those before
-    it can only leave, by failing), so the admitted never exceed the total."""
+    it can only leave, by failing), so the admitted never exceed the total. The segments are
+    found again first: a worker that rotated since this one last looked may already run
+    trials in a segment this one has not seen (uncounted, they let both admit past the total)."""
     from optuna.trial import TrialState
+    with_retry(segs.refresh)
     counts = with_retry(segments.state_counts, storage, segs.ids)
     if sum(c["COMPLETE"] + c["RUNNING"] for c in counts.values()) <= total:
         return trials
