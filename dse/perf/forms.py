@@ -195,21 +195,37 @@ def _time_fields(cls) -> tuple:
     return _TIME_FIELDS[cls]
 
 
+def map_terms(leaf, arg, v, *w):
+    """``leaf(x, *y, arg)`` on each array or number of a per-design term (an array, a form's
+    tuple, a dict, an op's terms: their time's fields), the structure kept: what
+    ``Coefficients`` holds (``take``, ``cast``, ``blend``). ``w``: the same term of other
+    coefficients of the batch, read beside ``v``. None, flags and batches stay as they are."""
+    if type(v) is not np.ndarray:
+        if v is None or isinstance(v, (bool, Batch)):
+            return v
+        if isinstance(v, tuple):
+            return tuple(map_terms(leaf, arg, *x) for x in zip(v, *w))
+        if isinstance(v, dict):
+            return {k: map_terms(leaf, arg, x, *(o[k] for o in w)) for k, x in v.items()}
+        if dataclasses.is_dataclass(v):          # an op's terms: its time's fields
+            out = object.__new__(type(v))
+            out.__dict__.update({k: map_terms(leaf, arg, v.__dict__[k],
+                                              *(o.__dict__[k] for o in w))
+                                 for k in _time_fields(type(v))})
+            return out
+    return leaf(v, *w, arg)
+
+
 def take(v, rows):
     """Rows ``rows`` of a per-design term (array, form tuple, dict, op terms): ``Coefficients``
     of a gathered batch. Length-1 (compact) and scalar terms stay as they are; ``(branch,
     design)`` arrays are taken along the design axis."""
-    if type(v) is not np.ndarray:
-        if v is None or isinstance(v, (bool, int, float, Batch)):
-            return v
-        if isinstance(v, tuple):
-            return tuple(take(x, rows) for x in v)
-        if isinstance(v, dict):
-            return {k: take(x, rows) for k, x in v.items()}
-        if dataclasses.is_dataclass(v):          # an op's terms: its time's fields
-            out = object.__new__(type(v))
-            out.__dict__.update({k: take(v.__dict__[k], rows) for k in _time_fields(type(v))})
-            return out
+    return map_terms(_take_rows, rows, v)
+
+
+def _take_rows(v, rows):
+    if type(v) is not np.ndarray and isinstance(v, (int, float)):
+        return v
     a = np.asarray(v)
     ints = isinstance(rows, np.ndarray) and rows.dtype.kind in "iu"   # (ndarray.take: faster)
     if a.ndim == 2:                    # (branch, design)
@@ -221,20 +237,12 @@ def cast(v, dtype):
     """A per-design term (as ``take`` reads them) with its floating arrays and numpy floats in
     ``dtype`` (``Coefficients.astype``: the probe's float32 coefficients rounded from the
     batch's float64 ones, not computed again); the op terms' time fields only."""
+    return map_terms(_cast, dtype, v)
+
+
+def _cast(v, dtype):
     if type(v) is not np.ndarray:
-        if isinstance(v, np.floating):
-            return dtype(v)
-        if v is None or isinstance(v, (bool, int, float, Batch)):
-            return v
-        if isinstance(v, tuple):
-            return tuple(cast(x, dtype) for x in v)
-        if isinstance(v, dict):
-            return {k: cast(x, dtype) for k, x in v.items()}
-        if dataclasses.is_dataclass(v):
-            out = object.__new__(type(v))
-            out.__dict__.update({k: cast(v.__dict__[k], dtype) for k in _time_fields(type(v))})
-            return out
-        return v
+        return dtype(v) if isinstance(v, np.floating) else v
     return v.astype(dtype) if v.dtype.kind == "f" and v.dtype != dtype else v
 
 
@@ -242,20 +250,12 @@ def blend(v, w, mask):
     """A per-design term (as ``take`` reads them): ``v``'s rows where ``mask``, ``w``'s
     elsewhere (``v`` and ``w`` the same term of two ``Coefficients`` of one batch; a term equal
     in both stays as it is, a length-1 or scalar one that differs becomes a row each)."""
-    if type(v) is not np.ndarray and type(w) is not np.ndarray:
-        if v is None or isinstance(v, (bool, Batch)):
-            return v
-        if isinstance(v, tuple):
-            return tuple(blend(x, y, mask) for x, y in zip(v, w))
-        if isinstance(v, dict):
-            return {k: blend(x, w[k], mask) for k, x in v.items()}
-        if dataclasses.is_dataclass(v):
-            out = object.__new__(type(v))
-            out.__dict__.update({k: blend(v.__dict__[k], w.__dict__[k], mask)
-                                 for k in _time_fields(type(v))})
-            return out
-        if v == w:
-            return v
+    return map_terms(_blend, mask, v, w)
+
+
+def _blend(v, w, mask):
+    if type(v) is not np.ndarray and type(w) is not np.ndarray and v == w:
+        return v
     a, b = np.asarray(v), np.asarray(w)
     if a.dtype.kind != "f" or (a.shape == b.shape and np.array_equal(a, b)):
         return v

@@ -140,31 +140,26 @@ class Coefficients:
         not depend on the batch, lengths or runtime caps: computed once per distinct design).
         Only the terms the times read are gathered (``forms.work_field``), not the decode
         context's (``decode_context``: the gathered batch's steps compute their own)."""
-        out = object.__new__(Coefficients)
-        for name, v in self.__dict__.items():
-            if name != "_ctx":
-                out.__dict__[name] = take(v, rows)
-        out.batch, out.gathered = batch, True
-        return out
+        return self._each(batch, lambda name, v: take(v, rows))
 
     def blend(self, other: "Coefficients", mask) -> "Coefficients":
         """These coefficients' rows where ``mask``, ``other``'s elsewhere (both of one batch)."""
-        out = object.__new__(Coefficients)
-        for name, v in self.__dict__.items():
-            if name != "_ctx":
-                out.__dict__[name] = blend(v, other.__dict__[name], mask)
-        out.batch, out.gathered = self.batch, True
-        return out
+        return self._each(self.batch, lambda name, v: blend(v, other.__dict__[name], mask))
 
     def astype(self, batch: Batch) -> "Coefficients":
         """The coefficients of ``batch``, these rows in another precision (float32 for the
         request-rate probe): these rounded to its dtype (~1 ms, not ~12 ms computed again; the
         times move by the rounding, ~1e-7 relative). Only the terms the times read."""
-        out = object.__new__(Coefficients)
         dtype = batch.n_layers.dtype.type
+        return self._each(batch, lambda name, v: cast(v, dtype))
+
+    def _each(self, batch: Batch, term) -> "Coefficients":
+        """The coefficients of ``batch`` whose terms are ``term(name, v)`` of these (the
+        gathered kind: ``forms.map_terms`` keeps the time's fields only; no decode context)."""
+        out = object.__new__(Coefficients)
         for name, v in self.__dict__.items():
             if name != "_ctx":
-                out.__dict__[name] = cast(v, dtype)
+                out.__dict__[name] = term(name, v)
         out.batch, out.gathered = batch, True
         return out
 
