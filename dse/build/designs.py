@@ -268,22 +268,27 @@ def runtime_defaults(out) -> None:
     own = lookup(rt, {r: float(v["max_batch_size"]) for r, v in table.items()})
     out["serving.max_batch_size"] = np.where(np.isnan(cap.to_numpy(dtype=float)), own, cap)
     for path in HOST_TIMES:        # the runtime's fitted host times (efficiency.toml [runtimes])
-        key = path.split(".")[1]
-        given = pd.to_numeric(out[path], errors="coerce").to_numpy(dtype=float) \
-            if path in out.columns else np.full(len(out), np.nan)
-        own = lookup(rt, {r: float(v.get(key, 0.0)) for r, v in table.items()}, 0.0)
-        out[path] = np.where(np.isnan(given), own, given)
+        out[path] = runtime_number(out, rt, table, path, 0.0)
     out["serving.frontend_processes"] = frontend_processes(out, rt, table)
-    given = pd.to_numeric(out["serving.overlap_schedule"], errors="coerce").to_numpy(float) \
-        if "serving.overlap_schedule" in out.columns else np.full(len(out), np.nan)
-    own = lookup(rt, {r: float(v.get("overlap_schedule", 1.0)) for r, v in table.items()}, 1.0)
-    out["serving.overlap_schedule"] = np.where(np.isnan(given), own, given)
+    # its scheduler loop (serving.toml [runtimes.*] overlap_schedule)
+    out["serving.overlap_schedule"] = runtime_number(out, rt, table, "serving.overlap_schedule",
+                                                     1.0)
     dm = out["layout.dense_mlp"].astype(object)
     auto = (dm == "auto") | dm.isna()
     if auto.any():
         own = pd.Series(lookup(rt, {r: v["dense_mlp"] for r, v in table.items()}, ""),
                         index=out.index)
         out["layout.dense_mlp"] = dm.where(~auto, own)
+
+
+def runtime_number(out, rt, table, path: str, default: float) -> np.ndarray:
+    """``path`` (serving.<key>) where a design gives it, else its runtime's ``key`` in
+    ``table`` (``default`` where the runtime has none)."""
+    key = path.split(".")[1]
+    given = pd.to_numeric(out[path], errors="coerce").to_numpy(dtype=float) \
+        if path in out.columns else np.full(len(out), np.nan)
+    own = lookup(rt, {r: float(v.get(key, default)) for r, v in table.items()}, default)
+    return np.where(np.isnan(given), own, given)
 
 
 def frontend_processes(out, rt, table) -> np.ndarray:
