@@ -172,9 +172,35 @@ def test_queue_suspect_truths_are_reported_apart_and_never_fitted(report):
     assert len({c for c, _ in pairs}) == 50
     assert not any(k in pairs for k in zip(base["case_id"], base["metric"]))
     assert not base["quality_flag"].fillna("").str.contains("queue_suspect").any()
-    # every other truth of a fittable case is fitted
-    assert len(base) == len(truth) - 100 - 24     # less the 24 truths of the QPS=INF rows
+    # every other truth of a fittable case is fitted (less the 24 truths of the QPS=INF rows
+    # and the 29 cold-start TTFTs that are not queue-suspect as well)
+    assert len(base) == len(truth) - 100 - 24 - 29
     *_, everything = report
     apart = everything[everything["source"].str.endswith(QUEUE_SUSPECT)]
     assert len(apart) == 100 and set(apart["source"]) == {"AIC-SILICON" + QUEUE_SUSPECT}
+
+
+def test_cold_start_ttfts_are_reported_apart_and_never_fitted(report):
+    """InferenceX's TensorRT-LLM DeepSeek runs measured before its client warmed up
+    (2026-01-21): the TTFTs of their 30 cases (one also queue-suspect) are set apart, their TPOTs
+    kept; the
+    run of 2026-01-28 and every other runtime's rows are not."""
+    from dse.calibration.cases import COLD_START, cold_start, cold_start_cases, load
+    from dse.calibration.fit import fit_base
+    cases, truth = load(CAL)
+    on = cold_start_cases(cases)
+    assert on.sum() == 30
+    picked = cases[on]
+    assert set(picked["runtime"]) == {"trtllm"} and set(picked["model"]) == {"deepseek-v3"}
+    assert picked["citation"].str.extract(r"measured=(\S{10})")[0].max() < "2026-01-21"
+    flagged = cold_start(truth)
+    assert flagged.sum() == 30 and set(truth["metric"][flagged]) == {"ttft_s"}
+    base = fit_base(cases, truth)
+    ids = set(picked["case_id"])
+    assert not ((base["metric"] == "ttft_s") & base["case_id"].isin(ids)).any()
+    # their TPOTs are fitted, but for the queue-suspect one's
+    assert ((base["metric"] == "tpot_s") & base["case_id"].isin(ids)).sum() == 29
+    *_, everything = report
+    apart = everything[everything["source"].str.endswith(COLD_START)]
+    assert len(apart) == 29 and set(apart["metric"]) == {"ttft_s"}
 

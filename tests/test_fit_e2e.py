@@ -249,6 +249,30 @@ def test_scheduler_loops_of_the_aic_template_vllm_rows():
     assert np.isnan(pd.to_numeric(cases[LOOP]).iloc[0])     # the input frame is not modified
 
 
+def test_stream_intervals_of_the_inferencex_recipes():
+    import pandas as pd
+
+    from dse.calibration.cases import STREAM, apply_stream_intervals
+    # InferenceX's TensorRT-LLM DeepSeek (10) and gpt-oss (20) and SGLang DeepSeek (10) recipes;
+    # its vLLM recipes set none; a Dynamo image's row runs another recipe; the template's rows
+    # keep the runtime's default; a case's own value wins
+    cases = pd.DataFrame({
+        "case_id": list("abcdefg"),
+        "runtime": ["trtllm", "trtllm", "sglang", "vllm", "trtllm", "trtllm", "trtllm"],
+        "model": ["deepseek-v3", "gpt-oss-120b", "deepseek-v3", "gpt-oss-120b", "deepseek-v3",
+                  "llama-3.1-8b", "deepseek-v3"],
+        "hardware": ["h200-sxm"] * 7,
+        "length_dist": [INFERENCEX] * 5 + [AIC_TEMPLATE, INFERENCEX],
+        "citation": ["x", "x", "x", "x", "image nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime",
+                     "x", "x"],
+        STREAM: [np.nan] * 6 + [4.0]})
+    got = pd.to_numeric(apply_stream_intervals(cases)[STREAM]).tolist()
+    assert got[:3] == [10.0, 20.0, 10.0]
+    assert all(np.isnan(got[i]) for i in (3, 4, 5))         # the runtime's default (1)
+    assert got[6] == 4.0
+    assert np.isnan(pd.to_numeric(cases[STREAM]).iloc[0])   # the input frame is not modified
+
+
 def test_layout_rule_sets_ep_to_tp_on_early_inferencex_trtllm_moe_rows():
     import pandas as pd
 

@@ -31,6 +31,31 @@ def test_the_work_per_request_by_hand():
     assert frontend.serial_s(b) == pytest.approx(7.0505e-3, rel=1e-12)
 
 
+def test_a_stream_interval_streams_chunks_by_hand():
+    """Every 10th token streamed (the first at once): n = (100 - 1) / 10 + 1 = 10.9 chunks, so
+    t n + x n (osl + 1) / 2 = 50 us x 10.9 + 10 ns x 10.9 x 50.5 = 0.545 + 0.0055045 ms; at an
+    interval of 1 the 100 tokens of the by-hand case above (5.0505 ms)."""
+    b = fe(frontend_token_s=50e-6, frontend_text_token_s=10e-9, stream_interval=10.0)
+    assert frontend.chunks(b) == pytest.approx(10.9, rel=1e-12)
+    assert frontend.stream_s(b) == pytest.approx(0.5505045e-3, rel=1e-12)
+    b1 = fe(frontend_token_s=50e-6, frontend_text_token_s=10e-9, stream_interval=1.0)
+    assert frontend.chunks(b1) == 100.0
+    assert frontend.stream_s(b1) == pytest.approx(5.0505e-3, rel=1e-12)
+
+
+def test_a_recipes_stream_interval_reaches_the_model():
+    """serving.stream_interval flows from a design to the batch (blank: the runtime's 1), and
+    at 20 a 100-token answer goes out in 99 / 20 + 1 = 5.95 chunks."""
+    from dse.build.designs import resolve, to_batch
+    import pandas as pd
+    rows = pd.DataFrame([{"accelerator.id": "h100-sxm", "model.id": "llama-3.1-8b", **L8},
+                         {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-8b", **L8,
+                          "serving.stream_interval": 20}])
+    b = to_batch(resolve(rows))
+    assert list(b.stream_interval) == [1.0, 20.0]
+    assert frontend.chunks(b)[1] == pytest.approx(99.0 / 20.0 + 1.0, rel=1e-12)
+
+
 def test_the_work_per_request_with_a_fixed_part_by_hand():
     """S = r + p isl + t osl: 10 ms + 2 us x 1000 + 50 us x 100 = 17 ms, so at most 1 / 17 ms =
     58.8 requests/s; the streaming part (5 ms) alone does not see r."""

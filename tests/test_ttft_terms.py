@@ -84,7 +84,8 @@ def test_the_split_of_the_hopper_set_matches_the_predictions():
     cases, truth = load(CAL)
     pick = cases[(cases["model"] == "deepseek-v3") & (cases["source"] == "AIC-SILICON")]
     rows = case_terms(pick, truth)
-    assert len(rows) == 45                    # the DeepSeek-V3 TTFTs the fit scores
+    assert len(rows) == 16                    # the DeepSeek-V3 TTFTs the fit scores (the
+    # 29 of InferenceX's TensorRT-LLM runs before its client warmed up are set apart: cold start)
     pred = predict_frame(pick.set_index("case_id").loc[rows["case_id"]].reset_index())
     assert np.allclose(rows["ttft_s"].to_numpy(), pred["ttft_s"].to_numpy(), rtol=1e-9)
     assert np.allclose(rows[list(TERMS)].sum(axis=1), rows["ttft_s"], rtol=1e-9)

@@ -259,7 +259,7 @@ HOST_TIMES = ("serving.request_overhead_s", "serving.seq_overhead_s",
 
 def runtime_defaults(out) -> None:
     """Fill what a design left to its runtime: the max batch per scheduler, its host times, its
-    front-end processes and scheduler loop, and the dense MLP of an MoE under attention data
+    front-end processes, scheduler loop and stream interval, and the dense MLP of an MoE under attention data
     parallelism ("auto")."""
     table = catalog.runtime_defaults()
     rt = out["serving.runtime"]
@@ -273,6 +273,9 @@ def runtime_defaults(out) -> None:
     # its scheduler loop (serving.toml [runtimes.*] overlap_schedule)
     out["serving.overlap_schedule"] = runtime_number(out, rt, table, "serving.overlap_schedule",
                                                      1.0)
+    # the tokens per streamed chunk (serving.toml [runtimes.*] stream_interval)
+    out["serving.stream_interval"] = runtime_number(out, rt, table, "serving.stream_interval",
+                                                    1.0)
     dm = out["layout.dense_mlp"].astype(object)
     auto = (dm == "auto") | dm.isna()
     if auto.any():

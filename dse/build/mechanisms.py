@@ -37,7 +37,8 @@ DIRECT = {"workload.request_rate_per_s": "request_rate_per_s",
           "serving.frontend_text_token_s": "frontend_text_token_s",
           "serving.frontend_request_s": "frontend_request_s",
           "serving.frontend_processes": "frontend_processes",
-          "serving.overlap_schedule": "overlap_schedule"}
+          "serving.overlap_schedule": "overlap_schedule",
+          "serving.stream_interval": "stream_interval"}
 
 
 def _col(out, path, default):
@@ -182,6 +183,7 @@ def batch_columns(out, kv_bytes: np.ndarray) -> dict[str, np.ndarray]:
         "frontend_request_s": f("serving.frontend_request_s"),
         "frontend_processes": f("serving.frontend_processes"),
         "overlap_schedule": f("serving.overlap_schedule"),
+        "stream_interval": f("serving.stream_interval"),
         **tier_columns(out, f),
     }
 

@@ -19,7 +19,7 @@ case weighted so that every (source, hardware) pair counts equally within a sour
     python -m dse.calibration.calibrate --by-kind    # ... error by runtime x model kind x metric
 
 The sets read, the open-loop rows and the groups reported apart (online rows at an infinite rate,
-queue-suspect TTFTs): dse.calibration.cases.
+queue-suspect and cold-start TTFTs): dse.calibration.cases.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.calibration.cases import NO_CONCURRENCY, QUEUE_SUSPECT, joined, load, weights
+from dse.calibration.cases import (COLD_START, NO_CONCURRENCY, QUEUE_SUSPECT, joined, load,
+                                   weights)
 from dse.calibration.fit import (
     BOOT_N,
     CV_BY,
@@ -86,9 +87,10 @@ def model_kind(model_id: str) -> str:
 
 def by_kind(j: pd.DataFrame, cases: pd.DataFrame) -> pd.DataFrame:
     """The error by runtime x model kind x metric, over the rows that are fitted (the groups
-    reported apart, online rows at an infinite rate and queue-suspect TTFTs, left out)."""
+    reported apart, online rows at an infinite rate, queue-suspect and cold-start TTFTs, left
+    out)."""
     rt = pd.Series(holdout_key(cases, "runtime").to_numpy(), index=cases["case_id"])
-    apart = j["source"].str.endswith(NO_CONCURRENCY) | j["source"].str.endswith(QUEUE_SUSPECT)
+    apart = j["source"].str.endswith((NO_CONCURRENCY, QUEUE_SUSPECT, COLD_START))
     j = j[~apart].assign(runtime=lambda x: x["case_id"].map(rt),
                          kind=lambda x: x["model"].map(model_kind))
     return report(j, ("runtime", "kind", "metric"))
@@ -180,7 +182,7 @@ def main(argv=None) -> int:
     if a.by_kind:
         print()
         print("By runtime x model kind (the fitted rows: online rows at an infinite rate and "
-              "queue-suspect TTFTs left out)")
+              "queue-suspect and cold-start TTFTs left out)")
         print(_table(by_kind(j, cases)))
     for by, only in folds:
         print()

@@ -32,6 +32,15 @@ At load, inputs and fixes the case files do not state as columns are applied:
 - ``SCHEDULER_LOOPS``: the scheduler loop a harness's deployments ran where it is not the
   runtime's default (aiconfigurator's template's vLLM 0.12 rows: synchronous), as
   ``serving.overlap_schedule``.
+- ``STREAM_INTERVALS``: the tokens per streamed chunk a harness's recipe set where it is not the
+  runtime's default (InferenceX's TensorRT-LLM and SGLang recipes: 10 or 20), as
+  ``serving.stream_interval``.
+
+TTFTs measured where a runtime compiled kernels while the benchmark ran (``COLD_STARTS``: a
+server started fresh, a client that sent no warm-up, kernels JIT-compiled in memory on first use)
+are flagged ``cold_start`` at load (``mark_cold_starts``) and, like the queue-suspect ones, reported
+in their own group (source + ``COLD_START``) and never fitted: a mean over 10 C requests whose
+first wave waited for compiles is not the steady state dse models. Their TPOTs are kept.
 
 Truths of the cases whose ``quality_flag`` says ``queue_suspect`` (a closed-loop TTFT that looks
 dominated by queueing; the case's TPOT too: its running batch is unknown) are reported in their
@@ -131,6 +140,51 @@ SCHEDULER_LOOPS = (
       "overlap_schedule": 0.0}),
 )
 LOOP = "serving.overlap_schedule"
+# The tokens per streamed chunk a harness's recipe launched the runtime with, where it is not the
+# runtime's default (serving.toml [runtimes.*] stream_interval = 1): (recipe, rule) with the
+# rule's ``runtime``, ``model``, ``hardware``, ``harness`` (a pattern of ``length_dist``) and the
+# ``stream_interval`` it sets where blank; rows served through a Dynamo image (their citation
+# names ai-dynamo: other recipes) are left alone. Each recipe sets the same value at every
+# SemiAnalysisAI/InferenceX commit in force on the rows' measured dates (2025-10-29 to
+# 2026-03-27: 9596d23d7, e06929c70, f6a9d0b6a, d8cc89778, 749096c4c, 12ba0ae07, 79a42e20a).
+STREAM_INTERVALS = (
+    ("InferenceX benchmarks/dsr1_fp8_h200_trt_slurm.sh, later single_node/dsr1_fp8_h200_trt.sh: "
+     "extra_llm_api_options stream_interval: 10",
+     {"runtime": "trtllm", "model": "deepseek-v3", "hardware": "h200-sxm",
+      "harness": r"InferenceX", "stream_interval": 10.0}),
+    ("InferenceX benchmarks/gptoss_fp4_h200_trt_slurm.sh, later gptoss_fp4_h200_trt.sh: "
+     "stream_interval: 20",
+     {"runtime": "trtllm", "model": "gpt-oss-120b", "hardware": "h200-sxm",
+      "harness": r"InferenceX", "stream_interval": 20.0}),
+    ("InferenceX benchmarks/70b_fp8_h200_trt_slurm.sh (9596d23d7): stream_interval: 10",
+     {"runtime": "trtllm", "model": "llama-3.1-70b", "hardware": "h200-sxm",
+      "harness": r"InferenceX", "stream_interval": 10.0}),
+    ("InferenceX benchmarks/dsr1_fp8_h200_slurm.sh, later single_node/dsr1_fp8_h200.sh: "
+     "sglang.launch_server --stream-interval 10",
+     {"runtime": "sglang", "model": "deepseek-v3", "hardware": "h200-sxm",
+      "harness": r"InferenceX", "stream_interval": 10.0}),
+)
+STREAM = "serving.stream_interval"
+# Runs whose TTFT holds kernel compiles (see the module docstring): (name, rule) with the rule's
+# ``runtime``, ``models`` (checkpoints whose FP8 weights are block-scaled, 128 x 128),
+# ``hardware``, ``harness`` (a pattern of ``length_dist``) and ``measured_before`` (the date in
+# the citation's ``measured=``). TensorRT-LLM runs DeepSeek-V3/R1's FP8 block-scale GEMMs on
+# Hopper through DeepGEMM, compiled with NVRTC and "stored in memory by default"
+# (NVIDIA/TensorRT-LLM examples/models/core/deepseek_v3/README.md, DeepGEMM); the kernel is
+# chosen from the token count M (cpp/include/tensorrt_llm/deep_gemm jit_utils.cuh
+# get_best_gemm_config: block_m, block_n and TMA multicast by M), and the server's start-up
+# warm-up runs one context forward at max_num_tokens and the CUDA-graph decode batches
+# (tensorrt_llm/_torch/pyexecutor/model_engine.py warmup), so the prompts' token counts compile
+# kernels while measured (~1 s each with NVRTC, deepseek-ai/DeepGEMM PR 94). InferenceX started
+# the server fresh per configuration (runners/launch_h200-*.sh) and its client sent no warm-up
+# until SemiAnalysisAI/InferenceX d053ae24e (2026-01-21, --num-warmups 2 x concurrency); the same
+# deployment measured twice before then gives TPOTs within 0.3% and TTFTs up to 2x apart.
+COLD_STARTS = (
+    ("TensorRT-LLM, FP8 block-scale DeepGEMM JIT on Hopper, InferenceX client without warm-up",
+     {"runtime": "trtllm", "models": ("deepseek-v3",), "hardware": ("h100-sxm", "h200-sxm"),
+      "harness": r"InferenceX", "measured_before": "2026-01-21"}),
+)
+COLD_START = " (cold start)"
 FRONT_END = "front_end"
 QUEUE_SUSPECT = " (queue suspect)"
 NO_CONCURRENCY = " (max rate, no concurrency)"
@@ -170,8 +224,8 @@ def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
         raise InputError(f"case_id {cases['case_id'][dup].iloc[0]!r} is in two case files",
                          file=str(folder), hint="case ids must be unique across the sets")
     cases = apply_front_ends(apply_source_inputs(apply_layout_rules(apply_open_loop(cases))))
-    cases = apply_scheduler_loops(apply_token_budgets(cases))
-    return cases, pd.concat(parts_t, ignore_index=True)
+    cases = apply_stream_intervals(apply_scheduler_loops(apply_token_budgets(cases)))
+    return cases, mark_cold_starts(cases, pd.concat(parts_t, ignore_index=True))
 
 
 def open_loop_rate(cases: pd.DataFrame) -> np.ndarray:
@@ -336,6 +390,84 @@ def apply_scheduler_loops(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
     return _fill(cases, LOOP, value)
 
 
+def apply_stream_intervals(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
+    """``cases`` with the tokens per streamed chunk their recipe set (``STREAM_INTERVALS``, or
+    ``rules``) as ``serving.stream_interval`` where a case leaves it blank: the rows of a rule's
+    runtime, model, hardware and harness, except those served through a Dynamo image."""
+    rules = STREAM_INTERVALS if rules is None else rules
+    need = ("runtime", "model", "hardware", "length_dist")
+    if not rules or any(col not in cases for col in need):
+        return cases
+    given = cases[STREAM] if STREAM in cases else pd.Series(np.nan, index=cases.index)
+    blank = pd.to_numeric(given, errors="coerce").isna().to_numpy()
+    dynamo = cases["citation"].fillna("").astype(str).str.contains("ai-dynamo").to_numpy() \
+        if "citation" in cases else np.zeros(len(cases), bool)
+    value = np.full(len(cases), np.nan)
+    for _, rule in rules:
+        on = (cases["runtime"].astype(str).eq(rule["runtime"])
+              & cases["model"].astype(str).eq(rule["model"])
+              & cases["hardware"].astype(str).eq(rule["hardware"])
+              & cases["length_dist"].fillna("").astype(str).str.contains(rule["harness"],
+                                                                         regex=True)).to_numpy()
+        on = on & blank & ~dynamo & np.isnan(value)
+        value[on] = rule["stream_interval"]
+    on = np.isfinite(value)
+    if not on.any():
+        return cases
+    out = cases.copy()
+    out[STREAM] = given.astype(object)
+    out.loc[on, STREAM] = value[on]
+    return out
+
+
+def cold_start_cases(cases: pd.DataFrame, rules=None) -> np.ndarray:
+    """Per case: whether its run matches a ``COLD_STARTS`` rule (or ``rules``): the rule's
+    runtime, model, hardware and harness, measured (the citation's ``measured=`` date) before its
+    ``measured_before``."""
+    rules = COLD_STARTS if rules is None else rules
+    need = ("runtime", "model", "hardware", "length_dist", "citation")
+    out = np.zeros(len(cases), bool)
+    if not rules or any(col not in cases for col in need):
+        return out
+    date = cases["citation"].fillna("").astype(str).str.extract(
+        r"measured=(\d{4}-\d{2}-\d{2})", expand=False).fillna("")
+    for _, rule in rules:
+        out |= (cases["runtime"].astype(str).eq(rule["runtime"])
+                & cases["model"].astype(str).isin(rule["models"])
+                & cases["hardware"].astype(str).isin(rule["hardware"])
+                & cases["length_dist"].fillna("").astype(str).str.contains(rule["harness"],
+                                                                           regex=True)
+                & date.ne("") & (date < rule["measured_before"])).to_numpy(bool)
+    return out
+
+
+def mark_cold_starts(cases: pd.DataFrame, truth: pd.DataFrame, rules=None) -> pd.DataFrame:
+    """``truth`` with ``cold_start`` added to the ``quality_flag`` of the TTFTs of the cases
+    ``cold_start_cases`` selects (their other metrics untouched)."""
+    ids = set(cases["case_id"][cold_start_cases(cases, rules)])
+    on = (truth["case_id"].isin(ids) & truth["metric"].eq("ttft_s")).to_numpy()
+    if not on.any():
+        return truth
+    out = truth.copy()
+    flag = out["quality_flag"].fillna("").astype(str) if "quality_flag" in out \
+        else pd.Series("", index=out.index)
+    out["quality_flag"] = flag.where(~on, (flag + ";cold_start").str.lstrip(";"))
+    return out
+
+
+def cold_start(truth: pd.DataFrame) -> np.ndarray:
+    """Truth rows flagged ``cold_start`` (``mark_cold_starts``): TTFTs that hold kernel
+    compiles, reported apart and never fitted."""
+    if "quality_flag" not in truth:
+        return np.zeros(len(truth), bool)
+    return truth["quality_flag"].fillna("").astype(str).str.contains("cold_start").to_numpy()
+
+
+def set_apart(truth: pd.DataFrame) -> np.ndarray:
+    """Truth rows reported apart and never fitted: ``queue_suspect`` and ``cold_start``."""
+    return queue_suspect(truth) | cold_start(truth)
+
+
 def front_ends(cases: pd.DataFrame, rules: dict | None = None) -> np.ndarray:
     """Per case: the front end its deployment served through (``FRONT_ENDS``, or ``rules``:
     a pattern of ``length_dist`` -> name), "" for the runtime's own server."""
@@ -397,6 +529,9 @@ def joined(pred: pd.DataFrame, cases: pd.DataFrame, truth: pd.DataFrame) -> pd.D
     # TTFTs that look dominated by queueing: their own group too (never fitted)
     qs = queue_suspect(j)
     j.loc[qs, "source"] = j.loc[qs, "source"] + QUEUE_SUSPECT
+    # TTFTs that hold kernel compiles: their own group too (never fitted)
+    cs = cold_start(j) & ~qs
+    j.loc[cs, "source"] = j.loc[cs, "source"] + COLD_START
     return j
 
 

@@ -47,8 +47,8 @@ get the other runtimes' geometric mean (``_held_out_runtime``). A name ``"<field
 applies to the rows served through that front end, whatever their runtime.
 
 Not fitted: the online rows at an infinite request rate (no concurrency,
-``dse.calibration.cases.fittable``) and the TTFTs flagged ``queue_suspect``
-(``dse.calibration.cases.queue_suspect``).
+``dse.calibration.cases.fittable``) and the TTFTs flagged ``queue_suspect`` or ``cold_start``
+(``dse.calibration.cases.set_apart``).
 
 Uncertainty (``bootstrap``, written to efficiency.toml's ``[uncertainty.end_to_end]`` table in
 the kernel tables' format: ``params``, ``log_sd``, ``log_corr``, ``rule``; read it with
@@ -77,7 +77,7 @@ from dse.calibration.cases import (
     RATE,
     fittable,
     joined,
-    queue_suspect,
+    set_apart,
     weights,
 )
 from dse.calibration.kernels import common as kernel_fits
@@ -251,13 +251,14 @@ BOOT_SEED = 0
 def fit_base(cases: pd.DataFrame, truth: pd.DataFrame, keep=None, counts=None) -> pd.DataFrame:
     """The truths ``fit`` fits (with the case's hardware and model): those of the cases where
     ``keep`` (all by default) that are ``fittable`` and drawn (``counts`` > 0), less the TTFTs
-    dominated by queueing (``quality_flag`` queue_suspect: reported, never fitted)."""
+    dominated by queueing and those that hold kernel compiles (``quality_flag`` queue_suspect,
+    cold_start: reported, never fitted)."""
     keep = np.ones(len(cases), bool) if keep is None else np.asarray(keep)
     keep = keep & fittable(cases)
     if counts is not None:
         keep = keep & (np.asarray(counts) > 0)
     keep_ids = set(cases["case_id"][keep])
-    return truth[truth["case_id"].isin(keep_ids) & ~queue_suspect(truth)].merge(
+    return truth[truth["case_id"].isin(keep_ids) & ~set_apart(truth)].merge(
         cases[["case_id", "hardware", "model"]], on="case_id")
 
 
@@ -474,8 +475,8 @@ def tables(theta: dict, cases: pd.DataFrame, unc: dict | None = None) -> dict:
                        "fitted_on": (
                            f"{n} of {len(cases)} cases of ../shared/calibration ({hws}; "
                            f"{runtimes}; the online rows at an infinite request rate and the "
-                           "cases whose TTFT is flagged queue_suspect, TTFT and TPOT, are not "
-                           "fitted), on top of the kernel fits, "
+                           "cases whose TTFT is flagged queue_suspect, TTFT and TPOT, and the "
+                           "TTFTs flagged cold_start are not fitted), on top of the kernel fits, "
                            "shared by every chip"
                            + sd + "; not fitted, from sources: "
                            + "; ".join(f"{k} = {v:.3g} s ({src})"

@@ -27,7 +27,7 @@ Per case (``--rows``) with the measured ``true_tpot_s`` and ``ratio`` = model / 
 the mean of each term and the geometric-mean ratio by the ``--by`` columns (runtime, kind,
 front_end: "own" or the front end a case's deployment served through, ``cases.FRONT_ENDS``;
 decade: ``fit.concurrency_decade``; hardware, model, tp, isl, osl). Queue-suspect cases
-(``cases.queue_suspect``) are left out, as the fit leaves them out. A diagnostic: it reads the
+(``cases.set_apart``) are left out, as the fit leaves them out. A diagnostic: it reads the
 calibration set and the catalog, it changes nothing.
 """
 
@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from dse.calibration.calibrate import model_kind
-from dse.calibration.cases import FRONT_END, load, queue_suspect
+from dse.calibration.cases import FRONT_END, load, set_apart
 from dse.calibration.fit import concurrency_decade, holdout_key
 from dse.calibration.ttft_terms import term_means
 from dse.errors import InputError
@@ -83,7 +83,7 @@ def case_terms(cases: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
     with its runtime, model kind, front end, concurrency decade, layout and lengths, the
     measured ``true_tpot_s`` and ``ratio`` (model / measured). Each case must give its layout
     and concurrency (one design per case), as the calibration sets do."""
-    t = truth[(truth["metric"] == "tpot_s") & ~queue_suspect(truth)]
+    t = truth[(truth["metric"] == "tpot_s") & ~set_apart(truth)]
     measured = t.drop_duplicates("case_id").set_index("case_id")["value"].astype(float)
     conc = pd.to_numeric(cases.get("concurrency", pd.Series(np.nan, index=cases.index)),
                          errors="coerce")

@@ -22,7 +22,7 @@ queue_s         the closed-loop wait for the other requests' prompts, the runtim
 
 Closed-loop cases only (those that give a concurrency). Per case (``--rows``) with the measured TTFT and ``ratio`` = measured / model; else the mean of
 each term over the selected cases and the geometric-mean ratio, by runtime and model kind
-(``calibrate.model_kind``). Queue-suspect truths (``cases.QUEUE_SUSPECT``) are left out, as the
+(``calibrate.model_kind``). Queue-suspect and cold-start truths (``cases.set_apart``) are left out, as the
 fit leaves them out. This is a diagnostic: it reads the calibration set, it changes nothing.
 """
 
@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from dse.calibration.calibrate import model_kind
-from dse.calibration.cases import load, queue_suspect
+from dse.calibration.cases import load, set_apart
 from dse.calibration.fit import holdout_key
 from dse.errors import InputError
 from dse.perf import OPS
@@ -73,7 +73,7 @@ def case_terms(cases: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
     runtime, model kind, layout, lengths, concurrency, the measured ``true_ttft_s`` and
     ``ratio`` (measured / model). Each case must give its layout and concurrency (one design
     per case), as the calibration sets do."""
-    t = truth[(truth["metric"] == "ttft_s") & ~queue_suspect(truth)]
+    t = truth[(truth["metric"] == "ttft_s") & ~set_apart(truth)]
     measured = t.drop_duplicates("case_id").set_index("case_id")["value"].astype(float)
     conc = pd.to_numeric(cases.get("concurrency", pd.Series(np.nan, index=cases.index)),
                          errors="coerce")

@@ -192,6 +192,8 @@ OPTIONAL: dict[str, float | str] = {
     # the scheduler plans step k + 1 while step k runs (dse.perf.phases.ttft): 1, the three
     # runtimes' default loops; 0, a synchronous loop
     "overlap_schedule": 1.0,
+    # output tokens per streamed chunk (dse.perf.frontend.chunks): 1, every token sent
+    "stream_interval": 1.0,
     # and per request, whatever its lengths
     "frontend_request_s": 0.0,
     # expert load imbalance and redundant experts (dse.perf.imbalance)
@@ -248,6 +250,8 @@ FIELDS.update({
     "frontend_request_s": "serial front end's time per request, whatever its lengths",
     "frontend_processes": "front-end processes the requests are spread over (each a serial "
                           "server)",
+    "stream_interval": "output tokens per streamed chunk after the first token (the serial "
+                       "front end's streaming work is per chunk)",
     "overlap_schedule": "1: the scheduler plans the next step while the GPU runs this one (a "
                         "new request joins the step after next), 0: a synchronous loop",
     "seq_overhead_s": "scheduler host time per running sequence per step (per attention-DP "

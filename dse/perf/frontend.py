@@ -74,10 +74,21 @@ def front_end_s(b: Batch):
     return t
 
 
+def chunks(b: Batch):
+    """The chunks a streamed answer of ``osl`` tokens goes out in: the first token at once, then
+    one chunk every ``stream_interval`` (k) tokens, ``n = (osl - 1) / k + 1`` (``osl`` where
+    every token is sent, k = 1)."""
+    k = np.maximum(getattr(b, "stream_interval", 1.0), 1.0)
+    return (np.maximum(b.osl, 1.0) - 1.0) / k + 1.0
+
+
 def stream_s(b: Batch):
-    """The serial server's time streaming one request's answer: ``t osl + x osl (osl + 1) / 2``."""
-    osl = b.osl
-    return b.frontend_token_s * osl + b.frontend_text_token_s * osl * (osl + 1.0) * 0.5
+    """The serial server's time streaming one request's answer: ``t n + x n (osl + 1) / 2`` for
+    its ``n`` chunks (``chunks``; n = osl where every token is a chunk), each chunk's work and,
+    where a runtime streams the whole text so far, the text it repeats (the chunks end at
+    evenly spaced tokens from the first to the last, ``(osl + 1) / 2`` on average)."""
+    n = chunks(b)
+    return b.frontend_token_s * n + b.frontend_text_token_s * n * (b.osl + 1.0) * 0.5
 
 
 def serial_s(b: Batch):

@@ -382,6 +382,11 @@ FIELDS: tuple[Field, ...] = (
          "overlap loop, TensorRT-LLM's overlap scheduler, vLLM's async scheduling); 0: a "
          "synchronous loop, the request joins step k + 1 (dse/perf/phases.py, ttft); blank = "
          "the runtime's default (serving.toml [runtimes])"),
+    count("serving.stream_interval", "tokens", "output tokens per streamed chunk after the "
+          "first token, which goes out at once (SGLang --stream-interval, TensorRT-LLM "
+          "stream_interval): the serial front end streams each chunk, so its work per answer "
+          "falls with it (dse/perf/frontend.py); blank = the runtime's default (serving.toml "
+          "[runtimes]: 1, every token)"),
     frac("serving.kv_memory_fraction", "share of free HBM the KV cache gets", open_=True),
     num("serving.runtime_reserve_bytes", "bytes", "HBM the runtime holds per chip", open_=False),
     # -- cost --
