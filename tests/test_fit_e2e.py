@@ -273,6 +273,32 @@ def test_stream_intervals_of_the_inferencex_recipes():
     assert np.isnan(pd.to_numeric(cases[STREAM]).iloc[0])   # the input frame is not modified
 
 
+def test_recipe_settings_of_inferencex_trtllm_llama70b():
+    import pandas as pd
+
+    from dse.calibration.cases import apply_recipes
+    # the recipe's budget on all its rows; batch waiting only at 1k/1k below tp 8; other models,
+    # runtimes and harnesses untouched; a case's own value wins
+    cases = pd.DataFrame({
+        "case_id": list("abcdef"),
+        "runtime": ["trtllm", "trtllm", "trtllm", "vllm", "trtllm", "trtllm"],
+        "model": ["llama-3.1-70b"] * 3 + ["llama-3.1-70b", "gpt-oss-120b", "llama-3.1-70b"],
+        "hardware": ["h200-sxm"] * 6,
+        "length_dist": [INFERENCEX] * 6,
+        "isl": [1024, 1024, 8192, 1024, 1024, 1024], "osl": [1024] * 6,
+        "tp": [4, 8, 2, 4, 4, 2],
+        "serving.max_num_tokens": [np.nan] * 5 + [4096.0]})
+    out = apply_recipes(cases)
+    wait = pd.to_numeric(out["serving.batch_wait_iters"]).tolist()
+    assert wait[0] == 20.0 and all(np.isnan(wait[i]) for i in (1, 2, 3, 4))
+    assert wait[5] == 20.0
+    assert pd.to_numeric(out["serving.batch_wait_tokens_fraction"]).iloc[0] == 0.9
+    budget = pd.to_numeric(out["serving.max_num_tokens"]).tolist()
+    assert budget[:3] == [16384.0] * 3 and np.isnan(budget[3]) and np.isnan(budget[4])
+    assert budget[5] == 4096.0
+    assert "serving.batch_wait_iters" not in cases              # the input frame is not modified
+
+
 def test_layout_rule_sets_ep_to_tp_on_early_inferencex_trtllm_moe_rows():
     import pandas as pd
 

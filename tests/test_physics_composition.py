@@ -102,6 +102,31 @@ def test_ttft_waits_for_the_running_pass_and_the_one_the_loop_planned(pp, c, loo
         assert m["ttft_s"] == pytest.approx(m["ttft_unloaded_s"], rel=1e-12)
 
 
+@pytest.mark.parametrize("iters, frac, budget, held", [(20, 0.9, 16384, True),
+                                                        (20, 0.9, 1100, False),
+                                                        (20, 0.0, 16384, False),
+                                                        (8, 0.9, 16384, True)])
+def test_a_batch_wait_holds_a_prompt_for_its_timeout(iters, frac, budget, held):
+    """TensorRT-LLM's batch waiting holds a prompt while decodes run until the waiting prompt
+    tokens and the decodes reach frac x max_num_tokens (1024 + 64 tokens against 0.9 x 16384 =
+    14,746: held; against 0.9 x 1100 = 990: not) or ``iters`` steps pass: the unloaded TTFT
+    gains iters passes x (1 - 1/C), 20 x 4.53 ms x 63/64 = 89 ms; frac 0 (the runtime's
+    default) never holds."""
+    base = {"workload.isl": ISL, "workload.osl": OSL, "workload.concurrency": C,
+            "serving.max_num_tokens": budget}
+    m0, _, _ = _compute_only(_llama8b(**base))
+    m, _, _ = _compute_only(_llama8b(**base, **{"serving.batch_wait_iters": iters,
+                                                "serving.batch_wait_tokens_fraction": frac}))
+    extra = m["ttft_unloaded_s"] - m0["ttft_unloaded_s"]
+    if not held:
+        assert extra == 0.0
+        return
+    assert extra == pytest.approx(iters * T_MEAN * (1 - 1 / C), rel=1e-9)
+    if iters == 20:
+        assert extra == pytest.approx(20 * 4.53e-3 * 63 / 64, rel=0.01)
+    assert m["tpot_s"] == pytest.approx(m0["tpot_s"], rel=1e-12)   # the steps are unchanged
+
+
 def test_the_runtimes_default_loops_are_overlapped():
     """SGLang, TensorRT-LLM (PyTorch backend) and vLLM >= 0.14 plan the next step while the GPU
     runs this one by default (serving.toml [runtimes.*] overlap_schedule)."""

@@ -38,7 +38,9 @@ DIRECT = {"workload.request_rate_per_s": "request_rate_per_s",
           "serving.frontend_request_s": "frontend_request_s",
           "serving.frontend_processes": "frontend_processes",
           "serving.overlap_schedule": "overlap_schedule",
-          "serving.stream_interval": "stream_interval"}
+          "serving.stream_interval": "stream_interval",
+          "serving.batch_wait_iters": "batch_wait_iters",
+          "serving.batch_wait_tokens_fraction": "batch_wait_tokens_fraction"}
 
 
 def _col(out, path, default):
@@ -184,6 +186,8 @@ def batch_columns(out, kv_bytes: np.ndarray) -> dict[str, np.ndarray]:
         "frontend_processes": f("serving.frontend_processes"),
         "overlap_schedule": f("serving.overlap_schedule"),
         "stream_interval": f("serving.stream_interval"),
+        "batch_wait_iters": f("serving.batch_wait_iters"),
+        "batch_wait_tokens_fraction": f("serving.batch_wait_tokens_fraction"),
         **tier_columns(out, f),
     }
 

@@ -32,9 +32,18 @@ At load, inputs and fixes the case files do not state as columns are applied:
 - ``SCHEDULER_LOOPS``: the scheduler loop a harness's deployments ran where it is not the
   runtime's default (aiconfigurator's template's vLLM 0.12 rows: synchronous), as
   ``serving.overlap_schedule``.
-- ``STREAM_INTERVALS``: the tokens per streamed chunk a harness's recipe set where it is not the
-  runtime's default (InferenceX's TensorRT-LLM and SGLang recipes: 10 or 20), as
-  ``serving.stream_interval``.
+- ``RECIPES``: settings a harness's launch recipe gave the runtime for a class of rows (InferenceX's
+  TensorRT-LLM Llama-3.1-70B recipe: its token budget, and batch waiting at 1k/1k below tp 8),
+  written as their ``serving.*`` columns where blank.
+
+Recorded, not applied at load: ``STREAM_INTERVALS``, the tokens per streamed chunk InferenceX's
+TensorRT-LLM and SGLang recipes set (10 or 20; ``apply_stream_intervals`` writes them as
+``serving.stream_interval``). Applied, they leave the in-sample fit as it is (TTFT 1.339 ->
+1.341) but take SGLang's DeepSeek rows off the fitted repeated-text term
+(``frontend_text_token_s.sglang``), which only SGLang's rows behind Dynamo then pin: with
+Llama-3.1-8B left out it goes 27 ns -> 509 ns and that fold's TTFT 1.58 -> 1.86
+(reports/end-to-end/prefill-ttft.md, twenty-first pass). The term stands for more than the text
+SGLang repeats (a source puts that at 4 ns a token), and the interval waits for it to be split.
 
 TTFTs measured where a runtime compiled kernels while the benchmark ran (``COLD_STARTS``: a
 server started fresh, a client that sent no warm-up, kernels JIT-compiled in memory on first use)
@@ -165,6 +174,26 @@ STREAM_INTERVALS = (
       "harness": r"InferenceX", "stream_interval": 10.0}),
 )
 STREAM = "serving.stream_interval"
+# Settings a harness's launch recipe gave the runtime: (recipe, match, settings). ``match``: the
+# rows' ``runtime``, ``model``, ``hardware``, ``harness`` (a pattern of ``length_dist``) and, where
+# given, their nominal ``isl`` and ``osl`` and ``tp_below``; ``settings``: ``serving.*`` values
+# written where a case leaves them blank. SemiAnalysisAI/InferenceX
+# benchmarks/70b_fp8_h200_trt_slurm.sh at 9596d23d7 (in force on the rows' 2025-10-29) launches
+# ``trtllm-serve --max_num_tokens 16384`` and, "for 1k/1k ... and TP < 8",
+# ``batch_wait_max_tokens_ratio: 0.9`` and ``batch_wait_timeout_iters: 20`` (TensorRT-LLM
+# py_executor.py ``_waiting_requests``: prompts are held while decodes run until their tokens
+# reach 0.9 x 16384 or 20 iterations pass; dse.perf.phases.batch_wait_s).
+RECIPES = (
+    ("InferenceX 70b_fp8_h200_trt_slurm.sh: --max_num_tokens 16384",
+     {"runtime": "trtllm", "model": "llama-3.1-70b", "hardware": "h200-sxm",
+      "harness": r"InferenceX"},
+     {"serving.max_num_tokens": 16384.0}),
+    ("InferenceX 70b_fp8_h200_trt_slurm.sh, 1k/1k and tp < 8: batch_wait_timeout_iters 20, "
+     "batch_wait_max_tokens_ratio 0.9",
+     {"runtime": "trtllm", "model": "llama-3.1-70b", "hardware": "h200-sxm",
+      "harness": r"InferenceX", "isl": 1024, "osl": 1024, "tp_below": 8},
+     {"serving.batch_wait_iters": 20.0, "serving.batch_wait_tokens_fraction": 0.9}),
+)
 # Runs whose TTFT holds kernel compiles (see the module docstring): (name, rule) with the rule's
 # ``runtime``, ``models`` (checkpoints whose FP8 weights are block-scaled, 128 x 128),
 # ``hardware``, ``harness`` (a pattern of ``length_dist``) and ``measured_before`` (the date in
@@ -224,7 +253,7 @@ def load(folder: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
         raise InputError(f"case_id {cases['case_id'][dup].iloc[0]!r} is in two case files",
                          file=str(folder), hint="case ids must be unique across the sets")
     cases = apply_front_ends(apply_source_inputs(apply_layout_rules(apply_open_loop(cases))))
-    cases = apply_stream_intervals(apply_scheduler_loops(apply_token_budgets(cases)))
+    cases = apply_recipes(apply_scheduler_loops(apply_token_budgets(cases)))
     return cases, mark_cold_starts(cases, pd.concat(parts_t, ignore_index=True))
 
 
@@ -417,6 +446,43 @@ def apply_stream_intervals(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
     out = cases.copy()
     out[STREAM] = given.astype(object)
     out.loc[on, STREAM] = value[on]
+    return out
+
+
+def recipe_rows(cases: pd.DataFrame, match: dict) -> np.ndarray:
+    """Per case: whether it is one of a ``RECIPES`` entry's rows (``match``)."""
+    if any(col not in cases for col in ("runtime", "model", "hardware", "length_dist")):
+        return np.zeros(len(cases), bool)
+    on = (cases["runtime"].astype(str).eq(match["runtime"])
+          & cases["model"].astype(str).eq(match["model"])
+          & cases["hardware"].astype(str).eq(match["hardware"])
+          & cases["length_dist"].fillna("").astype(str).str.contains(match["harness"],
+                                                                     regex=True)).to_numpy(bool,
+                                                                                           copy=True)
+    for col in ("isl", "osl"):
+        if col in match:
+            on &= pd.to_numeric(cases.get(col), errors="coerce").to_numpy() == match[col]
+    if "tp_below" in match:
+        on &= pd.to_numeric(cases.get("tp"), errors="coerce").to_numpy() < match["tp_below"]
+    return on
+
+
+def apply_recipes(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
+    """``cases`` with the settings of their harness's recipe (``RECIPES``, or ``rules``) written
+    as their ``serving.*`` columns where a case leaves them blank."""
+    rules = RECIPES if rules is None else rules
+    out = cases
+    for _, match, settings in rules:
+        on = recipe_rows(cases, match)
+        if not on.any():
+            continue
+        if out is cases:
+            out = cases.copy()
+        for col, v in settings.items():
+            given = out[col] if col in out else pd.Series(np.nan, index=out.index)
+            blank = pd.to_numeric(given, errors="coerce").isna().to_numpy()
+            out[col] = given.astype(object)
+            out.loc[on & blank, col] = v
     return out
 
 

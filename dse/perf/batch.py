@@ -194,6 +194,9 @@ OPTIONAL: dict[str, float | str] = {
     "overlap_schedule": 1.0,
     # output tokens per streamed chunk (dse.perf.frontend.chunks): 1, every token sent
     "stream_interval": 1.0,
+    # steps a prompt is held to batch more prompt tokens, and the share of max_num_tokens that
+    # ends the wait early (dse.perf.phases.batch_wait_s): 0, none
+    "batch_wait_iters": 0.0, "batch_wait_tokens_fraction": 0.0,
     # and per request, whatever its lengths
     "frontend_request_s": 0.0,
     # expert load imbalance and redundant experts (dse.perf.imbalance)
@@ -250,6 +253,9 @@ FIELDS.update({
     "frontend_request_s": "serial front end's time per request, whatever its lengths",
     "frontend_processes": "front-end processes the requests are spread over (each a serial "
                           "server)",
+    "batch_wait_iters": "steps a prompt is held while decodes run, to batch more prompt tokens",
+    "batch_wait_tokens_fraction": "share of max_num_tokens (waiting prompts and running decodes) "
+                                  "that ends a batch wait early",
     "stream_interval": "output tokens per streamed chunk after the first token (the serial "
                        "front end's streaming work is per chunk)",
     "overlap_schedule": "1: the scheduler plans the next step while the GPU runs this one (a "

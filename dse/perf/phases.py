@@ -233,7 +233,8 @@ def ttft(b: Batch, pass_s, t_prefill, load: PromptLoad, extra=0.0, tail: bool = 
     TensorRT-LLM ``_executor_loop_overlap``, vLLM ``step_with_batch_queue``) reads new requests
     after launching step k + 1, so a request that arrives during step k runs in step k + 2; a
     synchronous one (vLLM ``EngineCore.step``) puts it in step k + 1
-    (reports/end-to-end/scheduler-loops.md);
+    (reports/end-to-end/scheduler-loops.md); a runtime that holds prompts to batch them
+    (``batch_wait_iters``) adds those steps (``batch_wait_s``);
     ``extra``: the tier fetch's steps (dse.perf.kvtier). A prefill-only instance: one pass of
     its batch of prompts. Also a p90-length prompt's (dse.perf.lengths; None without length
     distributions or ``tail``)."""
@@ -241,6 +242,8 @@ def ttft(b: Batch, pass_s, t_prefill, load: PromptLoad, extra=0.0, tail: bool = 
     pp = b.pp
     busy = 1.0 - 1.0 / sequences(b)
     wait = (0.5 + b.overlap_schedule) * pass_s * busy
+    if b.has_on("batch_wait_iters"):
+        wait = wait + batch_wait_s(b, pass_s) * busy
     t = arch.blend(pre_only, pass_s, wait + pp * load.n_chunks * t_prefill + extra)
     t = add(t, front_end_s(b))
     if not (tail and lengths.on(b)):
@@ -248,6 +251,20 @@ def ttft(b: Batch, pass_s, t_prefill, load: PromptLoad, extra=0.0, tail: bool = 
     longer = np.maximum(lengths.isl_quantile(b) - b.isl, 0.0) * (1.0 - b.prefix_hit_fraction)
     return t, t + arch.blend(pre_only, pass_s * longer / np.maximum(new_tokens(b), 1.0),
                              pp * t_prefill * longer / np.maximum(load.per_chunk, 1.0))
+
+
+def batch_wait_s(b: Batch, pass_s):
+    """The steps a prompt is held to batch more prompt tokens (TensorRT-LLM's batch waiting,
+    ``batch_wait_timeout_iters`` / ``batch_wait_max_tokens_ratio``, tensorrt_llm/_torch/
+    pyexecutor/py_executor.py ``_waiting_requests``): while decodes run, a scheduler without
+    attention data parallelism holds the waiting prompts until their tokens and the running
+    decodes reach ``batch_wait_tokens_fraction x max_num_tokens`` or ``batch_wait_iters`` steps
+    have passed. One prompt with the decodes below that mark waits the whole timeout
+    (``batch_wait_iters`` passes; the prompts that join its wait share it, not counted: at the
+    rates where one prompt stays below the mark they are few); at or above it, none. The
+    caller scales it by the share of time decodes run, ``1 - 1/C``."""
+    held = (new_tokens(b) + sequences(b) / b.dp < b.batch_wait_tokens_fraction * b.max_num_tokens)
+    return np.where(held & (b.dp == 1.0), b.batch_wait_iters * pass_s, 0.0)
 
 
 def front_end_s(b: Batch):

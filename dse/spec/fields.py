@@ -387,6 +387,12 @@ FIELDS: tuple[Field, ...] = (
           "stream_interval): the serial front end streams each chunk, so its work per answer "
           "falls with it (dse/perf/frontend.py); blank = the runtime's default (serving.toml "
           "[runtimes]: 1, every token)"),
+    count("serving.batch_wait_iters", "steps", "steps the scheduler holds a prompt while decodes "
+          "run, to batch more prompt tokens (TensorRT-LLM batch_wait_timeout_iters; "
+          "dse/perf/phases.py batch_wait_s)", 0.0, low=0, zero="none"),
+    frac("serving.batch_wait_tokens_fraction", "share of max_num_tokens the waiting prompts and "
+         "running decodes must reach to end a batch wait early (TensorRT-LLM "
+         "batch_wait_max_tokens_ratio; 0: no wait)", 0.0),
     frac("serving.kv_memory_fraction", "share of free HBM the KV cache gets", open_=True),
     num("serving.runtime_reserve_bytes", "bytes", "HBM the runtime holds per chip", open_=False),
     # -- cost --
