@@ -259,8 +259,8 @@ HOST_TIMES = ("serving.request_overhead_s", "serving.seq_overhead_s",
 
 def runtime_defaults(out) -> None:
     """Fill what a design left to its runtime: the max batch per scheduler, its host times, its
-    front-end processes, scheduler loop and stream interval, and the dense MLP of an MoE under attention data
-    parallelism ("auto")."""
+    front-end processes, scheduler loop and stream interval, and the dense MLP of an MoE under
+    attention data parallelism ("auto")."""
     table = catalog.runtime_defaults()
     rt = out["serving.runtime"]
     cap = pd.to_numeric(out["serving.max_batch_size"], errors="coerce") \

@@ -453,12 +453,11 @@ def recipe_rows(cases: pd.DataFrame, match: dict) -> np.ndarray:
     """Per case: whether it is one of a ``RECIPES`` entry's rows (``match``)."""
     if any(col not in cases for col in ("runtime", "model", "hardware", "length_dist")):
         return np.zeros(len(cases), bool)
+    dist = cases["length_dist"].fillna("").astype(str)
     on = (cases["runtime"].astype(str).eq(match["runtime"])
           & cases["model"].astype(str).eq(match["model"])
           & cases["hardware"].astype(str).eq(match["hardware"])
-          & cases["length_dist"].fillna("").astype(str).str.contains(match["harness"],
-                                                                     regex=True)).to_numpy(bool,
-                                                                                           copy=True)
+          & dist.str.contains(match["harness"], regex=True)).to_numpy(bool, copy=True)
     for col in ("isl", "osl"):
         if col in match:
             on &= pd.to_numeric(cases.get(col), errors="coerce").to_numpy() == match[col]

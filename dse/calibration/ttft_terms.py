@@ -22,8 +22,9 @@ queue_s         the closed-loop wait for the other requests' prompts, the runtim
 
 Closed-loop cases only (those that give a concurrency). Per case (``--rows``) with the measured TTFT and ``ratio`` = measured / model; else the mean of
 each term over the selected cases and the geometric-mean ratio, by runtime and model kind
-(``calibrate.model_kind``). Queue-suspect and cold-start truths (``cases.set_apart``) are left out, as the
-fit leaves them out. This is a diagnostic: it reads the calibration set, it changes nothing.
+(``calibrate.model_kind``). Queue-suspect and cold-start truths (``cases.set_apart``) are left
+out, as the fit leaves them out. This is a diagnostic: it reads the calibration set, it changes
+nothing.
 """
 
 from __future__ import annotations

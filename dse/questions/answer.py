@@ -128,7 +128,16 @@ def first_lines(out) -> str:
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-06 (twentieth pass, issue 28): the scheduler loop is part of a request's TTFT "
+    "2026-12-06 (twenty-first pass, issue 28): a runtime that holds prompts to batch them "
+    "(TensorRT-LLM's batch waiting: serving.batch_wait_iters, batch_wait_tokens_fraction) adds "
+    "the steps it holds one to the TTFT, and a runtime that streams every k-th token "
+    "(serving.stream_interval) does its front end's streaming work per chunk (both off by "
+    "default); the end-to-end refit reads InferenceX's TensorRT-LLM Llama-3.1-70B recipe's "
+    "batch waiting and sets apart the TTFTs of its TensorRT-LLM DeepSeek runs that compiled "
+    "kernels while measured (no client warm-up before 2026-01-21): an eager step's per-layer "
+    "time 72.4 us (76.8), a runtime's own server's time per request 29.2 ms (33.3), SGLang's "
+    "scheduler time per running sequence 14.2 us (13.2). Before it (twentieth pass): the "
+    "scheduler loop is part of a request's TTFT "
     "(serving.overlap_schedule): SGLang's overlap loop, TensorRT-LLM's overlap scheduler and "
     "vLLM's async scheduling (each its runtime's default; vLLM's from 0.14) plan the next step "
     "while the GPU runs this one, so a request waits for the running step and for the one "
