@@ -229,8 +229,11 @@ at 967e839 on the bench's 20,000 queueing designs), measured in instructions of 
 (callgrind, instrumentation on around the call: main 1,307.8M) and in CPU time of warm calls
 alternated in one process (a load of 1.3-2.8 moves a call +-15% from run to run). Kept: the
 decode step and the drafts' 1-token decode step in one ``step`` call, their tokens stacked on
-a new axis (``phases._decode_and_draft``: one step's Python a pass less), 1,282.3M (-2.0%);
-the drafts' total is summed in the decode step's order, so float32 times move by a rounding:
+a new axis (``phases._decode_and_draft``: one step's Python a pass less), 1,282M (-2.0%),
+in CPU time (best of 3 calls, median of 8-10, the two paths alternated in one process, load
+~2.8) 78.1k -> 81.0k and 89.2k -> 91.2k designs per CPU-second (tests/test_queueing_roots.py
+holds the stacked steps to the steps alone); the drafts' total is summed in the decode step's
+order, so float32 times move by a rounding:
 every returned column within 5.6e-5 of main's (medians 0) but one row at rho ~0.999 (rate 2.0
 against a saturation of 2.002, infeasible: ``ttft_p90_length_s`` 2.6e-4, its concurrency
 1e-5). Where a call goes (CPU time, ~213 ms at a load of 1.5): the probe's passes ~135 ms
