@@ -240,10 +240,11 @@ against a saturation of 2.002, infeasible: ``ttft_p90_length_s`` 2.6e-4, its con
 (``queue_times`` ~125: ~1 ms fixed a pass, ~0.2-0.35 us a point, (8, 1,250) and (1, 10,000)
 grids alike: points, not rows), the float64 scoring at the operating point ~35 (~6 of it the
 recursive ``_instance`` of the ~14 rows whose tier recomputes there), the finish ~10, the
-coefficients ~9, ``md1_wait_quantiles_s`` ~7, ``queue_cap`` ~6. Found, not changed: one row
-(of the 9,909 the saturation's second pass took) recomputes its tier from that pass on without
-a twin in the batch taken, so passes 3-7 each run a 1-row sub-pass (~1-1.4 ms each; a re-take
-costs about as much). What bounds the rest: the saturation root must give main's bits, since
+coefficients ~9, ``md1_wait_quantiles_s`` ~7, ``queue_cap`` ~6. Kept too, the same bits: a probe batch taken
+before one of its rows first recomputed its tier is taken again, with the row's tier-off twin,
+after the pass that found it (``queue_probe.probe``; tests/test_kvtier.py): one row of the
+9,909 the saturation's second pass took ran a 1-row sub-pass in each of passes 3-7 (~1-1.4 ms
+each, 9 sub-passes a call -> 4), 1,282M -> 1,268M, in CPU time (as above) 84.4k -> 88.3k. What bounds the rest: the saturation root must give main's bits, since
 a row whose operating point is its saturation (or within ~1e-3 of it) scores its waits at
 1 / (1 - rho): ``NOISE`` 1.6e-4 (points scored 407.5k -> 403.8k) moved 22 such rows'
 ``ttft_p90_length_s`` by up to 1.3e-3; the rate's root may move (``RATE_NOISE`` 1.9e-5: every
