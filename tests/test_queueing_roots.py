@@ -229,25 +229,3 @@ def test_queue_times_carry_only_concurrency_free_memos():
     fresh = queue_probe.queue_times(b.replace(concurrency=c), Coefficients(b))
     for v, w in zip(times(c), fresh):
         np.testing.assert_array_equal(np.broadcast_to(v, (len(b),)), np.broadcast_to(w, (len(b),)))
-
-
-def test_the_queues_decode_and_draft_steps_in_one_call_are_each_ones_own():
-    # phases.steps without sums (queue_probe.queue_times) prices the decode step and the drafts'
-    # 1-token decode step in one stacked step call (dse.perf.roots' eighth pass): the decode
-    # step to the bit, the drafts' time within a float32 rounding (their total is summed in
-    # the decode step's order), at several concurrencies a row
-    from dse.perf import phases, spec
-    b = batch(_rows()).replace(**MECHANISMS).astype(np.float32)
-    cs = (np.array([[1.0], [7.5], [300.0]]) * np.ones(len(b))).astype(np.float32)
-    bc = Batch({**b.columns, "concurrency": cs})
-    k = Coefficients(b)
-    tok = spec.tokens_per_step(bc)
-    load = phases.prompt_load(bc, tok)
-    q = bc.spec_tokens + 1.0
-    st, _, draft = phases.steps(bc, False, load, k, q, sums=False)
-    ref, _, ref_draft = phases.steps(bc, False, load, k, q, sums=True)
-    np.testing.assert_array_equal(st.decode, ref.decode)
-    np.testing.assert_array_equal(st.mixed, ref.mixed)
-    np.testing.assert_array_equal(st.prefill, ref.prefill)
-    assert np.all(np.asarray(draft) > 0.0)
-    np.testing.assert_allclose(draft, ref_draft, rtol=1e-6)
