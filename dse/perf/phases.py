@@ -197,41 +197,16 @@ def steps(b: Batch, breakdown: bool, load: PromptLoad, k: Coefficients | None = 
     x = context(b, k)
     decoding = load.decoding
     dq = decoding if q is None else decoding * q      # hook: dse.perf.spec (verify k+1 tokens)
-    pp = b.pp
-    if q is not None and not (breakdown or sums):
-        # hook: dse.perf.spec -- the queue's times (dse.perf.queue_probe): the decode step and
-        # the 1-token decode step that prices the drafts (below) in one call
-        decode, one = _decode_and_draft(k, x, dq / pp, decoding / pp, q)
-        sums = None
-    else:
-        decode, sums = decode_step(b, k, x, dq, breakdown, q, sums)
-        one = None
+    decode, sums = decode_step(b, k, x, dq, breakdown, q, sums)
     out = Breakdown(decode, prompt_step(b, k, x, dq, load, breakdown, q),
                     ttft_step(b, k, x, load, breakdown, q))
     if q is None:
         return out, sums, None
     # hook: dse.perf.spec -- the k draft steps of every pass, priced from a 1-token decode step
-    if one is None:
-        one = step(k, decoding / pp, x.zero, x.dec_ctx, x.new, x.prior, x.pairs, decoding / pp,
-                   decode_step=True, **x.loc)
+    pp = b.pp
+    one = step(k, decoding / pp, x.zero, x.dec_ctx, x.new, x.prior, x.pairs, decoding / pp,
+               decode_step=True, **x.loc)
     return out, sums, spec.draft_s(b, k, decoding / pp, one, b.isl + 0.5 * b.osl)
-
-
-def _decode_and_draft(k: Coefficients, x: Context, dec, one, q):
-    """The decode-only step of ``dec`` tokens (``q`` a sequence) and that of ``one`` token a
-    sequence (the drafts' price) in one ``step`` call, their tokens stacked on a new first
-    axis (the Python of one step a pass of the request-rate path's probe, not two; every
-    operation of a step is elementwise). The second's total is summed in the first's order
-    (``keep``): within a float32 rounding of the step alone (dse.perf.roots' eighth pass)."""
-    tokens = np.empty((2,) + np.broadcast_shapes(np.shape(dec), np.shape(one)),
-                      dtype=np.result_type(dec, one))
-    tokens[0], tokens[1] = dec, one
-    per_seq = np.ones((2,) + (1,) * max(tokens.ndim - 1 - np.ndim(q), 0) + np.shape(q),
-                      dtype=tokens.dtype)
-    per_seq[0] = q
-    both = step(k, tokens, x.zero, x.dec_ctx, x.new, x.prior, x.pairs, tokens,
-                decode_step=True, seq_tokens=per_seq, keep=True, **x.loc)
-    return both[0], both[1]
 
 
 def mean_steps(st: Breakdown, load: PromptLoad, draft):
