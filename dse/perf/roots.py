@@ -227,27 +227,25 @@ roots' clamps), the float32 step arithmetic and the Python of ~30 passes.
 An eighth pass (issue 28, deliverable 6; the returned columns may move 2e-4 relative of main's
 at 967e839 on the bench's 20,000 queueing designs), measured in instructions of one warm call
 (callgrind, instrumentation on around the call: main 1,307.8M) and in CPU time of warm calls
-alternated in one process (a load of 1.3-2.8 moves a call +-15% from run to run). Kept: the
-decode step and the drafts' 1-token decode step in one ``step`` call, their tokens stacked on a
-new axis (``phases._decode_and_draft``: one step's Python a pass less), 1,282M (-2.0%), in CPU
-time (best of 3 calls, median of 8-10, the two paths alternated in one process, load ~2.8) 78.1k
--> 81.0k and 89.2k -> 91.2k designs per CPU-second (tests/test_queueing_roots.py holds the
-stacked steps to the steps alone); the drafts' total is summed in the decode step's order, so
-float32 times move by a rounding: every returned column within 5.6e-5 of main's (medians 0) but
-one row at rho ~0.999 (rate 2.0 against a saturation of 2.002, infeasible: ``ttft_p90_length_s``
-2.6e-4, its concurrency 1e-5). Where a call goes (CPU time, ~213 ms at a load of 1.5): the
-probe's passes ~135 ms (``queue_times`` ~125: ~1 ms fixed a pass, ~0.2-0.35 us a point, (8,
+alternated in one process (a load of 1.3-2.8 moves a call +-15% from run to run). Tried and
+reverted: the decode step and the drafts' 1-token decode step in one ``step`` call, their tokens
+stacked on a new axis (one step's Python a pass less; 1,282M, -2.0%; 78.1k -> 81.0k designs per
+CPU-second in one process): its drafts' total, summed in the decode step's order, is a float32
+rounding off the full path's, so ``queue_probe.queue_times`` no longer gives
+``serve._instance(queue=True)``'s bits (tests/test_queueing_roots.py, one row in 42 at 7e-8
+once the end-to-end refit of the twenty-first TTFT pass moved the numbers). Where a call goes
+(CPU time, ~213 ms at a load of 1.5): the probe's passes ~135 ms (``queue_times`` ~125: ~1 ms fixed a pass, ~0.2-0.35 us a point, (8,
 1,250) and (1, 10,000) grids alike: points, not rows), the float64 scoring at the operating
 point ~35 (~6 of it the recursive ``_instance`` of the ~14 rows whose tier recomputes there),
-the finish ~10, the coefficients ~9, ``md1_wait_quantiles_s`` ~7, ``queue_cap`` ~6. Kept too,
-the same bits: a probe batch taken before one of its rows first recomputed its tier is taken
+the finish ~10, the coefficients ~9, ``md1_wait_quantiles_s`` ~7, ``queue_cap`` ~6. Kept, the
+same bits: a probe batch taken before one of its rows first recomputed its tier is taken
 again, with the row's tier-off twin, after the pass that found it (``queue_probe.probe``;
 tests/test_kvtier.py): one row of the 9,909 the saturation's second pass took ran a 1-row
 sub-pass in each of passes 3-7 (~1-1.4 ms each, 9 sub-passes a call -> 4), 1,282M -> 1,268M, in
-CPU time (as above) 84.4k -> 88.3k. Both: 1,314.9M -> 1,268.0M (-3.6%; main's count moves ~0.5%
-from run to run), and in CPU time of separate processes alternated (best of 3, median of 6, load
-~3) 94.8k both: below that noise. What bounds the rest: the saturation root must give main's
-bits, since a row whose operating point is its saturation (or within ~1e-3 of it) scores its
+CPU time (best of 3 calls, median of 8-10, alternated in one process, load ~2.8) 84.4k -> 88.3k.
+With the stacking too: 1,314.9M -> 1,268.0M (-3.6%; main's count moves ~0.5% from run to run),
+and in CPU time of separate processes alternated (best of 3, median of 6, load ~3) 94.8k both:
+below that noise. What bounds the rest: the saturation root must give main's bits, since a row whose operating point is its saturation (or within ~1e-3 of it) scores its
 waits at 1 / (1 - rho): ``NOISE`` 1.6e-4 (points scored 407.5k -> 403.8k) moved 22 such rows'
 ``ttft_p90_length_s`` by up to 1.3e-3; the rate's root may move (``RATE_NOISE`` 1.9e-5: every
 column within 2e-4). Tried, not kept (points scored, instructions; main 30 passes, 287.7k asked,
