@@ -234,7 +234,8 @@ CPU-second in one process): its drafts' total, summed in the decode step's order
 rounding off the full path's, so ``queue_probe.queue_times`` no longer gives
 ``serve._instance(queue=True)``'s bits (tests/test_queueing_roots.py, one row in 42 at 7e-8
 once the end-to-end refit of the twenty-first TTFT pass moved the numbers). Where a call goes
-(CPU time, ~213 ms at a load of 1.5): the probe's passes ~135 ms (``queue_times`` ~125: ~1 ms fixed a pass, ~0.2-0.35 us a point, (8,
+(CPU time, ~213 ms at a load of 1.5): the probe's passes ~135 ms (``queue_times`` ~125: ~1 ms
+fixed a pass, ~0.2-0.35 us a point, (8,
 1,250) and (1, 10,000) grids alike: points, not rows), the float64 scoring at the operating
 point ~35 (~6 of it the recursive ``_instance`` of the ~14 rows whose tier recomputes there),
 the finish ~10, the coefficients ~9, ``md1_wait_quantiles_s`` ~7, ``queue_cap`` ~6. Kept, the
@@ -245,7 +246,8 @@ sub-pass in each of passes 3-7 (~1-1.4 ms each, 9 sub-passes a call -> 4), 1,282
 CPU time (best of 3 calls, median of 8-10, alternated in one process, load ~2.8) 84.4k -> 88.3k.
 With the stacking too: 1,314.9M -> 1,268.0M (-3.6%; main's count moves ~0.5% from run to run),
 and in CPU time of separate processes alternated (best of 3, median of 6, load ~3) 94.8k both:
-below that noise. What bounds the rest: the saturation root must give main's bits, since a row whose operating point is its saturation (or within ~1e-3 of it) scores its
+below that noise. What bounds the rest: the saturation root must give main's bits, since a row
+whose operating point is its saturation (or within ~1e-3 of it) scores its
 waits at 1 / (1 - rho): ``NOISE`` 1.6e-4 (points scored 407.5k -> 403.8k) moved 22 such rows'
 ``ttft_p90_length_s`` by up to 1.3e-3; the rate's root may move (``RATE_NOISE`` 1.9e-5: every
 column within 2e-4). Tried, not kept (points scored, instructions; main 30 passes, 287.7k asked,
