@@ -214,3 +214,32 @@ def test_a_probes_later_passes_score_recomputing_rows_by_their_tier_off_twins():
                                 Coefficients(o32))[0], cc.shape)[:, 1])
     np.testing.assert_array_equal(np.broadcast_to(got[0], cc.shape)[:, 1],
                                   np.broadcast_to(with_tier[0], cc.shape)[:, 1])
+
+
+def test_a_taken_batch_whose_row_first_recomputes_in_a_pass_carries_its_twin_after_it():
+    """A row of a taken probe batch that first recomputes in one of its passes runs a pass of
+    its own in that pass only: the probe takes the batch again with the row's tier-off twin
+    (queue_probe.probe; dse.perf.roots' eighth pass: one of dse.bench's rows ran five such
+    passes), and the numbers stay those of the row without its tier."""
+    from dse.perf import queue_probe, tier_split
+    from dse.perf.step import Coefficients
+    c = {**LONG, "workload.concurrency": 16, "workload.cached_conversations": 256,
+         "serving.kv_offload": "host"}
+    slow = {**c, "accelerator.host_link_bw_bytes_per_s": 1e6}
+    b = batch([c, slow, c, slow, c])
+    at = queue_probe.probe(b, Coefficients(b), np.float32)
+    rows = np.array([1, 2, 3])
+    cc = np.array([[4.0, 8.0, 16.0], [24.0, 48.0, 12.0]], np.float32)
+    times = at(rows)                   # taken before any row recomputed: no twins
+    calls = []
+    orig = tier_split.recomputing
+    tier_split.recomputing = lambda *a: calls.append(1) or orig(*a)
+    try:
+        first = times(cc)              # rows 1 and 3 recompute: a pass of their own
+        assert len(calls) == 1
+        again = times(cc)              # their twins now ride in the pass
+        assert len(calls) == 1
+    finally:
+        tier_split.recomputing = orig
+    for f, g in zip(first, again):
+        np.testing.assert_array_equal(np.broadcast_to(f, cc.shape), np.broadcast_to(g, cc.shape))

@@ -69,10 +69,12 @@ def probe(b: Batch, k: Coefficients, dtype):
     n = len(b32)
     # the rows whose KV tier recomputed at some point so far: a batch of rows taken later holds
     # a twin of each of them without the tier, scored in the same pass as the rows
-    # (``queue_times``' ``twins``) instead of a pass of its own (~2 ms of Python a pass)
+    # (``queue_times``' ``twins``) instead of a pass of its own (~1-2 ms of Python a pass);
+    # a batch taken before one of its rows first recomputed is taken again after that pass
     recomputed = np.zeros(n, dtype=bool)
 
-    def at(rows):
+    def held_batch(rows):
+        """The batch of ``rows`` (None: all), with tier-off twins of those recomputed so far."""
         twin = np.zeros(0, dtype=np.int64) if rows is None else \
             np.flatnonzero(recomputed[rows])
         held = n if rows is None else len(rows)
@@ -91,23 +93,36 @@ def probe(b: Batch, k: Coefficients, dtype):
                          if (isinstance(v, np.ndarray) and v.shape == (n,)) or (
                              v is False and key.startswith("has_on:")
                              and key not in POINT_MEMOS)})
+        return twin, held, taken, sub, ks, memo
+
+    def at(rows):
+        st = [held_batch(rows)]
 
         def times(c):
-            if len(twin):
-                c = np.concatenate([c, np.asarray(c)[..., twin]], axis=-1)
-            bc = sub.replace(concurrency=c)
-            bc.__dict__["_memo"].update(memo)
-            out = queue_times(bc, ks, (held, twin) if len(twin) else None)
-            memo.update(bc.__dict__["_memo"])
-            memo.pop("sequences", None)          # (the one memo that depends on concurrency)
-            if "tier_recomputing" in memo:
-                got = memo["tier_recomputing"][0]
-                recomputed[got if rows is None else taken[got]] = True
-            if not len(twin):
-                return out
-            return tuple(np.broadcast_to(v, np.broadcast_shapes(np.shape(v), (len(sub),)))
-                         [..., :held] for v in out)
+            twin, held, taken, sub, ks, memo = st[0]
+            out = _times(c, twin, held, taken, sub, ks, memo)
+            # a row of a taken batch that recomputed this pass without its twin would run a
+            # sub-pass of its own every later pass (~1 ms each): the batch again, with it
+            if rows is not None and np.count_nonzero(recomputed[rows]) > len(twin):
+                st[0] = held_batch(rows)
+            return out
         return times
+
+    def _times(c, twin, held, taken, sub, ks, memo):
+        if len(twin):
+            c = np.concatenate([c, np.asarray(c)[..., twin]], axis=-1)
+        bc = sub.replace(concurrency=c)
+        bc.__dict__["_memo"].update(memo)
+        out = queue_times(bc, ks, (held, twin) if len(twin) else None)
+        memo.update(bc.__dict__["_memo"])
+        memo.pop("sequences", None)          # (the one memo that depends on concurrency)
+        if "tier_recomputing" in memo:
+            got = memo["tier_recomputing"][0]
+            recomputed[got if taken is None else taken[got]] = True
+        if not len(twin):
+            return out
+        return tuple(np.broadcast_to(v, np.broadcast_shapes(np.shape(v), (len(sub),)))
+                     [..., :held] for v in out)
     return at
 
 

@@ -223,6 +223,53 @@ a call goes now (callgrind): ``ndarray.take`` ~10% (the coefficients' gathers, 4
 takes, the lazily taken columns, the memos), ``np.where`` ~3.8% (the roots' float64
 bookkeeping, the tier), libm's float64 exp/log/log1p ~7% (``md1_decay``'s Halley steps, the
 roots' clamps), the float32 step arithmetic and the Python of ~30 passes.
+
+An eighth pass (issue 28, deliverable 6; the returned columns may move 2e-4 relative of main's
+at 967e839 on the bench's 20,000 queueing designs), measured in instructions of one warm call
+(callgrind, instrumentation on around the call: main 1,307.8M) and in CPU time of warm calls
+alternated in one process (a load of 1.3-2.8 moves a call +-15% from run to run). Tried and
+reverted: the decode step and the drafts' 1-token decode step in one ``step`` call, their tokens
+stacked on a new axis (one step's Python a pass less; 1,282M, -2.0%; 78.1k -> 81.0k designs per
+CPU-second in one process): its drafts' total, summed in the decode step's order, is a float32
+rounding off the full path's, so ``queue_probe.queue_times`` no longer gives
+``serve._instance(queue=True)``'s bits (tests/test_queueing_roots.py, one row in 42 at 7e-8
+once the end-to-end refit of the twenty-first TTFT pass moved the numbers). Where a call goes
+(CPU time, ~213 ms at a load of 1.5): the probe's passes ~135 ms (``queue_times`` ~125: ~1 ms
+fixed a pass, ~0.2-0.35 us a point, (8,
+1,250) and (1, 10,000) grids alike: points, not rows), the float64 scoring at the operating
+point ~35 (~6 of it the recursive ``_instance`` of the ~14 rows whose tier recomputes there),
+the finish ~10, the coefficients ~9, ``md1_wait_quantiles_s`` ~7, ``queue_cap`` ~6. Kept, the
+same bits: a probe batch taken before one of its rows first recomputed its tier is taken
+again, with the row's tier-off twin, after the pass that found it (``queue_probe.probe``;
+tests/test_kvtier.py): one row of the 9,909 the saturation's second pass took ran a 1-row
+sub-pass in each of passes 3-7 (~1-1.4 ms each, 9 sub-passes a call -> 4), 1,282M -> 1,268M, in
+CPU time (best of 3 calls, median of 8-10, alternated in one process, load ~2.8) 84.4k -> 88.3k.
+With the stacking too: 1,314.9M -> 1,268.0M (-3.6%; main's count moves ~0.5% from run to run),
+and in CPU time of separate processes alternated (best of 3, median of 6, load ~3) 94.8k both:
+below that noise. What bounds the rest: the saturation root must give main's bits, since a row
+whose operating point is its saturation (or within ~1e-3 of it) scores its
+waits at 1 / (1 - rho): ``NOISE`` 1.6e-4 (points scored 407.5k -> 403.8k) moved 22 such rows'
+``ttft_p90_length_s`` by up to 1.3e-3; the rate's root may move (``RATE_NOISE`` 1.9e-5: every
+column within 2e-4). Tried, not kept (points scored, instructions; main 30 passes, 287.7k asked,
+407.5k scored): closing points in the shared probe's free slots (a row's slots up to 3, the
+roots' open ones first: ``CLOSE`` 0.9 tolerance or ``REACH`` 0.5-2 times the secant's last step
+ratio past the secant point, on the side it comes from) 388-390k but 1,366-1,399M and 243
+against 234 ms (the 4th shared pass then takes 10,341 rows, +24M in ``ndarray.take``, and the
+extra points' bookkeeping +10M of fancy indexing; 3 rows past 2e-4, one a decode step's flip,
+``tpot_p90_s`` 17%); the saturation's probe at depth 2 (428-432k, no fewer passes); the
+saturation's first points from ``1 / rho`` affine in ``1 / C`` through C = 1 and the cap, alone
+or +-5-30% about it (open rows per step 9,900 9,898 9,699 7,788 5,451 3,656 against 9,895 9,865
+8,890 5,887 3,288: its stragglers are kinks, not starts); goodput's two bounds bracketed first
+by the saturation's points (the TTFT bound's open rows 9,911 9,404 7,300 2,580 against 10,382
+9,567 9,246 6,277; 403k, but 1,427M: the TTFT test's M/D/1 on ~70k points, and 11 goodput rows
+on another crossing, up to 14.7%); the rate's root from one first point (the two guesses'
+geometric mean) with takes weighed by the passes to come (387k, 1,302M, 218.1 against 218.3 ms);
+the TPOT bound in a probe of its own (42 passes, 1,430M); the prompt and TTFT steps in one
+stacked call (the same bits, 1,310.5M: the prompt step's per-row prefix arrays become (points,
+rows) ones); ``SECTIONS`` 31 or 63 for the shared roots alone (29 passes, 413-421k). 10^5
+designs per CPU-second at this load asks ~15% more than this pass found: fewer points need the
+saturation free to move (its kinks cost ~108k points, ~37k of them in sections), and the rest is
+the step model's ~0.2 us a point.
 """
 
 from __future__ import annotations
