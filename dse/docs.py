@@ -209,6 +209,8 @@ def block_kernels(root: Path) -> str:
 
 E2E_NAMES = {"aic-silicon": "Hopper deployments (TensorRT-LLM, SGLang, vLLM; closed loop)",
              "aic-silicon-queue-suspect": "same, TTFTs flagged as queue-dominated (not fitted)",
+             "aic-silicon-cold-start": "same, TTFTs of runs that compiled kernels while measured "
+             "(not fitted)",
              "trtllm-online": "TensorRT-LLM v0.14 online serving (H100, H200)",
              "trtllm-online-max-rate-no-concurrency": "same, rows at an infinite request rate "
              "(not fitted)", "trtllm-v017": "TensorRT-LLM v0.17 offline throughput (five chips)"}
