@@ -111,6 +111,13 @@ BASES = [
     {"accelerator.id": "a100-sxm-80g", "model.id": "gpt-oss-120b", "layout.tp": 2,
      "workload.isl": 8192, "workload.osl": 256, "workload.concurrency": 16,
      "model.kv_dtype": "fp8"},
+    # TensorRT-LLM's batch waiting, which acts only with both numbers set: a 1024-token prompt
+    # and 64 decodes against 0.9 x 1300 = 1170 tokens wait the timeout; at 0.72 x 1300 = 936
+    # they do not
+    {"accelerator.id": "h200-sxm", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp8",
+     "layout.tp": 4, "workload.isl": 1024, "workload.osl": 1024, "workload.concurrency": 64,
+     "serving.max_num_tokens": 1300, "serving.batch_wait_iters": 20,
+     "serving.batch_wait_tokens_fraction": 0.9},
 ]
 
 # paths with no numeric effect by design, each with the reason
