@@ -150,33 +150,34 @@ SCHEDULER_LOOPS = (
 )
 LOOP = "serving.overlap_schedule"
 # The tokens per streamed chunk a harness's recipe launched the runtime with, where it is not the
-# runtime's default (serving.toml [runtimes.*] stream_interval = 1): (recipe, rule) with the
-# rule's ``runtime``, ``model``, ``hardware``, ``harness`` (a pattern of ``length_dist``) and the
-# ``stream_interval`` it sets where blank; rows served through a Dynamo image (their citation
-# names ai-dynamo: other recipes) are left alone. Each recipe sets the same value at every
+# runtime's default (serving.toml [runtimes.*] stream_interval = 1), in ``RECIPES``' format;
+# rows served through a Dynamo image (their citation names ai-dynamo: other recipes) are left
+# alone (``not_via``). Each recipe sets the same value at every
 # SemiAnalysisAI/InferenceX commit in force on the rows' measured dates (2025-10-29 to
 # 2026-03-27: 9596d23d7, e06929c70, f6a9d0b6a, d8cc89778, 749096c4c, 12ba0ae07, 79a42e20a).
+_INFERENCEX_H200 = {"hardware": "h200-sxm", "harness": r"InferenceX", "not_via": "ai-dynamo"}
 STREAM_INTERVALS = (
     ("InferenceX benchmarks/dsr1_fp8_h200_trt_slurm.sh, later single_node/dsr1_fp8_h200_trt.sh: "
      "extra_llm_api_options stream_interval: 10",
-     {"runtime": "trtllm", "model": "deepseek-v3", "hardware": "h200-sxm",
-      "harness": r"InferenceX", "stream_interval": 10.0}),
+     {"runtime": "trtllm", "model": "deepseek-v3", **_INFERENCEX_H200},
+     {"serving.stream_interval": 10.0}),
     ("InferenceX benchmarks/gptoss_fp4_h200_trt_slurm.sh, later gptoss_fp4_h200_trt.sh: "
      "stream_interval: 20",
-     {"runtime": "trtllm", "model": "gpt-oss-120b", "hardware": "h200-sxm",
-      "harness": r"InferenceX", "stream_interval": 20.0}),
+     {"runtime": "trtllm", "model": "gpt-oss-120b", **_INFERENCEX_H200},
+     {"serving.stream_interval": 20.0}),
     ("InferenceX benchmarks/70b_fp8_h200_trt_slurm.sh (9596d23d7): stream_interval: 10",
-     {"runtime": "trtllm", "model": "llama-3.1-70b", "hardware": "h200-sxm",
-      "harness": r"InferenceX", "stream_interval": 10.0}),
+     {"runtime": "trtllm", "model": "llama-3.1-70b", **_INFERENCEX_H200},
+     {"serving.stream_interval": 10.0}),
     ("InferenceX benchmarks/dsr1_fp8_h200_slurm.sh, later single_node/dsr1_fp8_h200.sh: "
      "sglang.launch_server --stream-interval 10",
-     {"runtime": "sglang", "model": "deepseek-v3", "hardware": "h200-sxm",
-      "harness": r"InferenceX", "stream_interval": 10.0}),
+     {"runtime": "sglang", "model": "deepseek-v3", **_INFERENCEX_H200},
+     {"serving.stream_interval": 10.0}),
 )
 STREAM = "serving.stream_interval"
 # Settings a harness's launch recipe gave the runtime: (recipe, match, settings). ``match``: the
 # rows' ``runtime``, ``model``, ``hardware``, ``harness`` (a pattern of ``length_dist``) and, where
-# given, their nominal ``isl`` and ``osl`` and ``tp_below``; ``settings``: ``serving.*`` values
+# given, their nominal ``isl`` and ``osl``, ``tp_below`` and ``not_via`` (a citation pattern that
+# excludes a row); ``settings``: ``serving.*`` values
 # written where a case leaves them blank. SemiAnalysisAI/InferenceX
 # benchmarks/70b_fp8_h200_trt_slurm.sh at 9596d23d7 (in force on the rows' 2025-10-29) launches
 # ``trtllm-serve --max_num_tokens 16384`` and, "for 1k/1k ... and TP < 8",
@@ -421,32 +422,8 @@ def apply_scheduler_loops(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
 
 def apply_stream_intervals(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
     """``cases`` with the tokens per streamed chunk their recipe set (``STREAM_INTERVALS``, or
-    ``rules``) as ``serving.stream_interval`` where a case leaves it blank: the rows of a rule's
-    runtime, model, hardware and harness, except those served through a Dynamo image."""
-    rules = STREAM_INTERVALS if rules is None else rules
-    need = ("runtime", "model", "hardware", "length_dist")
-    if not rules or any(col not in cases for col in need):
-        return cases
-    given = cases[STREAM] if STREAM in cases else pd.Series(np.nan, index=cases.index)
-    blank = pd.to_numeric(given, errors="coerce").isna().to_numpy()
-    dynamo = cases["citation"].fillna("").astype(str).str.contains("ai-dynamo").to_numpy() \
-        if "citation" in cases else np.zeros(len(cases), bool)
-    value = np.full(len(cases), np.nan)
-    for _, rule in rules:
-        on = (cases["runtime"].astype(str).eq(rule["runtime"])
-              & cases["model"].astype(str).eq(rule["model"])
-              & cases["hardware"].astype(str).eq(rule["hardware"])
-              & cases["length_dist"].fillna("").astype(str).str.contains(rule["harness"],
-                                                                         regex=True)).to_numpy()
-        on = on & blank & ~dynamo & np.isnan(value)
-        value[on] = rule["stream_interval"]
-    on = np.isfinite(value)
-    if not on.any():
-        return cases
-    out = cases.copy()
-    out[STREAM] = given.astype(object)
-    out.loc[on, STREAM] = value[on]
-    return out
+    ``rules``) as ``serving.stream_interval`` where a case leaves it blank (``apply_recipes``)."""
+    return apply_recipes(cases, STREAM_INTERVALS if rules is None else rules)
 
 
 def recipe_rows(cases: pd.DataFrame, match: dict) -> np.ndarray:
@@ -463,6 +440,8 @@ def recipe_rows(cases: pd.DataFrame, match: dict) -> np.ndarray:
             on &= pd.to_numeric(cases.get(col), errors="coerce").to_numpy() == match[col]
     if "tp_below" in match:
         on &= pd.to_numeric(cases.get("tp"), errors="coerce").to_numpy() < match["tp_below"]
+    if "not_via" in match and "citation" in cases:
+        on &= ~cases["citation"].fillna("").astype(str).str.contains(match["not_via"]).to_numpy()
     return on
 
 
