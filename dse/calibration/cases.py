@@ -133,9 +133,8 @@ TOKEN_BUDGETS = {r"AIC bench template": {"trtllm": (1.0, 1500.0), "vllm": (1.0, 
                                          "sglang": (0.0, 1500.0)}}
 BUDGET = "serving.max_num_tokens"
 # The scheduler loop a harness's deployments ran where it is not the runtime's default
-# (serving.toml [runtimes.*] overlap_schedule): (name, rule) with the rule's ``runtime``,
-# ``harness`` (a pattern of ``length_dist``), ``version_below`` (the rows' backend_version)
-# and the ``overlap_schedule`` it sets where blank. vLLM turned async scheduling on by default
+# (serving.toml [runtimes.*] overlap_schedule), in ``RECIPES``' format (``version_below``: the
+# rows' backend_version). vLLM turned async scheduling on by default
 # in 0.14.0 (PR 27614; 0.11.1-0.13.0 vllm/config/scheduler.py ``async_scheduling: bool =
 # False``); aiconfigurator's template maps ``disable_overlap_scheduler`` to nothing for vLLM
 # (generator/config/backend_config_mapping.yaml, v0.6.0) and Dynamo 0.8-0.9's ``dynamo.vllm``
@@ -143,12 +142,12 @@ BUDGET = "serving.max_num_tokens"
 # InferenceX's recipes passed ``async-scheduling: true`` to vLLM 0.10.2-0.11.2 (e.g.
 # benchmarks/gptoss_fp4_h100_slurm.sh at 4e135fd3f): its rows keep the default.
 # reports/end-to-end/scheduler-loops.md has the table for every runtime and version of the set.
+LOOP = "serving.overlap_schedule"
 SCHEDULER_LOOPS = (
     ("aiconfigurator template, vLLM before 0.14: synchronous loop",
-     {"runtime": "vllm", "harness": r"AIC bench template", "version_below": (0, 14),
-      "overlap_schedule": 0.0}),
+     {"runtime": "vllm", "harness": r"AIC bench template", "version_below": (0, 14)},
+     {LOOP: 0.0}),
 )
-LOOP = "serving.overlap_schedule"
 # The tokens per streamed chunk a harness's recipe launched the runtime with, where it is not the
 # runtime's default (serving.toml [runtimes.*] stream_interval = 1), in ``RECIPES``' format;
 # rows served through a Dynamo image (their citation names ai-dynamo: other recipes) are left
@@ -177,7 +176,7 @@ STREAM = "serving.stream_interval"
 # Settings a harness's launch recipe gave the runtime: (recipe, match, settings). ``match``: the
 # rows' ``runtime``, ``model``, ``hardware``, ``harness`` (a pattern of ``length_dist``) and, where
 # given, their nominal ``isl`` and ``osl``, ``tp_below`` and ``not_via`` (a citation pattern that
-# excludes a row); ``settings``: ``serving.*`` values
+# excludes a row; every key: ``recipe_rows``); ``settings``: ``serving.*`` values
 # written where a case leaves them blank. SemiAnalysisAI/InferenceX
 # benchmarks/70b_fp8_h200_trt_slurm.sh at 9596d23d7 (in force on the rows' 2025-10-29) launches
 # ``trtllm-serve --max_num_tokens 16384`` and, "for 1k/1k ... and TP < 8",
@@ -195,11 +194,10 @@ RECIPES = (
       "harness": r"InferenceX", "isl": 1024, "osl": 1024, "tp_below": 8},
      {"serving.batch_wait_iters": 20.0, "serving.batch_wait_tokens_fraction": 0.9}),
 )
-# Runs whose TTFT holds kernel compiles (see the module docstring): (name, rule) with the rule's
-# ``runtime``, ``models`` (checkpoints whose FP8 weights are block-scaled, 128 x 128),
-# ``hardware``, ``harness`` (a pattern of ``length_dist``) and ``measured_before`` (the date in
-# the citation's ``measured=``). TensorRT-LLM runs DeepSeek-V3/R1's FP8 block-scale GEMMs on
-# Hopper through DeepGEMM, compiled with NVRTC and "stored in memory by default"
+# Runs whose TTFT holds kernel compiles (see the module docstring): (name, match) in ``RECIPES``'
+# format, ``model`` the checkpoints whose FP8 weights are block-scaled (128 x 128) and
+# ``measured_before`` the date in the citation's ``measured=``. TensorRT-LLM runs
+# DeepSeek-V3/R1's FP8 block-scale GEMMs on Hopper through DeepGEMM, compiled with NVRTC and "stored in memory by default"
 # (NVIDIA/TensorRT-LLM examples/models/core/deepseek_v3/README.md, DeepGEMM); the kernel is
 # chosen from the token count M (cpp/include/tensorrt_llm/deep_gemm jit_utils.cuh
 # get_best_gemm_config: block_m, block_n and TMA multicast by M), and the server's start-up
@@ -211,7 +209,7 @@ RECIPES = (
 # deployment measured twice before then gives TPOTs within 0.3% and TTFTs up to 2x apart.
 COLD_STARTS = (
     ("TensorRT-LLM, FP8 block-scale DeepGEMM JIT on Hopper, InferenceX client without warm-up",
-     {"runtime": "trtllm", "models": ("deepseek-v3",), "hardware": ("h100-sxm", "h200-sxm"),
+     {"runtime": "trtllm", "model": ("deepseek-v3",), "hardware": ("h100-sxm", "h200-sxm"),
       "harness": r"InferenceX", "measured_before": "2026-01-21"}),
 )
 COLD_START = " (cold start)"
@@ -401,23 +399,8 @@ def version_tuple(v) -> tuple:
 
 def apply_scheduler_loops(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
     """``cases`` with the scheduler loop their deployments ran (``SCHEDULER_LOOPS``, or
-    ``rules``) as ``serving.overlap_schedule`` where a case leaves it blank: the rows of a rule's
-    runtime and harness whose ``backend_version`` is below its ``version_below``."""
-    rules = SCHEDULER_LOOPS if rules is None else rules
-    need = ("runtime", "length_dist", "backend_version")
-    if not rules or any(col not in cases for col in need):
-        return cases
-    blank = _blank(cases, LOOP)
-    version = cases["backend_version"].map(version_tuple)
-    value = np.full(len(cases), np.nan)
-    for _, rule in rules:
-        on = (cases["runtime"].astype(str).eq(rule["runtime"])
-              & cases["length_dist"].fillna("").astype(str).str.contains(rule["harness"],
-                                                                         regex=True)
-              & version.map(lambda v: len(v) > 0 and v < rule["version_below"])).to_numpy(bool)
-        on = on & blank & np.isnan(value)
-        value[on] = rule["overlap_schedule"]
-    return _fill(cases, LOOP, value)
+    ``rules``) as ``serving.overlap_schedule`` where a case leaves it blank (``apply_recipes``)."""
+    return apply_recipes(cases, SCHEDULER_LOOPS if rules is None else rules)
 
 
 def apply_stream_intervals(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
@@ -426,62 +409,61 @@ def apply_stream_intervals(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
     return apply_recipes(cases, STREAM_INTERVALS if rules is None else rules)
 
 
+MATCH_COLUMNS = {"runtime": "runtime", "model": "model", "hardware": "hardware",
+                 "harness": "length_dist", "isl": "isl", "osl": "osl", "tp_below": "tp",
+                 "not_via": "citation", "version_below": "backend_version",
+                 "measured_before": "citation"}
+
+
 def recipe_rows(cases: pd.DataFrame, match: dict) -> np.ndarray:
-    """Per case: whether it is one of a ``RECIPES`` entry's rows (``match``)."""
-    if any(col not in cases for col in ("runtime", "model", "hardware", "length_dist")):
+    """Per case: whether it is one of a rule's rows (``RECIPES``, ``SCHEDULER_LOOPS``,
+    ``STREAM_INTERVALS``, ``COLD_STARTS``). Each key of ``match`` narrows them: ``runtime``,
+    ``model``, ``hardware`` (a name or a tuple of names), ``harness`` (a pattern of
+    ``length_dist``), the nominal ``isl`` and ``osl``, ``tp_below``, ``not_via`` (a citation
+    pattern that excludes a row), ``version_below`` (the ``backend_version``) and
+    ``measured_before`` (the citation's ``measured=`` date). No row where a column it needs is
+    missing."""
+    if any(MATCH_COLUMNS[k] not in cases for k in match):
         return np.zeros(len(cases), bool)
-    dist = cases["length_dist"].fillna("").astype(str)
-    on = (cases["runtime"].astype(str).eq(match["runtime"])
-          & cases["model"].astype(str).eq(match["model"])
-          & cases["hardware"].astype(str).eq(match["hardware"])
-          & dist.str.contains(match["harness"], regex=True)).to_numpy(bool, copy=True)
-    for col in ("isl", "osl"):
-        if col in match:
-            on &= pd.to_numeric(cases.get(col), errors="coerce").to_numpy() == match[col]
-    if "tp_below" in match:
-        on &= pd.to_numeric(cases.get("tp"), errors="coerce").to_numpy() < match["tp_below"]
-    if "not_via" in match and "citation" in cases:
-        on &= ~cases["citation"].fillna("").astype(str).str.contains(match["not_via"]).to_numpy()
+    on = np.ones(len(cases), bool)
+    for key, want in match.items():
+        col = cases[MATCH_COLUMNS[key]]
+        text, number = col.fillna("").astype(str), pd.to_numeric(col, errors="coerce").to_numpy()
+        if key in ("runtime", "model", "hardware"):
+            hit = col.astype(str).isin(want if isinstance(want, tuple) else (want,))
+        elif key == "harness":
+            hit = text.str.contains(want, regex=True)
+        elif key == "not_via":
+            hit = ~text.str.contains(want)
+        elif key in ("isl", "osl"):
+            hit = number == want
+        elif key == "tp_below":
+            hit = number < want
+        elif key == "version_below":
+            hit = col.map(lambda v: 0 < len(version_tuple(v)) and version_tuple(v) < want)
+        else:                                                        # measured_before
+            date = text.str.extract(r"measured=(\d{4}-\d{2}-\d{2})", expand=False).fillna("")
+            hit = date.ne("") & (date < want)
+        on &= np.asarray(hit, bool)
     return on
 
 
 def apply_recipes(cases: pd.DataFrame, rules=None) -> pd.DataFrame:
     """``cases`` with the settings of their harness's recipe (``RECIPES``, or ``rules``) written
     as their ``serving.*`` columns where a case leaves them blank."""
-    rules = RECIPES if rules is None else rules
     out = cases
-    for _, match, settings in rules:
+    for _, match, settings in (RECIPES if rules is None else rules):
         on = recipe_rows(cases, match)
-        if not on.any():
-            continue
-        if out is cases:
-            out = cases.copy()
         for col, v in settings.items():
-            given = out[col] if col in out else pd.Series(np.nan, index=out.index)
-            blank = pd.to_numeric(given, errors="coerce").isna().to_numpy()
-            out[col] = given.astype(object)
-            out.loc[on & blank, col] = v
+            out = _fill(out, col, np.where(on & _blank(out, col), v, np.nan))
     return out
 
 
 def cold_start_cases(cases: pd.DataFrame, rules=None) -> np.ndarray:
-    """Per case: whether its run matches a ``COLD_STARTS`` rule (or ``rules``): the rule's
-    runtime, model, hardware and harness, measured (the citation's ``measured=`` date) before its
-    ``measured_before``."""
-    rules = COLD_STARTS if rules is None else rules
-    need = ("runtime", "model", "hardware", "length_dist", "citation")
+    """Per case: whether its run matches a ``COLD_STARTS`` rule (or ``rules``; ``recipe_rows``)."""
     out = np.zeros(len(cases), bool)
-    if not rules or any(col not in cases for col in need):
-        return out
-    date = cases["citation"].fillna("").astype(str).str.extract(
-        r"measured=(\d{4}-\d{2}-\d{2})", expand=False).fillna("")
-    for _, rule in rules:
-        out |= (cases["runtime"].astype(str).eq(rule["runtime"])
-                & cases["model"].astype(str).isin(rule["models"])
-                & cases["hardware"].astype(str).isin(rule["hardware"])
-                & cases["length_dist"].fillna("").astype(str).str.contains(rule["harness"],
-                                                                           regex=True)
-                & date.ne("") & (date < rule["measured_before"])).to_numpy(bool)
+    for _, match in (COLD_STARTS if rules is None else rules):
+        out |= recipe_rows(cases, match)
     return out
 
 
