@@ -197,7 +197,8 @@ RECIPES = (
 # Runs whose TTFT holds kernel compiles (see the module docstring): (name, match) in ``RECIPES``'
 # format, ``model`` the checkpoints whose FP8 weights are block-scaled (128 x 128) and
 # ``measured_before`` the date in the citation's ``measured=``. TensorRT-LLM runs
-# DeepSeek-V3/R1's FP8 block-scale GEMMs on Hopper through DeepGEMM, compiled with NVRTC and "stored in memory by default"
+# DeepSeek-V3/R1's FP8 block-scale GEMMs on Hopper through DeepGEMM, compiled with NVRTC and
+# "stored in memory by default"
 # (NVIDIA/TensorRT-LLM examples/models/core/deepseek_v3/README.md, DeepGEMM); the kernel is
 # chosen from the token count M (cpp/include/tensorrt_llm/deep_gemm jit_utils.cuh
 # get_best_gemm_config: block_m, block_n and TMA multicast by M), and the server's start-up
