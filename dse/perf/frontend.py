@@ -77,9 +77,11 @@ def front_end_s(b: Batch):
 def chunks(b: Batch):
     """The chunks a streamed answer of ``osl`` tokens goes out in: the first token at once, then
     one chunk every ``stream_interval`` (k) tokens, ``n = (osl - 1) / k + 1`` (``osl`` where
-    every token is sent, k = 1)."""
-    k = np.maximum(getattr(b, "stream_interval", 1.0), 1.0)
-    return (np.maximum(b.osl, 1.0) - 1.0) / k + 1.0
+    every token is sent, k = 1: no arithmetic where no row streams chunks)."""
+    k = getattr(b, "stream_interval", None)
+    if k is None or (isinstance(b, Batch) and not b.has_on("stream_interval")):
+        return b.osl
+    return (np.maximum(b.osl, 1.0) - 1.0) / np.maximum(k, 1.0) + 1.0
 
 
 def stream_s(b: Batch):
