@@ -449,6 +449,9 @@ def test_calibrate_folds_take_the_held_out_names_of_each_grouping():
         ("decade", ["100-999"]), ("model", ["llama-3.1-8b"]), ("runtime", ["sglang"])]
     # a grouping with none of the names is skipped
     assert _folds(cases, ["decade", "hardware"], ["1-9"]) == [("decade", ["1-9"])]
+    # a name in another case (as the model or runtime is usually written) is its group's
+    assert _folds(cases, ["model", "runtime"], ["DeepSeek-V3", "SGLang"]) == [
+        ("model", ["deepseek-v3"]), ("runtime", ["sglang"])]
     with pytest.raises(InputError):
         _folds(cases, ["decade"], ["1000+"])
 

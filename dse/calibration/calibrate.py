@@ -227,14 +227,17 @@ def _folds(cases: pd.DataFrame, cv, held_out) -> list:
     if not held_out:
         return [(by, None) for by in bys]
     groups = {by: set(holdout_key(cases, by)) for by in bys}
-    unknown = [g for g in held_out if not any(g in gs for gs in groups.values())]
+    # a name as a user writes it (DeepSeek-V3, SGLang) is the group's name in any case
+    named = {g.lower(): g for gs in groups.values() for g in gs}
+    unknown = [g for g in held_out if g.lower() not in named]
     if unknown:
         raise InputError(f"--held-out {' '.join(unknown)}: no such group of --cv "
                          + " ".join(bys),
                          hint="; ".join(f"{by}: " + ", ".join(sorted(gs))
                                         for by, gs in groups.items()))
-    return [(by, [g for g in held_out if g in groups[by]]) for by in bys
-            if groups[by] & set(held_out)]
+    wanted = [named[g.lower()] for g in held_out]
+    return [(by, [g for g in wanted if g in groups[by]]) for by in bys
+            if groups[by] & set(wanted)]
 
 
 def _params_table(params: dict, theta: dict | None) -> str:
