@@ -551,3 +551,27 @@ def test_a_held_out_groups_figure_does_not_depend_on_the_other_groups():
     # without a carried weight, the frame's own rows set it (the in-sample report)
     own = make_report(j.drop(columns="w")[j["held_out"] == "A"], by).set_index("held_out")
     assert own.loc["A", "error_factor"] == pytest.approx(np.exp((0.3 + 0.1) / 2), rel=1e-12)
+
+
+def test_cv_out_writes_the_held_out_rows_and_refuses_a_folder(tmp_path, capsys):
+    import pandas as pd
+
+    from dse.calibration.calibrate import _write_cv, main
+    cv = pd.DataFrame({"case_id": ["a", "a", "b"], "source": "S", "metric": ["ttft_s", "tpot_s",
+                       "ttft_s"], "value": [0.2, 0.01, 0.5], "pred": [0.1, 0.011, 0.5],
+                       "w": [0.5, 0.5, 1.0], "model": "m", "hardware": "h100-sxm",
+                       "held_out": "sglang", "by": "runtime"})
+    cases = pd.DataFrame({"case_id": ["a", "b"], "runtime": ["sglang", "sglang"]})
+    out = tmp_path / "cv.csv"
+    _write_cv(cv, cases, str(out))
+    back = pd.read_csv(out)
+    assert list(back.columns) == ["by", "held_out", "case_id", "source", "metric", "value",
+                                  "pred", "w", "model", "hardware", "runtime"]
+    assert back["pred"].tolist() == [0.1, 0.011, 0.5] and set(back["runtime"]) == {"sglang"}
+    # a folder, a missing folder, or no --cv: one line, exit 2, nothing written
+    assert main(["--cv", "runtime", "--cv-out", str(tmp_path)]) == 2
+    assert main(["--cv", "runtime", "--cv-out", str(tmp_path / "no" / "x.csv")]) == 2
+    assert main(["--cv-out", str(tmp_path / "y.csv")]) == 2
+    assert not (tmp_path / "y.csv").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(e.startswith("error: --") for e in err)

@@ -17,6 +17,8 @@ case weighted so that every (source, hardware) pair counts equally within a sour
                                                      # ... with a number set, not fitted (what
                                                      # the others do if it came from a source)
     python -m dse.calibration.calibrate --by-kind    # ... error by runtime x model kind x metric
+    python -m dse.calibration.calibrate --cv runtime --held-out sglang --cv-out cv.csv
+                                                     # ... and every held-out prediction to CSV
 
 The sets read, the open-loop rows and the groups reported apart (online rows at an infinite rate,
 queue-suspect and cold-start TTFTs): dse.calibration.cases.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -120,6 +123,10 @@ def main(argv=None) -> int:
     p.add_argument("--cv-params", action="store_true",
                    help="with --cv: also print the end-to-end numbers each group was predicted "
                         "with (refitted without it), beside the --fit numbers if given")
+    p.add_argument("--cv-out", metavar="CSV",
+                   help="with --cv: also write every held-out prediction to CSV (one row per "
+                        "case and metric: by, held_out, case_id, metric, value, pred, w, the "
+                        "case's model, hardware and runtime), to see where a fold's error sits")
     p.add_argument("--hold", nargs="+", metavar="NAME=VALUE", default=[],
                    help="with --fit or --cv: set these end-to-end numbers (dse.calibration.fit."
                         "PARAMS, in seconds) instead of fitting them; never with --write")
@@ -143,9 +150,13 @@ def main(argv=None) -> int:
         print("error: --hold sets numbers for a refit (--fit, --cv) that is not written: "
               "no --write", file=sys.stderr)
         return 2
-    if (a.held_out or a.cv_params) and a.cv is None:
-        print("error: --held-out and --cv-params select and show cross-validation folds: "
-              "give --cv too", file=sys.stderr)
+    if (a.held_out or a.cv_params or a.cv_out) and a.cv is None:
+        print("error: --held-out, --cv-params and --cv-out select and show cross-validation "
+              "folds: give --cv too", file=sys.stderr)
+        return 2
+    if a.cv_out and (Path(a.cv_out).is_dir() or not Path(a.cv_out).parent.is_dir()):
+        print(f"error: --cv-out {a.cv_out}: give a CSV file's path in an existing folder",
+              file=sys.stderr)
         return 2
     try:
         cases, truth = load(a.dir)
@@ -184,6 +195,7 @@ def main(argv=None) -> int:
         print("By runtime x model kind (the fitted rows: online rows at an infinite rate and "
               "queue-suspect and cold-start TTFTs left out)")
         print(_table(by_kind(j, cases)))
+    rows = []
     for by, only in folds:
         print()
         print(f"Cross-validated ({CV_WHAT[by]}: the end-to-end numbers refitted without it)")
@@ -194,12 +206,27 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         print(_table(report(cv, ("source", "metric", "held_out"))))
+        rows.append(cv.assign(by=by))
         if params:
             print()
             print(f"The end-to-end numbers each {by} was predicted with"
                   + (" (all: the --fit numbers)" if theta else ""))
             print(_params_table(params, theta))
+    if a.cv_out and rows:
+        _write_cv(pd.concat(rows, ignore_index=True), cases, a.cv_out)
     return 0
+
+
+def _write_cv(cv: pd.DataFrame, cases: pd.DataFrame, path: str) -> None:
+    """The held-out predictions of ``--cv`` as CSV: which grouping and group, the truth, the
+    prediction, the weight the case has in the fit (``weights``) and the case's model,
+    hardware and runtime."""
+    extra = [c for c in ("runtime",) if c in cases and c not in cv]
+    out = cv.merge(cases[["case_id", *extra]], on="case_id", how="left") if extra else cv
+    cols = ["by", "held_out", "case_id", "source", "metric", "value", "pred", "w", "model",
+            "hardware", "runtime"]
+    out[[c for c in cols if c in out]].to_csv(path, index=False)
+    print(f"wrote {path} ({len(out)} held-out predictions)")
 
 
 def _hold(items) -> dict:
