@@ -127,6 +127,38 @@ def test_a_batch_wait_holds_a_prompt_for_its_timeout(iters, frac, budget, held):
     assert m["tpot_s"] == pytest.approx(m0["tpot_s"], rel=1e-12)   # the steps are unchanged
 
 
+# a prompt served half from the prefix cache: 512 new tokens; attention is free here, so its
+# step is 64 decodes + 512 prompt rows: 0.25 x 8.11 ms + 0.75 x 0.96 ms = 2.75 ms
+T_MEAN_HALF_CACHED = SHARE * _stage_s(C + ISL // 2, C + 1) + (1 - SHARE) * T_DECODE
+
+
+@pytest.mark.parametrize("budget, kw, held", [
+    (2190, {}, True),          # 1024 new + 64 decodes = 1088 < 0.5 x 2190 = 1095: held
+    (2160, {}, False),         # 1088 >= 0.5 x 2160 = 1080 (the decodes tip it: 1024 alone is below)
+    (2160, {"workload.prefix_hit_fraction": 0.5}, True),   # 512 new + 64 = 576 < 1080
+    (2190, {"layout.dp": 2}, False),   # attention DP: TensorRT-LLM never holds (no _waiting_requests)
+])
+def test_a_batch_wait_counts_the_new_prompt_tokens_and_the_decodes(budget, kw, held):
+    """TensorRT-LLM's ``_waiting_requests`` stops waiting when the scheduled tokens (the prompt's
+    tokens to compute and one per running decode) reach ``ratio x max_num_tokens``; it is only
+    called without attention DP. At a mark between 1024 + 0.8 x 64 and 1024 + 1.2 x 64 tokens a
+    20% change of the decodes' count flips the hold; at 0.5 x 2160 = 1080 the decodes alone decide
+    it; with half the prompt cached only its 512 new tokens count. Held: 20 passes x 63/64, 20 x
+    4.53 ms x 63/64 = 89.3 ms (half cached: 20 x 2.75 ms x 63/64 = 54.1 ms)."""
+    base = {"workload.isl": ISL, "workload.osl": OSL, "workload.concurrency": C,
+            "serving.max_num_tokens": budget, **kw}
+    m0, _, _ = _compute_only(_llama8b(**base))
+    m, _, _ = _compute_only(_llama8b(**base, **{"serving.batch_wait_iters": 20,
+                                                "serving.batch_wait_tokens_fraction": 0.5}))
+    extra = m["ttft_unloaded_s"] - m0["ttft_unloaded_s"]
+    if not held:
+        assert extra == 0.0
+        return
+    mean = T_MEAN_HALF_CACHED if kw else T_MEAN
+    assert extra == pytest.approx(20 * mean * (1 - 1 / C), rel=1e-9)
+    assert extra == pytest.approx((54.1e-3 if kw else 89.3e-3), rel=0.002)
+
+
 def test_the_runtimes_default_loops_are_overlapped():
     """SGLang, TensorRT-LLM (PyTorch backend) and vLLM >= 0.14 plan the next step while the GPU
     runs this one by default (serving.toml [runtimes.*] overlap_schedule)."""
@@ -134,6 +166,17 @@ def test_the_runtimes_default_loops_are_overlapped():
     assert {r: v["overlap_schedule"] for r, v in catalog.runtime_defaults().items()} == \
         {"trtllm": 1, "sglang": 1, "vllm": 1}
 
+
+
+@pytest.mark.parametrize("runtime", ["trtllm", "sglang", "vllm"])
+def test_a_design_that_leaves_the_loop_blank_gets_its_runtimes(runtime):
+    """serving.overlap_schedule left blank reaches the batch as the runtime's default (1, an
+    overlapped loop: serving.toml [runtimes.*]); a design's own 0 wins."""
+    kw = {"workload.isl": ISL, "workload.osl": OSL, "workload.concurrency": C,
+          "serving.runtime": runtime}
+    assert batch(_llama8b(**kw)).overlap_schedule.tolist() == [1.0]
+    assert batch(_llama8b(**kw, **{"serving.overlap_schedule": 0})).overlap_schedule.tolist() \
+        == [0.0]
 
 T_CHUNK = _stage_s(C - 1 + ISL, C)               # this prompt's step next to 63 decodes
 # S: one prompt's 1024 tokens at the rate of a step full of prompt tokens (the budget the
