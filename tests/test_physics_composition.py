@@ -159,6 +159,22 @@ def test_a_batch_wait_counts_the_new_prompt_tokens_and_the_decodes(budget, kw, h
     assert extra == pytest.approx((54.1e-3 if kw else 89.3e-3), rel=0.002)
 
 
+
+@pytest.mark.parametrize("budget, held", [(2240, False), (2320, True)])
+def test_a_batch_wait_counts_the_running_sequences_draft_tokens(budget, held):
+    """With one draft token a sequence (speculative decoding) each running sequence schedules
+    1 + 1 tokens (TensorRT-LLM ``_waiting_requests``: ``1 + gen_req.num_draft_tokens``): 1024 +
+    64 x 2 = 1152 tokens reach 0.5 x 2240 = 1120 (no wait; counting one token a sequence, 1088,
+    would hold) but not 0.5 x 2320 = 1160 (held: 20 mean steps x 63/64)."""
+    base = {"workload.isl": ISL, "workload.osl": OSL, "workload.concurrency": C,
+            "serving.max_num_tokens": budget, "serving.spec_tokens": 1,
+            "serving.spec_method": "draft", "serving.spec_draft_model": "llama-3.1-8b"}
+    m0, _, _ = _compute_only(_llama8b(**base))
+    m, _, _ = _compute_only(_llama8b(**base, **{"serving.batch_wait_iters": 20,
+                                                "serving.batch_wait_tokens_fraction": 0.5}))
+    extra = m["ttft_unloaded_s"] - m0["ttft_unloaded_s"]
+    assert extra == (pytest.approx(20 * m0["step_s"] * (1 - 1 / C), rel=1e-9) if held else 0.0)
+
 def test_the_runtimes_default_loops_are_overlapped():
     """SGLang, TensorRT-LLM (PyTorch backend) and vLLM >= 0.14 plan the next step while the GPU
     runs this one by default (serving.toml [runtimes.*] overlap_schedule)."""
