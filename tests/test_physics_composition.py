@@ -194,6 +194,29 @@ def test_a_design_that_leaves_the_loop_blank_gets_its_runtimes(runtime):
     assert batch(_llama8b(**kw, **{"serving.overlap_schedule": 0})).overlap_schedule.tolist() \
         == [0.0]
 
+
+@pytest.mark.parametrize("runtime", ["trtllm", "sglang", "vllm"])
+def test_a_pipeline_parallel_design_runs_no_overlapped_loop(runtime):
+    """At pp > 1 no runtime runs its overlapped loop (TensorRT-LLM ``_executor_loop_pp``, SGLang
+    and vLLM turn overlap / async scheduling off): a blank loop is 0, so the unloaded TTFT at pp
+    2 waits half a pass x 63/64, not 1.5 (the pass-and-chunk sum of
+    test_ttft_waits_for_the_running_pass_and_the_one_the_loop_planned at loop 0); a design's
+    own 1 still wins."""
+    kw = {"workload.isl": ISL, "workload.osl": OSL, "workload.concurrency": C,
+          "serving.runtime": runtime, "layout.pp": 2}
+    assert batch(_llama8b(**kw)).overlap_schedule.tolist() == [0.0]
+    assert batch(_llama8b(**kw, **{"serving.overlap_schedule": 1})).overlap_schedule.tolist() \
+        == [1.0]
+    if runtime != "trtllm":
+        return
+    m, _, _ = _compute_only(_llama8b(**{k: v for k, v in kw.items() if k != "serving.runtime"}))
+    share = (C * ISL / OSL) / ISL
+    t_mean = share * _stage_s((C + ISL) / 2, (C + 1) / 2, 2) \
+        + (1 - share) * _stage_s(C / 2, C / 2, 2)
+    chunk_step = _stage_s((C - 1) / 2 + ISL, (C - 1) / 2 + 1, 2)
+    assert m["ttft_unloaded_s"] == pytest.approx(0.5 * 2 * t_mean * (1 - 1 / C) + 2 * chunk_step,
+                                                 rel=1e-9)
+
 T_CHUNK = _stage_s(C - 1 + ISL, C)               # this prompt's step next to 63 decodes
 # S: one prompt's 1024 tokens at the rate of a step full of prompt tokens (the budget the
 # decodes leave, 8192 - 64), the step affine between the decode-only and the chunk step

@@ -270,9 +270,8 @@ def runtime_defaults(out) -> None:
     for path in HOST_TIMES:        # the runtime's fitted host times (efficiency.toml [runtimes])
         out[path] = runtime_number(out, rt, table, path, 0.0)
     out["serving.frontend_processes"] = frontend_processes(out, rt, table)
-    # its scheduler loop (serving.toml [runtimes.*] overlap_schedule)
-    out["serving.overlap_schedule"] = runtime_number(out, rt, table, "serving.overlap_schedule",
-                                                     1.0)
+    # its scheduler loop (serving.toml [runtimes.*] overlap_schedule), none at pp > 1
+    out["serving.overlap_schedule"] = scheduler_loop(out, rt, table)
     # the tokens per streamed chunk (serving.toml [runtimes.*] stream_interval)
     out["serving.stream_interval"] = runtime_number(out, rt, table, "serving.stream_interval",
                                                     1.0)
@@ -292,6 +291,23 @@ def runtime_number(out, rt, table, path: str, default: float) -> np.ndarray:
         if path in out.columns else np.full(len(out), np.nan)
     own = lookup(rt, {r: float(v.get(key, default)) for r, v in table.items()}, default)
     return np.where(np.isnan(given), own, given)
+
+
+def scheduler_loop(out, rt, table) -> np.ndarray:
+    """serving.overlap_schedule where given, else the runtime's loop (serving.toml [runtimes.*]
+    overlap_schedule), but 0 for a pipeline-parallel instance (layout.pp > 1), which no runtime
+    runs on its overlapped loop: TensorRT-LLM's PyExecutor runs ``_executor_loop_pp`` whenever
+    ``pp_size > 1``, whatever ``disable_overlap_scheduler`` says
+    (tensorrt_llm/_torch/pyexecutor/py_executor.py ``__init__``); SGLang 0.5.x turns
+    ``disable_overlap_schedule`` on at pp > 1 and vLLM >= 0.14 leaves async scheduling off at
+    pp > 1 (reports/end-to-end/scheduler-loops.md section 1 and its table)."""
+    path = "serving.overlap_schedule"
+    given = pd.to_numeric(out[path], errors="coerce").to_numpy(dtype=float) \
+        if path in out.columns else np.full(len(out), np.nan)
+    pp = pd.to_numeric(out["layout.pp"], errors="coerce").to_numpy(dtype=float) \
+        if "layout.pp" in out.columns else np.ones(len(out))
+    own = runtime_number(out, rt, table, path, 1.0)
+    return np.where(np.isnan(given) & (pp > 1.0), 0.0, own)
 
 
 def frontend_processes(out, rt, table) -> np.ndarray:
