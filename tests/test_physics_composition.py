@@ -217,6 +217,26 @@ def test_a_pipeline_parallel_design_runs_no_overlapped_loop(runtime):
     assert m["ttft_unloaded_s"] == pytest.approx(0.5 * 2 * t_mean * (1 - 1 / C) + 2 * chunk_step,
                                                  rel=1e-9)
 
+
+@pytest.mark.parametrize("runtime, method, loop", [
+    ("sglang", "mtp", 0.0), ("sglang", "draft", 0.0),      # no overlap with (non-V2) drafting
+    ("vllm", "mtp", 1.0), ("vllm", "draft", 0.0),          # EAGLE/MTP keep async scheduling
+    ("trtllm", "mtp", 1.0), ("trtllm", "draft", 1.0)])     # its overlap loop drafts itself
+def test_speculative_decoding_keeps_the_loop_its_runtime_runs(runtime, method, loop):
+    """A blank loop under speculative decoding is the runtime's for that method
+    (serving.toml [runtimes.*] overlap_spec_methods); without drafts every runtime overlaps,
+    and a design's own value wins."""
+    kw = {"workload.isl": ISL, "workload.osl": OSL, "workload.concurrency": C,
+          "serving.runtime": runtime, "serving.spec_method": method,
+          "serving.spec_draft_model": "llama-3.1-8b" if method == "draft" else ""}
+    d = "llama-3.1-8b" if method == "draft" else "deepseek-v3"
+    got = batch(design(model=d, **kw, **{"serving.spec_tokens": 1})).overlap_schedule
+    assert got.tolist() == [loop]
+    assert batch(design(model=d, **kw)).overlap_schedule.tolist() == [1.0]
+    own = batch(design(model=d, **kw, **{"serving.spec_tokens": 1,
+                                         "serving.overlap_schedule": 1}))
+    assert own.overlap_schedule.tolist() == [1.0]
+
 T_CHUNK = _stage_s(C - 1 + ISL, C)               # this prompt's step next to 63 decodes
 # S: one prompt's 1024 tokens at the rate of a step full of prompt tokens (the budget the
 # decodes leave, 8192 - 64), the step affine between the decode-only and the chunk step

@@ -300,14 +300,25 @@ def scheduler_loop(out, rt, table) -> np.ndarray:
     ``pp_size > 1``, whatever ``disable_overlap_scheduler`` says
     (tensorrt_llm/_torch/pyexecutor/py_executor.py ``__init__``); SGLang 0.5.x turns
     ``disable_overlap_schedule`` on at pp > 1 and vLLM >= 0.14 leaves async scheduling off at
-    pp > 1 (reports/end-to-end/scheduler-loops.md section 1 and its table)."""
+    pp > 1 (reports/end-to-end/scheduler-loops.md section 1 and its table). And 0 where a design
+    decodes speculatively (serving.spec_tokens > 0) with a method its runtime's overlapped loop
+    does not run (serving.toml [runtimes.*] overlap_spec_methods)."""
     path = "serving.overlap_schedule"
-    given = pd.to_numeric(out[path], errors="coerce").to_numpy(dtype=float) \
-        if path in out.columns else np.full(len(out), np.nan)
-    pp = pd.to_numeric(out["layout.pp"], errors="coerce").to_numpy(dtype=float) \
-        if "layout.pp" in out.columns else np.ones(len(out))
+    n = len(out)
+
+    def num(c, blank):
+        return pd.to_numeric(out[c], errors="coerce").to_numpy(dtype=float) \
+            if c in out.columns else np.full(n, blank)
     own = runtime_number(out, rt, table, path, 1.0)
-    return np.where(np.isnan(given) & (pp > 1.0), 0.0, own)
+    method = out["serving.spec_method"].fillna("").astype(str).str.strip().replace("", "mtp") \
+        if "serving.spec_method" in out.columns else pd.Series(["mtp"] * n)
+    rts = pd.Series(np.broadcast_to(np.asarray(rt, dtype=object), (n,)))
+    keeps = ~rts.isin(list(table)).to_numpy()          # (an unknown runtime: checked elsewhere)
+    for r, v in table.items():
+        keeps |= (rts.eq(r) & method.reset_index(drop=True).isin(
+            v.get("overlap_spec_methods", ("mtp", "draft")))).to_numpy()
+    off = (num("layout.pp", 1.0) > 1.0) | ((num("serving.spec_tokens", 0.0) > 0.0) & ~keeps)
+    return np.where(np.isnan(num(path, np.nan)) & off, 0.0, own)
 
 
 def frontend_processes(out, rt, table) -> np.ndarray:
