@@ -165,6 +165,25 @@ def test_invalid_case_values(capsys, tmp_path, change, words):
         assert w in line, (w, line)
 
 
+
+@pytest.mark.parametrize("col, value, valid", [
+    ("serving.overlap_schedule", "1.5", "[0, 1]"), ("serving.overlap_schedule", "nan", "[0, 1]"),
+    ("serving.stream_interval", "0", "whole number >= 1"),
+    ("serving.stream_interval", "2.5", "whole number >= 1"),
+    ("serving.batch_wait_iters", "-1", "whole number >= 0"),
+    ("serving.batch_wait_iters", "inf", "whole number >= 0"),
+    ("serving.batch_wait_tokens_fraction", "1.5", "[0, 1]"),
+    ("serving.batch_wait_tokens_fraction", "-1", "[0, 1]")])
+def test_scheduler_loop_stream_and_batch_wait_columns(capsys, tmp_path, col, value, valid):
+    """The scheduler loop, stream interval and batch-wait columns: the row, the column and what
+    would be valid; a misspelt one is named with the right spelling."""
+    line, _, _ = predict_bad(capsys, tmp_path, [GOOD, bad_row(**{col: value})],
+                             [*CASE_COLUMNS, col])
+    assert "row 3" in line and col in line and value in line and valid in line
+    line, _, _ = predict_bad(capsys, tmp_path, [GOOD, bad_row(**{col[:-1]: "1"})],
+                             [*CASE_COLUMNS, col[:-1]])
+    assert f"unknown key '{col[:-1]}'" in line and f"'{col}'" in line
+
 def test_case_file_not_found(capsys, tmp_path):
     out = tmp_path / "p.csv"
     missing = tmp_path / "nope.csv"

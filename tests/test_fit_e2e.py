@@ -236,17 +236,47 @@ def test_scheduler_loops_of_the_aic_template_vllm_rows():
     # vLLM before 0.14 ran its synchronous loop behind aiconfigurator's template; InferenceX
     # passed --async-scheduling, 0.14 made it the default, SGLang's loop overlaps by default
     cases = pd.DataFrame({
-        "case_id": list("abcdef"),
-        "runtime": ["vllm", "vllm", "vllm", "sglang", "vllm", "vllm"],
+        "case_id": list("abcdefgh"),
+        "runtime": ["vllm", "vllm", "vllm", "sglang", "vllm", "vllm", "vllm", "vllm"],
         "length_dist": [AIC_TEMPLATE, AIC_TEMPLATE, INFERENCEX, AIC_TEMPLATE, AIC_TEMPLATE,
-                        AIC_TEMPLATE],
-        "backend_version": ["0.12.0", "0.14.0", "0.11.2", "0.5.6.post2", np.nan, "0.13.9"],
-        LOOP: [np.nan, np.nan, np.nan, np.nan, np.nan, 1.0]})
+                        AIC_TEMPLATE, AIC_TEMPLATE, AIC_TEMPLATE],
+        "backend_version": ["0.12.0", "0.14.0", "0.11.2", "0.5.6.post2", np.nan, "0.13.9",
+                            "0.14", "0.13.0rc1"],
+        LOOP: [np.nan, np.nan, np.nan, np.nan, np.nan, 1.0, np.nan, np.nan]})
     got = pd.to_numeric(apply_scheduler_loops(cases)[LOOP]).tolist()
-    assert got[0] == 0.0
-    assert all(np.isnan(got[i]) for i in (1, 2, 3, 4))     # the runtime's default (overlap)
+    assert got[0] == 0.0 and got[7] == 0.0                  # 0.12.0, 0.13.0rc1: before 0.14
+    # 0.14.0 and "0.14" are not below 0.14 (the bound is exclusive)
+    assert all(np.isnan(got[i]) for i in (1, 2, 3, 4, 6))  # the runtime's default (overlap)
     assert got[5] == 1.0                                    # a case's own value wins
     assert np.isnan(pd.to_numeric(cases[LOOP]).iloc[0])     # the input frame is not modified
+
+
+def test_cold_start_rule_by_the_citations_measured_date():
+    import pandas as pd
+
+    from dse.calibration.cases import COLD_STARTS, cold_start_cases, mark_cold_starts
+    # InferenceX's TensorRT-LLM DeepSeek runs measured before 2026-01-21 (its client's warm-up):
+    # the 20th is one, the 21st (the bound, exclusive) and a citation without a measured= date
+    # are not; SGLang's, the template's and H200 vLLM's rows are not either
+    cit = "silicon_data_source='x; measured={}T00:00:00.000Z'"
+    cases = pd.DataFrame({
+        "case_id": list("abcdefg"),
+        "runtime": ["trtllm", "trtllm", "trtllm", "sglang", "trtllm", "trtllm", "vllm"],
+        "model": ["deepseek-v3"] * 6 + ["deepseek-v3"],
+        "hardware": ["h200-sxm", "h200-sxm", "h100-sxm", "h200-sxm", "h200-sxm", "h200-sxm",
+                     "h200-sxm"],
+        "length_dist": [INFERENCEX] * 4 + [AIC_TEMPLATE, INFERENCEX, INFERENCEX],
+        "citation": [cit.format("2026-01-20"), cit.format("2026-01-21"),
+                     cit.format("2025-12-01"), cit.format("2026-01-02"),
+                     cit.format("2026-01-02"), "no date here", cit.format("2026-01-02")]})
+    assert cold_start_cases(cases).tolist() == [True, False, True, False, False, False, False]
+    assert cold_start_cases(cases.drop(columns="citation")).tolist() == [False] * 7
+    truth = pd.DataFrame({"case_id": ["a", "a", "b", "c"],
+                          "metric": ["ttft_s", "tpot_s", "ttft_s", "ttft_s"],
+                          "quality_flag": ["", np.nan, "", "queue_suspect"]})
+    flags = mark_cold_starts(cases, truth, COLD_STARTS)["quality_flag"].tolist()
+    # the TTFTs only, appended to a flag already there
+    assert flags == ["cold_start", "", "", "queue_suspect;cold_start"]   # (blank reads "")
 
 
 def test_stream_intervals_of_the_inferencex_recipes():

@@ -127,6 +127,54 @@ def test_a_batch_wait_holds_a_prompt_for_its_timeout(iters, frac, budget, held):
     assert m["tpot_s"] == pytest.approx(m0["tpot_s"], rel=1e-12)   # the steps are unchanged
 
 
+# a prompt served half from the prefix cache: 512 new tokens; attention is free here, so its
+# step is 64 decodes + 512 prompt rows: 0.25 x 8.11 ms + 0.75 x 0.96 ms = 2.75 ms
+T_MEAN_HALF_CACHED = SHARE * _stage_s(C + ISL // 2, C + 1) + (1 - SHARE) * T_DECODE
+
+
+@pytest.mark.parametrize("budget, kw, held", [
+    (2190, {}, True),          # 1024 new + 64 decodes = 1088 < 0.5 x 2190 = 1095: held
+    (2160, {}, False),         # 1088 >= 0.5 x 2160 = 1080 (the decodes tip it: 1024 alone is below)
+    (2160, {"workload.prefix_hit_fraction": 0.5}, True),   # 512 new + 64 = 576 < 1080
+    (2190, {"layout.dp": 2}, False),   # attention DP: TensorRT-LLM never holds (no _waiting_requests)
+])
+def test_a_batch_wait_counts_the_new_prompt_tokens_and_the_decodes(budget, kw, held):
+    """TensorRT-LLM's ``_waiting_requests`` stops waiting when the scheduled tokens (the prompt's
+    tokens to compute and one per running decode) reach ``ratio x max_num_tokens``; it is only
+    called without attention DP. At a mark between 1024 + 0.8 x 64 and 1024 + 1.2 x 64 tokens a
+    20% change of the decodes' count flips the hold; at 0.5 x 2160 = 1080 the decodes alone decide
+    it; with half the prompt cached only its 512 new tokens count. Held: 20 passes x 63/64, 20 x
+    4.53 ms x 63/64 = 89.3 ms (half cached: 20 x 2.75 ms x 63/64 = 54.1 ms)."""
+    base = {"workload.isl": ISL, "workload.osl": OSL, "workload.concurrency": C,
+            "serving.max_num_tokens": budget, **kw}
+    m0, _, _ = _compute_only(_llama8b(**base))
+    m, _, _ = _compute_only(_llama8b(**base, **{"serving.batch_wait_iters": 20,
+                                                "serving.batch_wait_tokens_fraction": 0.5}))
+    extra = m["ttft_unloaded_s"] - m0["ttft_unloaded_s"]
+    if not held:
+        assert extra == 0.0
+        return
+    mean = T_MEAN_HALF_CACHED if kw else T_MEAN
+    assert extra == pytest.approx(20 * mean * (1 - 1 / C), rel=1e-9)
+    assert extra == pytest.approx((54.1e-3 if kw else 89.3e-3), rel=0.002)
+
+
+
+@pytest.mark.parametrize("budget, held", [(2240, False), (2320, True)])
+def test_a_batch_wait_counts_the_running_sequences_draft_tokens(budget, held):
+    """With one draft token a sequence (speculative decoding) each running sequence schedules
+    1 + 1 tokens (TensorRT-LLM ``_waiting_requests``: ``1 + gen_req.num_draft_tokens``): 1024 +
+    64 x 2 = 1152 tokens reach 0.5 x 2240 = 1120 (no wait; counting one token a sequence, 1088,
+    would hold) but not 0.5 x 2320 = 1160 (held: 20 mean steps x 63/64)."""
+    base = {"workload.isl": ISL, "workload.osl": OSL, "workload.concurrency": C,
+            "serving.max_num_tokens": budget, "serving.spec_tokens": 1,
+            "serving.spec_method": "draft", "serving.spec_draft_model": "llama-3.1-8b"}
+    m0, _, _ = _compute_only(_llama8b(**base))
+    m, _, _ = _compute_only(_llama8b(**base, **{"serving.batch_wait_iters": 20,
+                                                "serving.batch_wait_tokens_fraction": 0.5}))
+    extra = m["ttft_unloaded_s"] - m0["ttft_unloaded_s"]
+    assert extra == (pytest.approx(20 * m0["step_s"] * (1 - 1 / C), rel=1e-9) if held else 0.0)
+
 def test_the_runtimes_default_loops_are_overlapped():
     """SGLang, TensorRT-LLM (PyTorch backend) and vLLM >= 0.14 plan the next step while the GPU
     runs this one by default (serving.toml [runtimes.*] overlap_schedule)."""
@@ -134,6 +182,60 @@ def test_the_runtimes_default_loops_are_overlapped():
     assert {r: v["overlap_schedule"] for r, v in catalog.runtime_defaults().items()} == \
         {"trtllm": 1, "sglang": 1, "vllm": 1}
 
+
+
+@pytest.mark.parametrize("runtime", ["trtllm", "sglang", "vllm"])
+def test_a_design_that_leaves_the_loop_blank_gets_its_runtimes(runtime):
+    """serving.overlap_schedule left blank reaches the batch as the runtime's default (1, an
+    overlapped loop: serving.toml [runtimes.*]); a design's own 0 wins."""
+    kw = {"workload.isl": ISL, "workload.osl": OSL, "workload.concurrency": C,
+          "serving.runtime": runtime}
+    assert batch(_llama8b(**kw)).overlap_schedule.tolist() == [1.0]
+    assert batch(_llama8b(**kw, **{"serving.overlap_schedule": 0})).overlap_schedule.tolist() \
+        == [0.0]
+
+
+@pytest.mark.parametrize("runtime", ["trtllm", "sglang", "vllm"])
+def test_a_pipeline_parallel_design_runs_no_overlapped_loop(runtime):
+    """At pp > 1 no runtime runs its overlapped loop (TensorRT-LLM ``_executor_loop_pp``, SGLang
+    and vLLM turn overlap / async scheduling off): a blank loop is 0, so the unloaded TTFT at pp
+    2 waits half a pass x 63/64, not 1.5 (the pass-and-chunk sum of
+    test_ttft_waits_for_the_running_pass_and_the_one_the_loop_planned at loop 0); a design's
+    own 1 still wins."""
+    kw = {"workload.isl": ISL, "workload.osl": OSL, "workload.concurrency": C,
+          "serving.runtime": runtime, "layout.pp": 2}
+    assert batch(_llama8b(**kw)).overlap_schedule.tolist() == [0.0]
+    assert batch(_llama8b(**kw, **{"serving.overlap_schedule": 1})).overlap_schedule.tolist() \
+        == [1.0]
+    if runtime != "trtllm":
+        return
+    m, _, _ = _compute_only(_llama8b(**{k: v for k, v in kw.items() if k != "serving.runtime"}))
+    share = (C * ISL / OSL) / ISL
+    t_mean = share * _stage_s((C + ISL) / 2, (C + 1) / 2, 2) \
+        + (1 - share) * _stage_s(C / 2, C / 2, 2)
+    chunk_step = _stage_s((C - 1) / 2 + ISL, (C - 1) / 2 + 1, 2)
+    assert m["ttft_unloaded_s"] == pytest.approx(0.5 * 2 * t_mean * (1 - 1 / C) + 2 * chunk_step,
+                                                 rel=1e-9)
+
+
+@pytest.mark.parametrize("runtime, method, loop", [
+    ("sglang", "mtp", 0.0), ("sglang", "draft", 0.0),      # no overlap with (non-V2) drafting
+    ("vllm", "mtp", 1.0), ("vllm", "draft", 0.0),          # EAGLE/MTP keep async scheduling
+    ("trtllm", "mtp", 1.0), ("trtllm", "draft", 1.0)])     # its overlap loop drafts itself
+def test_speculative_decoding_keeps_the_loop_its_runtime_runs(runtime, method, loop):
+    """A blank loop under speculative decoding is the runtime's for that method
+    (serving.toml [runtimes.*] overlap_spec_methods); without drafts every runtime overlaps,
+    and a design's own value wins."""
+    kw = {"workload.isl": ISL, "workload.osl": OSL, "workload.concurrency": C,
+          "serving.runtime": runtime, "serving.spec_method": method,
+          "serving.spec_draft_model": "llama-3.1-8b" if method == "draft" else ""}
+    d = "llama-3.1-8b" if method == "draft" else "deepseek-v3"
+    got = batch(design(model=d, **kw, **{"serving.spec_tokens": 1})).overlap_schedule
+    assert got.tolist() == [loop]
+    assert batch(design(model=d, **kw)).overlap_schedule.tolist() == [1.0]
+    own = batch(design(model=d, **kw, **{"serving.spec_tokens": 1,
+                                         "serving.overlap_schedule": 1}))
+    assert own.overlap_schedule.tolist() == [1.0]
 
 T_CHUNK = _stage_s(C - 1 + ISL, C)               # this prompt's step next to 63 decodes
 # S: one prompt's 1024 tokens at the rate of a step full of prompt tokens (the budget the

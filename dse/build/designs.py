@@ -270,9 +270,8 @@ def runtime_defaults(out) -> None:
     for path in HOST_TIMES:        # the runtime's fitted host times (efficiency.toml [runtimes])
         out[path] = runtime_number(out, rt, table, path, 0.0)
     out["serving.frontend_processes"] = frontend_processes(out, rt, table)
-    # its scheduler loop (serving.toml [runtimes.*] overlap_schedule)
-    out["serving.overlap_schedule"] = runtime_number(out, rt, table, "serving.overlap_schedule",
-                                                     1.0)
+    # its scheduler loop (serving.toml [runtimes.*] overlap_schedule), none at pp > 1
+    out["serving.overlap_schedule"] = scheduler_loop(out, rt, table)
     # the tokens per streamed chunk (serving.toml [runtimes.*] stream_interval)
     out["serving.stream_interval"] = runtime_number(out, rt, table, "serving.stream_interval",
                                                     1.0)
@@ -292,6 +291,34 @@ def runtime_number(out, rt, table, path: str, default: float) -> np.ndarray:
         if path in out.columns else np.full(len(out), np.nan)
     own = lookup(rt, {r: float(v.get(key, default)) for r, v in table.items()}, default)
     return np.where(np.isnan(given), own, given)
+
+
+def scheduler_loop(out, rt, table) -> np.ndarray:
+    """serving.overlap_schedule where given, else the runtime's loop (serving.toml [runtimes.*]
+    overlap_schedule), but 0 for a pipeline-parallel instance (layout.pp > 1), which no runtime
+    runs on its overlapped loop: TensorRT-LLM's PyExecutor runs ``_executor_loop_pp`` whenever
+    ``pp_size > 1``, whatever ``disable_overlap_scheduler`` says
+    (tensorrt_llm/_torch/pyexecutor/py_executor.py ``__init__``); SGLang 0.5.x turns
+    ``disable_overlap_schedule`` on at pp > 1 and vLLM >= 0.14 leaves async scheduling off at
+    pp > 1 (reports/end-to-end/scheduler-loops.md section 1 and its table). And 0 where a design
+    decodes speculatively (serving.spec_tokens > 0) with a method its runtime's overlapped loop
+    does not run (serving.toml [runtimes.*] overlap_spec_methods)."""
+    path = "serving.overlap_schedule"
+    n = len(out)
+
+    def num(c, blank):
+        return pd.to_numeric(out[c], errors="coerce").to_numpy(dtype=float) \
+            if c in out.columns else np.full(n, blank)
+    own = runtime_number(out, rt, table, path, 1.0)
+    method = out["serving.spec_method"].fillna("").astype(str).str.strip().replace("", "mtp") \
+        if "serving.spec_method" in out.columns else pd.Series(["mtp"] * n)
+    rts = pd.Series(np.broadcast_to(np.asarray(rt, dtype=object), (n,)))
+    keeps = ~rts.isin(list(table)).to_numpy()          # (an unknown runtime: checked elsewhere)
+    for r, v in table.items():
+        keeps |= (rts.eq(r) & method.reset_index(drop=True).isin(
+            v.get("overlap_spec_methods", ("mtp", "draft")))).to_numpy()
+    off = (num("layout.pp", 1.0) > 1.0) | ((num("serving.spec_tokens", 0.0) > 0.0) & ~keeps)
+    return np.where(np.isnan(num(path, np.nan)) & off, 0.0, own)
 
 
 def frontend_processes(out, rt, table) -> np.ndarray:

@@ -261,9 +261,12 @@ def batch_wait_s(b: Batch, pass_s):
     decodes reach ``batch_wait_tokens_fraction x max_num_tokens`` or ``batch_wait_iters`` steps
     have passed. One prompt with the decodes below that mark waits the whole timeout
     (``batch_wait_iters`` passes; the prompts that join its wait share it, not counted: at the
-    rates where one prompt stays below the mark they are few); at or above it, none. The
-    caller scales it by the share of time decodes run, ``1 - 1/C``."""
-    held = (new_tokens(b) + sequences(b) / b.dp < b.batch_wait_tokens_fraction * b.max_num_tokens)
+    rates where one prompt stays below the mark they are few); at or above it, none. A running
+    sequence counts its decode token and its draft tokens (``1 + num_draft_tokens`` a
+    generation request; ``spec_tokens``). The caller scales it by the share of time decodes
+    run, ``1 - 1/C``."""
+    decodes = sequences(b) / b.dp * (1.0 + b.spec_tokens)
+    held = new_tokens(b) + decodes < b.batch_wait_tokens_fraction * b.max_num_tokens
     return np.where(held & (b.dp == 1.0), b.batch_wait_iters * pass_s, 0.0)
 
 
