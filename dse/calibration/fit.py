@@ -70,7 +70,8 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from dse import catalog
-from dse.build.designs import EFF_FIELDS, HOST_TIMES
+from dse.build.designs import EFF_FIELDS
+from dse.build.runtimes import HOST_TIMES
 from dse.calibration.cases import (
     FRONT_END,
     FRONT_ENDS,
@@ -166,7 +167,7 @@ SOURCED = {
 }
 # the numbers the fit moves
 FITTED = tuple(p for p in PARAMS if p[0] not in SOURCED)
-# the runtimes' own fields (efficiency.toml [runtimes.*], dse.build.designs.HOST_TIMES): a plain
+# the runtimes' own fields (efficiency.toml [runtimes.*], dse.build.runtimes.HOST_TIMES): a plain
 # name among them is fitted as one number for every runtime
 RUNTIME_FIELDS = tuple(h.split(".", 1)[1] for h in HOST_TIMES)
 # end-to-end factors kept at their physical priors: the share of HBM bandwidth the traffic

@@ -40,7 +40,8 @@ import pandas as pd
 
 from dse import catalog
 from dse.build import tables
-from dse.build.designs import HOST_TIMES, to_batch
+from dse.build.designs import to_batch
+from dse.build.runtimes import HOST_TIMES
 from dse.build.select import KERNEL, encode
 from dse.build.tables import EFF_AS, EFF_FIELDS
 from dse.errors import InputError
