@@ -128,7 +128,13 @@ def first_lines(out) -> str:
 
 # what changed in the model since the previous published answers (said in every answer that moved)
 MODEL_CHANGE = (
-    "2026-12-06 (twenty-first pass, issue 28): a runtime that holds prompts to batch them "
+    "2026-12-06 (twenty-second pass, issue 28): no runtime runs its overlapped scheduler loop "
+    "under pipeline parallelism (TensorRT-LLM's PyExecutor runs _executor_loop_pp at pp > 1; "
+    "SGLang and vLLM switch theirs off), nor under a speculative method the loop does not run "
+    "(SGLang 0.5.x: any but its opt-in V2 drafting; vLLM: a draft model; TensorRT-LLM keeps it "
+    "for MTP and a draft model), so a design with layout.pp > 1, or such a speculative design, "
+    "no longer waits for a planned step in its TTFT; a runtime's batch waiting counts a running "
+    "sequence's draft tokens toward its mark. Before it (twenty-first pass): a runtime that holds prompts to batch them "
     "(TensorRT-LLM's batch waiting: serving.batch_wait_iters, batch_wait_tokens_fraction) adds "
     "the steps it holds one to the TTFT, and a runtime that streams every k-th token "
     "(serving.stream_interval) does its front end's streaming work per chunk (both off by "
