@@ -12,7 +12,7 @@ space on the TensorRT-LLM tables and the Hopper set (three runtimes, closed-loop
   hand-offs, streaming: ``serving.request_overhead_s``; 0 where a source measured in-process,
   ``dse.calibration.cases.SOURCE_INPUTS``): one number for the runtimes' own OpenAI servers,
   and one for the Dynamo front end that aiconfigurator's benchmark rows passed
-  (``dse.calibration.cases.FRONT_ENDS``), whatever the runtime behind it;
+  (``dse.calibration.harness_rules.FRONT_ENDS``), whatever the runtime behind it;
 - per runtime, the scheduler's host time per running sequence per step
   (``serving.seq_overhead_s``: batch bookkeeping, sampling, detokenization);
 - the serial front end (``dse.perf.frontend``: one process tokenizes and streams for every
@@ -529,9 +529,10 @@ def write_efficiency(tables: dict, path: Path | None = None) -> Path:
                   "# design's own [serving] value wins"]
     lines += _named_tables(tables, "runtimes")
     if tables.get("front_ends"):
-        lines += ["# a front end's numbers (serving.request_overhead_s: its time per request), for the",
-                  "# calibration rows served through it (dse.calibration.cases.FRONT_ENDS: Dynamo's",
-                  "# front end for aiconfigurator's benchmark rows); no design field selects one"]
+        lines += ["# a front end's numbers (serving.request_overhead_s: its time per request),",
+                  "# for the calibration rows served through it",
+                  "# (dse.calibration.harness_rules.FRONT_ENDS: Dynamo's front end for",
+                  "# aiconfigurator's benchmark rows); no design field selects one"]
     lines += _named_tables(tables, "front_ends")
     for fam, u in tables.get("uncertainty", {}).items():
         lines += [f"# uncertainty of the fitted numbers: {u['rule']}",

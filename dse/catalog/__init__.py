@@ -114,7 +114,7 @@ def front_end_defaults() -> dict[str, dict]:
     """The end-to-end numbers fitted for a front end that is not the runtime's own server
     (efficiency.toml [front_ends.*], e.g. "dynamo": request_overhead_s; dse.calibration.fit),
     {} when none was fitted. Read for the calibration cases that name one
-    (dse.calibration.cases.FRONT_ENDS); no design field selects a front end."""
+    (dse.calibration.harness_rules.FRONT_ENDS); no design field selects a front end."""
     return {k: dict(v) for k, v in _load("efficiency.toml").get("front_ends", {}).items()}
 
 
