@@ -21,10 +21,6 @@ SENTINEL = "SENTINEL: an earlier run's completed results\n"
 DESIGN_OK = '[accelerator]\nid = "h100-sxm"\n\n[model]\nid = "llama-3.1-8b"\nweight_dtype = "fp8"\n'
 
 
-
-
-
-
 def bad_row(**changes) -> dict:
     row = dict(GOOD, case_id="bad")
     row.update(changes)
@@ -165,7 +161,6 @@ def test_invalid_case_values(capsys, tmp_path, change, words):
         assert w in line, (w, line)
 
 
-
 @pytest.mark.parametrize("col, value, valid", [
     ("serving.overlap_schedule", "1.5", "[0, 1]"), ("serving.overlap_schedule", "nan", "[0, 1]"),
     ("serving.stream_interval", "0", "whole number >= 1"),
@@ -183,6 +178,7 @@ def test_scheduler_loop_stream_and_batch_wait_columns(capsys, tmp_path, col, val
     line, _, _ = predict_bad(capsys, tmp_path, [GOOD, bad_row(**{col[:-1]: "1"})],
                              [*CASE_COLUMNS, col[:-1]])
     assert f"unknown key '{col[:-1]}'" in line and f"'{col}'" in line
+
 
 def test_case_file_not_found(capsys, tmp_path):
     out = tmp_path / "p.csv"

@@ -553,7 +553,6 @@ def test_a_fit_keeps_the_sourced_numbers(small):
     assert held["frontend_token_s"] == 1e-5
 
 
-
 def test_a_held_out_groups_figure_does_not_depend_on_the_other_groups():
     """A case weighs in the report what it weighs in the fit (cases.weights over all the cases,
     carried as ``w`` by cross_validate), so a held-out group's figure is the same reported

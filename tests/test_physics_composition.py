@@ -159,7 +159,6 @@ def test_a_batch_wait_counts_the_new_prompt_tokens_and_the_decodes(budget, kw, h
     assert extra == pytest.approx((54.1e-3 if kw else 89.3e-3), rel=0.002)
 
 
-
 @pytest.mark.parametrize("budget, held", [(2240, False), (2320, True)])
 def test_a_batch_wait_counts_the_running_sequences_draft_tokens(budget, held):
     """With one draft token a sequence (speculative decoding) each running sequence schedules
@@ -175,13 +174,13 @@ def test_a_batch_wait_counts_the_running_sequences_draft_tokens(budget, held):
     extra = m["ttft_unloaded_s"] - m0["ttft_unloaded_s"]
     assert extra == (pytest.approx(20 * m0["step_s"] * (1 - 1 / C), rel=1e-9) if held else 0.0)
 
+
 def test_the_runtimes_default_loops_are_overlapped():
     """SGLang, TensorRT-LLM (PyTorch backend) and vLLM >= 0.14 plan the next step while the GPU
     runs this one by default (serving.toml [runtimes.*] overlap_schedule)."""
     from dse import catalog
     assert {r: v["overlap_schedule"] for r, v in catalog.runtime_defaults().items()} == \
         {"trtllm": 1, "sglang": 1, "vllm": 1}
-
 
 
 @pytest.mark.parametrize("runtime", ["trtllm", "sglang", "vllm"])
@@ -236,6 +235,7 @@ def test_speculative_decoding_keeps_the_loop_its_runtime_runs(runtime, method, l
     own = batch(design(model=d, **kw, **{"serving.spec_tokens": 1,
                                          "serving.overlap_schedule": 1}))
     assert own.overlap_schedule.tolist() == [1.0]
+
 
 T_CHUNK = _stage_s(C - 1 + ISL, C)               # this prompt's step next to 63 decodes
 # S: one prompt's 1024 tokens at the rate of a step full of prompt tokens (the budget the
