@@ -221,8 +221,8 @@ def _write_cv(cv: pd.DataFrame, cases: pd.DataFrame, path: str) -> None:
     """The held-out predictions of ``--cv`` as CSV: which grouping and group, the truth, the
     prediction, the weight the case has in the fit (``weights``) and the case's model,
     hardware and runtime."""
-    extra = [c for c in ("runtime",) if c in cases and c not in cv]
-    out = cv.merge(cases[["case_id", *extra]], on="case_id", how="left") if extra else cv
+    out = cv if "runtime" in cv or "runtime" not in cases else \
+        cv.merge(cases[["case_id", "runtime"]], on="case_id", how="left")
     cols = ["by", "held_out", "case_id", "source", "metric", "value", "pred", "w", "model",
             "hardware", "runtime"]
     out[[c for c in cols if c in out]].to_csv(path, index=False)

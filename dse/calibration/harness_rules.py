@@ -373,13 +373,9 @@ def apply_front_ends(cases: pd.DataFrame, rules: dict | None = None,
     cases = cases.copy()
     cases[FRONT_END] = front_ends(cases, rules)
     for name, vals in fitted.items():
-        rows = cases[FRONT_END].eq(name)
+        rows = cases[FRONT_END].eq(name).to_numpy()
         for field, v in vals.items():
-            if field == "fitted_on":
-                continue
-            col = f"serving.{field}"
-            if col not in cases:
-                cases[col] = pd.Series(np.nan, index=cases.index, dtype=object)
-            cases[col] = cases[col].astype(object)
-            cases.loc[rows & cases[col].isna(), col] = float(v)
+            if field != "fitted_on":
+                col = f"serving.{field}"
+                cases = _fill(cases, col, np.where(rows & _blank(cases, col), float(v), np.nan))
     return cases
