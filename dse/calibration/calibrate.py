@@ -34,8 +34,14 @@ import numpy as np
 import pandas as pd
 
 from dse import catalog
-from dse.calibration.cases import (COLD_START, NO_CONCURRENCY, QUEUE_SUSPECT, joined, load,
-                                   weights)
+from dse.calibration.cases import (
+    COLD_START,
+    NO_CONCURRENCY,
+    QUEUE_SUSPECT,
+    joined,
+    load,
+    weights,
+)
 from dse.calibration.fit import (
     BOOT_N,
     CV_BY,
