@@ -130,3 +130,18 @@ def test_a_long_prompt_waits_longer_by_hand():
     # more spread never shortens a long prompt's wait
     w = one({**d, "workload.isl_cv": 2.0})
     assert w["ttft_p90_length_s"] > float(m["ttft_p90_length_s"][0])
+
+
+def test_a_long_prompt_on_a_prefill_only_instance_waits_in_proportion_by_hand():
+    # a prefill-only instance's TTFT is one pass of its batch of prompts (no front end here);
+    # the p90-length prompt's pass runs its extra uncached tokens at the pass's per-token time:
+    # ttft_p90_length - ttft = pass x (isl_90 - isl)(1 - hit) / (isl (1 - hit)) = pass x
+    # (isl_90 - isl) / isl, so ttft_p90_length / ttft = isl_90 / isl
+    d = {**L70, "workload.phase": "prefill", "workload.isl": 4096, "workload.isl_cv": 1.0,
+         "workload.concurrency": 8, "workload.prefix_hit_fraction": 0.5,
+         "serving.request_overhead_s": 0.0, "serving.frontend_prompt_token_s": 0.0,
+         "serving.frontend_token_s": 0.0, "serving.frontend_text_token_s": 0.0}
+    m = one(d)
+    isl90 = float(lengths.isl_quantile(batch(d))[0])
+    assert isl90 > 4096 * 1.5                   # cv 1: the p90 prompt is well above the mean
+    assert m["ttft_p90_length_s"] == pytest.approx(m["ttft_s"] * isl90 / 4096, rel=1e-9)
