@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from helpers import batch, one
 
-from dse.perf import OPS, lengths, score
+from dse.perf import OPS, lengths, phases, score
+from dse.perf.step import Coefficients
 
 CORE = OPS.index("attn_core")
 L70 = {"accelerator.id": "h200-sxm", "model.id": "llama-3.1-70b", "model.weight_dtype": "fp8",
@@ -145,3 +146,24 @@ def test_a_long_prompt_on_a_prefill_only_instance_waits_in_proportion_by_hand():
     isl90 = float(lengths.isl_quantile(batch(d))[0])
     assert isl90 > 4096 * 1.5                   # cv 1: the p90 prompt is well above the mean
     assert m["ttft_p90_length_s"] == pytest.approx(m["ttft_s"] * isl90 / 4096, rel=1e-9)
+
+
+def test_the_busiest_rank_carries_the_straggler_share_of_the_prompt_tokens_by_hand(monkeypatch):
+    # 512 sequences of 128-token prompts and 16-token answers: 512 x 128 / 16 = 4096 prompt
+    # tokens a step (more than one 128-token prompt, so a step carries the average load);
+    # 8 attention-DP ranks hold 512 each on average, 4 prompts of spread isl_cv = 1 each: the
+    # busiest rank's sum is 512 (1 + z(8) x 1 / sqrt(4)), z(8) = 1.43447 the expected max of 8
+    # standard normals (tabulated); it is more than one prompt (128), so it sets the step
+    d = {**DSV3, "workload.isl": 128, "workload.osl": 16, "workload.isl_cv": 1.0}
+    b = batch(d)
+    seen = {}
+
+    def spy(*args, **kw):
+        seen["pre_rank"] = kw["pre_rank"]
+        return "step"
+
+    monkeypatch.setattr(phases, "step", spy)
+    load = phases.prompt_load(b)
+    x = phases.context(b, Coefficients(b))
+    phases.prompt_step(b, Coefficients(b), x, load.decoding, load, False)
+    assert float(seen["pre_rank"][0]) == pytest.approx(512 * (1 + 1.43447 / 2), rel=1e-5)
