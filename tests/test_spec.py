@@ -8,7 +8,7 @@ import pytest
 from helpers import batch, one
 
 from dse.errors import InputError
-from dse.perf import score, spec
+from dse.perf import phases, score, spec
 
 DSV3 = {"accelerator.id": "h200-sxm", "model.id": "deepseek-v3", "model.weight_dtype": "fp8",
         "layout.tp": 8, "layout.ep": 8, "workload.isl": 2048, "workload.osl": 512}
@@ -139,3 +139,13 @@ def test_a_space_sweeping_draft_tokens_without_a_draft_model_is_refused(tmp_path
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert 'serving.spec_tokens = 2 needs serving.spec_draft_model' in err
     assert not (tmp_path / "r").exists()
+
+
+def test_answers_that_finish_sooner_bring_more_prompt_tokens_per_step_by_hand():
+    # 8 sequences of 2048-token prompts and 256-token answers: a step carries 8 x 2048 / 256 =
+    # 64 prompt tokens on average; with 2.5 tokens a sequence a step (speculation) an answer
+    # finishes in 256 / 2.5 steps and a step carries 2.5 times as many: 160
+    b = batch({**L70, "workload.concurrency": 8})
+    assert float(phases.prompt_load(b).avg[0]) == pytest.approx(64.0, rel=1e-12)
+    assert float(phases.prompt_load(b, per_step=np.array([2.5])).avg[0]) \
+        == pytest.approx(160.0, rel=1e-12)
