@@ -363,3 +363,21 @@ def test_gathered_coefficients_give_the_same_work_table():
         for col in ("flops", "hbm_bytes", "net_bytes", "op_s"):
             np.testing.assert_array_equal(getattr(a, col), getattr(b, col))
     assert np.all(direct.decode.flops[MOE, [0, 5]] > 0)
+
+
+def test_prefill_reads_each_prompts_cached_prefix_on_its_stage():
+    # Llama-3.1-8B in bf16 (32 layers, 8 KV heads of 128): K and V are 2 x 8 x 128 x 2 B a
+    # token and layer; 2048-token prompts, half from the prefix cache: 1024 new tokens each
+    kv_token_layer, new, prior = 2 * 8 * 128 * 2, 1024, 1024
+    d = design(model="llama-3.1-8b", **{
+        "model.weight_dtype": "bf16", "workload.isl": 2048, "workload.osl": 1,
+        "workload.phase": "prefill", "workload.prefix_hit_fraction": 0.5,
+        "serving.max_num_tokens": 16384})
+    # a prefill-only batch of 2 prompts: its step writes 2 x 1024 new tokens' KV and reads
+    # both prompts' cached 1024, all 32 layers on one chip
+    st = _steps({**d, "workload.concurrency": 2}).mixed
+    assert st.hbm_bytes[CORE, 0] == pytest.approx(
+        (2 * new + 2 * prior) * kv_token_layer * 32, rel=1e-9)
+    # pp = 2: a stage holds 16 layers, so one prompt's chunk step writes and reads 16 layers'
+    st = _steps({**d, "workload.concurrency": 1, "layout.pp": 2}).prefill
+    assert st.hbm_bytes[CORE, 0] == pytest.approx((new + prior) * kv_token_layer * 16, rel=1e-9)
