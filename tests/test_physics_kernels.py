@@ -214,3 +214,18 @@ def test_decode_kv_ramp_fades_with_split_kv_by_hand():
               + kv_tok / (4e12 * 0.7) * 64 * 32
               + 32 * 32 * 256 * 2 / (4e12 * 0.8) * 64)     # queries and outputs: no ramp
     assert dec.memory_s[CORE][0] == pytest.approx(memory, rel=1e-9)
+
+
+def test_prefill_attention_of_a_one_token_prompt_by_hand():
+    """A 4096-token prompt all cached but its last token (Llama-3.1-8B, tp=1, prefill only):
+    one query row against 4095 cached keys and itself, 4096 pairs per layer, 32 layers, plus
+    512 keys' worth (half_tokens) for its one row; slowed by the head dim (1 + 32/128) and by
+    its single row, 1 + (2048/32) / 1 = 65, at 500 TFLOP/s x 0.6."""
+    d = design(model="llama-3.1-8b", **{
+        "layout.tp": 1, "workload.isl": 4096, "workload.osl": 1, "workload.concurrency": 1,
+        "workload.prefix_hit_fraction": 4095 / 4096, "workload.phase": "prefill",
+        "serving.max_num_tokens": 8192})
+    pre = score(batch(d, ideal=True).replace(**ATTN_PIN), breakdown=True)[1].prefill
+    eff = (1 + 32 / 128) * (1 + 2048 / 32 / 1)
+    compute = 2 * 32 * 256 * 32 * (4096 + 512) * eff / (5e14 * 0.6)
+    assert pre.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
