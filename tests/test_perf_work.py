@@ -381,3 +381,21 @@ def test_prefill_reads_each_prompts_cached_prefix_on_its_stage():
     # pp = 2: a stage holds 16 layers, so one prompt's chunk step writes and reads 16 layers'
     st = _steps({**d, "workload.concurrency": 1, "layout.pp": 2}).prefill
     assert st.hbm_bytes[CORE, 0] == pytest.approx((new + prior) * kv_token_layer * 16, rel=1e-9)
+
+
+def test_speculation_reads_each_sequences_kv_once_for_its_verified_tokens():
+    # Llama-3.1-70B in bf16 on tp = 4, 64 sequences decoding at a mean context of 1000 + 200/2
+    # with 2 draft tokens: the verify step runs 3 tokens a sequence, 192 query tokens, each
+    # with its Q and O and its KV written, but a sequence's KV is read once for its 3 tokens
+    d = design(**{"model.weight_dtype": "bf16", "layout.tp": 4, "workload.concurrency": 64,
+                  "workload.isl": 1000, "workload.osl": 200, "workload.phase": "decode",
+                  "serving.spec_tokens": 2, "serving.spec_method": "draft",
+                  "serving.spec_draft_model": "llama-3.1-8b"})
+    st = _steps(d).decode
+    seqs, tokens, ctx, bf16 = 64, 192, 1100, 2
+    kv_token_layer_chip = 2 * KV70 * HD70 * bf16 / 4       # K and V, 2 of the 8 KV heads
+    kv_read = seqs * ctx * kv_token_layer_chip * L70
+    q_o = L70 * 16 * 256 * bf16 * tokens
+    kv_written = tokens * kv_token_layer_chip * L70
+    assert st.hbm_bytes[CORE, 0] == pytest.approx(kv_read + q_o + kv_written, rel=1e-9)
+    assert st.flops[CORE, 0] == pytest.approx(2 * 16 * 256 * tokens * ctx * L70, rel=1e-9)
