@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import batch, design
 
-from dse.perf import OPS, score
+from dse.perf import OPS, forms, score
 from dse.perf.kernel_comm import BF16_ELEM_BYTES, FP8_ELEM_BYTES
 
 PROJ, MOE = OPS.index("attn_proj"), OPS.index("moe_routed")
@@ -167,3 +167,19 @@ def test_runtime_allreduce_threshold_is_where_the_rule_says():
     b28, b33 = 28 * 8192 * 2, 33 * 8192 * 2
     nccl = min(16e-6 + 1.75 * b33 / (W * 0.3 * 0.81), 26e-6 + 1.75 * b33 / (W * 0.8 * 0.81))
     assert net == pytest.approx(80 * np.array([7e-6 + 7 * b28 / (W * 0.7), nccl]), rel=1e-9)
+
+
+def test_the_four_all_reduce_branches_and_a_runtimes_rule_by_hand():
+    # (latency, s per unit) of NCCL LL (1, 1), NCCL Simple (2, 0.5), one-shot (0.5, 2) and
+    # two-shot (3, 0.25; off, inf, on a rule's rows), with the rule's (below, penalty)
+    inf = np.inf
+    lat = (np.array([1.0, 1.0, 1.0]), np.array([2.0, 2.0, 2.0]), np.array([0.5, 0.5, 0.5]),
+           np.array([3.0, inf, inf]))
+    per = tuple(np.full(3, p) for p in (1.0, 0.5, 2.0, 0.25))
+    below, penalty = np.array([1e30, 5.0, 5.0]), np.array([0.0, 1e30, 1e30])
+    x = np.array([10.0, 1.0, 10.0])
+    t = forms.fastest((lat, per, below, penalty), x)
+    # no rule, 10 units: LL 11, Simple 7, one-shot 20.5, two-shot 3 + 2.5 = 5.5, the fastest
+    # the rule, 1 unit (< 5): one-shot 0.5 + 2 = 2.5, though LL would take 2
+    # the rule, 10 units: NCCL's faster protocol, Simple 2 + 5 = 7
+    assert t.tolist() == [5.5, 2.5, 7.0]
