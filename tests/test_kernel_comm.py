@@ -380,3 +380,19 @@ def test_trtllm_deepep_rows_on_nvl72_are_their_own_runtime():
     ll = a[(a["kind"] == "ll") & (a["phase"] == "dispatch")]
     n = ll.groupby("runtime")["experts"].nunique()
     assert n["sglang"] >= comm.MIN_EXPERT_COUNTS > n["trtllm"]
+
+
+def test_allreduce_across_four_domains_by_hand():
+    # 32 ranks in 4 domains of 8: each rank's inter-domain ring all-reduce of its B / 8 share
+    # over 4 domains moves 2 x 3/4 of it on the NICs (50 GB/s x 0.9), and the latency adds 2 x
+    # log2(4) scale-out hops of 10 us; NCCL's in-domain branches take the rest
+    spans = kc.allreduce_s(1e8, 32, W, domain_chips=8, scaleout_bw_bytes_per_s=50e9,
+                           **NCCL, **CUSTOM, **OUT)
+    extra = 2 * 2 * 1e-5 + 2 * 3 / 4 * (1e8 / 8) / (50e9 * 0.9)
+    nccl8 = kc.allreduce_s(1e8, 8, W, custom=False, **NCCL)
+    assert spans == pytest.approx(nccl8 + extra, rel=1e-9)
+    # the custom (one-shot, two-shot) kernels run inside one domain only: off across domains
+    lat, _ = kc.allreduce_branches(np.array([8.0, 16.0]), W, domain_chips=8,
+                                   scaleout_bw_bytes_per_s=50e9, **NCCL, **CUSTOM, **OUT)
+    assert np.all(np.isfinite(lat[:, 0])) and np.all(np.isfinite(lat[:2, 1]))
+    assert np.all(np.isinf(lat[2:, 1]))
