@@ -396,3 +396,10 @@ def test_allreduce_across_four_domains_by_hand():
                                    scaleout_bw_bytes_per_s=50e9, **NCCL, **CUSTOM, **OUT)
     assert np.all(np.isfinite(lat[:, 0])) and np.all(np.isfinite(lat[:2, 1]))
     assert np.all(np.isinf(lat[2:, 1]))
+
+
+@pytest.mark.parametrize("kind", ["ll", "normal"])
+def test_one_expert_rank_sends_no_dispatch_bytes(kind):
+    # ep = 1: every expert is on the token's own rank, no copy leaves it (scale-up or out)
+    up, out = kc.alltoall_bytes(128, 7168, 8, 256, 1, 8, kc.FP8_ELEM_BYTES, kind)
+    assert float(up) == 0.0 and float(out) == 0.0

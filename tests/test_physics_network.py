@@ -92,3 +92,18 @@ def test_dense_mlp_split_over_tp_dp_all_reduces_at_that_groups_bandwidth_share()
                             "workload.concurrency": 64})
     dec = _decode(d, scaleup_bw_bytes_per_s=450e9, ffn_bw_rel=0.5, domain_chips=8.0)
     assert dec.network_s[DENSE][0] == pytest.approx(80 * 1.75 * 1048576 / 225e9, rel=1e-9)
+
+
+def test_an_expert_rank_alone_pays_no_alltoall_beside_one_that_sends():
+    """DeepSeek-V3 with attention DP 8, scored in one batch with ep = 8 and ep = 1: the ep = 1
+    row keeps every expert on its rank, so its dispatch and combine cost nothing, 0 s of
+    latency and 0 s per token, for either kernel kind (the ep = 8 row's are > 0)."""
+    from dse.perf.network import kernel_alltoall
+    d = design(acc="gb200", model="deepseek-v3", **{
+        "model.weight_dtype": "fp8", "layout.dp": 8, **DECODE})
+    b = batch([{**d, "layout.ep": 8}, {**d, "layout.ep": 1}])
+    out = kernel_alltoall(b, b.ep, 1.0, 2.0)
+    for kind in ("ll", "normal"):
+        lat, spt = (np.broadcast_to(v, (2,)) for v in out[kind])
+        assert lat[0] > 0 and spt[0] > 0
+        assert lat[1] == 0.0 and spt[1] == 0.0
