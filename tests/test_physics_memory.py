@@ -145,3 +145,57 @@ def test_moe_weights_and_sequences_per_chip_with_tp_dp_and_pp_by_hand(attn, expe
     # 64 sequences in flight: their activations (64 x 1 token, below the cap) and KV
     used = weights + min(cap, 64 * tokens) * act_token + 2e9 + kv_seq * 64 / 2
     assert m["hbm_used_fraction"][0] == pytest.approx(used / 80e9, rel=1e-12)
+
+
+def test_tied_embeddings_hold_one_table():
+    """Tied input and output embeddings (tied = 1) share one 128256 x 4096 bf16 table: the
+    weights are the untied ones less 128256 x 4096 x 2 B = 1.05 GB."""
+    b = batch(_llama8b(**{"workload.concurrency": 8})).replace(tied=1.0)
+    assert score(b)["weights_bytes_per_chip"][0] == WEIGHTS_B - 128256 * 4096 * 2
+
+
+def test_activations_capped_at_max_num_tokens_leave_the_rest_to_kv_by_hand():
+    """The same chip with max_num_tokens = 256: 2 tokens a sequence a step reach the cap at
+    128 sequences, beyond which activations stay at 256 x 578,560 B = 148.1 MB and each more
+    sequence costs its KV alone: floor((61.94e9 - 148.1e6) / 298.3e6) = 207 (not the 206 of
+    activations that keep growing)."""
+    m = score(batch(_llama8b(**{"workload.concurrency": 8, "serving.max_num_tokens": 256})))
+    room = 80e9 - 2e9 - WEIGHTS_B
+    kv_seq = 32 * 2 * 8 * 128 * 2 * 2048
+    expected = np.floor((room - 256 * (4096 * 16 + 128256 * 4)) / (kv_seq / 0.9))
+    assert expected == 207
+    assert m["max_concurrent_sequences"][0] == expected
+
+
+def test_weights_and_reserve_beyond_the_hbm_are_infeasible_with_their_reason():
+    """A 17 GB chip: 16.06 GB of weights + the 2 GB reserve do not fit (reason bit 8); a 19 GB
+    chip holds them (and its 0.94 GB of room some sequences: no reason)."""
+    m = score(batch([_llama8b(**{"workload.concurrency": 1,
+                                 "accelerator.hbm_capacity_bytes": cap}) for cap in (17e9, 19e9)]))
+    assert int(m["reason"][0]) & 8
+    assert int(m["reason"][1]) == 0
+
+
+def test_a_shared_prefix_copy_takes_its_room_from_the_kv_pool_by_hand():
+    """A 1023-token prefix shared by every 1024-token prompt (serving its KV once): a sequence
+    holds 1 + 1024 tokens of KV, 32 x 2 x 8 x 128 x 2 B x 1025 = 134.3 MB (149.3 MB of HBM at
+    the 0.9 KV share) + 1.157 MB of activations; the one 1023-token copy takes 134.1 MB / 0.9
+    = 149.0 MB of the 61.94 GB room: floor((61.94e9 - 149.0e6) / 150.4e6) = 410 sequences."""
+    m = score(batch(_llama8b(**{"workload.concurrency": 8, "workload.prefix_tokens": 1023})))
+    room = 80e9 - 2e9 - WEIGHTS_B
+    token = 32 * 2 * 8 * 128 * 2
+    act = 2 * (4096 * 16 + 128256 * 4)
+    expected = np.floor((room - 1023 * token / 0.9) / (1025 * token / 0.9 + act))
+    assert expected == 410
+    assert m["max_concurrent_sequences"][0] == expected
+
+
+def test_a_batch_whose_kv_does_not_fit_is_capacity_bound_whatever_its_roof():
+    """Reason bit 16 (the requested batch's KV does not fit) makes the decode capacity-bound
+    (3) even where the step's ops are compute-bound (shares 3 : 1 : 0) or network-bound."""
+    from dse.perf.memory_fit import decode_bound
+    shares = (np.array([3.0, 0.0]), np.array([1.0, 1.0]), np.array([0.0, 2.0]))
+    bits = np.array([16, 16], dtype=np.int64)
+    one = np.ones(2)
+    assert decode_bound(shares, bits, one, one, one).tolist() == [3, 3]
+    assert decode_bound(shares, 0 * bits, one, one, one).tolist() == [0, 2]
