@@ -407,3 +407,18 @@ def test_decode_bound_is_the_resource_bounding_the_most_op_time():
     np.testing.assert_allclose(fast["decode_compute_s"], c.sum(0), rtol=1e-12)
     np.testing.assert_allclose(fast["decode_memory_s"], mem.sum(0), rtol=1e-12)
     np.testing.assert_allclose(fast["decode_network_s"], net.sum(0), rtol=1e-12)
+
+
+def test_a_step_without_tokens_computes_nothing_in_its_token_ops():
+    """A prefill-only instance decodes no token: its decode step carries none, so neither the
+    attention projections, the dense MLP, the routed nor the shared experts compute anything
+    (no row, no padded tile: 0 s; its weights' read is the step's fixed part). DeepSeek-V3 at
+    its fitted efficiencies (their padding rows and tiles are > 0)."""
+    from dse.perf import OPS
+    d = design(acc="gb200", model="deepseek-v3", **{
+        "model.weight_dtype": "fp8", "layout.dp": 8, "layout.ep": 8, "workload.isl": 1024,
+        "workload.osl": 1, "workload.concurrency": 4, "workload.phase": "prefill"})
+    st = score(batch(d), breakdown=True)[1]
+    for op in ("attn_proj", "mlp_dense", "moe_routed", "moe_shared"):
+        assert st.decode.compute_s[OPS.index(op), 0] == 0.0, op
+        assert st.prefill.compute_s[OPS.index(op), 0] > 0.0, op
