@@ -229,3 +229,52 @@ def test_prefill_attention_of_a_one_token_prompt_by_hand():
     eff = (1 + 32 / 128) * (1 + 2048 / 32 / 1)
     compute = 2 * 32 * 256 * 32 * (4096 + 512) * eff / (5e14 * 0.6)
     assert pre.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
+
+
+def test_prefill_attention_on_a_pipeline_stage_by_hand():
+    """The 4096-token prompt of test_prefill_attention_by_hand on pp = 2: a stage holds 16 of
+    the 32 layers, so its step scores 16 layers' causal pairs and half_tokens keys: half the
+    one-stage compute (the same efficiencies)."""
+    d = design(model="llama-3.1-8b", **{
+        "layout.tp": 1, "layout.pp": 2, "workload.isl": 4096, "workload.osl": 1,
+        "workload.concurrency": 1, "workload.phase": "prefill", "serving.max_num_tokens": 8192})
+    pre = score(batch(d, ideal=True).replace(**ATTN_PIN), breakdown=True)[1].prefill
+    pairs = 16 * 4096 * 4097 / 2
+    eff = (1 + 32 / 128) * (1 + 512 / (4097 / 2)) * (1 + 2048 / 32 / 4096)
+    compute = 2 * 32 * 256 * pairs * eff / (5e14 * 0.6)
+    assert pre.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
+
+
+def test_decode_attention_on_two_attention_dp_ranks_by_hand():
+    """test_decode_attention_by_hand's 64 sequences over dp = 2 attention ranks (tp = 1): each
+    chip runs 32 of them, so each term is the one-rank term of 32 sequences: 32 layers x
+    (5 us + 32 x (0.1 us + 8 x 0.02 us)) fixed."""
+    d = design(model="llama-3.1-8b", **{
+        "layout.tp": 1, "layout.dp": 2, "workload.isl": 1000, "workload.osl": 2000,
+        "workload.concurrency": 64, "workload.phase": "decode"})
+    dec = score(batch(d, ideal=True).replace(**ATTN_PIN), breakdown=True)[1].decode
+    ctx = 32 * 2000
+    compute = 2 * 32 * 2 * 256 / (5e14 * 0.5) * 32 * ctx
+    kv_tok = 2 * 8 * 128 * 2
+    qo = 32 * 32 * 256 * 2 / (4e12 * 0.8) * 32
+    memory = kv_tok / (4e12 * 0.8) * 32 * ctx + kv_tok / (4e12 * 0.7) * 32 * 32 + qo
+    fixed = 32 * (5e-6 + 32 * (1e-7 + 8 * 2e-8))
+    assert dec.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
+    assert dec.memory_s[CORE][0] == pytest.approx(memory, rel=1e-9)
+    assert dec.op_s[CORE][0] == pytest.approx(max(compute, memory) + fixed, rel=1e-9)
+
+
+def test_decode_attention_with_more_tp_ranks_than_kv_heads_by_hand():
+    """Llama-3.1-8B on tp = 16 (8 KV heads): each chip holds 2 query heads and one whole KV
+    head (each KV head on 2 chips), a query group of 2 padded to 8 MMA rows (x4): 2 x 2 heads
+    x 2 x (2 x 128) FLOPs per (token, context token, layer), 64 sequences at a context of
+    2000, 32 layers, at 500 TFLOP/s x 0.5; fixed 32 x (5 us + 64 x (0.1 us + 1 x 0.02 us))."""
+    d = design(acc="gb200", model="llama-3.1-8b", **{
+        "topology.id": "nvl72", "layout.tp": 16, "workload.isl": 1000, "workload.osl": 2000,
+        "workload.concurrency": 64, "workload.phase": "decode"})
+    dec = score(batch(d, ideal=True).replace(**ATTN_PIN), breakdown=True)[1].decode
+    compute = 2 * 2 * 4 * 256 / (5e14 * 0.5) * 64 * 32 * 2000
+    fixed = 32 * (5e-6 + 64 * (1e-7 + 1 * 2e-8))
+    assert dec.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
+    assert dec.op_s[CORE][0] == pytest.approx(
+        max(compute, dec.memory_s[CORE][0]) + fixed, rel=1e-9)
