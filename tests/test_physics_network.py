@@ -107,3 +107,15 @@ def test_an_expert_rank_alone_pays_no_alltoall_beside_one_that_sends():
         lat, spt = (np.broadcast_to(v, (2,)) for v in out[kind])
         assert lat[0] > 0 and spt[0] > 0
         assert lat[1] == 0.0 and spt[1] == 0.0
+
+
+def test_dense_mlp_replicated_per_rank_all_reduces_at_the_tp_groups_bandwidth_share():
+    """The same design with its dense MLP replicated per attention-DP rank: each rank's tp
+    group of 2 runs its own 16 tokens, and each of the 80 layers all-reduces 16 x 8192 x 2 B
+    = 256 KiB over 2 ranks (2 x 1/2 of the bytes) at the tp group's share of the link
+    (tp_bw_rel 0.8 of 450 GB/s, not the tp*dp group's 0.5): 80 x 262,144 / 360e9 = 58.25 us."""
+    d = design(**DECODE, **{"layout.tp": 2, "layout.dp": 4, "layout.dense_mlp": "replicated",
+                            "workload.concurrency": 64})
+    dec = _decode(d, scaleup_bw_bytes_per_s=450e9, ffn_bw_rel=0.5, tp_bw_rel=0.8,
+                  domain_chips=8.0)
+    assert dec.network_s[DENSE][0] == pytest.approx(80 * 262144 / 360e9, rel=1e-9)
