@@ -399,3 +399,20 @@ def test_speculation_reads_each_sequences_kv_once_for_its_verified_tokens():
     kv_written = tokens * kv_token_layer_chip * L70
     assert st.hbm_bytes[CORE, 0] == pytest.approx(kv_read + q_o + kv_written, rel=1e-9)
     assert st.flops[CORE, 0] == pytest.approx(2 * 16 * 256 * tokens * ctx * L70, rel=1e-9)
+
+
+def test_attention_dp_with_experts_split_over_two_chips_pays_both_collectives():
+    # Mixtral in bf16 on tp = 1, dp = 8, ep = 4: two experts a rank, each split over 2 chips.
+    # The all-to-all (low-latency kernels in a decode step): each chip's 256 / 8 tokens send a
+    # row per (token, expert) pair to the 3 other ranks, 2 x 3/4 rows of 4096 elements, bf16
+    # dispatch and combine (2 + 2 B), once per layer. The expert all-reduce over its 2 chips
+    # (ring: 2 x 1/2 of the bytes) of the tokens that visit the rank, 256 x (1 - (3/4)^2)
+    # (each of a token's 2 experts on a given rank with p = 1/4), 4096 x 2 B each, per layer
+    d = design(model="mixtral-8x7b", **{
+        "model.weight_dtype": "bf16", "layout.tp": 1, "layout.dp": 8, "layout.ep": 4,
+        "workload.concurrency": 256, "workload.isl": 1000, "workload.osl": 200,
+        "workload.phase": "decode"})
+    st = _steps(d, expert_imbalance=1.0).decode
+    a2a = 256 / 8 * 2 * 3 / 4 * 4096 * (2 + 2) * 32
+    allreduce = 2 * 1 / 2 * 256 * (1 - (3 / 4) ** 2) * 4096 * 2 * 32
+    assert st.net_bytes[MOE, 0] == pytest.approx(a2a + allreduce, rel=1e-9)
