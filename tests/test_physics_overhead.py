@@ -68,3 +68,16 @@ def test_a_decode_only_step_replayed_as_a_cuda_graph_takes_its_own_time_per_laye
     cols = {k: v for k, v in b.columns.items() if k != "graph_layer_overhead_s"}
     _, unset = score(Batch.from_columns(cols), breakdown=True)
     assert unset.decode.overhead_s[0] == pytest.approx(eager.decode.overhead_s[0], rel=1e-12)
+
+
+def test_a_shared_expert_adds_two_gemm_launches_per_moe_layer_by_hand():
+    """DeepSeek-V3 (58 MoE layers, one shared expert each) on tp=8, ep=8: its shared expert runs
+    two GEMM launches per MoE layer (up/gate and down) next to the routed experts' one grouped
+    launch: without it the step's fixed time is 58 x 2 x 3 us = 348 us shorter."""
+    d = design("h200-sxm", "deepseek-v3", **DECODE, **{
+        "model.weight_dtype": "fp8", "layout.tp": 8, "layout.ep": 8, "workload.concurrency": 64})
+    b = batch(d, ideal=True).replace(layer_overhead_s=40e-6, graph_layer_overhead_s=40e-6,
+                                     step_overhead_s=1e-3, gemm_latency_s=3e-6)
+    with_sh = score(b, breakdown=True)[1].decode.overhead_s[0]
+    without = score(b.replace(n_shared=0.0), breakdown=True)[1].decode.overhead_s[0]
+    assert with_sh - without == pytest.approx(58 * 2 * 3e-6, rel=1e-9)
