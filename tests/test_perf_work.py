@@ -416,3 +416,20 @@ def test_attention_dp_with_experts_split_over_two_chips_pays_both_collectives():
     a2a = 256 / 8 * 2 * 3 / 4 * 4096 * (2 + 2) * 32
     allreduce = 2 * 1 / 2 * 256 * (1 - (3 / 4) ** 2) * 4096 * 2 * 32
     assert st.net_bytes[MOE, 0] == pytest.approx(a2a + allreduce, rel=1e-9)
+
+
+def test_two_batch_overlap_splits_moe_steps_only():
+    # two-batch overlap hides an all-to-all, which a dense model has not: a Llama-3.1-70B row
+    # scored beside a Mixtral row, both with it on, reads its tp = 4 share of the attention
+    # weights once (80 layers, bf16), the Mixtral row twice
+    mix = design(model="mixtral-8x7b", **{
+        "model.weight_dtype": "bf16", "layout.tp": 1, "layout.dp": 8, "layout.ep": 8,
+        "workload.concurrency": 256, "workload.isl": 1000, "workload.osl": 200,
+        "workload.phase": "decode"})
+    dense = design(**{"model.weight_dtype": "bf16", "layout.tp": 4, "workload.concurrency": 64,
+                      "workload.isl": 1000, "workload.osl": 200, "workload.phase": "decode"})
+    b = batch([mix, dense], ideal=True).replace(two_batch_overlap=1.0, expert_imbalance=1.0)
+    st = score(b, breakdown=True)[1].decode
+    assert st.hbm_bytes[PROJ, 1] == pytest.approx(ATTN70 / 4 * L70 * 2, rel=1e-9)
+    attn_mix = 2 * 4096 * 32 * 128 + 2 * 4096 * 8 * 128
+    assert st.hbm_bytes[PROJ, 0] == pytest.approx(2 * attn_mix * 32 * 2, rel=1e-9)
