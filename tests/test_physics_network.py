@@ -15,8 +15,8 @@ from helpers import batch, design
 
 from dse.perf import OPS, score
 
-PIPE, PROJ, DENSE, MOE = (OPS.index(o) for o in ("pipeline", "attn_proj", "mlp_dense",
-                                                 "moe_routed"))
+PIPE, PROJ, DENSE, MOE, LOGITS = (OPS.index(o) for o in ("pipeline", "attn_proj", "mlp_dense",
+                                                         "moe_routed", "logits"))
 DECODE = {"workload.isl": 1, "workload.osl": 2, "workload.phase": "decode"}
 
 
@@ -119,3 +119,33 @@ def test_dense_mlp_replicated_per_rank_all_reduces_at_the_tp_groups_bandwidth_sh
     dec = _decode(d, scaleup_bw_bytes_per_s=450e9, ffn_bw_rel=0.5, tp_bw_rel=0.8,
                   domain_chips=8.0)
     assert dec.network_s[DENSE][0] == pytest.approx(80 * 262144 / 360e9, rel=1e-9)
+
+
+def test_pipeline_handoff_of_attention_dp_ranks_across_domains_by_hand():
+    """tp=2, dp=4, pp=2 on 8-chip domains: a stage's 8 chips fill a domain, the 16 span two,
+    so the hand-off crosses the NICs. A stage step carries 128 of the 256 tokens, their hidden
+    states split over the stage's tp x dp = 8 chips: 128 x 8192 x 2 / 8 = 262,144 B per chip
+    at 50 GB/s x 0.5 -> 10.486 us, plus the 10 us scale-out latency."""
+    d = design(**DECODE, **{"layout.tp": 2, "layout.dp": 4, "layout.pp": 2,
+                            "workload.concurrency": 256})
+    b = batch(d, ideal=True).replace(domain_chips=8.0, scaleout_bw_bytes_per_s=50e9,
+                                     scaleout_fraction=0.5, scaleout_latency_s=10e-6)
+    dec = score(b, breakdown=True)[1].decode
+    assert dec.net_bytes[PIPE][0] == pytest.approx(262144, rel=1e-9)
+    assert dec.network_s[PIPE][0] == pytest.approx(10e-6 + 262144 / 25e9, rel=1e-9)
+
+
+def test_two_batch_overlap_reads_the_head_twice_only_where_it_is_on():
+    """Mixtral-8x7B (vocab 32000, hidden 4096, bf16) on tp=1, dp=ep=8, 256 sequences, two rows
+    in one batch: the output head's 32000 x 4096 x 2 B at 4 TB/s is 65.5 us, and each of the
+    chip's 256 / 8 embedding rows 8 KiB more; with two-batch overlap each micro-batch reads the
+    head once (twice in all), without it the head is read once."""
+    d = design(model="mixtral-8x7b", **DECODE, **{
+        "model.weight_dtype": "bf16", "layout.tp": 1, "layout.dp": 8, "layout.ep": 8,
+        "workload.concurrency": 256})
+    b = batch([d, d], ideal=True).replace(two_batch_overlap=np.array([1.0, 0.0]),
+                                          hbm_bw_bytes_per_s=4e12)
+    dec = score(b, breakdown=True)[1].decode
+    head, embed = 32000 * 4096 * 2 / 4e12, 256 / 8 * 4096 * 2 / 4e12
+    assert dec.memory_s[LOGITS][0] == pytest.approx(2 * head + embed, rel=1e-9)
+    assert dec.memory_s[LOGITS][1] == pytest.approx(head + embed, rel=1e-9)
