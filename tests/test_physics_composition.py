@@ -422,3 +422,54 @@ def test_a_step_without_tokens_computes_nothing_in_its_token_ops():
     for op in ("attn_proj", "mlp_dense", "moe_routed", "moe_shared"):
         assert st.decode.compute_s[OPS.index(op), 0] == 0.0, op
         assert st.prefill.compute_s[OPS.index(op), 0] > 0.0, op
+
+
+def test_decode_bound_counts_every_op_on_pipelines_and_split_experts():
+    """``test_decode_bound_is_the_resource_bounding_the_most_op_time`` on the layouts whose
+    ops it does not reach: a pipeline (pp = 2, whose hand-off is a network-only op), one chip
+    per stage (tp = 1: ops without a collective, compute-bound at large batches), and Mixtral's
+    experts each split over 2 chips beside its all-to-all (tp 1 x dp 8, ep = 4: the routed op's
+    network time is the experts' all-reduce plus the dispatch and combine)."""
+    import numpy as np
+    cs = [1, 16, 64, 256, 1024, 4096]
+    rows = [design(acc, model, **{
+        "model.weight_dtype": "bf16", "layout.tp": tp, "layout.ep": ep, "layout.dp": dp,
+        "layout.pp": pp, "workload.phase": "decode", "workload.isl": 2048,
+        "workload.osl": 256, "workload.concurrency": c, "accelerator.hbm_capacity_bytes": 1e13,
+        "serving.max_batch_size": 100000})
+        for acc, model, tp, ep, dp, pp in (("h100-sxm", "llama-3.1-70b", 4, 1, 1, 2),
+                                           ("h100-sxm", "llama-3.1-8b", 1, 1, 1, 1),
+                                           ("h100-sxm", "llama-3.1-8b", 1, 1, 1, 2),
+                                           ("h100-sxm", "mixtral-8x7b", 1, 4, 8, 1),
+                                           ("h100-sxm", "mixtral-8x7b", 1, 4, 8, 2))
+        for c in cs]
+    b = batch(rows)
+    fast = score(b)
+    dec = score(b, breakdown=True)[1].decode
+    c, mem, net, t = dec.compute_s, dec.memory_s, dec.network_s, dec.op_s
+    is_net = (net > c) & (net > mem)
+    is_mem = (mem > c) & (mem >= net) & ~is_net
+    sc, sm, sn = ((t * (~is_net & ~is_mem)).sum(0), (t * is_mem).sum(0), (t * is_net).sum(0))
+    expected = np.where((sn > sc) & (sn > sm), 2, np.where((sm > sc) & (sm >= sn), 1, 0))
+    np.testing.assert_array_equal(fast["bound"], expected)
+    np.testing.assert_allclose(fast["decode_network_s"], net.sum(0), rtol=1e-12)
+    assert set(expected) == {0, 1, 2}
+
+
+def test_each_op_adds_its_time_to_the_share_of_what_bounds_it():
+    """``step._share`` by hand, from shares (compute, memory, network) = (1, 2, 3) s: a
+    network-only op (the pipeline hand-off) of 5 s adds to the network's (3 + 5 = 8); an op
+    without a network term adds to memory where its memory time exceeds its compute time
+    (2 > 1: 2 + 4 = 6), else to compute (3 > 2: 1 + 4 = 5); with all three, to the largest."""
+    import numpy as np
+
+    from dse.perf.step import _share
+    shares = [np.array(1.0), np.array(2.0), np.array(3.0)]
+    _share(shares, None, None, np.array(0.5), np.array(5.0))
+    assert [float(v) for v in shares] == [1.0, 2.0, 8.0]
+    _share(shares, np.array(1.0), np.array(2.0), None, np.array(4.0))
+    assert [float(v) for v in shares] == [1.0, 6.0, 8.0]
+    _share(shares, np.array(3.0), np.array(2.0), None, np.array(4.0))
+    assert [float(v) for v in shares] == [5.0, 6.0, 8.0]
+    _share(shares, np.array(1.0), np.array(2.0), np.array(3.0), np.array(1.0))
+    assert [float(v) for v in shares] == [5.0, 6.0, 9.0]
