@@ -43,6 +43,8 @@ def test_balanced_pools_match_the_two_phase_instances():
     assert m["tpot_s"] == pytest.approx(dec["tpot_s"], rel=1e-9)
     assert m["output_tokens_per_s_per_chip"] == pytest.approx(need * 1024 / (1 + ratio), rel=1e-9)
     assert m["num_chips"] == pytest.approx(32 * (1 + ratio), rel=1e-9)
+    # an instance is the 32 decode chips running flat out (and their prefill share)
+    assert m["output_tokens_per_s_per_instance"] == pytest.approx(need * 1024 * 32, rel=1e-9)
     assert m["ttft_s"] > 1.5 * pre["ttft_s"]                   # plus the KV transfer
 
 

@@ -81,3 +81,12 @@ def test_a_shared_expert_adds_two_gemm_launches_per_moe_layer_by_hand():
     with_sh = score(b, breakdown=True)[1].decode.overhead_s[0]
     without = score(b.replace(n_shared=0.0), breakdown=True)[1].decode.overhead_s[0]
     assert with_sh - without == pytest.approx(58 * 2 * 3e-6, rel=1e-9)
+
+
+def test_an_instance_spanning_racks_counts_its_share_of_each():
+    """floor(rack / instance) whole instances a rack; an instance larger than a rack spans
+    ceil(instance / rack) racks and counts 1 / that per rack: 72 chips in 40-chip racks span
+    2 racks (1/2 each), 130 chips span 4 (1/4 each); 8 chips: 5 whole ones a rack."""
+    from dse.perf.serve import instances_per_rack
+    got = instances_per_rack(np.array([8.0, 72.0, 130.0]), np.array([40.0, 40.0, 40.0]))
+    assert got.tolist() == [5.0, 0.5, 0.25]
