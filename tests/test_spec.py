@@ -149,3 +149,19 @@ def test_answers_that_finish_sooner_bring_more_prompt_tokens_per_step_by_hand():
     assert float(phases.prompt_load(b).avg[0]) == pytest.approx(64.0, rel=1e-12)
     assert float(phases.prompt_load(b, per_step=np.array([2.5])).avg[0]) \
         == pytest.approx(160.0, rel=1e-12)
+
+
+def test_a_draft_model_drafts_for_one_micro_batch_per_stage_step_by_hand():
+    # Llama-3.1-70B on tp 4, pp 2, 64 sequences: a stage step carries one micro-batch of 32;
+    # the 8B drafter (8.03e9 fp8 weights; 32 layers x 2 x 8 x 128 fp8 KV = 65,536 B a token),
+    # tp-sharded, reads its weights and the 32 sequences' KV at the mean context 2048 + 256/2
+    # at 4 TB/s (memory-bound: 2 x 8.03e9 x 32 / 4 FLOPs at 1 PFLOP/s is 0.13 ms), plus 10 us
+    # a layer, once per draft token (3)
+    d = {**L70, "layout.pp": 2, "workload.concurrency": 64, "workload.phase": "decode",
+         "serving.spec_tokens": 3, "serving.spec_method": "draft",
+         "serving.spec_draft_model": "llama-3.1-8b"}
+    b = batch(d, ideal=True).replace(matmul_flops_per_s=1e15, hbm_bw_bytes_per_s=4e12,
+                                     layer_overhead_s=10e-6)
+    draft = phases.steps(b, False, phases.prompt_load(b), q=np.array([4.0]))[2]
+    one = (8.03e9 + 32 * 2176 * 65536) / 4 / 4e12 + 32 * 10e-6
+    assert float(draft[0]) == pytest.approx(3 * one, rel=1e-9)
