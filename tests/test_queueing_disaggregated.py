@@ -130,3 +130,36 @@ usd_per_mtok_output = "minimize"
     space.write_text(space.read_text().replace("[0, 5]", "[0]"))
     from dse.build.space import load_space
     assert len(load_space(str(space)).parameters) == 2
+
+
+def test_a_ttft_slo_bounds_goodput_where_the_prefill_queue_meets_it():
+    # a TTFT SLO of 1.2x the no-rate TTFT (1.5 prefill passes and the KV move) binds before
+    # saturation: goodput is the rate whose p90 TTFT (a pass, the KV move and the prefill
+    # queue's p90 wait) is the SLO: just below it the p90 holds, 2% above it it does not
+    slo = 1.2 * one(_d())["ttft_s"]
+    base = _d(**{"workload.ttft_slo_s": slo})
+    m = one({**base, "workload.request_rate_per_s": 1.0})
+    good = m["goodput_requests_per_s_per_chip"] * m["num_chips"]
+    assert 0 < good < 0.99 * m["saturation_requests_per_s_per_instance"]
+    below = one({**base, "workload.request_rate_per_s": 0.999 * good})
+    above = one({**base, "workload.request_rate_per_s": 1.02 * good})
+    assert below["ttft_p90_s"] <= slo * 1.001 < above["ttft_p90_s"]
+
+
+def test_a_tpot_slo_alone_that_never_binds_leaves_goodput_at_saturation():
+    # a 1 s TPOT SLO, far above any TPOT of the decode pool, and no TTFT SLO (a queue's p90
+    # TTFT is not held to any number, however long near saturation): goodput is the
+    # saturation rate
+    m = one(_d(**{"workload.request_rate_per_s": 1.0, "workload.tpot_slo_s": 1.0}))
+    assert m["goodput_requests_per_s_per_chip"] * m["num_chips"] == pytest.approx(
+        m["saturation_requests_per_s_per_instance"], rel=1e-6)
+
+
+def test_a_blank_prefill_ratio_feeds_the_decodes_at_their_saturation():
+    # with a rate and no prefill_chip_ratio the prefill pool is sized to keep the decode pool
+    # fed at its largest batch: the chips of the balanced instance at that concurrency
+    m = one(_d(**{"workload.request_rate_per_s": 1.0}))
+    cap = m["max_concurrent_sequences"]
+    at_cap = one(_d(), concurrency=cap)
+    assert m["num_chips"] == pytest.approx(at_cap["num_chips"], rel=1e-9)
+    assert m["num_chips"] > 32
