@@ -85,6 +85,8 @@ def test_above_saturation_is_infeasible_with_its_reason():
     over = _at_rates([sat * 1.5])
     assert not over["feasible"][0]
     assert "saturation rate" in reason_text(int(over["reason"][0]))
+    # the bound is the saturation rate itself (to the root's precision), not a margin above it
+    assert not _at_rates([sat * 1.05])["feasible"][0]
     under = _at_rates([sat * 0.95])
     assert under["feasible"][0]
 
@@ -119,6 +121,11 @@ def test_off_by_default_and_nan_without_a_rate_or_slo():
     m = one({**L70, "workload.concurrency": 32, "workload.ttft_slo_s": 2.0})
     assert m["goodput_requests_per_s_per_chip"] > 0
     assert m["ttft_p90_s"] == m["ttft_s"] and m["tpot_p90_s"] == m["tpot_s"]
+    # a rate without an SLO has a queue but no goodput (a row with one beside it or not)
+    s = score(batch([{**L70, "workload.request_rate_per_s": 1.0},
+                     {**L70, "workload.request_rate_per_s": 1.0, "workload.ttft_slo_s": 2.0}]))
+    assert np.isnan(s["goodput_requests_per_s_per_chip"][0])
+    assert s["goodput_requests_per_s_per_chip"][1] > 0
 
 
 def test_a_space_or_design_giving_both_rate_and_concurrency_is_refused(tmp_path, capsys):
