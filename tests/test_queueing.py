@@ -158,3 +158,19 @@ def test_a_space_or_design_giving_both_rate_and_concurrency_is_refused(tmp_path,
     m = one({**L70, "workload.request_rate_per_s": 2.0})
     assert got["metrics"]["concurrency"] == pytest.approx(m["concurrency"], rel=1e-12)
     assert 1 < m["concurrency"] < 64
+
+
+def test_an_instance_that_fits_one_sequence_saturates_at_its_rate_by_hand():
+    # Llama-3.1-8B in bf16 on an 18.5 GB chip: 18.5 - 2 (reserve) - 16.06 (weights) = 0.44 GB
+    # holds one 2048-token sequence (268.4 MB of KV / 0.9 + activations), not two; at most one
+    # request is in the batch, so by Little's law the instance serves at most 1 / (TTFT + 1024
+    # TPOT) requests/s, both at a batch of one
+    d = {"accelerator.id": "h100-sxm", "model.id": "llama-3.1-8b", "model.weight_dtype": "bf16",
+         "model.kv_dtype": "bf16", "layout.tp": 1, "accelerator.hbm_capacity_bytes": 18.5e9,
+         "serving.runtime_reserve_bytes": 2e9, "serving.kv_memory_fraction": 0.9,
+         "workload.isl": 1024, "workload.osl": 1024}
+    at_one = one({**d, "workload.concurrency": 1})
+    assert at_one["max_concurrent_sequences"] == 1
+    m = one({**d, "workload.request_rate_per_s": 0.01})
+    assert m["saturation_requests_per_s_per_instance"] == pytest.approx(
+        1.0 / (at_one["ttft_s"] + 1024 * at_one["tpot_s"]), rel=1e-5)
