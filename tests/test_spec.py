@@ -165,3 +165,19 @@ def test_a_draft_model_drafts_for_one_micro_batch_per_stage_step_by_hand():
     draft = phases.steps(b, False, phases.prompt_load(b), q=np.array([4.0]))[2]
     one = (8.03e9 + 32 * 2176 * 65536) / 4 / 4e12 + 32 * 10e-6
     assert float(draft[0]) == pytest.approx(3 * one, rel=1e-9)
+
+
+def test_an_mtp_draft_step_is_the_stage_steps_mean_layer_and_its_head_by_hand():
+    # DeepSeek-V3 on tp 8, ep 8, pp 2 (61 layers: 30.5 a stage), 64 sequences decoding, one MTP
+    # draft token, no fixed times, HBM and links out of the way (1e30 B/s): a draft step is one
+    # layer of the model, priced as the 1-token stage step's mean layer, plus the output head
+    # on the micro-batch's 32 rows: 2 x 129,280 / 8 x 7168 FLOPs a row at 1 PFLOP/s
+    d = {**DSV3, "layout.pp": 2, "workload.concurrency": 64, "workload.phase": "decode"}
+    pins = dict(matmul_flops_per_s=1e15, hbm_bw_bytes_per_s=1e30, scaleup_bw_bytes_per_s=1e30,
+                scaleout_bw_bytes_per_s=1e30, layer_overhead_s=0.0, step_overhead_s=0.0)
+    plain = batch(d, ideal=True).replace(**pins)
+    t1 = float(score(plain, breakdown=True)[1].decode.total_s[0])   # the 1-token stage step
+    b = batch({**d, "serving.spec_tokens": 1}, ideal=True).replace(**pins)
+    draft = phases.steps(b, False, phases.prompt_load(b), q=np.array([2.0]))[2]
+    head = 2 * 129280 / 8 * 7168 * 32 / 1e15
+    assert float(draft[0]) == pytest.approx((t1 - head) / 30.5 + head, rel=1e-9)
