@@ -173,8 +173,9 @@ def test_an_mtp_draft_step_is_the_stage_steps_mean_layer_and_its_head_by_hand():
     # layer of the model, priced as the 1-token stage step's mean layer, plus the output head
     # on the micro-batch's 32 rows: 2 x 129,280 / 8 x 7168 FLOPs a row at 1 PFLOP/s
     d = {**DSV3, "layout.pp": 2, "workload.concurrency": 64, "workload.phase": "decode"}
-    pins = dict(matmul_flops_per_s=1e15, hbm_bw_bytes_per_s=1e30, scaleup_bw_bytes_per_s=1e30,
-                scaleout_bw_bytes_per_s=1e30, layer_overhead_s=0.0, step_overhead_s=0.0)
+    pins = {"matmul_flops_per_s": 1e15, "hbm_bw_bytes_per_s": 1e30,
+            "scaleup_bw_bytes_per_s": 1e30, "scaleout_bw_bytes_per_s": 1e30,
+            "layer_overhead_s": 0.0, "step_overhead_s": 0.0}
     plain = batch(d, ideal=True).replace(**pins)
     t1 = float(score(plain, breakdown=True)[1].decode.total_s[0])   # the 1-token stage step
     b = batch({**d, "serving.spec_tokens": 1}, ideal=True).replace(**pins)
