@@ -163,3 +163,9 @@ def test_a_blank_prefill_ratio_feeds_the_decodes_at_their_saturation():
     at_cap = one(_d(), concurrency=cap)
     assert m["num_chips"] == pytest.approx(at_cap["num_chips"], rel=1e-9)
     assert m["num_chips"] > 32
+
+
+def test_a_rate_without_an_slo_has_no_goodput():
+    m = one(_d(**{"workload.request_rate_per_s": 1.0}))
+    assert np.isfinite(m["saturation_requests_per_s_per_instance"])
+    assert np.isnan(m["goodput_requests_per_s_per_chip"])
