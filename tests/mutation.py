@@ -899,7 +899,7 @@ def sample_frames(n: int = 1200, seed: int = 0) -> dict:
     prompt-length spread, a KV tier) and, on a share of their continuous-batching rows, prefix
     hits with output-length spread, a fleet demand and small prefill chunks; the KV offload
     tiers; request rates and SLOs; disaggregated pools (also at a rate); speculative decoding
-    (MTP, a draft model)."""
+    (MTP, a draft model); a recipe's stream interval."""
     from dse import catalog
     from test_builder_equivalence import mixed_designs
     rng = np.random.default_rng(seed)
@@ -952,6 +952,9 @@ def sample_frames(n: int = 1200, seed: int = 0) -> dict:
     f["serving.spec_acceptance"] = np.where(rng.random(len(f)) < 0.5,
                                             rng.uniform(0.5, 0.9, len(f)), np.nan)
     frames["speculative decoding"] = f
+    f = pick(k // 2)                  # a recipe's stream interval: the front end's chunks
+    f["serving.stream_interval"] = rng.choice([1, 10, 20], len(f))
+    frames["stream interval"] = f
     return frames
 
 
