@@ -407,3 +407,22 @@ def test_decode_bound_is_the_resource_bounding_the_most_op_time():
     np.testing.assert_allclose(fast["decode_compute_s"], c.sum(0), rtol=1e-12)
     np.testing.assert_allclose(fast["decode_memory_s"], mem.sum(0), rtol=1e-12)
     np.testing.assert_allclose(fast["decode_network_s"], net.sum(0), rtol=1e-12)
+
+
+def test_a_batch_that_fills_the_hbm_is_capacity_bound_unless_compute_bound():
+    """Shares of op time (compute, memory, network): a batch of 97 sequences where the HBM
+    holds 100 (97 >= 0.97 x 100) and the runtime would run 1000 is capacity-bound (3) when its
+    step is memory-bound (shares 1, 3, 1) or network-bound (1, 1, 3): more HBM would serve
+    more; compute-bound (3, 1, 1) it stays compute (0); at 96 sequences (under 97) the
+    memory-bound step is memory (1), and so it is where the runtime's cap is the HBM's (100)."""
+    import numpy as np
+
+    from dse.perf.memory_fit import decode_bound
+    one = lambda v: np.array([float(v)])
+    zero = np.zeros(1, np.int64)
+    mem, net, comp = (one(1), one(3), one(1)), (one(1), one(1), one(3)), (one(3), one(1), one(1))
+    assert decode_bound(mem, zero, one(97), one(100), one(1000))[0] == 3
+    assert decode_bound(net, zero, one(97), one(100), one(1000))[0] == 3
+    assert decode_bound(comp, zero, one(97), one(100), one(1000))[0] == 0
+    assert decode_bound(mem, zero, one(96), one(100), one(1000))[0] == 1
+    assert decode_bound(mem, zero, one(97), one(100), one(100))[0] == 1
