@@ -139,3 +139,27 @@ def test_a_space_sweeping_draft_tokens_without_a_draft_model_is_refused(tmp_path
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert 'serving.spec_tokens = 2 needs serving.spec_draft_model' in err
     assert not (tmp_path / "r").exists()
+
+
+def test_an_mtp_draft_step_is_the_mean_layer_plus_the_output_head_by_hand():
+    """MTP prices a draft step as the decode step's mean layer plus the output head (spec.draft_s,
+    a coefficient namespace standing in for dse.perf.step's). The head of 64 sequences over
+    dp = 2 ranks, padded by 8 GEMM rows: compute 1 us x (64 / 2 + 8) + 200 us fixed = 240 us,
+    above its memory roof 100 us + 0.1 us x 64 = 106.4 us. A 10 ms decode step less its 1 ms
+    fixed overhead and that head over 30 layers: a layer of (10 - 1 - 0.24) / 30 = 0.292 ms; a
+    draft step 0.292 + 0.02 (the layer's fixed time) + 0.24 = 0.552 ms; 3 of them 1.656 ms.
+    With a 1 ms memory roof the head is 1 + 0.0064 = 1.0064 ms: a layer of (9 - 1.0064) / 30 =
+    0.26645 ms, 3 draft steps 3 x (0.26645 + 0.02 + 1.0064) = 3.8786 ms."""
+    from types import SimpleNamespace
+    b = SimpleNamespace(spec_tokens=np.array([3.0]), layer_overhead_s=np.array([20e-6]),
+                        has_on=lambda name: False)
+
+    def k(mem_s):
+        head = SimpleNamespace(c=1e-6, w=200e-6, mem_s=mem_s, embed_s=0.1e-6)
+        return SimpleNamespace(head=head, dp=2.0, h=8.0, overhead=1e-3, layers_stage=30.0)
+    decode = np.array([10e-3])
+    assert spec.head_s(k(100e-6), 64.0) == pytest.approx(240e-6, rel=1e-12)
+    assert spec.draft_s(b, k(100e-6), 64.0, decode, 2048.0)[0] \
+        == pytest.approx(1.656e-3, rel=1e-12)
+    assert spec.draft_s(b, k(1e-3), 64.0, decode, 2048.0)[0] \
+        == pytest.approx(3 * ((9e-3 - 1.0064e-3) / 30 + 20e-6 + 1.0064e-3), rel=1e-12)
