@@ -952,6 +952,8 @@ def sample_frames(n: int = 1200, seed: int = 0) -> dict:
     f["serving.spec_acceptance"] = np.where(rng.random(len(f)) < 0.5,
                                             rng.uniform(0.5, 0.9, len(f)), np.nan)
     frames["speculative decoding"] = f
+    frames["mtp alone"] = f[mtp.to_numpy()].reset_index(drop=True)   # (a batch with no draft
+    # model takes spec.draft_s' MTP-only path)
     f = pick(k // 2)                  # a recipe's stream interval: the front end's chunks
     f["serving.stream_interval"] = rng.choice([1, 10, 20], len(f))
     frames["stream interval"] = f
