@@ -165,6 +165,20 @@ def test_1d_tp_on_tpu_all_reduces_over_the_ici_links():
     assert not gpu.has_on("link_collectives")
 
 
+def test_a_dense_mlp_split_over_tp_x_dp_keeps_the_kernels_all_reduce_on_tpu():
+    """On the ICI (link_collectives) only a tp group's blocks run as rings on the group's links:
+    a dense MLP split over tp x dp = 2 x 4 = 8 chips (every chip sees the 32 tokens) all-reduces
+    with the collective kernels, 2 x 7/8 x 32 tokens x 1024 x 2 B = 114,688 B a layer, 917,504 B
+    over the 8 layers; replicated on each rank's tp = 2 group it is the links' 1D ring, 2 x 1024
+    x 2 B x 1/2 = 2048 B a row, 8 rows a rank: 131,072 B over the 8 layers."""
+    kw = {"layout.tp": 2, "layout.dp": 4, "workload.concurrency": 32}
+    b = batch([_small(**DECODE, **kw, **{"layout.dense_mlp": m}) for m in ("split", "replicated")])
+    assert b.link_collectives[0] == 1.0
+    _, steps = score(b, breakdown=True)
+    assert steps.decode.net_bytes[2, 0] == pytest.approx(8 * 2 * 7 / 8 * 32 * 1024 * 2, rel=1e-12)
+    assert steps.decode.net_bytes[2, 1] == pytest.approx(8 * 2048 * 8, rel=1e-12)
+
+
 def test_predict_searches_the_2d_layouts_only_where_collectives_run_on_links():
     """A blank layout on 64 TPU v4 for a dense multiquery model: predict also tries the 2D
     meshes and the KV split by sequence, and keeps the fastest; on GPUs the search is the
