@@ -899,7 +899,8 @@ def sample_frames(n: int = 1200, seed: int = 0) -> dict:
     prompt-length spread, a KV tier) and, on a share of their continuous-batching rows, prefix
     hits with output-length spread, a fleet demand and small prefill chunks; the KV offload
     tiers; request rates and SLOs; disaggregated pools (also at a rate); speculative decoding
-    (MTP, a draft model); a recipe's stream interval."""
+    (MTP, a draft model); a recipe's stream interval; 2D tp and the KV split by
+    sequence (dse.perf.tp2d)."""
     from dse import catalog
     from test_builder_equivalence import mixed_designs
     rng = np.random.default_rng(seed)
@@ -957,6 +958,12 @@ def sample_frames(n: int = 1200, seed: int = 0) -> dict:
     f = pick(k // 2)                  # a recipe's stream interval: the front end's chunks
     f["serving.stream_interval"] = rng.choice([1, 10, 20], len(f))
     frames["stream interval"] = f
+    f = pick(k // 2)                  # 2D weight-stationary tp and the KV split by sequence
+    dense = f["model.id"].map(lambda m: catalog.models()[m].num_experts == 0)
+    f["layout.dp"] = np.where(dense, 1, f["layout.dp"])       # (2D tp: dense models, dp 1)
+    f["layout.tp_x"] = np.where(dense & (f["layout.tp"] >= 4), rng.choice([1, 2], len(f)), 1)
+    f["layout.kv_sharding"] = rng.choice(["heads", "batch"], len(f))
+    frames["tp 2d, kv by sequence"] = f
     return frames
 
 
