@@ -115,6 +115,24 @@ def test_kv_split_by_sequence_stores_multiquery_kv_once():
         want / (270e9 * 0.8 / 6) + 8 * 2 * (2 * 1e-6 * 2.4), rel=1e-9)
 
 
+def test_kv_split_by_sequence_moves_nothing_on_rows_that_split_by_heads_or_run_alone():
+    """Scored in one batch beside a row that splits its KV by sequence, a row that splits it by
+    heads and a tp = 1 row asked to split by sequence run no all-to-all: attention's network
+    time is each one's alone (the heads row's none, the attention core needing no collective;
+    one chip has no other to send to), the sequence-split row's its 8 layers x 2 ring latencies
+    (9.6 us) plus its bytes, as alone."""
+    d = _small(**DECODE, **{"layout.tp": 16, "workload.concurrency": 64})
+    solo = {**d, "layout.tp": 1, "layout.kv_sharding": "batch"}
+    rows = [d, {**d, "layout.kv_sharding": "batch"}, solo]
+    _, mixed = score(batch(rows), breakdown=True)
+    for i, r in enumerate(rows):
+        _, alone = score(batch(r), breakdown=True)
+        assert mixed.decode.network_s[1, i] == pytest.approx(alone.decode.network_s[1, 0],
+                                                             rel=1e-12, abs=0.0)
+    assert mixed.decode.network_s[1, 0] == 0.0 and mixed.decode.network_s[1, 2] == 0.0
+    assert mixed.decode.network_s[1, 1] > 8 * 2 * (2 * 1e-6 * 2.4)
+
+
 def test_tpu_gemm_runs_its_rows_without_gpu_tile_padding():
     """8 decode tokens through the dense MLP on TPU v4 (tp = 8, 1D): the MXU streams the 8 rows
     (no padding to a GPU tile's ~100 rows), at 0.85 of the 275 TFLOP/s bf16 peak (JAX's Pallas
