@@ -1239,7 +1239,10 @@ def _unchanged(base: dict, batches: dict, group=_group_scores) -> bool:
 
 
 def _executed_lines(batches: dict, group=_group_scores) -> set:
-    """(file name, line) of the perf modules that scoring the sample executes."""
+    """(file name, line) of the perf modules that scoring the sample executes (its batches'
+    memoised values dropped first: a line that only computes one, such as the drafter's weights
+    in ``memory_fit.weights_bytes``, runs only when the memo is empty)."""
+    _clear_memos()
     perf = str(PERF.resolve())
     lines: set = set()
 
