@@ -105,6 +105,22 @@ def test_drafter_costs_memory():
         pytest.approx(8.03e9 / 4, rel=0.01)
 
 
+def test_the_mtp_modules_weights_by_hand():
+    """DeepSeek-V3's MTP module on tp = 8 x ep = 8, fp8 (1 B a weight), per chip: its MLA
+    attention 187,105,280 / 8 = 23,388,160; its MoE layer's 256 experts of 3 x 7168 x 2048 =
+    44,040,192 and the router's 7168 x 256 over the 8 chips, (11,274,289,152 + 1,835,008) / 8 =
+    1,409,515,520, the shared expert's 44,040,192 / 8 = 5,505,024; the 2d x d projection
+    2 x 7168^2 / 8 = 12,845,056: 1,451,253,760 B more than without drafting."""
+    off = one({**DSV3, "workload.concurrency": 64})
+    on = one({**DSV3, "workload.concurrency": 64, "serving.spec_tokens": 1})
+    experts = (256 * 3 * 7168 * 2048 + 7168 * 256) / 8
+    assert experts == 1_409_515_520
+    want = 187_105_280 / 8 + experts + 3 * 7168 * 2048 / 8 + 2 * 7168 ** 2 / 8
+    assert want == 1_451_253_760
+    assert on["weights_bytes_per_chip"] - off["weights_bytes_per_chip"] \
+        == pytest.approx(want, rel=1e-12)
+
+
 def test_default_acceptance_is_the_published_one():
     a = batch({**DSV3, "serving.spec_tokens": 1}).spec_acceptance
     assert float(a[0]) == 0.85                # serving.toml [spec_acceptance] mtp
