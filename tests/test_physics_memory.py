@@ -57,11 +57,17 @@ def test_a_concurrency_beyond_the_hbm_is_infeasible_with_the_kv_reason():
 
 def test_weights_that_do_not_fit_leave_no_sequences():
     """A 17 GB chip less the 2 GB reserve holds 15 GB, under the 16.06 GB of bf16 weights: no
-    room for any KV, 0 sequences (not a negative count) and infeasible (bits 8 and 16)."""
+    room for any KV, 0 sequences (not a negative count) and infeasible (bits 8 and 16); so is
+    a chip whose room after the weights is under one sequence's activations (bit 8)."""
     m = score(batch(_llama8b(**{"workload.concurrency": 1,
                                 "accelerator.hbm_capacity_bytes": 17e9})))
     assert m["max_concurrent_sequences"][0] == 0.0
     assert int(m["reason"][0]) & 8 and int(m["reason"][0]) & 16
+    # the activations count too: 1 MB over the weights and the reserve is less than one
+    # sequence's 2 tokens x 578,560 B = 1,157,120 B of activations
+    tight = score(batch(_llama8b(**{"workload.concurrency": 1,
+                                    "accelerator.hbm_capacity_bytes": WEIGHTS_B + 2e9 + 1e6})))
+    assert int(tight["reason"][0]) & 8
 
 
 def test_a_shared_prefix_costs_each_pipeline_stage_its_own_layers_by_hand():
@@ -78,7 +84,7 @@ def test_a_shared_prefix_costs_each_pipeline_stage_its_own_layers_by_hand():
                                 "workload.prefix_tokens": 8000})))
     w = 16 * (ATTN + MLP) * 2 + EMB * 2 // 2
     assert w == 8_029_995_008
-    assert m["weights_bytes_per_chip"][0] == w
+    assert m["weights_bytes_per_chip"][0] == w and m["reason"][0] == 0
     prefix, kv = 8000 * 16 * 4096, 256 * 16 * 4096
     act = 4096 * 16 + 128256 * 4
     expected = np.floor((80e9 - 2e9 - w - prefix / 0.9 - 8192 * act) / (kv / 0.9))
