@@ -261,3 +261,18 @@ def test_layouts_the_experts_cannot_take_are_infeasible():
     m = score(b)
     assert [int(r) & 2 for r in m["reason"]] == [0, 2, 2, 2, 0]
     assert int(m["reason"][0]) == 0 and int(m["reason"][4]) == 0
+
+
+def test_mla_attention_parameters_per_layer_by_hand():
+    """DeepSeek-V3's MLA projections per layer (config.json: hidden 7168, 128 heads,
+    q_lora_rank 1536, kv_lora_rank 512, qk_nope 128, qk_rope 64, v_head 128): the query down
+    and up projections 7168 x 1536 + 1536 x 128 x 192 = 48,758,784, the joint KV down projection
+    with the rope key 7168 x (512 + 64) = 4,128,768, the KV up projections 512 x 128 x (128 +
+    128) = 16,777,216 and the output 128 x 128 x 7168 = 117,440,512: 187,105,280 (the low-rank
+    norms' 2048 weights not counted)."""
+    b = batch(design(model="deepseek-v3"))
+    q = 7168 * 1536 + 1536 * 128 * (128 + 64)
+    assert q == 48_758_784
+    want = q + 7168 * (512 + 64) + 512 * 128 * (128 + 128) + 128 * 128 * 7168
+    assert want == 187_105_280
+    assert arch.attn_params_per_layer(b)[0] == want

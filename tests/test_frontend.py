@@ -179,6 +179,19 @@ def test_k_processes_serve_c_over_k_clients_each():
     assert frontend.serial_service_s(s, 0.0) == pytest.approx(0.1 / 4, rel=1e-12)
 
 
+def test_fewer_clients_than_processes_never_queue():
+    """Two clients over four processes: C / k = 0.5, so no other client shares a process
+    (m = max(0.5 - 1, 0) = 0): neither the steady wait nor the first C's burst waits for
+    anything (0 s, not the -0.5 x 1000 x 1 ms / 2 = -0.25 s of a negative share), and three
+    clients over two processes still wait for the half client they share with (m = 0.5,
+    burst 0.5 x 0.5 x 1 s = 0.25 s)."""
+    b = fe(frontend_prompt_token_s=1e-3, frontend_processes=4.0)       # S = 1 s
+    assert frontend.wait_s(b, 2.0, 2.0, 0.0) == 0.0
+    assert frontend.wait_s(b, 2.0, 2.0, 1.0) == 0.0
+    two = fe(frontend_prompt_token_s=1e-3, frontend_processes=2.0)
+    assert frontend.wait_s(two, 3.0, 2.0, 1.0) == pytest.approx(0.25, rel=1e-12)
+
+
 def test_the_runtimes_default_process_counts():
     """Blank serving.frontend_processes: one for TensorRT-LLM and SGLang, one per data-parallel
     rank for vLLM (its API servers scale with --data-parallel-size); a design's own value wins."""

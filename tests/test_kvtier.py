@@ -75,6 +75,20 @@ def test_the_cache_fills_free_hbm_then_the_tier_by_hand():
         max(1 - free / need - host / need, 0.0), abs=1e-12)
 
 
+def test_a_shared_prefix_leaves_the_cache_its_other_copies_by_hand():
+    """A 4096-token shared prefix is stored once: of the 16 running sequences' copies, 15 leave
+    the KV pool (16 x 4096 tokens fewer in the sequences, one 4096-token copy more), 15 x 4096
+    tokens x 80 layers x 512 B = 2.516 GB per chip, so the waiting conversations' cache (need:
+    256 x 16384 x 80 x 512 B = 171.8 GB) holds 15 x 4096 / (256 x 16384) = 1.465% more of
+    them (the prefix neither changes a hit nor the activations)."""
+    d = {**LONG, "workload.concurrency": 16, "workload.cached_conversations": 256}
+    a, b = one(d), one({**d, "workload.prefix_tokens": 4096})
+    assert a["prefix_cache_evicted_fraction"] - b["prefix_cache_evicted_fraction"] \
+        == pytest.approx(15 * 4096 / (256 * 16384), rel=1e-9)
+    assert a["kv_bytes_per_chip"] - b["kv_bytes_per_chip"] \
+        == pytest.approx(16 * 4096 * 80 * KV_TOKEN_LAYER_CHIP, rel=1e-9)
+
+
 def test_evicted_hits_are_recomputed():
     # far more waiting conversations than HBM holds: almost every hit is evicted and the design
     # prefills like one without a prefix cache

@@ -90,6 +90,20 @@ def test_gamma_quantile_against_sampling():
     assert float(lengths.isl_quantile(batch(L70))[0]) == 1024.0       # uniform lengths
 
 
+def test_decode_straggler_by_hand():
+    """The busiest of dp = 8 attention ranks over the mean: 1 + z(8) x sd / mean / sqrt(C / 8),
+    sd / mean = 2048 / 2560 (isl_cv 1, the context's mean 2048 + 1024 / 2): 64 sequences a
+    rank, 1 + 1.4345 x 0.8 / 8 = 1.1435; 4 sequences over 8 ranks count as one a rank (a
+    rank runs whole sequences): 1 + 1.4345 x 0.8 = 2.1476, not the 1 + 1.4345 x 0.8 / sqrt(0.5)
+    of half a sequence; uniform prompts and answers: no straggler."""
+    b = batch({**DSV3, "workload.isl_cv": 1.0})
+    assert float(lengths.straggler(b, np.array([512.0]))[0]) \
+        == pytest.approx(1.0 + 1.4345 * 0.8 / 8.0, abs=2e-5)
+    assert float(lengths.straggler(b, np.array([4.0]))[0]) \
+        == pytest.approx(1.0 + 1.4345 * 0.8, abs=2e-4)
+    assert float(lengths.straggler(batch(DSV3), np.array([4.0]))[0]) == 1.0
+
+
 def test_prefill_straggler_by_hand():
     # dp 8, cv 1, 4 prompts per rank per step: 1 + z(8) x 1 / sqrt(4) = 1 + 1.4345 / 2
     b = batch({**DSV3, "workload.isl_cv": 1.0})

@@ -473,3 +473,22 @@ def test_each_op_adds_its_time_to_the_share_of_what_bounds_it():
     assert [float(v) for v in shares] == [5.0, 6.0, 8.0]
     _share(shares, np.array(1.0), np.array(2.0), np.array(3.0), np.array(1.0))
     assert [float(v) for v in shares] == [5.0, 6.0, 9.0]
+
+
+def test_a_batch_that_fills_the_hbm_is_capacity_bound_unless_compute_bound():
+    """Shares of op time (compute, memory, network): a batch of 97 sequences where the HBM
+    holds 100 (97 >= 0.97 x 100) and the runtime would run 1000 is capacity-bound (3) when its
+    step is memory-bound (shares 1, 3, 1) or network-bound (1, 1, 3): more HBM would serve
+    more; compute-bound (3, 1, 1) it stays compute (0); at 96 sequences (under 97) the
+    memory-bound step is memory (1), and so it is where the runtime's cap is the HBM's (100)."""
+    import numpy as np
+
+    from dse.perf.memory_fit import decode_bound
+    one = lambda v: np.array([float(v)])
+    zero = np.zeros(1, np.int64)
+    mem, net, comp = (one(1), one(3), one(1)), (one(1), one(1), one(3)), (one(3), one(1), one(1))
+    assert decode_bound(mem, zero, one(97), one(100), one(1000))[0] == 3
+    assert decode_bound(net, zero, one(97), one(100), one(1000))[0] == 3
+    assert decode_bound(comp, zero, one(97), one(100), one(1000))[0] == 0
+    assert decode_bound(mem, zero, one(96), one(100), one(1000))[0] == 1
+    assert decode_bound(mem, zero, one(97), one(100), one(100))[0] == 1

@@ -55,6 +55,43 @@ def test_a_concurrency_beyond_the_hbm_is_infeasible_with_the_kv_reason():
     assert int(m["reason"][1]) & 16
 
 
+def test_weights_that_do_not_fit_leave_no_sequences():
+    """A 17 GB chip less the 2 GB reserve holds 15 GB, under the 16.06 GB of bf16 weights: no
+    room for any KV, 0 sequences (not a negative count) and infeasible (bits 8 and 16); so is
+    a chip whose room after the weights is under one sequence's activations (bit 8)."""
+    m = score(batch(_llama8b(**{"workload.concurrency": 1,
+                                "accelerator.hbm_capacity_bytes": 17e9})))
+    assert m["max_concurrent_sequences"][0] == 0.0
+    assert int(m["reason"][0]) & 8 and int(m["reason"][0]) & 16
+    # the activations count too: 1 MB over the weights and the reserve is less than one
+    # sequence's 2 tokens x 578,560 B = 1,157,120 B of activations
+    tight = score(batch(_llama8b(**{"workload.concurrency": 1,
+                                    "accelerator.hbm_capacity_bytes": WEIGHTS_B + 2e9 + 1e6})))
+    assert int(tight["reason"][0]) & 8
+
+
+def test_a_shared_prefix_costs_each_pipeline_stage_its_own_layers_by_hand():
+    """pp = 2: a chip holds 16 of the 32 layers, (16 x (ATTN + MLP) x 2 B) + half the two
+    embedding tables (EMB x 2 B / 2) = 8,029,995,008 B of weights. An 8192-token prompt whose
+    first 8000 tokens are a shared prefix, 64 output tokens: a sequence holds 8256 - 8000 = 256
+    tokens x 16 layers x 4096 B = 16.8 MB of KV on the chip, the prefix's one copy 8000 x 16 x
+    4096 B = 524.3 MB (its stage's 16 layers, not 32), taken from the KV share (/ 0.9). Each
+    sequence runs 1 + 8192 / 64 = 129 tokens a step, over the 8192-token cap beyond 63.5
+    sequences, so activations stop at 8192 x 578,560 B: floor((80e9 - 2e9 - W - 524.3e6 / 0.9
+    - 8192 x 578,560) / (16.8e6 / 0.9)) = 3467 sequences (3436 were the copy all 32 layers)."""
+    m = score(batch(_llama8b(**{"workload.concurrency": 1, "layout.pp": 2,
+                                "workload.isl": 8192, "workload.osl": 64,
+                                "workload.prefix_tokens": 8000})))
+    w = 16 * (ATTN + MLP) * 2 + EMB * 2 // 2
+    assert w == 8_029_995_008
+    assert m["weights_bytes_per_chip"][0] == w and m["reason"][0] == 0
+    prefix, kv = 8000 * 16 * 4096, 256 * 16 * 4096
+    act = 4096 * 16 + 128256 * 4
+    expected = np.floor((80e9 - 2e9 - w - prefix / 0.9 - 8192 * act) / (kv / 0.9))
+    assert expected == 3467
+    assert m["max_concurrent_sequences"][0] == expected
+
+
 def test_embedding_lookups_read_at_the_hbm_fraction():
     """The logits op reads the output head once per step (a GEMM weight stream) and looks up
     one embedding row per token, hidden x 2 B = 8 KiB, at hbm_bw x hbm_fraction: 1536 more

@@ -115,6 +115,24 @@ def test_kv_split_by_sequence_stores_multiquery_kv_once():
         want / (270e9 * 0.8 / 6) + 8 * 2 * (2 * 1e-6 * 2.4), rel=1e-9)
 
 
+def test_kv_split_by_sequence_moves_nothing_on_rows_that_split_by_heads_or_run_alone():
+    """Scored in one batch beside a row that splits its KV by sequence, a row that splits it by
+    heads and a tp = 1 row asked to split by sequence run no all-to-all: attention's network
+    time is each one's alone (the heads row's none, the attention core needing no collective;
+    one chip has no other to send to), the sequence-split row's its 8 layers x 2 ring latencies
+    of 4.8 us (76.8 us) plus its bytes, as alone."""
+    d = _small(**DECODE, **{"layout.tp": 16, "workload.concurrency": 64})
+    solo = {**d, "layout.tp": 1, "layout.kv_sharding": "batch"}
+    rows = [d, {**d, "layout.kv_sharding": "batch"}, solo]
+    _, mixed = score(batch(rows), breakdown=True)
+    for i, r in enumerate(rows):
+        _, alone = score(batch(r), breakdown=True)
+        assert mixed.decode.network_s[1, i] == pytest.approx(alone.decode.network_s[1, 0],
+                                                             rel=1e-12, abs=0.0)
+    assert mixed.decode.network_s[1, 0] == 0.0 and mixed.decode.network_s[1, 2] == 0.0
+    assert mixed.decode.network_s[1, 1] > 8 * 2 * (2 * 1e-6 * 2.4)
+
+
 def test_tpu_gemm_runs_its_rows_without_gpu_tile_padding():
     """8 decode tokens through the dense MLP on TPU v4 (tp = 8, 1D): the MXU streams the 8 rows
     (no padding to a GPU tile's ~100 rows), at 0.85 of the 275 TFLOP/s bf16 peak (JAX's Pallas
@@ -163,6 +181,20 @@ def test_1d_tp_on_tpu_all_reduces_over_the_ici_links():
     gpu = batch({**_small(**DECODE, **{"layout.tp": 8, "workload.concurrency": 32}),
                  "accelerator.id": "h100-sxm"})
     assert not gpu.has_on("link_collectives")
+
+
+def test_a_dense_mlp_split_over_tp_x_dp_keeps_the_kernels_all_reduce_on_tpu():
+    """On the ICI (link_collectives) only a tp group's blocks run as rings on the group's links:
+    a dense MLP split over tp x dp = 2 x 4 = 8 chips (every chip sees the 32 tokens) all-reduces
+    with the collective kernels, 2 x 7/8 x 32 tokens x 1024 x 2 B = 114,688 B a layer, 917,504 B
+    over the 8 layers; replicated on each rank's tp = 2 group it is the links' 1D ring, 2 x 1024
+    x 2 B x 1/2 = 2048 B a row, 8 rows a rank: 131,072 B over the 8 layers."""
+    kw = {"layout.tp": 2, "layout.dp": 4, "workload.concurrency": 32}
+    b = batch([_small(**DECODE, **kw, **{"layout.dense_mlp": m}) for m in ("split", "replicated")])
+    assert b.link_collectives[0] == 1.0
+    _, steps = score(b, breakdown=True)
+    assert steps.decode.net_bytes[2, 0] == pytest.approx(8 * 2 * 7 / 8 * 32 * 1024 * 2, rel=1e-12)
+    assert steps.decode.net_bytes[2, 1] == pytest.approx(8 * 2048 * 8, rel=1e-12)
 
 
 def test_predict_searches_the_2d_layouts_only_where_collectives_run_on_links():

@@ -79,6 +79,21 @@ def test_concurrency_follows_from_the_rate_by_littles_law():
     assert np.all(s["tpot_p90_s"] >= s["tpot_s"])
 
 
+def test_saturation_runs_max_batch_size_per_scheduler_on_every_dp_rank():
+    """dp = 2 ranks, each scheduler running at most max_batch_size = 8: the instance holds
+    C = 2 x 8 = 16 sequences at most (not 8), and at short prompts the prefill queue is far from
+    full there, so the saturation rate is Little's law at C = 16: 16 / R(16), R the time a
+    request stays in the batch, ttft_unloaded + osl x tpot of the closed loop at 16 (about
+    3.88 requests/s; at C = 8 it would be 8 / R(8), about 2.25)."""
+    d = {**L70, "layout.dp": 2, "serving.max_batch_size": 8}
+    s = score(batch([{**d, "workload.request_rate_per_s": 0.5}]))
+    at16 = score(batch([{**d, "workload.concurrency": 16}]))
+    r16 = float(at16["ttft_unloaded_s"][0] + 256 * at16["tpot_s"][0])
+    assert float(at16["max_concurrent_sequences"][0]) == 16.0
+    assert float(s["saturation_requests_per_s_per_instance"][0]) == pytest.approx(16.0 / r16,
+                                                                                   rel=1e-5)
+
+
 def test_above_saturation_is_infeasible_with_its_reason():
     s = _at_rates([1.0])
     sat = float(s["saturation_requests_per_s_per_instance"][0])

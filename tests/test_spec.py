@@ -105,6 +105,22 @@ def test_drafter_costs_memory():
         pytest.approx(8.03e9 / 4, rel=0.01)
 
 
+def test_the_mtp_modules_weights_by_hand():
+    """DeepSeek-V3's MTP module on tp = 8 x ep = 8, fp8 (1 B a weight), per chip: its MLA
+    attention 187,105,280 / 8 = 23,388,160; its MoE layer's 256 experts of 3 x 7168 x 2048 =
+    44,040,192 and the router's 7168 x 256 over the 8 chips, (11,274,289,152 + 1,835,008) / 8 =
+    1,409,515,520, the shared expert's 44,040,192 / 8 = 5,505,024; the 2d x d projection
+    2 x 7168^2 / 8 = 12,845,056: 1,451,253,760 B more than without drafting."""
+    off = one({**DSV3, "workload.concurrency": 64})
+    on = one({**DSV3, "workload.concurrency": 64, "serving.spec_tokens": 1})
+    experts = (256 * 3 * 7168 * 2048 + 7168 * 256) / 8
+    assert experts == 1_409_515_520
+    want = 187_105_280 / 8 + experts + 3 * 7168 * 2048 / 8 + 2 * 7168 ** 2 / 8
+    assert want == 1_451_253_760
+    assert on["weights_bytes_per_chip"] - off["weights_bytes_per_chip"] \
+        == pytest.approx(want, rel=1e-12)
+
+
 def test_default_acceptance_is_the_published_one():
     a = batch({**DSV3, "serving.spec_tokens": 1}).spec_acceptance
     assert float(a[0]) == 0.85                # serving.toml [spec_acceptance] mtp
@@ -182,3 +198,27 @@ def test_an_mtp_draft_step_is_the_stage_steps_mean_layer_and_its_head_by_hand():
     draft = phases.steps(b, False, phases.prompt_load(b), q=np.array([2.0]))[2]
     head = 2 * 129280 / 8 * 7168 * 32 / 1e15
     assert float(draft[0]) == pytest.approx((t1 - head) / 30.5 + head, rel=1e-9)
+
+
+def test_an_mtp_draft_step_is_the_mean_layer_plus_the_output_head_by_hand():
+    """MTP prices a draft step as the decode step's mean layer plus the output head (spec.draft_s,
+    a coefficient namespace standing in for dse.perf.step's). The head of 64 sequences over
+    dp = 2 ranks, padded by 8 GEMM rows: compute 1 us x (64 / 2 + 8) + 200 us fixed = 240 us,
+    above its memory roof 100 us + 0.1 us x 64 = 106.4 us. A 10 ms decode step less its 1 ms
+    fixed overhead and that head over 30 layers: a layer of (10 - 1 - 0.24) / 30 = 0.292 ms; a
+    draft step 0.292 + 0.02 (the layer's fixed time) + 0.24 = 0.552 ms; 3 of them 1.656 ms.
+    With a 1 ms memory roof the head is 1 + 0.0064 = 1.0064 ms: a layer of (9 - 1.0064) / 30 =
+    0.26645 ms, 3 draft steps 3 x (0.26645 + 0.02 + 1.0064) = 3.8786 ms."""
+    from types import SimpleNamespace
+    b = SimpleNamespace(spec_tokens=np.array([3.0]), layer_overhead_s=np.array([20e-6]),
+                        has_on=lambda name: False)
+
+    def k(mem_s):
+        head = SimpleNamespace(c=1e-6, w=200e-6, mem_s=mem_s, embed_s=0.1e-6)
+        return SimpleNamespace(head=head, dp=2.0, h=8.0, overhead=1e-3, layers_stage=30.0)
+    decode = np.array([10e-3])
+    assert spec.head_s(k(100e-6), 64.0) == pytest.approx(240e-6, rel=1e-12)
+    assert spec.draft_s(b, k(100e-6), 64.0, decode, 2048.0)[0] \
+        == pytest.approx(1.656e-3, rel=1e-12)
+    assert spec.draft_s(b, k(1e-3), 64.0, decode, 2048.0)[0] \
+        == pytest.approx(3 * ((9e-3 - 1.0064e-3) / 30 + 20e-6 + 1.0064e-3), rel=1e-12)
