@@ -139,24 +139,27 @@ ATTN_PIN = {"attn_flops_per_s": 5e14, "hbm_bw_bytes_per_s": 4e12, "kv_bytes": 2.
             "attn_prefill_per_seq_head_s": 1e-7, "attn_prefill_dim_half": 32.0}
 
 
-def test_decode_attention_by_hand():
+@pytest.mark.parametrize("dp", [1, 2])
+def test_decode_attention_by_hand(dp):
     """Llama-3.1-8B, tp=1, 64 sequences at a mean context of 1000 + 2000/2 = 2000 tokens,
     32 layers: 32 query heads in 8 KV groups of 4, each group padded to 8 MMA rows (x2);
     2 x 32 x 2 x (2 x 128) FLOPs per (token, context token, layer) at 500 TFLOP/s x 0.5. KV read
     2 x 8 x 128 x 2 B per context token and layer at 4 TB/s x 0.8, and each sequence's new
     token written (at the prefill attention's 0.7); each sequence's query read and output
     written, 32 heads x (128 + 128) bf16 per layer, on the KV's stream. Fixed: 32 layers x (5 us + 64 sequences x
-    (0.1 us + 8 KV heads x 0.02 us))."""
+    (0.1 us + 8 KV heads x 0.02 us)). Over dp = 2 attention ranks each chip runs 32 of the
+    64: each term is the one-rank term of 64 / dp sequences."""
     d = design(model="llama-3.1-8b", **{
-        "layout.tp": 1, "workload.isl": 1000, "workload.osl": 2000, "workload.concurrency": 64,
-        "workload.phase": "decode"})
+        "layout.tp": 1, "layout.dp": dp, "workload.isl": 1000, "workload.osl": 2000,
+        "workload.concurrency": 64, "workload.phase": "decode"})
     dec = score(batch(d, ideal=True).replace(**ATTN_PIN), breakdown=True)[1].decode
     ctx = 32 * 2000
-    compute = 2 * 32 * 2 * 256 / (5e14 * 0.5) * 64 * ctx
+    seqs = 64 / dp                                  # sequences a rank runs
+    compute = 2 * 32 * 2 * 256 / (5e14 * 0.5) * seqs * ctx
     kv_tok = 2 * 8 * 128 * 2
-    qo = 32 * 32 * 256 * 2 / (4e12 * 0.8) * 64      # each token's query and output, bf16
-    memory = kv_tok / (4e12 * 0.8) * 64 * ctx + kv_tok / (4e12 * 0.7) * 64 * 32 + qo
-    fixed = 32 * (5e-6 + 64 * (1e-7 + 8 * 2e-8))
+    qo = 32 * 32 * 256 * 2 / (4e12 * 0.8) * seqs    # each token's query and output, bf16
+    memory = kv_tok / (4e12 * 0.8) * seqs * ctx + kv_tok / (4e12 * 0.7) * seqs * 32 + qo
+    fixed = 32 * (5e-6 + seqs * (1e-7 + 8 * 2e-8))
     assert dec.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
     assert dec.memory_s[CORE][0] == pytest.approx(memory, rel=1e-9)
     assert dec.op_s[CORE][0] == pytest.approx(max(compute, memory) + fixed, rel=1e-9)
@@ -243,25 +246,6 @@ def test_prefill_attention_on_a_pipeline_stage_by_hand():
     eff = (1 + 32 / 128) * (1 + 512 / (4097 / 2)) * (1 + 2048 / 32 / 4096)
     compute = 2 * 32 * 256 * pairs * eff / (5e14 * 0.6)
     assert pre.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
-
-
-def test_decode_attention_on_two_attention_dp_ranks_by_hand():
-    """test_decode_attention_by_hand's 64 sequences over dp = 2 attention ranks (tp = 1): each
-    chip runs 32 of them, so each term is the one-rank term of 32 sequences: 32 layers x
-    (5 us + 32 x (0.1 us + 8 x 0.02 us)) fixed."""
-    d = design(model="llama-3.1-8b", **{
-        "layout.tp": 1, "layout.dp": 2, "workload.isl": 1000, "workload.osl": 2000,
-        "workload.concurrency": 64, "workload.phase": "decode"})
-    dec = score(batch(d, ideal=True).replace(**ATTN_PIN), breakdown=True)[1].decode
-    ctx = 32 * 2000
-    compute = 2 * 32 * 2 * 256 / (5e14 * 0.5) * 32 * ctx
-    kv_tok = 2 * 8 * 128 * 2
-    qo = 32 * 32 * 256 * 2 / (4e12 * 0.8) * 32
-    memory = kv_tok / (4e12 * 0.8) * 32 * ctx + kv_tok / (4e12 * 0.7) * 32 * 32 + qo
-    fixed = 32 * (5e-6 + 32 * (1e-7 + 8 * 2e-8))
-    assert dec.compute_s[CORE][0] == pytest.approx(compute, rel=1e-9)
-    assert dec.memory_s[CORE][0] == pytest.approx(memory, rel=1e-9)
-    assert dec.op_s[CORE][0] == pytest.approx(max(compute, memory) + fixed, rel=1e-9)
 
 
 def test_decode_attention_with_more_tp_ranks_than_kv_heads_by_hand():
