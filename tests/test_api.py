@@ -460,7 +460,11 @@ def test_at_run_time_the_package_opens_no_file_outside_itself(tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
     work = tmp_path / "cwd"
     work.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # the scratch files a dict space is written to (tempfile) go to the test's own folder: a
+    # checkout cloned into the system's temp folder would otherwise see them "above" itself
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(tmp_path / "tmp")}
     r = subprocess.run([sys.executable, str(tmp_path / "probe.py"), str(tmp_path / "out.json")],
                        cwd=work, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
