@@ -422,6 +422,16 @@ def test_a_step_without_tokens_computes_nothing_in_its_token_ops():
     for op in ("attn_proj", "mlp_dense", "moe_routed", "moe_shared"):
         assert st.decode.compute_s[OPS.index(op), 0] == 0.0, op
         assert st.prefill.compute_s[OPS.index(op), 0] > 0.0, op
+    # beside a row whose decode step carries tokens (the same design decoding), the empty row
+    # is masked to 0 and the other keeps the time it has alone: the mask is per row
+    both = {**d, "workload.phase": "decode"}
+    alone = score(batch(both), breakdown=True)[1].decode.compute_s
+    mixed = score(batch([d, both]), breakdown=True)[1].decode.compute_s
+    for op in ("attn_proj", "mlp_dense", "moe_routed", "moe_shared"):
+        i = OPS.index(op)
+        assert mixed[i, 0] == 0.0, op
+        assert alone[i, 0] > 0.0, op
+        assert mixed[i, 1] == pytest.approx(alone[i, 0], rel=1e-12), op
 
 
 def test_decode_bound_counts_every_op_on_pipelines_and_split_experts():
