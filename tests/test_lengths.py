@@ -181,3 +181,14 @@ def test_the_busiest_rank_carries_the_straggler_share_of_the_prompt_tokens_by_ha
     x = phases.context(b, Coefficients(b))
     phases.prompt_step(b, Coefficients(b), x, load.decoding, load, False)
     assert float(seen["pre_rank"][0]) == pytest.approx(512 * (1 + 1.43447 / 2), rel=1e-5)
+
+
+def test_kv_packing_of_a_prefill_only_instance_by_hand():
+    # a prefill-only instance holds prompts only: its fit is the prompt's mean with the
+    # prompts' spread alone, isl (1 + 2.326 x isl_cv / sqrt(C / dp)), whatever the answers'
+    # spread: isl 1024, isl_cv 0.5, osl_cv 1, 16 prompts on one scheduler:
+    # 1024 (1 + 2.3263 x 0.5 / 4) = 1321.8 tokens
+    b = batch({**L70, "workload.phase": "prefill", "workload.isl_cv": 0.5,
+               "workload.osl_cv": 1.0, "workload.concurrency": 16})
+    got = lengths.fit_context_tokens(b, 0.0, np.array([16.0]))
+    assert float(got[0]) == pytest.approx(1024 * (1 + 2.3263479 * 0.5 / 4), rel=1e-6)

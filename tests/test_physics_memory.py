@@ -213,12 +213,15 @@ def test_weights_and_reserve_beyond_the_hbm_are_infeasible_with_their_reason():
     assert int(m["reason"][1]) == 0
 
 
-def test_a_shared_prefix_copy_takes_its_room_from_the_kv_pool_by_hand():
+@pytest.mark.parametrize("prefix", [1023, 1024, 4096])
+def test_a_shared_prefix_copy_takes_its_room_from_the_kv_pool_by_hand(prefix):
     """A 1023-token prefix shared by every 1024-token prompt (serving its KV once): a sequence
     holds 1 + 1024 tokens of KV, 32 x 2 x 8 x 128 x 2 B x 1025 = 134.3 MB (149.3 MB of HBM at
     the 0.9 KV share) + 1.157 MB of activations; the one 1023-token copy takes 134.1 MB / 0.9
-    = 149.0 MB of the 61.94 GB room: floor((61.94e9 - 149.0e6) / 150.4e6) = 410 sequences."""
-    m = score(batch(_llama8b(**{"workload.concurrency": 8, "workload.prefix_tokens": 1023})))
+    = 149.0 MB of the 61.94 GB room: floor((61.94e9 - 149.0e6) / 150.4e6) = 410 sequences. A
+    longer prefix (1024, 4096) is the same: a prefix cache recomputes the last prompt token, so
+    at most the prompt less one token is shared."""
+    m = score(batch(_llama8b(**{"workload.concurrency": 8, "workload.prefix_tokens": prefix})))
     room = 80e9 - 2e9 - WEIGHTS_B
     token = 32 * 2 * 8 * 128 * 2
     act = 2 * (4096 * 16 + 128256 * 4)
