@@ -257,3 +257,17 @@ def test_a_taken_batch_whose_row_first_recomputes_in_a_pass_carries_its_twin_aft
         tier_split.recomputing = orig
     for f, g in zip(first, again):
         np.testing.assert_array_equal(np.broadcast_to(f, cc.shape), np.broadcast_to(g, cc.shape))
+
+
+def test_a_pool_the_running_sequences_or_weights_overfill_has_no_room_not_negative_room():
+    # the KV pool left for cached prefixes at 64 sequences of 1 GB each on an 85.5 GB H100 with
+    # 2 GB reserved, 40 GB of weights and no activations: (85.5 - 2 - 40) x 0.9 = 39.15 GB
+    # less 64 GB of KV is no room (0), never -24.85 GB (which would put a negative share of
+    # the waiting prefixes in HBM and push more of them into the tier)
+    b = batch(L70).replace(hbm_capacity_bytes=85.5e9, runtime_reserve_bytes=2e9,
+                           kv_memory_fraction=0.9)
+    free = kvtier.free_kv_bytes(b, 40e9, 1e9, 0.0, np.array([64.0]))
+    assert float(free[0]) == 0.0
+    free = kvtier.free_kv_bytes(b, 40e9, 1e9, 0.0, np.array([32.0]))
+    assert float(free[0]) == pytest.approx(39.15e9 - 32e9, rel=1e-12)
+
