@@ -194,13 +194,19 @@ def test_kv_packing_of_a_prefill_only_instance_by_hand():
     assert float(got[0]) == pytest.approx(1024 * (1 + 2.3263479 * 0.5 / 4), rel=1e-6)
 
 
-def test_kv_packing_with_both_spreads_by_hand():
+@pytest.mark.parametrize("dp", [1, 2])
+def test_kv_packing_with_both_spreads_by_hand(dp):
     # isl 1024 (isl_cv 0.25), osl 1024 (osl_cv 0.5, c2 = 0.25), 64 sequences on one scheduler:
     # the in-flight mean final length is 1024 + 1024 x 1.25 = 2304 tokens, its sd
     # sqrt((0.25 x 1024)^2 + 1024^2 x 1.25 x 0.25) = sqrt(65,536 + 327,680) = 627.1 tokens;
-    # at p99 over sqrt(64) = 8: 2304 (1 + 2.3263 x 627.1 / 2304 / 8) = 2486.3 tokens
-    b = batch({**L70, "workload.isl_cv": 0.25, "workload.osl_cv": 0.5})
+    # at p99 over sqrt(64) = 8: 2304 (1 + 2.3263 x 627.1 / 2304 / 8) = 2486.3 tokens; over two
+    # attention-DP ranks each scheduler packs 32: over sqrt(32)
+    b = batch({**L70, "layout.dp": dp, "workload.isl_cv": 0.25, "workload.osl_cv": 0.5})
     got = lengths.fit_context_tokens(b, 1.0, np.array([64.0]))
     sd = np.sqrt(0.25 ** 2 * 1024 ** 2 + 1024 ** 2 * 1.25 * 0.25)
-    assert float(got[0]) == pytest.approx(2304 * (1 + 2.3263479 * sd / 2304 / 8), rel=1e-6)
+    want = 2304 * (1 + 2.3263479 * sd / 2304 / np.sqrt(64 / dp))
+    assert float(got[0]) == pytest.approx(want, rel=1e-6)
+    # one sequence over dp ranks is one on its rank (never half): the full p99 margin
+    one_seq = lengths.fit_context_tokens(b, 1.0, np.array([1.0]))
+    assert float(one_seq[0]) == pytest.approx(2304 + 2.3263479 * sd, rel=1e-6)
 
